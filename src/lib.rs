@@ -1,0 +1,3 @@
+//! dropcompute: DropCompute (Giladi et al., NeurIPS 2023) for Intel Gaudi.
+//!
+//! See ARCHITECTURE.md for the layers and the data flow.
