@@ -1,0 +1,85 @@
+//! Argument parsing and dispatch for the `dropcompute` binary. Each subcommand lives in its own
+//! module; this one only wires them.
+
+mod bench;
+mod info;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use dropcompute::synapse::{Backend, BackendChoice};
+
+/// Errors of the command line, rendered with their causes by `main`.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+
+/// DropCompute for Intel Gaudi: straggler-robust synchronous data-parallel training.
+#[derive(Debug, Parser)]
+#[command(name = "dropcompute", version, about)]
+pub struct Cli {
+    /// More logging (-v debug, -vv trace). Logs go to stderr.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the backend in use (CPU mock or Synapse at PATH), its version and devices, and run a
+    /// short device self-check (copy round trip, a recipe launch timed by device events).
+    Info(info::InfoArgs),
+    /// Benchmarks printing ratios measured in one run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+/// Backend options shared by the subcommands that touch a device.
+#[derive(Debug, Clone, Args)]
+pub struct BackendArgs {
+    /// Backend: auto (real libSynapse.so if installed, else the CPU mock), mock, or synapse.
+    /// Defaults to $DROPCOMPUTE_BACKEND, else auto.
+    #[arg(long, value_parser = ["auto", "mock", "synapse"])]
+    pub backend: Option<String>,
+    /// Runtime library to load (implies --backend synapse); also $DROPCOMPUTE_SYNAPSE_LIB.
+    #[arg(long, value_name = "PATH")]
+    pub library: Option<PathBuf>,
+}
+
+impl BackendArgs {
+    /// Resolves the flags (and environment) into a selected backend.
+    pub fn select(&self) -> Result<Backend, CliError> {
+        let choice = match (&self.library, self.backend.as_deref()) {
+            (Some(p), None | Some("synapse")) => BackendChoice::Synapse(Some(p.clone())),
+            (Some(_), Some(other)) => {
+                return Err(format!("--library conflicts with --backend {other}").into());
+            }
+            (None, Some("mock")) => BackendChoice::Mock,
+            (None, Some("synapse")) => BackendChoice::Synapse(None),
+            (None, Some(_)) => BackendChoice::Auto,
+            (None, None) => BackendChoice::from_env()?,
+        };
+        Ok(Backend::select(&choice)?)
+    }
+}
+
+/// Installs the tracing subscriber: warnings by default, `-v` debug, `-vv` trace; `RUST_LOG`
+/// overrides.
+pub fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Info(a) => info::run(&a),
+        Command::Bench(b) => bench::run(b),
+    }
+}

@@ -1,0 +1,105 @@
+//! Choosing what fills the function table: the real `libSynapse.so` or the CPU mock.
+//!
+//! Owns: [`BackendChoice`] and [`Backend::select`]. The rest of the crate receives a
+//! [`SynapseApi`] and never asks which backend it is.
+//! Must not touch: device state.
+
+use std::path::{Path, PathBuf};
+
+use habana_sys::{ApiOrigin, LoadError, SynapseApi};
+
+/// Environment variable choosing the backend: `auto` (default), `mock` or `synapse`.
+pub const ENV_BACKEND: &str = "DROPCOMPUTE_BACKEND";
+
+/// Which backend to use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// The real runtime if found (explicit path, `$DROPCOMPUTE_SYNAPSE_LIB`, default install path),
+    /// else the CPU mock, with the reason recorded.
+    #[default]
+    Auto,
+    /// The in-process CPU mock.
+    Mock,
+    /// The runtime library, from this path or the standard search when `None`; no fallback.
+    Synapse(Option<PathBuf>),
+}
+
+impl BackendChoice {
+    /// Reads [`ENV_BACKEND`] (`auto`, `mock`, `synapse`; unset or empty = `auto`).
+    ///
+    /// # Errors
+    /// [`super::Error::Config`] naming the variable and value when it is something else.
+    pub fn from_env() -> super::Result<Self> {
+        match std::env::var(ENV_BACKEND) {
+            Err(_) => Ok(Self::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(Self::Auto),
+                "mock" => Ok(Self::Mock),
+                "synapse" => Ok(Self::Synapse(None)),
+                _ => Err(super::Error::Config {
+                    variable: ENV_BACKEND,
+                    value: v.clone(),
+                    reason: "expected auto, mock or synapse".into(),
+                }),
+            },
+        }
+    }
+}
+
+/// A selected backend: the function table plus why it was chosen.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    /// The function table to build a `Runtime` from.
+    pub api: SynapseApi,
+    /// Why the mock is in use when `Auto` fell back to it (e.g. "libSynapse.so not found at
+    /// /usr/lib/habanalabs/libSynapse.so; using the CPU mock"), else `None`.
+    pub note: Option<String>,
+}
+
+impl Backend {
+    /// Selects a backend.
+    ///
+    /// `Auto` falls back to the mock only when no library file exists; a library that exists but
+    /// fails to load is an error (a broken Gaudi install must not silently become a mock run).
+    ///
+    /// # Errors
+    /// [`LoadError`] from loading the runtime.
+    pub fn select(choice: &BackendChoice) -> Result<Self, LoadError> {
+        match choice {
+            BackendChoice::Mock => Ok(Self { api: crate::mock::api(), note: None }),
+            BackendChoice::Synapse(path) => Ok(Self { api: SynapseApi::load(path.as_deref())?, note: None }),
+            BackendChoice::Auto => match SynapseApi::load(None) {
+                Ok(api) => Ok(Self { api, note: None }),
+                Err(LoadError::NotFound { tried }) => {
+                    let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+                    Ok(Self {
+                        api: crate::mock::api(),
+                        note: Some(format!("libSynapse.so not found at {}; using the CPU mock", tried.join(", "))),
+                    })
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// A one-line description: "cpu-mock" or "Synapse at PATH".
+    pub fn describe(&self) -> String {
+        match self.api.origin() {
+            ApiOrigin::InProcess(name) => (*name).to_string(),
+            ApiOrigin::Library(p) => format!("Synapse at {}", p.display()),
+        }
+    }
+
+    /// Whether the table is the in-process mock.
+    pub fn is_mock(&self) -> bool {
+        matches!(self.api.origin(), ApiOrigin::InProcess(_))
+    }
+
+    /// The library path when the table was loaded from one.
+    pub fn library_path(&self) -> Option<&Path> {
+        match self.api.origin() {
+            ApiOrigin::Library(p) => Some(p),
+            ApiOrigin::InProcess(_) => None,
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Recipes (compiled device graphs) and launching them on a stream.
+//!
+//! Owns: [`Recipe`] (deserialize, tensor ids, workspace, attributes, serialize) and
+//! `Stream::launch` with [`LaunchTensor`] bindings by id or by name.
+//! Must not touch: memory allocation (buffers are borrowed) or scheduling policy.
+
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+use habana_sys::{
+    HABANA_DIM_MAX, SYN_FLAGS_TENSOR_NAME, synLaunchTensorInfoExt, synRecipeAttribute,
+    synRecipeHandle, synTensorType,
+};
+
+use super::error::{Error, Result};
+use super::memory::{DeviceBuffer, DeviceRepr};
+use super::result;
+use super::runtime::Runtime;
+use super::stream::{Event, Stream};
+
+/// A recipe: a graph compiled for the device, loaded from a file (`synRecipeDeSerialize`). On the
+/// CPU mock the file is a mock recipe naming a registered kernel (see `crate::mock`).
+///
+/// `Send` but not `Sync`. `Drop` destroys it (best effort); do not drop a recipe while launches of
+/// it are queued.
+#[derive(Debug)]
+pub struct Recipe {
+    rt: Arc<Runtime>,
+    handle: synRecipeHandle,
+}
+
+// SAFETY: the handle is an opaque token usable from any thread; not `Sync`.
+unsafe impl Send for Recipe {}
+
+fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Error::InvalidArgument {
+        what: "recipe path",
+        value: path.display().to_string(),
+    })
+}
+
+impl Recipe {
+    /// Loads a serialized recipe from `path`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a path with an interior NUL; [`Error::Synapse`] when the
+    /// file is missing or not a recipe.
+    pub fn load(rt: &Arc<Runtime>, path: &Path) -> Result<Self> {
+        let handle = result::recipe_deserialize(rt.api(), &c_path(path)?)?;
+        Ok(Self {
+            rt: rt.clone(),
+            handle,
+        })
+    }
+
+    /// Writes the recipe to `path` (`synRecipeSerialize`).
+    ///
+    /// # Errors
+    /// As [`Recipe::load`].
+    pub fn save(&self, path: &Path) -> Result<()> {
+        // SAFETY: live handle.
+        unsafe { result::recipe_serialize(self.rt.api(), self.handle, &c_path(path)?) }
+    }
+
+    /// Ids of every tensor that must be bound at launch, in the recipe's order.
+    ///
+    /// # Errors
+    /// [`Error::Synapse`].
+    pub fn launch_ids(&self) -> Result<Vec<u64>> {
+        // SAFETY: live handle.
+        unsafe { result::tensor_launch_ids(self.rt.api(), self.handle) }
+    }
+
+    /// Ids of the named tensors, in the order given.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name with NUL; [`Error::Synapse`] for an unknown name.
+    pub fn tensor_ids(&self, names: &[&str]) -> Result<Vec<u64>> {
+        let names: Vec<CString> = names
+            .iter()
+            .map(|n| {
+                CString::new(*n).map_err(|_| Error::InvalidArgument {
+                    what: "tensor name",
+                    value: n.to_string(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        // SAFETY: live handle.
+        unsafe { result::tensor_ids(self.rt.api(), self.handle, &names) }
+    }
+
+    /// Workspace the launch needs, in bytes (`synWorkspaceGetSize`).
+    ///
+    /// # Errors
+    /// [`Error::Synapse`].
+    pub fn workspace_size(&self) -> Result<u64> {
+        // SAFETY: live handle.
+        unsafe { result::workspace_size(self.rt.api(), self.handle) }
+    }
+
+    /// One recipe attribute (`synRecipeGetAttribute`).
+    ///
+    /// # Errors
+    /// [`Error::Synapse`].
+    pub fn attribute(&self, attr: synRecipeAttribute) -> Result<u64> {
+        // SAFETY: live handle.
+        unsafe { result::recipe_attribute(self.rt.api(), self.handle, attr) }
+    }
+}
+
+impl Drop for Recipe {
+    fn drop(&mut self) {
+        // SAFETY: live handle, never used again.
+        if let Err(e) = unsafe { result::recipe_destroy(self.rt.api(), self.handle) } {
+            tracing::warn!(error = %e, "best-effort recipe destroy failed");
+        }
+    }
+}
+
+/// How a launch tensor is identified.
+#[derive(Debug, Clone)]
+enum Binding {
+    Id(u64),
+    Name(CString),
+}
+
+/// One tensor bound at launch: a recipe tensor (by id or by name) and the device buffer that
+/// backs it. Borrows the buffer for the call.
+#[derive(Debug, Clone)]
+pub struct LaunchTensor<'a> {
+    binding: Binding,
+    addr: u64,
+    device: u32,
+    _buf: PhantomData<&'a ()>,
+}
+
+impl<'a> LaunchTensor<'a> {
+    /// Binds recipe tensor `id` (from [`Recipe::tensor_ids`] / [`Recipe::launch_ids`]) to `buf`.
+    pub fn by_id<T: DeviceRepr>(id: u64, buf: &'a DeviceBuffer<T>) -> Self {
+        Self {
+            binding: Binding::Id(id),
+            addr: buf.addr(),
+            device: buf.device().id(),
+            _buf: PhantomData,
+        }
+    }
+
+    /// Binds the recipe tensor named `name` to `buf`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name containing NUL or longer than the vendor's limit.
+    pub fn by_name<T: DeviceRepr>(name: &str, buf: &'a DeviceBuffer<T>) -> Result<Self> {
+        if name.len() >= habana_sys::ENQUEUE_TENSOR_NAME_MAX_SIZE {
+            return Err(Error::InvalidArgument {
+                what: "tensor name",
+                value: name.to_string(),
+            });
+        }
+        let c = CString::new(name).map_err(|_| Error::InvalidArgument {
+            what: "tensor name",
+            value: name.to_string(),
+        })?;
+        Ok(Self {
+            binding: Binding::Name(c),
+            addr: buf.addr(),
+            device: buf.device().id(),
+            _buf: PhantomData,
+        })
+    }
+}
+
+impl Stream {
+    /// Enqueues one execution of `recipe` (`synLaunchWithExternalEventsExt`) with `tensors`
+    /// bound, an optional workspace, and `signal` events recorded when the launch completes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when bindings mix ids and names, or a buffer or event is on
+    /// another device (checked before any C call); [`Error::Synapse`] when the runtime rejects
+    /// the launch (unknown id or name, missing tensor, buffer too small, ...).
+    pub fn launch(
+        &self,
+        recipe: &Recipe,
+        tensors: &[LaunchTensor<'_>],
+        workspace: Option<&DeviceBuffer<u8>>,
+        signal: &[&Event],
+    ) -> Result<()> {
+        let by_name = matches!(tensors.first().map(|t| &t.binding), Some(Binding::Name(_)));
+        let dev = self.device().id();
+        let mut infos = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            if t.device != dev {
+                return Err(Error::InvalidArgument {
+                    what: "launch tensor device",
+                    value: format!("buffer on device {} launched on device {dev}", t.device),
+                });
+            }
+            let (name, id) = match (&t.binding, by_name) {
+                (Binding::Name(n), true) => (n.as_ptr(), 0),
+                (Binding::Id(i), false) => (std::ptr::null(), *i),
+                _ => {
+                    return Err(Error::InvalidArgument {
+                        what: "launch bindings",
+                        value: "tensors must all be bound by id or all by name".into(),
+                    });
+                }
+            };
+            infos.push(synLaunchTensorInfoExt {
+                tensorName: name,
+                pTensorAddress: t.addr,
+                tensorType: synTensorType::DATA_TENSOR,
+                tensorSize: [0; HABANA_DIM_MAX],
+                tensorId: id,
+            });
+        }
+        if let Some(e) = signal.iter().find(|e| e.device().id() != dev) {
+            return Err(Error::InvalidArgument {
+                what: "launch event device",
+                value: format!(
+                    "event of device {} signalled by a launch on device {dev}",
+                    e.device().id()
+                ),
+            });
+        }
+        let mut events: Vec<_> = signal.iter().map(|e| e.raw()).collect();
+        let flags = if by_name { SYN_FLAGS_TENSOR_NAME } else { 0 };
+        let ws = workspace.map(|w| w.addr()).unwrap_or(0);
+        // SAFETY: stream, recipe and events are live (borrowed); every address comes from a
+        // live `DeviceBuffer` borrowed for the call; names are NUL-terminated `CString`s owned
+        // by `tensors`, alive for the call.
+        unsafe {
+            result::launch_ext(
+                self.device().api(),
+                self.raw(),
+                &infos,
+                ws,
+                recipe.handle,
+                &mut events,
+                flags,
+            )
+        }
+    }
+}
