@@ -2,4 +2,5 @@
 //!
 //! See ARCHITECTURE.md for the layers and the data flow.
 
+pub mod bench;
 pub mod kernels;
