@@ -62,6 +62,9 @@ fn build_tpc_kernels() {
     println!("cargo:rerun-if-env-changed=TPC_CLANG");
     let dir = Path::new("kernels/tpc");
     println!("cargo:rerun-if-changed={}", dir.display());
+    for f in files_with_ext(dir, &["c", "h"]) {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
     let Some(compiler) = env::var_os("TPC_CLANG").filter(|c| !c.is_empty()) else {
         return;
     };
@@ -78,7 +81,6 @@ fn build_tpc_kernels() {
     }
     let mut objects = Vec::new();
     for src in files_with_ext(dir, &["c"]) {
-        println!("cargo:rerun-if-changed={}", src.display());
         let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel");
         let obj = out_dir.join(format!("{stem}.o"));
         let status = Command::new(&compiler)
