@@ -20,7 +20,9 @@
 //! The C loops are compiled once per instruction set ([`Isa`]): baseline, AVX2 and AVX-512
 //! (F+BW+DQ+VL), through GCC/clang `target` attributes, never `-march=native`. [`Kernels::best`]
 //! picks the widest set the running CPU reports (`__builtin_cpu_supports`); every variant gives
-//! bit-identical results because the source is the same and no contraction is allowed.
+//! bit-identical results because the source is the same and no contraction is allowed, except
+//! for the payload of a NaN produced from two NaN operands (IEEE leaves it open and vector and
+//! scalar code may order operands differently).
 //!
 //! # Errors
 //! Two-buffer kernels return [`KernelError::LengthMismatch`] when the slices differ in length;
