@@ -2,4 +2,6 @@
 //!
 //! See ARCHITECTURE.md for the layers and the data flow.
 
+pub mod bench;
+pub mod kernels;
 pub mod synapse;

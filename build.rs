@@ -1,0 +1,113 @@
+//! Build script of the `dropcompute` crate.
+//!
+//! Owns: compiling the portable C kernels of the CPU mock device (`kernels/cpu/`) into a static
+//! library linked into the crate, and, only when the environment variable `TPC_CLANG` names a
+//! TPC compiler, compiling the Gaudi TPC-C kernels (`kernels/tpc/`) to objects that are reported
+//! but not linked (they run on the device, not the host). Must not: use `-march=native` or any
+//! host-specific flag (run-time dispatch in `kernels/cpu/dispatch.c` picks AVX2 / AVX-512), or
+//! require any vendor tool for a default build.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::{env, fs};
+
+/// Flags fixed by the project: C11, optimised, and no FMA contraction so that every compiled
+/// variant rounds exactly like scalar IEEE f32 arithmetic in Rust.
+const CPU_FLAGS: [&str; 3] = ["-O3", "-std=c11", "-ffp-contract=off"];
+
+fn main() {
+    build_cpu_kernels();
+    build_tpc_kernels();
+}
+
+/// Sorted list of files in `dir` whose extension is one of `exts` (empty when `dir` is missing).
+fn files_with_ext(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| exts.contains(&e))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+fn build_cpu_kernels() {
+    let dir = Path::new("kernels/cpu");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    for f in files_with_ext(dir, &["c", "h", "inc"]) {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    let mut build = cc::Build::new();
+    build.include(dir).warnings(true);
+    // cc adds its own -O level from the cargo profile; ours comes later and wins, so the kernels
+    // are -O3 even in debug builds (they are leaf loops; debugging them is not the point).
+    for flag in CPU_FLAGS {
+        build.flag(flag);
+    }
+    for f in files_with_ext(dir, &["c"]) {
+        build.file(f);
+    }
+    build.compile("dropcompute_cpu_kernels");
+}
+
+fn build_tpc_kernels() {
+    println!("cargo:rerun-if-env-changed=TPC_CLANG");
+    let dir = Path::new("kernels/tpc");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    for f in files_with_ext(dir, &["c", "h"]) {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    let Some(compiler) = env::var_os("TPC_CLANG").filter(|c| !c.is_empty()) else {
+        return;
+    };
+    let Some(out_dir) = env::var_os("OUT_DIR").map(|d| PathBuf::from(d).join("tpc")) else {
+        println!("cargo:warning=TPC kernels skipped: OUT_DIR is not set");
+        return;
+    };
+    if let Err(e) = fs::create_dir_all(&out_dir) {
+        println!(
+            "cargo:warning=TPC kernels skipped: cannot create {}: {e}",
+            out_dir.display()
+        );
+        return;
+    }
+    let mut objects = Vec::new();
+    for src in files_with_ext(dir, &["c"]) {
+        let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("kernel");
+        let obj = out_dir.join(format!("{stem}.o"));
+        let status = Command::new(&compiler)
+            .args(["-march=gaudi2", "-O2", "-c"])
+            .arg("-I")
+            .arg(dir)
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .status();
+        match status {
+            Ok(s) if s.success() => objects.push(obj.display().to_string()),
+            Ok(s) => println!(
+                "cargo:warning=TPC kernel {} failed to compile with {}: {s}",
+                src.display(),
+                Path::new(&compiler).display()
+            ),
+            Err(e) => println!(
+                "cargo:warning=cannot run TPC_CLANG={}: {e}",
+                Path::new(&compiler).display()
+            ),
+        }
+    }
+    if !objects.is_empty() {
+        println!(
+            "cargo:warning=TPC kernel objects (not linked into the host crate): {}",
+            objects.join(", ")
+        );
+    }
+}

@@ -1,0 +1,15 @@
+/* NOT VERIFIED on Gaudi hardware, the TPC simulator or tpc-clang: see dc_tpc_elementwise.h. */
+/* scale_accumulate_bf16 (Gaudi 2 TPC-C): acc_out = bf16(f32(acc_in) + scale * f32(x)),
+ * computed in f32 (fused v_f32_mac_b) and rounded once to bf16 (SW_RHNE). Twin of
+ * dc_kernel_table.scale_accumulate_bf16 (which rounds the product separately). */
+#include "dc_tpc_elementwise.h"
+
+void main(tensor x, tensor acc_in, tensor acc_out, float scale) {
+    DC_TPC_FOR_EACH(c, DC_TPC_LANES_BF16) {
+        float128 g = convert_bfloat128_to_float128(v_bf16_ld_tnsr_b(c, x), SW_LINEAR);
+        float128 a = convert_bfloat128_to_float128(v_bf16_ld_tnsr_b(c, acc_in), SW_LINEAR);
+        a.v1 = v_f32_mac_b(g.v1, scale, a.v1);
+        a.v2 = v_f32_mac_b(g.v2, scale, a.v2);
+        v_bf16_st_tnsr(c, acc_out, convert_float128_to_bfloat128(a, SW_RHNE | SW_LINEAR));
+    }
+}
