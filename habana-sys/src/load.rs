@@ -224,15 +224,10 @@ impl SynapseApi {
             source,
         })?;
         let version = driver_version_only(&lib);
-        if let Some(v) = &version {
-            if let Some(found) = parse_version(v) {
-                if found < MIN_VERSION {
-                    return Err(LoadError::UnsupportedVersion {
-                        path: path.to_path_buf(),
-                        version: v.clone(),
-                    });
-                }
-            }
+        if let Some(v) = &version
+            && parse_version(v).is_some_and(|found| found < MIN_VERSION)
+        {
+            return Err(LoadError::UnsupportedVersion { path: path.to_path_buf(), version: v.clone() });
         }
         let lib: &'static libloading::Library = Box::leak(Box::new(lib));
         let fns = resolve(lib).map_err(|symbol| LoadError::MissingSymbol {

@@ -1,0 +1,37 @@
+//! `dropcompute bench ...`: benchmarks that print ratios measured in one run against a named
+//! baseline (never timed assertions in tests).
+
+use clap::{Args, Subcommand};
+
+use dropcompute::bench::kernels::{KernelBenchOptions, TARGET_RATIO, run_kernel_bench};
+
+use super::CliError;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// f32 / bf16 scale-accumulate throughput in GB/s next to a plain memcpy of the same bytes
+    /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache).
+    Kernels(KernelArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KernelArgs {
+    /// Interleaved repetitions per size (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    pub reps: usize,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
+    match cmd {
+        BenchCommand::Kernels(a) => {
+            let opts = KernelBenchOptions { reps: a.reps.max(1), ..KernelBenchOptions::default() };
+            let report = run_kernel_bench(&opts);
+            println!("{report}");
+            println!(
+                "target (>= {TARGET_RATIO} of memcpy beyond the LLC): {}",
+                if report.meets_target() { "met" } else { "NOT met" }
+            );
+            Ok(())
+        }
+    }
+}
