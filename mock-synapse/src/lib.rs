@@ -45,7 +45,11 @@ pub unsafe extern "C" fn dcmock_configure(json: *const c_char) -> synStatus {
 
 /// See `dropcompute::mock::dcmock_register_kernel`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dcmock_register_kernel(name: *const c_char, f: MockKernelFn, user_data: *mut c_void) -> synStatus {
+pub unsafe extern "C" fn dcmock_register_kernel(
+    name: *const c_char,
+    f: MockKernelFn,
+    user_data: *mut c_void,
+) -> synStatus {
     // SAFETY: forwarded contract.
     unsafe { mock::dcmock_register_kernel(name, f, user_data) }
 }

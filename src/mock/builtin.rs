@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use habana_sys::synStatus;
 
-use super::state::{Kernel, SendPtr};
 use super::MockKernelArgs;
+use super::state::{Kernel, SendPtr};
 
 /// Does nothing (used by the scheduler-overhead benchmark).
 unsafe extern "C" fn noop(_args: *const MockKernelArgs) -> synStatus {

@@ -175,7 +175,14 @@ impl Noise {
             Noise::Normal { cv } => ok(cv, 0.0),
             Noise::Exponential { mean } => mean.is_finite() && mean > 0.0,
         };
-        if valid { Ok(()) } else { Err(bad("config", format!("noise parameters out of range: {self:?}"))) }
+        if valid {
+            Ok(())
+        } else {
+            Err(bad(
+                "config",
+                format!("noise parameters out of range: {self:?}"),
+            ))
+        }
     }
 }
 
@@ -193,10 +200,12 @@ impl MockConfig {
         }
         let mut cfg = Self::default();
         if let Ok(n) = std::env::var(ENV_DEVICES) {
-            cfg.devices = n
-                .trim()
-                .parse()
-                .map_err(|_| bad("config", format!("{ENV_DEVICES}={n:?} is not a device count")))?;
+            cfg.devices = n.trim().parse().map_err(|_| {
+                bad(
+                    "config",
+                    format!("{ENV_DEVICES}={n:?} is not a device count"),
+                )
+            })?;
         }
         cfg.validate()?;
         Ok(cfg)
@@ -219,18 +228,33 @@ impl MockConfig {
     /// [`ConfigError`] naming the first offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.devices == 0 || self.devices > MAX_DEVICES {
-            return Err(bad("config", format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices)));
+            return Err(bad(
+                "config",
+                format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices),
+            ));
         }
         if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps > 0.0) {
-            return Err(bad("config", format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps)));
+            return Err(bad(
+                "config",
+                format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps),
+            ));
         }
         self.noise.validate()?;
         for o in &self.per_device {
             if o.module_id >= self.devices {
-                return Err(bad("config", format!("per_device module_id {} >= devices {}", o.module_id, self.devices)));
+                return Err(bad(
+                    "config",
+                    format!(
+                        "per_device module_id {} >= devices {}",
+                        o.module_id, self.devices
+                    ),
+                ));
             }
             if !(o.slowdown.is_finite() && o.slowdown > 0.0) {
-                return Err(bad("config", format!("module {} slowdown = {}", o.module_id, o.slowdown)));
+                return Err(bad(
+                    "config",
+                    format!("module {} slowdown = {}", o.module_id, o.slowdown),
+                ));
             }
             if let Some(n) = &o.noise {
                 n.validate()?;
@@ -294,8 +318,10 @@ mod tests {
 
     #[test]
     fn config_json_round_trip_and_defaults() {
-        let cfg = MockConfig::from_json(r#"{"devices":3,"time_mode":"virtual","noise":{"kind":"reference","delay_factor":1.0},
-            "per_device":[{"module_id":2,"slowdown":2.5,"script_ns":[10,20]}]}"#)
+        let cfg = MockConfig::from_json(
+            r#"{"devices":3,"time_mode":"virtual","noise":{"kind":"reference","delay_factor":1.0},
+            "per_device":[{"module_id":2,"slowdown":2.5,"script_ns":[10,20]}]}"#,
+        )
         .unwrap();
         assert_eq!(cfg.devices, 3);
         assert_eq!(cfg.time_mode, TimeMode::Virtual);
@@ -316,8 +342,17 @@ mod tests {
 
     #[test]
     fn fault_json() {
-        let f = Fault::from_json(r#"{"kind":"fail_next_call","function":"synDeviceFree","status":26}"#).unwrap();
-        assert_eq!(f, Fault::FailNextCall { function: "synDeviceFree".into(), status: 26, times: 1 });
+        let f =
+            Fault::from_json(r#"{"kind":"fail_next_call","function":"synDeviceFree","status":26}"#)
+                .unwrap();
+        assert_eq!(
+            f,
+            Fault::FailNextCall {
+                function: "synDeviceFree".into(),
+                status: 26,
+                times: 1
+            }
+        );
         assert!(Fault::from_json(r#"{"kind":"explode"}"#).is_err());
     }
 }

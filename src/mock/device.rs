@@ -11,7 +11,7 @@ use habana_sys::{synDeviceId, synDeviceInfoV2, synDeviceType, synStatus};
 
 use super::config::MockConfig;
 use super::memory::{retire_device_alloc, retire_host_range};
-use super::state::{MResult, Registry, fail, registry, stalls, DEVICE_ADDRESS_BASE};
+use super::state::{DEVICE_ADDRESS_BASE, MResult, Registry, fail, registry, stalls};
 
 /// The PCI bus string of mock module `module` accepted by `synDeviceAcquire`.
 pub fn mock_pci_bus(module: u32) -> String {
@@ -41,14 +41,27 @@ pub(crate) fn initialize() -> MResult<()> {
 /// frees device memory and host ranges registered by the released device ids.
 fn teardown(r: &mut Registry, module: Option<u32>, devices: &[synDeviceId]) {
     let hit = |m: u32| module.is_none_or(|x| x == m);
-    let events: Vec<u64> = r.events.iter().filter(|(_, e)| hit(e.module)).map(|(k, _)| *k).collect();
+    let events: Vec<u64> = r
+        .events
+        .iter()
+        .filter(|(_, e)| hit(e.module))
+        .map(|(k, _)| *k)
+        .collect();
     for k in events {
         if let Some(e) = r.events.remove(&k) {
             e.poison();
         }
     }
-    let streams: Vec<u64> = r.streams.iter().filter(|(_, s)| hit(s.module)).map(|(k, _)| *k).collect();
-    let streams: Vec<_> = streams.into_iter().filter_map(|k| r.streams.remove(&k)).collect();
+    let streams: Vec<u64> = r
+        .streams
+        .iter()
+        .filter(|(_, s)| hit(s.module))
+        .map(|(k, _)| *k)
+        .collect();
+    let streams: Vec<_> = streams
+        .into_iter()
+        .filter_map(|k| r.streams.remove(&k))
+        .collect();
     match module {
         Some(m) => stalls().release(m),
         None => stalls().clear(),
@@ -56,15 +69,24 @@ fn teardown(r: &mut Registry, module: Option<u32>, devices: &[synDeviceId]) {
     for s in &streams {
         s.shutdown(true);
     }
-    let allocs: Vec<u64> = r.allocs.iter().filter(|(_, a)| hit(a.module)).map(|(k, _)| *k).collect();
+    let allocs: Vec<u64> = r
+        .allocs
+        .iter()
+        .filter(|(_, a)| hit(a.module))
+        .map(|(k, _)| *k)
+        .collect();
     for k in allocs {
         if let Some(a) = r.allocs.remove(&k) {
             r.freed.insert(a.base, a.size);
             retire_device_alloc(&a);
         }
     }
-    let hosts: Vec<usize> =
-        r.host.iter().filter(|(_, h)| module.is_none() || devices.contains(&h.device)).map(|(k, _)| *k).collect();
+    let hosts: Vec<usize> = r
+        .host
+        .iter()
+        .filter(|(_, h)| module.is_none() || devices.contains(&h.device))
+        .map(|(k, _)| *k)
+        .collect();
     for k in hosts {
         if let Some(h) = r.host.remove(&k) {
             retire_host_range(&h);
@@ -93,10 +115,16 @@ pub(crate) fn count() -> MResult<u32> {
 
 fn acquire_module(r: &mut Registry, m: u32) -> MResult<synDeviceId> {
     let Some(module) = r.modules.get(m as usize) else {
-        return fail(synStatus::INVALID_ARGUMENT, format!("module id {m} does not exist ({} modules)", r.modules.len()));
+        return fail(
+            synStatus::INVALID_ARGUMENT,
+            format!("module id {m} does not exist ({} modules)", r.modules.len()),
+        );
     };
     if let Some(d) = module.acquired {
-        return fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("module {m} is already acquired as device {d}"));
+        return fail(
+            synStatus::DEVICE_ALREADY_ACQUIRED,
+            format!("module {m} is already acquired as device {d}"),
+        );
     }
     let id = r.next_device_id;
     r.next_device_id = r.next_device_id.wrapping_add(1);
@@ -108,7 +136,10 @@ fn acquire_module(r: &mut Registry, m: u32) -> MResult<synDeviceId> {
 fn first_free(r: &Registry) -> MResult<u32> {
     match r.modules.iter().position(|m| m.acquired.is_none()) {
         Some(m) => Ok(m as u32),
-        None => fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("all {} modules are acquired", r.modules.len())),
+        None => fail(
+            synStatus::DEVICE_ALREADY_ACQUIRED,
+            format!("all {} modules are acquired", r.modules.len()),
+        ),
     }
 }
 
@@ -127,7 +158,12 @@ pub(crate) fn acquire_by_pci_bus(pci_bus: Option<&str>) -> MResult<synDeviceId> 
         None | Some("") => first_free(&r)?,
         Some(bus) => match (0..r.modules.len() as u32).find(|&m| mock_pci_bus(m) == bus) {
             Some(m) => m,
-            None => return fail(synStatus::NO_DEVICE_FOUND, format!("no mock module at PCI bus {bus:?}")),
+            None => {
+                return fail(
+                    synStatus::NO_DEVICE_FOUND,
+                    format!("no mock module at PCI bus {bus:?}"),
+                );
+            }
         },
     };
     acquire_module(&mut r, m)
@@ -138,7 +174,13 @@ pub(crate) fn acquire_by_type(t: synDeviceType) -> MResult<synDeviceId> {
     let mut r = registry();
     r.check_init()?;
     if t != r.config.device_type.code() {
-        return fail(synStatus::NO_DEVICE_FOUND, format!("no {t} module (the mock has {})", r.config.device_type.code()));
+        return fail(
+            synStatus::NO_DEVICE_FOUND,
+            format!(
+                "no {t} module (the mock has {})",
+                r.config.device_type.code()
+            ),
+        );
     }
     let m = first_free(&r)?;
     acquire_module(&mut r, m)
@@ -160,14 +202,21 @@ pub(crate) fn synchronize(device: synDeviceId) -> MResult<()> {
     let streams: Vec<Arc<super::stream::Stream>> = {
         let r = registry();
         let m = r.module_of(device)?;
-        r.streams.values().filter(|s| s.module == m).cloned().collect()
+        r.streams
+            .values()
+            .filter(|s| s.module == m)
+            .cloned()
+            .collect()
     };
     for s in &streams {
         s.shared.wait_idle();
     }
     for s in &streams {
         if let Some((status, msg)) = s.shared.error() {
-            return fail(status, format!("stream {:#x}: {msg}", super::state::handle_to_raw(s.id)));
+            return fail(
+                status,
+                format!("stream {:#x}: {msg}", super::state::handle_to_raw(s.id)),
+            );
         }
     }
     Ok(())

@@ -17,12 +17,16 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
 use habana_sys::{
-    synDeviceId, synDeviceInfo, synDeviceInfoV2, synDeviceType, synDmaDir, synEventHandle, synLaunchTensorInfo,
-    synModuleId, synRecipeAttribute, synRecipeHandle, synStatus, synStreamHandle,
+    synDeviceId, synDeviceInfo, synDeviceInfoV2, synDeviceType, synDmaDir, synEventHandle,
+    synLaunchTensorInfo, synModuleId, synRecipeAttribute, synRecipeHandle, synStatus,
+    synStreamHandle,
 };
 
 pub use super::hccl::*;
-use super::state::{MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status, raw_to_handle, set_last_error, take_fault};
+use super::state::{
+    MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status, raw_to_handle,
+    set_last_error, take_fault,
+};
 use super::{device, launch, ops, status};
 
 /// Runs `f` as the body of C function `name`: injected fault first, panics caught, failures
@@ -39,7 +43,10 @@ fn guard(name: &'static str, f: impl FnOnce() -> MResult<()>) -> synStatus {
             e.status
         }
         Err(_) => {
-            set_last_error(synStatus::FAIL, &format!("{name}: internal error (panic) in the CPU mock"));
+            set_last_error(
+                synStatus::FAIL,
+                &format!("{name}: internal error (panic) in the CPU mock"),
+            );
             synStatus::FAIL
         }
     }
@@ -77,7 +84,10 @@ unsafe fn slice<'a, T>(p: *const T, n: usize) -> MResult<&'a [T]> {
         return Ok(&[]);
     }
     if p.is_null() {
-        return fail(synStatus::INVALID_ARGUMENT, "null array with a nonzero length");
+        return fail(
+            synStatus::INVALID_ARGUMENT,
+            "null array with a nonzero length",
+        );
     }
     // SAFETY: non-null, `n` elements readable by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
@@ -97,7 +107,9 @@ pub unsafe extern "C" fn syn_destroy() -> synStatus {
 
 pub unsafe extern "C" fn syn_device_get_count(p_count: *mut u32) -> synStatus {
     // SAFETY (all `out` calls below): out-pointers follow the caller's contract (module doc).
-    guard("synDeviceGetCount", || unsafe { out(p_count, device::count()?) })
+    guard("synDeviceGetCount", || unsafe {
+        out(p_count, device::count()?)
+    })
 }
 
 /// Writes min(*size, count) module ids and sets *size to the number written.
@@ -117,7 +129,10 @@ pub unsafe extern "C" fn syn_device_get_module_ids(p_ids: *mut u32, size: *mut u
     })
 }
 
-pub unsafe extern "C" fn syn_device_acquire_by_device_type(p: *mut synDeviceId, t: synDeviceType) -> synStatus {
+pub unsafe extern "C" fn syn_device_acquire_by_device_type(
+    p: *mut synDeviceId,
+    t: synDeviceType,
+) -> synStatus {
     guard("synDeviceAcquireByDeviceType", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
@@ -126,7 +141,10 @@ pub unsafe extern "C" fn syn_device_acquire_by_device_type(p: *mut synDeviceId, 
     })
 }
 
-pub unsafe extern "C" fn syn_device_acquire_by_module_id(p: *mut synDeviceId, m: synModuleId) -> synStatus {
+pub unsafe extern "C" fn syn_device_acquire_by_module_id(
+    p: *mut synDeviceId,
+    m: synModuleId,
+) -> synStatus {
     guard("synDeviceAcquireByModuleId", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
@@ -135,7 +153,10 @@ pub unsafe extern "C" fn syn_device_acquire_by_module_id(p: *mut synDeviceId, m:
     })
 }
 
-pub unsafe extern "C" fn syn_device_acquire(p: *mut synDeviceId, pci_bus: *const c_char) -> synStatus {
+pub unsafe extern "C" fn syn_device_acquire(
+    p: *mut synDeviceId,
+    pci_bus: *const c_char,
+) -> synStatus {
     guard("synDeviceAcquire", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
@@ -172,11 +193,18 @@ pub unsafe extern "C" fn syn_device_get_info(d: synDeviceId, p: *mut synDeviceIn
     })
 }
 
-pub unsafe extern "C" fn syn_device_get_info_v2(d: synDeviceId, p: *mut synDeviceInfoV2) -> synStatus {
+pub unsafe extern "C" fn syn_device_get_info_v2(
+    d: synDeviceId,
+    p: *mut synDeviceInfoV2,
+) -> synStatus {
     guard("synDeviceGetInfoV2", || unsafe { out(p, device::info(d)?) })
 }
 
-pub unsafe extern "C" fn syn_device_get_memory_info(d: synDeviceId, free: *mut u64, total: *mut u64) -> synStatus {
+pub unsafe extern "C" fn syn_device_get_memory_info(
+    d: synDeviceId,
+    free: *mut u64,
+    total: *mut u64,
+) -> synStatus {
     guard("synDeviceGetMemoryInfo", || {
         if free.is_null() || total.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pointer");
@@ -189,7 +217,11 @@ pub unsafe extern "C" fn syn_device_get_memory_info(d: synDeviceId, free: *mut u
     })
 }
 
-pub unsafe extern "C" fn syn_stream_create_generic(p: *mut synStreamHandle, d: synDeviceId, flags: u32) -> synStatus {
+pub unsafe extern "C" fn syn_stream_create_generic(
+    p: *mut synStreamHandle,
+    d: synDeviceId,
+    flags: u32,
+) -> synStatus {
     guard("synStreamCreateGeneric", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pStreamHandle");
@@ -203,8 +235,14 @@ pub unsafe extern "C" fn syn_stream_destroy(s: synStreamHandle) -> synStatus {
     guard("synStreamDestroy", || ops::stream_destroy(h(s)))
 }
 
-pub unsafe extern "C" fn syn_stream_wait_event(s: synStreamHandle, e: synEventHandle, flags: u32) -> synStatus {
-    guard("synStreamWaitEvent", || ops::stream_wait_event(h(s), h(e), flags))
+pub unsafe extern "C" fn syn_stream_wait_event(
+    s: synStreamHandle,
+    e: synEventHandle,
+    flags: u32,
+) -> synStatus {
+    guard("synStreamWaitEvent", || {
+        ops::stream_wait_event(h(s), h(e), flags)
+    })
 }
 
 pub unsafe extern "C" fn syn_stream_synchronize(s: synStreamHandle) -> synStatus {
@@ -215,7 +253,11 @@ pub unsafe extern "C" fn syn_stream_query(s: synStreamHandle) -> synStatus {
     guard("synStreamQuery", || ops::stream_query(h(s)))
 }
 
-pub unsafe extern "C" fn syn_event_create(p: *mut synEventHandle, d: synDeviceId, flags: u32) -> synStatus {
+pub unsafe extern "C" fn syn_event_create(
+    p: *mut synEventHandle,
+    d: synDeviceId,
+    flags: u32,
+) -> synStatus {
     guard("synEventCreate", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pEventHandler");
@@ -241,7 +283,11 @@ pub unsafe extern "C" fn syn_event_synchronize(e: synEventHandle) -> synStatus {
     guard("synEventSynchronize", || ops::event_synchronize(h(e)))
 }
 
-pub unsafe extern "C" fn syn_event_elapsed_time(p_ns: *mut u64, start: synEventHandle, end: synEventHandle) -> synStatus {
+pub unsafe extern "C" fn syn_event_elapsed_time(
+    p_ns: *mut u64,
+    start: synEventHandle,
+    end: synEventHandle,
+) -> synStatus {
     guard("synEventElapsedTime", || {
         let end = (!end.is_null()).then(|| h(end));
         let v = ops::elapsed(h(start), end)?;
@@ -249,20 +295,32 @@ pub unsafe extern "C" fn syn_event_elapsed_time(p_ns: *mut u64, start: synEventH
     })
 }
 
-pub unsafe extern "C" fn syn_host_malloc(d: synDeviceId, size: u64, flags: u32, buffer: *mut *mut c_void) -> synStatus {
+pub unsafe extern "C" fn syn_host_malloc(
+    d: synDeviceId,
+    size: u64,
+    flags: u32,
+    buffer: *mut *mut c_void,
+) -> synStatus {
     guard("synHostMalloc", || {
         if buffer.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null buffer pointer");
         }
         if flags != 0 {
-            return fail(synStatus::INVALID_ARGUMENT, format!("flags {flags:#x} must be 0"));
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("flags {flags:#x} must be 0"),
+            );
         }
         let p = super::state::registry().host_malloc(d, size)?;
         unsafe { out(buffer, p.cast()) }
     })
 }
 
-pub unsafe extern "C" fn syn_host_free(d: synDeviceId, buffer: *const c_void, _flags: u32) -> synStatus {
+pub unsafe extern "C" fn syn_host_free(
+    d: synDeviceId,
+    buffer: *const c_void,
+    _flags: u32,
+) -> synStatus {
     guard("synHostFree", || {
         let r = super::state::registry().host_remove(d, buffer as usize, true)?;
         super::memory::retire_host_range(&r);
@@ -270,8 +328,14 @@ pub unsafe extern "C" fn syn_host_free(d: synDeviceId, buffer: *const c_void, _f
     })
 }
 
-pub unsafe extern "C" fn syn_host_map(d: synDeviceId, size: u64, buffer: *const c_void) -> synStatus {
-    guard("synHostMap", || super::state::registry().host_map(d, buffer as usize, size))
+pub unsafe extern "C" fn syn_host_map(
+    d: synDeviceId,
+    size: u64,
+    buffer: *const c_void,
+) -> synStatus {
+    guard("synHostMap", || {
+        super::state::registry().host_map(d, buffer as usize, size)
+    })
 }
 
 pub unsafe extern "C" fn syn_host_unmap(d: synDeviceId, buffer: *const c_void) -> synStatus {
@@ -282,7 +346,13 @@ pub unsafe extern "C" fn syn_host_unmap(d: synDeviceId, buffer: *const c_void) -
     })
 }
 
-pub unsafe extern "C" fn syn_device_malloc(d: synDeviceId, size: u64, _req: u64, _flags: u32, buffer: *mut u64) -> synStatus {
+pub unsafe extern "C" fn syn_device_malloc(
+    d: synDeviceId,
+    size: u64,
+    _req: u64,
+    _flags: u32,
+    buffer: *mut u64,
+) -> synStatus {
     guard("synDeviceMalloc", || {
         if buffer.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null buffer pointer");
@@ -300,8 +370,16 @@ pub unsafe extern "C" fn syn_device_free(d: synDeviceId, buffer: u64, _flags: u3
     })
 }
 
-pub unsafe extern "C" fn syn_mem_copy_async(s: synStreamHandle, src: u64, size: u64, dst: u64, dir: synDmaDir) -> synStatus {
-    guard("synMemCopyAsync", || ops::mem_copy(h(s), &[(src, size, dst)], dir))
+pub unsafe extern "C" fn syn_mem_copy_async(
+    s: synStreamHandle,
+    src: u64,
+    size: u64,
+    dst: u64,
+    dir: synDmaDir,
+) -> synStatus {
+    guard("synMemCopyAsync", || {
+        ops::mem_copy(h(s), &[(src, size, dst)], dir)
+    })
 }
 
 pub unsafe extern "C" fn syn_mem_copy_async_multiple(
@@ -325,15 +403,26 @@ fn path_arg(p: *const c_char) -> MResult<PathBuf> {
     // SAFETY: the file name is null or NUL-terminated.
     match unsafe { c_str(p) } {
         Some(s) if !s.is_empty() => Ok(PathBuf::from(s)),
-        _ => fail(synStatus::INVALID_ARGUMENT, "null or empty recipe file name"),
+        _ => fail(
+            synStatus::INVALID_ARGUMENT,
+            "null or empty recipe file name",
+        ),
     }
 }
 
-pub unsafe extern "C" fn syn_recipe_serialize(r: synRecipeHandle, file: *const c_char) -> synStatus {
-    guard("synRecipeSerialize", || launch::serialize(h(r), &path_arg(file)?))
+pub unsafe extern "C" fn syn_recipe_serialize(
+    r: synRecipeHandle,
+    file: *const c_char,
+) -> synStatus {
+    guard("synRecipeSerialize", || {
+        launch::serialize(h(r), &path_arg(file)?)
+    })
 }
 
-pub unsafe extern "C" fn syn_recipe_deserialize(p: *mut synRecipeHandle, file: *const c_char) -> synStatus {
+pub unsafe extern "C" fn syn_recipe_deserialize(
+    p: *mut synRecipeHandle,
+    file: *const c_char,
+) -> synStatus {
     guard("synRecipeDeSerialize", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pRecipeHandle");
@@ -356,7 +445,10 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
     guard("synRecipeGetAttribute", || {
         // SAFETY: `attrs` holds `n` entries and `ret` has room for `n` by the contract.
         let attrs = unsafe { slice(attrs, n as usize)? };
-        let vals = attrs.iter().map(|&a| launch::attribute(h(r), a)).collect::<MResult<Vec<_>>>()?;
+        let vals = attrs
+            .iter()
+            .map(|&a| launch::attribute(h(r), a))
+            .collect::<MResult<Vec<_>>>()?;
         if ret.is_null() && n > 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null retVal");
         }
@@ -367,20 +459,37 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
 }
 
 pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle) -> synStatus {
-    guard("synWorkspaceGetSize", || unsafe { out(p, launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?) })
+    guard("synWorkspaceGetSize", || unsafe {
+        out(
+            p,
+            launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?,
+        )
+    })
 }
 
-pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(r: synRecipeHandle, n: *mut u32) -> synStatus {
-    guard("synTensorRetrieveLaunchAmount", || unsafe { out(n, launch::recipe(h(r))?.spec.tensors.len() as u32) })
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(
+    r: synRecipeHandle,
+    n: *mut u32,
+) -> synStatus {
+    guard("synTensorRetrieveLaunchAmount", || unsafe {
+        out(n, launch::recipe(h(r))?.spec.tensors.len() as u32)
+    })
 }
 
 /// `numOfTensors` must equal the launch amount.
-pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(r: synRecipeHandle, ids: *mut u64, n: u32) -> synStatus {
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(
+    r: synRecipeHandle,
+    ids: *mut u64,
+    n: u32,
+) -> synStatus {
     guard("synTensorRetrieveLaunchIds", || {
         let rec = launch::recipe(h(r))?;
         let count = rec.spec.tensors.len();
         if n as usize != count {
-            return fail(synStatus::INVALID_ARGUMENT, format!("numOfTensors {n}, the recipe has {count}"));
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("numOfTensors {n}, the recipe has {count}"),
+            );
         }
         if ids.is_null() && n > 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null tensorsIds");
@@ -434,7 +543,10 @@ unsafe fn launch_common(
 ) -> MResult<()> {
     // SAFETY: arrays of `n` infos and `nev` events by the caller's contract.
     let infos = unsafe { slice(infos, n as usize)? };
-    let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }.iter().map(|&e| h(e)).collect();
+    let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }
+        .iter()
+        .map(|&e| h(e))
+        .collect();
     // SAFETY: tensor names are NUL-terminated by the contract.
     unsafe { launch::launch(h(s), infos, ws, h(r), &evs, flags) }
 }
@@ -450,7 +562,9 @@ pub unsafe extern "C" fn syn_launch_with_external_events(
     nev: u32,
     flags: u32,
 ) -> synStatus {
-    guard("synLaunchWithExternalEvents", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
+    guard("synLaunchWithExternalEvents", || unsafe {
+        launch_common(s, infos, n, ws, r, evs, nev, flags)
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -464,11 +578,17 @@ pub unsafe extern "C" fn syn_launch_with_external_events_ext(
     nev: u32,
     flags: u32,
 ) -> synStatus {
-    guard("synLaunchWithExternalEventsExt", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
+    guard("synLaunchWithExternalEventsExt", || unsafe {
+        launch_common(s, infos, n, ws, r, evs, nev, flags)
+    })
 }
 
 /// Copies the brief description of `st` (truncated, NUL-terminated) into `buf[..len]`.
-pub unsafe extern "C" fn syn_status_get_brief_description(st: synStatus, buf: *mut c_char, len: usize) -> synStatus {
+pub unsafe extern "C" fn syn_status_get_brief_description(
+    st: synStatus,
+    buf: *mut c_char,
+    len: usize,
+) -> synStatus {
     guard("synStatusGetBriefDescription", || {
         if buf.is_null() || len == 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
@@ -490,7 +610,8 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
         if buf.is_null() || len <= 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
         }
-        let v = std::env::var(super::ENV_VERSION).unwrap_or_else(|_| super::MOCK_VERSION.to_string());
+        let v =
+            std::env::var(super::ENV_VERSION).unwrap_or_else(|_| super::MOCK_VERSION.to_string());
         let b = v.as_bytes();
         let n = b.len().min(len as usize - 1);
         // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.

@@ -44,13 +44,19 @@ impl ReferenceMultiplier {
         let w: Vec<f64> = (1..=REFERENCE_SUPPORT).map(|k| pdf(k as f64)).collect();
         let total: f64 = w.iter().sum();
         let pmf: Vec<f64> = w.iter().map(|x| x / total).collect();
-        let mean_k = pmf.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum();
+        let mean_k = pmf
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i + 1) as f64 * p)
+            .sum();
         let mut acc = 0.0;
-        let mut cdf: Vec<f64> = pmf.iter().map(|p| {
-            acc += p;
-            acc
-        })
-        .collect();
+        let mut cdf: Vec<f64> = pmf
+            .iter()
+            .map(|p| {
+                acc += p;
+                acc
+            })
+            .collect();
         *cdf.last_mut().expect("non-empty support") = 1.0;
         Self { pmf, cdf, mean_k }
     }
@@ -69,7 +75,10 @@ impl ReferenceMultiplier {
     /// Draws one multiplier by inverse CDF of a uniform in [0, 1).
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
         let u: f64 = rng.random();
-        let i = self.cdf.partition_point(|&c| c <= u).min(REFERENCE_SUPPORT - 1);
+        let i = self
+            .cdf
+            .partition_point(|&c| c <= u)
+            .min(REFERENCE_SUPPORT - 1);
         self.value(i)
     }
 }
@@ -122,8 +131,19 @@ pub(crate) struct DeviceLatency {
 }
 
 impl DeviceLatency {
-    pub(crate) fn new(seed: u64, module: u32, slowdown: f64, noise: Noise, script: Vec<u64>) -> Self {
-        Self { rng: StdRng::seed_from_u64(module_seed(seed, module)), slowdown, noise, script: script.into() }
+    pub(crate) fn new(
+        seed: u64,
+        module: u32,
+        slowdown: f64,
+        noise: Noise,
+        script: Vec<u64>,
+    ) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(module_seed(seed, module)),
+            slowdown,
+            noise,
+            script: script.into(),
+        }
     }
 
     /// Latency in ns of the next launch of a recipe with base latency `base_ns`: the next script
@@ -144,7 +164,12 @@ mod tests {
     fn stats() -> (f64, f64, f64) {
         let r = ReferenceMultiplier::get();
         let mean: f64 = r.pmf.iter().enumerate().map(|(i, p)| p * r.value(i)).sum();
-        let var: f64 = r.pmf.iter().enumerate().map(|(i, p)| p * (r.value(i) - mean).powi(2)).sum();
+        let var: f64 = r
+            .pmf
+            .iter()
+            .enumerate()
+            .map(|(i, p)| p * (r.value(i) - mean).powi(2))
+            .sum();
         let mut acc = 0.0;
         let mut median = f64::NAN;
         for (i, p) in r.pmf.iter().enumerate() {
@@ -195,14 +220,24 @@ mod tests {
     #[test]
     fn script_overrides_then_model_resumes() {
         let mut d = DeviceLatency::new(0, 0, 3.0, Noise::None, vec![5, 7]);
-        assert_eq!([d.next_launch_ns(100), d.next_launch_ns(100), d.next_launch_ns(100)], [5, 7, 300]);
+        assert_eq!(
+            [
+                d.next_launch_ns(100),
+                d.next_launch_ns(100),
+                d.next_launch_ns(100)
+            ],
+            [5, 7, 300]
+        );
     }
 
     #[test]
     fn noise_factors_are_positive() {
         let mut rng = StdRng::seed_from_u64(9);
         for n in [
-            Noise::LogNormal { mu: 0.0, sigma: 1.0 },
+            Noise::LogNormal {
+                mu: 0.0,
+                sigma: 1.0,
+            },
             Noise::Normal { cv: 5.0 },
             Noise::Exponential { mean: 0.5 },
         ] {

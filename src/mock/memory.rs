@@ -96,7 +96,11 @@ fn align_up(v: u64) -> u64 {
 impl Registry {
     /// Bytes allocated on `module`.
     pub(crate) fn used_bytes(&self, module: u32) -> u64 {
-        self.allocs.values().filter(|a| a.module == module).map(|a| a.size).sum()
+        self.allocs
+            .values()
+            .filter(|a| a.module == module)
+            .map(|a| a.size)
+            .sum()
     }
 
     /// synDeviceMalloc: a fresh, 128-byte aligned, never reused address. `req_addr` (a hint on
@@ -110,16 +114,27 @@ impl Registry {
         if size > self.config.hbm_bytes.saturating_sub(used) {
             return fail(
                 synStatus::OUT_OF_DEVICE_MEMORY,
-                format!("{size} bytes requested, {} free on module {module}", self.config.hbm_bytes - used),
+                format!(
+                    "{size} bytes requested, {} free on module {module}",
+                    self.config.hbm_bytes - used
+                ),
             );
         }
         let Some(buf) = AlignedBuf::zeroed(size) else {
-            return fail(synStatus::OUT_OF_DEVICE_MEMORY, format!("host allocation of {size} bytes backing the device buffer failed"));
+            return fail(
+                synStatus::OUT_OF_DEVICE_MEMORY,
+                format!("host allocation of {size} bytes backing the device buffer failed"),
+            );
         };
         let base = self.next_addr;
         // Leave a gap after each allocation so an overrun never lands in the next one.
         self.next_addr = align_up(base + size) + ALIGNMENT;
-        let a = Arc::new(DevAlloc { base, size, module, data: Mutex::new(Some(buf)) });
+        let a = Arc::new(DevAlloc {
+            base,
+            size,
+            module,
+            data: Mutex::new(Some(buf)),
+        });
         self.allocs.insert(base, a);
         Ok(base)
     }
@@ -134,35 +149,67 @@ impl Registry {
                 self.freed.insert(a.base, a.size);
                 Ok(a)
             }
-            Some(a) => fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} belongs to module {}, not {module}", a.module)),
-            None if self.freed.contains_key(&addr) => fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} already freed")),
-            None => fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} is not the start of a device allocation")),
+            Some(a) => fail(
+                synStatus::INVALID_ARGUMENT,
+                format!(
+                    "address {addr:#x} belongs to module {}, not {module}",
+                    a.module
+                ),
+            ),
+            None if self.freed.contains_key(&addr) => fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("address {addr:#x} already freed"),
+            ),
+            None => fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("address {addr:#x} is not the start of a device allocation"),
+            ),
         }
     }
 
     /// The live allocation of `module` containing `[addr, addr + len)` and the offset of `addr`.
-    pub(crate) fn device_range(&self, module: u32, addr: u64, len: u64) -> MResult<(Arc<DevAlloc>, u64)> {
+    pub(crate) fn device_range(
+        &self,
+        module: u32,
+        addr: u64,
+        len: u64,
+    ) -> MResult<(Arc<DevAlloc>, u64)> {
         let end = addr.checked_add(len);
         if let Some((_, a)) = self.allocs.range(..=addr).next_back() {
             if addr < a.base + a.size {
                 if a.module != module {
-                    return fail(synStatus::INVALID_ARGUMENT, format!("device address {addr:#x} belongs to module {}, not {module}", a.module));
+                    return fail(
+                        synStatus::INVALID_ARGUMENT,
+                        format!(
+                            "device address {addr:#x} belongs to module {}, not {module}",
+                            a.module
+                        ),
+                    );
                 }
                 return match end {
                     Some(e) if e <= a.base + a.size => Ok((a.clone(), addr - a.base)),
                     _ => fail(
                         synStatus::INVALID_ARGUMENT,
-                        format!("device range {addr:#x}+{len} exceeds the allocation {:#x}+{}", a.base, a.size),
+                        format!(
+                            "device range {addr:#x}+{len} exceeds the allocation {:#x}+{}",
+                            a.base, a.size
+                        ),
                     ),
                 };
             }
         }
         if let Some((&b, &s)) = self.freed.range(..=addr).next_back() {
             if addr < b + s {
-                return fail(synStatus::INVALID_ARGUMENT, format!("device address {addr:#x} used after free (allocation {b:#x}+{s})"));
+                return fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!("device address {addr:#x} used after free (allocation {b:#x}+{s})"),
+                );
             }
         }
-        fail(synStatus::INVALID_ARGUMENT, format!("device address {addr:#x} is not inside any allocation"))
+        fail(
+            synStatus::INVALID_ARGUMENT,
+            format!("device address {addr:#x} is not inside any allocation"),
+        )
     }
 
     /// The registered host range containing `[ptr, ptr + len)`.
@@ -174,7 +221,10 @@ impl Registry {
                     Some(e) if e <= h.start + h.len => Ok(h.clone()),
                     _ => fail(
                         synStatus::INVALID_ARGUMENT,
-                        format!("host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}", h.start, h.len),
+                        format!(
+                            "host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}",
+                            h.start, h.len
+                        ),
                     ),
                 };
             }
@@ -186,13 +236,21 @@ impl Registry {
     }
 
     fn check_host_overlap(&self, start: usize, len: usize) -> MResult<()> {
-        let end = start.checked_add(len).ok_or_else(|| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: "host range overflows".into(),
-        })?;
+        let end = start
+            .checked_add(len)
+            .ok_or_else(|| super::state::MockError {
+                status: synStatus::INVALID_ARGUMENT,
+                msg: "host range overflows".into(),
+            })?;
         if let Some((_, h)) = self.host.range(..end).next_back() {
             if h.start + h.len > start {
-                return fail(synStatus::INVALID_ARGUMENT, format!("host range {start:#x}+{len} overlaps registered range {:#x}+{}", h.start, h.len));
+                return fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!(
+                        "host range {start:#x}+{len} overlaps registered range {:#x}+{}",
+                        h.start, h.len
+                    ),
+                );
             }
         }
         Ok(())
@@ -205,14 +263,20 @@ impl Registry {
             return fail(synStatus::INVALID_ARGUMENT, "size 0");
         }
         let Some(buf) = AlignedBuf::zeroed(size) else {
-            return fail(synStatus::OUT_OF_HOST_MEMORY, format!("cannot allocate {size} host bytes"));
+            return fail(
+                synStatus::OUT_OF_HOST_MEMORY,
+                format!("cannot allocate {size} host bytes"),
+            );
         };
         let p = buf.as_ptr();
         let h = HostRange {
             start: p as usize,
             len: size as usize,
             device,
-            state: Mutex::new(HostState { alive: true, owned: Some(buf) }),
+            state: Mutex::new(HostState {
+                alive: true,
+                owned: Some(buf),
+            }),
         };
         self.host.insert(p as usize, Arc::new(h));
         Ok(p)
@@ -224,27 +288,59 @@ impl Registry {
         if ptr == 0 || size == 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null buffer or size 0");
         }
-        let len = usize::try_from(size).map_err(|_| super::state::MockError { status: synStatus::INVALID_ARGUMENT, msg: "size too large".into() })?;
+        let len = usize::try_from(size).map_err(|_| super::state::MockError {
+            status: synStatus::INVALID_ARGUMENT,
+            msg: "size too large".into(),
+        })?;
         self.check_host_overlap(ptr, len)?;
-        let h = HostRange { start: ptr, len, device, state: Mutex::new(HostState { alive: true, owned: None }) };
+        let h = HostRange {
+            start: ptr,
+            len,
+            device,
+            state: Mutex::new(HostState {
+                alive: true,
+                owned: None,
+            }),
+        };
         self.host.insert(ptr, Arc::new(h));
         Ok(())
     }
 
     /// Removes the range starting at `ptr` that was registered by `device`; `owned` selects
     /// synHostFree (must be synHostMalloc'd) or synHostUnmap (must be mapped).
-    pub(crate) fn host_remove(&mut self, device: synDeviceId, ptr: usize, owned: bool) -> MResult<Arc<HostRange>> {
+    pub(crate) fn host_remove(
+        &mut self,
+        device: synDeviceId,
+        ptr: usize,
+        owned: bool,
+    ) -> MResult<Arc<HostRange>> {
         self.module_of(device)?;
         let Some(h) = self.host.get(&ptr) else {
-            return fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} is not registered (double free or never allocated)"));
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("host address {ptr:#x} is not registered (double free or never allocated)"),
+            );
         };
         let is_owned = h.lock().owned.is_some();
         if is_owned != owned {
-            let what = if is_owned { "synHostMalloc'd (use synHostFree)" } else { "synHostMap'ed (use synHostUnmap)" };
-            return fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} is {what}"));
+            let what = if is_owned {
+                "synHostMalloc'd (use synHostFree)"
+            } else {
+                "synHostMap'ed (use synHostUnmap)"
+            };
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("host address {ptr:#x} is {what}"),
+            );
         }
         if h.device != device {
-            return fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} was registered by device {}", h.device));
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!(
+                    "host address {ptr:#x} was registered by device {}",
+                    h.device
+                ),
+            );
         }
         Ok(self.host.remove(&ptr).expect("present"))
     }
@@ -265,15 +361,35 @@ pub(crate) fn retire_device_alloc(a: &DevAlloc) {
 /// One validated copy, executed by a stream worker.
 #[derive(Debug)]
 pub(crate) enum CopyPiece {
-    HostToDevice { host: Arc<HostRange>, src: usize, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
-    DeviceToHost { src: Arc<DevAlloc>, src_off: u64, host: Arc<HostRange>, dst: usize, len: u64 },
-    DeviceToDevice { src: Arc<DevAlloc>, src_off: u64, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
+    HostToDevice {
+        host: Arc<HostRange>,
+        src: usize,
+        dst: Arc<DevAlloc>,
+        dst_off: u64,
+        len: u64,
+    },
+    DeviceToHost {
+        src: Arc<DevAlloc>,
+        src_off: u64,
+        host: Arc<HostRange>,
+        dst: usize,
+        len: u64,
+    },
+    DeviceToDevice {
+        src: Arc<DevAlloc>,
+        src_off: u64,
+        dst: Arc<DevAlloc>,
+        dst_off: u64,
+        len: u64,
+    },
 }
 
 impl CopyPiece {
     pub(crate) fn len(&self) -> u64 {
         match self {
-            Self::HostToDevice { len, .. } | Self::DeviceToHost { len, .. } | Self::DeviceToDevice { len, .. } => *len,
+            Self::HostToDevice { len, .. }
+            | Self::DeviceToHost { len, .. }
+            | Self::DeviceToDevice { len, .. } => *len,
         }
     }
 
@@ -282,47 +398,101 @@ impl CopyPiece {
     pub(crate) fn execute(&self) -> Result<(), String> {
         let len = self.len() as usize;
         match self {
-            Self::HostToDevice { host, src, dst, dst_off, .. } => {
+            Self::HostToDevice {
+                host,
+                src,
+                dst,
+                dst_off,
+                ..
+            } => {
                 let h = host.lock();
                 let d = dst.lock();
                 let (true, Some(d)) = (h.alive, d.as_ref()) else {
-                    return Err("a buffer of a host-to-device copy was released before the copy ran".into());
+                    return Err(
+                        "a buffer of a host-to-device copy was released before the copy ran".into(),
+                    );
                 };
                 // SAFETY: [src, src+len) lies in a registered, still alive host range (checked at
                 // enqueue; alive now, and unregistering waits on `h`); the device range lies in
                 // the allocation (checked at enqueue), whose lock we hold. They cannot overlap:
                 // device bytes are mock-owned.
-                unsafe { std::ptr::copy_nonoverlapping(*src as *const u8, d.as_ptr().add(*dst_off as usize), len) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        *src as *const u8,
+                        d.as_ptr().add(*dst_off as usize),
+                        len,
+                    )
+                };
             }
-            Self::DeviceToHost { src, src_off, host, dst, .. } => {
+            Self::DeviceToHost {
+                src,
+                src_off,
+                host,
+                dst,
+                ..
+            } => {
                 let h = host.lock();
                 let s = src.lock();
                 let (true, Some(s)) = (h.alive, s.as_ref()) else {
-                    return Err("a buffer of a device-to-host copy was released before the copy ran".into());
+                    return Err(
+                        "a buffer of a device-to-host copy was released before the copy ran".into(),
+                    );
                 };
                 // SAFETY: as for HostToDevice, with the roles swapped.
-                unsafe { std::ptr::copy_nonoverlapping(s.as_ptr().add(*src_off as usize), *dst as *mut u8, len) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.as_ptr().add(*src_off as usize),
+                        *dst as *mut u8,
+                        len,
+                    )
+                };
             }
-            Self::DeviceToDevice { src, src_off, dst, dst_off, .. } => {
+            Self::DeviceToDevice {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                ..
+            } => {
                 if Arc::ptr_eq(src, dst) {
                     let g = src.lock();
-                    let Some(b) = g.as_ref() else { return Err("device buffer freed before the copy ran".into()) };
+                    let Some(b) = g.as_ref() else {
+                        return Err("device buffer freed before the copy ran".into());
+                    };
                     // SAFETY: both ranges lie inside this allocation (checked at enqueue); we hold
                     // its lock; `copy` allows overlap.
-                    unsafe { std::ptr::copy(b.as_ptr().add(*src_off as usize), b.as_ptr().add(*dst_off as usize), len) };
+                    unsafe {
+                        std::ptr::copy(
+                            b.as_ptr().add(*src_off as usize),
+                            b.as_ptr().add(*dst_off as usize),
+                            len,
+                        )
+                    };
                 } else {
                     // Lock in address order so two workers never deadlock.
-                    let (first, second) = if src.base < dst.base { (src, dst) } else { (dst, src) };
+                    let (first, second) = if src.base < dst.base {
+                        (src, dst)
+                    } else {
+                        (dst, src)
+                    };
                     let g1 = first.lock();
                     let g2 = second.lock();
-                    let (sg, dg) = if src.base < dst.base { (&g1, &g2) } else { (&g2, &g1) };
+                    let (sg, dg) = if src.base < dst.base {
+                        (&g1, &g2)
+                    } else {
+                        (&g2, &g1)
+                    };
                     let (Some(s), Some(d)) = (sg.as_ref(), dg.as_ref()) else {
                         return Err("device buffer freed before the copy ran".into());
                     };
                     // SAFETY: distinct allocations (no overlap), ranges checked at enqueue, both
                     // locks held.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(s.as_ptr().add(*src_off as usize), d.as_ptr().add(*dst_off as usize), len)
+                        std::ptr::copy_nonoverlapping(
+                            s.as_ptr().add(*src_off as usize),
+                            d.as_ptr().add(*dst_off as usize),
+                            len,
+                        )
                     };
                 }
             }

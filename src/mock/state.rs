@@ -14,13 +14,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use habana_sys::{synDeviceId, synStatus};
 
+use super::MockKernelFn;
 use super::config::MockConfig;
 use super::event::Event;
 use super::latency::DeviceLatency;
 use super::memory::{DevAlloc, HostRange};
 use super::recipe::Recipe;
 use super::stream::Stream;
-use super::MockKernelFn;
 
 /// A failed mock call: the status to return and the message for `synGetLastErrorMessage`.
 #[derive(Debug, Clone)]
@@ -33,7 +33,10 @@ pub(crate) type MResult<T> = Result<T, MockError>;
 
 /// Shorthand for an `Err(MockError)`.
 pub(crate) fn fail<T>(status: synStatus, msg: impl Into<String>) -> MResult<T> {
-    Err(MockError { status, msg: msg.into() })
+    Err(MockError {
+        status,
+        msg: msg.into(),
+    })
 }
 
 /// `user_data` of a registered kernel.
@@ -119,17 +122,29 @@ impl Registry {
         self.modules = (0..cfg.devices)
             .map(|m| {
                 let o = cfg.per_device.iter().find(|o| o.module_id == m);
-                let noise = o.and_then(|o| o.noise.clone()).unwrap_or_else(|| cfg.noise.clone());
+                let noise = o
+                    .and_then(|o| o.noise.clone())
+                    .unwrap_or_else(|| cfg.noise.clone());
                 let slowdown = o.map_or(1.0, |o| o.slowdown);
                 let script = o.map(|o| o.script_ns.clone()).unwrap_or_default();
-                Module { acquired: None, latency: DeviceLatency::new(cfg.seed, m, slowdown, noise, script) }
+                Module {
+                    acquired: None,
+                    latency: DeviceLatency::new(cfg.seed, m, slowdown, noise, script),
+                }
             })
             .collect();
     }
 
     /// Fails with synObjectNotInitialized before `synInitialize`.
     pub(crate) fn check_init(&self) -> MResult<()> {
-        if self.initialized { Ok(()) } else { fail(synStatus::OBJECT_NOT_INITIALIZED, "synInitialize was not called") }
+        if self.initialized {
+            Ok(())
+        } else {
+            fail(
+                synStatus::OBJECT_NOT_INITIALIZED,
+                "synInitialize was not called",
+            )
+        }
     }
 
     /// The module of an acquired device id (checks initialisation too).
@@ -137,7 +152,10 @@ impl Registry {
         self.check_init()?;
         match self.devices.get(&device) {
             Some(&m) => Ok(m),
-            None => fail(synStatus::INVALID_ARGUMENT, format!("device id {device} is not acquired")),
+            None => fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("device id {device} is not acquired"),
+            ),
         }
     }
 
@@ -152,7 +170,10 @@ impl Registry {
         self.check_init()?;
         match self.streams.get(&handle) {
             Some(s) => Ok(s.clone()),
-            None => fail(synStatus::INVALID_ARGUMENT, format!("unknown stream handle {:#x}", handle_to_raw(handle))),
+            None => fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("unknown stream handle {:#x}", handle_to_raw(handle)),
+            ),
         }
     }
 
@@ -160,7 +181,10 @@ impl Registry {
         self.check_init()?;
         match self.events.get(&handle) {
             Some(e) => Ok(e.clone()),
-            None => fail(synStatus::INVALID_EVENT_HANDLE, format!("unknown event handle {:#x}", handle_to_raw(handle))),
+            None => fail(
+                synStatus::INVALID_EVENT_HANDLE,
+                format!("unknown event handle {:#x}", handle_to_raw(handle)),
+            ),
         }
     }
 
@@ -168,7 +192,10 @@ impl Registry {
         self.check_init()?;
         match self.recipes.get(&handle) {
             Some(r) => Ok(r.clone()),
-            None => fail(synStatus::INVALID_ARGUMENT, format!("unknown recipe handle {:#x}", handle_to_raw(handle))),
+            None => fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("unknown recipe handle {:#x}", handle_to_raw(handle)),
+            ),
         }
     }
 }
@@ -190,7 +217,10 @@ static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
 /// Locks the registry. A poisoned lock is recovered: every mutation is completed before any
 /// operation that could panic.
 pub(crate) fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY.get_or_init(|| Mutex::new(Registry::new())).lock().unwrap_or_else(|e| e.into_inner())
+    REGISTRY
+        .get_or_init(|| Mutex::new(Registry::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// Number of armed "fail next call" faults: lets every call skip the registry when zero.
@@ -246,7 +276,10 @@ impl Stalls {
 
 pub(crate) fn stalls() -> &'static Stalls {
     static S: OnceLock<Stalls> = OnceLock::new();
-    S.get_or_init(|| Stalls { table: Mutex::new(StallTable::default()), cv: Condvar::new() })
+    S.get_or_init(|| Stalls {
+        table: Mutex::new(StallTable::default()),
+        cv: Condvar::new(),
+    })
 }
 
 thread_local! {
