@@ -193,10 +193,10 @@ impl MockConfig {
     /// # Errors
     /// [`ConfigError`] when a variable is set but unparsable or invalid.
     pub fn from_env() -> Result<Self, ConfigError> {
-        if let Ok(json) = std::env::var(ENV_CONFIG) {
-            if !json.trim().is_empty() {
-                return Self::from_json(&json);
-            }
+        if let Ok(json) = std::env::var(ENV_CONFIG)
+            && !json.trim().is_empty()
+        {
+            return Self::from_json(&json);
         }
         let mut cfg = Self::default();
         if let Ok(n) = std::env::var(ENV_DEVICES) {

@@ -78,6 +78,9 @@ fn teardown(r: &mut Registry, module: Option<u32>, devices: &[synDeviceId]) {
     for k in allocs {
         if let Some(a) = r.allocs.remove(&k) {
             r.freed.insert(a.base, a.size);
+            if let Some(m) = r.modules.get_mut(a.module as usize) {
+                m.used = m.used.saturating_sub(a.size);
+            }
             retire_device_alloc(&a);
         }
     }

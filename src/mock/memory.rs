@@ -96,11 +96,7 @@ fn align_up(v: u64) -> u64 {
 impl Registry {
     /// Bytes allocated on `module`.
     pub(crate) fn used_bytes(&self, module: u32) -> u64 {
-        self.allocs
-            .values()
-            .filter(|a| a.module == module)
-            .map(|a| a.size)
-            .sum()
+        self.modules.get(module as usize).map_or(0, |m| m.used)
     }
 
     /// synDeviceMalloc: a fresh, 128-byte aligned, never reused address. `req_addr` (a hint on
@@ -136,6 +132,7 @@ impl Registry {
             data: Mutex::new(Some(buf)),
         });
         self.allocs.insert(base, a);
+        self.modules[module as usize].used += size;
         Ok(base)
     }
 
@@ -147,6 +144,7 @@ impl Registry {
             Some(a) if a.module == module => {
                 let a = self.allocs.remove(&addr).expect("present");
                 self.freed.insert(a.base, a.size);
+                self.modules[module as usize].used -= a.size;
                 Ok(a)
             }
             Some(a) => fail(
@@ -175,36 +173,36 @@ impl Registry {
         len: u64,
     ) -> MResult<(Arc<DevAlloc>, u64)> {
         let end = addr.checked_add(len);
-        if let Some((_, a)) = self.allocs.range(..=addr).next_back() {
-            if addr < a.base + a.size {
-                if a.module != module {
-                    return fail(
-                        synStatus::INVALID_ARGUMENT,
-                        format!(
-                            "device address {addr:#x} belongs to module {}, not {module}",
-                            a.module
-                        ),
-                    );
-                }
-                return match end {
-                    Some(e) if e <= a.base + a.size => Ok((a.clone(), addr - a.base)),
-                    _ => fail(
-                        synStatus::INVALID_ARGUMENT,
-                        format!(
-                            "device range {addr:#x}+{len} exceeds the allocation {:#x}+{}",
-                            a.base, a.size
-                        ),
-                    ),
-                };
-            }
-        }
-        if let Some((&b, &s)) = self.freed.range(..=addr).next_back() {
-            if addr < b + s {
+        if let Some((_, a)) = self.allocs.range(..=addr).next_back()
+            && addr < a.base + a.size
+        {
+            if a.module != module {
                 return fail(
                     synStatus::INVALID_ARGUMENT,
-                    format!("device address {addr:#x} used after free (allocation {b:#x}+{s})"),
+                    format!(
+                        "device address {addr:#x} belongs to module {}, not {module}",
+                        a.module
+                    ),
                 );
             }
+            return match end {
+                Some(e) if e <= a.base + a.size => Ok((a.clone(), addr - a.base)),
+                _ => fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!(
+                        "device range {addr:#x}+{len} exceeds the allocation {:#x}+{}",
+                        a.base, a.size
+                    ),
+                ),
+            };
+        }
+        if let Some((&b, &s)) = self.freed.range(..=addr).next_back()
+            && addr < b + s
+        {
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("device address {addr:#x} used after free (allocation {b:#x}+{s})"),
+            );
         }
         fail(
             synStatus::INVALID_ARGUMENT,
@@ -215,19 +213,19 @@ impl Registry {
     /// The registered host range containing `[ptr, ptr + len)`.
     pub(crate) fn host_range(&self, ptr: usize, len: u64) -> MResult<Arc<HostRange>> {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if let Some((_, h)) = self.host.range(..=ptr).next_back() {
-            if ptr < h.start + h.len {
-                return match ptr.checked_add(len) {
-                    Some(e) if e <= h.start + h.len => Ok(h.clone()),
-                    _ => fail(
-                        synStatus::INVALID_ARGUMENT,
-                        format!(
-                            "host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}",
-                            h.start, h.len
-                        ),
+        if let Some((_, h)) = self.host.range(..=ptr).next_back()
+            && ptr < h.start + h.len
+        {
+            return match ptr.checked_add(len) {
+                Some(e) if e <= h.start + h.len => Ok(h.clone()),
+                _ => fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!(
+                        "host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}",
+                        h.start, h.len
                     ),
-                };
-            }
+                ),
+            };
         }
         fail(
             synStatus::INVALID_ARGUMENT,
@@ -242,16 +240,16 @@ impl Registry {
                 status: synStatus::INVALID_ARGUMENT,
                 msg: "host range overflows".into(),
             })?;
-        if let Some((_, h)) = self.host.range(..end).next_back() {
-            if h.start + h.len > start {
-                return fail(
-                    synStatus::INVALID_ARGUMENT,
-                    format!(
-                        "host range {start:#x}+{len} overlaps registered range {:#x}+{}",
-                        h.start, h.len
-                    ),
-                );
-            }
+        if let Some((_, h)) = self.host.range(..end).next_back()
+            && h.start + h.len > start
+        {
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!(
+                    "host range {start:#x}+{len} overlaps registered range {:#x}+{}",
+                    h.start, h.len
+                ),
+            );
         }
         Ok(())
     }

@@ -60,6 +60,8 @@ pub(crate) struct Kernel {
 pub(crate) struct Module {
     /// The device id of the current holder, if acquired.
     pub acquired: Option<synDeviceId>,
+    /// Bytes of live device allocations.
+    pub used: u64,
     pub latency: DeviceLatency,
 }
 
@@ -129,6 +131,7 @@ impl Registry {
                 let script = o.map(|o| o.script_ns.clone()).unwrap_or_default();
                 Module {
                     acquired: None,
+                    used: 0,
                     latency: DeviceLatency::new(cfg.seed, m, slowdown, noise, script),
                 }
             })

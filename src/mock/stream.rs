@@ -168,10 +168,10 @@ impl Stream {
             self.shared.cv.notify_all();
         }
         drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
-        if let Some(h) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
+        if let Some(h) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take()
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
         }
     }
 }
@@ -243,7 +243,9 @@ impl Worker {
         let end = start + latency_ns;
         let end = match self.mode {
             TimeMode::Real => {
-                sleep_until_ns(end);
+                if !self.aborted() {
+                    sleep_until_ns(end);
+                }
                 end.max(epoch_ns())
             }
             TimeMode::Virtual => end,
@@ -284,10 +286,10 @@ impl Worker {
             }
             Op::Kernel(k) => {
                 let start = self.start(0);
-                if !self.skip() {
-                    if let Err((status, msg)) = run_kernel(&k) {
-                        self.set_error(status, msg);
-                    }
+                if !self.skip()
+                    && let Err((status, msg)) = run_kernel(&k)
+                {
+                    self.set_error(status, msg);
                 }
                 let end = self.finish(start, k.latency_ns);
                 for (e, g) in &k.events {
