@@ -95,14 +95,17 @@ pub(super) fn h<T>(p: *mut T) -> u64 {
     raw_to_handle(p as usize)
 }
 
+/// `synInitialize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_initialize() -> synStatus {
     guard("synInitialize", device::initialize)
 }
 
+/// `synDestroy` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_destroy() -> synStatus {
     guard("synDestroy", device::destroy)
 }
 
+/// `synDeviceGetCount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_count(p_count: *mut u32) -> synStatus {
     // SAFETY (all `out` calls below): out-pointers follow the caller's contract (module doc).
     guard("synDeviceGetCount", || unsafe {
@@ -127,6 +130,7 @@ pub unsafe extern "C" fn syn_device_get_module_ids(p_ids: *mut u32, size: *mut u
     })
 }
 
+/// `synDeviceAcquireByDeviceType` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_acquire_by_device_type(
     p: *mut synDeviceId,
     t: synDeviceType,
@@ -139,6 +143,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_device_type(
     })
 }
 
+/// `synDeviceAcquireByModuleId` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_acquire_by_module_id(
     p: *mut synDeviceId,
     m: synModuleId,
@@ -151,6 +156,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_module_id(
     })
 }
 
+/// `synDeviceAcquire` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_acquire(
     p: *mut synDeviceId,
     pci_bus: *const c_char,
@@ -165,14 +171,17 @@ pub unsafe extern "C" fn syn_device_acquire(
     })
 }
 
+/// `synDeviceRelease` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_release(d: synDeviceId) -> synStatus {
     guard("synDeviceRelease", || device::release(d))
 }
 
+/// `synDeviceSynchronize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_synchronize(d: synDeviceId) -> synStatus {
     guard("synDeviceSynchronize", || device::synchronize(d))
 }
 
+/// `synDeviceGetInfo` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_info(d: synDeviceId, p: *mut synDeviceInfo) -> synStatus {
     guard("synDeviceGetInfo", || {
         let i = device::info(d)?;
@@ -191,6 +200,7 @@ pub unsafe extern "C" fn syn_device_get_info(d: synDeviceId, p: *mut synDeviceIn
     })
 }
 
+/// `synDeviceGetInfoV2` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_info_v2(
     d: synDeviceId,
     p: *mut synDeviceInfoV2,
@@ -198,6 +208,7 @@ pub unsafe extern "C" fn syn_device_get_info_v2(
     guard("synDeviceGetInfoV2", || unsafe { out(p, device::info(d)?) })
 }
 
+/// `synDeviceGetMemoryInfo` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_memory_info(
     d: synDeviceId,
     free: *mut u64,
@@ -215,6 +226,7 @@ pub unsafe extern "C" fn syn_device_get_memory_info(
     })
 }
 
+/// `synStreamCreateGeneric` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_stream_create_generic(
     p: *mut synStreamHandle,
     d: synDeviceId,
@@ -229,10 +241,12 @@ pub unsafe extern "C" fn syn_stream_create_generic(
     })
 }
 
+/// `synStreamDestroy` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_stream_destroy(s: synStreamHandle) -> synStatus {
     guard("synStreamDestroy", || ops::stream_destroy(h(s)))
 }
 
+/// `synStreamWaitEvent` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_stream_wait_event(
     s: synStreamHandle,
     e: synEventHandle,
@@ -243,14 +257,17 @@ pub unsafe extern "C" fn syn_stream_wait_event(
     })
 }
 
+/// `synStreamSynchronize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_stream_synchronize(s: synStreamHandle) -> synStatus {
     guard("synStreamSynchronize", || ops::stream_synchronize(h(s)))
 }
 
+/// `synStreamQuery` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_stream_query(s: synStreamHandle) -> synStatus {
     guard("synStreamQuery", || ops::stream_query(h(s)))
 }
 
+/// `synEventCreate` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_event_create(
     p: *mut synEventHandle,
     d: synDeviceId,
@@ -265,22 +282,27 @@ pub unsafe extern "C" fn syn_event_create(
     })
 }
 
+/// `synEventDestroy` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_event_destroy(e: synEventHandle) -> synStatus {
     guard("synEventDestroy", || ops::event_destroy(h(e)))
 }
 
+/// `synEventRecord` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_event_record(e: synEventHandle, s: synStreamHandle) -> synStatus {
     guard("synEventRecord", || ops::event_record(h(e), h(s)))
 }
 
+/// `synEventQuery` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_event_query(e: synEventHandle) -> synStatus {
     guard("synEventQuery", || ops::event_query(h(e)))
 }
 
+/// `synEventSynchronize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_event_synchronize(e: synEventHandle) -> synStatus {
     guard("synEventSynchronize", || ops::event_synchronize(h(e)))
 }
 
+/// `synEventElapsedTime` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_event_elapsed_time(
     p_ns: *mut u64,
     start: synEventHandle,
@@ -293,6 +315,7 @@ pub unsafe extern "C" fn syn_event_elapsed_time(
     })
 }
 
+/// `synHostMalloc` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_malloc(
     d: synDeviceId,
     size: u64,
@@ -314,6 +337,7 @@ pub unsafe extern "C" fn syn_host_malloc(
     })
 }
 
+/// `synHostFree` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_free(
     d: synDeviceId,
     buffer: *const c_void,
@@ -326,6 +350,7 @@ pub unsafe extern "C" fn syn_host_free(
     })
 }
 
+/// `synHostMap` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_map(
     d: synDeviceId,
     size: u64,
@@ -336,6 +361,7 @@ pub unsafe extern "C" fn syn_host_map(
     })
 }
 
+/// `synHostUnmap` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_unmap(d: synDeviceId, buffer: *const c_void) -> synStatus {
     guard("synHostUnmap", || {
         let r = super::state::registry().host_remove(d, buffer as usize, false)?;
@@ -344,6 +370,7 @@ pub unsafe extern "C" fn syn_host_unmap(d: synDeviceId, buffer: *const c_void) -
     })
 }
 
+/// `synDeviceMalloc` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_malloc(
     d: synDeviceId,
     size: u64,
@@ -360,6 +387,7 @@ pub unsafe extern "C" fn syn_device_malloc(
     })
 }
 
+/// `synDeviceFree` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_free(d: synDeviceId, buffer: u64, _flags: u32) -> synStatus {
     guard("synDeviceFree", || {
         let a = super::state::registry().device_free(d, buffer)?;
@@ -368,6 +396,7 @@ pub unsafe extern "C" fn syn_device_free(d: synDeviceId, buffer: u64, _flags: u3
     })
 }
 
+/// `synMemCopyAsync` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_mem_copy_async(
     s: synStreamHandle,
     src: u64,
@@ -380,6 +409,7 @@ pub unsafe extern "C" fn syn_mem_copy_async(
     })
 }
 
+/// `synMemCopyAsyncMultiple` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_mem_copy_async_multiple(
     s: synStreamHandle,
     src: *const u64,

@@ -25,6 +25,7 @@ fn path_arg(p: *const c_char) -> MResult<PathBuf> {
     }
 }
 
+/// `synRecipeSerialize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_recipe_serialize(
     r: synRecipeHandle,
     file: *const c_char,
@@ -34,6 +35,7 @@ pub unsafe extern "C" fn syn_recipe_serialize(
     })
 }
 
+/// `synRecipeDeSerialize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_recipe_deserialize(
     p: *mut synRecipeHandle,
     file: *const c_char,
@@ -47,10 +49,12 @@ pub unsafe extern "C" fn syn_recipe_deserialize(
     })
 }
 
+/// `synRecipeDestroy` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_recipe_destroy(r: synRecipeHandle) -> synStatus {
     guard("synRecipeDestroy", || launch::destroy(h(r)))
 }
 
+/// `synRecipeGetAttribute` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_recipe_get_attribute(
     ret: *mut u64,
     attrs: *const synRecipeAttribute,
@@ -73,6 +77,7 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
     })
 }
 
+/// `synWorkspaceGetSize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle) -> synStatus {
     guard("synWorkspaceGetSize", || unsafe {
         out(
@@ -82,6 +87,7 @@ pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle)
     })
 }
 
+/// `synTensorRetrieveLaunchAmount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(
     r: synRecipeHandle,
     n: *mut u32,
@@ -91,7 +97,8 @@ pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(
     })
 }
 
-/// `numOfTensors` must equal the launch amount.
+/// `synTensorRetrieveLaunchIds`: ids are `TENSOR_ID_BASE + index`; `numOfTensors` must equal
+/// the launch amount.
 pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(
     r: synRecipeHandle,
     ids: *mut u64,
@@ -120,6 +127,7 @@ pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(
     })
 }
 
+/// `synTensorRetrieveIds` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_tensor_retrieve_ids(
     r: synRecipeHandle,
     names: *const *const c_char,
@@ -169,6 +177,8 @@ unsafe fn launch_common(
     unsafe { launch::launch(h(s), infos, ws, h(r), &evs, flags) }
 }
 
+/// `synLaunchWithExternalEvents` on the CPU mock: binds every recipe tensor once (by id, or by
+/// name with SYN_FLAGS_TENSOR_NAME) and enqueues the kernel; the events are recorded at completion.
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn syn_launch_with_external_events(
     s: synStreamHandle,
@@ -185,6 +195,7 @@ pub unsafe extern "C" fn syn_launch_with_external_events(
     })
 }
 
+/// `synLaunchWithExternalEventsExt`: same as [`syn_launch_with_external_events`].
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn syn_launch_with_external_events_ext(
     s: synStreamHandle,
@@ -241,14 +252,17 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
     })
 }
 
+/// `synGetLastError` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_get_last_error() -> synStatus {
     last_error_status()
 }
 
+/// `synGetErrorString` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_get_error_string(st: synStatus) -> *const c_char {
     status::brief(st).as_ptr()
 }
 
+/// `synGetLastErrorMessage` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_get_last_error_message() -> *const c_char {
     last_error_message_ptr()
 }
