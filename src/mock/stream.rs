@@ -137,7 +137,7 @@ impl Stream {
         };
         let handle = std::thread::Builder::new()
             .name(format!("mock-stream-{module}-{id}"))
-            .stack_size(256 * 1024)
+            .stack_size(1 << 20)
             .spawn(move || w.run(rx))?;
         Ok(Self {
             id,
