@@ -4,4 +4,5 @@
 
 pub mod bench;
 pub mod kernels;
+pub mod mock;
 pub mod synapse;

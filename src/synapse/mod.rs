@@ -11,7 +11,7 @@
 //! `unsafe` in the crate is confined to this layer, the mock's C ABI and the kernels' FFI; the
 //! modules above (policy, scheduler, simulator, tuner, training) forbid it.
 
-//pub mod backend;
+pub mod backend;
 mod error;
 mod memory;
 mod recipe;
@@ -19,7 +19,7 @@ pub mod result;
 mod runtime;
 mod stream;
 
-//pub use backend::{Backend, BackendChoice};
+pub use backend::{Backend, BackendChoice};
 pub use error::{DropResult, Error, Result};
 pub use memory::{DeviceBuffer, DeviceRepr, HOST_DROP_TIMEOUT, HostBuffer};
 pub use recipe::{LaunchTensor, Recipe};

@@ -1,0 +1,358 @@
+//! Configuration of the CPU mock device ([`MockConfig`]) and the fault knobs ([`Fault`]).
+//!
+//! Owns: the serde types accepted by `dcmock_configure` / `dcmock_inject_fault` (JSON), their
+//! defaults and validation. Must not touch: the process-global mock state (that is `state.rs`);
+//! these are plain values.
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variable overriding the default number of mock modules (e.g. `1024`).
+pub const ENV_DEVICES: &str = "DROPCOMPUTE_MOCK_DEVICES";
+/// Environment variable holding a whole [`MockConfig`] as JSON, read at the first
+/// `synInitialize` unless a configuration was set explicitly with `dcmock_configure`.
+pub const ENV_CONFIG: &str = "DROPCOMPUTE_MOCK_CONFIG";
+/// Largest number of mock modules accepted (thread-per-rank jobs use up to a few thousand).
+pub const MAX_DEVICES: u32 = 65_536;
+/// 96 GiB: the HBM capacity of a Gaudi2 module, reported by `synDeviceGetMemoryInfo`.
+pub const DEFAULT_HBM_BYTES: u64 = 96 << 30;
+
+/// Device type reported by the mock modules (`synDeviceGetInfo*`, `synDeviceAcquireByDeviceType`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MockDeviceType {
+    /// `synDeviceGaudi` (2).
+    Gaudi,
+    /// `synDeviceGaudi2` (4), the default.
+    #[default]
+    Gaudi2,
+    /// `synDeviceGaudi3` (5).
+    Gaudi3,
+}
+
+impl MockDeviceType {
+    /// The `synDeviceType` code.
+    pub fn code(self) -> habana_sys::synDeviceType {
+        match self {
+            Self::Gaudi => habana_sys::synDeviceType::GAUDI,
+            Self::Gaudi2 => habana_sys::synDeviceType::GAUDI2,
+            Self::Gaudi3 => habana_sys::synDeviceType::GAUDI3,
+        }
+    }
+}
+
+/// How the mock's device timeline relates to wall time.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeMode {
+    /// Device timestamps are ns since a process-wide mock epoch (a monotonic `Instant`); a stream
+    /// worker sleeps until each operation's emulated end, so wall time shows the emulated latency.
+    /// Operation start = max(now, end of the previous operation on that stream).
+    #[default]
+    Real,
+    /// No sleeping. Each stream keeps a virtual clock starting at 0 ns: operation start =
+    /// max(stream clock, timestamps of the events it waited for), end = start + latency. Fully
+    /// deterministic for a given seed and per-device launch order.
+    Virtual,
+}
+
+/// Noise multiplier applied to a recipe's base latency, drawn per launch from the device's
+/// seeded random stream (see `latency.rs`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Noise {
+    /// Factor 1.
+    #[default]
+    None,
+    /// DropCompute reference injected delay: factor = 1 + 0.5 · `delay_factor` · mult, mult
+    /// drawn from a log-normal(μ=4, σ=1) discretised on 1..=999 and divided by its mean
+    /// (≈ 87.63). Source: reference/dropcompute.md, "Noise injected in experiments".
+    Reference {
+        /// The reference scripts use 1.0.
+        delay_factor: f64,
+    },
+    /// Factor = exp(N(mu, sigma)).
+    LogNormal {
+        /// Mean of the underlying normal.
+        mu: f64,
+        /// Standard deviation of the underlying normal (>= 0).
+        sigma: f64,
+    },
+    /// Factor = N(1, cv), clipped below at 1e-3 so latencies stay positive.
+    Normal {
+        /// Coefficient of variation (standard deviation of the factor), >= 0.
+        cv: f64,
+    },
+    /// Factor = 1 + X with X exponential of mean `mean` (an added delay, as a fraction of base).
+    Exponential {
+        /// Mean added fraction (> 0).
+        mean: f64,
+    },
+}
+
+/// Per-module overrides of the latency model.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceOverride {
+    /// Module id this entry applies to (< `MockConfig::devices`).
+    pub module_id: u32,
+    /// Persistent slowdown factor of this module (a slow rank); default 1, must be > 0.
+    #[serde(default = "one")]
+    pub slowdown: f64,
+    /// Noise for this module instead of `MockConfig::noise`.
+    #[serde(default)]
+    pub noise: Option<Noise>,
+    /// Latency script: successive launches on this module take exactly these many ns (noise and
+    /// slowdown ignored); once exhausted, the model applies again.
+    #[serde(default)]
+    pub script_ns: Vec<u64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The mock device configuration. JSON form: every field optional, e.g.
+/// `{"devices":16,"time_mode":"virtual","seed":7,"noise":{"kind":"reference","delay_factor":1.0}}`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MockConfig {
+    /// Number of mock modules (module ids 0..devices). Default 8, or `$DROPCOMPUTE_MOCK_DEVICES`
+    /// through [`MockConfig::from_env`]. 1..=[`MAX_DEVICES`].
+    pub devices: u32,
+    /// Device type reported by every module (default Gaudi2).
+    pub device_type: MockDeviceType,
+    /// HBM bytes per module (default 96 GiB); `synDeviceMalloc` beyond it fails.
+    pub hbm_bytes: u64,
+    /// Timeline mode (default real).
+    pub time_mode: TimeMode,
+    /// Global seed; module m's random stream is seeded with splitmix64(seed, m).
+    pub seed: u64,
+    /// Copy bandwidth in GB/s (1e9 bytes/s) used to cost `synMemCopyAsync` on the timeline
+    /// (default 25, the order of a PCIe Gen4 x16 host link).
+    pub copy_bandwidth_gbps: f64,
+    /// Noise model of every module without an override (default none).
+    pub noise: Noise,
+    /// Per-module overrides.
+    pub per_device: Vec<DeviceOverride>,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            devices: 8,
+            device_type: MockDeviceType::Gaudi2,
+            hbm_bytes: DEFAULT_HBM_BYTES,
+            time_mode: TimeMode::Real,
+            seed: 0,
+            copy_bandwidth_gbps: 25.0,
+            noise: Noise::None,
+            per_device: Vec::new(),
+        }
+    }
+}
+
+/// Why a configuration or fault was rejected.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("invalid mock {what}: {why}")]
+pub struct ConfigError {
+    /// "config" or "fault".
+    pub what: &'static str,
+    /// Which field and value.
+    pub why: String,
+}
+
+fn bad(what: &'static str, why: String) -> ConfigError {
+    ConfigError { what, why }
+}
+
+impl Noise {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ok = |v: f64, min: f64| v.is_finite() && v >= min;
+        let valid = match *self {
+            Noise::None => true,
+            Noise::Reference { delay_factor } => ok(delay_factor, 0.0),
+            Noise::LogNormal { mu, sigma } => mu.is_finite() && ok(sigma, 0.0),
+            Noise::Normal { cv } => ok(cv, 0.0),
+            Noise::Exponential { mean } => mean.is_finite() && mean > 0.0,
+        };
+        if valid {
+            Ok(())
+        } else {
+            Err(bad(
+                "config",
+                format!("noise parameters out of range: {self:?}"),
+            ))
+        }
+    }
+}
+
+impl MockConfig {
+    /// The default configuration with `$DROPCOMPUTE_MOCK_CONFIG` (JSON) or, failing that,
+    /// `$DROPCOMPUTE_MOCK_DEVICES` applied.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when a variable is set but unparsable or invalid.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        if let Ok(json) = std::env::var(ENV_CONFIG)
+            && !json.trim().is_empty()
+        {
+            return Self::from_json(&json);
+        }
+        let mut cfg = Self::default();
+        if let Ok(n) = std::env::var(ENV_DEVICES) {
+            cfg.devices = n.trim().parse().map_err(|_| {
+                bad(
+                    "config",
+                    format!("{ENV_DEVICES}={n:?} is not a device count"),
+                )
+            })?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses and validates the JSON form.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the JSON error or the invalid field.
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        let cfg: Self = serde_json::from_str(json).map_err(|e| bad("config", e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges: 1 <= devices <= [`MAX_DEVICES`], bandwidth finite and > 0, noise
+    /// parameters valid, overrides name existing modules with slowdown finite and > 0.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first offending field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.devices == 0 || self.devices > MAX_DEVICES {
+            return Err(bad(
+                "config",
+                format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices),
+            ));
+        }
+        if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps > 0.0) {
+            return Err(bad(
+                "config",
+                format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps),
+            ));
+        }
+        self.noise.validate()?;
+        for o in &self.per_device {
+            if o.module_id >= self.devices {
+                return Err(bad(
+                    "config",
+                    format!(
+                        "per_device module_id {} >= devices {}",
+                        o.module_id, self.devices
+                    ),
+                ));
+            }
+            if !(o.slowdown.is_finite() && o.slowdown > 0.0) {
+                return Err(bad(
+                    "config",
+                    format!("module {} slowdown = {}", o.module_id, o.slowdown),
+                ));
+            }
+            if let Some(n) = &o.noise {
+                n.validate()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fault to inject into the mock (JSON: `{"kind":"fail_next_call","function":"synMemCopyAsync","status":26}`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Fault {
+    /// The next `times` calls (default 1) of the C function `function` (C name, e.g.
+    /// "synMemCopyAsync") return `status` without doing anything. Applies to `syn*` functions.
+    FailNextCall {
+        /// C symbol name.
+        function: String,
+        /// Raw `synStatus` code to return.
+        status: i32,
+        /// How many calls fail (default 1).
+        #[serde(default = "one_u32")]
+        times: u32,
+    },
+    /// The next operation executed by any stream of module `module_id` blocks for
+    /// `duration_ms` (wall ms in real mode; added to the stream clock in virtual mode), or
+    /// until a [`Fault::ReleaseStall`] for that module when `duration_ms` is absent.
+    StallStream {
+        /// Module whose streams stall.
+        module_id: u32,
+        /// Stall length in ms; `None` = until released.
+        #[serde(default)]
+        duration_ms: Option<u64>,
+    },
+    /// Ends (or cancels) a stall of `module_id`.
+    ReleaseStall {
+        /// Module whose stall ends.
+        module_id: u32,
+    },
+    /// Removes every pending fault and releases every stall.
+    ClearAll,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+impl Fault {
+    /// Parses the JSON form.
+    ///
+    /// # Errors
+    /// [`ConfigError`] with the JSON error.
+    pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        serde_json::from_str(json).map_err(|e| bad("fault", e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_json_round_trip_and_defaults() {
+        let cfg = MockConfig::from_json(
+            r#"{"devices":3,"time_mode":"virtual","noise":{"kind":"reference","delay_factor":1.0},
+            "per_device":[{"module_id":2,"slowdown":2.5,"script_ns":[10,20]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.devices, 3);
+        assert_eq!(cfg.time_mode, TimeMode::Virtual);
+        assert_eq!(cfg.hbm_bytes, 96 << 30);
+        assert_eq!(cfg.per_device[0].script_ns, vec![10, 20]);
+        let back = MockConfig::from_json(&serde_json::to_string(&cfg).unwrap()).unwrap();
+        assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn config_rejects_bad_values() {
+        assert!(MockConfig::from_json(r#"{"devices":0}"#).is_err());
+        assert!(MockConfig::from_json(r#"{"copy_bandwidth_gbps":-1}"#).is_err());
+        assert!(MockConfig::from_json(r#"{"devices":2,"per_device":[{"module_id":2}]}"#).is_err());
+        assert!(MockConfig::from_json(r#"{"noise":{"kind":"normal","cv":-0.1}}"#).is_err());
+        assert!(MockConfig::from_json(r#"{"devise":2}"#).is_err());
+    }
+
+    #[test]
+    fn fault_json() {
+        let f =
+            Fault::from_json(r#"{"kind":"fail_next_call","function":"synDeviceFree","status":26}"#)
+                .unwrap();
+        assert_eq!(
+            f,
+            Fault::FailNextCall {
+                function: "synDeviceFree".into(),
+                status: 26,
+                times: 1
+            }
+        );
+        assert!(Fault::from_json(r#"{"kind":"explode"}"#).is_err());
+    }
+}

@@ -1,0 +1,317 @@
+//! The mock-only control API: three C functions (`dcmock_configure`, `dcmock_register_kernel`,
+//! `dcmock_inject_fault`, exported by name only from the `mock-synapse` cdylib) and the Rust
+//! wrapper [`MockControl`] that calls them in-process or through a loaded mock library.
+//!
+//! Owns: configuration changes, kernel registration and fault arming. Must not touch: the
+//! Synapse function table (these are not Synapse functions).
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use habana_sys::synStatus;
+
+use super::MockKernelFn;
+use super::config::{Fault, MockConfig};
+use super::state::{
+    ARMED_FAULTS, Kernel, MResult, SendPtr, fail, registry, set_last_error, stalls,
+};
+
+fn guard(name: &str, f: impl FnOnce() -> MResult<()>) -> synStatus {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => synStatus::SUCCESS,
+        Ok(Err(e)) => {
+            set_last_error(e.status, &format!("{name}: {}", e.msg));
+            e.status
+        }
+        Err(_) => {
+            set_last_error(
+                synStatus::FAIL,
+                &format!("{name}: internal error (panic) in the CPU mock"),
+            );
+            synStatus::FAIL
+        }
+    }
+}
+
+fn json_arg<'a>(p: *const c_char) -> MResult<&'a str> {
+    if p.is_null() {
+        return fail(synStatus::INVALID_ARGUMENT, "null JSON string");
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    match unsafe { CStr::from_ptr(p) }.to_str() {
+        Ok(s) => Ok(s),
+        Err(_) => fail(synStatus::INVALID_ARGUMENT, "JSON is not UTF-8"),
+    }
+}
+
+/// Replaces the mock configuration with the JSON [`MockConfig`] `json`. Rejected with synBusy
+/// while any module is acquired, synInvalidArgument when the JSON is invalid. Takes effect now
+/// if the mock is initialized (modules rebuilt, latency streams reseeded), else at synInitialize.
+///
+/// # Safety
+/// `json` is null or a NUL-terminated string.
+pub unsafe extern "C" fn dcmock_configure(json: *const c_char) -> synStatus {
+    guard("dcmock_configure", || {
+        let cfg = MockConfig::from_json(json_arg(json)?).map_err(|e| super::state::MockError {
+            status: synStatus::INVALID_ARGUMENT,
+            msg: e.to_string(),
+        })?;
+        let mut r = registry();
+        if !r.devices.is_empty() {
+            return fail(
+                synStatus::BUSY,
+                format!(
+                    "{} device(s) are acquired; release them first",
+                    r.devices.len()
+                ),
+            );
+        }
+        r.config = cfg;
+        r.configured = true;
+        if r.initialized {
+            r.rebuild_modules();
+        }
+        Ok(())
+    })
+}
+
+/// Registers (or replaces) kernel `name`. Null or empty name → synInvalidArgument.
+///
+/// # Safety
+/// `name` is null or NUL-terminated. `f` must be sound to call from any stream worker thread
+/// with a valid [`super::MockKernelArgs`] (carrying `user_data`), touching only the given tensor
+/// ranges, and must not unwind or call back into the mock.
+pub unsafe extern "C" fn dcmock_register_kernel(
+    name: *const c_char,
+    f: MockKernelFn,
+    user_data: *mut c_void,
+) -> synStatus {
+    guard("dcmock_register_kernel", || {
+        let name = json_arg(name)?;
+        if name.is_empty() {
+            return fail(synStatus::INVALID_ARGUMENT, "empty kernel name");
+        }
+        registry().kernels.insert(
+            name.to_string(),
+            Kernel {
+                f,
+                user_data: SendPtr(user_data),
+            },
+        );
+        Ok(())
+    })
+}
+
+/// Arms the JSON [`Fault`] `json`. Invalid JSON or an out-of-range module → synInvalidArgument.
+///
+/// # Safety
+/// `json` is null or a NUL-terminated string.
+pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
+    guard("dcmock_inject_fault", || {
+        let fault = Fault::from_json(json_arg(json)?).map_err(|e| super::state::MockError {
+            status: synStatus::INVALID_ARGUMENT,
+            msg: e.to_string(),
+        })?;
+        let mut r = registry();
+        match fault {
+            Fault::FailNextCall {
+                function,
+                status,
+                times,
+            } => {
+                if times == 0 {
+                    return fail(synStatus::INVALID_ARGUMENT, "times must be >= 1");
+                }
+                let prev = r
+                    .faults
+                    .insert(function, (synStatus(status), times))
+                    .map_or(0, |p| p.1);
+                ARMED_FAULTS.fetch_add(times as usize, Ordering::AcqRel);
+                ARMED_FAULTS.fetch_sub(prev as usize, Ordering::AcqRel);
+            }
+            Fault::StallStream {
+                module_id,
+                duration_ms,
+            } => {
+                let n = if r.initialized {
+                    r.modules.len() as u32
+                } else {
+                    r.config.devices
+                };
+                if module_id >= n {
+                    return fail(
+                        synStatus::INVALID_ARGUMENT,
+                        format!("module {module_id} does not exist"),
+                    );
+                }
+                let st = stalls();
+                st.table
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pending
+                    .insert(module_id, duration_ms);
+            }
+            Fault::ReleaseStall { module_id } => stalls().release(module_id),
+            Fault::ClearAll => {
+                let n: u32 = r.faults.values().map(|f| f.1).sum();
+                r.faults.clear();
+                ARMED_FAULTS.fetch_sub(n as usize, Ordering::AcqRel);
+                stalls().clear();
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Why a control call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MockControlError {
+    /// The mock library could not be loaded or lacks a `dcmock_*` symbol.
+    #[error("cannot use mock library {path}: {source}")]
+    Load {
+        /// The library path.
+        path: PathBuf,
+        /// The loader's error.
+        #[source]
+        source: libloading::Error,
+    },
+    /// The mock rejected the call.
+    #[error("{call} failed with {status}: {message}")]
+    Rejected {
+        /// "dcmock_configure", "dcmock_register_kernel" or "dcmock_inject_fault".
+        call: &'static str,
+        /// Status returned.
+        status: synStatus,
+        /// The mock's last error message for this thread.
+        message: String,
+    },
+    /// A name or JSON contains a NUL byte.
+    #[error("{0} contains a NUL byte")]
+    Nul(&'static str),
+}
+
+type JsonFn = unsafe extern "C" fn(*const c_char) -> synStatus;
+type RegisterFn = unsafe extern "C" fn(*const c_char, MockKernelFn, *mut c_void) -> synStatus;
+type MessageFn = unsafe extern "C" fn() -> *const c_char;
+
+/// Handle on the mock's control functions, in this process's mock or in a loaded mock library
+/// (whose state is separate from the in-process mock's).
+#[derive(Clone, Copy, Debug)]
+pub struct MockControl {
+    configure: JsonFn,
+    register: RegisterFn,
+    inject: JsonFn,
+    message: Option<MessageFn>,
+}
+
+impl MockControl {
+    /// The control functions of the in-process mock (the state behind [`super::api`]).
+    pub fn in_process() -> Self {
+        Self {
+            configure: dcmock_configure,
+            register: dcmock_register_kernel,
+            inject: dcmock_inject_fault,
+            message: Some(super::ffi::syn_get_last_error_message),
+        }
+    }
+
+    /// The control functions exported by the mock library at `path` (`libmock_synapse.so`). The
+    /// library is loaded once more (refcount) and intentionally never unloaded.
+    ///
+    /// # Errors
+    /// [`MockControlError::Load`] when the library cannot be opened or lacks a `dcmock_*` symbol.
+    pub fn from_library(path: &Path) -> Result<Self, MockControlError> {
+        let load = |source| MockControlError::Load {
+            path: path.to_path_buf(),
+            source,
+        };
+        // SAFETY: loading the mock library runs only Rust static initialisers of the mock.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(load)?;
+        let lib: &'static libloading::Library = Box::leak(Box::new(lib));
+        // SAFETY: the symbol types are the prototypes defined in this module; the library is
+        // leaked so the pointers stay valid.
+        unsafe {
+            Ok(Self {
+                configure: *lib.get::<JsonFn>(b"dcmock_configure\0").map_err(load)?,
+                register: *lib
+                    .get::<RegisterFn>(b"dcmock_register_kernel\0")
+                    .map_err(load)?,
+                inject: *lib.get::<JsonFn>(b"dcmock_inject_fault\0").map_err(load)?,
+                message: lib
+                    .get::<MessageFn>(b"synGetLastErrorMessage\0")
+                    .ok()
+                    .map(|s| *s),
+            })
+        }
+    }
+
+    fn check(&self, call: &'static str, status: synStatus) -> Result<(), MockControlError> {
+        if status.is_success() {
+            return Ok(());
+        }
+        let message = match self.message {
+            // SAFETY: synGetLastErrorMessage returns a NUL-terminated thread-local string valid
+            // until the next failing call on this thread; copied at once.
+            Some(f) => unsafe { CStr::from_ptr(f()) }
+                .to_string_lossy()
+                .into_owned(),
+            None => String::new(),
+        };
+        Err(MockControlError::Rejected {
+            call,
+            status,
+            message,
+        })
+    }
+
+    /// Applies `cfg` (see [`dcmock_configure`]).
+    ///
+    /// # Errors
+    /// [`MockControlError::Rejected`] with synBusy while a module is acquired, or
+    /// synInvalidArgument for an invalid configuration.
+    pub fn configure(&self, cfg: &MockConfig) -> Result<(), MockControlError> {
+        let json = CString::new(serde_json::to_string(cfg).expect("MockConfig serialises"))
+            .map_err(|_| MockControlError::Nul("config"))?;
+        // SAFETY: NUL-terminated JSON.
+        self.check("dcmock_configure", unsafe {
+            (self.configure)(json.as_ptr())
+        })
+    }
+
+    /// Registers kernel `name` (see [`dcmock_register_kernel`]).
+    ///
+    /// # Safety
+    /// As [`dcmock_register_kernel`]: `f` must be sound to call from any thread with the mock's
+    /// arguments and this `user_data`.
+    ///
+    /// # Errors
+    /// [`MockControlError::Nul`] or [`MockControlError::Rejected`] (empty name).
+    pub unsafe fn register_kernel(
+        &self,
+        name: &str,
+        f: MockKernelFn,
+        user_data: *mut c_void,
+    ) -> Result<(), MockControlError> {
+        let c = CString::new(name).map_err(|_| MockControlError::Nul("kernel name"))?;
+        // SAFETY: NUL-terminated name; `f`'s contract is forwarded to our caller.
+        self.check("dcmock_register_kernel", unsafe {
+            (self.register)(c.as_ptr(), f, user_data)
+        })
+    }
+
+    /// Arms `fault` (see [`dcmock_inject_fault`]).
+    ///
+    /// # Errors
+    /// [`MockControlError::Rejected`] for an out-of-range module or zero count.
+    pub fn inject_fault(&self, fault: &Fault) -> Result<(), MockControlError> {
+        let json = CString::new(serde_json::to_string(fault).expect("Fault serialises"))
+            .map_err(|_| MockControlError::Nul("fault"))?;
+        // SAFETY: NUL-terminated JSON.
+        self.check("dcmock_inject_fault", unsafe {
+            (self.inject)(json.as_ptr())
+        })
+    }
+}

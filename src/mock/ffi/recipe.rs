@@ -1,0 +1,268 @@
+//! `extern "C"` entry points of the mock for recipes, launches, status strings, the driver
+//! version and the last error (split from `ffi/mod.rs`; same rules: see there).
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::path::PathBuf;
+
+use habana_sys::{
+    synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle, synStatus,
+    synStreamHandle,
+};
+
+use super::{c_str, guard, h, out, slice};
+use crate::mock::state::{MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status};
+use crate::mock::{launch, status};
+
+fn path_arg(p: *const c_char) -> MResult<PathBuf> {
+    // SAFETY: the file name is null or NUL-terminated.
+    match unsafe { c_str(p) } {
+        Some(s) if !s.is_empty() => Ok(PathBuf::from(s)),
+        _ => fail(
+            synStatus::INVALID_ARGUMENT,
+            "null or empty recipe file name",
+        ),
+    }
+}
+
+/// `synRecipeSerialize` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_recipe_serialize(
+    r: synRecipeHandle,
+    file: *const c_char,
+) -> synStatus {
+    guard("synRecipeSerialize", || {
+        launch::serialize(h(r), &path_arg(file)?)
+    })
+}
+
+/// `synRecipeDeSerialize` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_recipe_deserialize(
+    p: *mut synRecipeHandle,
+    file: *const c_char,
+) -> synStatus {
+    guard("synRecipeDeSerialize", || {
+        if p.is_null() {
+            return fail(synStatus::INVALID_ARGUMENT, "null pRecipeHandle");
+        }
+        let id = launch::deserialize(&path_arg(file)?)?;
+        unsafe { out(p, handle_to_raw(id) as synRecipeHandle) }
+    })
+}
+
+/// `synRecipeDestroy` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_recipe_destroy(r: synRecipeHandle) -> synStatus {
+    guard("synRecipeDestroy", || launch::destroy(h(r)))
+}
+
+/// `synRecipeGetAttribute` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_recipe_get_attribute(
+    ret: *mut u64,
+    attrs: *const synRecipeAttribute,
+    n: c_uint,
+    r: synRecipeHandle,
+) -> synStatus {
+    guard("synRecipeGetAttribute", || {
+        // SAFETY: `attrs` holds `n` entries and `ret` has room for `n` by the contract.
+        let attrs = unsafe { slice(attrs, n as usize)? };
+        let vals = attrs
+            .iter()
+            .map(|&a| launch::attribute(h(r), a))
+            .collect::<MResult<Vec<_>>>()?;
+        if ret.is_null() && n > 0 {
+            return fail(synStatus::INVALID_ARGUMENT, "null retVal");
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), ret, vals.len()) };
+        Ok(())
+    })
+}
+
+/// `synWorkspaceGetSize` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle) -> synStatus {
+    guard("synWorkspaceGetSize", || unsafe {
+        out(
+            p,
+            launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?,
+        )
+    })
+}
+
+/// `synTensorRetrieveLaunchAmount` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(
+    r: synRecipeHandle,
+    n: *mut u32,
+) -> synStatus {
+    guard("synTensorRetrieveLaunchAmount", || unsafe {
+        out(n, launch::recipe(h(r))?.spec.tensors.len() as u32)
+    })
+}
+
+/// `synTensorRetrieveLaunchIds`: ids are `TENSOR_ID_BASE + index`; `numOfTensors` must equal
+/// the launch amount.
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(
+    r: synRecipeHandle,
+    ids: *mut u64,
+    n: u32,
+) -> synStatus {
+    guard("synTensorRetrieveLaunchIds", || {
+        let rec = launch::recipe(h(r))?;
+        let count = rec.spec.tensors.len();
+        if n as usize != count {
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("numOfTensors {n}, the recipe has {count}"),
+            );
+        }
+        if ids.is_null() && n > 0 {
+            return fail(synStatus::INVALID_ARGUMENT, "null tensorsIds");
+        }
+        for i in 0..count {
+            // SAFETY: `ids` holds `n` = count entries.
+            unsafe {
+                ids.add(i)
+                    .write(crate::mock::recipe::TENSOR_ID_BASE + i as u64)
+            };
+        }
+        Ok(())
+    })
+}
+
+/// `synTensorRetrieveIds` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_tensor_retrieve_ids(
+    r: synRecipeHandle,
+    names: *const *const c_char,
+    ids: *mut u64,
+    n: u32,
+) -> synStatus {
+    guard("synTensorRetrieveIds", || {
+        let rec = launch::recipe(h(r))?;
+        // SAFETY: `names` holds `n` NUL-terminated strings, `ids` room for `n`.
+        let ptrs = unsafe { slice(names, n as usize)? };
+        let mut list = Vec::with_capacity(ptrs.len());
+        for &p in ptrs {
+            if p.is_null() {
+                return fail(synStatus::INVALID_ARGUMENT, "null tensor name");
+            }
+            // SAFETY: non-null, NUL-terminated.
+            list.push(unsafe { CStr::from_ptr(p) }.to_bytes());
+        }
+        let v = launch::ids_of(&rec, &list)?;
+        if ids.is_null() && n > 0 {
+            return fail(synStatus::INVALID_ARGUMENT, "null tensorIds");
+        }
+        // SAFETY: room for `n` ids.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), ids, v.len()) };
+        Ok(())
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_common(
+    s: synStreamHandle,
+    infos: *const synLaunchTensorInfo,
+    n: u32,
+    ws: u64,
+    r: synRecipeHandle,
+    evs: *mut synEventHandle,
+    nev: u32,
+    flags: u32,
+) -> MResult<()> {
+    // SAFETY: arrays of `n` infos and `nev` events by the caller's contract.
+    let infos = unsafe { slice(infos, n as usize)? };
+    let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }
+        .iter()
+        .map(|&e| h(e))
+        .collect();
+    // SAFETY: tensor names are NUL-terminated by the contract.
+    unsafe { launch::launch(h(s), infos, ws, h(r), &evs, flags) }
+}
+
+/// `synLaunchWithExternalEvents` on the CPU mock: binds every recipe tensor once (by id, or by
+/// name with SYN_FLAGS_TENSOR_NAME) and enqueues the kernel; the events are recorded at completion.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn syn_launch_with_external_events(
+    s: synStreamHandle,
+    infos: *const synLaunchTensorInfo,
+    n: u32,
+    ws: u64,
+    r: synRecipeHandle,
+    evs: *mut synEventHandle,
+    nev: u32,
+    flags: u32,
+) -> synStatus {
+    guard("synLaunchWithExternalEvents", || unsafe {
+        launch_common(s, infos, n, ws, r, evs, nev, flags)
+    })
+}
+
+/// `synLaunchWithExternalEventsExt`: same as [`syn_launch_with_external_events`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn syn_launch_with_external_events_ext(
+    s: synStreamHandle,
+    infos: *const synLaunchTensorInfo,
+    n: u32,
+    ws: u64,
+    r: synRecipeHandle,
+    evs: *mut synEventHandle,
+    nev: u32,
+    flags: u32,
+) -> synStatus {
+    guard("synLaunchWithExternalEventsExt", || unsafe {
+        launch_common(s, infos, n, ws, r, evs, nev, flags)
+    })
+}
+
+/// Copies the brief description of `st` (truncated, NUL-terminated) into `buf[..len]`.
+pub unsafe extern "C" fn syn_status_get_brief_description(
+    st: synStatus,
+    buf: *mut c_char,
+    len: usize,
+) -> synStatus {
+    guard("synStatusGetBriefDescription", || {
+        if buf.is_null() || len == 0 {
+            return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
+        }
+        let d = status::brief(st).to_bytes();
+        let n = d.len().min(len - 1);
+        // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(d.as_ptr().cast(), buf, n);
+            *buf.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// Version "1.21.0-mock", or `$DROPCOMPUTE_MOCK_VERSION`. Works before synInitialize.
+pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) -> synStatus {
+    guard("synDriverGetVersion", || {
+        if buf.is_null() || len <= 0 {
+            return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
+        }
+        let v = std::env::var(crate::mock::ENV_VERSION)
+            .unwrap_or_else(|_| crate::mock::MOCK_VERSION.to_string());
+        let b = v.as_bytes();
+        let n = b.len().min(len as usize - 1);
+        // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr().cast(), buf, n);
+            *buf.add(n) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// `synGetLastError` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_get_last_error() -> synStatus {
+    last_error_status()
+}
+
+/// `synGetErrorString` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_get_error_string(st: synStatus) -> *const c_char {
+    status::brief(st).as_ptr()
+}
+
+/// `synGetLastErrorMessage` on the CPU mock (contract: see the module documentation).
+pub unsafe extern "C" fn syn_get_last_error_message() -> *const c_char {
+    last_error_message_ptr()
+}

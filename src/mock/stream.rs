@@ -1,0 +1,362 @@
+//! Mock streams: one worker thread per stream executing its operations in order, asynchronously
+//! to the host, on the mock device timeline.
+//!
+//! Owns: [`Stream`] (the queue and worker thread), [`StreamShared`] (counters, sticky
+//! asynchronous error, timeline clock), the timeline rules of both time modes and stalls.
+//! Must not touch: the registry (a worker never takes the global lock, so a long kernel never
+//! blocks other API calls); validation happens at enqueue time in `ops.rs`.
+//!
+//! Asynchronous errors: when a copy or kernel fails on the worker (kernel returned non-success,
+//! buffer released before the operation ran), the stream records the status. It is sticky:
+//! every later synStreamSynchronize on the stream, and synEventSynchronize of an event recorded
+//! on it, returns it; later copies and kernels on that stream are skipped (events still
+//! complete, so waiters never hang).
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use habana_sys::synStatus;
+
+use super::config::TimeMode;
+use super::event::Event;
+use super::memory::{CopyPiece, DevAlloc};
+use super::state::{Kernel, stalls};
+use super::{MockKernelArgs, MockTensor};
+
+/// ns elapsed since the process-wide mock epoch (first use), from a monotonic clock.
+pub fn epoch_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn sleep_until_ns(t: u64) {
+    let now = epoch_ns();
+    if t > now {
+        std::thread::sleep(Duration::from_nanos(t - now));
+    }
+}
+
+/// A kernel launch, validated at enqueue time.
+#[derive(Debug)]
+pub(crate) struct KernelOp {
+    pub kernel: Kernel,
+    pub names: Arc<Vec<CString>>,
+    pub params: Arc<Vec<f64>>,
+    /// Per recipe tensor: allocation, offset, bytes.
+    pub bindings: Vec<(Arc<DevAlloc>, u64, u64)>,
+    /// External events recorded at completion, with their generation.
+    pub events: Vec<(Arc<Event>, u64)>,
+    pub latency_ns: u64,
+}
+
+/// One queued stream operation.
+#[derive(Debug)]
+pub(crate) enum Op {
+    Copy {
+        pieces: Vec<CopyPiece>,
+        latency_ns: u64,
+    },
+    Kernel(KernelOp),
+    Record {
+        event: Arc<Event>,
+        generation: u64,
+    },
+    Wait {
+        event: Arc<Event>,
+        generation: u64,
+    },
+}
+
+#[derive(Debug, Default)]
+struct StreamState {
+    enqueued: u64,
+    completed: u64,
+    error: Option<(synStatus, String)>,
+    /// End of the last operation on the timeline (ns).
+    clock_ns: u64,
+}
+
+/// State shared between a stream's handle and its worker.
+#[derive(Debug, Default)]
+pub(crate) struct StreamShared {
+    state: Mutex<StreamState>,
+    cv: Condvar,
+    /// Set when the stream is torn down: blocking waits give up.
+    pub abort: AtomicBool,
+}
+
+impl StreamShared {
+    fn lock(&self) -> MutexGuard<'_, StreamState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sticky asynchronous error, if any.
+    pub(crate) fn error(&self) -> Option<(synStatus, String)> {
+        self.lock().error.clone()
+    }
+
+    /// True while enqueued work has not completed.
+    pub(crate) fn busy(&self) -> bool {
+        let s = self.lock();
+        s.completed < s.enqueued
+    }
+
+    /// Waits for every operation enqueued so far.
+    pub(crate) fn wait_idle(&self) {
+        let mut s = self.lock();
+        let target = s.enqueued;
+        while s.completed < target && !self.abort.load(Ordering::Acquire) {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A stream of module `module`.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    pub id: u64,
+    pub module: u32,
+    pub shared: Arc<StreamShared>,
+    tx: Mutex<Option<Sender<Op>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Stream {
+    /// Starts the worker thread. Fails when the OS refuses a thread.
+    pub(crate) fn spawn(id: u64, module: u32, mode: TimeMode) -> std::io::Result<Self> {
+        let shared = Arc::new(StreamShared::default());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let w = Worker {
+            module,
+            mode,
+            shared: shared.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("mock-stream-{module}-{id}"))
+            .stack_size(1 << 20)
+            .spawn(move || w.run(rx))?;
+        Ok(Self {
+            id,
+            module,
+            shared,
+            tx: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Enqueues `op`; false when the stream is shut down.
+    pub(crate) fn enqueue(&self, op: Op) -> bool {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tx) = tx.as_ref() else { return false };
+        self.shared.lock().enqueued += 1;
+        if tx.send(op).is_err() {
+            self.shared.lock().enqueued -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Closes the queue and joins the worker. With `abort`, blocking waits (event waits, stalls)
+    /// are abandoned and the remaining operations skipped.
+    pub(crate) fn shutdown(&self, abort: bool) {
+        if abort {
+            self.shared.abort.store(true, Ordering::Release);
+            self.shared.cv.notify_all();
+        }
+        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(h) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take()
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Worker {
+    module: u32,
+    mode: TimeMode,
+    shared: Arc<StreamShared>,
+}
+
+impl Worker {
+    fn run(self, rx: Receiver<Op>) {
+        while let Ok(op) = rx.recv() {
+            // A panic in an operation must not kill the worker silently: record it.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(op)));
+            let mut s = self.shared.lock();
+            if r.is_err() && s.error.is_none() {
+                s.error = Some((synStatus::FAIL, "mock stream worker panicked".into()));
+            }
+            s.completed += 1;
+            self.shared.cv.notify_all();
+        }
+    }
+
+    fn aborted(&self) -> bool {
+        self.shared.abort.load(Ordering::Acquire)
+    }
+
+    /// Applies a pending stall of this module; returns virtual ns to add to the clock.
+    fn stall(&self) -> u64 {
+        let st = stalls();
+        let mut t = st.table.lock().unwrap_or_else(|e| e.into_inner());
+        match t.pending.remove(&self.module) {
+            None => 0,
+            Some(Some(ms)) => {
+                drop(t);
+                if self.mode == TimeMode::Real {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    0
+                } else {
+                    ms * 1_000_000
+                }
+            }
+            Some(None) => {
+                t.blocked.insert(self.module);
+                while t.blocked.contains(&self.module) && !self.aborted() {
+                    t = st
+                        .cv
+                        .wait_timeout(t, Duration::from_millis(50))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                0
+            }
+        }
+    }
+
+    /// Start of the next operation given the earliest allowed time `not_before`.
+    fn start(&self, not_before: u64) -> u64 {
+        let clock = self.shared.lock().clock_ns;
+        match self.mode {
+            TimeMode::Real => epoch_ns().max(clock),
+            TimeMode::Virtual => clock.max(not_before),
+        }
+    }
+
+    /// Ends an operation that started at `start` and costs `latency_ns`; returns its end.
+    fn finish(&self, start: u64, latency_ns: u64) -> u64 {
+        let end = start + latency_ns;
+        let end = match self.mode {
+            TimeMode::Real => {
+                if !self.aborted() {
+                    sleep_until_ns(end);
+                }
+                end.max(epoch_ns())
+            }
+            TimeMode::Virtual => end,
+        };
+        self.shared.lock().clock_ns = end;
+        end
+    }
+
+    fn set_error(&self, status: synStatus, msg: String) {
+        let mut s = self.shared.lock();
+        if s.error.is_none() {
+            s.error = Some((status, msg));
+        }
+    }
+
+    fn skip(&self) -> bool {
+        self.aborted() || self.shared.lock().error.is_some()
+    }
+
+    fn execute(&self, op: Op) {
+        let stall_ns = self.stall();
+        if stall_ns > 0 {
+            let mut s = self.shared.lock();
+            s.clock_ns += stall_ns;
+        }
+        match op {
+            Op::Copy { pieces, latency_ns } => {
+                let start = self.start(0);
+                if !self.skip() {
+                    for p in &pieces {
+                        if let Err(msg) = p.execute() {
+                            self.set_error(synStatus::INVALID_ARGUMENT, msg);
+                            break;
+                        }
+                    }
+                }
+                self.finish(start, latency_ns);
+            }
+            Op::Kernel(k) => {
+                let start = self.start(0);
+                if !self.skip()
+                    && let Err((status, msg)) = run_kernel(&k)
+                {
+                    self.set_error(status, msg);
+                }
+                let end = self.finish(start, k.latency_ns);
+                for (e, g) in &k.events {
+                    e.complete(*g, end);
+                }
+            }
+            Op::Record { event, generation } => {
+                let t = self.start(0);
+                self.shared.lock().clock_ns = t;
+                event.complete(generation, t);
+            }
+            Op::Wait { event, generation } => {
+                let ts = if self.aborted() {
+                    None
+                } else {
+                    event.wait_for(generation)
+                };
+                let t = self.start(ts.unwrap_or(0));
+                self.shared.lock().clock_ns = t;
+            }
+        }
+    }
+}
+
+/// Locks every allocation of a launch (distinct ones in address order, a buffer bound twice
+/// locked once), builds the tensor table and calls the kernel.
+fn run_kernel(k: &KernelOp) -> Result<(), (synStatus, String)> {
+    let mut allocs: Vec<&Arc<DevAlloc>> = k.bindings.iter().map(|b| &b.0).collect();
+    allocs.sort_by_key(|a| a.base);
+    allocs.dedup_by_key(|a| a.base);
+    let guards: Vec<_> = allocs.iter().map(|a| (a.base, a.lock())).collect();
+    let mut tensors = Vec::with_capacity(k.bindings.len());
+    for (i, (a, off, bytes)) in k.bindings.iter().enumerate() {
+        let g = &guards
+            .iter()
+            .find(|(b, _)| *b == a.base)
+            .expect("locked above")
+            .1;
+        let Some(buf) = g.as_ref() else {
+            return Err((
+                synStatus::INVALID_ARGUMENT,
+                format!("tensor {i} was freed before the launch ran"),
+            ));
+        };
+        // SAFETY: offset + bytes <= allocation size (checked at enqueue).
+        let data = unsafe { buf.as_ptr().add(*off as usize) };
+        tensors.push(MockTensor {
+            name: k.names[i].as_ptr(),
+            data,
+            bytes: *bytes,
+        });
+    }
+    let args = MockKernelArgs {
+        tensors: tensors.as_ptr(),
+        num_tensors: tensors.len() as u32,
+        params: k.params.as_ptr(),
+        num_params: k.params.len() as u32,
+        user_data: k.kernel.user_data.0,
+    };
+    // SAFETY: `args` points at live tensor descriptors whose data pointers are inside
+    // allocations locked by this thread for the duration of the call; the kernel's contract
+    // (register_kernel) is to touch only those ranges.
+    let status = unsafe { (k.kernel.f)(&args) };
+    drop(guards);
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err((status, format!("kernel returned {status}")))
+    }
+}
