@@ -191,6 +191,27 @@ impl NoiseModel {
         }
     }
 
+    /// Standard deviation of one micro-batch latency (ns), exact for every model (normal:
+    /// before clamping at 0).
+    pub fn std_ns(&self) -> f64 {
+        match *self {
+            NoiseModel::Normal { std_ns, .. } => std_ns,
+            NoiseModel::LogNormal { mean_ns, cv } => mean_ns * cv,
+            NoiseModel::Exponential { mean_ns } => mean_ns,
+            NoiseModel::Reference { base_ns, delay_factor } => {
+                let p = reference_multiplier_pmf();
+                let var: f64 = (0..p.lengths.len()).map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2)).sum();
+                0.5 * delay_factor * base_ns * var.sqrt()
+            }
+            NoiseModel::SeqLen { samples, ns_per_token2, .. } => {
+                let p = reference_multiplier_pmf();
+                let m = |k: i32| -> f64 { p.lengths.iter().zip(&p.probs).map(|(&l, q)| f64::from(l).powi(k) * q).sum() };
+                let var_sq = m(4) - m(2).powi(2);
+                ns_per_token2 * (f64::from(samples) * var_sq).sqrt()
+            }
+        }
+    }
+
     /// Build the sampler. Errors: [`SimError::InvalidParameter`] naming the parameter when a
     /// mean, std, cv or factor is negative or not finite (or a mean is zero where required).
     pub fn sampler(&self) -> Result<LatencySampler, SimError> {
