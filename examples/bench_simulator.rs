@@ -9,7 +9,10 @@ fn main() {
         (Ok(one), Ok(all)) => {
             println!("{one}");
             println!("{all}");
-            println!("parallel speedup: {:.2}x", all.micro_batches_per_second / one.micro_batches_per_second);
+            println!(
+                "parallel speedup: {:.2}x",
+                all.micro_batches_per_second / one.micro_batches_per_second
+            );
         }
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("error: {e}");

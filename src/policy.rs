@@ -254,7 +254,9 @@ mod tests {
 
     fn cfg(th: Option<u64>, check: CheckMode, warmup: u64, min_mb: u32) -> PolicyConfig {
         PolicyConfig {
-            threshold: th.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t))),
+            threshold: th.map_or(Threshold::Off, |t| {
+                Threshold::Fixed(Duration::from_nanos(t))
+            }),
             check,
             warmup_steps: warmup,
             min_micro_batches: min_mb,
@@ -262,7 +264,10 @@ mod tests {
     }
 
     fn check_mode() -> impl Strategy<Value = CheckMode> {
-        prop_oneof![Just(CheckMode::BeforeMicroBatch), Just(CheckMode::Predictive)]
+        prop_oneof![
+            Just(CheckMode::BeforeMicroBatch),
+            Just(CheckMode::Predictive)
+        ]
     }
 
     #[test]

@@ -84,7 +84,8 @@ impl DiscreteSampler {
         let mut scaled: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
         let mut prob = vec![1.0; n];
         let mut alias: Vec<u32> = (0..n as u32).collect();
-        let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| scaled[i] < 1.0);
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..n).partition(|&i| scaled[i] < 1.0);
         while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
             prob[s] = scaled[s];
             alias[s] = l as u32;
@@ -198,14 +199,29 @@ impl NoiseModel {
             NoiseModel::Normal { std_ns, .. } => std_ns,
             NoiseModel::LogNormal { mean_ns, cv } => mean_ns * cv,
             NoiseModel::Exponential { mean_ns } => mean_ns,
-            NoiseModel::Reference { base_ns, delay_factor } => {
+            NoiseModel::Reference {
+                base_ns,
+                delay_factor,
+            } => {
                 let p = reference_multiplier_pmf();
-                let var: f64 = (0..p.lengths.len()).map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2)).sum();
+                let var: f64 = (0..p.lengths.len())
+                    .map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2))
+                    .sum();
                 0.5 * delay_factor * base_ns * var.sqrt()
             }
-            NoiseModel::SeqLen { samples, ns_per_token2, .. } => {
+            NoiseModel::SeqLen {
+                samples,
+                ns_per_token2,
+                ..
+            } => {
                 let p = reference_multiplier_pmf();
-                let m = |k: i32| -> f64 { p.lengths.iter().zip(&p.probs).map(|(&l, q)| f64::from(l).powi(k) * q).sum() };
+                let m = |k: i32| -> f64 {
+                    p.lengths
+                        .iter()
+                        .zip(&p.probs)
+                        .map(|(&l, q)| f64::from(l).powi(k) * q)
+                        .sum()
+                };
                 let var_sq = m(4) - m(2).powi(2);
                 ns_per_token2 * (f64::from(samples) * var_sq).sqrt()
             }
@@ -250,7 +266,9 @@ impl NoiseModel {
             }
             NoiseModel::Exponential { mean_ns } => {
                 let m = pos("exponential mean_ns", mean_ns)?;
-                LatencySampler::Exponential(Exp::new(1.0 / m).map_err(|_| bad("exponential mean_ns", m))?)
+                LatencySampler::Exponential(
+                    Exp::new(1.0 / m).map_err(|_| bad("exponential mean_ns", m))?,
+                )
             }
             NoiseModel::Reference {
                 base_ns,
@@ -328,7 +346,9 @@ mod tests {
         assert!((p.probs.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         // Digest §4: mean length 87.63; multiplier std 1.16, median 0.62.
         assert!((p.mean_length - 87.63).abs() < 0.01, "{}", p.mean_length);
-        let var: f64 = (0..999).map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2)).sum();
+        let var: f64 = (0..999)
+            .map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2))
+            .sum();
         assert!((var.sqrt() - 1.16).abs() < 0.005, "{}", var.sqrt());
         let mut c = 0.0;
         let median = (0..999)
@@ -364,11 +384,24 @@ mod tests {
     #[test]
     fn sample_means_match_model_means() {
         let models = [
-            NoiseModel::Normal { mean_ns: 100.0, std_ns: 20.0 },
-            NoiseModel::LogNormal { mean_ns: 100.0, cv: 0.5 },
+            NoiseModel::Normal {
+                mean_ns: 100.0,
+                std_ns: 20.0,
+            },
+            NoiseModel::LogNormal {
+                mean_ns: 100.0,
+                cv: 0.5,
+            },
             NoiseModel::Exponential { mean_ns: 100.0 },
-            NoiseModel::Reference { base_ns: 100.0, delay_factor: 1.0 },
-            NoiseModel::SeqLen { samples: 4, ns_per_token2: 0.01, fixed_ns: 10.0 },
+            NoiseModel::Reference {
+                base_ns: 100.0,
+                delay_factor: 1.0,
+            },
+            NoiseModel::SeqLen {
+                samples: 4,
+                ns_per_token2: 0.01,
+                fixed_ns: 10.0,
+            },
         ];
         for m in models {
             let s = m.sampler().expect("valid model");
@@ -376,9 +409,24 @@ mod tests {
             let n = 200_000;
             let mean = (0..n).map(|_| s.sample(&mut r)).sum::<f64>() / f64::from(n);
             // All models here have cv <= ~2.5 per draw: se of the mean <= 0.6 %.
-            assert!((mean / m.mean_ns() - 1.0).abs() < 0.03, "{m:?}: {mean} vs {}", m.mean_ns());
+            assert!(
+                (mean / m.mean_ns() - 1.0).abs() < 0.03,
+                "{m:?}: {mean} vs {}",
+                m.mean_ns()
+            );
         }
-        assert!(NoiseModel::Normal { mean_ns: -1.0, std_ns: 1.0 }.sampler().is_err());
-        assert!(NoiseModel::Exponential { mean_ns: f64::NAN }.sampler().is_err());
+        assert!(
+            NoiseModel::Normal {
+                mean_ns: -1.0,
+                std_ns: 1.0
+            }
+            .sampler()
+            .is_err()
+        );
+        assert!(
+            NoiseModel::Exponential { mean_ns: f64::NAN }
+                .sampler()
+                .is_err()
+        );
     }
 }

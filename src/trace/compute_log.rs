@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Loaded, LoadOptions, TraceBuilder, TraceError, open_maybe_gz};
+use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
 
 /// The reference's eight columns, in order.
 pub const REFERENCE_COLUMNS: [&str; 8] = [
@@ -125,12 +125,14 @@ fn field<'a>(
     line: u64,
     col: &str,
 ) -> Result<&'a str, TraceError> {
-    rec.get(idx).map(str::trim).ok_or_else(|| TraceError::Malformed {
-        path: path.into(),
-        line,
-        column: col.into(),
-        message: format!("missing field (row has {} fields)", rec.len()),
-    })
+    rec.get(idx)
+        .map(str::trim)
+        .ok_or_else(|| TraceError::Malformed {
+            path: path.into(),
+            line,
+            column: col.into(),
+            message: format!("missing field (row has {} fields)", rec.len()),
+        })
 }
 
 fn parse<T: std::str::FromStr>(s: &str, path: &Path, line: u64, col: &str) -> Result<T, TraceError>
@@ -173,7 +175,9 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
     for path in paths {
         let header = read_header(path)?;
         let has_header = header.first().is_some_and(|h| h == "global_step");
-        let ours = has_header && header.len() >= 11 && header[8..11] == ["rank", "start_ns", "duration_ns"];
+        let ours = has_header
+            && header.len() >= 11
+            && header[8..11] == ["rank", "start_ns", "duration_ns"];
         let file_rank = rank_from_file_name(path);
         if !ours && file_rank.is_none() {
             return Err(TraceError::Malformed {
@@ -200,20 +204,45 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
                 break;
             }
             let line = rec.position().map_or(0, |p| p.line());
-            let step: u64 = parse(field(&rec, 0, path, line, "global_step")?, path, line, "global_step")?;
-            let mb: u32 = parse(field(&rec, 1, path, line, "local_step")?, path, line, "local_step")?;
+            let step: u64 = parse(
+                field(&rec, 0, path, line, "global_step")?,
+                path,
+                line,
+                "global_step",
+            )?;
+            let mb: u32 = parse(
+                field(&rec, 1, path, line, "local_step")?,
+                path,
+                line,
+                "local_step",
+            )?;
             let dropped = parse_bool(field(&rec, 6, path, line, "compute_dropped")?, path, line)?;
             if ours {
                 let rank: u32 = parse(field(&rec, 8, path, line, "rank")?, path, line, "rank")?;
-                let start: u64 = parse(field(&rec, 9, path, line, "start_ns")?, path, line, "start_ns")?;
-                let dur: u64 = parse(field(&rec, 10, path, line, "duration_ns")?, path, line, "duration_ns")?;
+                let start: u64 = parse(
+                    field(&rec, 9, path, line, "start_ns")?,
+                    path,
+                    line,
+                    "start_ns",
+                )?;
+                let dur: u64 = parse(
+                    field(&rec, 10, path, line, "duration_ns")?,
+                    path,
+                    line,
+                    "duration_ns",
+                )?;
                 if !dropped {
                     let e = starts.entry((rank, step)).or_insert(start);
                     *e = (*e).min(start);
                     b.insert(path, line, step, rank, mb, dur as f64)?;
                 }
             } else {
-                let ms: f64 = parse(field(&rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
+                let ms: f64 = parse(
+                    field(&rec, 7, path, line, "iteration_time_ms")?,
+                    path,
+                    line,
+                    "iteration_time_ms",
+                )?;
                 if !dropped {
                     b.insert(path, line, step, file_rank.unwrap_or(0), mb, ms * 1e6)?;
                 }
@@ -250,8 +279,15 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
                     Some(z.saturating_sub(*a) as f64)
                 })
                 .fold(f64::NAN, f64::max);
-            let max_c = compute[si * n..(si + 1) * n].iter().copied().fold(0.0, f64::max);
-            overhead.push(if period.is_nan() { f64::NAN } else { (period - max_c).max(0.0) });
+            let max_c = compute[si * n..(si + 1) * n]
+                .iter()
+                .copied()
+                .fold(0.0, f64::max);
+            overhead.push(if period.is_nan() {
+                f64::NAN
+            } else {
+                (period - max_c).max(0.0)
+            });
         }
         let known: Vec<f64> = overhead.iter().copied().filter(|v| !v.is_nan()).collect();
         let mut sorted = known.clone();
@@ -264,7 +300,10 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
                 median / 1e6
             ));
         }
-        let overhead: Vec<f64> = overhead.into_iter().map(|v| if v.is_nan() { median } else { v }).collect();
+        let overhead: Vec<f64> = overhead
+            .into_iter()
+            .map(|v| if v.is_nan() { median } else { v })
+            .collect();
         trace = super::LatencyTrace::new(
             trace.source().to_string(),
             trace.ranks().to_vec(),
@@ -286,7 +325,8 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("dropcompute-trace-{}-{name}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("dropcompute-trace-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&d).expect("temp dir");
         d
     }
@@ -365,6 +405,9 @@ mod tests {
             load_logs(&[noname], &LoadOptions::default()),
             Err(TraceError::Malformed { column, .. }) if column == "rank"
         ));
-        assert_eq!(rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")), Some(12));
+        assert_eq!(
+            rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")),
+            Some(12)
+        );
     }
 }

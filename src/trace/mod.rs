@@ -47,7 +47,9 @@ pub enum TraceError {
         header: Vec<String>,
     },
     /// The same (step, rank, micro-batch) appears twice.
-    #[error("{path}:{line}: duplicate micro-batch (step {step}, rank {rank}, micro-batch {micro_batch}); first seen at line {first_line}")]
+    #[error(
+        "{path}:{line}: duplicate micro-batch (step {step}, rank {rank}, micro-batch {micro_batch}); first seen at line {first_line}"
+    )]
     Duplicate {
         /// The file.
         path: PathBuf,
@@ -64,7 +66,9 @@ pub enum TraceError {
     },
     /// Some (step, rank, micro-batch) cells are missing, so the trace is not an N x M matrix per
     /// step. `missing` lists up to 20 of them.
-    #[error("{source_name}: {count} missing micro-batch latencies (ragged trace), e.g. (step, rank, micro-batch) {missing:?}; pass allow_incomplete_steps to drop those steps")]
+    #[error(
+        "{source_name}: {count} missing micro-batch latencies (ragged trace), e.g. (step, rank, micro-batch) {missing:?}; pass allow_incomplete_steps to drop those steps"
+    )]
     Ragged {
         /// Where the data came from.
         source_name: String,
@@ -341,7 +345,13 @@ impl TraceBuilder {
         let mut ranks: Vec<u32> = self.cells.keys().map(|k| k.1).collect();
         ranks.sort_unstable();
         ranks.dedup();
-        let m = self.cells.keys().map(|k| k.2 as usize + 1).max().unwrap_or(0).max(self.expected_m);
+        let m = self
+            .cells
+            .keys()
+            .map(|k| k.2 as usize + 1)
+            .max()
+            .unwrap_or(0)
+            .max(self.expected_m);
         let mut report = Completeness::default();
         let mut kept_steps = Vec::new();
         let mut lat = Vec::new();
@@ -466,15 +476,26 @@ mod tests {
             for r in 0..2u32 {
                 for m in 0..3u32 {
                     if (s, r, m) != (1, 1, 2) {
-                        b.insert(p, 2, s, r, m, 1.0 + f64::from(m)).expect("fresh cell");
+                        b.insert(p, 2, s, r, m, 1.0 + f64::from(m))
+                            .expect("fresh cell");
                     }
                 }
             }
         }
         let err = b.insert(p, 9, 0, 0, 0, 1.0).expect_err("duplicate");
-        assert!(matches!(err, TraceError::Duplicate { first_line: 2, line: 9, .. }));
+        assert!(matches!(
+            err,
+            TraceError::Duplicate {
+                first_line: 2,
+                line: 9,
+                ..
+            }
+        ));
         let cells = std::mem::take(&mut b.cells);
-        let strict = TraceBuilder { cells: cells.clone(), ..Default::default() };
+        let strict = TraceBuilder {
+            cells: cells.clone(),
+            ..Default::default()
+        };
         match strict.finish("x", false) {
             Err(TraceError::Ragged { count, missing, .. }) => {
                 assert_eq!(count, 1);
@@ -482,7 +503,10 @@ mod tests {
             }
             other => panic!("expected Ragged, got {other:?}"),
         }
-        let lax = TraceBuilder { cells, ..Default::default() };
+        let lax = TraceBuilder {
+            cells,
+            ..Default::default()
+        };
         let (t, rep) = lax.finish("x", true).expect("one complete step");
         assert_eq!(t.steps(), &[0]);
         assert_eq!(rep.dropped_steps, vec![(1, 1)]);

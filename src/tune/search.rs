@@ -78,7 +78,9 @@ pub struct CandidateScore {
 impl CandidateScore {
     /// The threshold as a policy value (rounded to whole ns).
     pub fn threshold(&self) -> Threshold {
-        Threshold::Fixed(std::time::Duration::from_nanos(self.threshold_ns.round() as u64))
+        Threshold::Fixed(std::time::Duration::from_nanos(
+            self.threshold_ns.round() as u64
+        ))
     }
 }
 
@@ -121,14 +123,23 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
-            Refusal::InsufficientGain { best_gain, min_gain, best_threshold_ns } => write!(
+            Refusal::InsufficientGain {
+                best_gain,
+                min_gain,
+                best_threshold_ns,
+            } => write!(
                 f,
                 "guardrail min_gain: best predicted effective speedup {:+.2}% (at {:.3} ms) < required {:+.2}%",
                 best_gain * 100.0,
                 best_threshold_ns / 1e6,
                 min_gain * 100.0
             ),
-            Refusal::MaxDropRate { gain, drop_rate, max_drop_rate, best_admissible_gain } => write!(
+            Refusal::MaxDropRate {
+                gain,
+                drop_rate,
+                max_drop_rate,
+                best_admissible_gain,
+            } => write!(
                 f,
                 "guardrail max_drop_rate: a {:+.2}% speedup needs drop rate {:.2}% > limit {:.2}%; best within limits {:+.2}%",
                 gain * 100.0,
@@ -136,7 +147,12 @@ impl std::fmt::Display for Refusal {
                 max_drop_rate * 100.0,
                 best_admissible_gain * 100.0
             ),
-            Refusal::MinBatchFraction { gain, batch_fraction, min_batch_fraction, best_admissible_gain } => write!(
+            Refusal::MinBatchFraction {
+                gain,
+                batch_fraction,
+                min_batch_fraction,
+                best_admissible_gain,
+            } => write!(
                 f,
                 "guardrail min_batch_fraction: a {:+.2}% speedup computes only {:.2}% of the global batch in some step < floor {:.2}%; best within limits {:+.2}%",
                 gain * 100.0,
@@ -254,10 +270,18 @@ pub fn tune(trace: &LatencyTrace, cfg: &TuneConfig) -> TuneReport {
             while st.p_drop < st.sorted_droppable.len() && st.sorted_droppable[st.p_drop] <= tau {
                 st.p_drop += 1;
             }
-            let last_kept = if st.p_all > 0 { st.sorted_all[st.p_all - 1] } else { 0.0 };
+            let last_kept = if st.p_all > 0 {
+                st.sorted_all[st.p_all - 1]
+            } else {
+                0.0
+            };
             let new = st.floor.max(last_kept);
             let d = (st.sorted_droppable.len() - st.p_drop) as f64 / cells;
-            let s = if st.raw > 0.0 { (st.baseline - new) / st.raw } else { 0.0 };
+            let s = if st.raw > 0.0 {
+                (st.baseline - new) / st.raw
+            } else {
+                0.0
+            };
             obj += (1.0 - d) / (1.0 - s) - 1.0;
             drop += d;
             save += s;
@@ -357,8 +381,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn trace(n: usize, m: usize, s: usize, lat: Vec<f64>, overhead: f64) -> LatencyTrace {
-        LatencyTrace::new("t", (0..n as u32).collect(), (0..s as u64).collect(), m, lat, vec![overhead; s])
-            .expect("valid")
+        LatencyTrace::new(
+            "t",
+            (0..n as u32).collect(),
+            (0..s as u64).collect(),
+            m,
+            lat,
+            vec![overhead; s],
+        )
+        .expect("valid")
     }
 
     #[test]
@@ -368,7 +399,11 @@ mod tests {
         // s = 4/8, objective = 0.75/0.5 - 1 = 0.5.
         let t = trace(2, 2, 1, vec![1.0, 1.0, 1.0, 5.0], 2.0);
         let cfg = TuneConfig {
-            guardrails: Guardrails { max_drop_rate: 0.5, min_batch_fraction: 0.5, min_gain: 0.1 },
+            guardrails: Guardrails {
+                max_drop_rate: 0.5,
+                min_batch_fraction: 0.5,
+                min_gain: 0.1,
+            },
             min_micro_batches: 1,
         };
         let r = tune(&t, &cfg);
@@ -377,9 +412,19 @@ mod tests {
         assert!((r.best.drop_rate - 0.25).abs() < 1e-12);
         assert!(matches!(r.verdict, Verdict::Enable(c) if c.threshold_ns == 2.0));
         // With a 10 % drop limit the same gain is refused, naming the guardrail.
-        let strict = TuneConfig { guardrails: Guardrails { max_drop_rate: 0.1, ..cfg.guardrails }, ..cfg };
+        let strict = TuneConfig {
+            guardrails: Guardrails {
+                max_drop_rate: 0.1,
+                ..cfg.guardrails
+            },
+            ..cfg
+        };
         match tune(&t, &strict).verdict {
-            Verdict::Decline(Refusal::MaxDropRate { drop_rate, max_drop_rate, .. }) => {
+            Verdict::Decline(Refusal::MaxDropRate {
+                drop_rate,
+                max_drop_rate,
+                ..
+            }) => {
                 assert!((drop_rate - 0.25).abs() < 1e-12 && max_drop_rate == 0.1);
             }
             v => panic!("expected MaxDropRate, got {v:?}"),
@@ -391,7 +436,10 @@ mod tests {
         let t = trace(4, 3, 2, vec![2.0; 24], 1.0);
         let r = tune(&t, &TuneConfig::default());
         assert!(r.best.objective.abs() < 1e-12);
-        assert!(matches!(r.verdict, Verdict::Decline(Refusal::InsufficientGain { .. })));
+        assert!(matches!(
+            r.verdict,
+            Verdict::Decline(Refusal::InsufficientGain { .. })
+        ));
         assert_eq!(r.straggler_headroom, 0.0);
     }
 
