@@ -1,8 +1,17 @@
 //! dropcompute: DropCompute (Giladi et al., NeurIPS 2023) for Intel Gaudi.
 //!
-//! See ARCHITECTURE.md for the layers and the data flow.
+//! Layers, bottom to top (see ARCHITECTURE.md): `habana_sys` (raw FFI, separate crate) ->
+//! [`mock`] (CPU device behind the same table) and [`synapse`] (safe layer) -> [`kernels`]
+//! (CPU kernels the mock runs) -> [`policy`] (the deadline decision shared by execution and
+//! simulation) -> [`trace`], [`tune`], [`sim`] (pure: traces, threshold tuning, what-if
+//! models) -> [`commands`] and [`bench`] (what the CLI runs).
 
 pub mod bench;
+pub mod commands;
 pub mod kernels;
 pub mod mock;
+pub mod policy;
+pub mod sim;
 pub mod synapse;
+pub mod trace;
+pub mod tune;

@@ -1,0 +1,413 @@
+//! Per-micro-batch compute logs: ours (written by the scheduler) and the DropCompute
+//! reference's `compute_logs_{rank}.csv`.
+//!
+//! Owns: [`ComputeLogRecord`] (the row the scheduler writes), [`ComputeLogWriter`], and the two
+//! readers. Must not touch: tuning or scheduling logic.
+//!
+//! Column semantics (reference: `tensor_logging.save_drop_compute_logs`, digest §5):
+//! global_step, local_step (micro-batch index within the step), world_size, batch (micro-batch
+//! size, samples), sentence_length (tokens per sample), computed_batch (samples computed so far in
+//! the step), compute_dropped (true once the deadline stopped this step), iteration_time_ms
+//! (wall time of this micro-batch). Ours adds rank, start_ns (device time of the micro-batch start,
+//! ns on a per-rank monotonic clock) and duration_ns.
+//!
+//! Rows flagged compute_dropped carry no complete latency: they are not used as latencies, so a
+//! step with drops shows up as incomplete (reported, never filled in).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
+
+/// The reference's eight columns, in order.
+pub const REFERENCE_COLUMNS: [&str; 8] = [
+    "global_step",
+    "local_step",
+    "world_size",
+    "batch",
+    "sentence_length",
+    "computed_batch",
+    "compute_dropped",
+    "iteration_time_ms",
+];
+
+/// One scheduled micro-batch as the scheduler logs it (one CSV row; header = field names).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ComputeLogRecord {
+    /// Global step index (0-based).
+    pub global_step: u64,
+    /// Micro-batch index within the step (0..M).
+    pub local_step: u32,
+    /// World size N.
+    pub world_size: u32,
+    /// Micro-batch size (samples).
+    pub batch: u32,
+    /// Tokens per sample (0 when not applicable).
+    pub sentence_length: u32,
+    /// Samples computed so far in this step on this rank, including this micro-batch if computed.
+    pub computed_batch: u64,
+    /// True if this micro-batch was dropped by the deadline (duration_ns is then 0).
+    pub compute_dropped: bool,
+    /// Latency in milliseconds (duration_ns / 1e6), the reference's column.
+    pub iteration_time_ms: f64,
+    /// Rank that ran it.
+    pub rank: u32,
+    /// Device time at start (ns, per-rank monotonic clock; 0 if dropped).
+    pub start_ns: u64,
+    /// Device latency (ns; 0 if dropped).
+    pub duration_ns: u64,
+}
+
+/// Writes [`ComputeLogRecord`]s as CSV with a header.
+pub struct ComputeLogWriter<W: Write> {
+    inner: csv::Writer<W>,
+}
+
+impl<W: Write> ComputeLogWriter<W> {
+    /// Wrap a sink; the header is written with the first record.
+    pub fn new(sink: W) -> Self {
+        Self {
+            inner: csv::Writer::from_writer(sink),
+        }
+    }
+    /// Append one row. Errors: the csv crate's error (I/O).
+    pub fn write(&mut self, rec: &ComputeLogRecord) -> Result<(), csv::Error> {
+        self.inner.serialize(rec)
+    }
+    /// Flush buffered rows. Errors: I/O.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// First CSV record of a file (header, or first data row if headerless).
+/// Errors: [`TraceError::Io`] / [`TraceError::Malformed`] (line 1).
+pub fn read_header(path: &Path) -> Result<Vec<String>, TraceError> {
+    let mut r = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(open_maybe_gz(path)?);
+    let mut rec = csv::StringRecord::new();
+    match r.read_record(&mut rec) {
+        Ok(_) => Ok(rec.iter().map(|s| s.trim().to_string()).collect()),
+        Err(e) => Err(TraceError::Malformed {
+            path: path.into(),
+            line: 1,
+            column: "(header)".into(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// True for our header, the reference header, or a headerless 8-column numeric reference log.
+pub fn is_compute_log_header(h: &[String]) -> bool {
+    let names: Vec<&str> = h.iter().map(String::as_str).collect();
+    names.len() >= 8 && names[..8] == REFERENCE_COLUMNS
+        || (names.len() == 8 && names[0].parse::<u64>().is_ok())
+}
+
+/// Rank from a reference file name `compute_logs_{rank}.csv[.gz]`.
+pub fn rank_from_file_name(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".gz").unwrap_or(name);
+    stem.strip_suffix(".csv")?
+        .strip_prefix("compute_logs_")?
+        .parse()
+        .ok()
+}
+
+fn field<'a>(
+    rec: &'a csv::StringRecord,
+    idx: usize,
+    path: &Path,
+    line: u64,
+    col: &str,
+) -> Result<&'a str, TraceError> {
+    rec.get(idx)
+        .map(str::trim)
+        .ok_or_else(|| TraceError::Malformed {
+            path: path.into(),
+            line,
+            column: col.into(),
+            message: format!("missing field (row has {} fields)", rec.len()),
+        })
+}
+
+fn parse<T: std::str::FromStr>(s: &str, path: &Path, line: u64, col: &str) -> Result<T, TraceError>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| TraceError::Malformed {
+        path: path.into(),
+        line,
+        column: col.into(),
+        message: format!("cannot parse {s:?}: {e}"),
+    })
+}
+
+fn parse_bool(s: &str, path: &Path, line: u64) -> Result<bool, TraceError> {
+    match s {
+        "1" | "true" | "True" | "TRUE" => Ok(true),
+        "0" | "false" | "False" | "FALSE" => Ok(false),
+        _ => Err(TraceError::Malformed {
+            path: path.into(),
+            line,
+            column: "compute_dropped".into(),
+            message: format!("expected a boolean, got {s:?}"),
+        }),
+    }
+}
+
+/// Load and merge compute logs (ours and/or the reference's) into one trace keyed by rank.
+/// Ours: latency = duration_ns; overhead of step s = max over ranks of (start of step s+1 -
+/// start of step s) - max over ranks of compute(s); the last step gets the median of the others
+/// (noted). Reference: latency = iteration_time_ms · 1e6, rank from the file name, overhead =
+/// `opts.reference_overhead_ns` (noted). Errors: malformed fields with file, line and column;
+/// a reference file whose name carries no rank; duplicates; ragged steps unless allowed.
+pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    let mut b = TraceBuilder::new();
+    let mut notes = Vec::new();
+    // (rank, step) -> first start_ns, for our logs.
+    let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let mut any_reference = false;
+    for path in paths {
+        let header = read_header(path)?;
+        let has_header = header.first().is_some_and(|h| h == "global_step");
+        let ours = has_header
+            && header.len() >= 11
+            && header[8..11] == ["rank", "start_ns", "duration_ns"];
+        let file_rank = rank_from_file_name(path);
+        if !ours && file_rank.is_none() {
+            return Err(TraceError::Malformed {
+                path: path.clone(),
+                line: 1,
+                column: "rank".into(),
+                message: "reference compute logs carry no rank column: name the file compute_logs_{rank}.csv".into(),
+            });
+        }
+        any_reference |= !ours;
+        let mut r = csv::ReaderBuilder::new()
+            .has_headers(has_header)
+            .flexible(true)
+            .from_reader(open_maybe_gz(path)?);
+        let mut rec = csv::StringRecord::new();
+        loop {
+            let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
+                path: path.clone(),
+                line: e.position().map_or(0, |p| p.line()),
+                column: "(record)".into(),
+                message: e.to_string(),
+            })?;
+            if !more {
+                break;
+            }
+            let line = rec.position().map_or(0, |p| p.line());
+            let step: u64 = parse(
+                field(&rec, 0, path, line, "global_step")?,
+                path,
+                line,
+                "global_step",
+            )?;
+            let mb: u32 = parse(
+                field(&rec, 1, path, line, "local_step")?,
+                path,
+                line,
+                "local_step",
+            )?;
+            let dropped = parse_bool(field(&rec, 6, path, line, "compute_dropped")?, path, line)?;
+            if ours {
+                let rank: u32 = parse(field(&rec, 8, path, line, "rank")?, path, line, "rank")?;
+                let start: u64 = parse(
+                    field(&rec, 9, path, line, "start_ns")?,
+                    path,
+                    line,
+                    "start_ns",
+                )?;
+                let dur: u64 = parse(
+                    field(&rec, 10, path, line, "duration_ns")?,
+                    path,
+                    line,
+                    "duration_ns",
+                )?;
+                if !dropped {
+                    let e = starts.entry((rank, step)).or_insert(start);
+                    *e = (*e).min(start);
+                    b.insert(path, line, step, rank, mb, dur as f64)?;
+                }
+            } else {
+                let ms: f64 = parse(
+                    field(&rec, 7, path, line, "iteration_time_ms")?,
+                    path,
+                    line,
+                    "iteration_time_ms",
+                )?;
+                if !dropped {
+                    b.insert(path, line, step, file_rank.unwrap_or(0), mb, ms * 1e6)?;
+                }
+            }
+        }
+    }
+    let source = paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    if any_reference {
+        notes.push(format!(
+            "reference compute logs record no step wall time: assuming overhead {:.3} ms per step",
+            opts.reference_overhead_ns / 1e6
+        ));
+        let steps: Vec<u64> = b.cells().keys().map(|k| k.0).collect();
+        for s in steps {
+            b.set_overhead(s, opts.reference_overhead_ns);
+        }
+    }
+    let (mut trace, completeness) = b.finish(&source, opts.allow_incomplete_steps)?;
+    if !any_reference && trace.num_steps() >= 2 {
+        let compute = trace.rank_compute_ns();
+        let n = trace.world_size();
+        let mut overhead = Vec::with_capacity(trace.num_steps());
+        for (si, &s) in trace.steps().iter().enumerate() {
+            let period = trace
+                .ranks()
+                .iter()
+                .filter_map(|&r| {
+                    let a = starts.get(&(r, s))?;
+                    let z = starts.get(&(r, s + 1))?;
+                    Some(z.saturating_sub(*a) as f64)
+                })
+                .fold(f64::NAN, f64::max);
+            let max_c = compute[si * n..(si + 1) * n]
+                .iter()
+                .copied()
+                .fold(0.0, f64::max);
+            overhead.push(if period.is_nan() {
+                f64::NAN
+            } else {
+                (period - max_c).max(0.0)
+            });
+        }
+        let known: Vec<f64> = overhead.iter().copied().filter(|v| !v.is_nan()).collect();
+        let mut sorted = known.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+        let filled = overhead.iter().filter(|v| v.is_nan()).count();
+        if filled > 0 {
+            notes.push(format!(
+                "{filled} step(s) without a following step: overhead set to the median of the others ({:.3} ms)",
+                median / 1e6
+            ));
+        }
+        let overhead: Vec<f64> = overhead
+            .into_iter()
+            .map(|v| if v.is_nan() { median } else { v })
+            .collect();
+        trace = super::LatencyTrace::new(
+            trace.source().to_string(),
+            trace.ranks().to_vec(),
+            trace.steps().to_vec(),
+            trace.micro_batches(),
+            trace.latencies_ns().to_vec(),
+            overhead,
+        )?;
+    }
+    Ok(Loaded {
+        trace,
+        completeness,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("dropcompute-trace-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("temp dir");
+        d
+    }
+
+    #[test]
+    fn our_log_round_trips_and_derives_overhead() {
+        let dir = tmp("ours");
+        let path = dir.join("log.csv");
+        let mut w = ComputeLogWriter::new(std::fs::File::create(&path).expect("create"));
+        // 2 ranks, 2 steps, M = 2; step period 100 ns, rank 1 slower.
+        for step in 0..2u64 {
+            for rank in 0..2u32 {
+                let mut t = step * 100;
+                for mb in 0..2u32 {
+                    let dur = 10 + u64::from(rank) * 5 + u64::from(mb);
+                    w.write(&ComputeLogRecord {
+                        global_step: step,
+                        local_step: mb,
+                        world_size: 2,
+                        batch: 4,
+                        sentence_length: 0,
+                        computed_batch: u64::from(mb + 1) * 4,
+                        compute_dropped: false,
+                        iteration_time_ms: dur as f64 / 1e6,
+                        rank,
+                        start_ns: t,
+                        duration_ns: dur,
+                    })
+                    .expect("write");
+                    t += dur;
+                }
+            }
+        }
+        w.flush().expect("flush");
+        drop(w);
+        let l = load_logs(&[path], &LoadOptions::default()).expect("load");
+        assert_eq!(l.trace.world_size(), 2);
+        assert_eq!(l.trace.micro_batches(), 2);
+        assert_eq!(l.trace.step_matrix(1), &[10.0, 11.0, 15.0, 16.0]);
+        // Step 0: period 100, max compute 31 -> overhead 69; step 1 takes the median (69).
+        assert_eq!(l.trace.overhead_ns(), &[69.0, 69.0]);
+        assert_eq!(l.notes.len(), 1);
+    }
+
+    #[test]
+    fn reference_log_needs_rank_in_name_and_reports_bad_cells() {
+        let dir = tmp("ref");
+        let good = dir.join("compute_logs_3.csv");
+        std::fs::write(
+            &good,
+            "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
+             6,0,16,16,128,16,False,500.5\n6,1,16,16,128,32,False,400\n",
+        )
+        .expect("write");
+        let l = load_logs(std::slice::from_ref(&good), &LoadOptions::default()).expect("load");
+        assert_eq!(l.trace.ranks(), &[3]);
+        assert_eq!(l.trace.step_matrix(0), &[500.5e6, 400e6]);
+
+        let bad = dir.join("compute_logs_4.csv");
+        std::fs::write(
+            &bad,
+            "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
+             6,0,16,16,128,16,False,500\n6,1,16,16,128,32,maybe,400\n",
+        )
+        .expect("write");
+        match load_logs(&[bad], &LoadOptions::default()) {
+            Err(TraceError::Malformed { line, column, .. }) => {
+                assert_eq!(line, 3);
+                assert_eq!(column, "compute_dropped");
+            }
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+        let noname = dir.join("timings.csv");
+        std::fs::copy(&good, &noname).expect("copy");
+        assert!(matches!(
+            load_logs(&[noname], &LoadOptions::default()),
+            Err(TraceError::Malformed { column, .. }) if column == "rank"
+        ));
+        assert_eq!(
+            rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")),
+            Some(12)
+        );
+    }
+}

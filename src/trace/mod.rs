@@ -1,0 +1,525 @@
+//! Latency traces: every input format becomes one [`LatencyTrace`].
+//!
+//! Owns: the trace type, its validation, the [`TraceBuilder`] that all parsers feed (duplicate,
+//! missing and ragged micro-batches are detected here, once), and [`load`] which picks a parser
+//! by file contents. Must not touch: tuning, simulation or the scheduler's runtime state.
+//!
+//! Units: latencies and overheads are f64 nanoseconds. f64 because the tuner and the models work
+//! in f64, sums never overflow, and integers up to 2^53 ns (104 days) are exact.
+
+pub mod compute_log;
+pub mod whatif;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Errors of trace parsing and validation. Every parse error names the file, the 1-based line
+/// and the column.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be opened or read.
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A field could not be parsed or is out of range.
+    #[error("{path}:{line}: column `{column}`: {message}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number (the header is line 1).
+        line: u64,
+        /// Column name.
+        column: String,
+        /// What is wrong, including the offending value.
+        message: String,
+    },
+    /// The header does not match any supported format.
+    #[error("{path}: unrecognised header {header:?} (expected a compute log or a what-if trace)")]
+    UnknownFormat {
+        /// The file.
+        path: PathBuf,
+        /// The header found.
+        header: Vec<String>,
+    },
+    /// The same (step, rank, micro-batch) appears twice.
+    #[error(
+        "{path}:{line}: duplicate micro-batch (step {step}, rank {rank}, micro-batch {micro_batch}); first seen at line {first_line}"
+    )]
+    Duplicate {
+        /// The file.
+        path: PathBuf,
+        /// Line of the second occurrence.
+        line: u64,
+        /// First occurrence.
+        first_line: u64,
+        /// Step id.
+        step: u64,
+        /// Rank id.
+        rank: u32,
+        /// Micro-batch index.
+        micro_batch: u32,
+    },
+    /// Some (step, rank, micro-batch) cells are missing, so the trace is not an N x M matrix per
+    /// step. `missing` lists up to 20 of them.
+    #[error(
+        "{source_name}: {count} missing micro-batch latencies (ragged trace), e.g. (step, rank, micro-batch) {missing:?}; pass allow_incomplete_steps to drop those steps"
+    )]
+    Ragged {
+        /// Where the data came from.
+        source_name: String,
+        /// Total missing cells.
+        count: usize,
+        /// Up to 20 examples.
+        missing: Vec<(u64, u32, u32)>,
+    },
+    /// Shapes do not agree (e.g. when constructing or merging traces).
+    #[error("trace shape: {0}")]
+    Shape(String),
+    /// No complete step is left.
+    #[error("{0}: no complete step in trace")]
+    Empty(String),
+    /// Parquet input needs the `parquet` cargo feature (and, in this build, is not implemented).
+    #[error("{path}: Parquet traces are not supported by this build: {reason}")]
+    ParquetUnsupported {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// Per step an N x M matrix of micro-batch latencies plus the per-step overhead.
+///
+/// Layout: `latencies_ns[(s * N + n) * M + m]` for step index s (0..S), rank index n (0..N),
+/// micro-batch m (0..M). Invariants (checked by [`LatencyTrace::new`]): every latency and
+/// overhead is finite and >= 0; lengths agree; N, M, S >= 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencyTrace {
+    source: String,
+    ranks: Vec<u32>,
+    steps: Vec<u64>,
+    micro_batches: usize,
+    latencies_ns: Vec<f64>,
+    overhead_ns: Vec<f64>,
+}
+
+impl LatencyTrace {
+    /// Build and validate. `ranks`: N rank ids (data-parallel replicas); `steps`: S step ids;
+    /// `latencies_ns`: S*N*M values (see the type's layout); `overhead_ns`: S values
+    /// (communication + optimizer + anything outside the compute phase, ns).
+    /// Errors: [`TraceError::Shape`] on a length mismatch, an empty dimension or a negative /
+    /// non-finite value.
+    pub fn new(
+        source: impl Into<String>,
+        ranks: Vec<u32>,
+        steps: Vec<u64>,
+        micro_batches: usize,
+        latencies_ns: Vec<f64>,
+        overhead_ns: Vec<f64>,
+    ) -> Result<Self, TraceError> {
+        let source = source.into();
+        let (s, n, m) = (steps.len(), ranks.len(), micro_batches);
+        if s == 0 || n == 0 || m == 0 {
+            return Err(TraceError::Shape(format!(
+                "{source}: empty dimension: {s} steps, {n} ranks, {m} micro-batches"
+            )));
+        }
+        if latencies_ns.len() != s * n * m || overhead_ns.len() != s {
+            return Err(TraceError::Shape(format!(
+                "{source}: {} latencies for {s}x{n}x{m}, {} overheads for {s} steps",
+                latencies_ns.len(),
+                overhead_ns.len()
+            )));
+        }
+        if let Some((i, v)) = latencies_ns
+            .iter()
+            .chain(&overhead_ns)
+            .enumerate()
+            .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+        {
+            return Err(TraceError::Shape(format!(
+                "{source}: value #{i} is {v} (must be finite and >= 0)"
+            )));
+        }
+        Ok(Self {
+            source,
+            ranks,
+            steps,
+            micro_batches,
+            latencies_ns,
+            overhead_ns,
+        })
+    }
+
+    /// Where the trace came from (file names).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+    /// Rank ids (N).
+    pub fn ranks(&self) -> &[u32] {
+        &self.ranks
+    }
+    /// Step ids (S).
+    pub fn steps(&self) -> &[u64] {
+        &self.steps
+    }
+    /// N.
+    pub fn world_size(&self) -> usize {
+        self.ranks.len()
+    }
+    /// S.
+    pub fn num_steps(&self) -> usize {
+        self.steps.len()
+    }
+    /// M.
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+    /// All latencies (ns), S*N*M, layout as documented on the type.
+    pub fn latencies_ns(&self) -> &[f64] {
+        &self.latencies_ns
+    }
+    /// The N*M latency matrix (ns) of step index `s` (row-major by rank). Panics-free: returns
+    /// an empty slice for an out-of-range `s`.
+    pub fn step_matrix(&self, s: usize) -> &[f64] {
+        let w = self.ranks.len() * self.micro_batches;
+        self.latencies_ns.get(s * w..(s + 1) * w).unwrap_or(&[])
+    }
+    /// Per-step overhead (ns), S values.
+    pub fn overhead_ns(&self) -> &[f64] {
+        &self.overhead_ns
+    }
+    /// Per-step compute time of each rank: S*N sums over micro-batches (ns).
+    pub fn rank_compute_ns(&self) -> Vec<f64> {
+        self.latencies_ns
+            .chunks_exact(self.micro_batches)
+            .map(|c| c.iter().sum())
+            .collect()
+    }
+
+    /// Concatenate traces with the same ranks and M along the step axis (e.g. several windows).
+    /// Errors: [`TraceError::Shape`] if ranks or M differ, or the list is empty.
+    pub fn concat_steps(traces: &[LatencyTrace]) -> Result<LatencyTrace, TraceError> {
+        let first = traces
+            .first()
+            .ok_or_else(|| TraceError::Shape("no trace to concatenate".into()))?;
+        let mut out = first.clone();
+        for t in &traces[1..] {
+            if t.ranks != first.ranks || t.micro_batches != first.micro_batches {
+                return Err(TraceError::Shape(format!(
+                    "cannot concatenate {} ({} ranks, M={}) with {} ({} ranks, M={})",
+                    t.source,
+                    t.ranks.len(),
+                    t.micro_batches,
+                    first.source,
+                    first.ranks.len(),
+                    first.micro_batches
+                )));
+            }
+            out.steps.extend_from_slice(&t.steps);
+            out.latencies_ns.extend_from_slice(&t.latencies_ns);
+            out.overhead_ns.extend_from_slice(&t.overhead_ns);
+            out.source = format!("{} + {}", out.source, t.source);
+        }
+        Ok(out)
+    }
+}
+
+/// What [`TraceBuilder::finish`] dropped when incomplete steps were allowed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Completeness {
+    /// Step ids removed because some cell was missing, with the number of missing cells.
+    pub dropped_steps: Vec<(u64, usize)>,
+    /// Up to 20 examples of missing (step, rank, micro-batch) cells.
+    pub missing_examples: Vec<(u64, u32, u32)>,
+}
+
+/// Collects (step, rank, micro-batch) -> latency cells from any parser and turns them into a
+/// [`LatencyTrace`], detecting duplicates (error at insertion) and missing cells (error or
+/// report at [`TraceBuilder::finish`]), never filling anything in.
+#[derive(Debug, Default)]
+pub struct TraceBuilder {
+    cells: BTreeMap<(u64, u32, u32), (f64, u64)>,
+    overhead: BTreeMap<u64, f64>,
+    expected_m: usize,
+}
+
+impl TraceBuilder {
+    /// Empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add one micro-batch latency (ns) found at `path:line`.
+    /// Errors: [`TraceError::Duplicate`] if the cell exists; [`TraceError::Malformed`] (column
+    /// `latency`) if the value is negative or not finite.
+    pub fn insert(
+        &mut self,
+        path: &Path,
+        line: u64,
+        step: u64,
+        rank: u32,
+        micro_batch: u32,
+        latency_ns: f64,
+    ) -> Result<(), TraceError> {
+        if !(latency_ns.is_finite() && latency_ns >= 0.0) {
+            return Err(TraceError::Malformed {
+                path: path.into(),
+                line,
+                column: "latency".into(),
+                message: format!("latency {latency_ns} ns is negative or not finite"),
+            });
+        }
+        match self.cells.entry((step, rank, micro_batch)) {
+            std::collections::btree_map::Entry::Occupied(e) => Err(TraceError::Duplicate {
+                path: path.into(),
+                line,
+                first_line: e.get().1,
+                step,
+                rank,
+                micro_batch,
+            }),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert((latency_ns, line));
+                Ok(())
+            }
+        }
+    }
+
+    /// Add `latency_ns` to a cell (creating it), for formats where one micro-batch has several
+    /// ops (forward + backward). Errors as [`TraceBuilder::insert`] for the value.
+    pub fn accumulate(
+        &mut self,
+        path: &Path,
+        line: u64,
+        key: (u64, u32, u32),
+        latency_ns: f64,
+    ) -> Result<(), TraceError> {
+        if !(latency_ns.is_finite() && latency_ns >= 0.0) {
+            return Err(TraceError::Malformed {
+                path: path.into(),
+                line,
+                column: "duration".into(),
+                message: format!("duration {latency_ns} ns is negative or not finite"),
+            });
+        }
+        self.cells.entry(key).or_insert((0.0, line)).0 += latency_ns;
+        Ok(())
+    }
+
+    /// Declare that steps have at least `m` micro-batches (indices 0..m), so a micro-batch
+    /// missing on every rank is still reported.
+    pub fn expect_micro_batches(&mut self, m: usize) {
+        self.expected_m = self.expected_m.max(m);
+    }
+
+    /// Set the overhead (ns) of a step (default 0).
+    pub fn set_overhead(&mut self, step: u64, overhead_ns: f64) {
+        self.overhead.insert(step, overhead_ns);
+    }
+
+    /// Cells collected so far, keyed by (step, rank, micro-batch), value (latency ns, line).
+    pub fn cells(&self) -> &BTreeMap<(u64, u32, u32), (f64, u64)> {
+        &self.cells
+    }
+
+    /// Build the trace over the union of steps, ranks and micro-batch indices 0..=max seen.
+    /// A step with any missing cell is an error ([`TraceError::Ragged`]) unless
+    /// `allow_incomplete_steps`, in which case it is removed and listed in the returned
+    /// [`Completeness`]. Errors: [`TraceError::Empty`] if no complete step remains.
+    pub fn finish(
+        self,
+        source: &str,
+        allow_incomplete_steps: bool,
+    ) -> Result<(LatencyTrace, Completeness), TraceError> {
+        let steps: Vec<u64> = {
+            let mut v: Vec<u64> = self.cells.keys().map(|k| k.0).collect();
+            v.dedup();
+            v
+        };
+        let mut ranks: Vec<u32> = self.cells.keys().map(|k| k.1).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let m = self
+            .cells
+            .keys()
+            .map(|k| k.2 as usize + 1)
+            .max()
+            .unwrap_or(0)
+            .max(self.expected_m);
+        let mut report = Completeness::default();
+        let mut kept_steps = Vec::new();
+        let mut lat = Vec::new();
+        let mut overhead = Vec::new();
+        let mut total_missing = 0;
+        for &s in &steps {
+            let mut row = Vec::with_capacity(ranks.len() * m);
+            let mut missing = 0;
+            for &r in &ranks {
+                for mb in 0..m as u32 {
+                    match self.cells.get(&(s, r, mb)) {
+                        Some(&(v, _)) => row.push(v),
+                        None => {
+                            missing += 1;
+                            if report.missing_examples.len() < 20 {
+                                report.missing_examples.push((s, r, mb));
+                            }
+                        }
+                    }
+                }
+            }
+            if missing == 0 {
+                kept_steps.push(s);
+                lat.extend(row);
+                overhead.push(self.overhead.get(&s).copied().unwrap_or(0.0));
+            } else {
+                total_missing += missing;
+                report.dropped_steps.push((s, missing));
+            }
+        }
+        if total_missing > 0 && !allow_incomplete_steps {
+            return Err(TraceError::Ragged {
+                source_name: source.into(),
+                count: total_missing,
+                missing: report.missing_examples,
+            });
+        }
+        if kept_steps.is_empty() {
+            return Err(TraceError::Empty(source.into()));
+        }
+        let trace = LatencyTrace::new(source, ranks, kept_steps, m, lat, overhead)?;
+        Ok((trace, report))
+    }
+}
+
+/// Options shared by the parsers.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Drop (and report) steps with missing micro-batches instead of failing.
+    pub allow_incomplete_steps: bool,
+    /// Per-step overhead (ns) to assume for the reference's compute logs, which do not record
+    /// step wall time (default 0: optimistic, the caller should say so).
+    pub reference_overhead_ns: f64,
+    /// How a pipeline-parallel replica's micro-batch latency is derived from what-if traces.
+    pub pipeline: whatif::PipelineAggregation,
+}
+
+/// A loaded trace with what was dropped and any notes for the user.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The trace.
+    pub trace: LatencyTrace,
+    /// Steps removed for missing cells.
+    pub completeness: Completeness,
+    /// Human-readable notes (assumptions made, clamped overheads).
+    pub notes: Vec<String>,
+}
+
+/// Load trace files: every compute-log file (ours or the reference's per-rank logs) is merged
+/// into one trace keyed by rank; every what-if file (CSV, CSV.gz) is its own trace. `.parquet`
+/// gives [`TraceError::ParquetUnsupported`].
+/// Errors: any parser error, with file, line and column.
+pub fn load(paths: &[PathBuf], opts: &LoadOptions) -> Result<Vec<Loaded>, TraceError> {
+    let mut out = Vec::new();
+    let mut logs = Vec::new();
+    for p in paths {
+        if p.extension().is_some_and(|e| e == "parquet") {
+            return Err(whatif::parquet_unsupported(p));
+        }
+        let header = compute_log::read_header(p)?;
+        if whatif::is_whatif_header(&header) {
+            out.push(whatif::load_csv(p, opts)?);
+        } else if compute_log::is_compute_log_header(&header) {
+            logs.push(p.clone());
+        } else {
+            return Err(TraceError::UnknownFormat {
+                path: p.clone(),
+                header,
+            });
+        }
+    }
+    if !logs.is_empty() {
+        out.insert(0, compute_log::load_logs(&logs, opts)?);
+    }
+    Ok(out)
+}
+
+/// Open a file for reading, transparently gunzipping names ending in `.gz`.
+/// Errors: [`TraceError::Io`].
+pub fn open_maybe_gz(path: &Path) -> Result<Box<dyn std::io::Read>, TraceError> {
+    let f = std::fs::File::open(path).map_err(|source| TraceError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let r = std::io::BufReader::new(f);
+    if path.extension().is_some_and(|e| e == "gz") {
+        Ok(Box::new(flate2::read::GzDecoder::new(r)))
+    } else {
+        Ok(Box::new(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_reports_missing_cells_and_rejects_duplicates() {
+        let p = Path::new("x.csv");
+        let mut b = TraceBuilder::new();
+        for s in 0..2u64 {
+            for r in 0..2u32 {
+                for m in 0..3u32 {
+                    if (s, r, m) != (1, 1, 2) {
+                        b.insert(p, 2, s, r, m, 1.0 + f64::from(m))
+                            .expect("fresh cell");
+                    }
+                }
+            }
+        }
+        let err = b.insert(p, 9, 0, 0, 0, 1.0).expect_err("duplicate");
+        assert!(matches!(
+            err,
+            TraceError::Duplicate {
+                first_line: 2,
+                line: 9,
+                ..
+            }
+        ));
+        let cells = std::mem::take(&mut b.cells);
+        let strict = TraceBuilder {
+            cells: cells.clone(),
+            ..Default::default()
+        };
+        match strict.finish("x", false) {
+            Err(TraceError::Ragged { count, missing, .. }) => {
+                assert_eq!(count, 1);
+                assert_eq!(missing, vec![(1, 1, 2)]);
+            }
+            other => panic!("expected Ragged, got {other:?}"),
+        }
+        let lax = TraceBuilder {
+            cells,
+            ..Default::default()
+        };
+        let (t, rep) = lax.finish("x", true).expect("one complete step");
+        assert_eq!(t.steps(), &[0]);
+        assert_eq!(rep.dropped_steps, vec![(1, 1)]);
+        assert_eq!(t.step_matrix(0), &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+        assert_eq!(t.rank_compute_ns(), vec![6.0, 6.0]);
+    }
+
+    #[test]
+    fn new_validates_shape_and_values() {
+        assert!(LatencyTrace::new("t", vec![0], vec![0], 2, vec![1.0, 2.0], vec![0.0]).is_ok());
+        assert!(LatencyTrace::new("t", vec![0], vec![0], 2, vec![1.0], vec![0.0]).is_err());
+        assert!(LatencyTrace::new("t", vec![0], vec![0], 1, vec![-1.0], vec![0.0]).is_err());
+        assert!(LatencyTrace::new("t", vec![0], vec![0], 1, vec![f64::NAN], vec![0.0]).is_err());
+        assert!(LatencyTrace::new("t", vec![], vec![0], 1, vec![], vec![0.0]).is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! What-if analysis traces (OSDI'25 straggler study schema) to [`LatencyTrace`].
+//!
+//! Owns: the CSV reader (plain or .gz) for the schema dp_rank, stage, rank, step, optype,
+//! start_ts, duration, seq_id, mc, mb_id, gmc (timestamps and durations in seconds), and the
+//! derivation of a data-parallel replica's micro-batch latency. Must not touch: tuning.
+//!
+//! Derivation (see [`PipelineAggregation`]): for step s, replica (dp_rank) n and micro-batch m,
+//! each pipeline stage's cost is the sum of its forward-compute and backward-compute durations
+//! with mb_id = m. The replica's latency for m is, by default, the **bottleneck** (max over
+//! stages): in the 1F1B steady state the pipeline advances at the pace of its slowest stage, so
+//! dropping micro-batch m from the replica saves about that stage's time, and the replica's
+//! compute time Σ_m max_s(...) stays comparable with the step's wall time (overhead = wall -
+//! max over replicas >= 0 up to pipeline-fill effects). The **sum** over stages (one
+//! micro-batch's end-to-end latency through an idle pipeline) is available as an option; it
+//! counts concurrent stage work twice, so it exceeds the wall time and the overhead clamps to 0.
+//! Per-step overhead = (max end - min start over all ops of the step) - max over replicas of
+//! the replica compute time, clamped at 0 (clamps are noted).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
+
+/// How stages of one pipeline-parallel replica combine into one micro-batch latency.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PipelineAggregation {
+    /// max over stages of (forward + backward) for the micro-batch (default; see module doc).
+    #[default]
+    Bottleneck,
+    /// sum over stages of (forward + backward) for the micro-batch.
+    Sum,
+}
+
+/// The schema's columns, in order.
+pub const WHATIF_COLUMNS: [&str; 11] = [
+    "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id",
+    "gmc",
+];
+
+/// True if the header is the what-if schema (column order as in [`WHATIF_COLUMNS`]).
+pub fn is_whatif_header(h: &[String]) -> bool {
+    h.len() == WHATIF_COLUMNS.len() && h.iter().zip(WHATIF_COLUMNS).all(|(a, b)| a == b)
+}
+
+/// The error returned for `.parquet` inputs: this build has no Parquet reader (the `parquet`
+/// feature is reserved; convert with any Parquet tool to CSV, same columns).
+pub fn parquet_unsupported(path: &Path) -> TraceError {
+    TraceError::ParquetUnsupported {
+        path: path.into(),
+        reason: if cfg!(feature = "parquet") {
+            "the `parquet` feature is reserved but its reader is not implemented yet; convert to CSV (same columns)"
+        } else {
+            "built without the `parquet` feature; convert to CSV (same columns)"
+        },
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct StageCost {
+    fwd_s: f64,
+    bwd_s: f64,
+    has_fwd: bool,
+    has_bwd: bool,
+    line: u64,
+}
+
+/// Load one what-if CSV (optionally gzipped). Errors: I/O; [`TraceError::Malformed`] with file,
+/// line and column for unparsable or negative fields and for an mb_id < 0 on a compute op;
+/// [`TraceError::Duplicate`] for two forward (or backward) ops of one (step, replica, stage,
+/// micro-batch); ragged steps (a missing stage, forward or backward) unless allowed.
+pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    let mut r = csv::ReaderBuilder::new().from_reader(open_maybe_gz(path)?);
+    let headers: Vec<String> = r
+        .headers()
+        .map_err(|e| TraceError::Malformed {
+            path: path.into(),
+            line: 1,
+            column: "(header)".into(),
+            message: e.to_string(),
+        })?
+        .iter()
+        .map(str::to_string)
+        .collect();
+    if !is_whatif_header(&headers) {
+        return Err(TraceError::UnknownFormat {
+            path: path.into(),
+            header: headers,
+        });
+    }
+    let mut costs: BTreeMap<(u64, u32, u32, u32), StageCost> = BTreeMap::new();
+    let mut stages: std::collections::BTreeSet<u32> = Default::default();
+    let mut span: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    let mut rec = csv::StringRecord::new();
+    let bad = |line: u64, col: &str, msg: String| TraceError::Malformed {
+        path: path.into(),
+        line,
+        column: col.into(),
+        message: msg,
+    };
+    loop {
+        let more = r.read_record(&mut rec).map_err(|e| {
+            bad(
+                e.position().map_or(0, |p| p.line()),
+                "(record)",
+                e.to_string(),
+            )
+        })?;
+        if !more {
+            break;
+        }
+        let line = rec.position().map_or(0, |p| p.line());
+        let get = |i: usize| rec.get(i).unwrap_or("").trim();
+        let num = |i: usize| -> Result<f64, TraceError> {
+            let v: f64 = get(i).parse().map_err(|e| {
+                bad(
+                    line,
+                    WHATIF_COLUMNS[i],
+                    format!("cannot parse {:?}: {e}", get(i)),
+                )
+            })?;
+            if v.is_finite() && v >= 0.0 {
+                Ok(v)
+            } else {
+                Err(bad(
+                    line,
+                    WHATIF_COLUMNS[i],
+                    format!("{v} is negative or not finite"),
+                ))
+            }
+        };
+        let int = |i: usize| -> Result<i64, TraceError> {
+            get(i).parse().map_err(|e| {
+                bad(
+                    line,
+                    WHATIF_COLUMNS[i],
+                    format!("cannot parse {:?}: {e}", get(i)),
+                )
+            })
+        };
+        let to_u32 = |i: usize, v: i64| -> Result<u32, TraceError> {
+            u32::try_from(v).map_err(|_| bad(line, WHATIF_COLUMNS[i], format!("{v} out of range")))
+        };
+        let dp = to_u32(0, int(0)?)?;
+        let stage = to_u32(1, int(1)?)?;
+        let step = u64::try_from(int(3)?).map_err(|_| bad(line, "step", "negative step".into()))?;
+        let start = num(5)?;
+        let dur = num(6)?;
+        let e = span.entry(step).or_insert((f64::INFINITY, 0.0));
+        e.0 = e.0.min(start);
+        e.1 = e.1.max(start + dur);
+        let op = get(4);
+        let is_fwd = op == "forward-compute";
+        if !(is_fwd || op == "backward-compute") {
+            continue;
+        }
+        let mb = int(9)?;
+        let mb = u32::try_from(mb)
+            .map_err(|_| bad(line, "mb_id", format!("compute op with mb_id {mb}")))?;
+        stages.insert(stage);
+        let c = costs.entry((step, dp, stage, mb)).or_insert(StageCost {
+            line,
+            ..Default::default()
+        });
+        let dup = if is_fwd { c.has_fwd } else { c.has_bwd };
+        if dup {
+            return Err(TraceError::Duplicate {
+                path: path.into(),
+                line,
+                first_line: c.line,
+                step,
+                rank: dp,
+                micro_batch: mb,
+            });
+        }
+        if is_fwd {
+            c.fwd_s = dur;
+            c.has_fwd = true;
+        } else {
+            c.bwd_s = dur;
+            c.has_bwd = true;
+        }
+    }
+    // Combine stages per (step, replica, micro-batch); a cell is inserted only if every stage
+    // has both its forward and backward (otherwise the builder reports it missing).
+    let mut per_cell: BTreeMap<(u64, u32, u32), (Vec<f64>, u64)> = BTreeMap::new();
+    for (&(step, dp, _stage, mb), c) in &costs {
+        let e = per_cell
+            .entry((step, dp, mb))
+            .or_insert((Vec::new(), c.line));
+        if c.has_fwd && c.has_bwd {
+            e.0.push(c.fwd_s + c.bwd_s);
+        }
+    }
+    let mut b = TraceBuilder::new();
+    b.expect_micro_batches(costs.keys().map(|k| k.3 as usize + 1).max().unwrap_or(0));
+    for ((step, dp, mb), (v, line)) in per_cell {
+        if v.len() == stages.len() {
+            let secs = match opts.pipeline {
+                PipelineAggregation::Bottleneck => v.iter().copied().fold(0.0, f64::max),
+                PipelineAggregation::Sum => v.iter().sum(),
+            };
+            b.insert(path, line, step, dp, mb, secs * 1e9)?;
+        }
+    }
+    let source = path.display().to_string();
+    let (trace, completeness) = b.finish(&source, opts.allow_incomplete_steps)?;
+    let compute = trace.rank_compute_ns();
+    let n = trace.world_size();
+    let mut clamped = 0;
+    let overhead: Vec<f64> = trace
+        .steps()
+        .iter()
+        .enumerate()
+        .map(|(si, s)| {
+            let (a, z) = span.get(s).copied().unwrap_or((0.0, 0.0));
+            let max_c = compute[si * n..(si + 1) * n]
+                .iter()
+                .copied()
+                .fold(0.0, f64::max);
+            let o = (z - a) * 1e9 - max_c;
+            if o < 0.0 {
+                clamped += 1;
+            }
+            o.max(0.0)
+        })
+        .collect();
+    let mut notes = vec![format!(
+        "what-if trace: {} replicas x {} pipeline stage(s), {} micro-batches, {} steps; replica micro-batch latency = {:?} over stages of forward+backward",
+        n,
+        stages.len(),
+        trace.micro_batches(),
+        trace.num_steps(),
+        opts.pipeline
+    )];
+    if clamped > 0 {
+        notes.push(format!(
+            "{clamped} step(s): replica compute exceeded the step wall time, overhead clamped to 0"
+        ));
+    }
+    let trace = super::LatencyTrace::new(
+        source,
+        trace.ranks().to_vec(),
+        trace.steps().to_vec(),
+        trace.micro_batches(),
+        trace.latencies_ns().to_vec(),
+        overhead,
+    )?;
+    Ok(Loaded {
+        trace,
+        completeness,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = "dp_rank,stage,rank,step,optype,start_ts,duration,seq_id,mc,mb_id,gmc\n";
+
+    fn write(name: &str, body: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("dropcompute-whatif-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("temp dir");
+        let p = d.join(name);
+        std::fs::write(&p, format!("{HEADER}{body}")).expect("write");
+        p
+    }
+
+    /// One step, 1 replica, 2 stages, 2 micro-batches, plus an optimizer op ending at 1.0 s.
+    fn small() -> String {
+        let mut s = String::new();
+        // stage, mb, fwd, bwd
+        for (st, mb, f, b) in [
+            (0, 0, 0.1, 0.2),
+            (0, 1, 0.1, 0.3),
+            (1, 0, 0.2, 0.2),
+            (1, 1, 0.05, 0.05),
+        ] {
+            s += &format!("0,{st},{st},7,forward-compute,0.0,{f},0,0,{mb},0\n");
+            s += &format!("0,{st},{st},7,backward-compute,0.1,{b},0,0,{mb},0\n");
+        }
+        s += "0,0,0,7,optimizer,0.9,0.1,0,0,-1,-1\n";
+        s
+    }
+
+    #[test]
+    fn bottleneck_and_sum_aggregations() {
+        let p = write("small.csv", &small());
+        let l = load_csv(&p, &LoadOptions::default()).expect("load");
+        let m = l.trace.step_matrix(0);
+        assert!(
+            (m[0] - 0.4e9).abs() < 1.0 && (m[1] - 0.4e9).abs() < 1.0,
+            "{m:?}"
+        );
+        // wall 1.0 s - compute 0.8 s
+        assert!((l.trace.overhead_ns()[0] - 0.2e9).abs() < 1.0);
+        let opts = LoadOptions {
+            pipeline: PipelineAggregation::Sum,
+            ..Default::default()
+        };
+        let s = load_csv(&p, &opts).expect("load");
+        let m = s.trace.step_matrix(0);
+        assert!(
+            (m[0] - 0.7e9).abs() < 1.0 && (m[1] - 0.5e9).abs() < 1.0,
+            "{m:?}"
+        );
+        assert_eq!(s.trace.overhead_ns()[0], 0.0);
+        assert!(s.notes.iter().any(|n| n.contains("clamped")));
+    }
+
+    #[test]
+    fn missing_backward_is_reported_and_bad_field_located() {
+        let body: String = small()
+            .lines()
+            .filter(|l| *l != "0,1,1,7,backward-compute,0.1,0.05,0,0,1,0")
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let p = write("ragged.csv", &body);
+        match load_csv(&p, &LoadOptions::default()) {
+            Err(TraceError::Ragged { missing, .. }) => assert_eq!(missing, vec![(7, 0, 1)]),
+            other => panic!("expected Ragged, got {other:?}"),
+        }
+        let p = write("bad.csv", "0,0,0,7,forward-compute,0.0,abc,0,0,0,0\n");
+        match load_csv(&p, &LoadOptions::default()) {
+            Err(TraceError::Malformed { line, column, .. }) => {
+                assert_eq!((line, column.as_str()), (2, "duration"));
+            }
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Threshold tuning: the reference's search (`get_best_threshold`, digest §3.3) made exact and
+//! deterministic, with guardrails, closed-loop re-tuning, collective-friendly statistics and
+//! per-rank straggler attribution.
+//!
+//! Owns: [`search`] (objective + argmax + verdict), [`reduce`] (all-reduce layout),
+//! [`retune`] (the state machine), [`straggler`] (attribution). Must not touch: I/O, clocks or
+//! devices: every function is a pure function of its inputs, so every rank that holds the same
+//! reduced statistics reaches the same threshold.
+
+pub mod reduce;
+pub mod retune;
+pub mod search;
+pub mod straggler;
+
+pub use search::{CandidateScore, Guardrails, Refusal, TuneConfig, TuneReport, Verdict, tune};

@@ -1,0 +1,369 @@
+//! Closed-loop re-tuning inside a running job, with hysteresis.
+//!
+//! Owns: [`Retuner`], a state machine fed once per step (on every rank, with the same
+//! all-reduced N x M latency matrix and measured step time) that returns the threshold for the
+//! next step. Must not touch: clocks, collectives or the scheduler's state.
+//!
+//! Cycle of `period` steps: the first `probe_steps` run with the threshold off (probe), the rest
+//! with the threshold chosen at the end of the probe (enforce). Why probes: while a threshold is
+//! enforced, micro-batches after it are never run, so their latencies (and any threshold above
+//! the current one) cannot be evaluated; a short uncensored probe window keeps the statistics
+//! honest. Hysteresis: at the end of a probe, the new optimum replaces the current threshold
+//! only if, evaluated on the same probe window, its predicted objective beats the current
+//! threshold's by at least `hysteresis` (absolute, in effective-speedup units); a guardrail
+//! refusal turns dropping off. At the end of each enforce window the retuner reports predicted
+//! vs measured effective speedup: measured = (1 - measured drop rate)·(mean probe step time)/
+//! (mean enforce step time) - 1, the probe standing in for the baseline.
+
+use super::search::{TuneConfig, Verdict, objective_at, tune};
+use crate::policy::Threshold;
+use crate::trace::LatencyTrace;
+
+/// Configuration of the retuner.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetunerConfig {
+    /// Steps per cycle K (probe + enforce); must exceed `probe_steps`.
+    pub period: usize,
+    /// Steps with the threshold off at the start of each cycle (>= 1).
+    pub probe_steps: usize,
+    /// Minimum objective improvement to change an enforced threshold.
+    pub hysteresis: f64,
+    /// Search configuration (guardrails, min micro-batches).
+    pub tune: TuneConfig,
+}
+
+impl Default for RetunerConfig {
+    /// Period 200, probe 20 (10 % of steps at full batch), hysteresis 0.01.
+    fn default() -> Self {
+        Self {
+            period: 200,
+            probe_steps: 20,
+            hysteresis: 0.01,
+            tune: TuneConfig::default(),
+        }
+    }
+}
+
+/// Something the retuner decided or measured.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RetuneEvent {
+    /// End of a probe: the threshold for the enforce window.
+    Tuned {
+        /// Threshold now in force.
+        threshold: Threshold,
+        /// Whether it changed.
+        changed: bool,
+        /// Predicted effective speedup of the threshold in force (on the probe window).
+        predicted: f64,
+        /// The search's verdict on the probe window.
+        verdict: Verdict,
+    },
+    /// End of an enforce window.
+    Measured {
+        /// Threshold that was in force.
+        threshold: Threshold,
+        /// Predicted effective speedup.
+        predicted: f64,
+        /// Measured effective speedup (see module doc).
+        measured: f64,
+        /// Measured drop rate.
+        drop_rate: f64,
+    },
+}
+
+/// Errors of [`Retuner`].
+#[derive(Debug, thiserror::Error)]
+pub enum RetuneError {
+    /// Bad configuration.
+    #[error("retuner config: {0}")]
+    Config(String),
+    /// The matrix has the wrong length.
+    #[error("retuner: step matrix has {got} values, expected N*M = {expected}")]
+    Shape {
+        /// Length received.
+        got: usize,
+        /// N*M.
+        expected: usize,
+    },
+}
+
+/// The state machine (see the module doc).
+#[derive(Clone, Debug)]
+pub struct Retuner {
+    cfg: RetunerConfig,
+    world_size: usize,
+    micro_batches: usize,
+    pos: usize,
+    threshold: Threshold,
+    predicted: f64,
+    probe_lat: Vec<f64>,
+    probe_step_ns: Vec<f64>,
+    probe_mean_ns: f64,
+    enforce_step_ns: f64,
+    enforce_steps: usize,
+    enforce_computed: usize,
+}
+
+impl Retuner {
+    /// New retuner for N ranks and M micro-batches; starts in a probe with the threshold off.
+    /// Errors: [`RetuneError::Config`] if N, M or probe_steps is 0 or period <= probe_steps.
+    pub fn new(
+        cfg: RetunerConfig,
+        world_size: usize,
+        micro_batches: usize,
+    ) -> Result<Self, RetuneError> {
+        if world_size == 0
+            || micro_batches == 0
+            || cfg.probe_steps == 0
+            || cfg.period <= cfg.probe_steps
+        {
+            return Err(RetuneError::Config(format!(
+                "N={world_size}, M={micro_batches}, period {} must exceed probe_steps {} >= 1",
+                cfg.period, cfg.probe_steps
+            )));
+        }
+        Ok(Self {
+            cfg,
+            world_size,
+            micro_batches,
+            pos: 0,
+            threshold: Threshold::Off,
+            predicted: 0.0,
+            probe_lat: Vec::new(),
+            probe_step_ns: Vec::new(),
+            probe_mean_ns: 0.0,
+            enforce_step_ns: 0.0,
+            enforce_steps: 0,
+            enforce_computed: 0,
+        })
+    }
+
+    /// The tuned threshold (enforced outside probes; [`Threshold::Off`] until the first probe
+    /// ends or after a guardrail refusal).
+    pub fn threshold(&self) -> Threshold {
+        self.threshold
+    }
+
+    /// Feed one completed step: the all-reduced N x M latency matrix (ns, row-major by rank;
+    /// NaN for micro-batches not computed) and the measured step time (ns). Returns an event at
+    /// the end of a probe or enforce window. A probe step containing NaN (it should not: the
+    /// threshold is off) is excluded from the window. Errors: [`RetuneError::Shape`].
+    pub fn on_step(
+        &mut self,
+        latencies_ns: &[f64],
+        step_time_ns: f64,
+    ) -> Result<Option<RetuneEvent>, RetuneError> {
+        let cells = self.world_size * self.micro_batches;
+        if latencies_ns.len() != cells {
+            return Err(RetuneError::Shape {
+                got: latencies_ns.len(),
+                expected: cells,
+            });
+        }
+        let in_probe = self.pos < self.cfg.probe_steps;
+        self.pos += 1;
+        if in_probe {
+            if latencies_ns.iter().all(|x| x.is_finite() && *x >= 0.0) {
+                self.probe_lat.extend_from_slice(latencies_ns);
+                self.probe_step_ns.push(step_time_ns);
+            }
+            if self.pos == self.cfg.probe_steps {
+                return Ok(self.end_probe());
+            }
+            return Ok(None);
+        }
+        self.enforce_step_ns += step_time_ns;
+        self.enforce_steps += 1;
+        self.enforce_computed += latencies_ns.iter().filter(|x| x.is_finite()).count();
+        if self.pos < self.cfg.period {
+            return Ok(None);
+        }
+        self.pos = 0;
+        let drop = 1.0 - self.enforce_computed as f64 / (self.enforce_steps * cells) as f64;
+        let mean = self.enforce_step_ns / self.enforce_steps as f64;
+        let measured = (1.0 - drop) * self.probe_mean_ns / mean - 1.0;
+        let ev = RetuneEvent::Measured {
+            threshold: self.threshold,
+            predicted: self.predicted,
+            measured,
+            drop_rate: drop,
+        };
+        self.enforce_step_ns = 0.0;
+        self.enforce_steps = 0;
+        self.enforce_computed = 0;
+        self.reset_probe_window();
+        Ok(Some(ev))
+    }
+
+    fn reset_probe_window(&mut self) {
+        self.probe_lat.clear();
+        self.probe_step_ns.clear();
+    }
+
+    fn end_probe(&mut self) -> Option<RetuneEvent> {
+        let k = self.probe_step_ns.len();
+        if k == 0 {
+            return None;
+        }
+        self.probe_mean_ns = self.probe_step_ns.iter().sum::<f64>() / k as f64;
+        let (n, m) = (self.world_size, self.micro_batches);
+        let mut overhead = Vec::with_capacity(k);
+        for (s, &st) in self.probe_step_ns.iter().enumerate() {
+            let max_c = self.probe_lat[s * n * m..(s + 1) * n * m]
+                .chunks_exact(m)
+                .map(|r| r.iter().sum::<f64>())
+                .fold(0.0, f64::max);
+            overhead.push((st - max_c).max(0.0));
+        }
+        let trace = LatencyTrace::new(
+            "retuner probe window",
+            (0..n as u32).collect(),
+            (0..k as u64).collect(),
+            m,
+            self.probe_lat.clone(),
+            overhead,
+        )
+        .ok()?;
+        let report = tune(&trace, &self.cfg.tune);
+        let old = self.threshold;
+        let current_obj = old
+            .as_ns()
+            .map(|t| objective_at(&trace, self.cfg.tune.min_micro_batches, t as f64).objective);
+        let (threshold, predicted) = match (report.verdict, current_obj) {
+            (Verdict::Decline(_), _) => (Threshold::Off, 0.0),
+            (Verdict::Enable(c), None) => (c.threshold(), c.objective),
+            (Verdict::Enable(c), Some(cur)) => {
+                if c.objective >= cur + self.cfg.hysteresis {
+                    (c.threshold(), c.objective)
+                } else {
+                    (old, cur)
+                }
+            }
+        };
+        self.threshold = threshold;
+        self.predicted = predicted;
+        Some(RetuneEvent::Tuned {
+            threshold,
+            changed: threshold != old,
+            predicted,
+            verdict: report.verdict,
+        })
+    }
+
+    /// Threshold the scheduler should apply to the next step: off during probes, the tuned
+    /// value while enforcing.
+    pub fn threshold_for_next_step(&self) -> Threshold {
+        if self.pos < self.cfg.probe_steps {
+            Threshold::Off
+        } else {
+            self.threshold
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{PolicyConfig, decide};
+    use crate::sim::noise::NoiseModel;
+    use crate::sim::rng::SimRng;
+
+    /// Drive the retuner with a simulated job (reference noise, N = 16, M = 12) whose ranks
+    /// apply `decide` with the threshold it returns; check the cycle, the hysteresis and that the
+    /// measured speedup is positive and near the prediction.
+    #[test]
+    fn closed_loop_cycle_with_hysteresis() {
+        let (n, m) = (16usize, 12usize);
+        let cfg = RetunerConfig {
+            period: 60,
+            probe_steps: 20,
+            hysteresis: 0.01,
+            tune: TuneConfig::default(),
+        };
+        let mut rt = Retuner::new(cfg, n, m).expect("valid");
+        let sampler = NoiseModel::Reference {
+            base_ns: 1e6,
+            delay_factor: 1.0,
+        }
+        .sampler()
+        .expect("valid");
+        let overhead = 3e6;
+        let mut events = Vec::new();
+        let mut thresholds_after_probe = Vec::new();
+        for step in 0..180u64 {
+            let th = rt.threshold_for_next_step();
+            let policy = PolicyConfig {
+                threshold: th,
+                warmup_steps: 0,
+                ..PolicyConfig::default()
+            };
+            let mut rng = SimRng::for_stream(5, step);
+            let mut mat = vec![f64::NAN; n * m];
+            let mut max_c = 0.0f64;
+            for r in 0..n {
+                let (mut el, mut k) = (0.0f64, 0u32);
+                for j in 0..m {
+                    let lat = rtp(&sampler, &mut rng);
+                    if decide(&policy, step, k, el as u64, None).is_start() {
+                        el += lat;
+                        k += 1;
+                        mat[r * m + j] = lat;
+                    }
+                }
+                max_c = max_c.max(el);
+            }
+            if let Some(ev) = rt.on_step(&mat, max_c + overhead).expect("shape") {
+                if let RetuneEvent::Tuned { threshold, .. } = &ev {
+                    thresholds_after_probe.push(*threshold);
+                }
+                events.push(ev);
+            }
+        }
+        assert_eq!(events.len(), 6, "{events:?}");
+        assert!(matches!(
+            events[0],
+            RetuneEvent::Tuned { changed: true, .. }
+        ));
+        for ev in &events {
+            if let RetuneEvent::Measured {
+                predicted,
+                measured,
+                ..
+            } = ev
+            {
+                assert!(*predicted > 0.02, "{ev:?}");
+                assert!(*measured > 0.0, "{ev:?}");
+            }
+        }
+        // Hysteresis: later probes only change the threshold on a >= 1 % better objective.
+        for ev in &events[1..] {
+            if let RetuneEvent::Tuned {
+                changed: true,
+                verdict: Verdict::Enable(c),
+                predicted,
+                ..
+            } = ev
+            {
+                assert_eq!(c.objective, *predicted);
+            }
+        }
+        assert!(thresholds_after_probe.iter().all(|t| t.as_ns().is_some()));
+        assert!(
+            Retuner::new(
+                RetunerConfig {
+                    period: 5,
+                    probe_steps: 5,
+                    ..cfg
+                },
+                n,
+                m
+            )
+            .is_err()
+        );
+        assert!(rt.on_step(&[0.0; 3], 1.0).is_err());
+    }
+
+    fn rtp(s: &crate::sim::noise::LatencySampler, r: &mut SimRng) -> f64 {
+        s.sample(r)
+    }
+}
