@@ -27,11 +27,7 @@ fn files_with_ext(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
             entries
                 .filter_map(Result::ok)
                 .map(|e| e.path())
-                .filter(|p| {
-                    p.extension()
-                        .and_then(|e| e.to_str())
-                        .is_some_and(|e| exts.contains(&e))
-                })
+                .filter(|p| p.extension().and_then(|e| e.to_str()).is_some_and(|e| exts.contains(&e)))
                 .collect()
         })
         .unwrap_or_default();
@@ -73,10 +69,7 @@ fn build_tpc_kernels() {
         return;
     };
     if let Err(e) = fs::create_dir_all(&out_dir) {
-        println!(
-            "cargo:warning=TPC kernels skipped: cannot create {}: {e}",
-            out_dir.display()
-        );
+        println!("cargo:warning=TPC kernels skipped: cannot create {}: {e}", out_dir.display());
         return;
     }
     let mut objects = Vec::new();
@@ -98,16 +91,10 @@ fn build_tpc_kernels() {
                 src.display(),
                 Path::new(&compiler).display()
             ),
-            Err(e) => println!(
-                "cargo:warning=cannot run TPC_CLANG={}: {e}",
-                Path::new(&compiler).display()
-            ),
+            Err(e) => println!("cargo:warning=cannot run TPC_CLANG={}: {e}", Path::new(&compiler).display()),
         }
     }
     if !objects.is_empty() {
-        println!(
-            "cargo:warning=TPC kernel objects (not linked into the host crate): {}",
-            objects.join(", ")
-        );
+        println!("cargo:warning=TPC kernel objects (not linked into the host crate): {}", objects.join(", "));
     }
 }

@@ -12,16 +12,13 @@ fn main() {
 #[cfg(feature = "bindgen")]
 fn generate() {
     let Some(include) = std::env::var_os("HABANA_SDK_INCLUDE") else {
-        println!(
-            "cargo:warning=feature `bindgen` is on but HABANA_SDK_INCLUDE is unset; skipping generation"
-        );
+        println!("cargo:warning=feature `bindgen` is on but HABANA_SDK_INCLUDE is unset; skipping generation");
         return;
     };
     let include = std::path::PathBuf::from(include);
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let header = out.join("wrapper.hpp");
-    std::fs::write(&header, "#include <synapse_api.h>\n#include <hccl.h>\n")
-        .expect("write wrapper header");
+    std::fs::write(&header, "#include <synapse_api.h>\n#include <hccl.h>\n").expect("write wrapper header");
     let result = bindgen::Builder::default()
         .header(header.to_string_lossy())
         .clang_args(["-x", "c++", "-std=c++17"])
@@ -32,8 +29,7 @@ fn generate() {
         .generate();
     match result {
         Ok(b) => {
-            b.write_to_file(out.join("habana_bindings.rs"))
-                .expect("write bindings");
+            b.write_to_file(out.join("habana_bindings.rs")).expect("write bindings");
             println!("cargo:rustc-cfg=habana_sdk_bindings");
         }
         Err(e) => println!("cargo:warning=bindgen failed on {}: {e}", include.display()),

@@ -45,15 +45,12 @@ mod ffi {
     pub(super) struct KernelTable {
         pub scale_f32: unsafe extern "C" fn(x: *mut f32, n: usize, a: f32),
         pub accumulate_f32: unsafe extern "C" fn(acc: *mut f32, x: *const f32, n: usize),
-        pub scale_accumulate_f32:
-            unsafe extern "C" fn(acc: *mut f32, x: *const f32, n: usize, a: f32),
+        pub scale_accumulate_f32: unsafe extern "C" fn(acc: *mut f32, x: *const f32, n: usize, a: f32),
         pub scale_bf16: unsafe extern "C" fn(x: *mut u16, n: usize, a: f32),
         pub accumulate_bf16: unsafe extern "C" fn(acc: *mut u16, x: *const u16, n: usize),
-        pub scale_accumulate_bf16:
-            unsafe extern "C" fn(acc: *mut u16, x: *const u16, n: usize, a: f32),
+        pub scale_accumulate_bf16: unsafe extern "C" fn(acc: *mut u16, x: *const u16, n: usize, a: f32),
         pub accumulate_bf16_to_f32: unsafe extern "C" fn(acc: *mut f32, x: *const u16, n: usize),
-        pub scale_accumulate_bf16_to_f32:
-            unsafe extern "C" fn(acc: *mut f32, x: *const u16, n: usize, a: f32),
+        pub scale_accumulate_bf16_to_f32: unsafe extern "C" fn(acc: *mut f32, x: *const u16, n: usize, a: f32),
         pub f32_to_bf16: unsafe extern "C" fn(dst: *mut u16, src: *const f32, n: usize),
         pub bf16_to_f32: unsafe extern "C" fn(dst: *mut f32, src: *const u16, n: usize),
     }
@@ -126,19 +123,11 @@ pub enum KernelError {
 }
 
 /// Returns `Ok(n)` when both lengths equal `n`, else the typed mismatch error.
-fn same_len(
-    kernel: &'static str,
-    output_len: usize,
-    input_len: usize,
-) -> Result<usize, KernelError> {
+fn same_len(kernel: &'static str, output_len: usize, input_len: usize) -> Result<usize, KernelError> {
     if output_len == input_len {
         Ok(output_len)
     } else {
-        Err(KernelError::LengthMismatch {
-            kernel,
-            output_len,
-            input_len,
-        })
+        Err(KernelError::LengthMismatch { kernel, output_len, input_len })
     }
 }
 
@@ -203,12 +192,7 @@ impl Kernels {
 
     /// `acc[i] += a * x[i]` in f32 (product and sum each rounded to f32).
     /// Errors: [`KernelError::LengthMismatch`] if lengths differ.
-    pub fn scale_accumulate_f32(
-        &self,
-        acc: &mut [f32],
-        x: &[f32],
-        a: f32,
-    ) -> Result<(), KernelError> {
+    pub fn scale_accumulate_f32(&self, acc: &mut [f32], x: &[f32], a: f32) -> Result<(), KernelError> {
         let n = same_len("scale_accumulate_f32", acc.len(), x.len())?;
         // SAFETY: both buffers hold n elements; &mut and & borrows cannot overlap (restrict).
         unsafe { (self.table.scale_accumulate_f32)(acc.as_mut_ptr(), x.as_ptr(), n, a) };
@@ -234,12 +218,7 @@ impl Kernels {
 
     /// `acc[i] = bf16(f32(acc[i]) + a * f32(x[i]))`: f32 product and sum, one bf16 rounding.
     /// Errors: [`KernelError::LengthMismatch`] if lengths differ.
-    pub fn scale_accumulate_bf16(
-        &self,
-        acc: &mut [bf16],
-        x: &[bf16],
-        a: f32,
-    ) -> Result<(), KernelError> {
+    pub fn scale_accumulate_bf16(&self, acc: &mut [bf16], x: &[bf16], a: f32) -> Result<(), KernelError> {
         let n = same_len("scale_accumulate_bf16", acc.len(), x.len())?;
         let (acc, x) = (acc.reinterpret_cast_mut(), x.reinterpret_cast());
         // SAFETY: both buffers hold n u16 elements; &mut and & borrows cannot overlap.
@@ -259,12 +238,7 @@ impl Kernels {
 
     /// `acc[i] += a * f32(x[i])` in f32: a scaled bf16 gradient into an f32 accumulator.
     /// Errors: [`KernelError::LengthMismatch`] if lengths differ.
-    pub fn scale_accumulate_bf16_to_f32(
-        &self,
-        acc: &mut [f32],
-        x: &[bf16],
-        a: f32,
-    ) -> Result<(), KernelError> {
+    pub fn scale_accumulate_bf16_to_f32(&self, acc: &mut [f32], x: &[bf16], a: f32) -> Result<(), KernelError> {
         let n = same_len("scale_accumulate_bf16_to_f32", acc.len(), x.len())?;
         let x = x.reinterpret_cast();
         // SAFETY: acc holds n f32, x holds n u16; &mut and & borrows cannot overlap.
@@ -295,10 +269,7 @@ impl Kernels {
 
 /// Every [`Isa`] the running CPU supports, in increasing order of preference.
 pub fn supported_isas() -> Vec<Isa> {
-    Isa::ALL
-        .into_iter()
-        .filter(|&i| Kernels::for_isa(i).is_some())
-        .collect()
+    Isa::ALL.into_iter().filter(|&i| Kernels::for_isa(i).is_some()).collect()
 }
 
 /// [`Kernels::scale_f32`] with [`Kernels::best`].
@@ -337,11 +308,7 @@ pub fn accumulate_bf16_to_f32(acc: &mut [f32], x: &[bf16]) -> Result<(), KernelE
 }
 
 /// [`Kernels::scale_accumulate_bf16_to_f32`] with [`Kernels::best`].
-pub fn scale_accumulate_bf16_to_f32(
-    acc: &mut [f32],
-    x: &[bf16],
-    a: f32,
-) -> Result<(), KernelError> {
+pub fn scale_accumulate_bf16_to_f32(acc: &mut [f32], x: &[bf16], a: f32) -> Result<(), KernelError> {
     Kernels::best().scale_accumulate_bf16_to_f32(acc, x, a)
 }
 

@@ -67,12 +67,7 @@ impl Default for PolicyConfig {
     /// Threshold off, check before each micro-batch, 3 warm-up steps (reference BERT-Large
     /// `MIN_DROP_STEP`), at least 1 micro-batch per rank per step.
     fn default() -> Self {
-        Self {
-            threshold: Threshold::Off,
-            check: CheckMode::BeforeMicroBatch,
-            warmup_steps: 3,
-            min_micro_batches: 1,
-        }
+        Self { threshold: Threshold::Off, check: CheckMode::BeforeMicroBatch, warmup_steps: 3, min_micro_batches: 1 }
     }
 }
 
@@ -126,13 +121,7 @@ impl Decision {
 /// Guarantees (property-tested): warm-up steps always start; the first
 /// `cfg.min_micro_batches` always start; for fixed other arguments the decision is monotone in
 /// `elapsed_ns` (once it stops, any larger elapsed time stops too). Never panics.
-pub fn decide(
-    cfg: &PolicyConfig,
-    step: u64,
-    started: u32,
-    elapsed_ns: u64,
-    estimate_ns: Option<u64>,
-) -> Decision {
+pub fn decide(cfg: &PolicyConfig, step: u64, started: u32, elapsed_ns: u64, estimate_ns: Option<u64>) -> Decision {
     let Some(threshold_ns) = cfg.threshold.as_ns() else {
         return Decision::Start;
     };
@@ -140,20 +129,11 @@ pub fn decide(
         return Decision::Start;
     }
     if elapsed_ns >= threshold_ns {
-        return Decision::Stop(StopReason::ThresholdReached {
-            elapsed_ns,
-            threshold_ns,
-        });
+        return Decision::Stop(StopReason::ThresholdReached { elapsed_ns, threshold_ns });
     }
     match (cfg.check, estimate_ns) {
-        (CheckMode::Predictive, Some(estimate_ns))
-            if elapsed_ns.saturating_add(estimate_ns) > threshold_ns =>
-        {
-            Decision::Stop(StopReason::PredictedOvershoot {
-                elapsed_ns,
-                estimate_ns,
-                threshold_ns,
-            })
+        (CheckMode::Predictive, Some(estimate_ns)) if elapsed_ns.saturating_add(estimate_ns) > threshold_ns => {
+            Decision::Stop(StopReason::PredictedOvershoot { elapsed_ns, estimate_ns, threshold_ns })
         }
         _ => Decision::Start,
     }
@@ -190,11 +170,7 @@ impl LatencyEstimator {
     /// `quantile` (clamped to [0, 1]; NaN counts as 1, the most conservative choice).
     pub fn new(window: usize, quantile: f64) -> Self {
         let capacity = window.max(1);
-        let quantile = if quantile.is_nan() {
-            1.0
-        } else {
-            quantile.clamp(0.0, 1.0)
-        };
+        let quantile = if quantile.is_nan() { 1.0 } else { quantile.clamp(0.0, 1.0) };
         Self {
             window: Vec::with_capacity(capacity),
             capacity,
@@ -254,9 +230,7 @@ mod tests {
 
     fn cfg(th: Option<u64>, check: CheckMode, warmup: u64, min_mb: u32) -> PolicyConfig {
         PolicyConfig {
-            threshold: th.map_or(Threshold::Off, |t| {
-                Threshold::Fixed(Duration::from_nanos(t))
-            }),
+            threshold: th.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t))),
             check,
             warmup_steps: warmup,
             min_micro_batches: min_mb,
@@ -264,10 +238,7 @@ mod tests {
     }
 
     fn check_mode() -> impl Strategy<Value = CheckMode> {
-        prop_oneof![
-            Just(CheckMode::BeforeMicroBatch),
-            Just(CheckMode::Predictive)
-        ]
+        prop_oneof![Just(CheckMode::BeforeMicroBatch), Just(CheckMode::Predictive)]
     }
 
     #[test]
@@ -276,10 +247,7 @@ mod tests {
         assert_eq!(decide(&c, 5, 3, 99, None), Decision::Start);
         assert_eq!(
             decide(&c, 5, 3, 100, None),
-            Decision::Stop(StopReason::ThresholdReached {
-                elapsed_ns: 100,
-                threshold_ns: 100
-            })
+            Decision::Stop(StopReason::ThresholdReached { elapsed_ns: 100, threshold_ns: 100 })
         );
         // The estimate is ignored in this mode.
         assert_eq!(decide(&c, 5, 3, 10, Some(1000)), Decision::Start);
@@ -291,11 +259,7 @@ mod tests {
         assert_eq!(decide(&c, 5, 3, 60, Some(40)), Decision::Start);
         assert_eq!(
             decide(&c, 5, 3, 60, Some(41)),
-            Decision::Stop(StopReason::PredictedOvershoot {
-                elapsed_ns: 60,
-                estimate_ns: 41,
-                threshold_ns: 100
-            })
+            Decision::Stop(StopReason::PredictedOvershoot { elapsed_ns: 60, estimate_ns: 41, threshold_ns: 100 })
         );
         assert_eq!(decide(&c, 5, 3, 60, None), Decision::Start);
         assert!(!decide(&c, 5, 3, u64::MAX - 1, Some(u64::MAX)).is_start());

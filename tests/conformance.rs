@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use dropcompute::mock::{self, Fault, MockControl, MockRecipe};
+use dropcompute::synapse::Device;
 use dropcompute::synapse::{
     DeviceBuffer, DeviceRepr, Error, Event, HostBuffer, LaunchTensor, Recipe, Runtime, Stream, result,
 };
-use dropcompute::synapse::Device;
 use habana_sys::{SynapseApi, synDmaDir, synRecipeAttribute, synStatus};
 
 struct Harness {
@@ -124,7 +124,8 @@ fn stream_ordering_and_event_timing(h: &Harness) {
     let n = 4096;
     let mut buf = DeviceBuffer::<u32>::alloc(&dev, n).unwrap();
     let events: Vec<Event> = (0..8).map(|_| Event::new(&dev, true).unwrap()).collect();
-    let hosts: Vec<HostBuffer<u32>> = (0..8).map(|k| HostBuffer::from_slice(&dev, &vec![k as u32; n]).unwrap()).collect();
+    let hosts: Vec<HostBuffer<u32>> =
+        (0..8).map(|k| HostBuffer::from_slice(&dev, &vec![k as u32; n]).unwrap()).collect();
     for (k, host) in hosts.iter().enumerate() {
         s.copy_h2d(host, &mut buf).unwrap();
         events[k].record(&s).unwrap();
@@ -176,7 +177,10 @@ fn launch_by_id_and_by_name(h: &Harness) {
     let n = 1000usize;
     let recipe = h.recipe(
         "copy",
-        MockRecipe::new("copy4k", "copy").tensor("src", (n * 4) as u64).tensor("dst", (n * 4) as u64).base_latency_ns(50_000),
+        MockRecipe::new("copy4k", "copy")
+            .tensor("src", (n * 4) as u64)
+            .tensor("dst", (n * 4) as u64)
+            .base_latency_ns(50_000),
     );
     assert_eq!(recipe.attribute(synRecipeAttribute::NUM_PERSISTENT_TENSORS).unwrap(), 2);
     assert_eq!(recipe.workspace_size().unwrap(), 0);
@@ -191,8 +195,7 @@ fn launch_by_id_and_by_name(h: &Harness) {
     s.copy_h2d(&host, &mut src).unwrap();
     let (t0, t1) = (Event::new(&dev, true).unwrap(), Event::new(&dev, true).unwrap());
     t0.record(&s).unwrap();
-    s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &src), LaunchTensor::by_id(ids[1], &dst)], None, &[&t1])
-        .unwrap();
+    s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &src), LaunchTensor::by_id(ids[1], &dst)], None, &[&t1]).unwrap();
     let mut out = HostBuffer::<f32>::zeroed(&dev, n).unwrap();
     s.copy_d2h(&dst, &mut out).unwrap();
     assert_eq!(out.as_slice().unwrap(), &data[..]);
@@ -222,7 +225,8 @@ fn launch_by_id_and_by_name(h: &Harness) {
     assert_eq!(status_of(&e.unwrap_err()), synStatus::INVALID_ARGUMENT);
     let e = s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &src)], None, &[]);
     assert_eq!(status_of(&e.unwrap_err()), synStatus::INVALID_ARGUMENT);
-    let e = s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &src), LaunchTensor::by_name("dst", &dst).unwrap()], None, &[]);
+    let e =
+        s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &src), LaunchTensor::by_name("dst", &dst).unwrap()], None, &[]);
     assert!(matches!(e, Err(Error::InvalidArgument { what: "launch bindings", .. })), "{e:?}");
     let small = DeviceBuffer::<f32>::alloc(&dev, 10).unwrap();
     let e = s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &src), LaunchTensor::by_id(ids[1], &small)], None, &[]);
@@ -249,7 +253,7 @@ fn memory_error_paths(h: &Harness) {
     let e = unsafe { result::mem_copy_async(api, s.raw(), host.host_addr(), 16, addr, synDmaDir::HOST_TO_DRAM) };
     assert_eq!(status_of(&e.unwrap_err()), synStatus::INVALID_ARGUMENT);
     // A host range that is not pinned is refused (the mock never touches arbitrary memory).
-    let unpinned = vec![0u8; 64];
+    let unpinned = [0u8; 64];
     let ok = result::device_malloc(api, dev.id(), 64).unwrap();
     // SAFETY: live stream; the host pointer is valid but not registered, which must be rejected.
     let e = unsafe { result::mem_copy_async(api, s.raw(), unpinned.as_ptr() as u64, 64, ok, synDmaDir::HOST_TO_DRAM) };

@@ -14,10 +14,7 @@ const LENS: [usize; 13] = [0, 1, 2, 7, 8, 15, 16, 17, 31, 33, 64, 65, 1031];
 
 /// Kernel sets for every ISA the running CPU supports (always includes the generic one).
 fn all_kernels() -> Vec<Kernels> {
-    let ks: Vec<Kernels> = kernels::supported_isas()
-        .into_iter()
-        .filter_map(Kernels::for_isa)
-        .collect();
+    let ks: Vec<Kernels> = kernels::supported_isas().into_iter().filter_map(Kernels::for_isa).collect();
     assert_eq!(ks[0].isa(), Isa::Generic);
     ks
 }
@@ -43,26 +40,19 @@ fn canon_bf16(f: bf16) -> u16 {
 
 /// Spacing of bf16 values in the binade of `v` (8 significant bits, min exponent -126).
 fn ulp_bf16(v: f64) -> f64 {
-    let e = if v == 0.0 {
-        -126
-    } else {
-        (v.abs().log2().floor() as i32).max(-126)
-    };
+    let e = if v == 0.0 { -126 } else { (v.abs().log2().floor() as i32).max(-126) };
     2f64.powi(e - 7)
 }
 
 /// Low halves of an f32 that probe bf16 rounding: exact, around and at the tie, extremes.
-const LOWS: [u32; 9] = [
-    0x0000, 0x0001, 0x4000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFE, 0xFFFF,
-];
+const LOWS: [u32; 9] = [0x0000, 0x0001, 0x4000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFE, 0xFFFF];
 
 /// f32 bit patterns: half uniformly random, half a random high half with a [`LOWS`] low half
 /// (uniform bits alone hit an exact tie once in 65536 draws).
 fn rounding_probe_bits() -> impl Strategy<Value = u32> {
     prop_oneof![
         any::<u32>(),
-        (any::<u16>(), prop::sample::select(LOWS.to_vec()))
-            .prop_map(|(hi, lo)| (u32::from(hi) << 16) | lo),
+        (any::<u16>(), prop::sample::select(LOWS.to_vec())).prop_map(|(hi, lo)| (u32::from(hi) << 16) | lo),
     ]
 }
 
@@ -77,9 +67,7 @@ fn moderate_f32() -> impl Strategy<Value = f32> + Clone {
 }
 
 /// (acc, x, a) with acc and x of one length from [`LENS`].
-fn operands<S: Strategy<Value = f32> + Clone>(
-    elem: S,
-) -> impl Strategy<Value = (Vec<f32>, Vec<f32>, f32)> {
+fn operands<S: Strategy<Value = f32> + Clone>(elem: S) -> impl Strategy<Value = (Vec<f32>, Vec<f32>, f32)> {
     prop::sample::select(LENS.to_vec())
         .prop_flat_map(move |n| (vec(elem.clone(), n), vec(elem.clone(), n), elem.clone()))
 }
@@ -254,12 +242,9 @@ proptest! {
 /// finite values to ±inf, ±inf and signalling and quiet NaNs with all payload shapes.
 #[test]
 fn f32_to_bf16_edge_sweep_matches_half() {
-    const LOWS: [u32; 9] = [
-        0x0000, 0x0001, 0x4000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFE, 0xFFFF,
-    ];
-    let src: Vec<f32> = (0u32..=0xFFFF)
-        .flat_map(|hi| LOWS.iter().map(move |&lo| f32::from_bits((hi << 16) | lo)))
-        .collect();
+    const LOWS: [u32; 9] = [0x0000, 0x0001, 0x4000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFE, 0xFFFF];
+    let src: Vec<f32> =
+        (0u32..=0xFFFF).flat_map(|hi| LOWS.iter().map(move |&lo| f32::from_bits((hi << 16) | lo))).collect();
     // Spot checks written from the bf16 format itself, independent of `half`.
     let spot = [
         (0x3F80_8000u32, 0x3F80u16), // tie, even kept bit: stays
@@ -274,16 +259,9 @@ fn f32_to_bf16_edge_sweep_matches_half() {
         let mut dst = vec![bf16::ZERO; src.len()];
         k.f32_to_bf16(&mut dst, &src).unwrap();
         for (s, d) in src.iter().zip(&dst) {
-            assert_eq!(
-                d.to_bits(),
-                bf16::from_f32(*s).to_bits(),
-                "isa {} {:#010x}",
-                k.isa(),
-                s.to_bits()
-            );
+            assert_eq!(d.to_bits(), bf16::from_f32(*s).to_bits(), "isa {} {:#010x}", k.isa(), s.to_bits());
         }
-        let (inputs, expected): (Vec<f32>, Vec<u16>) =
-            spot.iter().map(|&(i, o)| (f32::from_bits(i), o)).unzip();
+        let (inputs, expected): (Vec<f32>, Vec<u16>) = spot.iter().map(|&(i, o)| (f32::from_bits(i), o)).unzip();
         let mut out = vec![bf16::ZERO; inputs.len()];
         k.f32_to_bf16(&mut out, &inputs).unwrap();
         let got: Vec<u16> = out.iter().map(|b| b.to_bits()).collect();
@@ -298,13 +276,7 @@ fn bf16_to_f32_exhaustive_matches_half() {
         let mut dst = vec![0.0f32; src.len()];
         k.bf16_to_f32(&mut dst, &src).unwrap();
         for (s, d) in src.iter().zip(&dst) {
-            assert_eq!(
-                d.to_bits(),
-                s.to_f32().to_bits(),
-                "isa {} {:#06x}",
-                k.isa(),
-                s.to_bits()
-            );
+            assert_eq!(d.to_bits(), s.to_f32().to_bits(), "isa {} {:#06x}", k.isa(), s.to_bits());
         }
     }
 }
@@ -314,30 +286,16 @@ fn length_mismatch_is_typed_and_writes_nothing() {
     let mut acc = vec![1.0f32; 5];
     let x = vec![2.0f32; 4];
     let err = kernels::scale_accumulate_f32(&mut acc, &x, 3.0).unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::LengthMismatch {
-            kernel: "scale_accumulate_f32",
-            output_len: 5,
-            input_len: 4
-        }
-    );
+    assert_eq!(err, KernelError::LengthMismatch { kernel: "scale_accumulate_f32", output_len: 5, input_len: 4 });
     let msg = err.to_string();
-    assert!(
-        msg.contains("scale_accumulate_f32") && msg.contains('5') && msg.contains('4'),
-        "{msg}"
-    );
+    assert!(msg.contains("scale_accumulate_f32") && msg.contains('5') && msg.contains('4'), "{msg}");
     assert_eq!(acc, vec![1.0f32; 5]);
 
     let mut acc_h = vec![bf16::ONE; 3];
     let x_h = vec![bf16::ONE; 7];
     assert!(matches!(
         kernels::accumulate_bf16(&mut acc_h, &x_h),
-        Err(KernelError::LengthMismatch {
-            output_len: 3,
-            input_len: 7,
-            ..
-        })
+        Err(KernelError::LengthMismatch { output_len: 3, input_len: 7, .. })
     ));
     assert_eq!(acc_h, vec![bf16::ONE; 3]);
     assert!(kernels::scale_accumulate_bf16_to_f32(&mut acc, &x_h, 1.0).is_err());
@@ -352,10 +310,7 @@ fn best_is_the_widest_supported_isa_and_free_functions_use_it() {
     assert_eq!(Some(&Kernels::best().isa()), supported.iter().max());
     // The x86-64 baseline always has the generic set; AVX2 implies the CPU flag.
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(
-        supported.contains(&Isa::Avx2),
-        std::arch::is_x86_feature_detected!("avx2")
-    );
+    assert_eq!(supported.contains(&Isa::Avx2), std::arch::is_x86_feature_detected!("avx2"));
 
     // Free functions: in-place scale of a long odd buffer, then a scaled accumulation.
     let mut x: Vec<f32> = (0..1031).map(|i| i as f32 * 0.5 - 100.0).collect();

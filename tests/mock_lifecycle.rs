@@ -16,10 +16,7 @@ fn version(api: &SynapseApi) -> String {
     let s = unsafe { (api.syn_driver_get_version.unwrap())(buf.as_mut_ptr(), 64) };
     assert!(s.is_success());
     // SAFETY: NUL-terminated by the callee.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_str()
-        .unwrap()
-        .to_owned()
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap().to_owned()
 }
 
 #[test]
@@ -29,15 +26,9 @@ fn lifecycle() {
     unsafe {
         // Before synInitialize: synObjectNotInitialized, but the version is available.
         let mut n = 0;
-        assert_eq!(
-            (api.syn_device_get_count)(&mut n),
-            synStatus::OBJECT_NOT_INITIALIZED
-        );
+        assert_eq!((api.syn_device_get_count)(&mut n), synStatus::OBJECT_NOT_INITIALIZED);
         let mut id = 0;
-        assert_eq!(
-            (api.syn_device_acquire_by_module_id)(&mut id, 0),
-            synStatus::OBJECT_NOT_INITIALIZED
-        );
+        assert_eq!((api.syn_device_acquire_by_module_id)(&mut id, 0), synStatus::OBJECT_NOT_INITIALIZED);
         assert_eq!(version(&api), "1.21.0-mock");
         // SAFETY: no other thread of this process reads the environment concurrently.
         std::env::set_var("DROPCOMPUTE_MOCK_VERSION", "1.15.0");
@@ -59,17 +50,11 @@ fn lifecycle() {
         let dev_id = d.id;
         std::mem::forget(d);
         ok(&api, (api.syn_destroy)());
-        assert_eq!(
-            (api.syn_device_get_count)(&mut n),
-            synStatus::OBJECT_NOT_INITIALIZED
-        );
+        assert_eq!((api.syn_device_get_count)(&mut n), synStatus::OBJECT_NOT_INITIALIZED);
         ok(&api, (api.syn_initialize)());
         assert_eq!((api.syn_stream_query)(s), synStatus::INVALID_ARGUMENT);
         assert_eq!((api.syn_event_query)(e), synStatus::INVALID_EVENT_HANDLE);
-        assert_eq!(
-            (api.syn_device_free)(dev_id, a, 0),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!((api.syn_device_free)(dev_id, a, 0), synStatus::INVALID_ARGUMENT);
         let d = Dev::acquire(&api, 2);
         assert_ne!(d.id, dev_id, "device ids are not reused");
         drop(d);
@@ -77,18 +62,9 @@ fn lifecycle() {
 
     // 1024 modules, one thread per rank, virtual time.
     let ctl = MockControl::in_process();
-    ctl.configure(&MockConfig {
-        devices: 1024,
-        time_mode: TimeMode::Virtual,
-        ..MockConfig::default()
-    })
-    .unwrap();
+    ctl.configure(&MockConfig { devices: 1024, time_mode: TimeMode::Virtual, ..MockConfig::default() }).unwrap();
     let path = common::temp_path("rank_noop.json");
-    MockRecipe::new("rank_noop", "noop")
-        .tensor("x", 128)
-        .base_latency_ns(1000)
-        .write(&path)
-        .unwrap();
+    MockRecipe::new("rank_noop", "noop").tensor("x", 128).base_latency_ns(1000).write(&path).unwrap();
     let handles: Vec<_> = (0..1024u32)
         .map(|rank| {
             let api = api.clone();

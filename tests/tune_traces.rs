@@ -7,23 +7,14 @@ use dropcompute::trace::{LoadOptions, load};
 use dropcompute::tune::{Refusal, TuneConfig, Verdict, tune};
 
 fn trace(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("data/traces")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/traces").join(name)
 }
 
 #[test]
 fn se_enables_a_positive_threshold_and_st_declines() {
-    let loaded = load(
-        &[trace("trace-SE.csv.gz"), trace("trace-ST.csv.gz")],
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load(&[trace("trace-SE.csv.gz"), trace("trace-ST.csv.gz")], &LoadOptions::default()).expect("load");
     let se = &loaded[0].trace;
-    assert_eq!(
-        (se.world_size(), se.micro_batches(), se.num_steps()),
-        (32, 8, 43)
-    );
+    assert_eq!((se.world_size(), se.micro_batches(), se.num_steps()), (32, 8, 43));
     match tune(se, &TuneConfig::default()).verdict {
         Verdict::Enable(c) => {
             assert!(c.objective > 0.05, "{c:?}");
@@ -32,19 +23,9 @@ fn se_enables_a_positive_threshold_and_st_declines() {
         v => panic!("SE should enable dropping: {v:?}"),
     }
     let st = &loaded[1].trace;
-    assert_eq!(
-        (st.world_size(), st.micro_batches(), st.num_steps()),
-        (2, 4, 32)
-    );
+    assert_eq!((st.world_size(), st.micro_batches(), st.num_steps()), (2, 4, 32));
     let r = tune(st, &TuneConfig::default());
-    assert!(
-        matches!(
-            r.verdict,
-            Verdict::Decline(Refusal::InsufficientGain { .. })
-        ),
-        "{:?}",
-        r.verdict
-    );
+    assert!(matches!(r.verdict, Verdict::Decline(Refusal::InsufficientGain { .. })), "{:?}", r.verdict);
     assert!(r.straggler_headroom < 0.02);
 }
 
@@ -65,8 +46,5 @@ fn tune_command_output_names_the_guardrail() {
     let mut out = Vec::new();
     run_to(&args, &mut out).expect("run");
     let text = String::from_utf8(out).expect("utf8");
-    assert!(
-        text.contains("DECLINE") && text.contains("min_gain"),
-        "{text}"
-    );
+    assert!(text.contains("DECLINE") && text.contains("min_gain"), "{text}");
 }

@@ -18,8 +18,8 @@ mod load;
 pub mod types;
 
 pub use load::{
-    ApiOrigin, DEFAULT_LIBRARY_PATH, ENV_LIBRARY, LoadError, MIN_VERSION, OPTIONAL_SYMBOLS,
-    REQUIRED_SYMBOLS, SynapseApi, SynapseFns, parse_version,
+    ApiOrigin, DEFAULT_LIBRARY_PATH, ENV_LIBRARY, LoadError, MIN_VERSION, OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS,
+    SynapseApi, SynapseFns, parse_version,
 };
 pub use types::*;
 

@@ -56,17 +56,11 @@ pub enum LoadError {
 }
 
 fn display_paths(paths: &[PathBuf]) -> String {
-    paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
 }
 
 fn version_suffix(v: &Option<String>) -> String {
-    v.as_ref()
-        .map(|v| format!("; it reports version {v}"))
-        .unwrap_or_default()
+    v.as_ref().map(|v| format!("; it reports version {v}")).unwrap_or_default()
 }
 
 /// Where a [`SynapseApi`] came from.
@@ -175,10 +169,7 @@ impl std::ops::Deref for SynapseApi {
 
 impl std::fmt::Debug for SynapseApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SynapseApi")
-            .field("origin", &self.origin)
-            .field("version", &self.version)
-            .finish()
+        f.debug_struct("SynapseApi").field("origin", &self.origin).field("version", &self.version).finish()
     }
 }
 
@@ -219,10 +210,8 @@ impl SynapseApi {
     pub fn load_path(path: &Path) -> Result<Self, LoadError> {
         // SAFETY: loading a shared library runs its initialisers. That is the point of this
         // function: the caller asked for this library. Nothing else is assumed about it yet.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|source| LoadError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|source| LoadError::Open { path: path.to_path_buf(), source })?;
         let version = driver_version_only(&lib);
         if let Some(v) = &version
             && parse_version(v).is_some_and(|found| found < MIN_VERSION)
@@ -235,11 +224,7 @@ impl SynapseApi {
             symbol,
             version: version.clone(),
         })?;
-        Ok(Self {
-            fns,
-            origin: ApiOrigin::Library(path.to_path_buf()),
-            version,
-        })
+        Ok(Self { fns, origin: ApiOrigin::Library(path.to_path_buf()), version })
     }
 
     /// Wraps a table filled by a Rust backend (the CPU mock).
@@ -250,11 +235,7 @@ impl SynapseApi {
     /// particular: it must not unwind across the C boundary).
     pub unsafe fn from_fns(fns: SynapseFns, name: &'static str) -> Self {
         let version = fns.syn_driver_get_version.and_then(read_version);
-        Self {
-            fns,
-            origin: ApiOrigin::InProcess(name),
-            version,
-        }
+        Self { fns, origin: ApiOrigin::InProcess(name), version }
     }
 
     /// Where this table came from.

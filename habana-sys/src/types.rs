@@ -397,18 +397,13 @@ pub struct hcclUniqueId {
 
 impl Default for hcclUniqueId {
     fn default() -> Self {
-        Self {
-            internal: [0; HCCL_UNIQUE_ID_MAX_BYTES],
-            length: 0,
-        }
+        Self { internal: [0; HCCL_UNIQUE_ID_MAX_BYTES], length: 0 }
     }
 }
 
 impl fmt::Debug for hcclUniqueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("hcclUniqueId")
-            .field("length", &self.length)
-            .finish_non_exhaustive()
+        f.debug_struct("hcclUniqueId").field("length", &self.length).finish_non_exhaustive()
     }
 }
 

@@ -48,12 +48,8 @@ pub enum BenchOp {
 
 impl BenchOp {
     /// All operations, memcpy first.
-    pub const ALL: [BenchOp; 4] = [
-        BenchOp::Memcpy,
-        BenchOp::ScaleAccumulateF32,
-        BenchOp::ScaleAccumulateBf16,
-        BenchOp::ScaleAccumulateBf16ToF32,
-    ];
+    pub const ALL: [BenchOp; 4] =
+        [BenchOp::Memcpy, BenchOp::ScaleAccumulateF32, BenchOp::ScaleAccumulateBf16, BenchOp::ScaleAccumulateBf16ToF32];
 
     /// Name printed in the table.
     pub fn name(self) -> &'static str {
@@ -93,12 +89,7 @@ pub struct KernelBenchOptions {
 
 impl Default for KernelBenchOptions {
     fn default() -> Self {
-        KernelBenchOptions {
-            sizes: Vec::new(),
-            reps: 5,
-            min_measure_time: Duration::from_millis(20),
-            llc_bytes: None,
-        }
+        KernelBenchOptions { sizes: Vec::new(), reps: 5, min_measure_time: Duration::from_millis(20), llc_bytes: None }
     }
 }
 
@@ -138,16 +129,13 @@ pub struct KernelBenchReport {
 impl KernelBenchReport {
     /// Kernel rows whose working set exceeds the LLC.
     fn beyond_llc(&self) -> impl Iterator<Item = &KernelBenchRow> {
-        self.rows
-            .iter()
-            .filter(|r| r.op != BenchOp::Memcpy && r.working_set_bytes > self.llc_bytes)
+        self.rows.iter().filter(|r| r.op != BenchOp::Memcpy && r.working_set_bytes > self.llc_bytes)
     }
 
     /// True when at least one size beyond the LLC was measured and every kernel row there
     /// reaches [`TARGET_RATIO`] of memcpy.
     pub fn meets_target(&self) -> bool {
-        self.beyond_llc().next().is_some()
-            && self.beyond_llc().all(|r| r.ratio_vs_memcpy >= TARGET_RATIO)
+        self.beyond_llc().next().is_some() && self.beyond_llc().all(|r| r.ratio_vs_memcpy >= TARGET_RATIO)
     }
 }
 
@@ -160,11 +148,7 @@ fn human_bytes(b: usize) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    if v.fract() == 0.0 { format!("{v:.0} {}", UNITS[u]) } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
 impl fmt::Display for KernelBenchReport {
@@ -208,15 +192,8 @@ impl fmt::Display for KernelBenchReport {
         for (size, why) in &self.skipped {
             writeln!(f, "skipped {}: {why}", human_bytes(*size))?;
         }
-        let verdict = if self.meets_target() {
-            "met"
-        } else {
-            "NOT met"
-        };
-        write!(
-            f,
-            "target: ratio >= {TARGET_RATIO} for working sets > LLC: {verdict}"
-        )
+        let verdict = if self.meets_target() { "met" } else { "NOT met" };
+        write!(f, "target: ratio >= {TARGET_RATIO} for working sets > LLC: {verdict}")
     }
 }
 
@@ -237,8 +214,7 @@ pub fn last_level_cache() -> (usize, String) {
             best = Some((level, size, dir.join("size").display().to_string()));
         }
     }
-    best.map(|(_, size, src)| (size, src))
-        .unwrap_or((DEFAULT_LLC_BYTES, "default".to_string()))
+    best.map(|(_, size, src)| (size, src)).unwrap_or((DEFAULT_LLC_BYTES, "default".to_string()))
 }
 
 /// Parses a sysfs cache size such as `48K`, `2048K`, `32M` or `1G` into bytes.
@@ -256,9 +232,8 @@ fn parse_cache_size(s: &str) -> Option<usize> {
 /// the list runs from in-cache to well beyond the LLC.
 pub fn automatic_sizes(llc_bytes: usize) -> Vec<usize> {
     let top = llc_bytes.saturating_mul(4).max(256 << 10);
-    let mut sizes: Vec<usize> = std::iter::successors(Some(64usize << 10), |s| s.checked_mul(4))
-        .take_while(|&s| s < top)
-        .collect();
+    let mut sizes: Vec<usize> =
+        std::iter::successors(Some(64usize << 10), |s| s.checked_mul(4)).take_while(|&s| s < top).collect();
     sizes.push(top);
     sizes
 }
@@ -312,20 +287,13 @@ impl Buffers {
                 black_box(&mut self.f32_acc);
                 Ok(())
             }
-            BenchOp::ScaleAccumulateF32 => {
-                k.scale_accumulate_f32(&mut self.f32_acc[..n], &self.f32_x[..n], SCALE)
-            }
-            BenchOp::ScaleAccumulateBf16 => {
-                k.scale_accumulate_bf16(&mut self.bf16_acc[..n], &self.bf16_x[..n], SCALE)
-            }
+            BenchOp::ScaleAccumulateF32 => k.scale_accumulate_f32(&mut self.f32_acc[..n], &self.f32_x[..n], SCALE),
+            BenchOp::ScaleAccumulateBf16 => k.scale_accumulate_bf16(&mut self.bf16_acc[..n], &self.bf16_x[..n], SCALE),
             BenchOp::ScaleAccumulateBf16ToF32 => {
                 k.scale_accumulate_bf16_to_f32(&mut self.f32_acc[..n], &self.bf16_x[..n], SCALE)
             }
         };
-        debug_assert!(
-            result.is_ok(),
-            "slices are cut to equal lengths: {result:?}"
-        );
+        debug_assert!(result.is_ok(), "slices are cut to equal lengths: {result:?}");
         n * op.bytes_per_element().1
     }
 
@@ -347,11 +315,7 @@ fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
+    if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
 }
 
 /// Measures one working-set size: calibrates iterations per op, then `reps` interleaved
@@ -365,9 +329,7 @@ fn bench_size(k: Kernels, ws: usize, opts: &KernelBenchOptions) -> Vec<KernelBen
             let start = Instant::now();
             bufs.run(k, op);
             let once = start.elapsed().as_secs_f64().max(1e-9);
-            (opts.min_measure_time.as_secs_f64() / once)
-                .ceil()
-                .clamp(1.0, 1e7) as usize
+            (opts.min_measure_time.as_secs_f64() / once).ceil().clamp(1.0, 1e7) as usize
         })
         .collect();
     let reps = opts.reps.max(1);
@@ -404,11 +366,7 @@ pub fn run_kernel_bench(opts: &KernelBenchOptions) -> KernelBenchReport {
         Some(b) => (b, "option".to_string()),
         None => last_level_cache(),
     };
-    let sizes = if opts.sizes.is_empty() {
-        automatic_sizes(llc_bytes)
-    } else {
-        opts.sizes.clone()
-    };
+    let sizes = if opts.sizes.is_empty() { automatic_sizes(llc_bytes) } else { opts.sizes.clone() };
     let budget = mem_available().map(|m| m / 2);
     let k = Kernels::best();
     let mut report = KernelBenchReport {
@@ -422,18 +380,11 @@ pub fn run_kernel_bench(opts: &KernelBenchOptions) -> KernelBenchReport {
     for ws in sizes {
         let need = Buffers::footprint(ws);
         if ws < 24 {
+            report.skipped.push((ws, "smaller than one element of every operation".into()));
+        } else if let Some(b) = budget.filter(|&b| need > b) {
             report
                 .skipped
-                .push((ws, "smaller than one element of every operation".into()));
-        } else if let Some(b) = budget.filter(|&b| need > b) {
-            report.skipped.push((
-                ws,
-                format!(
-                    "needs {} but half of MemAvailable is {}",
-                    human_bytes(need),
-                    human_bytes(b)
-                ),
-            ));
+                .push((ws, format!("needs {} but half of MemAvailable is {}", human_bytes(need), human_bytes(b))));
         } else {
             report.rows.extend(bench_size(k, ws, opts));
         }
@@ -475,10 +426,7 @@ mod tests {
         for op in BenchOp::ALL {
             let (ws, moved) = op.bytes_per_element();
             assert_eq!(b.elements(op) * ws, 96, "{op:?} uses the whole working set");
-            assert!(
-                moved >= ws,
-                "{op:?} reads every byte of its working set at least once"
-            );
+            assert!(moved >= ws, "{op:?} reads every byte of its working set at least once");
         }
     }
 
@@ -493,24 +441,13 @@ mod tests {
         let r = run_kernel_bench(&opts);
         assert_eq!(r.rows.len(), 2 * BenchOp::ALL.len());
         assert_eq!(r.skipped.len(), 1);
-        assert!(
-            r.rows
-                .iter()
-                .all(|row| row.gb_per_s > 0.0 && row.gb_per_s.is_finite())
-        );
+        assert!(r.rows.iter().all(|row| row.gb_per_s > 0.0 && row.gb_per_s.is_finite()));
         let memcpy_rows = r.rows.iter().filter(|row| row.op == BenchOp::Memcpy);
         assert!(memcpy_rows.clone().all(|row| row.ratio_vs_memcpy == 1.0));
         assert_eq!(memcpy_rows.count(), 2);
-        assert_eq!(
-            r.beyond_llc().count(),
-            3,
-            "only the 16 KiB kernel rows exceed an 8 KiB LLC"
-        );
+        assert_eq!(r.beyond_llc().count(), 3, "only the 16 KiB kernel rows exceed an 8 KiB LLC");
         let text = r.to_string();
-        assert!(
-            text.contains("scale_accumulate bf16->f32") && text.contains("target"),
-            "{text}"
-        );
+        assert!(text.contains("scale_accumulate bf16->f32") && text.contains("target"), "{text}");
     }
 
     #[test]
@@ -531,10 +468,7 @@ mod tests {
             gb_per_s: 1.0,
             ratio_vs_memcpy: ratio,
         };
-        r.rows = vec![
-            row(BenchOp::Memcpy, 1.0),
-            row(BenchOp::ScaleAccumulateF32, 0.9),
-        ];
+        r.rows = vec![row(BenchOp::Memcpy, 1.0), row(BenchOp::ScaleAccumulateF32, 0.9)];
         assert!(r.meets_target());
         r.rows.push(row(BenchOp::ScaleAccumulateBf16, 0.5));
         assert!(!r.meets_target());

@@ -29,6 +29,12 @@ pub enum Command {
     /// Show the backend in use (CPU mock or Synapse at PATH), its version and devices, and run a
     /// short device self-check (copy round trip, a recipe launch timed by device events).
     Info(info::InfoArgs),
+    /// Recommend a threshold from latency traces (our compute log, the DropCompute reference's
+    /// compute logs, or What-if traces), with guardrails and per-rank straggler attribution.
+    Tune(dropcompute::commands::tune::TuneArgs),
+    /// What-if simulation: effective speedup and drop rate vs world size (analytic curve over
+    /// Monte Carlo points), as CSV and SVG.
+    Simulate(dropcompute::commands::simulate::SimulateArgs),
     /// Benchmarks printing ratios measured in one run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -80,6 +86,8 @@ pub fn init_logging(verbose: u8) {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Info(a) => info::run(&a),
+        Command::Tune(a) => Ok(dropcompute::commands::tune::run(&a)?),
+        Command::Simulate(a) => Ok(dropcompute::commands::simulate::run(&a)?),
         Command::Bench(b) => bench::run(b),
     }
 }

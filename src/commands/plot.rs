@@ -29,12 +29,7 @@ pub fn line_chart(
     series: &[Series<'_>],
 ) -> Result<(), String> {
     let pts = series.iter().flat_map(|s| s.points.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-    );
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in pts {
         if x.is_finite() && y.is_finite() {
             x0 = x0.min(x);
@@ -57,20 +52,11 @@ pub fn line_chart(
     macro_rules! draw {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart
-                .configure_mesh()
-                .x_desc(x_label)
-                .y_desc(y_label)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(|e| e.to_string())?;
             for (i, s) in series.iter().enumerate() {
                 let c = colors[i % colors.len()];
-                let pts: Vec<(f64, f64)> = s
-                    .points
-                    .iter()
-                    .copied()
-                    .filter(|p| p.0.is_finite() && p.1.is_finite())
-                    .collect();
+                let pts: Vec<(f64, f64)> =
+                    s.points.iter().copied().filter(|p| p.0.is_finite() && p.1.is_finite()).collect();
                 if s.line {
                     chart
                         .draw_series(LineSeries::new(pts, c.stroke_width(2)))
@@ -94,23 +80,11 @@ pub fn line_chart(
         }};
     }
     let mut builder = ChartBuilder::on(&root);
-    builder
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70);
+    builder.caption(title, ("sans-serif", 20)).margin(15).x_label_area_size(45).y_label_area_size(70);
     if log_x {
-        draw!(
-            builder
-                .build_cartesian_2d((x0..x1).log_scale(), y0..y1)
-                .map_err(|e| e.to_string())?
-        );
+        draw!(builder.build_cartesian_2d((x0..x1).log_scale(), y0..y1).map_err(|e| e.to_string())?);
     } else {
-        draw!(
-            builder
-                .build_cartesian_2d(x0..x1, y0..y1)
-                .map_err(|e| e.to_string())?
-        );
+        draw!(builder.build_cartesian_2d(x0..x1, y0..y1).map_err(|e| e.to_string())?);
     }
     root.present().map_err(|e| e.to_string())
 }

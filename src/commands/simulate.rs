@@ -107,16 +107,9 @@ pub struct SimulateArgs {
 
 /// Parse "a,b,c" or "lo..hi" (1-2-5 grid plus both ends). Errors: [`CommandError::Args`].
 pub fn parse_workers(spec: &str) -> Result<Vec<u32>, CommandError> {
-    let bad = || {
-        CommandError::Args(format!(
-            "--workers {spec:?}: expected \"16,64\" or \"1..10000\" with values >= 1"
-        ))
-    };
+    let bad = || CommandError::Args(format!("--workers {spec:?}: expected \"16,64\" or \"1..10000\" with values >= 1"));
     let mut v: Vec<u32> = if let Some((a, b)) = spec.split_once("..") {
-        let (lo, hi): (u32, u32) = (
-            a.trim().parse().map_err(|_| bad())?,
-            b.trim().parse().map_err(|_| bad())?,
-        );
+        let (lo, hi): (u32, u32) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
         if lo == 0 || hi < lo {
             return Err(bad());
         }
@@ -133,9 +126,7 @@ pub fn parse_workers(spec: &str) -> Result<Vec<u32>, CommandError> {
         }
         v
     } else {
-        spec.split(',')
-            .map(|x| x.trim().parse::<u32>().map_err(|_| bad()))
-            .collect::<Result<_, _>>()?
+        spec.split(',').map(|x| x.trim().parse::<u32>().map_err(|_| bad())).collect::<Result<_, _>>()?
     };
     if v.contains(&0) || v.is_empty() {
         return Err(bad());
@@ -156,38 +147,17 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
     let workers = parse_workers(&args.workers)?;
     let mean = args.mean_ms * 1e6;
     let noise = match args.noise {
-        NoiseKind::Normal => NoiseModel::Normal {
-            mean_ns: mean,
-            std_ns: args.cv * mean,
-        },
-        NoiseKind::Lognormal => NoiseModel::LogNormal {
-            mean_ns: mean,
-            cv: args.cv,
-        },
+        NoiseKind::Normal => NoiseModel::Normal { mean_ns: mean, std_ns: args.cv * mean },
+        NoiseKind::Lognormal => NoiseModel::LogNormal { mean_ns: mean, cv: args.cv },
         NoiseKind::Exponential => NoiseModel::Exponential { mean_ns: mean },
-        NoiseKind::Reference => NoiseModel::Reference {
-            base_ns: mean,
-            delay_factor: args.delay_factor,
-        },
+        NoiseKind::Reference => NoiseModel::Reference { base_ns: mean, delay_factor: args.delay_factor },
         NoiseKind::Seqlen => {
-            let unit = NoiseModel::SeqLen {
-                samples: args.samples,
-                ns_per_token2: 1.0,
-                fixed_ns: 0.0,
-            };
-            NoiseModel::SeqLen {
-                samples: args.samples,
-                ns_per_token2: mean / unit.mean_ns(),
-                fixed_ns: 0.0,
-            }
+            let unit = NoiseModel::SeqLen { samples: args.samples, ns_per_token2: 1.0, fixed_ns: 0.0 };
+            NoiseModel::SeqLen { samples: args.samples, ns_per_token2: mean / unit.mean_ns(), fixed_ns: 0.0 }
         }
     };
     let m = args.micro_batches;
-    let tau = args
-        .threshold_ms
-        .map_or(args.threshold_frac * f64::from(m) * noise.mean_ns(), |t| {
-            t * 1e6
-        });
+    let tau = args.threshold_ms.map_or(args.threshold_frac * f64::from(m) * noise.mean_ns(), |t| t * 1e6);
     if !(tau.is_finite() && tau >= 0.0) {
         return Err(CommandError::Args(format!("threshold {tau} ns")));
     }
@@ -207,11 +177,7 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
         ..PolicyConfig::default()
     };
     let model = NormalModel::new(noise.mean_ns(), noise.std_ns(), m, args.overhead_ms * 1e6)?;
-    let analytic_label = if args.noise == NoiseKind::Normal {
-        "analytic"
-    } else {
-        "analytic (normal approx.)"
-    };
+    let analytic_label = if args.noise == NoiseKind::Normal { "analytic" } else { "analytic (normal approx.)" };
     let mut csv = String::from(
         "workers,steps,baseline_step_ms,baseline_se_ms,policy_step_ms,policy_se_ms,drop_rate,effective_speedup,analytic_baseline_step_ms,analytic_policy_step_ms,analytic_drop_rate,analytic_effective_speedup\n",
     );
@@ -219,18 +185,9 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
     let mut summary = String::new();
     for &n in &workers {
         let steps = (args.budget / (u64::from(n) * u64::from(m))).clamp(100, 100_000);
-        let cfg = MonteCarloConfig {
-            workers: n,
-            steps,
-            seed: args.seed,
-            policy,
-            estimator_quantile: 0.9,
-        };
+        let cfg = MonteCarloConfig { workers: n, steps, seed: args.seed, policy, estimator_quantile: 0.9 };
         let r = run_mc(&scenario, &cfg)?;
-        let (ab, at) = (
-            model.expected_step_time(u64::from(n)),
-            model.expected_step_time_threshold(u64::from(n), tau),
-        );
+        let (ab, at) = (model.expected_step_time(u64::from(n)), model.expected_step_time_threshold(u64::from(n), tau));
         let ad = model.drop_rate_before_micro_batch(tau);
         let asp = (1.0 - ad) * ab / at - 1.0;
         csv += &format!(
@@ -262,8 +219,7 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
     match &args.csv {
         Some(p) => {
             std::fs::write(p, &csv).map_err(io_err(p.display().to_string()))?;
-            out.write_all(summary.as_bytes())
-                .map_err(io_err("stdout"))?;
+            out.write_all(summary.as_bytes()).map_err(io_err("stdout"))?;
         }
         None => out.write_all(csv.as_bytes()).map_err(io_err("stdout"))?,
     }
@@ -271,35 +227,15 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
         let log_x = workers.len() > 1;
         line_chart(
             p,
-            &format!(
-                "DropCompute, {:?} noise, M={m}, threshold {:.3} ms",
-                args.noise,
-                tau / 1e6
-            ),
+            &format!("DropCompute, {:?} noise, M={m}, threshold {:.3} ms", args.noise, tau / 1e6),
             "workers N",
             "percent",
             log_x,
             &[
-                Series {
-                    name: &format!("effective speedup % ({analytic_label})"),
-                    points: an_pts,
-                    line: true,
-                },
-                Series {
-                    name: "effective speedup % (Monte Carlo)",
-                    points: mc_pts,
-                    line: false,
-                },
-                Series {
-                    name: &format!("drop rate % ({analytic_label})"),
-                    points: an_drop,
-                    line: true,
-                },
-                Series {
-                    name: "drop rate % (Monte Carlo)",
-                    points: mc_drop,
-                    line: false,
-                },
+                Series { name: &format!("effective speedup % ({analytic_label})"), points: an_pts, line: true },
+                Series { name: "effective speedup % (Monte Carlo)", points: mc_pts, line: false },
+                Series { name: &format!("drop rate % ({analytic_label})"), points: an_drop, line: true },
+                Series { name: "drop rate % (Monte Carlo)", points: mc_drop, line: false },
             ],
         )
         .map_err(CommandError::Plot)?;
@@ -313,18 +249,9 @@ mod tests {
 
     #[test]
     fn workers_spec_parsing() {
-        assert_eq!(
-            parse_workers("16, 64,200").expect("list"),
-            vec![16, 64, 200]
-        );
-        assert_eq!(
-            parse_workers("1..100").expect("range"),
-            vec![1, 2, 5, 10, 20, 50, 100]
-        );
-        assert_eq!(
-            parse_workers("3..30").expect("range"),
-            vec![3, 5, 10, 20, 30]
-        );
+        assert_eq!(parse_workers("16, 64,200").expect("list"), vec![16, 64, 200]);
+        assert_eq!(parse_workers("1..100").expect("range"), vec![1, 2, 5, 10, 20, 50, 100]);
+        assert_eq!(parse_workers("3..30").expect("range"), vec![3, 5, 10, 20, 30]);
         assert!(parse_workers("0..5").is_err());
         assert!(parse_workers("a").is_err());
         assert!(parse_workers("5..2").is_err());

@@ -79,11 +79,8 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
         let r = tune(t, &cfg);
         let compute = t.rank_compute_ns();
         let n = t.world_size();
-        let mean_max = compute
-            .chunks_exact(n)
-            .map(|c| c.iter().copied().fold(0.0, f64::max))
-            .sum::<f64>()
-            / t.num_steps() as f64;
+        let mean_max =
+            compute.chunks_exact(n).map(|c| c.iter().copied().fold(0.0, f64::max)).sum::<f64>() / t.num_steps() as f64;
         let mean_o = t.overhead_ns().iter().sum::<f64>() / t.num_steps() as f64;
         let mut s = String::new();
         use std::fmt::Write as _;
@@ -132,10 +129,9 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
                     c.min_batch_fraction * 100.0,
                     c.objective * 100.0
                 );
-                for (name, check) in [
-                    ("before-micro-batch", CheckMode::BeforeMicroBatch),
-                    ("predictive", CheckMode::Predictive),
-                ] {
+                for (name, check) in
+                    [("before-micro-batch", CheckMode::BeforeMicroBatch), ("predictive", CheckMode::Predictive)]
+                {
                     let p = PolicyConfig {
                         threshold: c.threshold(),
                         check,
@@ -165,14 +161,8 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
             }
         }
         let att = attribute(t, &StragglerConfig::default());
-        let chronic = att
-            .iter()
-            .filter(|a| a.class == StragglerClass::Chronic)
-            .count();
-        let transient = att
-            .iter()
-            .filter(|a| a.class == StragglerClass::Transient)
-            .count();
+        let chronic = att.iter().filter(|a| a.class == StragglerClass::Chronic).count();
+        let transient = att.iter().filter(|a| a.class == StragglerClass::Transient).count();
         let _ = writeln!(
             s,
             "  stragglers (slow = >5% above the step median): {chronic} chronic, {transient} transient, {} normal",
@@ -198,15 +188,8 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
         }
         if let Some(dir) = &args.svg_dir {
             std::fs::create_dir_all(dir).map_err(io_err(dir.display().to_string()))?;
-            let stem = t
-                .source()
-                .rsplit('/')
-                .next()
-                .unwrap_or("trace")
-                .split('.')
-                .next()
-                .unwrap_or("trace")
-                .to_string();
+            let stem =
+                t.source().rsplit('/').next().unwrap_or("trace").split('.').next().unwrap_or("trace").to_string();
             let path = dir.join(format!("tune-{stem}.svg"));
             let step = (r.curve.len() / 1500).max(1);
             let pts: Vec<(f64, f64)> = r
@@ -218,12 +201,8 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
                 .collect();
             let mut pts = pts;
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let drops: Vec<(f64, f64)> = r
-                .curve
-                .iter()
-                .step_by(step)
-                .map(|c| (c.threshold_ns / 1e6, -c.drop_rate * 100.0))
-                .collect();
+            let drops: Vec<(f64, f64)> =
+                r.curve.iter().step_by(step).map(|c| (c.threshold_ns / 1e6, -c.drop_rate * 100.0)).collect();
             line_chart(
                 &path,
                 &format!("predicted effective speedup vs threshold: {stem}"),
@@ -231,16 +210,8 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
                 "effective speedup (%), -drop rate (%)",
                 false,
                 &[
-                    Series {
-                        name: "effective speedup %",
-                        points: pts,
-                        line: true,
-                    },
-                    Series {
-                        name: "- drop rate %",
-                        points: drops,
-                        line: true,
-                    },
+                    Series { name: "effective speedup %", points: pts, line: true },
+                    Series { name: "- drop rate %", points: drops, line: true },
                     Series {
                         name: "best",
                         points: vec![(r.best.threshold_ns / 1e6, r.best.objective * 100.0)],

@@ -175,14 +175,7 @@ impl Noise {
             Noise::Normal { cv } => ok(cv, 0.0),
             Noise::Exponential { mean } => mean.is_finite() && mean > 0.0,
         };
-        if valid {
-            Ok(())
-        } else {
-            Err(bad(
-                "config",
-                format!("noise parameters out of range: {self:?}"),
-            ))
-        }
+        if valid { Ok(()) } else { Err(bad("config", format!("noise parameters out of range: {self:?}"))) }
     }
 }
 
@@ -200,12 +193,8 @@ impl MockConfig {
         }
         let mut cfg = Self::default();
         if let Ok(n) = std::env::var(ENV_DEVICES) {
-            cfg.devices = n.trim().parse().map_err(|_| {
-                bad(
-                    "config",
-                    format!("{ENV_DEVICES}={n:?} is not a device count"),
-                )
-            })?;
+            cfg.devices =
+                n.trim().parse().map_err(|_| bad("config", format!("{ENV_DEVICES}={n:?} is not a device count")))?;
         }
         cfg.validate()?;
         Ok(cfg)
@@ -228,33 +217,18 @@ impl MockConfig {
     /// [`ConfigError`] naming the first offending field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.devices == 0 || self.devices > MAX_DEVICES {
-            return Err(bad(
-                "config",
-                format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices),
-            ));
+            return Err(bad("config", format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices)));
         }
         if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps > 0.0) {
-            return Err(bad(
-                "config",
-                format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps),
-            ));
+            return Err(bad("config", format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps)));
         }
         self.noise.validate()?;
         for o in &self.per_device {
             if o.module_id >= self.devices {
-                return Err(bad(
-                    "config",
-                    format!(
-                        "per_device module_id {} >= devices {}",
-                        o.module_id, self.devices
-                    ),
-                ));
+                return Err(bad("config", format!("per_device module_id {} >= devices {}", o.module_id, self.devices)));
             }
             if !(o.slowdown.is_finite() && o.slowdown > 0.0) {
-                return Err(bad(
-                    "config",
-                    format!("module {} slowdown = {}", o.module_id, o.slowdown),
-                ));
+                return Err(bad("config", format!("module {} slowdown = {}", o.module_id, o.slowdown)));
             }
             if let Some(n) = &o.noise {
                 n.validate()?;
@@ -342,17 +316,8 @@ mod tests {
 
     #[test]
     fn fault_json() {
-        let f =
-            Fault::from_json(r#"{"kind":"fail_next_call","function":"synDeviceFree","status":26}"#)
-                .unwrap();
-        assert_eq!(
-            f,
-            Fault::FailNextCall {
-                function: "synDeviceFree".into(),
-                status: 26,
-                times: 1
-            }
-        );
+        let f = Fault::from_json(r#"{"kind":"fail_next_call","function":"synDeviceFree","status":26}"#).unwrap();
+        assert_eq!(f, Fault::FailNextCall { function: "synDeviceFree".into(), status: 26, times: 1 });
         assert!(Fault::from_json(r#"{"kind":"explode"}"#).is_err());
     }
 }

@@ -14,9 +14,7 @@ use habana_sys::synStatus;
 
 use super::MockKernelFn;
 use super::config::{Fault, MockConfig};
-use super::state::{
-    ARMED_FAULTS, Kernel, MResult, SendPtr, fail, registry, set_last_error, stalls,
-};
+use super::state::{ARMED_FAULTS, Kernel, MResult, SendPtr, fail, registry, set_last_error, stalls};
 
 fn guard(name: &str, f: impl FnOnce() -> MResult<()>) -> synStatus {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -26,10 +24,7 @@ fn guard(name: &str, f: impl FnOnce() -> MResult<()>) -> synStatus {
             e.status
         }
         Err(_) => {
-            set_last_error(
-                synStatus::FAIL,
-                &format!("{name}: internal error (panic) in the CPU mock"),
-            );
+            set_last_error(synStatus::FAIL, &format!("{name}: internal error (panic) in the CPU mock"));
             synStatus::FAIL
         }
     }
@@ -54,19 +49,11 @@ fn json_arg<'a>(p: *const c_char) -> MResult<&'a str> {
 /// `json` is null or a NUL-terminated string.
 pub unsafe extern "C" fn dcmock_configure(json: *const c_char) -> synStatus {
     guard("dcmock_configure", || {
-        let cfg = MockConfig::from_json(json_arg(json)?).map_err(|e| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: e.to_string(),
-        })?;
+        let cfg = MockConfig::from_json(json_arg(json)?)
+            .map_err(|e| super::state::MockError { status: synStatus::INVALID_ARGUMENT, msg: e.to_string() })?;
         let mut r = registry();
         if !r.devices.is_empty() {
-            return fail(
-                synStatus::BUSY,
-                format!(
-                    "{} device(s) are acquired; release them first",
-                    r.devices.len()
-                ),
-            );
+            return fail(synStatus::BUSY, format!("{} device(s) are acquired; release them first", r.devices.len()));
         }
         r.config = cfg;
         r.configured = true;
@@ -93,13 +80,7 @@ pub unsafe extern "C" fn dcmock_register_kernel(
         if name.is_empty() {
             return fail(synStatus::INVALID_ARGUMENT, "empty kernel name");
         }
-        registry().kernels.insert(
-            name.to_string(),
-            Kernel {
-                f,
-                user_data: SendPtr(user_data),
-            },
-        );
+        registry().kernels.insert(name.to_string(), Kernel { f, user_data: SendPtr(user_data) });
         Ok(())
     })
 }
@@ -110,48 +91,25 @@ pub unsafe extern "C" fn dcmock_register_kernel(
 /// `json` is null or a NUL-terminated string.
 pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
     guard("dcmock_inject_fault", || {
-        let fault = Fault::from_json(json_arg(json)?).map_err(|e| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: e.to_string(),
-        })?;
+        let fault = Fault::from_json(json_arg(json)?)
+            .map_err(|e| super::state::MockError { status: synStatus::INVALID_ARGUMENT, msg: e.to_string() })?;
         let mut r = registry();
         match fault {
-            Fault::FailNextCall {
-                function,
-                status,
-                times,
-            } => {
+            Fault::FailNextCall { function, status, times } => {
                 if times == 0 {
                     return fail(synStatus::INVALID_ARGUMENT, "times must be >= 1");
                 }
-                let prev = r
-                    .faults
-                    .insert(function, (synStatus(status), times))
-                    .map_or(0, |p| p.1);
+                let prev = r.faults.insert(function, (synStatus(status), times)).map_or(0, |p| p.1);
                 ARMED_FAULTS.fetch_add(times as usize, Ordering::AcqRel);
                 ARMED_FAULTS.fetch_sub(prev as usize, Ordering::AcqRel);
             }
-            Fault::StallStream {
-                module_id,
-                duration_ms,
-            } => {
-                let n = if r.initialized {
-                    r.modules.len() as u32
-                } else {
-                    r.config.devices
-                };
+            Fault::StallStream { module_id, duration_ms } => {
+                let n = if r.initialized { r.modules.len() as u32 } else { r.config.devices };
                 if module_id >= n {
-                    return fail(
-                        synStatus::INVALID_ARGUMENT,
-                        format!("module {module_id} does not exist"),
-                    );
+                    return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist"));
                 }
                 let st = stalls();
-                st.table
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pending
-                    .insert(module_id, duration_ms);
+                st.table.lock().unwrap_or_else(|e| e.into_inner()).pending.insert(module_id, duration_ms);
             }
             Fault::ReleaseStall { module_id } => stalls().release(module_id),
             Fault::ClearAll => {
@@ -224,10 +182,7 @@ impl MockControl {
     /// # Errors
     /// [`MockControlError::Load`] when the library cannot be opened or lacks a `dcmock_*` symbol.
     pub fn from_library(path: &Path) -> Result<Self, MockControlError> {
-        let load = |source| MockControlError::Load {
-            path: path.to_path_buf(),
-            source,
-        };
+        let load = |source| MockControlError::Load { path: path.to_path_buf(), source };
         // SAFETY: loading the mock library runs only Rust static initialisers of the mock.
         let lib = unsafe { libloading::Library::new(path) }.map_err(load)?;
         let lib: &'static libloading::Library = Box::leak(Box::new(lib));
@@ -236,14 +191,9 @@ impl MockControl {
         unsafe {
             Ok(Self {
                 configure: *lib.get::<JsonFn>(b"dcmock_configure\0").map_err(load)?,
-                register: *lib
-                    .get::<RegisterFn>(b"dcmock_register_kernel\0")
-                    .map_err(load)?,
+                register: *lib.get::<RegisterFn>(b"dcmock_register_kernel\0").map_err(load)?,
                 inject: *lib.get::<JsonFn>(b"dcmock_inject_fault\0").map_err(load)?,
-                message: lib
-                    .get::<MessageFn>(b"synGetLastErrorMessage\0")
-                    .ok()
-                    .map(|s| *s),
+                message: lib.get::<MessageFn>(b"synGetLastErrorMessage\0").ok().map(|s| *s),
             })
         }
     }
@@ -255,16 +205,10 @@ impl MockControl {
         let message = match self.message {
             // SAFETY: synGetLastErrorMessage returns a NUL-terminated thread-local string valid
             // until the next failing call on this thread; copied at once.
-            Some(f) => unsafe { CStr::from_ptr(f()) }
-                .to_string_lossy()
-                .into_owned(),
+            Some(f) => unsafe { CStr::from_ptr(f()) }.to_string_lossy().into_owned(),
             None => String::new(),
         };
-        Err(MockControlError::Rejected {
-            call,
-            status,
-            message,
-        })
+        Err(MockControlError::Rejected { call, status, message })
     }
 
     /// Applies `cfg` (see [`dcmock_configure`]).
@@ -276,9 +220,7 @@ impl MockControl {
         let json = CString::new(serde_json::to_string(cfg).expect("MockConfig serialises"))
             .map_err(|_| MockControlError::Nul("config"))?;
         // SAFETY: NUL-terminated JSON.
-        self.check("dcmock_configure", unsafe {
-            (self.configure)(json.as_ptr())
-        })
+        self.check("dcmock_configure", unsafe { (self.configure)(json.as_ptr()) })
     }
 
     /// Registers kernel `name` (see [`dcmock_register_kernel`]).
@@ -297,9 +239,7 @@ impl MockControl {
     ) -> Result<(), MockControlError> {
         let c = CString::new(name).map_err(|_| MockControlError::Nul("kernel name"))?;
         // SAFETY: NUL-terminated name; `f`'s contract is forwarded to our caller.
-        self.check("dcmock_register_kernel", unsafe {
-            (self.register)(c.as_ptr(), f, user_data)
-        })
+        self.check("dcmock_register_kernel", unsafe { (self.register)(c.as_ptr(), f, user_data) })
     }
 
     /// Arms `fault` (see [`dcmock_inject_fault`]).
@@ -310,8 +250,6 @@ impl MockControl {
         let json = CString::new(serde_json::to_string(fault).expect("Fault serialises"))
             .map_err(|_| MockControlError::Nul("fault"))?;
         // SAFETY: NUL-terminated JSON.
-        self.check("dcmock_inject_fault", unsafe {
-            (self.inject)(json.as_ptr())
-        })
+        self.check("dcmock_inject_fault", unsafe { (self.inject)(json.as_ptr()) })
     }
 }

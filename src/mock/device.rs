@@ -41,27 +41,14 @@ pub(crate) fn initialize() -> MResult<()> {
 /// frees device memory and host ranges registered by the released device ids.
 fn teardown(r: &mut Registry, module: Option<u32>, devices: &[synDeviceId]) {
     let hit = |m: u32| module.is_none_or(|x| x == m);
-    let events: Vec<u64> = r
-        .events
-        .iter()
-        .filter(|(_, e)| hit(e.module))
-        .map(|(k, _)| *k)
-        .collect();
+    let events: Vec<u64> = r.events.iter().filter(|(_, e)| hit(e.module)).map(|(k, _)| *k).collect();
     for k in events {
         if let Some(e) = r.events.remove(&k) {
             e.poison();
         }
     }
-    let streams: Vec<u64> = r
-        .streams
-        .iter()
-        .filter(|(_, s)| hit(s.module))
-        .map(|(k, _)| *k)
-        .collect();
-    let streams: Vec<_> = streams
-        .into_iter()
-        .filter_map(|k| r.streams.remove(&k))
-        .collect();
+    let streams: Vec<u64> = r.streams.iter().filter(|(_, s)| hit(s.module)).map(|(k, _)| *k).collect();
+    let streams: Vec<_> = streams.into_iter().filter_map(|k| r.streams.remove(&k)).collect();
     match module {
         Some(m) => stalls().release(m),
         None => stalls().clear(),
@@ -69,12 +56,7 @@ fn teardown(r: &mut Registry, module: Option<u32>, devices: &[synDeviceId]) {
     for s in &streams {
         s.shutdown(true);
     }
-    let allocs: Vec<u64> = r
-        .allocs
-        .iter()
-        .filter(|(_, a)| hit(a.module))
-        .map(|(k, _)| *k)
-        .collect();
+    let allocs: Vec<u64> = r.allocs.iter().filter(|(_, a)| hit(a.module)).map(|(k, _)| *k).collect();
     for k in allocs {
         if let Some(a) = r.allocs.remove(&k) {
             r.freed.insert(a.base, a.size);
@@ -84,12 +66,8 @@ fn teardown(r: &mut Registry, module: Option<u32>, devices: &[synDeviceId]) {
             retire_device_alloc(&a);
         }
     }
-    let hosts: Vec<usize> = r
-        .host
-        .iter()
-        .filter(|(_, h)| module.is_none() || devices.contains(&h.device))
-        .map(|(k, _)| *k)
-        .collect();
+    let hosts: Vec<usize> =
+        r.host.iter().filter(|(_, h)| module.is_none() || devices.contains(&h.device)).map(|(k, _)| *k).collect();
     for k in hosts {
         if let Some(h) = r.host.remove(&k) {
             retire_host_range(&h);
@@ -124,10 +102,7 @@ fn acquire_module(r: &mut Registry, m: u32) -> MResult<synDeviceId> {
         );
     };
     if let Some(d) = module.acquired {
-        return fail(
-            synStatus::DEVICE_ALREADY_ACQUIRED,
-            format!("module {m} is already acquired as device {d}"),
-        );
+        return fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("module {m} is already acquired as device {d}"));
     }
     let id = r.next_device_id;
     r.next_device_id = r.next_device_id.wrapping_add(1);
@@ -139,10 +114,7 @@ fn acquire_module(r: &mut Registry, m: u32) -> MResult<synDeviceId> {
 fn first_free(r: &Registry) -> MResult<u32> {
     match r.modules.iter().position(|m| m.acquired.is_none()) {
         Some(m) => Ok(m as u32),
-        None => fail(
-            synStatus::DEVICE_ALREADY_ACQUIRED,
-            format!("all {} modules are acquired", r.modules.len()),
-        ),
+        None => fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("all {} modules are acquired", r.modules.len())),
     }
 }
 
@@ -162,10 +134,7 @@ pub(crate) fn acquire_by_pci_bus(pci_bus: Option<&str>) -> MResult<synDeviceId> 
         Some(bus) => match (0..r.modules.len() as u32).find(|&m| mock_pci_bus(m) == bus) {
             Some(m) => m,
             None => {
-                return fail(
-                    synStatus::NO_DEVICE_FOUND,
-                    format!("no mock module at PCI bus {bus:?}"),
-                );
+                return fail(synStatus::NO_DEVICE_FOUND, format!("no mock module at PCI bus {bus:?}"));
             }
         },
     };
@@ -179,10 +148,7 @@ pub(crate) fn acquire_by_type(t: synDeviceType) -> MResult<synDeviceId> {
     if t != r.config.device_type.code() {
         return fail(
             synStatus::NO_DEVICE_FOUND,
-            format!(
-                "no {t} module (the mock has {})",
-                r.config.device_type.code()
-            ),
+            format!("no {t} module (the mock has {})", r.config.device_type.code()),
         );
     }
     let m = first_free(&r)?;
@@ -205,21 +171,14 @@ pub(crate) fn synchronize(device: synDeviceId) -> MResult<()> {
     let streams: Vec<Arc<super::stream::Stream>> = {
         let r = registry();
         let m = r.module_of(device)?;
-        r.streams
-            .values()
-            .filter(|s| s.module == m)
-            .cloned()
-            .collect()
+        r.streams.values().filter(|s| s.module == m).cloned().collect()
     };
     for s in &streams {
         s.shared.wait_idle();
     }
     for s in &streams {
         if let Some((status, msg)) = s.shared.error() {
-            return fail(
-                status,
-                format!("stream {:#x}: {msg}", super::state::handle_to_raw(s.id)),
-            );
+            return fail(status, format!("stream {:#x}: {msg}", super::state::handle_to_raw(s.id)));
         }
     }
     Ok(())

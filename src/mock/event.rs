@@ -37,13 +37,7 @@ struct EventState {
 
 impl Event {
     pub(crate) fn new(id: u64, module: u32, flags: u32) -> Self {
-        Self {
-            id,
-            module,
-            flags,
-            state: Mutex::new(EventState::default()),
-            cv: Condvar::new(),
-        }
+        Self { id, module, flags, state: Mutex::new(EventState::default()), cv: Condvar::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, EventState> {
@@ -93,11 +87,7 @@ impl Event {
         while s.completed < generation && !s.poisoned {
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        if s.completed >= generation {
-            s.ts
-        } else {
-            None
-        }
+        if s.completed >= generation { s.ts } else { None }
     }
 
     /// synEventSynchronize: waits for the latest record, then reports the recording stream's
@@ -107,9 +97,7 @@ impl Event {
         self.wait_for(generation);
         let stream = self.lock().stream.clone();
         match stream.and_then(|s| s.error()) {
-            Some((status, msg)) => {
-                fail(status, format!("event {:#x}: stream error: {msg}", self.id))
-            }
+            Some((status, msg)) => fail(status, format!("event {:#x}: stream error: {msg}", self.id)),
             None => Ok(()),
         }
     }
@@ -119,27 +107,18 @@ impl Event {
     /// not yet complete → synBusy.
     pub(crate) fn timestamp(&self) -> MResult<u64> {
         if self.flags & EVENT_COLLECT_TIME == 0 {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                "event was created without EVENT_COLLECT_TIME",
-            );
+            return fail(synStatus::INVALID_ARGUMENT, "event was created without EVENT_COLLECT_TIME");
         }
         let s = self.lock();
         if s.recorded == 0 {
-            return fail(
-                synStatus::OBJECT_NOT_INITIALIZED,
-                "event was never recorded",
-            );
+            return fail(synStatus::OBJECT_NOT_INITIALIZED, "event was never recorded");
         }
         if s.completed < s.recorded {
             return fail(synStatus::BUSY, "event has not completed yet");
         }
         match s.ts {
             Some(t) => Ok(t),
-            None => fail(
-                synStatus::OBJECT_NOT_INITIALIZED,
-                "event has no timestamp (device released)",
-            ),
+            None => fail(synStatus::OBJECT_NOT_INITIALIZED, "event has no timestamp (device released)"),
         }
     }
 }

@@ -8,9 +8,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use habana_sys::{
-    HCCL_VERSION_CODE, hcclComm_t, hcclDataType_t, hcclRedOp_t, hcclResult_t, hcclUniqueId,
-};
+use habana_sys::{HCCL_VERSION_CODE, hcclComm_t, hcclDataType_t, hcclRedOp_t, hcclResult_t, hcclUniqueId};
 
 /// What hcclGetLastErrorMessage reports.
 pub const UNSUPPORTED_MESSAGE: &CStr = c"CPU mock collectives are not implemented yet";

@@ -44,11 +44,7 @@ impl ReferenceMultiplier {
         let w: Vec<f64> = (1..=REFERENCE_SUPPORT).map(|k| pdf(k as f64)).collect();
         let total: f64 = w.iter().sum();
         let pmf: Vec<f64> = w.iter().map(|x| x / total).collect();
-        let mean_k = pmf
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (i + 1) as f64 * p)
-            .sum();
+        let mean_k = pmf.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum();
         let mut acc = 0.0;
         let mut cdf: Vec<f64> = pmf
             .iter()
@@ -75,10 +71,7 @@ impl ReferenceMultiplier {
     /// Draws one multiplier by inverse CDF of a uniform in [0, 1).
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
         let u: f64 = rng.random();
-        let i = self
-            .cdf
-            .partition_point(|&c| c <= u)
-            .min(REFERENCE_SUPPORT - 1);
+        let i = self.cdf.partition_point(|&c| c <= u).min(REFERENCE_SUPPORT - 1);
         self.value(i)
     }
 }
@@ -102,9 +95,7 @@ impl Noise {
     pub fn factor<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
         match *self {
             Noise::None => 1.0,
-            Noise::Reference { delay_factor } => {
-                1.0 + 0.5 * delay_factor * ReferenceMultiplier::get().sample(rng)
-            }
+            Noise::Reference { delay_factor } => 1.0 + 0.5 * delay_factor * ReferenceMultiplier::get().sample(rng),
             Noise::LogNormal { mu, sigma } => match LogNormal::new(mu, sigma) {
                 Ok(d) => d.sample(rng),
                 Err(_) => 1.0,
@@ -131,19 +122,8 @@ pub(crate) struct DeviceLatency {
 }
 
 impl DeviceLatency {
-    pub(crate) fn new(
-        seed: u64,
-        module: u32,
-        slowdown: f64,
-        noise: Noise,
-        script: Vec<u64>,
-    ) -> Self {
-        Self {
-            rng: StdRng::seed_from_u64(module_seed(seed, module)),
-            slowdown,
-            noise,
-            script: script.into(),
-        }
+    pub(crate) fn new(seed: u64, module: u32, slowdown: f64, noise: Noise, script: Vec<u64>) -> Self {
+        Self { rng: StdRng::seed_from_u64(module_seed(seed, module)), slowdown, noise, script: script.into() }
     }
 
     /// Latency in ns of the next launch of a recipe with base latency `base_ns`: the next script
@@ -164,12 +144,7 @@ mod tests {
     fn stats() -> (f64, f64, f64) {
         let r = ReferenceMultiplier::get();
         let mean: f64 = r.pmf.iter().enumerate().map(|(i, p)| p * r.value(i)).sum();
-        let var: f64 = r
-            .pmf
-            .iter()
-            .enumerate()
-            .map(|(i, p)| p * (r.value(i) - mean).powi(2))
-            .sum();
+        let var: f64 = r.pmf.iter().enumerate().map(|(i, p)| p * (r.value(i) - mean).powi(2)).sum();
         let mut acc = 0.0;
         let mut median = f64::NAN;
         for (i, p) in r.pmf.iter().enumerate() {
@@ -220,27 +195,14 @@ mod tests {
     #[test]
     fn script_overrides_then_model_resumes() {
         let mut d = DeviceLatency::new(0, 0, 3.0, Noise::None, vec![5, 7]);
-        assert_eq!(
-            [
-                d.next_launch_ns(100),
-                d.next_launch_ns(100),
-                d.next_launch_ns(100)
-            ],
-            [5, 7, 300]
-        );
+        assert_eq!([d.next_launch_ns(100), d.next_launch_ns(100), d.next_launch_ns(100)], [5, 7, 300]);
     }
 
     #[test]
     fn noise_factors_are_positive() {
         let mut rng = StdRng::seed_from_u64(9);
-        for n in [
-            Noise::LogNormal {
-                mu: 0.0,
-                sigma: 1.0,
-            },
-            Noise::Normal { cv: 5.0 },
-            Noise::Exponential { mean: 0.5 },
-        ] {
+        for n in [Noise::LogNormal { mu: 0.0, sigma: 1.0 }, Noise::Normal { cv: 5.0 }, Noise::Exponential { mean: 0.5 }]
+        {
             for _ in 0..1000 {
                 let f = n.factor(&mut rng);
                 assert!(f > 0.0 && f.is_finite(), "{n:?} gave {f}");

@@ -26,11 +26,7 @@ pub(crate) fn deserialize(path: &Path) -> MResult<u64> {
     if !r.kernels.contains_key(&spec.kernel) {
         return fail(
             synStatus::INVALID_ARGUMENT,
-            format!(
-                "mock recipe {}: kernel {:?} is not registered with the mock",
-                path.display(),
-                spec.kernel
-            ),
+            format!("mock recipe {}: kernel {:?} is not registered with the mock", path.display(), spec.kernel),
         );
     }
     let id = r.new_handle();
@@ -40,13 +36,7 @@ pub(crate) fn deserialize(path: &Path) -> MResult<u64> {
 
 pub(crate) fn serialize(h: u64, path: &Path) -> MResult<()> {
     let recipe = registry().recipe(h)?;
-    recipe
-        .spec
-        .write(path)
-        .map_err(|e| super::state::MockError {
-            status: synStatus::FAIL,
-            msg: e.to_string(),
-        })
+    recipe.spec.write(path).map_err(|e| super::state::MockError { status: synStatus::FAIL, msg: e.to_string() })
 }
 
 pub(crate) fn destroy(h: u64) -> MResult<()> {
@@ -81,10 +71,7 @@ pub(crate) fn ids_of(recipe: &Recipe, names: &[&[u8]]) -> MResult<Vec<u64>> {
             Some(i) => Ok(TENSOR_ID_BASE + i as u64),
             None => fail(
                 synStatus::INVALID_ARGUMENT,
-                format!(
-                    "no tensor named {:?} in the recipe",
-                    String::from_utf8_lossy(n)
-                ),
+                format!("no tensor named {:?} in the recipe", String::from_utf8_lossy(n)),
             ),
         })
         .collect()
@@ -105,10 +92,7 @@ pub(crate) unsafe fn launch(
     let mut r = registry();
     let stream = r.stream(sh)?;
     let recipe = r.recipe(rh)?;
-    let evs = events
-        .iter()
-        .map(|&h| r.event(h))
-        .collect::<MResult<Vec<_>>>()?;
+    let evs = events.iter().map(|&h| r.event(h)).collect::<MResult<Vec<_>>>()?;
     let m = stream.module;
     let spec = &recipe.spec;
     let by_name = flags & SYN_FLAGS_TENSOR_NAME != 0;
@@ -123,36 +107,28 @@ pub(crate) unsafe fn launch(
             }
             // SAFETY: non-null and NUL-terminated by the caller's contract.
             let name = unsafe { CStr::from_ptr(info.tensorName) }.to_bytes();
-            recipe
-                .index_of_name(name)
-                .ok_or_else(|| super::state::MockError {
-                    status: synStatus::INVALID_ARGUMENT,
-                    msg: format!(
-                        "launch tensor {k}: no recipe tensor named {:?}",
-                        String::from_utf8_lossy(name)
-                    ),
-                })?
+            recipe.index_of_name(name).ok_or_else(|| super::state::MockError {
+                status: synStatus::INVALID_ARGUMENT,
+                msg: format!("launch tensor {k}: no recipe tensor named {:?}", String::from_utf8_lossy(name)),
+            })?
         } else {
             recipe.index_of_id(info.tensorId).ok_or_else(|| super::state::MockError {
                 status: synStatus::INVALID_ARGUMENT,
-                msg: format!("launch tensor {k}: tensorId {:#x} is not an id of this recipe (ids start at {TENSOR_ID_BASE:#x})", info.tensorId),
+                msg: format!(
+                    "launch tensor {k}: tensorId {:#x} is not an id of this recipe (ids start at {TENSOR_ID_BASE:#x})",
+                    info.tensorId
+                ),
             })?
         };
         if slot[i].replace(info.pTensorAddress).is_some() {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("recipe tensor {:?} bound twice", spec.tensors[i].name),
-            );
+            return fail(synStatus::INVALID_ARGUMENT, format!("recipe tensor {:?} bound twice", spec.tensors[i].name));
         }
     }
     let mut bindings = Vec::with_capacity(slot.len());
     for (i, addr) in slot.iter().enumerate() {
         let t = &spec.tensors[i];
         let Some(addr) = *addr else {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("recipe tensor {:?} is not bound", t.name),
-            );
+            return fail(synStatus::INVALID_ARGUMENT, format!("recipe tensor {:?} is not bound", t.name));
         };
         let (a, off) = r.device_range(m, addr, t.bytes).map_err(|mut e| {
             e.msg = format!("tensor {:?}: {}", t.name, e.msg);
@@ -161,32 +137,23 @@ pub(crate) unsafe fn launch(
         bindings.push((a, off, t.bytes));
     }
     if spec.workspace_bytes > 0 {
-        r.device_range(m, workspace, spec.workspace_bytes)
-            .map_err(|mut e| {
-                e.msg = format!("workspace of {} bytes: {}", spec.workspace_bytes, e.msg);
-                e
-            })?;
+        r.device_range(m, workspace, spec.workspace_bytes).map_err(|mut e| {
+            e.msg = format!("workspace of {} bytes: {}", spec.workspace_bytes, e.msg);
+            e
+        })?;
     }
     for e in &evs {
         if e.module != m {
             return fail(
                 synStatus::INVALID_ARGUMENT,
-                format!(
-                    "external event of module {} on a stream of module {m}",
-                    e.module
-                ),
+                format!("external event of module {} on a stream of module {m}", e.module),
             );
         }
     }
     let Some(kernel) = r.kernels.get(&spec.kernel).copied() else {
-        return fail(
-            synStatus::INVALID_ARGUMENT,
-            format!("kernel {:?} is no longer registered", spec.kernel),
-        );
+        return fail(synStatus::INVALID_ARGUMENT, format!("kernel {:?} is no longer registered", spec.kernel));
     };
-    let latency_ns = r.modules[m as usize]
-        .latency
-        .next_launch_ns(spec.latency.base_ns);
+    let latency_ns = r.modules[m as usize].latency.next_launch_ns(spec.latency.base_ns);
     drop(r);
     let events = evs.into_iter().map(|e| {
         let g = e.begin_record(stream.shared.clone());

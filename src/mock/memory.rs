@@ -110,10 +110,7 @@ impl Registry {
         if size > self.config.hbm_bytes.saturating_sub(used) {
             return fail(
                 synStatus::OUT_OF_DEVICE_MEMORY,
-                format!(
-                    "{size} bytes requested, {} free on module {module}",
-                    self.config.hbm_bytes - used
-                ),
+                format!("{size} bytes requested, {} free on module {module}", self.config.hbm_bytes - used),
             );
         }
         let Some(buf) = AlignedBuf::zeroed(size) else {
@@ -125,12 +122,7 @@ impl Registry {
         let base = self.next_addr;
         // Leave a gap after each allocation so an overrun never lands in the next one.
         self.next_addr = align_up(base + size) + ALIGNMENT;
-        let a = Arc::new(DevAlloc {
-            base,
-            size,
-            module,
-            data: Mutex::new(Some(buf)),
-        });
+        let a = Arc::new(DevAlloc { base, size, module, data: Mutex::new(Some(buf)) });
         self.allocs.insert(base, a);
         self.modules[module as usize].used += size;
         Ok(base)
@@ -149,29 +141,19 @@ impl Registry {
             }
             Some(a) => fail(
                 synStatus::INVALID_ARGUMENT,
-                format!(
-                    "address {addr:#x} belongs to module {}, not {module}",
-                    a.module
-                ),
+                format!("address {addr:#x} belongs to module {}, not {module}", a.module),
             ),
-            None if self.freed.contains_key(&addr) => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("address {addr:#x} already freed"),
-            ),
-            None => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("address {addr:#x} is not the start of a device allocation"),
-            ),
+            None if self.freed.contains_key(&addr) => {
+                fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} already freed"))
+            }
+            None => {
+                fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} is not the start of a device allocation"))
+            }
         }
     }
 
     /// The live allocation of `module` containing `[addr, addr + len)` and the offset of `addr`.
-    pub(crate) fn device_range(
-        &self,
-        module: u32,
-        addr: u64,
-        len: u64,
-    ) -> MResult<(Arc<DevAlloc>, u64)> {
+    pub(crate) fn device_range(&self, module: u32, addr: u64, len: u64) -> MResult<(Arc<DevAlloc>, u64)> {
         let end = addr.checked_add(len);
         if let Some((_, a)) = self.allocs.range(..=addr).next_back()
             && addr < a.base + a.size
@@ -179,20 +161,14 @@ impl Registry {
             if a.module != module {
                 return fail(
                     synStatus::INVALID_ARGUMENT,
-                    format!(
-                        "device address {addr:#x} belongs to module {}, not {module}",
-                        a.module
-                    ),
+                    format!("device address {addr:#x} belongs to module {}, not {module}", a.module),
                 );
             }
             return match end {
                 Some(e) if e <= a.base + a.size => Ok((a.clone(), addr - a.base)),
                 _ => fail(
                     synStatus::INVALID_ARGUMENT,
-                    format!(
-                        "device range {addr:#x}+{len} exceeds the allocation {:#x}+{}",
-                        a.base, a.size
-                    ),
+                    format!("device range {addr:#x}+{len} exceeds the allocation {:#x}+{}", a.base, a.size),
                 ),
             };
         }
@@ -204,10 +180,7 @@ impl Registry {
                 format!("device address {addr:#x} used after free (allocation {b:#x}+{s})"),
             );
         }
-        fail(
-            synStatus::INVALID_ARGUMENT,
-            format!("device address {addr:#x} is not inside any allocation"),
-        )
+        fail(synStatus::INVALID_ARGUMENT, format!("device address {addr:#x} is not inside any allocation"))
     }
 
     /// The registered host range containing `[ptr, ptr + len)`.
@@ -220,35 +193,24 @@ impl Registry {
                 Some(e) if e <= h.start + h.len => Ok(h.clone()),
                 _ => fail(
                     synStatus::INVALID_ARGUMENT,
-                    format!(
-                        "host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}",
-                        h.start, h.len
-                    ),
+                    format!("host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}", h.start, h.len),
                 ),
             };
         }
-        fail(
-            synStatus::INVALID_ARGUMENT,
-            format!("host address {ptr:#x} is neither synHostMalloc'd nor synHostMap'ed"),
-        )
+        fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} is neither synHostMalloc'd nor synHostMap'ed"))
     }
 
     fn check_host_overlap(&self, start: usize, len: usize) -> MResult<()> {
-        let end = start
-            .checked_add(len)
-            .ok_or_else(|| super::state::MockError {
-                status: synStatus::INVALID_ARGUMENT,
-                msg: "host range overflows".into(),
-            })?;
+        let end = start.checked_add(len).ok_or_else(|| super::state::MockError {
+            status: synStatus::INVALID_ARGUMENT,
+            msg: "host range overflows".into(),
+        })?;
         if let Some((_, h)) = self.host.range(..end).next_back()
             && h.start + h.len > start
         {
             return fail(
                 synStatus::INVALID_ARGUMENT,
-                format!(
-                    "host range {start:#x}+{len} overlaps registered range {:#x}+{}",
-                    h.start, h.len
-                ),
+                format!("host range {start:#x}+{len} overlaps registered range {:#x}+{}", h.start, h.len),
             );
         }
         Ok(())
@@ -261,20 +223,14 @@ impl Registry {
             return fail(synStatus::INVALID_ARGUMENT, "size 0");
         }
         let Some(buf) = AlignedBuf::zeroed(size) else {
-            return fail(
-                synStatus::OUT_OF_HOST_MEMORY,
-                format!("cannot allocate {size} host bytes"),
-            );
+            return fail(synStatus::OUT_OF_HOST_MEMORY, format!("cannot allocate {size} host bytes"));
         };
         let p = buf.as_ptr();
         let h = HostRange {
             start: p as usize,
             len: size as usize,
             device,
-            state: Mutex::new(HostState {
-                alive: true,
-                owned: Some(buf),
-            }),
+            state: Mutex::new(HostState { alive: true, owned: Some(buf) }),
         };
         self.host.insert(p as usize, Arc::new(h));
         Ok(p)
@@ -291,27 +247,14 @@ impl Registry {
             msg: "size too large".into(),
         })?;
         self.check_host_overlap(ptr, len)?;
-        let h = HostRange {
-            start: ptr,
-            len,
-            device,
-            state: Mutex::new(HostState {
-                alive: true,
-                owned: None,
-            }),
-        };
+        let h = HostRange { start: ptr, len, device, state: Mutex::new(HostState { alive: true, owned: None }) };
         self.host.insert(ptr, Arc::new(h));
         Ok(())
     }
 
     /// Removes the range starting at `ptr` that was registered by `device`; `owned` selects
     /// synHostFree (must be synHostMalloc'd) or synHostUnmap (must be mapped).
-    pub(crate) fn host_remove(
-        &mut self,
-        device: synDeviceId,
-        ptr: usize,
-        owned: bool,
-    ) -> MResult<Arc<HostRange>> {
+    pub(crate) fn host_remove(&mut self, device: synDeviceId, ptr: usize, owned: bool) -> MResult<Arc<HostRange>> {
         self.module_of(device)?;
         let Some(h) = self.host.get(&ptr) else {
             return fail(
@@ -321,23 +264,13 @@ impl Registry {
         };
         let is_owned = h.lock().owned.is_some();
         if is_owned != owned {
-            let what = if is_owned {
-                "synHostMalloc'd (use synHostFree)"
-            } else {
-                "synHostMap'ed (use synHostUnmap)"
-            };
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("host address {ptr:#x} is {what}"),
-            );
+            let what = if is_owned { "synHostMalloc'd (use synHostFree)" } else { "synHostMap'ed (use synHostUnmap)" };
+            return fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} is {what}"));
         }
         if h.device != device {
             return fail(
                 synStatus::INVALID_ARGUMENT,
-                format!(
-                    "host address {ptr:#x} was registered by device {}",
-                    h.device
-                ),
+                format!("host address {ptr:#x} was registered by device {}", h.device),
             );
         }
         Ok(self.host.remove(&ptr).expect("present"))
@@ -359,35 +292,15 @@ pub(crate) fn retire_device_alloc(a: &DevAlloc) {
 /// One validated copy, executed by a stream worker.
 #[derive(Debug)]
 pub(crate) enum CopyPiece {
-    HostToDevice {
-        host: Arc<HostRange>,
-        src: usize,
-        dst: Arc<DevAlloc>,
-        dst_off: u64,
-        len: u64,
-    },
-    DeviceToHost {
-        src: Arc<DevAlloc>,
-        src_off: u64,
-        host: Arc<HostRange>,
-        dst: usize,
-        len: u64,
-    },
-    DeviceToDevice {
-        src: Arc<DevAlloc>,
-        src_off: u64,
-        dst: Arc<DevAlloc>,
-        dst_off: u64,
-        len: u64,
-    },
+    HostToDevice { host: Arc<HostRange>, src: usize, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
+    DeviceToHost { src: Arc<DevAlloc>, src_off: u64, host: Arc<HostRange>, dst: usize, len: u64 },
+    DeviceToDevice { src: Arc<DevAlloc>, src_off: u64, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
 }
 
 impl CopyPiece {
     pub(crate) fn len(&self) -> u64 {
         match self {
-            Self::HostToDevice { len, .. }
-            | Self::DeviceToHost { len, .. }
-            | Self::DeviceToDevice { len, .. } => *len,
+            Self::HostToDevice { len, .. } | Self::DeviceToHost { len, .. } | Self::DeviceToDevice { len, .. } => *len,
         }
     }
 
@@ -396,62 +309,28 @@ impl CopyPiece {
     pub(crate) fn execute(&self) -> Result<(), String> {
         let len = self.len() as usize;
         match self {
-            Self::HostToDevice {
-                host,
-                src,
-                dst,
-                dst_off,
-                ..
-            } => {
+            Self::HostToDevice { host, src, dst, dst_off, .. } => {
                 let h = host.lock();
                 let d = dst.lock();
                 let (true, Some(d)) = (h.alive, d.as_ref()) else {
-                    return Err(
-                        "a buffer of a host-to-device copy was released before the copy ran".into(),
-                    );
+                    return Err("a buffer of a host-to-device copy was released before the copy ran".into());
                 };
                 // SAFETY: [src, src+len) lies in a registered, still alive host range (checked at
                 // enqueue; alive now, and unregistering waits on `h`); the device range lies in
                 // the allocation (checked at enqueue), whose lock we hold. They cannot overlap:
                 // device bytes are mock-owned.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        *src as *const u8,
-                        d.as_ptr().add(*dst_off as usize),
-                        len,
-                    )
-                };
+                unsafe { std::ptr::copy_nonoverlapping(*src as *const u8, d.as_ptr().add(*dst_off as usize), len) };
             }
-            Self::DeviceToHost {
-                src,
-                src_off,
-                host,
-                dst,
-                ..
-            } => {
+            Self::DeviceToHost { src, src_off, host, dst, .. } => {
                 let h = host.lock();
                 let s = src.lock();
                 let (true, Some(s)) = (h.alive, s.as_ref()) else {
-                    return Err(
-                        "a buffer of a device-to-host copy was released before the copy ran".into(),
-                    );
+                    return Err("a buffer of a device-to-host copy was released before the copy ran".into());
                 };
                 // SAFETY: as for HostToDevice, with the roles swapped.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        s.as_ptr().add(*src_off as usize),
-                        *dst as *mut u8,
-                        len,
-                    )
-                };
+                unsafe { std::ptr::copy_nonoverlapping(s.as_ptr().add(*src_off as usize), *dst as *mut u8, len) };
             }
-            Self::DeviceToDevice {
-                src,
-                src_off,
-                dst,
-                dst_off,
-                ..
-            } => {
+            Self::DeviceToDevice { src, src_off, dst, dst_off, .. } => {
                 if Arc::ptr_eq(src, dst) {
                     let g = src.lock();
                     let Some(b) = g.as_ref() else {
@@ -460,26 +339,14 @@ impl CopyPiece {
                     // SAFETY: both ranges lie inside this allocation (checked at enqueue); we hold
                     // its lock; `copy` allows overlap.
                     unsafe {
-                        std::ptr::copy(
-                            b.as_ptr().add(*src_off as usize),
-                            b.as_ptr().add(*dst_off as usize),
-                            len,
-                        )
+                        std::ptr::copy(b.as_ptr().add(*src_off as usize), b.as_ptr().add(*dst_off as usize), len)
                     };
                 } else {
                     // Lock in address order so two workers never deadlock.
-                    let (first, second) = if src.base < dst.base {
-                        (src, dst)
-                    } else {
-                        (dst, src)
-                    };
+                    let (first, second) = if src.base < dst.base { (src, dst) } else { (dst, src) };
                     let g1 = first.lock();
                     let g2 = second.lock();
-                    let (sg, dg) = if src.base < dst.base {
-                        (&g1, &g2)
-                    } else {
-                        (&g2, &g1)
-                    };
+                    let (sg, dg) = if src.base < dst.base { (&g1, &g2) } else { (&g2, &g1) };
                     let (Some(s), Some(d)) = (sg.as_ref(), dg.as_ref()) else {
                         return Err("device buffer freed before the copy ran".into());
                     };

@@ -38,9 +38,7 @@ use std::path::PathBuf;
 use habana_sys::{SynapseApi, SynapseFns, synStatus};
 
 pub use config::{DeviceOverride, Fault, MockConfig, MockDeviceType, Noise, TimeMode};
-pub use control::{
-    MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel,
-};
+pub use control::{MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel};
 pub use device::mock_pci_bus;
 pub use latency::ReferenceMultiplier;
 pub use memory::ALIGNMENT;
@@ -133,29 +131,16 @@ pub fn shared_library_path() -> Result<PathBuf, SharedLibraryError> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     let r = BUILT.get_or_init(|| {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut dir = exe
-            .parent()
-            .ok_or_else(|| exe.display().to_string())?
-            .to_path_buf();
-        if dir
-            .file_name()
-            .is_some_and(|n| n == "deps" || n == "examples")
-        {
+        let mut dir = exe.parent().ok_or_else(|| exe.display().to_string())?.to_path_buf();
+        if dir.file_name().is_some_and(|n| n == "deps" || n == "examples") {
             dir.pop();
         }
-        let profile = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .map(str::to_owned)
-            .ok_or_else(|| exe.display().to_string())?;
-        let target = dir
-            .parent()
-            .ok_or_else(|| exe.display().to_string())?
-            .to_path_buf();
+        let profile =
+            dir.file_name().and_then(|n| n.to_str()).map(str::to_owned).ok_or_else(|| exe.display().to_string())?;
+        let target = dir.parent().ok_or_else(|| exe.display().to_string())?.to_path_buf();
         let lib = dir.join("libmock_synapse.so");
         let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "mock-synapse", "--target-dir"])
-            .arg(&target);
+        cmd.args(["build", "--quiet", "-p", "mock-synapse", "--target-dir"]).arg(&target);
         match profile.as_str() {
             "debug" => {}
             "release" => {
@@ -177,10 +162,7 @@ pub fn shared_library_path() -> Result<PathBuf, SharedLibraryError> {
     match r {
         Ok(p) => Ok(p.clone()),
         Err(e) => match e.split_once('|') {
-            Some((path, why)) => Err(SharedLibraryError::Build {
-                path: PathBuf::from(path),
-                why: why.to_string(),
-            }),
+            Some((path, why)) => Err(SharedLibraryError::Build { path: PathBuf::from(path), why: why.to_string() }),
             None => Err(SharedLibraryError::NoTargetDir(PathBuf::from(e))),
         },
     }

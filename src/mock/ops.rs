@@ -14,29 +14,20 @@ use super::state::{MResult, fail, registry};
 use super::stream::{Op, Stream};
 
 fn shut(stream: &Stream) -> MResult<()> {
-    fail(
-        synStatus::INVALID_ARGUMENT,
-        format!("stream {:#x} is shut down", stream.id),
-    )
+    fail(synStatus::INVALID_ARGUMENT, format!("stream {:#x} is shut down", stream.id))
 }
 
 pub(crate) fn stream_create(device: synDeviceId, flags: u32) -> MResult<u64> {
     let mut r = registry();
     let m = r.module_of(device)?;
     if flags != 0 {
-        return fail(
-            synStatus::INVALID_ARGUMENT,
-            format!("flags {flags:#x} (the mock supports 0)"),
-        );
+        return fail(synStatus::INVALID_ARGUMENT, format!("flags {flags:#x} (the mock supports 0)"));
     }
     let id = r.new_handle();
     let s = match Stream::spawn(id, m, r.config.time_mode) {
         Ok(s) => s,
         Err(e) => {
-            return fail(
-                synStatus::OUT_OF_RESOURCES,
-                format!("cannot start a stream thread: {e}"),
-            );
+            return fail(synStatus::OUT_OF_RESOURCES, format!("cannot start a stream thread: {e}"));
         }
     };
     r.streams.insert(id, Arc::new(s));
@@ -65,28 +56,19 @@ pub(crate) fn stream_wait_event(sh: u64, eh: u64, flags: u32) -> MResult<()> {
         (r.stream(sh)?, r.event(eh)?)
     };
     if flags != 0 {
-        return fail(
-            synStatus::INVALID_ARGUMENT,
-            format!("flags {flags:#x} must be 0"),
-        );
+        return fail(synStatus::INVALID_ARGUMENT, format!("flags {flags:#x} must be 0"));
     }
     if e.module != s.module {
         return fail(
             synStatus::INVALID_ARGUMENT,
-            format!(
-                "event of module {} waited on a stream of module {}",
-                e.module, s.module
-            ),
+            format!("event of module {} waited on a stream of module {}", e.module, s.module),
         );
     }
     let generation = e.generation();
     if generation == 0 {
         return Ok(()); // never recorded: complete
     }
-    if !s.enqueue(Op::Wait {
-        event: e,
-        generation,
-    }) {
+    if !s.enqueue(Op::Wait { event: e, generation }) {
         return shut(&s);
     }
     Ok(())
@@ -137,17 +119,11 @@ pub(crate) fn event_record(eh: u64, sh: u64) -> MResult<()> {
     if e.module != s.module {
         return fail(
             synStatus::INVALID_ARGUMENT,
-            format!(
-                "event of module {} recorded on a stream of module {}",
-                e.module, s.module
-            ),
+            format!("event of module {} recorded on a stream of module {}", e.module, s.module),
         );
     }
     let generation = e.begin_record(s.shared.clone());
-    if !s.enqueue(Op::Record {
-        event: e.clone(),
-        generation,
-    }) {
+    if !s.enqueue(Op::Record { event: e.clone(), generation }) {
         e.complete(generation, 0);
         return shut(&s);
     }
@@ -156,11 +132,7 @@ pub(crate) fn event_record(eh: u64, sh: u64) -> MResult<()> {
 
 pub(crate) fn event_query(eh: u64) -> MResult<()> {
     let e = registry().event(eh)?;
-    if e.is_complete() {
-        Ok(())
-    } else {
-        fail(synStatus::BUSY, "event not reached yet")
-    }
+    if e.is_complete() { Ok(()) } else { fail(synStatus::BUSY, "event not reached yet") }
 }
 
 pub(crate) fn event_synchronize(eh: u64) -> MResult<()> {
@@ -204,35 +176,17 @@ pub(crate) fn mem_copy(sh: u64, copies: &[(u64, u64, u64)], dir: synDmaDir) -> M
             synDmaDir::HOST_TO_DRAM => {
                 let host = r.host_range(src as usize, len)?;
                 let (d, dst_off) = r.device_range(m, dst, len)?;
-                CopyPiece::HostToDevice {
-                    host,
-                    src: src as usize,
-                    dst: d,
-                    dst_off,
-                    len,
-                }
+                CopyPiece::HostToDevice { host, src: src as usize, dst: d, dst_off, len }
             }
             synDmaDir::DRAM_TO_HOST => {
                 let (sa, src_off) = r.device_range(m, src, len)?;
                 let host = r.host_range(dst as usize, len)?;
-                CopyPiece::DeviceToHost {
-                    src: sa,
-                    src_off,
-                    host,
-                    dst: dst as usize,
-                    len,
-                }
+                CopyPiece::DeviceToHost { src: sa, src_off, host, dst: dst as usize, len }
             }
             synDmaDir::DRAM_TO_DRAM => {
                 let (sa, src_off) = r.device_range(m, src, len)?;
                 let (d, dst_off) = r.device_range(m, dst, len)?;
-                CopyPiece::DeviceToDevice {
-                    src: sa,
-                    src_off,
-                    dst: d,
-                    dst_off,
-                    len,
-                }
+                CopyPiece::DeviceToDevice { src: sa, src_off, dst: d, dst_off, len }
             }
             other => return fail(synStatus::INVALID_ARGUMENT, format!("direction {other}")),
         };

@@ -117,10 +117,7 @@ impl MockRecipe {
 
     /// Appends a tensor of `bytes` bytes.
     pub fn tensor(mut self, name: impl Into<String>, bytes: u64) -> Self {
-        self.tensors.push(MockTensorSpec {
-            name: name.into(),
-            bytes,
-        });
+        self.tensors.push(MockTensorSpec { name: name.into(), bytes });
         self
     }
 
@@ -147,23 +144,12 @@ impl MockRecipe {
     /// # Errors
     /// [`RecipeFileError::Invalid`] with `path` and the first problem found.
     pub fn validate(&self, path: &Path) -> Result<(), RecipeFileError> {
-        let invalid = |why: String| {
-            Err(RecipeFileError::Invalid {
-                path: path.to_path_buf(),
-                why,
-            })
-        };
+        let invalid = |why: String| Err(RecipeFileError::Invalid { path: path.to_path_buf(), why });
         if self.format != RECIPE_FORMAT {
-            return invalid(format!(
-                "format is {:?}, expected {RECIPE_FORMAT:?}",
-                self.format
-            ));
+            return invalid(format!("format is {:?}, expected {RECIPE_FORMAT:?}", self.format));
         }
         if self.version != RECIPE_VERSION {
-            return invalid(format!(
-                "version {} is not supported (expected {RECIPE_VERSION})",
-                self.version
-            ));
+            return invalid(format!("version {} is not supported (expected {RECIPE_VERSION})", self.version));
         }
         for (i, t) in self.tensors.iter().enumerate() {
             if t.name.is_empty() || t.name.contains('\0') {
@@ -190,10 +176,7 @@ impl MockRecipe {
         let path = path.as_ref();
         self.validate(path)?;
         let json = serde_json::to_string_pretty(self).expect("a MockRecipe always serialises");
-        std::fs::write(path, json).map_err(|source| RecipeFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        std::fs::write(path, json).map_err(|source| RecipeFileError::Io { path: path.to_path_buf(), source })
     }
 
     /// Reads and validates a recipe file.
@@ -202,14 +185,10 @@ impl MockRecipe {
     /// [`RecipeFileError::Io`], [`RecipeFileError::Parse`] or [`RecipeFileError::Invalid`].
     pub fn read(path: impl AsRef<Path>) -> Result<Self, RecipeFileError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| RecipeFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let r: Self = serde_json::from_str(&text).map_err(|source| RecipeFileError::Parse {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| RecipeFileError::Io { path: path.to_path_buf(), source })?;
+        let r: Self = serde_json::from_str(&text)
+            .map_err(|source| RecipeFileError::Parse { path: path.to_path_buf(), source })?;
         r.validate(path)?;
         Ok(r)
     }
@@ -225,17 +204,9 @@ pub(crate) struct Recipe {
 
 impl Recipe {
     pub(crate) fn new(spec: MockRecipe) -> Self {
-        let names = spec
-            .tensors
-            .iter()
-            .map(|t| CString::new(t.name.as_str()).expect("validated: no NUL"))
-            .collect();
+        let names = spec.tensors.iter().map(|t| CString::new(t.name.as_str()).expect("validated: no NUL")).collect();
         let params = spec.params.clone();
-        Self {
-            spec,
-            names: Arc::new(names),
-            params: Arc::new(params),
-        }
+        Self { spec, names: Arc::new(names), params: Arc::new(params) }
     }
 
     /// Index of the tensor with id `id`.
@@ -246,10 +217,7 @@ impl Recipe {
 
     /// Index of the tensor named `name`.
     pub(crate) fn index_of_name(&self, name: &[u8]) -> Option<usize> {
-        self.spec
-            .tensors
-            .iter()
-            .position(|t| t.name.as_bytes() == name)
+        self.spec.tensors.iter().position(|t| t.name.as_bytes() == name)
     }
 }
 
@@ -262,27 +230,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dcmock-recipe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("r.json");
-        let r = MockRecipe::new("r", "copy")
-            .tensor("a", 64)
-            .tensor("b", 64)
-            .params([1.5])
-            .base_latency_ns(10);
+        let r = MockRecipe::new("r", "copy").tensor("a", 64).tensor("b", 64).params([1.5]).base_latency_ns(10);
         r.write(&p).unwrap();
         assert_eq!(MockRecipe::read(&p).unwrap(), r);
         std::fs::write(&p, "{not json").unwrap();
-        assert!(matches!(
-            MockRecipe::read(&p),
-            Err(RecipeFileError::Parse { .. })
-        ));
+        assert!(matches!(MockRecipe::read(&p), Err(RecipeFileError::Parse { .. })));
         let dup = MockRecipe::new("r", "copy").tensor("a", 1).tensor("a", 1);
-        assert!(matches!(
-            dup.write(&p),
-            Err(RecipeFileError::Invalid { .. })
-        ));
-        assert!(matches!(
-            MockRecipe::read(dir.join("missing.json")),
-            Err(RecipeFileError::Io { .. })
-        ));
+        assert!(matches!(dup.write(&p), Err(RecipeFileError::Invalid { .. })));
+        assert!(matches!(MockRecipe::read(dir.join("missing.json")), Err(RecipeFileError::Io { .. })));
         let mut wrong = r.clone();
         wrong.version = 2;
         std::fs::write(&p, serde_json::to_string(&wrong).unwrap()).unwrap();

@@ -33,10 +33,7 @@ pub(crate) type MResult<T> = Result<T, MockError>;
 
 /// Shorthand for an `Err(MockError)`.
 pub(crate) fn fail<T>(status: synStatus, msg: impl Into<String>) -> MResult<T> {
-    Err(MockError {
-        status,
-        msg: msg.into(),
-    })
+    Err(MockError { status, msg: msg.into() })
 }
 
 /// `user_data` of a registered kernel.
@@ -124,30 +121,17 @@ impl Registry {
         self.modules = (0..cfg.devices)
             .map(|m| {
                 let o = cfg.per_device.iter().find(|o| o.module_id == m);
-                let noise = o
-                    .and_then(|o| o.noise.clone())
-                    .unwrap_or_else(|| cfg.noise.clone());
+                let noise = o.and_then(|o| o.noise.clone()).unwrap_or_else(|| cfg.noise.clone());
                 let slowdown = o.map_or(1.0, |o| o.slowdown);
                 let script = o.map(|o| o.script_ns.clone()).unwrap_or_default();
-                Module {
-                    acquired: None,
-                    used: 0,
-                    latency: DeviceLatency::new(cfg.seed, m, slowdown, noise, script),
-                }
+                Module { acquired: None, used: 0, latency: DeviceLatency::new(cfg.seed, m, slowdown, noise, script) }
             })
             .collect();
     }
 
     /// Fails with synObjectNotInitialized before `synInitialize`.
     pub(crate) fn check_init(&self) -> MResult<()> {
-        if self.initialized {
-            Ok(())
-        } else {
-            fail(
-                synStatus::OBJECT_NOT_INITIALIZED,
-                "synInitialize was not called",
-            )
-        }
+        if self.initialized { Ok(()) } else { fail(synStatus::OBJECT_NOT_INITIALIZED, "synInitialize was not called") }
     }
 
     /// The module of an acquired device id (checks initialisation too).
@@ -155,10 +139,7 @@ impl Registry {
         self.check_init()?;
         match self.devices.get(&device) {
             Some(&m) => Ok(m),
-            None => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("device id {device} is not acquired"),
-            ),
+            None => fail(synStatus::INVALID_ARGUMENT, format!("device id {device} is not acquired")),
         }
     }
 
@@ -173,10 +154,7 @@ impl Registry {
         self.check_init()?;
         match self.streams.get(&handle) {
             Some(s) => Ok(s.clone()),
-            None => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("unknown stream handle {:#x}", handle_to_raw(handle)),
-            ),
+            None => fail(synStatus::INVALID_ARGUMENT, format!("unknown stream handle {:#x}", handle_to_raw(handle))),
         }
     }
 
@@ -184,10 +162,7 @@ impl Registry {
         self.check_init()?;
         match self.events.get(&handle) {
             Some(e) => Ok(e.clone()),
-            None => fail(
-                synStatus::INVALID_EVENT_HANDLE,
-                format!("unknown event handle {:#x}", handle_to_raw(handle)),
-            ),
+            None => fail(synStatus::INVALID_EVENT_HANDLE, format!("unknown event handle {:#x}", handle_to_raw(handle))),
         }
     }
 
@@ -195,10 +170,7 @@ impl Registry {
         self.check_init()?;
         match self.recipes.get(&handle) {
             Some(r) => Ok(r.clone()),
-            None => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("unknown recipe handle {:#x}", handle_to_raw(handle)),
-            ),
+            None => fail(synStatus::INVALID_ARGUMENT, format!("unknown recipe handle {:#x}", handle_to_raw(handle))),
         }
     }
 }
@@ -220,10 +192,7 @@ static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
 /// Locks the registry. A poisoned lock is recovered: every mutation is completed before any
 /// operation that could panic.
 pub(crate) fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY
-        .get_or_init(|| Mutex::new(Registry::new()))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    REGISTRY.get_or_init(|| Mutex::new(Registry::new())).lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Number of armed "fail next call" faults: lets every call skip the registry when zero.
@@ -279,10 +248,7 @@ impl Stalls {
 
 pub(crate) fn stalls() -> &'static Stalls {
     static S: OnceLock<Stalls> = OnceLock::new();
-    S.get_or_init(|| Stalls {
-        table: Mutex::new(StallTable::default()),
-        cv: Condvar::new(),
-    })
+    S.get_or_init(|| Stalls { table: Mutex::new(StallTable::default()), cv: Condvar::new() })
 }
 
 thread_local! {

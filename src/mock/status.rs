@@ -59,11 +59,7 @@ const DESCRIPTIONS: [&CStr; 48] = [
 
 /// The brief description of `s` ("unknown status" for codes this crate does not know).
 pub fn brief(s: synStatus) -> &'static CStr {
-    usize::try_from(s.0)
-        .ok()
-        .and_then(|i| DESCRIPTIONS.get(i))
-        .copied()
-        .unwrap_or(c"unknown status")
+    usize::try_from(s.0).ok().and_then(|i| DESCRIPTIONS.get(i)).copied().unwrap_or(c"unknown status")
 }
 
 #[cfg(test)]
@@ -94,15 +90,9 @@ mod tests {
                 "complexguidfailure",
                 "tpckernelsfailure",
             ];
-            assert!(
-                name.contains(&d) || abbreviated.contains(&d.as_str()),
-                "{code}: {name} vs {d}"
-            );
+            assert!(name.contains(&d) || abbreviated.contains(&d.as_str()), "{code}: {name} vs {d}");
         }
         assert_eq!(brief(synStatus(999)), c"unknown status");
-        assert_eq!(
-            brief(synStatus::INVALID_EVENT_HANDLE),
-            c"invalid event handle"
-        );
+        assert_eq!(brief(synStatus::INVALID_EVENT_HANDLE), c"invalid event handle");
     }
 }

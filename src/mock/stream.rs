@@ -56,19 +56,10 @@ pub(crate) struct KernelOp {
 /// One queued stream operation.
 #[derive(Debug)]
 pub(crate) enum Op {
-    Copy {
-        pieces: Vec<CopyPiece>,
-        latency_ns: u64,
-    },
+    Copy { pieces: Vec<CopyPiece>, latency_ns: u64 },
     Kernel(KernelOp),
-    Record {
-        event: Arc<Event>,
-        generation: u64,
-    },
-    Wait {
-        event: Arc<Event>,
-        generation: u64,
-    },
+    Record { event: Arc<Event>, generation: u64 },
+    Wait { event: Arc<Event>, generation: u64 },
 }
 
 #[derive(Debug, Default)]
@@ -130,22 +121,12 @@ impl Stream {
     pub(crate) fn spawn(id: u64, module: u32, mode: TimeMode) -> std::io::Result<Self> {
         let shared = Arc::new(StreamShared::default());
         let (tx, rx) = crossbeam_channel::unbounded();
-        let w = Worker {
-            module,
-            mode,
-            shared: shared.clone(),
-        };
+        let w = Worker { module, mode, shared: shared.clone() };
         let handle = std::thread::Builder::new()
             .name(format!("mock-stream-{module}-{id}"))
             .stack_size(1 << 20)
             .spawn(move || w.run(rx))?;
-        Ok(Self {
-            id,
-            module,
-            shared,
-            tx: Mutex::new(Some(tx)),
-            worker: Mutex::new(Some(handle)),
-        })
+        Ok(Self { id, module, shared, tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(handle)) })
     }
 
     /// Enqueues `op`; false when the stream is shut down.
@@ -218,11 +199,7 @@ impl Worker {
             Some(None) => {
                 t.blocked.insert(self.module);
                 while t.blocked.contains(&self.module) && !self.aborted() {
-                    t = st
-                        .cv
-                        .wait_timeout(t, Duration::from_millis(50))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    t = st.cv.wait_timeout(t, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
                 }
                 0
             }
@@ -302,11 +279,7 @@ impl Worker {
                 event.complete(generation, t);
             }
             Op::Wait { event, generation } => {
-                let ts = if self.aborted() {
-                    None
-                } else {
-                    event.wait_for(generation)
-                };
+                let ts = if self.aborted() { None } else { event.wait_for(generation) };
                 let t = self.start(ts.unwrap_or(0));
                 self.shared.lock().clock_ns = t;
             }
@@ -323,24 +296,13 @@ fn run_kernel(k: &KernelOp) -> Result<(), (synStatus, String)> {
     let guards: Vec<_> = allocs.iter().map(|a| (a.base, a.lock())).collect();
     let mut tensors = Vec::with_capacity(k.bindings.len());
     for (i, (a, off, bytes)) in k.bindings.iter().enumerate() {
-        let g = &guards
-            .iter()
-            .find(|(b, _)| *b == a.base)
-            .expect("locked above")
-            .1;
+        let g = &guards.iter().find(|(b, _)| *b == a.base).expect("locked above").1;
         let Some(buf) = g.as_ref() else {
-            return Err((
-                synStatus::INVALID_ARGUMENT,
-                format!("tensor {i} was freed before the launch ran"),
-            ));
+            return Err((synStatus::INVALID_ARGUMENT, format!("tensor {i} was freed before the launch ran")));
         };
         // SAFETY: offset + bytes <= allocation size (checked at enqueue).
         let data = unsafe { buf.as_ptr().add(*off as usize) };
-        tensors.push(MockTensor {
-            name: k.names[i].as_ptr(),
-            data,
-            bytes: *bytes,
-        });
+        tensors.push(MockTensor { name: k.names[i].as_ptr(), data, bytes: *bytes });
     }
     let args = MockKernelArgs {
         tensors: tensors.as_ptr(),
@@ -354,9 +316,5 @@ fn run_kernel(k: &KernelOp) -> Result<(), (synStatus, String)> {
     // (register_kernel) is to touch only those ranges.
     let status = unsafe { (k.kernel.f)(&args) };
     drop(guards);
-    if status.is_success() {
-        Ok(())
-    } else {
-        Err((status, format!("kernel returned {status}")))
-    }
+    if status.is_success() { Ok(()) } else { Err((status, format!("kernel returned {status}"))) }
 }

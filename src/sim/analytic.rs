@@ -77,36 +77,15 @@ const INNER: usize = 160;
 impl NormalModel {
     /// Validate: μ > 0, σ >= 0, M >= 1, T_c >= 0, all finite.
     /// Errors: [`SimError::InvalidParameter`] naming the field.
-    pub fn new(
-        mu_ns: f64,
-        sigma_ns: f64,
-        micro_batches: u32,
-        overhead_ns: f64,
-    ) -> Result<Self, SimError> {
+    pub fn new(mu_ns: f64, sigma_ns: f64, micro_batches: u32, overhead_ns: f64) -> Result<Self, SimError> {
         let chk = |what, v: f64, ok: bool| {
-            if v.is_finite() && ok {
-                Ok(())
-            } else {
-                Err(SimError::InvalidParameter {
-                    what,
-                    value: v.to_string(),
-                })
-            }
+            if v.is_finite() && ok { Ok(()) } else { Err(SimError::InvalidParameter { what, value: v.to_string() }) }
         };
         chk("mu_ns", mu_ns, mu_ns > 0.0)?;
         chk("sigma_ns", sigma_ns, sigma_ns >= 0.0)?;
-        chk(
-            "micro_batches",
-            f64::from(micro_batches),
-            micro_batches >= 1,
-        )?;
+        chk("micro_batches", f64::from(micro_batches), micro_batches >= 1)?;
         chk("overhead_ns", overhead_ns, overhead_ns >= 0.0)?;
-        Ok(Self {
-            mu_ns,
-            sigma_ns,
-            micro_batches,
-            overhead_ns,
-        })
+        Ok(Self { mu_ns, sigma_ns, micro_batches, overhead_ns })
     }
 
     fn m(&self) -> f64 {
@@ -115,15 +94,10 @@ impl NormalModel {
 
     /// Distribution of one worker's compute time without a threshold (T = S_M).
     pub fn baseline_distribution(&self) -> ComputeTimeDistribution {
-        let (mean, sd) = (
-            self.m() * self.mu_ns,
-            self.sigma_ns.max(1e-9) * self.m().sqrt(),
-        );
+        let (mean, sd) = (self.m() * self.mu_ns, self.sigma_ns.max(1e-9) * self.m().sqrt());
         let (t0, t1) = ((mean - 12.0 * sd).max(0.0), mean + 12.0 * sd);
         let h = (t1 - t0) / GRID as f64;
-        let sf = (0..=GRID)
-            .map(|i| norm_sf((t0 + h * i as f64 - mean) / sd))
-            .collect();
+        let sf = (0..=GRID).map(|i| norm_sf((t0 + h * i as f64 - mean) / sd)).collect();
         ComputeTimeDistribution { t0, h, sf }
     }
 
@@ -131,11 +105,7 @@ impl NormalModel {
     fn p_cross(&self, k: u32, tau: f64, t: f64) -> f64 {
         let s = self.sigma_ns.max(1e-9);
         if k == 1 {
-            return if tau > 0.0 {
-                norm_sf((t - self.mu_ns) / s)
-            } else {
-                0.0
-            };
+            return if tau > 0.0 { norm_sf((t - self.mu_ns) / s) } else { 0.0 };
         }
         let km = f64::from(k - 1);
         let (mean, sd) = (km * self.mu_ns, s * km.sqrt());
@@ -144,26 +114,16 @@ impl NormalModel {
             return 0.0;
         }
         let hi = tau.min(mean + 10.0 * sd);
-        simpson(
-            |x| norm_pdf((x - mean) / sd) / sd * norm_sf((t - x - self.mu_ns) / s),
-            lo,
-            hi,
-            INNER,
-        )
+        simpson(|x| norm_pdf((x - mean) / sd) / sd * norm_sf((t - x - self.mu_ns) / s), lo, hi, INNER)
     }
 
     /// Distribution of one worker's compute time under threshold `tau_ns` with the
     /// BeforeMicroBatch check and at least one micro-batch (see module doc).
     pub fn threshold_distribution(&self, tau_ns: f64) -> ComputeTimeDistribution {
-        let (mean, sd) = (
-            self.m() * self.mu_ns,
-            self.sigma_ns.max(1e-9) * self.m().sqrt(),
-        );
+        let (mean, sd) = (self.m() * self.mu_ns, self.sigma_ns.max(1e-9) * self.m().sqrt());
         let s = self.sigma_ns.max(1e-9);
         let t0 = 0.0_f64.max((self.mu_ns - 12.0 * s).min(mean - 12.0 * sd));
-        let t1 = (mean + 12.0 * sd)
-            .min(tau_ns.max(0.0) + self.mu_ns + 12.0 * s)
-            .max(t0 + 1.0);
+        let t1 = (mean + 12.0 * sd).min(tau_ns.max(0.0) + self.mu_ns + 12.0 * s).max(t0 + 1.0);
         let h = (t1 - t0) / GRID as f64;
         let sf = (0..=GRID)
             .map(|i| {
@@ -171,10 +131,7 @@ impl NormalModel {
                 if t < tau_ns {
                     norm_sf((t - mean) / sd)
                 } else {
-                    (1..=self.micro_batches)
-                        .map(|k| self.p_cross(k, tau_ns, t))
-                        .sum::<f64>()
-                        .min(1.0)
+                    (1..=self.micro_batches).map(|k| self.p_cross(k, tau_ns, t)).sum::<f64>().min(1.0)
                 }
             })
             .collect();
@@ -275,10 +232,7 @@ mod tests {
     fn speedup_grows_with_workers() {
         let m = model();
         let tau = 1100.0;
-        let s: Vec<f64> = [16u64, 64, 1000, 10_000]
-            .iter()
-            .map(|&n| m.effective_speedup(n, tau))
-            .collect();
+        let s: Vec<f64> = [16u64, 64, 1000, 10_000].iter().map(|&n| m.effective_speedup(n, tau)).collect();
         assert!(s.windows(2).all(|w| w[1] > w[0]), "{s:?}");
     }
 }

@@ -43,15 +43,7 @@ pub struct Scenario {
 impl Scenario {
     /// Healthy i.i.d. workers with the given noise, M and overhead.
     pub fn iid(noise: NoiseModel, micro_batches: u32, overhead_ns: f64) -> Self {
-        Self {
-            noise,
-            micro_batches,
-            overhead_ns,
-            slow_workers: 0,
-            slow_factor: 1.0,
-            pause_every: 0,
-            pause_ns: 0.0,
-        }
+        Self { noise, micro_batches, overhead_ns, slow_workers: 0, slow_factor: 1.0, pause_every: 0, pause_ns: 0.0 }
     }
 }
 
@@ -109,22 +101,13 @@ struct Unit {
 fn mean_se(xs: &[f64]) -> MeanSe {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
-    let var = if xs.len() > 1 {
-        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
-    MeanSe {
-        mean,
-        se: (var / n).sqrt(),
-    }
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    MeanSe { mean, se: (var / n).sqrt() }
 }
 
 fn quantile_of(sampler: &LatencySampler, factor: f64, q: f64, seed: u64) -> u64 {
     let mut r = SimRng::for_stream(seed, u64::MAX);
-    let mut v: Vec<f64> = (0..20_000)
-        .map(|_| sampler.sample(&mut r) * factor)
-        .collect();
+    let mut v: Vec<f64> = (0..20_000).map(|_| sampler.sample(&mut r) * factor).collect();
     v.sort_by(f64::total_cmp);
     let i = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
     v[i] as u64
@@ -143,27 +126,17 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
     if scenario.micro_batches == 0 {
         return bad("micro_batches", "0".into());
     }
-    for (what, v) in [
-        ("overhead_ns", scenario.overhead_ns),
-        ("slow_factor", scenario.slow_factor),
-        ("pause_ns", scenario.pause_ns),
-    ] {
+    for (what, v) in
+        [("overhead_ns", scenario.overhead_ns), ("slow_factor", scenario.slow_factor), ("pause_ns", scenario.pause_ns)]
+    {
         if !(v.is_finite() && v >= 0.0) {
             return bad(what, v.to_string());
         }
     }
     let sampler = scenario.noise.sampler()?;
     let predictive = cfg.policy.check == CheckMode::Predictive;
-    let est_healthy =
-        predictive.then(|| quantile_of(&sampler, 1.0, cfg.estimator_quantile, cfg.seed));
-    let est_slow = predictive.then(|| {
-        quantile_of(
-            &sampler,
-            scenario.slow_factor,
-            cfg.estimator_quantile,
-            cfg.seed,
-        )
-    });
+    let est_healthy = predictive.then(|| quantile_of(&sampler, 1.0, cfg.estimator_quantile, cfg.seed));
+    let est_slow = predictive.then(|| quantile_of(&sampler, scenario.slow_factor, cfg.estimator_quantile, cfg.seed));
     let blocks = u64::from(cfg.workers.div_ceil(BLOCK));
     let m = scenario.micro_batches;
     let units: Vec<Unit> = (0..cfg.steps * blocks)
@@ -172,11 +145,7 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
             let (step, block) = (u / blocks, (u % blocks) as u32);
             let mut rng = SimRng::for_stream(cfg.seed, u);
             let policy_step = cfg.policy.warmup_steps.saturating_add(step);
-            let mut unit = Unit {
-                base_max: 0.0,
-                policy_max: 0.0,
-                started: 0,
-            };
+            let mut unit = Unit { base_max: 0.0, policy_max: 0.0, started: 0 };
             let lo = block * BLOCK;
             let hi = (lo + BLOCK).min(cfg.workers);
             for w in lo..hi {
@@ -185,8 +154,7 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
                 let estimate = if slow { est_slow } else { est_healthy };
                 let pause_at = if scenario.pause_every > 0 {
                     let h = super::rng::split_seed(cfg.seed ^ 0x5EED, u64::from(w));
-                    (step % scenario.pause_every == h % scenario.pause_every)
-                        .then_some((h >> 32) as u32 % m)
+                    (step % scenario.pause_every == h % scenario.pause_every).then_some((h >> 32) as u32 % m)
                 } else {
                     None
                 };
@@ -198,9 +166,7 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
                     }
                     total += lat;
                     if running {
-                        if decide(&cfg.policy, policy_step, started, elapsed as u64, estimate)
-                            .is_start()
-                        {
+                        if decide(&cfg.policy, policy_step, started, elapsed as u64, estimate).is_start() {
                             elapsed += lat;
                             started += 1;
                         } else {
@@ -268,10 +234,7 @@ impl std::fmt::Display for BenchReport {
 /// default, all cores). Prints nothing; the caller prints the report.
 /// Errors: [`SimError::ThreadPool`], or parameter errors from [`run`].
 pub fn bench_simulator(workers: u32, steps: u64, threads: usize) -> Result<BenchReport, SimError> {
-    let noise = NoiseModel::Reference {
-        base_ns: 1e6,
-        delay_factor: 1.0,
-    };
+    let noise = NoiseModel::Reference { base_ns: 1e6, delay_factor: 1.0 };
     let scenario = Scenario::iid(noise.clone(), 12, 2e6);
     let tau = (0.9 * 12.0 * noise.mean_ns()) as u64;
     let cfg = MonteCarloConfig {
@@ -307,20 +270,11 @@ mod tests {
     use std::time::Duration;
 
     fn fixed(tau: f64) -> PolicyConfig {
-        PolicyConfig {
-            threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)),
-            ..PolicyConfig::default()
-        }
+        PolicyConfig { threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)), ..PolicyConfig::default() }
     }
 
     fn cfg(workers: u32, steps: u64, policy: PolicyConfig) -> MonteCarloConfig {
-        MonteCarloConfig {
-            workers,
-            steps,
-            seed: 42,
-            policy,
-            estimator_quantile: 0.9,
-        }
+        MonteCarloConfig { workers, steps, seed: 42, policy, estimator_quantile: 0.9 }
     }
 
     /// Acceptance: analytic and Monte Carlo expected step times agree within 2 % for normal noise
@@ -330,41 +284,18 @@ mod tests {
     #[test]
     fn analytic_matches_monte_carlo_for_normal_noise() {
         let model = NormalModel::new(100.0, 20.0, 12, 50.0).expect("valid");
-        let scenario = Scenario::iid(
-            NoiseModel::Normal {
-                mean_ns: 100.0,
-                std_ns: 20.0,
-            },
-            12,
-            50.0,
-        );
+        let scenario = Scenario::iid(NoiseModel::Normal { mean_ns: 100.0, std_ns: 20.0 }, 12, 50.0);
         let tau = 1000.0;
         for (n, steps) in [(1u32, 4000u64), (8, 2000), (64, 800), (1024, 200)] {
             let r = run(&scenario, &cfg(n, steps, fixed(tau))).expect("run");
             let a = model.expected_step_time(u64::from(n));
             let at = model.expected_step_time_threshold(u64::from(n), tau);
-            for (mc, an, what) in [
-                (r.baseline_step_ns, a, "baseline"),
-                (r.policy_step_ns, at, "threshold"),
-            ] {
-                assert!(
-                    mc.se / mc.mean < 0.003,
-                    "N={n} {what}: se {} too large",
-                    mc.se
-                );
-                assert!(
-                    (mc.mean / an - 1.0).abs() < 0.02,
-                    "N={n} {what}: MC {} ± {} vs analytic {an}",
-                    mc.mean,
-                    mc.se
-                );
+            for (mc, an, what) in [(r.baseline_step_ns, a, "baseline"), (r.policy_step_ns, at, "threshold")] {
+                assert!(mc.se / mc.mean < 0.003, "N={n} {what}: se {} too large", mc.se);
+                assert!((mc.mean / an - 1.0).abs() < 0.02, "N={n} {what}: MC {} ± {} vs analytic {an}", mc.mean, mc.se);
             }
             let d = model.drop_rate_before_micro_batch(tau);
-            assert!(
-                (r.drop_rate - d).abs() < 0.01,
-                "N={n}: drop {} vs {d}",
-                r.drop_rate
-            );
+            assert!((r.drop_rate - d).abs() < 0.01, "N={n}: drop {} vs {d}", r.drop_rate);
         }
     }
 
@@ -375,26 +306,13 @@ mod tests {
             slow_factor: 1.3,
             pause_every: 5,
             pause_ns: 5e5,
-            ..Scenario::iid(
-                NoiseModel::Reference {
-                    base_ns: 1e5,
-                    delay_factor: 1.0,
-                },
-                12,
-                1e5,
-            )
+            ..Scenario::iid(NoiseModel::Reference { base_ns: 1e5, delay_factor: 1.0 }, 12, 1e5)
         };
         let mut policy = fixed(1.5e6);
         policy.check = CheckMode::Predictive;
         let c = cfg(600, 30, policy);
-        let one = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .expect("pool");
-        let two = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("pool");
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
         let a = one.install(|| run(&scenario, &c)).expect("run");
         let b = two.install(|| run(&scenario, &c)).expect("run");
         assert_eq!(a, b);
@@ -403,28 +321,13 @@ mod tests {
 
     #[test]
     fn slow_worker_and_pauses_lengthen_the_baseline() {
-        let noise = NoiseModel::Normal {
-            mean_ns: 100.0,
-            std_ns: 1.0,
-        };
-        let plain = run(
-            &Scenario::iid(noise.clone(), 10, 0.0),
-            &cfg(16, 50, PolicyConfig::default()),
-        )
-        .expect("run");
-        let slow = Scenario {
-            slow_workers: 1,
-            slow_factor: 2.0,
-            ..Scenario::iid(noise.clone(), 10, 0.0)
-        };
+        let noise = NoiseModel::Normal { mean_ns: 100.0, std_ns: 1.0 };
+        let plain = run(&Scenario::iid(noise.clone(), 10, 0.0), &cfg(16, 50, PolicyConfig::default())).expect("run");
+        let slow = Scenario { slow_workers: 1, slow_factor: 2.0, ..Scenario::iid(noise.clone(), 10, 0.0) };
         let s = run(&slow, &cfg(16, 50, PolicyConfig::default())).expect("run");
         // One worker at 2x: step ≈ 2000 instead of ≈ 1000.
         assert!((s.baseline_step_ns.mean / plain.baseline_step_ns.mean - 2.0).abs() < 0.05);
-        let paused = Scenario {
-            pause_every: 1,
-            pause_ns: 300.0,
-            ..Scenario::iid(noise, 10, 0.0)
-        };
+        let paused = Scenario { pause_every: 1, pause_ns: 300.0, ..Scenario::iid(noise, 10, 0.0) };
         let p = run(&paused, &cfg(16, 50, PolicyConfig::default())).expect("run");
         assert!((p.baseline_step_ns.mean - plain.baseline_step_ns.mean - 300.0).abs() < 15.0);
         assert_eq!(plain.drop_rate, 0.0);

@@ -45,16 +45,8 @@ pub fn reference_multiplier_pmf() -> ReferencePmf {
         .collect();
     let total: f64 = w.iter().sum();
     let probs: Vec<f64> = w.iter().map(|x| x / total).collect();
-    let mean_length = lengths
-        .iter()
-        .zip(&probs)
-        .map(|(&k, p)| f64::from(k) * p)
-        .sum();
-    ReferencePmf {
-        lengths,
-        probs,
-        mean_length,
-    }
+    let mean_length = lengths.iter().zip(&probs).map(|(&k, p)| f64::from(k) * p).sum();
+    ReferencePmf { lengths, probs, mean_length }
 }
 
 /// O(1) sampler of a finite discrete distribution (Walker/Vose alias method).
@@ -84,8 +76,7 @@ impl DiscreteSampler {
         let mut scaled: Vec<f64> = weights.iter().map(|w| w * n as f64 / total).collect();
         let mut prob = vec![1.0; n];
         let mut alias: Vec<u32> = (0..n as u32).collect();
-        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
-            (0..n).partition(|&i| scaled[i] < 1.0);
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| scaled[i] < 1.0);
         while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
             prob[s] = scaled[s];
             alias[s] = l as u32;
@@ -103,11 +94,7 @@ impl DiscreteSampler {
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> usize {
         let u: f64 = rng.random::<f64>() * self.prob.len() as f64;
         let i = (u as usize).min(self.prob.len() - 1);
-        if u - (i as f64) < self.prob[i] {
-            i
-        } else {
-            self.alias[i] as usize
-        }
+        if u - (i as f64) < self.prob[i] { i } else { self.alias[i] as usize }
     }
 }
 
@@ -126,11 +113,7 @@ pub enum NoiseModel {
     /// Sequence-length-driven cost (OSDI'25 what-if study, cost ∝ Σ s_i²):
     /// fixed_ns + ns_per_token2 · Σ_{i=1..samples} s_i², lengths s_i drawn from the reference
     /// length distribution (1..999).
-    SeqLen {
-        samples: u32,
-        ns_per_token2: f64,
-        fixed_ns: f64,
-    },
+    SeqLen { samples: u32, ns_per_token2: f64, fixed_ns: f64 },
 }
 
 /// A ready-to-sample [`NoiseModel`] (distribution objects built once).
@@ -171,22 +154,10 @@ impl NoiseModel {
             NoiseModel::Normal { mean_ns, .. } => mean_ns,
             NoiseModel::LogNormal { mean_ns, .. } => mean_ns,
             NoiseModel::Exponential { mean_ns } => mean_ns,
-            NoiseModel::Reference {
-                base_ns,
-                delay_factor,
-            } => base_ns * (1.0 + 0.5 * delay_factor),
-            NoiseModel::SeqLen {
-                samples,
-                ns_per_token2,
-                fixed_ns,
-            } => {
+            NoiseModel::Reference { base_ns, delay_factor } => base_ns * (1.0 + 0.5 * delay_factor),
+            NoiseModel::SeqLen { samples, ns_per_token2, fixed_ns } => {
                 let p = reference_multiplier_pmf();
-                let m2: f64 = p
-                    .lengths
-                    .iter()
-                    .zip(&p.probs)
-                    .map(|(&k, q)| f64::from(k).powi(2) * q)
-                    .sum();
+                let m2: f64 = p.lengths.iter().zip(&p.probs).map(|(&k, q)| f64::from(k).powi(2) * q).sum();
                 fixed_ns + f64::from(samples) * ns_per_token2 * m2
             }
         }
@@ -199,29 +170,15 @@ impl NoiseModel {
             NoiseModel::Normal { std_ns, .. } => std_ns,
             NoiseModel::LogNormal { mean_ns, cv } => mean_ns * cv,
             NoiseModel::Exponential { mean_ns } => mean_ns,
-            NoiseModel::Reference {
-                base_ns,
-                delay_factor,
-            } => {
+            NoiseModel::Reference { base_ns, delay_factor } => {
                 let p = reference_multiplier_pmf();
-                let var: f64 = (0..p.lengths.len())
-                    .map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2))
-                    .sum();
+                let var: f64 = (0..p.lengths.len()).map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2)).sum();
                 0.5 * delay_factor * base_ns * var.sqrt()
             }
-            NoiseModel::SeqLen {
-                samples,
-                ns_per_token2,
-                ..
-            } => {
+            NoiseModel::SeqLen { samples, ns_per_token2, .. } => {
                 let p = reference_multiplier_pmf();
-                let m = |k: i32| -> f64 {
-                    p.lengths
-                        .iter()
-                        .zip(&p.probs)
-                        .map(|(&l, q)| f64::from(l).powi(k) * q)
-                        .sum()
-                };
+                let m =
+                    |k: i32| -> f64 { p.lengths.iter().zip(&p.probs).map(|(&l, q)| f64::from(l).powi(k) * q).sum() };
                 let var_sq = m(4) - m(2).powi(2);
                 ns_per_token2 * (f64::from(samples) * var_sq).sqrt()
             }
@@ -231,23 +188,12 @@ impl NoiseModel {
     /// Build the sampler. Errors: [`SimError::InvalidParameter`] naming the parameter when a
     /// mean, std, cv or factor is negative or not finite (or a mean is zero where required).
     pub fn sampler(&self) -> Result<LatencySampler, SimError> {
-        let bad = |what: &'static str, v: f64| SimError::InvalidParameter {
-            what,
-            value: v.to_string(),
-        };
+        let bad = |what: &'static str, v: f64| SimError::InvalidParameter { what, value: v.to_string() };
         let pos = |what: &'static str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(v)
-            } else {
-                Err(bad(what, v))
-            }
+            if v.is_finite() && v > 0.0 { Ok(v) } else { Err(bad(what, v)) }
         };
         let nonneg = |what: &'static str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(v)
-            } else {
-                Err(bad(what, v))
-            }
+            if v.is_finite() && v >= 0.0 { Ok(v) } else { Err(bad(what, v)) }
         };
         Ok(match *self {
             NoiseModel::Normal { mean_ns, std_ns } => {
@@ -260,33 +206,21 @@ impl NoiseModel {
                 let cv = nonneg("lognormal cv", cv)?;
                 let sigma2 = (1.0 + cv * cv).ln();
                 let mu = m.ln() - sigma2 / 2.0;
-                LatencySampler::LogNormal(
-                    LogNormal::new(mu, sigma2.sqrt()).map_err(|_| bad("lognormal cv", cv))?,
-                )
+                LatencySampler::LogNormal(LogNormal::new(mu, sigma2.sqrt()).map_err(|_| bad("lognormal cv", cv))?)
             }
             NoiseModel::Exponential { mean_ns } => {
                 let m = pos("exponential mean_ns", mean_ns)?;
-                LatencySampler::Exponential(
-                    Exp::new(1.0 / m).map_err(|_| bad("exponential mean_ns", m))?,
-                )
+                LatencySampler::Exponential(Exp::new(1.0 / m).map_err(|_| bad("exponential mean_ns", m))?)
             }
-            NoiseModel::Reference {
-                base_ns,
-                delay_factor,
-            } => {
+            NoiseModel::Reference { base_ns, delay_factor } => {
                 let p = reference_multiplier_pmf();
                 LatencySampler::Reference {
                     table: DiscreteSampler::new(&p.probs)?,
                     base_ns: pos("reference base_ns", base_ns)?,
-                    ns_per_length: 0.5 * nonneg("reference delay_factor", delay_factor)? * base_ns
-                        / p.mean_length,
+                    ns_per_length: 0.5 * nonneg("reference delay_factor", delay_factor)? * base_ns / p.mean_length,
                 }
             }
-            NoiseModel::SeqLen {
-                samples,
-                ns_per_token2,
-                fixed_ns,
-            } => {
+            NoiseModel::SeqLen { samples, ns_per_token2, fixed_ns } => {
                 let p = reference_multiplier_pmf();
                 LatencySampler::SeqLen {
                     table: DiscreteSampler::new(&p.probs)?,
@@ -307,17 +241,10 @@ impl LatencySampler {
             LatencySampler::Normal(d) => d.sample(rng).max(0.0),
             LatencySampler::LogNormal(d) => d.sample(rng),
             LatencySampler::Exponential(d) => d.sample(rng),
-            LatencySampler::Reference {
-                table,
-                base_ns,
-                ns_per_length,
-            } => base_ns + ns_per_length * (table.sample(rng) + 1) as f64,
-            LatencySampler::SeqLen {
-                table,
-                samples,
-                ns_per_token2,
-                fixed_ns,
-            } => {
+            LatencySampler::Reference { table, base_ns, ns_per_length } => {
+                base_ns + ns_per_length * (table.sample(rng) + 1) as f64
+            }
+            LatencySampler::SeqLen { table, samples, ns_per_token2, fixed_ns } => {
                 let mut sq = 0.0;
                 for _ in 0..*samples {
                     let s = (table.sample(rng) + 1) as f64;
@@ -346,9 +273,7 @@ mod tests {
         assert!((p.probs.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         // Digest §4: mean length 87.63; multiplier std 1.16, median 0.62.
         assert!((p.mean_length - 87.63).abs() < 0.01, "{}", p.mean_length);
-        let var: f64 = (0..999)
-            .map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2))
-            .sum();
+        let var: f64 = (0..999).map(|i| p.probs[i] * (p.multiplier(i) - 1.0).powi(2)).sum();
         assert!((var.sqrt() - 1.16).abs() < 0.005, "{}", var.sqrt());
         let mut c = 0.0;
         let median = (0..999)
@@ -384,24 +309,11 @@ mod tests {
     #[test]
     fn sample_means_match_model_means() {
         let models = [
-            NoiseModel::Normal {
-                mean_ns: 100.0,
-                std_ns: 20.0,
-            },
-            NoiseModel::LogNormal {
-                mean_ns: 100.0,
-                cv: 0.5,
-            },
+            NoiseModel::Normal { mean_ns: 100.0, std_ns: 20.0 },
+            NoiseModel::LogNormal { mean_ns: 100.0, cv: 0.5 },
             NoiseModel::Exponential { mean_ns: 100.0 },
-            NoiseModel::Reference {
-                base_ns: 100.0,
-                delay_factor: 1.0,
-            },
-            NoiseModel::SeqLen {
-                samples: 4,
-                ns_per_token2: 0.01,
-                fixed_ns: 10.0,
-            },
+            NoiseModel::Reference { base_ns: 100.0, delay_factor: 1.0 },
+            NoiseModel::SeqLen { samples: 4, ns_per_token2: 0.01, fixed_ns: 10.0 },
         ];
         for m in models {
             let s = m.sampler().expect("valid model");
@@ -409,24 +321,9 @@ mod tests {
             let n = 200_000;
             let mean = (0..n).map(|_| s.sample(&mut r)).sum::<f64>() / f64::from(n);
             // All models here have cv <= ~2.5 per draw: se of the mean <= 0.6 %.
-            assert!(
-                (mean / m.mean_ns() - 1.0).abs() < 0.03,
-                "{m:?}: {mean} vs {}",
-                m.mean_ns()
-            );
+            assert!((mean / m.mean_ns() - 1.0).abs() < 0.03, "{m:?}: {mean} vs {}", m.mean_ns());
         }
-        assert!(
-            NoiseModel::Normal {
-                mean_ns: -1.0,
-                std_ns: 1.0
-            }
-            .sampler()
-            .is_err()
-        );
-        assert!(
-            NoiseModel::Exponential { mean_ns: f64::NAN }
-                .sampler()
-                .is_err()
-        );
+        assert!(NoiseModel::Normal { mean_ns: -1.0, std_ns: 1.0 }.sampler().is_err());
+        assert!(NoiseModel::Exponential { mean_ns: f64::NAN }.sampler().is_err());
     }
 }

@@ -74,15 +74,8 @@ mod tests {
     #[test]
     fn replay_applies_the_policy_to_recorded_latencies() {
         // 2 ranks, M = 3, 1 step; rank 1 is slow on its last micro-batch.
-        let t = LatencyTrace::new(
-            "t",
-            vec![0, 1],
-            vec![10],
-            3,
-            vec![10.0, 10.0, 10.0, 10.0, 10.0, 40.0],
-            vec![5.0],
-        )
-        .expect("valid");
+        let t = LatencyTrace::new("t", vec![0, 1], vec![10], 3, vec![10.0, 10.0, 10.0, 10.0, 10.0, 40.0], vec![5.0])
+            .expect("valid");
         let off = replay(&t, &PolicyConfig::default());
         assert_eq!(off.per_step, vec![(65.0, 65.0, 6)]);
         assert_eq!(off.effective_speedup, 0.0);

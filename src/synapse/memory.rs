@@ -74,17 +74,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .filter(|&b| b > 0)
-            .ok_or_else(|| Error::InvalidArgument {
-                what: "device buffer length",
-                value: len.to_string(),
-            })?;
+            .ok_or_else(|| Error::InvalidArgument { what: "device buffer length", value: len.to_string() })?;
         let addr = result::device_malloc(dev.api(), dev.id(), bytes as u64)?;
-        Ok(Self {
-            dev: dev.clone(),
-            addr,
-            len,
-            _t: PhantomData,
-        })
+        Ok(Self { dev: dev.clone(), addr, len, _t: PhantomData })
     }
 
     /// The device address of element 0.
@@ -171,27 +163,16 @@ impl<T: DeviceRepr> HostBuffer<T> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .filter(|&b| b > 0)
-            .ok_or_else(|| Error::InvalidArgument {
-                what: "host buffer length",
-                value: len.to_string(),
-            })?;
+            .ok_or_else(|| Error::InvalidArgument { what: "host buffer length", value: len.to_string() })?;
         let p = result::host_malloc(dev.api(), dev.id(), bytes as u64)?;
-        if p.is_null() || (p as usize) % align_of::<T>() != 0 {
-            return Err(Error::InvalidArgument {
-                what: "synHostMalloc result",
-                value: format!("{p:p}"),
-            });
+        if p.is_null() || !(p as usize).is_multiple_of(align_of::<T>()) {
+            return Err(Error::InvalidArgument { what: "synHostMalloc result", value: format!("{p:p}") });
         }
         let ptr = p.cast::<T>();
         // SAFETY: `ptr` is a fresh, suitably aligned allocation of `len` elements (checked above);
         // zero bits are a valid `T` for every `DeviceRepr`.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(Self {
-            dev: dev.clone(),
-            ptr,
-            len,
-            pending: RefCell::new(Vec::new()),
-        })
+        Ok(Self { dev: dev.clone(), ptr, len, pending: RefCell::new(Vec::new()) })
     }
 
     /// Allocates a buffer holding a copy of `data`.
@@ -273,10 +254,7 @@ impl<T: DeviceRepr> Drop for HostBuffer<T> {
                 match ev.is_complete() {
                     Ok(true) | Err(_) => break,
                     Ok(false) if std::time::Instant::now() > deadline => {
-                        tracing::warn!(
-                            device = self.dev.id(),
-                            "host buffer still used by a copy; leaking it"
-                        );
+                        tracing::warn!(device = self.dev.id(), "host buffer still used by a copy; leaking it");
                         return;
                     }
                     Ok(false) => std::thread::sleep(Duration::from_micros(200)),
@@ -284,23 +262,14 @@ impl<T: DeviceRepr> Drop for HostBuffer<T> {
             }
         }
         // SAFETY: allocated by synHostMalloc on this device; no copy is in flight (waited above).
-        if let Err(e) = unsafe { result::host_free(self.dev.api(), self.dev.id(), self.ptr.cast()) }
-        {
+        if let Err(e) = unsafe { result::host_free(self.dev.api(), self.dev.id(), self.ptr.cast()) } {
             tracing::warn!(device = self.dev.id(), error = %e, "best-effort host free failed");
         }
     }
 }
 
 fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(Error::SizeMismatch {
-            what,
-            expected,
-            got,
-        })
-    }
+    if expected == got { Ok(()) } else { Err(Error::SizeMismatch { what, expected, got }) }
 }
 
 fn same_device(stream: &Stream, dev: &Device) -> Result<()> {
@@ -309,11 +278,7 @@ fn same_device(stream: &Stream, dev: &Device) -> Result<()> {
     } else {
         Err(Error::InvalidArgument {
             what: "buffer device",
-            value: format!(
-                "buffer on device {} used on a stream of device {}",
-                dev.id(),
-                stream.device().id()
-            ),
+            value: format!("buffer on device {} used on a stream of device {}", dev.id(), stream.device().id()),
         })
     }
 }
@@ -324,11 +289,7 @@ impl Stream {
     /// # Errors
     /// [`Error::SizeMismatch`] when lengths differ, [`Error::InvalidArgument`] across devices
     /// (both checked before any C call); [`Error::Synapse`].
-    pub fn copy_h2d<T: DeviceRepr>(
-        &self,
-        src: &HostBuffer<T>,
-        dst: &mut DeviceBuffer<T>,
-    ) -> Result<()> {
+    pub fn copy_h2d<T: DeviceRepr>(&self, src: &HostBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
         same_len("copy_h2d element count", dst.len, src.len)?;
         same_device(self, &dst.dev)?;
         // SAFETY: the stream is live; `src` is pinned memory of `bytes` bytes that stays valid
@@ -351,11 +312,7 @@ impl Stream {
     ///
     /// # Errors
     /// As [`Stream::copy_h2d`].
-    pub fn copy_d2h<T: DeviceRepr>(
-        &self,
-        src: &DeviceBuffer<T>,
-        dst: &mut HostBuffer<T>,
-    ) -> Result<()> {
+    pub fn copy_d2h<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut HostBuffer<T>) -> Result<()> {
         same_len("copy_d2h element count", dst.len, src.len)?;
         same_device(self, &src.dev)?;
         // SAFETY: as in `copy_h2d`; `&mut dst` plus the tracked event keep the host memory
@@ -377,11 +334,7 @@ impl Stream {
     ///
     /// # Errors
     /// As [`Stream::copy_h2d`].
-    pub fn copy_d2d<T: DeviceRepr>(
-        &self,
-        src: &DeviceBuffer<T>,
-        dst: &mut DeviceBuffer<T>,
-    ) -> Result<()> {
+    pub fn copy_d2d<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
         same_len("copy_d2d element count", dst.len, src.len)?;
         same_device(self, &src.dev)?;
         same_device(self, &dst.dev)?;

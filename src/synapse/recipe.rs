@@ -10,8 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use habana_sys::{
-    HABANA_DIM_MAX, SYN_FLAGS_TENSOR_NAME, synLaunchTensorInfoExt, synRecipeAttribute,
-    synRecipeHandle, synTensorType,
+    HABANA_DIM_MAX, SYN_FLAGS_TENSOR_NAME, synLaunchTensorInfoExt, synRecipeAttribute, synRecipeHandle, synTensorType,
 };
 
 use super::error::{Error, Result};
@@ -35,10 +34,8 @@ pub struct Recipe {
 unsafe impl Send for Recipe {}
 
 fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Error::InvalidArgument {
-        what: "recipe path",
-        value: path.display().to_string(),
-    })
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::InvalidArgument { what: "recipe path", value: path.display().to_string() })
 }
 
 impl Recipe {
@@ -49,10 +46,7 @@ impl Recipe {
     /// file is missing or not a recipe.
     pub fn load(rt: &Arc<Runtime>, path: &Path) -> Result<Self> {
         let handle = result::recipe_deserialize(rt.api(), &c_path(path)?)?;
-        Ok(Self {
-            rt: rt.clone(),
-            handle,
-        })
+        Ok(Self { rt: rt.clone(), handle })
     }
 
     /// Writes the recipe to `path` (`synRecipeSerialize`).
@@ -80,12 +74,7 @@ impl Recipe {
     pub fn tensor_ids(&self, names: &[&str]) -> Result<Vec<u64>> {
         let names: Vec<CString> = names
             .iter()
-            .map(|n| {
-                CString::new(*n).map_err(|_| Error::InvalidArgument {
-                    what: "tensor name",
-                    value: n.to_string(),
-                })
-            })
+            .map(|n| CString::new(*n).map_err(|_| Error::InvalidArgument { what: "tensor name", value: n.to_string() }))
             .collect::<Result<_>>()?;
         // SAFETY: live handle.
         unsafe { result::tensor_ids(self.rt.api(), self.handle, &names) }
@@ -139,12 +128,7 @@ pub struct LaunchTensor<'a> {
 impl<'a> LaunchTensor<'a> {
     /// Binds recipe tensor `id` (from [`Recipe::tensor_ids`] / [`Recipe::launch_ids`]) to `buf`.
     pub fn by_id<T: DeviceRepr>(id: u64, buf: &'a DeviceBuffer<T>) -> Self {
-        Self {
-            binding: Binding::Id(id),
-            addr: buf.addr(),
-            device: buf.device().id(),
-            _buf: PhantomData,
-        }
+        Self { binding: Binding::Id(id), addr: buf.addr(), device: buf.device().id(), _buf: PhantomData }
     }
 
     /// Binds the recipe tensor named `name` to `buf`.
@@ -153,21 +137,11 @@ impl<'a> LaunchTensor<'a> {
     /// [`Error::InvalidArgument`] for a name containing NUL or longer than the vendor's limit.
     pub fn by_name<T: DeviceRepr>(name: &str, buf: &'a DeviceBuffer<T>) -> Result<Self> {
         if name.len() >= habana_sys::ENQUEUE_TENSOR_NAME_MAX_SIZE {
-            return Err(Error::InvalidArgument {
-                what: "tensor name",
-                value: name.to_string(),
-            });
+            return Err(Error::InvalidArgument { what: "tensor name", value: name.to_string() });
         }
-        let c = CString::new(name).map_err(|_| Error::InvalidArgument {
-            what: "tensor name",
-            value: name.to_string(),
-        })?;
-        Ok(Self {
-            binding: Binding::Name(c),
-            addr: buf.addr(),
-            device: buf.device().id(),
-            _buf: PhantomData,
-        })
+        let c =
+            CString::new(name).map_err(|_| Error::InvalidArgument { what: "tensor name", value: name.to_string() })?;
+        Ok(Self { binding: Binding::Name(c), addr: buf.addr(), device: buf.device().id(), _buf: PhantomData })
     }
 }
 
@@ -217,10 +191,7 @@ impl Stream {
         if let Some(e) = signal.iter().find(|e| e.device().id() != dev) {
             return Err(Error::InvalidArgument {
                 what: "launch event device",
-                value: format!(
-                    "event of device {} signalled by a launch on device {dev}",
-                    e.device().id()
-                ),
+                value: format!("event of device {} signalled by a launch on device {dev}", e.device().id()),
             });
         }
         let mut events: Vec<_> = signal.iter().map(|e| e.raw()).collect();
@@ -229,16 +200,6 @@ impl Stream {
         // SAFETY: stream, recipe and events are live (borrowed); every address comes from a
         // live `DeviceBuffer` borrowed for the call; names are NUL-terminated `CString`s owned
         // by `tensors`, alive for the call.
-        unsafe {
-            result::launch_ext(
-                self.device().api(),
-                self.raw(),
-                &infos,
-                ws,
-                recipe.handle,
-                &mut events,
-                flags,
-            )
-        }
+        unsafe { result::launch_ext(self.device().api(), self.raw(), &infos, ws, recipe.handle, &mut events, flags) }
     }
 }

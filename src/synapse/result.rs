@@ -8,8 +8,8 @@
 use std::ffi::{CStr, CString, c_char, c_void};
 
 use habana_sys::{
-    SynapseApi, synDeviceId, synDeviceInfoV2, synDmaDir, synEventHandle, synLaunchTensorInfoExt,
-    synRecipeAttribute, synRecipeHandle, synStatus, synStreamHandle,
+    SynapseApi, synDeviceId, synDeviceInfoV2, synDmaDir, synEventHandle, synLaunchTensorInfoExt, synRecipeAttribute,
+    synRecipeHandle, synStatus, synStreamHandle,
 };
 
 use super::error::{Error, Result};
@@ -19,12 +19,7 @@ pub fn check(api: &SynapseApi, call: &'static str, status: synStatus) -> Result<
     if status.is_success() {
         return Ok(());
     }
-    Err(Error::Synapse {
-        call,
-        status,
-        description: describe(api, status),
-        message: last_message(api),
-    })
+    Err(Error::Synapse { call, status, description: describe(api, status), message: last_message(api) })
 }
 
 /// The library's brief description of `status` (`synStatusGetBriefDescription`), falling back to
@@ -36,9 +31,7 @@ pub fn describe(api: &SynapseApi, status: synStatus) -> String {
     if st.is_success() {
         buf[buf.len() - 1] = 0;
         // SAFETY: NUL-terminated within the buffer (set above).
-        let s = unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let s = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
         if !s.is_empty() {
             return s;
         }
@@ -79,9 +72,7 @@ pub unsafe fn destroy(api: &SynapseApi) -> Result<()> {
 pub fn device_count(api: &SynapseApi) -> Result<u32> {
     let mut n = 0u32;
     // SAFETY: `n` is a valid out-pointer.
-    check(api, "synDeviceGetCount", unsafe {
-        (api.syn_device_get_count)(&mut n)
-    })?;
+    check(api, "synDeviceGetCount", unsafe { (api.syn_device_get_count)(&mut n) })?;
     Ok(n)
 }
 
@@ -90,9 +81,7 @@ pub fn module_ids(api: &SynapseApi) -> Result<Vec<u32>> {
     let mut ids = vec![0u32; 1024];
     let mut size = ids.len() as u32;
     // SAFETY: `ids` holds `size` elements; `size` is an in/out count.
-    check(api, "synDeviceGetModuleIDs", unsafe {
-        (api.syn_device_get_module_ids)(ids.as_mut_ptr(), &mut size)
-    })?;
+    check(api, "synDeviceGetModuleIDs", unsafe { (api.syn_device_get_module_ids)(ids.as_mut_ptr(), &mut size) })?;
     ids.truncate(size.min(1024) as usize);
     Ok(ids)
 }
@@ -101,9 +90,7 @@ pub fn module_ids(api: &SynapseApi) -> Result<Vec<u32>> {
 pub fn device_acquire_by_module_id(api: &SynapseApi, module_id: u32) -> Result<synDeviceId> {
     let mut id = habana_sys::SYN_INVALID_DEVICE_ID;
     // SAFETY: `id` is a valid out-pointer.
-    check(api, "synDeviceAcquireByModuleId", unsafe {
-        (api.syn_device_acquire_by_module_id)(&mut id, module_id)
-    })?;
+    check(api, "synDeviceAcquireByModuleId", unsafe { (api.syn_device_acquire_by_module_id)(&mut id, module_id) })?;
     Ok(id)
 }
 
@@ -111,35 +98,27 @@ pub fn device_acquire_by_module_id(api: &SynapseApi, module_id: u32) -> Result<s
 pub fn device_acquire_any(api: &SynapseApi) -> Result<synDeviceId> {
     let mut id = habana_sys::SYN_INVALID_DEVICE_ID;
     // SAFETY: `id` is a valid out-pointer; a NULL PCI bus selects the first device.
-    check(api, "synDeviceAcquire", unsafe {
-        (api.syn_device_acquire)(&mut id, std::ptr::null())
-    })?;
+    check(api, "synDeviceAcquire", unsafe { (api.syn_device_acquire)(&mut id, std::ptr::null()) })?;
     Ok(id)
 }
 
 /// `synDeviceRelease`.
 pub fn device_release(api: &SynapseApi, device: synDeviceId) -> Result<()> {
     // SAFETY: plain value argument; an unknown id yields an error status.
-    check(api, "synDeviceRelease", unsafe {
-        (api.syn_device_release)(device)
-    })
+    check(api, "synDeviceRelease", unsafe { (api.syn_device_release)(device) })
 }
 
 /// `synDeviceSynchronize`: waits for all streams of the device.
 pub fn device_synchronize(api: &SynapseApi, device: synDeviceId) -> Result<()> {
     // SAFETY: plain value argument.
-    check(api, "synDeviceSynchronize", unsafe {
-        (api.syn_device_synchronize)(device)
-    })
+    check(api, "synDeviceSynchronize", unsafe { (api.syn_device_synchronize)(device) })
 }
 
 /// `synDeviceGetInfoV2`.
 pub fn device_info(api: &SynapseApi, device: synDeviceId) -> Result<synDeviceInfoV2> {
     let mut info = synDeviceInfoV2::default();
     // SAFETY: `info` is a valid out-pointer of the documented struct.
-    check(api, "synDeviceGetInfoV2", unsafe {
-        (api.syn_device_get_info_v2)(device, &mut info)
-    })?;
+    check(api, "synDeviceGetInfoV2", unsafe { (api.syn_device_get_info_v2)(device, &mut info) })?;
     Ok(info)
 }
 
@@ -147,9 +126,7 @@ pub fn device_info(api: &SynapseApi, device: synDeviceId) -> Result<synDeviceInf
 pub fn device_memory_info(api: &SynapseApi, device: synDeviceId) -> Result<(u64, u64)> {
     let (mut free, mut total) = (0u64, 0u64);
     // SAFETY: valid out-pointers.
-    check(api, "synDeviceGetMemoryInfo", unsafe {
-        (api.syn_device_get_memory_info)(device, &mut free, &mut total)
-    })?;
+    check(api, "synDeviceGetMemoryInfo", unsafe { (api.syn_device_get_memory_info)(device, &mut free, &mut total) })?;
     Ok((free, total))
 }
 
@@ -157,9 +134,7 @@ pub fn device_memory_info(api: &SynapseApi, device: synDeviceId) -> Result<(u64,
 pub fn stream_create(api: &SynapseApi, device: synDeviceId) -> Result<synStreamHandle> {
     let mut h: synStreamHandle = std::ptr::null_mut();
     // SAFETY: valid out-pointer; flags 0 as every vendor sample passes.
-    check(api, "synStreamCreateGeneric", unsafe {
-        (api.syn_stream_create_generic)(&mut h, device, 0)
-    })?;
+    check(api, "synStreamCreateGeneric", unsafe { (api.syn_stream_create_generic)(&mut h, device, 0) })?;
     Ok(h)
 }
 
@@ -169,9 +144,7 @@ pub fn stream_create(api: &SynapseApi, device: synDeviceId) -> Result<synStreamH
 /// `stream` must be a live stream not used afterwards.
 pub unsafe fn stream_destroy(api: &SynapseApi, stream: synStreamHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synStreamDestroy", unsafe {
-        (api.syn_stream_destroy)(stream)
-    })
+    check(api, "synStreamDestroy", unsafe { (api.syn_stream_destroy)(stream) })
 }
 
 /// `synStreamSynchronize`.
@@ -180,9 +153,7 @@ pub unsafe fn stream_destroy(api: &SynapseApi, stream: synStreamHandle) -> Resul
 /// `stream` must be a live stream.
 pub unsafe fn stream_synchronize(api: &SynapseApi, stream: synStreamHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synStreamSynchronize", unsafe {
-        (api.syn_stream_synchronize)(stream)
-    })
+    check(api, "synStreamSynchronize", unsafe { (api.syn_stream_synchronize)(stream) })
 }
 
 /// `synStreamQuery`: `Ok(true)` when all work is done, `Ok(false)` on synBusy.
@@ -202,24 +173,16 @@ pub unsafe fn stream_query(api: &SynapseApi, stream: synStreamHandle) -> Result<
 ///
 /// # Safety
 /// Both handles must be live and belong to the same device.
-pub unsafe fn stream_wait_event(
-    api: &SynapseApi,
-    stream: synStreamHandle,
-    event: synEventHandle,
-) -> Result<()> {
+pub unsafe fn stream_wait_event(api: &SynapseApi, stream: synStreamHandle, event: synEventHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller; flags must be 0.
-    check(api, "synStreamWaitEvent", unsafe {
-        (api.syn_stream_wait_event)(stream, event, 0)
-    })
+    check(api, "synStreamWaitEvent", unsafe { (api.syn_stream_wait_event)(stream, event, 0) })
 }
 
 /// `synEventCreate`.
 pub fn event_create(api: &SynapseApi, device: synDeviceId, flags: u32) -> Result<synEventHandle> {
     let mut h: synEventHandle = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
-    check(api, "synEventCreate", unsafe {
-        (api.syn_event_create)(&mut h, device, flags)
-    })?;
+    check(api, "synEventCreate", unsafe { (api.syn_event_create)(&mut h, device, flags) })?;
     Ok(h)
 }
 
@@ -229,24 +192,16 @@ pub fn event_create(api: &SynapseApi, device: synDeviceId, flags: u32) -> Result
 /// `event` must be live and not used afterwards.
 pub unsafe fn event_destroy(api: &SynapseApi, event: synEventHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synEventDestroy", unsafe {
-        (api.syn_event_destroy)(event)
-    })
+    check(api, "synEventDestroy", unsafe { (api.syn_event_destroy)(event) })
 }
 
 /// `synEventRecord`.
 ///
 /// # Safety
 /// Both handles must be live.
-pub unsafe fn event_record(
-    api: &SynapseApi,
-    event: synEventHandle,
-    stream: synStreamHandle,
-) -> Result<()> {
+pub unsafe fn event_record(api: &SynapseApi, event: synEventHandle, stream: synStreamHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synEventRecord", unsafe {
-        (api.syn_event_record)(event, stream)
-    })
+    check(api, "synEventRecord", unsafe { (api.syn_event_record)(event, stream) })
 }
 
 /// `synEventQuery`: `Ok(true)` when complete (or never recorded), `Ok(false)` on synBusy.
@@ -268,25 +223,17 @@ pub unsafe fn event_query(api: &SynapseApi, event: synEventHandle) -> Result<boo
 /// `event` must be live.
 pub unsafe fn event_synchronize(api: &SynapseApi, event: synEventHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synEventSynchronize", unsafe {
-        (api.syn_event_synchronize)(event)
-    })
+    check(api, "synEventSynchronize", unsafe { (api.syn_event_synchronize)(event) })
 }
 
 /// `synEventElapsedTime` in ns; with `end` null, the start event's timestamp.
 ///
 /// # Safety
 /// `start` must be live; `end` live or null.
-pub unsafe fn event_elapsed_ns(
-    api: &SynapseApi,
-    start: synEventHandle,
-    end: synEventHandle,
-) -> Result<u64> {
+pub unsafe fn event_elapsed_ns(api: &SynapseApi, start: synEventHandle, end: synEventHandle) -> Result<u64> {
     let mut ns = 0u64;
     // SAFETY: guaranteed by the caller; `ns` is a valid out-pointer.
-    check(api, "synEventElapsedTime", unsafe {
-        (api.syn_event_elapsed_time)(&mut ns, start, end)
-    })?;
+    check(api, "synEventElapsedTime", unsafe { (api.syn_event_elapsed_time)(&mut ns, start, end) })?;
     Ok(ns)
 }
 
@@ -294,9 +241,7 @@ pub unsafe fn event_elapsed_ns(
 pub fn host_malloc(api: &SynapseApi, device: synDeviceId, bytes: u64) -> Result<*mut c_void> {
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
-    check(api, "synHostMalloc", unsafe {
-        (api.syn_host_malloc)(device, bytes, 0, &mut p)
-    })?;
+    check(api, "synHostMalloc", unsafe { (api.syn_host_malloc)(device, bytes, 0, &mut p) })?;
     Ok(p)
 }
 
@@ -306,27 +251,21 @@ pub fn host_malloc(api: &SynapseApi, device: synDeviceId, bytes: u64) -> Result<
 /// `p` must come from `synHostMalloc` on `device`, with no copy using it in flight.
 pub unsafe fn host_free(api: &SynapseApi, device: synDeviceId, p: *const c_void) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synHostFree", unsafe {
-        (api.syn_host_free)(device, p, 0)
-    })
+    check(api, "synHostFree", unsafe { (api.syn_host_free)(device, p, 0) })
 }
 
 /// `synDeviceMalloc(.., reqAddr = 0, flags = 0)`: a device address.
 pub fn device_malloc(api: &SynapseApi, device: synDeviceId, bytes: u64) -> Result<u64> {
     let mut addr = 0u64;
     // SAFETY: valid out-pointer; reqAddr 0 lets the runtime choose (128-byte aligned).
-    check(api, "synDeviceMalloc", unsafe {
-        (api.syn_device_malloc)(device, bytes, 0, 0, &mut addr)
-    })?;
+    check(api, "synDeviceMalloc", unsafe { (api.syn_device_malloc)(device, bytes, 0, 0, &mut addr) })?;
     Ok(addr)
 }
 
 /// `synDeviceFree`.
 pub fn device_free(api: &SynapseApi, device: synDeviceId, addr: u64) -> Result<()> {
     // SAFETY: plain values; device addresses are integers, an unknown one yields an error.
-    check(api, "synDeviceFree", unsafe {
-        (api.syn_device_free)(device, addr, 0)
-    })
+    check(api, "synDeviceFree", unsafe { (api.syn_device_free)(device, addr, 0) })
 }
 
 /// `synMemCopyAsync`.
@@ -343,18 +282,14 @@ pub unsafe fn mem_copy_async(
     dir: synDmaDir,
 ) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synMemCopyAsync", unsafe {
-        (api.syn_mem_copy_async)(stream, src, bytes, dst, dir)
-    })
+    check(api, "synMemCopyAsync", unsafe { (api.syn_mem_copy_async)(stream, src, bytes, dst, dir) })
 }
 
 /// `synRecipeDeSerialize`.
 pub fn recipe_deserialize(api: &SynapseApi, path: &CStr) -> Result<synRecipeHandle> {
     let mut h: synRecipeHandle = std::ptr::null_mut();
     // SAFETY: valid out-pointer and NUL-terminated path.
-    check(api, "synRecipeDeSerialize", unsafe {
-        (api.syn_recipe_deserialize)(&mut h, path.as_ptr())
-    })?;
+    check(api, "synRecipeDeSerialize", unsafe { (api.syn_recipe_deserialize)(&mut h, path.as_ptr()) })?;
     Ok(h)
 }
 
@@ -362,15 +297,9 @@ pub fn recipe_deserialize(api: &SynapseApi, path: &CStr) -> Result<synRecipeHand
 ///
 /// # Safety
 /// `recipe` must be live.
-pub unsafe fn recipe_serialize(
-    api: &SynapseApi,
-    recipe: synRecipeHandle,
-    path: &CStr,
-) -> Result<()> {
+pub unsafe fn recipe_serialize(api: &SynapseApi, recipe: synRecipeHandle, path: &CStr) -> Result<()> {
     // SAFETY: guaranteed by the caller; NUL-terminated path.
-    check(api, "synRecipeSerialize", unsafe {
-        (api.syn_recipe_serialize)(recipe, path.as_ptr())
-    })
+    check(api, "synRecipeSerialize", unsafe { (api.syn_recipe_serialize)(recipe, path.as_ptr()) })
 }
 
 /// `synRecipeDestroy`.
@@ -379,25 +308,17 @@ pub unsafe fn recipe_serialize(
 /// `recipe` must be live, not used afterwards, and not referenced by queued launches.
 pub unsafe fn recipe_destroy(api: &SynapseApi, recipe: synRecipeHandle) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    check(api, "synRecipeDestroy", unsafe {
-        (api.syn_recipe_destroy)(recipe)
-    })
+    check(api, "synRecipeDestroy", unsafe { (api.syn_recipe_destroy)(recipe) })
 }
 
 /// `synRecipeGetAttribute` for one attribute.
 ///
 /// # Safety
 /// `recipe` must be live.
-pub unsafe fn recipe_attribute(
-    api: &SynapseApi,
-    recipe: synRecipeHandle,
-    attr: synRecipeAttribute,
-) -> Result<u64> {
+pub unsafe fn recipe_attribute(api: &SynapseApi, recipe: synRecipeHandle, attr: synRecipeAttribute) -> Result<u64> {
     let mut v = 0u64;
     // SAFETY: one attribute in, one value out; recipe guaranteed live by the caller.
-    check(api, "synRecipeGetAttribute", unsafe {
-        (api.syn_recipe_get_attribute)(&mut v, &attr, 1, recipe)
-    })?;
+    check(api, "synRecipeGetAttribute", unsafe { (api.syn_recipe_get_attribute)(&mut v, &attr, 1, recipe) })?;
     Ok(v)
 }
 
@@ -408,9 +329,7 @@ pub unsafe fn recipe_attribute(
 pub unsafe fn workspace_size(api: &SynapseApi, recipe: synRecipeHandle) -> Result<u64> {
     let mut v = 0u64;
     // SAFETY: valid out-pointer; recipe guaranteed live by the caller.
-    check(api, "synWorkspaceGetSize", unsafe {
-        (api.syn_workspace_get_size)(&mut v, recipe)
-    })?;
+    check(api, "synWorkspaceGetSize", unsafe { (api.syn_workspace_get_size)(&mut v, recipe) })?;
     Ok(v)
 }
 
@@ -422,9 +341,7 @@ pub unsafe fn workspace_size(api: &SynapseApi, recipe: synRecipeHandle) -> Resul
 pub unsafe fn tensor_launch_ids(api: &SynapseApi, recipe: synRecipeHandle) -> Result<Vec<u64>> {
     let mut n = 0u32;
     // SAFETY: valid out-pointer; recipe guaranteed live by the caller.
-    check(api, "synTensorRetrieveLaunchAmount", unsafe {
-        (api.syn_tensor_retrieve_launch_amount)(recipe, &mut n)
-    })?;
+    check(api, "synTensorRetrieveLaunchAmount", unsafe { (api.syn_tensor_retrieve_launch_amount)(recipe, &mut n) })?;
     let mut ids = vec![0u64; n as usize];
     // SAFETY: `ids` holds exactly `n` elements.
     check(api, "synTensorRetrieveLaunchIds", unsafe {
@@ -437,16 +354,10 @@ pub unsafe fn tensor_launch_ids(api: &SynapseApi, recipe: synRecipeHandle) -> Re
 ///
 /// # Safety
 /// `recipe` must be live.
-pub unsafe fn tensor_ids(
-    api: &SynapseApi,
-    recipe: synRecipeHandle,
-    names: &[CString],
-) -> Result<Vec<u64>> {
+pub unsafe fn tensor_ids(api: &SynapseApi, recipe: synRecipeHandle, names: &[CString]) -> Result<Vec<u64>> {
     let ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
-    let n = u32::try_from(names.len()).map_err(|_| Error::InvalidArgument {
-        what: "tensor name count",
-        value: names.len().to_string(),
-    })?;
+    let n = u32::try_from(names.len())
+        .map_err(|_| Error::InvalidArgument { what: "tensor name count", value: names.len().to_string() })?;
     let mut ids = vec![0u64; names.len()];
     // SAFETY: `ptrs` and `ids` both hold `n` elements; the names outlive the call.
     check(api, "synTensorRetrieveIds", unsafe {
@@ -469,30 +380,13 @@ pub unsafe fn launch_ext(
     events: &mut [synEventHandle],
     flags: u32,
 ) -> Result<()> {
-    let n = u32::try_from(tensors.len()).map_err(|_| Error::InvalidArgument {
-        what: "launch tensor count",
-        value: tensors.len().to_string(),
-    })?;
-    let ne = u32::try_from(events.len()).map_err(|_| Error::InvalidArgument {
-        what: "launch event count",
-        value: events.len().to_string(),
-    })?;
-    let ev = if events.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        events.as_mut_ptr()
-    };
+    let n = u32::try_from(tensors.len())
+        .map_err(|_| Error::InvalidArgument { what: "launch tensor count", value: tensors.len().to_string() })?;
+    let ne = u32::try_from(events.len())
+        .map_err(|_| Error::InvalidArgument { what: "launch event count", value: events.len().to_string() })?;
+    let ev = if events.is_empty() { std::ptr::null_mut() } else { events.as_mut_ptr() };
     // SAFETY: guaranteed by the caller; slice lengths match the counts passed.
     check(api, "synLaunchWithExternalEventsExt", unsafe {
-        (api.syn_launch_with_external_events_ext)(
-            stream,
-            tensors.as_ptr(),
-            n,
-            workspace,
-            recipe,
-            ev,
-            ne,
-            flags,
-        )
+        (api.syn_launch_with_external_events_ext)(stream, tensors.as_ptr(), n, workspace, recipe, ev, ne, flags)
     })
 }

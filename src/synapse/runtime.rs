@@ -62,13 +62,7 @@ impl Runtime {
     pub fn destroy(self: Arc<Self>) -> DropResult<Arc<Self>> {
         let others = Arc::strong_count(&self) - 1;
         if others > 0 {
-            return Err((
-                Error::InUse {
-                    what: "runtime".into(),
-                    count: others,
-                },
-                self,
-            ));
+            return Err((Error::InUse { what: "runtime".into(), count: others }, self));
         }
         // SAFETY: this is the only handle, so no device, stream or call of ours can be live or
         // concurrent (every safe object holds an Arc to the runtime).
@@ -104,10 +98,10 @@ struct DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        if !self.released.load(std::sync::atomic::Ordering::Acquire) {
-            if let Err(e) = result::device_release(&self.rt.api, self.id) {
-                tracing::warn!(device = self.id, error = %e, "best-effort device release failed");
-            }
+        if !self.released.load(std::sync::atomic::Ordering::Acquire)
+            && let Err(e) = result::device_release(&self.rt.api, self.id)
+        {
+            tracing::warn!(device = self.id, error = %e, "best-effort device release failed");
         }
     }
 }
@@ -156,14 +150,10 @@ impl Device {
             Some(m) => m,
             None => {
                 let ids = rt.module_ids()?;
-                *ids.get(local_rank as usize)
-                    .ok_or_else(|| Error::InvalidArgument {
-                        what: "local rank",
-                        value: format!(
-                            "{local_rank} (only {} visible devices: {ids:?})",
-                            ids.len()
-                        ),
-                    })?
+                *ids.get(local_rank as usize).ok_or_else(|| Error::InvalidArgument {
+                    what: "local rank",
+                    value: format!("{local_rank} (only {} visible devices: {ids:?})", ids.len()),
+                })?
             }
         };
         Self::acquire(rt, module)
@@ -240,19 +230,11 @@ impl Device {
         let others = Arc::strong_count(&self.inner) - 1;
         if others > 0 {
             let what = format!("device {} (module {:?})", self.id(), self.module_id());
-            return Err((
-                Error::InUse {
-                    what,
-                    count: others,
-                },
-                self,
-            ));
+            return Err((Error::InUse { what, count: others }, self));
         }
         match result::device_release(self.api(), self.id()) {
             Ok(()) => {
-                self.inner
-                    .released
-                    .store(true, std::sync::atomic::Ordering::Release);
+                self.inner.released.store(true, std::sync::atomic::Ordering::Release);
                 Ok(())
             }
             Err(e) => Err((e, self)),
@@ -269,40 +251,28 @@ impl Device {
 /// # Errors
 /// [`Error::Config`] naming the variable and value when it is not a non-negative integer (list),
 /// or when `HABANA_VISIBLE_MODULES` has no entry for `local_rank`.
-pub fn module_id_from_env(
-    local_rank: u32,
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Option<u32>> {
+pub fn module_id_from_env(local_rank: u32, lookup: impl Fn(&str) -> Option<String>) -> Result<Option<u32>> {
     if let Some(v) = lookup("HLS_MODULE_ID").filter(|v| !v.trim().is_empty()) {
-        return v
-            .trim()
-            .parse::<u32>()
-            .map(Some)
-            .map_err(|_| Error::Config {
-                variable: "HLS_MODULE_ID",
-                value: v.clone(),
-                reason: "not a module id (a non-negative integer)".into(),
-            });
+        return v.trim().parse::<u32>().map(Some).map_err(|_| Error::Config {
+            variable: "HLS_MODULE_ID",
+            value: v.clone(),
+            reason: "not a module id (a non-negative integer)".into(),
+        });
     }
     if let Some(v) = lookup("HABANA_VISIBLE_MODULES").filter(|v| !v.trim().is_empty()) {
-        let ids: Vec<u32> = v
-            .split(',')
-            .map(|s| s.trim().parse::<u32>())
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|_| Error::Config {
-                variable: "HABANA_VISIBLE_MODULES",
-                value: v.clone(),
-                reason: "not a comma-separated list of module ids".into(),
+        let ids: Vec<u32> =
+            v.split(',').map(|s| s.trim().parse::<u32>()).collect::<std::result::Result<_, _>>().map_err(|_| {
+                Error::Config {
+                    variable: "HABANA_VISIBLE_MODULES",
+                    value: v.clone(),
+                    reason: "not a comma-separated list of module ids".into(),
+                }
             })?;
-        return ids
-            .get(local_rank as usize)
-            .copied()
-            .map(Some)
-            .ok_or_else(|| Error::Config {
-                variable: "HABANA_VISIBLE_MODULES",
-                value: v.clone(),
-                reason: format!("has {} entries but local rank is {local_rank}", ids.len()),
-            });
+        return ids.get(local_rank as usize).copied().map(Some).ok_or_else(|| Error::Config {
+            variable: "HABANA_VISIBLE_MODULES",
+            value: v.clone(),
+            reason: format!("has {} entries but local rank is {local_rank}", ids.len()),
+        });
     }
     Ok(None)
 }
@@ -311,63 +281,37 @@ pub fn module_id_from_env(
 mod tests {
     use super::*;
 
+    type Vars<'a> = &'a [(&'a str, &'a str)];
+
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
     }
 
     #[test]
     fn module_id_table() {
         // (env, local rank, expected module id or the variable named in the error)
-        let ok: &[(&[(&str, &str)], u32, Option<u32>)] = &[
+        let ok: &[(Vars, u32, Option<u32>)] = &[
             (&[], 3, None),
             (&[("HLS_MODULE_ID", "5")], 0, Some(5)),
-            (
-                &[("HLS_MODULE_ID", "5"), ("HABANA_VISIBLE_MODULES", "0,1")],
-                1,
-                Some(5),
-            ),
+            (&[("HLS_MODULE_ID", "5"), ("HABANA_VISIBLE_MODULES", "0,1")], 1, Some(5)),
             (&[("HABANA_VISIBLE_MODULES", "4,6,7")], 1, Some(6)),
             (&[("HABANA_VISIBLE_MODULES", " 4, 6 ")], 1, Some(6)),
             (&[("HABANA_VISIBLE_MODULES", "")], 2, None),
         ];
         for (vars, rank, want) in ok {
-            assert_eq!(
-                module_id_from_env(*rank, env(vars)).unwrap(),
-                *want,
-                "{vars:?} rank {rank}"
-            );
+            assert_eq!(module_id_from_env(*rank, env(vars)).unwrap(), *want, "{vars:?} rank {rank}");
         }
-        let bad: &[(&[(&str, &str)], u32, &str)] = &[
+        let bad: &[(Vars, u32, &str)] = &[
             (&[("HLS_MODULE_ID", "x")], 0, "HLS_MODULE_ID"),
             (&[("HLS_MODULE_ID", "-1")], 0, "HLS_MODULE_ID"),
-            (
-                &[("HABANA_VISIBLE_MODULES", "0,a")],
-                0,
-                "HABANA_VISIBLE_MODULES",
-            ),
-            (
-                &[("HABANA_VISIBLE_MODULES", "0,1")],
-                2,
-                "HABANA_VISIBLE_MODULES",
-            ),
+            (&[("HABANA_VISIBLE_MODULES", "0,a")], 0, "HABANA_VISIBLE_MODULES"),
+            (&[("HABANA_VISIBLE_MODULES", "0,1")], 2, "HABANA_VISIBLE_MODULES"),
         ];
         for (vars, rank, var) in bad {
             match module_id_from_env(*rank, env(vars)) {
-                Err(Error::Config {
-                    variable, value, ..
-                }) => {
+                Err(Error::Config { variable, value, .. }) => {
                     assert_eq!(variable, *var);
-                    assert_eq!(
-                        Some(value),
-                        vars.iter()
-                            .find(|(n, _)| n == var)
-                            .map(|(_, v)| v.to_string())
-                    );
+                    assert_eq!(Some(value), vars.iter().find(|(n, _)| n == var).map(|(_, v)| v.to_string()));
                 }
                 other => panic!("{vars:?} rank {rank}: expected Config error, got {other:?}"),
             }

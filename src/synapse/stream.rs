@@ -39,10 +39,7 @@ impl Stream {
     /// [`Error::Synapse`] when the runtime refuses (e.g. out of resources).
     pub fn new(dev: &Device) -> Result<Self> {
         let handle = result::stream_create(dev.api(), dev.id())?;
-        Ok(Self {
-            dev: dev.clone(),
-            handle,
-        })
+        Ok(Self { dev: dev.clone(), handle })
     }
 
     /// The device the stream belongs to.
@@ -82,11 +79,7 @@ impl Stream {
         if event.dev.id() != self.dev.id() {
             return Err(Error::InvalidArgument {
                 what: "event device",
-                value: format!(
-                    "event on device {} waited on a stream of device {}",
-                    event.dev.id(),
-                    self.dev.id()
-                ),
+                value: format!("event on device {} waited on a stream of device {}", event.dev.id(), self.dev.id()),
             });
         }
         // SAFETY: both handles are live and on the same device (checked above).
@@ -165,11 +158,7 @@ impl Event {
     pub fn new(dev: &Device, timed: bool) -> Result<Self> {
         let flags = if timed { EVENT_COLLECT_TIME } else { 0 };
         let handle = result::event_create(dev.api(), dev.id(), flags)?;
-        Ok(Self {
-            dev: dev.clone(),
-            handle,
-            timed,
-        })
+        Ok(Self { dev: dev.clone(), handle, timed })
     }
 
     /// Whether the event collects device timestamps.
@@ -195,11 +184,7 @@ impl Event {
         if stream.dev.id() != self.dev.id() {
             return Err(Error::InvalidArgument {
                 what: "stream device",
-                value: format!(
-                    "event of device {} recorded on device {}",
-                    self.dev.id(),
-                    stream.dev.id()
-                ),
+                value: format!("event of device {} recorded on device {}", self.dev.id(), stream.dev.id()),
             });
         }
         // SAFETY: both handles live, same device.

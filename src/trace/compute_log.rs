@@ -69,9 +69,7 @@ pub struct ComputeLogWriter<W: Write> {
 impl<W: Write> ComputeLogWriter<W> {
     /// Wrap a sink; the header is written with the first record.
     pub fn new(sink: W) -> Self {
-        Self {
-            inner: csv::Writer::from_writer(sink),
-        }
+        Self { inner: csv::Writer::from_writer(sink) }
     }
     /// Append one row. Errors: the csv crate's error (I/O).
     pub fn write(&mut self, rec: &ComputeLogRecord) -> Result<(), csv::Error> {
@@ -86,53 +84,36 @@ impl<W: Write> ComputeLogWriter<W> {
 /// First CSV record of a file (header, or first data row if headerless).
 /// Errors: [`TraceError::Io`] / [`TraceError::Malformed`] (line 1).
 pub fn read_header(path: &Path) -> Result<Vec<String>, TraceError> {
-    let mut r = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .from_reader(open_maybe_gz(path)?);
+    let mut r = csv::ReaderBuilder::new().has_headers(false).from_reader(open_maybe_gz(path)?);
     let mut rec = csv::StringRecord::new();
     match r.read_record(&mut rec) {
         Ok(_) => Ok(rec.iter().map(|s| s.trim().to_string()).collect()),
-        Err(e) => Err(TraceError::Malformed {
-            path: path.into(),
-            line: 1,
-            column: "(header)".into(),
-            message: e.to_string(),
-        }),
+        Err(e) => {
+            Err(TraceError::Malformed { path: path.into(), line: 1, column: "(header)".into(), message: e.to_string() })
+        }
     }
 }
 
 /// True for our header, the reference header, or a headerless 8-column numeric reference log.
 pub fn is_compute_log_header(h: &[String]) -> bool {
     let names: Vec<&str> = h.iter().map(String::as_str).collect();
-    names.len() >= 8 && names[..8] == REFERENCE_COLUMNS
-        || (names.len() == 8 && names[0].parse::<u64>().is_ok())
+    names.len() >= 8 && names[..8] == REFERENCE_COLUMNS || (names.len() == 8 && names[0].parse::<u64>().is_ok())
 }
 
 /// Rank from a reference file name `compute_logs_{rank}.csv[.gz]`.
 pub fn rank_from_file_name(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?;
     let stem = name.strip_suffix(".gz").unwrap_or(name);
-    stem.strip_suffix(".csv")?
-        .strip_prefix("compute_logs_")?
-        .parse()
-        .ok()
+    stem.strip_suffix(".csv")?.strip_prefix("compute_logs_")?.parse().ok()
 }
 
-fn field<'a>(
-    rec: &'a csv::StringRecord,
-    idx: usize,
-    path: &Path,
-    line: u64,
-    col: &str,
-) -> Result<&'a str, TraceError> {
-    rec.get(idx)
-        .map(str::trim)
-        .ok_or_else(|| TraceError::Malformed {
-            path: path.into(),
-            line,
-            column: col.into(),
-            message: format!("missing field (row has {} fields)", rec.len()),
-        })
+fn field<'a>(rec: &'a csv::StringRecord, idx: usize, path: &Path, line: u64, col: &str) -> Result<&'a str, TraceError> {
+    rec.get(idx).map(str::trim).ok_or_else(|| TraceError::Malformed {
+        path: path.into(),
+        line,
+        column: col.into(),
+        message: format!("missing field (row has {} fields)", rec.len()),
+    })
 }
 
 fn parse<T: std::str::FromStr>(s: &str, path: &Path, line: u64, col: &str) -> Result<T, TraceError>
@@ -175,9 +156,7 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
     for path in paths {
         let header = read_header(path)?;
         let has_header = header.first().is_some_and(|h| h == "global_step");
-        let ours = has_header
-            && header.len() >= 11
-            && header[8..11] == ["rank", "start_ns", "duration_ns"];
+        let ours = has_header && header.len() >= 11 && header[8..11] == ["rank", "start_ns", "duration_ns"];
         let file_rank = rank_from_file_name(path);
         if !ours && file_rank.is_none() {
             return Err(TraceError::Malformed {
@@ -188,10 +167,7 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
             });
         }
         any_reference |= !ours;
-        let mut r = csv::ReaderBuilder::new()
-            .has_headers(has_header)
-            .flexible(true)
-            .from_reader(open_maybe_gz(path)?);
+        let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(open_maybe_gz(path)?);
         let mut rec = csv::StringRecord::new();
         loop {
             let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
@@ -204,56 +180,27 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
                 break;
             }
             let line = rec.position().map_or(0, |p| p.line());
-            let step: u64 = parse(
-                field(&rec, 0, path, line, "global_step")?,
-                path,
-                line,
-                "global_step",
-            )?;
-            let mb: u32 = parse(
-                field(&rec, 1, path, line, "local_step")?,
-                path,
-                line,
-                "local_step",
-            )?;
+            let step: u64 = parse(field(&rec, 0, path, line, "global_step")?, path, line, "global_step")?;
+            let mb: u32 = parse(field(&rec, 1, path, line, "local_step")?, path, line, "local_step")?;
             let dropped = parse_bool(field(&rec, 6, path, line, "compute_dropped")?, path, line)?;
             if ours {
                 let rank: u32 = parse(field(&rec, 8, path, line, "rank")?, path, line, "rank")?;
-                let start: u64 = parse(
-                    field(&rec, 9, path, line, "start_ns")?,
-                    path,
-                    line,
-                    "start_ns",
-                )?;
-                let dur: u64 = parse(
-                    field(&rec, 10, path, line, "duration_ns")?,
-                    path,
-                    line,
-                    "duration_ns",
-                )?;
+                let start: u64 = parse(field(&rec, 9, path, line, "start_ns")?, path, line, "start_ns")?;
+                let dur: u64 = parse(field(&rec, 10, path, line, "duration_ns")?, path, line, "duration_ns")?;
                 if !dropped {
                     let e = starts.entry((rank, step)).or_insert(start);
                     *e = (*e).min(start);
                     b.insert(path, line, step, rank, mb, dur as f64)?;
                 }
             } else {
-                let ms: f64 = parse(
-                    field(&rec, 7, path, line, "iteration_time_ms")?,
-                    path,
-                    line,
-                    "iteration_time_ms",
-                )?;
+                let ms: f64 = parse(field(&rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
                 if !dropped {
                     b.insert(path, line, step, file_rank.unwrap_or(0), mb, ms * 1e6)?;
                 }
             }
         }
     }
-    let source = paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let source = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",");
     if any_reference {
         notes.push(format!(
             "reference compute logs record no step wall time: assuming overhead {:.3} ms per step",
@@ -279,15 +226,8 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
                     Some(z.saturating_sub(*a) as f64)
                 })
                 .fold(f64::NAN, f64::max);
-            let max_c = compute[si * n..(si + 1) * n]
-                .iter()
-                .copied()
-                .fold(0.0, f64::max);
-            overhead.push(if period.is_nan() {
-                f64::NAN
-            } else {
-                (period - max_c).max(0.0)
-            });
+            let max_c = compute[si * n..(si + 1) * n].iter().copied().fold(0.0, f64::max);
+            overhead.push(if period.is_nan() { f64::NAN } else { (period - max_c).max(0.0) });
         }
         let known: Vec<f64> = overhead.iter().copied().filter(|v| !v.is_nan()).collect();
         let mut sorted = known.clone();
@@ -300,10 +240,7 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
                 median / 1e6
             ));
         }
-        let overhead: Vec<f64> = overhead
-            .into_iter()
-            .map(|v| if v.is_nan() { median } else { v })
-            .collect();
+        let overhead: Vec<f64> = overhead.into_iter().map(|v| if v.is_nan() { median } else { v }).collect();
         trace = super::LatencyTrace::new(
             trace.source().to_string(),
             trace.ranks().to_vec(),
@@ -313,11 +250,7 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
             overhead,
         )?;
     }
-    Ok(Loaded {
-        trace,
-        completeness,
-        notes,
-    })
+    Ok(Loaded { trace, completeness, notes })
 }
 
 #[cfg(test)]
@@ -325,8 +258,7 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("dropcompute-trace-{}-{name}", std::process::id()));
+        let d = std::env::temp_dir().join(format!("dropcompute-trace-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&d).expect("temp dir");
         d
     }
@@ -405,9 +337,6 @@ mod tests {
             load_logs(&[noname], &LoadOptions::default()),
             Err(TraceError::Malformed { column, .. }) if column == "rank"
         ));
-        assert_eq!(
-            rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")),
-            Some(12)
-        );
+        assert_eq!(rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")), Some(12));
     }
 }

@@ -136,24 +136,12 @@ impl LatencyTrace {
                 overhead_ns.len()
             )));
         }
-        if let Some((i, v)) = latencies_ns
-            .iter()
-            .chain(&overhead_ns)
-            .enumerate()
-            .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+        if let Some((i, v)) =
+            latencies_ns.iter().chain(&overhead_ns).enumerate().find(|(_, v)| !(v.is_finite() && **v >= 0.0))
         {
-            return Err(TraceError::Shape(format!(
-                "{source}: value #{i} is {v} (must be finite and >= 0)"
-            )));
+            return Err(TraceError::Shape(format!("{source}: value #{i} is {v} (must be finite and >= 0)")));
         }
-        Ok(Self {
-            source,
-            ranks,
-            steps,
-            micro_batches,
-            latencies_ns,
-            overhead_ns,
-        })
+        Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns })
     }
 
     /// Where the trace came from (file names).
@@ -196,18 +184,13 @@ impl LatencyTrace {
     }
     /// Per-step compute time of each rank: S*N sums over micro-batches (ns).
     pub fn rank_compute_ns(&self) -> Vec<f64> {
-        self.latencies_ns
-            .chunks_exact(self.micro_batches)
-            .map(|c| c.iter().sum())
-            .collect()
+        self.latencies_ns.chunks_exact(self.micro_batches).map(|c| c.iter().sum()).collect()
     }
 
     /// Concatenate traces with the same ranks and M along the step axis (e.g. several windows).
     /// Errors: [`TraceError::Shape`] if ranks or M differ, or the list is empty.
     pub fn concat_steps(traces: &[LatencyTrace]) -> Result<LatencyTrace, TraceError> {
-        let first = traces
-            .first()
-            .ok_or_else(|| TraceError::Shape("no trace to concatenate".into()))?;
+        let first = traces.first().ok_or_else(|| TraceError::Shape("no trace to concatenate".into()))?;
         let mut out = first.clone();
         for t in &traces[1..] {
             if t.ranks != first.ranks || t.micro_batches != first.micro_batches {
@@ -276,14 +259,9 @@ impl TraceBuilder {
             });
         }
         match self.cells.entry((step, rank, micro_batch)) {
-            std::collections::btree_map::Entry::Occupied(e) => Err(TraceError::Duplicate {
-                path: path.into(),
-                line,
-                first_line: e.get().1,
-                step,
-                rank,
-                micro_batch,
-            }),
+            std::collections::btree_map::Entry::Occupied(e) => {
+                Err(TraceError::Duplicate { path: path.into(), line, first_line: e.get().1, step, rank, micro_batch })
+            }
             std::collections::btree_map::Entry::Vacant(v) => {
                 v.insert((latency_ns, line));
                 Ok(())
@@ -345,13 +323,7 @@ impl TraceBuilder {
         let mut ranks: Vec<u32> = self.cells.keys().map(|k| k.1).collect();
         ranks.sort_unstable();
         ranks.dedup();
-        let m = self
-            .cells
-            .keys()
-            .map(|k| k.2 as usize + 1)
-            .max()
-            .unwrap_or(0)
-            .max(self.expected_m);
+        let m = self.cells.keys().map(|k| k.2 as usize + 1).max().unwrap_or(0).max(self.expected_m);
         let mut report = Completeness::default();
         let mut kept_steps = Vec::new();
         let mut lat = Vec::new();
@@ -437,10 +409,7 @@ pub fn load(paths: &[PathBuf], opts: &LoadOptions) -> Result<Vec<Loaded>, TraceE
         } else if compute_log::is_compute_log_header(&header) {
             logs.push(p.clone());
         } else {
-            return Err(TraceError::UnknownFormat {
-                path: p.clone(),
-                header,
-            });
+            return Err(TraceError::UnknownFormat { path: p.clone(), header });
         }
     }
     if !logs.is_empty() {
@@ -452,10 +421,7 @@ pub fn load(paths: &[PathBuf], opts: &LoadOptions) -> Result<Vec<Loaded>, TraceE
 /// Open a file for reading, transparently gunzipping names ending in `.gz`.
 /// Errors: [`TraceError::Io`].
 pub fn open_maybe_gz(path: &Path) -> Result<Box<dyn std::io::Read>, TraceError> {
-    let f = std::fs::File::open(path).map_err(|source| TraceError::Io {
-        path: path.into(),
-        source,
-    })?;
+    let f = std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.into(), source })?;
     let r = std::io::BufReader::new(f);
     if path.extension().is_some_and(|e| e == "gz") {
         Ok(Box::new(flate2::read::GzDecoder::new(r)))
@@ -476,26 +442,15 @@ mod tests {
             for r in 0..2u32 {
                 for m in 0..3u32 {
                     if (s, r, m) != (1, 1, 2) {
-                        b.insert(p, 2, s, r, m, 1.0 + f64::from(m))
-                            .expect("fresh cell");
+                        b.insert(p, 2, s, r, m, 1.0 + f64::from(m)).expect("fresh cell");
                     }
                 }
             }
         }
         let err = b.insert(p, 9, 0, 0, 0, 1.0).expect_err("duplicate");
-        assert!(matches!(
-            err,
-            TraceError::Duplicate {
-                first_line: 2,
-                line: 9,
-                ..
-            }
-        ));
+        assert!(matches!(err, TraceError::Duplicate { first_line: 2, line: 9, .. }));
         let cells = std::mem::take(&mut b.cells);
-        let strict = TraceBuilder {
-            cells: cells.clone(),
-            ..Default::default()
-        };
+        let strict = TraceBuilder { cells: cells.clone(), ..Default::default() };
         match strict.finish("x", false) {
             Err(TraceError::Ragged { count, missing, .. }) => {
                 assert_eq!(count, 1);
@@ -503,10 +458,7 @@ mod tests {
             }
             other => panic!("expected Ragged, got {other:?}"),
         }
-        let lax = TraceBuilder {
-            cells,
-            ..Default::default()
-        };
+        let lax = TraceBuilder { cells, ..Default::default() };
         let (t, rep) = lax.finish("x", true).expect("one complete step");
         assert_eq!(t.steps(), &[0]);
         assert_eq!(rep.dropped_steps, vec![(1, 1)]);

@@ -32,10 +32,8 @@ pub enum PipelineAggregation {
 }
 
 /// The schema's columns, in order.
-pub const WHATIF_COLUMNS: [&str; 11] = [
-    "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id",
-    "gmc",
-];
+pub const WHATIF_COLUMNS: [&str; 11] =
+    ["dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id", "gmc"];
 
 /// True if the header is the what-if schema (column order as in [`WHATIF_COLUMNS`]).
 pub fn is_whatif_header(h: &[String]) -> bool {
@@ -82,10 +80,7 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
         .map(str::to_string)
         .collect();
     if !is_whatif_header(&headers) {
-        return Err(TraceError::UnknownFormat {
-            path: path.into(),
-            header: headers,
-        });
+        return Err(TraceError::UnknownFormat { path: path.into(), header: headers });
     }
     let mut costs: BTreeMap<(u64, u32, u32, u32), StageCost> = BTreeMap::new();
     let mut stages: std::collections::BTreeSet<u32> = Default::default();
@@ -98,44 +93,25 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
         message: msg,
     };
     loop {
-        let more = r.read_record(&mut rec).map_err(|e| {
-            bad(
-                e.position().map_or(0, |p| p.line()),
-                "(record)",
-                e.to_string(),
-            )
-        })?;
+        let more = r
+            .read_record(&mut rec)
+            .map_err(|e| bad(e.position().map_or(0, |p| p.line()), "(record)", e.to_string()))?;
         if !more {
             break;
         }
         let line = rec.position().map_or(0, |p| p.line());
         let get = |i: usize| rec.get(i).unwrap_or("").trim();
         let num = |i: usize| -> Result<f64, TraceError> {
-            let v: f64 = get(i).parse().map_err(|e| {
-                bad(
-                    line,
-                    WHATIF_COLUMNS[i],
-                    format!("cannot parse {:?}: {e}", get(i)),
-                )
-            })?;
+            let v: f64 =
+                get(i).parse().map_err(|e| bad(line, WHATIF_COLUMNS[i], format!("cannot parse {:?}: {e}", get(i))))?;
             if v.is_finite() && v >= 0.0 {
                 Ok(v)
             } else {
-                Err(bad(
-                    line,
-                    WHATIF_COLUMNS[i],
-                    format!("{v} is negative or not finite"),
-                ))
+                Err(bad(line, WHATIF_COLUMNS[i], format!("{v} is negative or not finite")))
             }
         };
         let int = |i: usize| -> Result<i64, TraceError> {
-            get(i).parse().map_err(|e| {
-                bad(
-                    line,
-                    WHATIF_COLUMNS[i],
-                    format!("cannot parse {:?}: {e}", get(i)),
-                )
-            })
+            get(i).parse().map_err(|e| bad(line, WHATIF_COLUMNS[i], format!("cannot parse {:?}: {e}", get(i))))
         };
         let to_u32 = |i: usize, v: i64| -> Result<u32, TraceError> {
             u32::try_from(v).map_err(|_| bad(line, WHATIF_COLUMNS[i], format!("{v} out of range")))
@@ -154,13 +130,9 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
             continue;
         }
         let mb = int(9)?;
-        let mb = u32::try_from(mb)
-            .map_err(|_| bad(line, "mb_id", format!("compute op with mb_id {mb}")))?;
+        let mb = u32::try_from(mb).map_err(|_| bad(line, "mb_id", format!("compute op with mb_id {mb}")))?;
         stages.insert(stage);
-        let c = costs.entry((step, dp, stage, mb)).or_insert(StageCost {
-            line,
-            ..Default::default()
-        });
+        let c = costs.entry((step, dp, stage, mb)).or_insert(StageCost { line, ..Default::default() });
         let dup = if is_fwd { c.has_fwd } else { c.has_bwd };
         if dup {
             return Err(TraceError::Duplicate {
@@ -184,9 +156,7 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
     // has both its forward and backward (otherwise the builder reports it missing).
     let mut per_cell: BTreeMap<(u64, u32, u32), (Vec<f64>, u64)> = BTreeMap::new();
     for (&(step, dp, _stage, mb), c) in &costs {
-        let e = per_cell
-            .entry((step, dp, mb))
-            .or_insert((Vec::new(), c.line));
+        let e = per_cell.entry((step, dp, mb)).or_insert((Vec::new(), c.line));
         if c.has_fwd && c.has_bwd {
             e.0.push(c.fwd_s + c.bwd_s);
         }
@@ -213,10 +183,7 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
         .enumerate()
         .map(|(si, s)| {
             let (a, z) = span.get(s).copied().unwrap_or((0.0, 0.0));
-            let max_c = compute[si * n..(si + 1) * n]
-                .iter()
-                .copied()
-                .fold(0.0, f64::max);
+            let max_c = compute[si * n..(si + 1) * n].iter().copied().fold(0.0, f64::max);
             let o = (z - a) * 1e9 - max_c;
             if o < 0.0 {
                 clamped += 1;
@@ -233,9 +200,7 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
         opts.pipeline
     )];
     if clamped > 0 {
-        notes.push(format!(
-            "{clamped} step(s): replica compute exceeded the step wall time, overhead clamped to 0"
-        ));
+        notes.push(format!("{clamped} step(s): replica compute exceeded the step wall time, overhead clamped to 0"));
     }
     let trace = super::LatencyTrace::new(
         source,
@@ -245,11 +210,7 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
         trace.latencies_ns().to_vec(),
         overhead,
     )?;
-    Ok(Loaded {
-        trace,
-        completeness,
-        notes,
-    })
+    Ok(Loaded { trace, completeness, notes })
 }
 
 #[cfg(test)]
@@ -270,12 +231,7 @@ mod tests {
     fn small() -> String {
         let mut s = String::new();
         // stage, mb, fwd, bwd
-        for (st, mb, f, b) in [
-            (0, 0, 0.1, 0.2),
-            (0, 1, 0.1, 0.3),
-            (1, 0, 0.2, 0.2),
-            (1, 1, 0.05, 0.05),
-        ] {
+        for (st, mb, f, b) in [(0, 0, 0.1, 0.2), (0, 1, 0.1, 0.3), (1, 0, 0.2, 0.2), (1, 1, 0.05, 0.05)] {
             s += &format!("0,{st},{st},7,forward-compute,0.0,{f},0,0,{mb},0\n");
             s += &format!("0,{st},{st},7,backward-compute,0.1,{b},0,0,{mb},0\n");
         }
@@ -288,22 +244,13 @@ mod tests {
         let p = write("small.csv", &small());
         let l = load_csv(&p, &LoadOptions::default()).expect("load");
         let m = l.trace.step_matrix(0);
-        assert!(
-            (m[0] - 0.4e9).abs() < 1.0 && (m[1] - 0.4e9).abs() < 1.0,
-            "{m:?}"
-        );
+        assert!((m[0] - 0.4e9).abs() < 1.0 && (m[1] - 0.4e9).abs() < 1.0, "{m:?}");
         // wall 1.0 s - compute 0.8 s
         assert!((l.trace.overhead_ns()[0] - 0.2e9).abs() < 1.0);
-        let opts = LoadOptions {
-            pipeline: PipelineAggregation::Sum,
-            ..Default::default()
-        };
+        let opts = LoadOptions { pipeline: PipelineAggregation::Sum, ..Default::default() };
         let s = load_csv(&p, &opts).expect("load");
         let m = s.trace.step_matrix(0);
-        assert!(
-            (m[0] - 0.7e9).abs() < 1.0 && (m[1] - 0.5e9).abs() < 1.0,
-            "{m:?}"
-        );
+        assert!((m[0] - 0.7e9).abs() < 1.0 && (m[1] - 0.5e9).abs() < 1.0, "{m:?}");
         assert_eq!(s.trace.overhead_ns()[0], 0.0);
         assert!(s.notes.iter().any(|n| n.contains("clamped")));
     }

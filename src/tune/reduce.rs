@@ -27,34 +27,18 @@ impl LocalStats {
     /// Zeroed statistics of rank index `rank` (0..world_size) for a window of `steps` steps of
     /// `micro_batches` micro-batches. Errors: [`TraceError::Shape`] if any size is 0 or `rank`
     /// is out of range.
-    pub fn new(
-        rank: usize,
-        world_size: usize,
-        steps: usize,
-        micro_batches: usize,
-    ) -> Result<Self, TraceError> {
+    pub fn new(rank: usize, world_size: usize, steps: usize, micro_batches: usize) -> Result<Self, TraceError> {
         if world_size == 0 || steps == 0 || micro_batches == 0 || rank >= world_size {
             return Err(TraceError::Shape(format!(
                 "stats: rank {rank} of {world_size}, {steps} steps, {micro_batches} micro-batches"
             )));
         }
-        Ok(Self {
-            rank,
-            world_size,
-            steps,
-            micro_batches,
-            vec: vec![0.0; world_size * steps * (micro_batches + 1)],
-        })
+        Ok(Self { rank, world_size, steps, micro_batches, vec: vec![0.0; world_size * steps * (micro_batches + 1)] })
     }
 
     /// Record window step `k` (0..steps): this rank's M latencies (ns) and the measured step
     /// time (ns). Errors: [`TraceError::Shape`] if `k` is out of range or the slice is not M long.
-    pub fn record(
-        &mut self,
-        k: usize,
-        latencies_ns: &[f64],
-        step_time_ns: f64,
-    ) -> Result<(), TraceError> {
+    pub fn record(&mut self, k: usize, latencies_ns: &[f64], step_time_ns: f64) -> Result<(), TraceError> {
         let m = self.micro_batches;
         if k >= self.steps || latencies_ns.len() != m {
             return Err(TraceError::Shape(format!(
@@ -88,10 +72,7 @@ pub fn from_reduced(
 ) -> Result<LatencyTrace, TraceError> {
     let (n, k, m) = (world_size, steps, micro_batches);
     if reduced.len() != n * k * (m + 1) {
-        return Err(TraceError::Shape(format!(
-            "reduced stats: {} values for N={n}, K={k}, M={m}",
-            reduced.len()
-        )));
+        return Err(TraceError::Shape(format!("reduced stats: {} values for N={n}, K={k}, M={m}", reduced.len())));
     }
     let tail = &reduced[n * k * m..];
     let mut lat = vec![0.0; n * k * m];
@@ -106,14 +87,7 @@ pub fn from_reduced(
         let mean_step = (0..n).map(|r| tail[r * k + s]).sum::<f64>() / n as f64;
         overhead.push((mean_step - max_c).max(0.0));
     }
-    LatencyTrace::new(
-        "all-reduced statistics",
-        (0..n as u32).collect(),
-        (0..k as u64).collect(),
-        m,
-        lat,
-        overhead,
-    )
+    LatencyTrace::new("all-reduced statistics", (0..n as u32).collect(), (0..k as u64).collect(), m, lat, overhead)
 }
 
 #[cfg(test)]
@@ -133,9 +107,7 @@ mod tests {
             .map(|r| {
                 let mut st = LocalStats::new(r, n, k, m).expect("valid");
                 for s in 0..k {
-                    let lat: Vec<f64> = (0..m)
-                        .map(|_| 1e6 * (1.0 + 3.0 * rng.uniform().powi(3)))
-                        .collect();
+                    let lat: Vec<f64> = (0..m).map(|_| 1e6 * (1.0 + 3.0 * rng.uniform().powi(3))).collect();
                     let step = lat.iter().sum::<f64>() * 1.5 + 1e6;
                     st.record(s, &lat, step).expect("in range");
                 }
@@ -144,25 +116,11 @@ mod tests {
             .collect();
         let add = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x + y).collect::<Vec<f64>>();
         let zero = vec![0.0; n * k * (m + 1)];
-        let linear = locals
-            .iter()
-            .fold(zero.clone(), |acc, l| add(&acc, l.to_reduce_vec()));
-        let reversed = locals
-            .iter()
-            .rev()
-            .fold(zero, |acc, l| add(&acc, l.to_reduce_vec()));
+        let linear = locals.iter().fold(zero.clone(), |acc, l| add(&acc, l.to_reduce_vec()));
+        let reversed = locals.iter().rev().fold(zero, |acc, l| add(&acc, l.to_reduce_vec()));
         let mut level: Vec<Vec<f64>> = locals.iter().map(|l| l.to_reduce_vec().to_vec()).collect();
         while level.len() > 1 {
-            level = level
-                .chunks(2)
-                .map(|c| {
-                    if c.len() == 2 {
-                        add(&c[0], &c[1])
-                    } else {
-                        c[0].clone()
-                    }
-                })
-                .collect();
+            level = level.chunks(2).map(|c| if c.len() == 2 { add(&c[0], &c[1]) } else { c[0].clone() }).collect();
         }
         let tree = level.pop().expect("one vector");
         assert_eq!(linear, reversed);
@@ -176,12 +134,7 @@ mod tests {
                 tune(&t, &TuneConfig::default()).best.threshold_ns
             })
             .collect();
-        assert!(
-            thresholds
-                .windows(2)
-                .all(|w| w[0].to_bits() == w[1].to_bits()),
-            "{thresholds:?}"
-        );
+        assert!(thresholds.windows(2).all(|w| w[0].to_bits() == w[1].to_bits()), "{thresholds:?}");
         // The rebuilt trace holds each rank's own data.
         let t = from_reduced(n, k, m, locals[0].to_reduce_vec()).expect("valid");
         assert!(t.step_matrix(0)[..m].iter().all(|&x| x > 0.0));

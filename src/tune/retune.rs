@@ -35,12 +35,7 @@ pub struct RetunerConfig {
 impl Default for RetunerConfig {
     /// Period 200, probe 20 (10 % of steps at full batch), hysteresis 0.01.
     fn default() -> Self {
-        Self {
-            period: 200,
-            probe_steps: 20,
-            hysteresis: 0.01,
-            tune: TuneConfig::default(),
-        }
+        Self { period: 200, probe_steps: 20, hysteresis: 0.01, tune: TuneConfig::default() }
     }
 }
 
@@ -107,16 +102,8 @@ pub struct Retuner {
 impl Retuner {
     /// New retuner for N ranks and M micro-batches; starts in a probe with the threshold off.
     /// Errors: [`RetuneError::Config`] if N, M or probe_steps is 0 or period <= probe_steps.
-    pub fn new(
-        cfg: RetunerConfig,
-        world_size: usize,
-        micro_batches: usize,
-    ) -> Result<Self, RetuneError> {
-        if world_size == 0
-            || micro_batches == 0
-            || cfg.probe_steps == 0
-            || cfg.period <= cfg.probe_steps
-        {
+    pub fn new(cfg: RetunerConfig, world_size: usize, micro_batches: usize) -> Result<Self, RetuneError> {
+        if world_size == 0 || micro_batches == 0 || cfg.probe_steps == 0 || cfg.period <= cfg.probe_steps {
             return Err(RetuneError::Config(format!(
                 "N={world_size}, M={micro_batches}, period {} must exceed probe_steps {} >= 1",
                 cfg.period, cfg.probe_steps
@@ -148,17 +135,10 @@ impl Retuner {
     /// NaN for micro-batches not computed) and the measured step time (ns). Returns an event at
     /// the end of a probe or enforce window. A probe step containing NaN (it should not: the
     /// threshold is off) is excluded from the window. Errors: [`RetuneError::Shape`].
-    pub fn on_step(
-        &mut self,
-        latencies_ns: &[f64],
-        step_time_ns: f64,
-    ) -> Result<Option<RetuneEvent>, RetuneError> {
+    pub fn on_step(&mut self, latencies_ns: &[f64], step_time_ns: f64) -> Result<Option<RetuneEvent>, RetuneError> {
         let cells = self.world_size * self.micro_batches;
         if latencies_ns.len() != cells {
-            return Err(RetuneError::Shape {
-                got: latencies_ns.len(),
-                expected: cells,
-            });
+            return Err(RetuneError::Shape { got: latencies_ns.len(), expected: cells });
         }
         let in_probe = self.pos < self.cfg.probe_steps;
         self.pos += 1;
@@ -182,12 +162,8 @@ impl Retuner {
         let drop = 1.0 - self.enforce_computed as f64 / (self.enforce_steps * cells) as f64;
         let mean = self.enforce_step_ns / self.enforce_steps as f64;
         let measured = (1.0 - drop) * self.probe_mean_ns / mean - 1.0;
-        let ev = RetuneEvent::Measured {
-            threshold: self.threshold,
-            predicted: self.predicted,
-            measured,
-            drop_rate: drop,
-        };
+        let ev =
+            RetuneEvent::Measured { threshold: self.threshold, predicted: self.predicted, measured, drop_rate: drop };
         self.enforce_step_ns = 0.0;
         self.enforce_steps = 0;
         self.enforce_computed = 0;
@@ -226,9 +202,8 @@ impl Retuner {
         .ok()?;
         let report = tune(&trace, &self.cfg.tune);
         let old = self.threshold;
-        let current_obj = old
-            .as_ns()
-            .map(|t| objective_at(&trace, self.cfg.tune.min_micro_batches, t as f64).objective);
+        let current_obj =
+            old.as_ns().map(|t| objective_at(&trace, self.cfg.tune.min_micro_batches, t as f64).objective);
         let (threshold, predicted) = match (report.verdict, current_obj) {
             (Verdict::Decline(_), _) => (Threshold::Off, 0.0),
             (Verdict::Enable(c), None) => (c.threshold(), c.objective),
@@ -242,22 +217,13 @@ impl Retuner {
         };
         self.threshold = threshold;
         self.predicted = predicted;
-        Some(RetuneEvent::Tuned {
-            threshold,
-            changed: threshold != old,
-            predicted,
-            verdict: report.verdict,
-        })
+        Some(RetuneEvent::Tuned { threshold, changed: threshold != old, predicted, verdict: report.verdict })
     }
 
     /// Threshold the scheduler should apply to the next step: off during probes, the tuned
     /// value while enforcing.
     pub fn threshold_for_next_step(&self) -> Threshold {
-        if self.pos < self.cfg.probe_steps {
-            Threshold::Off
-        } else {
-            self.threshold
-        }
+        if self.pos < self.cfg.probe_steps { Threshold::Off } else { self.threshold }
     }
 }
 
@@ -274,29 +240,15 @@ mod tests {
     #[test]
     fn closed_loop_cycle_with_hysteresis() {
         let (n, m) = (16usize, 12usize);
-        let cfg = RetunerConfig {
-            period: 60,
-            probe_steps: 20,
-            hysteresis: 0.01,
-            tune: TuneConfig::default(),
-        };
+        let cfg = RetunerConfig { period: 60, probe_steps: 20, hysteresis: 0.01, tune: TuneConfig::default() };
         let mut rt = Retuner::new(cfg, n, m).expect("valid");
-        let sampler = NoiseModel::Reference {
-            base_ns: 1e6,
-            delay_factor: 1.0,
-        }
-        .sampler()
-        .expect("valid");
+        let sampler = NoiseModel::Reference { base_ns: 1e6, delay_factor: 1.0 }.sampler().expect("valid");
         let overhead = 3e6;
         let mut events = Vec::new();
         let mut thresholds_after_probe = Vec::new();
         for step in 0..180u64 {
             let th = rt.threshold_for_next_step();
-            let policy = PolicyConfig {
-                threshold: th,
-                warmup_steps: 0,
-                ..PolicyConfig::default()
-            };
+            let policy = PolicyConfig { threshold: th, warmup_steps: 0, ..PolicyConfig::default() };
             let mut rng = SimRng::for_stream(5, step);
             let mut mat = vec![f64::NAN; n * m];
             let mut max_c = 0.0f64;
@@ -320,46 +272,21 @@ mod tests {
             }
         }
         assert_eq!(events.len(), 6, "{events:?}");
-        assert!(matches!(
-            events[0],
-            RetuneEvent::Tuned { changed: true, .. }
-        ));
+        assert!(matches!(events[0], RetuneEvent::Tuned { changed: true, .. }));
         for ev in &events {
-            if let RetuneEvent::Measured {
-                predicted,
-                measured,
-                ..
-            } = ev
-            {
+            if let RetuneEvent::Measured { predicted, measured, .. } = ev {
                 assert!(*predicted > 0.02, "{ev:?}");
                 assert!(*measured > 0.0, "{ev:?}");
             }
         }
         // Hysteresis: later probes only change the threshold on a >= 1 % better objective.
         for ev in &events[1..] {
-            if let RetuneEvent::Tuned {
-                changed: true,
-                verdict: Verdict::Enable(c),
-                predicted,
-                ..
-            } = ev
-            {
+            if let RetuneEvent::Tuned { changed: true, verdict: Verdict::Enable(c), predicted, .. } = ev {
                 assert_eq!(c.objective, *predicted);
             }
         }
         assert!(thresholds_after_probe.iter().all(|t| t.as_ns().is_some()));
-        assert!(
-            Retuner::new(
-                RetunerConfig {
-                    period: 5,
-                    probe_steps: 5,
-                    ..cfg
-                },
-                n,
-                m
-            )
-            .is_err()
-        );
+        assert!(Retuner::new(RetunerConfig { period: 5, probe_steps: 5, ..cfg }, n, m).is_err());
         assert!(rt.on_step(&[0.0; 3], 1.0).is_err());
     }
 

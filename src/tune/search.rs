@@ -34,11 +34,7 @@ pub struct Guardrails {
 
 impl Default for Guardrails {
     fn default() -> Self {
-        Self {
-            max_drop_rate: 0.10,
-            min_batch_fraction: 0.75,
-            min_gain: 0.02,
-        }
+        Self { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02 }
     }
 }
 
@@ -53,10 +49,7 @@ pub struct TuneConfig {
 
 impl Default for TuneConfig {
     fn default() -> Self {
-        Self {
-            guardrails: Guardrails::default(),
-            min_micro_batches: 1,
-        }
+        Self { guardrails: Guardrails::default(), min_micro_batches: 1 }
     }
 }
 
@@ -78,9 +71,7 @@ pub struct CandidateScore {
 impl CandidateScore {
     /// The threshold as a policy value (rounded to whole ns).
     pub fn threshold(&self) -> Threshold {
-        Threshold::Fixed(std::time::Duration::from_nanos(
-            self.threshold_ns.round() as u64
-        ))
+        Threshold::Fixed(std::time::Duration::from_nanos(self.threshold_ns.round() as u64))
     }
 }
 
@@ -123,23 +114,14 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
-            Refusal::InsufficientGain {
-                best_gain,
-                min_gain,
-                best_threshold_ns,
-            } => write!(
+            Refusal::InsufficientGain { best_gain, min_gain, best_threshold_ns } => write!(
                 f,
                 "guardrail min_gain: best predicted effective speedup {:+.2}% (at {:.3} ms) < required {:+.2}%",
                 best_gain * 100.0,
                 best_threshold_ns / 1e6,
                 min_gain * 100.0
             ),
-            Refusal::MaxDropRate {
-                gain,
-                drop_rate,
-                max_drop_rate,
-                best_admissible_gain,
-            } => write!(
+            Refusal::MaxDropRate { gain, drop_rate, max_drop_rate, best_admissible_gain } => write!(
                 f,
                 "guardrail max_drop_rate: a {:+.2}% speedup needs drop rate {:.2}% > limit {:.2}%; best within limits {:+.2}%",
                 gain * 100.0,
@@ -147,12 +129,7 @@ impl std::fmt::Display for Refusal {
                 max_drop_rate * 100.0,
                 best_admissible_gain * 100.0
             ),
-            Refusal::MinBatchFraction {
-                gain,
-                batch_fraction,
-                min_batch_fraction,
-                best_admissible_gain,
-            } => write!(
+            Refusal::MinBatchFraction { gain, batch_fraction, min_batch_fraction, best_admissible_gain } => write!(
                 f,
                 "guardrail min_batch_fraction: a {:+.2}% speedup computes only {:.2}% of the global batch in some step < floor {:.2}%; best within limits {:+.2}%",
                 gain * 100.0,
@@ -270,18 +247,10 @@ pub fn tune(trace: &LatencyTrace, cfg: &TuneConfig) -> TuneReport {
             while st.p_drop < st.sorted_droppable.len() && st.sorted_droppable[st.p_drop] <= tau {
                 st.p_drop += 1;
             }
-            let last_kept = if st.p_all > 0 {
-                st.sorted_all[st.p_all - 1]
-            } else {
-                0.0
-            };
+            let last_kept = if st.p_all > 0 { st.sorted_all[st.p_all - 1] } else { 0.0 };
             let new = st.floor.max(last_kept);
             let d = (st.sorted_droppable.len() - st.p_drop) as f64 / cells;
-            let s = if st.raw > 0.0 {
-                (st.baseline - new) / st.raw
-            } else {
-                0.0
-            };
+            let s = if st.raw > 0.0 { (st.baseline - new) / st.raw } else { 0.0 };
             obj += (1.0 - d) / (1.0 - s) - 1.0;
             drop += d;
             save += s;
@@ -302,9 +271,8 @@ pub fn tune(trace: &LatencyTrace, cfg: &TuneConfig) -> TuneReport {
         })
     };
     let best = argmax(&mut curve.iter()).unwrap_or(curve[curve.len() - 1]);
-    let admissible = |c: &&CandidateScore| {
-        c.drop_rate <= g.max_drop_rate && c.min_batch_fraction >= g.min_batch_fraction
-    };
+    let admissible =
+        |c: &&CandidateScore| c.drop_rate <= g.max_drop_rate && c.min_batch_fraction >= g.min_batch_fraction;
     let best_admissible = argmax(&mut curve.iter().filter(admissible));
     let adm_gain = best_admissible.map_or(0.0, |c| c.objective);
     let verdict = match best_admissible {
@@ -327,13 +295,7 @@ pub fn tune(trace: &LatencyTrace, cfg: &TuneConfig) -> TuneReport {
             best_admissible_gain: adm_gain,
         }),
     };
-    TuneReport {
-        curve,
-        best,
-        best_admissible,
-        verdict,
-        straggler_headroom: headroom / s_count,
-    }
+    TuneReport { curve, best, best_admissible, verdict, straggler_headroom: headroom / s_count }
 }
 
 /// Brute-force objective of one threshold (f64 oracle for tests and for evaluating a threshold
@@ -381,15 +343,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn trace(n: usize, m: usize, s: usize, lat: Vec<f64>, overhead: f64) -> LatencyTrace {
-        LatencyTrace::new(
-            "t",
-            (0..n as u32).collect(),
-            (0..s as u64).collect(),
-            m,
-            lat,
-            vec![overhead; s],
-        )
-        .expect("valid")
+        LatencyTrace::new("t", (0..n as u32).collect(), (0..s as u64).collect(), m, lat, vec![overhead; s])
+            .expect("valid")
     }
 
     #[test]
@@ -399,11 +354,7 @@ mod tests {
         // s = 4/8, objective = 0.75/0.5 - 1 = 0.5.
         let t = trace(2, 2, 1, vec![1.0, 1.0, 1.0, 5.0], 2.0);
         let cfg = TuneConfig {
-            guardrails: Guardrails {
-                max_drop_rate: 0.5,
-                min_batch_fraction: 0.5,
-                min_gain: 0.1,
-            },
+            guardrails: Guardrails { max_drop_rate: 0.5, min_batch_fraction: 0.5, min_gain: 0.1 },
             min_micro_batches: 1,
         };
         let r = tune(&t, &cfg);
@@ -412,19 +363,9 @@ mod tests {
         assert!((r.best.drop_rate - 0.25).abs() < 1e-12);
         assert!(matches!(r.verdict, Verdict::Enable(c) if c.threshold_ns == 2.0));
         // With a 10 % drop limit the same gain is refused, naming the guardrail.
-        let strict = TuneConfig {
-            guardrails: Guardrails {
-                max_drop_rate: 0.1,
-                ..cfg.guardrails
-            },
-            ..cfg
-        };
+        let strict = TuneConfig { guardrails: Guardrails { max_drop_rate: 0.1, ..cfg.guardrails }, ..cfg };
         match tune(&t, &strict).verdict {
-            Verdict::Decline(Refusal::MaxDropRate {
-                drop_rate,
-                max_drop_rate,
-                ..
-            }) => {
+            Verdict::Decline(Refusal::MaxDropRate { drop_rate, max_drop_rate, .. }) => {
                 assert!((drop_rate - 0.25).abs() < 1e-12 && max_drop_rate == 0.1);
             }
             v => panic!("expected MaxDropRate, got {v:?}"),
@@ -436,10 +377,7 @@ mod tests {
         let t = trace(4, 3, 2, vec![2.0; 24], 1.0);
         let r = tune(&t, &TuneConfig::default());
         assert!(r.best.objective.abs() < 1e-12);
-        assert!(matches!(
-            r.verdict,
-            Verdict::Decline(Refusal::InsufficientGain { .. })
-        ));
+        assert!(matches!(r.verdict, Verdict::Decline(Refusal::InsufficientGain { .. })));
         assert_eq!(r.straggler_headroom, 0.0);
     }
 

@@ -25,11 +25,7 @@ pub struct StragglerConfig {
 
 impl Default for StragglerConfig {
     fn default() -> Self {
-        Self {
-            tolerance: 0.05,
-            chronic_fraction: 0.5,
-            ewma_alpha: 0.2,
-        }
+        Self { tolerance: 0.05, chronic_fraction: 0.5, ewma_alpha: 0.2 }
     }
 }
 
@@ -72,11 +68,7 @@ pub fn attribute(trace: &LatencyTrace, cfg: &StragglerConfig) -> Vec<RankAttribu
     for (si, row) in compute.chunks_exact(n).enumerate() {
         let mut sorted = row.to_vec();
         sorted.sort_by(f64::total_cmp);
-        let median = if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            0.5 * (sorted[n / 2 - 1] + sorted[n / 2])
-        };
+        let median = if n % 2 == 1 { sorted[n / 2] } else { 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]) };
         let max = sorted[n - 1];
         let first_max = row.iter().position(|&x| x == max).unwrap_or(0);
         for (r, &t) in row.iter().enumerate() {
@@ -85,11 +77,7 @@ pub fn attribute(trace: &LatencyTrace, cfg: &StragglerConfig) -> Vec<RankAttribu
                 slow[r] += 1;
             }
             excess[r] += e;
-            ewma[r] = if si == 0 {
-                e
-            } else {
-                cfg.ewma_alpha * e + (1.0 - cfg.ewma_alpha) * ewma[r]
-            };
+            ewma[r] = if si == 0 { e } else { cfg.ewma_alpha * e + (1.0 - cfg.ewma_alpha) * ewma[r] };
         }
         if n > 1 {
             slowest[first_max] += 1;
@@ -135,15 +123,7 @@ mod tests {
         for s in 0..4 {
             lat.extend([10.0, 10.0, 15.0, if s == 1 { 20.0 } else { 10.0 }]);
         }
-        let t = LatencyTrace::new(
-            "t",
-            vec![0, 1, 2, 3],
-            vec![0, 1, 2, 3],
-            1,
-            lat,
-            vec![0.0; 4],
-        )
-        .expect("valid");
+        let t = LatencyTrace::new("t", vec![0, 1, 2, 3], vec![0, 1, 2, 3], 1, lat, vec![0.0; 4]).expect("valid");
         let a = attribute(&t, &StragglerConfig::default());
         assert_eq!(a[0].rank, 2);
         assert_eq!(a[0].class, StragglerClass::Chronic);

@@ -23,9 +23,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 pub fn last_message(api: &SynapseApi) -> String {
     match api.syn_get_last_error_message {
         // SAFETY: returns a NUL-terminated thread-local string.
-        Some(f) => unsafe { CStr::from_ptr(f()) }
-            .to_string_lossy()
-            .into_owned(),
+        Some(f) => unsafe { CStr::from_ptr(f()) }.to_string_lossy().into_owned(),
         None => String::new(),
     }
 }
@@ -52,22 +50,13 @@ impl Dev {
             ok(api, (api.syn_initialize)());
             let mut id = 0;
             ok(api, (api.syn_device_acquire_by_module_id)(&mut id, module));
-            Self {
-                api: api.clone(),
-                id,
-                module,
-            }
+            Self { api: api.clone(), id, module }
         }
     }
 
     pub fn malloc(&self, size: u64) -> u64 {
         let mut a = 0;
-        unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_device_malloc)(self.id, size, 0, 0, &mut a),
-            )
-        };
+        unsafe { ok(&self.api, (self.api.syn_device_malloc)(self.id, size, 0, 0, &mut a)) };
         a
     }
 
@@ -79,44 +68,24 @@ impl Dev {
     pub fn host_f32(&self, n: usize) -> &'static mut [f32] {
         let mut p: *mut c_void = std::ptr::null_mut();
         unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_host_malloc)(self.id, (n * 4) as u64, 0, &mut p),
-            );
+            ok(&self.api, (self.api.syn_host_malloc)(self.id, (n * 4) as u64, 0, &mut p));
             std::slice::from_raw_parts_mut(p.cast(), n)
         }
     }
 
     pub fn stream(&self) -> synStreamHandle {
         let mut s = std::ptr::null_mut();
-        unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_stream_create_generic)(&mut s, self.id, 0),
-            )
-        };
+        unsafe { ok(&self.api, (self.api.syn_stream_create_generic)(&mut s, self.id, 0)) };
         s
     }
 
     pub fn event(&self, flags: u32) -> synEventHandle {
         let mut e = std::ptr::null_mut();
-        unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_event_create)(&mut e, self.id, flags),
-            )
-        };
+        unsafe { ok(&self.api, (self.api.syn_event_create)(&mut e, self.id, flags)) };
         e
     }
 
-    pub fn copy(
-        &self,
-        s: synStreamHandle,
-        src: u64,
-        size: u64,
-        dst: u64,
-        dir: synDmaDir,
-    ) -> synStatus {
+    pub fn copy(&self, s: synStreamHandle, src: u64, size: u64, dst: u64, dir: synDmaDir) -> synStatus {
         unsafe { (self.api.syn_mem_copy_async)(s, src, size, dst, dir) }
     }
 
@@ -140,12 +109,7 @@ impl Dev {
         r.write(&path).unwrap();
         let c = CString::new(path.to_str().unwrap()).unwrap();
         let mut h = std::ptr::null_mut();
-        unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_recipe_deserialize)(&mut h, c.as_ptr()),
-            )
-        };
+        unsafe { ok(&self.api, (self.api.syn_recipe_deserialize)(&mut h, c.as_ptr())) };
         h
     }
 
@@ -164,15 +128,7 @@ impl Dev {
         let ptrs: Vec<*const i8> = cnames.iter().map(|c| c.as_ptr()).collect();
         let mut ids = vec![0u64; names.len()];
         unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_tensor_retrieve_ids)(
-                    r,
-                    ptrs.as_ptr(),
-                    ids.as_mut_ptr(),
-                    names.len() as u32,
-                ),
-            );
+            ok(&self.api, (self.api.syn_tensor_retrieve_ids)(r, ptrs.as_ptr(), ids.as_mut_ptr(), names.len() as u32));
         }
         let infos: Vec<synLaunchTensorInfo> = (0..names.len())
             .map(|i| synLaunchTensorInfo {
@@ -201,24 +157,10 @@ impl Dev {
     /// Copies `n` f32 from device address `a` into a fresh host buffer and returns them.
     pub fn read_f32(&self, s: synStreamHandle, a: u64, n: usize) -> Vec<f32> {
         let h = self.host_f32(n);
-        ok(
-            &self.api,
-            self.copy(
-                s,
-                a,
-                (n * 4) as u64,
-                h.as_mut_ptr() as u64,
-                synDmaDir::DRAM_TO_HOST,
-            ),
-        );
+        ok(&self.api, self.copy(s, a, (n * 4) as u64, h.as_mut_ptr() as u64, synDmaDir::DRAM_TO_HOST));
         ok(&self.api, self.sync(s));
         let v = h.to_vec();
-        unsafe {
-            ok(
-                &self.api,
-                (self.api.syn_host_free)(self.id, h.as_ptr().cast(), 0),
-            )
-        };
+        unsafe { ok(&self.api, (self.api.syn_host_free)(self.id, h.as_ptr().cast(), 0)) };
         v
     }
 }

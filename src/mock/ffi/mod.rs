@@ -16,8 +16,8 @@ use std::ffi::{CStr, c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use habana_sys::{
-    synDeviceId, synDeviceInfo, synDeviceInfoV2, synDeviceType, synDmaDir, synEventHandle,
-    synModuleId, synStatus, synStreamHandle,
+    synDeviceId, synDeviceInfo, synDeviceInfoV2, synDeviceType, synDmaDir, synEventHandle, synModuleId, synStatus,
+    synStreamHandle,
 };
 
 pub use super::hccl::*;
@@ -41,10 +41,7 @@ pub(super) fn guard(name: &'static str, f: impl FnOnce() -> MResult<()>) -> synS
             e.status
         }
         Err(_) => {
-            set_last_error(
-                synStatus::FAIL,
-                &format!("{name}: internal error (panic) in the CPU mock"),
-            );
+            set_last_error(synStatus::FAIL, &format!("{name}: internal error (panic) in the CPU mock"));
             synStatus::FAIL
         }
     }
@@ -82,10 +79,7 @@ pub(super) unsafe fn slice<'a, T>(p: *const T, n: usize) -> MResult<&'a [T]> {
         return Ok(&[]);
     }
     if p.is_null() {
-        return fail(
-            synStatus::INVALID_ARGUMENT,
-            "null array with a nonzero length",
-        );
+        return fail(synStatus::INVALID_ARGUMENT, "null array with a nonzero length");
     }
     // SAFETY: non-null, `n` elements readable by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
@@ -108,9 +102,7 @@ pub unsafe extern "C" fn syn_destroy() -> synStatus {
 /// `synDeviceGetCount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_count(p_count: *mut u32) -> synStatus {
     // SAFETY (all `out` calls below): out-pointers follow the caller's contract (module doc).
-    guard("synDeviceGetCount", || unsafe {
-        out(p_count, device::count()?)
-    })
+    guard("synDeviceGetCount", || unsafe { out(p_count, device::count()?) })
 }
 
 /// Writes min(*size, count) module ids and sets *size to the number written.
@@ -131,10 +123,7 @@ pub unsafe extern "C" fn syn_device_get_module_ids(p_ids: *mut u32, size: *mut u
 }
 
 /// `synDeviceAcquireByDeviceType` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_device_acquire_by_device_type(
-    p: *mut synDeviceId,
-    t: synDeviceType,
-) -> synStatus {
+pub unsafe extern "C" fn syn_device_acquire_by_device_type(p: *mut synDeviceId, t: synDeviceType) -> synStatus {
     guard("synDeviceAcquireByDeviceType", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
@@ -144,10 +133,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_device_type(
 }
 
 /// `synDeviceAcquireByModuleId` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_device_acquire_by_module_id(
-    p: *mut synDeviceId,
-    m: synModuleId,
-) -> synStatus {
+pub unsafe extern "C" fn syn_device_acquire_by_module_id(p: *mut synDeviceId, m: synModuleId) -> synStatus {
     guard("synDeviceAcquireByModuleId", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
@@ -157,10 +143,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_module_id(
 }
 
 /// `synDeviceAcquire` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_device_acquire(
-    p: *mut synDeviceId,
-    pci_bus: *const c_char,
-) -> synStatus {
+pub unsafe extern "C" fn syn_device_acquire(p: *mut synDeviceId, pci_bus: *const c_char) -> synStatus {
     guard("synDeviceAcquire", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
@@ -201,19 +184,12 @@ pub unsafe extern "C" fn syn_device_get_info(d: synDeviceId, p: *mut synDeviceIn
 }
 
 /// `synDeviceGetInfoV2` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_device_get_info_v2(
-    d: synDeviceId,
-    p: *mut synDeviceInfoV2,
-) -> synStatus {
+pub unsafe extern "C" fn syn_device_get_info_v2(d: synDeviceId, p: *mut synDeviceInfoV2) -> synStatus {
     guard("synDeviceGetInfoV2", || unsafe { out(p, device::info(d)?) })
 }
 
 /// `synDeviceGetMemoryInfo` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_device_get_memory_info(
-    d: synDeviceId,
-    free: *mut u64,
-    total: *mut u64,
-) -> synStatus {
+pub unsafe extern "C" fn syn_device_get_memory_info(d: synDeviceId, free: *mut u64, total: *mut u64) -> synStatus {
     guard("synDeviceGetMemoryInfo", || {
         if free.is_null() || total.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pointer");
@@ -227,11 +203,7 @@ pub unsafe extern "C" fn syn_device_get_memory_info(
 }
 
 /// `synStreamCreateGeneric` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_stream_create_generic(
-    p: *mut synStreamHandle,
-    d: synDeviceId,
-    flags: u32,
-) -> synStatus {
+pub unsafe extern "C" fn syn_stream_create_generic(p: *mut synStreamHandle, d: synDeviceId, flags: u32) -> synStatus {
     guard("synStreamCreateGeneric", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pStreamHandle");
@@ -247,14 +219,8 @@ pub unsafe extern "C" fn syn_stream_destroy(s: synStreamHandle) -> synStatus {
 }
 
 /// `synStreamWaitEvent` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_stream_wait_event(
-    s: synStreamHandle,
-    e: synEventHandle,
-    flags: u32,
-) -> synStatus {
-    guard("synStreamWaitEvent", || {
-        ops::stream_wait_event(h(s), h(e), flags)
-    })
+pub unsafe extern "C" fn syn_stream_wait_event(s: synStreamHandle, e: synEventHandle, flags: u32) -> synStatus {
+    guard("synStreamWaitEvent", || ops::stream_wait_event(h(s), h(e), flags))
 }
 
 /// `synStreamSynchronize` on the CPU mock (contract: see the module documentation).
@@ -268,11 +234,7 @@ pub unsafe extern "C" fn syn_stream_query(s: synStreamHandle) -> synStatus {
 }
 
 /// `synEventCreate` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_event_create(
-    p: *mut synEventHandle,
-    d: synDeviceId,
-    flags: u32,
-) -> synStatus {
+pub unsafe extern "C" fn syn_event_create(p: *mut synEventHandle, d: synDeviceId, flags: u32) -> synStatus {
     guard("synEventCreate", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pEventHandler");
@@ -316,21 +278,13 @@ pub unsafe extern "C" fn syn_event_elapsed_time(
 }
 
 /// `synHostMalloc` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_host_malloc(
-    d: synDeviceId,
-    size: u64,
-    flags: u32,
-    buffer: *mut *mut c_void,
-) -> synStatus {
+pub unsafe extern "C" fn syn_host_malloc(d: synDeviceId, size: u64, flags: u32, buffer: *mut *mut c_void) -> synStatus {
     guard("synHostMalloc", || {
         if buffer.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null buffer pointer");
         }
         if flags != 0 {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("flags {flags:#x} must be 0"),
-            );
+            return fail(synStatus::INVALID_ARGUMENT, format!("flags {flags:#x} must be 0"));
         }
         let p = super::state::registry().host_malloc(d, size)?;
         unsafe { out(buffer, p.cast()) }
@@ -338,11 +292,7 @@ pub unsafe extern "C" fn syn_host_malloc(
 }
 
 /// `synHostFree` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_host_free(
-    d: synDeviceId,
-    buffer: *const c_void,
-    _flags: u32,
-) -> synStatus {
+pub unsafe extern "C" fn syn_host_free(d: synDeviceId, buffer: *const c_void, _flags: u32) -> synStatus {
     guard("synHostFree", || {
         let r = super::state::registry().host_remove(d, buffer as usize, true)?;
         super::memory::retire_host_range(&r);
@@ -351,14 +301,8 @@ pub unsafe extern "C" fn syn_host_free(
 }
 
 /// `synHostMap` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_host_map(
-    d: synDeviceId,
-    size: u64,
-    buffer: *const c_void,
-) -> synStatus {
-    guard("synHostMap", || {
-        super::state::registry().host_map(d, buffer as usize, size)
-    })
+pub unsafe extern "C" fn syn_host_map(d: synDeviceId, size: u64, buffer: *const c_void) -> synStatus {
+    guard("synHostMap", || super::state::registry().host_map(d, buffer as usize, size))
 }
 
 /// `synHostUnmap` on the CPU mock (contract: see the module documentation).
@@ -404,9 +348,7 @@ pub unsafe extern "C" fn syn_mem_copy_async(
     dst: u64,
     dir: synDmaDir,
 ) -> synStatus {
-    guard("synMemCopyAsync", || {
-        ops::mem_copy(h(s), &[(src, size, dst)], dir)
-    })
+    guard("synMemCopyAsync", || ops::mem_copy(h(s), &[(src, size, dst)], dir))
 }
 
 /// `synMemCopyAsyncMultiple` on the CPU mock (contract: see the module documentation).

@@ -6,8 +6,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::path::PathBuf;
 
 use habana_sys::{
-    synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle, synStatus,
-    synStreamHandle,
+    synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle, synStatus, synStreamHandle,
 };
 
 use super::{c_str, guard, h, out, slice};
@@ -18,28 +17,17 @@ fn path_arg(p: *const c_char) -> MResult<PathBuf> {
     // SAFETY: the file name is null or NUL-terminated.
     match unsafe { c_str(p) } {
         Some(s) if !s.is_empty() => Ok(PathBuf::from(s)),
-        _ => fail(
-            synStatus::INVALID_ARGUMENT,
-            "null or empty recipe file name",
-        ),
+        _ => fail(synStatus::INVALID_ARGUMENT, "null or empty recipe file name"),
     }
 }
 
 /// `synRecipeSerialize` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_recipe_serialize(
-    r: synRecipeHandle,
-    file: *const c_char,
-) -> synStatus {
-    guard("synRecipeSerialize", || {
-        launch::serialize(h(r), &path_arg(file)?)
-    })
+pub unsafe extern "C" fn syn_recipe_serialize(r: synRecipeHandle, file: *const c_char) -> synStatus {
+    guard("synRecipeSerialize", || launch::serialize(h(r), &path_arg(file)?))
 }
 
 /// `synRecipeDeSerialize` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_recipe_deserialize(
-    p: *mut synRecipeHandle,
-    file: *const c_char,
-) -> synStatus {
+pub unsafe extern "C" fn syn_recipe_deserialize(p: *mut synRecipeHandle, file: *const c_char) -> synStatus {
     guard("synRecipeDeSerialize", || {
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pRecipeHandle");
@@ -64,10 +52,7 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
     guard("synRecipeGetAttribute", || {
         // SAFETY: `attrs` holds `n` entries and `ret` has room for `n` by the contract.
         let attrs = unsafe { slice(attrs, n as usize)? };
-        let vals = attrs
-            .iter()
-            .map(|&a| launch::attribute(h(r), a))
-            .collect::<MResult<Vec<_>>>()?;
+        let vals = attrs.iter().map(|&a| launch::attribute(h(r), a)).collect::<MResult<Vec<_>>>()?;
         if ret.is_null() && n > 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null retVal");
         }
@@ -79,49 +64,29 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
 
 /// `synWorkspaceGetSize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle) -> synStatus {
-    guard("synWorkspaceGetSize", || unsafe {
-        out(
-            p,
-            launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?,
-        )
-    })
+    guard("synWorkspaceGetSize", || unsafe { out(p, launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?) })
 }
 
 /// `synTensorRetrieveLaunchAmount` on the CPU mock (contract: see the module documentation).
-pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(
-    r: synRecipeHandle,
-    n: *mut u32,
-) -> synStatus {
-    guard("synTensorRetrieveLaunchAmount", || unsafe {
-        out(n, launch::recipe(h(r))?.spec.tensors.len() as u32)
-    })
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(r: synRecipeHandle, n: *mut u32) -> synStatus {
+    guard("synTensorRetrieveLaunchAmount", || unsafe { out(n, launch::recipe(h(r))?.spec.tensors.len() as u32) })
 }
 
 /// `synTensorRetrieveLaunchIds`: ids are `TENSOR_ID_BASE + index`; `numOfTensors` must equal
 /// the launch amount.
-pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(
-    r: synRecipeHandle,
-    ids: *mut u64,
-    n: u32,
-) -> synStatus {
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(r: synRecipeHandle, ids: *mut u64, n: u32) -> synStatus {
     guard("synTensorRetrieveLaunchIds", || {
         let rec = launch::recipe(h(r))?;
         let count = rec.spec.tensors.len();
         if n as usize != count {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("numOfTensors {n}, the recipe has {count}"),
-            );
+            return fail(synStatus::INVALID_ARGUMENT, format!("numOfTensors {n}, the recipe has {count}"));
         }
         if ids.is_null() && n > 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null tensorsIds");
         }
         for i in 0..count {
             // SAFETY: `ids` holds `n` = count entries.
-            unsafe {
-                ids.add(i)
-                    .write(crate::mock::recipe::TENSOR_ID_BASE + i as u64)
-            };
+            unsafe { ids.add(i).write(crate::mock::recipe::TENSOR_ID_BASE + i as u64) };
         }
         Ok(())
     })
@@ -169,10 +134,7 @@ unsafe fn launch_common(
 ) -> MResult<()> {
     // SAFETY: arrays of `n` infos and `nev` events by the caller's contract.
     let infos = unsafe { slice(infos, n as usize)? };
-    let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }
-        .iter()
-        .map(|&e| h(e))
-        .collect();
+    let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }.iter().map(|&e| h(e)).collect();
     // SAFETY: tensor names are NUL-terminated by the contract.
     unsafe { launch::launch(h(s), infos, ws, h(r), &evs, flags) }
 }
@@ -190,9 +152,7 @@ pub unsafe extern "C" fn syn_launch_with_external_events(
     nev: u32,
     flags: u32,
 ) -> synStatus {
-    guard("synLaunchWithExternalEvents", || unsafe {
-        launch_common(s, infos, n, ws, r, evs, nev, flags)
-    })
+    guard("synLaunchWithExternalEvents", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
 }
 
 /// `synLaunchWithExternalEventsExt`: same as [`syn_launch_with_external_events`].
@@ -207,17 +167,11 @@ pub unsafe extern "C" fn syn_launch_with_external_events_ext(
     nev: u32,
     flags: u32,
 ) -> synStatus {
-    guard("synLaunchWithExternalEventsExt", || unsafe {
-        launch_common(s, infos, n, ws, r, evs, nev, flags)
-    })
+    guard("synLaunchWithExternalEventsExt", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
 }
 
 /// Copies the brief description of `st` (truncated, NUL-terminated) into `buf[..len]`.
-pub unsafe extern "C" fn syn_status_get_brief_description(
-    st: synStatus,
-    buf: *mut c_char,
-    len: usize,
-) -> synStatus {
+pub unsafe extern "C" fn syn_status_get_brief_description(st: synStatus, buf: *mut c_char, len: usize) -> synStatus {
     guard("synStatusGetBriefDescription", || {
         if buf.is_null() || len == 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
@@ -239,8 +193,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
         if buf.is_null() || len <= 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
         }
-        let v = std::env::var(crate::mock::ENV_VERSION)
-            .unwrap_or_else(|_| crate::mock::MOCK_VERSION.to_string());
+        let v = std::env::var(crate::mock::ENV_VERSION).unwrap_or_else(|_| crate::mock::MOCK_VERSION.to_string());
         let b = v.as_bytes();
         let n = b.len().min(len as usize - 1);
         // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.

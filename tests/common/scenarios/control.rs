@@ -2,9 +2,7 @@
 
 use std::ffi::{CStr, c_void};
 
-use dropcompute::mock::{
-    DeviceOverride, Fault, MockConfig, MockControl, MockKernelArgs, MockRecipe, Noise, TimeMode,
-};
+use dropcompute::mock::{DeviceOverride, Fault, MockConfig, MockControl, MockKernelArgs, MockRecipe, Noise, TimeMode};
 use habana_sys::*;
 
 use super::super::{Dev, last_message, ok};
@@ -15,34 +13,20 @@ pub fn stall_makes_stream_busy(api: &SynapseApi, c: &MockControl) {
     let s = d.stream();
     let h = d.host_f32(4);
     let a = d.malloc(16);
-    c.inject_fault(&Fault::StallStream {
-        module_id: 3,
-        duration_ms: None,
-    })
-    .unwrap();
-    ok(
-        api,
-        d.copy(s, h.as_ptr() as u64, 16, a, synDmaDir::HOST_TO_DRAM),
-    );
+    c.inject_fault(&Fault::StallStream { module_id: 3, duration_ms: None }).unwrap();
+    ok(api, d.copy(s, h.as_ptr() as u64, 16, a, synDmaDir::HOST_TO_DRAM));
     unsafe {
         assert_eq!((api.syn_stream_query)(s), synStatus::BUSY);
         assert_eq!((api.syn_stream_destroy)(s), synStatus::BUSY);
         let e = d.event(0);
         d.record(e, s);
         assert_eq!((api.syn_event_query)(e), synStatus::BUSY);
-        c.inject_fault(&Fault::ReleaseStall { module_id: 3 })
-            .unwrap();
+        c.inject_fault(&Fault::ReleaseStall { module_id: 3 }).unwrap();
         ok(api, (api.syn_event_synchronize)(e));
         ok(api, (api.syn_stream_query)(s));
         ok(api, (api.syn_stream_destroy)(s));
     }
-    assert!(
-        c.inject_fault(&Fault::StallStream {
-            module_id: 1 << 20,
-            duration_ms: Some(1)
-        })
-        .is_err()
-    );
+    assert!(c.inject_fault(&Fault::StallStream { module_id: 1 << 20, duration_ms: Some(1) }).is_err());
 }
 
 /// A kernel that always fails with synFail.
@@ -72,14 +56,8 @@ static ADDEND: f32 = 1.5;
 
 pub fn kernel_error_is_sticky(api: &SynapseApi, c: &MockControl) {
     unsafe {
-        c.register_kernel("test_fail", failing_kernel, std::ptr::null_mut())
-            .unwrap();
-        c.register_kernel(
-            "test_add",
-            add_user_value,
-            &ADDEND as *const f32 as *mut c_void,
-        )
-        .unwrap();
+        c.register_kernel("test_fail", failing_kernel, std::ptr::null_mut()).unwrap();
+        c.register_kernel("test_add", add_user_value, &ADDEND as *const f32 as *mut c_void).unwrap();
     }
     let d = Dev::acquire(api, 0);
     let (s, other) = (d.stream(), d.stream());
@@ -112,23 +90,11 @@ pub fn fault_fails_next_call_once(api: &SynapseApi, c: &MockControl) {
     .unwrap();
     let mut x = 0;
     unsafe {
-        assert_eq!(
-            (api.syn_device_malloc)(d.id, 64, 0, 0, &mut x),
-            synStatus::OUT_OF_RESOURCES
-        );
-        assert!(
-            last_message(api).contains("injected"),
-            "{}",
-            last_message(api)
-        );
+        assert_eq!((api.syn_device_malloc)(d.id, 64, 0, 0, &mut x), synStatus::OUT_OF_RESOURCES);
+        assert!(last_message(api).contains("injected"), "{}", last_message(api));
         ok(api, (api.syn_device_malloc)(d.id, 64, 0, 0, &mut x));
     }
-    c.inject_fault(&Fault::FailNextCall {
-        function: "synStreamQuery".into(),
-        status: 26,
-        times: 2,
-    })
-    .unwrap();
+    c.inject_fault(&Fault::FailNextCall { function: "synStreamQuery".into(), status: 26, times: 2 }).unwrap();
     c.inject_fault(&Fault::ClearAll).unwrap();
     let s = d.stream();
     unsafe { ok(api, (api.syn_stream_query)(s)) };
@@ -148,11 +114,7 @@ fn virtual_run(api: &SynapseApi, c: &MockControl, seed: u64) -> Vec<u64> {
         let d = Dev::acquire(api, m);
         let s = d.stream();
         let a = d.malloc(4096);
-        let r = d.recipe(
-            &MockRecipe::new("noop", "noop")
-                .tensor("x", 4096)
-                .base_latency_ns(1_000_000),
-        );
+        let r = d.recipe(&MockRecipe::new("noop", "noop").tensor("x", 4096).base_latency_ns(1_000_000));
         let e = d.event(EVENT_COLLECT_TIME);
         for _ in 0..10 {
             ok(api, d.launch(s, r, &["x"], &[a], false, &mut []));
@@ -172,10 +134,7 @@ pub fn virtual_mode_is_deterministic(api: &SynapseApi, c: &MockControl) {
     assert_eq!(a, b);
     assert_ne!(a, other);
     // Each launch costs 1 ms × (1 + 0.5 × mult) >= 1 ms on the virtual clock.
-    assert!(
-        a[..10].windows(2).all(|w| w[1] - w[0] >= 1_000_000),
-        "{a:?}"
-    );
+    assert!(a[..10].windows(2).all(|w| w[1] - w[0] >= 1_000_000), "{a:?}");
     // Busy while acquired.
     let _d = Dev::acquire(api, 0);
     let e = c.configure(&MockConfig::default()).unwrap_err().to_string();
@@ -187,23 +146,14 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
     let cfg = MockConfig {
         time_mode: TimeMode::Virtual,
         copy_bandwidth_gbps: 1.0,
-        per_device: vec![DeviceOverride {
-            module_id: 2,
-            slowdown: 3.0,
-            noise: None,
-            script_ns: vec![1234, 5678],
-        }],
+        per_device: vec![DeviceOverride { module_id: 2, slowdown: 3.0, noise: None, script_ns: vec![1234, 5678] }],
         ..MockConfig::default()
     };
     c.configure(&cfg).unwrap();
     let d = Dev::acquire(api, 2);
     let s = d.stream();
     let a = d.malloc(1000);
-    let r = d.recipe(
-        &MockRecipe::new("noop2", "noop")
-            .tensor("x", 8)
-            .base_latency_ns(100),
-    );
+    let r = d.recipe(&MockRecipe::new("noop2", "noop").tensor("x", 8).base_latency_ns(100));
     let ev: Vec<_> = (0..5).map(|_| d.event(EVENT_COLLECT_TIME)).collect();
     d.record(ev[0], s);
     for (i, e) in ev[1..4].iter().enumerate() {
@@ -212,16 +162,10 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
         d.record(*e, s);
     }
     let h = d.host_f32(250);
-    ok(
-        api,
-        d.copy(s, a, 1000, h.as_ptr() as u64, synDmaDir::DRAM_TO_HOST),
-    );
+    ok(api, d.copy(s, a, 1000, h.as_ptr() as u64, synDmaDir::DRAM_TO_HOST));
     d.record(ev[4], s);
     ok(api, d.sync(s));
-    let dt: Vec<u64> = ev
-        .windows(2)
-        .map(|w| d.elapsed(w[0], w[1]).unwrap())
-        .collect();
+    let dt: Vec<u64> = ev.windows(2).map(|w| d.elapsed(w[0], w[1]).unwrap()).collect();
     // Script, script, then base 100 ns × slowdown 3; 1000 bytes at 1 GB/s = 1000 ns.
     assert_eq!(dt, vec![1234, 5678, 300, 1000]);
 }
@@ -229,26 +173,9 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
 pub fn status_strings_and_hccl_stubs(api: &SynapseApi, _c: &MockControl) {
     unsafe {
         let mut buf = [0i8; 64];
-        ok(
-            api,
-            (api.syn_status_get_brief_description)(
-                synStatus::DEVICE_ALREADY_ACQUIRED,
-                buf.as_mut_ptr(),
-                64,
-            ),
-        );
-        assert_eq!(
-            CStr::from_ptr(buf.as_ptr()).to_str().unwrap(),
-            "device already acquired"
-        );
-        ok(
-            api,
-            (api.syn_status_get_brief_description)(
-                synStatus::DEVICE_ALREADY_ACQUIRED,
-                buf.as_mut_ptr(),
-                7,
-            ),
-        );
+        ok(api, (api.syn_status_get_brief_description)(synStatus::DEVICE_ALREADY_ACQUIRED, buf.as_mut_ptr(), 64));
+        assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "device already acquired");
+        ok(api, (api.syn_status_get_brief_description)(synStatus::DEVICE_ALREADY_ACQUIRED, buf.as_mut_ptr(), 7));
         assert_eq!(CStr::from_ptr(buf.as_ptr()).to_str().unwrap(), "device");
         assert_eq!(api.version(), Some("1.21.0-mock"));
         let mut v = 0;
@@ -256,29 +183,15 @@ pub fn status_strings_and_hccl_stubs(api: &SynapseApi, _c: &MockControl) {
         assert_eq!(v, HCCL_VERSION_CODE);
         let mut id = hcclUniqueId::default();
         assert_eq!((api.hccl_get_unique_id)(&mut id), hcclResult_t::UNSUPPORTED);
-        let msg = CStr::from_ptr((api.hccl_get_last_error_message.unwrap())())
-            .to_str()
-            .unwrap();
+        let msg = CStr::from_ptr((api.hccl_get_last_error_message.unwrap())()).to_str().unwrap();
         assert!(msg.contains("not implemented"));
-        let s = CStr::from_ptr((api.hccl_get_error_string)(hcclResult_t::UNSUPPORTED))
-            .to_str()
-            .unwrap();
+        let s = CStr::from_ptr((api.hccl_get_error_string)(hcclResult_t::UNSUPPORTED)).to_str().unwrap();
         assert!(s.contains("unsupported"));
-        let e = CStr::from_ptr((api.syn_get_error_string.unwrap())(
-            synStatus::INVALID_EVENT_HANDLE,
-        ))
-        .to_str()
-        .unwrap();
+        let e = CStr::from_ptr((api.syn_get_error_string.unwrap())(synStatus::INVALID_EVENT_HANDLE)).to_str().unwrap();
         assert_eq!(e, "invalid event handle");
         let mut c = 0;
         assert_eq!((api.syn_device_get_count)(&mut c), synStatus::SUCCESS);
-        assert_eq!(
-            (api.syn_device_release)(424242),
-            synStatus::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            (api.syn_get_last_error.unwrap())(),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!((api.syn_device_release)(424242), synStatus::INVALID_ARGUMENT);
+        assert_eq!((api.syn_get_last_error.unwrap())(), synStatus::INVALID_ARGUMENT);
     }
 }

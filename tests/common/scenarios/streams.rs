@@ -14,21 +14,11 @@ pub fn event_semantics(api: &SynapseApi, _c: &MockControl) {
         // Never recorded: complete for query/synchronize, not initialised for elapsed time.
         ok(api, (api.syn_event_query)(timed));
         ok(api, (api.syn_event_synchronize)(timed));
-        assert_eq!(
-            d.elapsed(timed, std::ptr::null_mut()),
-            Err(synStatus::OBJECT_NOT_INITIALIZED)
-        );
+        assert_eq!(d.elapsed(timed, std::ptr::null_mut()), Err(synStatus::OBJECT_NOT_INITIALIZED));
         d.record(untimed, s);
         ok(api, (api.syn_event_synchronize)(untimed));
-        assert_eq!(
-            d.elapsed(untimed, std::ptr::null_mut()),
-            Err(synStatus::INVALID_ARGUMENT)
-        );
-        assert!(
-            last_message(api).contains("EVENT_COLLECT_TIME"),
-            "{}",
-            last_message(api)
-        );
+        assert_eq!(d.elapsed(untimed, std::ptr::null_mut()), Err(synStatus::INVALID_ARGUMENT));
+        assert!(last_message(api).contains("EVENT_COLLECT_TIME"), "{}", last_message(api));
         // Timestamps are monotonic along a stream, across copies and re-records.
         let e2 = d.event(EVENT_COLLECT_TIME);
         let h = d.host_f32(1 << 16);
@@ -36,42 +26,26 @@ pub fn event_semantics(api: &SynapseApi, _c: &MockControl) {
         let mut last = 0;
         for _ in 0..5 {
             d.record(timed, s);
-            ok(
-                api,
-                d.copy(s, h.as_ptr() as u64, 1 << 18, a, synDmaDir::HOST_TO_DRAM),
-            );
+            ok(api, d.copy(s, h.as_ptr() as u64, 1 << 18, a, synDmaDir::HOST_TO_DRAM));
             d.record(e2, s);
             ok(api, (api.syn_event_synchronize)(e2));
             let t0 = d.elapsed(timed, std::ptr::null_mut()).unwrap();
             let t1 = d.elapsed(e2, std::ptr::null_mut()).unwrap();
             assert!(t0 >= last && t1 >= t0, "{last} {t0} {t1}");
             // 256 KiB at 25 GB/s: at least 10485 ns between the events.
-            assert!(
-                d.elapsed(timed, e2).unwrap() >= 10_485,
-                "{:?}",
-                d.elapsed(timed, e2)
-            );
+            assert!(d.elapsed(timed, e2).unwrap() >= 10_485, "{:?}", d.elapsed(timed, e2));
             last = t1;
         }
         ok(api, (api.syn_event_destroy)(e2));
         assert_eq!((api.syn_event_query)(e2), synStatus::INVALID_EVENT_HANDLE);
-        assert_eq!(
-            d.elapsed(e2, std::ptr::null_mut()),
-            Err(synStatus::INVALID_EVENT_HANDLE)
-        );
+        assert_eq!(d.elapsed(e2, std::ptr::null_mut()), Err(synStatus::INVALID_EVENT_HANDLE));
         // Wait-event flags must be 0.
-        assert_eq!(
-            (api.syn_stream_wait_event)(s, timed, 1),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!((api.syn_stream_wait_event)(s, timed, 1), synStatus::INVALID_ARGUMENT);
     }
 }
 
 fn fill_recipe(name: &str, bytes: u64, v: f64, base_ns: u64) -> MockRecipe {
-    MockRecipe::new(name, "fill_f32")
-        .tensor("out", bytes)
-        .params([v])
-        .base_latency_ns(base_ns)
+    MockRecipe::new(name, "fill_f32").tensor("out", bytes).params([v]).base_latency_ns(base_ns)
 }
 
 pub fn stream_ordering_and_launch(api: &SynapseApi, _c: &MockControl) {
@@ -81,24 +55,13 @@ pub fn stream_ordering_and_launch(api: &SynapseApi, _c: &MockControl) {
     let b = d.malloc(4096);
     let fill = d.recipe(&fill_recipe("fill3", 4096, 3.0, 1000));
     let fill9 = d.recipe(&fill_recipe("fill9", 2048, 9.0, 1000));
-    let copy = d.recipe(
-        &MockRecipe::new("copy", "copy")
-            .tensor("src", 4096)
-            .tensor("dst", 4096),
-    );
+    let copy = d.recipe(&MockRecipe::new("copy", "copy").tensor("src", 4096).tensor("dst", 4096));
     // fill a with 3 (by id), the first half with 9 (by name), copy a -> b (by name): order matters.
     ok(api, d.launch(s, fill, &["out"], &[a], false, &mut []));
     ok(api, d.launch(s, fill9, &["out"], &[a], true, &mut []));
-    ok(
-        api,
-        d.launch(s, copy, &["src", "dst"], &[a, b], true, &mut []),
-    );
+    ok(api, d.launch(s, copy, &["src", "dst"], &[a, b], true, &mut []));
     let v = d.read_f32(s, b, 1024);
-    assert!(
-        v[..512].iter().all(|&x| x == 9.0) && v[512..].iter().all(|&x| x == 3.0),
-        "{:?}",
-        &v[500..520]
-    );
+    assert!(v[..512].iter().all(|&x| x == 9.0) && v[512..].iter().all(|&x| x == 3.0), "{:?}", &v[500..520]);
     // External events are recorded when the launch completes.
     let e = d.event(EVENT_COLLECT_TIME);
     ok(api, d.launch(s, fill, &["out"], &[b], false, &mut [e]));
@@ -111,11 +74,7 @@ pub fn launch_errors(api: &SynapseApi, _c: &MockControl) {
     let d = Dev::acquire(api, 0);
     let s = d.stream();
     let a = d.malloc(4096);
-    let copy = d.recipe(
-        &MockRecipe::new("copy2", "copy")
-            .tensor("src", 4096)
-            .tensor("dst", 4096),
-    );
+    let copy = d.recipe(&MockRecipe::new("copy2", "copy").tensor("src", 4096).tensor("dst", 4096));
     let info = |id: u64, addr: u64| synLaunchTensorInfo {
         tensorName: std::ptr::null(),
         pTensorAddress: addr,
@@ -125,10 +84,7 @@ pub fn launch_errors(api: &SynapseApi, _c: &MockControl) {
     };
     let mut ids = [0u64; 2];
     unsafe {
-        ok(
-            api,
-            (api.syn_tensor_retrieve_launch_ids)(copy, ids.as_mut_ptr(), 2),
-        );
+        ok(api, (api.syn_tensor_retrieve_launch_ids)(copy, ids.as_mut_ptr(), 2));
         let launch = |infos: &[synLaunchTensorInfo]| {
             (api.syn_launch_with_external_events)(
                 s,
@@ -142,30 +98,14 @@ pub fn launch_errors(api: &SynapseApi, _c: &MockControl) {
             )
         };
         // Indices instead of ids.
-        assert_eq!(
-            launch(&[info(0, a), info(1, a)]),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!(launch(&[info(0, a), info(1, a)]), synStatus::INVALID_ARGUMENT);
         // Missing tensor, tensor bound twice.
         assert_eq!(launch(&[info(ids[0], a)]), synStatus::INVALID_ARGUMENT);
-        assert!(
-            last_message(api).contains("not bound"),
-            "{}",
-            last_message(api)
-        );
-        assert_eq!(
-            launch(&[info(ids[0], a), info(ids[0], a)]),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert!(last_message(api).contains("not bound"), "{}", last_message(api));
+        assert_eq!(launch(&[info(ids[0], a), info(ids[0], a)]), synStatus::INVALID_ARGUMENT);
         // Range past the allocation end; unallocated address.
-        assert_eq!(
-            launch(&[info(ids[0], a), info(ids[1], a + 8)]),
-            synStatus::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            launch(&[info(ids[0], a), info(ids[1], 0xdead_0000)]),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!(launch(&[info(ids[0], a), info(ids[1], a + 8)]), synStatus::INVALID_ARGUMENT);
+        assert_eq!(launch(&[info(ids[0], a), info(ids[1], 0xdead_0000)]), synStatus::INVALID_ARGUMENT);
         // The same buffer twice is allowed (one lock).
         ok(api, launch(&[info(ids[0], a), info(ids[1], a)]));
         ok(api, d.sync(s));
@@ -174,25 +114,12 @@ pub fn launch_errors(api: &SynapseApi, _c: &MockControl) {
         let p = temp_path("unknown_kernel.json");
         MockRecipe::new("u", "no_such_kernel").write(&p).unwrap();
         let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-        assert_eq!(
-            (api.syn_recipe_deserialize)(&mut h, c.as_ptr()),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!((api.syn_recipe_deserialize)(&mut h, c.as_ptr()), synStatus::INVALID_ARGUMENT);
         let m = last_message(api);
-        assert!(
-            m.contains("no_such_kernel") && m.contains("unknown_kernel.json"),
-            "{m}"
-        );
+        assert!(m.contains("no_such_kernel") && m.contains("unknown_kernel.json"), "{m}");
         std::fs::write(&p, "{\"format\":").unwrap();
-        assert_eq!(
-            (api.syn_recipe_deserialize)(&mut h, c.as_ptr()),
-            synStatus::INVALID_ARGUMENT
-        );
-        assert!(
-            last_message(api).contains("malformed"),
-            "{}",
-            last_message(api)
-        );
+        assert_eq!((api.syn_recipe_deserialize)(&mut h, c.as_ptr()), synStatus::INVALID_ARGUMENT);
+        assert!(last_message(api).contains("malformed"), "{}", last_message(api));
     }
 }
 
@@ -203,39 +130,24 @@ pub fn cross_stream_wait(api: &SynapseApi, _c: &MockControl) {
     let b = d.malloc(4096);
     // A slow fill on s1 (20 ms emulated), then s2 waits for it before copying a -> b.
     let fill = d.recipe(&fill_recipe("slowfill", 4096, 5.0, 20_000_000));
-    let copy = d.recipe(
-        &MockRecipe::new("copy3", "copy")
-            .tensor("src", 4096)
-            .tensor("dst", 4096),
-    );
+    let copy = d.recipe(&MockRecipe::new("copy3", "copy").tensor("src", 4096).tensor("dst", 4096));
     let e = d.event(EVENT_COLLECT_TIME);
     let e2 = d.event(EVENT_COLLECT_TIME);
     ok(api, d.launch(s1, fill, &["out"], &[a], false, &mut []));
     d.record(e, s1);
     unsafe { ok(api, (api.syn_stream_wait_event)(s2, e, 0)) };
-    ok(
-        api,
-        d.launch(s2, copy, &["src", "dst"], &[a, b], false, &mut []),
-    );
+    ok(api, d.launch(s2, copy, &["src", "dst"], &[a, b], false, &mut []));
     d.record(e2, s2);
     assert_eq!(d.read_f32(s2, b, 1024), vec![5.0; 1024]);
     // The waiting stream's work ends after the event on the device timeline.
-    let (t1, t2) = (
-        d.elapsed(e, std::ptr::null_mut()).unwrap(),
-        d.elapsed(e2, std::ptr::null_mut()).unwrap(),
-    );
+    let (t1, t2) = (d.elapsed(e, std::ptr::null_mut()).unwrap(), d.elapsed(e2, std::ptr::null_mut()).unwrap());
     assert!(t2 >= t1, "{t1} {t2}");
     unsafe { ok(api, (api.syn_device_synchronize)(d.id)) };
 }
 
 pub fn recipe_queries(api: &SynapseApi, _c: &MockControl) {
     let d = Dev::acquire(api, 0);
-    let r = d.recipe(
-        &MockRecipe::new("q", "copy")
-            .tensor("a", 16)
-            .tensor("b", 32)
-            .workspace_bytes(256),
-    );
+    let r = d.recipe(&MockRecipe::new("q", "copy").tensor("a", 16).tensor("b", 32).workspace_bytes(256));
     unsafe {
         let attrs = [
             synRecipeAttribute::WORKSPACE_SIZE,
@@ -243,10 +155,7 @@ pub fn recipe_queries(api: &SynapseApi, _c: &MockControl) {
             synRecipeAttribute::HOST_MEM_SIZE,
         ];
         let mut vals = [u64::MAX; 3];
-        ok(
-            api,
-            (api.syn_recipe_get_attribute)(vals.as_mut_ptr(), attrs.as_ptr(), 3, r),
-        );
+        ok(api, (api.syn_recipe_get_attribute)(vals.as_mut_ptr(), attrs.as_ptr(), 3, r));
         assert_eq!(vals, [256, 2, 0]);
         let mut ws = 0;
         ok(api, (api.syn_workspace_get_size)(&mut ws, r));
@@ -255,23 +164,13 @@ pub fn recipe_queries(api: &SynapseApi, _c: &MockControl) {
         ok(api, (api.syn_tensor_retrieve_launch_amount)(r, &mut n));
         assert_eq!(n, 2);
         let mut ids = [0u64; 2];
-        ok(
-            api,
-            (api.syn_tensor_retrieve_launch_ids)(r, ids.as_mut_ptr(), 2),
-        );
+        ok(api, (api.syn_tensor_retrieve_launch_ids)(r, ids.as_mut_ptr(), 2));
         assert!(ids[0] != 0 && ids[1] != 1 && ids[0] != ids[1], "{ids:?}");
         // Launch without the required workspace fails; with it succeeds.
         let s = d.stream();
         let (a, b, w) = (d.malloc(16), d.malloc(32), d.malloc(256));
-        assert_eq!(
-            d.launch(s, r, &["a", "b"], &[a, b], true, &mut []),
-            synStatus::INVALID_ARGUMENT
-        );
-        assert!(
-            last_message(api).contains("workspace"),
-            "{}",
-            last_message(api)
-        );
+        assert_eq!(d.launch(s, r, &["a", "b"], &[a, b], true, &mut []), synStatus::INVALID_ARGUMENT);
+        assert!(last_message(api).contains("workspace"), "{}", last_message(api));
         let names = [c"a".as_ptr(), c"b".as_ptr()];
         let infos: Vec<_> = (0..2)
             .map(|i| synLaunchTensorInfo {
@@ -302,9 +201,6 @@ pub fn recipe_queries(api: &SynapseApi, _c: &MockControl) {
         ok(api, (api.syn_recipe_serialize)(r, c.as_ptr()));
         assert_eq!(MockRecipe::read(&p).unwrap().tensors.len(), 2);
         ok(api, (api.syn_recipe_destroy)(r));
-        assert_eq!(
-            (api.syn_workspace_get_size)(&mut ws, r),
-            synStatus::INVALID_ARGUMENT
-        );
+        assert_eq!((api.syn_workspace_get_size)(&mut ws, r), synStatus::INVALID_ARGUMENT);
     }
 }
