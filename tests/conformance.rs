@@ -312,6 +312,54 @@ fn injected_fault_fails_once(h: &Harness) {
     DeviceBuffer::<f32>::alloc(&dev, 16).expect("the fault fires once");
 }
 
+fn gradient_kernels(h: &Harness) {
+    use half::bf16;
+    let dev = h.device();
+    let s = Stream::new(&dev).unwrap();
+    let n = 1031usize;
+    let acc0: Vec<f32> = (0..n).map(|i| (i as f32).sin()).collect();
+    let g: Vec<bf16> = (0..n).map(|i| bf16::from_f32((i as f32 * 0.01).cos())).collect();
+    let scale = 0.125f32;
+    let recipe = h.recipe(
+        "sacc",
+        MockRecipe::new("sacc", "scale_accumulate_bf16_to_f32")
+            .tensor("acc", (n * 4) as u64)
+            .tensor("grad", (n * 2) as u64)
+            .tensor("scale", 4),
+    );
+    let ids = recipe.tensor_ids(&["acc", "grad", "scale"]).unwrap();
+    let mut acc = DeviceBuffer::<f32>::alloc(&dev, n).unwrap();
+    let mut grad = DeviceBuffer::<bf16>::alloc(&dev, n).unwrap();
+    let mut sc = DeviceBuffer::<f32>::alloc(&dev, 1).unwrap();
+    s.copy_h2d(&HostBuffer::from_slice(&dev, &acc0).unwrap(), &mut acc).unwrap();
+    s.copy_h2d(&HostBuffer::from_slice(&dev, &g).unwrap(), &mut grad).unwrap();
+    s.copy_h2d(&HostBuffer::from_slice(&dev, &[scale]).unwrap(), &mut sc).unwrap();
+    let bind =
+        [LaunchTensor::by_id(ids[0], &acc), LaunchTensor::by_id(ids[1], &grad), LaunchTensor::by_id(ids[2], &sc)];
+    s.launch(&recipe, &bind, None, &[]).unwrap();
+    s.launch(&recipe, &bind, None, &[]).unwrap();
+    let mut out = HostBuffer::<f32>::zeroed(&dev, n).unwrap();
+    s.copy_d2h(&acc, &mut out).unwrap();
+    let out = out.to_vec().unwrap();
+    for i in 0..n {
+        // Two launches, each one f32 multiply and one f32 add (no contraction), then an f64 bound.
+        let once = acc0[i] + scale * g[i].to_f32();
+        let want = once + scale * g[i].to_f32();
+        assert_eq!(out[i].to_bits(), want.to_bits(), "element {i}");
+        let exact = acc0[i] as f64 + 2.0 * scale as f64 * g[i].to_f64();
+        assert!((out[i] as f64 - exact).abs() <= 4.0 * f32::EPSILON as f64 * (1.0 + exact.abs()));
+    }
+    // Binding the accumulator as its own input overlaps: rejected as an asynchronous error.
+    let small = h.recipe(
+        "acc-overlap",
+        MockRecipe::new("acc-overlap", "accumulate_f32").tensor("acc", (n * 4) as u64).tensor("x", (n * 4) as u64),
+    );
+    let ids2 = small.tensor_ids(&["acc", "x"]).unwrap();
+    let s2 = Stream::new(&dev).unwrap();
+    s2.launch(&small, &[LaunchTensor::by_id(ids2[0], &acc), LaunchTensor::by_id(ids2[1], &acc)], None, &[]).unwrap();
+    assert_eq!(status_of(&s2.synchronize().unwrap_err()), synStatus::INVALID_ARGUMENT);
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod in_process {
@@ -332,4 +380,5 @@ suite!(
     memory_error_paths,
     event_error_paths,
     injected_fault_fails_once,
+    gradient_kernels,
 );

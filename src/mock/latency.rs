@@ -35,16 +35,12 @@ pub struct ReferenceMultiplier {
 }
 
 impl ReferenceMultiplier {
-    /// Builds the pmf exactly as described above.
+    /// Builds the pmf from [`crate::sim::noise::reference_multiplier_pmf`], the one place the
+    /// reference distribution is defined (shared with the simulator).
     pub fn new() -> Self {
-        let pdf = |k: f64| {
-            let z = (k.ln() - REFERENCE_MU) / REFERENCE_SIGMA;
-            (-0.5 * z * z).exp() / (k * REFERENCE_SIGMA * (2.0 * std::f64::consts::PI).sqrt())
-        };
-        let w: Vec<f64> = (1..=REFERENCE_SUPPORT).map(|k| pdf(k as f64)).collect();
-        let total: f64 = w.iter().sum();
-        let pmf: Vec<f64> = w.iter().map(|x| x / total).collect();
-        let mean_k = pmf.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum();
+        let r = crate::sim::noise::reference_multiplier_pmf();
+        debug_assert_eq!(r.lengths.len(), REFERENCE_SUPPORT);
+        let pmf = r.probs;
         let mut acc = 0.0;
         let mut cdf: Vec<f64> = pmf
             .iter()
@@ -54,7 +50,7 @@ impl ReferenceMultiplier {
             })
             .collect();
         *cdf.last_mut().expect("non-empty support") = 1.0;
-        Self { pmf, cdf, mean_k }
+        Self { pmf, cdf, mean_k: r.mean_length }
     }
 
     /// The shared instance.

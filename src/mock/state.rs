@@ -112,6 +112,7 @@ impl Registry {
             faults: HashMap::new(),
         };
         super::builtin::register_builtins(&mut r.kernels);
+        super::grad_kernels::register(&mut r.kernels);
         r
     }
 
