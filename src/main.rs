@@ -1,4 +1,5 @@
 //! The `dropcompute` command line: `info`, `bench` (more subcommands arrive with their issues).
+#![forbid(unsafe_code)]
 
 mod cli;
 

@@ -10,6 +10,7 @@
 //! Semantics follow the reference implementation (`../shared/reference/dropcompute.md` §2): the
 //! compute clock starts when the previous optimizer step completes; the check runs at
 //! micro-batch boundaries; warm-up steps never drop.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

@@ -3,5 +3,6 @@
 //!
 //! Owns: measurement loops and their reports. Must not: parse command lines or print (the CLI
 //! does both), or assert on timings (machines are noisy; reports state ratios and targets).
+#![forbid(unsafe_code)]
 
 pub mod kernels;

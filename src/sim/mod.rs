@@ -4,6 +4,7 @@
 //!
 //! Owns: [`SimError`] and the submodules. Must not touch: the scheduler's runtime or devices;
 //! the per-worker stop decision is always [`crate::policy::decide`].
+#![forbid(unsafe_code)]
 
 pub mod analytic;
 pub mod montecarlo;

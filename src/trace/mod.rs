@@ -6,6 +6,7 @@
 //!
 //! Units: latencies and overheads are f64 nanoseconds. f64 because the tuner and the models work
 //! in f64, sums never overflow, and integers up to 2^53 ns (104 days) are exact.
+#![forbid(unsafe_code)]
 
 pub mod compute_log;
 pub mod whatif;

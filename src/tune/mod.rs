@@ -6,6 +6,7 @@
 //! [`retune`] (the state machine), [`straggler`] (attribution). Must not touch: I/O, clocks or
 //! devices: every function is a pure function of its inputs, so every rank that holds the same
 //! reduced statistics reaches the same threshold.
+#![forbid(unsafe_code)]
 
 pub mod reduce;
 pub mod retune;
