@@ -45,8 +45,8 @@ pub enum LoadError {
         /// Version reported by `synDriverGetVersion`, if the library exports it.
         version: Option<String>,
     },
-    /// The library reports a version older than [`MIN_VERSION`].
-    #[error("{path} is SynapseAI {version}; dropcompute needs >= {}.{}", MIN_VERSION.0, MIN_VERSION.1)]
+    /// The library reports a version older than [`MIN_VERSION`], or one that cannot be parsed.
+    #[error("{path} reports SynapseAI version {version:?}; dropcompute needs >= {}.{}", MIN_VERSION.0, MIN_VERSION.1)]
     UnsupportedVersion {
         /// The library path.
         path: PathBuf,
@@ -141,12 +141,18 @@ fn read_version(f: unsafe extern "C" fn(*mut c_char, c_int) -> crate::synStatus)
     Some(s.to_string_lossy().into_owned())
 }
 
-/// Parses "1.21.0-555" (or "1.21.0") into (major, minor). Returns `None` when unparsable.
+/// Finds the first "MAJOR.MINOR" in a version string ("1.21.0-555", "Version 1.21.0") and
+/// returns (major, minor); `None` when there is none.
 pub fn parse_version(v: &str) -> Option<(u32, u32)> {
-    let mut parts = v.trim().split(['.', '-', ' ']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
+    let bytes = v.as_bytes();
+    (0..bytes.len()).filter(|&i| bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_digit())).find_map(
+        |i| {
+            let mut parts = v[i..].splitn(3, '.');
+            let major = parts.next()?.parse().ok()?;
+            let minor: String = parts.next()?.chars().take_while(char::is_ascii_digit).collect();
+            Some((major, minor.parse().ok()?))
+        },
+    )
 }
 
 /// The loaded (or in-process) SynapseAI + HCCL function table.
@@ -213,8 +219,9 @@ impl SynapseApi {
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|source| LoadError::Open { path: path.to_path_buf(), source })?;
         let version = driver_version_only(&lib);
+        // A version we cannot read is treated like an old one: the ABI is only known for >= 1.16.
         if let Some(v) = &version
-            && parse_version(v).is_some_and(|found| found < MIN_VERSION)
+            && parse_version(v).is_none_or(|found| found < MIN_VERSION)
         {
             return Err(LoadError::UnsupportedVersion { path: path.to_path_buf(), version: v.clone() });
         }

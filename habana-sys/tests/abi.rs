@@ -42,6 +42,9 @@ fn version_strings_parse() {
     assert_eq!(parse_version("1.21.0-555"), Some((1, 21)));
     assert_eq!(parse_version("1.9.0"), Some((1, 9)));
     assert_eq!(parse_version("garbage"), None);
+    assert_eq!(parse_version("Version 1.21.0"), Some((1, 21)));
+    assert_eq!(parse_version("2"), None);
+    assert_eq!(parse_version(""), None);
     assert!(parse_version("1.15.1").unwrap() < MIN_VERSION);
 }
 

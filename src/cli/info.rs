@@ -30,13 +30,28 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     let is_mock_library = backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok());
     let rt = Runtime::new(backend.api.clone())?;
     let ids = rt.module_ids()?;
-    println!("devices:  {} (module ids {:?})", rt.device_count()?, ids);
-    let dev = Device::acquire_any(&rt)?;
+    let shown: Vec<String> = ids.iter().take(16).map(u32::to_string).collect();
+    let more = if ids.len() > 16 { format!(", ... {} more", ids.len() - 16) } else { String::new() };
+    println!("devices:  {} (module ids {}{more})", rt.device_count()?, shown.join(", "));
+    // The vendor's selection (HLS_MODULE_ID, else HABANA_VISIBLE_MODULES[LOCAL_RANK]) when set.
+    let pinned = ["HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"].iter().any(|v| std::env::var_os(v).is_some());
+    let dev = if pinned {
+        let local_rank = match std::env::var("LOCAL_RANK") {
+            Ok(v) => {
+                v.trim().parse::<u32>().map_err(|_| format!("environment variable LOCAL_RANK={v:?}: not a rank"))?
+            }
+            Err(_) => 0,
+        };
+        Device::acquire_for_local_rank(&rt, local_rank)?
+    } else {
+        Device::acquire_any(&rt)?
+    };
     let info = dev.info()?;
     let (free, total) = dev.memory_info()?;
     println!(
-        "device:   id {} type {} HBM {:.1} GiB ({:.1} GiB free)",
+        "device:   id {} module {} type {} HBM {:.1} GiB ({:.1} GiB free)",
         dev.id(),
+        dev.module_id().map_or("?".to_string(), |m| m.to_string()),
         info.device_type.name().unwrap_or("unknown"),
         total as f64 / (1u64 << 30) as f64,
         free as f64 / (1u64 << 30) as f64

@@ -61,6 +61,18 @@ pub fn run(args: &TuneArgs) -> Result<(), CommandError> {
 
 /// Run and print to `out`. Errors: trace errors (file, line, column), output I/O, plotting.
 pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> {
+    for (flag, v) in [
+        ("--max-drop-rate", args.max_drop_rate),
+        ("--min-batch-fraction", args.min_batch_fraction),
+        ("--min-gain", args.min_gain),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(CommandError::Args(format!("{flag} {v}: must be a fraction in [0, 1]")));
+        }
+    }
+    if !(args.overhead_ms.is_finite() && args.overhead_ms >= 0.0) {
+        return Err(CommandError::Args(format!("--overhead-ms {}: must be finite and >= 0", args.overhead_ms)));
+    }
     let opts = LoadOptions {
         allow_incomplete_steps: args.allow_incomplete_steps,
         reference_overhead_ns: args.overhead_ms * 1e6,
@@ -225,4 +237,34 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
         out.write_all(s.as_bytes()).map_err(io_err("stdout"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: TuneArgs,
+    }
+
+    #[test]
+    fn guardrail_flags_outside_zero_one_are_rejected_before_reading_traces() {
+        for (flag, value) in [
+            ("--max-drop-rate", "nan"),
+            ("--max-drop-rate", "5"),
+            ("--min-batch-fraction", "-1"),
+            ("--min-gain", "inf"),
+        ] {
+            let arg = format!("{flag}={value}");
+            let w = Wrap::try_parse_from(["tune", "--trace", "/nonexistent.csv", arg.as_str()]).unwrap();
+            let err = run_to(&w.args, &mut Vec::new()).unwrap_err();
+            match err {
+                CommandError::Args(m) => assert!(m.starts_with(flag), "{m}"),
+                other => panic!("{flag} {value}: expected an argument error, got {other:?}"),
+            }
+        }
+    }
 }

@@ -89,6 +89,14 @@ pub enum Noise {
     },
 }
 
+/// Largest accepted persistent slowdown factor (a larger one would put a single launch hours away
+/// on the device timeline).
+pub const MAX_SLOWDOWN: f64 = 1e6;
+/// Smallest accepted copy bandwidth, GB/s.
+pub const MIN_COPY_BANDWIDTH_GBPS: f64 = 1e-3;
+/// Largest accepted scripted latency: one hour in ns.
+pub const MAX_SCRIPT_NS: u64 = 3_600_000_000_000;
+
 /// Per-module overrides of the latency model.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -219,7 +227,7 @@ impl MockConfig {
         if self.devices == 0 || self.devices > MAX_DEVICES {
             return Err(bad("config", format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices)));
         }
-        if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps > 0.0) {
+        if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
             return Err(bad("config", format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps)));
         }
         self.noise.validate()?;
@@ -227,7 +235,13 @@ impl MockConfig {
             if o.module_id >= self.devices {
                 return Err(bad("config", format!("per_device module_id {} >= devices {}", o.module_id, self.devices)));
             }
-            if !(o.slowdown.is_finite() && o.slowdown > 0.0) {
+            if let Some(ns) = o.script_ns.iter().find(|&&ns| ns > MAX_SCRIPT_NS) {
+                return Err(bad(
+                    "config",
+                    format!("module {} script_ns entry {ns} > {MAX_SCRIPT_NS} (1 hour)", o.module_id),
+                ));
+            }
+            if !(o.slowdown.is_finite() && o.slowdown > 0.0 && o.slowdown <= MAX_SLOWDOWN) {
                 return Err(bad("config", format!("module {} slowdown = {}", o.module_id, o.slowdown)));
             }
             if let Some(n) = &o.noise {
@@ -289,6 +303,22 @@ impl Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_knobs_that_would_overflow_the_timeline_are_rejected() {
+        for json in [
+            r#"{"per_device":[{"module_id":0,"slowdown":1e300}]}"#,
+            r#"{"per_device":[{"module_id":0,"script_ns":[18446744073709551615]}]}"#,
+            r#"{"copy_bandwidth_gbps":1e-300}"#,
+        ] {
+            let err = MockConfig::from_json(json).and_then(|c| c.validate().map(|_| c)).unwrap_err();
+            assert_eq!(err.what, "config", "{json}");
+        }
+        let ok =
+            MockConfig::from_json(r#"{"per_device":[{"module_id":0,"slowdown":1e6,"script_ns":[3600000000000]}]}"#)
+                .unwrap();
+        ok.validate().unwrap();
+    }
 
     #[test]
     fn config_json_round_trip_and_defaults() {

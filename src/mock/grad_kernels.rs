@@ -41,7 +41,8 @@ impl<'a> Tensors<'a> {
     fn len_of<T>(&self, i: usize) -> Option<usize> {
         let t = &self.0[i];
         let size = size_of::<T>() as u64;
-        (t.bytes % size == 0 && (t.data as usize).is_multiple_of(align_of::<T>())).then_some((t.bytes / size) as usize)
+        (t.bytes.is_multiple_of(size) && (t.data as usize).is_multiple_of(align_of::<T>()))
+            .then_some((t.bytes / size) as usize)
     }
 
     fn disjoint(&self, i: usize, j: usize) -> bool {

@@ -129,7 +129,7 @@ impl DeviceLatency {
             return ns;
         }
         let f = self.noise.factor(&mut self.rng);
-        (base_ns as f64 * self.slowdown * f).round().max(0.0) as u64
+        (base_ns as f64 * self.slowdown * f).round().clamp(0.0, super::config::MAX_SCRIPT_NS as f64) as u64
     }
 }
 

@@ -217,7 +217,7 @@ impl Worker {
 
     /// Ends an operation that started at `start` and costs `latency_ns`; returns its end.
     fn finish(&self, start: u64, latency_ns: u64) -> u64 {
-        let end = start + latency_ns;
+        let end = start.saturating_add(latency_ns);
         let end = match self.mode {
             TimeMode::Real => {
                 if !self.aborted() {
@@ -246,7 +246,7 @@ impl Worker {
         let stall_ns = self.stall();
         if stall_ns > 0 {
             let mut s = self.shared.lock();
-            s.clock_ns += stall_ns;
+            s.clock_ns = s.clock_ns.saturating_add(stall_ns);
         }
         match op {
             Op::Copy { pieces, latency_ns } => {

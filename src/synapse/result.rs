@@ -76,13 +76,15 @@ pub fn device_count(api: &SynapseApi) -> Result<u32> {
     Ok(n)
 }
 
-/// `synDeviceGetModuleIDs`: module ids of the visible devices.
+/// `synDeviceGetModuleIDs`: module ids of the visible devices (buffer sized by
+/// `synDeviceGetCount`; the count the call returns is honoured).
 pub fn module_ids(api: &SynapseApi) -> Result<Vec<u32>> {
-    let mut ids = vec![0u32; 1024];
-    let mut size = ids.len() as u32;
+    let n = device_count(api)?;
+    let mut ids = vec![0u32; n as usize];
+    let mut size = n;
     // SAFETY: `ids` holds `size` elements; `size` is an in/out count.
     check(api, "synDeviceGetModuleIDs", unsafe { (api.syn_device_get_module_ids)(ids.as_mut_ptr(), &mut size) })?;
-    ids.truncate(size.min(1024) as usize);
+    ids.truncate(size.min(n) as usize);
     Ok(ids)
 }
 
