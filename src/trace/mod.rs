@@ -32,7 +32,8 @@ pub enum TraceError {
     Malformed {
         /// The file.
         path: PathBuf,
-        /// 1-based line number (the header is line 1).
+        /// 1-based line number (CSV: the header is line 1). Parquet: the 1-based data row, or 0
+        /// for the file's metadata and schema.
         line: u64,
         /// Column name.
         column: String,
@@ -84,7 +85,7 @@ pub enum TraceError {
     /// No complete step is left.
     #[error("{0}: no complete step in trace")]
     Empty(String),
-    /// Parquet input needs the `parquet` cargo feature (and, in this build, is not implemented).
+    /// Parquet input in a build without the `parquet` cargo feature.
     #[error("{path}: Parquet traces are not supported by this build: {reason}")]
     ParquetUnsupported {
         /// The file.
@@ -394,15 +395,17 @@ pub struct Loaded {
 }
 
 /// Load trace files: every compute-log file (ours or the reference's per-rank logs) is merged
-/// into one trace keyed by rank; every what-if file (CSV, CSV.gz) is its own trace. `.parquet`
-/// gives [`TraceError::ParquetUnsupported`].
+/// into one trace keyed by rank; every what-if file (CSV, CSV.gz, or `.parquet` with the
+/// `parquet` feature) is its own trace. Without the feature `.parquet` gives
+/// [`TraceError::ParquetUnsupported`].
 /// Errors: any parser error, with file, line and column.
 pub fn load(paths: &[PathBuf], opts: &LoadOptions) -> Result<Vec<Loaded>, TraceError> {
     let mut out = Vec::new();
     let mut logs = Vec::new();
     for p in paths {
         if p.extension().is_some_and(|e| e == "parquet") {
-            return Err(whatif::parquet_unsupported(p));
+            out.push(whatif::load_parquet(p, opts)?);
+            continue;
         }
         let header = compute_log::read_header(p)?;
         if whatif::is_whatif_header(&header) {
@@ -465,6 +468,16 @@ mod tests {
         assert_eq!(rep.dropped_steps, vec![(1, 1)]);
         assert_eq!(t.step_matrix(0), &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
         assert_eq!(t.rank_compute_ns(), vec![6.0, 6.0]);
+    }
+
+    #[cfg(not(feature = "parquet"))]
+    #[test]
+    fn parquet_needs_the_feature() {
+        let p = PathBuf::from("trace-SE.parquet");
+        match load(std::slice::from_ref(&p), &LoadOptions::default()) {
+            Err(TraceError::ParquetUnsupported { path, .. }) => assert_eq!(path, p),
+            other => panic!("expected ParquetUnsupported, got {other:?}"),
+        }
     }
 
     #[test]

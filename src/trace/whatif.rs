@@ -1,8 +1,10 @@
 //! What-if analysis traces (OSDI'25 straggler study schema) to [`LatencyTrace`].
 //!
 //! Owns: the CSV reader (plain or .gz) for the schema dp_rank, stage, rank, step, optype,
-//! start_ts, duration, seq_id, mc, mb_id, gmc (timestamps and durations in seconds), and the
-//! derivation of a data-parallel replica's micro-batch latency. Must not touch: tuning.
+//! start_ts, duration, seq_id, mc, mb_id, gmc (timestamps and durations in seconds), the
+//! Parquet reader for the same schema (submodule `parquet_reader`, cargo feature `parquet`),
+//! and the one derivation, shared by both readers, of a data-parallel replica's micro-batch
+//! latency. Must not touch: tuning.
 //!
 //! Derivation (see [`PipelineAggregation`]): for step s, replica (dp_rank) n and micro-batch m,
 //! each pipeline stage's cost is the sum of its forward-compute and backward-compute durations
@@ -16,7 +18,10 @@
 //! Per-step overhead = (max end - min start over all ops of the step) - max over replicas of
 //! the replica compute time, clamped at 0 (clamps are noted).
 
-use std::collections::BTreeMap;
+#[cfg(feature = "parquet")]
+pub mod parquet_reader;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
@@ -40,16 +45,27 @@ pub fn is_whatif_header(h: &[String]) -> bool {
     h.len() == WHATIF_COLUMNS.len() && h.iter().zip(WHATIF_COLUMNS).all(|(a, b)| a == b)
 }
 
-/// The error returned for `.parquet` inputs: this build has no Parquet reader (the `parquet`
-/// feature is reserved; convert with any Parquet tool to CSV, same columns).
+/// The error [`super::load`] returns for `.parquet` inputs when the crate is built without the
+/// `parquet` feature (with it, `parquet_reader::load_parquet` reads them).
 pub fn parquet_unsupported(path: &Path) -> TraceError {
     TraceError::ParquetUnsupported {
         path: path.into(),
-        reason: if cfg!(feature = "parquet") {
-            "the `parquet` feature is reserved but its reader is not implemented yet; convert to CSV (same columns)"
-        } else {
-            "built without the `parquet` feature; convert to CSV (same columns)"
-        },
+        reason: "built without the `parquet` feature; rebuild with `--features parquet` or convert to CSV (same columns)",
+    }
+}
+
+/// Load one what-if Parquet file. With the `parquet` feature this is
+/// `parquet_reader::load_parquet` (columns found by name, errors name file, row and column);
+/// without it, always [`TraceError::ParquetUnsupported`].
+pub fn load_parquet(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    #[cfg(feature = "parquet")]
+    {
+        parquet_reader::load_parquet(path, opts)
+    }
+    #[cfg(not(feature = "parquet"))]
+    {
+        let _ = opts;
+        Err(parquet_unsupported(path))
     }
 }
 
@@ -62,8 +78,201 @@ struct StageCost {
     line: u64,
 }
 
-/// Load one what-if CSV (optionally gzipped). Errors: I/O; [`TraceError::Malformed`] with file,
-/// line and column for unparsable or negative fields and for an mb_id < 0 on a compute op;
+/// Typed access to the fields of one what-if record; `col` indexes [`WHATIF_COLUMNS`].
+/// Implemented by the CSV and the Parquet readers so that both feed the same
+/// [`WhatifAccumulator`]. Each method returns [`TraceError::Malformed`] naming the file, the
+/// record's line (CSV) or row (Parquet) and the column when the field is absent or not of the
+/// asked type. Values are returned unchecked: range checks are the accumulator's.
+pub(super) trait WhatifRecord {
+    /// An integer field.
+    fn int(&self, col: usize) -> Result<i64, TraceError>;
+    /// A floating-point field (seconds for `start_ts`, `duration`).
+    fn float(&self, col: usize) -> Result<f64, TraceError>;
+    /// A string field (`optype`).
+    fn text(&self, col: usize) -> Result<&str, TraceError>;
+}
+
+/// Turns what-if records into a [`Loaded`] trace: the one aggregation path for every input
+/// format (forward + backward per stage, stages combined by [`PipelineAggregation`], cells fed
+/// to a [`TraceBuilder`], per-step overhead from the step's span).
+pub(super) struct WhatifAccumulator<'p> {
+    path: &'p Path,
+    costs: BTreeMap<(u64, u32, u32, u32), StageCost>,
+    stages: BTreeSet<u32>,
+    span: BTreeMap<u64, (f64, f64)>,
+}
+
+impl<'p> WhatifAccumulator<'p> {
+    /// Empty accumulator for records of `path`.
+    pub(super) fn new(path: &'p Path) -> Self {
+        Self { path, costs: BTreeMap::new(), stages: BTreeSet::new(), span: BTreeMap::new() }
+    }
+
+    fn bad(&self, line: u64, col: &str, message: String) -> TraceError {
+        TraceError::Malformed { path: self.path.into(), line, column: col.into(), message }
+    }
+
+    /// Add one record found at `line` (CSV line, or 1-based Parquet row). Errors:
+    /// [`TraceError::Malformed`] for a negative / non-finite time, an id out of u32 range, a
+    /// negative step or a compute op with mb_id < 0; [`TraceError::Duplicate`] for a second
+    /// forward (or backward) op of one (step, replica, stage, micro-batch).
+    pub(super) fn push(&mut self, line: u64, rec: &impl WhatifRecord) -> Result<(), TraceError> {
+        let num = |i: usize| -> Result<f64, TraceError> {
+            let v = rec.float(i)?;
+            if v.is_finite() && v >= 0.0 {
+                Ok(v)
+            } else {
+                Err(self.bad(line, WHATIF_COLUMNS[i], format!("{v} is negative or not finite")))
+            }
+        };
+        let id = |i: usize| -> Result<u32, TraceError> {
+            let v = rec.int(i)?;
+            u32::try_from(v).map_err(|_| self.bad(line, WHATIF_COLUMNS[i], format!("{v} out of range")))
+        };
+        let dp = id(0)?;
+        let stage = id(1)?;
+        let step = u64::try_from(rec.int(3)?).map_err(|_| self.bad(line, "step", "negative step".into()))?;
+        let start = num(5)?;
+        let dur = num(6)?;
+        let e = self.span.entry(step).or_insert((f64::INFINITY, 0.0));
+        e.0 = e.0.min(start);
+        e.1 = e.1.max(start + dur);
+        let op = rec.text(4)?.trim();
+        let is_fwd = op == "forward-compute";
+        if !(is_fwd || op == "backward-compute") {
+            return Ok(());
+        }
+        let mb = rec.int(9)?;
+        let mb = u32::try_from(mb).map_err(|_| self.bad(line, "mb_id", format!("compute op with mb_id {mb}")))?;
+        self.stages.insert(stage);
+        let c = self.costs.entry((step, dp, stage, mb)).or_insert(StageCost { line, ..Default::default() });
+        let dup = if is_fwd { c.has_fwd } else { c.has_bwd };
+        if dup {
+            return Err(TraceError::Duplicate {
+                path: self.path.into(),
+                line,
+                first_line: c.line,
+                step,
+                rank: dp,
+                micro_batch: mb,
+            });
+        }
+        if is_fwd {
+            c.fwd_s = dur;
+            c.has_fwd = true;
+        } else {
+            c.bwd_s = dur;
+            c.has_bwd = true;
+        }
+        Ok(())
+    }
+
+    /// Build the trace. Errors: ragged steps (a missing stage, forward or backward) unless
+    /// `opts.allow_incomplete_steps`; [`TraceError::Empty`] if no complete step remains.
+    pub(super) fn finish(self, opts: &LoadOptions) -> Result<Loaded, TraceError> {
+        let Self { path, costs, stages, span } = self;
+        // Combine stages per (step, replica, micro-batch); a cell is inserted only if every
+        // stage has both its forward and backward (otherwise the builder reports it missing).
+        let mut per_cell: BTreeMap<(u64, u32, u32), (Vec<f64>, u64)> = BTreeMap::new();
+        for (&(step, dp, _stage, mb), c) in &costs {
+            let e = per_cell.entry((step, dp, mb)).or_insert((Vec::new(), c.line));
+            if c.has_fwd && c.has_bwd {
+                e.0.push(c.fwd_s + c.bwd_s);
+            }
+        }
+        let mut b = TraceBuilder::new();
+        b.expect_micro_batches(costs.keys().map(|k| k.3 as usize + 1).max().unwrap_or(0));
+        for ((step, dp, mb), (v, line)) in per_cell {
+            if v.len() == stages.len() {
+                let secs = match opts.pipeline {
+                    PipelineAggregation::Bottleneck => v.iter().copied().fold(0.0, f64::max),
+                    PipelineAggregation::Sum => v.iter().sum(),
+                };
+                b.insert(path, line, step, dp, mb, secs * 1e9)?;
+            }
+        }
+        let source = path.display().to_string();
+        let (trace, completeness) = b.finish(&source, opts.allow_incomplete_steps)?;
+        let compute = trace.rank_compute_ns();
+        let n = trace.world_size();
+        let mut clamped = 0;
+        let overhead: Vec<f64> = trace
+            .steps()
+            .iter()
+            .enumerate()
+            .map(|(si, s)| {
+                let (a, z) = span.get(s).copied().unwrap_or((0.0, 0.0));
+                let max_c = compute[si * n..(si + 1) * n].iter().copied().fold(0.0, f64::max);
+                let o = (z - a) * 1e9 - max_c;
+                if o < 0.0 {
+                    clamped += 1;
+                }
+                o.max(0.0)
+            })
+            .collect();
+        let mut notes = vec![format!(
+            "what-if trace: {} replicas x {} pipeline stage(s), {} micro-batches, {} steps; replica micro-batch latency = {:?} over stages of forward+backward",
+            n,
+            stages.len(),
+            trace.micro_batches(),
+            trace.num_steps(),
+            opts.pipeline
+        )];
+        if clamped > 0 {
+            notes
+                .push(format!("{clamped} step(s): replica compute exceeded the step wall time, overhead clamped to 0"));
+        }
+        let trace = super::LatencyTrace::new(
+            source,
+            trace.ranks().to_vec(),
+            trace.steps().to_vec(),
+            trace.micro_batches(),
+            trace.latencies_ns().to_vec(),
+            overhead,
+        )?;
+        Ok(Loaded { trace, completeness, notes })
+    }
+}
+
+/// One CSV record with its file and line, for [`WhatifAccumulator::push`].
+struct CsvRecord<'a> {
+    path: &'a Path,
+    line: u64,
+    rec: &'a csv::StringRecord,
+}
+
+impl CsvRecord<'_> {
+    fn get(&self, i: usize) -> &str {
+        self.rec.get(i).unwrap_or("").trim()
+    }
+    fn parse<T: std::str::FromStr>(&self, i: usize) -> Result<T, TraceError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.get(i).parse().map_err(|e| TraceError::Malformed {
+            path: self.path.into(),
+            line: self.line,
+            column: WHATIF_COLUMNS[i].into(),
+            message: format!("cannot parse {:?}: {e}", self.get(i)),
+        })
+    }
+}
+
+impl WhatifRecord for CsvRecord<'_> {
+    fn int(&self, col: usize) -> Result<i64, TraceError> {
+        self.parse(col)
+    }
+    fn float(&self, col: usize) -> Result<f64, TraceError> {
+        self.parse(col)
+    }
+    fn text(&self, col: usize) -> Result<&str, TraceError> {
+        Ok(self.get(col))
+    }
+}
+
+/// Load one what-if CSV (optionally gzipped). Errors: I/O; [`TraceError::UnknownFormat`] if
+/// the header is not [`WHATIF_COLUMNS`]; [`TraceError::Malformed`] with file, line and column
+/// for unparsable or negative fields and for an mb_id < 0 on a compute op;
 /// [`TraceError::Duplicate`] for two forward (or backward) ops of one (step, replica, stage,
 /// micro-batch); ragged steps (a missing stage, forward or backward) unless allowed.
 pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
@@ -82,135 +291,22 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
     if !is_whatif_header(&headers) {
         return Err(TraceError::UnknownFormat { path: path.into(), header: headers });
     }
-    let mut costs: BTreeMap<(u64, u32, u32, u32), StageCost> = BTreeMap::new();
-    let mut stages: std::collections::BTreeSet<u32> = Default::default();
-    let mut span: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    let mut acc = WhatifAccumulator::new(path);
     let mut rec = csv::StringRecord::new();
-    let bad = |line: u64, col: &str, msg: String| TraceError::Malformed {
-        path: path.into(),
-        line,
-        column: col.into(),
-        message: msg,
-    };
     loop {
-        let more = r
-            .read_record(&mut rec)
-            .map_err(|e| bad(e.position().map_or(0, |p| p.line()), "(record)", e.to_string()))?;
+        let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
+            path: path.into(),
+            line: e.position().map_or(0, |p| p.line()),
+            column: "(record)".into(),
+            message: e.to_string(),
+        })?;
         if !more {
             break;
         }
         let line = rec.position().map_or(0, |p| p.line());
-        let get = |i: usize| rec.get(i).unwrap_or("").trim();
-        let num = |i: usize| -> Result<f64, TraceError> {
-            let v: f64 =
-                get(i).parse().map_err(|e| bad(line, WHATIF_COLUMNS[i], format!("cannot parse {:?}: {e}", get(i))))?;
-            if v.is_finite() && v >= 0.0 {
-                Ok(v)
-            } else {
-                Err(bad(line, WHATIF_COLUMNS[i], format!("{v} is negative or not finite")))
-            }
-        };
-        let int = |i: usize| -> Result<i64, TraceError> {
-            get(i).parse().map_err(|e| bad(line, WHATIF_COLUMNS[i], format!("cannot parse {:?}: {e}", get(i))))
-        };
-        let to_u32 = |i: usize, v: i64| -> Result<u32, TraceError> {
-            u32::try_from(v).map_err(|_| bad(line, WHATIF_COLUMNS[i], format!("{v} out of range")))
-        };
-        let dp = to_u32(0, int(0)?)?;
-        let stage = to_u32(1, int(1)?)?;
-        let step = u64::try_from(int(3)?).map_err(|_| bad(line, "step", "negative step".into()))?;
-        let start = num(5)?;
-        let dur = num(6)?;
-        let e = span.entry(step).or_insert((f64::INFINITY, 0.0));
-        e.0 = e.0.min(start);
-        e.1 = e.1.max(start + dur);
-        let op = get(4);
-        let is_fwd = op == "forward-compute";
-        if !(is_fwd || op == "backward-compute") {
-            continue;
-        }
-        let mb = int(9)?;
-        let mb = u32::try_from(mb).map_err(|_| bad(line, "mb_id", format!("compute op with mb_id {mb}")))?;
-        stages.insert(stage);
-        let c = costs.entry((step, dp, stage, mb)).or_insert(StageCost { line, ..Default::default() });
-        let dup = if is_fwd { c.has_fwd } else { c.has_bwd };
-        if dup {
-            return Err(TraceError::Duplicate {
-                path: path.into(),
-                line,
-                first_line: c.line,
-                step,
-                rank: dp,
-                micro_batch: mb,
-            });
-        }
-        if is_fwd {
-            c.fwd_s = dur;
-            c.has_fwd = true;
-        } else {
-            c.bwd_s = dur;
-            c.has_bwd = true;
-        }
+        acc.push(line, &CsvRecord { path, line, rec: &rec })?;
     }
-    // Combine stages per (step, replica, micro-batch); a cell is inserted only if every stage
-    // has both its forward and backward (otherwise the builder reports it missing).
-    let mut per_cell: BTreeMap<(u64, u32, u32), (Vec<f64>, u64)> = BTreeMap::new();
-    for (&(step, dp, _stage, mb), c) in &costs {
-        let e = per_cell.entry((step, dp, mb)).or_insert((Vec::new(), c.line));
-        if c.has_fwd && c.has_bwd {
-            e.0.push(c.fwd_s + c.bwd_s);
-        }
-    }
-    let mut b = TraceBuilder::new();
-    b.expect_micro_batches(costs.keys().map(|k| k.3 as usize + 1).max().unwrap_or(0));
-    for ((step, dp, mb), (v, line)) in per_cell {
-        if v.len() == stages.len() {
-            let secs = match opts.pipeline {
-                PipelineAggregation::Bottleneck => v.iter().copied().fold(0.0, f64::max),
-                PipelineAggregation::Sum => v.iter().sum(),
-            };
-            b.insert(path, line, step, dp, mb, secs * 1e9)?;
-        }
-    }
-    let source = path.display().to_string();
-    let (trace, completeness) = b.finish(&source, opts.allow_incomplete_steps)?;
-    let compute = trace.rank_compute_ns();
-    let n = trace.world_size();
-    let mut clamped = 0;
-    let overhead: Vec<f64> = trace
-        .steps()
-        .iter()
-        .enumerate()
-        .map(|(si, s)| {
-            let (a, z) = span.get(s).copied().unwrap_or((0.0, 0.0));
-            let max_c = compute[si * n..(si + 1) * n].iter().copied().fold(0.0, f64::max);
-            let o = (z - a) * 1e9 - max_c;
-            if o < 0.0 {
-                clamped += 1;
-            }
-            o.max(0.0)
-        })
-        .collect();
-    let mut notes = vec![format!(
-        "what-if trace: {} replicas x {} pipeline stage(s), {} micro-batches, {} steps; replica micro-batch latency = {:?} over stages of forward+backward",
-        n,
-        stages.len(),
-        trace.micro_batches(),
-        trace.num_steps(),
-        opts.pipeline
-    )];
-    if clamped > 0 {
-        notes.push(format!("{clamped} step(s): replica compute exceeded the step wall time, overhead clamped to 0"));
-    }
-    let trace = super::LatencyTrace::new(
-        source,
-        trace.ranks().to_vec(),
-        trace.steps().to_vec(),
-        trace.micro_batches(),
-        trace.latencies_ns().to_vec(),
-        overhead,
-    )?;
-    Ok(Loaded { trace, completeness, notes })
+    acc.finish(opts)
 }
 
 #[cfg(test)]
