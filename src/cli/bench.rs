@@ -3,7 +3,7 @@
 
 use clap::{Args, Subcommand};
 
-use dropcompute::bench::kernels::{KernelBenchOptions, TARGET_RATIO, run_kernel_bench};
+use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
 use dropcompute::sim::montecarlo::bench_simulator;
 
 use super::CliError;
@@ -41,10 +41,6 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             let opts = KernelBenchOptions { reps: a.reps.max(1), ..KernelBenchOptions::default() };
             let report = run_kernel_bench(&opts);
             println!("{report}");
-            println!(
-                "target (>= {TARGET_RATIO} of memcpy beyond the LLC): {}",
-                if report.meets_target() { "met" } else { "NOT met" }
-            );
             Ok(())
         }
         BenchCommand::Sim(a) => {
