@@ -14,21 +14,9 @@ use habana_sys::synStatus;
 
 use super::MockKernelFn;
 use super::config::{Fault, MockConfig};
-use super::state::{ARMED_FAULTS, Kernel, MResult, SendPtr, fail, registry, set_last_error, stalls};
+use super::state::{ARMED_FAULTS, Kernel, MResult, SendPtr, fail, registry, stalls};
 
-fn guard(name: &str, f: impl FnOnce() -> MResult<()>) -> synStatus {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(())) => synStatus::SUCCESS,
-        Ok(Err(e)) => {
-            set_last_error(e.status, &format!("{name}: {}", e.msg));
-            e.status
-        }
-        Err(_) => {
-            set_last_error(synStatus::FAIL, &format!("{name}: internal error (panic) in the CPU mock"));
-            synStatus::FAIL
-        }
-    }
-}
+use super::ffi::catch_and_report as guard;
 
 fn json_arg<'a>(p: *const c_char) -> MResult<&'a str> {
     if p.is_null() {

@@ -284,6 +284,15 @@ fn same_device(stream: &Stream, dev: &Device) -> Result<()> {
 }
 
 impl Stream {
+    /// `synMemCopyAsync` of `bytes` bytes on this stream.
+    ///
+    /// # Safety
+    /// As [`result::mem_copy_async`]: the host side (if any) is pinned and stays valid for the copy.
+    unsafe fn enqueue_copy(&self, src: u64, bytes: usize, dst: u64, dir: synDmaDir) -> Result<()> {
+        // SAFETY: the stream is live for the life of `self`; the rest is the caller's contract.
+        unsafe { result::mem_copy_async(self.device().api(), self.raw(), src, bytes as u64, dst, dir) }
+    }
+
     /// Enqueues a host-to-device copy of all of `src` into `dst` (same length).
     ///
     /// # Errors
@@ -292,18 +301,9 @@ impl Stream {
     pub fn copy_h2d<T: DeviceRepr>(&self, src: &HostBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
         same_len("copy_h2d element count", dst.len, src.len)?;
         same_device(self, &dst.dev)?;
-        // SAFETY: the stream is live; `src` is pinned memory of `bytes` bytes that stays valid
-        // and unmodified until the tracked event completes (see the module doc).
-        unsafe {
-            result::mem_copy_async(
-                self.device().api(),
-                self.raw(),
-                src.host_addr(),
-                dst.bytes() as u64,
-                dst.addr,
-                synDmaDir::HOST_TO_DRAM,
-            )
-        }?;
+        // SAFETY: `src` is pinned memory of `bytes` bytes that stays valid and unmodified until
+        // the tracked event completes (see the module doc); `dst` is a live device allocation.
+        unsafe { self.enqueue_copy(src.host_addr(), dst.bytes(), dst.addr, synDmaDir::HOST_TO_DRAM) }?;
         src.track(self)
     }
 
@@ -317,16 +317,7 @@ impl Stream {
         same_device(self, &src.dev)?;
         // SAFETY: as in `copy_h2d`; `&mut dst` plus the tracked event keep the host memory
         // exclusive to the copy until it completes.
-        unsafe {
-            result::mem_copy_async(
-                self.device().api(),
-                self.raw(),
-                src.addr,
-                src.bytes() as u64,
-                dst.host_addr(),
-                synDmaDir::DRAM_TO_HOST,
-            )
-        }?;
+        unsafe { self.enqueue_copy(src.addr, src.bytes(), dst.host_addr(), synDmaDir::DRAM_TO_HOST) }?;
         dst.track(self)
     }
 
@@ -339,15 +330,6 @@ impl Stream {
         same_device(self, &src.dev)?;
         same_device(self, &dst.dev)?;
         // SAFETY: both addresses are live device allocations of `bytes` bytes; no host memory.
-        unsafe {
-            result::mem_copy_async(
-                self.device().api(),
-                self.raw(),
-                src.addr,
-                src.bytes() as u64,
-                dst.addr,
-                synDmaDir::DRAM_TO_DRAM,
-            )
-        }
+        unsafe { self.enqueue_copy(src.addr, src.bytes(), dst.addr, synDmaDir::DRAM_TO_DRAM) }
     }
 }

@@ -168,37 +168,27 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
         }
         any_reference |= !ours;
         let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(open_maybe_gz(path)?);
-        let mut rec = csv::StringRecord::new();
-        loop {
-            let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
-                path: path.clone(),
-                line: e.position().map_or(0, |p| p.line()),
-                column: "(record)".into(),
-                message: e.to_string(),
-            })?;
-            if !more {
-                break;
-            }
-            let line = rec.position().map_or(0, |p| p.line());
-            let step: u64 = parse(field(&rec, 0, path, line, "global_step")?, path, line, "global_step")?;
-            let mb: u32 = parse(field(&rec, 1, path, line, "local_step")?, path, line, "local_step")?;
-            let dropped = parse_bool(field(&rec, 6, path, line, "compute_dropped")?, path, line)?;
+        super::for_each_record(&mut r, path, |line, rec| {
+            let step: u64 = parse(field(rec, 0, path, line, "global_step")?, path, line, "global_step")?;
+            let mb: u32 = parse(field(rec, 1, path, line, "local_step")?, path, line, "local_step")?;
+            let dropped = parse_bool(field(rec, 6, path, line, "compute_dropped")?, path, line)?;
             if ours {
-                let rank: u32 = parse(field(&rec, 8, path, line, "rank")?, path, line, "rank")?;
-                let start: u64 = parse(field(&rec, 9, path, line, "start_ns")?, path, line, "start_ns")?;
-                let dur: u64 = parse(field(&rec, 10, path, line, "duration_ns")?, path, line, "duration_ns")?;
+                let rank: u32 = parse(field(rec, 8, path, line, "rank")?, path, line, "rank")?;
+                let start: u64 = parse(field(rec, 9, path, line, "start_ns")?, path, line, "start_ns")?;
+                let dur: u64 = parse(field(rec, 10, path, line, "duration_ns")?, path, line, "duration_ns")?;
                 if !dropped {
                     let e = starts.entry((rank, step)).or_insert(start);
                     *e = (*e).min(start);
                     b.insert(path, line, step, rank, mb, dur as f64)?;
                 }
             } else {
-                let ms: f64 = parse(field(&rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
+                let ms: f64 = parse(field(rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
                 if !dropped {
                     b.insert(path, line, step, file_rank.unwrap_or(0), mb, ms * 1e6)?;
                 }
             }
-        }
+            Ok(())
+        })?;
     }
     let source = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",");
     if any_reference {

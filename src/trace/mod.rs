@@ -234,6 +234,41 @@ pub struct TraceBuilder {
     expected_m: usize,
 }
 
+/// Reads every record of `r`, calling `f(line, record)`; a CSV-level error (bad UTF-8, I/O,
+/// truncated gzip) becomes [`TraceError::Malformed`] at its line with column `(record)`.
+pub(crate) fn for_each_record<R: std::io::Read>(
+    r: &mut csv::Reader<R>,
+    path: &Path,
+    mut f: impl FnMut(u64, &csv::StringRecord) -> Result<(), TraceError>,
+) -> Result<(), TraceError> {
+    let mut rec = csv::StringRecord::new();
+    loop {
+        let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
+            path: path.into(),
+            line: e.position().map_or(0, |p| p.line()),
+            column: "(record)".into(),
+            message: e.to_string(),
+        })?;
+        if !more {
+            return Ok(());
+        }
+        f(rec.position().map_or(0, |p| p.line()), &rec)?;
+    }
+}
+
+/// A latency or duration must be finite and >= 0; the error names `column`.
+fn check_ns(path: &Path, line: u64, column: &str, ns: f64) -> Result<(), TraceError> {
+    if ns.is_finite() && ns >= 0.0 {
+        return Ok(());
+    }
+    Err(TraceError::Malformed {
+        path: path.into(),
+        line,
+        column: column.into(),
+        message: format!("{column} {ns} ns is negative or not finite"),
+    })
+}
+
 impl TraceBuilder {
     /// Empty builder.
     pub fn new() -> Self {
@@ -252,14 +287,7 @@ impl TraceBuilder {
         micro_batch: u32,
         latency_ns: f64,
     ) -> Result<(), TraceError> {
-        if !(latency_ns.is_finite() && latency_ns >= 0.0) {
-            return Err(TraceError::Malformed {
-                path: path.into(),
-                line,
-                column: "latency".into(),
-                message: format!("latency {latency_ns} ns is negative or not finite"),
-            });
-        }
+        check_ns(path, line, "latency", latency_ns)?;
         match self.cells.entry((step, rank, micro_batch)) {
             std::collections::btree_map::Entry::Occupied(e) => {
                 Err(TraceError::Duplicate { path: path.into(), line, first_line: e.get().1, step, rank, micro_batch })
@@ -280,14 +308,7 @@ impl TraceBuilder {
         key: (u64, u32, u32),
         latency_ns: f64,
     ) -> Result<(), TraceError> {
-        if !(latency_ns.is_finite() && latency_ns >= 0.0) {
-            return Err(TraceError::Malformed {
-                path: path.into(),
-                line,
-                column: "duration".into(),
-                message: format!("duration {latency_ns} ns is negative or not finite"),
-            });
-        }
+        check_ns(path, line, "duration", latency_ns)?;
         self.cells.entry(key).or_insert((0.0, line)).0 += latency_ns;
         Ok(())
     }

@@ -292,20 +292,7 @@ pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
         return Err(TraceError::UnknownFormat { path: path.into(), header: headers });
     }
     let mut acc = WhatifAccumulator::new(path);
-    let mut rec = csv::StringRecord::new();
-    loop {
-        let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
-            path: path.into(),
-            line: e.position().map_or(0, |p| p.line()),
-            column: "(record)".into(),
-            message: e.to_string(),
-        })?;
-        if !more {
-            break;
-        }
-        let line = rec.position().map_or(0, |p| p.line());
-        acc.push(line, &CsvRecord { path, line, rec: &rec })?;
-    }
+    super::for_each_record(&mut r, path, |line, rec| acc.push(line, &CsvRecord { path, line, rec }))?;
     acc.finish(opts)
 }
 

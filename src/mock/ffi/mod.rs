@@ -34,6 +34,12 @@ pub(super) fn guard(name: &'static str, f: impl FnOnce() -> MResult<()>) -> synS
         set_last_error(s, &format!("{name}: injected fault"));
         return s;
     }
+    catch_and_report(name, f)
+}
+
+/// Runs `f` with panics caught and failures recorded as this thread's last error (no fault
+/// injection: also used by the mock-only control ABI, which faults must not reach).
+pub(super) fn catch_and_report(name: &str, f: impl FnOnce() -> MResult<()>) -> synStatus {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => synStatus::SUCCESS,
         Ok(Err(e)) => {
