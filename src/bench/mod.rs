@@ -5,4 +5,5 @@
 //! does both), or assert on timings (machines are noisy; reports state ratios and targets).
 #![forbid(unsafe_code)]
 
+pub mod allreduce;
 pub mod kernels;

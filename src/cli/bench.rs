@@ -3,7 +3,13 @@
 
 use clap::{Args, Subcommand};
 
+use dropcompute::bench::allreduce::{
+    AllreduceOptions, AllreduceReport, join_and_measure, run_threads, sizes_between,
+};
 use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
+use dropcompute::hccl::{Comm, UniqueId};
+use dropcompute::mock::{MockConfig, MockControl};
+use dropcompute::synapse::{Backend, BackendChoice, Runtime};
 use dropcompute::sim::montecarlo::bench_simulator;
 
 use super::CliError;
@@ -13,9 +19,55 @@ pub enum BenchCommand {
     /// f32 / bf16 scale-accumulate throughput in GB/s next to a plain memcpy of the same bytes
     /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache).
     Kernels(KernelArgs),
+    /// All-reduce bandwidth table (size, count, dtype, time, algbw, busbw), nccl-tests style, with
+    /// ranks as threads of this process or as separate processes on loopback.
+    Allreduce(AllreduceArgs),
+    /// (internal) one rank of `bench allreduce --launch processes`.
+    #[command(hide = true)]
+    AllreduceChild(AllreduceChildArgs),
     /// Simulated micro-batches per second on one thread and on all cores (target >= 20 million/s
     /// on all cores).
     Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AllreduceArgs {
+    /// World size.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub ranks: u32,
+    /// threads (one process, a device per thread) or processes (one process per rank, loopback).
+    #[arg(long, default_value = "threads", value_parser = ["threads", "processes"])]
+    pub launch: String,
+    /// Element type.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub dtype: String,
+    /// Smallest message, bytes per rank.
+    #[arg(long, default_value_t = 4 << 10)]
+    pub min_bytes: usize,
+    /// Largest message, bytes per rank.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_bytes: usize,
+    /// Timed iterations per size.
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    #[command(flatten)]
+    pub backend: super::BackendArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct AllreduceChildArgs {
+    /// This rank.
+    #[arg(long)]
+    pub rank: u32,
+    /// World size.
+    #[arg(long)]
+    pub ranks: u32,
+    /// Unique id bytes, hex.
+    #[arg(long)]
+    pub id: String,
+    /// Options, JSON.
+    #[arg(long)]
+    pub opts: String,
 }
 
 #[derive(Debug, Args)]
@@ -43,6 +95,8 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             println!("{report}");
             Ok(())
         }
+        BenchCommand::Allreduce(a) => allreduce(&a),
+        BenchCommand::AllreduceChild(a) => allreduce_child(&a),
         BenchCommand::Sim(a) => {
             let one = bench_simulator(a.workers, a.steps, 1)?;
             let all = bench_simulator(a.workers, a.steps, 0)?;
@@ -56,4 +110,81 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>, CliError> {
+    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("--id {s:?}: not an even-length hex string").into());
+    }
+    (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
+}
+
+fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
+    if a.min_bytes == 0 || a.min_bytes > a.max_bytes {
+        return Err(format!("--min-bytes {} / --max-bytes {}: need 0 < min <= max", a.min_bytes, a.max_bytes).into());
+    }
+    let opts = AllreduceOptions {
+        sizes: sizes_between(a.min_bytes, a.max_bytes),
+        iters: a.iters.max(1),
+        warmup: 1,
+        dtype: a.dtype.clone(),
+    };
+    let backend = a.backend.select()?;
+    if backend.is_mock() && a.ranks > 8 && a.launch == "threads" {
+        let cfg = MockConfig { devices: a.ranks, ..MockConfig::from_env()? };
+        MockControl::in_process().configure(&cfg)?;
+    }
+    if a.launch == "processes" && !backend.is_mock() {
+        return Err("--launch processes spawns CPU-mock ranks; on Gaudi run one process per device under \
+                    mpirun/torchrun instead"
+            .into());
+    }
+    let rt = Runtime::new(backend.api.clone())?;
+    let report = match a.launch.as_str() {
+        "threads" => run_threads(&rt, a.ranks, &opts)?,
+        _ => {
+            // The coordinator behind the unique id lives in this process, which waits for the
+            // children; each child runs its own mock device.
+            let id = Comm::unique_id(&rt)?;
+            let exe = std::env::current_exe()?;
+            let opts_json = serde_json::to_string(&opts)?;
+            let children: Vec<_> = (0..a.ranks)
+                .map(|rank| {
+                    std::process::Command::new(&exe)
+                        .args(["bench", "allreduce-child", "--rank", &rank.to_string(), "--ranks", &a.ranks.to_string()])
+                        .args(["--id", &hex(&id.to_bytes()), "--opts", &opts_json])
+                        .stdout(std::process::Stdio::piped())
+                        .spawn()
+                })
+                .collect::<Result<_, _>>()?;
+            let mut rows = None;
+            for (rank, child) in children.into_iter().enumerate() {
+                let out = child.wait_with_output()?;
+                if !out.status.success() {
+                    return Err(format!("rank {rank} process failed: {}", out.status).into());
+                }
+                if rank == 0 {
+                    rows = Some(serde_json::from_slice(&out.stdout)?);
+                }
+            }
+            AllreduceReport { mode: "processes".into(), ranks: a.ranks, rows: rows.unwrap_or_default() }
+        }
+    };
+    println!("{report}");
+    Ok(())
+}
+
+fn allreduce_child(a: &AllreduceChildArgs) -> Result<(), CliError> {
+    let opts: AllreduceOptions = serde_json::from_str(&a.opts)?;
+    let id = UniqueId::from_bytes(&unhex(&a.id)?)?;
+    let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
+    let rows = join_and_measure(&rt, &id, a.rank, a.ranks, &opts)?;
+    if a.rank == 0 {
+        println!("{}", serde_json::to_string(&rows)?);
+    }
+    Ok(())
 }

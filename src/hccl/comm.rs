@@ -196,8 +196,8 @@ impl Comm {
     ///
     /// # Errors
     /// [`HcclError::Hccl`] from the library.
-    pub fn unique_id(device: &Device) -> Result<UniqueId> {
-        Ok(UniqueId(result::get_unique_id(device.api())?))
+    pub fn unique_id(rt: &crate::synapse::Runtime) -> Result<UniqueId> {
+        Ok(UniqueId(result::get_unique_id(rt.api())?))
     }
 
     /// Joins the communicator as `rank` of `world_size` (`hcclCommInitRank`; blocks until every
