@@ -16,5 +16,5 @@ proc_out=$(target/release/dropcompute bench allreduce --ranks "$RANKS" --launch 
 echo "$mpi_out"; echo "$thr_out"; echo "$proc_out"
 busbw() { awk -v b="$BYTES" '$1 == b { print $6 }'; }
 mpi=$(echo "$mpi_out" | busbw); thr=$(echo "$thr_out" | busbw); proc=$(echo "$proc_out" | busbw)
-awk -v m="$mpi" -v t="$thr" -v p="$proc" 'BEGIN {
-  printf "busbw at %s bytes: MPI %.3f GB/s, mock threads %.3f GB/s (ratio %.2f, target >= 1.0), mock processes %.3f GB/s (ratio %.2f, target >= 0.5)\n", ENVIRON["BYTES"], m, t, t / m, p, p / m }'
+awk -v m="$mpi" -v t="$thr" -v p="$proc" -v b="$BYTES" 'BEGIN {
+  printf "busbw at %s bytes: MPI %.3f GB/s, mock threads %.3f GB/s (ratio %.2f, target >= 1.0), mock processes %.3f GB/s (ratio %.2f, target >= 0.5)\n", b, m, t, t / m, p, p / m }'
