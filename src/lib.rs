@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod commands;
+pub mod hccl;
 pub mod kernels;
 pub mod mock;
 pub mod policy;
