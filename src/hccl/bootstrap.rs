@@ -210,9 +210,7 @@ fn get(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
 }
 
 fn number(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<u32>> {
-    get(lookup, name)
-        .map(|v| v.parse::<u32>().map_err(|_| invalid(name, &v, "not a non-negative integer")))
-        .transpose()
+    get(lookup, name).map(|v| v.parse::<u32>().map_err(|_| invalid(name, &v, "not a non-negative integer"))).transpose()
 }
 
 fn read_launcher(spec: &'static Spec, lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
@@ -221,7 +219,9 @@ fn read_launcher(spec: &'static Spec, lookup: &impl Fn(&str) -> Option<String>) 
     let local_size = spec.local_size.map(|n| number(lookup, n)).transpose()?.flatten();
     match (rank, size) {
         (None, None) => Ok(None),
-        (Some(r), None) => Err(missing(spec.size, format!("{}={r} is set ({}) but not the world size", spec.rank, spec.key))),
+        (Some(r), None) => {
+            Err(missing(spec.size, format!("{}={r} is set ({}) but not the world size", spec.rank, spec.key)))
+        }
         (None, Some(s)) => Err(missing(spec.rank, format!("{}={s} is set ({}) but not the rank", spec.size, spec.key))),
         (Some(rank), Some(size)) => Ok(Some(Seen { spec, rank, size, local_rank, local_size })),
     }
@@ -367,7 +367,11 @@ impl Bootstrap {
             return Err(invalid(&size_var, "0", "world size must be at least 1"));
         }
         if rank >= world_size {
-            return Err(invalid(&rank_var, &rank.to_string(), format!("must be below the world size {world_size} ({size_var})")));
+            return Err(invalid(
+                &rank_var,
+                &rank.to_string(),
+                format!("must be below the world size {world_size} ({size_var})"),
+            ));
         }
 
         let env_local = env.as_ref().and_then(|s| s.local_rank.map(|r| (s.spec.local_rank.to_string(), r)));
@@ -377,7 +381,10 @@ impl Bootstrap {
             (None, None) if world_size == 1 => ("local rank".to_string(), 0),
             (None, None) => {
                 let var = env.as_ref().map_or("explicit local_rank", |s| s.spec.local_rank);
-                return Err(missing(var, format!("{rank_var}={rank} of {size_var}={world_size}: the device is picked by local rank")));
+                return Err(missing(
+                    var,
+                    format!("{rank_var}={rank} of {size_var}={world_size}: the device is picked by local rank"),
+                ));
             }
         };
         let local_world_size = match &env {
@@ -389,15 +396,30 @@ impl Bootstrap {
                 return Err(invalid(var, &n.to_string(), format!("must be in 1..={world_size} ({size_var})")));
             }
             if local_rank >= n {
-                return Err(invalid(&local_var, &local_rank.to_string(), format!("must be below the local world size {n} ({var})")));
+                return Err(invalid(
+                    &local_var,
+                    &local_rank.to_string(),
+                    format!("must be below the local world size {n} ({var})"),
+                ));
             }
         } else if local_rank >= world_size {
-            return Err(invalid(&local_var, &local_rank.to_string(), format!("must be below the world size {world_size}")));
+            return Err(invalid(
+                &local_var,
+                &local_rank.to_string(),
+                format!("must be below the world size {world_size}"),
+            ));
         }
         check_modules(&lookup, local_rank, local_world_size.map(|(_, n)| n))?;
 
         let rendezvous = rendezvous(&explicit, &lookup, launcher, world_size)?;
-        Ok(Self { rank, world_size, local_rank, local_world_size: local_world_size.map(|(_, n)| n), launcher, rendezvous })
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size: local_world_size.map(|(_, n)| n),
+            launcher,
+            rendezvous,
+        })
     }
 }
 
@@ -424,11 +446,15 @@ fn rendezvous(
             connectable("HCCL_COMM_ID", &v, addr)
         })
         .transpose()?;
-    let ours = get(lookup, "DROPCOMPUTE_RENDEZVOUS").map(|v| host_port("DROPCOMPUTE_RENDEZVOUS", &v).map(|hp| (v, hp))).transpose()?;
+    let ours = get(lookup, "DROPCOMPUTE_RENDEZVOUS")
+        .map(|v| host_port("DROPCOMPUTE_RENDEZVOUS", &v).map(|hp| (v, hp)))
+        .transpose()?;
     let master_addr = get(lookup, "MASTER_ADDR");
     let master_port = get(lookup, "MASTER_PORT").map(|v| port_number("MASTER_PORT", &v, &v)).transpose()?;
     let env_secret = get(lookup, "DROPCOMPUTE_JOB_SECRET")
-        .map(|v| JobSecret::from_hex(&v).map_err(|e| invalid("DROPCOMPUTE_JOB_SECRET", &v, format!("{e}; {SECRET_HINT}"))))
+        .map(|v| {
+            JobSecret::from_hex(&v).map_err(|e| invalid("DROPCOMPUTE_JOB_SECRET", &v, format!("{e}; {SECRET_HINT}")))
+        })
         .transpose()?;
     if let Some(addr) = explicit.addr {
         connectable("explicit addr", &addr.to_string(), addr)?;
@@ -445,22 +471,28 @@ fn rendezvous(
     } else if let Some((v, (host, port))) = ours {
         resolve("DROPCOMPUTE_RENDEZVOUS", &v, &host, port)?
     } else if let Some(host) = master_addr {
-        let port = master_port.ok_or_else(|| missing("MASTER_PORT", format!("MASTER_ADDR={host} is set but not its port")))?;
+        let port =
+            master_port.ok_or_else(|| missing("MASTER_PORT", format!("MASTER_ADDR={host} is set but not its port")))?;
         resolve("MASTER_ADDR", &host, &host, port)?
     } else {
         let how = match launcher {
-            Launcher::Slurm => "Slurm does not say where rank 0 runs: set it to the first host of SLURM_JOB_NODELIST \
-                 (`scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -1`) and a free port",
-            Launcher::OpenMpi => "mpirun does not say where rank 0 runs: set it to rank 0's host and a free port, \
-                 and pass it on with `mpirun -x DROPCOMPUTE_RENDEZVOUS`",
+            Launcher::Slurm => {
+                "Slurm does not say where rank 0 runs: set it to the first host of SLURM_JOB_NODELIST \
+                 (`scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -1`) and a free port"
+            }
+            Launcher::OpenMpi => {
+                "mpirun does not say where rank 0 runs: set it to rank 0's host and a free port, \
+                 and pass it on with `mpirun -x DROPCOMPUTE_RENDEZVOUS`"
+            }
             _ => "give rank 0's HOST:PORT (or MASTER_ADDR and MASTER_PORT, or HCCL_COMM_ID=IP:PORT)",
         };
-        return Err(missing("DROPCOMPUTE_RENDEZVOUS", format!("a job of {world_size} ranks needs rank 0's address; {how}")));
+        return Err(missing(
+            "DROPCOMPUTE_RENDEZVOUS",
+            format!("a job of {world_size} ranks needs rank 0's address; {how}"),
+        ));
     };
-    let secret = explicit
-        .secret
-        .clone()
-        .or(env_secret)
-        .ok_or_else(|| missing("DROPCOMPUTE_JOB_SECRET", format!("the TCP rendezvous at {addr} needs it; {SECRET_HINT}")))?;
+    let secret = explicit.secret.clone().or(env_secret).ok_or_else(|| {
+        missing("DROPCOMPUTE_JOB_SECRET", format!("the TCP rendezvous at {addr} needs it; {SECRET_HINT}"))
+    })?;
     Ok(Rendezvous::Tcp { addr, secret })
 }
