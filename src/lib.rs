@@ -4,7 +4,9 @@
 //! [`mock`] (CPU device behind the same table) and [`synapse`] (safe layer) -> [`kernels`]
 //! (CPU kernels the mock runs) -> [`policy`] (the deadline decision shared by execution and
 //! simulation) -> [`trace`], [`tune`], [`sim`] (pure: traces, threshold tuning, what-if
-//! models) -> [`commands`] and [`bench`] (what the CLI runs).
+//! models) -> [`commands`] and [`bench`] (what the CLI runs). [`hccl`] sits beside
+//! [`synapse`]: the safe collectives (communicator, watchdog, flight recorder), the launcher
+//! bootstrap and the rendezvous that hands rank 0's unique id to the other ranks.
 
 pub mod bench;
 pub mod commands;

@@ -1,0 +1,498 @@
+//! Launcher bootstrap: who this process is in the job (rank, world size, local rank) and how it
+//! gets rank 0's HCCL unique id, read from explicit values and the launcher's environment.
+//!
+//! Owns: [`Bootstrap::from_lookup`] (the testable core, every variable read through `lookup`)
+//! and its typed [`ConfigError`]. Must not touch: the network (except resolving a host name
+//! given for the rendezvous), HCCL or the device: everything here is checked before any of them.
+//!
+//! # Sources, in order
+//! 1. [`Explicit`] values (e.g. CLI flags): each given field wins over the environment, without
+//!    a conflict check (they are the way out of a confusing environment).
+//! 2. torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+//!    `MASTER_PORT`.
+//! 3. Open MPI: `OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`, `_LOCAL_SIZE`.
+//! 4. Slurm: `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID` (no local world size: Slurm's
+//!    `SLURM_TASKS_PER_NODE` is a per-node list such as `2(x3),1`).
+//!
+//! A launcher counts as present when its rank or world size variable is set. When several are
+//! present they must agree on rank, world size and local rank (same values: fine, e.g. a job
+//! that exports both); otherwise [`ConfigError::Conflict`]. One launcher nested in another
+//! (`srun torchrun ...`) disagrees by design: set `DROPCOMPUTE_LAUNCHER=torchrun|openmpi|slurm`
+//! to read only that one.
+//!
+//! # Rendezvous (world size > 1)
+//! `HCCL_COMM_ID=IP:PORT` (the vendor's variable, `habana_api.md` §1 and §6): the library
+//! bootstraps itself and every rank passes a zeroed unique id. Otherwise our TCP rendezvous at,
+//! in order: [`Explicit::addr`], `DROPCOMPUTE_RENDEZVOUS=HOST:PORT`, `MASTER_ADDR:MASTER_PORT`;
+//! with the job secret from [`Explicit::secret`] or `DROPCOMPUTE_JOB_SECRET` (hex, >= 128 bits).
+//! No address is ever guessed (never `0.0.0.0`): without one, a [`ConfigError::Missing`] says
+//! what to set. Variables that are set are validated even when a single rank does not use them.
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+
+use super::rendezvous::JobSecret;
+
+/// Which source gave rank and world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// [`Explicit`] values.
+    Explicit,
+    /// torchrun (`RANK`, `WORLD_SIZE`, ...).
+    Torchrun,
+    /// Open MPI's mpirun (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// Slurm's srun (`SLURM_PROCID`, ...).
+    Slurm,
+    /// Nothing set: one process, rank 0 of 1.
+    Single,
+}
+
+/// How the ranks get rank 0's HCCL unique id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// Our TCP rendezvous (`hccl::rendezvous`): rank 0 serves at `addr`, the others fetch, all
+    /// proving `secret`.
+    Tcp {
+        /// Rank 0's address (rank 0 binds exactly this address).
+        addr: SocketAddr,
+        /// The job secret.
+        secret: JobSecret,
+    },
+    /// `HCCL_COMM_ID=IP:PORT` is set: the library bootstraps itself from it; every rank passes
+    /// a zeroed unique id.
+    HcclCommId(SocketAddr),
+    /// World size 1: nothing to exchange.
+    None,
+}
+
+/// Values given explicitly (e.g. by CLI flags); each `Some` wins over the environment.
+#[derive(Debug, Clone, Default)]
+pub struct Explicit {
+    /// Rank.
+    pub rank: Option<u32>,
+    /// World size.
+    pub world_size: Option<u32>,
+    /// Local rank (index of the process on its host).
+    pub local_rank: Option<u32>,
+    /// Rendezvous address of rank 0.
+    pub addr: Option<SocketAddr>,
+    /// Job secret.
+    pub secret: Option<JobSecret>,
+}
+
+/// This process's place in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bootstrap {
+    /// Rank, `< world_size`.
+    pub rank: u32,
+    /// Number of ranks, >= 1.
+    pub world_size: u32,
+    /// Index of this process on its host (picks the device: `synapse::module_id_from_env`).
+    pub local_rank: u32,
+    /// Processes on this host, when the launcher says.
+    pub local_world_size: Option<u32>,
+    /// Which source gave rank and world size.
+    pub launcher: Launcher,
+    /// How the unique id is exchanged.
+    pub rendezvous: Rendezvous,
+}
+
+/// A bad launcher environment or explicit value, naming the variable and the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A value that does not parse or breaks a rule (rank >= world size, ...).
+    #[error("{variable}={value:?}: {reason}")]
+    Invalid {
+        /// The variable (or `explicit <field>`).
+        variable: String,
+        /// Its value.
+        value: String,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// A needed variable is not set; `reason` names what needs it and how to set it.
+    #[error("{variable} is not set: {reason}")]
+    Missing {
+        /// The variable to set.
+        variable: String,
+        /// Why it is needed (naming the variable and value that need it) and how to set it.
+        reason: String,
+    },
+    /// Two launchers disagree.
+    #[error(
+        "{first}={first_value} conflicts with {second}={second_value}: a stale variable or one \
+         launcher inside another; unset one, set DROPCOMPUTE_LAUNCHER=torchrun|openmpi|slurm, or \
+         pass explicit values"
+    )]
+    Conflict {
+        /// The variable of the launcher that comes first in the order.
+        first: String,
+        /// Its value.
+        first_value: u32,
+        /// The other launcher's variable.
+        second: String,
+        /// Its value.
+        second_value: u32,
+    },
+}
+
+impl ConfigError {
+    /// The variable the error is about (for a conflict, the first one).
+    pub fn variable(&self) -> &str {
+        match self {
+            Self::Invalid { variable, .. } | Self::Missing { variable, .. } => variable,
+            Self::Conflict { first, .. } => first,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// One launcher's variable names.
+struct Spec {
+    launcher: Launcher,
+    key: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    local_size: Option<&'static str>,
+}
+
+const SPECS: [Spec; 3] = [
+    Spec {
+        launcher: Launcher::Torchrun,
+        key: "torchrun",
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+        local_size: Some("LOCAL_WORLD_SIZE"),
+    },
+    Spec {
+        launcher: Launcher::OpenMpi,
+        key: "openmpi",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    },
+    Spec {
+        launcher: Launcher::Slurm,
+        key: "slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        local_size: None,
+    },
+];
+
+/// What one present launcher says.
+struct Seen {
+    spec: &'static Spec,
+    rank: u32,
+    size: u32,
+    local_rank: Option<u32>,
+    local_size: Option<u32>,
+}
+
+fn invalid(variable: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { variable: variable.into(), value: value.into(), reason: reason.into() }
+}
+
+fn missing(variable: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Missing { variable: variable.into(), reason: reason.into() }
+}
+
+/// A set, non-blank variable (trimmed).
+fn get(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+fn number(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<u32>> {
+    get(lookup, name).map(|v| v.parse::<u32>().map_err(|_| invalid(name, &v, "not a non-negative integer"))).transpose()
+}
+
+fn read_launcher(spec: &'static Spec, lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
+    let (rank, size) = (number(lookup, spec.rank)?, number(lookup, spec.size)?);
+    let local_rank = number(lookup, spec.local_rank)?;
+    let local_size = spec.local_size.map(|n| number(lookup, n)).transpose()?.flatten();
+    match (rank, size) {
+        (None, None) => Ok(None),
+        (Some(r), None) => {
+            Err(missing(spec.size, format!("{}={r} is set ({}) but not the world size", spec.rank, spec.key)))
+        }
+        (None, Some(s)) => Err(missing(spec.rank, format!("{}={s} is set ({}) but not the rank", spec.size, spec.key))),
+        (Some(rank), Some(size)) => Ok(Some(Seen { spec, rank, size, local_rank, local_size })),
+    }
+}
+
+/// The launchers present, in order, after `DROPCOMPUTE_LAUNCHER` filtering; checked to agree.
+fn launchers(lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
+    let only = get(lookup, "DROPCOMPUTE_LAUNCHER");
+    if let Some(v) = &only
+        && !SPECS.iter().any(|s| s.key.eq_ignore_ascii_case(v))
+    {
+        return Err(invalid("DROPCOMPUTE_LAUNCHER", v, "expected torchrun, openmpi or slurm"));
+    }
+    let mut seen = Vec::new();
+    for spec in SPECS.iter().filter(|s| only.as_ref().is_none_or(|v| s.key.eq_ignore_ascii_case(v))) {
+        seen.extend(read_launcher(spec, lookup)?);
+    }
+    let mut it = seen.into_iter();
+    let Some(first) = it.next() else { return Ok(None) };
+    for other in it {
+        let pairs = [
+            (first.spec.size, Some(first.size), other.spec.size, Some(other.size)),
+            (first.spec.rank, Some(first.rank), other.spec.rank, Some(other.rank)),
+            (first.spec.local_rank, first.local_rank, other.spec.local_rank, other.local_rank),
+        ];
+        for (a, va, b, vb) in pairs {
+            if let (Some(va), Some(vb)) = (va, vb)
+                && va != vb
+            {
+                return Err(ConfigError::Conflict {
+                    first: a.into(),
+                    first_value: va,
+                    second: b.into(),
+                    second_value: vb,
+                });
+            }
+        }
+    }
+    Ok(Some(first))
+}
+
+/// Splits `HOST:PORT` (`[v6]:PORT` for IPv6); the port must be 1..=65535.
+fn host_port(variable: &str, value: &str) -> Result<(String, u16)> {
+    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
+        rest.split_once("]:").ok_or_else(|| invalid(variable, value, "expected [IPv6]:PORT"))?
+    } else {
+        let (h, p) = value.rsplit_once(':').ok_or_else(|| invalid(variable, value, "expected HOST:PORT"))?;
+        if h.contains(':') {
+            return Err(invalid(variable, value, "an IPv6 address needs brackets: [ADDR]:PORT"));
+        }
+        (h, p)
+    };
+    if host.is_empty() {
+        return Err(invalid(variable, value, "empty host"));
+    }
+    Ok((host.to_string(), port_number(variable, value, port)?))
+}
+
+fn port_number(variable: &str, value: &str, port: &str) -> Result<u16> {
+    match port.parse::<u16>() {
+        Ok(0) => Err(invalid(variable, value, "port 0 cannot be reached by other ranks")),
+        Ok(p) => Ok(p),
+        Err(_) => Err(invalid(variable, value, "port is not an integer in 1..=65535")),
+    }
+}
+
+/// An address the other ranks can connect to (not `0.0.0.0`/`::`, port not 0).
+fn connectable(variable: &str, value: &str, addr: SocketAddr) -> Result<SocketAddr> {
+    if addr.ip().is_unspecified() {
+        return Err(invalid(variable, value, "an unspecified address cannot be reached: give rank 0's host address"));
+    }
+    if addr.port() == 0 {
+        return Err(invalid(variable, value, "port 0 cannot be reached by other ranks"));
+    }
+    Ok(addr)
+}
+
+/// Resolves a host name (IP literals need no lookup); IPv4 results are preferred.
+fn resolve(variable: &str, value: &str, host: &str, port: u16) -> Result<SocketAddr> {
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => (host, port)
+            .to_socket_addrs()
+            .map_err(|e| invalid(variable, value, format!("host does not resolve: {e}")))?
+            .collect(),
+    };
+    let addr = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| invalid(variable, value, "host resolves to no address"))?;
+    connectable(variable, value, addr)
+}
+
+const SECRET_HINT: &str = "every rank must share one job secret (hex, >= 128 bits): e.g. \
+    `export DROPCOMPUTE_JOB_SECRET=$(openssl rand -hex 16)` then `mpirun -x DROPCOMPUTE_JOB_SECRET \
+    ...` (srun and torchrun pass the environment on)";
+
+impl Bootstrap {
+    /// [`Bootstrap::from_lookup`] with no explicit values, reading the process environment.
+    ///
+    /// # Errors
+    /// As [`Bootstrap::from_lookup`].
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(Explicit::default(), |k| std::env::var(k).ok())
+    }
+
+    /// Works out rank, world size, local rank and rendezvous from `explicit` and the variables
+    /// read through `lookup` (see the module doc for the order). Only resolving a rendezvous
+    /// host name touches the network.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for a non-numeric value, world size 0, rank >= world size,
+    /// local rank >= local world size (or >= world size), local world size > world size, a bad
+    /// `HOST:PORT` or `HCCL_COMM_ID`, an unspecified or unresolvable host, a bad secret, an
+    /// unknown `DROPCOMPUTE_LAUNCHER`, or `HABANA_VISIBLE_MODULES`/`HLS_MODULE_ID` malformed or
+    /// shorter than the local ranks; [`ConfigError::Missing`] for half-set values (a rank
+    /// without a world size, a multi-rank job without local rank, rendezvous address, or job
+    /// secret); [`ConfigError::Conflict`] when launchers disagree.
+    pub fn from_lookup(explicit: Explicit, lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let env = launchers(&lookup)?;
+        let from_explicit = explicit.rank.is_some() || explicit.world_size.is_some();
+        let launcher = match (&env, from_explicit) {
+            (_, true) => Launcher::Explicit,
+            (Some(s), false) => s.spec.launcher,
+            (None, false) => Launcher::Single,
+        };
+        let name = |field: &str, pick: fn(&Spec) -> &'static str| match (&env, from_explicit) {
+            (Some(s), false) => pick(s.spec).to_string(),
+            _ => format!("explicit {field}"),
+        };
+        let (rank_var, size_var) = (name("rank", |s| s.rank), name("world_size", |s| s.size));
+        let rank = explicit.rank.or(env.as_ref().map(|s| s.rank));
+        let size = explicit.world_size.or(env.as_ref().map(|s| s.size));
+        let (rank, world_size) = match (rank, size) {
+            (Some(r), Some(s)) => (r, s),
+            (None, None) => (0, 1),
+            (Some(r), None) => return Err(missing("explicit world_size", format!("explicit rank={r} is given"))),
+            (None, Some(s)) => return Err(missing("explicit rank", format!("explicit world_size={s} is given"))),
+        };
+        if world_size == 0 {
+            return Err(invalid(&size_var, "0", "world size must be at least 1"));
+        }
+        if rank >= world_size {
+            return Err(invalid(
+                &rank_var,
+                &rank.to_string(),
+                format!("must be below the world size {world_size} ({size_var})"),
+            ));
+        }
+
+        let env_local = env.as_ref().and_then(|s| s.local_rank.map(|r| (s.spec.local_rank.to_string(), r)));
+        let (local_var, local_rank) = match (explicit.local_rank, env_local) {
+            (Some(r), _) => ("explicit local_rank".to_string(), r),
+            (None, Some(found)) => found,
+            (None, None) if world_size == 1 => ("local rank".to_string(), 0),
+            (None, None) => {
+                let var = env.as_ref().map_or("explicit local_rank", |s| s.spec.local_rank);
+                return Err(missing(
+                    var,
+                    format!("{rank_var}={rank} of {size_var}={world_size}: the device is picked by local rank"),
+                ));
+            }
+        };
+        let local_world_size = match &env {
+            Some(s) if launcher == s.spec.launcher => s.local_size.map(|n| (s.spec.local_size.unwrap_or_default(), n)),
+            _ => None,
+        };
+        if let Some((var, n)) = local_world_size {
+            if n == 0 || n > world_size {
+                return Err(invalid(var, &n.to_string(), format!("must be in 1..={world_size} ({size_var})")));
+            }
+            if local_rank >= n {
+                return Err(invalid(
+                    &local_var,
+                    &local_rank.to_string(),
+                    format!("must be below the local world size {n} ({var})"),
+                ));
+            }
+        } else if local_rank >= world_size {
+            return Err(invalid(
+                &local_var,
+                &local_rank.to_string(),
+                format!("must be below the world size {world_size}"),
+            ));
+        }
+        check_modules(&lookup, local_rank, local_world_size.map(|(_, n)| n))?;
+
+        let rendezvous = rendezvous(&explicit, &lookup, launcher, world_size)?;
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size: local_world_size.map(|(_, n)| n),
+            launcher,
+            rendezvous,
+        })
+    }
+}
+
+/// The vendor's module-id rule must have an entry for this local rank (and for every local
+/// rank, when the local world size is known).
+fn check_modules(lookup: &impl Fn(&str) -> Option<String>, local_rank: u32, local_world: Option<u32>) -> Result<()> {
+    let last = local_world.map_or(local_rank, |n| n.saturating_sub(1).max(local_rank));
+    crate::synapse::module_id_from_env(last, lookup).map(|_| ()).map_err(|e| match e {
+        crate::synapse::Error::Config { variable, value, reason } => invalid(variable, &value, reason),
+        other => invalid("HABANA_VISIBLE_MODULES", "", other.to_string()),
+    })
+}
+
+fn rendezvous(
+    explicit: &Explicit,
+    lookup: &impl Fn(&str) -> Option<String>,
+    launcher: Launcher,
+    world_size: u32,
+) -> Result<Rendezvous> {
+    // Validate every variable that is set, used or not.
+    let comm_id = get(lookup, "HCCL_COMM_ID")
+        .map(|v| {
+            let addr = v.parse::<SocketAddr>().map_err(|_| invalid("HCCL_COMM_ID", &v, "expected IP:PORT"))?;
+            connectable("HCCL_COMM_ID", &v, addr)
+        })
+        .transpose()?;
+    let ours = get(lookup, "DROPCOMPUTE_RENDEZVOUS")
+        .map(|v| host_port("DROPCOMPUTE_RENDEZVOUS", &v).map(|hp| (v, hp)))
+        .transpose()?;
+    let master_addr = get(lookup, "MASTER_ADDR");
+    let master_port = get(lookup, "MASTER_PORT").map(|v| port_number("MASTER_PORT", &v, &v)).transpose()?;
+    let env_secret = get(lookup, "DROPCOMPUTE_JOB_SECRET")
+        .map(|v| {
+            JobSecret::from_hex(&v).map_err(|e| invalid("DROPCOMPUTE_JOB_SECRET", &v, format!("{e}; {SECRET_HINT}")))
+        })
+        .transpose()?;
+    if let Some(addr) = explicit.addr {
+        connectable("explicit addr", &addr.to_string(), addr)?;
+    }
+
+    if world_size == 1 {
+        return Ok(Rendezvous::None);
+    }
+    if let Some(addr) = comm_id {
+        return Ok(Rendezvous::HcclCommId(addr));
+    }
+    let addr = if let Some(addr) = explicit.addr {
+        addr
+    } else if let Some((v, (host, port))) = ours {
+        resolve("DROPCOMPUTE_RENDEZVOUS", &v, &host, port)?
+    } else if let Some(host) = master_addr {
+        let port =
+            master_port.ok_or_else(|| missing("MASTER_PORT", format!("MASTER_ADDR={host} is set but not its port")))?;
+        resolve("MASTER_ADDR", &host, &host, port)?
+    } else {
+        let how = match launcher {
+            Launcher::Slurm => {
+                "Slurm does not say where rank 0 runs: set it to the first host of SLURM_JOB_NODELIST \
+                 (`scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -1`) and a free port"
+            }
+            Launcher::OpenMpi => {
+                "mpirun does not say where rank 0 runs: set it to rank 0's host and a free port, \
+                 and pass it on with `mpirun -x DROPCOMPUTE_RENDEZVOUS`"
+            }
+            _ => "give rank 0's HOST:PORT (or MASTER_ADDR and MASTER_PORT, or HCCL_COMM_ID=IP:PORT)",
+        };
+        return Err(missing(
+            "DROPCOMPUTE_RENDEZVOUS",
+            format!("a job of {world_size} ranks needs rank 0's address; {how}"),
+        ));
+    };
+    let secret = explicit.secret.clone().or(env_secret).ok_or_else(|| {
+        missing("DROPCOMPUTE_JOB_SECRET", format!("the TCP rendezvous at {addr} needs it; {SECRET_HINT}"))
+    })?;
+    Ok(Rendezvous::Tcp { addr, secret })
+}

@@ -1,0 +1,234 @@
+//! Table tests for `Bootstrap::from_lookup`: every launcher, and every bad environment naming
+//! the variable and the value.
+
+use std::net::SocketAddr;
+
+use dropcompute::hccl::bootstrap::{Bootstrap, ConfigError, Explicit, Launcher, Rendezvous};
+use dropcompute::hccl::rendezvous::JobSecret;
+
+type Vars<'a> = &'a [(&'a str, &'a str)];
+/// (env, variable named, text the error must contain)
+type BadRow<'a> = (Vec<(&'a str, &'a str)>, &'a str, &'a str);
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+fn run(explicit: Explicit, vars: Vars) -> Result<Bootstrap, ConfigError> {
+    Bootstrap::from_lookup(explicit, |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn tcp(addr: &str) -> Rendezvous {
+    Rendezvous::Tcp { addr: sa(addr), secret: JobSecret::from_hex(SECRET).unwrap() }
+}
+
+#[test]
+fn good_environments() {
+    let torchrun: Vars = &[
+        ("RANK", "3"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("DROPCOMPUTE_JOB_SECRET", SECRET),
+    ];
+    let mpi: Vars = &[
+        ("OMPI_COMM_WORLD_RANK", "5"),
+        ("OMPI_COMM_WORLD_SIZE", "8"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ("DROPCOMPUTE_RENDEZVOUS", "10.1.2.3:4000"),
+        ("DROPCOMPUTE_JOB_SECRET", SECRET),
+        ("HABANA_VISIBLE_MODULES", "4,5,6,7"),
+    ];
+    let slurm: Vars = &[
+        ("SLURM_PROCID", "2"),
+        ("SLURM_NTASKS", "3"),
+        ("SLURM_LOCALID", "0"),
+        ("DROPCOMPUTE_RENDEZVOUS", "[::1]:4000"),
+        ("DROPCOMPUTE_JOB_SECRET", SECRET),
+    ];
+    let same_values: Vars = &[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("HCCL_COMM_ID", "10.0.0.1:9999"),
+    ];
+    // srun torchrun: the outer Slurm variables disagree; DROPCOMPUTE_LAUNCHER picks torchrun.
+    let nested: Vars = &[
+        ("DROPCOMPUTE_LAUNCHER", "torchrun"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_LOCALID", "0"),
+        ("RANK", "9"),
+        ("WORLD_SIZE", "16"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("DROPCOMPUTE_RENDEZVOUS", "127.0.0.2:7000"),
+        ("DROPCOMPUTE_JOB_SECRET", SECRET),
+    ];
+    let single_torchrun: Vars = &[("RANK", "0"), ("WORLD_SIZE", "1")];
+    let explicit_all = Explicit {
+        rank: Some(1),
+        world_size: Some(2),
+        local_rank: Some(0),
+        addr: Some(sa("127.0.0.1:5000")),
+        secret: Some(JobSecret::from_hex(SECRET).unwrap()),
+    };
+    let explicit_rank = Explicit { rank: Some(2), ..Explicit::default() };
+    // (explicit, env, rank, world size, local rank, local world size, launcher, rendezvous)
+    type Row<'a> = (Explicit, Vars<'a>, u32, u32, u32, Option<u32>, Launcher, Rendezvous);
+    let rows: Vec<Row> = vec![
+        (Explicit::default(), &[], 0, 1, 0, None, Launcher::Single, Rendezvous::None),
+        (Explicit::default(), torchrun, 3, 4, 1, Some(2), Launcher::Torchrun, tcp("127.0.0.1:29500")),
+        (Explicit::default(), mpi, 5, 8, 1, Some(4), Launcher::OpenMpi, tcp("10.1.2.3:4000")),
+        (Explicit::default(), slurm, 2, 3, 0, None, Launcher::Slurm, tcp("[::1]:4000")),
+        (
+            Explicit::default(),
+            same_values,
+            1,
+            2,
+            1,
+            None,
+            Launcher::Torchrun,
+            Rendezvous::HcclCommId(sa("10.0.0.1:9999")),
+        ),
+        (Explicit::default(), nested, 9, 16, 1, None, Launcher::Torchrun, tcp("127.0.0.2:7000")),
+        (Explicit::default(), single_torchrun, 0, 1, 0, None, Launcher::Torchrun, Rendezvous::None),
+        (explicit_all.clone(), &[], 1, 2, 0, None, Launcher::Explicit, tcp("127.0.0.1:5000")),
+        // Explicit values win over the environment; the environment fills the rest.
+        (explicit_all, torchrun, 1, 2, 0, None, Launcher::Explicit, tcp("127.0.0.1:5000")),
+        (explicit_rank, torchrun, 2, 4, 1, None, Launcher::Explicit, tcp("127.0.0.1:29500")),
+    ];
+    for (explicit, vars, rank, world_size, local_rank, local_world_size, launcher, rendezvous) in rows {
+        let want = Bootstrap { rank, world_size, local_rank, local_world_size, launcher, rendezvous };
+        assert_eq!(run(explicit, vars).unwrap(), want, "{vars:?}");
+    }
+}
+
+#[test]
+fn host_names_resolve() {
+    let vars: Vars = &[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "localhost"),
+        ("MASTER_PORT", "29500"),
+        ("DROPCOMPUTE_JOB_SECRET", SECRET),
+    ];
+    match run(Explicit::default(), vars).unwrap().rendezvous {
+        Rendezvous::Tcp { addr, .. } => assert!(addr.ip().is_loopback() && addr.port() == 29500, "{addr}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_environments_name_variable_and_value() {
+    let two: &[(&str, &str)] = &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")];
+    let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<(&str, &str)> = two.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    let master = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
+    let secret = ("DROPCOMPUTE_JOB_SECRET", SECRET);
+    let mpi2 =
+        [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "0"), secret];
+    let slurm2 = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0"), secret];
+    // (env, variable named, text the error must contain: the value or the hint)
+    let rows: Vec<BadRow> = vec![
+        (vec![("RANK", "x"), ("WORLD_SIZE", "2")], "RANK", "\"x\""),
+        (vec![("RANK", "0"), ("WORLD_SIZE", "-1")], "WORLD_SIZE", "\"-1\""),
+        (vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "one")], "LOCAL_RANK", "\"one\""),
+        (vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2.5")], "SLURM_NTASKS", "\"2.5\""),
+        (vec![("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "0")], "OMPI_COMM_WORLD_SIZE", "\"0\""),
+        (vec![("RANK", "4"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0")], "RANK", "\"4\""),
+        (with(&[("LOCAL_WORLD_SIZE", "1")]), "LOCAL_RANK", "\"1\""),
+        (with(&[("LOCAL_WORLD_SIZE", "0")]), "LOCAL_WORLD_SIZE", "\"0\""),
+        (with(&[("LOCAL_WORLD_SIZE", "3")]), "LOCAL_WORLD_SIZE", "\"3\""),
+        (vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "2")], "LOCAL_RANK", "\"2\""),
+        (vec![("RANK", "1")], "WORLD_SIZE", "RANK=1"),
+        (vec![("OMPI_COMM_WORLD_SIZE", "4")], "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE=4"),
+        (vec![("RANK", "1"), ("WORLD_SIZE", "2")], "LOCAL_RANK", "RANK=1"),
+        (with(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]), "RANK", "OMPI_COMM_WORLD_RANK=0"),
+        (with(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "3")]), "WORLD_SIZE", "SLURM_NTASKS=3"),
+        (
+            with(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "0")]),
+            "LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK=0",
+        ),
+        (with(&[("DROPCOMPUTE_LAUNCHER", "pbs")]), "DROPCOMPUTE_LAUNCHER", "\"pbs\""),
+        (with(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "abc"), secret]), "MASTER_PORT", "\"abc\""),
+        (with(&[("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "0"), secret]), "MASTER_PORT", "\"0\""),
+        (with(&[("MASTER_ADDR", "127.0.0.1"), secret]), "MASTER_PORT", "MASTER_ADDR=127.0.0.1"),
+        (with(&[("MASTER_ADDR", "0.0.0.0"), ("MASTER_PORT", "29500"), secret]), "MASTER_ADDR", "\"0.0.0.0\""),
+        (with(&[("DROPCOMPUTE_RENDEZVOUS", "node01"), secret]), "DROPCOMPUTE_RENDEZVOUS", "\"node01\""),
+        (with(&[("DROPCOMPUTE_RENDEZVOUS", "::1:4000"), secret]), "DROPCOMPUTE_RENDEZVOUS", "brackets"),
+        (with(&[("DROPCOMPUTE_RENDEZVOUS", ":4000"), secret]), "DROPCOMPUTE_RENDEZVOUS", "empty host"),
+        (with(&[("DROPCOMPUTE_RENDEZVOUS", "10.0.0.1:70000"), secret]), "DROPCOMPUTE_RENDEZVOUS", "\"10.0.0.1:70000\""),
+        (with(&[("DROPCOMPUTE_RENDEZVOUS", "0.0.0.0:4000"), secret]), "DROPCOMPUTE_RENDEZVOUS", "\"0.0.0.0:4000\""),
+        (with(&[("DROPCOMPUTE_RENDEZVOUS", "[::]:4000"), secret]), "DROPCOMPUTE_RENDEZVOUS", "unspecified"),
+        (with(&[("HCCL_COMM_ID", "node01:9999")]), "HCCL_COMM_ID", "\"node01:9999\""),
+        (with(&[("HCCL_COMM_ID", "10.0.0.1")]), "HCCL_COMM_ID", "\"10.0.0.1\""),
+        (with(&[("HCCL_COMM_ID", "10.0.0.1:0")]), "HCCL_COMM_ID", "port 0"),
+        (with(&master), "DROPCOMPUTE_JOB_SECRET", "openssl rand -hex 16"),
+        (
+            with(&[master[0], master[1], ("DROPCOMPUTE_JOB_SECRET", "not-hex-at-all-not-hex-at-all-xx")]),
+            "DROPCOMPUTE_JOB_SECRET",
+            "not-hex",
+        ),
+        (with(&[master[0], master[1], ("DROPCOMPUTE_JOB_SECRET", "abcd")]), "DROPCOMPUTE_JOB_SECRET", "16 bits"),
+        // A set but unused variable is still checked: a single rank with a bad secret.
+        (vec![("DROPCOMPUTE_JOB_SECRET", "abcd")], "DROPCOMPUTE_JOB_SECRET", "\"abcd\""),
+        (mpi2.to_vec(), "DROPCOMPUTE_RENDEZVOUS", "mpirun -x DROPCOMPUTE_RENDEZVOUS"),
+        (slurm2.to_vec(), "DROPCOMPUTE_RENDEZVOUS", "SLURM_JOB_NODELIST"),
+        (with(&[("HABANA_VISIBLE_MODULES", "3")]), "HABANA_VISIBLE_MODULES", "\"3\""),
+        (with(&[("HABANA_VISIBLE_MODULES", "a,b")]), "HABANA_VISIBLE_MODULES", "\"a,b\""),
+        (
+            vec![
+                ("RANK", "0"),
+                ("WORLD_SIZE", "4"),
+                ("LOCAL_RANK", "0"),
+                ("LOCAL_WORLD_SIZE", "4"),
+                ("HABANA_VISIBLE_MODULES", "0,1"),
+            ],
+            "HABANA_VISIBLE_MODULES",
+            "\"0,1\"",
+        ),
+        (vec![("HLS_MODULE_ID", "x")], "HLS_MODULE_ID", "\"x\""),
+    ];
+    for (vars, variable, text) in &rows {
+        let err = run(Explicit::default(), vars).expect_err(&format!("{vars:?} should fail"));
+        assert_eq!(err.variable(), *variable, "{vars:?}: {err}");
+        assert!(err.to_string().contains(text), "{vars:?}: {err} lacks {text}");
+    }
+}
+
+#[test]
+fn bad_explicit_values() {
+    let rows: Vec<(Explicit, &str, &str)> = vec![
+        (Explicit { rank: Some(1), ..Explicit::default() }, "explicit world_size", "rank=1"),
+        (Explicit { world_size: Some(2), ..Explicit::default() }, "explicit rank", "world_size=2"),
+        (Explicit { rank: Some(2), world_size: Some(2), ..Explicit::default() }, "explicit rank", "\"2\""),
+        (Explicit { rank: Some(0), world_size: Some(0), ..Explicit::default() }, "explicit world_size", "\"0\""),
+        (Explicit { rank: Some(1), world_size: Some(2), ..Explicit::default() }, "explicit local_rank", "rank=1"),
+        (
+            Explicit { rank: Some(1), world_size: Some(2), local_rank: Some(0), ..Explicit::default() },
+            "DROPCOMPUTE_RENDEZVOUS",
+            "2 ranks",
+        ),
+        (Explicit { addr: Some(sa("0.0.0.0:5000")), ..Explicit::default() }, "explicit addr", "\"0.0.0.0:5000\""),
+    ];
+    for (explicit, variable, text) in rows {
+        let err = run(explicit.clone(), &[]).expect_err(&format!("{explicit:?} should fail"));
+        assert_eq!(err.variable(), variable, "{explicit:?}: {err}");
+        assert!(err.to_string().contains(text), "{explicit:?}: {err} lacks {text}");
+    }
+}
