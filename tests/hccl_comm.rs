@@ -29,11 +29,7 @@ fn quick() -> CommOptions {
 }
 
 /// Runs `f(rank, comm, stream)` on `n` threads, each with its own device and communicator.
-fn with_ranks<R: Send>(
-    n: u32,
-    opts: CommOptions,
-    f: impl Fn(u32, &Comm, &Stream) -> R + Sync,
-) -> Vec<R> {
+fn with_ranks<R: Send>(n: u32, opts: CommOptions, f: impl Fn(u32, &Comm, &Stream) -> R + Sync) -> Vec<R> {
     let rt = runtime();
     let id = Comm::unique_id(rt).unwrap();
     std::thread::scope(|s| {
@@ -94,7 +90,8 @@ fn check_all_reduce<T: HcclType + PartialEq + std::fmt::Debug>(
                 ReduceOp::Min => vals.iter().cloned().fold(f64::INFINITY, f64::min),
                 ReduceOp::Max => vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
             };
-            let bound = if op == ReduceOp::Sum { tol * n as f64 * vals.iter().map(|v| v.abs()).sum::<f64>() } else { 0.0 };
+            let bound =
+                if op == ReduceOp::Sum { tol * n as f64 * vals.iter().map(|v| v.abs()).sum::<f64>() } else { 0.0 };
             assert!((from(*got) - want).abs() <= bound, "{op:?} n={n} element {i}: {} vs {want}", from(*got));
         }
     }
@@ -152,7 +149,10 @@ fn arguments_are_checked_before_any_call() {
     let a = DeviceBuffer::<f32>::alloc(&dev, 4).unwrap();
     let mut b = DeviceBuffer::<f32>::alloc(&dev, 5).unwrap();
     assert!(matches!(comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s), Err(HcclError::InvalidArgument { .. })));
-    assert!(matches!(comm.broadcast(&a, &mut b, 1, &s), Err(HcclError::InvalidArgument { what: "broadcast root", .. })));
+    assert!(matches!(
+        comm.broadcast(&a, &mut b, 1, &s),
+        Err(HcclError::InvalidArgument { what: "broadcast root", .. })
+    ));
     assert!(matches!(comm.all_gather(&a, &mut b, &s), Err(HcclError::InvalidArgument { .. })));
     assert_eq!(comm.last_seq(), 0, "rejected calls take no sequence number");
     comm.destroy().map_err(|b| b.0).unwrap();

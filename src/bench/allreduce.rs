@@ -76,7 +76,11 @@ impl AllreduceReport {
 impl std::fmt::Display for AllreduceReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "# all_reduce sum, {} ranks, {}", self.ranks, self.mode)?;
-        writeln!(f, "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}", "size(B)", "count", "type", "time(us)", "algbw", "busbw")?;
+        writeln!(
+            f,
+            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}",
+            "size(B)", "count", "type", "time(us)", "algbw", "busbw"
+        )?;
         writeln!(f, "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}", "", "(elements)", "", "", "(GB/s)", "(GB/s)")?;
         for r in &self.rows {
             writeln!(
@@ -89,7 +93,11 @@ impl std::fmt::Display for AllreduceReport {
     }
 }
 
-fn measure_typed<T: HcclType>(comm: &Comm, stream: &Stream, opts: &AllreduceOptions) -> Result<Vec<AllreduceRow>, HcclError> {
+fn measure_typed<T: HcclType>(
+    comm: &Comm,
+    stream: &Stream,
+    opts: &AllreduceOptions,
+) -> Result<Vec<AllreduceRow>, HcclError> {
     let n = comm.world_size() as f64;
     let dev = comm.device();
     let mut rows = Vec::new();

@@ -3,14 +3,18 @@
 
 use clap::{Args, Subcommand};
 
+use std::time::Duration;
+
 use dropcompute::bench::allreduce::{
-    AllreduceOptions, AllreduceReport, join_and_measure, run_threads, sizes_between,
+    AllreduceOptions, AllreduceReport, join_and_measure, measure_rank, run_threads, sizes_between,
 };
 use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
+use dropcompute::hccl::CommOptions;
+use dropcompute::hccl::bootstrap::Bootstrap;
 use dropcompute::hccl::{Comm, UniqueId};
 use dropcompute::mock::{MockConfig, MockControl};
-use dropcompute::synapse::{Backend, BackendChoice, Runtime};
 use dropcompute::sim::montecarlo::bench_simulator;
+use dropcompute::synapse::{Backend, BackendChoice, Device, Runtime, Stream};
 
 use super::CliError;
 
@@ -35,8 +39,10 @@ pub struct AllreduceArgs {
     /// World size.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub ranks: u32,
-    /// threads (one process, a device per thread) or processes (one process per rank, loopback).
-    #[arg(long, default_value = "threads", value_parser = ["threads", "processes"])]
+    /// threads (one process, a device per thread), processes (one CPU-mock process per rank on
+    /// loopback), or env (this process is one rank of a job started by mpirun, Slurm or torchrun;
+    /// rank 0 prints the table).
+    #[arg(long, default_value = "threads", value_parser = ["threads", "processes", "env"])]
     pub launch: String,
     /// Element type.
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
@@ -117,7 +123,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, CliError> {
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!("--id {s:?}: not an even-length hex string").into());
     }
     (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
@@ -146,6 +152,18 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
     let rt = Runtime::new(backend.api.clone())?;
     let report = match a.launch.as_str() {
         "threads" => run_threads(&rt, a.ranks, &opts)?,
+        "env" => {
+            let boot = Bootstrap::from_env()?;
+            let dev = Device::acquire_for_local_rank(&rt, boot.local_rank)?;
+            let stream = Stream::new(&dev)?;
+            let comm = dropcompute::hccl::join(&dev, &boot, Duration::from_secs(120), CommOptions::default())?;
+            let rows = measure_rank(&comm, &stream, &opts)?;
+            comm.destroy().map_err(|b| b.0)?;
+            if boot.rank != 0 {
+                return Ok(());
+            }
+            AllreduceReport { mode: format!("{:?}, one process per rank", boot.launcher), ranks: boot.world_size, rows }
+        }
         _ => {
             // The coordinator behind the unique id lives in this process, which waits for the
             // children; each child runs its own mock device.
@@ -155,7 +173,14 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
             let children: Vec<_> = (0..a.ranks)
                 .map(|rank| {
                     std::process::Command::new(&exe)
-                        .args(["bench", "allreduce-child", "--rank", &rank.to_string(), "--ranks", &a.ranks.to_string()])
+                        .args([
+                            "bench",
+                            "allreduce-child",
+                            "--rank",
+                            &rank.to_string(),
+                            "--ranks",
+                            &a.ranks.to_string(),
+                        ])
                         .args(["--id", &hex(&id.to_bytes()), "--opts", &opts_json])
                         .stdout(std::process::Stdio::piped())
                         .spawn()

@@ -308,10 +308,9 @@ impl Comm {
         {
             let guard = self.shared.raw.lock().unwrap_or_else(|p| p.into_inner());
             let Some(RawComm(c)) = *guard else {
-                return Err(self.error().unwrap_or(HcclError::InvalidArgument {
-                    what: "communicator",
-                    value: "already aborted".into(),
-                }));
+                return Err(self
+                    .error()
+                    .unwrap_or(HcclError::InvalidArgument { what: "communicator", value: "already aborted".into() }));
             };
             // SAFETY: live comm (in the slot, lock held); live stream (borrowed); every address
             // was checked by the caller to be a buffer of this device of the right length.
@@ -357,7 +356,12 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::all_reduce`].
-    pub fn all_reduce_in_place<T: HcclType>(&self, buf: &mut DeviceBuffer<T>, op: ReduceOp, stream: &Stream) -> Result<u64> {
+    pub fn all_reduce_in_place<T: HcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<u64> {
         self.check_device("buffer", buf.device())?;
         let call = Call::AllReduce { send: buf.addr(), recv: buf.addr(), count: buf.len(), op: op.raw() };
         self.issue::<T>(stream, "all_reduce", buf.len(), call)
@@ -388,7 +392,12 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::all_reduce`].
-    pub fn all_gather<T: HcclType>(&self, send: &DeviceBuffer<T>, recv: &mut DeviceBuffer<T>, stream: &Stream) -> Result<u64> {
+    pub fn all_gather<T: HcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<u64> {
         self.check_device("send buffer", send.device())?;
         self.check_device("recv buffer", recv.device())?;
         self.check_len("all_gather recv length", send.len() * self.world_size as usize, recv.len())?;
@@ -555,7 +564,11 @@ impl Drop for Comm {
             let _ = tx.send(());
         });
         if spawned.is_ok() && rx.recv_timeout(self.shared.opts.abort_deadline).is_err() {
-            tracing::error!(rank, "communicator destroy did not finish within {:?}; abandoning it", self.shared.opts.abort_deadline);
+            tracing::error!(
+                rank,
+                "communicator destroy did not finish within {:?}; abandoning it",
+                self.shared.opts.abort_deadline
+            );
         }
     }
 }

@@ -46,6 +46,9 @@ pub enum HcclError {
     /// A device-side failure of the Synapse layer (stream synchronization, event record).
     #[error(transparent)]
     Synapse(std::sync::Arc<crate::synapse::Error>),
+    /// Distributing the unique id failed (rendezvous timeout, refused secret, unreachable rank 0).
+    #[error(transparent)]
+    Bootstrap(std::sync::Arc<super::rendezvous::RendezvousError>),
     /// An argument rejected before any C call (buffer lengths, ranks, roots, id bytes).
     #[error("invalid argument {what}: {value}")]
     InvalidArgument {
