@@ -18,14 +18,24 @@ use super::{Dev, ok};
 /// Modules configured for the test process (thread-ranks take fresh ones).
 pub const MODULES: u32 = 1024;
 
-/// The in-process table, configured once (before any device is acquired in this process).
+/// The in-process table, configured once (before any device is acquired in this process):
+/// `$DROPCOMPUTE_MOCK_CONFIG` (if set) with [`MODULES`] modules.
 pub fn setup() -> SynapseApi {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        let cfg = MockConfig { devices: MODULES, ..MockConfig::default() };
+        let mut cfg = MockConfig::from_env().expect("valid DROPCOMPUTE_MOCK_CONFIG");
+        cfg.devices = MODULES;
         MockControl::in_process().configure(&cfg).expect("configure");
     });
     mock::api()
+}
+
+/// A 64-bit hash of `b` (to compare results across ranks).
+pub fn hash(b: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
 }
 
 /// A fresh module id.
