@@ -142,6 +142,12 @@ pub struct MockConfig {
     pub noise: Noise,
     /// Per-module overrides.
     pub per_device: Vec<DeviceOverride>,
+    /// Mock HCCL timeout in ms (default 30 000): the longest `hcclCommInitRank` waits for all
+    /// ranks, and the longest a collective waits for any expected message from a peer.
+    /// `$DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS` overrides it when set. 1..=3 600 000.
+    pub hccl_timeout_ms: u64,
+    /// Link bandwidth (GB/s) of the mock HCCL's virtual-time cost model (default 25).
+    pub hccl_bandwidth_gbps: f64,
 }
 
 impl Default for MockConfig {
@@ -155,6 +161,8 @@ impl Default for MockConfig {
             copy_bandwidth_gbps: 25.0,
             noise: Noise::None,
             per_device: Vec::new(),
+            hccl_timeout_ms: 30_000,
+            hccl_bandwidth_gbps: 25.0,
         }
     }
 }
@@ -230,6 +238,12 @@ impl MockConfig {
         if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
             return Err(bad("config", format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps)));
         }
+        if !(1..=3_600_000).contains(&self.hccl_timeout_ms) {
+            return Err(bad("config", format!("hccl_timeout_ms = {} (must be 1..=3600000)", self.hccl_timeout_ms)));
+        }
+        if !(self.hccl_bandwidth_gbps.is_finite() && self.hccl_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
+            return Err(bad("config", format!("hccl_bandwidth_gbps = {}", self.hccl_bandwidth_gbps)));
+        }
         self.noise.validate()?;
         for o in &self.per_device {
             if o.module_id >= self.devices {
@@ -257,7 +271,8 @@ impl MockConfig {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Fault {
     /// The next `times` calls (default 1) of the C function `function` (C name, e.g.
-    /// "synMemCopyAsync") return `status` without doing anything. Applies to `syn*` functions.
+    /// "synMemCopyAsync") return `status` without doing anything. Applies to `syn*` functions
+    /// and to `hccl*` functions (then `status` is an `hcclResult_t` code).
     FailNextCall {
         /// C symbol name.
         function: String,
@@ -284,6 +299,23 @@ pub enum Fault {
     },
     /// Removes every pending fault and releases every stall.
     ClearAll,
+    /// The next collective executed in this process by rank `rank` of a mock HCCL
+    /// communicator dies after sending its first data message: it closes its links (peers see
+    /// it gone: hcclSocketError) and its own operation fails (hcclInternalError); with
+    /// `abort_process` the whole process calls `std::process::abort()` instead (a killed peer).
+    HcclKillRank {
+        /// Communicator rank that dies.
+        rank: u32,
+        /// Abort the process instead of closing the links.
+        #[serde(default)]
+        abort_process: bool,
+    },
+    /// Sets `code` (an `hcclResult_t`) as the asynchronous error of every mock HCCL
+    /// communicator of this process (their next or running operation fails with it).
+    HcclAsyncError {
+        /// Raw `hcclResult_t` code.
+        code: i32,
+    },
 }
 
 fn one_u32() -> u32 {

@@ -105,6 +105,12 @@ pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
                 r.faults.clear();
                 ARMED_FAULTS.fetch_sub(n as usize, Ordering::AcqRel);
                 stalls().clear();
+                super::hccl::disarm_kill();
+            }
+            Fault::HcclKillRank { rank, abort_process } => super::hccl::arm_kill(rank, abort_process),
+            Fault::HcclAsyncError { code } => {
+                drop(r);
+                super::hccl::inject_async_error(code);
             }
         }
         Ok(())

@@ -1,4 +1,4 @@
-//! The CPU mock device: the SynapseAI (and, later, HCCL) C API implemented in Rust on the CPU,
+//! The CPU mock device: the SynapseAI and HCCL C API implemented in Rust on the CPU,
 //! filling the same function table as `libSynapse.so` ([`api`]), and also built as a shared
 //! library by the `mock-synapse` crate (located by [`shared_library_path`]).
 //!
@@ -11,7 +11,8 @@
 //! double free and use-after-free are detected (synInvalidArgument); copies only touch host
 //! memory inside synHostMalloc'd or synHostMap'ed ranges; each stream runs its work in order on
 //! a worker thread; events carry device timestamps in ns ([`TimeMode`]). Asynchronous errors
-//! (a kernel returning non-success) are sticky per stream: see `stream.rs`.
+//! (a kernel returning non-success, a failed collective) are sticky per stream: see `stream.rs`.
+//! Collectives: see `hccl/mod.rs` for the C-ABI behaviour.
 //!
 //! The state is process-global. Tests sharing one process must use distinct module ids and
 //! must not call synDestroy or [`MockControl::configure`] while other tests hold devices.

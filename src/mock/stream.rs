@@ -56,10 +56,46 @@ pub(crate) struct KernelOp {
 /// One queued stream operation.
 #[derive(Debug)]
 pub(crate) enum Op {
-    Copy { pieces: Vec<CopyPiece>, latency_ns: u64 },
+    Copy {
+        pieces: Vec<CopyPiece>,
+        latency_ns: u64,
+    },
     Kernel(KernelOp),
-    Record { event: Arc<Event>, generation: u64 },
-    Wait { event: Arc<Event>, generation: u64 },
+    Record {
+        event: Arc<Event>,
+        generation: u64,
+    },
+    Wait {
+        event: Arc<Event>,
+        generation: u64,
+    },
+    /// Host-side work ordered with the stream (the mock's collectives).
+    Host(HostOp),
+}
+
+/// What a [`HostOp`] sees when the worker runs it.
+pub(crate) struct HostCtx<'a> {
+    /// Start of the operation on this stream's timeline (ns).
+    pub start_ns: u64,
+    /// True in virtual time mode (the returned duration is added to the clock).
+    pub virtual_time: bool,
+    /// Set when the stream is torn down: blocking work must give up.
+    pub abort: &'a AtomicBool,
+}
+
+/// Host work run by the stream worker in order with the other operations. Returns its
+/// modelled duration in ns (virtual time; ignored in real time, where wall time counts) or an
+/// asynchronous error for the stream. It runs even when the stream already has a sticky error
+/// (so peers of a collective are not left waiting) and must itself honour `abort`.
+pub(crate) type HostFn = Box<dyn FnOnce(&HostCtx<'_>) -> Result<u64, (synStatus, String)> + Send>;
+
+/// A boxed [`HostFn`].
+pub(crate) struct HostOp(pub HostFn);
+
+impl std::fmt::Debug for HostOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostOp")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -282,6 +318,22 @@ impl Worker {
                 let ts = if self.aborted() { None } else { event.wait_for(generation) };
                 let t = self.start(ts.unwrap_or(0));
                 self.shared.lock().clock_ns = t;
+            }
+            Op::Host(h) => {
+                let start = self.start(0);
+                let ctx = HostCtx {
+                    start_ns: start,
+                    virtual_time: self.mode == TimeMode::Virtual,
+                    abort: &self.shared.abort,
+                };
+                let latency = match (h.0)(&ctx) {
+                    Ok(ns) => ns,
+                    Err((status, msg)) => {
+                        self.set_error(status, msg);
+                        0
+                    }
+                };
+                self.finish(start, latency);
             }
         }
     }

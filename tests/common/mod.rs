@@ -4,6 +4,7 @@
 //! some scenarios reconfigure it.
 #![allow(dead_code)]
 
+pub mod hccl;
 pub mod scenarios;
 
 use std::ffi::{CStr, CString, c_void};
@@ -188,7 +189,7 @@ macro_rules! conformance_suite {
             event_semantics, stream_ordering_and_launch, launch_errors, cross_stream_wait,
             stall_makes_stream_busy, kernel_error_is_sticky, fault_fails_next_call_once,
             virtual_mode_is_deterministic, latency_script_sets_elapsed_time, recipe_queries,
-            status_strings_and_hccl_stubs);
+            status_strings_and_hccl_entry_points);
     };
     (@tests $api:expr, $ctl:expr; $($name:ident),*) => {
         $(

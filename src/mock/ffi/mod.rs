@@ -1,6 +1,6 @@
 //! The mock's `extern "C"` entry points, one per `syn*` function of the table, named like the
 //! table fields (`syn_initialize` for `synInitialize`, ...). The `hccl*` entries live in
-//! `hccl.rs` and are re-exported here, so `ffi::<field>` exists for every table field.
+//! `hccl/` and are re-exported here, so `ffi::<field>` exists for every table field.
 //!
 //! Owns: pointer checks and conversions at the C boundary, fault injection, the last error.
 //! Every body runs inside `catch_unwind` (a panic becomes synFail, never an unwind across C).

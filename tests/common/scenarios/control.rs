@@ -170,7 +170,7 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
     assert_eq!(dt, vec![1234, 5678, 300, 1000]);
 }
 
-pub fn status_strings_and_hccl_stubs(api: &SynapseApi, _c: &MockControl) {
+pub fn status_strings_and_hccl_entry_points(api: &SynapseApi, _c: &MockControl) {
     unsafe {
         let mut buf = [0i8; 64];
         ok(api, (api.syn_status_get_brief_description)(synStatus::DEVICE_ALREADY_ACQUIRED, buf.as_mut_ptr(), 64));
@@ -181,10 +181,14 @@ pub fn status_strings_and_hccl_stubs(api: &SynapseApi, _c: &MockControl) {
         let mut v = 0;
         assert_eq!((api.hccl_get_version)(&mut v), hcclResult_t::SUCCESS);
         assert_eq!(v, HCCL_VERSION_CODE);
-        let mut id = hcclUniqueId::default();
-        assert_eq!((api.hccl_get_unique_id)(&mut id), hcclResult_t::UNSUPPORTED);
+        let mut comm: hcclComm_t = std::ptr::null_mut();
+        assert_eq!((api.hccl_comm_init_all)(&mut comm, 2, std::ptr::null()), hcclResult_t::INVALID_USAGE);
         let msg = CStr::from_ptr((api.hccl_get_last_error_message.unwrap())()).to_str().unwrap();
-        assert!(msg.contains("not implemented"));
+        assert!(msg.contains("hcclCommInitAll") && msg.contains("not implemented"), "{msg}");
+        let mut id = hcclUniqueId::default();
+        assert_eq!((api.hccl_get_unique_id)(&mut id), hcclResult_t::SUCCESS);
+        assert_eq!(&id.internal[..8], b"DCMOCKID");
+        assert!(id.length > 30 && id.length < 64, "{}", id.length);
         let s = CStr::from_ptr((api.hccl_get_error_string)(hcclResult_t::UNSUPPORTED)).to_str().unwrap();
         assert!(s.contains("unsupported"));
         let e = CStr::from_ptr((api.syn_get_error_string.unwrap())(synStatus::INVALID_EVENT_HANDLE)).to_str().unwrap();

@@ -1,0 +1,398 @@
+//! Collective algorithms of the mock over host copies of the buffers: the lockstep header
+//! exchange, ring reduce-scatter and all-gather (chunked, pipelined across ranks), ring
+//! pipeline broadcast, reduce (reduce-scatter + gather to root), all-to-all and barrier, and
+//! the virtual-time cost model.
+//!
+//! Owns: the order in which elements are combined. Every element is reduced along one chain of
+//! ranks only (ring reduce-scatter), rounded once by the rank that owns it, then copied to every
+//! other rank (all-gather), so results are bitwise identical on all ranks. Must not touch:
+//! device memory (the caller copies in and out) or communicator lifetime.
+
+use std::sync::Mutex;
+
+use habana_sys::hcclResult_t;
+
+use super::HErr;
+use super::comm::{Comm, OpCtx};
+use super::reduce::{Dtype, RedOp, reduce_into};
+use super::transport::{Kind, Rx};
+
+/// Bytes per pipelined chunk on the ring.
+pub(crate) const CHUNK_BYTES: usize = 1 << 20;
+/// Fixed cost per collective in the virtual-time model, ns (order of a Gaudi2 HCCL launch).
+pub(crate) const ALPHA_NS: f64 = 5_000.0;
+
+/// Which collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum CollKind {
+    AllReduce = 1,
+    ReduceScatter = 2,
+    AllGather = 3,
+    Broadcast = 4,
+    Reduce = 5,
+    AllToAll = 6,
+    Barrier = 7,
+}
+
+impl CollKind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::AllReduce => "hcclAllReduce",
+            Self::ReduceScatter => "hcclReduceScatter",
+            Self::AllGather => "hcclAllGather",
+            Self::Broadcast => "hcclBroadcast",
+            Self::Reduce => "hcclReduce",
+            Self::AllToAll => "hcclAlltoAll",
+            Self::Barrier => "hcclBarrier",
+        }
+    }
+
+    /// (input elements, output elements) for `count` on `n` ranks.
+    pub(crate) fn sizes(self, count: u64, n: u64) -> (u64, u64) {
+        match self {
+            Self::ReduceScatter => (count.saturating_mul(n), count),
+            Self::AllGather => (count, count.saturating_mul(n)),
+            Self::Barrier => (0, 0),
+            _ => (count, count),
+        }
+    }
+}
+
+/// One collective as issued (validated at enqueue).
+#[derive(Clone, Debug)]
+pub(crate) struct Coll {
+    pub kind: CollKind,
+    pub dtype: Dtype,
+    pub dtype_code: i32,
+    pub op: RedOp,
+    pub op_code: i32,
+    pub count: u64,
+    pub root: u32,
+    pub seq: u64,
+}
+
+fn header_bytes(c: &Coll, start_ns: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(40);
+    b.extend_from_slice(&c.seq.to_le_bytes());
+    b.extend_from_slice(&(c.kind as u8 as u64).to_le_bytes());
+    b.extend_from_slice(&(c.dtype_code as i64).to_le_bytes());
+    b.extend_from_slice(&c.count.to_le_bytes());
+    b.extend_from_slice(&(c.root as i64).to_le_bytes());
+    b.extend_from_slice(&(c.op_code as i64).to_le_bytes());
+    b.extend_from_slice(&start_ns.to_le_bytes());
+    b
+}
+
+const FIELDS: [&str; 6] = ["seq", "op", "datatype", "count", "root", "reduceOp"];
+
+fn field(h: &[u8], i: usize) -> u64 {
+    h.get(i * 8..i * 8 + 8).map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().expect("8")))
+}
+
+fn show(i: usize, v: u64) -> String {
+    match i {
+        1 => [
+            "?",
+            "hcclAllReduce",
+            "hcclReduceScatter",
+            "hcclAllGather",
+            "hcclBroadcast",
+            "hcclReduce",
+            "hcclAlltoAll",
+            "hcclBarrier",
+        ]
+        .get(v as usize)
+        .map_or(v.to_string(), |s| s.to_string()),
+        2 | 4 | 5 => (v as i64).to_string(),
+        _ => v.to_string(),
+    }
+}
+
+/// Rank `kill` armed by the `HcclKillRank` fault: (rank, abort the process).
+pub(crate) static KILL: Mutex<Option<(u32, bool)>> = Mutex::new(None);
+
+/// Runs collective `c` on this rank: header exchange, then data. `input` holds the send buffer
+/// (device dtype bytes; empty when unused), `output` the receive buffer's current contents
+/// (updated in place; left untouched where the op does not write). Returns the latest start
+/// time over all ranks (virtual time) from the headers.
+pub(crate) fn run(
+    comm: &Comm,
+    rx: &mut Rx,
+    ctx: &OpCtx<'_>,
+    c: &Coll,
+    start_ns: u64,
+    input: &[u8],
+    output: &mut Vec<u8>,
+) -> Result<u64, HErr> {
+    let (n, r) = (comm.n, comm.rank);
+    let kill = {
+        let mut k = KILL.lock().unwrap_or_else(|e| e.into_inner());
+        match *k {
+            Some((rank, abort)) if rank == r => {
+                *k = None;
+                Some(abort)
+            }
+            _ => None,
+        }
+    };
+    comm.check(rx, ctx)?;
+    let mine = header_bytes(c, start_ns);
+    let mut max_start = start_ns;
+    if n > 1 {
+        for p in (0..n).filter(|&p| p != r) {
+            comm.send(rx, ctx, p, Kind::Header, c.seq, mine.clone())?;
+        }
+        let mut all: Vec<Vec<u8>> = Vec::with_capacity(n as usize);
+        for p in 0..n {
+            all.push(if p == r { mine.clone() } else { comm.recv(rx, ctx, p, Kind::Header, c.seq)? });
+        }
+        for (i, name) in FIELDS.iter().enumerate() {
+            if let Some(b) = (1..n as usize).find(|&b| field(&all[b], i) != field(&all[0], i)) {
+                let msg = format!(
+                    "lockstep mismatch: rank 0 has {name}={}, rank {b} has {name}={}",
+                    show(i, field(&all[0], i)),
+                    show(i, field(&all[b], i))
+                );
+                return Err(comm.fail(ctx, hcclResult_t::INVALID_USAGE, msg));
+            }
+        }
+        max_start = all.iter().map(|h| field(h, 6)).max().unwrap_or(start_ns);
+    }
+    let ring = Ring { comm, ctx, seq: c.seq, kill };
+    ring.data(rx, c, input, output)?;
+    Ok(max_start)
+}
+
+struct Ring<'a, 'b> {
+    comm: &'a Comm,
+    ctx: &'a OpCtx<'b>,
+    seq: u64,
+    kill: Option<bool>,
+}
+
+/// Element range of segment `s` of `count` split into `n` nearly equal parts.
+fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
+    let at = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
+    at(s)..at(s + 1)
+}
+
+fn modn(v: i64, n: u32) -> usize {
+    v.rem_euclid(n as i64) as usize
+}
+
+impl Ring<'_, '_> {
+    fn next(&self) -> u32 {
+        (self.comm.rank + 1) % self.comm.n
+    }
+    fn prev(&self) -> u32 {
+        (self.comm.rank + self.comm.n - 1) % self.comm.n
+    }
+
+    fn send(&self, rx: &mut Rx, to: u32, bytes: Vec<u8>) -> Result<(), HErr> {
+        self.comm.send(rx, self.ctx, to, Kind::Data, self.seq, bytes)?;
+        if let Some(abort) = self.kill {
+            if abort {
+                std::process::abort();
+            }
+            self.comm.close("was killed by fault injection (HcclKillRank)");
+            let msg = format!("rank {}: {}: killed by fault injection", self.comm.rank, self.ctx.what());
+            self.comm.set_error(hcclResult_t::INTERNAL_ERROR, &msg);
+            return Err(HErr::new(hcclResult_t::INTERNAL_ERROR, msg));
+        }
+        Ok(())
+    }
+
+    fn recv(&self, rx: &mut Rx, from: u32, len: usize) -> Result<Vec<u8>, HErr> {
+        let b = self.comm.recv(rx, self.ctx, from, Kind::Data, self.seq)?;
+        if b.len() != len {
+            let msg = format!("lockstep mismatch: {} bytes from rank {from}, expected {len}", b.len());
+            return Err(self.comm.fail(self.ctx, hcclResult_t::INVALID_USAGE, msg));
+        }
+        Ok(b)
+    }
+
+    fn data(&self, rx: &mut Rx, c: &Coll, input: &[u8], output: &mut Vec<u8>) -> Result<(), HErr> {
+        let (n, r) = (self.comm.n as usize, self.comm.rank as usize);
+        let (dsz, asz) = (c.dtype.size(), c.dtype.acc_size());
+        let count = c.count as usize;
+        match c.kind {
+            CollKind::Barrier => Ok(()),
+            CollKind::AllReduce => {
+                let mut work = c.dtype.to_acc(input);
+                self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
+                let own = seg(count, n, modn(r as i64 + 1, self.comm.n));
+                let mut fin = Vec::with_capacity(own.len() * dsz);
+                c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+                output[own.start * dsz..own.end * dsz].copy_from_slice(&fin);
+                self.all_gather(rx, output, count, dsz, 1)
+            }
+            CollKind::ReduceScatter => {
+                let mut work = c.dtype.to_acc(input);
+                self.reduce_scatter(rx, &mut work, count * n, asz, c, -1)?;
+                let own = seg(count * n, n, r);
+                output.clear();
+                c.dtype.round_acc(&work[own.start * asz..own.end * asz], output);
+                Ok(())
+            }
+            CollKind::AllGather => {
+                output[r * count * dsz..(r + 1) * count * dsz].copy_from_slice(input);
+                self.all_gather(rx, output, count * n, dsz, 0)
+            }
+            CollKind::Broadcast => self.broadcast(rx, c.root, input, output),
+            CollKind::Reduce => {
+                let mut work = c.dtype.to_acc(input);
+                self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
+                let own = seg(count, n, modn(r as i64 + 1, self.comm.n));
+                let mut fin = Vec::with_capacity(own.len() * dsz);
+                c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+                if r as u32 == c.root {
+                    output[own.start * dsz..own.end * dsz].copy_from_slice(&fin);
+                    for p in (0..n).filter(|&p| p != r) {
+                        let s = seg(count, n, (p + 1) % n);
+                        let b = self.recv(rx, p as u32, s.len() * dsz)?;
+                        output[s.start * dsz..s.end * dsz].copy_from_slice(&b);
+                    }
+                } else {
+                    self.send(rx, c.root, fin)?;
+                }
+                Ok(())
+            }
+            CollKind::AllToAll => {
+                let b = count / n * dsz;
+                for p in (0..n).filter(|&p| p != r) {
+                    self.send(rx, p as u32, input[p * b..(p + 1) * b].to_vec())?;
+                }
+                output[r * b..(r + 1) * b].copy_from_slice(&input[r * b..(r + 1) * b]);
+                for p in (0..n).filter(|&p| p != r) {
+                    let d = self.recv(rx, p as u32, b)?;
+                    output[p * b..(p + 1) * b].copy_from_slice(&d);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Ring reduce-scatter of `work` (`count` accumulation elements of `asz` bytes): at step k
+    /// rank r sends segment r+o-k and reduces segment r+o-k-1 received from its predecessor;
+    /// afterwards rank r holds segment r+o+1 fully reduced.
+    fn reduce_scatter(
+        &self,
+        rx: &mut Rx,
+        work: &mut [u8],
+        count: usize,
+        asz: usize,
+        c: &Coll,
+        o: i64,
+    ) -> Result<(), HErr> {
+        let (n, r) = (self.comm.n, self.comm.rank as i64);
+        let per = (CHUNK_BYTES / asz).max(1);
+        for k in 0..n as i64 - 1 {
+            let s = seg(count, n as usize, modn(r + o - k, n));
+            let d = seg(count, n as usize, modn(r + o - k - 1, n));
+            let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            for i in 0..cs.max(cd) {
+                if i < cs {
+                    let a = s.start + i * per;
+                    let b = (a + per).min(s.end);
+                    self.send(rx, self.next(), work[a * asz..b * asz].to_vec())?;
+                }
+                if i < cd {
+                    let a = d.start + i * per;
+                    let b = (a + per).min(d.end);
+                    let inc = self.recv(rx, self.prev(), (b - a) * asz)?;
+                    reduce_into(c.dtype, c.op, &mut work[a * asz..b * asz], &inc);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ring all-gather of `out` (`count` elements of `esz` bytes) where rank r initially holds
+    /// segment r+o: at step k it sends segment r+o-k and stores segment r+o-k-1.
+    fn all_gather(&self, rx: &mut Rx, out: &mut [u8], count: usize, esz: usize, o: i64) -> Result<(), HErr> {
+        let (n, r) = (self.comm.n, self.comm.rank as i64);
+        let per = (CHUNK_BYTES / esz).max(1);
+        for k in 0..n as i64 - 1 {
+            let s = seg(count, n as usize, modn(r + o - k, n));
+            let d = seg(count, n as usize, modn(r + o - k - 1, n));
+            let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            for i in 0..cs.max(cd) {
+                if i < cs {
+                    let a = s.start + i * per;
+                    let b = (a + per).min(s.end);
+                    self.send(rx, self.next(), out[a * esz..b * esz].to_vec())?;
+                }
+                if i < cd {
+                    let a = d.start + i * per;
+                    let b = (a + per).min(d.end);
+                    let inc = self.recv(rx, self.prev(), (b - a) * esz)?;
+                    out[a * esz..b * esz].copy_from_slice(&inc);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pipeline along the ring starting at `root`: each rank forwards chunks to its successor
+    /// as they arrive (the last rank before the root does not forward).
+    fn broadcast(&self, rx: &mut Rx, root: u32, input: &[u8], out: &mut [u8]) -> Result<(), HErr> {
+        let n = self.comm.n;
+        let pos = (self.comm.rank + n - root) % n;
+        if pos == 0 {
+            out.copy_from_slice(input);
+        }
+        if n == 1 {
+            return Ok(());
+        }
+        for a in (0..out.len()).step_by(CHUNK_BYTES) {
+            let b = (a + CHUNK_BYTES).min(out.len());
+            if pos != 0 {
+                let inc = self.recv(rx, self.prev(), b - a)?;
+                out[a..b].copy_from_slice(&inc);
+            }
+            if pos != n - 1 {
+                self.send(rx, self.next(), out[a..b].to_vec())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Modelled duration of `c` on `n` ranks in virtual time, ns: [`ALPHA_NS`] + bytes · factor /
+/// bandwidth, factor 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter, all-gather and
+/// all-to-all (bytes = the larger buffer), 1 for broadcast and reduce, 0 for barrier
+/// (bus-bandwidth conventions of nccl-tests).
+pub(crate) fn cost_ns(c: &Coll, n: u32, bandwidth_gbps: f64) -> u64 {
+    let (i, o) = c.kind.sizes(c.count, n as u64);
+    let bytes = (i.max(o) as f64) * c.dtype.size() as f64;
+    let nf = n as f64;
+    let factor = match c.kind {
+        CollKind::AllReduce => 2.0 * (nf - 1.0) / nf,
+        CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll => (nf - 1.0) / nf,
+        CollKind::Broadcast | CollKind::Reduce => 1.0,
+        CollKind::Barrier => 0.0,
+    };
+    (ALPHA_NS + bytes * factor / bandwidth_gbps).round() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_partition_the_range() {
+        for count in [0usize, 1, 7, 8, 1000] {
+            for n in 1..9 {
+                let mut next = 0;
+                for s in 0..n {
+                    let r = seg(count, n, s);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() <= count / n + 1);
+                    next = r.end;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+}
