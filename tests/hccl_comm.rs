@@ -185,3 +185,59 @@ fn a_rank_that_skips_a_collective_trips_the_watchdog_on_every_rank_with_the_flig
     assert!(dump0.contains("seq=2 op=all_reduce"), "{dump0}");
     assert!(t0.elapsed() < Duration::from_secs(15), "fault containment took {:?}", t0.elapsed());
 }
+
+#[test]
+fn a_peer_that_dies_mid_collective_is_reported_on_every_survivor() {
+    let _g = serial();
+    MockControl::in_process().inject_fault(&Fault::HcclKillRank { rank: 2, abort_process: false }).unwrap();
+    let t0 = Instant::now();
+    let errs = with_ranks(3, quick(), |_, comm, s| {
+        let mut buf = upload(s, &vec![1.0f32; 1 << 16]);
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
+        let e = comm.synchronize(s).err();
+        // Once failed, every later call returns the recorded error without touching the library.
+        let again = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).err();
+        (e, again)
+    });
+    for (rank, (e, again)) in errs.iter().enumerate() {
+        match e {
+            Some(HcclError::Peer { code, reason, rank: blamed }) => {
+                assert!(!code.is_success());
+                assert!(!reason.is_empty());
+                if rank != 2 {
+                    assert!(blamed.is_none_or(|b| b == 2), "rank {rank} blames {blamed:?}: {reason}");
+                }
+            }
+            other => panic!("rank {rank}: expected a Peer error, got {other:?}"),
+        }
+        assert_eq!(again.as_ref().map(|e| e.to_string()), e.as_ref().map(|e| e.to_string()));
+    }
+    assert!(t0.elapsed() < Duration::from_secs(15), "took {:?}", t0.elapsed());
+}
+
+#[test]
+fn an_asynchronous_error_mid_step_fails_the_communicator_with_its_code() {
+    let _g = serial();
+    let errs = with_ranks(2, quick(), |rank, comm, s| {
+        let mut buf = upload(s, &[1.0f32; 32]);
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
+        comm.synchronize(s).unwrap();
+        if rank == 0 {
+            MockControl::in_process()
+                .inject_fault(&Fault::HcclAsyncError { code: habana_sys::hcclResult_t::PORT_DOWN.0 })
+                .unwrap();
+        }
+        let _ = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while comm.error().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        comm.error()
+    });
+    assert!(
+        errs.iter()
+            .any(|e| matches!(e, Some(HcclError::Peer { code, .. }) if *code == habana_sys::hcclResult_t::PORT_DOWN)),
+        "{errs:?}"
+    );
+    assert!(errs.iter().all(|e| e.is_some()), "every rank must fail: {errs:?}");
+}

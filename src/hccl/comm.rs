@@ -124,10 +124,11 @@ enum WatchMsg {
     Stop,
 }
 
-/// The first "rank N" in a library message, if any.
+/// The peer a library message blames ("... peer rank N ..."), if it names one. The real library
+/// gives no structured peer; the mock's messages follow this form.
 fn rank_in(msg: &str) -> Option<u32> {
-    let i = msg.find("rank ")?;
-    let digits: String = msg[i + 5..].chars().take_while(char::is_ascii_digit).collect();
+    let i = msg.find("peer rank ")?;
+    let digits: String = msg[i + 10..].chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
 }
 
