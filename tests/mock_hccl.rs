@@ -338,3 +338,37 @@ fn abort_of_one_rank_mid_collective_releases_everyone() {
         assert!(msg.contains("rank 0") && msg.contains("aborted"), "{msg}");
     }
 }
+
+/// Two ranks join one id with `(nranks, rank)` each; returns their results and messages.
+fn init_pair(a: (i32, i32), b: (i32, i32)) -> Vec<(hcclResult_t, String)> {
+    let api = setup();
+    let id = unique_id(&api);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = [a, b]
+            .into_iter()
+            .map(|(n, r)| {
+                let api = &api;
+                s.spawn(move || {
+                    let mut c = std::ptr::null_mut();
+                    // SAFETY: valid out-pointer; id by value.
+                    let res = unsafe { (api.hccl_comm_init_rank)(&mut c, n, id, r) };
+                    (res, hccl_msg(api))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn init_rejects_nranks_disagreement_and_duplicate_ranks_on_every_rank() {
+    for (res, msg) in init_pair((2, 0), (3, 1)) {
+        assert_eq!(res, hcclResult_t::INVALID_USAGE, "{msg}");
+        assert!(msg.contains("nranks disagreement"), "{msg}");
+    }
+    let res = init_pair((2, 0), (2, 0));
+    for (res, msg) in &res {
+        assert_eq!(*res, hcclResult_t::INVALID_USAGE, "{msg}");
+    }
+    assert!(res.iter().any(|(_, m)| m.contains("duplicate rank")), "{res:?}");
+}

@@ -113,8 +113,9 @@ fn show(i: usize, v: u64) -> String {
 pub(crate) static KILL: Mutex<Option<(u32, bool)>> = Mutex::new(None);
 
 /// Runs collective `c` on this rank: header exchange, then data. `input` holds the send buffer
-/// (device dtype bytes; empty when unused), `output` the receive buffer's current contents
-/// (updated in place; left untouched where the op does not write). Returns the latest start
+/// (device dtype bytes; empty when unused; may be consumed as scratch), `output` receives the
+/// result (sized by the operation; its previous contents are irrelevant). Both are reusable
+/// per-communicator scratch buffers. Returns the latest start
 /// time over all ranks (virtual time) from the headers.
 pub(crate) fn run(
     comm: &Comm,
@@ -122,7 +123,7 @@ pub(crate) fn run(
     ctx: &OpCtx<'_>,
     c: &Coll,
     start_ns: u64,
-    input: &[u8],
+    input: &mut Vec<u8>,
     output: &mut Vec<u8>,
 ) -> Result<u64, HErr> {
     let (n, r) = (comm.n, comm.rank);
@@ -212,12 +213,24 @@ impl Ring<'_, '_> {
         Ok(b)
     }
 
-    fn data(&self, rx: &mut Rx, c: &Coll, input: &[u8], output: &mut Vec<u8>) -> Result<(), HErr> {
+    fn data(&self, rx: &mut Rx, c: &Coll, input: &mut Vec<u8>, output: &mut Vec<u8>) -> Result<(), HErr> {
         let (n, r) = (self.comm.n as usize, self.comm.rank as usize);
         let (dsz, asz) = (c.dtype.size(), c.dtype.acc_size());
         let count = c.count as usize;
+        let (_, oe) = c.kind.sizes(c.count, n as u64);
+        if !(c.kind == CollKind::AllReduce && dsz == asz) {
+            output.clear();
+            output.resize(oe as usize * dsz, 0);
+        }
         match c.kind {
             CollKind::Barrier => Ok(()),
+            CollKind::AllReduce if dsz == asz => {
+                // Accumulation type = device type: reduce and gather in place, no extra copy.
+                self.reduce_scatter(rx, input, count, asz, c, 0)?;
+                self.all_gather(rx, input, count, dsz, 1)?;
+                std::mem::swap(input, output);
+                Ok(())
+            }
             CollKind::AllReduce => {
                 let mut work = c.dtype.to_acc(input);
                 self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;

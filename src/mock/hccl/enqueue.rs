@@ -29,11 +29,14 @@ pub(crate) struct DevRange {
 }
 
 impl DevRange {
-    fn read(&self) -> Result<Vec<u8>, String> {
+    fn read_into(&self, out: &mut Vec<u8>) -> Result<(), String> {
         let g = self.alloc.lock();
         let Some(b) = g.as_ref() else { return Err("a device buffer was freed before the collective ran".into()) };
         // SAFETY: off + len <= allocation size (checked at enqueue); we hold the allocation lock.
-        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().add(self.off as usize), self.len as usize) }.to_vec())
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(b.as_ptr().add(self.off as usize), self.len as usize)
+        });
+        Ok(())
     }
 
     fn write(&self, data: &[u8]) -> Result<(), String> {
@@ -285,15 +288,15 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
     match it {
         Item::Coll { coll, send, recv } => {
             let ctx = OpCtx { seq: Some(coll.seq), name: coll.kind.name(), stream_abort: hc.abort };
-            let input = match send {
-                Some(s) => s.read().map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?,
-                None => Vec::new(),
-            };
-            let (_, oe) = coll.kind.sizes(coll.count, comm.n as u64);
-            let mut output = vec![0u8; (oe as usize) * coll.dtype.size()];
-            let max_start = run(comm, rx, &ctx, coll, t, &input, &mut output)?;
+            let mut scratch = comm.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (input, output) = &mut *scratch;
+            input.clear();
+            if let Some(s) = send {
+                s.read_into(input).map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?;
+            }
+            let max_start = run(comm, rx, &ctx, coll, t, input, output)?;
             if let Some(r) = recv {
-                io(r.write(&output))?;
+                io(r.write(output))?;
             }
             Ok(max_start + cost_ns(coll, comm.n, comm.bandwidth_gbps))
         }
@@ -305,7 +308,7 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
                 p.extend_from_slice(&v.to_le_bytes());
             }
             if let Some(b) = buf {
-                p.extend_from_slice(&b.read().map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?);
+                b.read_into(&mut p).map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?;
             }
             let bytes = p.len() - 32;
             comm.send(rx, &ctx, *peer, Kind::P2p, *seq, p)?;

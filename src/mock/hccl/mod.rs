@@ -262,7 +262,8 @@ pub unsafe extern "C" fn hccl_comm_count(c: hcclComm_t, count: *mut c_int) -> hc
     guard("hcclCommCount", || unsafe { out(count, comm_of(c)?.n as c_int) })
 }
 
-/// The synDeviceId of the communicator's device (bound at its first operation; -1 before).
+/// The synDeviceId of the communicator's device: the only acquired device of the process at
+/// init, else the device of the first stream used with it (-1 before that).
 pub unsafe extern "C" fn hccl_comm_syn_device(c: hcclComm_t, d: *mut c_int) -> hcclResult_t {
     guard("hcclCommSynDevice", || {
         let dev = *comm_of(c)?.device.lock().unwrap_or_else(|e| e.into_inner());
