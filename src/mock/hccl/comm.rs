@@ -163,8 +163,12 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
             links[p as usize] = Some(l);
         }
         for p in (0..n).filter(|&p| p != rank && peers[p as usize].nonce == me_nonce) {
-            let tx = lookup_local(id.token, p)
-                .ok_or_else(|| HErr::new(hcclResult_t::INTERNAL_ERROR, format!("in-process rank {p} has no inbox")))?;
+            // A peer that already destroyed its comm (it joined, so init succeeds) is gone.
+            let tx = lookup_local(id.token, p).unwrap_or_else(|| {
+                let why = format!("rank {p} left before rank {rank} finished init");
+                let _ = inbox_tx.send(Frame { from: p, kind: Kind::Gone, seq: 0, code: 0, payload: why.into_bytes() });
+                crossbeam_channel::unbounded().0
+            });
             links[p as usize] = Some(Link::Local(tx));
         }
         Ok::<_, HErr>((peers, links))
@@ -272,16 +276,21 @@ impl Comm {
     pub(crate) fn fail(&self, ctx: &OpCtx<'_>, code: hcclResult_t, msg: String) -> HErr {
         let msg = format!("rank {}: {} failed: {msg}", self.rank, ctx.what());
         self.set_error(code, &msg);
+        self.announce(ctx, code, &msg);
+        HErr::new(code, msg)
+    }
+
+    /// Tells every peer that this rank failed the running operation with `code`.
+    fn announce(&self, ctx: &OpCtx<'_>, code: hcclResult_t, msg: &str) {
         for l in self.links.iter().flatten() {
             let _ = l.send(Frame {
                 from: self.rank,
                 kind: Kind::Fail,
                 seq: ctx.seq.unwrap_or(0),
                 code: code.0,
-                payload: msg.clone().into_bytes(),
+                payload: msg.as_bytes().to_vec(),
             });
         }
-        HErr::new(code, msg)
     }
 
     /// Sends a frame to `to`. When the peer is gone, a failure it announced before leaving
@@ -362,6 +371,8 @@ impl Comm {
         if self.has_error.load(Ordering::Acquire)
             && let Some((code, m)) = self.async_error()
         {
+            // Announced, so peers in other processes fail now rather than at their timeout.
+            self.announce(ctx, code, &m);
             return Err(HErr::new(code, format!("communicator has an asynchronous error: {m}")));
         }
         let relevant = rx.fails.iter().find(|f| match ctx.seq {
