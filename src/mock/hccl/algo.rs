@@ -288,7 +288,9 @@ impl Ring<'_, '_> {
 
     /// Ring reduce-scatter of `work` (`count` accumulation elements of `asz` bytes): at step k
     /// rank r sends segment r+o-k and reduces segment r+o-k-1 received from its predecessor;
-    /// afterwards rank r holds segment r+o+1 fully reduced.
+    /// afterwards rank r holds segment r+o+1 fully reduced (written back into `work`). A chunk
+    /// reduced at step k is forwarded as is at step k+1 (no copy): each element is combined
+    /// once per rank along one chain, partial = op(partial, local).
     fn reduce_scatter(
         &self,
         rx: &mut Rx,
@@ -300,49 +302,72 @@ impl Ring<'_, '_> {
     ) -> Result<(), HErr> {
         let (n, r) = (self.comm.n, self.comm.rank as i64);
         let per = (CHUNK_BYTES / asz).max(1);
+        let mut carry: Vec<Option<Vec<u8>>> = Vec::new();
         for k in 0..n as i64 - 1 {
             let s = seg(count, n as usize, modn(r + o - k, n));
             let d = seg(count, n as usize, modn(r + o - k - 1, n));
             let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            let mut next = Vec::with_capacity(cd);
             for i in 0..cs.max(cd) {
                 if i < cs {
                     let a = s.start + i * per;
                     let b = (a + per).min(s.end);
-                    self.send(rx, self.next(), work[a * asz..b * asz].to_vec())?;
+                    let chunk = match carry.get_mut(i).and_then(Option::take) {
+                        Some(v) => v,
+                        None => work[a * asz..b * asz].to_vec(),
+                    };
+                    self.send(rx, self.next(), chunk)?;
                 }
                 if i < cd {
                     let a = d.start + i * per;
                     let b = (a + per).min(d.end);
-                    let inc = self.recv(rx, self.prev(), (b - a) * asz)?;
-                    reduce_into(c.dtype, c.op, &mut work[a * asz..b * asz], &inc);
+                    let mut inc = self.recv(rx, self.prev(), (b - a) * asz)?;
+                    reduce_into(c.dtype, c.op, &mut inc, &work[a * asz..b * asz]);
+                    if k == n as i64 - 2 {
+                        work[a * asz..b * asz].copy_from_slice(&inc);
+                    } else {
+                        next.push(Some(inc));
+                    }
                 }
             }
+            carry = next;
         }
         Ok(())
     }
 
     /// Ring all-gather of `out` (`count` elements of `esz` bytes) where rank r initially holds
-    /// segment r+o: at step k it sends segment r+o-k and stores segment r+o-k-1.
+    /// segment r+o: at step k it sends segment r+o-k and stores segment r+o-k-1; received
+    /// chunks are forwarded as is at the next step.
     fn all_gather(&self, rx: &mut Rx, out: &mut [u8], count: usize, esz: usize, o: i64) -> Result<(), HErr> {
         let (n, r) = (self.comm.n, self.comm.rank as i64);
         let per = (CHUNK_BYTES / esz).max(1);
+        let mut carry: Vec<Option<Vec<u8>>> = Vec::new();
         for k in 0..n as i64 - 1 {
             let s = seg(count, n as usize, modn(r + o - k, n));
             let d = seg(count, n as usize, modn(r + o - k - 1, n));
             let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            let mut next = Vec::with_capacity(cd);
             for i in 0..cs.max(cd) {
                 if i < cs {
                     let a = s.start + i * per;
                     let b = (a + per).min(s.end);
-                    self.send(rx, self.next(), out[a * esz..b * esz].to_vec())?;
+                    let chunk = match carry.get_mut(i).and_then(Option::take) {
+                        Some(v) => v,
+                        None => out[a * esz..b * esz].to_vec(),
+                    };
+                    self.send(rx, self.next(), chunk)?;
                 }
                 if i < cd {
                     let a = d.start + i * per;
                     let b = (a + per).min(d.end);
                     let inc = self.recv(rx, self.prev(), (b - a) * esz)?;
                     out[a * esz..b * esz].copy_from_slice(&inc);
+                    if k < n as i64 - 2 {
+                        next.push(Some(inc));
+                    }
                 }
             }
+            carry = next;
         }
         Ok(())
     }
