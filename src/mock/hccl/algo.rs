@@ -112,10 +112,7 @@ fn show(i: usize, v: u64) -> String {
 /// Rank `kill` armed by the `HcclKillRank` fault: (rank, abort the process).
 pub(crate) static KILL: Mutex<Option<(u32, bool)>> = Mutex::new(None);
 
-/// Runs collective `c` on this rank: header exchange, then data. `input` holds the send buffer
-/// (device dtype bytes; empty when unused; may be consumed as scratch), `output` receives the
-/// result (sized by the operation; its previous contents are irrelevant). Both are reusable
-/// per-communicator scratch buffers. Returns the latest start
+/// Runs collective `c` on this rank: header exchange, then data in `bufs`. Returns the latest start
 /// time over all ranks (virtual time) from the headers.
 pub(crate) fn run(
     comm: &Comm,
@@ -123,8 +120,7 @@ pub(crate) fn run(
     ctx: &OpCtx<'_>,
     c: &Coll,
     start_ns: u64,
-    input: &mut Vec<u8>,
-    output: &mut Vec<u8>,
+    bufs: Bufs<'_>,
 ) -> Result<u64, HErr> {
     let (n, r) = (comm.n, comm.rank);
     let kill = {
@@ -161,8 +157,25 @@ pub(crate) fn run(
         max_start = all.iter().map(|h| field(h, 6)).max().unwrap_or(start_ns);
     }
     let ring = Ring { comm, ctx, seq: c.seq, kill };
-    ring.data(rx, c, input, output)?;
+    match bufs {
+        Bufs::Scratch { input, output } => ring.data(rx, c, input, output)?,
+        Bufs::InPlace(buf) => {
+            let (count, sz) = (c.count as usize, c.dtype.size());
+            ring.reduce_scatter(rx, buf, count, sz, c, 0)?;
+            ring.all_gather(rx, buf, count, sz, 1)?;
+        }
+    }
     Ok(max_start)
+}
+
+/// Where a collective's data lives while it runs.
+pub(crate) enum Bufs<'x> {
+    /// Host copies: `input` holds the send buffer (device dtype bytes; empty when unused; may
+    /// be consumed), `output` receives the result (sized by the operation).
+    Scratch { input: &'x mut Vec<u8>, output: &'x mut Vec<u8> },
+    /// An all-reduce whose accumulation type is its device type, run directly in the receive
+    /// buffer (already holding this rank's input).
+    InPlace(&'x mut [u8]),
 }
 
 struct Ring<'a, 'b> {

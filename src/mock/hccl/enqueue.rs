@@ -12,7 +12,7 @@ use std::sync::Arc;
 use habana_sys::{hcclDataType_t, hcclRedOp_t, hcclResult_t, synStatus};
 
 use super::HErr;
-use super::algo::{ALPHA_NS, Coll, CollKind, cost_ns, run};
+use super::algo::{ALPHA_NS, Bufs, Coll, CollKind, cost_ns, run};
 use super::comm::{Comm, OpCtx, lookup};
 use super::reduce::{Dtype, RedOp};
 use super::transport::Kind;
@@ -288,13 +288,18 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
     match it {
         Item::Coll { coll, send, recv } => {
             let ctx = OpCtx { seq: Some(coll.seq), name: coll.kind.name(), stream_abort: hc.abort };
+            let direct = coll.kind == CollKind::AllReduce && coll.dtype.size() == coll.dtype.acc_size();
+            if direct && let (Some(s), Some(r)) = (send, recv) {
+                let max_start = direct_all_reduce(comm, rx, &ctx, coll, t, s, r)?;
+                return Ok(max_start + cost_ns(coll, comm.n, comm.bandwidth_gbps));
+            }
             let mut scratch = comm.scratch.lock().unwrap_or_else(|e| e.into_inner());
             let (input, output) = &mut *scratch;
             input.clear();
             if let Some(s) = send {
                 s.read_into(input).map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?;
             }
-            let max_start = run(comm, rx, &ctx, coll, t, input, output)?;
+            let max_start = run(comm, rx, &ctx, coll, t, Bufs::Scratch { input, output })?;
             if let Some(r) = recv {
                 io(r.write(output))?;
             }
@@ -333,6 +338,52 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
             Ok(t.max(f(3)) + p2p_cost(p.len() - 32, comm.bandwidth_gbps))
         }
     }
+}
+
+/// All-reduce directly in the receive allocation: the send range is copied into it first
+/// (under both allocation locks, taken in address order like device-to-device copies), then
+/// only the receive allocation stays locked while the ring runs (a copy or free touching it
+/// waits for the collective, as for a kernel).
+fn direct_all_reduce(
+    comm: &Comm,
+    rx: &mut super::transport::Rx,
+    ctx: &OpCtx<'_>,
+    coll: &Coll,
+    t: u64,
+    s: &DevRange,
+    r: &DevRange,
+) -> Result<u64, HErr> {
+    let freed =
+        || comm.fail(ctx, hcclResult_t::INVALID_ARGUMENT, "a device buffer was freed before the collective ran".into());
+    let len = r.len as usize;
+    let rg = if Arc::ptr_eq(&s.alloc, &r.alloc) {
+        let g = r.alloc.lock();
+        let Some(b) = g.as_ref() else { return Err(freed()) };
+        if s.off != r.off {
+            // SAFETY: both ranges lie in this allocation (checked at enqueue); lock held;
+            // `copy` allows overlap.
+            unsafe { std::ptr::copy(b.as_ptr().add(s.off as usize), b.as_ptr().add(r.off as usize), len) };
+        }
+        g
+    } else {
+        let (sg, rg) = if s.alloc.base < r.alloc.base {
+            let a = s.alloc.lock();
+            (a, r.alloc.lock())
+        } else {
+            let b = r.alloc.lock();
+            (s.alloc.lock(), b)
+        };
+        let (Some(sb), Some(rb)) = (sg.as_ref(), rg.as_ref()) else { return Err(freed()) };
+        // SAFETY: distinct allocations, ranges checked at enqueue, both locks held.
+        unsafe { std::ptr::copy_nonoverlapping(sb.as_ptr().add(s.off as usize), rb.as_ptr().add(r.off as usize), len) };
+        drop(sg);
+        rg
+    };
+    let Some(rb) = rg.as_ref() else { return Err(freed()) };
+    // SAFETY: [off, off + len) lies in the allocation (checked at enqueue); its lock `rg` is
+    // held until this function returns, so nothing else touches these bytes meanwhile.
+    let buf = unsafe { std::slice::from_raw_parts_mut(rb.as_ptr().add(r.off as usize), len) };
+    run(comm, rx, ctx, coll, t, Bufs::InPlace(buf))
 }
 
 fn p2p_cost(bytes: usize, bw: f64) -> u64 {
