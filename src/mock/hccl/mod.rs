@@ -45,6 +45,11 @@
 //!   Sum, Min (2), Max (3). bf16/f16 sums accumulate in f32 (see `reduce.rs`). Results are
 //!   bitwise identical on all ranks. `hcclAlltoAll`'s count is the total per buffer (a
 //!   multiple of the world size; block i goes to rank i; vendor semantics unverified).
+//! - While an all-reduce of f32/int types runs, its receive allocation is locked (it is
+//!   reduced in place there): a copy touching it or synDeviceFree of it waits for the
+//!   collective (bounded by the timeout), as for a kernel. Other collectives stage host copies.
+//! - The coordinator thread of `hcclGetUniqueId` ends when its rendezvous completes, or
+//!   timeout + 5 s after the first join, or after 1 h.
 //! - Send/recv match by peer and issue order; outside a group they are still only enqueued
 //!   (the mock never blocks the caller), inside a group sends run first.
 #![allow(clippy::missing_safety_doc)]
