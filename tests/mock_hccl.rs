@@ -338,3 +338,80 @@ fn abort_of_one_rank_mid_collective_releases_everyone() {
         assert!(msg.contains("rank 0") && msg.contains("aborted"), "{msg}");
     }
 }
+
+/// Two ranks join one id with `(nranks, rank)` each; returns their results and messages.
+fn init_pair(a: (i32, i32), b: (i32, i32)) -> Vec<(hcclResult_t, String)> {
+    let api = setup();
+    let id = unique_id(&api);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = [a, b]
+            .into_iter()
+            .map(|(n, r)| {
+                let api = &api;
+                s.spawn(move || {
+                    let mut c = std::ptr::null_mut();
+                    // SAFETY: valid out-pointer; id by value.
+                    let res = unsafe { (api.hccl_comm_init_rank)(&mut c, n, id, r) };
+                    (res, hccl_msg(api))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn init_rejects_nranks_disagreement_and_duplicate_ranks_on_every_rank() {
+    for (res, msg) in init_pair((2, 0), (3, 1)) {
+        assert_eq!(res, hcclResult_t::INVALID_USAGE, "{msg}");
+        assert!(msg.contains("nranks disagreement"), "{msg}");
+    }
+    let res = init_pair((2, 0), (2, 0));
+    for (res, msg) in &res {
+        assert_eq!(*res, hcclResult_t::INVALID_USAGE, "{msg}");
+    }
+    assert!(res.iter().any(|(_, m)| m.contains("duplicate rank")), "{res:?}");
+}
+
+#[test]
+fn coordinator_refuses_a_wrong_token_and_keeps_serving() {
+    use std::io::{Read, Write};
+    let api = setup();
+    let id = unique_id(&api);
+    // Layout (documented in the mock): magic, version, token [12..28], address length, address.
+    let l = u16::from_le_bytes([id.internal[28], id.internal[29]]) as usize;
+    let addr = std::str::from_utf8(&id.internal[30..30 + l]).unwrap().to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let mut join = vec![0xEEu8; 16]; // wrong token
+    for v in [0u32, 2, 1] {
+        join.extend_from_slice(&v.to_le_bytes());
+    }
+    join.extend_from_slice(&7u64.to_le_bytes());
+    join.extend_from_slice(&0u16.to_le_bytes());
+    s.write_all(&(join.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(&join).unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    assert_eq!(reply[4], 3, "an error message");
+    assert_eq!(i32::from_le_bytes(reply[5..9].try_into().unwrap()), hcclResult_t::INVALID_USAGE.0);
+    assert!(String::from_utf8_lossy(&reply).contains("wrong unique id token"));
+    // The real ranks still complete the rendezvous on the same id.
+    let api2 = api.clone();
+    let ranks: Vec<i32> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let api = &api2;
+                sc.spawn(move || {
+                    let rk = Rank::join(api, id, r, 2);
+                    let mut me = -1;
+                    // SAFETY: live comm, valid out-pointer.
+                    hok(api, unsafe { (api.hccl_comm_user_rank)(rk.comm, &mut me) });
+                    hok(api, rk.destroy());
+                    me
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(ranks, vec![0, 1]);
+}

@@ -10,7 +10,8 @@
 //! buffer released before the operation ran), the stream records the status. It is sticky:
 //! every later synStreamSynchronize on the stream, and synEventSynchronize of an event recorded
 //! on it, returns it; later copies and kernels on that stream are skipped (events still
-//! complete, so waiters never hang).
+//! complete, so waiters never hang). Host operations (the mock's collectives) still run, so the
+//! peers of a collective are not left waiting; a failed collective sets the error synFailHccl.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};

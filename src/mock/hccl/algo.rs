@@ -112,9 +112,7 @@ fn show(i: usize, v: u64) -> String {
 /// Rank `kill` armed by the `HcclKillRank` fault: (rank, abort the process).
 pub(crate) static KILL: Mutex<Option<(u32, bool)>> = Mutex::new(None);
 
-/// Runs collective `c` on this rank: header exchange, then data. `input` holds the send buffer
-/// (device dtype bytes; empty when unused), `output` the receive buffer's current contents
-/// (updated in place; left untouched where the op does not write). Returns the latest start
+/// Runs collective `c` on this rank: header exchange, then data in `bufs`. Returns the latest start
 /// time over all ranks (virtual time) from the headers.
 pub(crate) fn run(
     comm: &Comm,
@@ -122,8 +120,7 @@ pub(crate) fn run(
     ctx: &OpCtx<'_>,
     c: &Coll,
     start_ns: u64,
-    input: &[u8],
-    output: &mut Vec<u8>,
+    bufs: Bufs<'_>,
 ) -> Result<u64, HErr> {
     let (n, r) = (comm.n, comm.rank);
     let kill = {
@@ -160,8 +157,25 @@ pub(crate) fn run(
         max_start = all.iter().map(|h| field(h, 6)).max().unwrap_or(start_ns);
     }
     let ring = Ring { comm, ctx, seq: c.seq, kill };
-    ring.data(rx, c, input, output)?;
+    match bufs {
+        Bufs::Scratch { input, output } => ring.data(rx, c, input, output)?,
+        Bufs::InPlace(buf) => {
+            let (count, sz) = (c.count as usize, c.dtype.size());
+            ring.reduce_scatter(rx, buf, count, sz, c, 0)?;
+            ring.all_gather(rx, buf, count, sz, 1)?;
+        }
+    }
     Ok(max_start)
+}
+
+/// Where a collective's data lives while it runs.
+pub(crate) enum Bufs<'x> {
+    /// Host copies: `input` holds the send buffer (device dtype bytes; empty when unused; may
+    /// be consumed), `output` receives the result (sized by the operation).
+    Scratch { input: &'x mut Vec<u8>, output: &'x mut Vec<u8> },
+    /// An all-reduce whose accumulation type is its device type, run directly in the receive
+    /// buffer (already holding this rank's input).
+    InPlace(&'x mut [u8]),
 }
 
 struct Ring<'a, 'b> {
@@ -212,12 +226,24 @@ impl Ring<'_, '_> {
         Ok(b)
     }
 
-    fn data(&self, rx: &mut Rx, c: &Coll, input: &[u8], output: &mut Vec<u8>) -> Result<(), HErr> {
+    fn data(&self, rx: &mut Rx, c: &Coll, input: &mut Vec<u8>, output: &mut Vec<u8>) -> Result<(), HErr> {
         let (n, r) = (self.comm.n as usize, self.comm.rank as usize);
         let (dsz, asz) = (c.dtype.size(), c.dtype.acc_size());
         let count = c.count as usize;
+        let (_, oe) = c.kind.sizes(c.count, n as u64);
+        if !(c.kind == CollKind::AllReduce && dsz == asz) {
+            output.clear();
+            output.resize(oe as usize * dsz, 0);
+        }
         match c.kind {
             CollKind::Barrier => Ok(()),
+            CollKind::AllReduce if dsz == asz => {
+                // Accumulation type = device type: reduce and gather in place, no extra copy.
+                self.reduce_scatter(rx, input, count, asz, c, 0)?;
+                self.all_gather(rx, input, count, dsz, 1)?;
+                std::mem::swap(input, output);
+                Ok(())
+            }
             CollKind::AllReduce => {
                 let mut work = c.dtype.to_acc(input);
                 self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
@@ -275,7 +301,9 @@ impl Ring<'_, '_> {
 
     /// Ring reduce-scatter of `work` (`count` accumulation elements of `asz` bytes): at step k
     /// rank r sends segment r+o-k and reduces segment r+o-k-1 received from its predecessor;
-    /// afterwards rank r holds segment r+o+1 fully reduced.
+    /// afterwards rank r holds segment r+o+1 fully reduced (written back into `work`). A chunk
+    /// reduced at step k is forwarded as is at step k+1 (no copy): each element is combined
+    /// once per rank along one chain, partial = op(partial, local).
     fn reduce_scatter(
         &self,
         rx: &mut Rx,
@@ -287,49 +315,72 @@ impl Ring<'_, '_> {
     ) -> Result<(), HErr> {
         let (n, r) = (self.comm.n, self.comm.rank as i64);
         let per = (CHUNK_BYTES / asz).max(1);
+        let mut carry: Vec<Option<Vec<u8>>> = Vec::new();
         for k in 0..n as i64 - 1 {
             let s = seg(count, n as usize, modn(r + o - k, n));
             let d = seg(count, n as usize, modn(r + o - k - 1, n));
             let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            let mut next = Vec::with_capacity(cd);
             for i in 0..cs.max(cd) {
                 if i < cs {
                     let a = s.start + i * per;
                     let b = (a + per).min(s.end);
-                    self.send(rx, self.next(), work[a * asz..b * asz].to_vec())?;
+                    let chunk = match carry.get_mut(i).and_then(Option::take) {
+                        Some(v) => v,
+                        None => work[a * asz..b * asz].to_vec(),
+                    };
+                    self.send(rx, self.next(), chunk)?;
                 }
                 if i < cd {
                     let a = d.start + i * per;
                     let b = (a + per).min(d.end);
-                    let inc = self.recv(rx, self.prev(), (b - a) * asz)?;
-                    reduce_into(c.dtype, c.op, &mut work[a * asz..b * asz], &inc);
+                    let mut inc = self.recv(rx, self.prev(), (b - a) * asz)?;
+                    reduce_into(c.dtype, c.op, &mut inc, &work[a * asz..b * asz]);
+                    if k == n as i64 - 2 {
+                        work[a * asz..b * asz].copy_from_slice(&inc);
+                    } else {
+                        next.push(Some(inc));
+                    }
                 }
             }
+            carry = next;
         }
         Ok(())
     }
 
     /// Ring all-gather of `out` (`count` elements of `esz` bytes) where rank r initially holds
-    /// segment r+o: at step k it sends segment r+o-k and stores segment r+o-k-1.
+    /// segment r+o: at step k it sends segment r+o-k and stores segment r+o-k-1; received
+    /// chunks are forwarded as is at the next step.
     fn all_gather(&self, rx: &mut Rx, out: &mut [u8], count: usize, esz: usize, o: i64) -> Result<(), HErr> {
         let (n, r) = (self.comm.n, self.comm.rank as i64);
         let per = (CHUNK_BYTES / esz).max(1);
+        let mut carry: Vec<Option<Vec<u8>>> = Vec::new();
         for k in 0..n as i64 - 1 {
             let s = seg(count, n as usize, modn(r + o - k, n));
             let d = seg(count, n as usize, modn(r + o - k - 1, n));
             let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            let mut next = Vec::with_capacity(cd);
             for i in 0..cs.max(cd) {
                 if i < cs {
                     let a = s.start + i * per;
                     let b = (a + per).min(s.end);
-                    self.send(rx, self.next(), out[a * esz..b * esz].to_vec())?;
+                    let chunk = match carry.get_mut(i).and_then(Option::take) {
+                        Some(v) => v,
+                        None => out[a * esz..b * esz].to_vec(),
+                    };
+                    self.send(rx, self.next(), chunk)?;
                 }
                 if i < cd {
                     let a = d.start + i * per;
                     let b = (a + per).min(d.end);
                     let inc = self.recv(rx, self.prev(), (b - a) * esz)?;
                     out[a * esz..b * esz].copy_from_slice(&inc);
+                    if k < n as i64 - 2 {
+                        next.push(Some(inc));
+                    }
                 }
             }
+            carry = next;
         }
         Ok(())
     }

@@ -48,6 +48,8 @@ pub(crate) struct Comm {
     pending_cv: Condvar,
     /// The synDeviceId bound to this communicator (first stream used), -1 until then.
     pub device: Mutex<i32>,
+    /// Reusable host buffers of the running collective (input, output): no page faults per op.
+    pub scratch: Mutex<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Context of one running operation, for messages and the failure rules.
@@ -140,10 +142,15 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| HErr::new(hcclResult_t::SOCKET_ERROR, format!("cannot bind the data-plane listener: {e}")))?;
     let my_addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    register_local(id.token, rank, inbox_tx.clone()).map_err(|m| HErr::new(hcclResult_t::INVALID_USAGE, m))?;
+    // A duplicate rank in this process still joins the rendezvous, so the coordinator poisons
+    // it and every rank fails at once (instead of the first one waiting for the timeout).
+    let local_dup = register_local(id.token, rank, inbox_tx.clone()).err();
     let built = (|| {
         let me = PeerInfo { pid, nonce: me_nonce, addr: my_addr };
         let peers = rendezvous(&id, rank, n, &me, deadline)?;
+        if let Some(m) = &local_dup {
+            return Err(HErr::new(hcclResult_t::INVALID_USAGE, m.clone()));
+        }
         let remote: Vec<(u32, String)> = (0..n)
             .filter(|&p| p != rank && peers[p as usize].nonce != me_nonce)
             .map(|p| (p, peers[p as usize].addr.clone()))
@@ -156,8 +163,12 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
             links[p as usize] = Some(l);
         }
         for p in (0..n).filter(|&p| p != rank && peers[p as usize].nonce == me_nonce) {
-            let tx = lookup_local(id.token, p)
-                .ok_or_else(|| HErr::new(hcclResult_t::INTERNAL_ERROR, format!("in-process rank {p} has no inbox")))?;
+            // A peer that already destroyed its comm (it joined, so init succeeds) is gone.
+            let tx = lookup_local(id.token, p).unwrap_or_else(|| {
+                let why = format!("rank {p} left before rank {rank} finished init");
+                let _ = inbox_tx.send(Frame { from: p, kind: Kind::Gone, seq: 0, code: 0, payload: why.into_bytes() });
+                crossbeam_channel::unbounded().0
+            });
             links[p as usize] = Some(Link::Local(tx));
         }
         Ok::<_, HErr>((peers, links))
@@ -167,7 +178,9 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
             Ok(register(Comm::new(rank, n, id.token, peers, links, Rx::new(inbox_rx, n as usize), timeout, bw)))
         }
         Err(e) => {
-            unregister_local(id.token, rank);
+            if local_dup.is_none() {
+                unregister_local(id.token, rank);
+            }
             Err(e)
         }
     }
@@ -175,8 +188,15 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
 
 use habana_sys::hcclUniqueId;
 
+/// Registers `c` under a fresh handle. Its device is bound now when exactly one device is
+/// acquired in this process (the vendor's one-device-per-process rule), else at first use.
 fn register(mut c: Comm) -> u64 {
-    let h = super::super::state::registry().new_handle();
+    let mut r = super::super::state::registry();
+    if r.devices.len() == 1 {
+        c.device = Mutex::new(r.devices.keys().next().map_or(-1, |&d| d as i32));
+    }
+    let h = r.new_handle();
+    drop(r);
     c.handle = h;
     comms().insert(h, Arc::new(c));
     h
@@ -213,6 +233,7 @@ impl Comm {
             pending: Mutex::new(0),
             pending_cv: Condvar::new(),
             device: Mutex::new(-1),
+            scratch: Mutex::new((Vec::new(), Vec::new())),
         }
     }
 
@@ -255,16 +276,21 @@ impl Comm {
     pub(crate) fn fail(&self, ctx: &OpCtx<'_>, code: hcclResult_t, msg: String) -> HErr {
         let msg = format!("rank {}: {} failed: {msg}", self.rank, ctx.what());
         self.set_error(code, &msg);
+        self.announce(ctx, code, &msg);
+        HErr::new(code, msg)
+    }
+
+    /// Tells every peer that this rank failed the running operation with `code`.
+    fn announce(&self, ctx: &OpCtx<'_>, code: hcclResult_t, msg: &str) {
         for l in self.links.iter().flatten() {
             let _ = l.send(Frame {
                 from: self.rank,
                 kind: Kind::Fail,
                 seq: ctx.seq.unwrap_or(0),
                 code: code.0,
-                payload: msg.clone().into_bytes(),
+                payload: msg.as_bytes().to_vec(),
             });
         }
-        HErr::new(code, msg)
     }
 
     /// Sends a frame to `to`. When the peer is gone, a failure it announced before leaving
@@ -345,6 +371,8 @@ impl Comm {
         if self.has_error.load(Ordering::Acquire)
             && let Some((code, m)) = self.async_error()
         {
+            // Announced, so peers in other processes fail now rather than at their timeout.
+            self.announce(ctx, code, &m);
             return Err(HErr::new(code, format!("communicator has an asynchronous error: {m}")));
         }
         let relevant = rx.fails.iter().find(|f| match ctx.seq {

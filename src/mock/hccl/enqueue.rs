@@ -12,7 +12,7 @@ use std::sync::Arc;
 use habana_sys::{hcclDataType_t, hcclRedOp_t, hcclResult_t, synStatus};
 
 use super::HErr;
-use super::algo::{ALPHA_NS, Coll, CollKind, cost_ns, run};
+use super::algo::{ALPHA_NS, Bufs, Coll, CollKind, cost_ns, run};
 use super::comm::{Comm, OpCtx, lookup};
 use super::reduce::{Dtype, RedOp};
 use super::transport::Kind;
@@ -29,11 +29,14 @@ pub(crate) struct DevRange {
 }
 
 impl DevRange {
-    fn read(&self) -> Result<Vec<u8>, String> {
+    fn read_into(&self, out: &mut Vec<u8>) -> Result<(), String> {
         let g = self.alloc.lock();
         let Some(b) = g.as_ref() else { return Err("a device buffer was freed before the collective ran".into()) };
         // SAFETY: off + len <= allocation size (checked at enqueue); we hold the allocation lock.
-        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().add(self.off as usize), self.len as usize) }.to_vec())
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(b.as_ptr().add(self.off as usize), self.len as usize)
+        });
+        Ok(())
     }
 
     fn write(&self, data: &[u8]) -> Result<(), String> {
@@ -285,15 +288,20 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
     match it {
         Item::Coll { coll, send, recv } => {
             let ctx = OpCtx { seq: Some(coll.seq), name: coll.kind.name(), stream_abort: hc.abort };
-            let input = match send {
-                Some(s) => s.read().map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?,
-                None => Vec::new(),
-            };
-            let (_, oe) = coll.kind.sizes(coll.count, comm.n as u64);
-            let mut output = vec![0u8; (oe as usize) * coll.dtype.size()];
-            let max_start = run(comm, rx, &ctx, coll, t, &input, &mut output)?;
+            let direct = coll.kind == CollKind::AllReduce && coll.dtype.size() == coll.dtype.acc_size();
+            if direct && let (Some(s), Some(r)) = (send, recv) {
+                let max_start = direct_all_reduce(comm, rx, &ctx, coll, t, s, r)?;
+                return Ok(max_start + cost_ns(coll, comm.n, comm.bandwidth_gbps));
+            }
+            let mut scratch = comm.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (input, output) = &mut *scratch;
+            input.clear();
+            if let Some(s) = send {
+                s.read_into(input).map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?;
+            }
+            let max_start = run(comm, rx, &ctx, coll, t, Bufs::Scratch { input, output })?;
             if let Some(r) = recv {
-                io(r.write(&output))?;
+                io(r.write(output))?;
             }
             Ok(max_start + cost_ns(coll, comm.n, comm.bandwidth_gbps))
         }
@@ -305,7 +313,7 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
                 p.extend_from_slice(&v.to_le_bytes());
             }
             if let Some(b) = buf {
-                p.extend_from_slice(&b.read().map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?);
+                b.read_into(&mut p).map_err(|m| comm.fail(&ctx, hcclResult_t::INVALID_ARGUMENT, m))?;
             }
             let bytes = p.len() - 32;
             comm.send(rx, &ctx, *peer, Kind::P2p, *seq, p)?;
@@ -330,6 +338,52 @@ fn run_item(comm: &Comm, rx: &mut super::transport::Rx, it: &Item, hc: &HostCtx<
             Ok(t.max(f(3)) + p2p_cost(p.len() - 32, comm.bandwidth_gbps))
         }
     }
+}
+
+/// All-reduce directly in the receive allocation: the send range is copied into it first
+/// (under both allocation locks, taken in address order like device-to-device copies), then
+/// only the receive allocation stays locked while the ring runs (a copy or free touching it
+/// waits for the collective, as for a kernel).
+fn direct_all_reduce(
+    comm: &Comm,
+    rx: &mut super::transport::Rx,
+    ctx: &OpCtx<'_>,
+    coll: &Coll,
+    t: u64,
+    s: &DevRange,
+    r: &DevRange,
+) -> Result<u64, HErr> {
+    let freed =
+        || comm.fail(ctx, hcclResult_t::INVALID_ARGUMENT, "a device buffer was freed before the collective ran".into());
+    let len = r.len as usize;
+    let rg = if Arc::ptr_eq(&s.alloc, &r.alloc) {
+        let g = r.alloc.lock();
+        let Some(b) = g.as_ref() else { return Err(freed()) };
+        if s.off != r.off {
+            // SAFETY: both ranges lie in this allocation (checked at enqueue); lock held;
+            // `copy` allows overlap.
+            unsafe { std::ptr::copy(b.as_ptr().add(s.off as usize), b.as_ptr().add(r.off as usize), len) };
+        }
+        g
+    } else {
+        let (sg, rg) = if s.alloc.base < r.alloc.base {
+            let a = s.alloc.lock();
+            (a, r.alloc.lock())
+        } else {
+            let b = r.alloc.lock();
+            (s.alloc.lock(), b)
+        };
+        let (Some(sb), Some(rb)) = (sg.as_ref(), rg.as_ref()) else { return Err(freed()) };
+        // SAFETY: distinct allocations, ranges checked at enqueue, both locks held.
+        unsafe { std::ptr::copy_nonoverlapping(sb.as_ptr().add(s.off as usize), rb.as_ptr().add(r.off as usize), len) };
+        drop(sg);
+        rg
+    };
+    let Some(rb) = rg.as_ref() else { return Err(freed()) };
+    // SAFETY: [off, off + len) lies in the allocation (checked at enqueue); its lock `rg` is
+    // held until this function returns, so nothing else touches these bytes meanwhile.
+    let buf = unsafe { std::slice::from_raw_parts_mut(rb.as_ptr().add(r.off as usize), len) };
+    run(comm, rx, ctx, coll, t, Bufs::InPlace(buf))
 }
 
 fn p2p_cost(bytes: usize, bw: f64) -> u64 {

@@ -45,6 +45,11 @@
 //!   Sum, Min (2), Max (3). bf16/f16 sums accumulate in f32 (see `reduce.rs`). Results are
 //!   bitwise identical on all ranks. `hcclAlltoAll`'s count is the total per buffer (a
 //!   multiple of the world size; block i goes to rank i; vendor semantics unverified).
+//! - While an all-reduce of f32/int types runs, its receive allocation is locked (it is
+//!   reduced in place there): a copy touching it or synDeviceFree of it waits for the
+//!   collective (bounded by the timeout), as for a kernel. Other collectives stage host copies.
+//! - The coordinator thread of `hcclGetUniqueId` ends when its rendezvous completes, or
+//!   timeout + 5 s after the first join, or after 1 h.
 //! - Send/recv match by peer and issue order; outside a group they are still only enqueued
 //!   (the mock never blocks the caller), inside a group sends run first.
 #![allow(clippy::missing_safety_doc)]
@@ -262,7 +267,8 @@ pub unsafe extern "C" fn hccl_comm_count(c: hcclComm_t, count: *mut c_int) -> hc
     guard("hcclCommCount", || unsafe { out(count, comm_of(c)?.n as c_int) })
 }
 
-/// The synDeviceId of the communicator's device (bound at its first operation; -1 before).
+/// The synDeviceId of the communicator's device: the only acquired device of the process at
+/// init, else the device of the first stream used with it (-1 before that).
 pub unsafe extern "C" fn hccl_comm_syn_device(c: hcclComm_t, d: *mut c_int) -> hcclResult_t {
     guard("hcclCommSynDevice", || {
         let dev = *comm_of(c)?.device.lock().unwrap_or_else(|e| e.into_inner());

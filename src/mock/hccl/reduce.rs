@@ -132,12 +132,46 @@ fn apply<const N: usize, T: Copy>(
     }
 }
 
+/// Element types that may be viewed from any bytes (every bit pattern is a valid value).
+trait Plain: Copy {}
+impl Plain for i8 {}
+impl Plain for u8 {}
+impl Plain for i32 {}
+impl Plain for u32 {}
+impl Plain for i64 {}
+impl Plain for u64 {}
+impl Plain for f32 {}
+impl Plain for f64 {}
+
+/// `dst[i] = f(dst[i], src[i])` over `T` elements: typed slices when both buffers are aligned
+/// for `T` (vectorisable), byte chunks otherwise.
+fn combine<T: Plain, const N: usize>(
+    dst: &mut [u8],
+    src: &[u8],
+    from: fn([u8; N]) -> T,
+    to: fn(T) -> [u8; N],
+    f: impl Fn(T, T) -> T,
+) {
+    // SAFETY: `T: Plain` is a primitive number for which every bit pattern is valid; align_to
+    // only yields correctly aligned, in-bounds middle parts.
+    let (dp, dm, ds) = unsafe { dst.align_to_mut::<T>() };
+    // SAFETY: as above.
+    let (sp, sm, ss) = unsafe { src.align_to::<T>() };
+    if dp.is_empty() && sp.is_empty() && ds.is_empty() && ss.is_empty() && dm.len() == sm.len() {
+        for (d, s) in dm.iter_mut().zip(sm) {
+            *d = f(*d, *s);
+        }
+        return;
+    }
+    apply(dst, src, from, to, f);
+}
+
 macro_rules! int_reduce {
     ($dst:expr, $src:expr, $op:expr, $t:ty) => {
         match $op {
-            RedOp::Sum => apply($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a, b| a.wrapping_add(b)),
-            RedOp::Min => apply($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a, b| a.min(b)),
-            RedOp::Max => apply($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a, b| a.max(b)),
+            RedOp::Sum => combine($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a: $t, b| a.wrapping_add(b)),
+            RedOp::Min => combine($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a: $t, b| a.min(b)),
+            RedOp::Max => combine($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a: $t, b| a.max(b)),
         }
     };
 }
@@ -145,9 +179,13 @@ macro_rules! int_reduce {
 macro_rules! float_reduce {
     ($dst:expr, $src:expr, $op:expr, $t:ty) => {
         match $op {
-            RedOp::Sum => apply($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a, b| a + b),
-            RedOp::Min => apply($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a, b| if b < a { b } else { a }),
-            RedOp::Max => apply($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a, b| if b > a { b } else { a }),
+            RedOp::Sum => combine($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a: $t, b| a + b),
+            RedOp::Min => {
+                combine($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a: $t, b| if b < a { b } else { a })
+            }
+            RedOp::Max => {
+                combine($dst, $src, <$t>::from_ne_bytes, <$t>::to_ne_bytes, |a: $t, b| if b > a { b } else { a })
+            }
         }
     };
 }
