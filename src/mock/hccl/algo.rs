@@ -3,9 +3,11 @@
 //! pipeline broadcast, reduce (reduce-scatter + gather to root), all-to-all and barrier, and
 //! the virtual-time cost model.
 //!
-//! Owns: the order in which elements are combined. Every element is reduced along one chain of
-//! ranks only (ring reduce-scatter), rounded once by the rank that owns it, then copied to every
-//! other rank (all-gather), so results are bitwise identical on all ranks. Must not touch:
+//! Owns: the order in which elements are combined on the ring. Every element is reduced along
+//! one chain of ranks only (ring reduce-scatter), rounded once by the rank that owns it, then
+//! copied to every other rank (all-gather), so results are bitwise identical on all ranks. The
+//! header also says whether this rank can run the shared-memory all-reduce (`shm.rs`); it is
+//! used only when every rank says so. Must not touch:
 //! device memory (the caller copies in and out) or communicator lifetime.
 
 use std::sync::Mutex;
@@ -15,6 +17,7 @@ use habana_sys::hcclResult_t;
 use super::HErr;
 use super::comm::{Comm, OpCtx};
 use super::reduce::{Dtype, RedOp, reduce_into};
+use super::shm;
 use super::transport::{Kind, Rx};
 
 /// Bytes per pipelined chunk on the ring.
@@ -72,8 +75,8 @@ pub(crate) struct Coll {
     pub seq: u64,
 }
 
-fn header_bytes(c: &Coll, start_ns: u64) -> Vec<u8> {
-    let mut b = Vec::with_capacity(40);
+fn header_bytes(c: &Coll, start_ns: u64, direct: bool) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&c.seq.to_le_bytes());
     b.extend_from_slice(&(c.kind as u8 as u64).to_le_bytes());
     b.extend_from_slice(&(c.dtype_code as i64).to_le_bytes());
@@ -81,8 +84,12 @@ fn header_bytes(c: &Coll, start_ns: u64) -> Vec<u8> {
     b.extend_from_slice(&(c.root as i64).to_le_bytes());
     b.extend_from_slice(&(c.op_code as i64).to_le_bytes());
     b.extend_from_slice(&start_ns.to_le_bytes());
+    b.extend_from_slice(&u64::from(direct).to_le_bytes());
     b
 }
+
+/// Header field index: this rank can run the shared-memory all-reduce (`shm.rs`).
+const DIRECT_FIELD: usize = 7;
 
 const FIELDS: [&str; 6] = ["seq", "op", "datatype", "count", "root", "reduceOp"];
 
@@ -134,7 +141,18 @@ pub(crate) fn run(
         }
     };
     comm.check(rx, ctx)?;
-    let mine = header_bytes(c, start_ns);
+    let len_ok = match &bufs {
+        Bufs::InPlace(b) => b.len(),
+        Bufs::Scratch { input, .. } => input.len(),
+    } as u64
+        == c.count.saturating_mul(c.dtype.size() as u64);
+    let can_direct = comm.meet.is_some()
+        && kill.is_none()
+        && c.kind == CollKind::AllReduce
+        && c.dtype.size() == c.dtype.acc_size()
+        && len_ok;
+    let mine = header_bytes(c, start_ns, can_direct);
+    let mut direct = false;
     let mut max_start = start_ns;
     if n > 1 {
         for p in (0..n).filter(|&p| p != r) {
@@ -155,6 +173,18 @@ pub(crate) fn run(
             }
         }
         max_start = all.iter().map(|h| field(h, 6)).max().unwrap_or(start_ns);
+        direct = all.iter().all(|h| field(h, DIRECT_FIELD) == 1);
+    }
+    if direct && let Some(meet) = &comm.meet {
+        // Every rank agreed in its header: all in this process, no fault armed.
+        match bufs {
+            Bufs::InPlace(buf) => shm::all_reduce(meet, comm, rx, ctx, c.seq, c.dtype, c.op, buf)?,
+            Bufs::Scratch { input, output } => {
+                shm::all_reduce(meet, comm, rx, ctx, c.seq, c.dtype, c.op, input)?;
+                std::mem::swap(input, output);
+            }
+        }
+        return Ok(max_start);
     }
     let ring = Ring { comm, ctx, seq: c.seq, kill };
     match bufs {

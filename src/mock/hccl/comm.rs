@@ -50,6 +50,8 @@ pub(crate) struct Comm {
     pub device: Mutex<i32>,
     /// Reusable host buffers of the running collective (input, output): no page faults per op.
     pub scratch: Mutex<(Vec<u8>, Vec<u8>)>,
+    /// Shared-memory rendezvous when every rank lives in this mock instance (n > 1), else None.
+    pub meet: Option<Arc<super::shm::Meet>>,
 }
 
 /// Context of one running operation, for messages and the failure rules.
@@ -175,7 +177,10 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
     })();
     match built {
         Ok((peers, links)) => {
-            Ok(register(Comm::new(rank, n, id.token, peers, links, Rx::new(inbox_rx, n as usize), timeout, bw)))
+            let all_local = peers.iter().all(|p| p.nonce == me_nonce);
+            let mut c = Comm::new(rank, n, id.token, peers, links, Rx::new(inbox_rx, n as usize), timeout, bw);
+            c.meet = all_local.then(|| super::shm::meet_for(id.token, n));
+            Ok(register(c))
         }
         Err(e) => {
             if local_dup.is_none() {
@@ -234,6 +239,7 @@ impl Comm {
             pending_cv: Condvar::new(),
             device: Mutex::new(-1),
             scratch: Mutex::new((Vec::new(), Vec::new())),
+            meet: None,
         }
     }
 

@@ -4,7 +4,8 @@
 //! Owns: the `hccl*` `extern "C"` functions (pointer checks, fault injection, the thread-local
 //! HCCL last error) and the submodules: `id` (unique id, coordinator, rendezvous), `transport`
 //! (frames, in-process channels, TCP), `comm` (communicators, async errors, abort/destroy),
-//! `algo` (lockstep header, ring algorithms, virtual-time cost), `reduce` (dtypes, ops),
+//! `algo` (lockstep header, ring algorithms, virtual-time cost), `shm` (direct shared-memory
+//! all-reduce when every rank is in this process), `reduce` (dtypes, ops),
 //! `enqueue` (validation, groups, stream work). Must not touch: the Synapse state beyond
 //! looking up streams and device ranges, and adding [`crate::mock::stream`] host operations.
 //!
@@ -48,6 +49,10 @@
 //! - While an all-reduce of f32/int types runs, its receive allocation is locked (it is
 //!   reduced in place there): a copy touching it or synDeviceFree of it waits for the
 //!   collective (bounded by the timeout), as for a kernel. Other collectives stage host copies.
+//!   When every rank lives in this process (and no fault is armed) such an all-reduce (and the
+//!   scratch-staged f32/int one) runs directly on the ranks' buffers (`shm.rs`): each rank
+//!   reduces its 1/n segment in rank order, then copies the others' segments; across processes
+//!   it runs the TCP ring. Either way each element is rounded once, by one rank.
 //! - The coordinator thread of `hcclGetUniqueId` ends when its rendezvous completes, or
 //!   timeout + 5 s after the first join, or after 1 h.
 //! - Send/recv match by peer and issue order; outside a group they are still only enqueued
@@ -59,6 +64,7 @@ mod comm;
 mod enqueue;
 mod id;
 mod reduce;
+mod shm;
 mod transport;
 
 use std::cell::RefCell;

@@ -1,0 +1,221 @@
+//! Direct shared-memory all-reduce for communicators whose ranks all live in this mock instance
+//! (same process): no frames, no chunk copies through channels.
+//!
+//! Owns: [`Meet`] (the per-communicator rendezvous where ranks publish their buffers for one
+//! collective), the process-global registry of meets (keyed by communicator token) and the
+//! direct algorithm. Must not touch: the lockstep header exchange or the ring (`algo.rs`),
+//! transports, device memory locking (the caller holds the buffer's allocation lock until this
+//! returns).
+//!
+//! Algorithm (all ranks, after the header exchange agreed every rank takes this path):
+//! 1. entry: publish the buffer address and wait (cancellable: abort, peer failure, peer gone,
+//!    timeout) until every rank has published; the last arriver sets `go`. Before `go` a rank
+//!    may withdraw; after `go` every rank is committed.
+//! 2. reduce: rank r combines segment r of every rank's buffer, in rank order 0, 1, …, n-1
+//!    (`acc = op(acc, buf_p)`, p ascending) and writes it into its own segment r. Each element is
+//!    therefore reduced exactly once, by one rank, in a fixed order: results are bitwise
+//!    identical on all ranks.
+//! 3. barrier (not cancellable), 4. gather: rank r copies segment p from rank p for every p ≠ r,
+//!    5. barrier (not cancellable), then return.
+//!
+//! Soundness: during steps 2–4 rank r writes only segment r of its own buffer (step 2) or
+//! segments p ≠ r of its own buffer (step 4); in step 2 segment r of any buffer is touched only
+//! by rank r, in step 4 segment p of buffer p is only read (by everyone) and segment p of buffer
+//! r ≠ p is only written (by rank r). The barriers separate the steps, so no byte is written
+//! while another thread reads or writes it. Each buffer stays valid until its owner returns,
+//! which is after the final barrier, i.e. after every peer stopped reading it. The post-`go`
+//! barriers wait only on ranks doing pure computation, so they terminate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use habana_sys::hcclResult_t;
+
+use super::HErr;
+use super::comm::{Comm, OpCtx};
+use super::reduce::{Dtype, RedOp, reduce_into};
+use super::transport::Rx;
+
+/// Bytes combined per step of the reduction (a cache-resident accumulator).
+const TILE_BYTES: usize = 32 << 10;
+
+/// Rendezvous of the ranks of one in-process communicator.
+#[derive(Debug)]
+pub(crate) struct Meet {
+    n: u32,
+    st: Mutex<St>,
+    cv: Condvar,
+}
+
+#[derive(Debug)]
+struct St {
+    /// Collective sequence number this state belongs to.
+    seq: u64,
+    arrived: u32,
+    go: bool,
+    reduced: u32,
+    gathered: u32,
+    /// Per rank: published buffer address and length in bytes (None: not joined).
+    bufs: Vec<Option<(usize, usize)>>,
+}
+
+impl St {
+    fn fresh(seq: u64, n: u32) -> Self {
+        Self { seq, arrived: 0, go: false, reduced: 0, gathered: 0, bufs: vec![None; n as usize] }
+    }
+}
+
+fn meets() -> MutexGuard<'static, HashMap<[u8; 16], Weak<Meet>>> {
+    static M: OnceLock<Mutex<HashMap<[u8; 16], Weak<Meet>>>> = OnceLock::new();
+    M.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The meet shared by the in-process ranks of communicator `token` (`n` ranks), created by
+/// the first rank that asks; freed when the last communicator holding it is dropped.
+pub(crate) fn meet_for(token: [u8; 16], n: u32) -> Arc<Meet> {
+    let mut m = meets();
+    m.retain(|_, w| w.strong_count() > 0);
+    if let Some(a) = m.get(&token).and_then(Weak::upgrade)
+        && a.n == n
+    {
+        return a;
+    }
+    let a = Arc::new(Meet { n, st: Mutex::new(St::fresh(0, n)), cv: Condvar::new() });
+    m.insert(token, Arc::downgrade(&a));
+    a
+}
+
+impl Meet {
+    fn lock(&self) -> MutexGuard<'_, St> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Non-cancellable barrier on counter `f` (only used after `go`).
+    fn barrier(&self, f: fn(&mut St) -> &mut u32) {
+        let mut st = self.lock();
+        *f(&mut st) += 1;
+        self.cv.notify_all();
+        while *f(&mut st) < self.n {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Element range of segment `s` of `count` split into `n` nearly equal parts.
+fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
+    let at = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
+    at(s)..at(s + 1)
+}
+
+/// All-reduce of `buf` (`count` elements of `dtype`, whose accumulation type is its device
+/// type) with `op` across the ranks of `comm`, which must all run this function for collective
+/// `seq`. Errors (before the ranks committed): the comm or stream is aborted, an async error or
+/// a peer failure (codes as in [`Comm::recv`]), a peer gone (hcclSocketError), no progress for
+/// the comm timeout (hcclInternalError).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn all_reduce(
+    meet: &Meet,
+    comm: &Comm,
+    rx: &mut Rx,
+    ctx: &OpCtx<'_>,
+    seq: u64,
+    dtype: Dtype,
+    op: RedOp,
+    buf: &mut [u8],
+) -> Result<(), HErr> {
+    let (n, r) = (meet.n as usize, comm.rank as usize);
+    let esz = dtype.size();
+    let count = buf.len() / esz;
+    let me = (buf.as_mut_ptr() as usize, buf.len());
+    // From here on `buf` is only accessed through the published raw address (peers too).
+    let bufs = {
+        let mut st = meet.lock();
+        if st.seq != seq {
+            *st = St::fresh(seq, meet.n);
+        }
+        st.bufs[r] = Some(me);
+        st.arrived += 1;
+        if st.arrived == meet.n {
+            st.go = true;
+            meet.cv.notify_all();
+        }
+        let deadline = Instant::now() + comm.timeout;
+        while !st.go {
+            st = meet.cv.wait_timeout(st, Duration::from_millis(20)).unwrap_or_else(|e| e.into_inner()).0;
+            if st.go {
+                break;
+            }
+            rx.drain();
+            let err = match comm.check(rx, ctx) {
+                Err(e) => Some(e),
+                Ok(()) => {
+                    if let Some((p, why)) = rx.gone.iter().enumerate().find_map(|(p, g)| g.clone().map(|g| (p, g))) {
+                        let pid = comm.peers.get(p).map_or(0, |q| q.pid);
+                        let msg = format!("peer rank {p} (pid {pid}) is gone ({why})");
+                        Some(comm.fail(ctx, hcclResult_t::SOCKET_ERROR, msg))
+                    } else if Instant::now() >= deadline {
+                        let p = st.bufs.iter().position(Option::is_none).unwrap_or(r);
+                        let msg = format!("timed out after {} ms waiting for rank {p}", comm.timeout.as_millis());
+                        Some(comm.fail(ctx, hcclResult_t::INTERNAL_ERROR, msg))
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(e) = err {
+                // Withdraw: `go` is not set, so no peer has read our address.
+                st.arrived -= 1;
+                st.bufs[r] = None;
+                return Err(e);
+            }
+        }
+        st.bufs.iter().map(|b| b.unwrap_or((0, usize::MAX))).collect::<Vec<_>>()
+    };
+    if bufs.iter().any(|&(_, len)| len != buf.len()) {
+        // Unreachable after the header check (same count and dtype); never touch peers then.
+        meet.barrier(|s| &mut s.reduced);
+        meet.barrier(|s| &mut s.gathered);
+        let msg = format!("lockstep mismatch: buffer lengths {:?}", bufs.iter().map(|b| b.1).collect::<Vec<_>>());
+        return Err(comm.fail(ctx, hcclResult_t::INVALID_USAGE, msg));
+    }
+    let own = seg(count, n, r);
+    let per = (TILE_BYTES / esz).max(1);
+    let mut acc = vec![0u8; per.min(own.len()) * esz];
+    let mut a = own.start;
+    while a < own.end {
+        let b = (a + per).min(own.end);
+        let (lo, len) = (a * esz, (b - a) * esz);
+        let acc = &mut acc[..len];
+        for (p, &(base, _)) in bufs.iter().enumerate() {
+            // SAFETY: `base` is a live buffer of `buf.len()` bytes (its owner waits in the final
+            // barrier before releasing it); [lo, lo+len) lies in segment r, which during this
+            // step only this rank accesses (module doc), so a shared view is not aliased by a
+            // write.
+            let src = unsafe { std::slice::from_raw_parts((base as *const u8).add(lo), len) };
+            if p == 0 {
+                acc.copy_from_slice(src);
+            } else {
+                reduce_into(dtype, op, acc, src);
+            }
+        }
+        // SAFETY: our own buffer, segment r; no other view of these bytes exists now (the shared
+        // view above has ended, peers do not touch segment r of our buffer in this step).
+        let dst = unsafe { std::slice::from_raw_parts_mut((me.0 as *mut u8).add(lo), len) };
+        dst.copy_from_slice(acc);
+        a = b;
+    }
+    meet.barrier(|s| &mut s.reduced);
+    for (p, &(base, _)) in bufs.iter().enumerate().filter(|&(p, _)| p != r) {
+        let s = seg(count, n, p);
+        let (lo, len) = (s.start * esz, s.len() * esz);
+        // SAFETY: segment p of rank p's live buffer is only read during this step (module doc).
+        let src = unsafe { std::slice::from_raw_parts((base as *const u8).add(lo), len) };
+        // SAFETY: segment p ≠ r of our own buffer: only this rank writes it and nobody reads it
+        // during this step; distinct from `src` (another rank's buffer).
+        let dst = unsafe { std::slice::from_raw_parts_mut((me.0 as *mut u8).add(lo), len) };
+        dst.copy_from_slice(src);
+    }
+    meet.barrier(|s| &mut s.gathered);
+    Ok(())
+}
