@@ -14,6 +14,7 @@ pub mod hccl;
 pub mod kernels;
 pub mod mock;
 pub mod policy;
+pub mod schedule;
 pub mod sim;
 pub mod synapse;
 pub mod trace;

@@ -368,6 +368,33 @@ impl Comm {
         self.issue::<T>(stream, "all_reduce", buf.len(), call)
     }
 
+    /// In-place all-reduce of elements `range` of `buf` (`sendbuff == recvbuff` = the address of
+    /// element `range.start`, `count = range.len()`): one bucket of a larger gradient, so a
+    /// large model is reduced in bounded pieces without a staging copy. Returns the sequence
+    /// number.
+    ///
+    /// # Errors
+    /// [`HcclError::InvalidArgument`] when `range` is empty, reversed or past `buf.len()`
+    /// (before any C call); otherwise as [`Comm::all_reduce`].
+    pub fn all_reduce_range_in_place<T: HcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<u64> {
+        self.check_device("buffer", buf.device())?;
+        if range.start >= range.end || range.end > buf.len() {
+            return Err(HcclError::InvalidArgument {
+                what: "all_reduce range",
+                value: format!("{range:?} of a {}-element buffer", buf.len()),
+            });
+        }
+        let addr = buf.addr() + (range.start * size_of::<T>()) as u64;
+        let call = Call::AllReduce { send: addr, recv: addr, count: range.len(), op: op.raw() };
+        self.issue::<T>(stream, "all_reduce", range.len(), call)
+    }
+
     /// Copies `root`'s `send` into every rank's `recv` (`hcclBroadcast`; `send` is read on the
     /// root only).
     ///

@@ -113,6 +113,11 @@ pub struct DeviceOverride {
     /// slowdown ignored); once exhausted, the model applies again.
     #[serde(default)]
     pub script_ns: Vec<u64>,
+    /// When set, only launches of the recipe with this name consume `script_ns` (other
+    /// launches follow the model), so a test can script the forward/backward recipe of a
+    /// training step without counting the scheduler's own gradient launches.
+    #[serde(default)]
+    pub script_recipe: Option<String>,
 }
 
 fn one() -> f64 {

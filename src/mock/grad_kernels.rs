@@ -9,6 +9,7 @@
 //! - `scale_f32` [x, scale], `scale_bf16` [x, scale]: x *= scale (in place).
 //! - `accumulate_f32` [acc, x], `accumulate_bf16` [acc, x], `accumulate_bf16_to_f32` [acc: f32, x: bf16].
 //! - `scale_accumulate_f32` / `_bf16` / `_bf16_to_f32` [acc, x, scale]: acc += scale * x.
+//! - `nonfinite_flag_f32` [flag (4 bytes, u32), x: f32]: flag = any non-finite element of x.
 //!
 //! Element counts come from the tensors' byte sizes and must agree; misaligned or overlapping
 //! input/output tensors are rejected with synInvalidArgument (never undefined behaviour).
@@ -129,6 +130,21 @@ macro_rules! scale_acc_kernel {
     };
 }
 
+/// `nonfinite_flag_f32` [flag: 4 bytes, x: f32]: flag = 1 (as u32) if any element of x is NaN or
+/// infinite, else 0 (overwritten). Feeds the non-finite flag of the scheduler's count vector.
+unsafe extern "C" fn nonfinite_flag_f32(args: *const MockKernelArgs) -> synStatus {
+    // SAFETY: as for the scale kernels; flag and x are checked disjoint.
+    status(unsafe {
+        (|| {
+            let t = Tensors::new(args, 2)?;
+            t.disjoint(0, 1).then_some(())?;
+            let any = t.slice::<f32>(1)?.iter().any(|v| !v.is_finite());
+            t.slice_mut::<u32>(0)?.first_mut()?.clone_from(&u32::from(any));
+            Some(())
+        })()
+    })
+}
+
 scale_kernel!(scale_f32, f32, crate::kernels::scale_f32);
 scale_kernel!(scale_bf16, bf16, crate::kernels::scale_bf16);
 acc_kernel!(accumulate_f32, f32, f32, crate::kernels::accumulate_f32);
@@ -139,7 +155,7 @@ scale_acc_kernel!(scale_accumulate_bf16, bf16, bf16, crate::kernels::scale_accum
 scale_acc_kernel!(scale_accumulate_bf16_to_f32, f32, bf16, crate::kernels::scale_accumulate_bf16_to_f32);
 
 /// Names of the gradient kernels registered with every mock.
-pub const GRADIENT_KERNELS: [&str; 8] = [
+pub const GRADIENT_KERNELS: [&str; 9] = [
     "scale_f32",
     "scale_bf16",
     "accumulate_f32",
@@ -148,11 +164,12 @@ pub const GRADIENT_KERNELS: [&str; 8] = [
     "scale_accumulate_f32",
     "scale_accumulate_bf16",
     "scale_accumulate_bf16_to_f32",
+    "nonfinite_flag_f32",
 ];
 
 pub(crate) fn register(table: &mut HashMap<String, Kernel>) {
     let null = SendPtr(std::ptr::null_mut());
-    let fns: [super::MockKernelFn; 8] = [
+    let fns: [super::MockKernelFn; 9] = [
         scale_f32,
         scale_bf16,
         accumulate_f32,
@@ -161,6 +178,7 @@ pub(crate) fn register(table: &mut HashMap<String, Kernel>) {
         scale_accumulate_f32,
         scale_accumulate_bf16,
         scale_accumulate_bf16_to_f32,
+        nonfinite_flag_f32,
     ];
     for (name, f) in GRADIENT_KERNELS.iter().zip(fns) {
         table.insert((*name).to_string(), Kernel { f, user_data: null });

@@ -115,17 +115,29 @@ pub(crate) struct DeviceLatency {
     slowdown: f64,
     noise: Noise,
     script: VecDeque<u64>,
+    script_recipe: Option<String>,
 }
 
 impl DeviceLatency {
-    pub(crate) fn new(seed: u64, module: u32, slowdown: f64, noise: Noise, script: Vec<u64>) -> Self {
-        Self { rng: StdRng::seed_from_u64(module_seed(seed, module)), slowdown, noise, script: script.into() }
+    pub(crate) fn new(
+        seed: u64,
+        module: u32,
+        slowdown: f64,
+        noise: Noise,
+        script: Vec<u64>,
+        script_recipe: Option<String>,
+    ) -> Self {
+        let rng = StdRng::seed_from_u64(module_seed(seed, module));
+        Self { rng, slowdown, noise, script: script.into(), script_recipe }
     }
 
-    /// Latency in ns of the next launch of a recipe with base latency `base_ns`: the next script
-    /// entry if any, else round(base_ns × slowdown × noise factor).
-    pub(crate) fn next_launch_ns(&mut self, base_ns: u64) -> u64 {
-        if let Some(ns) = self.script.pop_front() {
+    /// Latency in ns of the next launch of recipe `recipe` with base latency `base_ns`: the
+    /// next script entry if any (and the script applies to this recipe), else
+    /// round(base_ns × slowdown × noise factor).
+    pub(crate) fn next_launch_ns(&mut self, base_ns: u64, recipe: &str) -> u64 {
+        if self.script_recipe.as_deref().is_none_or(|r| r == recipe)
+            && let Some(ns) = self.script.pop_front()
+        {
             return ns;
         }
         let f = self.noise.factor(&mut self.rng);
@@ -179,8 +191,8 @@ mod tests {
     fn device_latency_is_reproducible_and_module_specific() {
         let noise = Noise::Reference { delay_factor: 1.0 };
         let draw = |module| {
-            let mut d = DeviceLatency::new(42, module, 2.0, noise.clone(), vec![]);
-            (0..50).map(|_| d.next_launch_ns(1000)).collect::<Vec<_>>()
+            let mut d = DeviceLatency::new(42, module, 2.0, noise.clone(), vec![], None);
+            (0..50).map(|_| d.next_launch_ns(1000, "r")).collect::<Vec<_>>()
         };
         assert_eq!(draw(3), draw(3));
         assert_ne!(draw(3), draw(4));
@@ -190,8 +202,12 @@ mod tests {
 
     #[test]
     fn script_overrides_then_model_resumes() {
-        let mut d = DeviceLatency::new(0, 0, 3.0, Noise::None, vec![5, 7]);
-        assert_eq!([d.next_launch_ns(100), d.next_launch_ns(100), d.next_launch_ns(100)], [5, 7, 300]);
+        let mut d = DeviceLatency::new(0, 0, 3.0, Noise::None, vec![5, 7], None);
+        assert_eq!([d.next_launch_ns(100, "a"), d.next_launch_ns(100, "b"), d.next_launch_ns(100, "a")], [5, 7, 300]);
+        let mut d = DeviceLatency::new(0, 0, 3.0, Noise::None, vec![5, 7], Some("fwd".into()));
+        let got = [d.next_launch_ns(100, "acc"), d.next_launch_ns(100, "fwd"), d.next_launch_ns(10, "acc")];
+        assert_eq!(got, [300, 5, 30]);
+        assert_eq!([d.next_launch_ns(100, "fwd"), d.next_launch_ns(100, "fwd")], [7, 300]);
     }
 
     #[test]

@@ -153,7 +153,7 @@ pub(crate) unsafe fn launch(
     let Some(kernel) = r.kernels.get(&spec.kernel).copied() else {
         return fail(synStatus::INVALID_ARGUMENT, format!("kernel {:?} is no longer registered", spec.kernel));
     };
-    let latency_ns = r.modules[m as usize].latency.next_launch_ns(spec.latency.base_ns);
+    let latency_ns = r.modules[m as usize].latency.next_launch_ns(spec.latency.base_ns, &spec.name);
     drop(r);
     let events = evs.into_iter().map(|e| {
         let g = e.begin_record(stream.shared.clone());

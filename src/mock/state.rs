@@ -125,7 +125,9 @@ impl Registry {
                 let noise = o.and_then(|o| o.noise.clone()).unwrap_or_else(|| cfg.noise.clone());
                 let slowdown = o.map_or(1.0, |o| o.slowdown);
                 let script = o.map(|o| o.script_ns.clone()).unwrap_or_default();
-                Module { acquired: None, used: 0, latency: DeviceLatency::new(cfg.seed, m, slowdown, noise, script) }
+                let only = o.and_then(|o| o.script_recipe.clone());
+                let latency = DeviceLatency::new(cfg.seed, m, slowdown, noise, script, only);
+                Module { acquired: None, used: 0, latency }
             })
             .collect();
     }

@@ -146,7 +146,13 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
     let cfg = MockConfig {
         time_mode: TimeMode::Virtual,
         copy_bandwidth_gbps: 1.0,
-        per_device: vec![DeviceOverride { module_id: 2, slowdown: 3.0, noise: None, script_ns: vec![1234, 5678] }],
+        per_device: vec![DeviceOverride {
+            module_id: 2,
+            slowdown: 3.0,
+            noise: None,
+            script_ns: vec![1234, 5678],
+            script_recipe: None,
+        }],
         ..MockConfig::default()
     };
     c.configure(&cfg).unwrap();

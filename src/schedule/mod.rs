@@ -1,0 +1,92 @@
+//! The DropCompute step scheduler: the host-side loop that runs one training step on one rank
+//! (`../shared/reference/dropcompute.md` §2, with exact normalization, lockstep collectives and
+//! a ledger so no sample is silently lost).
+//!
+//! Owns: the step loop ([`Scheduler`], [`Workload`]), its configuration ([`SchedulerConfig`]),
+//! the data-source and ledger types, the gradient recipes it launches ([`GradientOps`]) and the
+//! step report. Must not touch: the deadline rule (`policy`, shared with the simulator), the
+//! user's model (behind [`Workload`]), threshold search (`tune`; driven through
+//! [`Scheduler::set_threshold`] / [`Scheduler::set_retuner`]).
+#![forbid(unsafe_code)]
+
+mod config;
+mod data;
+mod ops;
+mod report;
+mod step;
+
+pub use config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weighting};
+pub use data::{DataSource, DropFate, DropLedger, DropRecord, EpochQueue, MicroBatch};
+pub use ops::{GradientOps, GradientRecipes, GradientScratch, load_mock};
+pub use report::{CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
+pub use step::{Scheduler, Workload};
+
+/// Error returned by a [`Workload`] (any error type).
+pub type WorkloadError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a step (or the scheduler's construction) failed. Every variant names the rank, the step
+/// and the call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// A device call of the scheduler failed (launch, copy, event, allocation).
+    #[error("rank {rank}, step {step}: {call} failed: {source}")]
+    Device {
+        /// Rank.
+        rank: u32,
+        /// Step (0 during construction).
+        step: u64,
+        /// The operation.
+        call: &'static str,
+        /// The runtime's error.
+        #[source]
+        source: crate::synapse::Error,
+    },
+    /// A collective failed: timeout, lost peer, asynchronous error, bad argument.
+    #[error("rank {rank}, step {step}: {call} failed: {source}")]
+    Collective {
+        /// Rank.
+        rank: u32,
+        /// Step.
+        step: u64,
+        /// The operation.
+        call: &'static str,
+        /// The communicator's typed error (its flight recorder has the history).
+        #[source]
+        source: crate::hccl::HcclError,
+    },
+    /// The user's workload failed.
+    #[error("rank {rank}, step {step}: workload {call} failed: {source}")]
+    Workload {
+        /// Rank.
+        rank: u32,
+        /// Step.
+        step: u64,
+        /// `launch_micro_batch` or `launch_optimizer`.
+        call: &'static str,
+        /// The workload's error.
+        #[source]
+        source: WorkloadError,
+    },
+    /// A micro-batch from the data source is unusable.
+    #[error("rank {rank}, step {step}: bad micro-batch: {what}")]
+    Data {
+        /// Rank.
+        rank: u32,
+        /// Step.
+        step: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// An invalid configuration field.
+    #[error("invalid scheduler configuration: {what} = {value}")]
+    Config {
+        /// The field.
+        what: &'static str,
+        /// Its value and the rule.
+        value: String,
+    },
+    /// The threshold re-tuner rejected the step's latency matrix.
+    #[error(transparent)]
+    Retune(#[from] crate::tune::retune::RetuneError),
+}

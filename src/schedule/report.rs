@@ -1,0 +1,274 @@
+//! What one step did: [`StepReport`] (identical global view on every rank plus this rank's
+//! timings), the per-micro-batch [`MicroBatchRecord`], and the per-rank straggler statistics.
+//!
+//! Owns: the report types, the conversion to compute-log rows (`trace::ComputeLogRecord`, the
+//! format the tuner consumes) and [`StragglerTracker`]. Must not touch: devices or collectives.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::Threshold;
+use crate::trace::compute_log::ComputeLogRecord;
+
+/// One rank's counts for one step, as gathered from every rank (all ranks see the same values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankStepStats {
+    /// Micro-batches computed.
+    pub computed: u32,
+    /// Micro-batches scheduled but not started (dropped).
+    pub dropped: u32,
+    /// Samples computed.
+    pub samples: u64,
+    /// Tokens computed (0 unless micro-batches carry token counts).
+    pub tokens: u64,
+    /// Compute phase on the device (ns): end of the last computed micro-batch minus end of the
+    /// previous optimizer step.
+    pub compute_ns: u64,
+    /// This rank's accumulated gradient had a NaN or infinity.
+    pub nonfinite: bool,
+}
+
+/// Why every rank skipped the optimizer update of a step (state unchanged).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SkipReason {
+    /// The global computed weight (samples or tokens) was zero.
+    ZeroCount,
+    /// These ranks' gradients had a NaN or infinity.
+    NonFinite {
+        /// Ranks with a non-finite local gradient.
+        ranks: Vec<u32>,
+    },
+}
+
+/// The timing of one scheduled micro-batch on this rank (one compute-log row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MicroBatchRecord {
+    /// 0-based step.
+    pub step: u64,
+    /// Position in the step (0-based).
+    pub micro_batch: u32,
+    /// Device timestamp (ns) when it started; for a dropped one, when it was dropped (the end of
+    /// the last computed micro-batch, or the step start).
+    pub start_ns: u64,
+    /// Device duration (ns); 0 when dropped.
+    pub duration_ns: u64,
+    /// Samples in it.
+    pub samples: u64,
+    /// Not started because of the deadline.
+    pub dropped: bool,
+}
+
+/// The outcome of one step on one rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    /// 0-based step.
+    pub step: u64,
+    /// This rank.
+    pub rank: u32,
+    /// World size N.
+    pub world_size: u32,
+    /// Threshold in force for this step.
+    pub threshold_ns: Option<u64>,
+    /// Per-rank counts, indexed by rank (identical on every rank).
+    pub ranks: Vec<RankStepStats>,
+    /// The normalization divisor applied to the summed gradient (global samples or tokens for
+    /// realized, N·M·b for nominal); 0 when skipped.
+    pub divisor: f64,
+    /// Why the update was skipped, if it was.
+    pub skip: Option<SkipReason>,
+    /// This rank's compute phase (ns, device time).
+    pub compute_ns: u64,
+    /// Estimated wait for the slowest rank (ns): max over ranks of compute time minus this
+    /// rank's (compute phases start together after the previous collective).
+    pub wait_ns: u64,
+    /// Device time of the collective group and count read-back on this rank (ns), minus the
+    /// wait.
+    pub collective_ns: u64,
+    /// Device time from the previous optimizer end to this step's optimizer end (ns).
+    pub step_ns: u64,
+    /// Sequence numbers of this step's collectives (first, last).
+    pub collective_seqs: (u64, u64),
+    /// This rank's micro-batches, scheduled order (computed then dropped).
+    pub micro_batches: Vec<MicroBatchRecord>,
+}
+
+impl StepReport {
+    /// Micro-batches computed over all ranks.
+    pub fn global_computed(&self) -> u64 {
+        self.ranks.iter().map(|r| u64::from(r.computed)).sum()
+    }
+
+    /// Micro-batches dropped over all ranks.
+    pub fn global_dropped(&self) -> u64 {
+        self.ranks.iter().map(|r| u64::from(r.dropped)).sum()
+    }
+
+    /// Samples computed over all ranks.
+    pub fn global_samples(&self) -> u64 {
+        self.ranks.iter().map(|r| r.samples).sum()
+    }
+
+    /// Drop rate of this step: dropped / scheduled micro-batches over all ranks (0 when nothing
+    /// was scheduled).
+    pub fn drop_rate(&self) -> f64 {
+        let d = self.global_dropped() as f64;
+        let all = d + self.global_computed() as f64;
+        if all > 0.0 { d / all } else { 0.0 }
+    }
+
+    /// Whether this rank stopped early (hit the threshold).
+    pub fn hit_threshold(&self, rank: u32) -> bool {
+        self.ranks.get(rank as usize).is_some_and(|r| r.dropped > 0)
+    }
+
+    /// This rank's micro-batches as compute-log rows (reference columns + rank, start, duration):
+    /// `batch` = samples, `sentence_length` = 0 (not a sequence workload), `computed_batch` =
+    /// samples computed in this step so far, `iteration_time_ms` = duration.
+    pub fn compute_log(&self, local_step: u32) -> Vec<ComputeLogRecord> {
+        let mut computed = 0u64;
+        self.micro_batches
+            .iter()
+            .map(|m| {
+                if !m.dropped {
+                    computed += m.samples;
+                }
+                ComputeLogRecord {
+                    global_step: self.step,
+                    local_step,
+                    world_size: self.world_size,
+                    batch: m.samples as u32,
+                    sentence_length: 0,
+                    computed_batch: computed,
+                    compute_dropped: m.dropped,
+                    iteration_time_ms: m.duration_ns as f64 / 1e6,
+                    rank: self.rank,
+                    start_ns: m.start_ns,
+                    duration_ns: m.duration_ns,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Per-rank straggler statistics over the steps seen so far (same on every rank: fed from the
+/// gathered counts).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StragglerTracker {
+    alpha: f64,
+    chronic_fraction: f64,
+    steps: u64,
+    /// Steps in which each rank hit the threshold (dropped at least one micro-batch).
+    pub hits: Vec<u64>,
+    /// Exponentially weighted mean compute time per rank (ns).
+    pub ewma_compute_ns: Vec<f64>,
+}
+
+/// Minimum number of steps before a rank can be flagged a chronic straggler.
+pub const CHRONIC_MIN_STEPS: u64 = 10;
+
+impl StragglerTracker {
+    /// A tracker for `world_size` ranks with EWMA factor `alpha` and chronic hit fraction.
+    pub fn new(world_size: usize, alpha: f64, chronic_fraction: f64) -> Self {
+        Self { alpha, chronic_fraction, steps: 0, hits: vec![0; world_size], ewma_compute_ns: vec![0.0; world_size] }
+    }
+
+    /// Feeds one step's gathered per-rank counts (ignored if the length differs).
+    pub fn observe(&mut self, ranks: &[RankStepStats]) {
+        if ranks.len() != self.hits.len() {
+            return;
+        }
+        for (i, r) in ranks.iter().enumerate() {
+            self.hits[i] += u64::from(r.dropped > 0);
+            let x = r.compute_ns as f64;
+            let e = &mut self.ewma_compute_ns[i];
+            *e = if self.steps == 0 { x } else { self.alpha * x + (1.0 - self.alpha) * *e };
+        }
+        self.steps += 1;
+    }
+
+    /// Steps observed.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Ranks flagged as chronic stragglers: after at least [`CHRONIC_MIN_STEPS`] steps, a rank
+    /// whose hit fraction is >= the configured fraction and whose smoothed compute time exceeds
+    /// the median rank's by more than 10 %.
+    pub fn chronic(&self) -> Vec<u32> {
+        if self.steps < CHRONIC_MIN_STEPS || self.hits.is_empty() {
+            return Vec::new();
+        }
+        let mut sorted = self.ewma_compute_ns.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        (0..self.hits.len())
+            .filter(|&i| {
+                self.hits[i] as f64 / self.steps as f64 >= self.chronic_fraction
+                    && self.ewma_compute_ns[i] > 1.1 * median
+            })
+            .map(|i| i as u32)
+            .collect()
+    }
+}
+
+/// The threshold as an optional ns value for reports.
+pub(crate) fn threshold_ns(t: Threshold) -> Option<u64> {
+    t.as_ns()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_persistently_slow_rank_is_flagged_and_others_are_not() {
+        let mut t = StragglerTracker::new(4, 0.2, 0.5);
+        for step in 0..20u64 {
+            let ranks: Vec<_> = (0..4)
+                .map(|r| RankStepStats {
+                    computed: 8,
+                    dropped: u32::from(r == 2 || (r == 1 && step % 5 == 0)),
+                    compute_ns: if r == 2 { 30_000 } else { 20_000 + 100 * r as u64 },
+                    ..Default::default()
+                })
+                .collect();
+            t.observe(&ranks);
+            if step + 1 < CHRONIC_MIN_STEPS {
+                assert!(t.chronic().is_empty());
+            }
+        }
+        assert_eq!(t.chronic(), vec![2]);
+        assert_eq!(t.hits, vec![0, 4, 20, 0]);
+        assert!((t.ewma_compute_ns[2] - 30_000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn compute_log_rows_count_computed_samples_cumulatively() {
+        let mb = |i: u32, dropped: bool| MicroBatchRecord {
+            step: 5,
+            micro_batch: i,
+            start_ns: 100 * u64::from(i),
+            duration_ns: if dropped { 0 } else { 90 },
+            samples: 4,
+            dropped,
+        };
+        let r = StepReport {
+            step: 5,
+            rank: 1,
+            world_size: 2,
+            threshold_ns: Some(250),
+            ranks: vec![],
+            divisor: 0.0,
+            skip: None,
+            compute_ns: 0,
+            wait_ns: 0,
+            collective_ns: 0,
+            step_ns: 0,
+            collective_seqs: (0, 0),
+            micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
+        };
+        let rows = r.compute_log(5);
+        assert_eq!(rows.iter().map(|r| r.computed_batch).collect::<Vec<_>>(), vec![4, 8, 8]);
+        assert_eq!(rows.iter().map(|r| r.compute_dropped).collect::<Vec<_>>(), vec![false, false, true]);
+        assert!(rows.iter().all(|r| r.rank == 1 && r.world_size == 2));
+    }
+}

@@ -1,0 +1,663 @@
+//! The step scheduler on the mock, ranks as threads, virtual device time (deterministic):
+//! normalization against an f64 oracle (proptest), exact deadline decisions for latency
+//! scripts in both check modes and several sync lags, warm-up, host-clock independence,
+//! lockstep collective ledgers, the drop ledger over an epoch, and the measured overshoot under
+//! the reference noise.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use dropcompute::hccl::{Comm, CommOptions};
+use dropcompute::mock::{self, DeviceOverride, Fault, MockConfig, MockControl, MockRecipe, Noise, TimeMode};
+use dropcompute::policy::{CheckMode, PolicyConfig, Threshold};
+use dropcompute::schedule::{
+    DataSource, DropHandling, EpochQueue, GradDtype, GradientOps, GradientScratch, MicroBatch, Normalization,
+    Scheduler, SchedulerConfig, SkipReason, StepReport, Weighting, Workload, WorkloadError, load_mock,
+};
+use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Runtime, Stream};
+use half::bf16;
+use proptest::prelude::*;
+
+const FWD: &str = "test_fwd";
+
+/// The mock is process-global: tests take turns and reconfigure it.
+fn serial(cfg: &MockConfig) -> MutexGuard<'static, ()> {
+    static L: Mutex<()> = Mutex::new(());
+    let g = L.lock().unwrap_or_else(|p| p.into_inner());
+    let ctl = MockControl::in_process();
+    ctl.inject_fault(&Fault::ClearAll).unwrap();
+    ctl.configure(cfg).unwrap();
+    g
+}
+
+fn runtime() -> &'static Arc<Runtime> {
+    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RT.get_or_init(|| Runtime::new(mock::api()).unwrap())
+}
+
+/// Virtual time, no noise, `n` modules, the forward recipe of module r scripted with
+/// `scripts[r]` (other launches take their base latency).
+fn mock_cfg(n: u32, scripts: &[Vec<u64>]) -> MockConfig {
+    MockConfig {
+        devices: n.max(1),
+        time_mode: TimeMode::Virtual,
+        per_device: scripts
+            .iter()
+            .enumerate()
+            .map(|(m, s)| DeviceOverride {
+                module_id: m as u32,
+                slowdown: 1.0,
+                noise: None,
+                script_ns: s.clone(),
+                script_recipe: Some(FWD.into()),
+            })
+            .collect(),
+        ..MockConfig::default()
+    }
+}
+
+/// Gradient element j contributed by sample s: a small integer, exact in f32 and bf16 sums.
+fn g(s: u64, j: usize) -> f64 {
+    ((s * 31 + j as u64 * 7) % 17) as f64 - 8.0
+}
+
+/// The test model: the forward/backward recipe copies a host-prepared gradient (sum of g over
+/// the micro-batch's samples) into the scratch; the optimizer is `params += -1 * grad`.
+struct TestWork {
+    p: usize,
+    dtype: GradDtype,
+    fwd: Recipe,
+    opt: Recipe,
+    params: DeviceBuffer<f32>,
+    neg_one: DeviceBuffer<f32>,
+    input_f32: DeviceBuffer<f32>,
+    input_bf16: DeviceBuffer<bf16>,
+    keep_f32: Vec<HostBuffer<f32>>,
+    keep_bf16: Vec<HostBuffer<bf16>>,
+    /// (step, sample ids) launched.
+    launched: Vec<(u64, Vec<u64>)>,
+    optimizer_calls: Vec<u64>,
+    nan_at_step: Option<u64>,
+    host_delay: Duration,
+}
+
+impl TestWork {
+    fn new(rt: &Arc<Runtime>, s: &Stream, p: usize, dtype: GradDtype, fwd_base_ns: u64) -> Self {
+        let dev = s.device();
+        let xb = match dtype {
+            GradDtype::F32 => 4 * p,
+            GradDtype::Bf16 => 2 * p,
+        } as u64;
+        let fwd = load_mock(
+            rt,
+            MockRecipe::new(FWD, "copy").tensor("src", xb).tensor("dst", xb).base_latency_ns(fwd_base_ns),
+        )
+        .unwrap();
+        let opt = load_mock(
+            rt,
+            MockRecipe::new("test_sgd", "scale_accumulate_f32")
+                .tensor("acc", 4 * p as u64)
+                .tensor("x", 4 * p as u64)
+                .tensor("scale", 4),
+        )
+        .unwrap();
+        let mut params = DeviceBuffer::alloc(dev, p).unwrap();
+        s.copy_h2d(&HostBuffer::from_slice(dev, &vec![0f32; p]).unwrap(), &mut params).unwrap();
+        let mut neg_one = DeviceBuffer::alloc(dev, 1).unwrap();
+        s.copy_h2d(&HostBuffer::from_slice(dev, &[-1f32]).unwrap(), &mut neg_one).unwrap();
+        s.synchronize().unwrap();
+        Self {
+            p,
+            dtype,
+            fwd,
+            opt,
+            params,
+            neg_one,
+            input_f32: DeviceBuffer::alloc(dev, p).unwrap(),
+            input_bf16: DeviceBuffer::alloc(dev, p).unwrap(),
+            keep_f32: vec![],
+            keep_bf16: vec![],
+            launched: vec![],
+            optimizer_calls: vec![],
+            nan_at_step: None,
+            host_delay: Duration::ZERO,
+        }
+    }
+
+    fn params(&self, s: &Stream) -> Vec<f32> {
+        let mut h = HostBuffer::zeroed(s.device(), self.p).unwrap();
+        s.copy_d2h(&self.params, &mut h).unwrap();
+        h.to_vec().unwrap()
+    }
+}
+
+impl Workload for TestWork {
+    fn launch_micro_batch(
+        &mut self,
+        s: &Stream,
+        step: u64,
+        _index: u32,
+        mb: &MicroBatch,
+        grad: &mut GradientScratch,
+    ) -> Result<(), WorkloadError> {
+        std::thread::sleep(self.host_delay);
+        let mut v: Vec<f64> = (0..self.p).map(|j| mb.sample_ids.iter().map(|&s| g(s, j)).sum()).collect();
+        if self.nan_at_step == Some(step) {
+            v[self.p / 2] = f64::NAN;
+        }
+        let ids = self.fwd.tensor_ids(&["src", "dst"])?;
+        match self.dtype {
+            GradDtype::F32 => {
+                let h = HostBuffer::from_slice(s.device(), &v.iter().map(|&x| x as f32).collect::<Vec<_>>())?;
+                s.copy_h2d(&h, &mut self.input_f32)?;
+                self.keep_f32.push(h);
+                let out = grad.as_f32_mut().ok_or("scratch is not f32")?;
+                s.launch(
+                    &self.fwd,
+                    &[LaunchTensor::by_id(ids[0], &self.input_f32), LaunchTensor::by_id(ids[1], out)],
+                    None,
+                    &[],
+                )?;
+            }
+            GradDtype::Bf16 => {
+                let h = HostBuffer::from_slice(s.device(), &v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>())?;
+                s.copy_h2d(&h, &mut self.input_bf16)?;
+                self.keep_bf16.push(h);
+                let out = grad.as_bf16_mut().ok_or("scratch is not bf16")?;
+                s.launch(
+                    &self.fwd,
+                    &[LaunchTensor::by_id(ids[0], &self.input_bf16), LaunchTensor::by_id(ids[1], out)],
+                    None,
+                    &[],
+                )?;
+            }
+        }
+        self.launched.push((step, mb.sample_ids.clone()));
+        Ok(())
+    }
+
+    fn launch_optimizer(&mut self, s: &Stream, step: u64, grad: &DeviceBuffer<f32>) -> Result<(), WorkloadError> {
+        let ids = self.opt.tensor_ids(&["acc", "x", "scale"])?;
+        s.launch(
+            &self.opt,
+            &[
+                LaunchTensor::by_id(ids[0], &self.params),
+                LaunchTensor::by_id(ids[1], grad),
+                LaunchTensor::by_id(ids[2], &self.neg_one),
+            ],
+            None,
+            &[],
+        )?;
+        self.optimizer_calls.push(step);
+        Ok(())
+    }
+}
+
+/// What one rank returns.
+struct RankRun {
+    reports: Vec<StepReport>,
+    launched: Vec<(u64, Vec<u64>)>,
+    optimizer_calls: Vec<u64>,
+    params: Vec<f32>,
+    ledger: Vec<(u64, String, String, usize)>,
+    drop_ledger: dropcompute::schedule::DropLedger,
+}
+
+struct World {
+    n: u32,
+    cfg: SchedulerConfig,
+    steps: u64,
+    fwd_base_ns: u64,
+    /// Per-rank data source factory.
+    data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
+    nan: Option<(u32, u64)>,
+    host_delay: Duration,
+}
+
+fn run(w: &World) -> Vec<RankRun> {
+    let rt = runtime();
+    let id = Comm::unique_id(rt).unwrap();
+    let opts = CommOptions { timeout: Duration::from_secs(30), ..CommOptions::default() };
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..w.n)
+            .map(|rank| {
+                let opts = opts.clone();
+                sc.spawn(move || {
+                    let dev = Device::acquire(rt, rank).unwrap();
+                    let comm = Comm::init_rank(&dev, w.n, &id, rank, opts).unwrap();
+                    let ops = GradientOps::mock(rt, w.cfg.gradient_len, w.cfg.grad_dtype).unwrap();
+                    let mut sched = Scheduler::new(comm, w.cfg.clone(), ops).unwrap();
+                    let mut work =
+                        TestWork::new(rt, sched.stream(), w.cfg.gradient_len, w.cfg.grad_dtype, w.fwd_base_ns);
+                    work.host_delay = w.host_delay;
+                    if let Some((r, s)) = w.nan
+                        && r == rank
+                    {
+                        work.nan_at_step = Some(s);
+                    }
+                    let mut data = (w.data)(rank);
+                    let mut reports = vec![];
+                    for step in 0..w.steps {
+                        let (rep, _) = sched.step(step, data.as_mut(), &mut work).unwrap();
+                        reports.push(rep);
+                    }
+                    let params = work.params(sched.stream());
+                    let ledger = sched
+                        .comm()
+                        .flight_recorder()
+                        .entries()
+                        .into_iter()
+                        .map(|e| (e.seq, e.op.to_string(), e.dtype.to_string(), e.count))
+                        .collect();
+                    RankRun {
+                        reports,
+                        launched: std::mem::take(&mut work.launched),
+                        optimizer_calls: work.optimizer_calls.clone(),
+                        params,
+                        ledger,
+                        drop_ledger: sched.ledger().clone(),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn fixed(ns: u64) -> Threshold {
+    Threshold::Fixed(Duration::from_nanos(ns))
+}
+
+/// A data source handing out `m` micro-batches per step forever: ids `rank * 1e6 + counter`,
+/// sizes from `sizes` (cycled), tokens = 3 * samples + rank.
+struct Endless {
+    rank: u32,
+    next: u64,
+    sizes: Vec<usize>,
+    k: usize,
+    back: Vec<MicroBatch>,
+}
+
+impl DataSource for Endless {
+    fn next_micro_batch(&mut self) -> Option<MicroBatch> {
+        if let Some(mb) = self.back.pop() {
+            return Some(mb);
+        }
+        let n = self.sizes[self.k % self.sizes.len()];
+        self.k += 1;
+        let ids: Vec<u64> = (0..n as u64).map(|i| u64::from(self.rank) * 1_000_000 + self.next + i).collect();
+        self.next += n as u64;
+        Some(MicroBatch { tokens: Some(3 * n as u64 + u64::from(self.rank)), sample_ids: ids })
+    }
+    fn requeue(&mut self, dropped: Vec<MicroBatch>) {
+        self.back.extend(dropped.into_iter().rev());
+    }
+}
+
+fn endless(sizes: Vec<usize>) -> Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> {
+    Box::new(move |rank| Box::new(Endless { rank, next: 0, sizes: sizes.clone(), k: 0, back: vec![] }))
+}
+
+fn base_cfg(m: u32, b: u32, p: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        micro_batches: m,
+        micro_batch_size: b,
+        gradient_len: p,
+        bucket_bytes: 4 * 5, // several buckets even for tiny gradients
+        policy: PolicyConfig {
+            threshold: Threshold::Off,
+            check: CheckMode::BeforeMicroBatch,
+            warmup_steps: 0,
+            min_micro_batches: 1,
+        },
+        ..SchedulerConfig::default()
+    }
+}
+
+/// The f64 oracle of the parameters after all steps: params = -Σ_step (Σ computed g) / divisor,
+/// with divisor = global computed samples (or tokens) for realized, N·M·b for nominal, and a
+/// zero global weight skipping the step. Returns (params, divisor per step).
+fn oracle(
+    runs: &[RankRun],
+    cfg: &SchedulerConfig,
+    steps: u64,
+    tokens_of: impl Fn(u32, usize) -> u64,
+) -> (Vec<f64>, Vec<f64>) {
+    let p = cfg.gradient_len;
+    let n = runs.len() as f64;
+    let mut params = vec![0f64; p];
+    let mut divisors = vec![];
+    for step in 0..steps {
+        let mut sum = vec![0f64; p];
+        let mut weight = 0u64;
+        for (r, run) in runs.iter().enumerate() {
+            for (_, ids) in run.launched.iter().filter(|(s, _)| *s == step) {
+                for (j, acc) in sum.iter_mut().enumerate() {
+                    *acc += ids.iter().map(|&s| g(s, j)).sum::<f64>();
+                }
+                weight += match cfg.weighting {
+                    Weighting::Samples => ids.len() as u64,
+                    Weighting::Tokens => tokens_of(r as u32, ids.len()),
+                };
+            }
+        }
+        if weight == 0 {
+            divisors.push(0.0);
+            continue;
+        }
+        let d = match cfg.normalization {
+            Normalization::Realized => weight as f64,
+            Normalization::Nominal => n * f64::from(cfg.micro_batches) * f64::from(cfg.micro_batch_size),
+        };
+        divisors.push(d);
+        for (x, s) in params.iter_mut().zip(&sum) {
+            *x -= s / d;
+        }
+    }
+    (params, divisors)
+}
+
+/// Per-rank constant forward latency making rank r compute exactly `c` micro-batches at a
+/// non-warm-up step in predictive mode under threshold `t` (k = 0): L = t / (c + 1/2), or 2t for
+/// c = 0 (the estimate alone overshoots).
+fn latency_for(c: u32, t: u64) -> u64 {
+    if c == 0 { 2 * t } else { (t as f64 / (f64::from(c) + 0.5)) as u64 }
+}
+
+fn assert_lockstep(runs: &[RankRun]) {
+    for r in runs {
+        assert_eq!(r.ledger, runs[0].ledger, "collective ledgers differ between ranks");
+    }
+    assert!(!runs[0].ledger.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_update_equals_the_f64_oracle(
+        n in 1u32..=8,
+        m in 1u32..=4,
+        computed in proptest::collection::vec(0u32..=4, 8),
+        sizes in proptest::collection::vec(1usize..=4, 1..6),
+        nominal in any::<bool>(),
+        tokens in any::<bool>(),
+        bf in any::<bool>(),
+    ) {
+        let t = 1_000_000u64;
+        let c: Vec<u32> = computed.iter().take(n as usize).map(|&c| c.min(m)).collect();
+        let scripts: Vec<Vec<u64>> = c.iter().map(|&c| vec![latency_for(c, t); 2 * m as usize]).collect();
+        let _g = serial(&mock_cfg(n, &scripts));
+        let mut cfg = base_cfg(m, 2, 7);
+        cfg.policy = PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
+        cfg.normalization = if nominal { Normalization::Nominal } else { Normalization::Realized };
+        cfg.weighting = if tokens { Weighting::Tokens } else { Weighting::Samples };
+        cfg.grad_dtype = if bf { GradDtype::Bf16 } else { GradDtype::F32 };
+        let w = World { n, cfg: cfg.clone(), steps: 2, fwd_base_ns: 1000, data: endless(sizes), nan: None, host_delay: Duration::ZERO };
+        let runs = run(&w);
+        let (want, divisors) = oracle(&runs, &cfg, 2, |r, len| 3 * len as u64 + u64::from(r));
+        for (r, run) in runs.iter().enumerate() {
+            // The designed decisions: everything at the warm-up step, c[r] after it.
+            prop_assert_eq!(run.reports[0].ranks[r].computed, m);
+            prop_assert_eq!(run.reports[1].ranks[r].computed, c[r]);
+            prop_assert_eq!(run.reports[1].ranks[r].dropped, m - c[r]);
+            let skipped = run.reports.iter().filter(|rep| rep.skip.is_some()).count();
+            prop_assert_eq!(run.optimizer_calls.len(), 2 - skipped, "one optimizer update per non-skipped step");
+            for (rep, d) in run.reports.iter().zip(&divisors) {
+                prop_assert_eq!(rep.divisor, *d);
+                prop_assert_eq!(rep.skip.is_some(), *d == 0.0);
+                if *d == 0.0 {
+                    prop_assert_eq!(rep.skip.clone(), Some(SkipReason::ZeroCount));
+                }
+            }
+            for (j, (&got, &want)) in run.params.iter().zip(&want).enumerate() {
+                prop_assert!((f64::from(got) - want).abs() <= 1e-5 * want.abs().max(1.0), "rank {r} param {j}: {got} vs {want}");
+            }
+            prop_assert_eq!(&run.params, &runs[0].params);
+        }
+        assert_lockstep(&runs);
+    }
+}
+
+/// Expected computed micro-batches of one rank at a non-warm-up step, from first principles:
+/// micro-batch i starts iff the device time known to the host (the end of micro-batch i-1-k,
+/// i.e. the sum of the scripted latencies before it) is below the threshold, or, predictive,
+/// that time plus the estimate fits.
+fn expected_computed(lat: &[u64], t: u64, k: usize, estimate: Option<u64>, min_mb: usize) -> u32 {
+    let mut done = 0;
+    for i in 0..lat.len() {
+        let known: u64 = if i > k { lat[..i - k].iter().sum() } else { 0 };
+        let go = i < min_mb || (known < t && estimate.is_none_or(|e| known + e <= t));
+        if !go {
+            break;
+        }
+        done += 1;
+    }
+    done
+}
+
+#[test]
+fn scripted_latencies_give_the_exact_decisions_for_each_check_mode_and_sync_lag() {
+    let m = 6u32;
+    let t = 6_500u64;
+    let before: [Vec<u64>; 2] = [vec![3000, 1000, 4000, 2000, 1000, 5000], vec![1000; 6]];
+    for k in 0..3u32 {
+        let _g = serial(&mock_cfg(2, &before));
+        let mut cfg = base_cfg(m, 1, 8);
+        cfg.sync_lag = k;
+        cfg.policy.threshold = fixed(t);
+        let w = World {
+            n: 2,
+            cfg,
+            steps: 1,
+            fwd_base_ns: 0,
+            data: endless(vec![1]),
+            nan: None,
+            host_delay: Duration::ZERO,
+        };
+        let runs = run(&w);
+        for r in 0..2 {
+            let want = expected_computed(&before[r], t, k as usize, None, 1);
+            assert_eq!(runs[r].reports[0].ranks[r].computed, want, "before-check, rank {r}, lag {k}");
+            assert_eq!(runs[0].reports[0].ranks[r].computed, want, "rank 0's view of rank {r}");
+        }
+        assert_lockstep(&runs);
+    }
+    // Hand-derived anchors of the oracle above (rank 0): lag 0 stops after 3000+1000+4000 >= t.
+    assert_eq!(expected_computed(&before[0], t, 0, None, 1), 3);
+    assert_eq!(expected_computed(&before[0], t, 1, None, 1), 4);
+    assert_eq!(expected_computed(&before[0], t, 2, None, 1), 5);
+
+    let lat = [1500u64, 2500];
+    let t = 7_000u64;
+    for k in 0..3u32 {
+        let scripts: Vec<Vec<u64>> = lat.iter().map(|&l| vec![l; 2 * m as usize]).collect();
+        let _g = serial(&mock_cfg(2, &scripts));
+        let mut cfg = base_cfg(m, 1, 8);
+        cfg.sync_lag = k;
+        cfg.policy =
+            PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 1 };
+        let w = World {
+            n: 2,
+            cfg,
+            steps: 2,
+            fwd_base_ns: 0,
+            data: endless(vec![1]),
+            nan: None,
+            host_delay: Duration::ZERO,
+        };
+        let runs = run(&w);
+        for r in 0..2 {
+            assert_eq!(runs[r].reports[0].ranks[r].computed, m, "warm-up step never drops");
+            let want = expected_computed(&vec![lat[r]; m as usize], t, k as usize, Some(lat[r]), 1);
+            assert_eq!(runs[r].reports[1].ranks[r].computed, want, "predictive, rank {r}, lag {k}");
+        }
+    }
+    assert_eq!(expected_computed(&[1500; 6], 7000, 0, Some(1500), 1), 4);
+}
+
+#[test]
+fn warm_up_steps_never_drop_and_the_minimum_is_kept() {
+    let _g = serial(&mock_cfg(2, &[vec![1000; 40], vec![1000; 40]]));
+    let mut cfg = base_cfg(4, 1, 4);
+    cfg.policy = PolicyConfig {
+        threshold: fixed(100),
+        check: CheckMode::BeforeMicroBatch,
+        warmup_steps: 2,
+        min_micro_batches: 2,
+    };
+    let w =
+        World { n: 2, cfg, steps: 4, fwd_base_ns: 0, data: endless(vec![1]), nan: None, host_delay: Duration::ZERO };
+    let runs = run(&w);
+    for run in &runs {
+        let computed: Vec<u32> = run.reports.iter().map(|r| r.ranks[0].computed).collect();
+        assert_eq!(computed, vec![4, 4, 2, 2]);
+        assert!(run.reports[2].hit_threshold(0));
+    }
+}
+
+#[test]
+fn a_host_clock_jump_changes_nothing() {
+    let script = vec![vec![3000, 1000, 4000, 2000, 1000, 5000, 2500, 900, 3000, 1200, 800, 4000]; 2];
+    let go = |delay: Duration| {
+        let _g = serial(&mock_cfg(2, &script));
+        let mut cfg = base_cfg(6, 1, 8);
+        cfg.sync_lag = 1;
+        cfg.policy.threshold = fixed(6_500);
+        let w = World { n: 2, cfg, steps: 2, fwd_base_ns: 0, data: endless(vec![1]), nan: None, host_delay: delay };
+        run(&w)
+    };
+    let a = go(Duration::ZERO);
+    let b = go(Duration::from_millis(15));
+    for (ra, rb) in a.iter().zip(&b) {
+        for (x, y) in ra.reports.iter().zip(&rb.reports) {
+            assert_eq!(
+                x.ranks.iter().map(|r| (r.computed, r.dropped, r.compute_ns)).collect::<Vec<_>>(),
+                y.ranks.iter().map(|r| (r.computed, r.dropped, r.compute_ns)).collect::<Vec<_>>()
+            );
+            let d = |r: &StepReport| r.micro_batches.iter().map(|m| (m.duration_ns, m.dropped)).collect::<Vec<_>>();
+            assert_eq!(d(x), d(y));
+        }
+        assert_eq!(ra.params, rb.params);
+    }
+    assert!(a[0].reports.iter().any(|r| r.global_dropped() > 0), "the scenario drops");
+}
+
+#[test]
+fn lockstep_holds_with_a_rank_that_computes_nothing_and_a_non_finite_gradient() {
+    let t = 1_000_000;
+    let m = 3u32;
+    let c = [3u32, 2, 0, 1];
+    let scripts: Vec<Vec<u64>> = c.iter().map(|&c| vec![latency_for(c, t); 3 * m as usize]).collect();
+    let _g = serial(&mock_cfg(4, &scripts));
+    let mut cfg = base_cfg(m, 1, 9);
+    cfg.policy =
+        PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
+    let w = World {
+        n: 4,
+        cfg,
+        steps: 3,
+        fwd_base_ns: 0,
+        data: endless(vec![2]),
+        nan: Some((1, 1)),
+        host_delay: Duration::ZERO,
+    };
+    let runs = run(&w);
+    assert_lockstep(&runs);
+    for run in &runs {
+        assert_eq!(run.reports[1].skip, Some(SkipReason::NonFinite { ranks: vec![1] }));
+        assert_eq!(run.reports[1].ranks[2].computed, 0);
+        assert_eq!(run.reports[2].skip, None);
+        assert_eq!(run.optimizer_calls, vec![0, 2]);
+        assert_eq!(run.params, runs[0].params, "state identical on every rank");
+    }
+    let all_nan = runs.iter().flat_map(|r| r.params.iter()).any(|v| !v.is_finite());
+    assert!(!all_nan, "the non-finite gradient never reached the parameters");
+}
+
+#[test]
+fn over_an_epoch_every_sample_is_computed_exactly_once_when_requeued() {
+    let n = 3u32;
+    let per_rank = 40u64;
+    let scripts: Vec<Vec<u64>> =
+        (0..n).map(|r| (0..200u64).map(|i| 1000 + ((i * 7919 + u64::from(r) * 104_729) % 3000)).collect()).collect();
+    for handling in [DropHandling::Requeue, DropHandling::Discard] {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let mut cfg = base_cfg(4, 2, 4);
+        cfg.policy.threshold = fixed(5_500);
+        cfg.drop_handling = handling;
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> = Box::new(move |r| {
+            let ids: Vec<u64> = (0..per_rank).map(|i| u64::from(r) * per_rank + i).collect();
+            Box::new(EpochQueue::new(ids, 2))
+        });
+        let w = World { n, cfg, steps: per_rank / 2, fwd_base_ns: 0, data, nan: None, host_delay: Duration::ZERO };
+        let runs = run(&w);
+        let mut computed: Vec<u64> = runs.iter().flat_map(|r| r.drop_ledger.computed.iter().copied()).collect();
+        computed.sort_unstable();
+        let drops: usize = runs.iter().map(|r| r.drop_ledger.dropped.len()).sum();
+        assert!(drops > 0, "the scenario must drop");
+        match handling {
+            DropHandling::Requeue => {
+                assert_eq!(computed, (0..u64::from(n) * per_rank).collect::<Vec<_>>(), "each sample exactly once");
+            }
+            DropHandling::Discard => {
+                let discarded: u64 = runs.iter().map(|r| r.drop_ledger.discarded_samples()).sum();
+                computed.dedup();
+                assert_eq!(
+                    computed.len() as u64,
+                    runs.iter().map(|r| r.drop_ledger.computed.len() as u64).sum::<u64>()
+                );
+                assert!(discarded > 0);
+                assert!(computed.len() as u64 + discarded <= u64::from(n) * per_rank);
+            }
+        }
+    }
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+#[test]
+fn deadline_overshoot_under_the_reference_noise_is_bounded() {
+    let n = 4u32;
+    let m = 8u32;
+    let base = 1_000_000u64;
+    let t = 9_000_000u64; // 0.75 of M x mean latency (mean factor 1.5)
+    for check in [CheckMode::BeforeMicroBatch, CheckMode::Predictive] {
+        let mut mc = mock_cfg(n, &[]);
+        mc.noise = Noise::Reference { delay_factor: 1.0 };
+        mc.seed = 11;
+        let _g = serial(&mc);
+        let mut cfg = base_cfg(m, 1, 16);
+        cfg.policy = PolicyConfig { threshold: fixed(t), check, warmup_steps: 3, min_micro_batches: 1 };
+        let w = World {
+            n,
+            cfg,
+            steps: 40,
+            fwd_base_ns: base,
+            data: endless(vec![1]),
+            nan: None,
+            host_delay: Duration::ZERO,
+        };
+        let runs = run(&w);
+        let compute: Vec<u64> = runs.iter().flat_map(|r| r.reports[3..].iter().map(|rep| rep.compute_ns)).collect();
+        let mbs: Vec<u64> = runs
+            .iter()
+            .flat_map(|r| {
+                r.reports.iter().flat_map(|rep| rep.micro_batches.iter().filter(|m| !m.dropped).map(|m| m.duration_ns))
+            })
+            .collect();
+        let drop_rate: f64 = runs[0].reports[3..].iter().map(|r| r.drop_rate()).sum::<f64>() / 37.0;
+        let (med, med_mb) = (median(compute), median(mbs));
+        eprintln!(
+            "{check:?}: median compute {med} ns, threshold {t}, median micro-batch {med_mb}, drop rate {drop_rate:.3}"
+        );
+        assert!(drop_rate > 0.0);
+        match check {
+            CheckMode::BeforeMicroBatch => assert!(med <= t + med_mb, "{med} > {t} + {med_mb}"),
+            CheckMode::Predictive => assert!(med as f64 <= t as f64 * 1.05, "{med} > 1.05 x {t}"),
+        }
+    }
+}
