@@ -32,6 +32,16 @@ pub enum BenchCommand {
     /// Simulated micro-batches per second on one thread and on all cores (target >= 20 million/s
     /// on all cores).
     Sim(SimArgs),
+    /// Host-side scheduler overhead per micro-batch (decision + bookkeeping) next to the bare
+    /// runtime calls and one empty launch, on the in-process mock (target <= 2 us).
+    Scheduler(SchedulerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 15)]
+    pub reps: usize,
 }
 
 #[derive(Debug, Args)]
@@ -102,6 +112,10 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             Ok(())
         }
         BenchCommand::Allreduce(a) => allreduce(&a),
+        BenchCommand::Scheduler(a) => {
+            println!("{}", dropcompute::bench::scheduler::run_scheduler_bench(a.reps)?);
+            Ok(())
+        }
         BenchCommand::AllreduceChild(a) => allreduce_child(&a),
         BenchCommand::Sim(a) => {
             let one = bench_simulator(a.workers, a.steps, 1)?;

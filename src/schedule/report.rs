@@ -87,6 +87,10 @@ pub struct StepReport {
     pub step_ns: u64,
     /// Sequence numbers of this step's collectives (first, last).
     pub collective_seqs: (u64, u64),
+    /// Host wall time (ns) of the micro-batch loop: decisions, bookkeeping, launches and any
+    /// sync-lag waits. Reported to measure the scheduler's host overhead; never used for a
+    /// decision (decisions use device time only).
+    pub host_loop_ns: u64,
     /// This rank's micro-batches, scheduled order (computed then dropped).
     pub micro_batches: Vec<MicroBatchRecord>,
 }
@@ -264,6 +268,7 @@ mod tests {
             collective_ns: 0,
             step_ns: 0,
             collective_seqs: (0, 0),
+            host_loop_ns: 0,
             micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
         };
         let rows = r.compute_log(5);

@@ -262,6 +262,7 @@ impl Scheduler {
         let mut durations = vec![NOT_COMPUTED; m];
         let mut starts_ns = vec![0u64; m];
         let mut started = 0usize;
+        let loop_start = std::time::Instant::now();
         for (i, mb) in planned.iter().enumerate() {
             let target = i as i64 - 1 - lag;
             let elapsed_ns = if target >= -1 {
@@ -288,6 +289,7 @@ impl Scheduler {
             self.ends[i].record(&self.stream).map_err(e("event record"))?;
             started += 1;
         }
+        let host_loop_ns = u64::try_from(loop_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let t0 = self.t0_ns(&mut t0_ns, rank, step)?;
         while seen < started {
             self.read_end(seen, &mut starts_ns, &mut ends_ns, &mut durations, rank, step)?;
@@ -461,6 +463,7 @@ impl Scheduler {
             collective_ns: coll_ns.saturating_sub(wait_ns),
             step_ns,
             collective_seqs: seqs,
+            host_loop_ns,
             micro_batches: records,
         };
         Ok((report, retune))
