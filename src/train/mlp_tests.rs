@@ -1,6 +1,9 @@
 //! Tests of `train::mlp`: an independent f64 reference (plain loops), finite differences,
 //! padding, SGD, and a short training run on the embedded digits.
 
+// The f64 reference is written as plain index loops on purpose (readable next to the formulas).
+#![allow(clippy::needless_range_loop)]
+
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
