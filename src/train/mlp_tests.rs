@@ -262,7 +262,7 @@ fn host_training_on_digits_generalises() {
     let (loss0, _) = evaluate(shape, &p, &holdout).unwrap();
     let mut rng = StdRng::seed_from_u64(3);
     let mut ids: Vec<u64> = (0..train.len() as u64).collect();
-    for _epoch in 0..3 {
+    for _epoch in 0..5 {
         ids.shuffle(&mut rng);
         for batch in ids.chunks(32) {
             let (x, y) = train.rows_padded(batch, 32).unwrap();
