@@ -194,7 +194,7 @@ impl Dataset {
             if gzip { Box::new(flate2::read::MultiGzDecoder::new(bytes)) } else { Box::new(bytes) };
         let mut reader =
             csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(input);
-        let mut p = Parser { path, width: None, features: Vec::new(), labels: Vec::new(), last_line: 0 };
+        let mut p = Parser { path, width: None, features: Vec::new(), labels: Vec::new(), last_line: 0, records: 0 };
         let mut record = csv::StringRecord::new();
         loop {
             match reader.read_record(&mut record) {
@@ -292,12 +292,15 @@ struct Parser<'p> {
     labels: Vec<u32>,
     /// Line of the last record read (for errors the CSV reader cannot place).
     last_line: u64,
+    /// Records read so far (a header may only be the first).
+    records: u64,
 }
 
 impl Parser<'_> {
     fn record(&mut self, rec: &csv::StringRecord) -> Result<(), DataError> {
         let line = rec.position().map_or(self.last_line + 1, csv::Position::line);
         self.last_line = line;
+        self.records += 1;
         let path = || self.path.to_path_buf();
         let malformed = |column: usize, value: &str, reason| DataError::Malformed {
             path: path(),
@@ -309,7 +312,7 @@ impl Parser<'_> {
         let width = match self.width {
             Some(w) => w,
             None => {
-                if self.labels.is_empty() && rec.iter().all(|f| f.parse::<f64>().is_err()) {
+                if self.records == 1 && rec.iter().all(|f| f.parse::<f64>().is_err()) {
                     return Ok(()); // a header line: no field is a number
                 }
                 if rec.len() < 2 {
@@ -434,6 +437,8 @@ mod tests {
     fn header_only_when_fully_non_numeric() {
         let d = parse("a,b,label\n1,2,0\n3,4,1\n").unwrap();
         assert_eq!(d.len(), 2);
+        let e = parse("a,b,label\nc,d,e\n1,2,0\n").unwrap_err();
+        assert!(matches!(e, DataError::Malformed { line: 2, column: 1, .. }), "only one header line: {e:?}");
         let e = parse("a,2,label\n1,2,0\n").unwrap_err();
         assert!(matches!(e, DataError::Malformed { line: 1, column: 1, .. }), "{e:?}");
         assert!(matches!(parse("a,b,label\n").unwrap_err(), DataError::Empty { .. }));
