@@ -18,4 +18,5 @@ pub mod schedule;
 pub mod sim;
 pub mod synapse;
 pub mod trace;
+pub mod train;
 pub mod tune;

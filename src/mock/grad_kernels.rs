@@ -20,66 +20,9 @@ use std::collections::HashMap;
 use habana_sys::synStatus;
 use half::bf16;
 
+use super::MockKernelArgs;
+use super::kernel_args::{Tensors, status};
 use super::state::{Kernel, SendPtr};
-use super::{MockKernelArgs, MockTensor};
-
-/// Views of the kernel's tensors, checked for count, alignment and overlap.
-struct Tensors<'a>(&'a [MockTensor]);
-
-impl<'a> Tensors<'a> {
-    /// # Safety
-    /// `args` must be the mock's valid argument block for the duration of the call.
-    unsafe fn new(args: *const MockKernelArgs, want: u32) -> Option<Self> {
-        // SAFETY: guaranteed by the caller; `tensors` holds `num_tensors` entries.
-        let a = unsafe { &*args };
-        if a.num_tensors != want || a.tensors.is_null() {
-            return None;
-        }
-        // SAFETY: as above.
-        Some(Self(unsafe { std::slice::from_raw_parts(a.tensors, want as usize) }))
-    }
-
-    fn len_of<T>(&self, i: usize) -> Option<usize> {
-        let t = &self.0[i];
-        let size = size_of::<T>() as u64;
-        (t.bytes.is_multiple_of(size) && (t.data as usize).is_multiple_of(align_of::<T>()))
-            .then_some((t.bytes / size) as usize)
-    }
-
-    fn disjoint(&self, i: usize, j: usize) -> bool {
-        let (a, b) = (&self.0[i], &self.0[j]);
-        let (a0, b0) = (a.data as u64, b.data as u64);
-        a0 + a.bytes <= b0 || b0 + b.bytes <= a0
-    }
-
-    /// # Safety
-    /// Tensor `i` must not be viewed elsewhere during the borrow (checked by callers through
-    /// `disjoint`); the mock keeps its allocation locked and alive for the call.
-    unsafe fn slice_mut<T>(&self, i: usize) -> Option<&'a mut [T]> {
-        let n = self.len_of::<T>(i)?;
-        // SAFETY: aligned, in-bounds (the mock validated the bound range), exclusive per caller.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.0[i].data.cast::<T>(), n) })
-    }
-
-    /// # Safety
-    /// No mutable view of tensor `i` may exist during the borrow.
-    unsafe fn slice<T>(&self, i: usize) -> Option<&'a [T]> {
-        let n = self.len_of::<T>(i)?;
-        // SAFETY: as for `slice_mut`, shared.
-        Some(unsafe { std::slice::from_raw_parts(self.0[i].data.cast::<T>(), n) })
-    }
-
-    /// The scale factor from one-element f32 tensor `i`.
-    fn scale(&self, i: usize) -> Option<f32> {
-        let t = &self.0[i];
-        // SAFETY: the tensor holds at least 4 bytes (checked); read unaligned-tolerant.
-        (t.bytes >= 4).then(|| unsafe { t.data.cast::<f32>().read_unaligned() })
-    }
-}
-
-fn status(ok: Option<()>) -> synStatus {
-    if ok.is_some() { synStatus::SUCCESS } else { synStatus::INVALID_ARGUMENT }
-}
 
 macro_rules! scale_kernel {
     ($name:ident, $t:ty, $f:path) => {
