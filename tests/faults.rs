@@ -221,7 +221,7 @@ unsafe extern "C" fn blocking_abort(c: hcclComm_t) -> hcclResult_t {
 #[test]
 fn an_abort_that_blocks_is_abandoned_after_the_abort_deadline() {
     let _g = serial();
-    let mut fns = (*mock::api()).clone();
+    let mut fns = *mock::api();
     fns.hccl_comm_abort = blocking_abort;
     // SAFETY: the mock's table with one function replaced by one of the same prototype that
     // never unwinds and forwards to the mock's abort.

@@ -37,15 +37,14 @@ fn csv_body(header: &'static [&'static str]) -> impl Strategy<Value = String> {
         Just("backward-compute".to_string()),
         "[ -~]{0,6}",
     ];
-    proptest::collection::vec(proptest::collection::vec(field, 0..13), 0..12)
-        .prop_map(move |rows| {
-            let mut s = header.join(",");
-            for r in rows {
-                s.push('\n');
-                s.push_str(&r.join(","));
-            }
-            s
-        })
+    proptest::collection::vec(proptest::collection::vec(field, 0..13), 0..12).prop_map(move |rows| {
+        let mut s = header.join(",");
+        for r in rows {
+            s.push('\n');
+            s.push_str(&r.join(","));
+        }
+        s
+    })
 }
 
 const OURS: [&str; 11] = [

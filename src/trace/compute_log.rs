@@ -153,7 +153,7 @@ fn parse_bool(s: &str, path: &Path, line: u64) -> Result<bool, TraceError> {
 /// `opts.reference_overhead_ns` (noted). Errors: malformed fields with file, line and column;
 /// a reference file whose name carries no rank; duplicates; ragged steps unless allowed.
 pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceError> {
-    load_logs_with(paths, opts, |p| open_maybe_gz(p))
+    load_logs_with(paths, opts, open_maybe_gz)
 }
 
 /// [`load_logs`] of one compute log held in memory (plain CSV, not gzipped): for fuzzing and
