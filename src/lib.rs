@@ -9,6 +9,7 @@
 //! bootstrap and the rendezvous that hands rank 0's unique id to the other ranks.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod commands;
 pub mod hccl;
 pub mod kernels;

@@ -1,4 +1,5 @@
 //! The `dropcompute` command line: `info`, `bench` (more subcommands arrive with their issues).
+//! Exit codes per failure class: see `cli::exit` (and README.md).
 #![forbid(unsafe_code)]
 
 mod cli;
@@ -11,7 +12,7 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_logging(args.verbose);
     match cli::run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => cli::exit::ExitClass::Success.exit_code(),
         Err(e) => {
             eprintln!("error: {e}");
             let mut source = std::error::Error::source(&*e);
@@ -19,7 +20,9 @@ fn main() -> ExitCode {
                 eprintln!("  caused by: {s}");
                 source = s.source();
             }
-            ExitCode::FAILURE
+            let class = cli::exit::classify(&*e);
+            tracing::debug!(?class, code = class.code(), "exiting");
+            class.exit_code()
         }
     }
 }

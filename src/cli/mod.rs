@@ -2,6 +2,7 @@
 //! module; this one only wires them.
 
 mod bench;
+pub mod exit;
 mod info;
 
 use std::path::PathBuf;

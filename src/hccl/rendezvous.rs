@@ -276,6 +276,59 @@ pub fn make_hello(
     b
 }
 
+/// Checks a challenge body (the server's first message) and returns the server nonce. Pure,
+/// for fuzz and property tests.
+///
+/// # Errors
+/// The protocol violation: wrong length, magic (not a dropcompute rendezvous) or version.
+pub fn parse_challenge(body: &[u8]) -> std::result::Result<[u8; NONCE_LEN], String> {
+    if body.len() != CHALLENGE_LEN || &body[..6] != MAGIC {
+        return Err("the server's challenge is not a dropcompute rendezvous".into());
+    }
+    let version = u16::from_le_bytes([body[6], body[7]]);
+    if version != VERSION {
+        return Err(format!("server protocol version {version}, ours is {VERSION}"));
+    }
+    let mut nonce = [0u8; NONCE_LEN];
+    nonce.copy_from_slice(&body[8..]);
+    Ok(nonce)
+}
+
+/// A decoded server reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The authenticated payload (the HCCL unique id).
+    Payload(Vec<u8>),
+    /// The server refused us, with its (unauthenticated) reason, at most 512 bytes.
+    Refused(String),
+}
+
+/// Decodes and authenticates a reply body for `rank` (the client's side of the handshake).
+/// Pure, for fuzz and property tests.
+///
+/// # Errors
+/// The protocol violation: an unknown tag byte, a short reply, or a payload whose tag does not
+/// verify (a server without our secret).
+pub fn check_reply(
+    reply: &[u8],
+    secret: &JobSecret,
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    rank: u32,
+) -> std::result::Result<Reply, String> {
+    match reply.split_first() {
+        Some((0, rest)) if rest.len() >= TAG_LEN => {
+            let (tag, payload) = rest.split_at(TAG_LEN);
+            match reply_mac(secret, server_nonce, client_nonce, rank, payload).verify_slice(tag) {
+                Ok(()) => Ok(Reply::Payload(payload.to_vec())),
+                Err(_) => Err("reply not authenticated: the server does not know our job secret".into()),
+            }
+        }
+        Some((1, reason)) => Ok(Reply::Refused(String::from_utf8_lossy(&reason[..reason.len().min(512)]).into_owned())),
+        _ => Err(format!("malformed reply of {} bytes", reply.len())),
+    }
+}
+
 fn reply_mac(secret: &JobSecret, sn: &[u8], cn: &[u8], rank: u32, payload: &[u8]) -> HmacSha256 {
     secret.mac(b"reply", &[sn, cn, &rank.to_le_bytes(), payload])
 }
@@ -531,32 +584,14 @@ fn client_handshake(
     let protocol = |reason: String| Attempt::Fatal(RendezvousError::Protocol { addr, reason });
     let _ = s.set_nodelay(true);
     let challenge = read_msg(s, CHALLENGE_LEN, deadline).map_err(Attempt::Retry)?;
-    if challenge.len() != CHALLENGE_LEN || &challenge[..6] != MAGIC {
-        return Err(protocol("the server's challenge is not a dropcompute rendezvous".into()));
-    }
-    let version = u16::from_le_bytes([challenge[6], challenge[7]]);
-    if version != VERSION {
-        return Err(protocol(format!("server protocol version {version}, ours is {VERSION}")));
-    }
-    let mut server_nonce = [0u8; NONCE_LEN];
-    server_nonce.copy_from_slice(&challenge[8..]);
+    let server_nonce = parse_challenge(&challenge).map_err(protocol)?;
     let mut client_nonce = [0u8; NONCE_LEN];
     rand::rng().fill_bytes(&mut client_nonce);
     let hello = make_hello(secret, &server_nonce, rank, world_size, &client_nonce);
     write_msg(s, &hello, deadline).map_err(|e| Attempt::Retry(format!("sending the hello: {e}")))?;
     let reply = read_msg(s, REPLY_MAX, deadline).map_err(Attempt::Retry)?;
-    match reply.split_first() {
-        Some((0, rest)) if rest.len() >= TAG_LEN => {
-            let (tag, payload) = rest.split_at(TAG_LEN);
-            match reply_mac(secret, &server_nonce, &client_nonce, rank, payload).verify_slice(tag) {
-                Ok(()) => Ok(payload.to_vec()),
-                Err(_) => Err(protocol("reply not authenticated: the server does not know our job secret".into())),
-            }
-        }
-        Some((1, reason)) => {
-            let reason = String::from_utf8_lossy(&reason[..reason.len().min(512)]).into_owned();
-            Err(Attempt::Fatal(RendezvousError::Refused { addr, reason }))
-        }
-        _ => Err(protocol(format!("malformed reply of {} bytes", reply.len()))),
+    match check_reply(&reply, secret, &server_nonce, &client_nonce, rank).map_err(protocol)? {
+        Reply::Payload(p) => Ok(p),
+        Reply::Refused(reason) => Err(Attempt::Fatal(RendezvousError::Refused { addr, reason })),
     }
 }

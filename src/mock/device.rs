@@ -2,16 +2,58 @@
 //! acquire/release, info, memory info, device synchronize.
 //!
 //! Owns: the rules of acquiring modules (device ids are a fresh counter per acquisition, never
-//! the module id, so stale device ids are detected) and tearing down a device's objects.
+//! the module id, so stale device ids are detected), the opt-in cross-process module locks
+//! ([`ENV_LOCK_DIR`]) and tearing down a device's objects.
 //! Must not touch: memory contents or kernels.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use habana_sys::{synDeviceId, synDeviceInfoV2, synDeviceType, synStatus};
 
 use super::config::MockConfig;
 use super::memory::{retire_device_alloc, retire_host_range};
 use super::state::{DEVICE_ADDRESS_BASE, MResult, Registry, fail, registry, stalls};
+
+/// Environment variable naming a directory for cross-process module locks. When set (and not
+/// empty), acquiring module `m` also takes an exclusive advisory lock (`flock`) on
+/// `<dir>/module-<m>.lock`; a module locked by another process fails to acquire with
+/// `synDeviceAlreadyAcquired` (the real runtime's status for a device opened by another
+/// process), and `synDeviceAcquire` without a bus skips it. The lock is dropped by
+/// `synDeviceRelease`, `synDestroy` or the process's exit. Unset (the default): modules are
+/// per-process, as before.
+pub const ENV_LOCK_DIR: &str = "DROPCOMPUTE_MOCK_LOCK_DIR";
+
+/// Module id -> its lock file, held while the module is acquired.
+fn locks() -> MutexGuard<'static, BTreeMap<u32, File>> {
+    static L: Mutex<BTreeMap<u32, File>> = Mutex::new(BTreeMap::new());
+    L.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes the cross-process lock of module `m` when [`ENV_LOCK_DIR`] is set.
+fn lock_module(m: u32) -> MResult<()> {
+    let Some(dir) = std::env::var_os(ENV_LOCK_DIR).filter(|d| !d.is_empty()) else {
+        return Ok(());
+    };
+    let path = Path::new(&dir).join(format!("module-{m}.lock"));
+    let file = match OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path) {
+        Ok(f) => f,
+        Err(e) => return fail(synStatus::FAIL, format!("cannot open the module lock {}: {e}", path.display())),
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            locks().insert(m, file);
+            Ok(())
+        }
+        Err(TryLockError::WouldBlock) => fail(
+            synStatus::DEVICE_ALREADY_ACQUIRED,
+            format!("module {m} is held by another process (lock {})", path.display()),
+        ),
+        Err(TryLockError::Error(e)) => fail(synStatus::FAIL, format!("locking {}: {e}", path.display())),
+    }
+}
 
 /// The PCI bus string of mock module `module` accepted by `synDeviceAcquire`.
 pub fn mock_pci_bus(module: u32) -> String {
@@ -84,6 +126,7 @@ pub(crate) fn destroy() -> MResult<()> {
     for m in &mut r.modules {
         m.acquired = None;
     }
+    locks().clear();
     r.initialized = false;
     Ok(())
 }
@@ -104,6 +147,7 @@ fn acquire_module(r: &mut Registry, m: u32) -> MResult<synDeviceId> {
     if let Some(d) = module.acquired {
         return fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("module {m} is already acquired as device {d}"));
     }
+    lock_module(m)?;
     let id = r.next_device_id;
     r.next_device_id = r.next_device_id.wrapping_add(1);
     r.modules[m as usize].acquired = Some(id);
@@ -111,11 +155,17 @@ fn acquire_module(r: &mut Registry, m: u32) -> MResult<synDeviceId> {
     Ok(id)
 }
 
-fn first_free(r: &Registry) -> MResult<u32> {
-    match r.modules.iter().position(|m| m.acquired.is_none()) {
-        Some(m) => Ok(m as u32),
-        None => fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("all {} modules are acquired", r.modules.len())),
+/// Acquires the first module that is free in this process and not locked by another one.
+fn acquire_first_free(r: &mut Registry) -> MResult<synDeviceId> {
+    for m in 0..r.modules.len() as u32 {
+        if r.modules[m as usize].acquired.is_none() {
+            match acquire_module(r, m) {
+                Err(e) if e.status == synStatus::DEVICE_ALREADY_ACQUIRED => continue, // held elsewhere
+                other => return other,
+            }
+        }
     }
+    fail(synStatus::DEVICE_ALREADY_ACQUIRED, format!("all {} modules are acquired", r.modules.len()))
 }
 
 pub(crate) fn acquire_by_module_id(m: u32) -> MResult<synDeviceId> {
@@ -130,7 +180,7 @@ pub(crate) fn acquire_by_pci_bus(pci_bus: Option<&str>) -> MResult<synDeviceId> 
     let mut r = registry();
     r.check_init()?;
     let m = match pci_bus {
-        None | Some("") => first_free(&r)?,
+        None | Some("") => return acquire_first_free(&mut r),
         Some(bus) => match (0..r.modules.len() as u32).find(|&m| mock_pci_bus(m) == bus) {
             Some(m) => m,
             None => {
@@ -151,8 +201,7 @@ pub(crate) fn acquire_by_type(t: synDeviceType) -> MResult<synDeviceId> {
             format!("no {t} module (the mock has {})", r.config.device_type.code()),
         );
     }
-    let m = first_free(&r)?;
-    acquire_module(&mut r, m)
+    acquire_first_free(&mut r)
 }
 
 /// Releases a device: its pending stream work is abandoned, its streams, events, device memory
@@ -163,6 +212,7 @@ pub(crate) fn release(device: synDeviceId) -> MResult<()> {
     teardown(&mut r, Some(m), &[device]);
     r.devices.remove(&device);
     r.modules[m as usize].acquired = None;
+    locks().remove(&m);
     Ok(())
 }
 

@@ -43,7 +43,7 @@ use habana_sys::{SynapseApi, SynapseFns, synStatus};
 
 pub use config::{DeviceOverride, Fault, MockConfig, MockDeviceType, Noise, TimeMode};
 pub use control::{MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel};
-pub use device::mock_pci_bus;
+pub use device::{ENV_LOCK_DIR, mock_pci_bus};
 pub use grad_kernels::GRADIENT_KERNELS;
 pub use latency::ReferenceMultiplier;
 pub use memory::ALIGNMENT;

@@ -185,9 +185,17 @@ impl MockRecipe {
     /// [`RecipeFileError::Io`], [`RecipeFileError::Parse`] or [`RecipeFileError::Invalid`].
     pub fn read(path: impl AsRef<Path>) -> Result<Self, RecipeFileError> {
         let path = path.as_ref();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| RecipeFileError::Io { path: path.to_path_buf(), source })?;
-        let r: Self = serde_json::from_str(&text)
+        let bytes = std::fs::read(path).map_err(|source| RecipeFileError::Io { path: path.to_path_buf(), source })?;
+        Self::from_slice(&bytes, path)
+    }
+
+    /// Parses and validates a recipe from the bytes of a file (`path` labels errors): for
+    /// fuzzing and property tests.
+    ///
+    /// # Errors
+    /// [`RecipeFileError::Parse`] (including invalid UTF-8) or [`RecipeFileError::Invalid`].
+    pub fn from_slice(bytes: &[u8], path: &Path) -> Result<Self, RecipeFileError> {
+        let r: Self = serde_json::from_slice(bytes)
             .map_err(|source| RecipeFileError::Parse { path: path.to_path_buf(), source })?;
         r.validate(path)?;
         Ok(r)

@@ -84,7 +84,12 @@ impl<W: Write> ComputeLogWriter<W> {
 /// First CSV record of a file (header, or first data row if headerless).
 /// Errors: [`TraceError::Io`] / [`TraceError::Malformed`] (line 1).
 pub fn read_header(path: &Path) -> Result<Vec<String>, TraceError> {
-    let mut r = csv::ReaderBuilder::new().has_headers(false).from_reader(open_maybe_gz(path)?);
+    header_of(open_maybe_gz(path)?, path)
+}
+
+/// [`read_header`] of an open reader; `path` labels errors.
+fn header_of(src: impl std::io::Read, path: &Path) -> Result<Vec<String>, TraceError> {
+    let mut r = csv::ReaderBuilder::new().has_headers(false).from_reader(src);
     let mut rec = csv::StringRecord::new();
     match r.read_record(&mut rec) {
         Ok(_) => Ok(rec.iter().map(|s| s.trim().to_string()).collect()),
@@ -148,13 +153,28 @@ fn parse_bool(s: &str, path: &Path, line: u64) -> Result<bool, TraceError> {
 /// `opts.reference_overhead_ns` (noted). Errors: malformed fields with file, line and column;
 /// a reference file whose name carries no rank; duplicates; ragged steps unless allowed.
 pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    load_logs_with(paths, opts, open_maybe_gz)
+}
+
+/// [`load_logs`] of one compute log held in memory (plain CSV, not gzipped): for fuzzing and
+/// property tests. `name` labels errors and, for the reference format, gives the rank
+/// (`compute_logs_{rank}.csv`). Errors: as [`load_logs`].
+pub fn load_log_bytes(name: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    load_logs_with(&[name.to_path_buf()], opts, |_| Ok(Box::new(bytes)))
+}
+
+fn load_logs_with<'a>(
+    paths: &[PathBuf],
+    opts: &LoadOptions,
+    open: impl Fn(&Path) -> Result<Box<dyn std::io::Read + 'a>, TraceError> + 'a,
+) -> Result<Loaded, TraceError> {
     let mut b = TraceBuilder::new();
     let mut notes = Vec::new();
     // (rank, step) -> first start_ns, for our logs.
     let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut any_reference = false;
     for path in paths {
-        let header = read_header(path)?;
+        let header = header_of(open(path)?, path)?;
         let has_header = header.first().is_some_and(|h| h == "global_step");
         let ours = has_header && header.len() >= 11 && header[8..11] == ["rank", "start_ns", "duration_ns"];
         let file_rank = rank_from_file_name(path);
@@ -167,7 +187,7 @@ pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceE
             });
         }
         any_reference |= !ours;
-        let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(open_maybe_gz(path)?);
+        let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(open(path)?);
         super::for_each_record(&mut r, path, |line, rec| {
             let step: u64 = parse(field(rec, 0, path, line, "global_step")?, path, line, "global_step")?;
             let mb: u32 = parse(field(rec, 1, path, line, "local_step")?, path, line, "local_step")?;

@@ -352,19 +352,24 @@ impl TraceBuilder {
         let mut lat = Vec::new();
         let mut overhead = Vec::new();
         let mut total_missing = 0;
+        // Cells per step = ranks x m, which untrusted input (a micro-batch index near u32::MAX)
+        // can make huge: count the present cells first; a complete step has exactly that many,
+        // and an incomplete one is walked only until 20 missing examples are known (at most
+        // present + 20 lookups), so time and memory stay bounded by the input.
+        let per_step = ranks.len().saturating_mul(m);
         for &s in &steps {
-            let mut row = Vec::with_capacity(ranks.len() * m);
-            let mut missing = 0;
-            for &r in &ranks {
-                for mb in 0..m as u32 {
+            let present = self.cells.range((s, 0, 0)..=(s, u32::MAX, u32::MAX)).count();
+            let missing = per_step.saturating_sub(present);
+            let mut row = Vec::new();
+            'walk: for &r in &ranks {
+                for mb in (0..m).map(|mb| mb as u32) {
+                    if missing > 0 && report.missing_examples.len() >= 20 {
+                        break 'walk;
+                    }
                     match self.cells.get(&(s, r, mb)) {
-                        Some(&(v, _)) => row.push(v),
-                        None => {
-                            missing += 1;
-                            if report.missing_examples.len() < 20 {
-                                report.missing_examples.push((s, r, mb));
-                            }
-                        }
+                        Some(&(v, _)) if missing == 0 => row.push(v),
+                        Some(_) => {}
+                        None => report.missing_examples.push((s, r, mb)),
                     }
                 }
             }
@@ -373,7 +378,7 @@ impl TraceBuilder {
                 lat.extend(row);
                 overhead.push(self.overhead.get(&s).copied().unwrap_or(0.0));
             } else {
-                total_missing += missing;
+                total_missing = usize::saturating_add(total_missing, missing);
                 report.dropped_steps.push((s, missing));
             }
         }

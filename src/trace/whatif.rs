@@ -276,7 +276,17 @@ impl WhatifRecord for CsvRecord<'_> {
 /// [`TraceError::Duplicate`] for two forward (or backward) ops of one (step, replica, stage,
 /// micro-batch); ragged steps (a missing stage, forward or backward) unless allowed.
 pub fn load_csv(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
-    let mut r = csv::ReaderBuilder::new().from_reader(open_maybe_gz(path)?);
+    load_csv_from(open_maybe_gz(path)?, path, opts)
+}
+
+/// [`load_csv`] of a what-if CSV held in memory (plain, not gzipped): for fuzzing and property
+/// tests. `name` labels errors. Errors: as [`load_csv`].
+pub fn load_csv_bytes(name: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    load_csv_from(bytes, name, opts)
+}
+
+fn load_csv_from(src: impl std::io::Read, path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    let mut r = csv::ReaderBuilder::new().from_reader(src);
     let headers: Vec<String> = r
         .headers()
         .map_err(|e| TraceError::Malformed {

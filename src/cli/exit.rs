@@ -1,0 +1,210 @@
+//! Process exit codes: one per failure class, so launchers and job scripts can tell a broken
+//! install from a dead peer from a bad input file without parsing messages.
+//!
+//! Owns: [`ExitClass`] (the table below) and [`classify`], which walks an error's source chain
+//! and downcasts the crate's typed errors. Must not touch: the errors themselves or how they are
+//! printed (`main` prints the chain).
+//!
+//! | code | class | examples |
+//! |---:|---|---|
+//! | 0 | success | |
+//! | 1 | internal / other | a bug, an invariant, an error this table does not know |
+//! | 2 | usage / bad input | clap's own code for bad flags; bad environment variables (`DROPCOMPUTE_BACKEND`, `HLS_MODULE_ID`, launcher variables, mock config), invalid parameters |
+//! | 3 | runtime library | `libSynapse.so` missing, too old, not loadable, a missing symbol |
+//! | 4 | device | acquire failed or the device is held by another process, a device/stream error, a device timeout |
+//! | 5 | collective | HCCL call failed, collective timeout (watchdog), peer lost, asynchronous HCCL error, rendezvous failure |
+//! | 6 | data file | trace or recipe file unreadable or malformed; output file not writable |
+//! | 7 | checkpoint | checkpoint truncated, corrupt, wrong version, unwritable, none found |
+//! | 130 | interrupted | SIGINT/SIGTERM (128 + SIGINT, the shell convention) |
+#![forbid(unsafe_code)]
+
+use std::error::Error;
+use std::process::ExitCode;
+
+use dropcompute::checkpoint::CheckpointError;
+use dropcompute::commands::CommandError;
+use dropcompute::hccl::HcclError;
+use dropcompute::hccl::bootstrap::ConfigError as LaunchConfigError;
+use dropcompute::hccl::rendezvous::RendezvousError;
+use dropcompute::mock::RecipeFileError;
+use dropcompute::mock::config::ConfigError as MockConfigError;
+use dropcompute::sim::SimError;
+use dropcompute::trace::TraceError;
+use habana_sys::LoadError;
+
+/// A failure class and its process exit code (see the module table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitClass {
+    /// 0.
+    Success,
+    /// 1: a bug or an error of unknown type.
+    Internal,
+    /// 2: bad flags (clap exits with 2 itself), environment or parameters.
+    Usage,
+    /// 3: the runtime library is missing, too old or lacks a symbol.
+    Library,
+    /// 4: device acquisition or device execution failed.
+    Device,
+    /// 5: a collective or the rendezvous failed (timeout, peer lost, asynchronous error).
+    Collective,
+    /// 6: an input or output data file is unreadable, malformed or unwritable.
+    DataFile,
+    /// 7: a checkpoint could not be written or read.
+    Checkpoint,
+    /// 130: interrupted by SIGINT/SIGTERM.
+    #[allow(dead_code, reason = "for `train`'s signal handling (issue 7); no command handles signals yet")]
+    Interrupted,
+}
+
+impl ExitClass {
+    /// The process exit code of the class.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Success => 0,
+            Self::Internal => 1,
+            Self::Usage => 2,
+            Self::Library => 3,
+            Self::Device => 4,
+            Self::Collective => 5,
+            Self::DataFile => 6,
+            Self::Checkpoint => 7,
+            Self::Interrupted => 130,
+        }
+    }
+
+    /// The class as a [`ExitCode`] for `main`.
+    pub fn exit_code(self) -> ExitCode {
+        ExitCode::from(self.code())
+    }
+}
+
+fn synapse(e: &dropcompute::synapse::Error) -> ExitClass {
+    use dropcompute::synapse::Error as E;
+    match e {
+        E::Load(_) => ExitClass::Library,
+        E::Config { .. } => ExitClass::Usage,
+        E::Synapse { .. } | E::Timeout { .. } => ExitClass::Device,
+        _ => ExitClass::Internal,
+    }
+}
+
+fn hccl(e: &HcclError) -> ExitClass {
+    match e {
+        HcclError::Synapse(inner) => synapse(inner),
+        HcclError::InvalidArgument { .. } => ExitClass::Internal,
+        _ => ExitClass::Collective,
+    }
+}
+
+/// The class of one error, ignoring its sources; `None` for types this table does not know.
+fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
+    if e.is::<LoadError>() {
+        return Some(ExitClass::Library);
+    }
+    if let Some(s) = e.downcast_ref::<dropcompute::synapse::Error>() {
+        return Some(synapse(s));
+    }
+    if let Some(h) = e.downcast_ref::<HcclError>() {
+        return Some(hccl(h));
+    }
+    if e.is::<RendezvousError>() {
+        return Some(ExitClass::Collective);
+    }
+    if e.is::<CheckpointError>() {
+        return Some(ExitClass::Checkpoint);
+    }
+    if e.is::<TraceError>() || e.is::<RecipeFileError>() {
+        return Some(ExitClass::DataFile);
+    }
+    if e.is::<LaunchConfigError>() || e.is::<MockConfigError>() || e.is::<SimError>() {
+        return Some(ExitClass::Usage);
+    }
+    if let Some(c) = e.downcast_ref::<CommandError>() {
+        return Some(match c {
+            CommandError::Trace(_) | CommandError::Io { .. } => ExitClass::DataFile,
+            CommandError::Sim(_) | CommandError::Args(_) => ExitClass::Usage,
+            _ => ExitClass::Internal,
+        });
+    }
+    None
+}
+
+/// The exit class of an error: the first error in its source chain (outermost first) whose type
+/// is known; [`ExitClass::Internal`] when none is. Transparent wrappers (`HcclError::Synapse`,
+/// `synapse::Error::Load`, `CommandError::Trace`) are looked through explicitly, since they do
+/// not appear as sources.
+pub fn classify(e: &(dyn Error + 'static)) -> ExitClass {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(c) = one(err) {
+            return c;
+        }
+        cur = err.source();
+    }
+    ExitClass::Internal
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An opaque wrapper whose source is `inner` (as `anyhow`-style context would be).
+    #[derive(Debug, thiserror::Error)]
+    #[error("while running the command")]
+    struct Context(#[source] Box<dyn Error + Send + Sync>);
+
+    #[test]
+    fn every_known_type_maps_to_its_documented_code() {
+        let p = || PathBuf::from("/x");
+        let cases: Vec<(Box<dyn Error + Send + Sync>, u8)> = vec![
+            (Box::new(LoadError::NotFound { tried: vec![p()] }), 3),
+            (Box::new(dropcompute::synapse::Error::Load(LoadError::NotFound { tried: vec![] })), 3),
+            (
+                Box::new(dropcompute::synapse::Error::Synapse {
+                    call: "synDeviceAcquireByModuleId",
+                    status: habana_sys::synStatus::DEVICE_ALREADY_ACQUIRED,
+                    description: "synDeviceAlreadyAcquired".into(),
+                    message: None,
+                }),
+                4,
+            ),
+            (
+                Box::new(dropcompute::synapse::Error::Config {
+                    variable: "HLS_MODULE_ID",
+                    value: "x".into(),
+                    reason: "not a number".into(),
+                }),
+                2,
+            ),
+            (Box::new(HcclError::Timeout { op: "all_reduce", seq: 3, after: Duration::from_secs(1) }), 5),
+            (
+                Box::new(HcclError::Synapse(std::sync::Arc::new(dropcompute::synapse::Error::Timeout {
+                    what: "stream".into(),
+                    after: Duration::from_secs(1),
+                }))),
+                4,
+            ),
+            (Box::new(CheckpointError::ChecksumMismatch { path: p() }), 7),
+            (Box::new(TraceError::Empty("t".into())), 6),
+            (Box::new(CommandError::Trace(TraceError::Empty("t".into()))), 6),
+            (Box::new(CommandError::Args("--workers".into())), 2),
+            (Box::new(Context(Box::new(CheckpointError::BadMagic { path: p() }))), 7),
+            (Box::new(Context(Box::new(Context(Box::new(LoadError::NotFound { tried: vec![] }))))), 3),
+            ("a plain message".into(), 1),
+        ];
+        for (e, code) in cases {
+            assert_eq!(classify(&*e).code(), code, "{e}");
+        }
+    }
+
+    #[test]
+    fn codes_are_distinct_and_match_the_table() {
+        use ExitClass::*;
+        let all = [Success, Internal, Usage, Library, Device, Collective, DataFile, Checkpoint, Interrupted];
+        let codes: Vec<u8> = all.iter().map(|c| c.code()).collect();
+        assert_eq!(codes, vec![0, 1, 2, 3, 4, 5, 6, 7, 130]);
+    }
+}

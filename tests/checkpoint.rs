@@ -1,0 +1,189 @@
+//! The checkpoint container: bitwise round trip, every truncation, every single-byte flip,
+//! version mismatch, fallback past a corrupt newest checkpoint, retention, and arbitrary bytes.
+
+use std::path::{Path, PathBuf};
+
+use dropcompute::checkpoint::{self, Checkpoint, CheckpointError, FORMAT_VERSION, HEADER_LEN};
+use proptest::prelude::*;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dc-ckpt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn sample(step: u64) -> Checkpoint {
+    // NaN with a payload, signed zero, infinities, subnormal: bits must survive.
+    let odd = [f32::from_bits(0x7fc0_1234), f32::from_bits(0xffa0_0001), -0.0, f32::INFINITY, f32::MIN_POSITIVE / 3.0];
+    Checkpoint {
+        step,
+        meta: serde_json::json!({"threshold_ms": 12.5, "rng": [1u64, 2, 3], "ledger": {"dropped": [4, 5]}}),
+        tensors: vec![
+            ("w".into(), (0..50).map(|i| i as f32 * 0.1 + step as f32).collect()),
+            ("adam.m".into(), odd.to_vec()),
+            ("empty".into(), vec![]),
+        ],
+    }
+}
+
+fn bits(c: &Checkpoint) -> Vec<(String, Vec<u32>)> {
+    c.tensors.iter().map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect())).collect()
+}
+
+fn p() -> &'static Path {
+    Path::new("mem.dcc")
+}
+
+#[test]
+fn round_trip_is_bitwise_exact_including_nan_payloads() {
+    let dir = temp_dir("rt");
+    let c = sample(7);
+    let path = checkpoint::save(&dir, &c).unwrap();
+    assert_eq!(path, dir.join("checkpoint-0000000007.dcc"));
+    let back = checkpoint::read(&path).unwrap();
+    assert_eq!(back.step, 7);
+    assert_eq!(back.meta, c.meta);
+    assert_eq!(bits(&back), bits(&c));
+    assert_eq!(back.tensors[1].1[0].to_bits(), 0x7fc0_1234);
+    assert!(!dir.join("checkpoint-0000000007.dcc.tmp").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn truncation_at_every_cut_point_is_reported_as_truncated() {
+    let bytes = checkpoint::encode(&sample(3), p()).unwrap();
+    for cut in 0..bytes.len() {
+        match checkpoint::decode(&bytes[..cut], p()) {
+            Err(CheckpointError::Truncated { expected, got, .. }) => {
+                assert_eq!(got, cut as u64);
+                assert!(expected > got, "cut {cut}: expected {expected}");
+            }
+            other => panic!("cut at {cut} of {}: {other:?}", bytes.len()),
+        }
+    }
+}
+
+#[test]
+fn one_flipped_byte_anywhere_is_an_error() {
+    let bytes = checkpoint::encode(&sample(3), p()).unwrap();
+    let mut kinds = std::collections::BTreeSet::new();
+    for i in 0..bytes.len() {
+        for mask in [0x01u8, 0x80] {
+            let mut b = bytes.clone();
+            b[i] ^= mask;
+            let e = checkpoint::decode(&b, p()).expect_err(&format!("flip of byte {i} accepted"));
+            kinds.insert(format!("{e:?}").split([' ', '{']).next().unwrap().to_string());
+        }
+    }
+    // Magic, version, total length and body bytes each hit their own check.
+    for k in ["BadMagic", "UnsupportedVersion", "ChecksumMismatch", "Truncated"] {
+        assert!(kinds.contains(k), "{kinds:?}");
+    }
+}
+
+#[test]
+fn version_mismatch_names_found_and_supported() {
+    let mut bytes = checkpoint::encode(&sample(3), p()).unwrap();
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    match checkpoint::decode(&bytes, p()) {
+        Err(CheckpointError::UnsupportedVersion { found: 2, supported, .. }) => assert_eq!(supported, FORMAT_VERSION),
+        other => panic!("{other:?}"),
+    }
+    let e = checkpoint::decode(b"PK\x03\x04 a zip file", p()).unwrap_err();
+    assert!(matches!(e, CheckpointError::BadMagic { .. }), "{e:?}");
+    assert!(bytes.len() > HEADER_LEN);
+}
+
+#[test]
+fn load_latest_falls_back_past_a_corrupt_newest_and_leaves_it_on_disk() {
+    let dir = temp_dir("fallback");
+    checkpoint::save(&dir, &sample(10)).unwrap();
+    let newest = checkpoint::save(&dir, &sample(20)).unwrap();
+    let mut b = std::fs::read(&newest).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0x40;
+    std::fs::write(&newest, &b).unwrap();
+    let l = checkpoint::load_latest(&dir).unwrap();
+    assert_eq!(l.checkpoint.step, 10);
+    assert_eq!(bits(&l.checkpoint), bits(&sample(10)));
+    assert_eq!(l.skipped.len(), 1);
+    assert_eq!(l.skipped[0].0, newest);
+    assert!(matches!(l.skipped[0].1, CheckpointError::ChecksumMismatch { .. }));
+    assert!(newest.exists(), "a corrupt checkpoint must never be deleted");
+    // A later save keeps the corrupt file and the previous good one.
+    checkpoint::save(&dir, &sample(30)).unwrap();
+    assert!(newest.exists() && dir.join(checkpoint::file_name(10)).exists());
+    // Truncating the only good files: NoCheckpoint lists the corrupt ones.
+    for s in [10, 30] {
+        let f = dir.join(checkpoint::file_name(s));
+        let len = std::fs::metadata(&f).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 1).unwrap();
+    }
+    match checkpoint::load_latest(&dir) {
+        Err(CheckpointError::NoCheckpoint { corrupt, .. }) => assert_eq!(corrupt.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn retention_keeps_the_newest_two_and_removes_stale_temp_files() {
+    let dir = temp_dir("keep");
+    std::fs::write(dir.join("checkpoint-0000000002.dcc.tmp"), b"half written").unwrap();
+    std::fs::write(dir.join("notes.txt"), b"not ours").unwrap();
+    for s in 1..=5 {
+        checkpoint::save(&dir, &sample(s)).unwrap();
+    }
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, vec!["checkpoint-0000000004.dcc", "checkpoint-0000000005.dcc", "notes.txt"]);
+    // A file whose header step disagrees with its name is not trusted.
+    std::fs::copy(dir.join(checkpoint::file_name(4)), dir.join(checkpoint::file_name(9))).unwrap();
+    let l = checkpoint::load_latest(&dir).unwrap();
+    assert_eq!(l.checkpoint.step, 5);
+    assert!(matches!(&l.skipped[0].1, CheckpointError::Malformed { reason, .. } if reason.contains("step 9")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn io_errors_name_the_path() {
+    let e = checkpoint::read(Path::new("/nonexistent/checkpoint-0000000001.dcc")).unwrap_err();
+    assert!(matches!(&e, CheckpointError::Io { op: "open", .. }), "{e:?}");
+    assert!(e.to_string().contains("/nonexistent/checkpoint-0000000001.dcc"));
+    assert!(matches!(checkpoint::load_latest(Path::new("/nonexistent")), Err(CheckpointError::Io { .. })));
+}
+
+proptest! {
+    #[test]
+    fn decode_of_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = checkpoint::decode(&bytes, p());
+    }
+
+    #[test]
+    fn decode_of_a_valid_header_with_arbitrary_body_never_panics(
+        body in proptest::collection::vec(any::<u8>(), 0..256),
+        meta_len in any::<u64>(),
+        count in any::<u64>(),
+    ) {
+        // Header and checksum valid, lengths arbitrary: exercises the structural checks.
+        let total = (HEADER_LEN + body.len() + 32) as u64;
+        let mut b = Vec::new();
+        b.extend_from_slice(checkpoint::MAGIC);
+        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&total.to_le_bytes());
+        b.extend_from_slice(&meta_len.to_le_bytes());
+        b.extend_from_slice(&count.to_le_bytes());
+        b.extend_from_slice(&body);
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(&b);
+        b.extend_from_slice(&d);
+        match checkpoint::decode(&b, p()) {
+            Ok(_) | Err(CheckpointError::Malformed { .. }) => {}
+            Err(e) => prop_assert!(false, "unexpected {e:?}"),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The binary's exit codes per failure class (table in `src/cli/exit.rs` and README.md), run as
+//! a real process: library missing / too old (3), device held by another process (4), bad
+//! environment (2), unreadable data file (6).
+
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn dropcompute(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+    c.args(args);
+    for v in ["DROPCOMPUTE_BACKEND", "DROPCOMPUTE_SYNAPSE_LIB", "HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"] {
+        c.env_remove(v);
+    }
+    c.envs(env.iter().copied());
+    c.output().expect("run dropcompute")
+}
+
+fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn missing_runtime_library_exits_3_naming_the_path() {
+    let o = dropcompute(
+        &["info", "--no-check"],
+        &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", "/nonexistent/libSynapse.so")],
+    );
+    let (code, err) = code_and_stderr(&o);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("/nonexistent/libSynapse.so"), "{err}");
+}
+
+#[test]
+fn too_old_runtime_library_exits_3_naming_the_version() {
+    let lib = dropcompute::mock::shared_library_path().expect("mock shared library");
+    let lib = lib.to_str().unwrap();
+    let o = dropcompute(&["info", "--no-check", "--library", lib], &[("DROPCOMPUTE_MOCK_VERSION", "1.15.0")]);
+    let (code, err) = code_and_stderr(&o);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("1.15.0") && err.contains(lib), "{err}");
+}
+
+#[test]
+fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
+    let (code, err) = code_and_stderr(&dropcompute(&["info"], &[("DROPCOMPUTE_BACKEND", "gpu")]));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("DROPCOMPUTE_BACKEND") && err.contains("gpu"), "{err}");
+    let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", "/nonexistent/trace.csv"], &[]));
+    assert_eq!(code, Some(6), "{err}");
+    // clap's own usage error keeps its code 2.
+    let (code, _) = code_and_stderr(&dropcompute(&["info", "--no-such-flag"], &[]));
+    assert_eq!(code, Some(2));
+}
+
+#[test]
+fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
+    let dir = std::env::temp_dir().join(format!("dc-cli-lock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // This test process plays "another process": it holds module 2's lock.
+    let lock: PathBuf = dir.join("module-2.lock");
+    let held: File = OpenOptions::new().create(true).truncate(false).write(true).open(&lock).unwrap();
+    held.try_lock().unwrap();
+    let d = dir.to_str().unwrap();
+    let env = [("DROPCOMPUTE_MOCK_LOCK_DIR", d), ("HLS_MODULE_ID", "2")];
+    let (code, err) = code_and_stderr(&dropcompute(&["info", "--backend", "mock", "--no-check"], &env));
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("synDeviceAlreadyAcquired") || err.contains("held by another process"), "{err}");
+    // Module 3 is free: pinned to it, info succeeds.
+    let env = [("DROPCOMPUTE_MOCK_LOCK_DIR", d), ("HLS_MODULE_ID", "3")];
+    let o = dropcompute(&["info", "--backend", "mock", "--no-check"], &env);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    drop(held);
+    // Released: module 2 can be acquired again.
+    let env = [("DROPCOMPUTE_MOCK_LOCK_DIR", d), ("HLS_MODULE_ID", "2")];
+    let o = dropcompute(&["info", "--backend", "mock", "--no-check"], &env);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("module 2"), "{}", String::from_utf8_lossy(&o.stdout));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
