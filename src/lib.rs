@@ -17,4 +17,5 @@ pub mod policy;
 pub mod sim;
 pub mod synapse;
 pub mod trace;
+pub mod train;
 pub mod tune;
