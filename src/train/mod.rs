@@ -11,3 +11,4 @@
 pub mod args;
 pub mod output;
 pub mod report;
+pub mod timeline;
