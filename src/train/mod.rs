@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod figure;
 pub mod output;
 pub mod report;
 pub mod timeline;
