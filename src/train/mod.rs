@@ -11,5 +11,6 @@
 pub mod args;
 pub mod figure;
 pub mod output;
+pub mod progress;
 pub mod report;
 pub mod timeline;
