@@ -1,10 +1,12 @@
 //! Minimal SVG line charts for the commands (plotters, SVG backend only).
 //!
-//! Owns: [`line_chart`]. Must not touch: computations. Text uses plotters' built-in "naive" font
+//! Owns: [`line_chart`], [`draw_chart`] (one chart on any drawing area, for multi-panel figures)
+//! and [`data_ranges`]. Must not touch: computations. Text uses plotters' built-in "naive" font
 //! path (no `ttf`/`ab_glyph` feature): the SVG carries `<text>` elements that the viewer renders
 //! with its own fonts, so no system font is needed at build or run time; label extents are
 //! estimated, so layout is approximate.
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -18,16 +20,12 @@ pub struct Series<'a> {
     pub line: bool,
 }
 
-/// Draw `series` into an SVG file at `path` (800 x 500 px). `log_x` uses a log10 x axis (all x
-/// must then be > 0). Errors: a message from plotters (I/O, empty data).
-pub fn line_chart(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    log_x: bool,
-    series: &[Series<'_>],
-) -> Result<(), String> {
+/// Axis ranges of a chart: x and y, in data units.
+pub type Ranges = (std::ops::Range<f64>, std::ops::Range<f64>);
+
+/// Ranges covering the finite points of `series` (y padded by 8 %, a degenerate x widened to
+/// one unit), or `None` if no point is finite.
+pub fn data_ranges(series: &[Series<'_>]) -> Option<Ranges> {
     let pts = series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in pts {
@@ -39,15 +37,44 @@ pub fn line_chart(
         }
     }
     if !(x0.is_finite() && y0.is_finite()) {
-        return Err(format!("{}: nothing to plot", path.display()));
+        return None;
     }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
     let pad = ((y1 - y0) * 0.08).max(1e-9);
-    let (y0, y1) = (y0 - pad, y1 + pad);
+    Some((x0..x1, (y0 - pad)..(y1 + pad)))
+}
+
+/// Draw `series` into an SVG file at `path` (800 x 500 px). `log_x` uses a log10 x axis (all x
+/// must then be > 0). Errors: a message from plotters (I/O, empty data).
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    log_x: bool,
+    series: &[Series<'_>],
+) -> Result<(), String> {
+    let ranges = data_ranges(series).ok_or_else(|| format!("{}: nothing to plot", path.display()))?;
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
+    draw_chart(&root, title, (x_label, y_label), log_x, ranges, series)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// Draw one chart (caption, mesh, `series`, legend) on `area` over `ranges`; non-finite points
+/// are skipped. `labels` are the x and y axis descriptions. Errors: a message from plotters.
+pub fn draw_chart<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    labels: (&str, &str),
+    log_x: bool,
+    ranges: Ranges,
+    series: &[Series<'_>],
+) -> Result<(), String> {
+    let (x_label, y_label) = labels;
+    let (xr, yr) = ranges;
     let colors = [BLUE, RED, GREEN, MAGENTA, BLACK];
     macro_rules! draw {
         ($chart:expr) => {{
@@ -79,12 +106,12 @@ pub fn line_chart(
                 .map_err(|e| e.to_string())?;
         }};
     }
-    let mut builder = ChartBuilder::on(&root);
+    let mut builder = ChartBuilder::on(area);
     builder.caption(title, ("sans-serif", 20)).margin(15).x_label_area_size(45).y_label_area_size(70);
     if log_x {
-        draw!(builder.build_cartesian_2d((x0..x1).log_scale(), y0..y1).map_err(|e| e.to_string())?);
+        draw!(builder.build_cartesian_2d(xr.log_scale(), yr).map_err(|e| e.to_string())?);
     } else {
-        draw!(builder.build_cartesian_2d(x0..x1, y0..y1).map_err(|e| e.to_string())?);
+        draw!(builder.build_cartesian_2d(xr, yr).map_err(|e| e.to_string())?);
     }
-    root.present().map_err(|e| e.to_string())
+    Ok(())
 }

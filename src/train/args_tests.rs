@@ -1,0 +1,207 @@
+//! Tests of `train::args`: every flag through the real clap parser, good and bad values.
+
+use super::*;
+use clap::Parser;
+
+/// Stand-in for the binary's parser: a global `-v` counter and `train` as a subcommand, as in
+/// `Cli`, so that a clash between `TrainArgs` and the global flags would show here.
+#[derive(Debug, Parser)]
+struct TestCli {
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: TestCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum TestCmd {
+    Train(TrainArgs),
+}
+
+fn parse(extra: &[&str]) -> (u8, TrainArgs) {
+    let argv = ["dropcompute", "train"].iter().chain(extra.iter());
+    let cli = TestCli::try_parse_from(argv).unwrap_or_else(|e| panic!("clap rejected {extra:?}: {e}"));
+    let TestCmd::Train(a) = cli.cmd;
+    (cli.verbose, a)
+}
+
+fn config(extra: &[&str]) -> TrainConfig {
+    parse(extra).1.validate().unwrap_or_else(|e| panic!("{extra:?} rejected: {e}"))
+}
+
+#[test]
+fn defaults_match_the_documented_surface() {
+    let c = config(&[]);
+    assert_eq!((c.ranks, c.micro_batches, c.micro_batch_size), (16, 8, 8));
+    assert_eq!(c.global_batch, 16 * 8 * 8);
+    assert_eq!(c.threshold, ThresholdArg::Auto);
+    assert_eq!(c.length, RunLength::Steps(60));
+    assert_eq!(c.seed, 0);
+    assert_eq!(c.launch, LaunchMode::Threads);
+    assert!(c.compare);
+    assert_eq!(c.noise, NoiseArg::Reference);
+    assert_eq!(c.delay_factor, 1.0);
+    assert!(c.slow_ranks.is_empty());
+    assert_eq!(c.base_latency, Duration::from_millis(2));
+    assert_eq!(c.check, CheckMode::Predictive);
+    assert_eq!(c.sync_lag, 0);
+    assert_eq!(c.normalization, Normalization::Realized);
+    assert_eq!(c.bucket_bytes, 4 << 20);
+    assert_eq!((c.lr, c.momentum, c.hidden, c.holdout), (0.1, 0.9, 128, 0.2));
+    assert_eq!(c.warmup_steps, 3);
+    assert_eq!(c.checkpoint_every, None);
+    assert_eq!(c.time_mode, TimeMode::Real);
+    assert_eq!((c.data, c.out, c.resume), (None, None, None));
+}
+
+#[test]
+fn good_values_are_parsed_into_the_config() {
+    let p = PathBuf::from;
+    type Check = fn(&TrainConfig) -> bool;
+    let table: &[(&[&str], Check)] = &[
+        (&["--ranks", "1"], |c| c.ranks == 1 && c.global_batch == 64),
+        (&["--ranks", "65536"], |c| c.ranks == 65_536),
+        (&["--micro-batches", "3"], |c| c.micro_batches == 3 && c.global_batch == 16 * 3 * 8),
+        (&["--micro-batch-size", "5"], |c| c.micro_batch_size == 5 && c.global_batch == 16 * 8 * 5),
+        (&["--threshold", "off"], |c| c.threshold == ThresholdArg::Off && c.threshold.fixed().is_none()),
+        (&["--threshold", "AUTO"], |c| c.threshold == ThresholdArg::Auto),
+        (&["--threshold", "12.5"], |c| c.threshold.fixed() == Some(Duration::from_micros(12_500))),
+        (&["--steps", "7"], |c| c.length == RunLength::Steps(7)),
+        (&["--epochs", "2"], |c| c.length == RunLength::Epochs(2)),
+        (&["--seed", "42"], |c| c.seed == 42),
+        (&["--launch", "processes"], |c| c.launch == LaunchMode::Processes),
+        (&["--launch", "env"], |c| c.launch == LaunchMode::Env),
+        (&["--no-compare"], |c| !c.compare),
+        (&["--no-compare", "--compare"], |c| c.compare),
+        (&["--compare", "--no-compare"], |c| !c.compare),
+        (&["--noise", "none"], |c| c.noise == NoiseArg::None && c.mock_noise() == Noise::None),
+        (&["--noise", "lognormal:0.5"], |c| c.mock_noise() == Noise::LogNormal { mu: -0.125, sigma: 0.5 }),
+        (&["--noise", "exponential:0.25"], |c| c.mock_noise() == Noise::Exponential { mean: 0.25 }),
+        (&["--delay-factor", "0"], |c| c.mock_noise() == Noise::Reference { delay_factor: 0.0 }),
+        (&["--delay-factor", "2.5"], |c| c.delay_factor == 2.5),
+        (&["--slow-rank", "3:2.5", "--slow-rank", "0:1.5"], |c| {
+            c.slow_ranks == [SlowRank { rank: 3, factor: 2.5 }, SlowRank { rank: 0, factor: 1.5 }]
+        }),
+        (&["--ranks", "4", "--slow-rank", "3:2"], |c| c.slow_ranks == [SlowRank { rank: 3, factor: 2.0 }]),
+        (&["--base-latency-ms", "0.25"], |c| c.base_latency == Duration::from_micros(250)),
+        (&["--check", "before"], |c| c.check == CheckMode::BeforeMicroBatch),
+        (&["--sync-lag", "7"], |c| c.sync_lag == 7),
+        (&["--normalization", "nominal"], |c| c.normalization == Normalization::Nominal),
+        (&["--bucket-mb", "0.5"], |c| c.bucket_bytes == 524_288),
+        (&["--lr", "0.01"], |c| c.lr == 0.01),
+        (&["--momentum", "0"], |c| c.momentum == 0.0),
+        (&["--hidden", "1"], |c| c.hidden == 1),
+        (&["--holdout", "0.5"], |c| c.holdout == 0.5),
+        (&["--warmup-steps", "0"], |c| c.warmup_steps == 0),
+        (&["--checkpoint-every", "10"], |c| c.checkpoint_every.map(NonZeroU64::get) == Some(10)),
+        (&["--time-mode", "virtual"], |c| c.time_mode == TimeMode::Virtual),
+    ];
+    for (argv, check) in table {
+        assert!(check(&config(argv)), "{argv:?}");
+    }
+    let c = config(&["--data", "d.csv", "--out", "o", "--resume", "r"]);
+    assert_eq!((c.data, c.out, c.resume), (Some(p("d.csv")), Some(p("o")), Some(p("r"))));
+}
+
+#[test]
+fn bad_values_name_the_flag_and_the_value() {
+    // (argv, flag, value as it must appear in the message)
+    let table: &[(&[&str], &str, &str)] = &[
+        (&["--ranks", "0"], "ranks", "0"),
+        (&["--ranks", "65537"], "ranks", "65537"),
+        (&["--micro-batches", "0"], "micro-batches", "0"),
+        (&["--micro-batch-size", "0"], "micro-batch-size", "0"),
+        (
+            &["--ranks", "65536", "--micro-batches", "4294967295", "--micro-batch-size", "4294967295"],
+            "micro-batch-size",
+            "4294967295",
+        ),
+        (&["--threshold", "-3"], "threshold", "-3"),
+        (&["--threshold", "0"], "threshold", "0"),
+        (&["--threshold", "NaN"], "threshold", "NaN"),
+        (&["--threshold", "inf"], "threshold", "inf"),
+        (&["--threshold", "fast"], "threshold", "fast"),
+        (&["--threshold", "1e9"], "threshold", "1e9"),
+        (&["--steps", "0"], "steps", "0"),
+        (&["--epochs", "0"], "epochs", "0"),
+        (&["--noise", "gaussian"], "noise", "gaussian"),
+        (&["--noise", "lognormal:-1"], "noise", "lognormal:-1"),
+        (&["--noise", "lognormal:nan"], "noise", "lognormal:nan"),
+        (&["--noise", "exponential:"], "noise", "exponential:"),
+        (&["--noise", "none:1"], "noise", "none:1"),
+        (&["--delay-factor", "-1"], "delay-factor", "-1"),
+        (&["--delay-factor", "NaN"], "delay-factor", "NaN"),
+        (&["--slow-rank", "99:2"], "slow-rank", "99:2"),
+        (&["--ranks", "4", "--slow-rank", "4:2"], "slow-rank", "4:2"),
+        (&["--slow-rank", "1:0"], "slow-rank", "1:0"),
+        (&["--slow-rank", "1:-2"], "slow-rank", "1:-2"),
+        (&["--slow-rank", "1:inf"], "slow-rank", "1:inf"),
+        (&["--slow-rank", "1:2e6"], "slow-rank", "1:2e6"),
+        (&["--slow-rank", "x:2"], "slow-rank", "x:2"),
+        (&["--slow-rank", "3"], "slow-rank", "3"),
+        (&["--slow-rank", "1:2", "--slow-rank", "1:3"], "slow-rank", "1:3"),
+        (&["--base-latency-ms", "0"], "base-latency-ms", "0"),
+        (&["--base-latency-ms", "-2"], "base-latency-ms", "-2"),
+        (&["--base-latency-ms", "inf"], "base-latency-ms", "inf"),
+        (&["--base-latency-ms", "1e300"], "base-latency-ms", "1e300"),
+        (&["--sync-lag", "8"], "sync-lag", "8"),
+        (&["--micro-batches", "2", "--sync-lag", "5"], "sync-lag", "5"),
+        (&["--bucket-mb", "0"], "bucket-mb", "0"),
+        (&["--bucket-mb", "1e-9"], "bucket-mb", "1e-9"),
+        (&["--bucket-mb", "1e12"], "bucket-mb", "1e12"),
+        (&["--bucket-mb", "NaN"], "bucket-mb", "NaN"),
+        (&["--lr", "0"], "lr", "0"),
+        (&["--lr", "-0.1"], "lr", "-0.1"),
+        (&["--lr", "inf"], "lr", "inf"),
+        (&["--momentum", "1"], "momentum", "1"),
+        (&["--momentum", "-0.5"], "momentum", "-0.5"),
+        (&["--momentum", "NaN"], "momentum", "NaN"),
+        (&["--hidden", "0"], "hidden", "0"),
+        (&["--holdout", "0"], "holdout", "0"),
+        (&["--holdout", "1"], "holdout", "1"),
+        (&["--holdout", "NaN"], "holdout", "NaN"),
+    ];
+    for (argv, flag, value) in table {
+        let err = parse(argv).1.validate().expect_err(&format!("{argv:?} accepted"));
+        assert_eq!(err.flag, *flag, "{argv:?}: {err}");
+        let msg = err.to_string();
+        assert!(msg.starts_with(&format!("--{flag} {value}:")), "{argv:?}: {msg}");
+    }
+}
+
+#[test]
+fn clap_rejects_what_it_owns() {
+    // Unknown enum values, non-numbers for integer flags and --steps with --epochs never reach
+    // validate(): clap's error names the flag.
+    for argv in [
+        &["--launch", "mpi"][..],
+        &["--check", "after"],
+        &["--normalization", "mean"],
+        &["--time-mode", "fast"],
+        &["--ranks", "-1"],
+        &["--micro-batches", "-2"],
+        &["--seed", "-1"],
+        &["--ranks", "many"],
+        &["--sync-lag", "-1"],
+        &["--steps", "5", "--epochs", "1"],
+    ] {
+        let argv_full = ["dropcompute", "train"].iter().chain(argv.iter());
+        let err = TestCli::try_parse_from(argv_full).expect_err(&format!("{argv:?} accepted")).to_string();
+        assert!(err.contains(argv[0]), "{argv:?}: {err}");
+    }
+}
+
+#[test]
+fn global_verbose_reaches_train() {
+    let (v, a) = parse(&["-vv", "--ranks", "2"]);
+    assert_eq!((v, a.ranks), (2, 2));
+    let (v, _) = parse(&["--verbose"]);
+    assert_eq!(v, 1);
+}
+
+#[test]
+fn threshold_keywords_are_case_insensitive_and_trimmed() {
+    assert_eq!(ThresholdArg::parse(" Off "), Ok(ThresholdArg::Off));
+    assert_eq!(ThresholdArg::parse("3600000"), Ok(ThresholdArg::Ms(3_600_000.0)));
+    assert_eq!(ThresholdArg::Ms(f64::INFINITY).fixed(), None);
+}

@@ -1,0 +1,418 @@
+//! `report.json` of `dropcompute train` and the side-by-side comparison table.
+//!
+//! Owns: [`Report`] / [`RunReport`] / [`ConfigEcho`] (the JSON schema), the derived rates
+//! ([`RunReport::from_measurements`]), the measured effective speedup ([`Report::new`]) and
+//! [`comparison_table`]. Must not touch: training, timing or files (the driver measures and
+//! `output::StagedOut` writes).
+//!
+//! Effective speedup (DropCompute, Giladi et al. 2023, §4): throughput of *computed* samples
+//! with DropCompute divided by that of the synchronous baseline, on the same job and seed.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::args::{LaunchMode, NoiseArg, Normalization, RunLength, ThresholdArg, TrainConfig};
+use crate::mock::config::TimeMode;
+use crate::policy::CheckMode;
+
+/// Errors of building a report from measurements.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReportError {
+    /// A measurement is out of its range (`what` names it).
+    #[error("report: {what} = {value}: {why}")]
+    Invalid {
+        /// Field name.
+        what: &'static str,
+        /// Offending value.
+        value: String,
+        /// Requirement.
+        why: &'static str,
+    },
+}
+
+/// Raw measurements of one run, as the driver collects them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunMeasurements {
+    /// Wall time of the training loop (> 0).
+    pub wall: Duration,
+    /// Optimizer steps completed.
+    pub steps: u64,
+    /// Samples whose gradient was computed, summed over ranks and steps.
+    pub samples_computed: u64,
+    /// Samples dropped by the deadline, summed over ranks and steps.
+    pub samples_dropped: u64,
+    /// Held-out accuracy, fraction in [0, 1].
+    pub accuracy: f64,
+    /// Training loss of the last step (may be NaN if training diverged).
+    pub final_loss: f64,
+    /// Deadline in force, `None` for threshold off.
+    pub threshold: Option<Duration>,
+}
+
+/// One run in report.json (`"baseline"` or `"dropcompute"`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RunReport {
+    /// Held-out accuracy, fraction in [0, 1].
+    pub accuracy: f64,
+    /// Computed samples per second of wall time.
+    pub samples_per_s: f64,
+    /// Optimizer steps per second of wall time.
+    pub steps_per_s: f64,
+    /// Wall time of the training loop, s.
+    pub wall_s: f64,
+    /// samples_dropped / (samples_computed + samples_dropped), in [0, 1] (0 if both are 0).
+    pub drop_rate: f64,
+    /// Deadline, ms; `null` for threshold off.
+    pub threshold_ms: Option<f64>,
+    /// Training loss of the last step; `null` in JSON when not finite (diverged).
+    #[serde(with = "finite_or_null")]
+    pub final_loss: f64,
+    /// Optimizer steps completed.
+    pub steps: u64,
+    /// Samples computed, summed over ranks and steps.
+    pub samples_computed: u64,
+    /// Samples dropped, summed over ranks and steps.
+    pub samples_dropped: u64,
+}
+
+impl RunReport {
+    /// Derive the rates from raw measurements.
+    /// Errors: [`ReportError::Invalid`] for a zero wall time, an accuracy outside [0, 1] or NaN.
+    pub fn from_measurements(m: &RunMeasurements) -> Result<Self, ReportError> {
+        let wall_s = m.wall.as_secs_f64();
+        if wall_s <= 0.0 {
+            return Err(ReportError::Invalid { what: "wall", value: format!("{:?}", m.wall), why: "must be > 0" });
+        }
+        if !(0.0..=1.0).contains(&m.accuracy) {
+            return Err(ReportError::Invalid {
+                what: "accuracy",
+                value: m.accuracy.to_string(),
+                why: "must be in [0, 1]",
+            });
+        }
+        let total = m.samples_computed as f64 + m.samples_dropped as f64;
+        Ok(Self {
+            accuracy: m.accuracy,
+            samples_per_s: m.samples_computed as f64 / wall_s,
+            steps_per_s: m.steps as f64 / wall_s,
+            wall_s,
+            drop_rate: if total > 0.0 { m.samples_dropped as f64 / total } else { 0.0 },
+            threshold_ms: m.threshold.map(|d| d.as_secs_f64() * 1e3),
+            final_loss: m.final_loss,
+            steps: m.steps,
+            samples_computed: m.samples_computed,
+            samples_dropped: m.samples_dropped,
+        })
+    }
+}
+
+/// `null` for non-finite floats (JSON has no NaN), read back as NaN.
+mod finite_or_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() { s.serialize_f64(*x) } else { s.serialize_none() }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+}
+
+/// The configuration the runs used, echoed into report.json (units in the field names).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ConfigEcho {
+    /// World size.
+    pub ranks: u32,
+    /// Micro-batches per rank per step.
+    pub micro_batches: u32,
+    /// Samples per micro-batch.
+    pub micro_batch_size: u32,
+    /// `--threshold` as given: "auto", "off" or the ms value.
+    pub threshold: String,
+    /// Steps requested (`null` when run by epochs).
+    pub steps: Option<u64>,
+    /// Epochs requested (`null` when run by steps).
+    pub epochs: Option<u32>,
+    /// Seed.
+    pub seed: u64,
+    /// Data file, `null` for the built-in set.
+    pub data: Option<String>,
+    /// "threads", "processes" or "env".
+    pub launch: String,
+    /// `--noise` spec, e.g. "lognormal:0.5".
+    pub noise: String,
+    /// Reference noise delay factor.
+    pub delay_factor: f64,
+    /// Persistent slow ranks as [rank, factor].
+    pub slow_ranks: Vec<(u32, f64)>,
+    /// Emulated base latency of a micro-batch, ms.
+    pub base_latency_ms: f64,
+    /// "before" or "predictive".
+    pub check: String,
+    /// Deadline check lag, micro-batches.
+    pub sync_lag: u32,
+    /// "realized" or "nominal".
+    pub normalization: String,
+    /// All-reduce bucket, bytes.
+    pub bucket_bytes: u64,
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum.
+    pub momentum: f64,
+    /// Hidden units.
+    pub hidden: u32,
+    /// Held-out fraction.
+    pub holdout: f64,
+    /// Warm-up steps (never drop).
+    pub warmup_steps: u64,
+    /// Checkpoint period, steps (0 = off).
+    pub checkpoint_every: u64,
+    /// "real" or "virtual".
+    pub time_mode: String,
+}
+
+impl From<&TrainConfig> for ConfigEcho {
+    fn from(c: &TrainConfig) -> Self {
+        let (steps, epochs) = match c.length {
+            RunLength::Steps(s) => (Some(s), None),
+            RunLength::Epochs(e) => (None, Some(e)),
+        };
+        let s = |x: &str| x.to_owned();
+        Self {
+            ranks: c.ranks,
+            micro_batches: c.micro_batches,
+            micro_batch_size: c.micro_batch_size,
+            threshold: match c.threshold {
+                ThresholdArg::Auto => s("auto"),
+                ThresholdArg::Off => s("off"),
+                ThresholdArg::Ms(ms) => ms.to_string(),
+            },
+            steps,
+            epochs,
+            seed: c.seed,
+            data: c.data.as_ref().map(|p| p.display().to_string()),
+            launch: s(match c.launch {
+                LaunchMode::Threads => "threads",
+                LaunchMode::Processes => "processes",
+                LaunchMode::Env => "env",
+            }),
+            noise: match c.noise {
+                NoiseArg::Reference => s("reference"),
+                NoiseArg::None => s("none"),
+                NoiseArg::LogNormal { sigma } => format!("lognormal:{sigma}"),
+                NoiseArg::Exponential { mean } => format!("exponential:{mean}"),
+            },
+            delay_factor: c.delay_factor,
+            slow_ranks: c.slow_ranks.iter().map(|r| (r.rank, r.factor)).collect(),
+            base_latency_ms: c.base_latency.as_secs_f64() * 1e3,
+            check: s(match c.check {
+                CheckMode::BeforeMicroBatch => "before",
+                CheckMode::Predictive => "predictive",
+            }),
+            sync_lag: c.sync_lag,
+            normalization: s(match c.normalization {
+                Normalization::Realized => "realized",
+                Normalization::Nominal => "nominal",
+            }),
+            bucket_bytes: c.bucket_bytes,
+            lr: c.lr,
+            momentum: c.momentum,
+            hidden: c.hidden,
+            holdout: c.holdout,
+            warmup_steps: c.warmup_steps,
+            checkpoint_every: c.checkpoint_every.map_or(0, |k| k.get()),
+            time_mode: s(match c.time_mode {
+                TimeMode::Real => "real",
+                TimeMode::Virtual => "virtual",
+            }),
+        }
+    }
+}
+
+/// report.json.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The synchronous baseline (threshold off); `null` with `--no-compare`.
+    pub baseline: Option<RunReport>,
+    /// The DropCompute run.
+    pub dropcompute: RunReport,
+    /// Measured effective speedup: dropcompute.samples_per_s / baseline.samples_per_s (ratio);
+    /// `null` without a baseline or when the baseline computed nothing.
+    pub speedup: Option<f64>,
+    /// Effective speedup predicted by the simulator (`crate::sim`) for this configuration.
+    pub predicted_speedup: Option<f64>,
+    /// The configuration both runs used.
+    pub config: ConfigEcho,
+}
+
+impl Report {
+    /// Assemble the report and compute the measured [`Report::speedup`].
+    pub fn new(
+        baseline: Option<RunReport>,
+        dropcompute: RunReport,
+        predicted_speedup: Option<f64>,
+        config: ConfigEcho,
+    ) -> Self {
+        let speedup =
+            baseline.as_ref().filter(|b| b.samples_per_s > 0.0).map(|b| dropcompute.samples_per_s / b.samples_per_s);
+        Self { baseline, dropcompute, speedup, predicted_speedup, config }
+    }
+
+    /// Pretty JSON (infallible for this schema: string keys, no maps with non-string keys).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// Side-by-side text table of the two runs (columns baseline, DropCompute; `-` where a value is
+/// absent), one row per metric, columns aligned, ending with a newline. Units: s, steps/s,
+/// samples/s, %, ms, ratio.
+pub fn comparison_table(r: &Report) -> String {
+    let b = r.baseline.as_ref();
+    let d = &r.dropcompute;
+    let dash = || "-".to_owned();
+    let both = |f: &dyn Fn(&RunReport) -> String| [b.map_or_else(dash, f), f(d)];
+    let ms = |x: Option<f64>| x.map_or_else(|| "off".to_owned(), |v| format!("{v:.3}"));
+    let ratio = |x: Option<f64>| x.map_or_else(dash, |v| format!("{v:.3}x"));
+    let rows: Vec<(&str, [String; 2])> = vec![
+        ("wall time (s)", both(&|x| format!("{:.3}", x.wall_s))),
+        ("steps/s", both(&|x| format!("{:.3}", x.steps_per_s))),
+        ("samples/s computed", both(&|x| format!("{:.1}", x.samples_per_s))),
+        ("drop rate (%)", both(&|x| format!("{:.2}", x.drop_rate * 100.0))),
+        ("threshold (ms)", both(&|x| ms(x.threshold_ms))),
+        ("final train loss", both(&|x| format!("{:.4}", x.final_loss))),
+        ("held-out accuracy (%)", both(&|x| format!("{:.2}", x.accuracy * 100.0))),
+        ("effective speedup, measured", [b.map_or_else(dash, |_| "1.000x".to_owned()), ratio(r.speedup)]),
+        ("effective speedup, predicted", [dash(), ratio(r.predicted_speedup)]),
+    ];
+    let header = ("", ["baseline".to_owned(), "dropcompute".to_owned()]);
+    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let w = |i: usize| rows.iter().chain([&header]).map(|r| r.1[i].len()).max().unwrap_or(0);
+    let (w1, w2) = (w(0), w(1));
+    let mut out = String::new();
+    for (label, [c1, c2]) in std::iter::once(&header).chain(&rows) {
+        out.push_str(&format!("{label:<w0$}  {c1:>w1$}  {c2:>w2$}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(wall_ms: u64, steps: u64, computed: u64, dropped: u64, thr_ms: Option<u64>) -> RunMeasurements {
+        RunMeasurements {
+            wall: Duration::from_millis(wall_ms),
+            steps,
+            samples_computed: computed,
+            samples_dropped: dropped,
+            accuracy: 0.9525,
+            final_loss: 0.12345,
+            threshold: thr_ms.map(Duration::from_millis),
+        }
+    }
+
+    fn echo() -> ConfigEcho {
+        let args =
+            <crate::train::args::TrainArgs as clap::FromArgMatches>::from_arg_matches(
+                &<crate::train::args::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"))
+                    .get_matches_from(["t", "--noise", "lognormal:0.5", "--slow-rank", "2:3", "--epochs", "2"]),
+            )
+            .expect("args");
+        ConfigEcho::from(&args.validate().expect("valid"))
+    }
+
+    fn report() -> Report {
+        // Baseline: 10 s, 60 steps, 30720 samples. DropCompute: 8 s, 60 steps, 28672 computed,
+        // 2048 dropped.
+        let b = RunReport::from_measurements(&run(10_000, 60, 30_720, 0, None)).expect("b");
+        let d = RunReport::from_measurements(&run(8_000, 60, 28_672, 2_048, Some(25))).expect("d");
+        Report::new(Some(b), d, Some(1.2), echo())
+    }
+
+    #[test]
+    fn rates_and_speedup_follow_their_definitions() {
+        let r = report();
+        let b = r.baseline.as_ref().expect("baseline");
+        assert_eq!(b.samples_per_s, 3072.0);
+        assert_eq!(b.steps_per_s, 6.0);
+        assert_eq!(b.drop_rate, 0.0);
+        assert_eq!(b.threshold_ms, None);
+        assert_eq!(r.dropcompute.samples_per_s, 3584.0);
+        assert_eq!(r.dropcompute.steps_per_s, 7.5);
+        assert_eq!(r.dropcompute.drop_rate, 2048.0 / 30720.0);
+        assert_eq!(r.dropcompute.threshold_ms, Some(25.0));
+        assert!((r.speedup.expect("speedup") - 3584.0 / 3072.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn no_baseline_means_no_measured_speedup() {
+        let d = RunReport::from_measurements(&run(1_000, 5, 100, 0, Some(3))).expect("d");
+        let r = Report::new(None, d, None, echo());
+        assert_eq!(r.speedup, None);
+        let t = comparison_table(&r);
+        assert!(t.lines().any(|l| l.starts_with("effective speedup, measured") && l.trim_end().ends_with('-')), "{t}");
+    }
+
+    #[test]
+    fn bad_measurements_are_typed_errors() {
+        let mut m = run(0, 1, 1, 0, None);
+        assert!(matches!(RunReport::from_measurements(&m), Err(ReportError::Invalid { what: "wall", .. })));
+        m.wall = Duration::from_secs(1);
+        m.accuracy = f64::NAN;
+        assert!(matches!(RunReport::from_measurements(&m), Err(ReportError::Invalid { what: "accuracy", .. })));
+        m.accuracy = 1.5;
+        assert!(RunReport::from_measurements(&m).is_err());
+    }
+
+    #[test]
+    fn json_round_trip_with_expected_keys() {
+        let r = report();
+        let json = r.to_json();
+        let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+        for k in ["baseline", "dropcompute", "speedup", "predicted_speedup", "config"] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert!(v["baseline"]["threshold_ms"].is_null());
+        assert_eq!(v["dropcompute"]["threshold_ms"], 25.0);
+        assert_eq!(v["config"]["noise"], "lognormal:0.5");
+        assert_eq!(v["config"]["epochs"], 2);
+        assert!(v["config"]["steps"].is_null());
+        assert_eq!(v["config"]["slow_ranks"], serde_json::json!([[2, 3.0]]));
+        assert_eq!(serde_json::from_str::<Report>(&json).expect("back"), r);
+    }
+
+    #[test]
+    fn diverged_loss_is_null_in_json_and_nan_back() {
+        let mut m = run(1_000, 5, 100, 0, None);
+        m.final_loss = f64::NAN;
+        let d = RunReport::from_measurements(&m).expect("d");
+        let json = serde_json::to_string(&d).expect("ser");
+        assert!(json.contains("\"final_loss\":null"), "{json}");
+        assert!(serde_json::from_str::<RunReport>(&json).expect("de").final_loss.is_nan());
+    }
+
+    #[test]
+    fn table_has_every_number_aligned() {
+        let t = comparison_table(&report());
+        let row = |label: &str| -> Vec<String> {
+            let l = t.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no row {label}:\n{t}"));
+            l[label.len()..].split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(row("wall time (s)"), ["10.000", "8.000"]);
+        assert_eq!(row("steps/s"), ["6.000", "7.500"]);
+        assert_eq!(row("samples/s computed"), ["3072.0", "3584.0"]);
+        assert_eq!(row("drop rate (%)"), ["0.00", "6.67"]);
+        assert_eq!(row("threshold (ms)"), ["off", "25.000"]);
+        assert_eq!(row("final train loss"), ["0.1235", "0.1235"]);
+        assert_eq!(row("held-out accuracy (%)"), ["95.25", "95.25"]);
+        assert_eq!(row("effective speedup, measured"), ["1.000x", "1.167x"]);
+        assert_eq!(row("effective speedup, predicted"), ["-", "1.200x"]);
+        let widths: Vec<usize> = t.lines().map(str::len).collect();
+        assert!(widths.windows(2).all(|w| w[0] == w[1]), "ragged table:\n{t}");
+        assert_eq!(t.lines().count(), 10);
+    }
+}
