@@ -91,6 +91,10 @@ pub struct StepReport {
     /// sync-lag waits. Reported to measure the scheduler's host overhead; never used for a
     /// decision (decisions use device time only).
     pub host_loop_ns: u64,
+    /// Every rank's micro-batch latencies of this step (ns), N x M row-major by rank, NaN for a
+    /// micro-batch not computed (identical on every rank: the tuner's input). JSON: null for NaN.
+    #[serde(with = "nan_as_null")]
+    pub latencies_ns: Vec<f64>,
     /// This rank's micro-batches, scheduled order (computed then dropped).
     pub micro_batches: Vec<MicroBatchRecord>,
 }
@@ -214,6 +218,19 @@ impl StragglerTracker {
     }
 }
 
+/// JSON has no NaN: a `Vec<f64>` with NaN entries is written with nulls and read back as NaN.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        v.iter().map(|x| (!x.is_nan()).then_some(*x)).collect::<Vec<_>>().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+    }
+}
+
 /// The threshold as an optional ns value for reports.
 pub(crate) fn threshold_ns(t: Threshold) -> Option<u64> {
     t.as_ns()
@@ -246,6 +263,31 @@ mod tests {
     }
 
     #[test]
+    fn a_report_with_nan_latencies_round_trips_through_json() {
+        let r = StepReport {
+            step: 1,
+            rank: 0,
+            world_size: 1,
+            threshold_ns: None,
+            ranks: vec![RankStepStats { computed: 1, dropped: 1, ..Default::default() }],
+            divisor: 3.0,
+            skip: Some(SkipReason::NonFinite { ranks: vec![0] }),
+            compute_ns: 5,
+            wait_ns: 0,
+            collective_ns: 1,
+            step_ns: 9,
+            collective_seqs: (1, 2),
+            host_loop_ns: 7,
+            latencies_ns: vec![4.0, f64::NAN],
+            micro_batches: vec![],
+        };
+        let back: StepReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.latencies_ns[0], 4.0);
+        assert!(back.latencies_ns[1].is_nan());
+        assert_eq!(back.skip, r.skip);
+    }
+
+    #[test]
     fn compute_log_rows_count_computed_samples_cumulatively() {
         let mb = |i: u32, dropped: bool| MicroBatchRecord {
             step: 5,
@@ -269,6 +311,7 @@ mod tests {
             step_ns: 0,
             collective_seqs: (0, 0),
             host_loop_ns: 0,
+            latencies_ns: vec![],
             micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
         };
         let rows = r.compute_log(5);

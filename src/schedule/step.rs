@@ -464,6 +464,7 @@ impl Scheduler {
             step_ns,
             collective_seqs: seqs,
             host_loop_ns,
+            latencies_ns: matrix,
             micro_batches: records,
         };
         Ok((report, retune))

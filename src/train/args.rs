@@ -160,7 +160,7 @@ pub enum CheckArg {
 
 /// The `--normalization` value: what the summed gradient is divided by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Normalization {
+pub enum NormalizationArg {
     /// By the number of samples actually computed across ranks (DropCompute's rescale).
     Realized,
     /// By the nominal global batch ranks × micro-batches × micro-batch size.
@@ -246,8 +246,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sync_lag: u32,
     /// Gradient normalisation.
-    #[arg(long, value_enum, default_value_t = Normalization::Realized)]
-    pub normalization: Normalization,
+    #[arg(long, value_enum, default_value_t = NormalizationArg::Realized)]
+    pub normalization: NormalizationArg,
     /// All-reduce bucket size, MiB.
     #[arg(long, default_value_t = 4.0, allow_negative_numbers = true)]
     pub bucket_mb: f64,
@@ -314,7 +314,7 @@ pub struct TrainConfig {
     /// Micro-batches the deadline check may lag behind the device (< micro_batches).
     pub sync_lag: u32,
     /// Gradient normalisation.
-    pub normalization: Normalization,
+    pub normalization: crate::schedule::Normalization,
     /// All-reduce bucket size, bytes (>= 4: one f32; `--bucket-mb` × [`BYTES_PER_MB`], rounded).
     pub bucket_bytes: u64,
     /// SGD learning rate (finite, > 0).
@@ -449,7 +449,10 @@ impl TrainArgs {
                 CheckArg::Predictive => CheckMode::Predictive,
             },
             sync_lag: self.sync_lag,
-            normalization: self.normalization,
+            normalization: match self.normalization {
+                NormalizationArg::Realized => crate::schedule::Normalization::Realized,
+                NormalizationArg::Nominal => crate::schedule::Normalization::Nominal,
+            },
             bucket_bytes: bucket_bytes as u64,
             lr,
             momentum: self.momentum,

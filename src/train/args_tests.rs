@@ -1,6 +1,7 @@
 //! Tests of `train::args`: every flag through the real clap parser, good and bad values.
 
 use super::*;
+use crate::schedule::Normalization;
 use clap::Parser;
 
 /// Stand-in for the binary's parser: a global `-v` counter and `train` as a subcommand, as in

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::args::{LaunchMode, NoiseArg, Normalization, RunLength, ThresholdArg, TrainConfig};
+use super::args::{LaunchMode, NoiseArg, RunLength, ThresholdArg, TrainConfig};
+use crate::schedule::Normalization;
 use crate::mock::config::TimeMode;
 use crate::policy::CheckMode;
 
