@@ -15,6 +15,9 @@
 //! | 5 | collective | HCCL call failed, collective timeout (watchdog), peer lost, asynchronous HCCL error, rendezvous failure |
 //! | 6 | data file | trace or recipe file unreadable or malformed; output file not writable |
 //! | 7 | checkpoint | checkpoint truncated, corrupt, wrong version, unwritable, none found |
+//!
+//! `train --launch processes` maps a failed rank process to its own exit code's class, and a
+//! rank killed by a signal to the collective class (its peers lost it).
 //! | 130 | interrupted | SIGINT/SIGTERM (128 + SIGINT, the shell convention) |
 #![forbid(unsafe_code)]
 
@@ -29,7 +32,9 @@ use dropcompute::hccl::rendezvous::RendezvousError;
 use dropcompute::mock::RecipeFileError;
 use dropcompute::mock::config::ConfigError as MockConfigError;
 use dropcompute::sim::SimError;
+use dropcompute::schedule::ScheduleError;
 use dropcompute::trace::TraceError;
+use dropcompute::train::run::TrainError;
 use habana_sys::LoadError;
 
 /// A failure class and its process exit code (see the module table).
@@ -97,7 +102,55 @@ fn hccl(e: &HcclError) -> ExitClass {
 }
 
 /// The class of one error, ignoring its sources; `None` for types this table does not know.
+fn from_code(code: Option<i32>) -> ExitClass {
+    match code {
+        Some(2) => ExitClass::Usage,
+        Some(3) => ExitClass::Library,
+        Some(4) => ExitClass::Device,
+        Some(5) => ExitClass::Collective,
+        Some(6) => ExitClass::DataFile,
+        Some(7) => ExitClass::Checkpoint,
+        Some(130) => ExitClass::Interrupted,
+        // Killed by a signal (e.g. SIGKILL): its peers lost it, a collective failure.
+        None => ExitClass::Collective,
+        Some(_) => ExitClass::Internal,
+    }
+}
+
+fn schedule(e: &ScheduleError) -> ExitClass {
+    match e {
+        ScheduleError::Device { source, .. } => synapse(source),
+        ScheduleError::Collective { source, .. } => hccl(source),
+        ScheduleError::Workload { source, .. } => classify(&**source),
+        ScheduleError::Data { .. } | ScheduleError::Config { .. } => ExitClass::Usage,
+        _ => ExitClass::Internal,
+    }
+}
+
+fn train(e: &TrainError) -> ExitClass {
+    match e {
+        TrainError::Args(_) | TrainError::Model(_) | TrainError::Config { .. } | TrainError::Bootstrap(_) => {
+            ExitClass::Usage
+        }
+        TrainError::Mock(_) => ExitClass::Usage,
+        TrainError::Data(_) | TrainError::Output(_) | TrainError::Figure(_) | TrainError::Io { .. } => {
+            ExitClass::DataFile
+        }
+        TrainError::Device { source, .. } => synapse(source),
+        TrainError::Collective { source, .. } => hccl(source),
+        TrainError::Step(s) => schedule(s),
+        TrainError::Child { code, .. } => from_code(*code),
+        _ => ExitClass::Internal,
+    }
+}
+
 fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
+    if let Some(t) = e.downcast_ref::<TrainError>() {
+        return Some(train(t));
+    }
+    if let Some(s) = e.downcast_ref::<ScheduleError>() {
+        return Some(schedule(s));
+    }
     if e.is::<LoadError>() {
         return Some(ExitClass::Library);
     }

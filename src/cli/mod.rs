@@ -4,6 +4,7 @@
 mod bench;
 pub mod exit;
 mod info;
+mod train;
 
 use std::path::PathBuf;
 
@@ -39,6 +40,9 @@ pub enum Command {
     /// Benchmarks printing ratios measured in one run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Train an MLP on the handwritten digits (or --data) with N ranks on the CPU mock device:
+    /// the synchronous baseline and DropCompute with the same seed, side by side.
+    Train(dropcompute::train::args::TrainArgs),
 }
 
 /// Backend options shared by the subcommands that touch a device.
@@ -90,5 +94,6 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tune(a) => Ok(dropcompute::commands::tune::run(&a)?),
         Command::Simulate(a) => Ok(dropcompute::commands::simulate::run(&a)?),
         Command::Bench(b) => bench::run(b),
+        Command::Train(a) => train::run(&a),
     }
 }

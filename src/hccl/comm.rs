@@ -519,19 +519,25 @@ impl Comm {
 
     /// Waits until `stream` is idle, returning the watchdog's typed error if the communicator
     /// failed meanwhile (the host never blocks in the runtime, so a dead peer cannot hang it;
-    /// the watchdog's timeout bounds the wait).
+    /// the watchdog's timeout bounds the wait). The poll backs off exponentially from 10 µs to
+    /// `poll_interval`, so a collective that completes soon is noticed within microseconds
+    /// while a long wait costs few wake-ups.
     ///
     /// # Errors
     /// The recorded [`HcclError`]; [`HcclError::Synapse`] for a device error not caused by the
     /// communicator.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        let mut nap = Duration::from_micros(10);
         loop {
             if let Some(e) = self.error() {
                 return Err(e);
             }
             match stream.is_idle() {
                 Ok(true) => return self.error().map_or(Ok(()), Err),
-                Ok(false) => std::thread::sleep(self.shared.opts.poll_interval),
+                Ok(false) => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(self.shared.opts.poll_interval);
+                }
                 Err(e) => {
                     // Give the watchdog a moment to classify the failure.
                     let until = Instant::now() + self.shared.opts.poll_interval * 50;

@@ -20,6 +20,8 @@ pub struct RankStepStats {
     pub samples: u64,
     /// Tokens computed (0 unless micro-batches carry token counts).
     pub tokens: u64,
+    /// Samples of the dropped micro-batches.
+    pub dropped_samples: u64,
     /// Compute phase on the device (ns): end of the last computed micro-batch minus end of the
     /// previous optimizer step.
     pub compute_ns: u64,
@@ -91,6 +93,15 @@ pub struct StepReport {
     /// sync-lag waits. Reported to measure the scheduler's host overhead; never used for a
     /// decision (decisions use device time only).
     pub host_loop_ns: u64,
+    /// Device timestamps (ns) bracketing the collective group and the count read-back on this
+    /// rank (start, end).
+    pub collective_span_ns: (u64, u64),
+    /// Device timestamp (ns) of the end of this step's update (the next step's compute start).
+    pub step_end_ns: u64,
+    /// Per-step overhead outside the compute phase (collective, rescale, optimizer), ns: the
+    /// maximum over ranks of the previous step's step time minus compute time (gathered, so
+    /// identical on every rank; 0 at the first step). The tuner's T_c.
+    pub overhead_ns: u64,
     /// Every rank's micro-batch latencies of this step (ns), N x M row-major by rank, NaN for a
     /// micro-batch not computed (identical on every rank: the tuner's input). JSON: null for NaN.
     #[serde(with = "nan_as_null")]
@@ -113,6 +124,11 @@ impl StepReport {
     /// Samples computed over all ranks.
     pub fn global_samples(&self) -> u64 {
         self.ranks.iter().map(|r| r.samples).sum()
+    }
+
+    /// Samples dropped over all ranks.
+    pub fn global_dropped_samples(&self) -> u64 {
+        self.ranks.iter().map(|r| r.dropped_samples).sum()
     }
 
     /// Drop rate of this step: dropped / scheduled micro-batches over all ranks (0 when nothing
@@ -278,6 +294,9 @@ mod tests {
             step_ns: 9,
             collective_seqs: (1, 2),
             host_loop_ns: 7,
+            collective_span_ns: (1, 2),
+            step_end_ns: 9,
+            overhead_ns: 3,
             latencies_ns: vec![4.0, f64::NAN],
             micro_batches: vec![],
         };
@@ -311,6 +330,9 @@ mod tests {
             step_ns: 0,
             collective_seqs: (0, 0),
             host_loop_ns: 0,
+            collective_span_ns: (0, 0),
+            step_end_ns: 0,
+            overhead_ns: 0,
             latencies_ns: vec![],
             micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
         };

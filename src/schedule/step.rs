@@ -14,8 +14,10 @@
 //!    start: the user's recipe writes the micro-batch gradient, the scheduler accumulates it into
 //!    the f32 accumulator. On stop: the rest go to the ledger (re-queued or discarded).
 //! 3. Every rank, whatever it computed, issues the same group: one in-place all-reduce (Sum)
-//!    per gradient bucket, and an all-gather of a small u32 vector per rank
-//!    `[nonfinite, computed, dropped, samples, tokens, compute ns, overhead ns, M latencies]`
+//!    per gradient bucket, and an all-reduce (Sum) of an N x K u32 matrix in which each rank
+//!    fills only its own row (a gather through the all-reduce path) with the small vector
+//!    `[nonfinite, computed, dropped, samples, tokens, compute ns, overhead ns, dropped samples,
+//!    M latencies]`
 //!    (64-bit values as lo/hi pairs). Gathering rather than summing gives every rank every
 //!    rank's counts (the report), and the sums are formed in rank order on every rank, so every
 //!    rank derives the same divisor.
@@ -63,7 +65,7 @@ pub trait Workload {
 }
 
 /// Fixed part of the per-rank count vector (u32 entries), before the 2·M latency entries.
-const FIXED: usize = 11;
+const FIXED: usize = 13;
 /// Latency entry of a micro-batch that was not computed.
 const NOT_COMPUTED: u64 = u64::MAX;
 
@@ -75,9 +77,9 @@ pub struct Scheduler {
     ops: GradientOps,
     acc: DeviceBuffer<f32>,
     scratch: GradientScratch,
-    stats_dev: DeviceBuffer<u32>,
+    flag_dev: DeviceBuffer<u32>,
+    flag_host: HostBuffer<u32>,
     gathered_dev: DeviceBuffer<u32>,
-    stats_host: HostBuffer<u32>,
     gathered_host: HostBuffer<u32>,
     scale_dev: DeviceBuffer<f32>,
     scale_host: HostBuffer<f32>,
@@ -142,9 +144,9 @@ impl Scheduler {
         let s = Self {
             acc: DeviceBuffer::alloc(&dev, p).map_err(e("accumulator alloc"))?,
             scratch,
-            stats_dev: DeviceBuffer::alloc(&dev, k).map_err(e("count vector alloc"))?,
+            flag_dev: DeviceBuffer::alloc(&dev, 1).map_err(e("flag alloc"))?,
+            flag_host: HostBuffer::zeroed(&dev, 1).map_err(e("host flag"))?,
             gathered_dev: DeviceBuffer::alloc(&dev, k * n).map_err(e("count vector alloc"))?,
-            stats_host: HostBuffer::zeroed(&dev, k).map_err(e("host count vector"))?,
             gathered_host: HostBuffer::zeroed(&dev, k * n).map_err(e("host count vector"))?,
             scale_dev: DeviceBuffer::alloc(&dev, 1).map_err(e("scale alloc"))?,
             scale_host: HostBuffer::zeroed(&dev, 1).map_err(e("host scale"))?,
@@ -331,6 +333,7 @@ impl Scheduler {
         }
         self.ledger.computed.extend(computed_mbs.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
         let n_dropped = dropped_mbs.len();
+        let dropped_samples: u64 = dropped_mbs.iter().map(MicroBatch::samples).sum();
         if fate == DropFate::Requeued && !dropped_mbs.is_empty() {
             data.requeue(dropped_mbs);
         }
@@ -338,33 +341,39 @@ impl Scheduler {
         // Phase 2: the count vector and the collective group.
         let samples: u64 = computed_mbs.iter().map(MicroBatch::samples).sum();
         let tokens: u64 = computed_mbs.iter().filter_map(|mb| mb.tokens).sum();
+        self.ops.nonfinite(&self.stream, &self.flag_dev, &self.acc).map_err(e("non-finite check"))?;
+        self.stream.copy_d2h(&self.flag_dev, &mut self.flag_host).map_err(e("flag copy"))?;
+        let flag = self.flag_host.as_slice().map_err(e("host flag"))?[0];
         {
-            let v = self.stats_host.as_mut_slice().map_err(e("host count vector"))?;
-            v[0] = 0;
+            let kk = FIXED + 2 * m;
+            let all = self.gathered_host.as_mut_slice().map_err(e("host count vector"))?;
+            all.fill(0);
+            let v = &mut all[rank as usize * kk..(rank as usize + 1) * kk];
+            v[0] = u32::from(flag != 0);
             v[1] = started as u32;
             v[2] = n_dropped as u32;
             v[3..5].copy_from_slice(&split(samples));
             v[5..7].copy_from_slice(&split(tokens));
             v[7..9].copy_from_slice(&split(compute_ns));
             v[9..11].copy_from_slice(&split(self.last_overhead_ns));
+            v[11..13].copy_from_slice(&split(dropped_samples));
             for (i, d) in durations.iter().enumerate() {
                 v[FIXED + 2 * i..FIXED + 2 * i + 2].copy_from_slice(&split(*d));
             }
         }
-        self.stream.copy_h2d(&self.stats_host, &mut self.stats_dev).map_err(e("count vector copy"))?;
-        self.ops.nonfinite(&self.stream, &self.stats_dev, &self.acc).map_err(e("non-finite check"))?;
+        self.stream.copy_h2d(&self.gathered_host, &mut self.gathered_dev).map_err(e("count vector copy"))?;
         self.c0.record(&self.stream).map_err(e("event record"))?;
         let buckets = self.cfg.buckets();
         let seqs = {
             let _c = debug_span!("collective", step, rank, buckets = buckets.len()).entered();
-            let (acc, stats, gathered, stream) = (&mut self.acc, &self.stats_dev, &mut self.gathered_dev, &self.stream);
+            let (acc, gathered, stream) = (&mut self.acc, &mut self.gathered_dev, &self.stream);
             let first = self.comm.last_seq() + 1;
             self.comm
                 .group(stream, |c| {
                     for r in &buckets {
                         c.all_reduce_range_in_place(acc, r.clone(), ReduceOp::Sum, stream)?;
                     }
-                    c.all_gather(stats, gathered, stream)
+                    c.all_reduce_in_place(gathered, ReduceOp::Sum, stream)
                 })
                 .map_err(coll_err(rank, step, "gradient all-reduce group"))?;
             let last = self.comm.last_seq();
@@ -373,8 +382,9 @@ impl Scheduler {
             self.comm.synchronize(&self.stream).map_err(coll_err(rank, step, "collective synchronize"))?;
             (first, last)
         };
-        let coll_ns =
-            self.c1.elapsed_since(&self.c0).map_err(e("collective timing"))?.as_nanos().try_into().unwrap_or(u64::MAX);
+        let c0_ns = self.c0.timestamp_ns().map_err(e("event timestamp"))?;
+        let c1_ns = self.c1.timestamp_ns().map_err(e("event timestamp"))?;
+        let coll_ns = c1_ns.saturating_sub(c0_ns);
 
         // Phase 3: the global view, identical on every rank.
         let n = self.comm.world_size() as usize;
@@ -392,6 +402,7 @@ impl Scheduler {
                 samples: join(v[3], v[4]),
                 tokens: join(v[5], v[6]),
                 compute_ns: join(v[7], v[8]),
+                dropped_samples: join(v[11], v[12]),
             });
             max_overhead = max_overhead.max(join(v[9], v[10]));
             for i in 0..m {
@@ -464,7 +475,10 @@ impl Scheduler {
             step_ns,
             collective_seqs: seqs,
             host_loop_ns,
-            latencies_ns: matrix,
+            collective_span_ns: (c0_ns, c1_ns),
+            step_end_ns: end,
+            overhead_ns: max_overhead,
+            latencies_ns: matrix.clone(),
             micro_batches: records,
         };
         Ok((report, retune))

@@ -79,6 +79,14 @@ impl<W: Write> ComputeLogWriter<W> {
     pub fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
+
+    /// Flushes and returns the sink.
+    ///
+    /// # Errors
+    /// The sink's flush error.
+    pub fn into_inner(self) -> std::io::Result<W> {
+        self.inner.into_inner().map_err(|e| e.into_error())
+    }
 }
 
 /// First CSV record of a file (header, or first data row if headerless).

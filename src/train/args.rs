@@ -189,7 +189,7 @@ pub enum RunLength {
 #[derive(Clone, Debug, clap::Args)]
 pub struct TrainArgs {
     /// World size: number of ranks, each a (mock) device.
-    #[arg(long, default_value_t = 16, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
     pub ranks: u32,
     /// Micro-batches per rank per step (gradient accumulation).
     #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
@@ -237,7 +237,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RANK:FACTOR", allow_hyphen_values = true)]
     pub slow_rank: Vec<String>,
     /// Emulated latency of one micro-batch before noise, ms.
-    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 12.0, allow_negative_numbers = true)]
     pub base_latency_ms: f64,
     /// Deadline check semantics.
     #[arg(long, value_enum, default_value_t = CheckArg::Predictive)]
@@ -252,7 +252,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 4.0, allow_negative_numbers = true)]
     pub bucket_mb: f64,
     /// SGD learning rate.
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
     pub lr: f64,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
@@ -272,6 +272,12 @@ pub struct TrainArgs {
     /// Mock device time: real (sleeps) or virtual (deterministic).
     #[arg(long, value_enum, default_value_t = TimeModeArg::Real)]
     pub time_mode: TimeModeArg,
+    /// (internal) `--launch processes`: this process is one rank, "RANK:UNIQUE_ID_HEX".
+    #[arg(long, hide = true)]
+    pub child: Option<String>,
+    /// (internal) `--launch processes`: where the rank writes its results (JSON).
+    #[arg(long, hide = true)]
+    pub child_result: Option<PathBuf>,
 }
 
 /// A validated `train` configuration (every range already checked; see [`TrainArgs`]).

@@ -33,8 +33,8 @@ fn config(extra: &[&str]) -> TrainConfig {
 #[test]
 fn defaults_match_the_documented_surface() {
     let c = config(&[]);
-    assert_eq!((c.ranks, c.micro_batches, c.micro_batch_size), (16, 8, 8));
-    assert_eq!(c.global_batch, 16 * 8 * 8);
+    assert_eq!((c.ranks, c.micro_batches, c.micro_batch_size), (32, 8, 8));
+    assert_eq!(c.global_batch, 32 * 8 * 8);
     assert_eq!(c.threshold, ThresholdArg::Auto);
     assert_eq!(c.length, RunLength::Steps(60));
     assert_eq!(c.seed, 0);
@@ -43,12 +43,12 @@ fn defaults_match_the_documented_surface() {
     assert_eq!(c.noise, NoiseArg::Reference);
     assert_eq!(c.delay_factor, 1.0);
     assert!(c.slow_ranks.is_empty());
-    assert_eq!(c.base_latency, Duration::from_millis(2));
+    assert_eq!(c.base_latency, Duration::from_millis(12));
     assert_eq!(c.check, CheckMode::Predictive);
     assert_eq!(c.sync_lag, 0);
     assert_eq!(c.normalization, Normalization::Realized);
     assert_eq!(c.bucket_bytes, 4 << 20);
-    assert_eq!((c.lr, c.momentum, c.hidden, c.holdout), (0.1, 0.9, 128, 0.2));
+    assert_eq!((c.lr, c.momentum, c.hidden, c.holdout), (0.2, 0.9, 128, 0.2));
     assert_eq!(c.warmup_steps, 3);
     assert_eq!(c.checkpoint_every, None);
     assert_eq!(c.time_mode, TimeMode::Real);
@@ -62,8 +62,8 @@ fn good_values_are_parsed_into_the_config() {
     let table: &[(&[&str], Check)] = &[
         (&["--ranks", "1"], |c| c.ranks == 1 && c.global_batch == 64),
         (&["--ranks", "65536"], |c| c.ranks == 65_536),
-        (&["--micro-batches", "3"], |c| c.micro_batches == 3 && c.global_batch == 16 * 3 * 8),
-        (&["--micro-batch-size", "5"], |c| c.micro_batch_size == 5 && c.global_batch == 16 * 8 * 5),
+        (&["--micro-batches", "3"], |c| c.micro_batches == 3 && c.global_batch == 32 * 3 * 8),
+        (&["--micro-batch-size", "5"], |c| c.micro_batch_size == 5 && c.global_batch == 32 * 8 * 5),
         (&["--threshold", "off"], |c| c.threshold == ThresholdArg::Off && c.threshold.fixed().is_none()),
         (&["--threshold", "AUTO"], |c| c.threshold == ThresholdArg::Auto),
         (&["--threshold", "12.5"], |c| c.threshold.fixed() == Some(Duration::from_micros(12_500))),

@@ -18,4 +18,7 @@ pub mod mlp;
 pub mod output;
 pub mod progress;
 pub mod report;
+pub mod run;
+pub mod summary;
 pub mod timeline;
+pub mod workload;

@@ -1,0 +1,700 @@
+//! The training driver: one rank's loop over the planned runs (synchronous baseline, then
+//! DropCompute), and the three ways of starting ranks (threads of this process, child
+//! processes on loopback, or one rank under a launcher).
+//!
+//! Owns: [`Job`] (validated inputs: config, data split, model shape, initial parameters),
+//! [`rank_main`], [`run_threads`], [`run_processes`], [`run_env`], and [`TrainError`]. Must not
+//! touch: the step loop (`schedule::Scheduler::step` is the only training loop), the deadline
+//! rule, or output formats (`summary`).
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::hccl::{Comm, CommOptions, HcclError, ReduceOp, UniqueId};
+use crate::mock::{DeviceOverride, MockConfig, MockControl};
+use crate::policy::{PolicyConfig, Threshold};
+use crate::schedule::{
+    DropHandling, DropLedger, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
+};
+use crate::synapse::{Device, HostBuffer, Runtime};
+use crate::tune::retune::{Retuner, RetunerConfig};
+
+use super::args::{RunLength, ThresholdArg, TrainConfig};
+use super::data::{DataError, Dataset};
+use super::mlp::{self, MlpError, MlpShape};
+use super::progress::Progress;
+use super::workload::{EpochSource, MlpHyper, MlpWorkload};
+
+/// Everything that can stop `train`. Each names the rank, file, flag or call involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// A bad command-line value.
+    #[error(transparent)]
+    Args(#[from] super::args::ArgError),
+    /// The data file.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The model shape does not fit the data.
+    #[error("model: {0}")]
+    Model(#[from] MlpError),
+    /// More ranks than mock devices, or another impossible combination.
+    #[error("{what}: {value}")]
+    Config {
+        /// The setting.
+        what: &'static str,
+        /// Its value and the rule.
+        value: String,
+    },
+    /// Configuring the mock device failed.
+    #[error("mock device configuration: {0}")]
+    Mock(#[from] crate::mock::MockControlError),
+    /// A device call outside the step (acquire, allocation, copies).
+    #[error("rank {rank}: {source}")]
+    Device {
+        /// Rank.
+        rank: u32,
+        /// The runtime's error.
+        #[source]
+        source: crate::synapse::Error,
+    },
+    /// A collective outside the step (communicator init, loss all-reduce).
+    #[error("rank {rank}: {call}: {source}")]
+    Collective {
+        /// Rank.
+        rank: u32,
+        /// The call.
+        call: &'static str,
+        /// The typed collective error.
+        #[source]
+        source: HcclError,
+    },
+    /// A training step failed.
+    #[error(transparent)]
+    Step(#[from] ScheduleError),
+    /// Launcher environment (`--launch env`).
+    #[error(transparent)]
+    Bootstrap(#[from] crate::hccl::bootstrap::ConfigError),
+    /// A rank process of `--launch processes` failed.
+    #[error("rank {rank} process: {why}")]
+    Child {
+        /// Rank.
+        rank: u32,
+        /// Its exit code (None: killed by a signal, or it exited 0 without a readable result).
+        code: Option<i32>,
+        /// Exit status and the tail of its stderr.
+        why: String,
+    },
+    /// Outputs (`--out`).
+    #[error(transparent)]
+    Output(#[from] super::output::OutputError),
+    /// Report assembly.
+    #[error(transparent)]
+    Report(#[from] super::report::ReportError),
+    /// The figure.
+    #[error(transparent)]
+    Figure(#[from] super::figure::FigureError),
+    /// File I/O outside `--out` (child result files, process spawning).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ranks finished with different parameters (a lockstep violation; never expected).
+    #[error("ranks diverged: rank {rank}'s final parameters differ from rank 0's")]
+    Diverged {
+        /// The first differing rank.
+        rank: u32,
+    },
+}
+
+/// Validated inputs shared by every rank: the configuration, the train/held-out split, the
+/// model shape and the initial parameters (identical on every rank: seeded).
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The validated configuration.
+    pub cfg: TrainConfig,
+    /// Training samples.
+    pub train: Arc<Dataset>,
+    /// Held-out samples (accuracy).
+    pub holdout: Arc<Dataset>,
+    /// input x hidden x classes.
+    pub shape: MlpShape,
+    /// Initial parameters (He init from the seed).
+    pub init: Vec<f32>,
+}
+
+impl Job {
+    /// Loads and splits the data (embedded digits or `cfg.data`) and initializes the model.
+    /// No device or network call.
+    ///
+    /// # Errors
+    /// [`TrainError::Data`] for an unreadable or malformed file (file and line);
+    /// [`TrainError::Model`] for an impossible shape.
+    pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
+        let all = match &cfg.data {
+            Some(p) => Dataset::load(p)?,
+            None => Dataset::embedded_digits()?,
+        };
+        let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
+        let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
+        let init = mlp::init_params(shape, cfg.seed)?;
+        Ok(Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init })
+    }
+
+    /// The runs of this job in order: the baseline (threshold off) when comparing, then
+    /// DropCompute.
+    pub fn plan(&self) -> Vec<RunKind> {
+        let mut v = Vec::new();
+        if self.cfg.compare {
+            v.push(RunKind::Baseline);
+        }
+        v.push(RunKind::DropCompute);
+        v
+    }
+
+    /// Steps of a run, `None` for an epoch-bounded run.
+    pub fn steps(&self) -> Option<u64> {
+        match self.cfg.length {
+            RunLength::Steps(s) => Some(s),
+            RunLength::Epochs(_) => None,
+        }
+    }
+
+    /// The mock configuration of this job for a process whose ranks acquire modules
+    /// `0..ranks`: `$DROPCOMPUTE_MOCK_CONFIG`/`$DROPCOMPUTE_MOCK_DEVICES` as a base (devices
+    /// raised to the world size unless `$DROPCOMPUTE_MOCK_DEVICES` fixes it), the chosen time
+    /// mode, seed, noise and slow ranks.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
+    /// the mock environment is invalid.
+    pub fn mock_config(&self) -> Result<MockConfig, TrainError> {
+        let mut m = MockConfig::from_env()
+            .map_err(|e| TrainError::Config { what: "mock environment", value: e.to_string() })?;
+        let fixed = std::env::var_os(crate::mock::config::ENV_DEVICES).is_some();
+        if m.devices < self.cfg.ranks {
+            if fixed {
+                return Err(TrainError::Config {
+                    what: "--ranks",
+                    value: format!(
+                        "{} ranks but only {} mock devices (${})",
+                        self.cfg.ranks,
+                        m.devices,
+                        crate::mock::config::ENV_DEVICES
+                    ),
+                });
+            }
+            m.devices = self.cfg.ranks;
+        }
+        m.time_mode = self.cfg.time_mode;
+        m.seed = self.cfg.seed;
+        m.noise = self.cfg.mock_noise();
+        for s in &self.cfg.slow_ranks {
+            m.per_device.retain(|o| o.module_id != s.rank);
+            m.per_device.push(DeviceOverride {
+                module_id: s.rank,
+                slowdown: s.factor,
+                noise: None,
+                script_ns: vec![],
+                script_recipe: None,
+            });
+        }
+        Ok(m)
+    }
+}
+
+/// Which run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunKind {
+    /// Threshold off.
+    Baseline,
+    /// The configured threshold.
+    DropCompute,
+}
+
+impl RunKind {
+    /// "baseline" or "dropcompute".
+    pub fn label(self) -> &'static str {
+        match self {
+            RunKind::Baseline => "baseline",
+            RunKind::DropCompute => "dropcompute",
+        }
+    }
+}
+
+/// What one rank measured in one run (JSON: the result file of a rank process).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankOutcome {
+    /// Which run.
+    pub kind: RunKind,
+    /// Rank.
+    pub rank: u32,
+    /// One report per step.
+    pub reports: Vec<StepReport>,
+    /// Global mean training loss per step (loss summed over every rank's computed samples /
+    /// their count; NaN for a step with none).
+    #[serde(with = "nan_vec")]
+    pub loss: Vec<f64>,
+    /// Host wall time of the run's step loop (ns).
+    pub wall_ns: u64,
+    /// Final parameters.
+    pub params: Vec<f32>,
+    /// This rank's drop ledger.
+    pub ledger: DropLedger,
+    /// Threshold in force at the end (ns), `None` for off.
+    pub threshold_ns: Option<u64>,
+    /// How the threshold was chosen.
+    pub threshold_source: String,
+}
+
+mod nan_vec {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        v.iter().map(|x| x.is_finite().then_some(*x)).collect::<Vec<_>>().serialize(s)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+    }
+}
+
+/// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
+/// rank dies), 5 s abort deadline.
+pub fn comm_options() -> CommOptions {
+    CommOptions { timeout: Duration::from_secs(60), abort_deadline: Duration::from_secs(5), ..CommOptions::default() }
+}
+
+/// Resolves the DropCompute run's threshold: off, fixed, tuned on the baseline's trace (auto
+/// with a baseline), or re-tuned in the run (auto without a baseline: a probe window with the
+/// threshold off, then the tuned value). Rank 0 tunes and broadcasts the result, so every rank
+/// enforces the same threshold and the search runs once. Returns (threshold, retuner,
+/// description).
+///
+/// # Errors
+/// [`TrainError::Collective`] / [`TrainError::Device`] from the broadcast.
+fn resolve_threshold(
+    job: &Job,
+    comm: &Comm,
+    kind: RunKind,
+    baseline: Option<&[StepReport]>,
+) -> Result<(Threshold, Option<Retuner>, String), TrainError> {
+    if kind == RunKind::Baseline {
+        return Ok((Threshold::Off, None, "off (baseline)".into()));
+    }
+    Ok(match (job.cfg.threshold, baseline) {
+        (ThresholdArg::Off, _) => (Threshold::Off, None, "off".into()),
+        (ThresholdArg::Ms(_), _) => {
+            let t = job.cfg.threshold.fixed().map_or(Threshold::Off, Threshold::Fixed);
+            (t, None, "fixed".into())
+        }
+        (ThresholdArg::Auto, Some(reports)) => {
+            let rank = comm.rank();
+            let cap = auto_max_drop_rate();
+            let mut found = None;
+            if rank == 0 {
+                let trace = super::summary::baseline_trace(reports, job.cfg.warmup_steps);
+                found = trace.and_then(|t| super::summary::best_threshold(&t, job.cfg.check, cap, 0.02));
+            }
+            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |(t, _)| t.as_ns().unwrap_or(u64::MAX)))?;
+            let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
+            let why = match (found, rank) {
+                (Some((_, p)), _) => format!(
+                    "auto: best predicted speedup {p:.3}x replaying the baseline run's latencies (drop rate <= {:.0} %)",
+                    cap * 100.0
+                ),
+                (None, 0) => "auto: no threshold predicts a gain on the baseline run; off".into(),
+                (None, _) => "auto: chosen by rank 0".into(),
+            };
+            (t, None, why)
+        }
+        (ThresholdArg::Auto, None) => {
+            let steps = job.steps().unwrap_or(200).max(4) as usize;
+            let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
+            let cfg = RetunerConfig { period: steps + 1, probe_steps: probe, ..RetunerConfig::default() };
+            let n = job.cfg.ranks as usize;
+            match Retuner::new(cfg, n, job.cfg.micro_batches as usize) {
+                Ok(r) => (Threshold::Off, Some(r), format!("auto: tuned in-run after a {probe}-step probe")),
+                Err(e) => (Threshold::Off, None, format!("auto: {e}; threshold off")),
+            }
+        }
+    })
+}
+
+/// Broadcasts `v` from rank 0 (two u32 halves on a temporary stream) and returns it.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`].
+fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
+    let rank = comm.rank();
+    let dev_err = |source| TrainError::Device { rank, source };
+    let coll_err = |source| TrainError::Collective { rank, call: "threshold broadcast", source };
+    let dev = comm.device();
+    let s = crate::synapse::Stream::new(dev).map_err(dev_err)?;
+    let host = HostBuffer::from_slice(dev, &[v as u32, (v >> 32) as u32]).map_err(dev_err)?;
+    let mut send = crate::synapse::DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
+    let mut recv = crate::synapse::DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
+    s.copy_h2d(&host, &mut send).map_err(dev_err)?;
+    comm.broadcast(&send, &mut recv, 0, &s).map_err(coll_err)?;
+    let mut back = HostBuffer::<u32>::zeroed(dev, 2).map_err(dev_err)?;
+    s.copy_d2h(&recv, &mut back).map_err(dev_err)?;
+    comm.synchronize(&s).map_err(coll_err)?;
+    let b = back.as_slice().map_err(dev_err)?;
+    Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
+}
+
+/// The drop-rate guardrail of `--threshold auto` (fraction): `$DROPCOMPUTE_AUTO_MAX_DROP`, else
+/// 0.25.
+fn auto_max_drop_rate() -> f64 {
+    std::env::var("DROPCOMPUTE_AUTO_MAX_DROP").ok().and_then(|v| v.parse().ok()).filter(|v: &f64| (0.0..=1.0).contains(v)).unwrap_or(0.25)
+}
+
+/// Runs every planned run on this rank with `comm` and gives the communicator back.
+/// `progress` (rank 0 only) is called once per run with the run's label and step count.
+///
+/// # Errors
+/// Any [`TrainError`] of this rank (a failed step names the step and call).
+pub fn rank_main(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    mut comm: Comm,
+    show_progress: bool,
+) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
+    let rank = comm.rank();
+    let cfg = &job.cfg;
+    let dev_err = |source| TrainError::Device { rank, source };
+    let mut outcomes: Vec<RankOutcome> = Vec::new();
+    for kind in job.plan() {
+        let baseline = outcomes.iter().find(|o| o.kind == RunKind::Baseline).map(|o| o.reports.as_slice());
+        let (threshold, retuner, source) = resolve_threshold(job, &comm, kind, baseline)?;
+        let scfg = SchedulerConfig {
+            micro_batches: cfg.micro_batches,
+            micro_batch_size: cfg.micro_batch_size,
+            policy: PolicyConfig {
+                threshold,
+                check: cfg.check,
+                warmup_steps: cfg.warmup_steps,
+                min_micro_batches: 1,
+            },
+            sync_lag: cfg.sync_lag,
+            normalization: cfg.normalization,
+            weighting: Weighting::Samples,
+            drop_handling: DropHandling::Requeue,
+            grad_dtype: GradDtype::F32,
+            gradient_len: job.shape.param_len(),
+            bucket_bytes: usize::try_from(cfg.bucket_bytes).unwrap_or(usize::MAX),
+            ..SchedulerConfig::default()
+        };
+        let ops = GradientOps::mock(rt, job.shape.param_len(), GradDtype::F32).map_err(dev_err)?;
+        let mut sched = Scheduler::new(comm, scfg, ops)?;
+        if let Some(r) = retuner {
+            sched.set_retuner(r);
+        }
+        let hyper = MlpHyper {
+            shape: job.shape,
+            micro_batch_size: cfg.micro_batch_size as usize,
+            lr: cfg.lr as f32,
+            momentum: cfg.momentum as f32,
+            weight_decay: 0.0,
+            base_latency_ns: u64::try_from(cfg.base_latency.as_nanos()).unwrap_or(u64::MAX),
+        };
+        let zeros = vec![0f32; job.init.len()];
+        let mut work =
+            MlpWorkload::new(rt, sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
+        let max_epochs = match cfg.length {
+            RunLength::Epochs(e) => Some(u64::from(e)),
+            RunLength::Steps(_) => None,
+        };
+        let mut data =
+            EpochSource::new(rank, cfg.ranks, job.train.len() as u64, cfg.seed, cfg.micro_batch_size as usize, max_epochs);
+        let progress = Progress::new(job.steps().unwrap_or(0), kind.label(), show_progress);
+        let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());
+        let dev = sched.stream().device().clone();
+        let zero = HostBuffer::from_slice(&dev, &[0f32, 0f32]).map_err(dev_err)?;
+        // The global loss of step s is all-reduced right after it and read after step s+1
+        // (the stream has passed it by then): no extra host synchronization per step.
+        let mut pending: Option<HostBuffer<f32>> = None;
+        let read = |h: &HostBuffer<f32>| -> Result<f64, TrainError> {
+            let l = h.as_slice().map_err(dev_err)?;
+            Ok(if l[1] > 0.0 { f64::from(l[0]) / f64::from(l[1]) } else { f64::NAN })
+        };
+        let t = Instant::now();
+        let mut step = 0u64;
+        while job.steps().is_none_or(|s| step < s) {
+            let (rep, _) = sched.step(step, &mut data, &mut work)?;
+            if let Some(h) = pending.take() {
+                losses.push(read(&h)?);
+            }
+            let s = sched.stream();
+            let coll_err = |source| TrainError::Collective { rank, call: "loss all-reduce", source };
+            sched.comm().all_reduce_in_place(&mut work.loss, ReduceOp::Sum, s).map_err(coll_err)?;
+            let mut h = HostBuffer::<f32>::zeroed(&dev, 2).map_err(dev_err)?;
+            s.copy_d2h(&work.loss, &mut h).map_err(dev_err)?;
+            s.copy_h2d(&zero, &mut work.loss).map_err(dev_err)?;
+            pending = Some(h);
+            if rep.global_computed() + rep.global_dropped() == 0 {
+                pending = None; // every rank's epochs are done (identical view on every rank)
+                break;
+            }
+            let last_loss = losses.last().copied().unwrap_or(f64::NAN);
+            progress.update(step + 1, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
+            reports.push(rep);
+            step += 1;
+        }
+        sched
+            .comm()
+            .synchronize(sched.stream())
+            .map_err(|source| TrainError::Collective { rank, call: "loss all-reduce", source })?;
+        if let Some(h) = pending.take() {
+            losses.push(read(&h)?);
+        }
+        let wall_ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        progress.finish();
+        let (params, _) = work.state(sched.stream()).map_err(dev_err)?;
+        let threshold_ns = sched.threshold().as_ns();
+        let ledger = sched.ledger().clone();
+        drop(work);
+        comm = sched.into_comm();
+        outcomes.push(RankOutcome {
+            kind,
+            rank,
+            reports,
+            loss: losses,
+            wall_ns,
+            params,
+            ledger,
+            threshold_ns,
+            threshold_source: source,
+        });
+    }
+    Ok((outcomes, comm))
+}
+
+fn destroy(comm: Comm, rank: u32) -> Result<(), TrainError> {
+    comm.destroy().map_err(|b| TrainError::Collective { rank, call: "hcclCommDestroy", source: b.0 })
+}
+
+/// Configures the in-process mock for `job` and returns its runtime.
+///
+/// # Errors
+/// [`TrainError::Config`] / [`TrainError::Mock`] for a bad mock environment or configuration;
+/// [`TrainError::Device`] when the runtime cannot start.
+pub fn mock_runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
+    MockControl::in_process().configure(&job.mock_config()?)?;
+    Runtime::new(crate::mock::api()).map_err(|source| TrainError::Device { rank: 0, source })
+}
+
+/// Runs every rank as a thread of this process (rank r on mock module r). Returns the
+/// outcomes indexed `[rank][run]`.
+///
+/// # Errors
+/// The first rank's error that is not a consequence of another rank's failure (a collective
+/// error is reported only when no rank has a more specific one).
+pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    let n = job.cfg.ranks;
+    let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
+    let results: Vec<Result<Vec<RankOutcome>, TrainError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let id = &id;
+                s.spawn(move || {
+                    let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
+                    let comm = Comm::init_rank(&dev, n, id, rank, comm_options())
+                        .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
+                    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
+                    destroy(comm, rank)?;
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(TrainError::Config { what: "rank thread", value: format!("rank {rank} panicked") })
+                })
+            })
+            .collect()
+    });
+    collect(results)
+}
+
+/// Picks the most specific error of a set of rank results.
+fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    let secondary = |e: &TrainError| {
+        matches!(e, TrainError::Collective { .. } | TrainError::Step(ScheduleError::Collective { .. }))
+    };
+    let mut first_secondary = None;
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) if secondary(&e) => {
+                first_secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match first_secondary {
+        Some(e) => Err(e),
+        None => Ok(ok),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
+}
+
+/// The command-line arguments a rank process gets: this process's `train` arguments without
+/// `--launch`, `--out`, `--resume` and their values (the parent owns outputs), plus the hidden
+/// child flags.
+fn child_args(parent: &[String], rank: u32, id: &UniqueId, result: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut skip = false;
+    for a in parent {
+        if skip {
+            skip = false;
+            continue;
+        }
+        let takes_value = ["--launch", "--out", "--resume"];
+        if takes_value.contains(&a.as_str()) {
+            skip = true;
+            continue;
+        }
+        if takes_value.iter().any(|f| a.starts_with(&format!("{f}="))) {
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out.extend([
+        "--child".to_string(),
+        format!("{rank}:{}", hex(&id.to_bytes())),
+        "--child-result".into(),
+        result.display().to_string(),
+    ]);
+    out
+}
+
+/// Spawns one process per rank on loopback (the unique id's coordinator lives in this
+/// process), waits for all, and reads their outcomes. `train_args` are this process's
+/// arguments after `train`.
+///
+/// # Errors
+/// [`TrainError::Child`] naming the first failed rank with its exit status and stderr tail;
+/// [`TrainError::Io`] when a process cannot be spawned or its result read.
+pub fn run_processes(job: &Job, rt: &Arc<Runtime>, train_args: &[String]) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    let n = job.cfg.ranks;
+    let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
+    let exe = std::env::current_exe().map_err(|source| TrainError::Io { what: "current executable".into(), source })?;
+    let dir = std::env::temp_dir().join(format!("dropcompute-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io { what: format!("create {}", dir.display()), source })?;
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let result = dir.join(format!("rank-{rank}.json"));
+        let err = dir.join(format!("rank-{rank}.stderr"));
+        let stderr = std::fs::File::create(&err)
+            .map_err(|source| TrainError::Io { what: format!("create {}", err.display()), source })?;
+        let child = std::process::Command::new(&exe)
+            .arg("train")
+            .args(child_args(train_args, rank, &id, &result))
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|source| TrainError::Io { what: format!("spawn rank {rank}"), source })?;
+        children.push((rank, child, result, err));
+    }
+    let mut results = Vec::new();
+    for (rank, mut child, result, err) in children {
+        let status = child.wait().map_err(|source| TrainError::Io { what: format!("wait for rank {rank}"), source })?;
+        let r = if status.success() {
+            std::fs::read(&result)
+                .map_err(|source| TrainError::Io { what: format!("read {}", result.display()), source })
+                .and_then(|b| {
+                    serde_json::from_slice(&b)
+                        .map_err(|e| TrainError::Child { rank, code: None, why: format!("bad result file: {e}") })
+                })
+        } else {
+            let tail = std::fs::read_to_string(&err).unwrap_or_default();
+            let tail: String = tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+            Err(TrainError::Child { rank, code: status.code(), why: format!("{status}: {tail}") })
+        };
+        results.push(r);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut first_child = None;
+    let mut ok = Vec::new();
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) => {
+                first_child.get_or_insert(e);
+            }
+        }
+    }
+    first_child.map_or(Ok(ok), Err)
+}
+
+/// The body of a rank process (`--child RANK:ID`): joins the communicator of the parent's
+/// unique id, runs the plan and writes the outcomes to `result` as JSON.
+///
+/// # Errors
+/// [`TrainError::Config`] for a malformed `--child` value; any rank error.
+pub fn run_child(job: &Job, rt: &Arc<Runtime>, child: &str, result: &std::path::Path) -> Result<(), TrainError> {
+    let bad = || TrainError::Config { what: "--child", value: format!("{child:?} (expected RANK:HEX)") };
+    let (r, h) = child.split_once(':').ok_or_else(bad)?;
+    let rank: u32 = r.parse().map_err(|_| bad())?;
+    let id = UniqueId::from_bytes(&unhex(h).ok_or_else(bad)?).map_err(|_| bad())?;
+    let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
+    let comm = Comm::init_rank(&dev, job.cfg.ranks, &id, rank, comm_options())
+        .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
+    let (out, comm) = rank_main(job, rt, comm, false)?;
+    destroy(comm, rank)?;
+    let json = serde_json::to_vec(&out).map_err(|e| TrainError::Config { what: "result", value: e.to_string() })?;
+    std::fs::write(result, json).map_err(|source| TrainError::Io { what: format!("write {}", result.display()), source })
+}
+
+/// One rank under a launcher (mpirun, Slurm, torchrun): bootstrap from the environment, run the
+/// plan, return (rank, outcomes).
+///
+/// # Errors
+/// [`TrainError::Bootstrap`] for a bad launcher environment; any rank error.
+pub fn run_env(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<(u32, Vec<RankOutcome>), TrainError> {
+    let boot = crate::hccl::bootstrap::Bootstrap::from_env()?;
+    let rank = boot.rank;
+    if boot.world_size != job.cfg.ranks {
+        return Err(TrainError::Config {
+            what: "--ranks",
+            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, boot.world_size),
+        });
+    }
+    let dev = Device::acquire_for_local_rank(rt, boot.local_rank).map_err(|source| TrainError::Device { rank, source })?;
+    let comm = crate::hccl::join(&dev, &boot, Duration::from_secs(120), comm_options())
+        .map_err(|source| TrainError::Collective { rank, call: "join", source })?;
+    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
+    destroy(comm, rank)?;
+    Ok((rank, out))
+}
+
+/// Checks that every rank ended each run with the same parameters.
+///
+/// # Errors
+/// [`TrainError::Diverged`] naming the first rank that differs.
+pub fn check_lockstep(outcomes: &[Vec<RankOutcome>]) -> Result<(), TrainError> {
+    for (r, o) in outcomes.iter().enumerate().skip(1) {
+        for (a, b) in o.iter().zip(&outcomes[0]) {
+            if a.params.iter().map(|x| x.to_bits()).ne(b.params.iter().map(|x| x.to_bits())) {
+                return Err(TrainError::Diverged { rank: r as u32 });
+            }
+        }
+    }
+    Ok(())
+}

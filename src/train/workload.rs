@@ -1,0 +1,283 @@
+//! The MLP as the scheduler drives it: per-rank device state (parameters, momentum, input
+//! staging, loss accumulator), the forward/backward and SGD recipes, and the rank's data source
+//! over epochs.
+//!
+//! Owns: [`MlpWorkload`] (implements `schedule::Workload`) and [`EpochSource`] (implements
+//! `schedule::DataSource`). Must not touch: the deadline, the collectives of the step (the
+//! scheduler owns them), or host-side model math (`mlp`, run by the mock kernels).
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+use crate::mock::model_kernels::{MLP_TENSORS, SGD_TENSORS, mlp_recipe, sgd_recipe};
+use crate::schedule::{DataSource, EpochQueue, GradientScratch, MicroBatch, Workload, WorkloadError, load_mock};
+use crate::synapse::{DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Result, Runtime, Stream};
+
+use super::data::Dataset;
+use super::mlp::MlpShape;
+
+/// One rank's data: each epoch, the training set's ids shuffled by (seed, epoch) and dealt
+/// round-robin to the ranks (rank r gets positions r, r+N, ...), cut into micro-batches; dropped
+/// micro-batches come back first. With `max_epochs`, the source ends after that many epochs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochSource {
+    rank: u32,
+    world_size: u32,
+    samples: u64,
+    seed: u64,
+    micro_batch_size: usize,
+    /// Current epoch (0-based).
+    pub epoch: u64,
+    max_epochs: Option<u64>,
+    queue: EpochQueue,
+}
+
+impl EpochSource {
+    /// The source of `rank` of `world_size` over `samples` training samples.
+    pub fn new(rank: u32, world_size: u32, samples: u64, seed: u64, micro_batch_size: usize, max_epochs: Option<u64>) -> Self {
+        let queue = EpochQueue::new(Self::shard(rank, world_size, samples, seed, 0), micro_batch_size);
+        Self { rank, world_size, samples, seed, micro_batch_size, epoch: 0, max_epochs, queue }
+    }
+
+    /// Rank `rank`'s sample ids of `epoch`, in order.
+    pub fn shard(rank: u32, world_size: u32, samples: u64, seed: u64, epoch: u64) -> Vec<u64> {
+        let mut ids: Vec<u64> = (0..samples).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        ids.shuffle(&mut rng);
+        ids.into_iter().skip(rank as usize).step_by(world_size.max(1) as usize).collect()
+    }
+}
+
+impl DataSource for EpochSource {
+    fn next_micro_batch(&mut self) -> Option<MicroBatch> {
+        loop {
+            if let Some(mb) = self.queue.next_micro_batch() {
+                return Some(mb);
+            }
+            if self.max_epochs.is_some_and(|m| self.epoch + 1 >= m) {
+                return None;
+            }
+            self.epoch += 1;
+            let ids = Self::shard(self.rank, self.world_size, self.samples, self.seed, self.epoch);
+            if ids.is_empty() {
+                return None;
+            }
+            self.queue = EpochQueue::new(ids, self.micro_batch_size);
+        }
+    }
+
+    fn requeue(&mut self, dropped: Vec<MicroBatch>) {
+        self.queue.requeue(dropped);
+    }
+}
+
+/// Hyper-parameters of the model and its optimizer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlpHyper {
+    /// Layer sizes.
+    pub shape: MlpShape,
+    /// Rows per micro-batch (b).
+    pub micro_batch_size: usize,
+    /// SGD learning rate.
+    pub lr: f32,
+    /// SGD momentum.
+    pub momentum: f32,
+    /// Weight decay.
+    pub weight_decay: f32,
+    /// Emulated latency of one forward+backward launch before noise (ns).
+    pub base_latency_ns: u64,
+}
+
+/// One rank's MLP on its device.
+pub struct MlpWorkload {
+    hyper: MlpHyper,
+    data: Arc<Dataset>,
+    fwd: Recipe,
+    fwd_ids: Vec<u64>,
+    sgd: Recipe,
+    sgd_ids: Vec<u64>,
+    params: DeviceBuffer<f32>,
+    velocity: DeviceBuffer<f32>,
+    x: DeviceBuffer<f32>,
+    labels: DeviceBuffer<i32>,
+    /// `[loss sum, rows]` accumulated by the forward/backward kernel since the last read.
+    pub loss: DeviceBuffer<f32>,
+    staged: Vec<(HostBuffer<f32>, HostBuffer<i32>)>,
+}
+
+impl MlpWorkload {
+    /// Loads the recipes, allocates the device state on `stream`'s device and uploads `params`
+    /// and `velocity` (each `shape.param_len()` f32).
+    ///
+    /// # Errors
+    /// [`crate::synapse::Error`] from recipe loading, allocation or the copies;
+    /// `InvalidArgument` when a state vector has the wrong length.
+    pub fn new(
+        rt: &Arc<Runtime>,
+        stream: &Stream,
+        hyper: MlpHyper,
+        data: Arc<Dataset>,
+        params: &[f32],
+        velocity: &[f32],
+    ) -> Result<Self> {
+        let p = hyper.shape.param_len();
+        if params.len() != p || velocity.len() != p {
+            return Err(crate::synapse::Error::InvalidArgument {
+                what: "model state length",
+                value: format!("{} params, {} velocity, expected {p}", params.len(), velocity.len()),
+            });
+        }
+        let dev = stream.device();
+        let fwd = load_mock(rt, mlp_recipe(hyper.shape, hyper.micro_batch_size, hyper.base_latency_ns))?;
+        let sgd = load_mock(rt, sgd_recipe(p, hyper.lr, hyper.momentum, hyper.weight_decay))?;
+        let fwd_ids = fwd.tensor_ids(&MLP_TENSORS)?;
+        let sgd_ids = sgd.tensor_ids(&SGD_TENSORS)?;
+        let b = hyper.micro_batch_size;
+        let mut w = Self {
+            fwd,
+            fwd_ids,
+            sgd,
+            sgd_ids,
+            params: DeviceBuffer::alloc(dev, p)?,
+            velocity: DeviceBuffer::alloc(dev, p)?,
+            x: DeviceBuffer::alloc(dev, b * hyper.shape.input)?,
+            labels: DeviceBuffer::alloc(dev, b)?,
+            loss: DeviceBuffer::alloc(dev, 2)?,
+            staged: Vec::new(),
+            hyper,
+            data,
+        };
+        w.set_state(stream, params, velocity)?;
+        w.zero_loss(stream)?;
+        Ok(w)
+    }
+
+    /// Overwrites parameters and momentum (e.g. from a checkpoint) and waits for the copies.
+    ///
+    /// # Errors
+    /// [`crate::synapse::Error`] from the copies.
+    pub fn set_state(&mut self, stream: &Stream, params: &[f32], velocity: &[f32]) -> Result<()> {
+        let dev = stream.device();
+        stream.copy_h2d(&HostBuffer::from_slice(dev, params)?, &mut self.params)?;
+        stream.copy_h2d(&HostBuffer::from_slice(dev, velocity)?, &mut self.velocity)?;
+        stream.synchronize()
+    }
+
+    /// Reads parameters and momentum back (waits for the stream).
+    ///
+    /// # Errors
+    /// [`crate::synapse::Error`] from the copies.
+    pub fn state(&self, stream: &Stream) -> Result<(Vec<f32>, Vec<f32>)> {
+        let dev = stream.device();
+        let p = self.hyper.shape.param_len();
+        let (mut hp, mut hv) = (HostBuffer::zeroed(dev, p)?, HostBuffer::zeroed(dev, p)?);
+        stream.copy_d2h(&self.params, &mut hp)?;
+        stream.copy_d2h(&self.velocity, &mut hv)?;
+        Ok((hp.to_vec()?, hv.to_vec()?))
+    }
+
+    /// Enqueues `loss = [0, 0]`.
+    ///
+    /// # Errors
+    /// [`crate::synapse::Error`] from the copy.
+    pub fn zero_loss(&mut self, stream: &Stream) -> Result<()> {
+        let h = HostBuffer::from_slice(stream.device(), &[0f32, 0f32])?;
+        stream.copy_h2d(&h, &mut self.loss)?;
+        stream.synchronize()
+    }
+}
+
+fn mb_error(e: impl std::error::Error + Send + Sync + 'static) -> WorkloadError {
+    Box::new(e)
+}
+
+impl Workload for MlpWorkload {
+    fn launch_micro_batch(
+        &mut self,
+        stream: &Stream,
+        _step: u64,
+        _index: u32,
+        mb: &MicroBatch,
+        grad: &mut GradientScratch,
+    ) -> std::result::Result<(), WorkloadError> {
+        let (x, y) = self.data.rows_padded(&mb.sample_ids, self.hyper.micro_batch_size).map_err(mb_error)?;
+        let dev = stream.device();
+        if self.staged.len() >= 16 {
+            self.staged.clear(); // each drop waits for its copy: bounded host memory
+        }
+        let (hx, hy) = (HostBuffer::from_slice(dev, &x)?, HostBuffer::from_slice(dev, &y)?);
+        stream.copy_h2d(&hx, &mut self.x)?;
+        stream.copy_h2d(&hy, &mut self.labels)?;
+        self.staged.push((hx, hy));
+        let g = grad.as_f32_mut().ok_or("the MLP writes f32 gradients")?;
+        let id = &self.fwd_ids;
+        stream.launch(
+            &self.fwd,
+            &[
+                LaunchTensor::by_id(id[0], &self.params),
+                LaunchTensor::by_id(id[1], &self.x),
+                LaunchTensor::by_id(id[2], &self.labels),
+                LaunchTensor::by_id(id[3], g),
+                LaunchTensor::by_id(id[4], &self.loss),
+            ],
+            None,
+            &[],
+        )?;
+        Ok(())
+    }
+
+    fn launch_optimizer(
+        &mut self,
+        stream: &Stream,
+        _step: u64,
+        grad: &DeviceBuffer<f32>,
+    ) -> std::result::Result<(), WorkloadError> {
+        let id = &self.sgd_ids;
+        stream.launch(
+            &self.sgd,
+            &[
+                LaunchTensor::by_id(id[0], &self.params),
+                LaunchTensor::by_id(id[1], &self.velocity),
+                LaunchTensor::by_id(id[2], grad),
+            ],
+            None,
+            &[],
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_epoch_deals_each_sample_to_exactly_one_rank() {
+        let (n, samples) = (3u32, 20u64);
+        for epoch in 0..3 {
+            let mut all: Vec<u64> = (0..n).flat_map(|r| EpochSource::shard(r, n, samples, 7, epoch)).collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..samples).collect::<Vec<_>>());
+        }
+        assert_ne!(EpochSource::shard(0, n, samples, 7, 0), EpochSource::shard(0, n, samples, 7, 1));
+    }
+
+    #[test]
+    fn a_bounded_source_ends_after_its_epochs_and_requeues_first() {
+        let mut s = EpochSource::new(1, 2, 10, 3, 2, Some(2));
+        let mut seen = vec![];
+        let first = s.next_micro_batch().unwrap();
+        s.requeue(vec![first.clone()]);
+        while let Some(mb) = s.next_micro_batch() {
+            seen.extend(mb.sample_ids);
+        }
+        let mut want = EpochSource::shard(1, 2, 10, 3, 0);
+        want.extend(EpochSource::shard(1, 2, 10, 3, 1));
+        assert_eq!(seen, want);
+        assert_eq!(&seen[..2], &first.sample_ids[..]);
+    }
+}
