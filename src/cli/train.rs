@@ -58,7 +58,11 @@ fn train(a: &TrainArgs) -> Result<(), TrainError> {
     if let Some(out) = out {
         summary::write_outputs(&out, &rep, &outcomes)?;
         let files = out.commit()?;
-        println!("wrote {} files to {}", files.len(), job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default());
+        println!(
+            "wrote {} files to {}",
+            files.len(),
+            job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        );
     }
     Ok(())
 }

@@ -14,9 +14,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::args::{LaunchMode, NoiseArg, RunLength, ThresholdArg, TrainConfig};
-use crate::schedule::Normalization;
 use crate::mock::config::TimeMode;
 use crate::policy::CheckMode;
+use crate::schedule::Normalization;
 
 /// Errors of building a report from measurements.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -351,7 +351,11 @@ fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
 /// The drop-rate guardrail of `--threshold auto` (fraction): `$DROPCOMPUTE_AUTO_MAX_DROP`, else
 /// 0.25.
 fn auto_max_drop_rate() -> f64 {
-    std::env::var("DROPCOMPUTE_AUTO_MAX_DROP").ok().and_then(|v| v.parse().ok()).filter(|v: &f64| (0.0..=1.0).contains(v)).unwrap_or(0.25)
+    std::env::var("DROPCOMPUTE_AUTO_MAX_DROP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|v: &f64| (0.0..=1.0).contains(v))
+        .unwrap_or(0.25)
 }
 
 /// Runs every planned run on this rank with `comm` and gives the communicator back.
@@ -375,12 +379,7 @@ pub fn rank_main(
         let scfg = SchedulerConfig {
             micro_batches: cfg.micro_batches,
             micro_batch_size: cfg.micro_batch_size,
-            policy: PolicyConfig {
-                threshold,
-                check: cfg.check,
-                warmup_steps: cfg.warmup_steps,
-                min_micro_batches: 1,
-            },
+            policy: PolicyConfig { threshold, check: cfg.check, warmup_steps: cfg.warmup_steps, min_micro_batches: 1 },
             sync_lag: cfg.sync_lag,
             normalization: cfg.normalization,
             weighting: Weighting::Samples,
@@ -410,8 +409,14 @@ pub fn rank_main(
             RunLength::Epochs(e) => Some(u64::from(e)),
             RunLength::Steps(_) => None,
         };
-        let mut data =
-            EpochSource::new(rank, cfg.ranks, job.train.len() as u64, cfg.seed, cfg.micro_batch_size as usize, max_epochs);
+        let mut data = EpochSource::new(
+            rank,
+            cfg.ranks,
+            job.train.len() as u64,
+            cfg.seed,
+            cfg.micro_batch_size as usize,
+            max_epochs,
+        );
         let progress = Progress::new(job.steps().unwrap_or(0), kind.label(), show_progress);
         let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());
         let dev = sched.stream().device().clone();
@@ -446,10 +451,11 @@ pub fn rank_main(
             reports.push(rep);
             step += 1;
         }
-        sched
-            .comm()
-            .synchronize(sched.stream())
-            .map_err(|source| TrainError::Collective { rank, call: "loss all-reduce", source })?;
+        sched.comm().synchronize(sched.stream()).map_err(|source| TrainError::Collective {
+            rank,
+            call: "loss all-reduce",
+            source,
+        })?;
         if let Some(h) = pending.take() {
             losses.push(read(&h)?);
         }
@@ -596,7 +602,8 @@ pub fn run_processes(job: &Job, rt: &Arc<Runtime>, train_args: &[String]) -> Res
     let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
     let exe = std::env::current_exe().map_err(|source| TrainError::Io { what: "current executable".into(), source })?;
     let dir = std::env::temp_dir().join(format!("dropcompute-train-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io { what: format!("create {}", dir.display()), source })?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|source| TrainError::Io { what: format!("create {}", dir.display()), source })?;
     let mut children = Vec::new();
     for rank in 0..n {
         let result = dir.join(format!("rank-{rank}.json"));
@@ -619,12 +626,16 @@ pub fn run_processes(job: &Job, rt: &Arc<Runtime>, train_args: &[String]) -> Res
             std::fs::read(&result)
                 .map_err(|source| TrainError::Io { what: format!("read {}", result.display()), source })
                 .and_then(|b| {
-                    serde_json::from_slice(&b)
-                        .map_err(|e| TrainError::Child { rank, code: None, why: format!("bad result file: {e}") })
+                    serde_json::from_slice(&b).map_err(|e| TrainError::Child {
+                        rank,
+                        code: None,
+                        why: format!("bad result file: {e}"),
+                    })
                 })
         } else {
             let tail = std::fs::read_to_string(&err).unwrap_or_default();
-            let tail: String = tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+            let tail: String =
+                tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
             Err(TrainError::Child { rank, code: status.code(), why: format!("{status}: {tail}") })
         };
         results.push(r);
@@ -659,7 +670,8 @@ pub fn run_child(job: &Job, rt: &Arc<Runtime>, child: &str, result: &std::path::
     let (out, comm) = rank_main(job, rt, comm, false)?;
     destroy(comm, rank)?;
     let json = serde_json::to_vec(&out).map_err(|e| TrainError::Config { what: "result", value: e.to_string() })?;
-    std::fs::write(result, json).map_err(|source| TrainError::Io { what: format!("write {}", result.display()), source })
+    std::fs::write(result, json)
+        .map_err(|source| TrainError::Io { what: format!("write {}", result.display()), source })
 }
 
 /// One rank under a launcher (mpirun, Slurm, torchrun): bootstrap from the environment, run the
@@ -676,7 +688,8 @@ pub fn run_env(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<(u32
             value: format!("{} but the launcher's world size is {}", job.cfg.ranks, boot.world_size),
         });
     }
-    let dev = Device::acquire_for_local_rank(rt, boot.local_rank).map_err(|source| TrainError::Device { rank, source })?;
+    let dev =
+        Device::acquire_for_local_rank(rt, boot.local_rank).map_err(|source| TrainError::Device { rank, source })?;
     let comm = crate::hccl::join(&dev, &boot, Duration::from_secs(120), comm_options())
         .map_err(|source| TrainError::Collective { rank, call: "join", source })?;
     let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;

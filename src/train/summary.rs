@@ -110,10 +110,10 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
 pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>]) -> Result<Report, TrainError> {
     let r0 = &outcomes[0];
     let base = r0.iter().find(|o| o.kind == RunKind::Baseline);
-    let dc = r0.iter().find(|o| o.kind == RunKind::DropCompute).ok_or(TrainError::Config {
-        what: "runs",
-        value: "no DropCompute run".into(),
-    })?;
+    let dc = r0
+        .iter()
+        .find(|o| o.kind == RunKind::DropCompute)
+        .ok_or(TrainError::Config { what: "runs", value: "no DropCompute run".into() })?;
     let predicted = base.and_then(|b| predicted_speedup(job, &b.reports, dc.threshold_ns));
     let baseline = base.map(|b| run_report(job, b)).transpose()?;
     Ok(Report::new(baseline, run_report(job, dc)?, predicted, ConfigEcho::from(&job.cfg)))
@@ -136,7 +136,14 @@ pub fn spans(outcomes: &[&RankOutcome]) -> Vec<Span> {
                 });
             }
             let (c0, c1) = r.collective_span_ns;
-            v.push(Span { rank: o.rank, step: r.step, micro_batch: None, kind: SpanKind::Collective, start_ns: c0, dur_ns: c1.saturating_sub(c0) });
+            v.push(Span {
+                rank: o.rank,
+                step: r.step,
+                micro_batch: None,
+                kind: SpanKind::Collective,
+                start_ns: c0,
+                dur_ns: c1.saturating_sub(c0),
+            });
             v.push(Span {
                 rank: o.rank,
                 step: r.step,

@@ -38,7 +38,14 @@ pub struct EpochSource {
 
 impl EpochSource {
     /// The source of `rank` of `world_size` over `samples` training samples.
-    pub fn new(rank: u32, world_size: u32, samples: u64, seed: u64, micro_batch_size: usize, max_epochs: Option<u64>) -> Self {
+    pub fn new(
+        rank: u32,
+        world_size: u32,
+        samples: u64,
+        seed: u64,
+        micro_batch_size: usize,
+        max_epochs: Option<u64>,
+    ) -> Self {
         let queue = EpochQueue::new(Self::shard(rank, world_size, samples, seed, 0), micro_batch_size);
         Self { rank, world_size, samples, seed, micro_batch_size, epoch: 0, max_epochs, queue }
     }

@@ -1,0 +1,151 @@
+//! `dropcompute train` end to end on the mock: a small thread-mode job through the library
+//! (loss falls, reports consistent, timeline rows), and the CLI in thread and process mode
+//! giving bitwise-identical parameters with the threshold off.
+
+use std::path::Path;
+use std::process::Command;
+
+use clap::Parser;
+use dropcompute::train::args::TrainArgs;
+use dropcompute::train::output::StagedOut;
+use dropcompute::train::run::{self, Job, RunKind};
+use dropcompute::train::summary;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+fn job(args: &[&str]) -> Job {
+    let mut v = vec!["train"];
+    v.extend_from_slice(args);
+    let cfg = Cli::parse_from(v).train.validate().unwrap();
+    Job::prepare(cfg).unwrap()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[test]
+fn a_small_job_learns_and_its_reports_are_consistent() {
+    let j =
+        job(&["--ranks", "4", "--steps", "16", "--time-mode", "virtual", "--base-latency-ms", "1", "--threshold", "9"]);
+    let rt = run::mock_runtime(&j).unwrap();
+    let out = run::run_threads(&j, &rt, false).unwrap();
+    run::check_lockstep(&out).unwrap();
+    assert_eq!(out.len(), 4);
+    let m = j.cfg.micro_batches;
+    for (r, runs) in out.iter().enumerate() {
+        assert_eq!(runs.len(), 2, "baseline and DropCompute");
+        for o in runs {
+            assert_eq!(o.reports.len(), 16);
+            assert!(mean(&o.loss[12..]) < 0.7 * mean(&o.loss[..3]), "{:?} loss must fall: {:?}", o.kind, o.loss);
+            for rep in &o.reports {
+                // Every rank has data every step: computed + dropped = scheduled = M.
+                assert!(rep.ranks.iter().all(|x| x.computed + x.dropped == m));
+                // This rank's own records agree with the gathered row.
+                let mine = &rep.ranks[r];
+                let computed = rep.micro_batches.iter().filter(|mb| !mb.dropped).count() as u32;
+                let samples: u64 = rep.micro_batches.iter().filter(|mb| !mb.dropped).map(|mb| mb.samples).sum();
+                assert_eq!((computed, samples), (mine.computed, mine.samples));
+                // The divisor is the global computed count (realized normalization).
+                assert_eq!(rep.divisor, rep.ranks.iter().map(|x| x.samples).sum::<u64>() as f64);
+            }
+        }
+        let base = &runs[0];
+        assert_eq!(base.kind, RunKind::Baseline);
+        assert!(base.reports.iter().all(|r| r.global_dropped() == 0));
+    }
+    let dc = &out[0][1];
+    assert!(dc.reports.iter().any(|r| r.global_dropped() > 0), "a 9 ms threshold drops in this setting");
+    assert!(dc.reports[..j.cfg.warmup_steps as usize].iter().all(|r| r.global_dropped() == 0));
+
+    let dir = std::env::temp_dir().join(format!("dropcompute-train-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let staged = StagedOut::new(&dir).unwrap();
+    let rep = summary::report(&j, &out).unwrap();
+    summary::write_outputs(&staged, &rep, &out).unwrap();
+    staged.commit().unwrap();
+    let tl: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).unwrap()).unwrap();
+    let names: Vec<(u64, String)> = tl["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap().to_string()))
+        .collect();
+    for pid in [1, 2] {
+        let mut rows: Vec<&str> = names.iter().filter(|(p, _)| *p == pid).map(|(_, n)| n.as_str()).collect();
+        rows.sort_unstable();
+        assert_eq!(rows, vec!["rank 0", "rank 1", "rank 2", "rank 3"]);
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    assert!(report["dropcompute"]["accuracy"].as_f64().unwrap() > 0.8);
+    assert!(report["speedup"].as_f64().is_some());
+    let log = std::fs::read_to_string(dir.join("compute_log_dropcompute.csv")).unwrap();
+    assert_eq!(log.lines().count() - 1, 4 * 16 * m as usize, "one row per scheduled micro-batch");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn train_cli(out: &Path, extra: &[&str]) -> Vec<u8> {
+    let _ = std::fs::remove_dir_all(out);
+    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        .args(["train", "--ranks", "2", "--steps", "6", "--threshold", "off", "--no-compare", "--time-mode", "virtual"])
+        .args(["--out", out.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::read(out.join("params_dropcompute.f32le")).unwrap()
+}
+
+#[test]
+fn process_ranks_give_the_same_parameters_as_thread_ranks() {
+    let base = std::env::temp_dir().join(format!("dropcompute-train-modes-{}", std::process::id()));
+    let threads = train_cli(&base.join("threads"), &["--launch", "threads"]);
+    let procs = train_cli(&base.join("procs"), &["--launch", "processes"]);
+    assert!(!threads.is_empty());
+    let differing = threads.chunks(4).zip(procs.chunks(4)).filter(|(a, b)| a != b).count();
+    assert_eq!(threads.len(), procs.len());
+    assert_eq!(differing, 0, "bitwise identical final parameters ({differing} of {} differ)", threads.len() / 4);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn bad_inputs_fail_before_anything_is_written() {
+    let out = std::env::temp_dir().join(format!("dropcompute-train-bad-{}", std::process::id()));
+    let bad_csv = std::env::temp_dir().join(format!("dropcompute-bad-{}.csv", std::process::id()));
+    std::fs::write(&bad_csv, "1,2,3,0\n1,x,3,1\n").unwrap();
+    let cases: Vec<(Vec<String>, &str, i32)> = vec![
+        (vec!["--ranks".into(), "0".into()], "--ranks 0", 2),
+        (vec!["--micro-batches".into(), "0".into()], "--micro-batches 0", 2),
+        (vec!["--threshold".into(), "-3".into()], "--threshold -3", 2),
+        (vec!["--threshold".into(), "NaN".into()], "--threshold NaN", 2),
+        (vec!["--data".into(), "/nonexistent/d.csv".into()], "/nonexistent/d.csv", 6),
+        (vec!["--data".into(), bad_csv.display().to_string()], ":2: column 2", 6),
+    ];
+    for (args, needle, code) in cases {
+        let _ = std::fs::remove_dir_all(&out);
+        let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+            .arg("train")
+            .args(&args)
+            .args(["--out", out.to_str().unwrap(), "--steps", "2", "--time-mode", "virtual"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(), "nothing written for {args:?}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        .args(["train", "--ranks", "9", "--steps", "1", "--time-mode", "virtual"])
+        .env("DROPCOMPUTE_MOCK_DEVICES", "8")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("9 ranks but only 8 mock devices"), "{err}");
+    let _ = std::fs::remove_file(&bad_csv);
+}
