@@ -386,6 +386,33 @@ fn prune(dir: &Path, newest: u64) -> Result<(), CheckpointError> {
     Ok(())
 }
 
+/// Unreadable checkpoint files with their errors.
+pub type Skipped = Vec<(PathBuf, CheckpointError)>;
+
+/// Every readable checkpoint step in `dir` (newest first) and the unreadable files with their
+/// errors (left on disk). Reads each file in full (checksum verified).
+///
+/// # Errors
+/// [`CheckpointError::Io`] when `dir` cannot be listed.
+pub fn valid_steps(dir: &Path) -> Result<(Vec<u64>, Skipped), CheckpointError> {
+    let (mut ok, mut bad) = (Vec::new(), Vec::new());
+    for (step, path) in list_checkpoints(dir)? {
+        match read_named(&path, step) {
+            Ok(_) => ok.push(step),
+            Err(e) => bad.push((path, e)),
+        }
+    }
+    Ok((ok, bad))
+}
+
+/// Reads the checkpoint of `step` in `dir` (the file [`file_name`] names).
+///
+/// # Errors
+/// As [`read`]; [`CheckpointError::Malformed`] when the header's step differs.
+pub fn read_step(dir: &Path, step: u64) -> Result<Checkpoint, CheckpointError> {
+    read_named(&dir.join(file_name(step)), step)
+}
+
 /// Loads the newest readable checkpoint of `dir` (by the step in the file name). Newer files
 /// that cannot be read are reported in [`Loaded::skipped`] (and logged) and left on disk.
 ///

@@ -152,7 +152,7 @@ pub fn decide(cfg: &PolicyConfig, step: u64, started: u32, elapsed_ns: u64, esti
 /// the 5 % overshoot budget, at the cost of stopping earlier than a mean-based estimate would
 /// (a mean would overshoot in about 40 % of steps, by up to 3 base latencies). The window keeps
 /// the estimate tracking slow drifts (thermal, data mix) within 32 micro-batches.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LatencyEstimator {
     window: Vec<u64>,
     capacity: usize,

@@ -57,7 +57,6 @@ pub enum ExitClass {
     /// 7: a checkpoint could not be written or read.
     Checkpoint,
     /// 130: interrupted by SIGINT/SIGTERM.
-    #[allow(dead_code, reason = "for `train`'s signal handling (issue 7); no command handles signals yet")]
     Interrupted,
 }
 
@@ -140,6 +139,8 @@ fn train(e: &TrainError) -> ExitClass {
         TrainError::Collective { source, .. } => hccl(source),
         TrainError::Step(s) => schedule(s),
         TrainError::Child { code, .. } => from_code(*code),
+        TrainError::Checkpoint(_) => ExitClass::Checkpoint,
+        TrainError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Internal,
     }
 }

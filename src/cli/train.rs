@@ -28,6 +28,7 @@ fn train(a: &TrainArgs) -> Result<(), TrainError> {
         _ => None,
     };
     let launch = cfg.launch;
+    dropcompute::train::ckpt::install_signal_handler();
     let job = Job::prepare(cfg)?;
     let rt = run::mock_runtime(&job)?;
     if let Some(child) = &a.child {

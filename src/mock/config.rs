@@ -321,6 +321,16 @@ pub enum Fault {
         /// Raw `hcclResult_t` code.
         code: i32,
     },
+    /// Not a fault: restarts module `module_id`'s latency random stream from `seed` (mixed
+    /// with the module id as at configuration). A training job does this at every checkpoint
+    /// boundary, so a run resumed from a checkpoint draws exactly the latencies the
+    /// uninterrupted run drew (virtual time mode).
+    ReseedLatency {
+        /// Module whose stream restarts.
+        module_id: u32,
+        /// New seed.
+        seed: u64,
+    },
 }
 
 fn one_u32() -> u32 {

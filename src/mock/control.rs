@@ -112,6 +112,10 @@ pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
                 drop(r);
                 super::hccl::inject_async_error(code);
             }
+            Fault::ReseedLatency { module_id, seed } => match r.modules.get_mut(module_id as usize) {
+                Some(m) => m.latency.reseed(seed, module_id),
+                None => return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist")),
+            },
         }
         Ok(())
     })

@@ -131,6 +131,11 @@ impl DeviceLatency {
         Self { rng, slowdown, noise, script: script.into(), script_recipe }
     }
 
+    /// Restarts the random stream as if configured with `seed` (script and model unchanged).
+    pub(crate) fn reseed(&mut self, seed: u64, module: u32) {
+        self.rng = StdRng::seed_from_u64(module_seed(seed, module));
+    }
+
     /// Latency in ns of the next launch of recipe `recipe` with base latency `base_ns`: the
     /// next script entry if any (and the script applies to this recipe), else
     /// round(base_ns × slowdown × noise factor).
@@ -208,6 +213,19 @@ mod tests {
         let got = [d.next_launch_ns(100, "acc"), d.next_launch_ns(100, "fwd"), d.next_launch_ns(10, "acc")];
         assert_eq!(got, [300, 5, 30]);
         assert_eq!([d.next_launch_ns(100, "fwd"), d.next_launch_ns(100, "fwd")], [7, 300]);
+    }
+
+    #[test]
+    fn reseeding_replays_the_stream() {
+        let noise = Noise::Reference { delay_factor: 1.0 };
+        let mut a = DeviceLatency::new(1, 3, 1.0, noise.clone(), vec![], None);
+        let _ = a.next_launch_ns(1000, "x");
+        a.reseed(9, 3);
+        let first: Vec<u64> = (0..20).map(|_| a.next_launch_ns(1000, "x")).collect();
+        let mut b = DeviceLatency::new(9, 3, 1.0, noise, vec![], None);
+        let second: Vec<u64> = (0..20).map(|_| b.next_launch_ns(1000, "x")).collect();
+        assert_eq!(first, second);
+        assert!(first.iter().any(|&x| x != first[0]));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub use config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weight
 pub use data::{DataSource, DropFate, DropLedger, DropRecord, EpochQueue, MicroBatch};
 pub use ops::{GradientOps, GradientRecipes, GradientScratch, load_mock};
 pub use report::{CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
-pub use step::{Scheduler, Workload};
+pub use step::{Scheduler, SchedulerState, Workload};
 
 /// Error returned by a [`Workload`] (any error type).
 pub type WorkloadError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -102,6 +102,10 @@ pub struct StepReport {
     /// maximum over ranks of the previous step's step time minus compute time (gathered, so
     /// identical on every rank; 0 at the first step). The tuner's T_c.
     pub overhead_ns: u64,
+    /// Some rank called `Scheduler::request_stop` before this step's collective (identical on
+    /// every rank): the job should stop after this step.
+    #[serde(default)]
+    pub stop_requested: bool,
     /// Every rank's micro-batch latencies of this step (ns), N x M row-major by rank, NaN for a
     /// micro-batch not computed (identical on every rank: the tuner's input). JSON: null for NaN.
     #[serde(with = "nan_as_null")]
@@ -297,6 +301,7 @@ mod tests {
             collective_span_ns: (1, 2),
             step_end_ns: 9,
             overhead_ns: 3,
+            stop_requested: true,
             latencies_ns: vec![4.0, f64::NAN],
             micro_batches: vec![],
         };
@@ -333,6 +338,7 @@ mod tests {
             collective_span_ns: (0, 0),
             step_end_ns: 0,
             overhead_ns: 0,
+            stop_requested: false,
             latencies_ns: vec![],
             micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
         };

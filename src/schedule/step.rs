@@ -65,7 +65,7 @@ pub trait Workload {
 }
 
 /// Fixed part of the per-rank count vector (u32 entries), before the 2·M latency entries.
-const FIXED: usize = 13;
+const FIXED: usize = 14;
 /// Latency entry of a micro-batch that was not computed.
 const NOT_COMPUTED: u64 = u64::MAX;
 
@@ -94,6 +94,23 @@ pub struct Scheduler {
     ledger: DropLedger,
     retuner: Option<Retuner>,
     last_overhead_ns: u64,
+    stop_requested: bool,
+}
+
+/// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
+/// uninterrupted one (everything else is rebuilt from the configuration).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SchedulerState {
+    /// Threshold in force (ns), `None` for off.
+    pub threshold_ns: Option<u64>,
+    /// This rank's latency estimate window (predictive check).
+    pub estimator: LatencyEstimator,
+    /// Per-rank straggler statistics.
+    pub stragglers: StragglerTracker,
+    /// This rank's drop ledger.
+    pub ledger: DropLedger,
+    /// This rank's last step overhead (ns).
+    pub last_overhead_ns: u64,
 }
 
 fn dev_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(crate::synapse::Error) -> ScheduleError {
@@ -161,6 +178,7 @@ impl Scheduler {
             ledger: DropLedger::default(),
             retuner: None,
             last_overhead_ns: 0,
+            stop_requested: false,
             cfg,
             comm,
             stream,
@@ -216,6 +234,34 @@ impl Scheduler {
     /// The latency estimator of the predictive check (for checkpointing or inspection).
     pub fn estimator(&self) -> &LatencyEstimator {
         &self.estimator
+    }
+
+    /// Asks every rank to stop: the request rides in this rank's row of the next step's count
+    /// vector, so every rank sees [`StepReport::stop_requested`] at the same step (a
+    /// coordinated stop, e.g. on SIGTERM, without an extra collective).
+    pub fn request_stop(&mut self) {
+        self.stop_requested = true;
+    }
+
+    /// The state to checkpoint (see [`SchedulerState`]).
+    pub fn state(&self) -> SchedulerState {
+        SchedulerState {
+            threshold_ns: self.cfg.policy.threshold.as_ns(),
+            estimator: self.estimator.clone(),
+            stragglers: self.stragglers.clone(),
+            ledger: self.ledger.clone(),
+            last_overhead_ns: self.last_overhead_ns,
+        }
+    }
+
+    /// Restores a checkpointed state (the retuner, if any, is not part of it and restarts).
+    pub fn restore(&mut self, s: SchedulerState) {
+        self.cfg.policy.threshold =
+            s.threshold_ns.map_or(Threshold::Off, |ns| Threshold::Fixed(std::time::Duration::from_nanos(ns)));
+        self.estimator = s.estimator;
+        self.stragglers = s.stragglers;
+        self.ledger = s.ledger;
+        self.last_overhead_ns = s.last_overhead_ns;
     }
 
     /// Gives the communicator back (e.g. to destroy it), dropping the scheduler's buffers.
@@ -357,6 +403,7 @@ impl Scheduler {
             v[7..9].copy_from_slice(&split(compute_ns));
             v[9..11].copy_from_slice(&split(self.last_overhead_ns));
             v[11..13].copy_from_slice(&split(dropped_samples));
+            v[13] = u32::from(self.stop_requested);
             for (i, d) in durations.iter().enumerate() {
                 v[FIXED + 2 * i..FIXED + 2 * i + 2].copy_from_slice(&split(*d));
             }
@@ -393,6 +440,7 @@ impl Scheduler {
         let mut ranks = Vec::with_capacity(n);
         let mut matrix = Vec::with_capacity(n * m);
         let mut max_overhead = 0u64;
+        let mut stop_requested = false;
         for r in 0..n {
             let v = &g[r * k..(r + 1) * k];
             ranks.push(RankStepStats {
@@ -405,6 +453,7 @@ impl Scheduler {
                 dropped_samples: join(v[11], v[12]),
             });
             max_overhead = max_overhead.max(join(v[9], v[10]));
+            stop_requested |= v[13] != 0;
             for i in 0..m {
                 let d = join(v[FIXED + 2 * i], v[FIXED + 2 * i + 1]);
                 matrix.push(if d == NOT_COMPUTED { f64::NAN } else { d as f64 });
@@ -478,6 +527,7 @@ impl Scheduler {
             collective_span_ns: (c0_ns, c1_ns),
             step_end_ns: end,
             overhead_ns: max_overhead,
+            stop_requested,
             latencies_ns: matrix.clone(),
             micro_batches: records,
         };

@@ -269,6 +269,9 @@ pub struct TrainArgs {
     /// Checkpoint every K steps (0 = off).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub checkpoint_every: u64,
+    /// Where checkpoints go (default: the --resume directory, else ./dropcompute-checkpoints).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
     /// Mock device time: real (sleeps) or virtual (deterministic).
     #[arg(long, value_enum, default_value_t = TimeModeArg::Real)]
     pub time_mode: TimeModeArg,
@@ -335,6 +338,8 @@ pub struct TrainConfig {
     pub warmup_steps: u64,
     /// Checkpoint period in steps, `None` = no checkpoints.
     pub checkpoint_every: Option<NonZeroU64>,
+    /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.
+    pub checkpoint_dir: PathBuf,
     /// Mock device time mode.
     pub time_mode: TimeMode,
 }
@@ -466,6 +471,11 @@ impl TrainArgs {
             holdout: self.holdout,
             warmup_steps: self.warmup_steps,
             checkpoint_every: NonZeroU64::new(self.checkpoint_every),
+            checkpoint_dir: self
+                .checkpoint_dir
+                .clone()
+                .or_else(|| self.resume.clone())
+                .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
             time_mode: match self.time_mode {
                 TimeModeArg::Real => TimeMode::Real,
                 TimeModeArg::Virtual => TimeMode::Virtual,

@@ -11,6 +11,7 @@
 //! `unsafe` here is the bounds-checked gemm call in the private `gemm` module.
 
 pub mod args;
+pub mod ckpt;
 pub mod data;
 pub mod figure;
 mod gemm;

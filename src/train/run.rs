@@ -106,6 +106,17 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// A checkpoint could not be written or read (file and reason).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// SIGINT/SIGTERM: every rank stopped after the same step and saved a checkpoint.
+    #[error("interrupted: stopped after step {step}; {saved}")]
+    Interrupted {
+        /// Steps completed.
+        step: u64,
+        /// Where the checkpoint went (or why there is none).
+        saved: String,
+    },
     /// The ranks finished with different parameters (a lockstep violation; never expected).
     #[error("ranks diverged: rank {rank}'s final parameters differ from rank 0's")]
     Diverged {
@@ -128,15 +139,18 @@ pub struct Job {
     pub shape: MlpShape,
     /// Initial parameters (He init from the seed).
     pub init: Vec<f32>,
+    /// `--resume`: the step every rank resumes the DropCompute run from.
+    pub resume_step: Option<u64>,
 }
 
 impl Job {
-    /// Loads and splits the data (embedded digits or `cfg.data`) and initializes the model.
-    /// No device or network call.
+    /// Loads and splits the data (embedded digits or `cfg.data`), initializes the model and,
+    /// with `--resume`, picks the checkpoint step every rank has. No device or network call.
     ///
     /// # Errors
     /// [`TrainError::Data`] for an unreadable or malformed file (file and line);
-    /// [`TrainError::Model`] for an impossible shape.
+    /// [`TrainError::Model`] for an impossible shape; [`TrainError::Checkpoint`] when `--resume`
+    /// finds no step readable for every rank.
     pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
         let all = match &cfg.data {
             Some(p) => Dataset::load(p)?,
@@ -145,14 +159,18 @@ impl Job {
         let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
         let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
         let init = mlp::init_params(shape, cfg.seed)?;
-        Ok(Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init })
+        let mut job = Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init, resume_step: None };
+        if let Some(dir) = job.cfg.resume.clone() {
+            job.resume_step = Some(super::ckpt::common_step(&dir, job.cfg.ranks)?);
+        }
+        Ok(job)
     }
 
     /// The runs of this job in order: the baseline (threshold off) when comparing, then
-    /// DropCompute.
+    /// DropCompute. A resumed job continues the DropCompute run only.
     pub fn plan(&self) -> Vec<RunKind> {
         let mut v = Vec::new();
-        if self.cfg.compare {
+        if self.cfg.compare && self.resume_step.is_none() {
             v.push(RunKind::Baseline);
         }
         v.push(RunKind::DropCompute);
@@ -348,6 +366,17 @@ fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
     Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
 }
 
+/// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AFTER_STEP=N` makes the process SIGKILL itself once
+/// step N has completed (the crash-and-resume test; no handler runs, nothing is flushed).
+fn crash_hook(step: u64) {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("DROPCOMPUTE_TEST_SIGKILL_AFTER_STEP").ok().and_then(|v| v.parse().ok()));
+    if *at == Some(step) {
+        let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}
+
 /// The drop-rate guardrail of `--threshold auto` (fraction): `$DROPCOMPUTE_AUTO_MAX_DROP`, else
 /// 0.25.
 fn auto_max_drop_rate() -> f64 {
@@ -420,6 +449,17 @@ pub fn rank_main(
         let progress = Progress::new(job.steps().unwrap_or(0), kind.label(), show_progress);
         let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());
         let dev = sched.stream().device().clone();
+        let checkpointed = kind == RunKind::DropCompute;
+        let every = cfg.checkpoint_every.map(|k| k.get()).filter(|_| checkpointed);
+        let mut step = 0u64;
+        if let (Some(s0), true) = (job.resume_step, checkpointed) {
+            let (meta, params, velocity) = super::ckpt::load(job, &cfg.checkpoint_dir, rank, s0)?;
+            work.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?;
+            sched.restore(meta.scheduler);
+            data = meta.data;
+            losses = meta.losses.iter().map(|l| l.unwrap_or(f64::NAN)).collect();
+            step = s0;
+        }
         let zero = HostBuffer::from_slice(&dev, &[0f32, 0f32]).map_err(dev_err)?;
         // The global loss of step s is all-reduced right after it and read after step s+1
         // (the stream has passed it by then): no extra host synchronization per step.
@@ -428,15 +468,20 @@ pub fn rank_main(
             let l = h.as_slice().map_err(dev_err)?;
             Ok(if l[1] > 0.0 { f64::from(l[0]) / f64::from(l[1]) } else { f64::NAN })
         };
+        let coll_err = |source| TrainError::Collective { rank, call: "loss all-reduce", source };
         let t = Instant::now();
-        let mut step = 0u64;
         while job.steps().is_none_or(|s| step < s) {
+            if every.is_some_and(|k| step.is_multiple_of(k)) {
+                super::ckpt::reseed(dev.module_id(), cfg.seed, step);
+            }
+            if super::ckpt::STOP.load(std::sync::atomic::Ordering::SeqCst) {
+                sched.request_stop();
+            }
             let (rep, _) = sched.step(step, &mut data, &mut work)?;
             if let Some(h) = pending.take() {
                 losses.push(read(&h)?);
             }
             let s = sched.stream();
-            let coll_err = |source| TrainError::Collective { rank, call: "loss all-reduce", source };
             sched.comm().all_reduce_in_place(&mut work.loss, ReduceOp::Sum, s).map_err(coll_err)?;
             let mut h = HostBuffer::<f32>::zeroed(&dev, 2).map_err(dev_err)?;
             s.copy_d2h(&work.loss, &mut h).map_err(dev_err)?;
@@ -448,14 +493,35 @@ pub fn rank_main(
             }
             let last_loss = losses.last().copied().unwrap_or(f64::NAN);
             progress.update(step + 1, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
+            let stop = rep.stop_requested;
             reports.push(rep);
             step += 1;
+            crash_hook(step);
+            if stop || every.is_some_and(|k| step.is_multiple_of(k)) {
+                sched.comm().synchronize(sched.stream()).map_err(coll_err)?;
+                if let Some(h) = pending.take() {
+                    losses.push(read(&h)?);
+                }
+                let saved = if checkpointed {
+                    let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
+                    let meta = super::ckpt::RankMeta {
+                        fingerprint: super::ckpt::fingerprint(job),
+                        scheduler: sched.state(),
+                        data: data.clone(),
+                        losses: losses.iter().map(|l| l.is_finite().then_some(*l)).collect(),
+                    };
+                    let path = super::ckpt::save(&cfg.checkpoint_dir, rank, step, &meta, params, velocity)?;
+                    format!("checkpoint {}", path.display())
+                } else {
+                    "no checkpoint (baseline run)".into()
+                };
+                if stop {
+                    progress.finish();
+                    return Err(TrainError::Interrupted { step, saved });
+                }
+            }
         }
-        sched.comm().synchronize(sched.stream()).map_err(|source| TrainError::Collective {
-            rank,
-            call: "loss all-reduce",
-            source,
-        })?;
+        sched.comm().synchronize(sched.stream()).map_err(coll_err)?;
         if let Some(h) = pending.take() {
             losses.push(read(&h)?);
         }

@@ -1,0 +1,168 @@
+//! Checkpoint and resume of the DropCompute run, and the coordinated stop on SIGINT/SIGTERM.
+//!
+//! Owns: the per-rank checkpoint layout (`DIR/rank-<r>/checkpoint-<step>.dcc`, written with
+//! `crate::checkpoint`: temp file, fsync, rename, format version, SHA-256), the choice of the
+//! step to resume from (the newest step every rank has a readable checkpoint of), the latency
+//! reseeding at checkpoint boundaries, and the process-wide stop flag. Must not touch: the step
+//! loop or the file format itself.
+//!
+//! Exactness: a checkpoint at step s holds everything a rank's future depends on: parameters,
+//! momentum, the data source (epoch, queue, re-queued micro-batches), the scheduler state
+//! (threshold, latency estimate window, straggler statistics, drop ledger) and the losses so
+//! far. The mock's latency random streams are restarted from (seed, s) at every checkpoint
+//! boundary by every run, interrupted or not, so in virtual time a resumed run draws the same
+//! latencies, makes the same decisions and ends with bitwise-identical parameters.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, Checkpoint, CheckpointError};
+use crate::schedule::SchedulerState;
+
+use super::run::{Job, TrainError};
+use super::workload::EpochSource;
+
+/// Set by the SIGINT/SIGTERM handler; checked by every rank at each step.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Installs the SIGINT/SIGTERM handler that sets [`STOP`] (once per process; later calls are
+/// no-ops).
+pub fn install_signal_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst)) {
+            tracing::warn!(error = %e, "no SIGINT/SIGTERM handler: a signal kills the job without a checkpoint");
+        }
+    });
+}
+
+/// What a rank's checkpoint carries besides the tensors.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankMeta {
+    /// The configuration this checkpoint belongs to (must match on resume).
+    pub fingerprint: String,
+    /// The scheduler's state.
+    pub scheduler: SchedulerState,
+    /// The rank's data source.
+    pub data: EpochSource,
+    /// Global loss per completed step (null = none computed).
+    pub losses: Vec<Option<f64>>,
+}
+
+/// The settings a checkpoint is only valid for.
+pub fn fingerprint(job: &Job) -> String {
+    let c = &job.cfg;
+    format!(
+        "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}",
+        c.ranks,
+        c.micro_batches,
+        c.micro_batch_size,
+        c.seed,
+        job.shape.param_len(),
+        c.hidden,
+        c.check,
+        c.sync_lag,
+        c.normalization,
+        c.lr,
+        c.momentum,
+        job.train.len()
+    )
+}
+
+/// `dir/rank-<rank>`.
+pub fn rank_dir(dir: &Path, rank: u32) -> PathBuf {
+    dir.join(format!("rank-{rank}"))
+}
+
+/// Writes rank `rank`'s checkpoint of `step` (the state before step `step` runs).
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] when the directory or file cannot be written.
+pub fn save(
+    dir: &Path,
+    rank: u32,
+    step: u64,
+    meta: &RankMeta,
+    params: Vec<f32>,
+    velocity: Vec<f32>,
+) -> Result<PathBuf, TrainError> {
+    let d = rank_dir(dir, rank);
+    std::fs::create_dir_all(&d).map_err(|source| {
+        TrainError::Checkpoint(CheckpointError::Io { path: d.clone(), op: "create_dir_all", source })
+    })?;
+    let meta =
+        serde_json::to_value(meta).map_err(|e| TrainError::Config { what: "checkpoint meta", value: e.to_string() })?;
+    let c = Checkpoint { step, meta, tensors: vec![("params".into(), params), ("velocity".into(), velocity)] };
+    Ok(checkpoint::save(&d, &c)?)
+}
+
+/// The step to resume from: the newest step for which every rank `0..world_size` has a
+/// readable checkpoint in `dir`. Unreadable files are reported (warn) and kept.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] ([`CheckpointError::NoCheckpoint`]) when there is no such step.
+pub fn common_step(dir: &Path, world_size: u32) -> Result<u64, TrainError> {
+    let mut common: Option<std::collections::BTreeSet<u64>> = None;
+    let mut corrupt = Vec::new();
+    for r in 0..world_size {
+        let d = rank_dir(dir, r);
+        let (ok, bad) = checkpoint::valid_steps(&d)?;
+        for (path, e) in bad {
+            tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable checkpoint (kept on disk)");
+            eprintln!("warning: skipping {}: {e}", path.display());
+            corrupt.push(path);
+        }
+        let set: std::collections::BTreeSet<u64> = ok.into_iter().collect();
+        common = Some(match common {
+            None => set,
+            Some(c) => c.intersection(&set).copied().collect(),
+        });
+    }
+    common
+        .and_then(|c| c.last().copied())
+        .ok_or(TrainError::Checkpoint(CheckpointError::NoCheckpoint { dir: dir.to_path_buf(), corrupt }))
+}
+
+/// Loads rank `rank`'s checkpoint of `step`: (meta, params, velocity).
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] for an unreadable file or one of another configuration.
+pub fn load(job: &Job, dir: &Path, rank: u32, step: u64) -> Result<(RankMeta, Vec<f32>, Vec<f32>), TrainError> {
+    let d = rank_dir(dir, rank);
+    let c = checkpoint::read_step(&d, step)?;
+    let path = d.join(checkpoint::file_name(step));
+    let malformed = |reason: String| TrainError::Checkpoint(CheckpointError::Malformed { path: path.clone(), reason });
+    let meta: RankMeta = serde_json::from_value(c.meta).map_err(|e| malformed(format!("meta: {e}")))?;
+    let want = fingerprint(job);
+    if meta.fingerprint != want {
+        return Err(malformed(format!(
+            "written by another configuration ({}), this run is ({want})",
+            meta.fingerprint
+        )));
+    }
+    let mut tensors = c.tensors.into_iter();
+    let p = job.shape.param_len();
+    match (tensors.next(), tensors.next()) {
+        (Some((a, params)), Some((b, vel)))
+            if a == "params" && b == "velocity" && params.len() == p && vel.len() == p =>
+        {
+            Ok((meta, params, vel))
+        }
+        _ => Err(malformed(format!("expected tensors params and velocity of {p} values"))),
+    }
+}
+
+/// Restarts this rank's mock latency stream from (seed, step) (a no-op unless the run
+/// checkpoints; see the module doc).
+pub fn reseed(module_id: Option<u32>, seed: u64, step: u64) {
+    if let Some(m) = module_id {
+        let s = seed ^ step.wrapping_mul(0xD134_2543_DE82_EF95);
+        let fault = crate::mock::Fault::ReseedLatency { module_id: m, seed: s };
+        if let Err(e) = crate::mock::MockControl::in_process().inject_fault(&fault) {
+            tracing::warn!(error = %e, module = m, "latency reseed failed");
+        }
+    }
+}

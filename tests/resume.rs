@@ -1,0 +1,133 @@
+//! Crash-safe checkpoint and resume of `dropcompute train` (virtual time, so runs are exact):
+//! a run SIGKILLed after a random step and resumed from its last checkpoint ends with final
+//! parameters bitwise identical to an uninterrupted run; a corrupt newest checkpoint is skipped
+//! (kept on disk) in favour of the previous good one; SIGTERM stops every rank at the same step
+//! with a checkpoint and exit code 130.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BASE: [&str; 14] = [
+    "train",
+    "--ranks",
+    "3",
+    "--steps",
+    "14",
+    "--no-compare",
+    "--threshold",
+    "25",
+    "--time-mode",
+    "virtual",
+    "--checkpoint-every",
+    "3",
+    "--seed",
+    "5",
+];
+
+fn tmp(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("dropcompute-resume-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+fn train(extra: &[&str], env: Option<(&str, String)>) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+    c.args(BASE).args(extra);
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn params(out: &Path) -> Vec<u8> {
+    std::fs::read(out.join("params_dropcompute.f32le")).unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_run_killed_at_a_random_step_resumes_to_the_same_parameters() {
+    let (ck_a, out_a) = (tmp("ck-a"), tmp("out-a"));
+    let o = train(&["--checkpoint-dir", s(&ck_a), "--out", s(&out_a)], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reference = params(&out_a);
+
+    // A "random" kill step from the test's pid, never a checkpoint boundary nor the end.
+    let kill_at = [4u64, 5, 7, 8, 10, 11][std::process::id() as usize % 6];
+    let (ck_b, out_b) = (tmp("ck-b"), tmp("out-b"));
+    let o = train(
+        &["--checkpoint-dir", s(&ck_b), "--out", s(&out_b)],
+        Some(("DROPCOMPUTE_TEST_SIGKILL_AFTER_STEP", kill_at.to_string())),
+    );
+    assert!(!o.status.success(), "the run must have been killed");
+    assert!(!out_b.join("report.json").exists(), "a killed run writes no outputs");
+    let o = train(&["--resume", s(&ck_b), "--out", s(&out_b)], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(params(&out_b), reference, "resumed after a kill at step {kill_at}: bitwise identical parameters");
+
+    // Corrupt rank 1's newest checkpoint: the previous common step is used, the file is kept.
+    let newest = std::fs::read_dir(ck_b.join("rank-1"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "dcc"))
+        .max()
+        .unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&newest, &bytes).unwrap();
+    let out_c = tmp("out-c");
+    let o = train(&["--resume", s(&ck_b), "--out", s(&out_c)], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("skipping") && err.contains(newest.file_name().unwrap().to_str().unwrap()), "{err}");
+    assert!(newest.exists(), "the corrupt checkpoint is kept for inspection");
+    assert_eq!(params(&out_c), reference, "resumed from the previous good checkpoint");
+
+    // A checkpoint of another configuration is refused with the checkpoint exit code.
+    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        .args(["train", "--ranks", "3", "--steps", "14", "--no-compare", "--time-mode", "virtual", "--seed", "6"])
+        .args(["--resume", s(&ck_b)])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another configuration"));
+    let empty = tmp("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = train(&["--resume", s(&empty)], None);
+    assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
+    for d in [ck_a, out_a, ck_b, out_b, out_c, empty] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn sigterm_stops_every_rank_at_the_same_step_with_a_checkpoint() {
+    let ck = tmp("ck-term");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        .args(["train", "--ranks", "3", "--steps", "100000", "--no-compare", "--threshold", "off"])
+        .args(["--base-latency-ms", "1", "--checkpoint-dir", s(&ck)])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted: stopped after step"), "{err}");
+    let steps: Vec<Vec<String>> = (0..3)
+        .map(|r| {
+            std::fs::read_dir(ck.join(format!("rank-{r}")))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .collect();
+    assert!(!steps[0].is_empty());
+    assert!(steps.iter().all(|s| *s == steps[0]), "every rank checkpointed the same step: {steps:?}");
+    let _ = std::fs::remove_dir_all(ck);
+}
