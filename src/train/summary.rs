@@ -163,7 +163,9 @@ pub fn spans(outcomes: &[&RankOutcome]) -> Vec<Span> {
 
 /// Writes report.json, `compute_log_<run>.csv` (every rank's micro-batches, reference columns
 /// plus rank, start_ns, duration_ns), `params_<run>.f32le` (the final parameters, raw
-/// little-endian f32, identical on every rank), `timeline.json` and `figure.svg` into `out`.
+/// little-endian f32, identical on every rank), `ledger_<run>.json` (per rank: sample ids
+/// computed in order, dropped micro-batches and their fate), `timeline.json` and `figure.svg`
+/// into `out`.
 ///
 /// # Errors
 /// [`TrainError::Output`], [`TrainError::Figure`], [`TrainError::Io`].
@@ -185,6 +187,10 @@ pub fn write_outputs(out: &StagedOut, rep: &Report, outcomes: &[Vec<RankOutcome>
         }
         let bytes = w.into_inner().map_err(|source| TrainError::Io { what: "compute log".into(), source })?;
         out.write(&format!("compute_log_{label}.csv"), &bytes)?;
+        let ledgers: Vec<&crate::schedule::DropLedger> = per_rank.iter().map(|o| &o.ledger).collect();
+        let ledger =
+            serde_json::to_vec(&ledgers).map_err(|e| TrainError::Config { what: "ledger", value: e.to_string() })?;
+        out.write(&format!("ledger_{label}.json"), &ledger)?;
         let params: Vec<u8> = per_rank[0].params.iter().flat_map(|x| x.to_le_bytes()).collect();
         out.write(&format!("params_{label}.f32le"), &params)?;
         all_spans.push((label, spans(&per_rank)));
