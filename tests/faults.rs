@@ -97,11 +97,14 @@ fn upload<T: HcclType>(stream: &Stream, data: &[T]) -> DeviceBuffer<T> {
     d
 }
 
-/// The dump must name collective `seq` (`op`). A collective that failed with an error (not a
-/// timeout) shows as completed: its stream event fires with the error, and the recorder does
-/// not tell a failed completion from a good one.
+/// The dump must name collective `seq` (`op`) as failed or still pending, never as a clean
+/// completion (the watchdog marks a completion with a stream error as FAILED).
 fn assert_named(dump: &str, seq: u64, op: &str) {
-    assert!(dump.lines().any(|l| l.starts_with(&format!("seq={seq} op={op} "))), "seq {seq} not in:\n{dump}");
+    let line = dump.lines().find(|l| l.starts_with(&format!("seq={seq} op={op} ")));
+    assert!(
+        line.is_some_and(|l| l.contains("completed=FAILED") || l.ends_with("completed=PENDING")),
+        "seq {seq} not failed or pending in:\n{dump}"
+    );
 }
 
 /// The flight-recorder line of collective `seq`, which must still be pending (watchdog timeout).

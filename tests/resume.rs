@@ -59,7 +59,7 @@ fn a_run_killed_at_a_random_step_resumes_to_the_same_parameters() {
     let (ck_b, out_b) = (tmp("ck-b"), tmp("out-b"));
     let o = train(
         &["--checkpoint-dir", s(&ck_b), "--out", s(&out_b)],
-        Some(("DROPCOMPUTE_TEST_SIGKILL_AFTER_STEP", kill_at.to_string())),
+        Some(("DROPCOMPUTE_TEST_SIGKILL_AT", kill_at.to_string())),
     );
     assert!(!o.status.success(), "the run must have been killed");
     assert!(!out_b.join("report.json").exists(), "a killed run writes no outputs");

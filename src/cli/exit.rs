@@ -87,6 +87,8 @@ fn synapse(e: &dropcompute::synapse::Error) -> ExitClass {
     match e {
         E::Load(_) => ExitClass::Library,
         E::Config { .. } => ExitClass::Usage,
+        // A stream's asynchronous collective failure surfaces at a synchronize as synFailHccl.
+        E::Synapse { status, .. } if *status == habana_sys::synStatus::FAIL_HCCL => ExitClass::Collective,
         E::Synapse { .. } | E::Timeout { .. } => ExitClass::Device,
         _ => ExitClass::Internal,
     }
@@ -224,6 +226,15 @@ mod tests {
                     message: None,
                 }),
                 4,
+            ),
+            (
+                Box::new(dropcompute::synapse::Error::Synapse {
+                    call: "synEventSynchronize",
+                    status: habana_sys::synStatus::FAIL_HCCL,
+                    description: "synFailHccl".into(),
+                    message: None,
+                }),
+                5,
             ),
             (
                 Box::new(dropcompute::synapse::Error::Config {

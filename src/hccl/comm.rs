@@ -142,7 +142,12 @@ fn watchdog(shared: Arc<Shared>, rx: Receiver<WatchMsg>) {
         }
         while pending.front().is_some_and(|p| p.done.is_complete().unwrap_or(true)) {
             let p = pending.pop_front().expect("front exists");
-            shared.recorder.completed(p.seq);
+            // A completed event of a stream with an asynchronous error: the collective failed.
+            if p.done.is_complete().is_ok() && p.done.synchronize().is_ok() {
+                shared.recorder.completed(p.seq);
+            } else {
+                shared.recorder.failed(p.seq);
+            }
         }
         if let Some(p) = pending.front()
             && p.enqueued.elapsed() > shared.opts.timeout

@@ -22,6 +22,8 @@ pub struct FlightEntry {
     pub enqueued: Duration,
     /// Time since creation when the watchdog saw it complete; `None` while pending.
     pub completed: Option<Duration>,
+    /// It completed with an error (the stream's asynchronous error was set).
+    pub failed: bool,
 }
 
 /// A bounded ring of the last `capacity` collectives.
@@ -48,7 +50,15 @@ impl FlightRecorder {
         if e.len() == self.capacity {
             e.pop_front();
         }
-        e.push_back(FlightEntry { seq, op, dtype, count, enqueued: self.origin.elapsed(), completed: None });
+        e.push_back(FlightEntry {
+            seq,
+            op,
+            dtype,
+            count,
+            enqueued: self.origin.elapsed(),
+            completed: None,
+            failed: false,
+        });
     }
 
     /// Marks collective `seq` complete (no-op if it already left the ring).
@@ -59,17 +69,31 @@ impl FlightRecorder {
         }
     }
 
+    /// Marks collective `seq` as ended with an error (no-op if it already left the ring).
+    pub fn failed(&self, seq: u64) {
+        let now = self.origin.elapsed();
+        if let Some(e) = self.lock().iter_mut().find(|e| e.seq == seq) {
+            e.completed = Some(now);
+            e.failed = true;
+        }
+    }
+
     /// A copy of the entries, oldest first.
     pub fn entries(&self) -> Vec<FlightEntry> {
         self.lock().iter().cloned().collect()
     }
 
-    /// The entries as text, one line each: `seq op dtype count enqueued_ms completed_ms|PENDING`.
+    /// The entries as text, one line each:
+    /// `seq op dtype count enqueued_ms completed_ms|FAILED at ms|PENDING`.
     pub fn dump(&self) -> String {
         self.entries()
             .iter()
             .map(|e| {
-                let done = e.completed.map_or("PENDING".to_string(), |c| format!("{:.3}ms", c.as_secs_f64() * 1e3));
+                let done = match (e.completed, e.failed) {
+                    (None, _) => "PENDING".to_string(),
+                    (Some(c), false) => format!("{:.3}ms", c.as_secs_f64() * 1e3),
+                    (Some(c), true) => format!("FAILED at {:.3}ms", c.as_secs_f64() * 1e3),
+                };
                 format!(
                     "seq={} op={} dtype={} count={} enqueued={:.3}ms completed={done}",
                     e.seq,
@@ -95,13 +119,16 @@ mod tests {
             r.enqueued(seq, "all_reduce", "f32", seq as usize * 10);
         }
         r.completed(4);
+        r.failed(5);
         r.completed(1); // already evicted: ignored
         let e = r.entries();
         assert_eq!(e.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
-        assert!(e[1].completed.is_some() && e[0].completed.is_none() && e[2].completed.is_none());
+        assert!(e[1].completed.is_some() && e[0].completed.is_none() && e[2].completed.is_some());
+        assert!(!e[1].failed && e[2].failed);
         let d = r.dump();
         assert_eq!(d.lines().count(), 3);
         assert!(d.lines().nth(2).unwrap().contains("seq=5 op=all_reduce dtype=f32 count=50"));
-        assert!(d.lines().nth(2).unwrap().ends_with("completed=PENDING"));
+        assert!(d.lines().nth(2).unwrap().contains("completed=FAILED at"));
+        assert!(d.lines().next().unwrap().ends_with("completed=PENDING"));
     }
 }

@@ -202,20 +202,35 @@ impl Noise {
 
 impl MockConfig {
     /// The default configuration with `$DROPCOMPUTE_MOCK_CONFIG` (JSON) or, failing that,
-    /// `$DROPCOMPUTE_MOCK_DEVICES` applied.
+    /// `$DROPCOMPUTE_MOCK_DEVICES` applied, then `$DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS` (checked
+    /// here so a bad value is reported up front; the collectives read it again at init).
     ///
     /// # Errors
     /// [`ConfigError`] when a variable is set but unparsable or invalid.
     pub fn from_env() -> Result<Self, ConfigError> {
-        if let Ok(json) = std::env::var(ENV_CONFIG)
-            && !json.trim().is_empty()
-        {
-            return Self::from_json(&json);
-        }
-        let mut cfg = Self::default();
-        if let Ok(n) = std::env::var(ENV_DEVICES) {
-            cfg.devices =
-                n.trim().parse().map_err(|_| bad("config", format!("{ENV_DEVICES}={n:?} is not a device count")))?;
+        let mut cfg = match std::env::var(ENV_CONFIG) {
+            Ok(json) if !json.trim().is_empty() => {
+                Self::from_json(&json).map_err(|e| bad("config", format!("{ENV_CONFIG}={json:?}: {}", e.why)))?
+            }
+            _ => {
+                let mut cfg = Self::default();
+                if let Ok(n) = std::env::var(ENV_DEVICES) {
+                    cfg.devices = n
+                        .trim()
+                        .parse()
+                        .map_err(|_| bad("config", format!("{ENV_DEVICES}={n:?} is not a device count")))?;
+                }
+                cfg
+            }
+        };
+        let timeout = super::hccl::ENV_TIMEOUT_MS;
+        if let Ok(v) = std::env::var(timeout) {
+            cfg.hccl_timeout_ms = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|ms| (1..=3_600_000).contains(ms))
+                .ok_or_else(|| bad("config", format!("{timeout}={v:?} is not a timeout in ms (1..=3600000)")))?;
         }
         cfg.validate()?;
         Ok(cfg)

@@ -496,7 +496,7 @@ impl Scheduler {
         }
         self.ops.zero(&self.stream, &self.acc).map_err(e("gradient zero"))?;
         self.t0.record(&self.stream).map_err(e("event record"))?;
-        self.t0.synchronize().map_err(e("optimizer synchronize"))?;
+        self.t0.synchronize().map_err(|x| self.stream_error(rank, step, "optimizer synchronize", x))?;
         let end = self.t0.timestamp_ns().map_err(e("event timestamp"))?;
         let step_ns = end.saturating_sub(t0);
         self.last_overhead_ns = step_ns.saturating_sub(compute_ns);
@@ -534,11 +534,23 @@ impl Scheduler {
         Ok((report, retune))
     }
 
+    /// A stream error seen at a synchronize: when it is the asynchronous failure of an earlier
+    /// collective on this stream (`synFailHccl`), it is reported as a collective failure with the
+    /// communicator's typed error when the watchdog has one.
+    fn stream_error(&self, rank: u32, step: u64, call: &'static str, e: crate::synapse::Error) -> ScheduleError {
+        if e.status() == Some(habana_sys::synStatus::FAIL_HCCL) {
+            let source = self.comm.error().unwrap_or_else(|| HcclError::Synapse(std::sync::Arc::new(e)));
+            ScheduleError::Collective { rank, step, call, source }
+        } else {
+            ScheduleError::Device { rank, step, call, source: e }
+        }
+    }
+
     fn t0_ns(&self, cache: &mut Option<u64>, rank: u32, step: u64) -> Result<u64, ScheduleError> {
         if let Some(v) = *cache {
             return Ok(v);
         }
-        self.t0.synchronize().map_err(dev_err(rank, step, "event synchronize"))?;
+        self.t0.synchronize().map_err(|x| self.stream_error(rank, step, "event synchronize", x))?;
         let v = self.t0.timestamp_ns().map_err(dev_err(rank, step, "event timestamp"))?;
         *cache = Some(v);
         Ok(v)
@@ -554,7 +566,7 @@ impl Scheduler {
         step: u64,
     ) -> Result<(), ScheduleError> {
         let e = |call| dev_err(rank, step, call);
-        self.ends[i].synchronize().map_err(e("micro-batch synchronize"))?;
+        self.ends[i].synchronize().map_err(|x| self.stream_error(rank, step, "micro-batch synchronize", x))?;
         starts_ns[i] = self.starts[i].timestamp_ns().map_err(e("event timestamp"))?;
         ends_ns[i] = self.ends[i].timestamp_ns().map_err(e("event timestamp"))?;
         durations[i] = ends_ns[i].saturating_sub(starts_ns[i]);

@@ -141,6 +141,8 @@ pub struct Job {
     pub init: Vec<f32>,
     /// `--resume`: the step every rank resumes the DropCompute run from.
     pub resume_step: Option<u64>,
+    /// Drop-rate guardrail of `--threshold auto` ([`auto_max_drop_rate`]).
+    pub auto_max_drop: f64,
 }
 
 impl Job {
@@ -159,7 +161,16 @@ impl Job {
         let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
         let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
         let init = mlp::init_params(shape, cfg.seed)?;
-        let mut job = Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init, resume_step: None };
+        let auto_max_drop = auto_max_drop_rate()?;
+        let mut job = Self {
+            cfg,
+            train: Arc::new(train),
+            holdout: Arc::new(holdout),
+            shape,
+            init,
+            resume_step: None,
+            auto_max_drop,
+        };
         if let Some(dir) = job.cfg.resume.clone() {
             job.resume_step = Some(super::ckpt::common_step(&dir, job.cfg.ranks)?);
         }
@@ -283,9 +294,14 @@ mod nan_vec {
 }
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
-/// rank dies), 5 s abort deadline.
+/// rank dies), 5 s abort deadline, a flight recorder of the last 15 collectives (5 steps).
 pub fn comm_options() -> CommOptions {
-    CommOptions { timeout: Duration::from_secs(60), abort_deadline: Duration::from_secs(5), ..CommOptions::default() }
+    CommOptions {
+        timeout: Duration::from_secs(60),
+        abort_deadline: Duration::from_secs(5),
+        flight_recorder_len: 15,
+        ..CommOptions::default()
+    }
 }
 
 /// Resolves the DropCompute run's threshold: off, fixed, tuned on the baseline's trace (auto
@@ -313,7 +329,7 @@ fn resolve_threshold(
         }
         (ThresholdArg::Auto, Some(reports)) => {
             let rank = comm.rank();
-            let cap = auto_max_drop_rate();
+            let cap = job.auto_max_drop;
             let mut found = None;
             if rank == 0 {
                 let trace = super::summary::baseline_trace(reports, job.cfg.warmup_steps);
@@ -366,25 +382,48 @@ fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
     Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
 }
 
-/// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AFTER_STEP=N` makes the process SIGKILL itself once
-/// step N has completed (the crash-and-resume test; no handler runs, nothing is flushed).
-fn crash_hook(step: u64) {
-    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let at = AT.get_or_init(|| std::env::var("DROPCOMPUTE_TEST_SIGKILL_AFTER_STEP").ok().and_then(|v| v.parse().ok()));
-    if *at == Some(step) {
+/// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AT=STEP[:RANK]` makes the process SIGKILL itself
+/// while rank RANK (any rank if omitted) launches the first micro-batch of step STEP (0-based),
+/// i.e. after STEP steps completed, in the middle of its compute phase. Used by the
+/// crash-and-resume and killed-rank tests: no handler runs, nothing is flushed.
+pub(crate) fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
+    static AT: std::sync::OnceLock<Option<(u64, Option<u32>)>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        let v = std::env::var("DROPCOMPUTE_TEST_SIGKILL_AT").ok()?;
+        let (s, r) = v.split_once(':').map_or((v.as_str(), None), |(s, r)| (s, Some(r)));
+        Some((s.parse().ok()?, r.and_then(|r| r.parse().ok())))
+    });
+    if let Some((s, r)) = *at
+        && s == step
+        && micro_batch == 0
+        && r.is_none_or(|r| r == rank)
+    {
         let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
         std::thread::sleep(Duration::from_secs(5));
     }
 }
 
-/// The drop-rate guardrail of `--threshold auto` (fraction): `$DROPCOMPUTE_AUTO_MAX_DROP`, else
-/// 0.25.
-fn auto_max_drop_rate() -> f64 {
-    std::env::var("DROPCOMPUTE_AUTO_MAX_DROP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|v: &f64| (0.0..=1.0).contains(v))
-        .unwrap_or(0.25)
+/// Prints the communicator's flight recorder (last collectives, with FAILED/PENDING marks) to
+/// stderr: the first thing to read when a collective fails.
+fn dump_flight_recorder(c: &Comm) {
+    eprintln!("rank {} flight recorder (last collectives):\n{}", c.rank(), c.flight_recorder().dump());
+}
+
+/// Environment variable: the drop-rate guardrail of `--threshold auto` (a fraction in [0, 1]).
+pub const ENV_AUTO_MAX_DROP: &str = "DROPCOMPUTE_AUTO_MAX_DROP";
+
+/// The drop-rate guardrail of `--threshold auto`: `$DROPCOMPUTE_AUTO_MAX_DROP`, else 0.25.
+///
+/// # Errors
+/// [`TrainError::Config`] naming the variable and its value when it is not a number in [0, 1].
+pub fn auto_max_drop_rate() -> Result<f64, TrainError> {
+    match std::env::var(ENV_AUTO_MAX_DROP) {
+        Err(_) => Ok(0.25),
+        Ok(v) => v.trim().parse::<f64>().ok().filter(|x| (0.0..=1.0).contains(x)).ok_or(TrainError::Config {
+            what: ENV_AUTO_MAX_DROP,
+            value: format!("{v:?} (must be a fraction in [0, 1])"),
+        }),
+    }
 }
 
 /// Runs every planned run on this rank with `comm` and gives the communicator back.
@@ -434,6 +473,7 @@ pub fn rank_main(
         let zeros = vec![0f32; job.init.len()];
         let mut work =
             MlpWorkload::new(rt, sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
+        work.rank = rank;
         let max_epochs = match cfg.length {
             RunLength::Epochs(e) => Some(u64::from(e)),
             RunLength::Steps(_) => None,
@@ -469,6 +509,10 @@ pub fn rank_main(
             Ok(if l[1] > 0.0 { f64::from(l[0]) / f64::from(l[1]) } else { f64::NAN })
         };
         let coll_err = |source| TrainError::Collective { rank, call: "loss all-reduce", source };
+        let coll_err = |c: &Comm| {
+            dump_flight_recorder(c);
+            coll_err
+        };
         let t = Instant::now();
         while job.steps().is_none_or(|s| step < s) {
             if every.is_some_and(|k| step.is_multiple_of(k)) {
@@ -477,12 +521,23 @@ pub fn rank_main(
             if super::ckpt::STOP.load(std::sync::atomic::Ordering::SeqCst) {
                 sched.request_stop();
             }
-            let (rep, _) = sched.step(step, &mut data, &mut work)?;
+            let (rep, _) = match sched.step(step, &mut data, &mut work) {
+                Ok(v) => v,
+                Err(e) => {
+                    if matches!(e, ScheduleError::Collective { .. }) {
+                        dump_flight_recorder(sched.comm());
+                    }
+                    return Err(e.into());
+                }
+            };
             if let Some(h) = pending.take() {
                 losses.push(read(&h)?);
             }
             let s = sched.stream();
-            sched.comm().all_reduce_in_place(&mut work.loss, ReduceOp::Sum, s).map_err(coll_err)?;
+            sched
+                .comm()
+                .all_reduce_in_place(&mut work.loss, ReduceOp::Sum, s)
+                .map_err(|e| coll_err(sched.comm())(e))?;
             let mut h = HostBuffer::<f32>::zeroed(&dev, 2).map_err(dev_err)?;
             s.copy_d2h(&work.loss, &mut h).map_err(dev_err)?;
             s.copy_h2d(&zero, &mut work.loss).map_err(dev_err)?;
@@ -496,9 +551,8 @@ pub fn rank_main(
             let stop = rep.stop_requested;
             reports.push(rep);
             step += 1;
-            crash_hook(step);
             if stop || every.is_some_and(|k| step.is_multiple_of(k)) {
-                sched.comm().synchronize(sched.stream()).map_err(coll_err)?;
+                sched.comm().synchronize(sched.stream()).map_err(|e| coll_err(sched.comm())(e))?;
                 if let Some(h) = pending.take() {
                     losses.push(read(&h)?);
                 }
@@ -521,7 +575,7 @@ pub fn rank_main(
                 }
             }
         }
-        sched.comm().synchronize(sched.stream()).map_err(coll_err)?;
+        sched.comm().synchronize(sched.stream()).map_err(|e| coll_err(sched.comm())(e))?;
         if let Some(h) = pending.take() {
             losses.push(read(&h)?);
         }
@@ -701,8 +755,8 @@ pub fn run_processes(job: &Job, rt: &Arc<Runtime>, train_args: &[String]) -> Res
         } else {
             let tail = std::fs::read_to_string(&err).unwrap_or_default();
             let tail: String =
-                tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
-            Err(TrainError::Child { rank, code: status.code(), why: format!("{status}: {tail}") })
+                tail.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n    ");
+            Err(TrainError::Child { rank, code: status.code(), why: format!("{status}; its stderr ends:\n    {tail}") })
         };
         results.push(r);
     }

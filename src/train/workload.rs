@@ -101,6 +101,8 @@ pub struct MlpHyper {
 
 /// One rank's MLP on its device.
 pub struct MlpWorkload {
+    /// This rank (for the test crash hook only).
+    pub rank: u32,
     hyper: MlpHyper,
     data: Arc<Dataset>,
     fwd: Recipe,
@@ -155,6 +157,7 @@ impl MlpWorkload {
             labels: DeviceBuffer::alloc(dev, b)?,
             loss: DeviceBuffer::alloc(dev, 2)?,
             staged: Vec::new(),
+            rank: 0,
             hyper,
             data,
         };
@@ -206,11 +209,12 @@ impl Workload for MlpWorkload {
     fn launch_micro_batch(
         &mut self,
         stream: &Stream,
-        _step: u64,
-        _index: u32,
+        step: u64,
+        index: u32,
         mb: &MicroBatch,
         grad: &mut GradientScratch,
     ) -> std::result::Result<(), WorkloadError> {
+        super::run::crash_hook(self.rank, step, index);
         let (x, y) = self.data.rows_padded(&mb.sample_ids, self.hyper.micro_batch_size).map_err(mb_error)?;
         let dev = stream.device();
         if self.staged.len() >= 16 {

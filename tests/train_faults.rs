@@ -1,0 +1,96 @@
+//! Faults and bad inputs at the level of the `dropcompute train` command: every environment
+//! variable the crate reads, with bad values, fails before training with exit code 2 and a
+//! message naming the variable and the value; a rank process killed in the middle of its
+//! micro-batches makes the job fail with the collective exit code (5) within the collective
+//! timeout, the survivors printing their flight recorder, and nothing written to `--out`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// (environment, extra flags, variable that must be named, value that must be named).
+type Case<'a> = (Vec<(&'a str, &'a str)>, &'a [&'a str], &'a str, &'a str);
+
+fn train(env: &[(&str, &str)], extra: &[&str]) -> (Option<i32>, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+    c.args(["train", "--steps", "2", "--ranks", "2", "--time-mode", "virtual", "--no-compare"]).args(extra);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
+    let launcher = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29511"),
+    ];
+    let env_mode = ["--launch", "env"];
+    let cases: Vec<Case<'_>> = vec![
+        (vec![("DROPCOMPUTE_MOCK_DEVICES", "abc")], &[], "DROPCOMPUTE_MOCK_DEVICES", "abc"),
+        (vec![("DROPCOMPUTE_MOCK_CONFIG", "nope")], &[], "DROPCOMPUTE_MOCK_CONFIG", "nope"),
+        (vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"devices":0}"#)], &[], "DROPCOMPUTE_MOCK_CONFIG", "devices = 0"),
+        (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "0")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "\"0\""),
+        (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon"),
+        (vec![("DROPCOMPUTE_AUTO_MAX_DROP", "2")], &[], "DROPCOMPUTE_AUTO_MAX_DROP", "\"2\""),
+        (vec![("DROPCOMPUTE_AUTO_MAX_DROP", "lots")], &[], "DROPCOMPUTE_AUTO_MAX_DROP", "lots"),
+        (vec![("RANK", "abc"), ("WORLD_SIZE", "2")], &env_mode, "RANK", "abc"),
+        (vec![("RANK", "0"), ("WORLD_SIZE", "two")], &env_mode, "WORLD_SIZE", "two"),
+        (vec![("RANK", "5"), ("WORLD_SIZE", "2")], &env_mode, "RANK", "5"),
+        (
+            {
+                let mut v = launcher.to_vec();
+                v.push(("HLS_MODULE_ID", "x"));
+                v
+            },
+            &env_mode,
+            "HLS_MODULE_ID",
+            "x",
+        ),
+        (
+            {
+                let mut v = launcher.to_vec();
+                v.push(("HABANA_VISIBLE_MODULES", "0,a"));
+                v
+            },
+            &env_mode,
+            "HABANA_VISIBLE_MODULES",
+            "0,a",
+        ),
+    ];
+    for (env, extra, var, value) in cases {
+        let (code, err) = train(&env, extra);
+        assert_eq!(code, Some(2), "{env:?}: {err}");
+        assert!(err.contains(var) && err.contains(value), "{env:?}: message must name {var} and {value}: {err}");
+    }
+    // The backend variable, through `info` (train always runs the mock).
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_dropcompute")).arg("info").env("DROPCOMPUTE_BACKEND", "gpu").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("DROPCOMPUTE_BACKEND") && err.contains("gpu"), "{err}");
+}
+
+#[test]
+fn a_rank_killed_mid_micro_batch_fails_the_job_with_the_collective_code() {
+    let out = std::env::temp_dir().join(format!("dropcompute-killed-rank-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let t = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        .args(["train", "--launch", "processes", "--ranks", "3", "--steps", "10", "--no-compare"])
+        .args(["--threshold", "off", "--time-mode", "virtual", "--out", out.to_str().unwrap()])
+        .env("DROPCOMPUTE_TEST_SIGKILL_AT", "4:1")
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(err.contains("rank 0 process"), "the first survivor's failure is reported: {err}");
+    assert!(err.contains("flight recorder") && err.contains("seq="), "survivors dump their flight recorder: {err}");
+    assert!(took < Duration::from_secs(60), "bounded by the collective timeout (hang guard): {took:?}");
+    assert!(!out.exists(), "nothing written to --out");
+}
