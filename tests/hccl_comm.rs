@@ -241,3 +241,14 @@ fn an_asynchronous_error_mid_step_fails_the_communicator_with_its_code() {
     );
     assert!(errs.iter().all(|e| e.is_some()), "every rank must fail: {errs:?}");
 }
+
+#[test]
+fn the_unique_id_coordinator_binds_loopback_unless_told_otherwise() {
+    let _g = serial();
+    // HCCL_COMM_ID (the "told otherwise") is not set in the test environment.
+    assert!(std::env::var_os("HCCL_COMM_ID").is_none());
+    let id = Comm::unique_id(runtime()).unwrap();
+    let text = String::from_utf8_lossy(&id.to_bytes()).into_owned();
+    assert!(text.contains("127.0.0.1:"), "coordinator address in the id: {text:?}");
+    assert!(!text.contains("0.0.0.0"));
+}

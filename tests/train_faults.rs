@@ -94,3 +94,26 @@ fn a_rank_killed_mid_micro_batch_fails_the_job_with_the_collective_code() {
     assert!(took < Duration::from_secs(60), "bounded by the collective timeout (hang guard): {took:?}");
     assert!(!out.exists(), "nothing written to --out");
 }
+
+#[test]
+fn tune_flags_with_bad_values_are_named_with_their_values() {
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/data/traces/trace-SE.csv.gz");
+    let cases: [(&str, &str); 7] = [
+        ("--overhead-ms", "-1"),
+        ("--overhead-ms", "NaN"),
+        ("--max-drop-rate", "2"),
+        ("--max-drop-rate", "-0.5"),
+        ("--min-batch-fraction", "-0.1"),
+        ("--min-gain", "NaN"),
+        ("--min-gain", "inf"),
+    ];
+    for (flag, value) in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+            .args(["tune", "--trace", trace, flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(&format!("{flag} {value}")), "{flag} {value}: {err}");
+    }
+}

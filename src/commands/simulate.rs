@@ -49,13 +49,13 @@ pub struct SimulateArgs {
     pub noise: NoiseKind,
     /// Mean latency (normal, lognormal, exponential) or base latency (reference) of one
     /// micro-batch, ms. For seqlen: ns per squared token is chosen so the mean is this value.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub mean_ms: f64,
     /// Coefficient of variation (std/mean) for normal and lognormal.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
     pub cv: f64,
     /// Reference noise delay factor (the reference's --delay_factor).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub delay_factor: f64,
     /// Samples per micro-batch for seqlen.
     #[arg(long, default_value_t = 16)]
@@ -64,17 +64,17 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 12)]
     pub micro_batches: u32,
     /// Per-step overhead (all-reduce + optimizer), ms.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
     pub overhead_ms: f64,
     /// World sizes: a list "16,64,200" or a range "1..10000" (1-2-5 grid per decade).
     #[arg(long, default_value = "16,64,200,1000,10000")]
     pub workers: String,
     /// Threshold as a fraction of the mean compute time M·mean latency (ignored with
     /// --threshold-ms).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub threshold_frac: f64,
     /// Threshold in ms.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub threshold_ms: Option<f64>,
     /// Check mode.
     #[arg(long, value_enum, default_value_t = CheckKind::Before)]
@@ -83,13 +83,13 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0)]
     pub slow_workers: u32,
     /// Latency multiplier of the slow workers.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = 1.5, allow_negative_numbers = true)]
     pub slow_factor: f64,
     /// Pause (GC) every k steps per worker (0 = never) and its length in ms.
     #[arg(long, default_value_t = 0)]
     pub pause_every: u64,
     /// Pause length, ms.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub pause_ms: f64,
     /// Micro-batches simulated per world size (steps = budget / (N·M), clamped to 100..100000).
     #[arg(long, default_value_t = 20_000_000)]
@@ -136,6 +136,51 @@ pub fn parse_workers(spec: &str) -> Result<Vec<u32>, CommandError> {
     Ok(v)
 }
 
+impl SimulateArgs {
+    /// Checks every numeric flag before any simulation.
+    ///
+    /// # Errors
+    /// [`CommandError::Args`] naming the flag and its value: a non-finite number anywhere;
+    /// `--mean-ms` <= 0; `--cv`, `--delay-factor`, `--overhead-ms`, `--threshold-frac`,
+    /// `--pause-ms` < 0; `--threshold-ms` <= 0; `--slow-factor` <= 0; `--samples`,
+    /// `--micro-batches`, `--budget` = 0.
+    pub fn validate(&self) -> Result<(), CommandError> {
+        let bad = |flag: &str, v: String, why: &str| Err(CommandError::Args(format!("--{flag} {v}: {why}")));
+        let positive = [("mean-ms", self.mean_ms), ("slow-factor", self.slow_factor)];
+        let non_negative = [
+            ("cv", self.cv),
+            ("delay-factor", self.delay_factor),
+            ("overhead-ms", self.overhead_ms),
+            ("threshold-frac", self.threshold_frac),
+            ("pause-ms", self.pause_ms),
+        ];
+        for (flag, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(flag, v.to_string(), "must be a finite number > 0");
+            }
+        }
+        for (flag, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(flag, v.to_string(), "must be a finite number >= 0");
+            }
+        }
+        if let Some(t) = self.threshold_ms
+            && !(t.is_finite() && t > 0.0)
+        {
+            return bad("threshold-ms", t.to_string(), "must be a finite number of ms > 0");
+        }
+        for (flag, v) in [("samples", u64::from(self.samples)), ("micro-batches", u64::from(self.micro_batches))] {
+            if v == 0 {
+                return bad(flag, v.to_string(), "must be >= 1");
+            }
+        }
+        if self.budget == 0 {
+            return bad("budget", "0".into(), "must be >= 1 simulated micro-batch");
+        }
+        Ok(())
+    }
+}
+
 /// Run and print the CSV to stdout (or `--csv`). Errors: see [`run_to`].
 pub fn run(args: &SimulateArgs) -> Result<(), CommandError> {
     run_to(args, &mut std::io::stdout().lock())
@@ -144,6 +189,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), CommandError> {
 /// Run; the CSV goes to `--csv` or else to `out`, and a one-line summary per N to `out` when
 /// `--csv` is given. Errors: invalid arguments or model parameters, I/O, plotting.
 pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandError> {
+    args.validate()?;
     let workers = parse_workers(&args.workers)?;
     let mean = args.mean_ms * 1e6;
     let noise = match args.noise {
@@ -255,5 +301,41 @@ mod tests {
         assert!(parse_workers("0..5").is_err());
         assert!(parse_workers("a").is_err());
         assert!(parse_workers("5..2").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SimulateArgs,
+    }
+
+    #[test]
+    fn every_bad_flag_value_is_named_with_its_value() {
+        use clap::Parser;
+        let cases: [(&[&str], &str); 14] = [
+            (&["--mean-ms", "0"], "--mean-ms 0"),
+            (&["--mean-ms", "-1"], "--mean-ms -1"),
+            (&["--cv", "NaN"], "--cv NaN"),
+            (&["--cv", "-0.5"], "--cv -0.5"),
+            (&["--delay-factor", "-1"], "--delay-factor -1"),
+            (&["--overhead-ms", "inf"], "--overhead-ms inf"),
+            (&["--threshold-frac", "-2"], "--threshold-frac -2"),
+            (&["--threshold-ms", "0"], "--threshold-ms 0"),
+            (&["--slow-factor", "0"], "--slow-factor 0"),
+            (&["--pause-ms", "-3"], "--pause-ms -3"),
+            (&["--samples", "0"], "--samples 0"),
+            (&["--micro-batches", "0"], "--micro-batches 0"),
+            (&["--budget", "0"], "--budget 0"),
+            (&["--workers", "0"], "--workers \"0\""),
+        ];
+        for (flags, want) in cases {
+            let mut argv = vec!["simulate"];
+            argv.extend_from_slice(flags);
+            let args = Cli::try_parse_from(argv).expect("clap accepts the syntax").a;
+            let e = run_to(&args, &mut Vec::new()).expect_err(want).to_string();
+            assert!(e.contains(want), "{flags:?}: {e}");
+        }
+        let ok = Cli::try_parse_from(["simulate", "--workers", "4", "--budget", "1000"]).unwrap().a;
+        assert!(ok.validate().is_ok());
     }
 }

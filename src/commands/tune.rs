@@ -32,16 +32,16 @@ pub struct TuneArgs {
     #[arg(long)]
     pub allow_incomplete_steps: bool,
     /// Overhead per step (ms) assumed for reference compute logs (they record no step time).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub overhead_ms: f64,
     /// Guardrail: maximum mean drop rate.
-    #[arg(long, default_value_t = 0.10)]
+    #[arg(long, default_value_t = 0.10, allow_negative_numbers = true)]
     pub max_drop_rate: f64,
     /// Guardrail: minimum fraction of the global batch computed in every step.
-    #[arg(long, default_value_t = 0.75)]
+    #[arg(long, default_value_t = 0.75, allow_negative_numbers = true)]
     pub min_batch_fraction: f64,
     /// Guardrail: minimum predicted effective speedup to enable dropping.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
     pub min_gain: f64,
     /// Micro-batches every rank always computes.
     #[arg(long, default_value_t = 1)]
