@@ -14,14 +14,15 @@ EPOCHS=${EPOCHS:-2500}
 cargo build --release --quiet
 bin=target/release/dropcompute
 work=$(mktemp -d)
-args=(train --ranks 8 --micro-batches 8 --micro-batch-size 8 --epochs "$EPOCHS" --no-compare
-      --threshold 30 --base-latency-ms 4 --checkpoint-every 5 --checkpoint-dir "$work/ck")
+common=(train --ranks 8 --micro-batches 8 --micro-batch-size 8 --epochs "$EPOCHS" --no-compare
+        --threshold 40 --base-latency-ms 4 --checkpoint-every 5)
+args=("${common[@]}" --checkpoint-dir "$work/ck")
 start=$(date +%s)
 faults=0; restarts=0; sigkills=0; sigterms=0
 resume=()
 while true; do
   rm -rf "$work/out"
-  "$bin" "${args[@]}" "${resume[@]}" --out "$work/out" >"$work/run.log" 2>&1 &
+  "$bin" "${args[@]}" ${resume[@]+"${resume[@]}"} --out "$work/out" >"$work/run.log" 2>&1 &
   pid=$!
   now=$(date +%s)
   if (( now - start < SOAK_SECONDS )); then
@@ -39,7 +40,7 @@ while true; do
   # Died on its own or was killed right at the deadline: resume.
   resume=(--resume "$work/ck"); restarts=$((restarts + 1))
 done
-"$bin" "${args[@]}" --checkpoint-dir "$work/ck-ref" --out "$work/ref" >"$work/ref.log" 2>&1
+"$bin" "${common[@]}" --checkpoint-dir "$work/ck-ref" --out "$work/ref" >"$work/ref.log" 2>&1
 python3 - "$work" "$EPOCHS" "$faults" "$restarts" "$sigkills" "$sigterms" <<'PY'
 import json, sys, collections
 work, epochs, faults, restarts, kills, terms = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])

@@ -491,8 +491,10 @@ impl Scheduler {
                 call: "launch_optimizer",
                 source,
             })?;
-        } else {
+        } else if self.gathered_planned(&ranks) > 0 || matches!(skip, Some(SkipReason::NonFinite { .. })) {
             tracing::warn!(step, rank, ?skip, "skipping the update on every rank");
+        } else {
+            debug!(step, rank, "no rank had data: nothing to update");
         }
         self.ops.zero(&self.stream, &self.acc).map_err(e("gradient zero"))?;
         self.t0.record(&self.stream).map_err(e("event record"))?;
@@ -532,6 +534,11 @@ impl Scheduler {
             micro_batches: records,
         };
         Ok((report, retune))
+    }
+
+    /// Micro-batches scheduled (computed + dropped) over every rank.
+    fn gathered_planned(&self, ranks: &[RankStepStats]) -> u64 {
+        ranks.iter().map(|r| u64::from(r.computed) + u64::from(r.dropped)).sum()
     }
 
     /// A stream error seen at a synchronize: when it is the asynchronous failure of an earlier
