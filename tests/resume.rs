@@ -131,3 +131,39 @@ fn sigterm_stops_every_rank_at_the_same_step_with_a_checkpoint() {
     assert!(steps.iter().all(|s| *s == steps[0]), "every rank checkpointed the same step: {steps:?}");
     let _ = std::fs::remove_dir_all(ck);
 }
+
+#[test]
+fn a_resumed_run_takes_the_new_run_length_and_refuses_one_already_done() {
+    let ck = tmp("ck-len");
+    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        .args(["train", "--ranks", "2", "--steps", "6", "--no-compare", "--threshold", "off", "--time-mode", "virtual"])
+        .args(["--checkpoint-every", "3", "--checkpoint-dir", s(&ck)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let again = |len: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+        c.args(["train", "--ranks", "2", "--no-compare", "--threshold", "off", "--time-mode", "virtual"])
+            .args(len)
+            .args(["--resume", s(&ck)])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > std::time::Duration::from_secs(120) {
+                child.kill().unwrap();
+                panic!("resume with {len:?} did not finish (hang guard)");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        child.wait_with_output().unwrap()
+    };
+    let o = again(&["--steps", "6"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already at step 6; nothing to do"));
+    // A steps-bounded checkpoint resumed with --epochs ends after those epochs.
+    let o = again(&["--epochs", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(ck);
+}

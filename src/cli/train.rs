@@ -53,7 +53,10 @@ fn train(a: &TrainArgs) -> Result<(), TrainError> {
     if let Some(dc) = outcomes[0].last() {
         println!("threshold: {}", dc.threshold_source);
     }
-    if rep.predicted_speedup.is_none() {
+    if job.cfg.time_mode == dropcompute::mock::TimeMode::Virtual {
+        println!("virtual time: wall time and rates are in device (virtual) seconds");
+    }
+    if rep.predicted_speedup.is_none() && rep.baseline.is_none() {
         println!("predicted speedup: needs the baseline run's latencies (--compare)");
     }
     if let Some(out) = out {

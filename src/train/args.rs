@@ -12,7 +12,7 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::mock::config::{MAX_DEVICES, MAX_SLOWDOWN, Noise, TimeMode};
+use crate::mock::config::{MAX_SLOWDOWN, Noise, TimeMode};
 use crate::policy::CheckMode;
 
 /// Default number of steps when neither `--steps` nor `--epochs` is given.
@@ -24,6 +24,14 @@ pub const BYTES_PER_MB: f64 = 1_048_576.0;
 /// Largest accepted `--threshold` and `--base-latency-ms`, ms: one hour (the mock's
 /// `MAX_SCRIPT_NS`); longer would put a single step hours away on the device timeline.
 pub const MAX_MS: f64 = 3_600_000.0;
+/// Largest `--ranks`: every rank of `train` runs on this host (a thread or a process, each with
+/// its mock device and stream workers).
+pub const MAX_RANKS: u32 = 1024;
+/// Largest `--hidden` (parameters and per-rank buffers grow linearly with it).
+pub const MAX_HIDDEN: u32 = 16_384;
+/// Largest `--delay-factor` (the reference noise's mean factor grows linearly with it; the
+/// mock sleeps each emulated latency, so it must stay within minutes).
+pub const MAX_DELAY_FACTOR: f64 = 100.0;
 
 /// A flag whose value is out of range. Display: `--FLAG VALUE: why`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -112,17 +120,18 @@ impl NoiseArg {
     /// Errors: [`ArgError`] for `--noise` on an unknown kind or a parameter that is not a
     /// positive finite number.
     pub fn parse(s: &str) -> Result<Self, ArgError> {
-        let why = "expected reference, none, lognormal:SIGMA or exponential:MEAN with SIGMA, MEAN positive numbers";
+        let why = "expected reference, none, lognormal:SIGMA (0 < SIGMA <= 4) or exponential:MEAN (0 < MEAN <= 100)";
         let t = s.trim().to_ascii_lowercase();
-        let param = |p: &str| match p.parse::<f64>() {
-            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        // Bounded so one emulated micro-batch stays within minutes (the mock sleeps it).
+        let param = |p: &str, max: f64| match p.parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 && x <= max => Ok(x),
             _ => Err(bad("noise", s, why)),
         };
         match t.split_once(':') {
             None if t == "reference" => Ok(Self::Reference),
             None if t == "none" => Ok(Self::None),
-            Some(("lognormal", p)) => Ok(Self::LogNormal { sigma: param(p)? }),
-            Some(("exponential", p)) => Ok(Self::Exponential { mean: param(p)? }),
+            Some(("lognormal", p)) => Ok(Self::LogNormal { sigma: param(p, 4.0)? }),
+            Some(("exponential", p)) => Ok(Self::Exponential { mean: param(p, 100.0)? }),
             _ => Err(bad("noise", s, why)),
         }
     }
@@ -286,7 +295,7 @@ pub struct TrainArgs {
 /// A validated `train` configuration (every range already checked; see [`TrainArgs`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainConfig {
-    /// World size (1..=[`MAX_DEVICES`]).
+    /// World size (1..=[`MAX_RANKS`]).
     pub ranks: u32,
     /// Micro-batches per rank per step (>= 1).
     pub micro_batches: u32,
@@ -383,14 +392,18 @@ impl TrainArgs {
     /// Check every flag and build the [`TrainConfig`]. Pure: no I/O, no device.
     /// Errors: the first invalid flag, as [`ArgError`] (flag, value, requirement): a count of 0
     /// (`--ranks`, `--micro-batches`, `--micro-batch-size`, `--hidden`, `--steps`, `--epochs`),
-    /// `--ranks` above [`MAX_DEVICES`], a global batch overflowing u64, a bad `--threshold` or
+    /// `--ranks` above [`MAX_RANKS`], a global batch overflowing u64, a bad `--threshold` or
     /// `--noise`, a NaN/inf/out-of-range float, `--slow-rank` with rank >= ranks, a repeated rank
     /// or a factor outside (0, [`MAX_SLOWDOWN`]], `--sync-lag` >= `--micro-batches`, a bucket
     /// below one f32 or above [`MAX_BUCKET_MB`].
     pub fn validate(&self) -> Result<TrainConfig, ArgError> {
         let ranks = at_least_one("ranks", self.ranks)?;
-        if ranks > MAX_DEVICES {
-            return Err(bad("ranks", ranks, format!("must be <= {MAX_DEVICES} (mock device limit)")));
+        if ranks > MAX_RANKS {
+            return Err(bad(
+                "ranks",
+                ranks,
+                format!("must be <= {MAX_RANKS} (ranks of one host: threads or processes)"),
+            ));
         }
         let micro_batches = at_least_one("micro-batches", self.micro_batches)?;
         let micro_batch_size = at_least_one("micro-batch-size", self.micro_batch_size)?;
@@ -406,8 +419,12 @@ impl TrainArgs {
             (None, None) => RunLength::Steps(DEFAULT_STEPS),
         };
         let noise = NoiseArg::parse(&self.noise)?;
-        if !(self.delay_factor.is_finite() && self.delay_factor >= 0.0) {
-            return Err(bad("delay-factor", show(self.delay_factor), "must be a finite number >= 0"));
+        if !(self.delay_factor.is_finite() && (0.0..=MAX_DELAY_FACTOR).contains(&self.delay_factor)) {
+            return Err(bad(
+                "delay-factor",
+                show(self.delay_factor),
+                format!("must be a number in [0, {MAX_DELAY_FACTOR}]"),
+            ));
         }
         let mut slow_ranks: Vec<SlowRank> = Vec::with_capacity(self.slow_rank.len());
         for s in &self.slow_rank {
@@ -434,6 +451,9 @@ impl TrainArgs {
             return Err(bad("momentum", show(self.momentum), "must be in [0, 1)"));
         }
         let hidden = at_least_one("hidden", self.hidden)?;
+        if hidden > MAX_HIDDEN {
+            return Err(bad("hidden", hidden, format!("must be <= {MAX_HIDDEN}")));
+        }
         if !(self.holdout.is_finite() && self.holdout > 0.0 && self.holdout < 1.0) {
             return Err(bad("holdout", show(self.holdout), "must be in (0, 1)"));
         }

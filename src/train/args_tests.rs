@@ -61,7 +61,7 @@ fn good_values_are_parsed_into_the_config() {
     type Check = fn(&TrainConfig) -> bool;
     let table: &[(&[&str], Check)] = &[
         (&["--ranks", "1"], |c| c.ranks == 1 && c.global_batch == 64),
-        (&["--ranks", "65536"], |c| c.ranks == 65_536),
+        (&["--ranks", "1024"], |c| c.ranks == 1024),
         (&["--micro-batches", "3"], |c| c.micro_batches == 3 && c.global_batch == 32 * 3 * 8),
         (&["--micro-batch-size", "5"], |c| c.micro_batch_size == 5 && c.global_batch == 32 * 8 * 5),
         (&["--threshold", "off"], |c| c.threshold == ThresholdArg::Off && c.threshold.fixed().is_none()),
@@ -109,11 +109,11 @@ fn bad_values_name_the_flag_and_the_value() {
     // (argv, flag, value as it must appear in the message)
     let table: &[(&[&str], &str, &str)] = &[
         (&["--ranks", "0"], "ranks", "0"),
-        (&["--ranks", "65537"], "ranks", "65537"),
+        (&["--ranks", "1025"], "ranks", "1025"),
         (&["--micro-batches", "0"], "micro-batches", "0"),
         (&["--micro-batch-size", "0"], "micro-batch-size", "0"),
         (
-            &["--ranks", "65536", "--micro-batches", "4294967295", "--micro-batch-size", "4294967295"],
+            &["--ranks", "1024", "--micro-batches", "4294967295", "--micro-batch-size", "4294967295"],
             "micro-batch-size",
             "4294967295",
         ),
@@ -158,6 +158,10 @@ fn bad_values_name_the_flag_and_the_value() {
         (&["--momentum", "-0.5"], "momentum", "-0.5"),
         (&["--momentum", "NaN"], "momentum", "NaN"),
         (&["--hidden", "0"], "hidden", "0"),
+        (&["--hidden", "16385"], "hidden", "16385"),
+        (&["--delay-factor", "101"], "delay-factor", "101"),
+        (&["--noise", "exponential:1e300"], "noise", "exponential:1e300"),
+        (&["--noise", "lognormal:5"], "noise", "lognormal:5"),
         (&["--holdout", "0"], "holdout", "0"),
         (&["--holdout", "1"], "holdout", "1"),
         (&["--holdout", "NaN"], "holdout", "NaN"),

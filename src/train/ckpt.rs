@@ -105,11 +105,14 @@ pub fn save(
 /// # Errors
 /// [`TrainError::Checkpoint`] ([`CheckpointError::NoCheckpoint`]) when there is no such step.
 pub fn common_step(dir: &Path, world_size: u32) -> Result<u64, TrainError> {
+    if !dir.is_dir() {
+        return Err(TrainError::Checkpoint(CheckpointError::NoCheckpoint { dir: dir.to_path_buf(), corrupt: vec![] }));
+    }
     let mut common: Option<std::collections::BTreeSet<u64>> = None;
     let mut corrupt = Vec::new();
     for r in 0..world_size {
         let d = rank_dir(dir, r);
-        let (ok, bad) = checkpoint::valid_steps(&d)?;
+        let (ok, bad) = if d.is_dir() { checkpoint::valid_steps(&d)? } else { (vec![], vec![]) };
         for (path, e) in bad {
             tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable checkpoint (kept on disk)");
             eprintln!("warning: skipping {}: {e}", path.display());

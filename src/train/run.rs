@@ -171,8 +171,30 @@ impl Job {
             resume_step: None,
             auto_max_drop,
         };
+        if job.holdout.is_empty() || job.train.len() < job.cfg.ranks as usize {
+            return Err(TrainError::Config {
+                what: "--holdout",
+                value: format!(
+                    "{}: leaves {} training and {} held-out samples of {} for {} ranks",
+                    job.cfg.holdout,
+                    job.train.len(),
+                    job.holdout.len(),
+                    all.len(),
+                    job.cfg.ranks
+                ),
+            });
+        }
         if let Some(dir) = job.cfg.resume.clone() {
-            job.resume_step = Some(super::ckpt::common_step(&dir, job.cfg.ranks)?);
+            let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
+            if let RunLength::Steps(s) = job.cfg.length
+                && s <= s0
+            {
+                return Err(TrainError::Config {
+                    what: "--steps",
+                    value: format!("{s}: the checkpoint in {} is already at step {s0}; nothing to do", dir.display()),
+                });
+            }
+            job.resume_step = Some(s0);
         }
         Ok(job)
     }
@@ -271,7 +293,8 @@ pub struct RankOutcome {
     /// their count; NaN for a step with none).
     #[serde(with = "nan_vec")]
     pub loss: Vec<f64>,
-    /// Host wall time of the run's step loop (ns).
+    /// Wall time of the run's step loop (ns): host time in real time mode, the sum of the steps'
+    /// device time in virtual time mode.
     pub wall_ns: u64,
     /// Final parameters.
     pub params: Vec<f32>,
@@ -497,6 +520,7 @@ pub fn rank_main(
             work.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?;
             sched.restore(meta.scheduler);
             data = meta.data;
+            data.set_max_epochs(max_epochs); // the run length may change on resume
             losses = meta.losses.iter().map(|l| l.unwrap_or(f64::NAN)).collect();
             step = s0;
         }
@@ -579,7 +603,11 @@ pub fn rank_main(
         if let Some(h) = pending.take() {
             losses.push(read(&h)?);
         }
-        let wall_ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Virtual time: host time says nothing about the emulated cluster; use device time.
+        let wall_ns = match cfg.time_mode {
+            crate::mock::TimeMode::Virtual => reports.iter().map(|r| r.step_ns).sum::<u64>(),
+            crate::mock::TimeMode::Real => u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        };
         progress.finish();
         let (params, _) = work.state(sched.stream()).map_err(dev_err)?;
         let threshold_ns = sched.threshold().as_ns();

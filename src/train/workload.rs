@@ -50,6 +50,12 @@ impl EpochSource {
         Self { rank, world_size, samples, seed, micro_batch_size, epoch: 0, max_epochs, queue }
     }
 
+    /// Sets the number of epochs after which the source ends (`None`: never), e.g. when a
+    /// resumed run is given another `--epochs`.
+    pub fn set_max_epochs(&mut self, max_epochs: Option<u64>) {
+        self.max_epochs = max_epochs;
+    }
+
     /// Rank `rank`'s sample ids of `epoch`, in order.
     pub fn shard(rank: u32, world_size: u32, samples: u64, seed: u64, epoch: u64) -> Vec<u64> {
         let mut ids: Vec<u64> = (0..samples).collect();
