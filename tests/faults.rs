@@ -32,14 +32,18 @@ use std::sync::{Arc, Barrier, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::hccl::{spawn_child, wait_child};
-use dropcompute::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp, UniqueId};
+use dropcompute::hccl::{Comm, CommOptions, HcclError, ReduceOp, UniqueId};
 use dropcompute::mock::{self, Fault, MockControl};
-use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
+use dropcompute::synapse::{Device, Runtime, Stream};
 use habana_sys::{LoadError, SynapseApi, hcclComm_t, hcclResult_t, synStatus};
 
 const CHILD: &str = "DC_FAULT_CHILD";
 /// Slack on top of a configured timeout before a scenario counts as hung.
 const SLACK: Duration = Duration::from_secs(10);
+
+#[path = "support/ranks.rs"]
+mod ranks;
+use ranks::{upload, with_ranks};
 
 fn env(k: &str) -> String {
     std::env::var(k).unwrap_or_default()
@@ -64,37 +68,6 @@ fn opts(timeout_ms: u64) -> CommOptions {
         abort_deadline: Duration::from_secs(2),
         ..CommOptions::default()
     }
-}
-
-/// Runs `f(rank, comm, stream)` on `n` thread-ranks of `rt`, each on its own device.
-fn with_ranks<R: Send>(
-    rt: &Arc<Runtime>,
-    n: u32,
-    o: CommOptions,
-    f: impl Fn(u32, &Comm, &Stream) -> R + Sync,
-) -> Vec<R> {
-    let id = Comm::unique_id(rt).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|rank| {
-                let (f, o) = (&f, o.clone());
-                s.spawn(move || {
-                    let dev = Device::acquire_any(rt).unwrap();
-                    let stream = Stream::new(&dev).unwrap();
-                    let comm = Comm::init_rank(&dev, n, &id, rank, o).unwrap();
-                    f(rank, &comm, &stream)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn upload<T: HcclType>(stream: &Stream, data: &[T]) -> DeviceBuffer<T> {
-    let dev = stream.device();
-    let mut d = DeviceBuffer::alloc(dev, data.len()).unwrap();
-    stream.copy_h2d(&HostBuffer::from_slice(dev, data).unwrap(), &mut d).unwrap();
-    d
 }
 
 /// The dump must name collective `seq` (`op`) as failed or still pending, never as a clean

@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 
 use dropcompute::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp, UniqueId};
 use dropcompute::mock::{self, Fault, MockControl};
-use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
+use dropcompute::synapse::{Device, DeviceBuffer, Runtime, Stream};
 use half::bf16;
+
+#[path = "support/ranks.rs"]
+mod ranks;
+use ranks::{download, upload};
 
 /// The mock is process-global: tests take turns.
 fn serial() -> MutexGuard<'static, ()> {
@@ -30,35 +34,7 @@ fn quick() -> CommOptions {
 
 /// Runs `f(rank, comm, stream)` on `n` threads, each with its own device and communicator.
 fn with_ranks<R: Send>(n: u32, opts: CommOptions, f: impl Fn(u32, &Comm, &Stream) -> R + Sync) -> Vec<R> {
-    let rt = runtime();
-    let id = Comm::unique_id(rt).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|rank| {
-                let (f, opts) = (&f, opts.clone());
-                s.spawn(move || {
-                    let dev = Device::acquire_any(rt).unwrap();
-                    let stream = Stream::new(&dev).unwrap();
-                    let comm = Comm::init_rank(&dev, n, &id, rank, opts).unwrap();
-                    f(rank, &comm, &stream)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn upload<T: HcclType>(stream: &Stream, data: &[T]) -> DeviceBuffer<T> {
-    let dev = stream.device();
-    let mut d = DeviceBuffer::alloc(dev, data.len()).unwrap();
-    stream.copy_h2d(&HostBuffer::from_slice(dev, data).unwrap(), &mut d).unwrap();
-    d
-}
-
-fn download<T: HcclType>(stream: &Stream, d: &DeviceBuffer<T>) -> Vec<T> {
-    let mut h = HostBuffer::zeroed(stream.device(), d.len()).unwrap();
-    stream.copy_d2h(d, &mut h).unwrap();
-    h.to_vec().unwrap()
+    ranks::with_ranks(runtime(), n, opts, f)
 }
 
 fn input(rank: u32, i: usize) -> f64 {

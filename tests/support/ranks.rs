@@ -1,0 +1,47 @@
+//! Thread-ranks over the safe collectives layer, shared by the HCCL test files: each rank
+//! acquires its own mock device, creates a stream and joins one communicator.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use dropcompute::hccl::{Comm, CommOptions, HcclType};
+use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
+
+/// Runs `f(rank, comm, stream)` on `n` thread-ranks of `rt`, each on its own device.
+pub fn with_ranks<R: Send>(
+    rt: &Arc<Runtime>,
+    n: u32,
+    o: CommOptions,
+    f: impl Fn(u32, &Comm, &Stream) -> R + Sync,
+) -> Vec<R> {
+    let id = Comm::unique_id(rt).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let (f, o) = (&f, o.clone());
+                s.spawn(move || {
+                    let dev = Device::acquire_any(rt).unwrap();
+                    let stream = Stream::new(&dev).unwrap();
+                    let comm = Comm::init_rank(&dev, n, &id, rank, o).unwrap();
+                    f(rank, &comm, &stream)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A device copy of `data` (waits for nothing: the stream orders later work after it).
+pub fn upload<T: HcclType>(stream: &Stream, data: &[T]) -> DeviceBuffer<T> {
+    let dev = stream.device();
+    let mut d = DeviceBuffer::alloc(dev, data.len()).unwrap();
+    stream.copy_h2d(&HostBuffer::from_slice(dev, data).unwrap(), &mut d).unwrap();
+    d
+}
+
+/// The host copy of `d` (waits for the stream).
+pub fn download<T: HcclType>(stream: &Stream, d: &DeviceBuffer<T>) -> Vec<T> {
+    let mut h = HostBuffer::zeroed(stream.device(), d.len()).unwrap();
+    stream.copy_d2h(d, &mut h).unwrap();
+    h.to_vec().unwrap()
+}
