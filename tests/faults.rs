@@ -27,8 +27,8 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::hccl::{spawn_child, wait_child};
@@ -43,23 +43,10 @@ const SLACK: Duration = Duration::from_secs(10);
 
 #[path = "support/ranks.rs"]
 mod ranks;
-use ranks::{upload, with_ranks};
+use ranks::{runtime, serial, upload, with_ranks};
 
 fn env(k: &str) -> String {
     std::env::var(k).unwrap_or_default()
-}
-
-/// The mock is process-global: in-process scenarios take turns.
-fn serial() -> MutexGuard<'static, ()> {
-    static L: Mutex<()> = Mutex::new(());
-    let g = L.lock().unwrap_or_else(|p| p.into_inner());
-    MockControl::in_process().inject_fault(&Fault::ClearAll).unwrap();
-    g
-}
-
-fn runtime() -> &'static Arc<Runtime> {
-    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
-    RT.get_or_init(|| Runtime::new(mock::api()).unwrap())
 }
 
 fn opts(timeout_ms: u64) -> CommOptions {

@@ -3,30 +3,16 @@
 //! fault containment (watchdog timeout with flight recorder, asynchronous errors, mismatched
 //! collectives) bounded in time.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use dropcompute::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp, UniqueId};
-use dropcompute::mock::{self, Fault, MockControl};
-use dropcompute::synapse::{Device, DeviceBuffer, Runtime, Stream};
+use dropcompute::mock::{Fault, MockControl};
+use dropcompute::synapse::{Device, DeviceBuffer, Stream};
 use half::bf16;
 
 #[path = "support/ranks.rs"]
 mod ranks;
-use ranks::{download, upload};
-
-/// The mock is process-global: tests take turns.
-fn serial() -> MutexGuard<'static, ()> {
-    static L: Mutex<()> = Mutex::new(());
-    let g = L.lock().unwrap_or_else(|p| p.into_inner());
-    MockControl::in_process().inject_fault(&Fault::ClearAll).unwrap();
-    g
-}
-
-fn runtime() -> &'static Arc<Runtime> {
-    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
-    RT.get_or_init(|| Runtime::new(mock::api()).unwrap())
-}
+use ranks::{download, runtime, serial, upload};
 
 fn quick() -> CommOptions {
     CommOptions { timeout: Duration::from_secs(20), abort_deadline: Duration::from_secs(5), ..CommOptions::default() }

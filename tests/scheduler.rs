@@ -214,6 +214,18 @@ struct World {
     host_delay: Duration,
 }
 
+impl World {
+    /// `n` ranks, `steps` steps, forward latency from the scripts only, no NaN, no host delay.
+    fn new(
+        n: u32,
+        cfg: SchedulerConfig,
+        steps: u64,
+        data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
+    ) -> Self {
+        Self { n, cfg, steps, fwd_base_ns: 0, data, nan: None, host_delay: Duration::ZERO }
+    }
+}
+
 fn run(w: &World) -> Vec<RankRun> {
     let rt = runtime();
     let id = Comm::unique_id(rt).unwrap();
@@ -393,7 +405,7 @@ proptest! {
         cfg.normalization = if nominal { Normalization::Nominal } else { Normalization::Realized };
         cfg.weighting = if tokens { Weighting::Tokens } else { Weighting::Samples };
         cfg.grad_dtype = if bf { GradDtype::Bf16 } else { GradDtype::F32 };
-        let w = World { n, cfg: cfg.clone(), steps: 2, fwd_base_ns: 1000, data: endless(sizes), nan: None, host_delay: Duration::ZERO };
+        let w = World { fwd_base_ns: 1000, ..World::new(n, cfg.clone(), 2, endless(sizes)) };
         let runs = run(&w);
         let (want, divisors) = oracle(&runs, &cfg, 2, |r, len| 3 * len as u64 + u64::from(r));
         for (r, run) in runs.iter().enumerate() {
@@ -446,15 +458,7 @@ fn scripted_latencies_give_the_exact_decisions_for_each_check_mode_and_sync_lag(
         let mut cfg = base_cfg(m, 1, 8);
         cfg.sync_lag = k;
         cfg.policy.threshold = fixed(t);
-        let w = World {
-            n: 2,
-            cfg,
-            steps: 1,
-            fwd_base_ns: 0,
-            data: endless(vec![1]),
-            nan: None,
-            host_delay: Duration::ZERO,
-        };
+        let w = World::new(2, cfg, 1, endless(vec![1]));
         let runs = run(&w);
         for r in 0..2 {
             let want = expected_computed(&before[r], t, k as usize, None, 1);
@@ -477,15 +481,7 @@ fn scripted_latencies_give_the_exact_decisions_for_each_check_mode_and_sync_lag(
         cfg.sync_lag = k;
         cfg.policy =
             PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 1 };
-        let w = World {
-            n: 2,
-            cfg,
-            steps: 2,
-            fwd_base_ns: 0,
-            data: endless(vec![1]),
-            nan: None,
-            host_delay: Duration::ZERO,
-        };
+        let w = World::new(2, cfg, 2, endless(vec![1]));
         let runs = run(&w);
         for r in 0..2 {
             assert_eq!(runs[r].reports[0].ranks[r].computed, m, "warm-up step never drops");
@@ -506,8 +502,7 @@ fn warm_up_steps_never_drop_and_the_minimum_is_kept() {
         warmup_steps: 2,
         min_micro_batches: 2,
     };
-    let w =
-        World { n: 2, cfg, steps: 4, fwd_base_ns: 0, data: endless(vec![1]), nan: None, host_delay: Duration::ZERO };
+    let w = World::new(2, cfg, 4, endless(vec![1]));
     let runs = run(&w);
     for run in &runs {
         let computed: Vec<u32> = run.reports.iter().map(|r| r.ranks[0].computed).collect();
@@ -524,7 +519,7 @@ fn a_host_clock_jump_changes_nothing() {
         let mut cfg = base_cfg(6, 1, 8);
         cfg.sync_lag = 1;
         cfg.policy.threshold = fixed(6_500);
-        let w = World { n: 2, cfg, steps: 2, fwd_base_ns: 0, data: endless(vec![1]), nan: None, host_delay: delay };
+        let w = World { host_delay: delay, ..World::new(2, cfg, 2, endless(vec![1])) };
         run(&w)
     };
     let a = go(Duration::ZERO);
@@ -553,15 +548,7 @@ fn lockstep_holds_with_a_rank_that_computes_nothing_and_a_non_finite_gradient() 
     let mut cfg = base_cfg(m, 1, 9);
     cfg.policy =
         PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
-    let w = World {
-        n: 4,
-        cfg,
-        steps: 3,
-        fwd_base_ns: 0,
-        data: endless(vec![2]),
-        nan: Some((1, 1)),
-        host_delay: Duration::ZERO,
-    };
+    let w = World { nan: Some((1, 1)), ..World::new(4, cfg, 3, endless(vec![2])) };
     let runs = run(&w);
     assert_lockstep(&runs);
     for run in &runs {
@@ -590,7 +577,7 @@ fn over_an_epoch_every_sample_is_computed_exactly_once_when_requeued() {
             let ids: Vec<u64> = (0..per_rank).map(|i| u64::from(r) * per_rank + i).collect();
             Box::new(EpochQueue::new(ids, 2))
         });
-        let w = World { n, cfg, steps: per_rank / 2, fwd_base_ns: 0, data, nan: None, host_delay: Duration::ZERO };
+        let w = World::new(n, cfg, per_rank / 2, data);
         let runs = run(&w);
         let mut computed: Vec<u64> = runs.iter().flat_map(|r| r.drop_ledger.computed.iter().copied()).collect();
         computed.sort_unstable();
@@ -632,15 +619,7 @@ fn deadline_overshoot_under_the_reference_noise_is_bounded() {
         let _g = serial(&mc);
         let mut cfg = base_cfg(m, 1, 16);
         cfg.policy = PolicyConfig { threshold: fixed(t), check, warmup_steps: 3, min_micro_batches: 1 };
-        let w = World {
-            n,
-            cfg,
-            steps: 40,
-            fwd_base_ns: base,
-            data: endless(vec![1]),
-            nan: None,
-            host_delay: Duration::ZERO,
-        };
+        let w = World { fwd_base_ns: base, ..World::new(n, cfg, 40, endless(vec![1])) };
         let runs = run(&w);
         let compute: Vec<u64> = runs.iter().flat_map(|r| r.reports[3..].iter().map(|rep| rep.compute_ns)).collect();
         let mbs: Vec<u64> = runs

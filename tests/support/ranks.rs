@@ -2,10 +2,25 @@
 //! acquires its own mock device, creates a stream and joins one communicator.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use dropcompute::hccl::{Comm, CommOptions, HcclType};
+use dropcompute::mock::{self, Fault, MockControl};
 use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
+
+/// The mock is process-global: tests take turns; each turn starts with no fault armed.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static L: Mutex<()> = Mutex::new(());
+    let g = L.lock().unwrap_or_else(|p| p.into_inner());
+    MockControl::in_process().inject_fault(&Fault::ClearAll).unwrap();
+    g
+}
+
+/// The process's runtime over the in-process mock.
+pub fn runtime() -> &'static Arc<Runtime> {
+    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RT.get_or_init(|| Runtime::new(mock::api()).unwrap())
+}
 
 /// Runs `f(rank, comm, stream)` on `n` thread-ranks of `rt`, each on its own device.
 pub fn with_ranks<R: Send>(
