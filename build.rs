@@ -1,22 +1,15 @@
 //! Build script of the `dropcompute` crate.
 //!
-//! Owns: compiling the portable C kernels of the CPU mock device (`kernels/cpu/`) into a static
-//! library linked into the crate, and, only when the environment variable `TPC_CLANG` names a
-//! TPC compiler, compiling the Gaudi TPC-C kernels (`kernels/tpc/`) to objects that are reported
-//! but not linked (they run on the device, not the host). Must not: use `-march=native` or any
-//! host-specific flag (run-time dispatch in `kernels/cpu/dispatch.c` picks AVX2 / AVX-512), or
-//! require any vendor tool for a default build.
+//! Owns: only when the environment variable `TPC_CLANG` names a TPC compiler, compiling the
+//! Gaudi TPC-C kernels (`kernels/tpc/`) to objects that are reported but not linked (they run on
+//! the device, not the host). The CPU kernels of the mock device (`kernels/cpu/`) are built by
+//! `habana-mock/build.rs`. Must not: require any vendor tool for a default build.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::{env, fs};
 
-/// Flags fixed by the project: C11, optimised, and no FMA contraction so that every compiled
-/// variant rounds exactly like scalar IEEE f32 arithmetic in Rust.
-const CPU_FLAGS: [&str; 3] = ["-O3", "-std=c11", "-ffp-contract=off"];
-
 fn main() {
-    build_cpu_kernels();
     build_tpc_kernels();
 }
 
@@ -33,25 +26,6 @@ fn files_with_ext(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
         .unwrap_or_default();
     files.sort();
     files
-}
-
-fn build_cpu_kernels() {
-    let dir = Path::new("kernels/cpu");
-    println!("cargo:rerun-if-changed={}", dir.display());
-    for f in files_with_ext(dir, &["c", "h", "inc"]) {
-        println!("cargo:rerun-if-changed={}", f.display());
-    }
-    let mut build = cc::Build::new();
-    build.include(dir).warnings(true);
-    // cc adds its own -O level from the cargo profile; ours comes later and wins, so the kernels
-    // are -O3 even in debug builds (they are leaf loops; debugging them is not the point).
-    for flag in CPU_FLAGS {
-        build.flag(flag);
-    }
-    for f in files_with_ext(dir, &["c"]) {
-        build.file(f);
-    }
-    build.compile("dropcompute_cpu_kernels");
 }
 
 fn build_tpc_kernels() {

@@ -12,12 +12,17 @@ pub mod bench;
 pub mod checkpoint;
 pub mod commands;
 pub mod hccl;
-pub mod kernels;
-pub mod mock;
 pub mod policy;
 pub mod schedule;
 pub mod sim;
 pub mod synapse;
 pub mod trace;
+#[cfg(feature = "mock")]
 pub mod train;
 pub mod tune;
+
+/// The CPU mock device (crate `habana-mock`), present with the default cargo feature `mock`:
+/// the automatic backend's fallback when libSynapse is absent, and the device the training job
+/// runs on. The product reaches it only through this re-export.
+#[cfg(feature = "mock")]
+pub use habana_mock as mock;

@@ -2,6 +2,9 @@
 //! a real process: library missing / too old (3), device held by another process (4), bad
 //! environment (2), unreadable data file (6).
 
+#[path = "support/mock_library.rs"]
+mod mock_library;
+
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -33,7 +36,7 @@ fn missing_runtime_library_exits_3_naming_the_path() {
 
 #[test]
 fn too_old_runtime_library_exits_3_naming_the_version() {
-    let lib = dropcompute::mock::shared_library_path().expect("mock shared library");
+    let lib = mock_library::shared_library_path().expect("mock shared library");
     let lib = lib.to_str().unwrap();
     let o = dropcompute(&["info", "--no-check", "--library", lib], &[("DROPCOMPUTE_MOCK_VERSION", "1.15.0")]);
     let (code, err) = code_and_stderr(&o);

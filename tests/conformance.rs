@@ -7,6 +7,9 @@
 //! The mock's state is process-global (one copy in-process, one inside the loaded library), and
 //! fault knobs are global, so the cases of each backend run one at a time under a lock.
 
+#[path = "support/mock_library.rs"]
+mod mock_library;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -36,7 +39,7 @@ impl Harness {
         static H: OnceLock<Harness> = OnceLock::new();
         static L: Mutex<()> = Mutex::new(());
         H.get_or_init(|| {
-            let path = mock::shared_library_path().expect("build or locate libmock_synapse.so");
+            let path = mock_library::shared_library_path().expect("build or locate libmock_synapse.so");
             let api = SynapseApi::load_path(&path).expect("load the mock through the real loader");
             assert_eq!(api.origin(), &habana_sys::ApiOrigin::Library(path.clone()));
             let control = MockControl::from_library(&path).expect("mock control symbols");

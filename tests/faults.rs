@@ -24,6 +24,9 @@
 //!
 //! New here: the device already held by another process (`DROPCOMPUTE_MOCK_LOCK_DIR`).
 
+#[path = "support/mock_library.rs"]
+mod mock_library;
+
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -233,7 +236,7 @@ fn child_role() {
         }
         "contend" => child_contend(),
         "old_library" => {
-            let lib = mock::shared_library_path().unwrap();
+            let lib = mock_library::shared_library_path().unwrap();
             match SynapseApi::load_path(&lib) {
                 Err(LoadError::UnsupportedVersion { path, version }) => {
                     assert_eq!((path, version.as_str()), (lib, "1.15.0"));

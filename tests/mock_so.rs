@@ -1,11 +1,15 @@
 //! The mock conformance scenarios against `libmock_synapse.so` loaded through the real dlopen
 //! path (`SynapseApi::load_path`), with the control functions from the same library.
+#[path = "support/mock_library.rs"]
+mod mock_library;
+
 mod common;
 
 use std::sync::OnceLock;
 
-use dropcompute::mock::{MockControl, shared_library_path};
+use dropcompute::mock::MockControl;
 use habana_sys::{ApiOrigin, SynapseApi};
+use mock_library::shared_library_path;
 
 fn lib() -> &'static (SynapseApi, MockControl) {
     static L: OnceLock<(SynapseApi, MockControl)> = OnceLock::new();

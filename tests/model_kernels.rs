@@ -1,22 +1,26 @@
-//! The model kernels (`mlp_fwd_bwd_f32`, `sgd_momentum_f32`) launched on the in-process mock
+//! The model kernels (`mlp_fwd_bwd_f32`, `sgd_momentum_f32`, registered by the training job
+//! from safe Rust) launched on the in-process mock
 //! through the safe Synapse layer, compared bit for bit with `train::mlp` on the host, plus the
 //! rejection of inconsistent launches.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use dropcompute::mock::model_kernels::{MLP_TENSORS, SGD_TENSORS, mlp_recipe, sgd_recipe};
 use dropcompute::mock::{MockRecipe, api};
 use dropcompute::synapse::{Device, DeviceBuffer, DeviceRepr, HostBuffer, LaunchTensor, Recipe, Runtime, Stream};
 use dropcompute::train::data::Dataset;
 use dropcompute::train::mlp::{self, MlpScratch, MlpShape};
+use dropcompute::train::model_kernels::{self, MLP_TENSORS, SGD_TENSORS, mlp_recipe, sgd_recipe};
 use habana_sys::synStatus;
 
 const SHAPE: MlpShape = MlpShape { input: 64, hidden: 32, classes: 10 };
 
 fn runtime() -> &'static Arc<Runtime> {
     static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
-    RT.get_or_init(|| Runtime::new(api()).unwrap())
+    RT.get_or_init(|| {
+        model_kernels::register().unwrap();
+        Runtime::new(api()).unwrap()
+    })
 }
 
 fn load(r: &MockRecipe) -> Recipe {

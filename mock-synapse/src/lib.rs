@@ -1,15 +1,15 @@
-//! The dropcompute CPU mock device as a shared library: exports every SynapseAI/HCCL C symbol
-//! bound by `habana_sys::for_each_function!` (forwarding to `dropcompute::mock::ffi`) plus the
+//! The habana-mock CPU mock device as a shared library: exports every SynapseAI/HCCL C symbol
+//! bound by `habana_sys::for_each_function!` (forwarding to `habana_mock::ffi`) plus the
 //! mock-only `dcmock_configure`, `dcmock_register_kernel` and `dcmock_inject_fault`.
 //!
 //! Owns: the exported names only. Must not touch: behaviour (all of it is in
-//! `dropcompute::mock`). For tests: load it with `habana_sys::SynapseApi::load_path`; never
+//! `habana_mock`). For tests: load it with `habana_sys::SynapseApi::load_path`; never
 //! install it where the real `libSynapse.so` could be shadowed.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_void};
 
-use dropcompute::mock::{self, MockKernelFn, ffi};
+use habana_mock::{self as mock, MockKernelFn, ffi};
 use habana_sys::synStatus;
 
 macro_rules! export {
@@ -36,14 +36,14 @@ macro_rules! export {
 
 habana_sys::for_each_function!(export);
 
-/// See `dropcompute::mock::dcmock_configure`.
+/// See `habana_mock::dcmock_configure`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dcmock_configure(json: *const c_char) -> synStatus {
     // SAFETY: forwarded contract.
     unsafe { mock::dcmock_configure(json) }
 }
 
-/// See `dropcompute::mock::dcmock_register_kernel`.
+/// See `habana_mock::dcmock_register_kernel`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dcmock_register_kernel(
     name: *const c_char,
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn dcmock_register_kernel(
     unsafe { mock::dcmock_register_kernel(name, f, user_data) }
 }
 
-/// See `dropcompute::mock::dcmock_inject_fault`.
+/// See `habana_mock::dcmock_inject_fault`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
     // SAFETY: forwarded contract.

@@ -2,7 +2,7 @@
 //! next to a plain memcpy of the same working set, measured in the same run.
 //!
 //! Owns: buffer set-up, the interleaved timing loop and the report table. Must not: change the
-//! kernels or their dispatch (`crate::kernels`), or run more than one thread.
+//! kernels or their dispatch (`habana_mock::kernels`), or run more than one thread.
 //!
 //! # Convention
 //! *Working set* = bytes of all buffers one call touches. *Bytes moved* = bytes read + bytes
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use half::bf16;
 
-use crate::kernels::{Isa, Kernels};
+use crate::mock::kernels::{Isa, Kernels};
 
 /// The target of the foundation issue: kernel GB/s ≥ 0.7 × memcpy GB/s beyond the LLC.
 pub const TARGET_RATIO: f64 = 0.7;

@@ -6,5 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allreduce;
+#[cfg(feature = "mock")]
 pub mod kernels;
+#[cfg(feature = "mock")]
 pub mod scheduler;

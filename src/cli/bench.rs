@@ -8,10 +8,12 @@ use std::time::Duration;
 use dropcompute::bench::allreduce::{
     AllreduceOptions, AllreduceReport, join_and_measure, measure_rank, run_threads, sizes_between,
 };
+#[cfg(feature = "mock")]
 use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
 use dropcompute::hccl::CommOptions;
 use dropcompute::hccl::bootstrap::Bootstrap;
 use dropcompute::hccl::{Comm, UniqueId};
+#[cfg(feature = "mock")]
 use dropcompute::mock::{MockConfig, MockControl};
 use dropcompute::sim::montecarlo::bench_simulator;
 use dropcompute::synapse::{Backend, BackendChoice, Device, Runtime, Stream};
@@ -21,7 +23,8 @@ use super::CliError;
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// f32 / bf16 scale-accumulate throughput in GB/s next to a plain memcpy of the same bytes
-    /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache).
+    /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache). Needs the mock.
+    #[cfg(feature = "mock")]
     Kernels(KernelArgs),
     /// All-reduce bandwidth table (size, count, dtype, time, algbw, busbw), nccl-tests style, with
     /// ranks as threads of this process or as separate processes on loopback.
@@ -34,6 +37,7 @@ pub enum BenchCommand {
     Sim(SimArgs),
     /// Host-side scheduler overhead per micro-batch (decision + bookkeeping) next to the bare
     /// runtime calls and one empty launch, on the in-process mock (target <= 2 us).
+    #[cfg(feature = "mock")]
     Scheduler(SchedulerArgs),
 }
 
@@ -105,6 +109,7 @@ pub struct KernelArgs {
 
 pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     match cmd {
+        #[cfg(feature = "mock")]
         BenchCommand::Kernels(a) => {
             let opts = KernelBenchOptions { reps: a.reps.max(1), ..KernelBenchOptions::default() };
             let report = run_kernel_bench(&opts);
@@ -112,6 +117,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             Ok(())
         }
         BenchCommand::Allreduce(a) => allreduce(&a),
+        #[cfg(feature = "mock")]
         BenchCommand::Scheduler(a) => {
             println!("{}", dropcompute::bench::scheduler::run_scheduler_bench(a.reps)?);
             Ok(())
@@ -154,6 +160,7 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
         dtype: a.dtype.clone(),
     };
     let backend = a.backend.select()?;
+    #[cfg(feature = "mock")]
     if backend.is_mock() && a.ranks > 8 && a.launch == "threads" {
         let cfg = MockConfig { devices: a.ranks, ..MockConfig::from_env()? };
         MockControl::in_process().configure(&cfg)?;
@@ -220,7 +227,10 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
 fn allreduce_child(a: &AllreduceChildArgs) -> Result<(), CliError> {
     let opts: AllreduceOptions = serde_json::from_str(&a.opts)?;
     let id = UniqueId::from_bytes(&unhex(&a.id)?)?;
+    #[cfg(feature = "mock")]
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
+    #[cfg(not(feature = "mock"))]
+    let rt = Runtime::new(Backend::select(&BackendChoice::Auto)?.api)?;
     let rows = join_and_measure(&rt, &id, a.rank, a.ranks, &opts)?;
     if a.rank == 0 {
         println!("{}", serde_json::to_string(&rows)?);

@@ -29,15 +29,13 @@ use dropcompute::commands::CommandError;
 use dropcompute::hccl::HcclError;
 use dropcompute::hccl::bootstrap::ConfigError as LaunchConfigError;
 use dropcompute::hccl::rendezvous::RendezvousError;
-use dropcompute::mock::RecipeFileError;
-use dropcompute::mock::config::ConfigError as MockConfigError;
 use dropcompute::schedule::ScheduleError;
 use dropcompute::sim::SimError;
 use dropcompute::trace::TraceError;
-use dropcompute::train::run::TrainError;
 use habana_sys::LoadError;
 
 /// A failure class and its process exit code (see the module table).
+#[cfg_attr(not(feature = "mock"), allow(dead_code))] // `Interrupted` comes from `train` only
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitClass {
     /// 0.
@@ -103,6 +101,7 @@ fn hccl(e: &HcclError) -> ExitClass {
 }
 
 /// The class of one error, ignoring its sources; `None` for types this table does not know.
+#[cfg_attr(not(feature = "mock"), allow(dead_code))]
 fn from_code(code: Option<i32>) -> ExitClass {
     match code {
         Some(2) => ExitClass::Usage,
@@ -128,7 +127,30 @@ fn schedule(e: &ScheduleError) -> ExitClass {
     }
 }
 
-fn train(e: &TrainError) -> ExitClass {
+/// Classes of the errors that exist only with the cargo feature `mock` (the training job and
+/// the mock's own configuration and recipe files).
+#[cfg(feature = "mock")]
+fn mock_only(e: &(dyn Error + 'static)) -> Option<ExitClass> {
+    use dropcompute::mock::RecipeFileError;
+    use dropcompute::mock::config::ConfigError as MockConfigError;
+    use dropcompute::train::run::TrainError;
+    if let Some(t) = e.downcast_ref::<TrainError>() {
+        return Some(train(t));
+    }
+    if e.is::<RecipeFileError>() {
+        return Some(ExitClass::DataFile);
+    }
+    e.is::<MockConfigError>().then_some(ExitClass::Usage)
+}
+
+#[cfg(not(feature = "mock"))]
+fn mock_only(_: &(dyn Error + 'static)) -> Option<ExitClass> {
+    None
+}
+
+#[cfg(feature = "mock")]
+fn train(e: &dropcompute::train::run::TrainError) -> ExitClass {
+    use dropcompute::train::run::TrainError;
     match e {
         TrainError::Args(_) | TrainError::Model(_) | TrainError::Config { .. } | TrainError::Bootstrap(_) => {
             ExitClass::Usage
@@ -148,8 +170,8 @@ fn train(e: &TrainError) -> ExitClass {
 }
 
 fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
-    if let Some(t) = e.downcast_ref::<TrainError>() {
-        return Some(train(t));
+    if let Some(c) = mock_only(e) {
+        return Some(c);
     }
     if let Some(s) = e.downcast_ref::<ScheduleError>() {
         return Some(schedule(s));
@@ -169,10 +191,10 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if e.is::<CheckpointError>() {
         return Some(ExitClass::Checkpoint);
     }
-    if e.is::<TraceError>() || e.is::<RecipeFileError>() {
+    if e.is::<TraceError>() {
         return Some(ExitClass::DataFile);
     }
-    if e.is::<LaunchConfigError>() || e.is::<MockConfigError>() || e.is::<SimError>() {
+    if e.is::<LaunchConfigError>() || e.is::<SimError>() {
         return Some(ExitClass::Usage);
     }
     if let Some(c) = e.downcast_ref::<CommandError>() {

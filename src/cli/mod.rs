@@ -4,6 +4,7 @@
 mod bench;
 pub mod exit;
 mod info;
+#[cfg(feature = "mock")]
 mod train;
 
 use std::path::PathBuf;
@@ -41,7 +42,9 @@ pub enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Train an MLP on the handwritten digits (or --data) with N ranks on the CPU mock device:
-    /// the synchronous baseline and DropCompute with the same seed, side by side.
+    /// the synchronous baseline and DropCompute with the same seed, side by side. Needs the
+    /// cargo feature `mock` (the model kernels run on the CPU mock until device graphs land).
+    #[cfg(feature = "mock")]
     Train(dropcompute::train::args::TrainArgs),
 }
 
@@ -65,7 +68,12 @@ impl BackendArgs {
             (Some(_), Some(other)) => {
                 return Err(format!("--library conflicts with --backend {other}").into());
             }
+            #[cfg(feature = "mock")]
             (None, Some("mock")) => BackendChoice::Mock,
+            #[cfg(not(feature = "mock"))]
+            (None, Some("mock")) => {
+                return Err("--backend mock: this build has no CPU mock (cargo feature `mock`)".into());
+            }
             (None, Some("synapse")) => BackendChoice::Synapse(None),
             (None, Some(_)) => BackendChoice::Auto,
             (None, None) => BackendChoice::from_env()?,
@@ -95,6 +103,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tune(a) => Ok(dropcompute::commands::tune::run(&a)?),
         Command::Simulate(a) => Ok(dropcompute::commands::simulate::run(&a)?),
         Command::Bench(b) => bench::run(b),
+        #[cfg(feature = "mock")]
         Command::Train(a) => train::run(&a),
     }
 }

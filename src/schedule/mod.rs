@@ -17,7 +17,9 @@ mod step;
 
 pub use config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weighting};
 pub use data::{DataSource, DropFate, DropLedger, DropRecord, EpochQueue, MicroBatch};
-pub use ops::{GradientOps, GradientRecipes, GradientScratch, load_mock};
+#[cfg(feature = "mock")]
+pub use ops::load_mock;
+pub use ops::{GradientOps, GradientRecipes, GradientScratch};
 pub use report::{CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
 pub use step::{Scheduler, SchedulerState, Workload};
 

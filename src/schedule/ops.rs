@@ -5,17 +5,24 @@
 //! Owns: [`GradientOps`] (the four recipes and their launches). Must not touch: the user's
 //! recipes, collectives or the deadline.
 //!
-//! On the mock the recipes are generated ([`GradientOps::mock`]); on a Gaudi host the four
+//! On the mock (cargo feature `mock`) the recipes are generated (`GradientOps::mock`); on a Gaudi host the four
 //! recipes are compiled from `kernels/tpc` with the tensor names below and passed to
 //! [`GradientOps::from_recipes`] (not verified on hardware; no tpc-clang here).
 
+#[cfg(feature = "mock")]
 use std::path::Path;
+#[cfg(feature = "mock")]
 use std::sync::Arc;
+#[cfg(feature = "mock")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
+#[cfg(feature = "mock")]
 use crate::mock::MockRecipe;
-use crate::synapse::{DeviceBuffer, Error, LaunchTensor, Recipe, Result, Runtime, Stream};
+use crate::synapse::{DeviceBuffer, LaunchTensor, Recipe, Result, Stream};
+#[cfg(feature = "mock")]
+use crate::synapse::{Error, Runtime};
 
+#[cfg(feature = "mock")]
 use super::config::GradDtype;
 
 /// The micro-batch gradient written by the user's recipe (overwritten each micro-batch).
@@ -75,6 +82,7 @@ pub struct GradientOps {
 
 /// Emulated HBM bandwidth used to cost the mock gradient recipes (bytes per ns = GB/s): 1 TB/s,
 /// the order of Gaudi2's 2.46 TB/s HBM2E at realistic efficiency.
+#[cfg(feature = "mock")]
 const MOCK_HBM_BYTES_PER_NS: u64 = 1000;
 
 impl GradientOps {
@@ -100,6 +108,7 @@ impl GradientOps {
     /// # Errors
     /// [`Error::InvalidArgument`] when a recipe file cannot be written; [`Error::Synapse`] when
     /// the runtime rejects it (e.g. not the mock).
+    #[cfg(feature = "mock")]
     pub fn mock(rt: &Arc<Runtime>, len: usize, dtype: GradDtype) -> Result<Self> {
         let f32_bytes = (len * 4) as u64;
         let x_bytes = match dtype {
@@ -164,6 +173,7 @@ impl GradientOps {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when the file cannot be written; the runtime's load error.
+#[cfg(feature = "mock")]
 pub fn load_mock(rt: &Arc<Runtime>, recipe: MockRecipe) -> Result<Recipe> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);

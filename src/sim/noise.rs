@@ -1,53 +1,14 @@
 //! Noise models for micro-batch latencies, including the reference's injected multiplier.
 //!
-//! Owns: [`reference_multiplier_pmf`] (the one place the reference distribution is built; the
-//! mock device reuses it), the alias-table sampler [`DiscreteSampler`], and [`NoiseModel`] (one
+//! Owns: the alias-table sampler [`DiscreteSampler`], and [`NoiseModel`] (one
 //! micro-batch latency draw, in ns). Must not touch: the policy, stepping or aggregation.
 
 use rand::Rng;
 use rand_distr::{Distribution, Exp, LogNormal, Normal, StandardNormal};
 
+pub use latency_noise::{ReferencePmf, reference_multiplier_pmf};
+
 use crate::sim::SimError;
-
-/// The reference's "sentence length" distribution and the multiplier derived from it.
-///
-/// Source: DropCompute REPO `create_dist_lognormal` (`deepspeed-bert/run_pretraining.py`),
-/// digest `../shared/reference/dropcompute.md` §4: lengths k = 1..999 with
-/// pmf(k) ∝ (1/k)·exp(-(ln k - 4)²/2) (log-normal μ = 4, σ = 1, discretized), multiplier
-/// k / E[k] with E[k] ≈ 87.634. Multiplier statistics: mean 1, standard deviation 1.162,
-/// median 0.616.
-#[derive(Clone, Debug)]
-pub struct ReferencePmf {
-    /// Lengths 1..=999.
-    pub lengths: Vec<u32>,
-    /// Probability of each length (sums to 1).
-    pub probs: Vec<f64>,
-    /// E[length] under `probs` (≈ 87.634).
-    pub mean_length: f64,
-}
-
-impl ReferencePmf {
-    /// Multiplier of the i-th length: `lengths[i] / mean_length` (mean 1 under `probs`).
-    pub fn multiplier(&self, i: usize) -> f64 {
-        f64::from(self.lengths[i]) / self.mean_length
-    }
-}
-
-/// Build the reference multiplier pmf (see [`ReferencePmf`]).
-pub fn reference_multiplier_pmf() -> ReferencePmf {
-    let lengths: Vec<u32> = (1..1000).collect();
-    let w: Vec<f64> = lengths
-        .iter()
-        .map(|&k| {
-            let k = f64::from(k);
-            (1.0 / k) * (-(k.ln() - 4.0).powi(2) / 2.0).exp()
-        })
-        .collect();
-    let total: f64 = w.iter().sum();
-    let probs: Vec<f64> = w.iter().map(|x| x / total).collect();
-    let mean_length = lengths.iter().zip(&probs).map(|(&k, p)| f64::from(k) * p).sum();
-    ReferencePmf { lengths, probs, mean_length }
-}
 
 /// O(1) sampler of a finite discrete distribution (Walker/Vose alias method).
 #[derive(Clone, Debug)]

@@ -18,7 +18,8 @@ pub enum BackendChoice {
     /// else the CPU mock, with the reason recorded.
     #[default]
     Auto,
-    /// The in-process CPU mock.
+    /// The in-process CPU mock (only with the cargo feature `mock`).
+    #[cfg(feature = "mock")]
     Mock,
     /// The runtime library, from this path or the standard search when `None`; no fallback.
     Synapse(Option<PathBuf>),
@@ -28,13 +29,21 @@ impl BackendChoice {
     /// Reads [`ENV_BACKEND`] (`auto`, `mock`, `synapse`; unset or empty = `auto`).
     ///
     /// # Errors
-    /// [`super::Error::Config`] naming the variable and value when it is something else.
+    /// [`super::Error::Config`] naming the variable and value when it is something else, or
+    /// `mock` in a build without the cargo feature `mock`.
     pub fn from_env() -> super::Result<Self> {
         match std::env::var(ENV_BACKEND) {
             Err(_) => Ok(Self::Auto),
             Ok(v) => match v.trim() {
                 "" | "auto" => Ok(Self::Auto),
+                #[cfg(feature = "mock")]
                 "mock" => Ok(Self::Mock),
+                #[cfg(not(feature = "mock"))]
+                "mock" => Err(super::Error::Config {
+                    variable: ENV_BACKEND,
+                    value: v.clone(),
+                    reason: "this build has no CPU mock (built without the cargo feature `mock`)".into(),
+                }),
                 "synapse" => Ok(Self::Synapse(None)),
                 _ => Err(super::Error::Config {
                     variable: ENV_BACKEND,
@@ -61,15 +70,19 @@ impl Backend {
     ///
     /// `Auto` falls back to the mock only when no library file exists; a library that exists but
     /// fails to load is an error (a broken Gaudi install must not silently become a mock run).
+    /// Without the cargo feature `mock` there is no fallback: a missing library is
+    /// [`LoadError::NotFound`] naming every path tried.
     ///
     /// # Errors
     /// [`LoadError`] from loading the runtime.
     pub fn select(choice: &BackendChoice) -> Result<Self, LoadError> {
         match choice {
+            #[cfg(feature = "mock")]
             BackendChoice::Mock => Ok(Self { api: crate::mock::api(), note: None }),
             BackendChoice::Synapse(path) => Ok(Self { api: SynapseApi::load(path.as_deref())?, note: None }),
             BackendChoice::Auto => match SynapseApi::load(None) {
                 Ok(api) => Ok(Self { api, note: None }),
+                #[cfg(feature = "mock")]
                 Err(LoadError::NotFound { tried }) => {
                     let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
                     Ok(Self {

@@ -3,7 +3,8 @@
 //! the step scheduler and compares them.
 //!
 //! Owns: the data set ([`data`]), the model math ([`mlp`], host-side and deterministic; the
-//! mock recipe kernels that run it are thin shims in `crate::mock::model_kernels`), the
+//! mock recipe kernels that run it are thin shims in [`model_kernels`], which the job registers
+//! with the mock), the
 //! workload that binds it to the scheduler ([`workload`]), the run driver ([`run`]: ranks as
 //! threads, processes or one launcher rank), and the command-line surface and outputs
 //! ([`args`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
@@ -16,6 +17,7 @@ pub mod data;
 pub mod figure;
 mod gemm;
 pub mod mlp;
+pub mod model_kernels;
 pub mod output;
 pub mod progress;
 pub mod report;

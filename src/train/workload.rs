@@ -13,7 +13,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use crate::mock::model_kernels::{MLP_TENSORS, SGD_TENSORS, mlp_recipe, sgd_recipe};
+use super::model_kernels::{self, MLP_TENSORS, SGD_TENSORS, mlp_recipe, sgd_recipe};
 use crate::schedule::{DataSource, EpochQueue, GradientScratch, MicroBatch, Workload, WorkloadError, load_mock};
 use crate::synapse::{DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Result, Runtime, Stream};
 
@@ -146,6 +146,11 @@ impl MlpWorkload {
                 value: format!("{} params, {} velocity, expected {p}", params.len(), velocity.len()),
             });
         }
+        // The job ships its kernels: register them with the in-process mock before loading.
+        model_kernels::register().map_err(|e| crate::synapse::Error::InvalidArgument {
+            what: "model kernel registration",
+            value: e.to_string(),
+        })?;
         let dev = stream.device();
         let fwd = load_mock(rt, mlp_recipe(hyper.shape, hyper.micro_batch_size, hyper.base_latency_ns))?;
         let sgd = load_mock(rt, sgd_recipe(p, hyper.lr, hyper.momentum, hyper.weight_decay))?;

@@ -17,20 +17,16 @@
 //! Any inconsistency (tensor count, sizes not matching the shape, misalignment, an output
 //! overlapping another tensor, a label outside -1..classes, non-integral or non-positive shape
 //! params) returns synInvalidArgument, which the mock records as the stream's sticky
-//! asynchronous error; no tensor is written then. The stream worker also catches panics, but none is expected here.
+//! asynchronous error; no tensor is written then.
 //!
-//! Layering: the mock calls up into `crate::train::mlp` for the math (as it calls
-//! `crate::kernels` for the gradient kernels); `train` never calls the mock.
+//! Layering: the training job ships these kernels and registers them with the mock from the top
+//! ([`register`], through `habana_mock::register_rust_kernel`, safe Rust over checked tensor
+//! views), as a Gaudi user ships TPC kernels; the mock knows nothing of the model.
 //! Must not touch: anything but the tensors given.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 
-use habana_sys::synStatus;
-
-use super::kernel_args::{Tensors, status};
-use super::state::{Kernel, SendPtr};
-use super::{MockKernelArgs, MockRecipe};
+use crate::mock::{KernelCall, MockControlError, MockRecipe, register_rust_kernel};
 use crate::train::mlp::{self, MlpScratch, MlpShape};
 
 /// Names of the model kernels registered with every mock.
@@ -56,40 +52,26 @@ fn shape_of(params: &[f64]) -> Option<MlpShape> {
     }
 }
 
-unsafe extern "C" fn mlp_fwd_bwd_f32(args: *const MockKernelArgs) -> synStatus {
-    // SAFETY: the mock passes a valid argument block for the call; `grad` (3) and `loss` (4) are
-    // checked disjoint from every other tensor before they are viewed mutably, and the three
-    // inputs are only viewed shared (they may alias each other).
-    status(unsafe {
-        (|| {
-            let t = Tensors::new(args, 5)?;
-            let shape = shape_of(t.params())?;
-            let outputs_alone = (0..5).all(|j| j == 3 || t.disjoint(3, j)) && (0..4).all(|j| t.disjoint(4, j));
-            outputs_alone.then_some(())?;
-            let (params, x, labels) = (t.slice::<f32>(0)?, t.slice::<f32>(1)?, t.slice::<i32>(2)?);
-            let (grad, loss) = (t.slice_mut::<f32>(3)?, t.slice_mut::<f32>(4)?);
-            (loss.len() == 2).then_some(())?;
-            let (sum, rows) =
-                SCRATCH.with_borrow_mut(|s| mlp::forward_backward(shape, params, x, labels, grad, s)).ok()?;
-            loss[0] += sum as f32;
-            loss[1] += rows as f32;
-            Some(())
-        })()
-    })
+/// `mlp_fwd_bwd_f32`: see the module docs. Inputs may alias each other; `grad` and `loss` are
+/// handed out only when they overlap no other tensor.
+fn mlp_fwd_bwd_f32(t: &KernelCall<'_>) -> Option<()> {
+    (t.len() == 5).then_some(())?;
+    let shape = shape_of(t.params())?;
+    let (params, x, labels) = (t.input::<f32>(0)?, t.input::<f32>(1)?, t.input::<i32>(2)?);
+    let (grad, loss) = (t.output::<f32>(3)?, t.output::<f32>(4)?);
+    (loss.len() == 2).then_some(())?;
+    let (sum, rows) = SCRATCH.with_borrow_mut(|s| mlp::forward_backward(shape, params, x, labels, grad, s)).ok()?;
+    loss[0] += sum as f32;
+    loss[1] += rows as f32;
+    Some(())
 }
 
-unsafe extern "C" fn sgd_momentum_f32(args: *const MockKernelArgs) -> synStatus {
-    // SAFETY: as above; the three tensors are checked pairwise disjoint before params and
-    // velocity are viewed mutably.
-    status(unsafe {
-        (|| {
-            let t = Tensors::new(args, 3)?;
-            let [lr, momentum, wd] = *t.params() else { return None };
-            (t.disjoint(0, 1) && t.disjoint(0, 2) && t.disjoint(1, 2)).then_some(())?;
-            let (p, v, g) = (t.slice_mut::<f32>(0)?, t.slice_mut::<f32>(1)?, t.slice::<f32>(2)?);
-            mlp::sgd_momentum(p, v, g, lr as f32, momentum as f32, wd as f32).ok()
-        })()
-    })
+/// `sgd_momentum_f32`: see the module docs; params and velocity are updated in place.
+fn sgd_momentum_f32(t: &KernelCall<'_>) -> Option<()> {
+    (t.len() == 3).then_some(())?;
+    let [lr, momentum, wd] = *t.params() else { return None };
+    let (p, v, g) = (t.output::<f32>(0)?, t.output::<f32>(1)?, t.input::<f32>(2)?);
+    mlp::sgd_momentum(p, v, g, lr as f32, momentum as f32, wd as f32).ok()
 }
 
 /// The forward+backward recipe of one micro-batch of `micro_batch_size` rows (tensor sizes in
@@ -125,12 +107,14 @@ pub fn sgd_recipe(param_len: usize, lr: f32, momentum: f32, weight_decay: f32) -
         .params([f64::from(lr), f64::from(momentum), f64::from(weight_decay)])
 }
 
-pub(crate) fn register(table: &mut HashMap<String, Kernel>) {
-    let null = SendPtr(std::ptr::null_mut());
-    let fns: [super::MockKernelFn; 2] = [mlp_fwd_bwd_f32, sgd_momentum_f32];
-    for (name, f) in MODEL_KERNELS.iter().zip(fns) {
-        table.insert((*name).to_string(), Kernel { f, user_data: null });
-    }
+/// Registers [`MODEL_KERNELS`] with the in-process mock (idempotent). Call before loading a
+/// recipe of [`mlp_recipe`] or [`sgd_recipe`].
+///
+/// # Errors
+/// [`MockControlError`] if the mock rejects a registration (never for these fixed names).
+pub fn register() -> Result<(), MockControlError> {
+    register_rust_kernel(MODEL_KERNELS[0], mlp_fwd_bwd_f32)?;
+    register_rust_kernel(MODEL_KERNELS[1], sgd_momentum_f32)
 }
 
 #[cfg(test)]

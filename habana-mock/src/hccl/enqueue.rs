@@ -16,9 +16,9 @@ use super::algo::{ALPHA_NS, Bufs, Coll, CollKind, cost_ns, run};
 use super::comm::{Comm, OpCtx, lookup};
 use super::reduce::{Dtype, RedOp};
 use super::transport::Kind;
-use crate::mock::memory::DevAlloc;
-use crate::mock::state::{raw_to_handle, registry};
-use crate::mock::stream::{HostCtx, HostOp, Op, Stream};
+use crate::memory::DevAlloc;
+use crate::state::{raw_to_handle, registry};
+use crate::stream::{HostCtx, HostOp, Op, Stream};
 
 /// A validated device range (`len` bytes at `off` in `alloc`).
 #[derive(Debug, Clone)]

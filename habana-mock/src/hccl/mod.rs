@@ -7,7 +7,7 @@
 //! `algo` (lockstep header, ring algorithms, virtual-time cost), `shm` (direct shared-memory
 //! all-reduce when every rank is in this process), `reduce` (dtypes, ops),
 //! `enqueue` (validation, groups, stream work). Must not touch: the Synapse state beyond
-//! looking up streams and device ranges, and adding [`crate::mock::stream`] host operations.
+//! looking up streams and device ranges, and adding [`crate::stream`] host operations.
 //!
 //! # C-ABI behaviour (what a safe wrapper can rely on)
 //! - Unique id: see `id.rs` (magic "DCMOCKID", version, 128-bit token, coordinator `IP:PORT`;

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use latency_noise::Noise;
+
 /// Environment variable overriding the default number of mock modules (e.g. `1024`).
 pub const ENV_DEVICES: &str = "DROPCOMPUTE_MOCK_DEVICES";
 /// Environment variable holding a whole [`MockConfig`] as JSON, read at the first
@@ -53,40 +55,6 @@ pub enum TimeMode {
     /// max(stream clock, timestamps of the events it waited for), end = start + latency. Fully
     /// deterministic for a given seed and per-device launch order.
     Virtual,
-}
-
-/// Noise multiplier applied to a recipe's base latency, drawn per launch from the device's
-/// seeded random stream (see `latency.rs`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Noise {
-    /// Factor 1.
-    #[default]
-    None,
-    /// DropCompute reference injected delay: factor = 1 + 0.5 · `delay_factor` · mult, mult
-    /// drawn from a log-normal(μ=4, σ=1) discretised on 1..=999 and divided by its mean
-    /// (≈ 87.63). Source: reference/dropcompute.md, "Noise injected in experiments".
-    Reference {
-        /// The reference scripts use 1.0.
-        delay_factor: f64,
-    },
-    /// Factor = exp(N(mu, sigma)).
-    LogNormal {
-        /// Mean of the underlying normal.
-        mu: f64,
-        /// Standard deviation of the underlying normal (>= 0).
-        sigma: f64,
-    },
-    /// Factor = N(1, cv), clipped below at 1e-3 so latencies stay positive.
-    Normal {
-        /// Coefficient of variation (standard deviation of the factor), >= 0.
-        cv: f64,
-    },
-    /// Factor = 1 + X with X exponential of mean `mean` (an added delay, as a fraction of base).
-    Exponential {
-        /// Mean added fraction (> 0).
-        mean: f64,
-    },
 }
 
 /// Largest accepted persistent slowdown factor (a larger one would put a single launch hours away
@@ -186,18 +154,8 @@ fn bad(what: &'static str, why: String) -> ConfigError {
     ConfigError { what, why }
 }
 
-impl Noise {
-    fn validate(&self) -> Result<(), ConfigError> {
-        let ok = |v: f64, min: f64| v.is_finite() && v >= min;
-        let valid = match *self {
-            Noise::None => true,
-            Noise::Reference { delay_factor } => ok(delay_factor, 0.0),
-            Noise::LogNormal { mu, sigma } => mu.is_finite() && ok(sigma, 0.0),
-            Noise::Normal { cv } => ok(cv, 0.0),
-            Noise::Exponential { mean } => mean.is_finite() && mean > 0.0,
-        };
-        if valid { Ok(()) } else { Err(bad("config", format!("noise parameters out of range: {self:?}"))) }
-    }
+fn validate_noise(n: &Noise) -> Result<(), ConfigError> {
+    if n.is_valid() { Ok(()) } else { Err(bad("config", format!("noise parameters out of range: {n:?}"))) }
 }
 
 impl MockConfig {
@@ -264,7 +222,7 @@ impl MockConfig {
         if !(self.hccl_bandwidth_gbps.is_finite() && self.hccl_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
             return Err(bad("config", format!("hccl_bandwidth_gbps = {}", self.hccl_bandwidth_gbps)));
         }
-        self.noise.validate()?;
+        validate_noise(&self.noise)?;
         for o in &self.per_device {
             if o.module_id >= self.devices {
                 return Err(bad("config", format!("per_device module_id {} >= devices {}", o.module_id, self.devices)));
@@ -279,7 +237,7 @@ impl MockConfig {
                 return Err(bad("config", format!("module {} slowdown = {}", o.module_id, o.slowdown)));
             }
             if let Some(n) = &o.noise {
-                n.validate()?;
+                validate_noise(n)?;
             }
         }
         Ok(())

@@ -10,8 +10,8 @@ use habana_sys::{
 };
 
 use super::{c_str, guard, h, out, slice};
-use crate::mock::state::{MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status};
-use crate::mock::{launch, status};
+use crate::state::{MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status};
+use crate::{launch, status};
 
 fn path_arg(p: *const c_char) -> MResult<PathBuf> {
     // SAFETY: the file name is null or NUL-terminated.
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(r: synRecipeHandle, ids:
         }
         for i in 0..count {
             // SAFETY: `ids` holds `n` = count entries.
-            unsafe { ids.add(i).write(crate::mock::recipe::TENSOR_ID_BASE + i as u64) };
+            unsafe { ids.add(i).write(crate::recipe::TENSOR_ID_BASE + i as u64) };
         }
         Ok(())
     })
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
         if buf.is_null() || len <= 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
         }
-        let v = std::env::var(crate::mock::ENV_VERSION).unwrap_or_else(|_| crate::mock::MOCK_VERSION.to_string());
+        let v = std::env::var(crate::ENV_VERSION).unwrap_or_else(|_| crate::MOCK_VERSION.to_string());
         let b = v.as_bytes();
         let n = b.len().min(len as usize - 1);
         // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.

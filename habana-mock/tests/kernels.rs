@@ -1,10 +1,10 @@
-//! Tests of `dropcompute::kernels` (the C kernels of the CPU mock device) against `half` and
+//! Tests of `habana_mock::kernels` (the C kernels of the CPU mock device) against `half` and
 //! against Rust / f64 references, on every instruction-set variant the running CPU supports.
 //!
 //! Owns: numerical correctness tests of the kernels. Must not: time anything (timing lives in
 //! `dropcompute::bench::kernels`).
 
-use dropcompute::kernels::{self, Isa, KernelError, Kernels};
+use habana_mock::kernels::{self, Isa, KernelError, Kernels};
 use half::bf16;
 use proptest::collection::vec;
 use proptest::prelude::*;

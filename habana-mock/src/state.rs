@@ -113,7 +113,6 @@ impl Registry {
         };
         super::builtin::register_builtins(&mut r.kernels);
         super::grad_kernels::register(&mut r.kernels);
-        super::model_kernels::register(&mut r.kernels);
         r
     }
 

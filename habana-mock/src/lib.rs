@@ -1,10 +1,15 @@
-//! The CPU mock device: the SynapseAI and HCCL C API implemented in Rust on the CPU,
-//! filling the same function table as `libSynapse.so` ([`api`]), and also built as a shared
-//! library by the `mock-synapse` crate (located by [`shared_library_path`]).
+//! habana-mock: a CPU mock of the Intel Gaudi SynapseAI runtime and HCCL, the C API implemented
+//! in Rust on the CPU, filling the same function table as `libSynapse.so` ([`api`]); the
+//! `mock-synapse` crate exports the same functions from a shared library that
+//! `habana_sys::SynapseApi::load_path` loads like the real one.
 //!
 //! Owns: everything behind the table (devices, memory, streams, events, recipes, the latency
-//! model, faults) and the mock-only control API ([`MockControl`], `dcmock_*`). Must not touch:
-//! the safe layer (`synapse`) or the scheduler: they see the mock only through the table.
+//! model, faults), the CPU kernels it runs ([`kernels`], built from `../kernels/cpu`), and the
+//! mock-only control API ([`MockControl`], `dcmock_*`, [`register_rust_kernel`]). Depends on
+//! `habana-sys` and `latency-noise` only: it never imports the product (`dropcompute`), whose
+//! safe layer and scheduler see the mock only through the table. A training job's own kernels
+//! are registered by that job from the top ([`register_rust_kernel`]), as a Gaudi user ships
+//! TPC kernels.
 //!
 //! Faithfulness: handles are fake pointers looked up in maps (never dereferenced); device
 //! addresses are u64 handles into host allocations, 128-byte aligned and never reused, so
@@ -26,10 +31,11 @@ pub mod ffi;
 mod grad_kernels;
 pub mod hccl;
 mod kernel_args;
+mod kernel_call;
+pub mod kernels;
 pub mod latency;
 mod launch;
 mod memory;
-pub mod model_kernels;
 mod ops;
 pub mod recipe;
 mod state;
@@ -37,7 +43,6 @@ mod status;
 mod stream;
 
 use std::ffi::{c_char, c_void};
-use std::path::PathBuf;
 
 use habana_sys::{SynapseApi, SynapseFns, synStatus};
 
@@ -45,7 +50,8 @@ pub use config::{DeviceOverride, Fault, MockConfig, MockDeviceType, Noise, TimeM
 pub use control::{MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel};
 pub use device::{ENV_LOCK_DIR, mock_pci_bus};
 pub use grad_kernels::GRADIENT_KERNELS;
-pub use latency::ReferenceMultiplier;
+pub use kernel_call::{KernelCall, KernelElement, RustKernel, register_rust_kernel};
+pub use latency_noise::ReferenceMultiplier;
 pub use memory::ALIGNMENT;
 pub use recipe::{MockLatency, MockRecipe, MockTensorSpec, RecipeFileError, TENSOR_ID_BASE};
 pub use stream::epoch_ns;
@@ -104,71 +110,4 @@ pub fn api() -> SynapseApi {
     // SAFETY: every function of the table honours its C prototype, never unwinds (catch_unwind
     // in ffi.rs) and never dereferences a handle; see the module docs of ffi.rs.
     unsafe { SynapseApi::from_fns(fns(), "cpu-mock") }
-}
-
-/// Why [`shared_library_path`] failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SharedLibraryError {
-    /// The running executable's path does not look like `<target>/<profile>/deps/<exe>` or
-    /// `<target>/<profile>/<exe>`.
-    #[error("cannot derive the target directory from {0}")]
-    NoTargetDir(PathBuf),
-    /// `cargo build -p mock-synapse` failed or could not run, and no library exists.
-    #[error("building mock-synapse failed ({why}); expected {path}")]
-    Build {
-        /// The expected library path.
-        path: PathBuf,
-        /// Cargo's exit status or spawn error.
-        why: String,
-    },
-}
-
-/// Path of the mock shared library `libmock_synapse.so` for the running test or binary:
-/// `<target>/<profile>/libmock_synapse.so`, derived from `std::env::current_exe()`. The first
-/// call per process runs `cargo build -p mock-synapse` (same profile) so the library is never
-/// stale; when cargo fails but a library exists, that one is used.
-///
-/// # Errors
-/// [`SharedLibraryError`] when the path cannot be derived, or the library is absent and cannot
-/// be built.
-pub fn shared_library_path() -> Result<PathBuf, SharedLibraryError> {
-    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    let r = BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut dir = exe.parent().ok_or_else(|| exe.display().to_string())?.to_path_buf();
-        if dir.file_name().is_some_and(|n| n == "deps" || n == "examples") {
-            dir.pop();
-        }
-        let profile =
-            dir.file_name().and_then(|n| n.to_str()).map(str::to_owned).ok_or_else(|| exe.display().to_string())?;
-        let target = dir.parent().ok_or_else(|| exe.display().to_string())?.to_path_buf();
-        let lib = dir.join("libmock_synapse.so");
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "mock-synapse", "--target-dir"]).arg(&target);
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            p => {
-                cmd.args(["--profile", p]);
-            }
-        }
-        cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
-        let status = cmd.status();
-        match status {
-            Ok(s) if s.success() => Ok(lib),
-            _ if lib.exists() => Ok(lib),
-            Ok(s) => Err(format!("{}|cargo exited with {s}", lib.display())),
-            Err(e) => Err(format!("{}|cannot run cargo: {e}", lib.display())),
-        }
-    });
-    match r {
-        Ok(p) => Ok(p.clone()),
-        Err(e) => match e.split_once('|') {
-            Some((path, why)) => Err(SharedLibraryError::Build { path: PathBuf::from(path), why: why.to_string() }),
-            None => Err(SharedLibraryError::NoTargetDir(PathBuf::from(e))),
-        },
-    }
 }
