@@ -1,6 +1,7 @@
 //! The binary's exit codes per failure class (table in `src/cli/exit.rs` and README.md), run as
 //! a real process: library missing / too old (3), device held by another process (4), bad
 //! environment (2), unreadable data file (6).
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 #[path = "support/mock_library.rs"]
 mod mock_library;

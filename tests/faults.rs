@@ -23,6 +23,7 @@
 //!   (here: an abort that itself blocks, abandoned after `abort_deadline`).
 //!
 //! New here: the device already held by another process (`DROPCOMPUTE_MOCK_LOCK_DIR`).
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 #[path = "support/mock_library.rs"]
 mod mock_library;

@@ -2,6 +2,7 @@
 //! f64 reference and identical on every rank, groups, argument checks before any C call, and
 //! fault containment (watchdog timeout with flight recorder, asynchronous errors, mismatched
 //! collectives) bounded in time.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::time::{Duration, Instant};
 

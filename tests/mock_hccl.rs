@@ -1,6 +1,7 @@
 //! The CPU mock's HCCL through the raw function table, ranks as threads (each on its own mock
 //! module): correctness against f64 references, bitwise agreement across ranks, lockstep
 //! mismatches, abort. Multi-process runs and process-global fault knobs: `mock_hccl_procs.rs`.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 mod common;
 

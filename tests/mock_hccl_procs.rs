@@ -2,6 +2,7 @@
 //! `DC_HCCL_CHILD`), plus scenarios needing process-global settings (fault knobs, timeouts,
 //! `HCCL_COMM_ID`, virtual time) isolated in child processes; and the all-reduce bandwidth
 //! measurement (ignored; run by hand in release).
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! The mock conformance scenarios against the in-process table (`dropcompute::mock::api()`).
+#![cfg(feature = "mock")] // runs on the CPU mock device
 mod common;
 
 use dropcompute::mock::{MockControl, api};

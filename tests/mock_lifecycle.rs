@@ -1,6 +1,7 @@
 //! Process-level lifecycle of the in-process mock: state before synInitialize, the device count
 //! from the environment, synDestroy releasing everything, reconfiguration, 1024 thread-per-rank
 //! modules. One test function: these steps change global state and must run in order.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 mod common;
 
 use std::ffi::CStr;

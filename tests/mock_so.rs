@@ -1,5 +1,6 @@
 //! The mock conformance scenarios against `libmock_synapse.so` loaded through the real dlopen
 //! path (`SynapseApi::load_path`), with the control functions from the same library.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 #[path = "support/mock_library.rs"]
 mod mock_library;
 

@@ -2,6 +2,7 @@
 //! from safe Rust) launched on the in-process mock
 //! through the safe Synapse layer, compared bit for bit with `train::mlp` on the host, plus the
 //! rejection of inconsistent launches.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};

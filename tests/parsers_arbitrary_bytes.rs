@@ -2,6 +2,7 @@
 //! cargo-fuzz targets in `fuzz/` drive): compute logs (ours and the reference's), What-if CSV,
 //! the mock recipe file, the rendezvous hello, challenge and reply, and the checkpoint reader.
 //! Each must return a typed error or a value, never panic, and stay bounded in time and memory.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::path::Path;
 

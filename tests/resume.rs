@@ -3,6 +3,7 @@
 //! parameters bitwise identical to an uninterrupted run; a corrupt newest checkpoint is skipped
 //! (kept on disk) in favour of the previous good one; SIGTERM stops every rank at the same step
 //! with a checkpoint and exit code 130.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -3,6 +3,7 @@
 //! scripts in both check modes and several sync lags, warm-up, host-clock independence,
 //! lockstep collective ledgers, the drop ledger over an epoch, and the measured overshoot under
 //! the reference noise.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;

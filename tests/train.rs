@@ -1,6 +1,7 @@
 //! `dropcompute train` end to end on the mock: a small thread-mode job through the library
 //! (loss falls, reports consistent, timeline rows), and the CLI in thread and process mode
 //! giving bitwise-identical parameters with the threshold off.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::path::Path;
 use std::process::Command;

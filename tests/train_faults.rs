@@ -3,6 +3,7 @@
 //! message naming the variable and the value; a rank process killed in the middle of its
 //! micro-batches makes the job fail with the collective exit code (5) within the collective
 //! timeout, the survivors printing their flight recorder, and nothing written to `--out`.
+#![cfg(feature = "mock")] // runs on the CPU mock device
 
 use std::process::Command;
 use std::time::{Duration, Instant};
