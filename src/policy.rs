@@ -36,13 +36,14 @@ impl Threshold {
     }
 }
 
-/// Where and how the deadline is checked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// Where and how the deadline is checked. Command-line names: `before`, `predictive`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum CheckMode {
     /// Start micro-batch k iff the elapsed compute time is strictly below the threshold (the
     /// reference BERT-Large behaviour: the micro-batch in flight always finishes, so the compute
     /// phase overshoots the threshold by up to one micro-batch).
     #[default]
+    #[value(name = "before")]
     BeforeMicroBatch,
     /// Start micro-batch k iff elapsed + estimated latency of micro-batch k <= threshold (ours).
     /// Without an estimate this behaves exactly like [`CheckMode::BeforeMicroBatch`].

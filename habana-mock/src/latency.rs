@@ -9,7 +9,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::collections::VecDeque;
 
-use latency_noise::{Noise, splitmix64};
+use latency_noise::{Noise, NoiseSampler, splitmix64};
 
 /// Seed of module `module`'s random stream: splitmix64 of `seed` mixed with `module + 1` times
 /// the golden-ratio increment (the increment is subtracted first so the mix is the finaliser of
@@ -24,7 +24,7 @@ pub fn module_seed(seed: u64, module: u32) -> u64 {
 pub(crate) struct DeviceLatency {
     rng: StdRng,
     slowdown: f64,
-    noise: Noise,
+    noise: NoiseSampler,
     script: VecDeque<u64>,
     script_recipe: Option<String>,
 }
@@ -39,6 +39,9 @@ impl DeviceLatency {
         script_recipe: Option<String>,
     ) -> Self {
         let rng = StdRng::seed_from_u64(module_seed(seed, module));
+        // The configuration was validated (`MockConfig::validate`); an invalid model cannot reach
+        // here, and would mean factor 1.
+        let noise = noise.sampler().unwrap_or(NoiseSampler::One);
         Self { rng, slowdown, noise, script: script.into(), script_recipe }
     }
 
@@ -56,7 +59,7 @@ impl DeviceLatency {
         {
             return ns;
         }
-        let f = self.noise.factor(&mut self.rng);
+        let f = self.noise.sample(&mut self.rng);
         (base_ns as f64 * self.slowdown * f).round().clamp(0.0, super::config::MAX_SCRIPT_NS as f64) as u64
     }
 }

@@ -51,7 +51,6 @@ pub use control::{MockControl, MockControlError, dcmock_configure, dcmock_inject
 pub use device::{ENV_LOCK_DIR, mock_pci_bus};
 pub use grad_kernels::GRADIENT_KERNELS;
 pub use kernel_call::{KernelCall, KernelElement, RustKernel, register_rust_kernel};
-pub use latency_noise::ReferenceMultiplier;
 pub use memory::ALIGNMENT;
 pub use recipe::{MockLatency, MockRecipe, MockTensorSpec, RecipeFileError, TENSOR_ID_BASE};
 pub use stream::epoch_ns;

@@ -15,51 +15,20 @@ use super::{CommandError, io_err};
 use crate::policy::{CheckMode, PolicyConfig, Threshold};
 use crate::sim::analytic::NormalModel;
 use crate::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
-use crate::sim::noise::NoiseModel;
-
-/// Noise model names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum NoiseKind {
-    /// i.i.d. normal (mean, cv).
-    Normal,
-    /// i.i.d. log-normal (mean, cv).
-    Lognormal,
-    /// i.i.d. exponential (mean).
-    Exponential,
-    /// The reference's injected multiplier: base·(1 + 0.5·delay_factor·mult).
-    Reference,
-    /// Sequence-length cost ∝ Σ s² over `samples` lengths from the reference distribution.
-    Seqlen,
-}
-
-/// Check mode names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum CheckKind {
-    /// Check before each micro-batch (reference).
-    Before,
-    /// Predictive (ours).
-    Predictive,
-}
+use crate::sim::noise::{LatencyModel, Noise};
 
 /// Arguments of `dropcompute simulate`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SimulateArgs {
-    /// Noise model.
-    #[arg(long, value_enum, default_value_t = NoiseKind::Reference)]
-    pub noise: NoiseKind,
-    /// Mean latency (normal, lognormal, exponential) or base latency (reference) of one
-    /// micro-batch, ms. For seqlen: ns per squared token is chosen so the mean is this value.
+    /// Latency noise (the factor on `--base-ms` per micro-batch): none, reference[:DELAY_FACTOR],
+    /// lognormal:SIGMA, normal:CV, exponential:MEAN or seqlen:SAMPLES (the same syntax and
+    /// models as `train --noise` and the mock device).
+    #[arg(long, default_value = "reference")]
+    pub noise: Noise,
+    /// Base latency of one micro-batch before noise, ms (latency = base × factor; the mean is
+    /// base × the factor's mean, e.g. 1.5 × base for the reference noise).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub mean_ms: f64,
-    /// Coefficient of variation (std/mean) for normal and lognormal.
-    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
-    pub cv: f64,
-    /// Reference noise delay factor (the reference's --delay_factor).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub delay_factor: f64,
-    /// Samples per micro-batch for seqlen.
-    #[arg(long, default_value_t = 16)]
-    pub samples: u32,
+    pub base_ms: f64,
     /// Micro-batches per step M.
     #[arg(long, default_value_t = 12)]
     pub micro_batches: u32,
@@ -77,8 +46,8 @@ pub struct SimulateArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub threshold_ms: Option<f64>,
     /// Check mode.
-    #[arg(long, value_enum, default_value_t = CheckKind::Before)]
-    pub check: CheckKind,
+    #[arg(long, value_enum, default_value_t = CheckMode::BeforeMicroBatch)]
+    pub check: CheckMode,
     /// Persistently slow workers (0..k) and their latency multiplier.
     #[arg(long, default_value_t = 0)]
     pub slow_workers: u32,
@@ -141,19 +110,14 @@ impl SimulateArgs {
     ///
     /// # Errors
     /// [`CommandError::Args`] naming the flag and its value: a non-finite number anywhere;
-    /// `--mean-ms` <= 0; `--cv`, `--delay-factor`, `--overhead-ms`, `--threshold-frac`,
-    /// `--pause-ms` < 0; `--threshold-ms` <= 0; `--slow-factor` <= 0; `--samples`,
-    /// `--micro-batches`, `--budget` = 0.
+    /// `--base-ms` <= 0; `--overhead-ms`, `--threshold-frac`, `--pause-ms` < 0;
+    /// `--threshold-ms` <= 0; `--slow-factor` <= 0; `--micro-batches`, `--budget` = 0. (`--noise`
+    /// is checked by its parser.)
     pub fn validate(&self) -> Result<(), CommandError> {
         let bad = |flag: &str, v: String, why: &str| Err(CommandError::Args(format!("--{flag} {v}: {why}")));
-        let positive = [("mean-ms", self.mean_ms), ("slow-factor", self.slow_factor)];
-        let non_negative = [
-            ("cv", self.cv),
-            ("delay-factor", self.delay_factor),
-            ("overhead-ms", self.overhead_ms),
-            ("threshold-frac", self.threshold_frac),
-            ("pause-ms", self.pause_ms),
-        ];
+        let positive = [("base-ms", self.base_ms), ("slow-factor", self.slow_factor)];
+        let non_negative =
+            [("overhead-ms", self.overhead_ms), ("threshold-frac", self.threshold_frac), ("pause-ms", self.pause_ms)];
         for (flag, v) in positive {
             if !(v.is_finite() && v > 0.0) {
                 return bad(flag, v.to_string(), "must be a finite number > 0");
@@ -169,10 +133,8 @@ impl SimulateArgs {
         {
             return bad("threshold-ms", t.to_string(), "must be a finite number of ms > 0");
         }
-        for (flag, v) in [("samples", u64::from(self.samples)), ("micro-batches", u64::from(self.micro_batches))] {
-            if v == 0 {
-                return bad(flag, v.to_string(), "must be >= 1");
-            }
+        if self.micro_batches == 0 {
+            return bad("micro-batches", "0".into(), "must be >= 1");
         }
         if self.budget == 0 {
             return bad("budget", "0".into(), "must be >= 1 simulated micro-batch");
@@ -191,17 +153,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), CommandError> {
 pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandError> {
     args.validate()?;
     let workers = parse_workers(&args.workers)?;
-    let mean = args.mean_ms * 1e6;
-    let noise = match args.noise {
-        NoiseKind::Normal => NoiseModel::Normal { mean_ns: mean, std_ns: args.cv * mean },
-        NoiseKind::Lognormal => NoiseModel::LogNormal { mean_ns: mean, cv: args.cv },
-        NoiseKind::Exponential => NoiseModel::Exponential { mean_ns: mean },
-        NoiseKind::Reference => NoiseModel::Reference { base_ns: mean, delay_factor: args.delay_factor },
-        NoiseKind::Seqlen => {
-            let unit = NoiseModel::SeqLen { samples: args.samples, ns_per_token2: 1.0, fixed_ns: 0.0 };
-            NoiseModel::SeqLen { samples: args.samples, ns_per_token2: mean / unit.mean_ns(), fixed_ns: 0.0 }
-        }
-    };
+    let noise = LatencyModel::new(args.base_ms * 1e6, args.noise.clone());
     let m = args.micro_batches;
     let tau = args.threshold_ms.map_or(args.threshold_frac * f64::from(m) * noise.mean_ns(), |t| t * 1e6);
     if !(tau.is_finite() && tau >= 0.0) {
@@ -216,14 +168,12 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
     };
     let policy = PolicyConfig {
         threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)),
-        check: match args.check {
-            CheckKind::Before => CheckMode::BeforeMicroBatch,
-            CheckKind::Predictive => CheckMode::Predictive,
-        },
+        check: args.check,
         ..PolicyConfig::default()
     };
     let model = NormalModel::new(noise.mean_ns(), noise.std_ns(), m, args.overhead_ms * 1e6)?;
-    let analytic_label = if args.noise == NoiseKind::Normal { "analytic" } else { "analytic (normal approx.)" };
+    let analytic_label =
+        if matches!(args.noise, Noise::Normal { .. }) { "analytic" } else { "analytic (normal approx.)" };
     let mut csv = String::from(
         "workers,steps,baseline_step_ms,baseline_se_ms,policy_step_ms,policy_se_ms,drop_rate,effective_speedup,analytic_baseline_step_ms,analytic_policy_step_ms,analytic_drop_rate,analytic_effective_speedup\n",
     );
@@ -273,7 +223,7 @@ pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandErr
         let log_x = workers.len() > 1;
         line_chart(
             p,
-            &format!("DropCompute, {:?} noise, M={m}, threshold {:.3} ms", args.noise, tau / 1e6),
+            &format!("DropCompute, {} noise, M={m}, threshold {:.3} ms", args.noise, tau / 1e6),
             "workers N",
             "percent",
             log_x,
@@ -312,18 +262,14 @@ mod tests {
     #[test]
     fn every_bad_flag_value_is_named_with_its_value() {
         use clap::Parser;
-        let cases: [(&[&str], &str); 14] = [
-            (&["--mean-ms", "0"], "--mean-ms 0"),
-            (&["--mean-ms", "-1"], "--mean-ms -1"),
-            (&["--cv", "NaN"], "--cv NaN"),
-            (&["--cv", "-0.5"], "--cv -0.5"),
-            (&["--delay-factor", "-1"], "--delay-factor -1"),
+        let cases: [(&[&str], &str); 10] = [
+            (&["--base-ms", "0"], "--base-ms 0"),
+            (&["--base-ms", "-1"], "--base-ms -1"),
             (&["--overhead-ms", "inf"], "--overhead-ms inf"),
             (&["--threshold-frac", "-2"], "--threshold-frac -2"),
             (&["--threshold-ms", "0"], "--threshold-ms 0"),
             (&["--slow-factor", "0"], "--slow-factor 0"),
             (&["--pause-ms", "-3"], "--pause-ms -3"),
-            (&["--samples", "0"], "--samples 0"),
             (&["--micro-batches", "0"], "--micro-batches 0"),
             (&["--budget", "0"], "--budget 0"),
             (&["--workers", "0"], "--workers \"0\""),
@@ -337,5 +283,10 @@ mod tests {
         }
         let ok = Cli::try_parse_from(["simulate", "--workers", "4", "--budget", "1000"]).unwrap().a;
         assert!(ok.validate().is_ok());
+        // --noise is parsed into the shared noise type; a bad spec is a usage error naming it.
+        let e = Cli::try_parse_from(["simulate", "--noise", "lognormal:9"]).err().expect("rejected").to_string();
+        assert!(e.contains("lognormal:9") && e.contains("expected"), "{e}");
+        let a = Cli::try_parse_from(["simulate", "--noise", "seqlen:8", "--check", "predictive"]).unwrap().a;
+        assert_eq!((a.noise, a.check), (Noise::SeqLen { samples: 8 }, CheckMode::Predictive));
     }
 }

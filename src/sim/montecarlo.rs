@@ -13,7 +13,7 @@
 use rayon::prelude::*;
 
 use super::SimError;
-use super::noise::{LatencySampler, NoiseModel};
+use super::noise::{LatencyModel, LatencySampler};
 use super::rng::SimRng;
 use crate::policy::{CheckMode, PolicyConfig, decide};
 
@@ -24,7 +24,7 @@ pub const BLOCK: u32 = 256;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {
     /// Latency of one micro-batch on a healthy worker.
-    pub noise: NoiseModel,
+    pub noise: LatencyModel,
     /// Micro-batches per step M (>= 1).
     pub micro_batches: u32,
     /// Per-step overhead T_c (ns): all-reduce + optimizer.
@@ -42,7 +42,7 @@ pub struct Scenario {
 
 impl Scenario {
     /// Healthy i.i.d. workers with the given noise, M and overhead.
-    pub fn iid(noise: NoiseModel, micro_batches: u32, overhead_ns: f64) -> Self {
+    pub fn iid(noise: LatencyModel, micro_batches: u32, overhead_ns: f64) -> Self {
         Self { noise, micro_batches, overhead_ns, slow_workers: 0, slow_factor: 1.0, pause_every: 0, pause_ns: 0.0 }
     }
 }
@@ -234,7 +234,7 @@ impl std::fmt::Display for BenchReport {
 /// default, all cores). Prints nothing; the caller prints the report.
 /// Errors: [`SimError::ThreadPool`], or parameter errors from [`run`].
 pub fn bench_simulator(workers: u32, steps: u64, threads: usize) -> Result<BenchReport, SimError> {
-    let noise = NoiseModel::Reference { base_ns: 1e6, delay_factor: 1.0 };
+    let noise = LatencyModel::new(1e6, latency_noise::Noise::Reference { delay_factor: 1.0 });
     let scenario = Scenario::iid(noise.clone(), 12, 2e6);
     let tau = (0.9 * 12.0 * noise.mean_ns()) as u64;
     let cfg = MonteCarloConfig {
@@ -284,7 +284,7 @@ mod tests {
     #[test]
     fn analytic_matches_monte_carlo_for_normal_noise() {
         let model = NormalModel::new(100.0, 20.0, 12, 50.0).expect("valid");
-        let scenario = Scenario::iid(NoiseModel::Normal { mean_ns: 100.0, std_ns: 20.0 }, 12, 50.0);
+        let scenario = Scenario::iid(LatencyModel::new(100.0, latency_noise::Noise::Normal { cv: 0.2 }), 12, 50.0);
         let tau = 1000.0;
         for (n, steps) in [(1u32, 4000u64), (8, 2000), (64, 800), (1024, 200)] {
             let r = run(&scenario, &cfg(n, steps, fixed(tau))).expect("run");
@@ -306,7 +306,7 @@ mod tests {
             slow_factor: 1.3,
             pause_every: 5,
             pause_ns: 5e5,
-            ..Scenario::iid(NoiseModel::Reference { base_ns: 1e5, delay_factor: 1.0 }, 12, 1e5)
+            ..Scenario::iid(LatencyModel::new(1e5, latency_noise::Noise::Reference { delay_factor: 1.0 }), 12, 1e5)
         };
         let mut policy = fixed(1.5e6);
         policy.check = CheckMode::Predictive;
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn slow_worker_and_pauses_lengthen_the_baseline() {
-        let noise = NoiseModel::Normal { mean_ns: 100.0, std_ns: 1.0 };
+        let noise = LatencyModel::new(100.0, latency_noise::Noise::Normal { cv: 0.01 });
         let plain = run(&Scenario::iid(noise.clone(), 10, 0.0), &cfg(16, 50, PolicyConfig::default())).expect("run");
         let slow = Scenario { slow_workers: 1, slow_factor: 2.0, ..Scenario::iid(noise.clone(), 10, 0.0) };
         let s = run(&slow, &cfg(16, 50, PolicyConfig::default())).expect("run");

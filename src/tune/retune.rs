@@ -231,7 +231,7 @@ impl Retuner {
 mod tests {
     use super::*;
     use crate::policy::{PolicyConfig, decide};
-    use crate::sim::noise::NoiseModel;
+    use crate::sim::noise::{LatencyModel, Noise};
     use crate::sim::rng::SimRng;
 
     /// Drive the retuner with a simulated job (reference noise, N = 16, M = 12) whose ranks
@@ -242,7 +242,7 @@ mod tests {
         let (n, m) = (16usize, 12usize);
         let cfg = RetunerConfig { period: 60, probe_steps: 20, hysteresis: 0.01, tune: TuneConfig::default() };
         let mut rt = Retuner::new(cfg, n, m).expect("valid");
-        let sampler = NoiseModel::Reference { base_ns: 1e6, delay_factor: 1.0 }.sampler().expect("valid");
+        let sampler = LatencyModel::new(1e6, Noise::Reference { delay_factor: 1.0 }).sampler().expect("valid");
         let overhead = 3e6;
         let mut events = Vec::new();
         let mut thresholds_after_probe = Vec::new();
