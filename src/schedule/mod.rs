@@ -4,15 +4,16 @@
 //!
 //! Owns: the step loop ([`Scheduler`], [`Workload`]), its configuration ([`SchedulerConfig`]),
 //! the data-source and ledger types, the per-rank count row gathered every step ([`CountRow`]),
-//! the gradient recipes it launches ([`GradientOps`]) and the step report. Must not touch: the
-//! deadline rule (`policy`, shared with the simulator), the user's model (behind [`Workload`]),
-//! threshold search (`tune`; driven through
+//! the rescale rule ([`divisor`]), the gradient recipes it launches ([`GradientOps`]) and the
+//! step report. Must not touch: the deadline rule (`policy`, shared with the simulator), the
+//! user's model (behind [`Workload`]), threshold search (`tune`; driven through
 //! [`Scheduler::set_threshold`] / [`Scheduler::set_retuner`]).
 #![forbid(unsafe_code)]
 
 mod config;
 mod count_row;
 mod data;
+mod divisor;
 mod ops;
 mod report;
 mod step;
@@ -20,6 +21,7 @@ mod step;
 pub use config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weighting};
 pub use count_row::{CountRow, CountRowError};
 pub use data::{DataSource, DropFate, DropLedger, DropRecord, EpochQueue, MicroBatch};
+pub use divisor::divisor;
 pub use ops::{GradientOps, GradientRecipes, GradientScratch, load_mock};
 pub use report::{CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
 pub use step::{Scheduler, SchedulerState, Workload};
