@@ -4,7 +4,7 @@
 //!
 //! Owns: the step loop ([`Scheduler`], [`Workload`]), its configuration ([`SchedulerConfig`]),
 //! the data-source and ledger types, the per-rank count row gathered every step ([`CountRow`]),
-//! the rescale rule ([`divisor`]), the gradient recipes it launches ([`GradientOps`]) and the
+//! the rescale rule ([`divisor()`]), the gradient recipes it launches ([`GradientOps`]) and the
 //! step report. Must not touch: the deadline rule (`policy`, shared with the simulator), the
 //! user's model (behind [`Workload`]), threshold search (`tune`; driven through
 //! [`Scheduler::set_threshold`] / [`Scheduler::set_retuner`]).
