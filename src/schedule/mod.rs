@@ -3,20 +3,25 @@
 //! a ledger so no sample is silently lost).
 //!
 //! Owns: the step loop ([`Scheduler`], [`Workload`]), its configuration ([`SchedulerConfig`]),
-//! the data-source and ledger types, the gradient recipes it launches ([`GradientOps`]) and the
+//! the data-source and ledger types, the per-rank count row gathered every step ([`CountRow`]),
+//! the rescale rule ([`divisor()`]), the gradient recipes it launches ([`GradientOps`]) and the
 //! step report. Must not touch: the deadline rule (`policy`, shared with the simulator), the
 //! user's model (behind [`Workload`]), threshold search (`tune`; driven through
 //! [`Scheduler::set_threshold`] / [`Scheduler::set_retuner`]).
 #![forbid(unsafe_code)]
 
 mod config;
+mod count_row;
 mod data;
+mod divisor;
 mod ops;
 mod report;
 mod step;
 
 pub use config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weighting};
+pub use count_row::{CountRow, CountRowError};
 pub use data::{DataSource, DropFate, DropLedger, DropRecord, EpochQueue, MicroBatch};
+pub use divisor::divisor;
 #[cfg(feature = "mock")]
 pub use ops::load_mock;
 pub use ops::{GradientOps, GradientRecipes, GradientScratch};
@@ -79,6 +84,20 @@ pub enum ScheduleError {
         step: u64,
         /// What is wrong.
         what: String,
+    },
+    /// A rank's row of the gathered count matrix could not be encoded or decoded (a scheduler
+    /// bug or a corrupted collective: every rank fills only its own row).
+    #[error("rank {rank}, step {step}: count row of rank {row}: {source}")]
+    Counts {
+        /// Rank reporting the error.
+        rank: u32,
+        /// Step.
+        step: u64,
+        /// The rank whose row is bad.
+        row: u32,
+        /// What is wrong with the row.
+        #[source]
+        source: CountRowError,
     },
     /// An invalid configuration field.
     #[error("invalid scheduler configuration: {what} = {value}")]

@@ -6,24 +6,31 @@
 //! with the simulator), the user's recipes' contents, host clocks (every time is a device event
 //! timestamp; a host clock jump changes nothing).
 //!
-//! One step on rank r (`../shared/reference/dropcompute.md` §2, with our fixes):
-//! 1. The compute clock starts at event `t0`, recorded after the previous optimizer update.
-//! 2. Up to M micro-batches are taken from the data source. Before micro-batch i the host waits
+//! One step on rank r (`../shared/reference/dropcompute.md` §2, with our fixes), one method per
+//! phase, in the order [`Scheduler::step`] calls them:
+//! 1. `start_clock`: the compute clock starts at event `t0`, recorded after the previous
+//!    optimizer update (at the first step, now).
+//! 2. `take_micro_batches` takes up to M micro-batches from the data source;
+//!    `run_micro_batches` runs them under the deadline. Before micro-batch i the host waits
 //!    for the end event of micro-batch i-1-k (sync lag k) and asks `policy::decide` with the
 //!    device time elapsed since `t0` (and, in predictive mode, the rank's latency estimate). On
 //!    start: the user's recipe writes the micro-batch gradient, the scheduler accumulates it into
-//!    the f32 accumulator. On stop: the rest go to the ledger (re-queued or discarded).
-//! 3. Every rank, whatever it computed, issues the same group: one in-place all-reduce (Sum)
-//!    per gradient bucket, and an all-reduce (Sum) of an N x K u32 matrix in which each rank
-//!    fills only its own row (a gather through the all-reduce path) with the small vector
-//!    `[nonfinite, computed, dropped, samples, tokens, compute ns, overhead ns, dropped samples,
-//!    M latencies]`
-//!    (64-bit values as lo/hi pairs). Gathering rather than summing gives every rank every
-//!    rank's counts (the report), and the sums are formed in rank order on every rank, so every
-//!    rank derives the same divisor.
-//! 4. The gradient is rescaled on the device by 1 / divisor (realized: global samples or
-//!    tokens; nominal: N·M·b), then the user's optimizer recipe runs once. A zero global count or
+//!    the f32 accumulator. On stop: the rest are left undone.
+//! 3. `update_ledger`: the computed sample ids and the dropped micro-batches go to the ledger;
+//!    the dropped ones are re-queued or discarded.
+//! 4. `local_row` + `issue_collective_group`: every rank, whatever it computed, issues the same
+//!    group: one in-place all-reduce (Sum) per gradient bucket, and an all-reduce (Sum) of an
+//!    N x `CountRow::len(M)` u32 matrix in which each rank fills only its own row (a gather
+//!    through the all-reduce path) with its [`CountRow`] (non-finite flag, counts, compute and
+//!    overhead ns, stop request, M latencies; layout in `count_row.rs`). Gathering rather than
+//!    summing gives every rank every rank's counts (the report), and the sums are formed in
+//!    rank order on every rank, so every rank derives the same divisor.
+//! 5. `global_view` decodes the rows and applies the rescale rule [`divisor`] (realized: global
+//!    samples or tokens; nominal: N·M·b). `rescale_and_update` rescales the gradient on the
+//!    device by 1 / divisor, then the user's optimizer recipe runs once. A zero global count or
 //!    a non-finite gradient on any rank skips the update on every rank (state unchanged).
+//! 6. `restart_clock` zeroes the accumulator and records the next `t0`; the step's overhead,
+//!    the straggler statistics, the report and the re-tuner follow.
 
 use tracing::{debug, debug_span, info_span};
 
@@ -32,8 +39,10 @@ use crate::policy::{Decision, LatencyEstimator, Threshold, decide};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
-use super::config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weighting};
+use super::config::{DropHandling, GradDtype, SchedulerConfig, Weighting};
+use super::count_row::CountRow;
 use super::data::{DataSource, DropFate, DropLedger, DropRecord, MicroBatch};
+use super::divisor::divisor;
 use super::ops::{GradientOps, GradientScratch};
 use super::report::{MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker, threshold_ns};
 use super::{ScheduleError, WorkloadError};
@@ -64,10 +73,80 @@ pub trait Workload {
     fn launch_optimizer(&mut self, stream: &Stream, step: u64, grad: &DeviceBuffer<f32>) -> Result<(), WorkloadError>;
 }
 
-/// Fixed part of the per-rank count vector (u32 entries), before the 2·M latency entries.
-const FIXED: usize = 14;
-/// Latency entry of a micro-batch that was not computed.
-const NOT_COMPUTED: u64 = u64::MAX;
+/// This rank's compute phase of one step (device times, ns).
+struct ComputePhase {
+    /// Device timestamp of the compute clock start `t0` (set after the loop).
+    t0_ns: u64,
+    /// Micro-batches started (a prefix of the planned ones).
+    started: usize,
+    /// Start timestamp of each of the M slots (0 when not started).
+    starts_ns: Vec<u64>,
+    /// End timestamp of each of the M slots (0 when not started).
+    ends_ns: Vec<u64>,
+    /// Duration of each of the M slots, [`CountRow::NOT_COMPUTED`] when not computed.
+    durations: Vec<u64>,
+    /// End of the last computed micro-batch minus `t0` (0 when none was).
+    compute_ns: u64,
+    /// Host wall time of the micro-batch loop (reported only, never decided on).
+    host_loop_ns: u64,
+    /// End events already read (a prefix of the started micro-batches).
+    seen: usize,
+}
+
+impl ComputePhase {
+    /// Nothing started yet, for M = `m` slots.
+    fn new(m: usize) -> Self {
+        Self {
+            t0_ns: 0,
+            started: 0,
+            starts_ns: vec![0; m],
+            ends_ns: vec![0; m],
+            durations: vec![CountRow::NOT_COMPUTED; m],
+            compute_ns: 0,
+            host_loop_ns: 0,
+            seen: 0,
+        }
+    }
+}
+
+/// What the ledger update leaves for the count row and the report.
+struct Settled {
+    /// This rank's micro-batches, computed then dropped.
+    records: Vec<MicroBatchRecord>,
+    /// Samples computed.
+    samples: u64,
+    /// Tokens computed.
+    tokens: u64,
+    /// Micro-batches dropped.
+    dropped: u32,
+    /// Samples of the dropped micro-batches.
+    dropped_samples: u64,
+}
+
+/// The collective group of one step on this rank.
+struct CollectivePhase {
+    /// Sequence numbers of its collectives (first, last).
+    seqs: (u64, u64),
+    /// Device timestamps (ns) before the group and after the count read-back.
+    c0_ns: u64,
+    /// See `c0_ns`.
+    c1_ns: u64,
+}
+
+/// Every rank's decoded count row and the rescale outcome (identical on every rank).
+struct GlobalView {
+    /// Count rows, indexed by rank.
+    rows: Vec<CountRow>,
+    /// [`divisor`] of the rows: the divisor, or why every rank skips the update.
+    outcome: Result<f64, SkipReason>,
+}
+
+impl GlobalView {
+    /// Micro-batches scheduled (computed + dropped) over every rank.
+    fn planned(&self) -> u64 {
+        self.rows.iter().map(|r| u64::from(r.computed) + u64::from(r.dropped)).sum()
+    }
+}
 
 /// One rank's DropCompute step scheduler.
 pub struct Scheduler {
@@ -121,14 +200,6 @@ fn coll_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(HcclError) 
     move |source| ScheduleError::Collective { rank, step, call, source }
 }
 
-fn split(v: u64) -> [u32; 2] {
-    [v as u32, (v >> 32) as u32]
-}
-
-fn join(lo: u32, hi: u32) -> u64 {
-    u64::from(lo) | (u64::from(hi) << 32)
-}
-
 impl Scheduler {
     /// A scheduler for the rank of `comm`, on a new stream of the communicator's device, with
     /// the gradient operations `ops` (built for `cfg.gradient_len` and `cfg.grad_dtype`, e.g.
@@ -144,7 +215,7 @@ impl Scheduler {
         let dev = comm.device().clone();
         let e = |call| dev_err(rank, 0, call);
         let m = cfg.micro_batches as usize;
-        let k = FIXED + 2 * m;
+        let k = CountRow::len(m);
         let stream = Stream::new(&dev).map_err(e("stream create"))?;
         let p = cfg.gradient_len;
         let scratch = match cfg.grad_dtype {
@@ -277,136 +348,204 @@ impl Scheduler {
     /// [`ScheduleError::Device`] for a failed launch, copy or event (naming the call);
     /// [`ScheduleError::Workload`] from `work`; [`ScheduleError::Collective`] for a collective
     /// failure (timeout, lost peer, asynchronous error), bounded by the communicator's timeout;
-    /// [`ScheduleError::Data`] when `Weighting::Tokens` meets a micro-batch without tokens.
+    /// [`ScheduleError::Data`] when `Weighting::Tokens` meets a micro-batch without tokens;
+    /// [`ScheduleError::Counts`] when a gathered count row is garbled; [`ScheduleError::Retune`]
+    /// when the re-tuner rejects the latency matrix.
     pub fn step(
         &mut self,
         step: u64,
         data: &mut dyn DataSource,
         work: &mut dyn Workload,
     ) -> Result<(StepReport, Option<RetuneEvent>), ScheduleError> {
-        let rank = self.comm.rank();
-        let _span = info_span!("step", step, rank).entered();
-        let e = |call| dev_err(rank, step, call);
-        let m = self.cfg.micro_batches as usize;
-        let threshold = self.cfg.policy.threshold;
+        let _span = info_span!("step", step, rank = self.comm.rank()).entered();
+        self.start_clock(step)?;
+        let planned = self.take_micro_batches(step, data)?;
+        let compute = self.run_micro_batches(step, &planned, work)?;
+        let settled = self.update_ledger(step, planned, &compute, data);
+        let row = self.local_row(step, &compute, &settled)?;
+        let collective = self.issue_collective_group(step, &row)?;
+        let global = self.global_view(step)?;
+        self.rescale_and_update(step, work, &global)?;
+        let end_ns = self.restart_clock(step)?;
+        self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
+        let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
+        self.stragglers.observe(&report.ranks);
+        let retune = self.retune(&report)?;
+        Ok((report, retune))
+    }
+
+    /// Starts the compute clock (event `t0`) at the first step; later steps reuse the
+    /// `t0` recorded after the previous optimizer update ([`Scheduler::restart_clock`]).
+    fn start_clock(&mut self, step: u64) -> Result<(), ScheduleError> {
         if !self.t0_recorded {
-            self.t0.record(&self.stream).map_err(e("event record"))?;
+            self.t0.record(&self.stream).map_err(dev_err(self.comm.rank(), step, "event record"))?;
             self.t0_recorded = true;
         }
+        Ok(())
+    }
+
+    /// Takes up to M micro-batches from `data` (fewer when it runs out).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Data`] when `Weighting::Tokens` meets a micro-batch without tokens
+    /// (nothing is requeued: the step fails).
+    fn take_micro_batches(&mut self, step: u64, data: &mut dyn DataSource) -> Result<Vec<MicroBatch>, ScheduleError> {
+        let m = self.cfg.micro_batches as usize;
         let planned: Vec<MicroBatch> = (0..m).map_while(|_| data.next_micro_batch()).collect();
         if self.cfg.weighting == Weighting::Tokens && planned.iter().any(|mb| mb.tokens.is_none()) {
             return Err(ScheduleError::Data {
-                rank,
+                rank: self.comm.rank(),
                 step,
                 what: "token weighting needs a token count on every micro-batch".into(),
             });
         }
+        Ok(planned)
+    }
 
-        // Phase 1: micro-batches under the deadline.
-        let lag = self.cfg.sync_lag as i64;
+    /// Launches a prefix of `planned` under the deadline: before micro-batch i,
+    /// `policy::decide` with the device time elapsed since `t0` ([`Scheduler::elapsed_before`])
+    /// and the rank's latency estimate; on the first stop the rest are left undone. Returns once
+    /// every started micro-batch has finished on the device.
+    fn run_micro_batches(
+        &mut self,
+        step: u64,
+        planned: &[MicroBatch],
+        work: &mut dyn Workload,
+    ) -> Result<ComputePhase, ScheduleError> {
+        let rank = self.comm.rank();
+        let mut phase = ComputePhase::new(self.cfg.micro_batches as usize);
         let mut t0_ns: Option<u64> = None;
-        let mut seen = 0usize; // end events already read
-        let mut ends_ns = vec![0u64; m];
-        let mut durations = vec![NOT_COMPUTED; m];
-        let mut starts_ns = vec![0u64; m];
-        let mut started = 0usize;
         let loop_start = std::time::Instant::now();
         for (i, mb) in planned.iter().enumerate() {
-            let target = i as i64 - 1 - lag;
-            let elapsed_ns = if target >= -1 {
-                let t0 = self.t0_ns(&mut t0_ns, rank, step)?;
-                while (seen as i64) <= target {
-                    self.read_end(seen, &mut starts_ns, &mut ends_ns, &mut durations, rank, step)?;
-                    seen += 1;
-                }
-                if target >= 0 { ends_ns[target as usize].saturating_sub(t0) } else { 0 }
-            } else {
-                0
-            };
-            let estimate = self.estimator.estimate();
-            let decision = decide(&self.cfg.policy, step, i as u32, elapsed_ns, estimate);
+            let elapsed_ns = self.elapsed_before(step, i, &mut phase, &mut t0_ns)?;
+            let decision = decide(&self.cfg.policy, step, i as u32, elapsed_ns, self.estimator.estimate());
             if let Decision::Stop(reason) = decision {
                 debug!(step, rank, micro_batch = i, ?reason, "deadline: dropping the rest of the step");
                 break;
             }
-            let _mb_span = debug_span!("micro_batch", step, rank, index = i).entered();
-            self.starts[i].record(&self.stream).map_err(e("event record"))?;
-            work.launch_micro_batch(&self.stream, step, i as u32, mb, &mut self.scratch)
-                .map_err(|source| ScheduleError::Workload { rank, step, call: "launch_micro_batch", source })?;
-            self.ops.accumulate(&self.stream, &self.acc, &self.scratch).map_err(e("gradient accumulate"))?;
-            self.ends[i].record(&self.stream).map_err(e("event record"))?;
-            started += 1;
+            self.launch_micro_batch(step, i, mb, work)?;
+            phase.started += 1;
         }
-        let host_loop_ns = u64::try_from(loop_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let t0 = self.t0_ns(&mut t0_ns, rank, step)?;
-        while seen < started {
-            self.read_end(seen, &mut starts_ns, &mut ends_ns, &mut durations, rank, step)?;
-            seen += 1;
-        }
-        let compute_ns = if started > 0 { ends_ns[started - 1].saturating_sub(t0) } else { 0 };
+        phase.host_loop_ns = u64::try_from(loop_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        phase.t0_ns = self.t0_ns(&mut t0_ns, rank, step)?;
+        let started = phase.started;
+        self.read_ends(step, &mut phase, started)?;
+        phase.compute_ns = match phase.started {
+            0 => 0,
+            n => phase.ends_ns[n - 1].saturating_sub(phase.t0_ns),
+        };
+        Ok(phase)
+    }
 
-        // Ledger and data source.
-        let mut dropped_mbs = planned;
-        let computed_mbs: Vec<MicroBatch> = dropped_mbs.drain(..started).collect();
-        let drop_at = if started > 0 { ends_ns[started - 1] } else { t0 };
-        let mut records: Vec<MicroBatchRecord> = computed_mbs
-            .iter()
-            .enumerate()
-            .map(|(i, mb)| MicroBatchRecord {
-                step,
-                micro_batch: i as u32,
-                start_ns: starts_ns[i],
-                duration_ns: durations[i],
-                samples: mb.samples(),
-                dropped: false,
-            })
-            .collect();
+    /// The device time (ns) the deadline check before micro-batch `i` sees: with sync lag k,
+    /// the end of micro-batch i-1-k minus `t0` (waiting for both events); 0 when i-1-k < 0 (and
+    /// no wait at all when i-1-k < -1, so the device pipeline can fill).
+    fn elapsed_before(
+        &mut self,
+        step: u64,
+        i: usize,
+        phase: &mut ComputePhase,
+        t0_cache: &mut Option<u64>,
+    ) -> Result<u64, ScheduleError> {
+        let target = i as i64 - 1 - i64::from(self.cfg.sync_lag);
+        if target < -1 {
+            return Ok(0);
+        }
+        let t0 = self.t0_ns(t0_cache, self.comm.rank(), step)?;
+        self.read_ends(step, phase, (target + 1) as usize)?;
+        Ok(if target >= 0 { phase.ends_ns[target as usize].saturating_sub(t0) } else { 0 })
+    }
+
+    /// Enqueues micro-batch `i`: start event, the user's recipe, accumulation into the f32
+    /// accumulator, end event.
+    fn launch_micro_batch(
+        &mut self,
+        step: u64,
+        i: usize,
+        mb: &MicroBatch,
+        work: &mut dyn Workload,
+    ) -> Result<(), ScheduleError> {
+        let rank = self.comm.rank();
+        let e = |call| dev_err(rank, step, call);
+        let _mb_span = debug_span!("micro_batch", step, rank, index = i).entered();
+        self.starts[i].record(&self.stream).map_err(e("event record"))?;
+        work.launch_micro_batch(&self.stream, step, i as u32, mb, &mut self.scratch)
+            .map_err(|source| ScheduleError::Workload { rank, step, call: "launch_micro_batch", source })?;
+        self.ops.accumulate(&self.stream, &self.acc, &self.scratch).map_err(e("gradient accumulate"))?;
+        self.ends[i].record(&self.stream).map_err(e("event record"))
+    }
+
+    /// The ledger update: records the sample ids of the computed micro-batches and a
+    /// [`DropRecord`] per dropped one, requeues the dropped ones to `data` under
+    /// [`DropHandling::Requeue`], and returns this rank's micro-batch records and its computed
+    /// and dropped totals.
+    fn update_ledger(
+        &mut self,
+        step: u64,
+        planned: Vec<MicroBatch>,
+        compute: &ComputePhase,
+        data: &mut dyn DataSource,
+    ) -> Settled {
+        let rank = self.comm.rank();
+        let mut dropped = planned;
+        let computed: Vec<MicroBatch> = dropped.drain(..compute.started).collect();
         let fate = match self.cfg.drop_handling {
             DropHandling::Requeue => DropFate::Requeued,
             DropHandling::Discard => DropFate::Discarded,
         };
-        for (j, mb) in dropped_mbs.iter().enumerate() {
-            let micro_batch = (started + j) as u32;
-            records.push(MicroBatchRecord {
-                step,
-                micro_batch,
-                start_ns: drop_at,
-                duration_ns: 0,
-                samples: mb.samples(),
-                dropped: true,
-            });
+        for (j, mb) in dropped.iter().enumerate() {
+            let micro_batch = (compute.started + j) as u32;
             self.ledger.dropped.push(DropRecord { step, rank, micro_batch, sample_ids: mb.sample_ids.clone(), fate });
         }
-        self.ledger.computed.extend(computed_mbs.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
-        let n_dropped = dropped_mbs.len();
-        let dropped_samples: u64 = dropped_mbs.iter().map(MicroBatch::samples).sum();
-        if fate == DropFate::Requeued && !dropped_mbs.is_empty() {
-            data.requeue(dropped_mbs);
+        self.ledger.computed.extend(computed.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
+        let settled = Settled {
+            records: micro_batch_records(step, &computed, &dropped, compute),
+            samples: computed.iter().map(MicroBatch::samples).sum(),
+            tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
+            dropped: dropped.len() as u32,
+            dropped_samples: dropped.iter().map(MicroBatch::samples).sum(),
+        };
+        if fate == DropFate::Requeued && !dropped.is_empty() {
+            data.requeue(dropped);
         }
+        settled
+    }
 
-        // Phase 2: the count vector and the collective group.
-        let samples: u64 = computed_mbs.iter().map(MicroBatch::samples).sum();
-        let tokens: u64 = computed_mbs.iter().filter_map(|mb| mb.tokens).sum();
+    /// This rank's count row: runs the non-finite check of the accumulator on the device
+    /// (waiting for it) and collects the counts, the previous step's overhead, the stop
+    /// request and the M latencies.
+    fn local_row(&mut self, step: u64, compute: &ComputePhase, settled: &Settled) -> Result<CountRow, ScheduleError> {
+        let e = |call| dev_err(self.comm.rank(), step, call);
         self.ops.nonfinite(&self.stream, &self.flag_dev, &self.acc).map_err(e("non-finite check"))?;
         self.stream.copy_d2h(&self.flag_dev, &mut self.flag_host).map_err(e("flag copy"))?;
         let flag = self.flag_host.as_slice().map_err(e("host flag"))?[0];
+        Ok(CountRow {
+            nonfinite: flag != 0,
+            computed: compute.started as u32,
+            dropped: settled.dropped,
+            samples: settled.samples,
+            tokens: settled.tokens,
+            compute_ns: compute.compute_ns,
+            overhead_ns: self.last_overhead_ns,
+            dropped_samples: settled.dropped_samples,
+            stop_requested: self.stop_requested,
+            latencies_ns: compute.durations.clone(),
+        })
+    }
+
+    /// The collective group every rank issues whatever it computed: one in-place
+    /// all-reduce (Sum) per gradient bucket, then the all-reduce (Sum) of the N x
+    /// `CountRow::len(M)` count matrix in which this rank filled only its own row (`row`). Waits
+    /// until the reduced counts are back on the host.
+    fn issue_collective_group(&mut self, step: u64, row: &CountRow) -> Result<CollectivePhase, ScheduleError> {
+        let rank = self.comm.rank();
+        let e = |call| dev_err(rank, step, call);
         {
-            let kk = FIXED + 2 * m;
+            let k = CountRow::len(self.cfg.micro_batches as usize);
             let all = self.gathered_host.as_mut_slice().map_err(e("host count vector"))?;
             all.fill(0);
-            let v = &mut all[rank as usize * kk..(rank as usize + 1) * kk];
-            v[0] = u32::from(flag != 0);
-            v[1] = started as u32;
-            v[2] = n_dropped as u32;
-            v[3..5].copy_from_slice(&split(samples));
-            v[5..7].copy_from_slice(&split(tokens));
-            v[7..9].copy_from_slice(&split(compute_ns));
-            v[9..11].copy_from_slice(&split(self.last_overhead_ns));
-            v[11..13].copy_from_slice(&split(dropped_samples));
-            v[13] = u32::from(self.stop_requested);
-            for (i, d) in durations.iter().enumerate() {
-                v[FIXED + 2 * i..FIXED + 2 * i + 2].copy_from_slice(&split(*d));
-            }
+            let own = all.chunks_exact_mut(k).nth(rank as usize).unwrap_or_default();
+            row.encode(own).map_err(|source| ScheduleError::Counts { rank, step, row: rank, source })?;
         }
         self.stream.copy_h2d(&self.gathered_host, &mut self.gathered_dev).map_err(e("count vector copy"))?;
         self.c0.record(&self.stream).map_err(e("event record"))?;
@@ -431,114 +570,120 @@ impl Scheduler {
         };
         let c0_ns = self.c0.timestamp_ns().map_err(e("event timestamp"))?;
         let c1_ns = self.c1.timestamp_ns().map_err(e("event timestamp"))?;
-        let coll_ns = c1_ns.saturating_sub(c0_ns);
+        Ok(CollectivePhase { seqs, c0_ns, c1_ns })
+    }
 
-        // Phase 3: the global view, identical on every rank.
-        let n = self.comm.world_size() as usize;
-        let k = FIXED + 2 * m;
-        let g = self.gathered_host.as_slice().map_err(e("host count vector"))?;
-        let mut ranks = Vec::with_capacity(n);
-        let mut matrix = Vec::with_capacity(n * m);
-        let mut max_overhead = 0u64;
-        let mut stop_requested = false;
-        for r in 0..n {
-            let v = &g[r * k..(r + 1) * k];
-            ranks.push(RankStepStats {
-                nonfinite: v[0] != 0,
-                computed: v[1],
-                dropped: v[2],
-                samples: join(v[3], v[4]),
-                tokens: join(v[5], v[6]),
-                compute_ns: join(v[7], v[8]),
-                dropped_samples: join(v[11], v[12]),
-            });
-            max_overhead = max_overhead.max(join(v[9], v[10]));
-            stop_requested |= v[13] != 0;
-            for i in 0..m {
-                let d = join(v[FIXED + 2 * i], v[FIXED + 2 * i + 1]);
-                matrix.push(if d == NOT_COMPUTED { f64::NAN } else { d as f64 });
-            }
-        }
-        let max_compute = ranks.iter().map(|r| r.compute_ns).max().unwrap_or(0);
-        let weight: u64 = match self.cfg.weighting {
-            Weighting::Samples => ranks.iter().map(|r| r.samples).sum(),
-            Weighting::Tokens => ranks.iter().map(|r| r.tokens).sum(),
-        };
-        let bad: Vec<u32> = ranks.iter().enumerate().filter(|(_, r)| r.nonfinite).map(|(i, _)| i as u32).collect();
-        let skip = if !bad.is_empty() {
-            Some(SkipReason::NonFinite { ranks: bad })
-        } else if weight == 0 {
-            Some(SkipReason::ZeroCount)
-        } else {
-            None
-        };
-        let divisor = match (&skip, self.cfg.normalization) {
-            (Some(_), _) => 0.0,
-            (None, Normalization::Realized) => weight as f64,
-            (None, Normalization::Nominal) => {
-                n as f64 * f64::from(self.cfg.micro_batches) * f64::from(self.cfg.micro_batch_size)
-            }
-        };
+    /// Decodes every rank's row of the gathered count matrix and applies the rescale
+    /// rule ([`divisor`]); identical on every rank.
+    ///
+    /// # Errors
+    /// [`ScheduleError::Counts`] naming the first rank whose row does not decode.
+    fn global_view(&self, step: u64) -> Result<GlobalView, ScheduleError> {
+        let rank = self.comm.rank();
+        let m = self.cfg.micro_batches as usize;
+        let g = self.gathered_host.as_slice().map_err(dev_err(rank, step, "host count vector"))?;
+        let rows = g
+            .chunks(CountRow::len(m))
+            .enumerate()
+            .map(|(r, v)| {
+                CountRow::decode(v, m).map_err(|source| ScheduleError::Counts { rank, step, row: r as u32, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outcome = divisor(&rows, &self.cfg);
+        Ok(GlobalView { rows, outcome })
+    }
 
-        // Phase 4: rescale and update (or skip), zero the accumulator, restart the clock.
-        if skip.is_none() {
-            self.scale_host.as_mut_slice().map_err(e("host scale"))?[0] = (1.0 / divisor) as f32;
-            self.stream.copy_h2d(&self.scale_host, &mut self.scale_dev).map_err(e("scale copy"))?;
-            self.ops.scale(&self.stream, &self.acc, &self.scale_dev).map_err(e("gradient rescale"))?;
-            work.launch_optimizer(&self.stream, step, &self.acc).map_err(|source| ScheduleError::Workload {
-                rank,
-                step,
-                call: "launch_optimizer",
-                source,
-            })?;
-        } else if self.gathered_planned(&ranks) > 0 || matches!(skip, Some(SkipReason::NonFinite { .. })) {
-            tracing::warn!(step, rank, ?skip, "skipping the update on every rank");
-        } else {
-            debug!(step, rank, "no rank had data: nothing to update");
+    /// Divides the summed gradient by the divisor on the device and runs the user's
+    /// optimizer recipe once; when the step is skipped (on every rank alike), logs why and
+    /// leaves the model untouched.
+    fn rescale_and_update(
+        &mut self,
+        step: u64,
+        work: &mut dyn Workload,
+        global: &GlobalView,
+    ) -> Result<(), ScheduleError> {
+        let rank = self.comm.rank();
+        let e = |call| dev_err(rank, step, call);
+        match &global.outcome {
+            Ok(divisor) => {
+                self.scale_host.as_mut_slice().map_err(e("host scale"))?[0] = (1.0 / divisor) as f32;
+                self.stream.copy_h2d(&self.scale_host, &mut self.scale_dev).map_err(e("scale copy"))?;
+                self.ops.scale(&self.stream, &self.acc, &self.scale_dev).map_err(e("gradient rescale"))?;
+                work.launch_optimizer(&self.stream, step, &self.acc).map_err(|source| ScheduleError::Workload {
+                    rank,
+                    step,
+                    call: "launch_optimizer",
+                    source,
+                })?;
+            }
+            Err(skip) if global.planned() > 0 || matches!(skip, SkipReason::NonFinite { .. }) => {
+                tracing::warn!(step, rank, ?skip, "skipping the update on every rank");
+            }
+            Err(_) => debug!(step, rank, "no rank had data: nothing to update"),
         }
+        Ok(())
+    }
+
+    /// Zeroes the accumulator, records the next step's compute clock start `t0` after
+    /// the update and waits for it; returns its device timestamp (ns), this step's end.
+    fn restart_clock(&mut self, step: u64) -> Result<u64, ScheduleError> {
+        let rank = self.comm.rank();
+        let e = |call| dev_err(rank, step, call);
         self.ops.zero(&self.stream, &self.acc).map_err(e("gradient zero"))?;
         self.t0.record(&self.stream).map_err(e("event record"))?;
         self.t0.synchronize().map_err(|x| self.stream_error(rank, step, "optimizer synchronize", x))?;
-        let end = self.t0.timestamp_ns().map_err(e("event timestamp"))?;
-        let step_ns = end.saturating_sub(t0);
-        self.last_overhead_ns = step_ns.saturating_sub(compute_ns);
-        self.stragglers.observe(&ranks);
-        let wait_ns = max_compute.saturating_sub(compute_ns);
-        let retune = match &mut self.retuner {
-            Some(rt) => {
-                let ev = rt.on_step(&matrix, (max_compute + max_overhead) as f64)?;
-                self.cfg.policy.threshold = rt.threshold_for_next_step();
-                ev
-            }
-            None => None,
-        };
-        let report = StepReport {
-            step,
-            rank,
-            world_size: n as u32,
-            threshold_ns: threshold_ns(threshold),
-            ranks,
-            divisor,
-            skip,
-            compute_ns,
-            wait_ns,
-            collective_ns: coll_ns.saturating_sub(wait_ns),
-            step_ns,
-            collective_seqs: seqs,
-            host_loop_ns,
-            collective_span_ns: (c0_ns, c1_ns),
-            step_end_ns: end,
-            overhead_ns: max_overhead,
-            stop_requested,
-            latencies_ns: matrix.clone(),
-            micro_batches: records,
-        };
-        Ok((report, retune))
+        self.t0.timestamp_ns().map_err(e("event timestamp"))
     }
 
-    /// Micro-batches scheduled (computed + dropped) over every rank.
-    fn gathered_planned(&self, ranks: &[RankStepStats]) -> u64 {
-        ranks.iter().map(|r| u64::from(r.computed) + u64::from(r.dropped)).sum()
+    /// The step's report from its phases (`end_ns`: device timestamp of the update's end). The
+    /// threshold is the one in force for this step (read before any re-tune).
+    fn report(
+        &self,
+        step: u64,
+        compute: &ComputePhase,
+        micro_batches: Vec<MicroBatchRecord>,
+        collective: &CollectivePhase,
+        global: GlobalView,
+        end_ns: u64,
+    ) -> StepReport {
+        let ranks: Vec<RankStepStats> = global.rows.iter().map(CountRow::stats).collect();
+        let max_compute = ranks.iter().map(|r| r.compute_ns).max().unwrap_or(0);
+        let wait_ns = max_compute.saturating_sub(compute.compute_ns);
+        let (divisor, skip) = match global.outcome {
+            Ok(d) => (d, None),
+            Err(s) => (0.0, Some(s)),
+        };
+        StepReport {
+            step,
+            rank: self.comm.rank(),
+            world_size: self.comm.world_size(),
+            threshold_ns: threshold_ns(self.cfg.policy.threshold),
+            divisor,
+            skip,
+            compute_ns: compute.compute_ns,
+            wait_ns,
+            collective_ns: collective.c1_ns.saturating_sub(collective.c0_ns).saturating_sub(wait_ns),
+            step_ns: end_ns.saturating_sub(compute.t0_ns),
+            collective_seqs: collective.seqs,
+            host_loop_ns: compute.host_loop_ns,
+            collective_span_ns: (collective.c0_ns, collective.c1_ns),
+            step_end_ns: end_ns,
+            overhead_ns: global.rows.iter().map(|r| r.overhead_ns).max().unwrap_or(0),
+            stop_requested: global.rows.iter().any(|r| r.stop_requested),
+            latencies_ns: global.rows.iter().flat_map(CountRow::latencies_f64).collect(),
+            micro_batches,
+            ranks,
+        }
+    }
+
+    /// Feeds the re-tuner, if any, with the step's N x M latency matrix and T_c estimate (max
+    /// compute plus max overhead over ranks) and moves to the threshold it chooses.
+    fn retune(&mut self, report: &StepReport) -> Result<Option<RetuneEvent>, ScheduleError> {
+        let Some(rt) = &mut self.retuner else { return Ok(None) };
+        let max_compute = report.ranks.iter().map(|r| r.compute_ns).max().unwrap_or(0);
+        let ev = rt.on_step(&report.latencies_ns, (max_compute + report.overhead_ns) as f64)?;
+        self.cfg.policy.threshold = rt.threshold_for_next_step();
+        Ok(ev)
     }
 
     /// A stream error seen at a synchronize: when it is the asynchronous failure of an earlier
@@ -563,21 +708,44 @@ impl Scheduler {
         Ok(v)
     }
 
-    fn read_end(
-        &mut self,
-        i: usize,
-        starts_ns: &mut [u64],
-        ends_ns: &mut [u64],
-        durations: &mut [u64],
-        rank: u32,
-        step: u64,
-    ) -> Result<(), ScheduleError> {
+    /// Waits for the end events of micro-batches `phase.seen..upto` in order and reads their
+    /// start and end timestamps and durations into `phase`, feeding the latency estimator.
+    fn read_ends(&mut self, step: u64, phase: &mut ComputePhase, upto: usize) -> Result<(), ScheduleError> {
+        let rank = self.comm.rank();
         let e = |call| dev_err(rank, step, call);
-        self.ends[i].synchronize().map_err(|x| self.stream_error(rank, step, "micro-batch synchronize", x))?;
-        starts_ns[i] = self.starts[i].timestamp_ns().map_err(e("event timestamp"))?;
-        ends_ns[i] = self.ends[i].timestamp_ns().map_err(e("event timestamp"))?;
-        durations[i] = ends_ns[i].saturating_sub(starts_ns[i]);
-        self.estimator.observe(durations[i]);
+        while phase.seen < upto {
+            let i = phase.seen;
+            self.ends[i].synchronize().map_err(|x| self.stream_error(rank, step, "micro-batch synchronize", x))?;
+            phase.starts_ns[i] = self.starts[i].timestamp_ns().map_err(e("event timestamp"))?;
+            phase.ends_ns[i] = self.ends[i].timestamp_ns().map_err(e("event timestamp"))?;
+            phase.durations[i] = phase.ends_ns[i].saturating_sub(phase.starts_ns[i]);
+            self.estimator.observe(phase.durations[i]);
+            phase.seen += 1;
+        }
         Ok(())
     }
+}
+
+/// This rank's micro-batch records of one step in schedule order: the computed ones with their
+/// device start and duration, then the dropped ones stamped at the drop time (the end of the
+/// last computed micro-batch, or `t0` when none was) with duration 0.
+fn micro_batch_records(
+    step: u64,
+    computed: &[MicroBatch],
+    dropped: &[MicroBatch],
+    compute: &ComputePhase,
+) -> Vec<MicroBatchRecord> {
+    let drop_at = compute.started.checked_sub(1).map_or(compute.t0_ns, |last| compute.ends_ns[last]);
+    let done = computed.iter().enumerate().map(|(i, mb)| (i, mb, compute.starts_ns[i], compute.durations[i], false));
+    let undone = dropped.iter().enumerate().map(|(j, mb)| (computed.len() + j, mb, drop_at, 0, true));
+    done.chain(undone)
+        .map(|(i, mb, start_ns, duration_ns, dropped)| MicroBatchRecord {
+            step,
+            micro_batch: i as u32,
+            start_ns,
+            duration_ns,
+            samples: mb.samples(),
+            dropped,
+        })
+        .collect()
 }
