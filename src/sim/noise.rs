@@ -264,7 +264,7 @@ pub fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::rng::SimRng;
+    use crate::sim::rng;
 
     #[test]
     fn reference_pmf_matches_published_statistics() {
@@ -290,7 +290,7 @@ mod tests {
     fn alias_sampler_reproduces_weights() {
         let w = [1.0, 0.0, 3.0, 6.0];
         let s = DiscreteSampler::new(&w).expect("valid weights");
-        let mut r = SimRng::for_stream(3, 0);
+        let mut r = rng::stream(3, 0);
         let mut counts = [0u32; 4];
         let n = 100_000;
         for _ in 0..n {
@@ -317,7 +317,7 @@ mod tests {
         ];
         for m in models {
             let s = m.sampler().expect("valid model");
-            let mut r = SimRng::for_stream(11, 0);
+            let mut r = rng::stream(11, 0);
             let n = 200_000;
             let mean = (0..n).map(|_| s.sample(&mut r)).sum::<f64>() / f64::from(n);
             // All models here have cv <= ~2.5 per draw: se of the mean <= 0.6 %.
