@@ -16,6 +16,7 @@ pub mod kernels;
 pub mod mock;
 pub mod policy;
 pub mod schedule;
+pub mod serde_nan;
 pub mod sim;
 pub mod synapse;
 pub mod trace;

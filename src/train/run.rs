@@ -291,7 +291,7 @@ pub struct RankOutcome {
     pub reports: Vec<StepReport>,
     /// Global mean training loss per step (loss summed over every rank's computed samples /
     /// their count; NaN for a step with none).
-    #[serde(with = "nan_vec")]
+    #[serde(with = "crate::serde_nan::vec")]
     pub loss: Vec<f64>,
     /// Wall time of the run's step loop (ns): host time in real time mode, the sum of the steps'
     /// device time in virtual time mode.
@@ -304,16 +304,6 @@ pub struct RankOutcome {
     pub threshold_ns: Option<u64>,
     /// How the threshold was chosen.
     pub threshold_source: String,
-}
-
-mod nan_vec {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        v.iter().map(|x| x.is_finite().then_some(*x)).collect::<Vec<_>>().serialize(s)
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
-    }
 }
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
