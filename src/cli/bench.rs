@@ -78,9 +78,9 @@ pub struct AllreduceChildArgs {
     /// World size.
     #[arg(long)]
     pub ranks: u32,
-    /// Unique id bytes, hex.
+    /// Unique id, in its hex text form (`UniqueId`'s `Display`).
     #[arg(long)]
-    pub id: String,
+    pub id: UniqueId,
     /// Options, JSON.
     #[arg(long)]
     pub opts: String,
@@ -130,17 +130,6 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             Ok(())
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Result<Vec<u8>, CliError> {
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("--id {s:?}: not an even-length hex string").into());
-    }
-    (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
 }
 
 fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
@@ -195,7 +184,7 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
                             "--ranks",
                             &a.ranks.to_string(),
                         ])
-                        .args(["--id", &hex(&id.to_bytes()), "--opts", &opts_json])
+                        .args(["--id", &id.to_string(), "--opts", &opts_json])
                         .stdout(std::process::Stdio::piped())
                         .spawn()
                 })
@@ -219,9 +208,8 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
 
 fn allreduce_child(a: &AllreduceChildArgs) -> Result<(), CliError> {
     let opts: AllreduceOptions = serde_json::from_str(&a.opts)?;
-    let id = UniqueId::from_bytes(&unhex(&a.id)?)?;
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
-    let rows = join_and_measure(&rt, &id, a.rank, a.ranks, &opts)?;
+    let rows = join_and_measure(&rt, &a.id, a.rank, a.ranks, &opts)?;
     if a.rank == 0 {
         println!("{}", serde_json::to_string(&rows)?);
     }

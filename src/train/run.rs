@@ -690,14 +690,6 @@ fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
-}
-
 /// The command-line arguments a rank process gets: this process's `train` arguments without
 /// `--launch`, `--out`, `--resume` and their values (the parent owns outputs), plus the hidden
 /// child flags.
@@ -719,12 +711,7 @@ fn child_args(parent: &[String], rank: u32, id: &UniqueId, result: &std::path::P
         }
         out.push(a.clone());
     }
-    out.extend([
-        "--child".to_string(),
-        format!("{rank}:{}", hex(&id.to_bytes())),
-        "--child-result".into(),
-        result.display().to_string(),
-    ]);
+    out.extend(["--child".to_string(), format!("{rank}:{id}"), "--child-result".into(), result.display().to_string()]);
     out
 }
 
@@ -801,7 +788,8 @@ pub fn run_child(job: &Job, rt: &Arc<Runtime>, child: &str, result: &std::path::
     let bad = || TrainError::Config { what: "--child", value: format!("{child:?} (expected RANK:HEX)") };
     let (r, h) = child.split_once(':').ok_or_else(bad)?;
     let rank: u32 = r.parse().map_err(|_| bad())?;
-    let id = UniqueId::from_bytes(&unhex(h).ok_or_else(bad)?).map_err(|_| bad())?;
+    let id: UniqueId =
+        h.parse().map_err(|e| TrainError::Config { what: "--child", value: format!("{child:?}: {e}") })?;
     let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
     let comm = Comm::init_rank(&dev, job.cfg.ranks, &id, rank, comm_options())
         .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
