@@ -14,6 +14,7 @@ pub mod commands;
 pub mod hccl;
 pub mod policy;
 pub mod schedule;
+pub mod serde_nan;
 pub mod sim;
 pub mod synapse;
 pub mod trace;

@@ -284,9 +284,7 @@ fn child_never_joins() {
 /// all-reduce, the survivors must report a typed peer error with the flight record.
 fn child_killed() {
     let rank: u32 = env("DC_RANK").parse().unwrap();
-    let bytes: Vec<u8> =
-        (0..env("DC_ID").len() / 2).map(|i| u8::from_str_radix(&env("DC_ID")[2 * i..2 * i + 2], 16).unwrap()).collect();
-    let id = UniqueId::from_bytes(&bytes).unwrap();
+    let id: UniqueId = env("DC_ID").parse().unwrap();
     let rt = Runtime::new(mock::api()).unwrap();
     let dev = Device::acquire_any(&rt).unwrap();
     let s = Stream::new(&dev).unwrap();
@@ -330,10 +328,6 @@ fn child_contend() {
     println!("CONTEND_OK {elapsed:?}");
 }
 
-fn id_hex(id: &UniqueId) -> String {
-    id.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[test]
 fn a_peer_that_never_joins_fails_comm_init_with_a_typed_error_within_the_timeout() {
     let kid = spawn_child("child_role", &[(CHILD, "never_joins".into()), (mock::hccl::ENV_TIMEOUT_MS, "1500".into())]);
@@ -345,7 +339,7 @@ fn a_peer_that_never_joins_fails_comm_init_with_a_typed_error_within_the_timeout
 #[test]
 fn a_peer_process_killed_mid_collective_gives_survivors_a_peer_error_and_the_flight_record() {
     let rt = runtime();
-    let id = id_hex(&Comm::unique_id(rt).unwrap());
+    let id = Comm::unique_id(rt).unwrap().to_string();
     let kids: Vec<_> = (0..3)
         .map(|r| {
             let e = [

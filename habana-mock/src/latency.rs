@@ -5,24 +5,15 @@
 //! decide when a latency is drawn: at enqueue time, so a module's sequence depends only on its
 //! own launch order, never on thread timing).
 
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use std::collections::VecDeque;
 
-use latency_noise::{Noise, NoiseSampler, splitmix64};
-
-/// Seed of module `module`'s random stream: splitmix64 of `seed` mixed with `module + 1` times
-/// the golden-ratio increment (the increment is subtracted first so the mix is the finaliser of
-/// `seed ^ (module + 1)·φ`, as before the seed mixer moved to `latency-noise`).
-pub fn module_seed(seed: u64, module: u32) -> u64 {
-    const PHI: u64 = 0x9E37_79B9_7F4A_7C15;
-    splitmix64((seed ^ u64::from(module).wrapping_add(1).wrapping_mul(PHI)).wrapping_sub(PHI))
-}
+use latency_noise::{Noise, NoiseSampler, StableRng, stream};
 
 /// One module's latency generator.
 #[derive(Debug)]
 pub(crate) struct DeviceLatency {
-    rng: StdRng,
+    /// Stream `module` of the seed: `latency_noise::stream(seed, module)`.
+    rng: StableRng,
     slowdown: f64,
     noise: NoiseSampler,
     script: VecDeque<u64>,
@@ -38,7 +29,7 @@ impl DeviceLatency {
         script: Vec<u64>,
         script_recipe: Option<String>,
     ) -> Self {
-        let rng = StdRng::seed_from_u64(module_seed(seed, module));
+        let rng = stream(seed, u64::from(module));
         // The configuration was validated (`MockConfig::validate`); an invalid model cannot reach
         // here, and would mean factor 1.
         let noise = noise.sampler().unwrap_or(NoiseSampler::One);
@@ -47,7 +38,7 @@ impl DeviceLatency {
 
     /// Restarts the random stream as if configured with `seed` (script and model unchanged).
     pub(crate) fn reseed(&mut self, seed: u64, module: u32) {
-        self.rng = StdRng::seed_from_u64(module_seed(seed, module));
+        self.rng = stream(seed, u64::from(module));
     }
 
     /// Latency in ns of the next launch of recipe `recipe` with base latency `base_ns`: the

@@ -5,9 +5,12 @@
 //!
 //! Owns: the one definition of the reference distribution ([`reference_multiplier_pmf`]), the
 //! [`Noise`] type with its command-line syntax, moments and prepared sampler ([`NoiseSampler`]),
-//! the alias-table sampler ([`DiscreteSampler`]) and the seed mixer [`splitmix64`]. Must not
+//! the alias-table sampler ([`DiscreteSampler`]) and seeding with the one version-stable
+//! generator ([`rng`]: [`StableRng`], [`stream`], [`splitmix64`]). Must not
 //! touch: devices, clocks or policies. A leaf crate: it depends on no other crate of this
 //! workspace, so the mock and the product both use it.
+
+pub mod rng;
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,6 +18,8 @@ use std::str::FromStr;
 use rand::Rng;
 use rand_distr::{Distribution, Exp, LogNormal, Normal};
 use serde::{Deserialize, Serialize};
+
+pub use rng::{StableRng, split_seed, splitmix64, stream};
 
 /// A bad noise specification or parameter.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -367,16 +372,6 @@ impl NoiseSampler {
             }
         }
     }
-}
-
-/// splitmix64 (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA
-/// 2014; the finaliser of Java's SplittableRandom): a bijective mix of a 64-bit value, used to
-/// derive independent seeds from (seed, index) pairs.
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

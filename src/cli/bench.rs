@@ -82,7 +82,8 @@ pub struct AllreduceChildArgs {
     /// World size.
     #[arg(long)]
     pub ranks: u32,
-    /// Unique id bytes, hex.
+    /// Unique id, in its hex text form (`UniqueId`'s `Display`; parsed in the command, as a
+    /// 1 KiB `UniqueId` field would bloat the command enum).
     #[arg(long)]
     pub id: String,
     /// Options, JSON.
@@ -138,17 +139,6 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Result<Vec<u8>, CliError> {
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("--id {s:?}: not an even-length hex string").into());
-    }
-    (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
-}
-
 fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
     if a.min_bytes == 0 || a.min_bytes > a.max_bytes {
         return Err(format!("--min-bytes {} / --max-bytes {}: need 0 < min <= max", a.min_bytes, a.max_bytes).into());
@@ -202,7 +192,7 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
                             "--ranks",
                             &a.ranks.to_string(),
                         ])
-                        .args(["--id", &hex(&id.to_bytes()), "--opts", &opts_json])
+                        .args(["--id", &id.to_string(), "--opts", &opts_json])
                         .stdout(std::process::Stdio::piped())
                         .spawn()
                 })
@@ -226,7 +216,7 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
 
 fn allreduce_child(a: &AllreduceChildArgs) -> Result<(), CliError> {
     let opts: AllreduceOptions = serde_json::from_str(&a.opts)?;
-    let id = UniqueId::from_bytes(&unhex(&a.id)?)?;
+    let id: UniqueId = a.id.parse().map_err(|e| format!("--id {:?}: {e}", a.id))?;
     #[cfg(feature = "mock")]
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
     #[cfg(not(feature = "mock"))]

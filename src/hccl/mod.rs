@@ -19,4 +19,4 @@ pub use comm::{Comm, CommOptions};
 pub use error::{HcclError, Result};
 pub use flight::{FlightEntry, FlightRecorder};
 pub use join::join;
-pub use types::{HcclType, ReduceOp, UniqueId};
+pub use types::{HcclType, ReduceOp, UniqueId, UniqueIdParseError};

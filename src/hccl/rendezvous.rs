@@ -117,22 +117,22 @@ impl JobSecret {
     /// [`SecretError`] for a non-hex character, an odd length, or fewer than 128 bits.
     pub fn from_hex(s: &str) -> std::result::Result<Self, SecretError> {
         let s = s.trim();
+        // A secret is not a UniqueId, so it uses the `hex` crate directly (no codec of our own).
+        // The character check comes first so a bad character is named even in an odd-length
+        // string.
         if let Some((position, ch)) = s.char_indices().find(|(_, c)| !c.is_ascii_hexdigit()) {
             return Err(SecretError::NotHex { position, ch });
         }
-        if !s.len().is_multiple_of(2) {
-            return Err(SecretError::OddLength { digits: s.len() });
-        }
-        if s.len() / 2 < MIN_SECRET_BYTES {
+        let bytes = hex::decode(s).map_err(|_| SecretError::OddLength { digits: s.len() })?;
+        if bytes.len() < MIN_SECRET_BYTES {
             return Err(SecretError::TooShort { bits: s.len() * 4 });
         }
-        let nibble = |b: u8| (b as char).to_digit(16).map_or(0, |d| d as u8);
-        Ok(Self(s.as_bytes().chunks(2).map(|p| nibble(p[0]) << 4 | nibble(p[1])).collect()))
+        Ok(Self(bytes))
     }
 
     /// Lowercase hex, the form [`JobSecret::from_hex`] and `DROPCOMPUTE_JOB_SECRET` take.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(&self.0)
     }
 
     fn mac(&self, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {

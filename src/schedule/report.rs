@@ -108,7 +108,7 @@ pub struct StepReport {
     pub stop_requested: bool,
     /// Every rank's micro-batch latencies of this step (ns), N x M row-major by rank, NaN for a
     /// micro-batch not computed (identical on every rank: the tuner's input). JSON: null for NaN.
-    #[serde(with = "nan_as_null")]
+    #[serde(with = "crate::serde_nan::vec")]
     pub latencies_ns: Vec<f64>,
     /// This rank's micro-batches, scheduled order (computed then dropped).
     pub micro_batches: Vec<MicroBatchRecord>,
@@ -235,19 +235,6 @@ impl StragglerTracker {
             })
             .map(|i| i as u32)
             .collect()
-    }
-}
-
-/// JSON has no NaN: a `Vec<f64>` with NaN entries is written with nulls and read back as NaN.
-mod nan_as_null {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        v.iter().map(|x| (!x.is_nan()).then_some(*x)).collect::<Vec<_>>().serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
     }
 }
 

@@ -6,7 +6,7 @@
 //! Method: each step draws all N x M latencies once and evaluates both the baseline (every
 //! micro-batch) and the policy on the same draws (common random numbers), so the effective
 //! speedup's noise is small. Work is split into units of (step, block of [`BLOCK`] workers);
-//! unit i draws from `SimRng::for_stream(seed, i)`, units run in parallel with rayon and are
+//! unit i draws from `rng::stream(seed, i)`, units run in parallel with rayon and are
 //! combined in index order, so results are bit-identical for any thread count.
 //! Simulated steps are post-warm-up: step s is passed to `decide` as `warmup_steps + s`.
 
@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::SimError;
 use super::noise::{LatencyModel, LatencySampler};
-use super::rng::SimRng;
+use super::rng;
 use crate::policy::{CheckMode, PolicyConfig, decide};
 
 /// Workers per work unit.
@@ -106,7 +106,7 @@ fn mean_se(xs: &[f64]) -> MeanSe {
 }
 
 fn quantile_of(sampler: &LatencySampler, factor: f64, q: f64, seed: u64) -> u64 {
-    let mut r = SimRng::for_stream(seed, u64::MAX);
+    let mut r = rng::stream(seed, u64::MAX);
     let mut v: Vec<f64> = (0..20_000).map(|_| sampler.sample(&mut r) * factor).collect();
     v.sort_by(f64::total_cmp);
     let i = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
@@ -143,7 +143,7 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
         .into_par_iter()
         .map(|u| {
             let (step, block) = (u / blocks, (u % blocks) as u32);
-            let mut rng = SimRng::for_stream(cfg.seed, u);
+            let mut rng = rng::stream(cfg.seed, u);
             let policy_step = cfg.policy.warmup_steps.saturating_add(step);
             let mut unit = Unit { base_max: 0.0, policy_max: 0.0, started: 0 };
             let lo = block * BLOCK;

@@ -78,7 +78,7 @@ pub fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::rng::SimRng;
+    use crate::sim::rng;
 
     #[test]
     fn latency_is_base_times_the_noise_factor() {
@@ -87,7 +87,7 @@ mod tests {
             assert_eq!(m.mean_ns(), 250.0 * noise.mean());
             assert_eq!(m.std_ns(), 250.0 * noise.std());
             let (s, f) = (m.sampler().unwrap(), noise.sampler().unwrap());
-            let (mut a, mut b) = (SimRng::for_stream(11, 0), SimRng::for_stream(11, 0));
+            let (mut a, mut b) = (rng::stream(11, 0), rng::stream(11, 0));
             for _ in 0..100 {
                 assert_eq!(s.sample(&mut a), 250.0 * f.sample(&mut b));
             }

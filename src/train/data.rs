@@ -26,8 +26,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use rand::SeedableRng;
-use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+
+use crate::sim::rng::StableRng;
 
 /// Labels must be below this (classes are `0..=max label`; the output layer has one unit per
 /// class, so a stray huge label would otherwise allocate a huge model).
@@ -217,7 +218,7 @@ impl Dataset {
     }
 
     /// Splits into `(train, holdout)`: `round(len * holdout_fraction)` samples chosen uniformly
-    /// at random (shuffle with `StdRng::seed_from_u64(seed)`) go to holdout, the rest to train.
+    /// at random (shuffle with [`StableRng`]`::seed_from_u64(seed)`) go to holdout, the rest to train.
     /// Both keep the original sample order and this set's `dim`, `classes` and scaling. Not
     /// stratified. Same inputs and seed give the same split.
     ///
@@ -234,7 +235,7 @@ impl Dataset {
             return Err(invalid);
         }
         let mut ids: Vec<usize> = (0..n).collect();
-        ids.shuffle(&mut StdRng::seed_from_u64(seed));
+        ids.shuffle(&mut StableRng::seed_from_u64(seed));
         let (hold, train) = ids.split_at_mut(n_hold);
         hold.sort_unstable();
         train.sort_unstable();

@@ -22,11 +22,11 @@
 use std::ops::Range;
 
 use rand::SeedableRng;
-use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
 
 use super::data::Dataset;
 use super::gemm::{Mat, gemm};
+use crate::sim::rng::StableRng;
 
 /// Layer sizes of the MLP. The flat parameter vector (length [`MlpShape::param_len`]) is
 /// `[W1 | b1 | W2 | b2]`:
@@ -141,13 +141,14 @@ pub struct MlpScratch {
 }
 
 /// He-normal initialisation (He et al., ICCV 2015): `W1 ~ N(0, 2 / input)`,
-/// `W2 ~ N(0, 2 / hidden)`, biases 0; drawn in layout order from `StdRng::seed_from_u64(seed)`.
+/// `W2 ~ N(0, 2 / hidden)`, biases 0; drawn in layout order from
+/// [`StableRng`]`::seed_from_u64(seed)`.
 ///
 /// # Errors
 /// [`MlpError::Shape`] for an invalid shape.
 pub fn init_params(shape: MlpShape, seed: u64) -> Result<Vec<f32>, MlpError> {
     shape.validate()?;
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = StableRng::seed_from_u64(seed);
     let mut p = vec![0.0f32; shape.param_len()];
     for (range, fan_in) in [(shape.w1(), shape.input), (shape.w2(), shape.hidden)] {
         let normal = Normal::new(0.0f64, (2.0 / fan_in as f64).sqrt()).map_err(|_| MlpError::Shape(shape))?;

@@ -68,7 +68,7 @@ pub struct RunReport {
     /// Deadline, ms; `null` for threshold off.
     pub threshold_ms: Option<f64>,
     /// Training loss of the last step; `null` in JSON when not finite (diverged).
-    #[serde(with = "finite_or_null")]
+    #[serde(with = "crate::serde_nan")]
     pub final_loss: f64,
     /// Optimizer steps completed.
     pub steps: u64,
@@ -106,19 +106,6 @@ impl RunReport {
             samples_computed: m.samples_computed,
             samples_dropped: m.samples_dropped,
         })
-    }
-}
-
-/// `null` for non-finite floats (JSON has no NaN), read back as NaN.
-mod finite_or_null {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-        if x.is_finite() { s.serialize_f64(*x) } else { s.serialize_none() }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
     }
 }
 

@@ -291,7 +291,7 @@ pub struct RankOutcome {
     pub reports: Vec<StepReport>,
     /// Global mean training loss per step (loss summed over every rank's computed samples /
     /// their count; NaN for a step with none).
-    #[serde(with = "nan_vec")]
+    #[serde(with = "crate::serde_nan::vec")]
     pub loss: Vec<f64>,
     /// Wall time of the run's step loop (ns): host time in real time mode, the sum of the steps'
     /// device time in virtual time mode.
@@ -304,16 +304,6 @@ pub struct RankOutcome {
     pub threshold_ns: Option<u64>,
     /// How the threshold was chosen.
     pub threshold_source: String,
-}
-
-mod nan_vec {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        v.iter().map(|x| x.is_finite().then_some(*x)).collect::<Vec<_>>().serialize(s)
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
-    }
 }
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
@@ -700,14 +690,6 @@ fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
-}
-
 /// The command-line arguments a rank process gets: this process's `train` arguments without
 /// `--launch`, `--out`, `--resume` and their values (the parent owns outputs), plus the hidden
 /// child flags.
@@ -729,12 +711,7 @@ fn child_args(parent: &[String], rank: u32, id: &UniqueId, result: &std::path::P
         }
         out.push(a.clone());
     }
-    out.extend([
-        "--child".to_string(),
-        format!("{rank}:{}", hex(&id.to_bytes())),
-        "--child-result".into(),
-        result.display().to_string(),
-    ]);
+    out.extend(["--child".to_string(), format!("{rank}:{id}"), "--child-result".into(), result.display().to_string()]);
     out
 }
 
@@ -811,7 +788,8 @@ pub fn run_child(job: &Job, rt: &Arc<Runtime>, child: &str, result: &std::path::
     let bad = || TrainError::Config { what: "--child", value: format!("{child:?} (expected RANK:HEX)") };
     let (r, h) = child.split_once(':').ok_or_else(bad)?;
     let rank: u32 = r.parse().map_err(|_| bad())?;
-    let id = UniqueId::from_bytes(&unhex(h).ok_or_else(bad)?).map_err(|_| bad())?;
+    let id: UniqueId =
+        h.parse().map_err(|e| TrainError::Config { what: "--child", value: format!("{child:?}: {e}") })?;
     let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
     let comm = Comm::init_rank(&dev, job.cfg.ranks, &id, rank, comm_options())
         .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;

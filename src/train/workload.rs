@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
@@ -59,7 +58,7 @@ impl EpochSource {
     /// Rank `rank`'s sample ids of `epoch`, in order.
     pub fn shard(rank: u32, world_size: u32, samples: u64, seed: u64, epoch: u64) -> Vec<u64> {
         let mut ids: Vec<u64> = (0..samples).collect();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = crate::sim::rng::stream(seed, epoch);
         ids.shuffle(&mut rng);
         ids.into_iter().skip(rank as usize).step_by(world_size.max(1) as usize).collect()
     }

@@ -93,7 +93,9 @@ pub fn from_reduced(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::rng::SimRng;
+    use rand::Rng;
+
+    use crate::sim::rng;
     use crate::tune::{TuneConfig, tune};
 
     /// Simulated ranks each fill their own statistics, the vectors are summed in several
@@ -102,12 +104,12 @@ mod tests {
     #[test]
     fn every_rank_reaches_the_same_threshold() {
         let (n, k, m) = (7usize, 5usize, 6usize);
-        let mut rng = SimRng::for_stream(9, 0);
+        let mut rng = rng::stream(9, 0);
         let locals: Vec<LocalStats> = (0..n)
             .map(|r| {
                 let mut st = LocalStats::new(r, n, k, m).expect("valid");
                 for s in 0..k {
-                    let lat: Vec<f64> = (0..m).map(|_| 1e6 * (1.0 + 3.0 * rng.uniform().powi(3))).collect();
+                    let lat: Vec<f64> = (0..m).map(|_| 1e6 * (1.0 + 3.0 * rng.random::<f64>().powi(3))).collect();
                     let step = lat.iter().sum::<f64>() * 1.5 + 1e6;
                     st.record(s, &lat, step).expect("in range");
                 }

@@ -232,7 +232,7 @@ mod tests {
     use super::*;
     use crate::policy::{PolicyConfig, decide};
     use crate::sim::noise::{LatencyModel, Noise};
-    use crate::sim::rng::SimRng;
+    use crate::sim::rng::{self, StableRng};
 
     /// Drive the retuner with a simulated job (reference noise, N = 16, M = 12) whose ranks
     /// apply `decide` with the threshold it returns; check the cycle, the hysteresis and that the
@@ -249,7 +249,7 @@ mod tests {
         for step in 0..180u64 {
             let th = rt.threshold_for_next_step();
             let policy = PolicyConfig { threshold: th, warmup_steps: 0, ..PolicyConfig::default() };
-            let mut rng = SimRng::for_stream(5, step);
+            let mut rng = rng::stream(5, step);
             let mut mat = vec![f64::NAN; n * m];
             let mut max_c = 0.0f64;
             for r in 0..n {
@@ -290,7 +290,7 @@ mod tests {
         assert!(rt.on_step(&[0.0; 3], 1.0).is_err());
     }
 
-    fn rtp(s: &crate::sim::noise::LatencySampler, r: &mut SimRng) -> f64 {
+    fn rtp(s: &crate::sim::noise::LatencySampler, r: &mut StableRng) -> f64 {
         s.sample(r)
     }
 }

@@ -337,15 +337,17 @@ pub fn wait_child(mut child: Child, limit: Duration) -> (Option<i32>, bool, Stri
     }
 }
 
-/// Hex encoding of a unique id (length + used bytes) for a child's environment.
+/// Hex of a raw unique id's used bytes (the length is the digit count / 2) for a child's
+/// environment: the same text as `dropcompute::hccl::UniqueId`'s `Display`, via the `hex` crate
+/// because these tests hold the raw `hcclUniqueId` of the C API.
 pub fn id_hex(id: &hcclUniqueId) -> String {
-    id.internal[..id.length].iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&id.internal[..id.length])
 }
 
 /// Inverse of [`id_hex`].
 pub fn id_from_hex(s: &str) -> hcclUniqueId {
     let mut id = hcclUniqueId::default();
-    let bytes: Vec<u8> = (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect();
+    let bytes = hex::decode(s).expect("hex unique id");
     id.internal[..bytes.len()].copy_from_slice(&bytes);
     id.length = bytes.len();
     id
