@@ -209,7 +209,14 @@ impl Worker {
             if r.is_err() && s.error.is_none() {
                 s.error = Some((synStatus::FAIL, "mock stream worker panicked".into()));
             }
+            // The operation counts as completed before its events fire, so a host thread woken
+            // by an event sees the stream idle when that was its last operation (as on the
+            // device, where the event is the stream's progress).
             s.completed += 1;
+            drop(s);
+            for (e, g, ts) in r.unwrap_or_default() {
+                e.complete(g, ts);
+            }
             self.shared.cv.notify_all();
         }
     }
@@ -279,7 +286,9 @@ impl Worker {
         self.aborted() || self.shared.lock().error.is_some()
     }
 
-    fn execute(&self, op: Op) {
+    /// Runs `op`; returns the events it completes (event, generation, timestamp ns), fired by
+    /// the caller after the operation is counted as completed.
+    fn execute(&self, op: Op) -> Vec<(Arc<Event>, u64, u64)> {
         let stall_ns = self.stall();
         if stall_ns > 0 {
             let mut s = self.shared.lock();
@@ -306,14 +315,12 @@ impl Worker {
                     self.set_error(status, msg);
                 }
                 let end = self.finish(start, k.latency_ns);
-                for (e, g) in &k.events {
-                    e.complete(*g, end);
-                }
+                return k.events.iter().map(|(e, g)| (e.clone(), *g, end)).collect();
             }
             Op::Record { event, generation } => {
                 let t = self.start(0);
                 self.shared.lock().clock_ns = t;
-                event.complete(generation, t);
+                return vec![(event, generation, t)];
             }
             Op::Wait { event, generation } => {
                 let ts = if self.aborted() { None } else { event.wait_for(generation) };
@@ -337,6 +344,7 @@ impl Worker {
                 self.finish(start, latency);
             }
         }
+        Vec::new()
     }
 }
 
