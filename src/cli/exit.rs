@@ -34,7 +34,7 @@ use dropcompute::mock::config::ConfigError as MockConfigError;
 use dropcompute::schedule::ScheduleError;
 use dropcompute::sim::SimError;
 use dropcompute::trace::TraceError;
-use dropcompute::train::run::TrainError;
+use dropcompute::train::error::TrainError;
 use habana_sys::LoadError;
 
 /// A failure class and its process exit code (see the module table).

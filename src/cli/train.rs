@@ -4,9 +4,11 @@
 use std::io::IsTerminal;
 
 use dropcompute::train::args::{LaunchMode, TrainArgs};
+use dropcompute::train::error::TrainError;
+use dropcompute::train::job::Job;
 use dropcompute::train::output::StagedOut;
 use dropcompute::train::report::comparison_table;
-use dropcompute::train::run::{self, Job, TrainError};
+use dropcompute::train::run;
 use dropcompute::train::summary;
 
 use super::CliError;

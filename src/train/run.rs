@@ -2,319 +2,31 @@
 //! DropCompute), and the three ways of starting ranks (threads of this process, child
 //! processes on loopback, or one rank under a launcher).
 //!
-//! Owns: [`Job`] (validated inputs: config, data split, model shape, initial parameters),
-//! [`rank_main`], [`run_threads`], [`run_processes`], [`run_env`], and [`TrainError`]. Must not
-//! touch: the step loop (`schedule::Scheduler::step` is the only training loop), the deadline
-//! rule, or output formats (`summary`).
+//! Owns: [`rank_main`], the threshold resolution of a run (fixed, auto via
+//! `tune::recommend`, in-run re-tuning), [`run_threads`], [`run_processes`], [`run_env`].
+//! Must not touch: the job description (`job`), the error type (`error`), the step loop
+//! (`schedule::Scheduler::step` is the only training loop), the deadline rule, or output
+//! formats (`summary`).
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
-use crate::hccl::{Comm, CommOptions, HcclError, ReduceOp, UniqueId};
-use crate::mock::{DeviceOverride, MockConfig, MockControl};
+use crate::hccl::{Comm, CommOptions, ReduceOp, UniqueId};
+use crate::mock::MockControl;
 use crate::policy::{PolicyConfig, Threshold};
 use crate::schedule::{
-    DropHandling, DropLedger, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
+    DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
 use crate::synapse::{Device, HostBuffer, Runtime};
+use crate::tune::Verdict;
 use crate::tune::retune::{Retuner, RetunerConfig};
 
-use super::args::{RunLength, ThresholdArg, TrainConfig};
-use super::data::{DataError, Dataset};
-use super::mlp::{self, MlpError, MlpShape};
+use super::args::{RunLength, ThresholdArg};
+use super::error::TrainError;
+use super::job::{Job, RankOutcome, RunKind};
 use super::progress::Progress;
 use super::workload::{EpochSource, MlpHyper, MlpWorkload};
-
-/// Everything that can stop `train`. Each names the rank, file, flag or call involved.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TrainError {
-    /// A bad command-line value.
-    #[error(transparent)]
-    Args(#[from] super::args::ArgError),
-    /// The data file.
-    #[error(transparent)]
-    Data(#[from] DataError),
-    /// The model shape does not fit the data.
-    #[error("model: {0}")]
-    Model(#[from] MlpError),
-    /// More ranks than mock devices, or another impossible combination.
-    #[error("{what}: {value}")]
-    Config {
-        /// The setting.
-        what: &'static str,
-        /// Its value and the rule.
-        value: String,
-    },
-    /// Configuring the mock device failed.
-    #[error("mock device configuration: {0}")]
-    Mock(#[from] crate::mock::MockControlError),
-    /// A device call outside the step (acquire, allocation, copies).
-    #[error("rank {rank}: {source}")]
-    Device {
-        /// Rank.
-        rank: u32,
-        /// The runtime's error.
-        #[source]
-        source: crate::synapse::Error,
-    },
-    /// A collective outside the step (communicator init, loss all-reduce).
-    #[error("rank {rank}: {call}: {source}")]
-    Collective {
-        /// Rank.
-        rank: u32,
-        /// The call.
-        call: &'static str,
-        /// The typed collective error.
-        #[source]
-        source: HcclError,
-    },
-    /// A training step failed.
-    #[error(transparent)]
-    Step(#[from] ScheduleError),
-    /// Launcher environment (`--launch env`).
-    #[error(transparent)]
-    Bootstrap(#[from] crate::hccl::bootstrap::ConfigError),
-    /// A rank process of `--launch processes` failed.
-    #[error("rank {rank} process: {why}")]
-    Child {
-        /// Rank.
-        rank: u32,
-        /// Its exit code (None: killed by a signal, or it exited 0 without a readable result).
-        code: Option<i32>,
-        /// Exit status and the tail of its stderr.
-        why: String,
-    },
-    /// Outputs (`--out`).
-    #[error(transparent)]
-    Output(#[from] super::output::OutputError),
-    /// Report assembly.
-    #[error(transparent)]
-    Report(#[from] super::report::ReportError),
-    /// The figure.
-    #[error(transparent)]
-    Figure(#[from] super::figure::FigureError),
-    /// File I/O outside `--out` (child result files, process spawning).
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A checkpoint could not be written or read (file and reason).
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// SIGINT/SIGTERM: every rank stopped after the same step and saved a checkpoint.
-    #[error("interrupted: stopped after step {step}; {saved}")]
-    Interrupted {
-        /// Steps completed.
-        step: u64,
-        /// Where the checkpoint went (or why there is none).
-        saved: String,
-    },
-    /// The ranks finished with different parameters (a lockstep violation; never expected).
-    #[error("ranks diverged: rank {rank}'s final parameters differ from rank 0's")]
-    Diverged {
-        /// The first differing rank.
-        rank: u32,
-    },
-}
-
-/// Validated inputs shared by every rank: the configuration, the train/held-out split, the
-/// model shape and the initial parameters (identical on every rank: seeded).
-#[derive(Debug, Clone)]
-pub struct Job {
-    /// The validated configuration.
-    pub cfg: TrainConfig,
-    /// Training samples.
-    pub train: Arc<Dataset>,
-    /// Held-out samples (accuracy).
-    pub holdout: Arc<Dataset>,
-    /// input x hidden x classes.
-    pub shape: MlpShape,
-    /// Initial parameters (He init from the seed).
-    pub init: Vec<f32>,
-    /// `--resume`: the step every rank resumes the DropCompute run from.
-    pub resume_step: Option<u64>,
-    /// Drop-rate guardrail of `--threshold auto` ([`auto_max_drop_rate`]).
-    pub auto_max_drop: f64,
-}
-
-impl Job {
-    /// Loads and splits the data (embedded digits or `cfg.data`), initializes the model and,
-    /// with `--resume`, picks the checkpoint step every rank has. No device or network call.
-    ///
-    /// # Errors
-    /// [`TrainError::Data`] for an unreadable or malformed file (file and line);
-    /// [`TrainError::Model`] for an impossible shape; [`TrainError::Checkpoint`] when `--resume`
-    /// finds no step readable for every rank.
-    pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
-        let all = match &cfg.data {
-            Some(p) => Dataset::load(p)?,
-            None => Dataset::embedded_digits()?,
-        };
-        let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
-        let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
-        let init = mlp::init_params(shape, cfg.seed)?;
-        let auto_max_drop = auto_max_drop_rate()?;
-        let mut job = Self {
-            cfg,
-            train: Arc::new(train),
-            holdout: Arc::new(holdout),
-            shape,
-            init,
-            resume_step: None,
-            auto_max_drop,
-        };
-        if job.holdout.is_empty() || job.train.len() < job.cfg.ranks as usize {
-            return Err(TrainError::Config {
-                what: "--holdout",
-                value: format!(
-                    "{}: leaves {} training and {} held-out samples of {} for {} ranks",
-                    job.cfg.holdout,
-                    job.train.len(),
-                    job.holdout.len(),
-                    all.len(),
-                    job.cfg.ranks
-                ),
-            });
-        }
-        if let Some(dir) = job.cfg.resume.clone() {
-            let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
-            if let RunLength::Steps(s) = job.cfg.length
-                && s <= s0
-            {
-                return Err(TrainError::Config {
-                    what: "--steps",
-                    value: format!("{s}: the checkpoint in {} is already at step {s0}; nothing to do", dir.display()),
-                });
-            }
-            job.resume_step = Some(s0);
-        }
-        Ok(job)
-    }
-
-    /// The runs of this job in order: the baseline (threshold off) when comparing, then
-    /// DropCompute. A resumed job continues the DropCompute run only.
-    pub fn plan(&self) -> Vec<RunKind> {
-        let mut v = Vec::new();
-        if self.cfg.compare && self.resume_step.is_none() {
-            v.push(RunKind::Baseline);
-        }
-        v.push(RunKind::DropCompute);
-        v
-    }
-
-    /// Steps of a run, `None` for an epoch-bounded run.
-    pub fn steps(&self) -> Option<u64> {
-        match self.cfg.length {
-            RunLength::Steps(s) => Some(s),
-            RunLength::Epochs(_) => None,
-        }
-    }
-
-    /// The mock configuration of this job for a process whose ranks acquire modules
-    /// `0..ranks`: `$DROPCOMPUTE_MOCK_CONFIG`/`$DROPCOMPUTE_MOCK_DEVICES` as a base (devices
-    /// raised to the world size unless `$DROPCOMPUTE_MOCK_DEVICES` fixes it), the chosen time
-    /// mode, seed, noise and slow ranks.
-    ///
-    /// # Errors
-    /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
-    /// the mock environment is invalid.
-    pub fn mock_config(&self) -> Result<MockConfig, TrainError> {
-        let mut m = MockConfig::from_env()
-            .map_err(|e| TrainError::Config { what: "mock environment", value: e.to_string() })?;
-        let fixed = std::env::var_os(crate::mock::config::ENV_DEVICES).is_some();
-        if m.devices < self.cfg.ranks {
-            if fixed {
-                return Err(TrainError::Config {
-                    what: "--ranks",
-                    value: format!(
-                        "{} ranks but only {} mock devices (${})",
-                        self.cfg.ranks,
-                        m.devices,
-                        crate::mock::config::ENV_DEVICES
-                    ),
-                });
-            }
-            m.devices = self.cfg.ranks;
-        }
-        m.time_mode = self.cfg.time_mode;
-        m.seed = self.cfg.seed;
-        m.noise = self.cfg.mock_noise();
-        for s in &self.cfg.slow_ranks {
-            m.per_device.retain(|o| o.module_id != s.rank);
-            m.per_device.push(DeviceOverride {
-                module_id: s.rank,
-                slowdown: s.factor,
-                noise: None,
-                script_ns: vec![],
-                script_recipe: None,
-            });
-        }
-        Ok(m)
-    }
-}
-
-/// Which run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RunKind {
-    /// Threshold off.
-    Baseline,
-    /// The configured threshold.
-    DropCompute,
-}
-
-impl RunKind {
-    /// "baseline" or "dropcompute".
-    pub fn label(self) -> &'static str {
-        match self {
-            RunKind::Baseline => "baseline",
-            RunKind::DropCompute => "dropcompute",
-        }
-    }
-}
-
-/// What one rank measured in one run (JSON: the result file of a rank process).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RankOutcome {
-    /// Which run.
-    pub kind: RunKind,
-    /// Rank.
-    pub rank: u32,
-    /// One report per step.
-    pub reports: Vec<StepReport>,
-    /// Global mean training loss per step (loss summed over every rank's computed samples /
-    /// their count; NaN for a step with none).
-    #[serde(with = "nan_vec")]
-    pub loss: Vec<f64>,
-    /// Wall time of the run's step loop (ns): host time in real time mode, the sum of the steps'
-    /// device time in virtual time mode.
-    pub wall_ns: u64,
-    /// Final parameters.
-    pub params: Vec<f32>,
-    /// This rank's drop ledger.
-    pub ledger: DropLedger,
-    /// Threshold in force at the end (ns), `None` for off.
-    pub threshold_ns: Option<u64>,
-    /// How the threshold was chosen.
-    pub threshold_source: String,
-}
-
-mod nan_vec {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        v.iter().map(|x| x.is_finite().then_some(*x)).collect::<Vec<_>>().serialize(s)
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        Ok(Vec::<Option<f64>>::deserialize(d)?.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
-    }
-}
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
 /// rank dies), 5 s abort deadline, a flight recorder of the last 15 collectives (5 steps).
@@ -352,21 +64,21 @@ fn resolve_threshold(
         }
         (ThresholdArg::Auto, Some(reports)) => {
             let rank = comm.rank();
-            let cap = job.auto_max_drop;
             let mut found = None;
             if rank == 0 {
                 let trace = super::summary::baseline_trace(reports, job.cfg.warmup_steps);
-                found = trace.and_then(|t| super::summary::best_threshold(&t, job.cfg.check, cap, 0.02));
+                found = trace.map(|t| crate::tune::recommend(&t, &job.auto_recommend()).verdict);
             }
-            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |(t, _)| t.as_ns().unwrap_or(u64::MAX)))?;
+            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |v| v.threshold().as_ns().unwrap_or(u64::MAX)))?;
             let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
             let why = match (found, rank) {
-                (Some((_, p)), _) => format!(
-                    "auto: best predicted speedup {p:.3}x replaying the baseline run's latencies (drop rate <= {:.0} %)",
-                    cap * 100.0
+                (Some(Verdict::Enable(c)), _) => format!(
+                    "auto: best predicted speedup {:.3}x replaying the baseline run's latencies (drop rate <= {:.0} %)",
+                    1.0 + c.objective,
+                    job.auto_max_drop * 100.0
                 ),
-                (None, 0) => "auto: no threshold predicts a gain on the baseline run; off".into(),
-                (None, _) => "auto: chosen by rank 0".into(),
+                (_, 0) => "auto: no threshold predicts a gain on the baseline run; off".into(),
+                (_, _) => "auto: chosen by rank 0".into(),
             };
             (t, None, why)
         }
@@ -405,48 +117,10 @@ fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
     Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
 }
 
-/// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AT=STEP[:RANK]` makes the process SIGKILL itself
-/// while rank RANK (any rank if omitted) launches the first micro-batch of step STEP (0-based),
-/// i.e. after STEP steps completed, in the middle of its compute phase. Used by the
-/// crash-and-resume and killed-rank tests: no handler runs, nothing is flushed.
-pub(crate) fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
-    static AT: std::sync::OnceLock<Option<(u64, Option<u32>)>> = std::sync::OnceLock::new();
-    let at = AT.get_or_init(|| {
-        let v = std::env::var("DROPCOMPUTE_TEST_SIGKILL_AT").ok()?;
-        let (s, r) = v.split_once(':').map_or((v.as_str(), None), |(s, r)| (s, Some(r)));
-        Some((s.parse().ok()?, r.and_then(|r| r.parse().ok())))
-    });
-    if let Some((s, r)) = *at
-        && s == step
-        && micro_batch == 0
-        && r.is_none_or(|r| r == rank)
-    {
-        let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
-        std::thread::sleep(Duration::from_secs(5));
-    }
-}
-
 /// Prints the communicator's flight recorder (last collectives, with FAILED/PENDING marks) to
 /// stderr: the first thing to read when a collective fails.
 fn dump_flight_recorder(c: &Comm) {
     eprintln!("rank {} flight recorder (last collectives):\n{}", c.rank(), c.flight_recorder().dump());
-}
-
-/// Environment variable: the drop-rate guardrail of `--threshold auto` (a fraction in [0, 1]).
-pub const ENV_AUTO_MAX_DROP: &str = "DROPCOMPUTE_AUTO_MAX_DROP";
-
-/// The drop-rate guardrail of `--threshold auto`: `$DROPCOMPUTE_AUTO_MAX_DROP`, else 0.25.
-///
-/// # Errors
-/// [`TrainError::Config`] naming the variable and its value when it is not a number in [0, 1].
-pub fn auto_max_drop_rate() -> Result<f64, TrainError> {
-    match std::env::var(ENV_AUTO_MAX_DROP) {
-        Err(_) => Ok(0.25),
-        Ok(v) => v.trim().parse::<f64>().ok().filter(|x| (0.0..=1.0).contains(x)).ok_or(TrainError::Config {
-            what: ENV_AUTO_MAX_DROP,
-            value: format!("{v:?} (must be a fraction in [0, 1])"),
-        }),
-    }
 }
 
 /// Runs every planned run on this rank with `comm` and gives the communicator back.
@@ -516,7 +190,8 @@ pub fn rank_main(
         let every = cfg.checkpoint_every.map(|k| k.get()).filter(|_| checkpointed);
         let mut step = 0u64;
         if let (Some(s0), true) = (job.resume_step, checkpointed) {
-            let (meta, params, velocity) = super::ckpt::load(job, &cfg.checkpoint_dir, rank, s0)?;
+            let (meta, params, velocity) =
+                super::ckpt::load(&job.fingerprint(), job.shape.param_len(), &cfg.checkpoint_dir, rank, s0)?;
             work.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?;
             sched.restore(meta.scheduler);
             data = meta.data;
@@ -583,7 +258,7 @@ pub fn rank_main(
                 let saved = if checkpointed {
                     let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
                     let meta = super::ckpt::RankMeta {
-                        fingerprint: super::ckpt::fingerprint(job),
+                        fingerprint: job.fingerprint(),
                         scheduler: sched.state(),
                         data: data.clone(),
                         losses: losses.iter().map(|l| l.is_finite().then_some(*l)).collect(),
