@@ -130,6 +130,97 @@ fn auto_threshold_honours_the_drop_rate_guardrail() {
     assert_eq!(chosen[2], None, "a zero drop-rate cap leaves the threshold off");
 }
 
+/// A rank process of `--launch processes` sees exactly its parent's validated job: the
+/// `JobSpec` (every flag, `--resume`, `--checkpoint-dir`, the resume step and the auto guardrail)
+/// survives the JSON of the spec file the child reads (`launch::ChildSpec`), and the child's
+/// rebuilt `Job` describes itself with the same spec.
+#[test]
+fn a_rank_process_receives_the_parents_validated_config() {
+    use dropcompute::launch::ChildSpec;
+    use dropcompute::train::job::JobSpec;
+    let dir = std::env::temp_dir().join(format!("dropcompute-train-spec-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = dir.join("ck");
+    let args = [
+        "train",
+        "--ranks",
+        "3",
+        "--micro-batches",
+        "5",
+        "--micro-batch-size",
+        "4",
+        "--threshold",
+        "7.5",
+        "--epochs",
+        "2",
+        "--seed",
+        "11",
+        "--launch",
+        "processes",
+        "--no-compare",
+        "--noise",
+        "lognormal:0.3",
+        "--delay-factor",
+        "2",
+        "--slow-rank",
+        "1:1.5",
+        "--base-latency-ms",
+        "3",
+        "--check",
+        "before",
+        "--sync-lag",
+        "1",
+        "--normalization",
+        "nominal",
+        "--bucket-mb",
+        "0.5",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.8",
+        "--hidden",
+        "24",
+        "--holdout",
+        "0.3",
+        "--warmup-steps",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--time-mode",
+        "virtual",
+        "--resume",
+        ck.to_str().unwrap(),
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+    ];
+    let cfg = Cli::parse_from(args).train.validate().unwrap();
+    assert_eq!(cfg.resume.as_deref(), Some(ck.as_path()));
+    assert_eq!(cfg.checkpoint_dir, ck);
+    let spec = JobSpec { cfg, resume_step: Some(4), auto_max_drop: 0.125 };
+    let child = ChildSpec {
+        program: run::CHILD_PROGRAM.into(),
+        rank: 2,
+        world_size: 3,
+        unique_id: "00ff".into(),
+        config: serde_json::to_value(&spec).unwrap(),
+        result: dir.join("rank-2.result.json"),
+    };
+    let path = dir.join("rank-2.spec.json");
+    std::fs::write(&path, serde_json::to_vec(&child).unwrap()).unwrap();
+    let seen: JobSpec = ChildSpec::read(&path).unwrap().config().unwrap();
+    assert_eq!(seen, spec);
+    let job = Job::from_spec(seen).unwrap();
+    assert_eq!(job.spec(), spec);
+    assert_eq!((job.resume_step, job.auto_max_drop, job.shape.hidden), (Some(4), 0.125, 24));
+    // A spec that is not a train job is refused with the file named, not half-used.
+    let bad = ChildSpec { config: serde_json::json!({"sizes": [4]}), ..child };
+    std::fs::write(&path, serde_json::to_vec(&bad).unwrap()).unwrap();
+    let err = ChildSpec::read(&path).unwrap().config::<JobSpec>().unwrap_err();
+    assert!(err.to_string().contains("config"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn train_cli(out: &Path, extra: &[&str]) -> Vec<u8> {
     let _ = std::fs::remove_dir_all(out);
     let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))

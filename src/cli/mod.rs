@@ -43,6 +43,14 @@ pub enum Command {
     /// Train an MLP on the handwritten digits (or --data) with N ranks on the CPU mock device:
     /// the synchronous baseline and DropCompute with the same seed, side by side.
     Train(dropcompute::train::args::TrainArgs),
+    /// (internal) One rank process of `--launch processes` (`train`, `bench allreduce`): SPEC is
+    /// the JSON `dropcompute::launch::ChildSpec` its parent wrote (program, rank, unique id and
+    /// the parent's validated configuration).
+    #[command(hide = true, name = dropcompute::launch::CHILD_SUBCOMMAND)]
+    RankProcess {
+        /// The spec file.
+        spec: PathBuf,
+    },
 }
 
 /// Backend options shared by the subcommands that touch a device.
@@ -96,5 +104,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Simulate(a) => Ok(dropcompute::commands::simulate::run(&a)?),
         Command::Bench(b) => bench::run(b),
         Command::Train(a) => train::run(&a),
+        Command::RankProcess { spec } => rank_process(&spec),
+    }
+}
+
+/// Runs one rank process: dispatches on the spec's program.
+fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
+    let spec = dropcompute::launch::ChildSpec::read(path)?;
+    match spec.program.as_str() {
+        dropcompute::train::run::CHILD_PROGRAM => train::child(&spec),
+        dropcompute::bench::allreduce::CHILD_PROGRAM => bench::allreduce_child(&spec),
+        other => Err(format!("{}: unknown rank program {other:?}", path.display()).into()),
     }
 }

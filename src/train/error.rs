@@ -108,3 +108,18 @@ pub enum TrainError {
         rank: u32,
     },
 }
+
+impl From<crate::launch::LaunchError> for TrainError {
+    /// A failed rank process keeps its exit code ([`TrainError::Child`]); a panicked rank
+    /// thread is a [`TrainError::Config`] naming the rank; spec and I/O problems name the file.
+    fn from(e: crate::launch::LaunchError) -> Self {
+        use crate::launch::LaunchError as L;
+        match e {
+            L::Child { rank, code, why } => TrainError::Child { rank, code, why },
+            L::Panicked { rank } => TrainError::Config { what: "rank thread", value: format!("rank {rank} panicked") },
+            L::Io { what, source } => TrainError::Io { what, source },
+            L::Bootstrap(b) => TrainError::Bootstrap(b),
+            other => TrainError::Config { what: "rank process", value: other.to_string() },
+        }
+    }
+}

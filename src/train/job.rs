@@ -40,6 +40,19 @@ pub struct Job {
     pub auto_max_drop: f64,
 }
 
+/// The serialized form of a [`Job`] handed to a rank process (JSON inside the
+/// `crate::launch::ChildSpec`): the parent's validated configuration and its choices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The parent's validated configuration (every flag, `--resume` and `--checkpoint-dir`
+    /// included).
+    pub cfg: TrainConfig,
+    /// The step the parent chose to resume from ([`Job::resume_step`]).
+    pub resume_step: Option<u64>,
+    /// The parent's `--threshold auto` guardrail ([`Job::auto_max_drop`]).
+    pub auto_max_drop: f64,
+}
+
 impl Job {
     /// Loads and splits the data (embedded digits or `cfg.data`), initializes the model and,
     /// with `--resume`, picks the checkpoint step every rank has. No device or network call.
@@ -49,6 +62,55 @@ impl Job {
     /// [`TrainError::Model`] for an impossible shape; [`TrainError::Checkpoint`] when `--resume`
     /// finds no step readable for every rank.
     pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
+        let mut job = Self::load(cfg, auto_max_drop_rate()?)?;
+        if let Some(dir) = job.cfg.resume.clone() {
+            let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
+            if let RunLength::Steps(s) = job.cfg.length
+                && s <= s0
+            {
+                return Err(TrainError::Config {
+                    what: "--steps",
+                    value: format!("{s}: the checkpoint in {} is already at step {s0}; nothing to do", dir.display()),
+                });
+            }
+            job.resume_step = Some(s0);
+        }
+        Ok(job)
+    }
+
+    /// What a rank process needs to rebuild this job exactly: the validated configuration and
+    /// the choices the parent made from its environment and disk (resume step, auto guardrail).
+    pub fn spec(&self) -> JobSpec {
+        JobSpec { cfg: self.cfg.clone(), resume_step: self.resume_step, auto_max_drop: self.auto_max_drop }
+    }
+
+    /// The job of a rank process: [`Job::prepare`]'s data and model from `spec.cfg`, with the
+    /// parent's resume step and guardrail (not re-read from this process's disk or environment).
+    ///
+    /// # Errors
+    /// As [`Job::prepare`], except that no checkpoint directory is read here;
+    /// [`TrainError::Config`] for a guardrail outside [0, 1] or a resume step with no
+    /// `--resume` directory.
+    pub fn from_spec(spec: JobSpec) -> Result<Self, TrainError> {
+        if !(0.0..=1.0).contains(&spec.auto_max_drop) {
+            return Err(TrainError::Config {
+                what: ENV_AUTO_MAX_DROP,
+                value: format!("{} (parent job spec)", spec.auto_max_drop),
+            });
+        }
+        if spec.resume_step.is_some() && spec.cfg.resume.is_none() {
+            return Err(TrainError::Config {
+                what: "--resume",
+                value: "a resume step without a directory (parent job spec)".into(),
+            });
+        }
+        let mut job = Self::load(spec.cfg, spec.auto_max_drop)?;
+        job.resume_step = spec.resume_step;
+        Ok(job)
+    }
+
+    /// Data, split, shape and initial parameters of `cfg`; no checkpoint read.
+    fn load(cfg: TrainConfig, auto_max_drop: f64) -> Result<Self, TrainError> {
         let all = match &cfg.data {
             Some(p) => Dataset::load(p)?,
             None => Dataset::embedded_digits()?,
@@ -56,8 +118,7 @@ impl Job {
         let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
         let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
         let init = mlp::init_params(shape, cfg.seed)?;
-        let auto_max_drop = auto_max_drop_rate()?;
-        let mut job = Self {
+        let job = Self {
             cfg,
             train: Arc::new(train),
             holdout: Arc::new(holdout),
@@ -78,18 +139,6 @@ impl Job {
                     job.cfg.ranks
                 ),
             });
-        }
-        if let Some(dir) = job.cfg.resume.clone() {
-            let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
-            if let RunLength::Steps(s) = job.cfg.length
-                && s <= s0
-            {
-                return Err(TrainError::Config {
-                    what: "--steps",
-                    value: format!("{s}: the checkpoint in {} is already at step {s0}; nothing to do", dir.display()),
-                });
-            }
-            job.resume_step = Some(s0);
         }
         Ok(job)
     }

@@ -6,8 +6,8 @@
 //! mock recipe kernels that run it are thin shims in `crate::mock::model_kernels`), the
 //! workload that binds it to the scheduler ([`workload`]), the job description ([`job`]:
 //! validated inputs, planned runs, per-rank outcomes), the one error type ([`error`]),
-//! checkpoints ([`ckpt`]), the run driver ([`run`]: ranks as threads, processes or one
-//! launcher rank), and the command-line surface and outputs ([`args`], [`summary`],
+//! checkpoints ([`ckpt`]), the run driver ([`run`]: one rank's loop; ranks are started by
+//! `crate::launch` as threads, processes or one launcher rank), and the command-line surface and outputs ([`args`], [`summary`],
 //! [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
 //! `workload`, `error`}; `summary` -> {`job`, `error`, outputs}; `job` -> {`ckpt`, `error`};

@@ -1,18 +1,20 @@
 //! The training driver: one rank's loop over the planned runs (synchronous baseline, then
-//! DropCompute), and the three ways of starting ranks (threads of this process, child
-//! processes on loopback, or one rank under a launcher).
+//! DropCompute), one rank of any launch mode ([`run_rank`]), and [`run`], which starts the
+//! ranks through `crate::launch` (threads, child processes given the parent's [`JobSpec`], or
+//! one rank under a launcher).
 //!
-//! Owns: [`rank_main`], the threshold resolution of a run (fixed, auto via
-//! `tune::recommend`, in-run re-tuning), [`run_threads`], [`run_processes`], [`run_env`].
-//! Must not touch: the job description (`job`), the error type (`error`), the step loop
-//! (`schedule::Scheduler::step` is the only training loop), the deadline rule, or output
-//! formats (`summary`).
+//! Owns: [`rank_main`], [`run_rank`], [`run`], [`run_child`], the threshold resolution of a run
+//! (fixed, auto via `tune::recommend`, in-run re-tuning). Must not touch: how ranks are started
+//! or children spawned (`crate::launch`), the job description (`job`), the error type
+//! (`error`), the step loop (`schedule::Scheduler::step` is the only training loop), the
+//! deadline rule, or output formats (`summary`).
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::hccl::{Comm, CommOptions, ReduceOp, UniqueId};
+use crate::hccl::{Comm, CommOptions, ReduceOp};
+use crate::launch::{self, ChildSpec, Join, Launch};
 use crate::mock::MockControl;
 use crate::policy::{PolicyConfig, Threshold};
 use crate::schedule::{
@@ -24,7 +26,7 @@ use crate::tune::retune::{Retuner, RetunerConfig};
 
 use super::args::{RunLength, ThresholdArg};
 use super::error::TrainError;
-use super::job::{Job, RankOutcome, RunKind};
+use super::job::{Job, JobSpec, RankOutcome, RunKind};
 use super::progress::Progress;
 use super::workload::{EpochSource, MlpHyper, MlpWorkload};
 
@@ -318,39 +320,104 @@ pub fn mock_runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
     Runtime::new(crate::mock::api()).map_err(|source| TrainError::Device { rank: 0, source })
 }
 
-/// Runs every rank as a thread of this process (rank r on mock module r). Returns the
-/// outcomes indexed `[rank][run]`.
+/// One rank of `job`: acquires its device (module `rank`, or the launcher's local rank under
+/// [`Join::Env`]), joins the communicator, runs the plan ([`rank_main`]) and destroys it.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`] naming the rank; any error of
+/// [`rank_main`].
+pub fn run_rank(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    join: &Join,
+    show_progress: bool,
+) -> Result<Vec<RankOutcome>, TrainError> {
+    let rank = join.rank();
+    if join.world_size() != job.cfg.ranks {
+        return Err(TrainError::Config {
+            what: "--ranks",
+            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, join.world_size()),
+        });
+    }
+    let dev = match join {
+        Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank),
+        Join::UniqueId { .. } => Device::acquire(rt, rank),
+    }
+    .map_err(|source| TrainError::Device { rank, source })?;
+    let call = if matches!(join, Join::Env(_)) { "join" } else { "hcclCommInitRank" };
+    let comm = join.comm(&dev, comm_options()).map_err(|source| TrainError::Collective { rank, call, source })?;
+    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
+    destroy(comm, rank)?;
+    Ok(out)
+}
+
+/// Runs the ranks of `job` as `launch` says (`crate::launch`) and returns the outcomes indexed
+/// `[rank][run]`; under [`Launch::Env`] only this process's rank: `(rank, [outcomes])`.
+/// Threads run rank r on mock module r of `rt`; processes are children of this executable, each
+/// given `job.spec()` (the validated configuration, resume step and guardrail) and its own
+/// mock.
 ///
 /// # Errors
 /// The first rank's error that is not a consequence of another rank's failure (a collective
-/// error is reported only when no rank has a more specific one).
-pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+/// error is reported only when no rank has a more specific one); [`TrainError::Child`] naming a
+/// failed rank process with its exit status and stderr tail; [`TrainError::Bootstrap`] for a
+/// bad launcher environment.
+pub fn run(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    launch: Launch,
+    show_progress: bool,
+) -> Result<(u32, Vec<Vec<RankOutcome>>), TrainError> {
     let n = job.cfg.ranks;
-    let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
-    let results: Vec<Result<Vec<RankOutcome>, TrainError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|rank| {
-                let id = &id;
-                s.spawn(move || {
-                    let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
-                    let comm = Comm::init_rank(&dev, n, id, rank, comm_options())
-                        .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
-                    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
-                    destroy(comm, rank)?;
-                    Ok(out)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .enumerate()
-            .map(|(rank, h)| {
-                h.join().unwrap_or_else(|_| {
-                    Err(TrainError::Config { what: "rank thread", value: format!("rank {rank} panicked") })
-                })
-            })
-            .collect()
-    });
-    collect(results)
+    let unique_id =
+        || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
+    match launch {
+        Launch::Threads => {
+            let id = unique_id()?;
+            let results = launch::threads(n, |rank| {
+                run_rank(job, rt, &Join::UniqueId { id, rank, world_size: n }, show_progress)
+            });
+            Ok((0, collect(results.into_iter().map(|r| r.map_err(TrainError::from).and_then(|x| x)).collect())?))
+        }
+        Launch::Processes => {
+            let id = unique_id()?;
+            let results = launch::processes::<JobSpec, Vec<RankOutcome>>(CHILD_PROGRAM, n, &id, &job.spec())?;
+            let mut ok = Vec::with_capacity(results.len());
+            for r in results {
+                ok.push(r?);
+            }
+            Ok((0, ok))
+        }
+        Launch::Env => {
+            let join = Join::from_env()?;
+            Ok((join.rank(), vec![run_rank(job, rt, &join, show_progress)?]))
+        }
+    }
+}
+
+/// Runs every rank as a thread of this process (rank r on mock module r). Returns the
+/// outcomes indexed `[rank][run]`. Same as [`run`] with [`Launch::Threads`].
+///
+/// # Errors
+/// As [`run`].
+pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    Ok(run(job, rt, Launch::Threads, show_progress)?.1)
+}
+
+/// The rank program name of `train` in a `crate::launch::ChildSpec`.
+pub const CHILD_PROGRAM: &str = "train";
+
+/// The body of a `train` rank process (`dropcompute rank-process SPEC` with program
+/// [`CHILD_PROGRAM`]): rebuilds the parent's job from the spec's [`JobSpec`], configures this
+/// process's mock for it, runs the rank and writes its outcomes to the spec's result file.
+///
+/// # Errors
+/// [`TrainError::Config`] for a spec that is not a `train` job; any rank error.
+pub fn run_child(spec: &ChildSpec) -> Result<(), TrainError> {
+    let job = Job::from_spec(spec.config()?)?;
+    let rt = mock_runtime(&job)?;
+    let out = run_rank(&job, &rt, &spec.join()?, false)?;
+    Ok(spec.write_result(&out)?)
 }
 
 /// Picks the most specific error of a set of rank results.
@@ -373,151 +440,6 @@ fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec
         Some(e) => Err(e),
         None => Ok(ok),
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
-}
-
-/// The command-line arguments a rank process gets: this process's `train` arguments without
-/// `--launch`, `--out`, `--resume` and their values (the parent owns outputs), plus the hidden
-/// child flags.
-fn child_args(parent: &[String], rank: u32, id: &UniqueId, result: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut skip = false;
-    for a in parent {
-        if skip {
-            skip = false;
-            continue;
-        }
-        let takes_value = ["--launch", "--out", "--resume"];
-        if takes_value.contains(&a.as_str()) {
-            skip = true;
-            continue;
-        }
-        if takes_value.iter().any(|f| a.starts_with(&format!("{f}="))) {
-            continue;
-        }
-        out.push(a.clone());
-    }
-    out.extend([
-        "--child".to_string(),
-        format!("{rank}:{}", hex(&id.to_bytes())),
-        "--child-result".into(),
-        result.display().to_string(),
-    ]);
-    out
-}
-
-/// Spawns one process per rank on loopback (the unique id's coordinator lives in this
-/// process), waits for all, and reads their outcomes. `train_args` are this process's
-/// arguments after `train`.
-///
-/// # Errors
-/// [`TrainError::Child`] naming the first failed rank with its exit status and stderr tail;
-/// [`TrainError::Io`] when a process cannot be spawned or its result read.
-pub fn run_processes(job: &Job, rt: &Arc<Runtime>, train_args: &[String]) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
-    let n = job.cfg.ranks;
-    let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
-    let exe = std::env::current_exe().map_err(|source| TrainError::Io { what: "current executable".into(), source })?;
-    let dir = std::env::temp_dir().join(format!("dropcompute-train-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|source| TrainError::Io { what: format!("create {}", dir.display()), source })?;
-    let mut children = Vec::new();
-    for rank in 0..n {
-        let result = dir.join(format!("rank-{rank}.json"));
-        let err = dir.join(format!("rank-{rank}.stderr"));
-        let stderr = std::fs::File::create(&err)
-            .map_err(|source| TrainError::Io { what: format!("create {}", err.display()), source })?;
-        let child = std::process::Command::new(&exe)
-            .arg("train")
-            .args(child_args(train_args, rank, &id, &result))
-            .stdout(std::process::Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .map_err(|source| TrainError::Io { what: format!("spawn rank {rank}"), source })?;
-        children.push((rank, child, result, err));
-    }
-    let mut results = Vec::new();
-    for (rank, mut child, result, err) in children {
-        let status = child.wait().map_err(|source| TrainError::Io { what: format!("wait for rank {rank}"), source })?;
-        let r = if status.success() {
-            std::fs::read(&result)
-                .map_err(|source| TrainError::Io { what: format!("read {}", result.display()), source })
-                .and_then(|b| {
-                    serde_json::from_slice(&b).map_err(|e| TrainError::Child {
-                        rank,
-                        code: None,
-                        why: format!("bad result file: {e}"),
-                    })
-                })
-        } else {
-            let tail = std::fs::read_to_string(&err).unwrap_or_default();
-            let tail: String =
-                tail.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n    ");
-            Err(TrainError::Child { rank, code: status.code(), why: format!("{status}; its stderr ends:\n    {tail}") })
-        };
-        results.push(r);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut first_child = None;
-    let mut ok = Vec::new();
-    for r in results {
-        match r {
-            Ok(v) => ok.push(v),
-            Err(e) => {
-                first_child.get_or_insert(e);
-            }
-        }
-    }
-    first_child.map_or(Ok(ok), Err)
-}
-
-/// The body of a rank process (`--child RANK:ID`): joins the communicator of the parent's
-/// unique id, runs the plan and writes the outcomes to `result` as JSON.
-///
-/// # Errors
-/// [`TrainError::Config`] for a malformed `--child` value; any rank error.
-pub fn run_child(job: &Job, rt: &Arc<Runtime>, child: &str, result: &std::path::Path) -> Result<(), TrainError> {
-    let bad = || TrainError::Config { what: "--child", value: format!("{child:?} (expected RANK:HEX)") };
-    let (r, h) = child.split_once(':').ok_or_else(bad)?;
-    let rank: u32 = r.parse().map_err(|_| bad())?;
-    let id = UniqueId::from_bytes(&unhex(h).ok_or_else(bad)?).map_err(|_| bad())?;
-    let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
-    let comm = Comm::init_rank(&dev, job.cfg.ranks, &id, rank, comm_options())
-        .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
-    let (out, comm) = rank_main(job, rt, comm, false)?;
-    destroy(comm, rank)?;
-    let json = serde_json::to_vec(&out).map_err(|e| TrainError::Config { what: "result", value: e.to_string() })?;
-    std::fs::write(result, json)
-        .map_err(|source| TrainError::Io { what: format!("write {}", result.display()), source })
-}
-
-/// One rank under a launcher (mpirun, Slurm, torchrun): bootstrap from the environment, run the
-/// plan, return (rank, outcomes).
-///
-/// # Errors
-/// [`TrainError::Bootstrap`] for a bad launcher environment; any rank error.
-pub fn run_env(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<(u32, Vec<RankOutcome>), TrainError> {
-    let boot = crate::hccl::bootstrap::Bootstrap::from_env()?;
-    let rank = boot.rank;
-    if boot.world_size != job.cfg.ranks {
-        return Err(TrainError::Config {
-            what: "--ranks",
-            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, boot.world_size),
-        });
-    }
-    let dev =
-        Device::acquire_for_local_rank(rt, boot.local_rank).map_err(|source| TrainError::Device { rank, source })?;
-    let comm = crate::hccl::join(&dev, &boot, Duration::from_secs(120), comm_options())
-        .map_err(|source| TrainError::Collective { rank, call: "join", source })?;
-    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
-    destroy(comm, rank)?;
-    Ok((rank, out))
 }
 
 /// Checks that every rank ended each run with the same parameters.
