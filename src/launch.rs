@@ -81,6 +81,15 @@ pub enum LaunchError {
         /// What is wrong with it.
         why: String,
     },
+    /// A spec whose content does not fit (configuration of another program, malformed unique
+    /// id, unserializable result), naming the rank.
+    #[error("rank {rank} process spec: {why}")]
+    BadSpec {
+        /// Rank.
+        rank: u32,
+        /// What does not fit.
+        why: String,
+    },
     /// The launcher environment of [`Launch::Env`].
     #[error(transparent)]
     Bootstrap(#[from] ConfigError),
@@ -183,18 +192,18 @@ impl ChildSpec {
     /// The program's configuration, typed.
     ///
     /// # Errors
-    /// [`LaunchError::Spec`] when it does not deserialize as `C`.
+    /// [`LaunchError::BadSpec`] when it does not deserialize as `C`.
     pub fn config<C: DeserializeOwned>(&self) -> Result<C, LaunchError> {
         serde_json::from_value(self.config.clone())
-            .map_err(|e| LaunchError::Spec { path: self.result.clone(), why: format!("config: {e}") })
+            .map_err(|e| LaunchError::BadSpec { rank: self.rank, why: format!("config of {:?}: {e}", self.program) })
     }
 
     /// How this rank joins the parent's communicator.
     ///
     /// # Errors
-    /// [`LaunchError::Spec`] for a malformed unique id.
+    /// [`LaunchError::BadSpec`] for a malformed unique id.
     pub fn join(&self) -> Result<Join, LaunchError> {
-        let bad = |why: String| LaunchError::Spec { path: self.result.clone(), why };
+        let bad = |why: String| LaunchError::BadSpec { rank: self.rank, why };
         let bytes = unhex(&self.unique_id).ok_or_else(|| bad(format!("unique_id {:?}: not hex", self.unique_id)))?;
         let id = UniqueId::from_bytes(&bytes).map_err(|e| bad(format!("unique_id: {e}")))?;
         Ok(Join::UniqueId { id, rank: self.rank, world_size: self.world_size })
@@ -203,11 +212,11 @@ impl ChildSpec {
     /// Writes this rank's result to [`Self::result`].
     ///
     /// # Errors
-    /// [`LaunchError::Io`] when the file cannot be written; [`LaunchError::Spec`] when `r` does
-    /// not serialize.
+    /// [`LaunchError::Io`] when the file cannot be written; [`LaunchError::BadSpec`] when `r`
+    /// does not serialize.
     pub fn write_result<R: Serialize>(&self, r: &R) -> Result<(), LaunchError> {
-        let json = serde_json::to_vec(r)
-            .map_err(|e| LaunchError::Spec { path: self.result.clone(), why: format!("result: {e}") })?;
+        let json =
+            serde_json::to_vec(r).map_err(|e| LaunchError::BadSpec { rank: self.rank, why: format!("result: {e}") })?;
         std::fs::write(&self.result, json)
             .map_err(|source| LaunchError::Io { what: format!("write {}", self.result.display()), source })
     }
@@ -381,6 +390,7 @@ mod tests {
         std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
         let back = ChildSpec::read(&path).unwrap();
         assert_eq!(back, spec);
+        assert_eq!(back.config::<serde_json::Value>().unwrap()["b"][0], 2.5);
         match back.join().unwrap() {
             Join::UniqueId { id: j, rank, world_size } => {
                 assert_eq!((j.to_bytes(), rank, world_size), (id.to_bytes(), 1, 3));
@@ -388,6 +398,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let bad = ChildSpec { unique_id: "zz".into(), ..spec };
-        assert!(matches!(bad.join(), Err(LaunchError::Spec { .. })));
+        assert!(matches!(bad.join(), Err(LaunchError::BadSpec { rank: 1, .. })));
+        let err = back.config::<Vec<u32>>().unwrap_err();
+        assert!(matches!(err, LaunchError::BadSpec { rank: 1, .. }), "{err}");
     }
 }
