@@ -6,12 +6,15 @@
 //! simulation) -> [`trace`], [`tune`], [`sim`] (pure: traces, threshold tuning, what-if
 //! models) -> [`commands`] and [`bench`] (what the CLI runs). [`hccl`] sits beside
 //! [`synapse`]: the safe collectives (communicator, watchdog, flight recorder), the launcher
-//! bootstrap and the rendezvous that hands rank 0's unique id to the other ranks.
+//! bootstrap and the rendezvous that hands rank 0's unique id to the other ranks. [`launch`]
+//! starts N ranks (threads, child processes given the parent's configuration as JSON, or one
+//! launcher rank) for `train`, `bench allreduce` and the tests.
 
 pub mod bench;
 pub mod checkpoint;
 pub mod commands;
 pub mod hccl;
+pub mod launch;
 pub mod policy;
 pub mod schedule;
 pub mod serde_nan;

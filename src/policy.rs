@@ -37,7 +37,7 @@ impl Threshold {
 }
 
 /// Where and how the deadline is checked. Command-line names: `before`, `predictive`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum CheckMode {
     /// Start micro-batch k iff the elapsed compute time is strictly below the threshold (the
     /// reference BERT-Large behaviour: the micro-batch in flight always finishes, so the compute

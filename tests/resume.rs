@@ -168,3 +168,37 @@ fn a_resumed_run_takes_the_new_run_length_and_refuses_one_already_done() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let _ = std::fs::remove_dir_all(ck);
 }
+
+/// `--launch processes` hands every rank process the parent's validated job (configuration,
+/// resume step), never a filtered argv: `--checkpoint-dir` and `--resume` reach the children.
+/// A 3-rank process-mode run killed at step 7 (last checkpoint: step 6) and resumed in process
+/// mode runs only steps 6..14 and ends bitwise identical to an uninterrupted process-mode run.
+/// (Before, the children lost `--resume`, silently retrained from step 0 and reported 14 steps.)
+#[test]
+fn a_process_mode_run_resumes_from_its_checkpoint() {
+    let procs = ["--launch", "processes"];
+    let (ck_a, out_a) = (tmp("proc-ck-a"), tmp("proc-out-a"));
+    let o = train(&[&procs[..], &["--checkpoint-dir", s(&ck_a), "--out", s(&out_a)]].concat(), None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reference = params(&out_a);
+
+    let (ck_b, out_b) = (tmp("proc-ck-b"), tmp("proc-out-b"));
+    let o = train(
+        &[&procs[..], &["--checkpoint-dir", s(&ck_b), "--out", s(&out_b)]].concat(),
+        Some(("DROPCOMPUTE_TEST_SIGKILL_AT", "7".into())),
+    );
+    assert!(!o.status.success(), "every rank process kills itself at step 7");
+    for r in 0..3 {
+        let newest = ck_b.join(format!("rank-{r}")).join("checkpoint-0000000006.dcc");
+        assert!(newest.exists(), "rank {r}'s checkpoints go to --checkpoint-dir: {}", newest.display());
+    }
+    let o = train(&[&procs[..], &["--resume", s(&ck_b), "--out", s(&out_b)]].concat(), None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out_b.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["config"]["launch"], "processes");
+    assert_eq!(report["dropcompute"]["steps"], 8, "the rank processes resumed at step 6 of 14");
+    assert!(params(&out_b) == reference, "process-mode resume: bitwise identical to the uninterrupted run");
+    for p in [ck_a, out_a, ck_b, out_b] {
+        let _ = std::fs::remove_dir_all(p);
+    }
+}

@@ -8,8 +8,9 @@ use std::process::Command;
 
 use clap::Parser;
 use dropcompute::train::args::TrainArgs;
+use dropcompute::train::job::{Job, RunKind};
 use dropcompute::train::output::StagedOut;
-use dropcompute::train::run::{self, Job, RunKind};
+use dropcompute::train::run;
 use dropcompute::train::summary;
 
 #[derive(Parser)]
@@ -25,12 +26,19 @@ fn job(args: &[&str]) -> Job {
     Job::prepare(cfg).unwrap()
 }
 
+/// The in-process mock is one per test process: tests that configure it take turns.
+fn in_process_mock() -> std::sync::MutexGuard<'static, ()> {
+    static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    L.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
 
 #[test]
 fn a_small_job_learns_and_its_reports_are_consistent() {
+    let _mock = in_process_mock();
     let j =
         job(&["--ranks", "4", "--steps", "16", "--time-mode", "virtual", "--base-latency-ms", "1", "--threshold", "9"]);
     let rt = run::mock_runtime(&j).unwrap();
@@ -87,6 +95,130 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     assert!(report["speedup"].as_f64().is_some());
     let log = std::fs::read_to_string(dir.join("compute_log_dropcompute.csv")).unwrap();
     assert_eq!(log.lines().count() - 1, 4 * 16 * m as usize, "one row per scheduled micro-batch");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--threshold auto` runs with `tune::recommend` on the baseline run's trace under the job's
+/// drop-rate guardrail (`Job::auto_max_drop`, from `$DROPCOMPUTE_AUTO_MAX_DROP`): a tighter cap
+/// picks a larger threshold whose predicted drop rate stays within it, and a zero cap turns
+/// dropping off.
+#[test]
+fn auto_threshold_honours_the_drop_rate_guardrail() {
+    let _mock = in_process_mock();
+    use dropcompute::tune::{Verdict, recommend};
+    let mut chosen = Vec::new();
+    for cap in [0.25, 0.05, 0.0] {
+        let mut j = job(&["--ranks", "4", "--steps", "40", "--time-mode", "virtual", "--threshold", "auto"]);
+        j.auto_max_drop = cap;
+        let rt = run::mock_runtime(&j).unwrap();
+        let out = run::run_threads(&j, &rt, false).unwrap();
+        let (base, dc) = (&out[0][0], &out[0][1]);
+        assert_eq!((base.kind, dc.kind), (RunKind::Baseline, RunKind::DropCompute));
+        let trace = summary::baseline_trace(&base.reports, j.cfg.warmup_steps).unwrap();
+        let verdict = recommend(&trace, &j.auto_recommend()).verdict;
+        // Every rank runs with rank 0's recommendation.
+        for runs in &out {
+            assert_eq!(runs[1].threshold_ns, verdict.threshold().as_ns(), "cap {cap}");
+        }
+        match verdict {
+            Verdict::Enable(c) => assert!(c.drop_rate <= cap && c.drop_rate > 0.0, "cap {cap}: {c:?}"),
+            Verdict::Decline(_) => assert!(dc.reports.iter().all(|r| r.global_dropped() == 0)),
+        }
+        chosen.push(dc.threshold_ns);
+    }
+    let (loose, tight) = (chosen[0].expect("0.25 enables"), chosen[1].expect("0.05 enables"));
+    assert!(tight > loose, "a tighter cap needs a later deadline: {tight} vs {loose} ns");
+    assert_eq!(chosen[2], None, "a zero drop-rate cap leaves the threshold off");
+}
+
+/// A rank process of `--launch processes` sees exactly its parent's validated job: the
+/// `JobSpec` (every flag, `--resume`, `--checkpoint-dir`, the resume step and the auto guardrail)
+/// survives the JSON of the spec file the child reads (`launch::ChildSpec`), and the child's
+/// rebuilt `Job` describes itself with the same spec.
+#[test]
+fn a_rank_process_receives_the_parents_validated_config() {
+    use dropcompute::launch::ChildSpec;
+    use dropcompute::train::job::JobSpec;
+    let dir = std::env::temp_dir().join(format!("dropcompute-train-spec-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = dir.join("ck");
+    let args = [
+        "train",
+        "--ranks",
+        "3",
+        "--micro-batches",
+        "5",
+        "--micro-batch-size",
+        "4",
+        "--threshold",
+        "7.5",
+        "--epochs",
+        "2",
+        "--seed",
+        "11",
+        "--launch",
+        "processes",
+        "--no-compare",
+        "--noise",
+        "lognormal:0.3",
+        "--delay-factor",
+        "2",
+        "--slow-rank",
+        "1:1.5",
+        "--base-latency-ms",
+        "3",
+        "--check",
+        "before",
+        "--sync-lag",
+        "1",
+        "--normalization",
+        "nominal",
+        "--bucket-mb",
+        "0.5",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.8",
+        "--hidden",
+        "24",
+        "--holdout",
+        "0.3",
+        "--warmup-steps",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--time-mode",
+        "virtual",
+        "--resume",
+        ck.to_str().unwrap(),
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+    ];
+    let cfg = Cli::parse_from(args).train.validate().unwrap();
+    assert_eq!(cfg.resume.as_deref(), Some(ck.as_path()));
+    assert_eq!(cfg.checkpoint_dir, ck);
+    let spec = JobSpec { cfg, resume_step: Some(4), auto_max_drop: 0.125 };
+    let child = ChildSpec {
+        program: run::CHILD_PROGRAM.into(),
+        rank: 2,
+        world_size: 3,
+        unique_id: "00ff".into(),
+        config: serde_json::to_value(&spec).unwrap(),
+        result: dir.join("rank-2.result.json"),
+    };
+    let path = dir.join("rank-2.spec.json");
+    std::fs::write(&path, serde_json::to_vec(&child).unwrap()).unwrap();
+    let seen: JobSpec = ChildSpec::read(&path).unwrap().config().unwrap();
+    assert_eq!(seen, spec);
+    let job = Job::from_spec(seen).unwrap();
+    assert_eq!(job.spec(), spec);
+    assert_eq!((job.resume_step, job.auto_max_drop, job.shape.hidden), (Some(4), 0.125, 24));
+    // A spec that is not a train job is refused with the file named, not half-used.
+    let bad = ChildSpec { config: serde_json::json!({"sizes": [4]}), ..child };
+    std::fs::write(&path, serde_json::to_vec(&bad).unwrap()).unwrap();
+    let err = ChildSpec::read(&path).unwrap().config::<JobSpec>().unwrap_err();
+    assert!(err.to_string().contains("config"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -2,16 +2,17 @@
 //! busbw, where algbw = bytes / time and busbw = algbw · 2(n−1)/n (the nccl-tests definition:
 //! the bandwidth each link sustains in a ring all-reduce).
 //!
-//! Owns: the per-rank measurement loop ([`measure_rank`]), the thread-per-rank driver
-//! ([`run_threads`]) and the report. Process-per-rank drivers live in the CLI (they spawn the
-//! binary); they call [`measure_rank`] in each child.
+//! Owns: the per-rank measurement loop ([`measure_rank`]), one rank of any launch mode
+//! ([`join_and_measure`]), the thread driver ([`run_threads`]) and the report. Must not touch:
+//! starting ranks (`crate::launch` does, for threads, processes and launcher ranks alike).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp, UniqueId};
+use crate::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp};
+use crate::launch::{self, Join};
 use crate::synapse::{Device, DeviceBuffer, Runtime, Stream};
 
 /// What to measure.
@@ -141,47 +142,43 @@ pub fn measure_rank(comm: &Comm, stream: &Stream, opts: &AllreduceOptions) -> Re
     }
 }
 
-/// Joins rank `rank` of a communicator on a fresh device and measures (one process-per-rank
-/// child, or one thread of [`run_threads`]).
+/// The rank program name of `bench allreduce --launch processes` in a
+/// `crate::launch::ChildSpec` (its config is the [`AllreduceOptions`], its result the rows).
+pub const CHILD_PROGRAM: &str = "bench-allreduce";
+
+/// Joins the communicator as `join` says on a fresh device (any free device, or the
+/// launcher's local rank under [`Join::Env`]) and measures: one rank of any launch mode.
 ///
 /// # Errors
 /// Device acquisition, communicator init, or measurement errors.
 pub fn join_and_measure(
     rt: &Arc<Runtime>,
-    id: &UniqueId,
-    rank: u32,
-    ranks: u32,
+    join: &Join,
     opts: &AllreduceOptions,
 ) -> Result<Vec<AllreduceRow>, HcclError> {
-    let dev = Device::acquire_any(rt)?;
+    let dev = match join {
+        Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank)?,
+        Join::UniqueId { .. } => Device::acquire_any(rt)?,
+    };
     let stream = Stream::new(&dev)?;
-    let comm = Comm::init_rank(&dev, ranks, id, rank, CommOptions::default())?;
+    let comm = join.comm(&dev, CommOptions::default())?;
     let rows = measure_rank(&comm, &stream, opts)?;
     comm.destroy().map_err(|b| b.0)?;
     Ok(rows)
 }
 
-/// Measures with `ranks` threads in this process, each on its own device of `rt`.
+/// Measures with `ranks` threads in this process (`crate::launch::threads`), each on its own
+/// device of `rt`.
 ///
 /// # Errors
-/// The first rank's error.
+/// The first rank's error (a panicked rank thread: [`HcclError::InvalidArgument`] naming it).
 pub fn run_threads(rt: &Arc<Runtime>, ranks: u32, opts: &AllreduceOptions) -> Result<AllreduceReport, HcclError> {
     let id = Comm::unique_id(rt)?;
-    let results: Vec<Result<Vec<AllreduceRow>, HcclError>> = std::thread::scope(|s| {
-        let handles: Vec<_> =
-            (0..ranks).map(|rank| s.spawn(move || join_and_measure(rt, &id, rank, ranks, opts))).collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(HcclError::InvalidArgument { what: "rank thread", value: "panicked".into() })
-                })
-            })
-            .collect()
-    });
+    let results =
+        launch::threads(ranks, |rank| join_and_measure(rt, &Join::UniqueId { id, rank, world_size: ranks }, opts));
     let mut rows = None;
     for r in results {
-        let r = r?;
+        let r = r.map_err(|e| HcclError::InvalidArgument { what: "rank thread", value: e.to_string() })??;
         rows.get_or_insert(r);
     }
     Ok(AllreduceReport { mode: "threads".into(), ranks, rows: rows.unwrap_or_default() })

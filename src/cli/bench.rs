@@ -3,35 +3,33 @@
 
 use clap::{Args, Subcommand};
 
-use std::time::Duration;
-
 use dropcompute::bench::allreduce::{
-    AllreduceOptions, AllreduceReport, join_and_measure, measure_rank, run_threads, sizes_between,
+    AllreduceOptions, AllreduceReport, AllreduceRow, CHILD_PROGRAM, join_and_measure, run_threads, sizes_between,
 };
 #[cfg(feature = "mock")]
 use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
-use dropcompute::hccl::CommOptions;
-use dropcompute::hccl::bootstrap::Bootstrap;
-use dropcompute::hccl::{Comm, UniqueId};
+use dropcompute::hccl::Comm;
+#[cfg(feature = "mock")]
+use dropcompute::launch::ChildSpec;
+use dropcompute::launch::{self, Join};
 #[cfg(feature = "mock")]
 use dropcompute::mock::{MockConfig, MockControl};
 use dropcompute::sim::montecarlo::bench_simulator;
-use dropcompute::synapse::{Backend, BackendChoice, Device, Runtime, Stream};
+use dropcompute::synapse::Runtime;
+#[cfg(feature = "mock")]
+use dropcompute::synapse::{Backend, BackendChoice};
 
 use super::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// f32 / bf16 scale-accumulate throughput in GB/s next to a plain memcpy of the same bytes
-    /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache). Needs the mock.
+    /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache).
     #[cfg(feature = "mock")]
     Kernels(KernelArgs),
     /// All-reduce bandwidth table (size, count, dtype, time, algbw, busbw), nccl-tests style, with
     /// ranks as threads of this process or as separate processes on loopback.
     Allreduce(AllreduceArgs),
-    /// (internal) one rank of `bench allreduce --launch processes`.
-    #[command(hide = true)]
-    AllreduceChild(AllreduceChildArgs),
     /// Simulated micro-batches per second on one thread and on all cores (target >= 20 million/s
     /// on all cores).
     Sim(SimArgs),
@@ -75,23 +73,6 @@ pub struct AllreduceArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct AllreduceChildArgs {
-    /// This rank.
-    #[arg(long)]
-    pub rank: u32,
-    /// World size.
-    #[arg(long)]
-    pub ranks: u32,
-    /// Unique id, in its hex text form (`UniqueId`'s `Display`; parsed in the command, as a
-    /// 1 KiB `UniqueId` field would bloat the command enum).
-    #[arg(long)]
-    pub id: String,
-    /// Options, JSON.
-    #[arg(long)]
-    pub opts: String,
-}
-
-#[derive(Debug, Args)]
 pub struct SimArgs {
     /// World size simulated.
     #[arg(long, default_value_t = 10_000)]
@@ -123,7 +104,6 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
             println!("{}", dropcompute::bench::scheduler::run_scheduler_bench(a.reps)?);
             Ok(())
         }
-        BenchCommand::AllreduceChild(a) => allreduce_child(&a),
         BenchCommand::Sim(a) => {
             let one = bench_simulator(a.workers, a.steps, 1)?;
             let all = bench_simulator(a.workers, a.steps, 0)?;
@@ -164,12 +144,8 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
     let report = match a.launch.as_str() {
         "threads" => run_threads(&rt, a.ranks, &opts)?,
         "env" => {
-            let boot = Bootstrap::from_env()?;
-            let dev = Device::acquire_for_local_rank(&rt, boot.local_rank)?;
-            let stream = Stream::new(&dev)?;
-            let comm = dropcompute::hccl::join(&dev, &boot, Duration::from_secs(120), CommOptions::default())?;
-            let rows = measure_rank(&comm, &stream, &opts)?;
-            comm.destroy().map_err(|b| b.0)?;
+            let boot = dropcompute::hccl::bootstrap::Bootstrap::from_env()?;
+            let rows = join_and_measure(&rt, &Join::Env(boot.clone()), &opts)?;
             if boot.rank != 0 {
                 return Ok(());
             }
@@ -179,33 +155,10 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
             // The coordinator behind the unique id lives in this process, which waits for the
             // children; each child runs its own mock device.
             let id = Comm::unique_id(&rt)?;
-            let exe = std::env::current_exe()?;
-            let opts_json = serde_json::to_string(&opts)?;
-            let children: Vec<_> = (0..a.ranks)
-                .map(|rank| {
-                    std::process::Command::new(&exe)
-                        .args([
-                            "bench",
-                            "allreduce-child",
-                            "--rank",
-                            &rank.to_string(),
-                            "--ranks",
-                            &a.ranks.to_string(),
-                        ])
-                        .args(["--id", &id.to_string(), "--opts", &opts_json])
-                        .stdout(std::process::Stdio::piped())
-                        .spawn()
-                })
-                .collect::<Result<_, _>>()?;
+            let results = launch::processes::<_, Vec<AllreduceRow>>(CHILD_PROGRAM, a.ranks, &id, &opts)?;
             let mut rows = None;
-            for (rank, child) in children.into_iter().enumerate() {
-                let out = child.wait_with_output()?;
-                if !out.status.success() {
-                    return Err(format!("rank {rank} process failed: {}", out.status).into());
-                }
-                if rank == 0 {
-                    rows = Some(serde_json::from_slice(&out.stdout)?);
-                }
+            for r in results {
+                rows.get_or_insert(r?);
             }
             AllreduceReport { mode: "processes".into(), ranks: a.ranks, rows: rows.unwrap_or_default() }
         }
@@ -214,16 +167,13 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn allreduce_child(a: &AllreduceChildArgs) -> Result<(), CliError> {
-    let opts: AllreduceOptions = serde_json::from_str(&a.opts)?;
-    let id: UniqueId = a.id.parse().map_err(|e| format!("--id {:?}: {e}", a.id))?;
-    #[cfg(feature = "mock")]
+/// One rank process of `bench allreduce --launch processes` (see `dropcompute::launch`): joins
+/// the parent's communicator on its own CPU mock and writes its rows as the result.
+#[cfg(feature = "mock")]
+pub fn allreduce_child(spec: &ChildSpec) -> Result<(), CliError> {
+    let opts: AllreduceOptions = spec.config()?;
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
-    #[cfg(not(feature = "mock"))]
-    let rt = Runtime::new(Backend::select(&BackendChoice::Auto)?.api)?;
-    let rows = join_and_measure(&rt, &id, a.rank, a.ranks, &opts)?;
-    if a.rank == 0 {
-        println!("{}", serde_json::to_string(&rows)?);
-    }
+    let rows = join_and_measure(&rt, &spec.join()?, &opts)?;
+    spec.write_result(&rows)?;
     Ok(())
 }

@@ -133,7 +133,7 @@ fn schedule(e: &ScheduleError) -> ExitClass {
 fn mock_only(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     use dropcompute::mock::RecipeFileError;
     use dropcompute::mock::config::ConfigError as MockConfigError;
-    use dropcompute::train::run::TrainError;
+    use dropcompute::train::error::TrainError;
     if let Some(t) = e.downcast_ref::<TrainError>() {
         return Some(train(t));
     }
@@ -149,8 +149,8 @@ fn mock_only(_: &(dyn Error + 'static)) -> Option<ExitClass> {
 }
 
 #[cfg(feature = "mock")]
-fn train(e: &dropcompute::train::run::TrainError) -> ExitClass {
-    use dropcompute::train::run::TrainError;
+fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
+    use dropcompute::train::error::TrainError;
     match e {
         TrainError::Args(_) | TrainError::Model(_) | TrainError::Config { .. } | TrainError::Bootstrap(_) => {
             ExitClass::Usage

@@ -46,6 +46,14 @@ pub enum Command {
     /// cargo feature `mock` (the model kernels run on the CPU mock until device graphs land).
     #[cfg(feature = "mock")]
     Train(dropcompute::train::args::TrainArgs),
+    /// (internal) One rank process of `--launch processes` (`train`, `bench allreduce`): SPEC is
+    /// the JSON `dropcompute::launch::ChildSpec` its parent wrote (program, rank, unique id and
+    /// the parent's validated configuration).
+    #[command(hide = true, name = dropcompute::launch::CHILD_SUBCOMMAND)]
+    RankProcess {
+        /// The spec file.
+        spec: PathBuf,
+    },
 }
 
 /// Backend options shared by the subcommands that touch a device.
@@ -105,5 +113,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(b) => bench::run(b),
         #[cfg(feature = "mock")]
         Command::Train(a) => train::run(&a),
+        Command::RankProcess { spec } => rank_process(&spec),
+    }
+}
+
+/// Runs one rank process: dispatches on the spec's program.
+fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
+    let spec = dropcompute::launch::ChildSpec::read(path)?;
+    match spec.program.as_str() {
+        #[cfg(feature = "mock")]
+        dropcompute::train::run::CHILD_PROGRAM => train::child(&spec),
+        #[cfg(feature = "mock")]
+        dropcompute::bench::allreduce::CHILD_PROGRAM => bench::allreduce_child(&spec),
+        other => Err(format!("{}: unknown rank program {other:?}", path.display()).into()),
     }
 }

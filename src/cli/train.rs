@@ -3,50 +3,40 @@
 
 use std::io::IsTerminal;
 
-use dropcompute::train::args::{LaunchMode, TrainArgs};
+use dropcompute::launch::ChildSpec;
+use dropcompute::train::args::TrainArgs;
+use dropcompute::train::error::TrainError;
+use dropcompute::train::job::Job;
 use dropcompute::train::output::StagedOut;
 use dropcompute::train::report::comparison_table;
-use dropcompute::train::run::{self, Job, TrainError};
+use dropcompute::train::run;
 use dropcompute::train::summary;
 
 use super::CliError;
-
-/// This process's arguments after the `train` subcommand (handed to rank processes).
-fn train_args() -> Vec<String> {
-    std::env::args().skip_while(|a| a != "train").skip(1).collect()
-}
 
 pub fn run(a: &TrainArgs) -> Result<(), CliError> {
     Ok(train(a)?)
 }
 
+/// One rank process of `train --launch processes` (see `dropcompute::launch`).
+pub fn child(spec: &ChildSpec) -> Result<(), CliError> {
+    dropcompute::train::ckpt::install_signal_handler();
+    Ok(run::run_child(spec)?)
+}
+
 fn train(a: &TrainArgs) -> Result<(), TrainError> {
     // Pure validation first: bad flags, data and --out fail before any device call.
     let cfg = a.validate()?;
-    let out = match (&cfg.out, &a.child) {
-        (Some(d), None) => Some(StagedOut::new(d)?),
-        _ => None,
-    };
-    let launch = cfg.launch;
+    let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
+    let launch = cfg.launch.into();
     dropcompute::train::ckpt::install_signal_handler();
     let job = Job::prepare(cfg)?;
     let rt = run::mock_runtime(&job)?;
-    if let Some(child) = &a.child {
-        let result = a.child_result.clone().unwrap_or_else(|| std::env::temp_dir().join("dropcompute-rank.json"));
-        return run::run_child(&job, &rt, child, &result);
-    }
     let show = std::io::stdout().is_terminal();
-    let outcomes = match launch {
-        LaunchMode::Threads => run::run_threads(&job, &rt, show)?,
-        LaunchMode::Processes => run::run_processes(&job, &rt, &train_args())?,
-        LaunchMode::Env => {
-            let (rank, o) = run::run_env(&job, &rt, show)?;
-            if rank != 0 {
-                return Ok(());
-            }
-            vec![o]
-        }
-    };
+    let (rank, outcomes) = run::run(&job, &rt, launch, show)?;
+    if rank != 0 {
+        return Ok(());
+    }
     run::check_lockstep(&outcomes)?;
     let rep = summary::report(&job, &outcomes)?;
     println!("{}", comparison_table(&rep));

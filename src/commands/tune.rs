@@ -1,6 +1,7 @@
 //! `dropcompute tune --trace FILE...`: recommend a threshold from traces.
 //!
-//! Owns: [`TuneArgs`], [`run`], [`run_to`]. Must not touch: the search itself (`crate::tune`).
+//! Owns: [`TuneArgs`], [`run`], [`run_to`] (flags and printing). Must not touch: the search
+//! and the recommendation (`crate::tune::recommend`, shared with `train --threshold auto`).
 //! Output per trace: shape and notes, the straggler headroom, the best threshold with predicted
 //! drop rate and effective speedup, the guardrails' verdict, a replay of the recommended
 //! threshold under both check modes (what the runtime, not the oracle, would get), per-rank
@@ -11,12 +12,12 @@ use std::path::PathBuf;
 
 use super::plot::{Series, line_chart};
 use super::{CommandError, io_err};
-use crate::policy::{CheckMode, PolicyConfig};
-use crate::sim::replay::replay;
+use crate::policy::CheckMode;
 use crate::trace::whatif::PipelineAggregation;
 use crate::trace::{LoadOptions, load};
+use crate::tune::recommend::replay_at;
 use crate::tune::straggler::{StragglerClass, StragglerConfig, attribute};
-use crate::tune::{Guardrails, TuneConfig, Verdict, tune};
+use crate::tune::{Guardrails, Recommend, Recommendation, Scoring, Verdict, recommend};
 
 /// Arguments of `dropcompute tune`.
 #[derive(Clone, Debug, clap::Args)]
@@ -78,7 +79,8 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
         reference_overhead_ns: args.overhead_ms * 1e6,
         pipeline: args.pipeline,
     };
-    let cfg = TuneConfig {
+    let how = Recommend {
+        scoring: Scoring::Oracle,
         guardrails: Guardrails {
             max_drop_rate: args.max_drop_rate,
             min_batch_fraction: args.min_batch_fraction,
@@ -88,7 +90,7 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
     };
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
-        let r = tune(t, &cfg);
+        let Recommendation { verdict, report: r } = recommend(t, &how);
         let compute = t.rank_compute_ns();
         let n = t.world_size();
         let mean_max =
@@ -131,7 +133,7 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
             b.step_saving * 100.0,
             b.objective * 100.0
         );
-        match r.verdict {
+        match verdict {
             Verdict::Enable(c) => {
                 let _ = writeln!(
                     s,
@@ -144,13 +146,7 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
                 for (name, check) in
                     [("before-micro-batch", CheckMode::BeforeMicroBatch), ("predictive", CheckMode::Predictive)]
                 {
-                    let p = PolicyConfig {
-                        threshold: c.threshold(),
-                        check,
-                        warmup_steps: 0,
-                        min_micro_batches: args.min_micro_batches,
-                    };
-                    let rp = replay(t, &p);
+                    let rp = replay_at(t, c.threshold(), check, args.min_micro_batches);
                     let _ = writeln!(
                         s,
                         "  replay ({name} check): drop rate {:.2}%, step {:.3} -> {:.3} ms, effective speedup {:+.2}%",
@@ -192,7 +188,7 @@ pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> 
                 a.ewma_excess * 100.0
             );
         }
-        if chronic > 0 && matches!(r.verdict, Verdict::Decline(_)) {
+        if chronic > 0 && matches!(verdict, Verdict::Decline(_)) {
             let _ = writeln!(
                 s,
                 "  hint: chronic stragglers are structural (same ranks every step); rebalance the work instead of dropping it"

@@ -56,7 +56,7 @@ fn show(x: f64) -> String {
 }
 
 /// The `--threshold` value: tune it automatically, no deadline (baseline), or fixed.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ThresholdArg {
     /// Tune the threshold from the baseline's latencies (`crate::tune`).
     Auto,
@@ -96,7 +96,7 @@ impl ThresholdArg {
 }
 
 /// The `--noise` value: the latency noise injected into every emulated micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum NoiseArg {
     /// The DropCompute reference's injected delay (scaled by `--delay-factor`).
     Reference,
@@ -138,7 +138,7 @@ impl NoiseArg {
 }
 
 /// One `--slow-rank RANK:FACTOR`: every micro-batch of `rank` takes `factor` times longer.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SlowRank {
     /// Rank index (< `--ranks`).
     pub rank: u32,
@@ -147,7 +147,7 @@ pub struct SlowRank {
 }
 
 /// The `--launch` value: how the ranks are started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum LaunchMode {
     /// One thread per rank in this process.
     Threads,
@@ -156,6 +156,16 @@ pub enum LaunchMode {
     /// This process is one rank of a job started by an external launcher (rank and world size
     /// from the environment).
     Env,
+}
+
+impl From<LaunchMode> for crate::launch::Launch {
+    fn from(m: LaunchMode) -> Self {
+        match m {
+            LaunchMode::Threads => Self::Threads,
+            LaunchMode::Processes => Self::Processes,
+            LaunchMode::Env => Self::Env,
+        }
+    }
 }
 
 /// The `--check` value (maps onto [`CheckMode`]).
@@ -186,7 +196,7 @@ pub enum TimeModeArg {
 }
 
 /// How long to train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RunLength {
     /// Optimizer steps (>= 1).
     Steps(u64),
@@ -284,16 +294,11 @@ pub struct TrainArgs {
     /// Mock device time: real (sleeps) or virtual (deterministic).
     #[arg(long, value_enum, default_value_t = TimeModeArg::Real)]
     pub time_mode: TimeModeArg,
-    /// (internal) `--launch processes`: this process is one rank, "RANK:UNIQUE_ID_HEX".
-    #[arg(long, hide = true)]
-    pub child: Option<String>,
-    /// (internal) `--launch processes`: where the rank writes its results (JSON).
-    #[arg(long, hide = true)]
-    pub child_result: Option<PathBuf>,
 }
 
-/// A validated `train` configuration (every range already checked; see [`TrainArgs`]).
-#[derive(Clone, Debug, PartialEq)]
+/// A validated `train` configuration (every range already checked; see [`TrainArgs`]). JSON
+/// (serde) is how a rank process of `--launch processes` receives it from its parent.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainConfig {
     /// World size (1..=[`MAX_RANKS`]).
     pub ranks: u32,
@@ -332,6 +337,7 @@ pub struct TrainConfig {
     /// Micro-batches the deadline check may lag behind the device (< micro_batches).
     pub sync_lag: u32,
     /// Gradient normalisation.
+    #[serde(with = "normalization_serde")]
     pub normalization: crate::schedule::Normalization,
     /// All-reduce bucket size, bytes (>= 4: one f32; `--bucket-mb` × [`BYTES_PER_MB`], rounded).
     pub bucket_bytes: u64,
@@ -507,3 +513,25 @@ impl TrainArgs {
 #[cfg(test)]
 #[path = "args_tests.rs"]
 mod tests;
+
+/// `schedule::Normalization` has no serde impl (`schedule` is not this module's to change):
+/// `"realized"` / `"nominal"` in [`TrainConfig`]'s JSON.
+mod normalization_serde {
+    use crate::schedule::Normalization;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(n: &Normalization, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match n {
+            Normalization::Realized => "realized",
+            Normalization::Nominal => "nominal",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Normalization, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "realized" => Ok(Normalization::Realized),
+            "nominal" => Ok(Normalization::Nominal),
+            other => Err(serde::de::Error::custom(format!("normalization {other:?}: expected realized or nominal"))),
+        }
+    }
+}

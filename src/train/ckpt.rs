@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::schedule::SchedulerState;
 
-use super::run::{Job, TrainError};
+use super::error::TrainError;
 use super::workload::EpochSource;
 
 /// Set by the SIGINT/SIGTERM handler; checked by every rank at each step.
@@ -50,26 +50,6 @@ pub struct RankMeta {
     pub data: EpochSource,
     /// Global loss per completed step (null = none computed).
     pub losses: Vec<Option<f64>>,
-}
-
-/// The settings a checkpoint is only valid for.
-pub fn fingerprint(job: &Job) -> String {
-    let c = &job.cfg;
-    format!(
-        "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}",
-        c.ranks,
-        c.micro_batches,
-        c.micro_batch_size,
-        c.seed,
-        job.shape.param_len(),
-        c.hidden,
-        c.check,
-        c.sync_lag,
-        c.normalization,
-        c.lr,
-        c.momentum,
-        job.train.len()
-    )
 }
 
 /// `dir/rank-<rank>`.
@@ -129,17 +109,24 @@ pub fn common_step(dir: &Path, world_size: u32) -> Result<u64, TrainError> {
         .ok_or(TrainError::Checkpoint(CheckpointError::NoCheckpoint { dir: dir.to_path_buf(), corrupt }))
 }
 
-/// Loads rank `rank`'s checkpoint of `step`: (meta, params, velocity).
+/// Loads rank `rank`'s checkpoint of `step`: (meta, params, velocity). `want` is the job's
+/// fingerprint (`Job::fingerprint`), `p` its parameter count (`MlpShape::param_len`).
 ///
 /// # Errors
-/// [`TrainError::Checkpoint`] for an unreadable file or one of another configuration.
-pub fn load(job: &Job, dir: &Path, rank: u32, step: u64) -> Result<(RankMeta, Vec<f32>, Vec<f32>), TrainError> {
+/// [`TrainError::Checkpoint`] for an unreadable file or one of another configuration (another
+/// fingerprint, or tensors other than params and velocity of `p` values each).
+pub fn load(
+    want: &str,
+    p: usize,
+    dir: &Path,
+    rank: u32,
+    step: u64,
+) -> Result<(RankMeta, Vec<f32>, Vec<f32>), TrainError> {
     let d = rank_dir(dir, rank);
     let c = checkpoint::read_step(&d, step)?;
     let path = d.join(checkpoint::file_name(step));
     let malformed = |reason: String| TrainError::Checkpoint(CheckpointError::Malformed { path: path.clone(), reason });
     let meta: RankMeta = serde_json::from_value(c.meta).map_err(|e| malformed(format!("meta: {e}")))?;
-    let want = fingerprint(job);
     if meta.fingerprint != want {
         return Err(malformed(format!(
             "written by another configuration ({}), this run is ({want})",
@@ -147,7 +134,6 @@ pub fn load(job: &Job, dir: &Path, rank: u32, step: u64) -> Result<(RankMeta, Ve
         )));
     }
     let mut tensors = c.tensors.into_iter();
-    let p = job.shape.param_len();
     match (tensors.next(), tensors.next()) {
         (Some((a, params)), Some((b, vel)))
             if a == "params" && b == "velocity" && params.len() == p && vel.len() == p =>

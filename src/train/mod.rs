@@ -5,17 +5,25 @@
 //! Owns: the data set ([`data`]), the model math ([`mlp`], host-side and deterministic; the
 //! mock recipe kernels that run it are thin shims in [`model_kernels`], which the job registers
 //! with the mock), the
-//! workload that binds it to the scheduler ([`workload`]), the run driver ([`run`]: ranks as
-//! threads, processes or one launcher rank), and the command-line surface and outputs
-//! ([`args`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
+//! workload that binds it to the scheduler ([`workload`]), the job description ([`job`]:
+//! validated inputs, planned runs, per-rank outcomes), the one error type ([`error`]),
+//! checkpoints ([`ckpt`]), the run driver ([`run`]: one rank's loop; ranks are started by
+//! `crate::launch` as threads, processes or one launcher rank), and the command-line surface and outputs ([`args`], [`summary`],
+//! [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
+//! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
+//! `workload`, `error`}; `summary` -> {`job`, `error`, outputs}; `job` -> {`ckpt`, `error`};
+//! `ckpt` -> {`error`, `workload`}; `error` -> leaf error types only. The threshold of
+//! `--threshold auto` is `crate::tune::recommend`, shared with `dropcompute tune`.
 //! Must not touch: the deadline rule (`policy`), the step loop (`schedule`), or raw FFI; the only
 //! `unsafe` here is the bounds-checked gemm call in the private `gemm` module.
 
 pub mod args;
 pub mod ckpt;
 pub mod data;
+pub mod error;
 pub mod figure;
 mod gemm;
+pub mod job;
 pub mod mlp;
 pub mod model_kernels;
 pub mod output;

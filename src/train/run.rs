@@ -1,310 +1,34 @@
 //! The training driver: one rank's loop over the planned runs (synchronous baseline, then
-//! DropCompute), and the three ways of starting ranks (threads of this process, child
-//! processes on loopback, or one rank under a launcher).
+//! DropCompute), one rank of any launch mode ([`run_rank`]), and [`run`], which starts the
+//! ranks through `crate::launch` (threads, child processes given the parent's [`JobSpec`], or
+//! one rank under a launcher).
 //!
-//! Owns: [`Job`] (validated inputs: config, data split, model shape, initial parameters),
-//! [`rank_main`], [`run_threads`], [`run_processes`], [`run_env`], and [`TrainError`]. Must not
-//! touch: the step loop (`schedule::Scheduler::step` is the only training loop), the deadline
-//! rule, or output formats (`summary`).
+//! Owns: [`rank_main`], [`run_rank`], [`run`], [`run_child`], the threshold resolution of a run
+//! (fixed, auto via `tune::recommend`, in-run re-tuning). Must not touch: how ranks are started
+//! or children spawned (`crate::launch`), the job description (`job`), the error type
+//! (`error`), the step loop (`schedule::Scheduler::step` is the only training loop), the
+//! deadline rule, or output formats (`summary`).
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
-use crate::hccl::{Comm, CommOptions, HcclError, ReduceOp, UniqueId};
-use crate::mock::{DeviceOverride, MockConfig, MockControl};
+use crate::hccl::{Comm, CommOptions, ReduceOp};
+use crate::launch::{self, ChildSpec, Join, Launch};
+use crate::mock::MockControl;
 use crate::policy::{PolicyConfig, Threshold};
 use crate::schedule::{
-    DropHandling, DropLedger, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
+    DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
 use crate::synapse::{Device, HostBuffer, Runtime};
+use crate::tune::Verdict;
 use crate::tune::retune::{Retuner, RetunerConfig};
 
-use super::args::{RunLength, ThresholdArg, TrainConfig};
-use super::data::{DataError, Dataset};
-use super::mlp::{self, MlpError, MlpShape};
+use super::args::{RunLength, ThresholdArg};
+use super::error::TrainError;
+use super::job::{Job, JobSpec, RankOutcome, RunKind};
 use super::progress::Progress;
 use super::workload::{EpochSource, MlpHyper, MlpWorkload};
-
-/// Everything that can stop `train`. Each names the rank, file, flag or call involved.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TrainError {
-    /// A bad command-line value.
-    #[error(transparent)]
-    Args(#[from] super::args::ArgError),
-    /// The data file.
-    #[error(transparent)]
-    Data(#[from] DataError),
-    /// The model shape does not fit the data.
-    #[error("model: {0}")]
-    Model(#[from] MlpError),
-    /// More ranks than mock devices, or another impossible combination.
-    #[error("{what}: {value}")]
-    Config {
-        /// The setting.
-        what: &'static str,
-        /// Its value and the rule.
-        value: String,
-    },
-    /// Configuring the mock device failed.
-    #[error("mock device configuration: {0}")]
-    Mock(#[from] crate::mock::MockControlError),
-    /// A device call outside the step (acquire, allocation, copies).
-    #[error("rank {rank}: {source}")]
-    Device {
-        /// Rank.
-        rank: u32,
-        /// The runtime's error.
-        #[source]
-        source: crate::synapse::Error,
-    },
-    /// A collective outside the step (communicator init, loss all-reduce).
-    #[error("rank {rank}: {call}: {source}")]
-    Collective {
-        /// Rank.
-        rank: u32,
-        /// The call.
-        call: &'static str,
-        /// The typed collective error.
-        #[source]
-        source: HcclError,
-    },
-    /// A training step failed.
-    #[error(transparent)]
-    Step(#[from] ScheduleError),
-    /// Launcher environment (`--launch env`).
-    #[error(transparent)]
-    Bootstrap(#[from] crate::hccl::bootstrap::ConfigError),
-    /// A rank process of `--launch processes` failed.
-    #[error("rank {rank} process: {why}")]
-    Child {
-        /// Rank.
-        rank: u32,
-        /// Its exit code (None: killed by a signal, or it exited 0 without a readable result).
-        code: Option<i32>,
-        /// Exit status and the tail of its stderr.
-        why: String,
-    },
-    /// Outputs (`--out`).
-    #[error(transparent)]
-    Output(#[from] super::output::OutputError),
-    /// Report assembly.
-    #[error(transparent)]
-    Report(#[from] super::report::ReportError),
-    /// The figure.
-    #[error(transparent)]
-    Figure(#[from] super::figure::FigureError),
-    /// File I/O outside `--out` (child result files, process spawning).
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A checkpoint could not be written or read (file and reason).
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// SIGINT/SIGTERM: every rank stopped after the same step and saved a checkpoint.
-    #[error("interrupted: stopped after step {step}; {saved}")]
-    Interrupted {
-        /// Steps completed.
-        step: u64,
-        /// Where the checkpoint went (or why there is none).
-        saved: String,
-    },
-    /// The ranks finished with different parameters (a lockstep violation; never expected).
-    #[error("ranks diverged: rank {rank}'s final parameters differ from rank 0's")]
-    Diverged {
-        /// The first differing rank.
-        rank: u32,
-    },
-}
-
-/// Validated inputs shared by every rank: the configuration, the train/held-out split, the
-/// model shape and the initial parameters (identical on every rank: seeded).
-#[derive(Debug, Clone)]
-pub struct Job {
-    /// The validated configuration.
-    pub cfg: TrainConfig,
-    /// Training samples.
-    pub train: Arc<Dataset>,
-    /// Held-out samples (accuracy).
-    pub holdout: Arc<Dataset>,
-    /// input x hidden x classes.
-    pub shape: MlpShape,
-    /// Initial parameters (He init from the seed).
-    pub init: Vec<f32>,
-    /// `--resume`: the step every rank resumes the DropCompute run from.
-    pub resume_step: Option<u64>,
-    /// Drop-rate guardrail of `--threshold auto` ([`auto_max_drop_rate`]).
-    pub auto_max_drop: f64,
-}
-
-impl Job {
-    /// Loads and splits the data (embedded digits or `cfg.data`), initializes the model and,
-    /// with `--resume`, picks the checkpoint step every rank has. No device or network call.
-    ///
-    /// # Errors
-    /// [`TrainError::Data`] for an unreadable or malformed file (file and line);
-    /// [`TrainError::Model`] for an impossible shape; [`TrainError::Checkpoint`] when `--resume`
-    /// finds no step readable for every rank.
-    pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
-        let all = match &cfg.data {
-            Some(p) => Dataset::load(p)?,
-            None => Dataset::embedded_digits()?,
-        };
-        let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
-        let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
-        let init = mlp::init_params(shape, cfg.seed)?;
-        let auto_max_drop = auto_max_drop_rate()?;
-        let mut job = Self {
-            cfg,
-            train: Arc::new(train),
-            holdout: Arc::new(holdout),
-            shape,
-            init,
-            resume_step: None,
-            auto_max_drop,
-        };
-        if job.holdout.is_empty() || job.train.len() < job.cfg.ranks as usize {
-            return Err(TrainError::Config {
-                what: "--holdout",
-                value: format!(
-                    "{}: leaves {} training and {} held-out samples of {} for {} ranks",
-                    job.cfg.holdout,
-                    job.train.len(),
-                    job.holdout.len(),
-                    all.len(),
-                    job.cfg.ranks
-                ),
-            });
-        }
-        if let Some(dir) = job.cfg.resume.clone() {
-            let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
-            if let RunLength::Steps(s) = job.cfg.length
-                && s <= s0
-            {
-                return Err(TrainError::Config {
-                    what: "--steps",
-                    value: format!("{s}: the checkpoint in {} is already at step {s0}; nothing to do", dir.display()),
-                });
-            }
-            job.resume_step = Some(s0);
-        }
-        Ok(job)
-    }
-
-    /// The runs of this job in order: the baseline (threshold off) when comparing, then
-    /// DropCompute. A resumed job continues the DropCompute run only.
-    pub fn plan(&self) -> Vec<RunKind> {
-        let mut v = Vec::new();
-        if self.cfg.compare && self.resume_step.is_none() {
-            v.push(RunKind::Baseline);
-        }
-        v.push(RunKind::DropCompute);
-        v
-    }
-
-    /// Steps of a run, `None` for an epoch-bounded run.
-    pub fn steps(&self) -> Option<u64> {
-        match self.cfg.length {
-            RunLength::Steps(s) => Some(s),
-            RunLength::Epochs(_) => None,
-        }
-    }
-
-    /// The mock configuration of this job for a process whose ranks acquire modules
-    /// `0..ranks`: `$DROPCOMPUTE_MOCK_CONFIG`/`$DROPCOMPUTE_MOCK_DEVICES` as a base (devices
-    /// raised to the world size unless `$DROPCOMPUTE_MOCK_DEVICES` fixes it), the chosen time
-    /// mode, seed, noise and slow ranks.
-    ///
-    /// # Errors
-    /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
-    /// the mock environment is invalid.
-    pub fn mock_config(&self) -> Result<MockConfig, TrainError> {
-        let mut m = MockConfig::from_env()
-            .map_err(|e| TrainError::Config { what: "mock environment", value: e.to_string() })?;
-        let fixed = std::env::var_os(crate::mock::config::ENV_DEVICES).is_some();
-        if m.devices < self.cfg.ranks {
-            if fixed {
-                return Err(TrainError::Config {
-                    what: "--ranks",
-                    value: format!(
-                        "{} ranks but only {} mock devices (${})",
-                        self.cfg.ranks,
-                        m.devices,
-                        crate::mock::config::ENV_DEVICES
-                    ),
-                });
-            }
-            m.devices = self.cfg.ranks;
-        }
-        m.time_mode = self.cfg.time_mode;
-        m.seed = self.cfg.seed;
-        m.noise = self.cfg.mock_noise();
-        for s in &self.cfg.slow_ranks {
-            m.per_device.retain(|o| o.module_id != s.rank);
-            m.per_device.push(DeviceOverride {
-                module_id: s.rank,
-                slowdown: s.factor,
-                noise: None,
-                script_ns: vec![],
-                script_recipe: None,
-            });
-        }
-        Ok(m)
-    }
-}
-
-/// Which run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RunKind {
-    /// Threshold off.
-    Baseline,
-    /// The configured threshold.
-    DropCompute,
-}
-
-impl RunKind {
-    /// "baseline" or "dropcompute".
-    pub fn label(self) -> &'static str {
-        match self {
-            RunKind::Baseline => "baseline",
-            RunKind::DropCompute => "dropcompute",
-        }
-    }
-}
-
-/// What one rank measured in one run (JSON: the result file of a rank process).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RankOutcome {
-    /// Which run.
-    pub kind: RunKind,
-    /// Rank.
-    pub rank: u32,
-    /// One report per step.
-    pub reports: Vec<StepReport>,
-    /// Global mean training loss per step (loss summed over every rank's computed samples /
-    /// their count; NaN for a step with none).
-    #[serde(with = "crate::serde_nan::vec")]
-    pub loss: Vec<f64>,
-    /// Wall time of the run's step loop (ns): host time in real time mode, the sum of the steps'
-    /// device time in virtual time mode.
-    pub wall_ns: u64,
-    /// Final parameters.
-    pub params: Vec<f32>,
-    /// This rank's drop ledger.
-    pub ledger: DropLedger,
-    /// Threshold in force at the end (ns), `None` for off.
-    pub threshold_ns: Option<u64>,
-    /// How the threshold was chosen.
-    pub threshold_source: String,
-}
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
 /// rank dies), 5 s abort deadline, a flight recorder of the last 15 collectives (5 steps).
@@ -342,21 +66,21 @@ fn resolve_threshold(
         }
         (ThresholdArg::Auto, Some(reports)) => {
             let rank = comm.rank();
-            let cap = job.auto_max_drop;
             let mut found = None;
             if rank == 0 {
                 let trace = super::summary::baseline_trace(reports, job.cfg.warmup_steps);
-                found = trace.and_then(|t| super::summary::best_threshold(&t, job.cfg.check, cap, 0.02));
+                found = trace.map(|t| crate::tune::recommend(&t, &job.auto_recommend()).verdict);
             }
-            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |(t, _)| t.as_ns().unwrap_or(u64::MAX)))?;
+            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |v| v.threshold().as_ns().unwrap_or(u64::MAX)))?;
             let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
             let why = match (found, rank) {
-                (Some((_, p)), _) => format!(
-                    "auto: best predicted speedup {p:.3}x replaying the baseline run's latencies (drop rate <= {:.0} %)",
-                    cap * 100.0
+                (Some(Verdict::Enable(c)), _) => format!(
+                    "auto: best predicted speedup {:.3}x replaying the baseline run's latencies (drop rate <= {:.0} %)",
+                    1.0 + c.objective,
+                    job.auto_max_drop * 100.0
                 ),
-                (None, 0) => "auto: no threshold predicts a gain on the baseline run; off".into(),
-                (None, _) => "auto: chosen by rank 0".into(),
+                (_, 0) => "auto: no threshold predicts a gain on the baseline run; off".into(),
+                (_, _) => "auto: chosen by rank 0".into(),
             };
             (t, None, why)
         }
@@ -395,48 +119,10 @@ fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
     Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
 }
 
-/// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AT=STEP[:RANK]` makes the process SIGKILL itself
-/// while rank RANK (any rank if omitted) launches the first micro-batch of step STEP (0-based),
-/// i.e. after STEP steps completed, in the middle of its compute phase. Used by the
-/// crash-and-resume and killed-rank tests: no handler runs, nothing is flushed.
-pub(crate) fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
-    static AT: std::sync::OnceLock<Option<(u64, Option<u32>)>> = std::sync::OnceLock::new();
-    let at = AT.get_or_init(|| {
-        let v = std::env::var("DROPCOMPUTE_TEST_SIGKILL_AT").ok()?;
-        let (s, r) = v.split_once(':').map_or((v.as_str(), None), |(s, r)| (s, Some(r)));
-        Some((s.parse().ok()?, r.and_then(|r| r.parse().ok())))
-    });
-    if let Some((s, r)) = *at
-        && s == step
-        && micro_batch == 0
-        && r.is_none_or(|r| r == rank)
-    {
-        let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
-        std::thread::sleep(Duration::from_secs(5));
-    }
-}
-
 /// Prints the communicator's flight recorder (last collectives, with FAILED/PENDING marks) to
 /// stderr: the first thing to read when a collective fails.
 fn dump_flight_recorder(c: &Comm) {
     eprintln!("rank {} flight recorder (last collectives):\n{}", c.rank(), c.flight_recorder().dump());
-}
-
-/// Environment variable: the drop-rate guardrail of `--threshold auto` (a fraction in [0, 1]).
-pub const ENV_AUTO_MAX_DROP: &str = "DROPCOMPUTE_AUTO_MAX_DROP";
-
-/// The drop-rate guardrail of `--threshold auto`: `$DROPCOMPUTE_AUTO_MAX_DROP`, else 0.25.
-///
-/// # Errors
-/// [`TrainError::Config`] naming the variable and its value when it is not a number in [0, 1].
-pub fn auto_max_drop_rate() -> Result<f64, TrainError> {
-    match std::env::var(ENV_AUTO_MAX_DROP) {
-        Err(_) => Ok(0.25),
-        Ok(v) => v.trim().parse::<f64>().ok().filter(|x| (0.0..=1.0).contains(x)).ok_or(TrainError::Config {
-            what: ENV_AUTO_MAX_DROP,
-            value: format!("{v:?} (must be a fraction in [0, 1])"),
-        }),
-    }
 }
 
 /// Runs every planned run on this rank with `comm` and gives the communicator back.
@@ -506,7 +192,8 @@ pub fn rank_main(
         let every = cfg.checkpoint_every.map(|k| k.get()).filter(|_| checkpointed);
         let mut step = 0u64;
         if let (Some(s0), true) = (job.resume_step, checkpointed) {
-            let (meta, params, velocity) = super::ckpt::load(job, &cfg.checkpoint_dir, rank, s0)?;
+            let (meta, params, velocity) =
+                super::ckpt::load(&job.fingerprint(), job.shape.param_len(), &cfg.checkpoint_dir, rank, s0)?;
             work.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?;
             sched.restore(meta.scheduler);
             data = meta.data;
@@ -573,7 +260,7 @@ pub fn rank_main(
                 let saved = if checkpointed {
                     let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
                     let meta = super::ckpt::RankMeta {
-                        fingerprint: super::ckpt::fingerprint(job),
+                        fingerprint: job.fingerprint(),
                         scheduler: sched.state(),
                         data: data.clone(),
                         losses: losses.iter().map(|l| l.is_finite().then_some(*l)).collect(),
@@ -633,39 +320,104 @@ pub fn mock_runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
     Runtime::new(crate::mock::api()).map_err(|source| TrainError::Device { rank: 0, source })
 }
 
-/// Runs every rank as a thread of this process (rank r on mock module r). Returns the
-/// outcomes indexed `[rank][run]`.
+/// One rank of `job`: acquires its device (module `rank`, or the launcher's local rank under
+/// [`Join::Env`]), joins the communicator, runs the plan ([`rank_main`]) and destroys it.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`] naming the rank; any error of
+/// [`rank_main`].
+pub fn run_rank(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    join: &Join,
+    show_progress: bool,
+) -> Result<Vec<RankOutcome>, TrainError> {
+    let rank = join.rank();
+    if join.world_size() != job.cfg.ranks {
+        return Err(TrainError::Config {
+            what: "--ranks",
+            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, join.world_size()),
+        });
+    }
+    let dev = match join {
+        Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank),
+        Join::UniqueId { .. } => Device::acquire(rt, rank),
+    }
+    .map_err(|source| TrainError::Device { rank, source })?;
+    let call = if matches!(join, Join::Env(_)) { "join" } else { "hcclCommInitRank" };
+    let comm = join.comm(&dev, comm_options()).map_err(|source| TrainError::Collective { rank, call, source })?;
+    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
+    destroy(comm, rank)?;
+    Ok(out)
+}
+
+/// Runs the ranks of `job` as `launch` says (`crate::launch`) and returns the outcomes indexed
+/// `[rank][run]`; under [`Launch::Env`] only this process's rank: `(rank, [outcomes])`.
+/// Threads run rank r on mock module r of `rt`; processes are children of this executable, each
+/// given `job.spec()` (the validated configuration, resume step and guardrail) and its own
+/// mock.
 ///
 /// # Errors
 /// The first rank's error that is not a consequence of another rank's failure (a collective
-/// error is reported only when no rank has a more specific one).
-pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+/// error is reported only when no rank has a more specific one); [`TrainError::Child`] naming a
+/// failed rank process with its exit status and stderr tail; [`TrainError::Bootstrap`] for a
+/// bad launcher environment.
+pub fn run(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    launch: Launch,
+    show_progress: bool,
+) -> Result<(u32, Vec<Vec<RankOutcome>>), TrainError> {
     let n = job.cfg.ranks;
-    let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
-    let results: Vec<Result<Vec<RankOutcome>, TrainError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|rank| {
-                let id = &id;
-                s.spawn(move || {
-                    let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
-                    let comm = Comm::init_rank(&dev, n, id, rank, comm_options())
-                        .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
-                    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
-                    destroy(comm, rank)?;
-                    Ok(out)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .enumerate()
-            .map(|(rank, h)| {
-                h.join().unwrap_or_else(|_| {
-                    Err(TrainError::Config { what: "rank thread", value: format!("rank {rank} panicked") })
-                })
-            })
-            .collect()
-    });
-    collect(results)
+    let unique_id =
+        || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
+    match launch {
+        Launch::Threads => {
+            let id = unique_id()?;
+            let results = launch::threads(n, |rank| {
+                run_rank(job, rt, &Join::UniqueId { id, rank, world_size: n }, show_progress)
+            });
+            Ok((0, collect(results.into_iter().map(|r| r.map_err(TrainError::from).and_then(|x| x)).collect())?))
+        }
+        Launch::Processes => {
+            let id = unique_id()?;
+            let results = launch::processes::<JobSpec, Vec<RankOutcome>>(CHILD_PROGRAM, n, &id, &job.spec())?;
+            let mut ok = Vec::with_capacity(results.len());
+            for r in results {
+                ok.push(r?);
+            }
+            Ok((0, ok))
+        }
+        Launch::Env => {
+            let join = Join::from_env()?;
+            Ok((join.rank(), vec![run_rank(job, rt, &join, show_progress)?]))
+        }
+    }
+}
+
+/// Runs every rank as a thread of this process (rank r on mock module r). Returns the
+/// outcomes indexed `[rank][run]`. Same as [`run`] with [`Launch::Threads`].
+///
+/// # Errors
+/// As [`run`].
+pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    Ok(run(job, rt, Launch::Threads, show_progress)?.1)
+}
+
+/// The rank program name of `train` in a `crate::launch::ChildSpec`.
+pub const CHILD_PROGRAM: &str = "train";
+
+/// The body of a `train` rank process (`dropcompute rank-process SPEC` with program
+/// [`CHILD_PROGRAM`]): rebuilds the parent's job from the spec's [`JobSpec`], configures this
+/// process's mock for it, runs the rank and writes its outcomes to the spec's result file.
+///
+/// # Errors
+/// [`TrainError::Config`] for a spec that is not a `train` job; any rank error.
+pub fn run_child(spec: &ChildSpec) -> Result<(), TrainError> {
+    let job = Job::from_spec(spec.config()?)?;
+    let rt = mock_runtime(&job)?;
+    let out = run_rank(&job, &rt, &spec.join()?, false)?;
+    Ok(spec.write_result(&out)?)
 }
 
 /// Picks the most specific error of a set of rank results.
@@ -688,139 +440,6 @@ fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec
         Some(e) => Err(e),
         None => Ok(ok),
     }
-}
-
-/// The command-line arguments a rank process gets: this process's `train` arguments without
-/// `--launch`, `--out`, `--resume` and their values (the parent owns outputs), plus the hidden
-/// child flags.
-fn child_args(parent: &[String], rank: u32, id: &UniqueId, result: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut skip = false;
-    for a in parent {
-        if skip {
-            skip = false;
-            continue;
-        }
-        let takes_value = ["--launch", "--out", "--resume"];
-        if takes_value.contains(&a.as_str()) {
-            skip = true;
-            continue;
-        }
-        if takes_value.iter().any(|f| a.starts_with(&format!("{f}="))) {
-            continue;
-        }
-        out.push(a.clone());
-    }
-    out.extend(["--child".to_string(), format!("{rank}:{id}"), "--child-result".into(), result.display().to_string()]);
-    out
-}
-
-/// Spawns one process per rank on loopback (the unique id's coordinator lives in this
-/// process), waits for all, and reads their outcomes. `train_args` are this process's
-/// arguments after `train`.
-///
-/// # Errors
-/// [`TrainError::Child`] naming the first failed rank with its exit status and stderr tail;
-/// [`TrainError::Io`] when a process cannot be spawned or its result read.
-pub fn run_processes(job: &Job, rt: &Arc<Runtime>, train_args: &[String]) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
-    let n = job.cfg.ranks;
-    let id = Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source })?;
-    let exe = std::env::current_exe().map_err(|source| TrainError::Io { what: "current executable".into(), source })?;
-    let dir = std::env::temp_dir().join(format!("dropcompute-train-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|source| TrainError::Io { what: format!("create {}", dir.display()), source })?;
-    let mut children = Vec::new();
-    for rank in 0..n {
-        let result = dir.join(format!("rank-{rank}.json"));
-        let err = dir.join(format!("rank-{rank}.stderr"));
-        let stderr = std::fs::File::create(&err)
-            .map_err(|source| TrainError::Io { what: format!("create {}", err.display()), source })?;
-        let child = std::process::Command::new(&exe)
-            .arg("train")
-            .args(child_args(train_args, rank, &id, &result))
-            .stdout(std::process::Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .map_err(|source| TrainError::Io { what: format!("spawn rank {rank}"), source })?;
-        children.push((rank, child, result, err));
-    }
-    let mut results = Vec::new();
-    for (rank, mut child, result, err) in children {
-        let status = child.wait().map_err(|source| TrainError::Io { what: format!("wait for rank {rank}"), source })?;
-        let r = if status.success() {
-            std::fs::read(&result)
-                .map_err(|source| TrainError::Io { what: format!("read {}", result.display()), source })
-                .and_then(|b| {
-                    serde_json::from_slice(&b).map_err(|e| TrainError::Child {
-                        rank,
-                        code: None,
-                        why: format!("bad result file: {e}"),
-                    })
-                })
-        } else {
-            let tail = std::fs::read_to_string(&err).unwrap_or_default();
-            let tail: String =
-                tail.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n    ");
-            Err(TrainError::Child { rank, code: status.code(), why: format!("{status}; its stderr ends:\n    {tail}") })
-        };
-        results.push(r);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut first_child = None;
-    let mut ok = Vec::new();
-    for r in results {
-        match r {
-            Ok(v) => ok.push(v),
-            Err(e) => {
-                first_child.get_or_insert(e);
-            }
-        }
-    }
-    first_child.map_or(Ok(ok), Err)
-}
-
-/// The body of a rank process (`--child RANK:ID`): joins the communicator of the parent's
-/// unique id, runs the plan and writes the outcomes to `result` as JSON.
-///
-/// # Errors
-/// [`TrainError::Config`] for a malformed `--child` value; any rank error.
-pub fn run_child(job: &Job, rt: &Arc<Runtime>, child: &str, result: &std::path::Path) -> Result<(), TrainError> {
-    let bad = || TrainError::Config { what: "--child", value: format!("{child:?} (expected RANK:HEX)") };
-    let (r, h) = child.split_once(':').ok_or_else(bad)?;
-    let rank: u32 = r.parse().map_err(|_| bad())?;
-    let id: UniqueId =
-        h.parse().map_err(|e| TrainError::Config { what: "--child", value: format!("{child:?}: {e}") })?;
-    let dev = Device::acquire(rt, rank).map_err(|source| TrainError::Device { rank, source })?;
-    let comm = Comm::init_rank(&dev, job.cfg.ranks, &id, rank, comm_options())
-        .map_err(|source| TrainError::Collective { rank, call: "hcclCommInitRank", source })?;
-    let (out, comm) = rank_main(job, rt, comm, false)?;
-    destroy(comm, rank)?;
-    let json = serde_json::to_vec(&out).map_err(|e| TrainError::Config { what: "result", value: e.to_string() })?;
-    std::fs::write(result, json)
-        .map_err(|source| TrainError::Io { what: format!("write {}", result.display()), source })
-}
-
-/// One rank under a launcher (mpirun, Slurm, torchrun): bootstrap from the environment, run the
-/// plan, return (rank, outcomes).
-///
-/// # Errors
-/// [`TrainError::Bootstrap`] for a bad launcher environment; any rank error.
-pub fn run_env(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<(u32, Vec<RankOutcome>), TrainError> {
-    let boot = crate::hccl::bootstrap::Bootstrap::from_env()?;
-    let rank = boot.rank;
-    if boot.world_size != job.cfg.ranks {
-        return Err(TrainError::Config {
-            what: "--ranks",
-            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, boot.world_size),
-        });
-    }
-    let dev =
-        Device::acquire_for_local_rank(rt, boot.local_rank).map_err(|source| TrainError::Device { rank, source })?;
-    let comm = crate::hccl::join(&dev, &boot, Duration::from_secs(120), comm_options())
-        .map_err(|source| TrainError::Collective { rank, call: "join", source })?;
-    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
-    destroy(comm, rank)?;
-    Ok((rank, out))
 }
 
 /// Checks that every rank ended each run with the same parameters.

@@ -7,16 +7,17 @@
 
 use std::time::Duration;
 
-use crate::policy::{PolicyConfig, Threshold};
+use crate::policy::Threshold;
 use crate::schedule::StepReport;
 use crate::trace::LatencyTrace;
 use crate::trace::compute_log::ComputeLogWriter;
 
+use super::error::TrainError;
 use super::figure::Series;
+use super::job::{Job, RankOutcome, RunKind};
 use super::mlp;
 use super::output::StagedOut;
 use super::report::{ConfigEcho, Report, RunMeasurements, RunReport};
-use super::run::{Job, RankOutcome, RunKind, TrainError};
 use super::timeline::{RunSpans, Span, SpanKind, chrome_trace};
 
 /// The N x M latency trace of a run from one rank's reports (every rank holds the same gathered
@@ -46,42 +47,9 @@ pub fn baseline_trace(reports: &[StepReport], skip: u64) -> Option<LatencyTrace>
 /// baseline's recorded latencies under the DropCompute run's policy (`sim::replay`).
 pub fn predicted_speedup(job: &Job, baseline: &[StepReport], threshold_ns: Option<u64>) -> Option<f64> {
     let trace = baseline_trace(baseline, job.cfg.warmup_steps)?;
-    let policy = PolicyConfig {
-        threshold: threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t))),
-        check: job.cfg.check,
-        warmup_steps: 0,
-        min_micro_batches: 1,
-    };
-    let r = crate::sim::replay::replay(&trace, &policy);
+    let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
+    let r = crate::tune::recommend::replay_at(&trace, threshold, job.cfg.check, 1);
     Some(1.0 + r.effective_speedup)
-}
-
-/// The auto threshold: the candidate thresholds of the tuner (`tune::tune` on `trace`, at most
-/// 200 of its curve points, evenly spaced) each replayed through the what-if simulator
-/// (`sim::replay`) under the run's own check mode, keeping the best predicted effective
-/// speedup among those with a mean drop rate <= `max_drop_rate`. Replaying (rather than the
-/// tuner's oracle-stop objective) matters for the predictive check, which stops earlier than
-/// the oracle for the same threshold. Returns (threshold, predicted speedup ratio), or `None`
-/// when no candidate gains at least `min_gain` (dropping is then not worth it).
-pub fn best_threshold(
-    trace: &LatencyTrace,
-    check: crate::policy::CheckMode,
-    max_drop_rate: f64,
-    min_gain: f64,
-) -> Option<(Threshold, f64)> {
-    let report = crate::tune::tune(trace, &crate::tune::TuneConfig::default());
-    let pts: Vec<f64> = report.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
-    let stride = pts.len().div_ceil(200).max(1);
-    let mut best: Option<(Threshold, f64)> = None;
-    for &t in pts.iter().step_by(stride) {
-        let th = Threshold::Fixed(Duration::from_nanos(t.round() as u64));
-        let policy = PolicyConfig { threshold: th, check, warmup_steps: 0, min_micro_batches: 1 };
-        let r = crate::sim::replay::replay(trace, &policy);
-        if r.drop_rate <= max_drop_rate && best.is_none_or(|(_, s)| r.effective_speedup + 1.0 > s) {
-            best = Some((th, r.effective_speedup + 1.0));
-        }
-    }
-    best.filter(|(_, s)| *s >= 1.0 + min_gain)
 }
 
 /// The measurements of one run: rank 0's view of the global counts, rank 0's wall time, the

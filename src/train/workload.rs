@@ -224,7 +224,7 @@ impl Workload for MlpWorkload {
         mb: &MicroBatch,
         grad: &mut GradientScratch,
     ) -> std::result::Result<(), WorkloadError> {
-        super::run::crash_hook(self.rank, step, index);
+        crash_hook(self.rank, step, index);
         let (x, y) = self.data.rows_padded(&mb.sample_ids, self.hyper.micro_batch_size).map_err(mb_error)?;
         let dev = stream.device();
         if self.staged.len() >= 16 {
@@ -269,6 +269,27 @@ impl Workload for MlpWorkload {
             &[],
         )?;
         Ok(())
+    }
+}
+
+/// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AT=STEP[:RANK]` makes the process SIGKILL itself
+/// while rank RANK (any rank if omitted) launches the first micro-batch of step STEP (0-based),
+/// i.e. after STEP steps completed, in the middle of its compute phase. Used by the
+/// crash-and-resume and killed-rank tests: no handler runs, nothing is flushed.
+fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
+    static AT: std::sync::OnceLock<Option<(u64, Option<u32>)>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        let v = std::env::var("DROPCOMPUTE_TEST_SIGKILL_AT").ok()?;
+        let (s, r) = v.split_once(':').map_or((v.as_str(), None), |(s, r)| (s, Some(r)));
+        Some((s.parse().ok()?, r.and_then(|r| r.parse().ok())))
+    });
+    if let Some((s, r)) = *at
+        && s == step
+        && micro_batch == 0
+        && r.is_none_or(|r| r == rank)
+    {
+        let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
+        std::thread::sleep(std::time::Duration::from_secs(5));
     }
 }
 

@@ -2,15 +2,18 @@
 //! deterministic, with guardrails, closed-loop re-tuning, collective-friendly statistics and
 //! per-rank straggler attribution.
 //!
-//! Owns: [`search`] (objective + argmax + verdict), [`reduce`] (all-reduce layout),
+//! Owns: [`search`] (objective + argmax + verdict), [`recommend`] (the one threshold
+//! recommendation of `tune` and `train --threshold auto`), [`reduce`] (all-reduce layout),
 //! [`retune`] (the state machine), [`straggler`] (attribution). Must not touch: I/O, clocks or
 //! devices: every function is a pure function of its inputs, so every rank that holds the same
 //! reduced statistics reaches the same threshold.
 #![forbid(unsafe_code)]
 
+pub mod recommend;
 pub mod reduce;
 pub mod retune;
 pub mod search;
 pub mod straggler;
 
+pub use recommend::{Recommend, Recommendation, Scoring, recommend};
 pub use search::{CandidateScore, Guardrails, Refusal, TuneConfig, TuneReport, Verdict, tune};

@@ -162,25 +162,21 @@ impl Rank {
     }
 }
 
-/// Runs `f` on `n` thread-ranks of one fresh communicator and returns their results in rank
-/// order. Communicators are destroyed afterwards.
+/// Runs `f` on `n` thread-ranks (`dropcompute::launch::threads`) of one fresh communicator and
+/// returns their results in rank order. Communicators are destroyed afterwards.
 pub fn world<R: Send>(n: usize, f: impl Fn(&Rank) -> R + Sync) -> Vec<R> {
     let api = setup();
     let id = unique_id(&api);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (api, f) = (&api, &f);
-                s.spawn(move || {
-                    let rank = Rank::join(api, id, r, n);
-                    let out = f(&rank);
-                    let _ = rank.destroy();
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    let n32 = u32::try_from(n).expect("world size fits u32");
+    dropcompute::launch::threads(n32, |r| {
+        let rank = Rank::join(&api, id, r as usize, n);
+        let out = f(&rank);
+        let _ = rank.destroy();
+        out
     })
+    .into_iter()
+    .map(|r| r.expect("rank thread panicked"))
+    .collect()
 }
 
 /// Every HCCL datatype the mock supports.

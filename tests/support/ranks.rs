@@ -22,7 +22,8 @@ pub fn runtime() -> &'static Arc<Runtime> {
     RT.get_or_init(|| Runtime::new(mock::api()).unwrap())
 }
 
-/// Runs `f(rank, comm, stream)` on `n` thread-ranks of `rt`, each on its own device.
+/// Runs `f(rank, comm, stream)` on `n` thread-ranks of `rt` (`dropcompute::launch::threads`),
+/// each on its own device.
 pub fn with_ranks<R: Send>(
     rt: &Arc<Runtime>,
     n: u32,
@@ -30,20 +31,15 @@ pub fn with_ranks<R: Send>(
     f: impl Fn(u32, &Comm, &Stream) -> R + Sync,
 ) -> Vec<R> {
     let id = Comm::unique_id(rt).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|rank| {
-                let (f, o) = (&f, o.clone());
-                s.spawn(move || {
-                    let dev = Device::acquire_any(rt).unwrap();
-                    let stream = Stream::new(&dev).unwrap();
-                    let comm = Comm::init_rank(&dev, n, &id, rank, o).unwrap();
-                    f(rank, &comm, &stream)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    dropcompute::launch::threads(n, |rank| {
+        let dev = Device::acquire_any(rt).unwrap();
+        let stream = Stream::new(&dev).unwrap();
+        let comm = Comm::init_rank(&dev, n, &id, rank, o.clone()).unwrap();
+        f(rank, &comm, &stream)
     })
+    .into_iter()
+    .map(|r| r.expect("rank thread panicked"))
+    .collect()
 }
 
 /// A device copy of `data` (waits for nothing: the stream orders later work after it).

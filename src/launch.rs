@@ -1,0 +1,393 @@
+//! One way to run N ranks: as threads of this process, as child processes of this process on
+//! loopback, or as one rank of a job started by an external launcher (mpirun, Slurm,
+//! torchrun). Used by `train` (`train::run`), `bench allreduce` and the tests.
+//!
+//! Owns: [`Launch`], the thread driver [`threads`], the process driver [`processes`], the
+//! child side ([`ChildSpec`], read by the hidden `rank-process` subcommand), and [`Join`] (how
+//! a rank joins the communicator in each mode). Must not touch: what a rank does (the caller's
+//! closure or program), devices (the caller acquires its own) or argv filtering: a child never
+//! re-parses the parent's command line.
+//!
+//! Process mode, the whole hidden mechanism: the parent writes one JSON [`ChildSpec`] per rank
+//! (program name, rank, world size, the unique id of the communicator whose coordinator lives
+//! in the parent, the parent's validated configuration, the result path) into a private
+//! temporary directory and starts `<current exe> rank-process <spec file>` ([`CHILD_SUBCOMMAND`]).
+//! The child dispatches on [`ChildSpec::program`], runs its rank and writes its result as JSON
+//! to [`ChildSpec::result`]; stdout is discarded, stderr kept for the error message.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::hccl::bootstrap::{Bootstrap, ConfigError};
+use crate::hccl::{Comm, CommOptions, HcclError, UniqueId};
+use crate::synapse::Device;
+
+/// The hidden subcommand a rank process is started with: `dropcompute rank-process SPEC`.
+pub const CHILD_SUBCOMMAND: &str = "rank-process";
+
+/// How long a launcher rank waits for the rendezvous of [`Join::Env`].
+pub const ENV_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How the ranks of a job are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Launch {
+    /// One thread per rank in this process ([`threads`]).
+    Threads,
+    /// One child process per rank, spawned by this process ([`processes`]).
+    Processes,
+    /// This process is one rank; rank and world size come from the launcher's environment
+    /// ([`Join::from_env`]).
+    Env,
+}
+
+/// Why ranks could not be started or finished (the rank's own errors are the caller's type).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// A rank thread panicked.
+    #[error("rank {rank}: thread panicked")]
+    Panicked {
+        /// Rank.
+        rank: u32,
+    },
+    /// A rank process failed or left no readable result.
+    #[error("rank {rank} process: {why}")]
+    Child {
+        /// Rank.
+        rank: u32,
+        /// Its exit code (`None`: killed by a signal, or exited 0 without a readable result).
+        code: Option<i32>,
+        /// Exit status and the tail of its stderr, or why its result is unreadable.
+        why: String,
+    },
+    /// File or process I/O (spec and result files, spawning, waiting).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A rank-process spec that cannot be written or read (file and reason).
+    #[error("rank-process spec {}: {why}", path.display())]
+    Spec {
+        /// The spec file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A spec whose content does not fit (configuration of another program, malformed unique
+    /// id, unserializable result), naming the rank.
+    #[error("rank {rank} process spec: {why}")]
+    BadSpec {
+        /// Rank.
+        rank: u32,
+        /// What does not fit.
+        why: String,
+    },
+    /// The launcher environment of [`Launch::Env`].
+    #[error(transparent)]
+    Bootstrap(#[from] ConfigError),
+}
+
+/// How one rank joins the communicator of its job.
+// One `Join` per rank, built once: the 1 KiB unique id inline costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum Join {
+    /// Through a unique id created by the parent ([`Launch::Threads`], [`Launch::Processes`]).
+    UniqueId {
+        /// The id (its coordinator lives in the process that created it).
+        id: UniqueId,
+        /// This rank, `< world_size`.
+        rank: u32,
+        /// Number of ranks.
+        world_size: u32,
+    },
+    /// Through the launcher's environment ([`Launch::Env`]).
+    Env(Bootstrap),
+}
+
+impl Join {
+    /// The launcher environment's join ([`Bootstrap::from_env`]).
+    ///
+    /// # Errors
+    /// [`LaunchError::Bootstrap`] naming the variable and value that are missing or invalid.
+    pub fn from_env() -> Result<Self, LaunchError> {
+        Ok(Self::Env(Bootstrap::from_env()?))
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        match self {
+            Self::UniqueId { rank, .. } => *rank,
+            Self::Env(b) => b.rank,
+        }
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> u32 {
+        match self {
+            Self::UniqueId { world_size, .. } => *world_size,
+            Self::Env(b) => b.world_size,
+        }
+    }
+
+    /// Joins the communicator on `device` (`hcclCommInitRank`, or the launcher's rendezvous
+    /// with [`ENV_JOIN_TIMEOUT`]).
+    ///
+    /// # Errors
+    /// The collective layer's error (bad id, timeout, rendezvous failure).
+    pub fn comm(&self, device: &Device, opts: CommOptions) -> Result<Comm, HcclError> {
+        match self {
+            Self::UniqueId { id, rank, world_size } => Comm::init_rank(device, *world_size, id, *rank, opts),
+            Self::Env(b) => crate::hccl::join(device, b, ENV_JOIN_TIMEOUT, opts),
+        }
+    }
+}
+
+/// Runs `f(rank)` for `rank` in `0..n`, each on its own scoped thread, and returns the results
+/// indexed by rank (a panicking rank gives [`LaunchError::Panicked`]).
+pub fn threads<R: Send>(n: u32, f: impl Fn(u32) -> R + Sync) -> Vec<Result<R, LaunchError>> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = (0..n).map(|rank| s.spawn(move || f(rank))).collect();
+        hs.into_iter().zip(0..n).map(|(h, rank)| h.join().map_err(|_| LaunchError::Panicked { rank })).collect()
+    })
+}
+
+/// What a rank process is told (JSON, one file per rank; see the module doc).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildSpec {
+    /// Which rank program the child runs (e.g. `"train"`, `"bench-allreduce"`).
+    pub program: String,
+    /// This rank, `< world_size`.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// The parent's unique id in its text form (`UniqueId`'s `Display`, lower-case hex).
+    pub unique_id: String,
+    /// The parent's validated configuration of the program.
+    pub config: serde_json::Value,
+    /// Where the child writes its result (JSON).
+    pub result: PathBuf,
+}
+
+impl ChildSpec {
+    /// Reads a spec file written by [`processes`].
+    ///
+    /// # Errors
+    /// [`LaunchError::Io`] when unreadable; [`LaunchError::Spec`] when it is not a spec.
+    pub fn read(path: &Path) -> Result<Self, LaunchError> {
+        let bytes = std::fs::read(path)
+            .map_err(|source| LaunchError::Io { what: format!("read {}", path.display()), source })?;
+        serde_json::from_slice(&bytes).map_err(|e| LaunchError::Spec { path: path.to_path_buf(), why: e.to_string() })
+    }
+
+    /// The program's configuration, typed.
+    ///
+    /// # Errors
+    /// [`LaunchError::BadSpec`] when it does not deserialize as `C`.
+    pub fn config<C: DeserializeOwned>(&self) -> Result<C, LaunchError> {
+        serde_json::from_value(self.config.clone())
+            .map_err(|e| LaunchError::BadSpec { rank: self.rank, why: format!("config of {:?}: {e}", self.program) })
+    }
+
+    /// How this rank joins the parent's communicator.
+    ///
+    /// # Errors
+    /// [`LaunchError::BadSpec`] for a malformed unique id.
+    pub fn join(&self) -> Result<Join, LaunchError> {
+        let bad = |why: String| LaunchError::BadSpec { rank: self.rank, why };
+        let id: UniqueId = self.unique_id.parse().map_err(|e| bad(format!("unique_id {:?}: {e}", self.unique_id)))?;
+        Ok(Join::UniqueId { id, rank: self.rank, world_size: self.world_size })
+    }
+
+    /// Writes this rank's result to [`Self::result`].
+    ///
+    /// # Errors
+    /// [`LaunchError::Io`] when the file cannot be written; [`LaunchError::BadSpec`] when `r`
+    /// does not serialize.
+    pub fn write_result<R: Serialize>(&self, r: &R) -> Result<(), LaunchError> {
+        let json =
+            serde_json::to_vec(r).map_err(|e| LaunchError::BadSpec { rank: self.rank, why: format!("result: {e}") })?;
+        std::fs::write(&self.result, json)
+            .map_err(|source| LaunchError::Io { what: format!("write {}", self.result.display()), source })
+    }
+}
+
+/// Runs rank program `program` as `n` child processes of the current executable (see the
+/// module doc), every child given `config` and joining `id`, and returns their results indexed
+/// by rank.
+///
+/// # Errors
+/// The outer error when the temporary directory, a spec file or a process cannot be created
+/// (already-started children are waited for first); per rank, [`LaunchError::Child`] with its
+/// exit status and stderr tail, or when its result does not deserialize as `R`.
+pub fn processes<C: Serialize, R: DeserializeOwned>(
+    program: &str,
+    n: u32,
+    id: &UniqueId,
+    config: &C,
+) -> Result<Vec<Result<R, LaunchError>>, LaunchError> {
+    let exe =
+        std::env::current_exe().map_err(|source| LaunchError::Io { what: "current executable".into(), source })?;
+    let dir = TempDir::new(program)?;
+    let config = serde_json::to_value(config)
+        .map_err(|e| LaunchError::Spec { path: dir.path().to_path_buf(), why: format!("config: {e}") })?;
+    let mut children = Vec::new();
+    let mut spawn_err = None;
+    for rank in 0..n {
+        match spawn(&exe, dir.path(), program, rank, n, id, &config) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                spawn_err = Some(e);
+                break;
+            }
+        }
+    }
+    let mut results = Vec::new();
+    for (rank, mut child, spec, err) in children {
+        let status = child.wait().map_err(|source| LaunchError::Io { what: format!("wait for rank {rank}"), source });
+        results.push(status.and_then(|status| {
+            if status.success() {
+                let bytes = std::fs::read(&spec.result).map_err(|e| LaunchError::Child {
+                    rank,
+                    code: status.code(),
+                    why: format!("no result in {}: {e}", spec.result.display()),
+                })?;
+                serde_json::from_slice(&bytes).map_err(|e| LaunchError::Child {
+                    rank,
+                    code: status.code(),
+                    why: format!("bad result file: {e}"),
+                })
+            } else {
+                let tail = std::fs::read_to_string(&err).unwrap_or_default();
+                let tail: Vec<&str> = tail.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                Err(LaunchError::Child {
+                    rank,
+                    code: status.code(),
+                    why: format!("{status}; its stderr ends:\n    {}", tail.join("\n    ")),
+                })
+            }
+        }));
+    }
+    match spawn_err {
+        Some(e) => Err(e),
+        None => Ok(results),
+    }
+}
+
+/// A private directory of this process, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(program: &str) -> Result<Self, LaunchError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("dropcompute-{program}-{}-{k}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p)
+            .map_err(|source| LaunchError::Io { what: format!("create {}", p.display()), source })?;
+        Ok(Self(p))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+type Spawned = (u32, std::process::Child, ChildSpec, PathBuf);
+
+fn spawn(
+    exe: &Path,
+    dir: &Path,
+    program: &str,
+    rank: u32,
+    n: u32,
+    id: &UniqueId,
+    config: &serde_json::Value,
+) -> Result<Spawned, LaunchError> {
+    let spec = ChildSpec {
+        program: program.to_string(),
+        rank,
+        world_size: n,
+        unique_id: id.to_string(),
+        config: config.clone(),
+        result: dir.join(format!("rank-{rank}.result.json")),
+    };
+    let path = dir.join(format!("rank-{rank}.spec.json"));
+    let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::Spec { path: path.clone(), why: e.to_string() })?;
+    std::fs::write(&path, json)
+        .map_err(|source| LaunchError::Io { what: format!("write {}", path.display()), source })?;
+    let err = dir.join(format!("rank-{rank}.stderr"));
+    let stderr = std::fs::File::create(&err)
+        .map_err(|source| LaunchError::Io { what: format!("create {}", err.display()), source })?;
+    let child = std::process::Command::new(exe)
+        .arg(CHILD_SUBCOMMAND)
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|source| LaunchError::Io { what: format!("spawn rank {rank}"), source })?;
+    Ok((rank, child, spec, err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_return_results_by_rank_and_name_a_panicking_rank() {
+        let r = threads(4, |rank| {
+            assert_ne!(rank, 2, "rank 2 fails");
+            rank * 10
+        });
+        assert_eq!(r.len(), 4);
+        assert_eq!(r[0].as_ref().ok(), Some(&0));
+        assert_eq!(r[3].as_ref().ok(), Some(&30));
+        assert!(matches!(r[2], Err(LaunchError::Panicked { rank: 2 })), "{:?}", r[2]);
+    }
+
+    #[test]
+    fn a_spec_round_trips_its_config_and_unique_id() {
+        let dir = TempDir::new("spec-test").unwrap();
+        let id = UniqueId::from_bytes(&[7u8; 32]).unwrap();
+        let spec = ChildSpec {
+            program: "p".into(),
+            rank: 1,
+            world_size: 3,
+            unique_id: id.to_string(),
+            config: serde_json::json!({"a": 1, "b": [2.5, null]}),
+            result: dir.path().join("r.json"),
+        };
+        let path = dir.path().join("s.json");
+        std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
+        let back = ChildSpec::read(&path).unwrap();
+        assert_eq!(back, spec);
+        assert_eq!(back.config::<serde_json::Value>().unwrap()["b"][0], 2.5);
+        match back.join().unwrap() {
+            Join::UniqueId { id: j, rank, world_size } => {
+                assert_eq!((j.to_bytes(), rank, world_size), (id.to_bytes(), 1, 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = ChildSpec { unique_id: "zz".into(), ..spec };
+        assert!(matches!(bad.join(), Err(LaunchError::BadSpec { rank: 1, .. })));
+        let err = back.config::<Vec<u32>>().unwrap_err();
+        assert!(matches!(err, LaunchError::BadSpec { rank: 1, .. }), "{err}");
+    }
+}
