@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use habana_sys::{synDeviceId, synStatus};
 
-use super::state::{MResult, Registry, fail};
+use crate::error::{MResult, MockError, fail};
+use crate::state::Registry;
 
 /// Alignment of every mock allocation (device and synHostMalloc), in bytes.
 pub const ALIGNMENT: u64 = 128;
@@ -201,10 +202,9 @@ impl Registry {
     }
 
     fn check_host_overlap(&self, start: usize, len: usize) -> MResult<()> {
-        let end = start.checked_add(len).ok_or_else(|| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: "host range overflows".into(),
-        })?;
+        let end = start
+            .checked_add(len)
+            .ok_or_else(|| MockError::new(synStatus::INVALID_ARGUMENT, "host range overflows"))?;
         if let Some((_, h)) = self.host.range(..end).next_back()
             && h.start + h.len > start
         {
@@ -242,10 +242,7 @@ impl Registry {
         if ptr == 0 || size == 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null buffer or size 0");
         }
-        let len = usize::try_from(size).map_err(|_| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: "size too large".into(),
-        })?;
+        let len = usize::try_from(size).map_err(|_| MockError::new(synStatus::INVALID_ARGUMENT, "size too large"))?;
         self.check_host_overlap(ptr, len)?;
         let h = HostRange { start: ptr, len, device, state: Mutex::new(HostState { alive: true, owned: None }) };
         self.host.insert(ptr, Arc::new(h));

@@ -1,5 +1,6 @@
 //! `extern "C"` entry points of the mock for recipes, launches, status strings, the driver
-//! version and the last error (split from `ffi/mod.rs`; same rules: see there).
+//! version and the last error (split from `ffi/mod.rs`; same rules: see there). Must not touch:
+//! the last-error slots except through `last_error.rs`.
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
@@ -9,9 +10,10 @@ use habana_sys::{
     synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle, synStatus, synStreamHandle,
 };
 
-use super::{c_str, guard, h, out, slice};
-use crate::state::{MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status};
-use crate::{launch, status};
+use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
+use crate::config::{ENV_VERSION, MOCK_VERSION};
+use crate::error::{MResult, fail};
+use crate::{last_error, launch, status};
 
 fn path_arg(p: *const c_char) -> MResult<PathBuf> {
     // SAFETY: the file name is null or NUL-terminated.
@@ -193,7 +195,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
         if buf.is_null() || len <= 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
         }
-        let v = std::env::var(crate::ENV_VERSION).unwrap_or_else(|_| crate::MOCK_VERSION.to_string());
+        let v = std::env::var(ENV_VERSION).unwrap_or_else(|_| MOCK_VERSION.to_string());
         let b = v.as_bytes();
         let n = b.len().min(len as usize - 1);
         // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.
@@ -207,7 +209,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
 
 /// `synGetLastError` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_get_last_error() -> synStatus {
-    last_error_status()
+    last_error::status().unwrap_or(synStatus::SUCCESS)
 }
 
 /// `synGetErrorString` on the CPU mock (contract: see the module documentation).
@@ -216,6 +218,7 @@ pub unsafe extern "C" fn syn_get_error_string(st: synStatus) -> *const c_char {
 }
 
 /// `synGetLastErrorMessage` on the CPU mock (contract: see the module documentation).
+/// "" before the first failing call on this thread.
 pub unsafe extern "C" fn syn_get_last_error_message() -> *const c_char {
-    last_error_message_ptr()
+    last_error::message_ptr::<synStatus>().unwrap_or(c"".as_ptr())
 }

@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use habana_sys::hcclResult_t;
 
-use super::HErr;
 use super::comm::{Comm, OpCtx};
 use super::reduce::{Dtype, RedOp, reduce_into};
 use super::transport::Rx;
+use crate::error::HErr;
 
 /// Bytes combined per step of the reduction (a cache-resident accumulator).
 const TILE_BYTES: usize = 32 << 10;
