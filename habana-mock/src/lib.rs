@@ -22,6 +22,7 @@
 //! The state is process-global. Tests sharing one process must use distinct module ids and
 //! must not call synDestroy or [`MockControl::configure`] while other tests hold devices.
 
+mod alloc;
 mod builtin;
 mod cabi;
 pub mod config;

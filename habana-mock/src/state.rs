@@ -2,7 +2,7 @@
 //! kernels.
 //!
 //! Owns: [`Registry`] (one `Mutex`, never held while a stream worker runs a copy or kernel) and
-//! its lookups; its allocator methods live in `memory.rs`. Must not touch: device memory
+//! its lookups; its allocator methods live in `alloc.rs`. Must not touch: device memory
 //! contents (each allocation has its own lock, see `memory.rs`), the fault tables
 //! (`faults.rs`), the last error (`last_error.rs`), the handle encoding (`cabi.rs`).
 
@@ -28,30 +28,41 @@ pub(crate) struct Module {
     pub acquired: Option<synDeviceId>,
     /// Bytes of live device allocations.
     pub used: u64,
+    /// The module's latency model (noise stream, slowdown, script).
     pub latency: DeviceLatency,
 }
 
 /// Everything behind the global lock.
 pub(crate) struct Registry {
+    /// True between synInitialize and synDestroy.
     pub initialized: bool,
     /// True once `dcmock_configure` set `config` (then the environment is not consulted).
     pub configured: bool,
+    /// The configuration in force.
     pub config: MockConfig,
+    /// The modules, by module id (built from `config` at synInitialize or reconfiguration).
     pub modules: Vec<Module>,
     /// Acquired device id -> module id.
     pub devices: HashMap<synDeviceId, u32>,
+    /// The next device id handed out by an acquire.
     pub next_device_id: synDeviceId,
+    /// Live streams by handle id.
     pub streams: HashMap<u64, Arc<Stream>>,
+    /// Live events by handle id.
     pub events: HashMap<u64, Arc<Event>>,
+    /// Live recipes by handle id.
     pub recipes: HashMap<u64, Arc<Recipe>>,
     /// Live device allocations by base address.
     pub allocs: BTreeMap<u64, Arc<DevAlloc>>,
     /// Freed device allocations, base -> size (addresses are never reused).
     pub freed: BTreeMap<u64, u64>,
+    /// The next device address handed out (bump allocator, never reused).
     pub next_addr: u64,
     /// Registered host ranges (synHostMalloc'd or synHostMap'ed) by start address.
     pub host: BTreeMap<usize, Arc<HostRange>>,
+    /// The next handle id (see [`Registry::new_handle`]).
     pub next_handle: u64,
+    /// Registered kernels by name (built-ins, the gradient kernels, then `dcmock_register_kernel`).
     pub kernels: HashMap<String, Kernel>,
 }
 
@@ -119,6 +130,7 @@ impl Registry {
         h
     }
 
+    /// The live stream `handle` (unknown: synInvalidArgument).
     pub(crate) fn stream(&self, handle: u64) -> MResult<Arc<Stream>> {
         self.check_init()?;
         match self.streams.get(&handle) {
@@ -127,6 +139,7 @@ impl Registry {
         }
     }
 
+    /// The live event `handle` (unknown: synInvalidEventHandle).
     pub(crate) fn event(&self, handle: u64) -> MResult<Arc<Event>> {
         self.check_init()?;
         match self.events.get(&handle) {
@@ -135,6 +148,7 @@ impl Registry {
         }
     }
 
+    /// The live recipe `handle` (unknown: synInvalidArgument).
     pub(crate) fn recipe(&self, handle: u64) -> MResult<Arc<Recipe>> {
         self.check_init()?;
         match self.recipes.get(&handle) {

@@ -51,7 +51,7 @@ pub(crate) struct Comm {
     /// Reusable host buffers of the running collective (input, output): no page faults per op.
     pub scratch: Mutex<(Vec<u8>, Vec<u8>)>,
     /// Shared-memory rendezvous when every rank lives in this mock instance (n > 1), else None.
-    pub meet: Option<Arc<super::shm::Meet>>,
+    pub meet: Option<Arc<super::meet::Meet>>,
 }
 
 /// Context of one running operation, for messages and the failure rules.
@@ -179,7 +179,7 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
         Ok((peers, links)) => {
             let all_local = peers.iter().all(|p| p.nonce == me_nonce);
             let mut c = Comm::new(rank, n, id.token, peers, links, Rx::new(inbox_rx, n as usize), timeout, bw);
-            c.meet = all_local.then(|| super::shm::meet_for(id.token, n));
+            c.meet = all_local.then(|| super::meet::meet_for(id.token, n));
             Ok(register(c))
         }
         Err(e) => {

@@ -5,7 +5,7 @@
 //! the thread-local HCCL last error come from the shared guard of `cabi.rs`) and the submodules: `id` (unique id, coordinator, rendezvous), `transport`
 //! (frames, in-process channels, TCP), `comm` (communicators, async errors, abort/destroy),
 //! `algo` (lockstep header, ring algorithms, virtual-time cost), `shm` (direct shared-memory
-//! all-reduce when every rank is in this process), `reduce` (dtypes, ops),
+//! all-reduce when every rank is in this process) on a `meet` (rendezvous of those ranks), `reduce` (dtypes, ops),
 //! `enqueue` (validation, groups, stream work). Must not touch: the Synapse state beyond
 //! looking up streams and device ranges, and adding [`crate::stream`] host operations.
 //!
@@ -63,6 +63,7 @@ mod algo;
 mod comm;
 mod enqueue;
 mod id;
+mod meet;
 mod reduce;
 mod shm;
 mod transport;
