@@ -43,7 +43,7 @@ pub unsafe extern "C" fn syn_destroy() -> synStatus {
 
 /// `synDeviceGetCount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_count(p_count: *mut u32) -> synStatus {
-    // SAFETY (all `out` calls below): out-pointers follow the caller's contract (module doc).
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synDeviceGetCount", || unsafe { out(p_count, device::count()?) })
 }
 
@@ -70,6 +70,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_device_type(p: *mut synDeviceId, 
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
         }
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, device::acquire_by_type(t)?) }
     })
 }
@@ -80,6 +81,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_module_id(p: *mut synDeviceId, m:
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
         }
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, device::acquire_by_module_id(m)?) }
     })
 }
@@ -92,6 +94,7 @@ pub unsafe extern "C" fn syn_device_acquire(p: *mut synDeviceId, pci_bus: *const
         }
         // SAFETY: pciBus is null or NUL-terminated.
         let bus = unsafe { c_str(pci_bus) };
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, device::acquire_by_pci_bus(bus)?) }
     })
 }
@@ -121,12 +124,14 @@ pub unsafe extern "C" fn syn_device_get_info(d: synDeviceId, p: *mut synDeviceIn
             fd: i.fd,
             deviceType: i.deviceType,
         };
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, v1) }
     })
 }
 
 /// `synDeviceGetInfoV2` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_info_v2(d: synDeviceId, p: *mut synDeviceInfoV2) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synDeviceGetInfoV2", || unsafe { out(p, device::info(d)?) })
 }
 
@@ -137,6 +142,7 @@ pub unsafe extern "C" fn syn_device_get_memory_info(d: synDeviceId, free: *mut u
             return fail(synStatus::INVALID_ARGUMENT, "null pointer");
         }
         let (f, t) = device::memory_info(d)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe {
             out(free, f)?;
             out(total, t)
@@ -151,6 +157,7 @@ pub unsafe extern "C" fn syn_stream_create_generic(p: *mut synStreamHandle, d: s
             return fail(synStatus::INVALID_ARGUMENT, "null pStreamHandle");
         }
         let id = ops::stream_create(d, flags)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, handle_to_raw(id) as synStreamHandle) }
     })
 }
@@ -182,6 +189,7 @@ pub unsafe extern "C" fn syn_event_create(p: *mut synEventHandle, d: synDeviceId
             return fail(synStatus::INVALID_ARGUMENT, "null pEventHandler");
         }
         let id = ops::event_create(d, flags)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, handle_to_raw(id) as synEventHandle) }
     })
 }
@@ -215,6 +223,7 @@ pub unsafe extern "C" fn syn_event_elapsed_time(
     guard("synEventElapsedTime", || {
         let end = (!end.is_null()).then(|| h(end));
         let v = ops::elapsed(h(start), end)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p_ns, v) }
     })
 }
@@ -229,6 +238,7 @@ pub unsafe extern "C" fn syn_host_malloc(d: synDeviceId, size: u64, flags: u32, 
             return fail(synStatus::INVALID_ARGUMENT, format!("flags {flags:#x} must be 0"));
         }
         let p = registry().host_malloc(d, size)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(buffer, p.cast()) }
     })
 }
@@ -269,6 +279,7 @@ pub unsafe extern "C" fn syn_device_malloc(
             return fail(synStatus::INVALID_ARGUMENT, "null buffer pointer");
         }
         let a = registry().device_malloc(d, size)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(buffer, a) }
     })
 }

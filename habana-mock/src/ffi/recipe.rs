@@ -35,6 +35,7 @@ pub unsafe extern "C" fn syn_recipe_deserialize(p: *mut synRecipeHandle, file: *
             return fail(synStatus::INVALID_ARGUMENT, "null pRecipeHandle");
         }
         let id = launch::deserialize(&path_arg(file)?)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, handle_to_raw(id) as synRecipeHandle) }
     })
 }
@@ -66,11 +67,13 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
 
 /// `synWorkspaceGetSize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synWorkspaceGetSize", || unsafe { out(p, launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?) })
 }
 
 /// `synTensorRetrieveLaunchAmount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(r: synRecipeHandle, n: *mut u32) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synTensorRetrieveLaunchAmount", || unsafe { out(n, launch::recipe(h(r))?.spec.tensors.len() as u32) })
 }
 
@@ -136,6 +139,7 @@ unsafe fn launch_common(
 ) -> MResult<()> {
     // SAFETY: arrays of `n` infos and `nev` events by the caller's contract.
     let infos = unsafe { slice(infos, n as usize)? };
+    // SAFETY: as above, for the `nev` events.
     let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }.iter().map(|&e| h(e)).collect();
     // SAFETY: tensor names are NUL-terminated by the contract.
     unsafe { launch::launch(h(s), infos, ws, h(r), &evs, flags) }
@@ -154,6 +158,8 @@ pub unsafe extern "C" fn syn_launch_with_external_events(
     nev: u32,
     flags: u32,
 ) -> synStatus {
+    // SAFETY: the arrays hold `n` infos (names NUL-terminated) and `nev` events by the caller's
+    // contract.
     guard("synLaunchWithExternalEvents", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
 }
 
@@ -169,6 +175,8 @@ pub unsafe extern "C" fn syn_launch_with_external_events_ext(
     nev: u32,
     flags: u32,
 ) -> synStatus {
+    // SAFETY: the arrays hold `n` infos (names NUL-terminated) and `nev` events by the caller's
+    // contract.
     guard("synLaunchWithExternalEventsExt", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
 }
 
