@@ -2,7 +2,7 @@
 //! `hccl*` in `hccl/mod.rs`, `dcmock_*` in `control.rs`): the FFI guard, the status trait it is
 //! generic over, pointer-argument helpers and the handle encoding.
 //!
-//! Owns: [`guard`] / [`guard_unfaultable`] (fault injection, `catch_unwind`, last-error
+//! Owns: [`guard`] / [`guard_unfaultable`] / [`catch_or`] (fault injection, `catch_unwind`, last-error
 //! recording: no panic ever unwinds across the C ABI), [`CStatus`], [`out`], [`c_str`],
 //! [`slice`], [`handle_to_raw`] / [`raw_to_handle`]. Must not touch: the registry or any mock
 //! object; it imports only the leaves `error.rs`, `faults.rs` and `last_error.rs`.
@@ -73,6 +73,13 @@ pub(crate) fn guard_unfaultable<S: CStatus>(name: &str, f: impl FnOnce() -> MRes
             S::PANIC
         }
     }
+}
+
+/// Runs `f` with panics caught, returning `fallback` on a panic: for the few C functions that
+/// return a value other than a status (`hcclCommGetAsyncErrorMessage`), which therefore have no
+/// status to report a panic with and record no last error.
+pub(crate) fn catch_or<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
 /// Writes `v` to the out-pointer `p` (null: `S::INVALID_ARGUMENT` "null output pointer").

@@ -115,9 +115,9 @@ pub(crate) fn retire_device_alloc(a: &DevAlloc) {
     *a.lock() = None;
 }
 
-/// One validated copy, executed by a stream worker.
+/// One validated copy, executed by a stream worker. Fields: the source and destination (host
+/// address inside a [`HostRange`], or an allocation and a byte offset into it) and the length.
 #[derive(Debug)]
-#[allow(missing_docs)] // variant fields: source, destination, offsets and length in bytes
 pub(crate) enum CopyPiece {
     /// Host range to device allocation.
     HostToDevice { host: Arc<HostRange>, src: usize, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },

@@ -72,7 +72,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 
 use habana_sys::{HCCL_VERSION_CODE, hcclComm_t, hcclDataType_t, hcclRedOp_t, hcclResult_t, hcclUniqueId};
 
-use crate::cabi::{guard, h, handle_to_raw, out};
+use crate::cabi::{catch_or, guard, h, handle_to_raw, out};
 pub use crate::config::ENV_TIMEOUT_MS;
 use crate::error::HErr;
 use crate::last_error;
@@ -138,14 +138,15 @@ pub unsafe extern "C" fn hccl_get_last_error_message() -> *const c_char {
 
 /// The communicator's asynchronous error message ("" when none, "unknown communicator" for an
 /// invalid handle). Valid while the communicator lives.
+/// A panic in the mock (never expected) gives "internal error (panic) in the CPU mock".
 pub unsafe extern "C" fn hccl_comm_get_async_error_message(c: hcclComm_t) -> *const c_char {
-    match comm_of(c) {
+    catch_or(c"internal error (panic) in the CPU mock".as_ptr(), || match comm_of(c) {
         Ok(c) => {
             c.poll_idle();
             c.async_error_ptr()
         }
         Err(_) => c"unknown communicator".as_ptr(),
-    }
+    })
 }
 
 /// Creates a unique id and starts its coordinator in this process.
