@@ -138,3 +138,67 @@ pub(crate) fn raw_to_handle(raw: usize) -> u64 {
 pub(crate) fn h<T>(p: *mut T) -> u64 {
     raw_to_handle(p as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{HErr, fail};
+
+    fn message<S: CStatus>() -> String {
+        let p = last_error::message_ptr::<S>().expect("a last error");
+        // SAFETY: the slot's pointer is a NUL-terminated string valid until the next failure on
+        // this thread; copied at once.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn guard_reports_failures_and_panics_in_each_apis_own_slot() {
+        std::thread::spawn(|| {
+            assert_eq!(last_error::status::<synStatus>(), None);
+            assert_eq!(guard("cabiTestOk", || Ok::<(), MockError>(())), synStatus::SUCCESS);
+            assert_eq!(last_error::status::<synStatus>(), None, "success records nothing");
+            let s = guard("cabiTestSyn", || fail(synStatus::BUSY, "why"));
+            assert_eq!(s, synStatus::BUSY);
+            assert_eq!(message::<synStatus>(), "cabiTestSyn: why");
+            let s = guard("cabiTestHccl", || Err::<(), HErr>(HErr::new(hcclResult_t::SOCKET_ERROR, "gone")));
+            assert_eq!(s, hcclResult_t::SOCKET_ERROR);
+            assert_eq!(message::<hcclResult_t>(), "cabiTestHccl: gone");
+            assert_eq!(message::<synStatus>(), "cabiTestSyn: why", "the Synapse slot is untouched");
+            let s: hcclResult_t = guard_unfaultable("cabiTestPanic", || panic!("boom"));
+            assert_eq!(s, hcclResult_t::INTERNAL_ERROR);
+            assert_eq!(message::<hcclResult_t>(), "cabiTestPanic: internal error (panic) in the CPU mock");
+            let s: synStatus = guard("cabiTestPanic", || panic!("boom"));
+            assert_eq!(s, synStatus::FAIL);
+            assert_eq!(last_error::status::<synStatus>(), Some(synStatus::FAIL));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn faults_reach_guard_but_not_guard_unfaultable() {
+        faults::arm_fail_next("cabiTestFaulted".into(), hcclResult_t::BUSY.0, 2);
+        let ran = std::cell::Cell::new(0);
+        let body = || -> MResult<(), hcclResult_t> {
+            ran.set(ran.get() + 1);
+            Ok(())
+        };
+        assert_eq!(guard_unfaultable("cabiTestFaulted", body), hcclResult_t::SUCCESS);
+        assert_eq!(guard("cabiTestFaulted", body), hcclResult_t::BUSY);
+        assert_eq!(message::<hcclResult_t>(), "cabiTestFaulted: injected fault");
+        let body = || -> MResult<()> {
+            ran.set(ran.get() + 1);
+            Ok(())
+        };
+        assert_eq!(guard("cabiTestFaulted", body), synStatus(hcclResult_t::BUSY.0));
+        assert_eq!(guard("cabiTestFaulted", body), synStatus::SUCCESS);
+        assert_eq!(ran.get(), 2, "a faulted call does not run its body");
+    }
+
+    #[test]
+    fn handles_round_trip_and_forged_ones_are_zero() {
+        assert_eq!(raw_to_handle(handle_to_raw(42)), 42);
+        assert_eq!(raw_to_handle(handle_to_raw(42) + 1), 0);
+        assert_eq!(catch_or(7, || panic!("boom")), 7);
+    }
+}
