@@ -7,8 +7,7 @@ use std::collections::HashMap;
 
 use habana_sys::synStatus;
 
-use super::MockKernelArgs;
-use super::state::{Kernel, SendPtr};
+use crate::kernel_abi::{Kernel, MockKernelArgs, MockKernelFn, SendPtr};
 
 /// Does nothing (used by the scheduler-overhead benchmark).
 unsafe extern "C" fn noop(_args: *const MockKernelArgs) -> synStatus {
@@ -54,11 +53,9 @@ unsafe extern "C" fn copy(args: *const MockKernelArgs) -> synStatus {
 
 pub(crate) fn register_builtins(table: &mut HashMap<String, Kernel>) {
     let null = SendPtr(std::ptr::null_mut());
-    for (name, f) in [
-        ("noop", noop as super::MockKernelFn),
-        ("fill_f32", fill_f32 as super::MockKernelFn),
-        ("copy", copy as super::MockKernelFn),
-    ] {
+    for (name, f) in
+        [("noop", noop as MockKernelFn), ("fill_f32", fill_f32 as MockKernelFn), ("copy", copy as MockKernelFn)]
+    {
         table.insert(name.to_string(), Kernel { f, user_data: null });
     }
 }

@@ -1,13 +1,22 @@
 //! Configuration of the CPU mock device ([`MockConfig`]) and the fault knobs ([`Fault`]).
 //!
 //! Owns: the serde types accepted by `dcmock_configure` / `dcmock_inject_fault` (JSON), their
-//! defaults and validation. Must not touch: the process-global mock state (that is `state.rs`);
+//! defaults and validation; the environment variables the mock reads and the version it reports.
+//! Must not touch: the process-global mock state (that is `state.rs`);
 //! these are plain values.
 
 use serde::{Deserialize, Serialize};
 
 pub use latency_noise::Noise;
 
+/// Version reported by `synDriverGetVersion` unless [`ENV_VERSION`] is set.
+pub const MOCK_VERSION: &str = "1.21.0-mock";
+/// Environment variable overriding the reported version (e.g. "1.15.0" to emulate an old
+/// runtime), read at each `synDriverGetVersion` call.
+pub const ENV_VERSION: &str = "DROPCOMPUTE_MOCK_VERSION";
+/// Environment variable overriding `MockConfig::hccl_timeout_ms` (ms, > 0); also exported as
+/// `hccl::ENV_TIMEOUT_MS`.
+pub const ENV_TIMEOUT_MS: &str = "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS";
 /// Environment variable overriding the default number of mock modules (e.g. `1024`).
 pub const ENV_DEVICES: &str = "DROPCOMPUTE_MOCK_DEVICES";
 /// Environment variable holding a whole [`MockConfig`] as JSON, read at the first
@@ -181,7 +190,7 @@ impl MockConfig {
                 cfg
             }
         };
-        let timeout = super::hccl::ENV_TIMEOUT_MS;
+        let timeout = ENV_TIMEOUT_MS;
         if let Ok(v) = std::env::var(timeout) {
             cfg.hccl_timeout_ms = v
                 .trim()

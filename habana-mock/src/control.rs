@@ -2,21 +2,22 @@
 //! `dcmock_inject_fault`, exported by name only from the `mock-synapse` cdylib) and the Rust
 //! wrapper [`MockControl`] that calls them in-process or through a loaded mock library.
 //!
-//! Owns: configuration changes, kernel registration and fault arming. Must not touch: the
-//! Synapse function table (these are not Synapse functions).
+//! Owns: configuration changes, kernel registration and fault arming (the tables themselves are
+//! `faults.rs`'s). Must not touch: the Synapse function table (these are not Synapse functions);
+//! faults never reach these functions (they run in the guard without fault injection).
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 use habana_sys::synStatus;
 
-use super::MockKernelFn;
-use super::config::{Fault, MockConfig};
-use super::state::{ARMED_FAULTS, Kernel, MResult, SendPtr, fail, registry, stalls};
-
-use super::ffi::catch_and_report as guard;
+use crate::cabi::guard_unfaultable as guard;
+use crate::config::{Fault, MockConfig};
+use crate::error::{MResult, MockError, fail};
+use crate::faults::{self, stalls};
+use crate::kernel_abi::{Kernel, MockKernelFn, SendPtr};
+use crate::state::registry;
 
 fn json_arg<'a>(p: *const c_char) -> MResult<&'a str> {
     if p.is_null() {
@@ -38,7 +39,7 @@ fn json_arg<'a>(p: *const c_char) -> MResult<&'a str> {
 pub unsafe extern "C" fn dcmock_configure(json: *const c_char) -> synStatus {
     guard("dcmock_configure", || {
         let cfg = MockConfig::from_json(json_arg(json)?)
-            .map_err(|e| super::state::MockError { status: synStatus::INVALID_ARGUMENT, msg: e.to_string() })?;
+            .map_err(|e| MockError::new(synStatus::INVALID_ARGUMENT, e.to_string()))?;
         let mut r = registry();
         if !r.devices.is_empty() {
             return fail(synStatus::BUSY, format!("{} device(s) are acquired; release them first", r.devices.len()));
@@ -56,7 +57,7 @@ pub unsafe extern "C" fn dcmock_configure(json: *const c_char) -> synStatus {
 ///
 /// # Safety
 /// `name` is null or NUL-terminated. `f` must be sound to call from any stream worker thread
-/// with a valid [`super::MockKernelArgs`] (carrying `user_data`), touching only the given tensor
+/// with a valid [`crate::MockKernelArgs`] (carrying `user_data`), touching only the given tensor
 /// ranges, and must not unwind or call back into the mock.
 pub unsafe extern "C" fn dcmock_register_kernel(
     name: *const c_char,
@@ -80,37 +81,32 @@ pub unsafe extern "C" fn dcmock_register_kernel(
 pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
     guard("dcmock_inject_fault", || {
         let fault = Fault::from_json(json_arg(json)?)
-            .map_err(|e| super::state::MockError { status: synStatus::INVALID_ARGUMENT, msg: e.to_string() })?;
+            .map_err(|e| MockError::new(synStatus::INVALID_ARGUMENT, e.to_string()))?;
         let mut r = registry();
         match fault {
             Fault::FailNextCall { function, status, times } => {
                 if times == 0 {
                     return fail(synStatus::INVALID_ARGUMENT, "times must be >= 1");
                 }
-                let prev = r.faults.insert(function, (synStatus(status), times)).map_or(0, |p| p.1);
-                ARMED_FAULTS.fetch_add(times as usize, Ordering::AcqRel);
-                ARMED_FAULTS.fetch_sub(prev as usize, Ordering::AcqRel);
+                faults::arm_fail_next(function, status, times);
             }
             Fault::StallStream { module_id, duration_ms } => {
                 let n = if r.initialized { r.modules.len() as u32 } else { r.config.devices };
                 if module_id >= n {
                     return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist"));
                 }
-                let st = stalls();
-                st.table.lock().unwrap_or_else(|e| e.into_inner()).pending.insert(module_id, duration_ms);
+                stalls().arm(module_id, duration_ms);
             }
             Fault::ReleaseStall { module_id } => stalls().release(module_id),
             Fault::ClearAll => {
-                let n: u32 = r.faults.values().map(|f| f.1).sum();
-                r.faults.clear();
-                ARMED_FAULTS.fetch_sub(n as usize, Ordering::AcqRel);
+                faults::clear_fail_next();
                 stalls().clear();
-                super::hccl::disarm_kill();
+                crate::hccl::disarm_kill();
             }
-            Fault::HcclKillRank { rank, abort_process } => super::hccl::arm_kill(rank, abort_process),
+            Fault::HcclKillRank { rank, abort_process } => crate::hccl::arm_kill(rank, abort_process),
             Fault::HcclAsyncError { code } => {
                 drop(r);
-                super::hccl::inject_async_error(code);
+                crate::hccl::inject_async_error(code);
             }
             Fault::ReseedLatency { module_id, seed } => match r.modules.get_mut(module_id as usize) {
                 Some(m) => m.latency.reseed(seed, module_id),
@@ -164,13 +160,13 @@ pub struct MockControl {
 }
 
 impl MockControl {
-    /// The control functions of the in-process mock (the state behind [`super::api`]).
+    /// The control functions of the in-process mock (the state behind [`crate::api`]).
     pub fn in_process() -> Self {
         Self {
             configure: dcmock_configure,
             register: dcmock_register_kernel,
             inject: dcmock_inject_fault,
-            message: Some(super::ffi::syn_get_last_error_message),
+            message: Some(crate::ffi::syn_get_last_error_message),
         }
     }
 

@@ -13,9 +13,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use habana_sys::{synDeviceId, synDeviceInfoV2, synDeviceType, synStatus};
 
-use super::config::MockConfig;
-use super::memory::{retire_device_alloc, retire_host_range};
-use super::state::{DEVICE_ADDRESS_BASE, MResult, Registry, fail, registry, stalls};
+use crate::cabi::handle_to_raw;
+use crate::config::MockConfig;
+use crate::error::{MResult, fail};
+use crate::faults::stalls;
+use crate::memory::{retire_device_alloc, retire_host_range};
+use crate::state::{DEVICE_ADDRESS_BASE, Registry, registry};
+use crate::stream::Stream;
 
 /// Environment variable naming a directory for cross-process module locks. When set (and not
 /// empty), acquiring module `m` also takes an exclusive advisory lock (`flock`) on
@@ -218,7 +222,7 @@ pub(crate) fn release(device: synDeviceId) -> MResult<()> {
 
 /// Waits for every stream of the device; returns the first sticky stream error.
 pub(crate) fn synchronize(device: synDeviceId) -> MResult<()> {
-    let streams: Vec<Arc<super::stream::Stream>> = {
+    let streams: Vec<Arc<Stream>> = {
         let r = registry();
         let m = r.module_of(device)?;
         r.streams.values().filter(|s| s.module == m).cloned().collect()
@@ -228,7 +232,7 @@ pub(crate) fn synchronize(device: synDeviceId) -> MResult<()> {
     }
     for s in &streams {
         if let Some((status, msg)) = s.shared.error() {
-            return fail(status, format!("stream {:#x}: {msg}", super::state::handle_to_raw(s.id)));
+            return fail(status, format!("stream {:#x}: {msg}", handle_to_raw(s.id)));
         }
     }
     Ok(())

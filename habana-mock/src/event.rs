@@ -1,15 +1,22 @@
 //! Mock events: record generations, completion and device timestamps.
 //!
 //! Owns: [`Event`] (a counter of records enqueued, the latest completed record and its
-//! timestamp in ns on the mock device timeline). Must not touch: the registry (callers look
-//! events up) or stream internals beyond the error of the stream it was last recorded on.
+//! timestamp in ns on the mock device timeline) and [`AsyncErrorSource`]. Must not touch: the
+//! registry (callers look events up) or streams beyond the error of the stream it was last
+//! recorded on (seen through [`AsyncErrorSource`]; this module imports no stream type).
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use habana_sys::{EVENT_COLLECT_TIME, synStatus};
 
-use super::state::{MResult, fail};
-use super::stream::StreamShared;
+use crate::error::{MResult, fail};
+
+/// What an event needs of the stream it was recorded on: its sticky asynchronous error
+/// (implemented by `stream::StreamShared`; a trait so that events do not import streams).
+pub(crate) trait AsyncErrorSource: Send + Sync + std::fmt::Debug {
+    /// The sticky asynchronous error, if any.
+    fn async_error(&self) -> Option<(synStatus, String)>;
+}
 
 /// A mock event.
 #[derive(Debug)]
@@ -30,7 +37,7 @@ struct EventState {
     /// Timestamp (ns) of the completed record `completed`.
     ts: Option<u64>,
     /// Stream of the latest record, for its asynchronous error.
-    stream: Option<Arc<StreamShared>>,
+    stream: Option<Arc<dyn AsyncErrorSource>>,
     /// Set by synDestroy/synDeviceRelease: every waiter returns.
     poisoned: bool,
 }
@@ -45,7 +52,7 @@ impl Event {
     }
 
     /// Starts a new record on `stream`; returns its generation (to pass to [`Event::complete`]).
-    pub(crate) fn begin_record(&self, stream: Arc<StreamShared>) -> u64 {
+    pub(crate) fn begin_record(&self, stream: Arc<dyn AsyncErrorSource>) -> u64 {
         let mut s = self.lock();
         s.recorded += 1;
         s.stream = Some(stream);
@@ -96,7 +103,7 @@ impl Event {
         let generation = self.generation();
         self.wait_for(generation);
         let stream = self.lock().stream.clone();
-        match stream.and_then(|s| s.error()) {
+        match stream.and_then(|s| s.async_error()) {
             Some((status, msg)) => fail(status, format!("event {:#x}: stream error: {msg}", self.id)),
             None => Ok(()),
         }

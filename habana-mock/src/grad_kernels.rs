@@ -20,9 +20,8 @@ use std::collections::HashMap;
 use habana_sys::synStatus;
 use half::bf16;
 
-use super::MockKernelArgs;
-use super::kernel_args::{Tensors, status};
-use super::state::{Kernel, SendPtr};
+use crate::kernel_abi::{Kernel, MockKernelArgs, MockKernelFn, SendPtr};
+use crate::kernel_args::{Tensors, status};
 
 macro_rules! scale_kernel {
     ($name:ident, $t:ty, $f:path) => {
@@ -112,7 +111,7 @@ pub const GRADIENT_KERNELS: [&str; 9] = [
 
 pub(crate) fn register(table: &mut HashMap<String, Kernel>) {
     let null = SendPtr(std::ptr::null_mut());
-    let fns: [super::MockKernelFn; 9] = [
+    let fns: [MockKernelFn; 9] = [
         scale_f32,
         scale_bf16,
         accumulate_f32,

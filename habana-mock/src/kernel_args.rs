@@ -6,7 +6,7 @@
 
 use habana_sys::synStatus;
 
-use super::{MockKernelArgs, MockTensor};
+use crate::kernel_abi::{MockKernelArgs, MockTensor};
 
 /// Views of a kernel call's tensors (checked for count, alignment and overlap) and of its scalar
 /// parameters.

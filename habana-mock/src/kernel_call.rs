@@ -12,9 +12,10 @@ use std::ffi::c_void;
 
 use habana_sys::synStatus;
 
-use crate::MockKernelArgs;
+use crate::control::MockControlError;
+use crate::kernel_abi::{Kernel, MockKernelArgs, SendPtr};
 use crate::kernel_args::Tensors;
-use crate::state::{Kernel, SendPtr, registry};
+use crate::state::registry;
 
 /// A kernel in safe Rust. Returning `None` (a tensor of the wrong size, type or alignment, bad
 /// params) makes the launch fail with `synInvalidArgument`, recorded as the stream's sticky
@@ -115,9 +116,9 @@ unsafe extern "C" fn trampoline(args: *const MockKernelArgs) -> synStatus {
 ///
 /// # Errors
 /// [`crate::MockControlError::Rejected`] for an empty name.
-pub fn register_rust_kernel(name: &str, f: RustKernel) -> Result<(), crate::MockControlError> {
+pub fn register_rust_kernel(name: &str, f: RustKernel) -> Result<(), MockControlError> {
     if name.is_empty() {
-        return Err(crate::MockControlError::Rejected {
+        return Err(MockControlError::Rejected {
             call: "register_rust_kernel",
             status: synStatus::INVALID_ARGUMENT,
             message: "empty kernel name".into(),

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use habana_sys::{SYN_FLAGS_TENSOR_NAME, synLaunchTensorInfo, synRecipeAttribute, synStatus};
 
-use super::recipe::{MockRecipe, Recipe, TENSOR_ID_BASE};
-use super::state::{MResult, fail, registry};
-use super::stream::{KernelOp, Op};
+use crate::error::{MResult, MockError, fail};
+use crate::recipe::{MockRecipe, Recipe, TENSOR_ID_BASE};
+use crate::state::registry;
+use crate::stream::{KernelOp, Op};
 
 pub(crate) fn deserialize(path: &Path) -> MResult<u64> {
     let spec = match MockRecipe::read(path) {
@@ -36,7 +37,7 @@ pub(crate) fn deserialize(path: &Path) -> MResult<u64> {
 
 pub(crate) fn serialize(h: u64, path: &Path) -> MResult<()> {
     let recipe = registry().recipe(h)?;
-    recipe.spec.write(path).map_err(|e| super::state::MockError { status: synStatus::FAIL, msg: e.to_string() })
+    recipe.spec.write(path).map_err(|e| MockError::new(synStatus::FAIL, e.to_string()))
 }
 
 pub(crate) fn destroy(h: u64) -> MResult<()> {
@@ -107,12 +108,12 @@ pub(crate) unsafe fn launch(
             }
             // SAFETY: non-null and NUL-terminated by the caller's contract.
             let name = unsafe { CStr::from_ptr(info.tensorName) }.to_bytes();
-            recipe.index_of_name(name).ok_or_else(|| super::state::MockError {
+            recipe.index_of_name(name).ok_or_else(|| MockError {
                 status: synStatus::INVALID_ARGUMENT,
                 msg: format!("launch tensor {k}: no recipe tensor named {:?}", String::from_utf8_lossy(name)),
             })?
         } else {
-            recipe.index_of_id(info.tensorId).ok_or_else(|| super::state::MockError {
+            recipe.index_of_id(info.tensorId).ok_or_else(|| MockError {
                 status: synStatus::INVALID_ARGUMENT,
                 msg: format!(
                     "launch tensor {k}: tensorId {:#x} is not an id of this recipe (ids start at {TENSOR_ID_BASE:#x})",

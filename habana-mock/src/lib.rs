@@ -22,17 +22,23 @@
 //! The state is process-global. Tests sharing one process must use distinct module ids and
 //! must not call synDestroy or [`MockControl::configure`] while other tests hold devices.
 
+mod alloc;
 mod builtin;
+mod cabi;
 pub mod config;
 mod control;
 mod device;
+mod error;
 mod event;
+mod faults;
 pub mod ffi;
 mod grad_kernels;
 pub mod hccl;
+mod kernel_abi;
 mod kernel_args;
 mod kernel_call;
 pub mod kernels;
+mod last_error;
 pub mod latency;
 mod launch;
 mod memory;
@@ -42,56 +48,17 @@ mod state;
 mod status;
 mod stream;
 
-use std::ffi::{c_char, c_void};
+use habana_sys::{SynapseApi, SynapseFns};
 
-use habana_sys::{SynapseApi, SynapseFns, synStatus};
-
-pub use config::{DeviceOverride, Fault, MockConfig, MockDeviceType, Noise, TimeMode};
+pub use config::{DeviceOverride, ENV_VERSION, Fault, MOCK_VERSION, MockConfig, MockDeviceType, Noise, TimeMode};
 pub use control::{MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel};
 pub use device::{ENV_LOCK_DIR, mock_pci_bus};
 pub use grad_kernels::GRADIENT_KERNELS;
+pub use kernel_abi::{MockKernelArgs, MockKernelFn, MockTensor};
 pub use kernel_call::{KernelCall, KernelElement, RustKernel, register_rust_kernel};
 pub use memory::ALIGNMENT;
 pub use recipe::{MockLatency, MockRecipe, MockTensorSpec, RecipeFileError, TENSOR_ID_BASE};
 pub use stream::epoch_ns;
-
-/// Version reported by `synDriverGetVersion` unless [`ENV_VERSION`] is set.
-pub const MOCK_VERSION: &str = "1.21.0-mock";
-/// Environment variable overriding the reported version (e.g. "1.15.0" to emulate an old
-/// runtime), read at each `synDriverGetVersion` call.
-pub const ENV_VERSION: &str = "DROPCOMPUTE_MOCK_VERSION";
-
-/// One tensor handed to a mock kernel.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct MockTensor {
-    /// NUL-terminated recipe tensor name.
-    pub name: *const c_char,
-    /// Start of the bound device range, in host memory (aligned as the bound device address).
-    pub data: *mut u8,
-    /// Bytes of the tensor (from the recipe).
-    pub bytes: u64,
-}
-
-/// Arguments of a mock kernel call: tensors in recipe order, the recipe's scalar params and the
-/// registered user data. Pointers are valid only during the call.
-#[repr(C)]
-#[derive(Debug)]
-pub struct MockKernelArgs {
-    /// `num_tensors` tensors.
-    pub tensors: *const MockTensor,
-    /// Number of tensors.
-    pub num_tensors: u32,
-    /// `num_params` f64 parameters.
-    pub params: *const f64,
-    /// Number of parameters.
-    pub num_params: u32,
-    /// The pointer given at registration.
-    pub user_data: *mut c_void,
-}
-
-/// A mock kernel. Returning non-success records an asynchronous error on the stream.
-pub type MockKernelFn = unsafe extern "C" fn(args: *const MockKernelArgs) -> synStatus;
 
 macro_rules! mock_table {
     (required: [$(($field:ident, $sym:ident, ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty)),* $(,)?],
@@ -106,7 +73,7 @@ habana_sys::for_each_function!(mock_table);
 
 /// The in-process mock's function table (origin "cpu-mock"; every optional function present).
 pub fn api() -> SynapseApi {
-    // SAFETY: every function of the table honours its C prototype, never unwinds (catch_unwind
-    // in ffi.rs) and never dereferences a handle; see the module docs of ffi.rs.
+    // SAFETY: every function of the table honours its C prototype, never unwinds (the guard of
+    // cabi.rs catches panics) and never dereferences a handle; see the module docs of ffi/mod.rs.
     unsafe { SynapseApi::from_fns(fns(), "cpu-mock") }
 }

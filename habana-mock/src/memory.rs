@@ -1,18 +1,18 @@
-//! Device and host memory of the mock: the bump allocator of device addresses, registered host
-//! ranges, and the copy pieces a stream worker executes.
+//! Device and host memory objects of the mock: allocations, registered host ranges, and the copy
+//! pieces a stream worker executes.
 //!
-//! Owns: [`DevAlloc`] (device bytes behind a per-allocation `Mutex`), [`HostRange`]
-//! (synHostMalloc'd or synHostMap'ed host memory, guarded so unmap/free waits for an in-flight
-//! copy), address validation. Must not touch: streams and timing. The mock only ever reads or
-//! writes host memory inside a registered range and device memory inside a live allocation.
+//! Owns: [`AlignedBuf`], [`DevAlloc`] (device bytes behind a per-allocation `Mutex`),
+//! [`HostRange`] (synHostMalloc'd or synHostMap'ed host memory, guarded so unmap/free waits for
+//! an in-flight copy), [`CopyPiece`]. Must not touch: the registry (its bookkeeping of these
+//! objects, the bump allocator and address validation, is `alloc.rs`), streams and timing. The
+//! mock only ever reads or writes host memory inside a registered range and device memory
+//! inside a live allocation.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use habana_sys::{synDeviceId, synStatus};
-
-use super::state::{MResult, Registry, fail};
+use habana_sys::synDeviceId;
 
 /// Alignment of every mock allocation (device and synHostMalloc), in bytes.
 pub const ALIGNMENT: u64 = 128;
@@ -39,6 +39,7 @@ impl AlignedBuf {
         Some(Self { ptr, layout })
     }
 
+    /// The start of the block.
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -55,13 +56,18 @@ impl Drop for AlignedBuf {
 /// (a copy or kernel still holding the `Arc` then fails instead of touching freed memory).
 #[derive(Debug)]
 pub(crate) struct DevAlloc {
+    /// First device address.
     pub base: u64,
+    /// Bytes.
     pub size: u64,
+    /// Owning module.
     pub module: u32,
+    /// The bytes (`None` once freed), locked by every copy or kernel using them.
     pub data: Mutex<Option<AlignedBuf>>,
 }
 
 impl DevAlloc {
+    /// Locks the bytes (a poisoned lock is recovered).
     pub(crate) fn lock(&self) -> MutexGuard<'_, Option<AlignedBuf>> {
         self.data.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -71,209 +77,29 @@ impl DevAlloc {
 /// synHostMalloc'd range. Copies lock `state` for their duration.
 #[derive(Debug)]
 pub(crate) struct HostRange {
+    /// First host address.
     pub start: usize,
+    /// Bytes.
     pub len: usize,
+    /// The device that registered it.
     pub device: synDeviceId,
+    /// Liveness and owned memory, locked by every copy using the range.
     pub state: Mutex<HostState>,
 }
 
+/// The mutable part of a [`HostRange`].
 #[derive(Debug)]
 pub(crate) struct HostState {
+    /// False once unmapped or freed.
     pub alive: bool,
+    /// The memory of a synHostMalloc'd range (None when mapped, or once freed).
     pub owned: Option<AlignedBuf>,
 }
 
 impl HostRange {
+    /// Locks the state (a poisoned lock is recovered).
     pub(crate) fn lock(&self) -> MutexGuard<'_, HostState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-fn align_up(v: u64) -> u64 {
-    v.div_ceil(ALIGNMENT) * ALIGNMENT
-}
-
-impl Registry {
-    /// Bytes allocated on `module`.
-    pub(crate) fn used_bytes(&self, module: u32) -> u64 {
-        self.modules.get(module as usize).map_or(0, |m| m.used)
-    }
-
-    /// synDeviceMalloc: a fresh, 128-byte aligned, never reused address. `req_addr` (a hint on
-    /// Gaudi) is ignored. size 0 → synInvalidArgument; beyond free HBM → synOutOfDeviceMemory.
-    pub(crate) fn device_malloc(&mut self, device: synDeviceId, size: u64) -> MResult<u64> {
-        let module = self.module_of(device)?;
-        if size == 0 {
-            return fail(synStatus::INVALID_ARGUMENT, "size 0");
-        }
-        let used = self.used_bytes(module);
-        if size > self.config.hbm_bytes.saturating_sub(used) {
-            return fail(
-                synStatus::OUT_OF_DEVICE_MEMORY,
-                format!("{size} bytes requested, {} free on module {module}", self.config.hbm_bytes - used),
-            );
-        }
-        let Some(buf) = AlignedBuf::zeroed(size) else {
-            return fail(
-                synStatus::OUT_OF_DEVICE_MEMORY,
-                format!("host allocation of {size} bytes backing the device buffer failed"),
-            );
-        };
-        let base = self.next_addr;
-        // Leave a gap after each allocation so an overrun never lands in the next one.
-        self.next_addr = align_up(base + size) + ALIGNMENT;
-        let a = Arc::new(DevAlloc { base, size, module, data: Mutex::new(Some(buf)) });
-        self.allocs.insert(base, a);
-        self.modules[module as usize].used += size;
-        Ok(base)
-    }
-
-    /// synDeviceFree: `addr` must be the base of a live allocation of `device`. Returns the
-    /// allocation (the caller drops its bytes outside the registry lock).
-    pub(crate) fn device_free(&mut self, device: synDeviceId, addr: u64) -> MResult<Arc<DevAlloc>> {
-        let module = self.module_of(device)?;
-        match self.allocs.get(&addr) {
-            Some(a) if a.module == module => {
-                let a = self.allocs.remove(&addr).expect("present");
-                self.freed.insert(a.base, a.size);
-                self.modules[module as usize].used -= a.size;
-                Ok(a)
-            }
-            Some(a) => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("address {addr:#x} belongs to module {}, not {module}", a.module),
-            ),
-            None if self.freed.contains_key(&addr) => {
-                fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} already freed"))
-            }
-            None => {
-                fail(synStatus::INVALID_ARGUMENT, format!("address {addr:#x} is not the start of a device allocation"))
-            }
-        }
-    }
-
-    /// The live allocation of `module` containing `[addr, addr + len)` and the offset of `addr`.
-    pub(crate) fn device_range(&self, module: u32, addr: u64, len: u64) -> MResult<(Arc<DevAlloc>, u64)> {
-        let end = addr.checked_add(len);
-        if let Some((_, a)) = self.allocs.range(..=addr).next_back()
-            && addr < a.base + a.size
-        {
-            if a.module != module {
-                return fail(
-                    synStatus::INVALID_ARGUMENT,
-                    format!("device address {addr:#x} belongs to module {}, not {module}", a.module),
-                );
-            }
-            return match end {
-                Some(e) if e <= a.base + a.size => Ok((a.clone(), addr - a.base)),
-                _ => fail(
-                    synStatus::INVALID_ARGUMENT,
-                    format!("device range {addr:#x}+{len} exceeds the allocation {:#x}+{}", a.base, a.size),
-                ),
-            };
-        }
-        if let Some((&b, &s)) = self.freed.range(..=addr).next_back()
-            && addr < b + s
-        {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("device address {addr:#x} used after free (allocation {b:#x}+{s})"),
-            );
-        }
-        fail(synStatus::INVALID_ARGUMENT, format!("device address {addr:#x} is not inside any allocation"))
-    }
-
-    /// The registered host range containing `[ptr, ptr + len)`.
-    pub(crate) fn host_range(&self, ptr: usize, len: u64) -> MResult<Arc<HostRange>> {
-        let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if let Some((_, h)) = self.host.range(..=ptr).next_back()
-            && ptr < h.start + h.len
-        {
-            return match ptr.checked_add(len) {
-                Some(e) if e <= h.start + h.len => Ok(h.clone()),
-                _ => fail(
-                    synStatus::INVALID_ARGUMENT,
-                    format!("host range {ptr:#x}+{len} exceeds the registered range {:#x}+{}", h.start, h.len),
-                ),
-            };
-        }
-        fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} is neither synHostMalloc'd nor synHostMap'ed"))
-    }
-
-    fn check_host_overlap(&self, start: usize, len: usize) -> MResult<()> {
-        let end = start.checked_add(len).ok_or_else(|| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: "host range overflows".into(),
-        })?;
-        if let Some((_, h)) = self.host.range(..end).next_back()
-            && h.start + h.len > start
-        {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("host range {start:#x}+{len} overlaps registered range {:#x}+{}", h.start, h.len),
-            );
-        }
-        Ok(())
-    }
-
-    /// synHostMalloc: a real, zeroed, 128-byte aligned host allocation, registered for copies.
-    pub(crate) fn host_malloc(&mut self, device: synDeviceId, size: u64) -> MResult<*mut u8> {
-        self.module_of(device)?;
-        if size == 0 {
-            return fail(synStatus::INVALID_ARGUMENT, "size 0");
-        }
-        let Some(buf) = AlignedBuf::zeroed(size) else {
-            return fail(synStatus::OUT_OF_HOST_MEMORY, format!("cannot allocate {size} host bytes"));
-        };
-        let p = buf.as_ptr();
-        let h = HostRange {
-            start: p as usize,
-            len: size as usize,
-            device,
-            state: Mutex::new(HostState { alive: true, owned: Some(buf) }),
-        };
-        self.host.insert(p as usize, Arc::new(h));
-        Ok(p)
-    }
-
-    /// synHostMap: registers the caller's range `[ptr, ptr + size)`.
-    pub(crate) fn host_map(&mut self, device: synDeviceId, ptr: usize, size: u64) -> MResult<()> {
-        self.module_of(device)?;
-        if ptr == 0 || size == 0 {
-            return fail(synStatus::INVALID_ARGUMENT, "null buffer or size 0");
-        }
-        let len = usize::try_from(size).map_err(|_| super::state::MockError {
-            status: synStatus::INVALID_ARGUMENT,
-            msg: "size too large".into(),
-        })?;
-        self.check_host_overlap(ptr, len)?;
-        let h = HostRange { start: ptr, len, device, state: Mutex::new(HostState { alive: true, owned: None }) };
-        self.host.insert(ptr, Arc::new(h));
-        Ok(())
-    }
-
-    /// Removes the range starting at `ptr` that was registered by `device`; `owned` selects
-    /// synHostFree (must be synHostMalloc'd) or synHostUnmap (must be mapped).
-    pub(crate) fn host_remove(&mut self, device: synDeviceId, ptr: usize, owned: bool) -> MResult<Arc<HostRange>> {
-        self.module_of(device)?;
-        let Some(h) = self.host.get(&ptr) else {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("host address {ptr:#x} is not registered (double free or never allocated)"),
-            );
-        };
-        let is_owned = h.lock().owned.is_some();
-        if is_owned != owned {
-            let what = if is_owned { "synHostMalloc'd (use synHostFree)" } else { "synHostMap'ed (use synHostUnmap)" };
-            return fail(synStatus::INVALID_ARGUMENT, format!("host address {ptr:#x} is {what}"));
-        }
-        if h.device != device {
-            return fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("host address {ptr:#x} was registered by device {}", h.device),
-            );
-        }
-        Ok(self.host.remove(&ptr).expect("present"))
     }
 }
 
@@ -289,15 +115,20 @@ pub(crate) fn retire_device_alloc(a: &DevAlloc) {
     *a.lock() = None;
 }
 
-/// One validated copy, executed by a stream worker.
+/// One validated copy, executed by a stream worker. Fields: the source and destination (host
+/// address inside a [`HostRange`], or an allocation and a byte offset into it) and the length.
 #[derive(Debug)]
 pub(crate) enum CopyPiece {
+    /// Host range to device allocation.
     HostToDevice { host: Arc<HostRange>, src: usize, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
+    /// Device allocation to host range.
     DeviceToHost { src: Arc<DevAlloc>, src_off: u64, host: Arc<HostRange>, dst: usize, len: u64 },
+    /// Device allocation to device allocation (possibly the same one).
     DeviceToDevice { src: Arc<DevAlloc>, src_off: u64, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
 }
 
 impl CopyPiece {
+    /// Bytes copied.
     pub(crate) fn len(&self) -> u64 {
         match self {
             Self::HostToDevice { len, .. } | Self::DeviceToHost { len, .. } | Self::DeviceToDevice { len, .. } => *len,

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use habana_sys::{synDeviceId, synDmaDir, synStatus};
 
-use super::event::Event;
-use super::memory::CopyPiece;
-use super::state::{MResult, fail, registry};
-use super::stream::{Op, Stream};
+use crate::error::{MResult, fail};
+use crate::event::Event;
+use crate::memory::CopyPiece;
+use crate::state::registry;
+use crate::stream::{Op, Stream};
 
 fn shut(stream: &Stream) -> MResult<()> {
     fail(synStatus::INVALID_ARGUMENT, format!("stream {:#x} is shut down", stream.id))

@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use habana_sys::synStatus;
 
-use super::config::TimeMode;
-use super::event::Event;
-use super::memory::{CopyPiece, DevAlloc};
-use super::state::{Kernel, stalls};
-use super::{MockKernelArgs, MockTensor};
+use crate::config::TimeMode;
+use crate::event::{AsyncErrorSource, Event};
+use crate::faults::stalls;
+use crate::kernel_abi::{Kernel, MockKernelArgs, MockTensor};
+use crate::memory::{CopyPiece, DevAlloc};
 
 /// ns elapsed since the process-wide mock epoch (first use), from a monotonic clock.
 pub fn epoch_ns() -> u64 {
@@ -140,6 +140,12 @@ impl StreamShared {
         while s.completed < target && !self.abort.load(Ordering::Acquire) {
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
+    }
+}
+
+impl AsyncErrorSource for StreamShared {
+    fn async_error(&self) -> Option<(synStatus, String)> {
+        self.error()
     }
 }
 

@@ -2,8 +2,10 @@
 //! table fields (`syn_initialize` for `synInitialize`, ...). The `hccl*` entries live in
 //! `hccl/` and are re-exported here, so `ffi::<field>` exists for every table field.
 //!
-//! Owns: pointer checks and conversions at the C boundary, fault injection, the last error.
-//! Every body runs inside `catch_unwind` (a panic becomes synFail, never an unwind across C).
+//! Owns: the argument checks and conversions of each `syn*` function. Every body runs inside
+//! the shared FFI guard of `cabi.rs` (fault injection, a panic becomes synFail, never an unwind
+//! across C; failures recorded as the thread's Synapse last error). Must not touch: mock state
+//! directly (bodies call `device.rs`, `ops.rs`, `launch.rs` and the registry's methods).
 //! No `#[no_mangle]` here: the `mock-synapse` cdylib exports these under the C names.
 //!
 //! # Safety (all functions)
@@ -12,88 +14,22 @@
 //! destroyed or forged handles give synInvalidArgument (synInvalidEventHandle for events).
 #![allow(clippy::missing_safety_doc)]
 
-use std::ffi::{CStr, c_char, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ffi::{c_char, c_void};
 
 use habana_sys::{
     synDeviceId, synDeviceInfo, synDeviceInfoV2, synDeviceType, synDmaDir, synEventHandle, synModuleId, synStatus,
     synStreamHandle,
 };
 
-pub use super::hccl::*;
+pub use crate::hccl::*;
 pub use recipe::*;
 
 mod recipe;
-use super::state::{MResult, fail, handle_to_raw, raw_to_handle, set_last_error, take_fault};
-use super::{device, ops};
-
-/// Runs `f` as the body of C function `name`: injected fault first, panics caught, failures
-/// recorded as this thread's last error.
-pub(super) fn guard(name: &'static str, f: impl FnOnce() -> MResult<()>) -> synStatus {
-    if let Some(s) = take_fault(name) {
-        set_last_error(s, &format!("{name}: injected fault"));
-        return s;
-    }
-    catch_and_report(name, f)
-}
-
-/// Runs `f` with panics caught and failures recorded as this thread's last error (no fault
-/// injection: also used by the mock-only control ABI, which faults must not reach).
-pub(super) fn catch_and_report(name: &str, f: impl FnOnce() -> MResult<()>) -> synStatus {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => synStatus::SUCCESS,
-        Ok(Err(e)) => {
-            set_last_error(e.status, &format!("{name}: {}", e.msg));
-            e.status
-        }
-        Err(_) => {
-            set_last_error(synStatus::FAIL, &format!("{name}: internal error (panic) in the CPU mock"));
-            synStatus::FAIL
-        }
-    }
-}
-
-/// Writes `v` to the out-pointer `p`.
-///
-/// # Safety
-/// `p` is null or valid for a write of `T`.
-pub(super) unsafe fn out<T>(p: *mut T, v: T) -> MResult<()> {
-    if p.is_null() {
-        return fail(synStatus::INVALID_ARGUMENT, "null output pointer");
-    }
-    // SAFETY: non-null; valid for writes by the caller's contract.
-    unsafe { p.write(v) };
-    Ok(())
-}
-
-/// Reads a NUL-terminated string argument (None for null).
-///
-/// # Safety
-/// `p` is null or a NUL-terminated string.
-pub(super) unsafe fn c_str<'a>(p: *const c_char) -> Option<&'a str> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: non-null and NUL-terminated by the caller's contract.
-    Some(unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("\u{fffd}"))
-}
-
-/// # Safety
-/// `p` is null or points at `n` readable `T`s.
-pub(super) unsafe fn slice<'a, T>(p: *const T, n: usize) -> MResult<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return fail(synStatus::INVALID_ARGUMENT, "null array with a nonzero length");
-    }
-    // SAFETY: non-null, `n` elements readable by the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) })
-}
-
-pub(super) fn h<T>(p: *mut T) -> u64 {
-    raw_to_handle(p as usize)
-}
+use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
+use crate::error::fail;
+use crate::memory::{retire_device_alloc, retire_host_range};
+use crate::state::registry;
+use crate::{device, ops};
 
 /// `synInitialize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_initialize() -> synStatus {
@@ -107,7 +43,7 @@ pub unsafe extern "C" fn syn_destroy() -> synStatus {
 
 /// `synDeviceGetCount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_count(p_count: *mut u32) -> synStatus {
-    // SAFETY (all `out` calls below): out-pointers follow the caller's contract (module doc).
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synDeviceGetCount", || unsafe { out(p_count, device::count()?) })
 }
 
@@ -134,6 +70,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_device_type(p: *mut synDeviceId, 
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
         }
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, device::acquire_by_type(t)?) }
     })
 }
@@ -144,6 +81,7 @@ pub unsafe extern "C" fn syn_device_acquire_by_module_id(p: *mut synDeviceId, m:
         if p.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null pDeviceId");
         }
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, device::acquire_by_module_id(m)?) }
     })
 }
@@ -156,6 +94,7 @@ pub unsafe extern "C" fn syn_device_acquire(p: *mut synDeviceId, pci_bus: *const
         }
         // SAFETY: pciBus is null or NUL-terminated.
         let bus = unsafe { c_str(pci_bus) };
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, device::acquire_by_pci_bus(bus)?) }
     })
 }
@@ -185,12 +124,14 @@ pub unsafe extern "C" fn syn_device_get_info(d: synDeviceId, p: *mut synDeviceIn
             fd: i.fd,
             deviceType: i.deviceType,
         };
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, v1) }
     })
 }
 
 /// `synDeviceGetInfoV2` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_get_info_v2(d: synDeviceId, p: *mut synDeviceInfoV2) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synDeviceGetInfoV2", || unsafe { out(p, device::info(d)?) })
 }
 
@@ -201,6 +142,7 @@ pub unsafe extern "C" fn syn_device_get_memory_info(d: synDeviceId, free: *mut u
             return fail(synStatus::INVALID_ARGUMENT, "null pointer");
         }
         let (f, t) = device::memory_info(d)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe {
             out(free, f)?;
             out(total, t)
@@ -215,6 +157,7 @@ pub unsafe extern "C" fn syn_stream_create_generic(p: *mut synStreamHandle, d: s
             return fail(synStatus::INVALID_ARGUMENT, "null pStreamHandle");
         }
         let id = ops::stream_create(d, flags)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, handle_to_raw(id) as synStreamHandle) }
     })
 }
@@ -246,6 +189,7 @@ pub unsafe extern "C" fn syn_event_create(p: *mut synEventHandle, d: synDeviceId
             return fail(synStatus::INVALID_ARGUMENT, "null pEventHandler");
         }
         let id = ops::event_create(d, flags)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, handle_to_raw(id) as synEventHandle) }
     })
 }
@@ -279,6 +223,7 @@ pub unsafe extern "C" fn syn_event_elapsed_time(
     guard("synEventElapsedTime", || {
         let end = (!end.is_null()).then(|| h(end));
         let v = ops::elapsed(h(start), end)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p_ns, v) }
     })
 }
@@ -292,7 +237,8 @@ pub unsafe extern "C" fn syn_host_malloc(d: synDeviceId, size: u64, flags: u32, 
         if flags != 0 {
             return fail(synStatus::INVALID_ARGUMENT, format!("flags {flags:#x} must be 0"));
         }
-        let p = super::state::registry().host_malloc(d, size)?;
+        let p = registry().host_malloc(d, size)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(buffer, p.cast()) }
     })
 }
@@ -300,22 +246,22 @@ pub unsafe extern "C" fn syn_host_malloc(d: synDeviceId, size: u64, flags: u32, 
 /// `synHostFree` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_free(d: synDeviceId, buffer: *const c_void, _flags: u32) -> synStatus {
     guard("synHostFree", || {
-        let r = super::state::registry().host_remove(d, buffer as usize, true)?;
-        super::memory::retire_host_range(&r);
+        let r = registry().host_remove(d, buffer as usize, true)?;
+        retire_host_range(&r);
         Ok(())
     })
 }
 
 /// `synHostMap` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_map(d: synDeviceId, size: u64, buffer: *const c_void) -> synStatus {
-    guard("synHostMap", || super::state::registry().host_map(d, buffer as usize, size))
+    guard("synHostMap", || registry().host_map(d, buffer as usize, size))
 }
 
 /// `synHostUnmap` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_host_unmap(d: synDeviceId, buffer: *const c_void) -> synStatus {
     guard("synHostUnmap", || {
-        let r = super::state::registry().host_remove(d, buffer as usize, false)?;
-        super::memory::retire_host_range(&r);
+        let r = registry().host_remove(d, buffer as usize, false)?;
+        retire_host_range(&r);
         Ok(())
     })
 }
@@ -332,7 +278,8 @@ pub unsafe extern "C" fn syn_device_malloc(
         if buffer.is_null() {
             return fail(synStatus::INVALID_ARGUMENT, "null buffer pointer");
         }
-        let a = super::state::registry().device_malloc(d, size)?;
+        let a = registry().device_malloc(d, size)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(buffer, a) }
     })
 }
@@ -340,8 +287,8 @@ pub unsafe extern "C" fn syn_device_malloc(
 /// `synDeviceFree` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_device_free(d: synDeviceId, buffer: u64, _flags: u32) -> synStatus {
     guard("synDeviceFree", || {
-        let a = super::state::registry().device_free(d, buffer)?;
-        super::memory::retire_device_alloc(&a);
+        let a = registry().device_free(d, buffer)?;
+        retire_device_alloc(&a);
         Ok(())
     })
 }

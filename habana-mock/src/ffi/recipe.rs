@@ -1,5 +1,6 @@
 //! `extern "C"` entry points of the mock for recipes, launches, status strings, the driver
-//! version and the last error (split from `ffi/mod.rs`; same rules: see there).
+//! version and the last error (split from `ffi/mod.rs`; same rules: see there). Must not touch:
+//! the last-error slots except through `last_error.rs`.
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
@@ -9,9 +10,10 @@ use habana_sys::{
     synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle, synStatus, synStreamHandle,
 };
 
-use super::{c_str, guard, h, out, slice};
-use crate::state::{MResult, fail, handle_to_raw, last_error_message_ptr, last_error_status};
-use crate::{launch, status};
+use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
+use crate::config::{ENV_VERSION, MOCK_VERSION};
+use crate::error::{MResult, fail};
+use crate::{last_error, launch, status};
 
 fn path_arg(p: *const c_char) -> MResult<PathBuf> {
     // SAFETY: the file name is null or NUL-terminated.
@@ -33,6 +35,7 @@ pub unsafe extern "C" fn syn_recipe_deserialize(p: *mut synRecipeHandle, file: *
             return fail(synStatus::INVALID_ARGUMENT, "null pRecipeHandle");
         }
         let id = launch::deserialize(&path_arg(file)?)?;
+        // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
         unsafe { out(p, handle_to_raw(id) as synRecipeHandle) }
     })
 }
@@ -64,11 +67,13 @@ pub unsafe extern "C" fn syn_recipe_get_attribute(
 
 /// `synWorkspaceGetSize` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synWorkspaceGetSize", || unsafe { out(p, launch::attribute(h(r), synRecipeAttribute::WORKSPACE_SIZE)?) })
 }
 
 /// `synTensorRetrieveLaunchAmount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(r: synRecipeHandle, n: *mut u32) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
     guard("synTensorRetrieveLaunchAmount", || unsafe { out(n, launch::recipe(h(r))?.spec.tensors.len() as u32) })
 }
 
@@ -134,6 +139,7 @@ unsafe fn launch_common(
 ) -> MResult<()> {
     // SAFETY: arrays of `n` infos and `nev` events by the caller's contract.
     let infos = unsafe { slice(infos, n as usize)? };
+    // SAFETY: as above, for the `nev` events.
     let evs: Vec<u64> = unsafe { slice(evs as *const synEventHandle, nev as usize)? }.iter().map(|&e| h(e)).collect();
     // SAFETY: tensor names are NUL-terminated by the contract.
     unsafe { launch::launch(h(s), infos, ws, h(r), &evs, flags) }
@@ -152,6 +158,8 @@ pub unsafe extern "C" fn syn_launch_with_external_events(
     nev: u32,
     flags: u32,
 ) -> synStatus {
+    // SAFETY: the arrays hold `n` infos (names NUL-terminated) and `nev` events by the caller's
+    // contract.
     guard("synLaunchWithExternalEvents", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
 }
 
@@ -167,6 +175,8 @@ pub unsafe extern "C" fn syn_launch_with_external_events_ext(
     nev: u32,
     flags: u32,
 ) -> synStatus {
+    // SAFETY: the arrays hold `n` infos (names NUL-terminated) and `nev` events by the caller's
+    // contract.
     guard("synLaunchWithExternalEventsExt", || unsafe { launch_common(s, infos, n, ws, r, evs, nev, flags) })
 }
 
@@ -193,7 +203,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
         if buf.is_null() || len <= 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
         }
-        let v = std::env::var(crate::ENV_VERSION).unwrap_or_else(|_| crate::MOCK_VERSION.to_string());
+        let v = std::env::var(ENV_VERSION).unwrap_or_else(|_| MOCK_VERSION.to_string());
         let b = v.as_bytes();
         let n = b.len().min(len as usize - 1);
         // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.
@@ -207,7 +217,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
 
 /// `synGetLastError` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_get_last_error() -> synStatus {
-    last_error_status()
+    last_error::status().unwrap_or(synStatus::SUCCESS)
 }
 
 /// `synGetErrorString` on the CPU mock (contract: see the module documentation).
@@ -216,6 +226,7 @@ pub unsafe extern "C" fn syn_get_error_string(st: synStatus) -> *const c_char {
 }
 
 /// `synGetLastErrorMessage` on the CPU mock (contract: see the module documentation).
+/// "" before the first failing call on this thread.
 pub unsafe extern "C" fn syn_get_last_error_message() -> *const c_char {
-    last_error_message_ptr()
+    last_error::message_ptr::<synStatus>().unwrap_or(c"".as_ptr())
 }

@@ -14,11 +14,11 @@ use std::sync::Mutex;
 
 use habana_sys::hcclResult_t;
 
-use super::HErr;
 use super::comm::{Comm, OpCtx};
 use super::reduce::{Dtype, RedOp, reduce_into};
 use super::shm;
 use super::transport::{Kind, Rx};
+use crate::error::HErr;
 
 /// Bytes per pipelined chunk on the ring.
 pub(crate) const CHUNK_BYTES: usize = 1 << 20;

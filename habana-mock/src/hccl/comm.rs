@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use habana_sys::hcclResult_t;
 
-use super::HErr;
 use super::id::{ENV_COMM_ID, MockId, PeerInfo, connect_mesh, rendezvous, start_coordinator};
 use super::transport::{
     Frame, Kind, Link, Rx, instance_nonce, lookup_local, register_local, tcp_link, unregister_local,
 };
+use crate::error::HErr;
 
 /// A communicator (one rank's view).
 #[derive(Debug)]
@@ -51,7 +51,7 @@ pub(crate) struct Comm {
     /// Reusable host buffers of the running collective (input, output): no page faults per op.
     pub scratch: Mutex<(Vec<u8>, Vec<u8>)>,
     /// Shared-memory rendezvous when every rank lives in this mock instance (n > 1), else None.
-    pub meet: Option<Arc<super::shm::Meet>>,
+    pub meet: Option<Arc<super::meet::Meet>>,
 }
 
 /// Context of one running operation, for messages and the failure rules.
@@ -99,11 +99,11 @@ pub(crate) fn all() -> Vec<Arc<Comm>> {
 
 /// Timeout and bandwidth from the environment and the mock configuration.
 pub(crate) fn settings() -> (Duration, f64) {
-    let r = super::super::state::registry();
+    let r = crate::state::registry();
     let mut ms = r.config.hccl_timeout_ms;
     let bw = r.config.hccl_bandwidth_gbps;
     drop(r);
-    if let Ok(v) = std::env::var(super::ENV_TIMEOUT_MS)
+    if let Ok(v) = std::env::var(crate::config::ENV_TIMEOUT_MS)
         && let Ok(v) = v.trim().parse::<u64>()
         && v > 0
     {
@@ -179,7 +179,7 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
         Ok((peers, links)) => {
             let all_local = peers.iter().all(|p| p.nonce == me_nonce);
             let mut c = Comm::new(rank, n, id.token, peers, links, Rx::new(inbox_rx, n as usize), timeout, bw);
-            c.meet = all_local.then(|| super::shm::meet_for(id.token, n));
+            c.meet = all_local.then(|| super::meet::meet_for(id.token, n));
             Ok(register(c))
         }
         Err(e) => {
@@ -196,7 +196,7 @@ use habana_sys::hcclUniqueId;
 /// Registers `c` under a fresh handle. Its device is bound now when exactly one device is
 /// acquired in this process (the vendor's one-device-per-process rule), else at first use.
 fn register(mut c: Comm) -> u64 {
-    let mut r = super::super::state::registry();
+    let mut r = crate::state::registry();
     if r.devices.len() == 1 {
         c.device = Mutex::new(r.devices.keys().next().map_or(-1, |&d| d as i32));
     }

@@ -11,13 +11,14 @@ use std::sync::Arc;
 
 use habana_sys::{hcclDataType_t, hcclRedOp_t, hcclResult_t, synStatus};
 
-use super::HErr;
 use super::algo::{ALPHA_NS, Bufs, Coll, CollKind, cost_ns, run};
 use super::comm::{Comm, OpCtx, lookup};
 use super::reduce::{Dtype, RedOp};
 use super::transport::Kind;
+use crate::cabi::raw_to_handle;
+use crate::error::HErr;
 use crate::memory::DevAlloc;
-use crate::state::{raw_to_handle, registry};
+use crate::state::registry;
 use crate::stream::{HostCtx, HostOp, Op, Stream};
 
 /// A validated device range (`len` bytes at `off` in `alloc`).
@@ -271,7 +272,7 @@ fn execute(comm: &Comm, mut items: Vec<Item>, hc: &HostCtx<'_>) -> Result<u64, (
         match r {
             Ok(end) => t = end,
             Err(e) => {
-                result = Err((synStatus::FAIL_HCCL, format!("{} ({})", e.msg, e.code)));
+                result = Err((synStatus::FAIL_HCCL, format!("{} ({})", e.msg, e.status)));
                 break;
             }
         }

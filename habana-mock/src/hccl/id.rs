@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use habana_sys::{HCCL_UNIQUE_ID_MAX_BYTES, hcclResult_t, hcclUniqueId};
 
-use super::HErr;
+use crate::error::HErr;
 
 /// Magic at the start of a mock unique id.
 pub const ID_MAGIC: &[u8; 8] = b"DCMOCKID";
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(MockId::decode(&raw).unwrap(), Some(id));
         let mut bad = raw;
         bad.internal[0] = b'X';
-        assert_eq!(MockId::decode(&bad).unwrap_err().code, hcclResult_t::INVALID_ARGUMENT);
+        assert_eq!(MockId::decode(&bad).unwrap_err().status, hcclResult_t::INVALID_ARGUMENT);
         let mut short = raw;
         short.length = 12;
         assert!(MockId::decode(&short).is_err());

@@ -1,11 +1,11 @@
 //! HCCL entries of the mock table: communicators and collectives of the CPU mock device, across
 //! threads of one process and across processes on one host.
 //!
-//! Owns: the `hccl*` `extern "C"` functions (pointer checks, fault injection, the thread-local
-//! HCCL last error) and the submodules: `id` (unique id, coordinator, rendezvous), `transport`
+//! Owns: the `hccl*` `extern "C"` functions (pointer checks; fault injection, caught panics and
+//! the thread-local HCCL last error come from the shared guard of `cabi.rs`) and the submodules: `id` (unique id, coordinator, rendezvous), `transport`
 //! (frames, in-process channels, TCP), `comm` (communicators, async errors, abort/destroy),
 //! `algo` (lockstep header, ring algorithms, virtual-time cost), `shm` (direct shared-memory
-//! all-reduce when every rank is in this process), `reduce` (dtypes, ops),
+//! all-reduce when every rank is in this process) on a `meet` (rendezvous of those ranks), `reduce` (dtypes, ops),
 //! `enqueue` (validation, groups, stream work). Must not touch: the Synapse state beyond
 //! looking up streams and device ranges, and adding [`crate::stream`] host operations.
 //!
@@ -63,82 +63,25 @@ mod algo;
 mod comm;
 mod enqueue;
 mod id;
+mod meet;
 mod reduce;
 mod shm;
 mod transport;
 
-use std::cell::RefCell;
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ffi::{CStr, c_char, c_int, c_void};
 
 use habana_sys::{HCCL_VERSION_CODE, hcclComm_t, hcclDataType_t, hcclRedOp_t, hcclResult_t, hcclUniqueId};
 
-use super::state::{handle_to_raw, raw_to_handle, take_fault};
+use crate::cabi::{catch_or, guard, h, handle_to_raw, out};
+pub use crate::config::ENV_TIMEOUT_MS;
+use crate::error::HErr;
+use crate::last_error;
 use algo::CollKind;
 use enqueue::CollArgs;
 pub use id::{ENV_COMM_ID, ID_MAGIC, ID_VERSION};
 
-/// Environment variable overriding `MockConfig::hccl_timeout_ms` (ms, > 0).
-pub const ENV_TIMEOUT_MS: &str = "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS";
-
-/// A failed HCCL call or operation: the code and the message.
-#[derive(Debug, Clone)]
-pub(crate) struct HErr {
-    pub code: hcclResult_t,
-    pub msg: String,
-}
-
-impl HErr {
-    pub(crate) fn new(code: hcclResult_t, msg: impl Into<String>) -> Self {
-        Self { code, msg: msg.into() }
-    }
-}
-
-thread_local! {
-    static LAST: RefCell<Option<CString>> = const { RefCell::new(None) };
-}
-
-fn set_last(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST.with(|l| *l.borrow_mut() = Some(c));
-}
-
-/// Runs `f` as the body of HCCL function `name`: an armed `FailNextCall` fault first (its status
-/// read as an hcclResult_t code), panics caught (hcclInternalError), failures recorded as this
-/// thread's HCCL last error.
-fn guard(name: &'static str, f: impl FnOnce() -> Result<(), HErr>) -> hcclResult_t {
-    if let Some(s) = take_fault(name) {
-        set_last(&format!("{name}: injected fault"));
-        return hcclResult_t(s.0);
-    }
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => hcclResult_t::SUCCESS,
-        Ok(Err(e)) => {
-            set_last(&format!("{name}: {}", e.msg));
-            e.code
-        }
-        Err(_) => {
-            set_last(&format!("{name}: internal error (panic) in the CPU mock"));
-            hcclResult_t::INTERNAL_ERROR
-        }
-    }
-}
-
-/// Writes `v` through the out-pointer `p`.
-///
-/// # Safety
-/// `p` is null or valid for a write of `T`.
-unsafe fn out<T>(p: *mut T, v: T) -> Result<(), HErr> {
-    if p.is_null() {
-        return Err(HErr::new(hcclResult_t::INVALID_ARGUMENT, "null output pointer"));
-    }
-    // SAFETY: non-null; valid for writes by the caller's contract.
-    unsafe { p.write(v) };
-    Ok(())
-}
-
 fn comm_of(c: hcclComm_t) -> Result<std::sync::Arc<comm::Comm>, HErr> {
-    comm::lookup(raw_to_handle(c as usize))
+    comm::lookup(h(c))
 }
 
 /// Arms the `HcclKillRank` fault.
@@ -190,19 +133,20 @@ pub unsafe extern "C" fn hccl_get_error_string(result: hcclResult_t) -> *const c
 /// This thread's last HCCL error message ("<function>: <why>"), NULL if no HCCL call failed on
 /// this thread yet. Valid until the next failing HCCL call on this thread.
 pub unsafe extern "C" fn hccl_get_last_error_message() -> *const c_char {
-    LAST.with(|l| l.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
+    last_error::message_ptr::<hcclResult_t>().unwrap_or(std::ptr::null())
 }
 
 /// The communicator's asynchronous error message ("" when none, "unknown communicator" for an
 /// invalid handle). Valid while the communicator lives.
+/// A panic in the mock (never expected) gives "internal error (panic) in the CPU mock".
 pub unsafe extern "C" fn hccl_comm_get_async_error_message(c: hcclComm_t) -> *const c_char {
-    match comm_of(c) {
+    catch_or(c"internal error (panic) in the CPU mock".as_ptr(), || match comm_of(c) {
         Ok(c) => {
             c.poll_idle();
             c.async_error_ptr()
         }
         Err(_) => c"unknown communicator".as_ptr(),
-    }
+    })
 }
 
 /// Creates a unique id and starts its coordinator in this process.
@@ -248,12 +192,12 @@ pub unsafe extern "C" fn hccl_comm_finalize(c: hcclComm_t) -> hcclResult_t {
 
 /// Waits (bounded) for queued operations, then frees the communicator.
 pub unsafe extern "C" fn hccl_comm_destroy(c: hcclComm_t) -> hcclResult_t {
-    guard("hcclCommDestroy", || comm::destroy(raw_to_handle(c as usize)))
+    guard("hcclCommDestroy", || comm::destroy(h(c)))
 }
 
 /// Frees the communicator at once, waking blocked peers and workers with errors.
 pub unsafe extern "C" fn hccl_comm_abort(c: hcclComm_t) -> hcclResult_t {
-    guard("hcclCommAbort", || comm::abort(raw_to_handle(c as usize)))
+    guard("hcclCommAbort", || comm::abort(h(c)))
 }
 
 /// Fills the asynchronous error (hcclSuccess when none) and returns hcclSuccess.

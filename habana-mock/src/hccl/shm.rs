@@ -1,9 +1,7 @@
 //! Direct shared-memory all-reduce for communicators whose ranks all live in this mock instance
 //! (same process): no frames, no chunk copies through channels.
 //!
-//! Owns: [`Meet`] (the per-communicator rendezvous where ranks publish their buffers for one
-//! collective), the process-global registry of meets (keyed by communicator token) and the
-//! direct algorithm. Must not touch: the lockstep header exchange or the ring (`algo.rs`),
+//! Owns: the direct algorithm, run on the communicator's [`Meet`] (`meet.rs`). Must not touch: the lockstep header exchange or the ring (`algo.rs`),
 //! transports, device memory locking (the caller holds the buffer's allocation lock until this
 //! returns).
 //!
@@ -26,81 +24,18 @@
 //! which is after the final barrier, i.e. after every peer stopped reading it. The post-`go`
 //! barriers wait only on ranks doing pure computation, so they terminate.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use habana_sys::hcclResult_t;
 
-use super::HErr;
 use super::comm::{Comm, OpCtx};
+use super::meet::{Meet, St};
 use super::reduce::{Dtype, RedOp, reduce_into};
 use super::transport::Rx;
+use crate::error::HErr;
 
 /// Bytes combined per step of the reduction (a cache-resident accumulator).
 const TILE_BYTES: usize = 32 << 10;
-
-/// Rendezvous of the ranks of one in-process communicator.
-#[derive(Debug)]
-pub(crate) struct Meet {
-    n: u32,
-    st: Mutex<St>,
-    cv: Condvar,
-}
-
-#[derive(Debug)]
-struct St {
-    /// Collective sequence number this state belongs to.
-    seq: u64,
-    arrived: u32,
-    go: bool,
-    reduced: u32,
-    gathered: u32,
-    /// Per rank: published buffer address and length in bytes (None: not joined).
-    bufs: Vec<Option<(usize, usize)>>,
-}
-
-impl St {
-    fn fresh(seq: u64, n: u32) -> Self {
-        Self { seq, arrived: 0, go: false, reduced: 0, gathered: 0, bufs: vec![None; n as usize] }
-    }
-}
-
-fn meets() -> MutexGuard<'static, HashMap<[u8; 16], Weak<Meet>>> {
-    static M: OnceLock<Mutex<HashMap<[u8; 16], Weak<Meet>>>> = OnceLock::new();
-    M.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The meet shared by the in-process ranks of communicator `token` (`n` ranks), created by
-/// the first rank that asks; freed when the last communicator holding it is dropped.
-pub(crate) fn meet_for(token: [u8; 16], n: u32) -> Arc<Meet> {
-    let mut m = meets();
-    m.retain(|_, w| w.strong_count() > 0);
-    if let Some(a) = m.get(&token).and_then(Weak::upgrade)
-        && a.n == n
-    {
-        return a;
-    }
-    let a = Arc::new(Meet { n, st: Mutex::new(St::fresh(0, n)), cv: Condvar::new() });
-    m.insert(token, Arc::downgrade(&a));
-    a
-}
-
-impl Meet {
-    fn lock(&self) -> MutexGuard<'_, St> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Non-cancellable barrier on counter `f` (only used after `go`).
-    fn barrier(&self, f: fn(&mut St) -> &mut u32) {
-        let mut st = self.lock();
-        *f(&mut st) += 1;
-        self.cv.notify_all();
-        while *f(&mut st) < self.n {
-            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
 
 /// Element range of segment `s` of `count` split into `n` nearly equal parts.
 fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
