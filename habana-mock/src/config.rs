@@ -313,6 +313,19 @@ pub enum Fault {
         /// New seed.
         seed: u64,
     },
+    /// Not a fault: the job is about to launch micro-batch `micro_batch` of step `step` on
+    /// module `module_id`. Until the next key, that module's latencies are keyed draws: a pure
+    /// function of (configured seed, module, step, micro-batch, recipe name, launch count of
+    /// that recipe under the key), so two runs see the same latency for every micro-batch both
+    /// compute (common random numbers; see `latency.rs`). Reconfiguring clears every key.
+    LatencyKey {
+        /// Module the key applies to.
+        module_id: u32,
+        /// Training step.
+        step: u64,
+        /// Micro-batch index within the step.
+        micro_batch: u32,
+    },
 }
 
 fn one_u32() -> u32 {

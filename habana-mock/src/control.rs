@@ -112,6 +112,10 @@ pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
                 Some(m) => m.latency.reseed(seed, module_id),
                 None => return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist")),
             },
+            Fault::LatencyKey { module_id, step, micro_batch } => match r.modules.get_mut(module_id as usize) {
+                Some(m) => m.latency.set_key(Some(crate::latency::LatencyKey { step, micro_batch })),
+                None => return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist")),
+            },
         }
         Ok(())
     })

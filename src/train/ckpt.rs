@@ -2,16 +2,15 @@
 //!
 //! Owns: the per-rank checkpoint layout (`DIR/rank-<r>/checkpoint-<step>.dcc`, written with
 //! `crate::checkpoint`: temp file, fsync, rename, format version, SHA-256), the choice of the
-//! step to resume from (the newest step every rank has a readable checkpoint of), the latency
-//! reseeding at checkpoint boundaries, and the process-wide stop flag. Must not touch: the step
-//! loop or the file format itself.
+//! step to resume from (the newest step every rank has a readable checkpoint of), and the
+//! process-wide stop flag. Must not touch: the step loop or the file format itself.
 //!
 //! Exactness: a checkpoint at step s holds everything a rank's future depends on: parameters,
 //! momentum, the data source (epoch, queue, re-queued micro-batches), the scheduler state
 //! (threshold, latency estimate window, straggler statistics, drop ledger) and the losses so
-//! far. The mock's latency random streams are restarted from (seed, s) at every checkpoint
-//! boundary by every run, interrupted or not, so in virtual time a resumed run draws the same
-//! latencies, makes the same decisions and ends with bitwise-identical parameters.
+//! far. The mock's latencies are a pure function of (seed, module, step, micro-batch) (the
+//! latency key set by `workload::set_latency_key`), so in virtual time a resumed run draws the
+//! same latencies, makes the same decisions and ends with bitwise-identical parameters.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -141,17 +140,5 @@ pub fn load(
             Ok((meta, params, vel))
         }
         _ => Err(malformed(format!("expected tensors params and velocity of {p} values"))),
-    }
-}
-
-/// Restarts this rank's mock latency stream from (seed, step) (a no-op unless the run
-/// checkpoints; see the module doc).
-pub fn reseed(module_id: Option<u32>, seed: u64, step: u64) {
-    if let Some(m) = module_id {
-        let s = seed ^ step.wrapping_mul(0xD134_2543_DE82_EF95);
-        let fault = crate::mock::Fault::ReseedLatency { module_id: m, seed: s };
-        if let Err(e) = crate::mock::MockControl::in_process().inject_fault(&fault) {
-            tracing::warn!(error = %e, module = m, "latency reseed failed");
-        }
     }
 }

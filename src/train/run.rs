@@ -125,6 +125,9 @@ fn dump_flight_recorder(c: &Comm) {
     eprintln!("rank {} flight recorder (last collectives):\n{}", c.rank(), c.flight_recorder().dump());
 }
 
+/// Latency-key step of a run's setup launches (before step 0); no real step has this number.
+const RUN_SETUP_STEP: u64 = u64::MAX;
+
 /// Runs every planned run on this rank with `comm` and gives the communicator back.
 /// `progress` (rank 0 only) is called once per run with the run's label and step count.
 ///
@@ -141,6 +144,10 @@ pub fn rank_main(
     let dev_err = |source| TrainError::Device { rank, source };
     let mut outcomes: Vec<RankOutcome> = Vec::new();
     for kind in job.plan() {
+        // Every launch of this run, its setup included, draws keyed latencies: both runs start
+        // from the same mock state (common random numbers).
+        super::workload::set_latency_key(comm.device().module_id(), RUN_SETUP_STEP, super::workload::STEP_START)
+            .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
         let baseline = outcomes.iter().find(|o| o.kind == RunKind::Baseline).map(|o| o.reports.as_slice());
         let (threshold, retuner, source) = resolve_threshold(job, &comm, kind, baseline)?;
         let scfg = SchedulerConfig {
@@ -216,9 +223,8 @@ pub fn rank_main(
         };
         let t = Instant::now();
         while job.steps().is_none_or(|s| step < s) {
-            if every.is_some_and(|k| step.is_multiple_of(k)) {
-                super::ckpt::reseed(dev.module_id(), cfg.seed, step);
-            }
+            super::workload::set_latency_key(dev.module_id(), step, super::workload::STEP_START)
+                .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
             if super::ckpt::STOP.load(std::sync::atomic::Ordering::SeqCst) {
                 sched.request_stop();
             }

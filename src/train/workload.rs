@@ -225,8 +225,9 @@ impl Workload for MlpWorkload {
         grad: &mut GradientScratch,
     ) -> std::result::Result<(), WorkloadError> {
         crash_hook(self.rank, step, index);
-        let (x, y) = self.data.rows_padded(&mb.sample_ids, self.hyper.micro_batch_size).map_err(mb_error)?;
         let dev = stream.device();
+        set_latency_key(dev.module_id(), step, index)?;
+        let (x, y) = self.data.rows_padded(&mb.sample_ids, self.hyper.micro_batch_size).map_err(mb_error)?;
         if self.staged.len() >= 16 {
             self.staged.clear(); // each drop waits for its copy: bounded host memory
         }
@@ -276,6 +277,25 @@ impl Workload for MlpWorkload {
 /// while rank RANK (any rank if omitted) launches the first micro-batch of step STEP (0-based),
 /// i.e. after STEP steps completed, in the middle of its compute phase. Used by the
 /// crash-and-resume and killed-rank tests: no handler runs, nothing is flushed.
+/// `micro_batch` value of the latency key that covers a step's launches before its first
+/// micro-batch (gradient zeroing).
+pub const STEP_START: u32 = u32::MAX;
+
+/// Common random numbers: tells the mock that what follows on `module_id` belongs to
+/// micro-batch `micro_batch` of `step` ([`STEP_START`]: the step's start), so its latencies are
+/// a pure function of (seed, module, step, micro-batch, recipe): the baseline and DropCompute
+/// runs see the same latency for every micro-batch both compute, whatever was dropped before,
+/// in both time modes and across a resume (`habana_mock` `Fault::LatencyKey`). A device without
+/// a module id (not the mock) is left alone.
+///
+/// # Errors
+/// The mock's rejection (a module id it does not have), as a message.
+pub fn set_latency_key(module_id: Option<u32>, step: u64, micro_batch: u32) -> Result<(), String> {
+    let Some(module_id) = module_id else { return Ok(()) };
+    let key = crate::mock::Fault::LatencyKey { module_id, step, micro_batch };
+    crate::mock::MockControl::in_process().inject_fault(&key).map_err(|e| format!("latency key: {e}"))
+}
+
 fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
     static AT: std::sync::OnceLock<Option<(u64, Option<u32>)>> = std::sync::OnceLock::new();
     let at = AT.get_or_init(|| {
