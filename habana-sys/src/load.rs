@@ -95,16 +95,24 @@ macro_rules! define_table {
         pub const OPTIONAL_SYMBOLS: &[&str] = &[$(stringify!($osym)),*];
 
         fn resolve(lib: &'static libloading::Library) -> Result<SynapseFns, &'static str> {
-            // SAFETY (all `get` calls): the symbol types are the documented C prototypes of
-            // SynapseAI 1.16-1.21 (see `functions.rs`); the library is leaked, so the pointers
-            // stay valid for the rest of the process.
+            // Both `get` calls below are sound for the same two reasons: `Library::get` needs
+            // the requested type to be the symbol's real type, and each one is the documented C
+            // prototype of SynapseAI 1.16-1.21 (see `functions.rs`); and copying the raw
+            // function pointer out of the `Symbol` is sound only while the library stays
+            // loaded, which holds because `lib` is `&'static` (leaked, never unloaded).
             Ok(SynapseFns {
-                $($field: unsafe {
+                $($field:
+                // SAFETY: required symbol; its type is the documented prototype and the library
+                // is never unloaded (see above).
+                unsafe {
                     *lib.get::<unsafe extern "C" fn($($ty),*) -> $ret>(
                         concat!(stringify!($sym), "\0").as_bytes())
                         .map_err(|_| stringify!($sym))?
                 },)*
-                $($ofield: unsafe {
+                $($ofield:
+                // SAFETY: optional symbol, `None` when absent; its type is the documented
+                // prototype and the library is never unloaded (see above).
+                unsafe {
                     lib.get::<unsafe extern "C" fn($($oty),*) -> $oret>(
                         concat!(stringify!($osym), "\0").as_bytes())
                         .ok()

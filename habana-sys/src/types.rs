@@ -19,7 +19,11 @@ macro_rules! c_enum {
         pub struct $name(pub c_int);
 
         impl $name {
-            $($(#[$cm])* pub const $konst: Self = Self($val);)*
+            $(
+                #[doc = concat!("`", $cname, "` = `", stringify!($val), "` in the vendor header.")]
+                $(#[$cm])*
+                pub const $konst: Self = Self($val);
+            )*
 
             /// The C name of this value, or `None` for a value this crate does not know.
             pub fn name(self) -> Option<&'static str> {
@@ -350,16 +354,23 @@ pub type synLaunchTensorInfoExt = synLaunchTensorInfo;
 #[derive(Copy, Clone, Debug, Default)]
 #[allow(non_snake_case)]
 pub struct synDeviceInfo {
+    /// Device address of the on-chip SRAM (0 when the SRAM is not exposed to the host).
     pub sramBaseAddress: u64,
+    /// Device address where the host-visible HBM (DRAM) begins.
     pub dramBaseAddress: u64,
     /// Bytes.
     pub sramSize: u32,
     /// Bytes.
     pub dramSize: u64,
+    /// One bit per TPC (Tensor Processor Core) engine, set when the engine is enabled.
     pub tpcEnabledMask: u64,
+    /// Nonzero when the HBM is enabled (a `bool` in C, one byte).
     pub dramEnabled: u8,
+    /// The `synDeviceId` of this device (the acquisition handle, not the module id).
     pub deviceId: u32,
+    /// File descriptor of the opened device node (`/dev/accel/accelN` or `/dev/hl*`).
     pub fd: u32,
+    /// The device generation.
     pub deviceType: synDeviceType,
 }
 
@@ -369,18 +380,28 @@ pub struct synDeviceInfo {
 #[derive(Copy, Clone, Debug, Default)]
 #[allow(non_snake_case)]
 pub struct synDeviceInfoV2 {
+    /// Device address of the on-chip SRAM (0 when the SRAM is not exposed to the host).
     pub sramBaseAddress: u64,
+    /// Device address where the host-visible HBM (DRAM) begins.
     pub dramBaseAddress: u64,
     /// Bytes.
     pub sramSize: u32,
     /// Bytes.
     pub dramSize: u64,
+    /// One bit per TPC (Tensor Processor Core) engine, set when the engine is enabled.
     pub tpcEnabledMask: u64,
+    /// Nonzero when the HBM is enabled (a `bool` in C, one byte).
     pub dramEnabled: u8,
+    /// The `synDeviceId` of this device (the acquisition handle, not the module id).
     pub deviceId: u32,
+    /// File descriptor of the opened device node (`/dev/accel/accelN` or `/dev/hl*`).
     pub fd: u32,
+    /// The device generation.
     pub deviceType: synDeviceType,
+    /// Index of the device among the Gaudi devices of the server (0..7 on an HLS box).
     pub deviceIndex: u8,
+    /// Base address of the HBM in the global (multi-device) address space; the field was named
+    /// `reserved` before SynapseAI 1.20, so older libraries may leave it 0.
     pub globalHbmBaseAddress: u64,
 }
 

@@ -107,22 +107,88 @@ pub fn group_end(api: &SynapseApi) -> Result<()> {
 }
 
 /// One collective call, described for [`enqueue`].
+///
+/// Addresses (`send`, `recv`, `buf`) are device addresses from `synDeviceMalloc` on the
+/// communicator's device; `send == recv` is the in-place form. Counts are in elements of the
+/// `hcclDataType_t` given to [`enqueue`], never bytes, as in `hccl.h` (NCCL semantics). Ranks
+/// (`root`, `peer`) are positions in the communicator, `0..world_size`.
 #[derive(Debug, Clone, Copy)]
 pub enum Call {
     /// `hcclAllReduce(send, recv, count, ..)`.
-    AllReduce { send: u64, recv: u64, count: usize, op: hcclRedOp_t },
+    AllReduce {
+        /// Device address of the `count` input elements.
+        send: u64,
+        /// Device address of the `count` output elements (may equal `send`).
+        recv: u64,
+        /// Elements per rank, the same on every rank.
+        count: usize,
+        /// Reduction; the HCCL documentation says `hcclProd` and `hcclAvg` are not supported.
+        op: hcclRedOp_t,
+    },
     /// `hcclReduceScatter(send, recv, recvcount, ..)`.
-    ReduceScatter { send: u64, recv: u64, recv_count: usize, op: hcclRedOp_t },
+    ReduceScatter {
+        /// Device address of the `recv_count * world_size` input elements.
+        send: u64,
+        /// Device address of this rank's `recv_count` reduced elements.
+        recv: u64,
+        /// Elements each rank receives (`recvcount`).
+        recv_count: usize,
+        /// Reduction; the HCCL documentation says `hcclProd` and `hcclAvg` are not supported.
+        op: hcclRedOp_t,
+    },
     /// `hcclAllGather(send, recv, sendcount, ..)`.
-    AllGather { send: u64, recv: u64, send_count: usize },
+    AllGather {
+        /// Device address of this rank's `send_count` elements.
+        send: u64,
+        /// Device address of the `send_count * world_size` gathered elements, in rank order.
+        recv: u64,
+        /// Elements each rank contributes (`sendcount`).
+        send_count: usize,
+    },
     /// `hcclBroadcast(send, recv, count, root, ..)`.
-    Broadcast { send: u64, recv: u64, count: usize, root: c_int },
+    Broadcast {
+        /// Device address of the `count` elements sent; read on `root` only.
+        send: u64,
+        /// Device address of the `count` elements received on every rank (may equal `send`).
+        recv: u64,
+        /// Elements broadcast.
+        count: usize,
+        /// Rank whose `send` buffer is broadcast.
+        root: c_int,
+    },
     /// `hcclReduce(send, recv, count, op, root, ..)`.
-    Reduce { send: u64, recv: u64, count: usize, op: hcclRedOp_t, root: c_int },
-    /// `hcclSend(buf, count, peer, ..)`.
-    Send { buf: u64, count: usize, peer: c_int },
-    /// `hcclRecv(buf, count, peer, ..)`.
-    Recv { buf: u64, count: usize, peer: c_int },
+    Reduce {
+        /// Device address of the `count` input elements.
+        send: u64,
+        /// Device address of the `count` reduced elements; written on `root` only.
+        recv: u64,
+        /// Elements per rank, the same on every rank.
+        count: usize,
+        /// Reduction; the HCCL documentation says `hcclProd` and `hcclAvg` are not supported.
+        op: hcclRedOp_t,
+        /// Rank that receives the result.
+        root: c_int,
+    },
+    /// `hcclSend(buf, count, peer, ..)`: point-to-point; `peer` must enqueue the matching
+    /// [`Call::Recv`].
+    Send {
+        /// Device address of the `count` elements sent.
+        buf: u64,
+        /// Elements sent.
+        count: usize,
+        /// Receiving rank.
+        peer: c_int,
+    },
+    /// `hcclRecv(buf, count, peer, ..)`: point-to-point; `peer` must enqueue the matching
+    /// [`Call::Send`].
+    Recv {
+        /// Device address of the `count` elements received.
+        buf: u64,
+        /// Elements received.
+        count: usize,
+        /// Sending rank.
+        peer: c_int,
+    },
 }
 
 impl Call {
