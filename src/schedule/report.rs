@@ -149,9 +149,11 @@ impl StepReport {
     }
 
     /// This rank's micro-batches as compute-log rows (reference columns + rank, start, duration):
-    /// `batch` = samples, `sentence_length` = 0 (not a sequence workload), `computed_batch` =
-    /// samples computed in this step so far, `iteration_time_ms` = duration.
-    pub fn compute_log(&self, local_step: u32) -> Vec<ComputeLogRecord> {
+    /// `global_step` = the step, `local_step` = the micro-batch index within the step (the
+    /// reference's gradient-accumulation counter), `batch` = samples, `sentence_length` = 0 (not
+    /// a sequence workload), `computed_batch` = samples computed in this step so far,
+    /// `iteration_time_ms` = duration.
+    pub fn compute_log(&self) -> Vec<ComputeLogRecord> {
         let mut computed = 0u64;
         self.micro_batches
             .iter()
@@ -161,7 +163,7 @@ impl StepReport {
                 }
                 ComputeLogRecord {
                     global_step: self.step,
-                    local_step,
+                    local_step: m.micro_batch,
                     world_size: self.world_size,
                     batch: m.samples as u32,
                     sentence_length: 0,
@@ -307,7 +309,11 @@ mod tests {
             micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
             ..Default::default()
         };
-        let rows = r.compute_log(5);
+        let rows = r.compute_log();
+        assert_eq!(
+            rows.iter().map(|r| (r.global_step, r.local_step)).collect::<Vec<_>>(),
+            vec![(5, 0), (5, 1), (5, 2)]
+        );
         assert_eq!(rows.iter().map(|r| r.computed_batch).collect::<Vec<_>>(), vec![4, 8, 8]);
         assert_eq!(rows.iter().map(|r| r.compute_dropped).collect::<Vec<_>>(), vec![false, false, true]);
         assert!(rows.iter().all(|r| r.rank == 1 && r.world_size == 2));

@@ -160,6 +160,11 @@ fn parse_bool(s: &str, path: &Path, line: u64) -> Result<bool, TraceError> {
 /// (noted). Reference: latency = iteration_time_ms · 1e6, rank from the file name, overhead =
 /// `opts.reference_overhead_ns` (noted). Errors: malformed fields with file, line and column;
 /// a reference file whose name carries no rank; duplicates; ragged steps unless allowed.
+///
+/// Dropped micro-batches (`compute_dropped` = true, as in a DropCompute run's log) count for the
+/// shape (M is the largest `local_step` + 1 over every row) but their latency is unknown
+/// (censored): a step with a dropped micro-batch is removed from the trace and the removal is
+/// noted, never filled in. Only cells missing without a dropped row make a step ragged.
 pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceError> {
     load_logs_with(paths, opts, open_maybe_gz)
 }
@@ -181,6 +186,9 @@ fn load_logs_with<'a>(
     // (rank, step) -> first start_ns, for our logs.
     let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut any_reference = false;
+    // step -> dropped rows (censored cells), and the largest micro-batch index of any row.
+    let mut dropped_per_step: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut max_mb: Option<u32> = None;
     for path in paths {
         let header = header_of(open(path)?, path)?;
         let has_header = header.first().is_some_and(|h| h == "global_step");
@@ -200,6 +208,10 @@ fn load_logs_with<'a>(
             let step: u64 = parse(field(rec, 0, path, line, "global_step")?, path, line, "global_step")?;
             let mb: u32 = parse(field(rec, 1, path, line, "local_step")?, path, line, "local_step")?;
             let dropped = parse_bool(field(rec, 6, path, line, "compute_dropped")?, path, line)?;
+            max_mb = max_mb.max(Some(mb));
+            if dropped {
+                *dropped_per_step.entry(step).or_insert(0) += 1;
+            }
             if ours {
                 let rank: u32 = parse(field(rec, 8, path, line, "rank")?, path, line, "rank")?;
                 let start: u64 = parse(field(rec, 9, path, line, "start_ns")?, path, line, "start_ns")?;
@@ -229,7 +241,35 @@ fn load_logs_with<'a>(
             b.set_overhead(s, opts.reference_overhead_ns);
         }
     }
-    let (mut trace, completeness) = b.finish(&source, opts.allow_incomplete_steps)?;
+    if let Some(m) = max_mb {
+        b.expect_micro_batches(m as usize + 1);
+    }
+    // Steps whose only missing cells are dropped micro-batches are removed (censored), not ragged.
+    let finished = match b.finish(&source, opts.allow_incomplete_steps || !dropped_per_step.is_empty()) {
+        Err(TraceError::Empty(_)) if !dropped_per_step.is_empty() => {
+            return Err(TraceError::AllStepsDropped { source_name: source, steps: dropped_per_step.len() });
+        }
+        r => r?,
+    };
+    let (mut trace, completeness) = match finished {
+        (t, c)
+            if opts.allow_incomplete_steps
+                || c.dropped_steps.iter().all(|(s, n)| dropped_per_step.get(s) == Some(n)) =>
+        {
+            (t, c)
+        }
+        (_, c) => {
+            let count = c.dropped_steps.iter().map(|(s, n)| n - dropped_per_step.get(s).copied().unwrap_or(0)).sum();
+            return Err(TraceError::Ragged { source_name: source, count, missing: c.missing_examples });
+        }
+    };
+    let censored = completeness.dropped_steps.iter().filter(|(s, _)| dropped_per_step.contains_key(s)).count();
+    if censored > 0 {
+        notes.push(format!(
+            "{censored} step(s) with dropped micro-batches removed: a dropped micro-batch's latency is unknown \
+             (tune from the baseline run's log to see every latency)"
+        ));
+    }
     if !any_reference && trace.num_steps() >= 2 {
         let compute = trace.rank_compute_ns();
         let n = trace.world_size();
@@ -356,5 +396,31 @@ mod tests {
             Err(TraceError::Malformed { column, .. }) if column == "rank"
         ));
         assert_eq!(rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")), Some(12));
+    }
+
+    #[test]
+    fn dropped_micro_batches_are_censored_not_ragged() {
+        let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n";
+        // 2 ranks, M = 2, steps 0 and 1; rank 1 drops micro-batch 1 of step 1.
+        let rows = "0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n\
+                    0,0,2,4,0,4,false,0.01,1,0,12\n0,1,2,4,0,8,false,0.01,1,12,12\n\
+                    1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n\
+                    1,0,2,4,0,4,false,0.01,1,100,30\n1,1,2,4,0,4,true,0.0,1,130,0\n";
+        let name = Path::new("log.csv");
+        let l = load_log_bytes(name, format!("{head}{rows}").as_bytes(), &LoadOptions::default()).unwrap();
+        assert_eq!((l.trace.micro_batches(), l.trace.steps()), (2, &[0u64][..]));
+        assert!(l.notes.iter().any(|n| n.contains("1 step(s) with dropped micro-batches removed")), "{:?}", l.notes);
+        // Every step censored: a typed error saying so.
+        let all = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,4,true,0.0,0,10,0\n0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n"
+        );
+        let e = load_log_bytes(name, all.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::AllStepsDropped { steps: 1, .. }), "{e:?}");
+        // A cell missing without a dropped row is still ragged.
+        let ragged = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n0,0,2,4,0,4,false,0.01,1,0,10\n"
+        );
+        let e = load_log_bytes(name, ragged.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
     }
 }

@@ -85,6 +85,17 @@ pub enum TraceError {
     /// No complete step is left.
     #[error("{0}: no complete step in trace")]
     Empty(String),
+    /// Every step of a compute log has dropped micro-batches (a DropCompute run's log), whose
+    /// latency is unknown: nothing complete is left to tune from.
+    #[error(
+        "{source_name}: all {steps} steps have dropped micro-batches, whose latency is unknown; tune from a log of a run without drops (the baseline run's)"
+    )]
+    AllStepsDropped {
+        /// The log(s).
+        source_name: String,
+        /// Steps in the log.
+        steps: usize,
+    },
     /// Parquet input in a build without the `parquet` cargo feature.
     #[error("{path}: Parquet traces are not supported by this build: {reason}")]
     ParquetUnsupported {

@@ -148,7 +148,7 @@ pub fn write_outputs(out: &StagedOut, rep: &Report, outcomes: &[Vec<RankOutcome>
         let mut w = ComputeLogWriter::new(Vec::new());
         for o in &per_rank {
             for r in &o.reports {
-                for row in r.compute_log(r.step as u32) {
+                for row in r.compute_log() {
                     w.write(&row).map_err(|e| TrainError::Io { what: "compute log".into(), source: e.into() })?;
                 }
             }

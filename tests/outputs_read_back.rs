@@ -1,0 +1,69 @@
+//! Every file `train --out` writes is read back by the product (issue 12): both runs' compute
+//! logs load with `tune --trace` (and through the library with the right shape and values), and
+//! report.json's threshold is accepted by `train --threshold`.
+#![cfg(feature = "mock")] // runs on the CPU mock device
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dropcompute::trace::{LoadOptions, load};
+
+fn dropcompute(args: &[&str], out: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+    cmd.args(args);
+    if let Some(o) = out {
+        cmd.arg("--out").arg(o);
+    }
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DROPCOMPUTE_") || k.starts_with("HCCL_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.output().expect("run dropcompute")
+}
+
+/// Distinct steps of a compute log with at least one dropped micro-batch.
+fn steps_with_drops(log: &Path) -> usize {
+    let text = std::fs::read_to_string(log).unwrap();
+    let steps: std::collections::BTreeSet<&str> =
+        text.lines().skip(1).filter(|l| l.contains(",true,")).filter_map(|l| l.split(',').next()).collect();
+    steps.len()
+}
+
+#[test]
+fn compute_logs_with_drops_load_and_report_threshold_runs() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("dropcompute-read-back-{}", std::process::id()));
+    let out = dir.join("o");
+    let base = ["train", "--ranks", "3", "--micro-batches", "3", "--steps", "4", "--warmup-steps", "0"];
+    let mut args = base.to_vec();
+    // Before-check at 40 ms drops in some steps (virtual time and keyed latencies: the same
+    // steps every run) and leaves others complete.
+    args.extend(["--time-mode", "virtual", "--threshold", "40", "--check", "before"]);
+    let o = dropcompute(&args, Some(&out));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for run in ["baseline", "dropcompute"] {
+        let log = out.join(format!("compute_log_{run}.csv"));
+        let t = dropcompute(&["tune", "--trace", log.to_str().unwrap()], None);
+        assert!(t.status.success(), "tune --trace {run}: {}", String::from_utf8_lossy(&t.stderr));
+        let text = String::from_utf8_lossy(&t.stdout);
+        assert!(text.contains("3 ranks x 3 micro-batches x"), "{run}: {text}");
+        let loaded = load(&[log.clone()], &LoadOptions::default()).expect("the library loads the log");
+        let trace = &loaded[0].trace;
+        // The DropCompute log keeps the shape (M from every row) but not the steps with drops.
+        let steps = if run == "baseline" { 4 } else { 4 - steps_with_drops(&log) };
+        assert_eq!((trace.world_size(), trace.micro_batches(), trace.num_steps()), (3, 3, steps), "{run}");
+    }
+    // The DropCompute run dropped on the slow rank: its log marks them, the trace keeps the shape.
+    let log = std::fs::read_to_string(out.join("compute_log_dropcompute.csv")).unwrap();
+    assert!(log.lines().skip(1).any(|l| l.contains(",true,")), "some micro-batch was dropped:\n{log}");
+    // report.json's threshold is a valid --threshold.
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    let ms = report["dropcompute"]["threshold_ms"].as_f64().expect("a threshold in ms");
+    assert_eq!(ms, 40.0);
+    let mut again = base.to_vec();
+    let ms = ms.to_string();
+    again.extend(["--time-mode", "virtual", "--no-compare", "--threshold", &ms]);
+    let o = dropcompute(&again, None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+}
