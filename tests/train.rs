@@ -162,8 +162,6 @@ fn a_rank_process_receives_the_parents_validated_config() {
         "--no-compare",
         "--noise",
         "lognormal:0.3",
-        "--delay-factor",
-        "2",
         "--slow-rank",
         "1:1.5",
         "--base-latency-ms",

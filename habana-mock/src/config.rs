@@ -51,8 +51,10 @@ impl MockDeviceType {
     }
 }
 
-/// How the mock's device timeline relates to wall time.
+/// How the mock's device timeline relates to wall time. Command-line names (cargo feature
+/// `clap`, `dropcompute train --time-mode`): `real`, `virtual`, the same as the JSON names.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum TimeMode {
     /// Device timestamps are ns since a process-wide mock epoch (a monotonic `Instant`); a stream

@@ -11,7 +11,7 @@ use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
 use dropcompute::hccl::Comm;
 #[cfg(feature = "mock")]
 use dropcompute::launch::ChildSpec;
-use dropcompute::launch::{self, Join};
+use dropcompute::launch::{self, Join, Launch};
 #[cfg(feature = "mock")]
 use dropcompute::mock::{MockConfig, MockControl};
 use dropcompute::sim::montecarlo::bench_simulator;
@@ -54,8 +54,8 @@ pub struct AllreduceArgs {
     /// threads (one process, a device per thread), processes (one CPU-mock process per rank on
     /// loopback), or env (this process is one rank of a job started by mpirun, Slurm or torchrun;
     /// rank 0 prints the table).
-    #[arg(long, default_value = "threads", value_parser = ["threads", "processes", "env"])]
-    pub launch: String,
+    #[arg(long, value_enum, default_value_t = Launch::Threads)]
+    pub launch: Launch,
     /// Element type.
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
@@ -131,19 +131,19 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
     };
     let backend = a.backend.select()?;
     #[cfg(feature = "mock")]
-    if backend.is_mock() && a.ranks > 8 && a.launch == "threads" {
+    if backend.is_mock() && a.ranks > 8 && a.launch == Launch::Threads {
         let cfg = MockConfig { devices: a.ranks, ..MockConfig::from_env()? };
         MockControl::in_process().configure(&cfg)?;
     }
-    if a.launch == "processes" && !backend.is_mock() {
+    if a.launch == Launch::Processes && !backend.is_mock() {
         return Err("--launch processes spawns CPU-mock ranks; on Gaudi run one process per device under \
                     mpirun/torchrun instead"
             .into());
     }
     let rt = Runtime::new(backend.api.clone())?;
-    let report = match a.launch.as_str() {
-        "threads" => run_threads(&rt, a.ranks, &opts)?,
-        "env" => {
+    let report = match a.launch {
+        Launch::Threads => run_threads(&rt, a.ranks, &opts)?,
+        Launch::Env => {
             let boot = dropcompute::hccl::bootstrap::Bootstrap::from_env()?;
             let rows = join_and_measure(&rt, &Join::Env(boot.clone()), &opts)?;
             if boot.rank != 0 {
@@ -151,7 +151,7 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
             }
             AllreduceReport { mode: format!("{:?}, one process per rank", boot.launcher), ranks: boot.world_size, rows }
         }
-        _ => {
+        Launch::Processes => {
             // The coordinator behind the unique id lives in this process, which waits for the
             // children; each child runs its own mock device.
             let id = Comm::unique_id(&rt)?;

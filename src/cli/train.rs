@@ -28,7 +28,7 @@ fn train(a: &TrainArgs) -> Result<(), TrainError> {
     // Pure validation first: bad flags, data and --out fail before any device call.
     let cfg = a.validate()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
-    let launch = cfg.launch.into();
+    let launch = cfg.launch;
     dropcompute::train::ckpt::install_signal_handler();
     let job = Job::prepare(cfg)?;
     let rt = run::mock_runtime(&job)?;

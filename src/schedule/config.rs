@@ -9,7 +9,9 @@ use crate::policy::PolicyConfig;
 use super::ScheduleError;
 
 /// What the all-reduced gradient is divided by (`../shared/reference/dropcompute.md` §2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// Command-line (`train --normalization`) and JSON names: `realized`, `nominal`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Normalization {
     /// Divide by the global weight actually computed this step (samples, or tokens under
     /// [`Weighting::Tokens`]), summed over every rank in the same collective group as the

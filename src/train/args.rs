@@ -12,8 +12,11 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::mock::config::{MAX_SLOWDOWN, Noise, TimeMode};
+use crate::launch::Launch;
+use crate::mock::config::{MAX_SLOWDOWN, TimeMode};
 use crate::policy::CheckMode;
+use crate::schedule::Normalization;
+use crate::sim::noise::Noise;
 
 /// Default number of steps when neither `--steps` nor `--epochs` is given.
 pub const DEFAULT_STEPS: u64 = 60;
@@ -29,10 +32,6 @@ pub const MAX_MS: f64 = 3_600_000.0;
 pub const MAX_RANKS: u32 = 1024;
 /// Largest `--hidden` (parameters and per-rank buffers grow linearly with it).
 pub const MAX_HIDDEN: u32 = 16_384;
-/// Largest `--delay-factor` (the reference noise's mean factor grows linearly with it; the
-/// mock sleeps each emulated latency, so it must stay within minutes).
-pub const MAX_DELAY_FACTOR: f64 = 100.0;
-
 /// A flag whose value is out of range. Display: `--FLAG VALUE: why`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("--{flag} {value}: {why}")]
@@ -95,48 +94,6 @@ impl ThresholdArg {
     }
 }
 
-/// The `--noise` value: the latency noise injected into every emulated micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum NoiseArg {
-    /// The DropCompute reference's injected delay (scaled by `--delay-factor`).
-    Reference,
-    /// No noise: every micro-batch takes `--base-latency-ms`.
-    None,
-    /// Latency factor exp(N(-σ²/2, σ²)) (log-normal of mean 1); `sigma` finite, > 0.
-    LogNormal {
-        /// σ of the underlying normal (dimensionless).
-        sigma: f64,
-    },
-    /// Latency factor 1 + X, X exponential with mean `mean` (a fraction of the base latency;
-    /// finite, > 0).
-    Exponential {
-        /// Mean added delay as a fraction of `--base-latency-ms`.
-        mean: f64,
-    },
-}
-
-impl NoiseArg {
-    /// Parse `reference`, `none`, `lognormal:SIGMA` or `exponential:MEAN`.
-    /// Errors: [`ArgError`] for `--noise` on an unknown kind or a parameter that is not a
-    /// positive finite number.
-    pub fn parse(s: &str) -> Result<Self, ArgError> {
-        let why = "expected reference, none, lognormal:SIGMA (0 < SIGMA <= 4) or exponential:MEAN (0 < MEAN <= 100)";
-        let t = s.trim().to_ascii_lowercase();
-        // Bounded so one emulated micro-batch stays within minutes (the mock sleeps it).
-        let param = |p: &str, max: f64| match p.parse::<f64>() {
-            Ok(x) if x.is_finite() && x > 0.0 && x <= max => Ok(x),
-            _ => Err(bad("noise", s, why)),
-        };
-        match t.split_once(':') {
-            None if t == "reference" => Ok(Self::Reference),
-            None if t == "none" => Ok(Self::None),
-            Some(("lognormal", p)) => Ok(Self::LogNormal { sigma: param(p, 4.0)? }),
-            Some(("exponential", p)) => Ok(Self::Exponential { mean: param(p, 100.0)? }),
-            _ => Err(bad("noise", s, why)),
-        }
-    }
-}
-
 /// One `--slow-rank RANK:FACTOR`: every micro-batch of `rank` takes `factor` times longer.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SlowRank {
@@ -144,55 +101,6 @@ pub struct SlowRank {
     pub rank: u32,
     /// Persistent latency multiplier (finite, > 0, <= [`MAX_SLOWDOWN`]).
     pub factor: f64,
-}
-
-/// The `--launch` value: how the ranks are started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
-pub enum LaunchMode {
-    /// One thread per rank in this process.
-    Threads,
-    /// One child process per rank, spawned by this process.
-    Processes,
-    /// This process is one rank of a job started by an external launcher (rank and world size
-    /// from the environment).
-    Env,
-}
-
-impl From<LaunchMode> for crate::launch::Launch {
-    fn from(m: LaunchMode) -> Self {
-        match m {
-            LaunchMode::Threads => Self::Threads,
-            LaunchMode::Processes => Self::Processes,
-            LaunchMode::Env => Self::Env,
-        }
-    }
-}
-
-/// The `--check` value (maps onto [`CheckMode`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum CheckArg {
-    /// Check before each micro-batch (reference).
-    Before,
-    /// Elapsed + estimated latency of the next micro-batch <= threshold (ours).
-    Predictive,
-}
-
-/// The `--normalization` value: what the summed gradient is divided by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum NormalizationArg {
-    /// By the number of samples actually computed across ranks (DropCompute's rescale).
-    Realized,
-    /// By the nominal global batch ranks × micro-batches × micro-batch size.
-    Nominal,
-}
-
-/// The `--time-mode` value (maps onto the mock's [`TimeMode`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum TimeModeArg {
-    /// Device time follows wall time (the mock sleeps the emulated latency).
-    Real,
-    /// Virtual device clocks, no sleeping; deterministic for a seed.
-    Virtual,
 }
 
 /// How long to train.
@@ -232,8 +140,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// How ranks are started.
-    #[arg(long, value_enum, default_value_t = LaunchMode::Threads)]
-    pub launch: LaunchMode,
+    #[arg(long, value_enum, default_value_t = Launch::Threads)]
+    pub launch: Launch,
     /// Output directory (report.json, timelines, figure), written atomically at the end.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -246,12 +154,11 @@ pub struct TrainArgs {
     /// Run only DropCompute.
     #[arg(long, overrides_with = "compare")]
     pub no_compare: bool,
-    /// Latency noise: reference, none, lognormal:SIGMA or exponential:MEAN.
+    /// Latency noise (the factor on --base-latency-ms per micro-batch): none,
+    /// reference[:DELAY_FACTOR] (the reference's --delay_factor, default 1), lognormal:SIGMA,
+    /// normal:CV, exponential:MEAN or seqlen:SAMPLES (the syntax of `simulate --noise`).
     #[arg(long, default_value = "reference", allow_hyphen_values = true)]
-    pub noise: String,
-    /// Reference noise delay factor (the reference's --delay_factor).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub delay_factor: f64,
+    pub noise: Noise,
     /// Persistently slow rank, RANK:FACTOR (repeatable).
     #[arg(long, value_name = "RANK:FACTOR", allow_hyphen_values = true)]
     pub slow_rank: Vec<String>,
@@ -259,14 +166,14 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 12.0, allow_negative_numbers = true)]
     pub base_latency_ms: f64,
     /// Deadline check semantics.
-    #[arg(long, value_enum, default_value_t = CheckArg::Predictive)]
-    pub check: CheckArg,
+    #[arg(long, value_enum, default_value_t = CheckMode::Predictive)]
+    pub check: CheckMode,
     /// Micro-batches the deadline check may lag behind the device (0 = none).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sync_lag: u32,
     /// Gradient normalisation.
-    #[arg(long, value_enum, default_value_t = NormalizationArg::Realized)]
-    pub normalization: NormalizationArg,
+    #[arg(long, value_enum, default_value_t = Normalization::Realized)]
+    pub normalization: Normalization,
     /// All-reduce bucket size, MiB.
     #[arg(long, default_value_t = 4.0, allow_negative_numbers = true)]
     pub bucket_mb: f64,
@@ -292,8 +199,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Mock device time: real (sleeps) or virtual (deterministic).
-    #[arg(long, value_enum, default_value_t = TimeModeArg::Real)]
-    pub time_mode: TimeModeArg,
+    #[arg(long, value_enum, default_value_t = TimeMode::Real)]
+    pub time_mode: TimeMode,
 }
 
 /// A validated `train` configuration (every range already checked; see [`TrainArgs`]). JSON
@@ -317,17 +224,16 @@ pub struct TrainConfig {
     /// Data file, `None` for the built-in data set.
     pub data: Option<PathBuf>,
     /// How ranks are started.
-    pub launch: LaunchMode,
+    pub launch: Launch,
     /// Output directory (see `output::StagedOut`).
     pub out: Option<PathBuf>,
     /// Checkpoint directory to resume from.
     pub resume: Option<PathBuf>,
     /// Run the baseline too and compare.
     pub compare: bool,
-    /// Injected latency noise.
-    pub noise: NoiseArg,
-    /// Reference noise delay factor (finite, >= 0; only used by [`NoiseArg::Reference`]).
-    pub delay_factor: f64,
+    /// Injected latency noise, as the mock device takes it (parameters in the ranges of
+    /// [`Noise::from_str`](std::str::FromStr::from_str)).
+    pub noise: Noise,
     /// Persistently slow ranks, each rank at most once, in command-line order.
     pub slow_ranks: Vec<SlowRank>,
     /// Emulated micro-batch latency before noise and slowdown (> 0, <= [`MAX_MS`] ms).
@@ -337,8 +243,7 @@ pub struct TrainConfig {
     /// Micro-batches the deadline check may lag behind the device (< micro_batches).
     pub sync_lag: u32,
     /// Gradient normalisation.
-    #[serde(with = "normalization_serde")]
-    pub normalization: crate::schedule::Normalization,
+    pub normalization: Normalization,
     /// All-reduce bucket size, bytes (>= 4: one f32; `--bucket-mb` × [`BYTES_PER_MB`], rounded).
     pub bucket_bytes: u64,
     /// SGD learning rate (finite, > 0).
@@ -357,20 +262,6 @@ pub struct TrainConfig {
     pub checkpoint_dir: PathBuf,
     /// Mock device time mode.
     pub time_mode: TimeMode,
-}
-
-impl TrainConfig {
-    /// The mock's noise model for this configuration: reference → `Reference { delay_factor }`,
-    /// none → `None`, lognormal:σ → `LogNormal { mu: -σ²/2, sigma: σ }` (factor of mean 1),
-    /// exponential:m → `Exponential { mean: m }`.
-    pub fn mock_noise(&self) -> Noise {
-        match self.noise {
-            NoiseArg::Reference => Noise::Reference { delay_factor: self.delay_factor },
-            NoiseArg::None => Noise::None,
-            NoiseArg::LogNormal { sigma } => Noise::LogNormal { mu: -sigma * sigma / 2.0, sigma },
-            NoiseArg::Exponential { mean } => Noise::Exponential { mean },
-        }
-    }
 }
 
 fn positive(flag: &'static str, x: f64) -> Result<f64, ArgError> {
@@ -398,8 +289,7 @@ impl TrainArgs {
     /// Check every flag and build the [`TrainConfig`]. Pure: no I/O, no device.
     /// Errors: the first invalid flag, as [`ArgError`] (flag, value, requirement): a count of 0
     /// (`--ranks`, `--micro-batches`, `--micro-batch-size`, `--hidden`, `--steps`, `--epochs`),
-    /// `--ranks` above [`MAX_RANKS`], a global batch overflowing u64, a bad `--threshold` or
-    /// `--noise`, a NaN/inf/out-of-range float, `--slow-rank` with rank >= ranks, a repeated rank
+    /// `--ranks` above [`MAX_RANKS`], a global batch overflowing u64, a bad `--threshold`, a NaN/inf/out-of-range float, `--slow-rank` with rank >= ranks, a repeated rank
     /// or a factor outside (0, [`MAX_SLOWDOWN`]], `--sync-lag` >= `--micro-batches`, a bucket
     /// below one f32 or above [`MAX_BUCKET_MB`].
     pub fn validate(&self) -> Result<TrainConfig, ArgError> {
@@ -424,14 +314,6 @@ impl TrainArgs {
             (None, Some(e)) => RunLength::Epochs(at_least_one("epochs", e)?),
             (None, None) => RunLength::Steps(DEFAULT_STEPS),
         };
-        let noise = NoiseArg::parse(&self.noise)?;
-        if !(self.delay_factor.is_finite() && (0.0..=MAX_DELAY_FACTOR).contains(&self.delay_factor)) {
-            return Err(bad(
-                "delay-factor",
-                show(self.delay_factor),
-                format!("must be a number in [0, {MAX_DELAY_FACTOR}]"),
-            ));
-        }
         let mut slow_ranks: Vec<SlowRank> = Vec::with_capacity(self.slow_rank.len());
         for s in &self.slow_rank {
             let sr = parse_slow_rank(s, ranks)?;
@@ -476,20 +358,13 @@ impl TrainArgs {
             out: self.out.clone(),
             resume: self.resume.clone(),
             compare: !self.no_compare,
-            noise,
-            delay_factor: self.delay_factor,
+            noise: self.noise.clone(),
             slow_ranks,
             // In (0, 1 h] by the check above, so the conversion cannot overflow.
             base_latency: Duration::from_secs_f64(base_ms / 1e3),
-            check: match self.check {
-                CheckArg::Before => CheckMode::BeforeMicroBatch,
-                CheckArg::Predictive => CheckMode::Predictive,
-            },
+            check: self.check,
             sync_lag: self.sync_lag,
-            normalization: match self.normalization {
-                NormalizationArg::Realized => crate::schedule::Normalization::Realized,
-                NormalizationArg::Nominal => crate::schedule::Normalization::Nominal,
-            },
+            normalization: self.normalization,
             bucket_bytes: bucket_bytes as u64,
             lr,
             momentum: self.momentum,
@@ -502,10 +377,7 @@ impl TrainArgs {
                 .clone()
                 .or_else(|| self.resume.clone())
                 .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
-            time_mode: match self.time_mode {
-                TimeModeArg::Real => TimeMode::Real,
-                TimeModeArg::Virtual => TimeMode::Virtual,
-            },
+            time_mode: self.time_mode,
         })
     }
 }
@@ -513,25 +385,3 @@ impl TrainArgs {
 #[cfg(test)]
 #[path = "args_tests.rs"]
 mod tests;
-
-/// `schedule::Normalization` has no serde impl (`schedule` is not this module's to change):
-/// `"realized"` / `"nominal"` in [`TrainConfig`]'s JSON.
-mod normalization_serde {
-    use crate::schedule::Normalization;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(n: &Normalization, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(match n {
-            Normalization::Realized => "realized",
-            Normalization::Nominal => "nominal",
-        })
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Normalization, D::Error> {
-        match String::deserialize(d)?.as_str() {
-            "realized" => Ok(Normalization::Realized),
-            "nominal" => Ok(Normalization::Nominal),
-            other => Err(serde::de::Error::custom(format!("normalization {other:?}: expected realized or nominal"))),
-        }
-    }
-}

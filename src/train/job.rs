@@ -226,7 +226,7 @@ impl Job {
         }
         m.time_mode = self.cfg.time_mode;
         m.seed = self.cfg.seed;
-        m.noise = self.cfg.mock_noise();
+        m.noise = self.cfg.noise.clone();
         for s in &self.cfg.slow_ranks {
             m.per_device.retain(|o| o.module_id != s.rank);
             m.per_device.push(DeviceOverride {
