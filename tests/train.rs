@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use clap::Parser;
-use dropcompute::train::args::TrainArgs;
+use dropcompute::commands::train::Args as TrainArgs;
 use dropcompute::train::job::{Job, RunKind};
 use dropcompute::train::output::StagedOut;
 use dropcompute::train::run;

@@ -15,7 +15,7 @@ use crate::mock::{DeviceOverride, MockConfig};
 use crate::schedule::{DropLedger, StepReport};
 use crate::tune::{Guardrails, Recommend, Scoring};
 
-use super::args::{RunLength, TrainConfig};
+use super::config::{RunLength, TrainConfig};
 use super::data::Dataset;
 use super::error::TrainError;
 use super::mlp::{self, MlpShape};

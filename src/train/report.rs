@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::args::{RunLength, ThresholdArg, TrainConfig};
+use super::config::{RunLength, ThresholdArg, TrainConfig};
 
 /// Errors of building a report from measurements.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -288,8 +288,8 @@ mod tests {
 
     fn echo() -> ConfigEcho {
         let args =
-            <crate::train::args::TrainArgs as clap::FromArgMatches>::from_arg_matches(
-                &<crate::train::args::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"))
+            <crate::commands::train::Args as clap::FromArgMatches>::from_arg_matches(
+                &<crate::commands::train::Args as clap::Args>::augment_args(clap::Command::new("t"))
                     .get_matches_from(["t", "--noise", "lognormal:0.5", "--slow-rank", "2:3", "--epochs", "2"]),
             )
             .expect("args");

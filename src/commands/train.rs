@@ -1,120 +1,38 @@
-//! The `dropcompute train` command-line surface: [`TrainArgs`] (clap) and its pure validation
-//! into [`TrainConfig`].
+//! `dropcompute train`: trains the MLP on the digits (or `--data`) with N ranks on the CPU mock,
+//! synchronous baseline vs DropCompute, and prints the comparison table.
 //!
-//! Owns: flag names (scripts depend on them), defaults, and every range check, each reported as
-//! an [`ArgError`] naming the flag and the offending value. Must not touch: devices, the network,
-//! the file system or the clock — [`TrainArgs::validate`] is pure, so a bad flag fails before any
-//! device is opened. `-v/--verbose` is not declared here: it is the global flag of the
-//! `dropcompute` parser (`Cli::verbose`), accepted after `train` too.
+//! Owns: [`Args`] (flag names, defaults, and every range check, each reported as an
+//! [`ArgError`] naming the flag and the offending value), [`run`] (the command: validate, run the
+//! job, print, write `--out`) and [`child`] (one rank process of `--launch processes`). Must not
+//! touch: the job itself (`crate::train`). [`Args::validate`] is pure (no device, network, file
+//! system or clock), so a bad flag fails before any device is opened. `-v/--verbose` is not
+//! declared here: it is the global flag of the `dropcompute` parser, accepted after `train` too.
 #![forbid(unsafe_code)]
 
+use std::io::IsTerminal;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::launch::Launch;
+use crate::launch::{ChildSpec, Launch};
 use crate::mock::config::{MAX_SLOWDOWN, TimeMode};
 use crate::policy::CheckMode;
 use crate::schedule::Normalization;
 use crate::sim::noise::Noise;
-
-/// Default number of steps when neither `--steps` nor `--epochs` is given.
-pub const DEFAULT_STEPS: u64 = 60;
-/// Largest accepted `--bucket-mb` (1 TiB, above any device memory).
-pub const MAX_BUCKET_MB: f64 = 1_048_576.0;
-/// Bytes per MB for `--bucket-mb`: MiB, as PyTorch DDP's `bucket_cap_mb` (`mb * 1024 * 1024`).
-pub const BYTES_PER_MB: f64 = 1_048_576.0;
-/// Largest accepted `--threshold` and `--base-latency-ms`, ms: one hour (the mock's
-/// `MAX_SCRIPT_NS`); longer would put a single step hours away on the device timeline.
-pub const MAX_MS: f64 = 3_600_000.0;
-/// Largest `--ranks`: every rank of `train` runs on this host (a thread or a process, each with
-/// its mock device and stream workers).
-pub const MAX_RANKS: u32 = 1024;
-/// Largest `--hidden` (parameters and per-rank buffers grow linearly with it).
-pub const MAX_HIDDEN: u32 = 16_384;
-/// A flag whose value is out of range. Display: `--FLAG VALUE: why`.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("--{flag} {value}: {why}")]
-pub struct ArgError {
-    /// Flag name without the leading dashes, e.g. `"ranks"`.
-    pub flag: &'static str,
-    /// The value as given (or as parsed, for numbers).
-    pub value: String,
-    /// What is required.
-    pub why: String,
-}
-
-fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
-    ArgError { flag, value: value.to_string(), why: why.into() }
-}
-
-/// A float as the user would type it: plain for moderate magnitudes, else scientific
-/// (`1e300`, not 301 digits).
-fn show(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) { format!("{x}") } else { format!("{x:e}") }
-}
-
-/// The `--threshold` value: tune it automatically, no deadline (baseline), or fixed.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum ThresholdArg {
-    /// Tune the threshold from the baseline's latencies (`crate::tune`).
-    Auto,
-    /// No deadline: DropCompute degenerates to the synchronous baseline.
-    Off,
-    /// Fixed compute deadline per step, ms (in (0, [`MAX_MS`]] when built by [`Self::parse`]).
-    Ms(f64),
-}
-
-impl ThresholdArg {
-    /// Parse `auto`, `off` or a number of ms in (0, [`MAX_MS`]] (case-insensitive keywords).
-    /// Errors: [`ArgError`] for `--threshold` on anything else (0, negative, NaN, inf, text, or
-    /// above one hour).
-    pub fn parse(s: &str) -> Result<Self, ArgError> {
-        let why = "must be a positive number of ms, \"off\" or \"auto\"";
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "off" => Ok(Self::Off),
-            t => match t.parse::<f64>() {
-                Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => Ok(Self::Ms(ms)),
-                Ok(ms) if ms.is_finite() && ms > MAX_MS => {
-                    Err(bad("threshold", s, format!("must be <= {MAX_MS} ms (one hour)")))
-                }
-                _ => Err(bad("threshold", s, why)),
-            },
-        }
-    }
-
-    /// The fixed deadline as a [`Duration`], `None` for `Auto` and `Off`.
-    pub fn fixed(&self) -> Option<Duration> {
-        match *self {
-            // `parse` bounds ms to (0, MAX_MS]; a hand-built out-of-range value gives None.
-            Self::Ms(ms) => Duration::try_from_secs_f64(ms / 1e3).ok(),
-            _ => None,
-        }
-    }
-}
-
-/// One `--slow-rank RANK:FACTOR`: every micro-batch of `rank` takes `factor` times longer.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SlowRank {
-    /// Rank index (< `--ranks`).
-    pub rank: u32,
-    /// Persistent latency multiplier (finite, > 0, <= [`MAX_SLOWDOWN`]).
-    pub factor: f64,
-}
-
-/// How long to train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum RunLength {
-    /// Optimizer steps (>= 1).
-    Steps(u64),
-    /// Passes over the training split (>= 1).
-    Epochs(u32),
-}
+use crate::train::config::{
+    ArgError, BYTES_PER_MB, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MS, MAX_RANKS, RunLength, SlowRank,
+    ThresholdArg, TrainConfig,
+};
+use crate::train::error::TrainError;
+use crate::train::job::Job;
+use crate::train::output::StagedOut;
+use crate::train::report::comparison_table;
+use crate::train::run as job_run;
+use crate::train::summary;
 
 /// Arguments of `dropcompute train` (flag names are a stable interface).
 #[derive(Clone, Debug, clap::Args)]
-pub struct TrainArgs {
+pub struct Args {
     /// World size: number of ranks, each a (mock) device.
     #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
     pub ranks: u32,
@@ -203,65 +121,14 @@ pub struct TrainArgs {
     pub time_mode: TimeMode,
 }
 
-/// A validated `train` configuration (every range already checked; see [`TrainArgs`]). JSON
-/// (serde) is how a rank process of `--launch processes` receives it from its parent.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct TrainConfig {
-    /// World size (1..=[`MAX_RANKS`]).
-    pub ranks: u32,
-    /// Micro-batches per rank per step (>= 1).
-    pub micro_batches: u32,
-    /// Samples per micro-batch (>= 1).
-    pub micro_batch_size: u32,
-    /// Nominal global batch, samples per step: ranks × micro_batches × micro_batch_size.
-    pub global_batch: u64,
-    /// Deadline of the DropCompute run.
-    pub threshold: ThresholdArg,
-    /// Training length.
-    pub length: RunLength,
-    /// Seed shared by both runs.
-    pub seed: u64,
-    /// Data file, `None` for the built-in data set.
-    pub data: Option<PathBuf>,
-    /// How ranks are started.
-    pub launch: Launch,
-    /// Output directory (see `output::StagedOut`).
-    pub out: Option<PathBuf>,
-    /// Checkpoint directory to resume from.
-    pub resume: Option<PathBuf>,
-    /// Run the baseline too and compare.
-    pub compare: bool,
-    /// Injected latency noise, as the mock device takes it (parameters in the ranges of
-    /// [`Noise::from_str`](std::str::FromStr::from_str)).
-    pub noise: Noise,
-    /// Persistently slow ranks, each rank at most once, in command-line order.
-    pub slow_ranks: Vec<SlowRank>,
-    /// Emulated micro-batch latency before noise and slowdown (> 0, <= [`MAX_MS`] ms).
-    pub base_latency: Duration,
-    /// Deadline check semantics.
-    pub check: CheckMode,
-    /// Micro-batches the deadline check may lag behind the device (< micro_batches).
-    pub sync_lag: u32,
-    /// Gradient normalisation.
-    pub normalization: Normalization,
-    /// All-reduce bucket size, bytes (>= 4: one f32; `--bucket-mb` × [`BYTES_PER_MB`], rounded).
-    pub bucket_bytes: u64,
-    /// SGD learning rate (finite, > 0).
-    pub lr: f64,
-    /// SGD momentum (0 <= momentum < 1).
-    pub momentum: f64,
-    /// Hidden units (>= 1).
-    pub hidden: u32,
-    /// Held-out fraction (0 < holdout < 1).
-    pub holdout: f64,
-    /// Steps `0..warmup_steps` never drop.
-    pub warmup_steps: u64,
-    /// Checkpoint period in steps, `None` = no checkpoints.
-    pub checkpoint_every: Option<NonZeroU64>,
-    /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.
-    pub checkpoint_dir: PathBuf,
-    /// Mock device time mode.
-    pub time_mode: TimeMode,
+fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
+    ArgError::new(flag, value, why)
+}
+
+/// A float as the user would type it: plain for moderate magnitudes, else scientific
+/// (`1e300`, not 301 digits).
+fn show(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) { format!("{x}") } else { format!("{x:e}") }
 }
 
 fn positive(flag: &'static str, x: f64) -> Result<f64, ArgError> {
@@ -285,7 +152,7 @@ fn parse_slow_rank(s: &str, ranks: u32) -> Result<SlowRank, ArgError> {
     Ok(SlowRank { rank, factor })
 }
 
-impl TrainArgs {
+impl Args {
     /// Check every flag and build the [`TrainConfig`]. Pure: no I/O, no device.
     /// Errors: the first invalid flag, as [`ArgError`] (flag, value, requirement): a count of 0
     /// (`--ranks`, `--micro-batches`, `--micro-batch-size`, `--hidden`, `--steps`, `--epochs`),
@@ -382,6 +249,59 @@ impl TrainArgs {
     }
 }
 
+/// Runs `dropcompute train`: validates the flags, runs the job (baseline and DropCompute, or
+/// DropCompute only), prints the comparison table on rank 0 and writes `--out` atomically.
+///
+/// # Errors
+/// [`TrainError`]: `Args` for a bad flag (before any device call), and the job's data, device,
+/// collective, checkpoint, output and interrupt errors.
+pub fn run(a: &Args) -> Result<(), TrainError> {
+    // Pure validation first: bad flags, data and --out fail before any device call.
+    let cfg = a.validate()?;
+    let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
+    let launch = cfg.launch;
+    crate::train::ckpt::install_signal_handler();
+    let job = Job::prepare(cfg)?;
+    let rt = job_run::mock_runtime(&job)?;
+    let show = std::io::stdout().is_terminal();
+    let (rank, outcomes) = job_run::run(&job, &rt, launch, show)?;
+    if rank != 0 {
+        return Ok(());
+    }
+    job_run::check_lockstep(&outcomes)?;
+    let rep = summary::report(&job, &outcomes)?;
+    println!("{}", comparison_table(&rep));
+    if let Some(dc) = outcomes[0].last() {
+        println!("threshold: {}", dc.threshold_source);
+    }
+    if job.cfg.time_mode == TimeMode::Virtual {
+        println!("virtual time: wall time and rates are in device (virtual) seconds");
+    }
+    if rep.predicted_speedup.is_none() && rep.baseline.is_none() {
+        println!("predicted speedup: needs the baseline run's latencies (--compare)");
+    }
+    if let Some(out) = out {
+        summary::write_outputs(&out, &rep, &outcomes)?;
+        let files = out.commit()?;
+        println!(
+            "wrote {} files to {}",
+            files.len(),
+            job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// One rank process of `train --launch processes` (see `crate::launch`): runs the rank its
+/// parent's spec describes.
+///
+/// # Errors
+/// [`TrainError`] of the rank: a spec that is not a train job, and the job's own errors.
+pub fn child(spec: &ChildSpec) -> Result<(), TrainError> {
+    crate::train::ckpt::install_signal_handler();
+    job_run::run_child(spec)
+}
+
 #[cfg(test)]
-#[path = "args_tests.rs"]
+#[path = "train_tests.rs"]
 mod tests;

@@ -1,10 +1,10 @@
-//! Tests of `train::args`: every flag through the real clap parser, good and bad values.
+//! Tests of `commands::train`: every flag through the real clap parser, good and bad values.
 
 use super::*;
 use clap::Parser;
 
 /// Stand-in for the binary's parser: a global `-v` counter and `train` as a subcommand, as in
-/// `Cli`, so that a clash between `TrainArgs` and the global flags would show here.
+/// `Cli`, so that a clash between `Args` and the global flags would show here.
 #[derive(Debug, Parser)]
 struct TestCli {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -15,10 +15,10 @@ struct TestCli {
 
 #[derive(Debug, clap::Subcommand)]
 enum TestCmd {
-    Train(TrainArgs),
+    Train(Args),
 }
 
-fn parse(extra: &[&str]) -> (u8, TrainArgs) {
+fn parse(extra: &[&str]) -> (u8, Args) {
     let argv = ["dropcompute", "train"].iter().chain(extra.iter());
     let cli = TestCli::try_parse_from(argv).unwrap_or_else(|e| panic!("clap rejected {extra:?}: {e}"));
     let TestCmd::Train(a) = cli.cmd;
