@@ -61,10 +61,12 @@ pub enum TimeMode {
     /// worker sleeps until each operation's emulated end, so wall time shows the emulated latency.
     /// Operation start = max(now, end of the previous operation on that stream).
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "Device time follows wall time (the mock sleeps the emulated latency)"))]
     Real,
     /// No sleeping. Each stream keeps a virtual clock starting at 0 ns: operation start =
     /// max(stream clock, timestamps of the events it waited for), end = start + latency. Fully
     /// deterministic for a given seed and per-device launch order.
+    #[cfg_attr(feature = "clap", value(help = "Virtual device clocks, no sleeping; deterministic for a seed"))]
     Virtual,
 }
 

@@ -107,3 +107,49 @@ fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
         other => Err(UnknownProgram { path: path.to_path_buf(), program: other.to_owned() }.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    /// Parses `argv` after the program name; the clap error on rejection.
+    fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(["dropcompute"].iter().chain(argv))
+    }
+
+    /// A bad `--noise` is a usage error (exit 2) naming the flag and the value, for every
+    /// command that takes it; the removed `--delay-factor` is refused the same way.
+    #[test]
+    fn bad_noise_exits_2_naming_the_value() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["simulate", "--noise", "gaussian:1"], "gaussian:1"),
+            #[cfg(feature = "mock")]
+            (&["train", "--noise", "reference:-1"], "reference:-1"),
+            #[cfg(feature = "mock")]
+            (&["train", "--noise", "lognormal:9"], "lognormal:9"),
+            #[cfg(feature = "mock")]
+            (&["train", "--delay-factor", "2"], "--delay-factor"),
+        ];
+        for &(argv, named) in cases {
+            let e = parse(argv).expect_err(&format!("{argv:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{argv:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(named), "{argv:?}: {msg}");
+        }
+    }
+
+    /// `bench allreduce --launch` takes `launch::Launch`'s names.
+    #[test]
+    fn bench_allreduce_launch_is_the_core_launch_type() {
+        use dropcompute::commands::bench::Args;
+        use dropcompute::launch::Launch;
+        for (name, want) in [("threads", Launch::Threads), ("processes", Launch::Processes), ("env", Launch::Env)] {
+            let cli = parse(&["bench", "allreduce", "--launch", name]).expect("parses");
+            let super::Command::Bench(Args::Allreduce(a)) = cli.command else { panic!("not bench allreduce") };
+            assert_eq!(a.launch, want);
+        }
+        assert_eq!(parse(&["bench", "allreduce", "--launch", "mpi"]).expect_err("mpi").exit_code(), 2);
+    }
+}
