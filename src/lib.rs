@@ -4,7 +4,9 @@
 //! [`mock`] (CPU device behind the same table) and [`synapse`] (safe layer) -> [`kernels`]
 //! (CPU kernels the mock runs) -> [`policy`] (the deadline decision shared by execution and
 //! simulation) -> [`trace`], [`tune`], [`sim`] (pure: traces, threshold tuning, what-if
-//! models) -> [`commands`] and [`bench`] (what the CLI runs). [`hccl`] sits beside
+//! models) -> [`commands`] (one module per subcommand: its flags and `run`) and [`bench`]
+//! (the benchmarks `bench` runs); [`plot`] draws the SVG charts of `simulate`, `tune` and
+//! `train`. [`hccl`] sits beside
 //! [`synapse`]: the safe collectives (communicator, watchdog, flight recorder), the launcher
 //! bootstrap and the rendezvous that hands rank 0's unique id to the other ranks. [`launch`]
 //! starts N ranks (threads, child processes given the parent's configuration as JSON, or one
@@ -15,6 +17,7 @@ pub mod checkpoint;
 pub mod commands;
 pub mod hccl;
 pub mod launch;
+pub mod plot;
 pub mod policy;
 pub mod schedule;
 pub mod serde_nan;

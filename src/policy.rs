@@ -43,10 +43,12 @@ pub enum CheckMode {
     /// reference BERT-Large behaviour: the micro-batch in flight always finishes, so the compute
     /// phase overshoots the threshold by up to one micro-batch).
     #[default]
+    #[value(help = "Check before each micro-batch (reference)")]
     #[value(name = "before")]
     BeforeMicroBatch,
     /// Start micro-batch k iff elapsed + estimated latency of micro-batch k <= threshold (ours).
     /// Without an estimate this behaves exactly like [`CheckMode::BeforeMicroBatch`].
+    #[value(help = "Elapsed + estimated latency of the next micro-batch <= threshold (ours)")]
     Predictive,
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use clap::Parser;
-use dropcompute::train::args::TrainArgs;
+use dropcompute::commands::train::Args as TrainArgs;
 use dropcompute::train::job::{Job, RunKind};
 use dropcompute::train::output::StagedOut;
 use dropcompute::train::run;
@@ -162,8 +162,6 @@ fn a_rank_process_receives_the_parents_validated_config() {
         "--no-compare",
         "--noise",
         "lognormal:0.3",
-        "--delay-factor",
-        "2",
         "--slow-rank",
         "1:1.5",
         "--base-latency-ms",

@@ -1,7 +1,7 @@
 //! Acceptance on the real what-if traces shipped in data/traces (copies; see its README).
 use std::path::PathBuf;
 
-use dropcompute::commands::tune::{TuneArgs, run_to};
+use dropcompute::commands::tune::{Args as TuneArgs, run_to};
 use dropcompute::trace::whatif::PipelineAggregation;
 use dropcompute::trace::{LoadOptions, load};
 use dropcompute::tune::{Refusal, TuneConfig, Verdict, tune};

@@ -51,18 +51,22 @@ impl MockDeviceType {
     }
 }
 
-/// How the mock's device timeline relates to wall time.
+/// How the mock's device timeline relates to wall time. Command-line names (cargo feature
+/// `clap`, `dropcompute train --time-mode`): `real`, `virtual`, the same as the JSON names.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum TimeMode {
     /// Device timestamps are ns since a process-wide mock epoch (a monotonic `Instant`); a stream
     /// worker sleeps until each operation's emulated end, so wall time shows the emulated latency.
     /// Operation start = max(now, end of the previous operation on that stream).
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "Device time follows wall time (the mock sleeps the emulated latency)"))]
     Real,
     /// No sleeping. Each stream keeps a virtual clock starting at 0 ns: operation start =
     /// max(stream clock, timestamps of the events it waited for), end = start + latency. Fully
     /// deterministic for a given seed and per-device launch order.
+    #[cfg_attr(feature = "clap", value(help = "Virtual device clocks, no sleeping; deterministic for a seed"))]
     Virtual,
 }
 

@@ -2,7 +2,9 @@
 //! install from a dead peer from a bad input file without parsing messages.
 //!
 //! Owns: [`ExitClass`] (the table below) and [`classify`], which walks an error's source chain
-//! and downcasts the crate's typed errors. Must not touch: the errors themselves or how they are
+//! and downcasts the crate's typed errors. It stays in the binary: exit codes are a property of
+//! the process, the library only returns typed errors (a rank's exit code reaches it as
+//! `TrainError::Child { code }`, classified here). Must not touch: the errors themselves or how they are
 //! printed (`main` prints the chain).
 //!
 //! | code | class | examples |
@@ -200,7 +202,7 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if let Some(c) = e.downcast_ref::<CommandError>() {
         return Some(match c {
             CommandError::Trace(_) | CommandError::Io { .. } => ExitClass::DataFile,
-            CommandError::Sim(_) | CommandError::Args(_) => ExitClass::Usage,
+            CommandError::Sim(_) | CommandError::Args(_) | CommandError::Env { .. } => ExitClass::Usage,
             _ => ExitClass::Internal,
         });
     }
@@ -278,6 +280,8 @@ mod tests {
             (Box::new(TraceError::Empty("t".into())), 6),
             (Box::new(CommandError::Trace(TraceError::Empty("t".into()))), 6),
             (Box::new(CommandError::Args("--workers".into())), 2),
+            (Box::new(CommandError::Env { variable: "LOCAL_RANK", value: "x".into(), why: "not a rank" }), 2),
+            (Box::new(CommandError::SelfCheck("data came back different".into())), 1),
             (Box::new(Context(Box::new(CheckpointError::BadMagic { path: p() }))), 7),
             (Box::new(Context(Box::new(Context(Box::new(LoadError::NotFound { tried: vec![] }))))), 3),
             ("a plain message".into(), 1),

@@ -1,20 +1,21 @@
-//! Argument parsing and dispatch for the `dropcompute` binary. Each subcommand lives in its own
-//! module; this one only wires them.
+//! Argument parsing and dispatch for the `dropcompute` binary: the top-level parser ([`Cli`]),
+//! logging setup ([`init_logging`]), dispatch to the library's per-subcommand modules
+//! (`dropcompute::commands::{info, train, tune, simulate, bench}`, each with its `Args` and
+//! `run`) and the hidden rank-process entry of `--launch processes`. Exit codes per failure
+//! class are [`exit`]. Must not touch: flags of a subcommand or what a command does (both live
+//! in `dropcompute::commands`).
 
-mod bench;
 pub mod exit;
-mod info;
-#[cfg(feature = "mock")]
-mod train;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use dropcompute::synapse::{Backend, BackendChoice};
+use dropcompute::commands::{self, BoxError};
 
-/// Errors of the command line, rendered with their causes by `main`.
-pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+/// Errors of the command line, rendered with their causes by `main`: the library's typed errors,
+/// boxed (classified by [`exit::classify`]).
+pub type CliError = BoxError;
 
 /// DropCompute for Intel Gaudi: straggler-robust synchronous data-parallel training.
 #[derive(Debug, Parser)]
@@ -23,29 +24,31 @@ pub struct Cli {
     /// More logging (-v debug, -vv trace). Logs go to stderr.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show the backend in use (CPU mock or Synapse at PATH), its version and devices, and run a
     /// short device self-check (copy round trip, a recipe launch timed by device events).
-    Info(info::InfoArgs),
+    Info(commands::info::Args),
     /// Recommend a threshold from latency traces (our compute log, the DropCompute reference's
     /// compute logs, or What-if traces), with guardrails and per-rank straggler attribution.
-    Tune(dropcompute::commands::tune::TuneArgs),
+    Tune(commands::tune::Args),
     /// What-if simulation: effective speedup and drop rate vs world size (analytic curve over
     /// Monte Carlo points), as CSV and SVG.
-    Simulate(dropcompute::commands::simulate::SimulateArgs),
+    Simulate(commands::simulate::Args),
     /// Benchmarks printing ratios measured in one run.
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(commands::bench::Args),
     /// Train an MLP on the handwritten digits (or --data) with N ranks on the CPU mock device:
     /// the synchronous baseline and DropCompute with the same seed, side by side. Needs the
     /// cargo feature `mock` (the model kernels run on the CPU mock until device graphs land).
     #[cfg(feature = "mock")]
-    Train(dropcompute::train::args::TrainArgs),
+    Train(commands::train::Args),
     /// (internal) One rank process of `--launch processes` (`train`, `bench allreduce`): SPEC is
     /// the JSON `dropcompute::launch::ChildSpec` its parent wrote (program, rank, unique id and
     /// the parent's validated configuration).
@@ -56,38 +59,14 @@ pub enum Command {
     },
 }
 
-/// Backend options shared by the subcommands that touch a device.
-#[derive(Debug, Clone, Args)]
-pub struct BackendArgs {
-    /// Backend: auto (real libSynapse.so if installed, else the CPU mock), mock, or synapse.
-    /// Defaults to $DROPCOMPUTE_BACKEND, else auto.
-    #[arg(long, value_parser = ["auto", "mock", "synapse"])]
-    pub backend: Option<String>,
-    /// Runtime library to load (implies --backend synapse); also $DROPCOMPUTE_SYNAPSE_LIB.
-    #[arg(long, value_name = "PATH")]
-    pub library: Option<PathBuf>,
-}
-
-impl BackendArgs {
-    /// Resolves the flags (and environment) into a selected backend.
-    pub fn select(&self) -> Result<Backend, CliError> {
-        let choice = match (&self.library, self.backend.as_deref()) {
-            (Some(p), None | Some("synapse")) => BackendChoice::Synapse(Some(p.clone())),
-            (Some(_), Some(other)) => {
-                return Err(format!("--library conflicts with --backend {other}").into());
-            }
-            #[cfg(feature = "mock")]
-            (None, Some("mock")) => BackendChoice::Mock,
-            #[cfg(not(feature = "mock"))]
-            (None, Some("mock")) => {
-                return Err("--backend mock: this build has no CPU mock (cargo feature `mock`)".into());
-            }
-            (None, Some("synapse")) => BackendChoice::Synapse(None),
-            (None, Some(_)) => BackendChoice::Auto,
-            (None, None) => BackendChoice::from_env()?,
-        };
-        Ok(Backend::select(&choice)?)
-    }
+/// The rank program named in a spec file is not one this build runs.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: unknown rank program {program:?}")]
+pub struct UnknownProgram {
+    /// The spec file.
+    pub path: PathBuf,
+    /// The program it names.
+    pub program: String,
 }
 
 /// Installs the tracing subscriber: warnings by default, `-v` debug, `-vv` trace; `RUST_LOG`
@@ -104,15 +83,15 @@ pub fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
 }
 
-/// Runs the parsed command.
+/// Runs the parsed command. Errors: the command's own (see each `commands::*::run`).
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Info(a) => info::run(&a),
-        Command::Tune(a) => Ok(dropcompute::commands::tune::run(&a)?),
-        Command::Simulate(a) => Ok(dropcompute::commands::simulate::run(&a)?),
-        Command::Bench(b) => bench::run(b),
+        Command::Info(a) => commands::info::run(&a),
+        Command::Tune(a) => Ok(commands::tune::run(&a)?),
+        Command::Simulate(a) => Ok(commands::simulate::run(&a)?),
+        Command::Bench(b) => commands::bench::run(&b),
         #[cfg(feature = "mock")]
-        Command::Train(a) => train::run(&a),
+        Command::Train(a) => Ok(commands::train::run(&a)?),
         Command::RankProcess { spec } => rank_process(&spec),
     }
 }
@@ -122,9 +101,55 @@ fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     let spec = dropcompute::launch::ChildSpec::read(path)?;
     match spec.program.as_str() {
         #[cfg(feature = "mock")]
-        dropcompute::train::run::CHILD_PROGRAM => train::child(&spec),
+        dropcompute::train::run::CHILD_PROGRAM => Ok(commands::train::child(&spec)?),
         #[cfg(feature = "mock")]
-        dropcompute::bench::allreduce::CHILD_PROGRAM => bench::allreduce_child(&spec),
-        other => Err(format!("{}: unknown rank program {other:?}", path.display()).into()),
+        dropcompute::bench::allreduce::CHILD_PROGRAM => commands::bench::allreduce_child(&spec),
+        other => Err(UnknownProgram { path: path.to_path_buf(), program: other.to_owned() }.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    /// Parses `argv` after the program name; the clap error on rejection.
+    fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(["dropcompute"].iter().chain(argv))
+    }
+
+    /// A bad `--noise` is a usage error (exit 2) naming the flag and the value, for every
+    /// command that takes it; the removed `--delay-factor` is refused the same way.
+    #[test]
+    fn bad_noise_exits_2_naming_the_value() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["simulate", "--noise", "gaussian:1"], "gaussian:1"),
+            #[cfg(feature = "mock")]
+            (&["train", "--noise", "reference:-1"], "reference:-1"),
+            #[cfg(feature = "mock")]
+            (&["train", "--noise", "lognormal:9"], "lognormal:9"),
+            #[cfg(feature = "mock")]
+            (&["train", "--delay-factor", "2"], "--delay-factor"),
+        ];
+        for &(argv, named) in cases {
+            let e = parse(argv).expect_err(&format!("{argv:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{argv:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(named), "{argv:?}: {msg}");
+        }
+    }
+
+    /// `bench allreduce --launch` takes `launch::Launch`'s names.
+    #[test]
+    fn bench_allreduce_launch_is_the_core_launch_type() {
+        use dropcompute::commands::bench::Args;
+        use dropcompute::launch::Launch;
+        for (name, want) in [("threads", Launch::Threads), ("processes", Launch::Processes), ("env", Launch::Env)] {
+            let cli = parse(&["bench", "allreduce", "--launch", name]).expect("parses");
+            let super::Command::Bench(Args::Allreduce(a)) = cli.command else { panic!("not bench allreduce") };
+            assert_eq!(a.launch, want);
+        }
+        assert_eq!(parse(&["bench", "allreduce", "--launch", "mpi"]).expect_err("mpi").exit_code(), 2);
     }
 }

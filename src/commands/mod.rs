@@ -1,13 +1,33 @@
-//! Library side of the `tune` and `simulate` CLI commands: clap argument structs and `run`
-//! functions, so the binary only dispatches. Owns argument parsing, text/CSV/SVG output; must
-//! not touch the algorithms (in `tune` and `sim`).
+//! The library side of every `dropcompute` subcommand, one module each: [`info`], [`train`]
+//! (cargo feature `mock`), [`tune`], [`simulate`], [`bench`]. Each has its clap `Args` and a
+//! `run`, so the binary (`src/main.rs`, `src/cli/`) only parses, sets up logging, dispatches and
+//! maps errors to exit codes. [`BackendArgs`] are the backend flags shared by `info` and
+//! `bench allreduce`.
+//!
+//! Owns: flag names, defaults and validation (each error naming the flag and value), and what
+//! the commands print or write. Must not touch: the algorithms (`tune`, `sim`, `policy`,
+//! `schedule`), the training job (`train`), the device layers (`synapse`, `hccl`) beyond calling
+//! them, charts (`plot`), or process exit codes (the binary's `cli::exit`).
 #![forbid(unsafe_code)]
 
-pub mod plot;
+use std::path::PathBuf;
+
+use crate::synapse::{Backend, BackendChoice};
+
+pub mod bench;
+pub mod info;
 pub mod simulate;
+#[cfg(feature = "mock")]
+pub mod train;
 pub mod tune;
 
-/// Errors of the commands.
+/// The error of a command whose failures span several layers (`info`, `bench`, `train`): one of
+/// the crate's typed errors ([`CommandError`], `synapse::Error`, `hccl::HcclError`,
+/// `train::error::TrainError`, ...), boxed so the binary can classify it by downcasting
+/// (`cli::exit::classify`) and print its source chain.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Errors of the commands themselves (the layers' own errors pass through typed).
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
     /// Reading or validating a trace failed.
@@ -28,9 +48,67 @@ pub enum CommandError {
     /// Drawing the SVG failed.
     #[error("plot: {0}")]
     Plot(String),
-    /// An argument is invalid (message names it).
+    /// An argument is invalid; the message names the flag and its value, e.g.
+    /// `--min-bytes 0 / --max-bytes 4096: need 0 < min <= max`.
     #[error("argument: {0}")]
     Args(String),
+    /// An environment variable the command reads is invalid (e.g. `LOCAL_RANK` for `info`).
+    #[error("environment variable {variable}={value:?}: {why}")]
+    Env {
+        /// The variable's name.
+        variable: &'static str,
+        /// Its value as found.
+        value: String,
+        /// What is required.
+        why: &'static str,
+    },
+    /// `info`'s device self-check read back different data than it wrote.
+    #[error("self-check failed: {0}")]
+    SelfCheck(String),
+}
+
+/// Backend options shared by the subcommands that touch a device (`info`, `bench allreduce`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// Backend: auto (real libSynapse.so if installed, else the CPU mock), mock, or synapse.
+    /// Defaults to $DROPCOMPUTE_BACKEND, else auto.
+    #[arg(long, value_parser = ["auto", "mock", "synapse"])]
+    pub backend: Option<String>,
+    /// Runtime library to load (implies --backend synapse); also $DROPCOMPUTE_SYNAPSE_LIB.
+    #[arg(long, value_name = "PATH")]
+    pub library: Option<PathBuf>,
+}
+
+impl BackendArgs {
+    /// Resolves the flags (and environment) into a selected backend.
+    ///
+    /// # Errors
+    /// [`CommandError::Args`] for `--library` with `--backend` other than `synapse`, or
+    /// `--backend mock` in a build without the cargo feature `mock`; `synapse::Error` when
+    /// `$DROPCOMPUTE_BACKEND` is invalid or the chosen backend cannot be loaded.
+    pub fn select(&self) -> Result<Backend, BoxError> {
+        let choice = match (&self.library, self.backend.as_deref()) {
+            (Some(p), None | Some("synapse")) => BackendChoice::Synapse(Some(p.clone())),
+            (Some(p), Some(other)) => {
+                return Err(
+                    CommandError::Args(format!("--library {} conflicts with --backend {other}", p.display())).into()
+                );
+            }
+            #[cfg(feature = "mock")]
+            (None, Some("mock")) => BackendChoice::Mock,
+            #[cfg(not(feature = "mock"))]
+            (None, Some("mock")) => {
+                return Err(CommandError::Args(
+                    "--backend mock: this build has no CPU mock (cargo feature `mock`)".into(),
+                )
+                .into());
+            }
+            (None, Some("synapse")) => BackendChoice::Synapse(None),
+            (None, Some(_)) => BackendChoice::Auto,
+            (None, None) => BackendChoice::from_env()?,
+        };
+        Ok(Backend::select(&choice)?)
+    }
 }
 
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CommandError {

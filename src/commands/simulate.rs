@@ -1,7 +1,7 @@
 //! `dropcompute simulate`: effective speedup and drop rate vs world size, Monte Carlo points
 //! over the analytic curve.
 //!
-//! Owns: [`SimulateArgs`], [`run`], [`run_to`], [`parse_workers`]. Must not touch the models
+//! Owns: [`Args`], [`run`], [`run_to`], [`parse_workers`]. Must not touch the models
 //! (`crate::sim`). The analytic curve is exact for `--noise normal`; for other noise models it is
 //! the normal model with the same per-micro-batch mean and variance (CLT approximation, labelled
 //! as such).
@@ -10,8 +10,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::plot::{Series, line_chart};
 use super::{CommandError, io_err};
+use crate::plot::{Series, line_chart};
 use crate::policy::{CheckMode, PolicyConfig, Threshold};
 use crate::sim::analytic::NormalModel;
 use crate::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
@@ -19,7 +19,7 @@ use crate::sim::noise::{LatencyModel, Noise};
 
 /// Arguments of `dropcompute simulate`.
 #[derive(Clone, Debug, clap::Args)]
-pub struct SimulateArgs {
+pub struct Args {
     /// Latency noise (the factor on `--base-ms` per micro-batch): none, reference[:DELAY_FACTOR],
     /// lognormal:SIGMA, normal:CV, exponential:MEAN or seqlen:SAMPLES (the same syntax and
     /// models as `train --noise` and the mock device).
@@ -105,7 +105,7 @@ pub fn parse_workers(spec: &str) -> Result<Vec<u32>, CommandError> {
     Ok(v)
 }
 
-impl SimulateArgs {
+impl Args {
     /// Checks every numeric flag before any simulation.
     ///
     /// # Errors
@@ -144,13 +144,13 @@ impl SimulateArgs {
 }
 
 /// Run and print the CSV to stdout (or `--csv`). Errors: see [`run_to`].
-pub fn run(args: &SimulateArgs) -> Result<(), CommandError> {
+pub fn run(args: &Args) -> Result<(), CommandError> {
     run_to(args, &mut std::io::stdout().lock())
 }
 
 /// Run; the CSV goes to `--csv` or else to `out`, and a one-line summary per N to `out` when
 /// `--csv` is given. Errors: invalid arguments or model parameters, I/O, plotting.
-pub fn run_to(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CommandError> {
+pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     args.validate()?;
     let workers = parse_workers(&args.workers)?;
     let noise = LatencyModel::new(args.base_ms * 1e6, args.noise.clone());
@@ -256,7 +256,7 @@ mod tests {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
-        a: SimulateArgs,
+        a: Args,
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `dropcompute tune --trace FILE...`: recommend a threshold from traces.
 //!
-//! Owns: [`TuneArgs`], [`run`], [`run_to`] (flags and printing). Must not touch: the search
+//! Owns: [`Args`], [`run`], [`run_to`] (flags and printing). Must not touch: the search
 //! and the recommendation (`crate::tune::recommend`, shared with `train --threshold auto`).
 //! Output per trace: shape and notes, the straggler headroom, the best threshold with predicted
 //! drop rate and effective speedup, the guardrails' verdict, a replay of the recommended
@@ -10,8 +10,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::plot::{Series, line_chart};
 use super::{CommandError, io_err};
+use crate::plot::{Series, line_chart};
 use crate::policy::CheckMode;
 use crate::trace::whatif::PipelineAggregation;
 use crate::trace::{LoadOptions, load};
@@ -21,7 +21,7 @@ use crate::tune::{Guardrails, Recommend, Recommendation, Scoring, Verdict, recom
 
 /// Arguments of `dropcompute tune`.
 #[derive(Clone, Debug, clap::Args)]
-pub struct TuneArgs {
+pub struct Args {
     /// Trace files: our compute logs, the reference's compute_logs_{rank}.csv (merged by rank),
     /// or what-if traces (.csv / .csv.gz; each tuned separately).
     #[arg(long = "trace", required = true, num_args = 1..)]
@@ -56,12 +56,12 @@ pub struct TuneArgs {
 }
 
 /// Run and print to stdout. Errors: see [`run_to`].
-pub fn run(args: &TuneArgs) -> Result<(), CommandError> {
+pub fn run(args: &Args) -> Result<(), CommandError> {
     run_to(args, &mut std::io::stdout().lock())
 }
 
 /// Run and print to `out`. Errors: trace errors (file, line, column), output I/O, plotting.
-pub fn run_to(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CommandError> {
+pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     for (flag, v) in [
         ("--max-drop-rate", args.max_drop_rate),
         ("--min-batch-fraction", args.min_batch_fraction),
@@ -243,7 +243,7 @@ mod tests {
     #[derive(Parser)]
     struct Wrap {
         #[command(flatten)]
-        args: TuneArgs,
+        args: Args,
     }
 
     #[test]

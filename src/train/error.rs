@@ -18,7 +18,7 @@ use super::mlp::MlpError;
 pub enum TrainError {
     /// A bad command-line value.
     #[error(transparent)]
-    Args(#[from] super::args::ArgError),
+    Args(#[from] super::config::ArgError),
     /// The data file.
     #[error(transparent)]
     Data(#[from] DataError),

@@ -2,7 +2,7 @@
 //! (baseline vs DropCompute), two stacked panels.
 //!
 //! Owns: [`Series`], [`figure_svg`], [`write_figure`]. Drawing goes through the shared
-//! `commands::plot::draw_chart` (plotters, SVG backend, no system fonts). Must not touch: the
+//! `crate::plot::draw_chart` (plotters, SVG backend, no system fonts). Must not touch: the
 //! measurements (the driver supplies them) or the output directory layout.
 #![forbid(unsafe_code)]
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::commands::plot::{self, Ranges};
+use crate::plot::{self, Ranges};
 
 /// Figure size, px (width, height): two 800 x 450 panels.
 pub const SIZE: (u32, u32) = (800, 900);

@@ -15,7 +15,7 @@ use crate::mock::{DeviceOverride, MockConfig};
 use crate::schedule::{DropLedger, StepReport};
 use crate::tune::{Guardrails, Recommend, Scoring};
 
-use super::args::{RunLength, TrainConfig};
+use super::config::{RunLength, TrainConfig};
 use super::data::Dataset;
 use super::error::TrainError;
 use super::mlp::{self, MlpShape};
@@ -226,7 +226,7 @@ impl Job {
         }
         m.time_mode = self.cfg.time_mode;
         m.seed = self.cfg.seed;
-        m.noise = self.cfg.mock_noise();
+        m.noise = self.cfg.noise.clone();
         for s in &self.cfg.slow_ranks {
             m.per_device.retain(|o| o.module_id != s.rank);
             m.per_device.push(DeviceOverride {

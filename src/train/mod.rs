@@ -8,17 +8,19 @@
 //! workload that binds it to the scheduler ([`workload`]), the job description ([`job`]:
 //! validated inputs, planned runs, per-rank outcomes), the one error type ([`error`]),
 //! checkpoints ([`ckpt`]), the run driver ([`run`]: one rank's loop; ranks are started by
-//! `crate::launch` as threads, processes or one launcher rank), and the command-line surface and outputs ([`args`], [`summary`],
-//! [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
+//! `crate::launch` as threads, processes or one launcher rank), the validated configuration
+//! ([`config`]; its flags and `run` are `crate::commands::train`), and the outputs
+//! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
 //! `workload`, `error`}; `summary` -> {`job`, `error`, outputs}; `job` -> {`ckpt`, `error`};
-//! `ckpt` -> {`error`, `workload`}; `error` -> leaf error types only. The threshold of
+//! `ckpt` -> {`error`, `workload`}; `error` -> leaf error types only (and `config`'s
+//! `ArgError`); `config` -> no other file of `train`. The threshold of
 //! `--threshold auto` is `crate::tune::recommend`, shared with `dropcompute tune`.
 //! Must not touch: the deadline rule (`policy`), the step loop (`schedule`), or raw FFI; the only
 //! `unsafe` here is the bounds-checked gemm call in the private `gemm` module.
 
-pub mod args;
 pub mod ckpt;
+pub mod config;
 pub mod data;
 pub mod error;
 pub mod figure;

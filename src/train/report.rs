@@ -13,10 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::args::{LaunchMode, NoiseArg, RunLength, ThresholdArg, TrainConfig};
-use crate::mock::config::TimeMode;
-use crate::policy::CheckMode;
-use crate::schedule::Normalization;
+use super::config::{RunLength, ThresholdArg, TrainConfig};
 
 /// Errors of building a report from measurements.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -130,10 +127,9 @@ pub struct ConfigEcho {
     pub data: Option<String>,
     /// "threads", "processes" or "env".
     pub launch: String,
-    /// `--noise` spec, e.g. "lognormal:0.5".
+    /// `--noise` in its command-line form (`Noise`'s Display), e.g. "lognormal:0.5" or
+    /// "reference:1" (the reference's delay factor after the colon).
     pub noise: String,
-    /// Reference noise delay factor.
-    pub delay_factor: f64,
     /// Persistent slow ranks as [rank, factor].
     pub slow_ranks: Vec<(u32, f64)>,
     /// Emulated base latency of a micro-batch, ms.
@@ -162,6 +158,12 @@ pub struct ConfigEcho {
     pub time_mode: String,
 }
 
+/// The command-line name of an enum flag's value (`clap::ValueEnum`), e.g. `"before"`.
+fn value_name<T: clap::ValueEnum>(v: T) -> String {
+    // Every variant of the flags' enums has a visible name (none is `#[value(skip)]`).
+    v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
 impl From<&TrainConfig> for ConfigEcho {
     fn from(c: &TrainConfig) -> Self {
         let (steps, epochs) = match c.length {
@@ -182,29 +184,13 @@ impl From<&TrainConfig> for ConfigEcho {
             epochs,
             seed: c.seed,
             data: c.data.as_ref().map(|p| p.display().to_string()),
-            launch: s(match c.launch {
-                LaunchMode::Threads => "threads",
-                LaunchMode::Processes => "processes",
-                LaunchMode::Env => "env",
-            }),
-            noise: match c.noise {
-                NoiseArg::Reference => s("reference"),
-                NoiseArg::None => s("none"),
-                NoiseArg::LogNormal { sigma } => format!("lognormal:{sigma}"),
-                NoiseArg::Exponential { mean } => format!("exponential:{mean}"),
-            },
-            delay_factor: c.delay_factor,
+            launch: value_name(c.launch),
+            noise: c.noise.to_string(),
             slow_ranks: c.slow_ranks.iter().map(|r| (r.rank, r.factor)).collect(),
             base_latency_ms: c.base_latency.as_secs_f64() * 1e3,
-            check: s(match c.check {
-                CheckMode::BeforeMicroBatch => "before",
-                CheckMode::Predictive => "predictive",
-            }),
+            check: value_name(c.check),
             sync_lag: c.sync_lag,
-            normalization: s(match c.normalization {
-                Normalization::Realized => "realized",
-                Normalization::Nominal => "nominal",
-            }),
+            normalization: value_name(c.normalization),
             bucket_bytes: c.bucket_bytes,
             lr: c.lr,
             momentum: c.momentum,
@@ -212,10 +198,7 @@ impl From<&TrainConfig> for ConfigEcho {
             holdout: c.holdout,
             warmup_steps: c.warmup_steps,
             checkpoint_every: c.checkpoint_every.map_or(0, |k| k.get()),
-            time_mode: s(match c.time_mode {
-                TimeMode::Real => "real",
-                TimeMode::Virtual => "virtual",
-            }),
+            time_mode: value_name(c.time_mode),
         }
     }
 }
@@ -305,8 +288,8 @@ mod tests {
 
     fn echo() -> ConfigEcho {
         let args =
-            <crate::train::args::TrainArgs as clap::FromArgMatches>::from_arg_matches(
-                &<crate::train::args::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"))
+            <crate::commands::train::Args as clap::FromArgMatches>::from_arg_matches(
+                &<crate::commands::train::Args as clap::Args>::augment_args(clap::Command::new("t"))
                     .get_matches_from(["t", "--noise", "lognormal:0.5", "--slow-rank", "2:3", "--epochs", "2"]),
             )
             .expect("args");
@@ -367,6 +350,9 @@ mod tests {
         assert!(v["baseline"]["threshold_ms"].is_null());
         assert_eq!(v["dropcompute"]["threshold_ms"], 25.0);
         assert_eq!(v["config"]["noise"], "lognormal:0.5");
+        // Enum flags echo their command-line names (the defaults here).
+        let names = ["launch", "check", "normalization", "time_mode"].map(|k| v["config"][k].clone());
+        assert_eq!(names, ["threads", "predictive", "realized", "real"].map(serde_json::Value::from));
         assert_eq!(v["config"]["epochs"], 2);
         assert!(v["config"]["steps"].is_null());
         assert_eq!(v["config"]["slow_ranks"], serde_json::json!([[2, 3.0]]));

@@ -24,7 +24,7 @@ use crate::synapse::{Device, HostBuffer, Runtime};
 use crate::tune::Verdict;
 use crate::tune::retune::{Retuner, RetunerConfig};
 
-use super::args::{RunLength, ThresholdArg};
+use super::config::{RunLength, ThresholdArg};
 use super::error::TrainError;
 use super::job::{Job, JobSpec, RankOutcome, RunKind};
 use super::progress::Progress;

@@ -1,28 +1,31 @@
 //! `dropcompute bench ...`: benchmarks that print ratios measured in one run against a named
 //! baseline (never timed assertions in tests).
+//!
+//! Owns: [`Args`] (the `bench` subcommands and their flags), [`run`], and the rank-process side
+//! of `bench allreduce --launch processes` ([`allreduce_child`]). Must not touch: the
+//! measurements themselves (`crate::bench`, `crate::sim::montecarlo::bench_simulator`).
+#![forbid(unsafe_code)]
 
-use clap::{Args, Subcommand};
-
-use dropcompute::bench::allreduce::{
+use super::{BackendArgs, BoxError, CommandError};
+use crate::bench::allreduce::{
     AllreduceOptions, AllreduceReport, AllreduceRow, CHILD_PROGRAM, join_and_measure, run_threads, sizes_between,
 };
 #[cfg(feature = "mock")]
-use dropcompute::bench::kernels::{KernelBenchOptions, run_kernel_bench};
-use dropcompute::hccl::Comm;
+use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
+use crate::hccl::Comm;
 #[cfg(feature = "mock")]
-use dropcompute::launch::ChildSpec;
-use dropcompute::launch::{self, Join};
+use crate::launch::ChildSpec;
+use crate::launch::{self, Join, Launch};
 #[cfg(feature = "mock")]
-use dropcompute::mock::{MockConfig, MockControl};
-use dropcompute::sim::montecarlo::bench_simulator;
-use dropcompute::synapse::Runtime;
+use crate::mock::{MockConfig, MockControl};
+use crate::sim::montecarlo::bench_simulator;
+use crate::synapse::Runtime;
 #[cfg(feature = "mock")]
-use dropcompute::synapse::{Backend, BackendChoice};
+use crate::synapse::{Backend, BackendChoice};
 
-use super::CliError;
-
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
+/// The `bench` subcommands (`kernels` and `scheduler` need the cargo feature `mock`).
+#[derive(Debug, clap::Subcommand)]
+pub enum Args {
     /// f32 / bf16 scale-accumulate throughput in GB/s next to a plain memcpy of the same bytes
     /// (target: >= 0.7 of memcpy bandwidth beyond the last-level cache).
     #[cfg(feature = "mock")]
@@ -39,14 +42,16 @@ pub enum BenchCommand {
     Scheduler(SchedulerArgs),
 }
 
-#[derive(Debug, Args)]
+/// Arguments of `bench scheduler`.
+#[derive(Debug, clap::Args)]
 pub struct SchedulerArgs {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 15)]
     pub reps: usize,
 }
 
-#[derive(Debug, Args)]
+/// Arguments of `bench allreduce`.
+#[derive(Debug, clap::Args)]
 pub struct AllreduceArgs {
     /// World size.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -54,8 +59,8 @@ pub struct AllreduceArgs {
     /// threads (one process, a device per thread), processes (one CPU-mock process per rank on
     /// loopback), or env (this process is one rank of a job started by mpirun, Slurm or torchrun;
     /// rank 0 prints the table).
-    #[arg(long, default_value = "threads", value_parser = ["threads", "processes", "env"])]
-    pub launch: String,
+    #[arg(long, value_enum, default_value_t = Launch::Threads)]
+    pub launch: Launch,
     /// Element type.
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
@@ -68,11 +73,13 @@ pub struct AllreduceArgs {
     /// Timed iterations per size.
     #[arg(long, default_value_t = 5)]
     pub iters: usize,
+    /// Backend selection.
     #[command(flatten)]
-    pub backend: super::BackendArgs,
+    pub backend: BackendArgs,
 }
 
-#[derive(Debug, Args)]
+/// Arguments of `bench sim`.
+#[derive(Debug, clap::Args)]
 pub struct SimArgs {
     /// World size simulated.
     #[arg(long, default_value_t = 10_000)]
@@ -82,29 +89,35 @@ pub struct SimArgs {
     pub steps: u64,
 }
 
-#[derive(Debug, Args)]
+/// Arguments of `bench kernels`.
+#[derive(Debug, clap::Args)]
 pub struct KernelArgs {
     /// Interleaved repetitions per size (the median is reported).
     #[arg(long, default_value_t = 7)]
     pub reps: usize,
 }
 
-pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
+/// Runs one benchmark and prints its table.
+///
+/// # Errors
+/// `bench allreduce`: see [`allreduce`]; `bench sim`: `SimError` for a zero `--workers` or
+/// `--steps`; `bench scheduler`: the mock runtime's errors.
+pub fn run(cmd: &Args) -> Result<(), BoxError> {
     match cmd {
         #[cfg(feature = "mock")]
-        BenchCommand::Kernels(a) => {
+        Args::Kernels(a) => {
             let opts = KernelBenchOptions { reps: a.reps.max(1), ..KernelBenchOptions::default() };
             let report = run_kernel_bench(&opts);
             println!("{report}");
             Ok(())
         }
-        BenchCommand::Allreduce(a) => allreduce(&a),
+        Args::Allreduce(a) => allreduce(a),
         #[cfg(feature = "mock")]
-        BenchCommand::Scheduler(a) => {
-            println!("{}", dropcompute::bench::scheduler::run_scheduler_bench(a.reps)?);
+        Args::Scheduler(a) => {
+            println!("{}", crate::bench::scheduler::run_scheduler_bench(a.reps)?);
             Ok(())
         }
-        BenchCommand::Sim(a) => {
+        Args::Sim(a) => {
             let one = bench_simulator(a.workers, a.steps, 1)?;
             let all = bench_simulator(a.workers, a.steps, 0)?;
             println!("{one}");
@@ -119,9 +132,19 @@ pub fn run(cmd: BenchCommand) -> Result<(), CliError> {
     }
 }
 
-fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
+/// `bench allreduce`: the bandwidth table over message sizes `--min-bytes..=--max-bytes`.
+///
+/// # Errors
+/// [`CommandError::Args`] for `--min-bytes` 0 or above `--max-bytes`, or `--launch processes`
+/// on a backend other than the CPU mock; backend selection, runtime, launcher-environment,
+/// launch and HCCL errors of the ranks.
+pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     if a.min_bytes == 0 || a.min_bytes > a.max_bytes {
-        return Err(format!("--min-bytes {} / --max-bytes {}: need 0 < min <= max", a.min_bytes, a.max_bytes).into());
+        return Err(CommandError::Args(format!(
+            "--min-bytes {} / --max-bytes {}: need 0 < min <= max",
+            a.min_bytes, a.max_bytes
+        ))
+        .into());
     }
     let opts = AllreduceOptions {
         sizes: sizes_between(a.min_bytes, a.max_bytes),
@@ -131,27 +154,30 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
     };
     let backend = a.backend.select()?;
     #[cfg(feature = "mock")]
-    if backend.is_mock() && a.ranks > 8 && a.launch == "threads" {
+    if backend.is_mock() && a.ranks > 8 && a.launch == Launch::Threads {
         let cfg = MockConfig { devices: a.ranks, ..MockConfig::from_env()? };
         MockControl::in_process().configure(&cfg)?;
     }
-    if a.launch == "processes" && !backend.is_mock() {
-        return Err("--launch processes spawns CPU-mock ranks; on Gaudi run one process per device under \
-                    mpirun/torchrun instead"
-            .into());
+    if a.launch == Launch::Processes && !backend.is_mock() {
+        return Err(CommandError::Args(
+            "--launch processes spawns CPU-mock ranks; on Gaudi run one process per device under \
+             mpirun/torchrun instead"
+                .into(),
+        )
+        .into());
     }
     let rt = Runtime::new(backend.api.clone())?;
-    let report = match a.launch.as_str() {
-        "threads" => run_threads(&rt, a.ranks, &opts)?,
-        "env" => {
-            let boot = dropcompute::hccl::bootstrap::Bootstrap::from_env()?;
+    let report = match a.launch {
+        Launch::Threads => run_threads(&rt, a.ranks, &opts)?,
+        Launch::Env => {
+            let boot = crate::hccl::bootstrap::Bootstrap::from_env()?;
             let rows = join_and_measure(&rt, &Join::Env(boot.clone()), &opts)?;
             if boot.rank != 0 {
                 return Ok(());
             }
             AllreduceReport { mode: format!("{:?}, one process per rank", boot.launcher), ranks: boot.world_size, rows }
         }
-        _ => {
+        Launch::Processes => {
             // The coordinator behind the unique id lives in this process, which waits for the
             // children; each child runs its own mock device.
             let id = Comm::unique_id(&rt)?;
@@ -169,8 +195,12 @@ fn allreduce(a: &AllreduceArgs) -> Result<(), CliError> {
 
 /// One rank process of `bench allreduce --launch processes` (see `dropcompute::launch`): joins
 /// the parent's communicator on its own CPU mock and writes its rows as the result.
+///
+/// # Errors
+/// The spec's configuration is not `AllreduceOptions` (`launch::LaunchError`), the mock
+/// backend cannot start, or joining / measuring fails (HCCL, device errors).
 #[cfg(feature = "mock")]
-pub fn allreduce_child(spec: &ChildSpec) -> Result<(), CliError> {
+pub fn allreduce_child(spec: &ChildSpec) -> Result<(), BoxError> {
     let opts: AllreduceOptions = spec.config()?;
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
     let rows = join_and_measure(&rt, &spec.join()?, &opts)?;

@@ -1,21 +1,24 @@
 //! `dropcompute info`: which backend is in use, its version and devices, and a short self-check
 //! that drives one device through the function table (copy round trip, and on the mock a recipe
 //! launch timed by device events).
+//!
+//! Owns: [`Args`], [`run`] and the self-check's output. Must not touch: backend selection rules
+//! (`synapse::BackendChoice`) or the devices beyond this read-only check.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 
-use clap::Args;
-
+use super::{BackendArgs, BoxError, CommandError};
 #[cfg(feature = "mock")]
-use dropcompute::mock::{MockControl, MockRecipe};
-use dropcompute::synapse::{Device, DeviceBuffer, Event, HostBuffer, Runtime, Stream};
+use crate::mock::{MockControl, MockRecipe};
+use crate::synapse::{Device, DeviceBuffer, Event, HostBuffer, Runtime, Stream};
 #[cfg(feature = "mock")]
-use dropcompute::synapse::{LaunchTensor, Recipe};
+use crate::synapse::{LaunchTensor, Recipe};
 
-use super::{BackendArgs, CliError};
-
-#[derive(Debug, Args)]
-pub struct InfoArgs {
+/// Arguments of `dropcompute info`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Backend selection.
     #[command(flatten)]
     pub backend: BackendArgs,
     /// Skip the device self-check.
@@ -23,7 +26,15 @@ pub struct InfoArgs {
     pub no_check: bool,
 }
 
-pub fn run(args: &InfoArgs) -> Result<(), CliError> {
+/// Prints the backend, its version, the devices and one device's type and memory, then runs the
+/// self-check unless `--no-check`.
+///
+/// # Errors
+/// Backend selection ([`BackendArgs::select`]); [`CommandError::Env`] for a `LOCAL_RANK` that is
+/// not a number when `HLS_MODULE_ID`/`HABANA_VISIBLE_MODULES` pin the device; `synapse::Error`
+/// from the runtime and device calls; [`CommandError::SelfCheck`] when the copy round trip
+/// returns different data.
+pub fn run(args: &Args) -> Result<(), BoxError> {
     let backend = args.backend.select()?;
     println!("backend:  {}", backend.describe());
     if let Some(note) = &backend.note {
@@ -43,9 +54,11 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
     let pinned = ["HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"].iter().any(|v| std::env::var_os(v).is_some());
     let dev = if pinned {
         let local_rank = match std::env::var("LOCAL_RANK") {
-            Ok(v) => {
-                v.trim().parse::<u32>().map_err(|_| format!("environment variable LOCAL_RANK={v:?}: not a rank"))?
-            }
+            Ok(v) => v.trim().parse::<u32>().map_err(|_| CommandError::Env {
+                variable: "LOCAL_RANK",
+                value: v.clone(),
+                why: "not a rank",
+            })?,
             Err(_) => 0,
         };
         Device::acquire_for_local_rank(&rt, local_rank)?
@@ -73,7 +86,7 @@ pub fn run(args: &InfoArgs) -> Result<(), CliError> {
 /// Copies 1 MiB host -> device -> device -> host and compares; on the mock also launches a copy
 /// recipe and reports its device time from events.
 #[cfg_attr(not(feature = "mock"), allow(unused_variables))]
-fn self_check(rt: &std::sync::Arc<Runtime>, dev: &Device, mock: bool) -> Result<String, CliError> {
+fn self_check(rt: &std::sync::Arc<Runtime>, dev: &Device, mock: bool) -> Result<String, BoxError> {
     let n = 1 << 18;
     let data: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let s = Stream::new(dev)?;
@@ -108,7 +121,7 @@ fn self_check(rt: &std::sync::Arc<Runtime>, dev: &Device, mock: bool) -> Result<
     let mut back = HostBuffer::<f32>::zeroed(dev, n)?;
     s.copy_d2h(&b, &mut back)?;
     if back.as_slice()? != &data[..] {
-        return Err("self-check failed: data came back different".into());
+        return Err(CommandError::SelfCheck("data came back different".into()).into());
     }
     let h2d: Duration = t1.elapsed_since(&t0)?;
     Ok(format!(

@@ -1,7 +1,9 @@
-//! Minimal SVG line charts for the commands (plotters, SVG backend only).
+//! Minimal SVG line charts (plotters, SVG backend only), shared by `simulate`'s and `tune`'s SVGs
+//! (`commands`) and `train`'s figure (`train::figure`).
 //!
 //! Owns: [`line_chart`], [`draw_chart`] (one chart on any drawing area, for multi-panel figures)
-//! and [`data_ranges`]. Must not touch: computations. Text uses plotters' built-in "naive" font
+//! and [`data_ranges`]. Must not touch: computations, flags or file naming (its callers decide
+//! what to draw and where). Text uses plotters' built-in "naive" font
 //! path (no `ttf`/`ab_glyph` feature): the SVG carries `<text>` elements that the viewer renders
 //! with its own fonts, so no system font is needed at build or run time; label extents are
 //! estimated, so layout is approximate.

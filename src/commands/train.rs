@@ -1,0 +1,307 @@
+//! `dropcompute train`: trains the MLP on the digits (or `--data`) with N ranks on the CPU mock,
+//! synchronous baseline vs DropCompute, and prints the comparison table.
+//!
+//! Owns: [`Args`] (flag names, defaults, and every range check, each reported as an
+//! [`ArgError`] naming the flag and the offending value), [`run`] (the command: validate, run the
+//! job, print, write `--out`) and [`child`] (one rank process of `--launch processes`). Must not
+//! touch: the job itself (`crate::train`). [`Args::validate`] is pure (no device, network, file
+//! system or clock), so a bad flag fails before any device is opened. `-v/--verbose` is not
+//! declared here: it is the global flag of the `dropcompute` parser, accepted after `train` too.
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal;
+use std::num::NonZeroU64;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::launch::{ChildSpec, Launch};
+use crate::mock::config::{MAX_SLOWDOWN, TimeMode};
+use crate::policy::CheckMode;
+use crate::schedule::Normalization;
+use crate::sim::noise::Noise;
+use crate::train::config::{
+    ArgError, BYTES_PER_MB, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MS, MAX_RANKS, RunLength, SlowRank,
+    ThresholdArg, TrainConfig,
+};
+use crate::train::error::TrainError;
+use crate::train::job::Job;
+use crate::train::output::StagedOut;
+use crate::train::report::comparison_table;
+use crate::train::run as job_run;
+use crate::train::summary;
+
+/// Arguments of `dropcompute train` (flag names are a stable interface).
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// World size: number of ranks, each a (mock) device.
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
+    pub ranks: u32,
+    /// Micro-batches per rank per step (gradient accumulation).
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
+    pub micro_batches: u32,
+    /// Samples per micro-batch.
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
+    pub micro_batch_size: u32,
+    /// Compute deadline per step: auto (tuned), off (baseline only) or a number of ms.
+    #[arg(long, default_value = "auto", allow_hyphen_values = true)]
+    pub threshold: String,
+    /// Optimizer steps to run [default: 60].
+    #[arg(long, conflicts_with = "epochs", allow_negative_numbers = true)]
+    pub steps: Option<u64>,
+    /// Epochs over the training split (instead of --steps).
+    #[arg(long, allow_negative_numbers = true)]
+    pub epochs: Option<u32>,
+    /// Seed of data split, initialisation, sampling and noise (same for both runs).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub seed: u64,
+    /// Digits data file (default: the built-in data set).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// How ranks are started.
+    #[arg(long, value_enum, default_value_t = Launch::Threads)]
+    pub launch: Launch,
+    /// Output directory (report.json, timelines, figure), written atomically at the end.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Resume from the checkpoints in DIR.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Run the baseline (threshold off) and DropCompute and compare them (default).
+    #[arg(long, overrides_with = "no_compare")]
+    pub compare: bool,
+    /// Run only DropCompute.
+    #[arg(long, overrides_with = "compare")]
+    pub no_compare: bool,
+    /// Latency noise (the factor on --base-latency-ms per micro-batch): none,
+    /// reference[:DELAY_FACTOR] (the reference's --delay_factor, default 1), lognormal:SIGMA,
+    /// normal:CV, exponential:MEAN or seqlen:SAMPLES (the syntax of `simulate --noise`).
+    #[arg(long, default_value = "reference", allow_hyphen_values = true)]
+    pub noise: Noise,
+    /// Persistently slow rank, RANK:FACTOR (repeatable).
+    #[arg(long, value_name = "RANK:FACTOR", allow_hyphen_values = true)]
+    pub slow_rank: Vec<String>,
+    /// Emulated latency of one micro-batch before noise, ms.
+    #[arg(long, default_value_t = 12.0, allow_negative_numbers = true)]
+    pub base_latency_ms: f64,
+    /// Deadline check semantics.
+    #[arg(long, value_enum, default_value_t = CheckMode::Predictive)]
+    pub check: CheckMode,
+    /// Micro-batches the deadline check may lag behind the device (0 = none).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub sync_lag: u32,
+    /// Gradient normalisation.
+    #[arg(long, value_enum, default_value_t = Normalization::Realized)]
+    pub normalization: Normalization,
+    /// All-reduce bucket size, MiB.
+    #[arg(long, default_value_t = 4.0, allow_negative_numbers = true)]
+    pub bucket_mb: f64,
+    /// SGD learning rate.
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
+    pub lr: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
+    pub momentum: f64,
+    /// Hidden units of the MLP.
+    #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
+    pub hidden: u32,
+    /// Held-out fraction of the data for accuracy.
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
+    pub holdout: f64,
+    /// Steps that never drop (warm-up).
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub warmup_steps: u64,
+    /// Checkpoint every K steps (0 = off).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub checkpoint_every: u64,
+    /// Where checkpoints go (default: the --resume directory, else ./dropcompute-checkpoints).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Mock device time: real (sleeps) or virtual (deterministic).
+    #[arg(long, value_enum, default_value_t = TimeMode::Real)]
+    pub time_mode: TimeMode,
+}
+
+fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
+    ArgError::new(flag, value, why)
+}
+
+/// A float as the user would type it: plain for moderate magnitudes, else scientific
+/// (`1e300`, not 301 digits).
+fn show(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) { format!("{x}") } else { format!("{x:e}") }
+}
+
+fn positive(flag: &'static str, x: f64) -> Result<f64, ArgError> {
+    if x.is_finite() && x > 0.0 { Ok(x) } else { Err(bad(flag, show(x), "must be a positive finite number")) }
+}
+
+fn at_least_one<T: Into<u64> + Copy + ToString>(flag: &'static str, x: T) -> Result<T, ArgError> {
+    if x.into() >= 1 { Ok(x) } else { Err(bad(flag, x, "must be >= 1")) }
+}
+
+fn parse_slow_rank(s: &str, ranks: u32) -> Result<SlowRank, ArgError> {
+    let (r, f) = s.split_once(':').ok_or_else(|| bad("slow-rank", s, "expected RANK:FACTOR, e.g. 3:2.5"))?;
+    let rank: u32 = r.trim().parse().map_err(|_| bad("slow-rank", s, "RANK must be a non-negative integer"))?;
+    if rank >= ranks {
+        return Err(bad("slow-rank", s, format!("rank must be < --ranks {ranks}")));
+    }
+    let factor: f64 = f.trim().parse().map_err(|_| bad("slow-rank", s, "FACTOR must be a number"))?;
+    if !(factor.is_finite() && factor > 0.0 && factor <= MAX_SLOWDOWN) {
+        return Err(bad("slow-rank", s, format!("FACTOR must be > 0 and <= {MAX_SLOWDOWN}")));
+    }
+    Ok(SlowRank { rank, factor })
+}
+
+impl Args {
+    /// Check every flag and build the [`TrainConfig`]. Pure: no I/O, no device.
+    /// Errors: the first invalid flag, as [`ArgError`] (flag, value, requirement): a count of 0
+    /// (`--ranks`, `--micro-batches`, `--micro-batch-size`, `--hidden`, `--steps`, `--epochs`),
+    /// `--ranks` above [`MAX_RANKS`], a global batch overflowing u64, a bad `--threshold`, a NaN/inf/out-of-range float, `--slow-rank` with rank >= ranks, a repeated rank
+    /// or a factor outside (0, [`MAX_SLOWDOWN`]], `--sync-lag` >= `--micro-batches`, a bucket
+    /// below one f32 or above [`MAX_BUCKET_MB`].
+    pub fn validate(&self) -> Result<TrainConfig, ArgError> {
+        let ranks = at_least_one("ranks", self.ranks)?;
+        if ranks > MAX_RANKS {
+            return Err(bad(
+                "ranks",
+                ranks,
+                format!("must be <= {MAX_RANKS} (ranks of one host: threads or processes)"),
+            ));
+        }
+        let micro_batches = at_least_one("micro-batches", self.micro_batches)?;
+        let micro_batch_size = at_least_one("micro-batch-size", self.micro_batch_size)?;
+        let global_batch = u64::from(ranks)
+            .checked_mul(u64::from(micro_batches))
+            .and_then(|x| x.checked_mul(u64::from(micro_batch_size)))
+            .ok_or_else(|| bad("micro-batch-size", micro_batch_size, "global batch overflows u64"))?;
+        let threshold = ThresholdArg::parse(&self.threshold)?;
+        let length = match (self.steps, self.epochs) {
+            (Some(_), Some(_)) => return Err(bad("epochs", self.epochs.unwrap_or(0), "conflicts with --steps")),
+            (Some(s), None) => RunLength::Steps(at_least_one("steps", s)?),
+            (None, Some(e)) => RunLength::Epochs(at_least_one("epochs", e)?),
+            (None, None) => RunLength::Steps(DEFAULT_STEPS),
+        };
+        let mut slow_ranks: Vec<SlowRank> = Vec::with_capacity(self.slow_rank.len());
+        for s in &self.slow_rank {
+            let sr = parse_slow_rank(s, ranks)?;
+            if slow_ranks.iter().any(|o| o.rank == sr.rank) {
+                return Err(bad("slow-rank", s, format!("rank {} given twice", sr.rank)));
+            }
+            slow_ranks.push(sr);
+        }
+        let base_ms = positive("base-latency-ms", self.base_latency_ms)?;
+        if base_ms > MAX_MS {
+            return Err(bad("base-latency-ms", show(base_ms), format!("must be <= {MAX_MS} ms (one hour)")));
+        }
+        if self.sync_lag >= micro_batches {
+            return Err(bad("sync-lag", self.sync_lag, format!("must be < --micro-batches {micro_batches}")));
+        }
+        let mb = positive("bucket-mb", self.bucket_mb)?;
+        let bucket_bytes = (mb * BYTES_PER_MB).round();
+        if !(4.0..=MAX_BUCKET_MB * BYTES_PER_MB).contains(&bucket_bytes) {
+            return Err(bad("bucket-mb", show(mb), format!("must hold one f32 (4 bytes) and be <= {MAX_BUCKET_MB}")));
+        }
+        let lr = positive("lr", self.lr)?;
+        if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
+            return Err(bad("momentum", show(self.momentum), "must be in [0, 1)"));
+        }
+        let hidden = at_least_one("hidden", self.hidden)?;
+        if hidden > MAX_HIDDEN {
+            return Err(bad("hidden", hidden, format!("must be <= {MAX_HIDDEN}")));
+        }
+        if !(self.holdout.is_finite() && self.holdout > 0.0 && self.holdout < 1.0) {
+            return Err(bad("holdout", show(self.holdout), "must be in (0, 1)"));
+        }
+        Ok(TrainConfig {
+            ranks,
+            micro_batches,
+            micro_batch_size,
+            global_batch,
+            threshold,
+            length,
+            seed: self.seed,
+            data: self.data.clone(),
+            launch: self.launch,
+            out: self.out.clone(),
+            resume: self.resume.clone(),
+            compare: !self.no_compare,
+            noise: self.noise.clone(),
+            slow_ranks,
+            // In (0, 1 h] by the check above, so the conversion cannot overflow.
+            base_latency: Duration::from_secs_f64(base_ms / 1e3),
+            check: self.check,
+            sync_lag: self.sync_lag,
+            normalization: self.normalization,
+            bucket_bytes: bucket_bytes as u64,
+            lr,
+            momentum: self.momentum,
+            hidden,
+            holdout: self.holdout,
+            warmup_steps: self.warmup_steps,
+            checkpoint_every: NonZeroU64::new(self.checkpoint_every),
+            checkpoint_dir: self
+                .checkpoint_dir
+                .clone()
+                .or_else(|| self.resume.clone())
+                .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
+            time_mode: self.time_mode,
+        })
+    }
+}
+
+/// Runs `dropcompute train`: validates the flags, runs the job (baseline and DropCompute, or
+/// DropCompute only), prints the comparison table on rank 0 and writes `--out` atomically.
+///
+/// # Errors
+/// [`TrainError`]: `Args` for a bad flag (before any device call), and the job's data, device,
+/// collective, checkpoint, output and interrupt errors.
+pub fn run(a: &Args) -> Result<(), TrainError> {
+    // Pure validation first: bad flags, data and --out fail before any device call.
+    let cfg = a.validate()?;
+    let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
+    let launch = cfg.launch;
+    crate::train::ckpt::install_signal_handler();
+    let job = Job::prepare(cfg)?;
+    let rt = job_run::mock_runtime(&job)?;
+    let show = std::io::stdout().is_terminal();
+    let (rank, outcomes) = job_run::run(&job, &rt, launch, show)?;
+    if rank != 0 {
+        return Ok(());
+    }
+    job_run::check_lockstep(&outcomes)?;
+    let rep = summary::report(&job, &outcomes)?;
+    println!("{}", comparison_table(&rep));
+    if let Some(dc) = outcomes[0].last() {
+        println!("threshold: {}", dc.threshold_source);
+    }
+    if job.cfg.time_mode == TimeMode::Virtual {
+        println!("virtual time: wall time and rates are in device (virtual) seconds");
+    }
+    if rep.predicted_speedup.is_none() && rep.baseline.is_none() {
+        println!("predicted speedup: needs the baseline run's latencies (--compare)");
+    }
+    if let Some(out) = out {
+        summary::write_outputs(&out, &rep, &outcomes)?;
+        let files = out.commit()?;
+        println!(
+            "wrote {} files to {}",
+            files.len(),
+            job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// One rank process of `train --launch processes` (see `crate::launch`): runs the rank its
+/// parent's spec describes.
+///
+/// # Errors
+/// [`TrainError`] of the rank: a spec that is not a train job, and the job's own errors.
+pub fn child(spec: &ChildSpec) -> Result<(), TrainError> {
+    crate::train::ckpt::install_signal_handler();
+    job_run::run_child(spec)
+}
+
+#[cfg(test)]
+#[path = "train_tests.rs"]
+mod tests;

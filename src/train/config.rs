@@ -1,0 +1,176 @@
+//! The validated configuration of a `dropcompute train` job: [`TrainConfig`] (what the job,
+//! its rank processes and its checkpoints see), its parts ([`ThresholdArg`], [`RunLength`],
+//! [`SlowRank`]), the flags' limits, and [`ArgError`], the error of a flag out of range.
+//!
+//! Owns: the configuration's types, limits and JSON form (a rank process of `--launch
+//! processes` receives it as JSON from its parent). Must not touch: clap or flag parsing (that
+//! is `crate::commands::train`, whose `Args::validate` builds a [`TrainConfig`]), devices, the
+//! network, the file system or the clock.
+#![forbid(unsafe_code)]
+
+use std::num::NonZeroU64;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::launch::Launch;
+use crate::mock::config::TimeMode;
+use crate::policy::CheckMode;
+use crate::schedule::Normalization;
+use crate::sim::noise::Noise;
+
+/// Default number of steps when neither `--steps` nor `--epochs` is given.
+pub const DEFAULT_STEPS: u64 = 60;
+/// Largest accepted `--bucket-mb` (1 TiB, above any device memory).
+pub const MAX_BUCKET_MB: f64 = 1_048_576.0;
+/// Bytes per MB for `--bucket-mb`: MiB, as PyTorch DDP's `bucket_cap_mb` (`mb * 1024 * 1024`).
+pub const BYTES_PER_MB: f64 = 1_048_576.0;
+/// Largest accepted `--threshold` and `--base-latency-ms`, ms: one hour (the mock's
+/// `MAX_SCRIPT_NS`); longer would put a single step hours away on the device timeline.
+pub const MAX_MS: f64 = 3_600_000.0;
+/// Largest `--ranks`: every rank of `train` runs on this host (a thread or a process, each with
+/// its mock device and stream workers).
+pub const MAX_RANKS: u32 = 1024;
+/// Largest `--hidden` (parameters and per-rank buffers grow linearly with it).
+pub const MAX_HIDDEN: u32 = 16_384;
+/// A flag whose value is out of range. Display: `--FLAG VALUE: why`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("--{flag} {value}: {why}")]
+pub struct ArgError {
+    /// Flag name without the leading dashes, e.g. `"ranks"`.
+    pub flag: &'static str,
+    /// The value as given (or as parsed, for numbers).
+    pub value: String,
+    /// What is required.
+    pub why: String,
+}
+
+impl ArgError {
+    /// The error of flag `--flag` (name without dashes) given `value`: `why` says what is
+    /// required.
+    pub fn new(flag: &'static str, value: impl ToString, why: impl Into<String>) -> Self {
+        Self { flag, value: value.to_string(), why: why.into() }
+    }
+}
+
+fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
+    ArgError::new(flag, value, why)
+}
+
+/// The `--threshold` value: tune it automatically, no deadline (baseline), or fixed.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum ThresholdArg {
+    /// Tune the threshold from the baseline's latencies (`crate::tune`).
+    Auto,
+    /// No deadline: DropCompute degenerates to the synchronous baseline.
+    Off,
+    /// Fixed compute deadline per step, ms (in (0, [`MAX_MS`]] when built by [`Self::parse`]).
+    Ms(f64),
+}
+
+impl ThresholdArg {
+    /// Parse `auto`, `off` or a number of ms in (0, [`MAX_MS`]] (case-insensitive keywords).
+    /// Errors: [`ArgError`] for `--threshold` on anything else (0, negative, NaN, inf, text, or
+    /// above one hour).
+    pub fn parse(s: &str) -> Result<Self, ArgError> {
+        let why = "must be a positive number of ms, \"off\" or \"auto\"";
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            t => match t.parse::<f64>() {
+                Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => Ok(Self::Ms(ms)),
+                Ok(ms) if ms.is_finite() && ms > MAX_MS => {
+                    Err(bad("threshold", s, format!("must be <= {MAX_MS} ms (one hour)")))
+                }
+                _ => Err(bad("threshold", s, why)),
+            },
+        }
+    }
+
+    /// The fixed deadline as a [`Duration`], `None` for `Auto` and `Off`.
+    pub fn fixed(&self) -> Option<Duration> {
+        match *self {
+            // `parse` bounds ms to (0, MAX_MS]; a hand-built out-of-range value gives None.
+            Self::Ms(ms) => Duration::try_from_secs_f64(ms / 1e3).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// One `--slow-rank RANK:FACTOR`: every micro-batch of `rank` takes `factor` times longer.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SlowRank {
+    /// Rank index (< `--ranks`).
+    pub rank: u32,
+    /// Persistent latency multiplier (finite, > 0, <= [`MAX_SLOWDOWN`]).
+    pub factor: f64,
+}
+
+/// How long to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RunLength {
+    /// Optimizer steps (>= 1).
+    Steps(u64),
+    /// Passes over the training split (>= 1).
+    Epochs(u32),
+}
+
+/// A validated `train` configuration (every range already checked; built by `crate::commands::train::Args::validate`). JSON
+/// (serde) is how a rank process of `--launch processes` receives it from its parent.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainConfig {
+    /// World size (1..=[`MAX_RANKS`]).
+    pub ranks: u32,
+    /// Micro-batches per rank per step (>= 1).
+    pub micro_batches: u32,
+    /// Samples per micro-batch (>= 1).
+    pub micro_batch_size: u32,
+    /// Nominal global batch, samples per step: ranks × micro_batches × micro_batch_size.
+    pub global_batch: u64,
+    /// Deadline of the DropCompute run.
+    pub threshold: ThresholdArg,
+    /// Training length.
+    pub length: RunLength,
+    /// Seed shared by both runs.
+    pub seed: u64,
+    /// Data file, `None` for the built-in data set.
+    pub data: Option<PathBuf>,
+    /// How ranks are started.
+    pub launch: Launch,
+    /// Output directory (see `output::StagedOut`).
+    pub out: Option<PathBuf>,
+    /// Checkpoint directory to resume from.
+    pub resume: Option<PathBuf>,
+    /// Run the baseline too and compare.
+    pub compare: bool,
+    /// Injected latency noise, as the mock device takes it (parameters in the ranges of
+    /// [`Noise::from_str`](std::str::FromStr::from_str)).
+    pub noise: Noise,
+    /// Persistently slow ranks, each rank at most once, in command-line order.
+    pub slow_ranks: Vec<SlowRank>,
+    /// Emulated micro-batch latency before noise and slowdown (> 0, <= [`MAX_MS`] ms).
+    pub base_latency: Duration,
+    /// Deadline check semantics.
+    pub check: CheckMode,
+    /// Micro-batches the deadline check may lag behind the device (< micro_batches).
+    pub sync_lag: u32,
+    /// Gradient normalisation.
+    pub normalization: Normalization,
+    /// All-reduce bucket size, bytes (>= 4: one f32; `--bucket-mb` × [`BYTES_PER_MB`], rounded).
+    pub bucket_bytes: u64,
+    /// SGD learning rate (finite, > 0).
+    pub lr: f64,
+    /// SGD momentum (0 <= momentum < 1).
+    pub momentum: f64,
+    /// Hidden units (>= 1).
+    pub hidden: u32,
+    /// Held-out fraction (0 < holdout < 1).
+    pub holdout: f64,
+    /// Steps `0..warmup_steps` never drop.
+    pub warmup_steps: u64,
+    /// Checkpoint period in steps, `None` = no checkpoints.
+    pub checkpoint_every: Option<NonZeroU64>,
+    /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.
+    pub checkpoint_dir: PathBuf,
+    /// Mock device time mode.
+    pub time_mode: TimeMode,
+}
