@@ -275,11 +275,7 @@ impl Ring<'_, '_> {
                 Ok(())
             }
             CollKind::AllReduce => {
-                let mut work = c.dtype.to_acc(input);
-                self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
-                let own = seg(count, n, modn(r as i64 + 1, self.comm.n));
-                let mut fin = Vec::with_capacity(own.len() * dsz);
-                c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+                let (own, fin) = self.reduce_own_segment(rx, input, count, c)?;
                 output[own.start * dsz..own.end * dsz].copy_from_slice(&fin);
                 self.all_gather(rx, output, count, dsz, 1)
             }
@@ -297,11 +293,7 @@ impl Ring<'_, '_> {
             }
             CollKind::Broadcast => self.broadcast(rx, c.root, input, output),
             CollKind::Reduce => {
-                let mut work = c.dtype.to_acc(input);
-                self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
-                let own = seg(count, n, modn(r as i64 + 1, self.comm.n));
-                let mut fin = Vec::with_capacity(own.len() * dsz);
-                c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+                let (own, fin) = self.reduce_own_segment(rx, input, count, c)?;
                 if r as u32 == c.root {
                     output[own.start * dsz..own.end * dsz].copy_from_slice(&fin);
                     for p in (0..n).filter(|&p| p != r) {
@@ -327,6 +319,25 @@ impl Ring<'_, '_> {
                 Ok(())
             }
         }
+    }
+
+    /// Ring reduce-scatter of `input` (`count` device elements) in the accumulation type with
+    /// offset 0, then this rank's fully reduced segment (r+1) rounded once to the device type:
+    /// (its element range, its bytes). The first half of all-reduce and of reduce.
+    fn reduce_own_segment(
+        &self,
+        rx: &mut Rx,
+        input: &[u8],
+        count: usize,
+        c: &Coll,
+    ) -> Result<(std::ops::Range<usize>, Vec<u8>), HErr> {
+        let (dsz, asz) = (c.dtype.size(), c.dtype.acc_size());
+        let mut work = c.dtype.to_acc(input);
+        self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
+        let own = seg(count, self.comm.n as usize, modn(self.comm.rank as i64 + 1, self.comm.n));
+        let mut fin = Vec::with_capacity(own.len() * dsz);
+        c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+        Ok((own, fin))
     }
 
     /// Ring reduce-scatter of `work` (`count` accumulation elements of `asz` bytes): at step k
