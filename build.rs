@@ -13,20 +13,8 @@ fn main() {
     build_tpc_kernels();
 }
 
-/// Sorted list of files in `dir` whose extension is one of `exts` (empty when `dir` is missing).
-fn files_with_ext(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.extension().and_then(|e| e.to_str()).is_some_and(|e| exts.contains(&e)))
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
-    files
-}
+// `files_with_ext`, shared with `habana-mock/build.rs`.
+include!("kernels/build_files.rs");
 
 fn build_tpc_kernels() {
     println!("cargo:rerun-if-env-changed=TPC_CLANG");

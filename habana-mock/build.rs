@@ -5,8 +5,7 @@
 //! `-march=native` or any host-specific flag (run-time dispatch in `kernels/cpu/dispatch.c` picks
 //! AVX2 / AVX-512), or require any vendor tool.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Flags fixed by the project: C11, optimised, and no FMA contraction so that every compiled
 /// variant rounds exactly like scalar IEEE f32 arithmetic in Rust.
@@ -16,20 +15,8 @@ fn main() {
     build_cpu_kernels();
 }
 
-/// Sorted list of files in `dir` whose extension is one of `exts` (empty when `dir` is missing).
-fn files_with_ext(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.extension().and_then(|e| e.to_str()).is_some_and(|e| exts.contains(&e)))
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
-    files
-}
+// `files_with_ext`, shared with the root build script.
+include!("../kernels/build_files.rs");
 
 fn build_cpu_kernels() {
     let dir = Path::new("../kernels/cpu");

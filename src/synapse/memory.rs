@@ -50,6 +50,17 @@ device_repr!(i32, INT32, "i32");
 device_repr!(u32, UINT32, "u32");
 device_repr!(u8, UINT8, "u8");
 
+/// Bytes to allocate for `len` elements of `T`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] (named `what`) for `len == 0` or a byte size overflowing `usize`.
+fn alloc_bytes<T>(what: &'static str, len: usize) -> Result<u64> {
+    len.checked_mul(size_of::<T>())
+        .filter(|&b| b > 0)
+        .map(|b| b as u64)
+        .ok_or_else(|| Error::InvalidArgument { what, value: len.to_string() })
+}
+
 /// `len` elements of `T` in device memory (`synDeviceMalloc`). The address is a device address
 /// (`u64`), not a host pointer.
 ///
@@ -71,11 +82,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// [`Error::InvalidArgument`] for `len == 0` or a byte size overflowing u64;
     /// [`Error::Synapse`] (`synOutOfDeviceMemory`, ...) from the runtime.
     pub fn alloc(dev: &Device, len: usize) -> Result<Self> {
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .filter(|&b| b > 0)
-            .ok_or_else(|| Error::InvalidArgument { what: "device buffer length", value: len.to_string() })?;
-        let addr = result::device_malloc(dev.api(), dev.id(), bytes as u64)?;
+        let bytes = alloc_bytes::<T>("device buffer length", len)?;
+        let addr = result::device_malloc(dev.api(), dev.id(), bytes)?;
         Ok(Self { dev: dev.clone(), addr, len, _t: PhantomData })
     }
 
@@ -160,11 +168,8 @@ impl<T: DeviceRepr> HostBuffer<T> {
     /// [`Error::InvalidArgument`] for `len == 0` or overflow; [`Error::Synapse`]
     /// (`synOutOfHostMemory`, ...).
     pub fn zeroed(dev: &Device, len: usize) -> Result<Self> {
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .filter(|&b| b > 0)
-            .ok_or_else(|| Error::InvalidArgument { what: "host buffer length", value: len.to_string() })?;
-        let p = result::host_malloc(dev.api(), dev.id(), bytes as u64)?;
+        let bytes = alloc_bytes::<T>("host buffer length", len)?;
+        let p = result::host_malloc(dev.api(), dev.id(), bytes)?;
         if p.is_null() || !(p as usize).is_multiple_of(align_of::<T>()) {
             return Err(Error::InvalidArgument { what: "synHostMalloc result", value: format!("{p:p}") });
         }

@@ -299,14 +299,7 @@ fn load_logs_with<'a>(
             ));
         }
         let overhead: Vec<f64> = overhead.into_iter().map(|v| if v.is_nan() { median } else { v }).collect();
-        trace = super::LatencyTrace::new(
-            trace.source().to_string(),
-            trace.ranks().to_vec(),
-            trace.steps().to_vec(),
-            trace.micro_batches(),
-            trace.latencies_ns().to_vec(),
-            overhead,
-        )?;
+        trace = trace.with_overhead(overhead)?;
     }
     Ok(Loaded { trace, completeness, notes })
 }

@@ -157,6 +157,12 @@ impl LatencyTrace {
         Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns })
     }
 
+    /// The same trace with its per-step overhead replaced by `overhead_ns` (S values), validated
+    /// as by [`LatencyTrace::new`]. Used by loaders that derive the overhead after building.
+    pub(crate) fn with_overhead(self, overhead_ns: Vec<f64>) -> Result<Self, TraceError> {
+        Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)
+    }
+
     /// Where the trace came from (file names).
     pub fn source(&self) -> &str {
         &self.source

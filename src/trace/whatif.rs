@@ -222,14 +222,7 @@ impl<'p> WhatifAccumulator<'p> {
             notes
                 .push(format!("{clamped} step(s): replica compute exceeded the step wall time, overhead clamped to 0"));
         }
-        let trace = super::LatencyTrace::new(
-            source,
-            trace.ranks().to_vec(),
-            trace.steps().to_vec(),
-            trace.micro_batches(),
-            trace.latencies_ns().to_vec(),
-            overhead,
-        )?;
+        let trace = trace.with_overhead(overhead)?;
         Ok(Loaded { trace, completeness, notes })
     }
 }

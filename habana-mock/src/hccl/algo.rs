@@ -275,11 +275,7 @@ impl Ring<'_, '_> {
                 Ok(())
             }
             CollKind::AllReduce => {
-                let mut work = c.dtype.to_acc(input);
-                self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
-                let own = seg(count, n, modn(r as i64 + 1, self.comm.n));
-                let mut fin = Vec::with_capacity(own.len() * dsz);
-                c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+                let (own, fin) = self.reduce_own_segment(rx, input, count, c)?;
                 output[own.start * dsz..own.end * dsz].copy_from_slice(&fin);
                 self.all_gather(rx, output, count, dsz, 1)
             }
@@ -297,11 +293,7 @@ impl Ring<'_, '_> {
             }
             CollKind::Broadcast => self.broadcast(rx, c.root, input, output),
             CollKind::Reduce => {
-                let mut work = c.dtype.to_acc(input);
-                self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
-                let own = seg(count, n, modn(r as i64 + 1, self.comm.n));
-                let mut fin = Vec::with_capacity(own.len() * dsz);
-                c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+                let (own, fin) = self.reduce_own_segment(rx, input, count, c)?;
                 if r as u32 == c.root {
                     output[own.start * dsz..own.end * dsz].copy_from_slice(&fin);
                     for p in (0..n).filter(|&p| p != r) {
@@ -329,6 +321,25 @@ impl Ring<'_, '_> {
         }
     }
 
+    /// Ring reduce-scatter of `input` (`count` device elements) in the accumulation type with
+    /// offset 0, then this rank's fully reduced segment (r+1) rounded once to the device type:
+    /// (its element range, its bytes). The first half of all-reduce and of reduce.
+    fn reduce_own_segment(
+        &self,
+        rx: &mut Rx,
+        input: &[u8],
+        count: usize,
+        c: &Coll,
+    ) -> Result<(std::ops::Range<usize>, Vec<u8>), HErr> {
+        let (dsz, asz) = (c.dtype.size(), c.dtype.acc_size());
+        let mut work = c.dtype.to_acc(input);
+        self.reduce_scatter(rx, &mut work, count, asz, c, 0)?;
+        let own = seg(count, self.comm.n as usize, modn(self.comm.rank as i64 + 1, self.comm.n));
+        let mut fin = Vec::with_capacity(own.len() * dsz);
+        c.dtype.round_acc(&work[own.start * asz..own.end * asz], &mut fin);
+        Ok((own, fin))
+    }
+
     /// Ring reduce-scatter of `work` (`count` accumulation elements of `asz` bytes): at step k
     /// rank r sends segment r+o-k and reduces segment r+o-k-1 received from its predecessor;
     /// afterwards rank r holds segment r+o+1 fully reduced (written back into `work`). A chunk
@@ -343,45 +354,43 @@ impl Ring<'_, '_> {
         c: &Coll,
         o: i64,
     ) -> Result<(), HErr> {
-        let (n, r) = (self.comm.n, self.comm.rank as i64);
-        let per = (CHUNK_BYTES / asz).max(1);
-        let mut carry: Vec<Option<Vec<u8>>> = Vec::new();
-        for k in 0..n as i64 - 1 {
-            let s = seg(count, n as usize, modn(r + o - k, n));
-            let d = seg(count, n as usize, modn(r + o - k - 1, n));
-            let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
-            let mut next = Vec::with_capacity(cd);
-            for i in 0..cs.max(cd) {
-                if i < cs {
-                    let a = s.start + i * per;
-                    let b = (a + per).min(s.end);
-                    let chunk = match carry.get_mut(i).and_then(Option::take) {
-                        Some(v) => v,
-                        None => work[a * asz..b * asz].to_vec(),
-                    };
-                    self.send(rx, self.next(), chunk)?;
-                }
-                if i < cd {
-                    let a = d.start + i * per;
-                    let b = (a + per).min(d.end);
-                    let mut inc = self.recv(rx, self.prev(), (b - a) * asz)?;
-                    reduce_into(c.dtype, c.op, &mut inc, &work[a * asz..b * asz]);
-                    if k == n as i64 - 2 {
-                        work[a * asz..b * asz].copy_from_slice(&inc);
-                    } else {
-                        next.push(Some(inc));
-                    }
-                }
+        self.ring_pass(rx, work, count, asz, o, |mut inc, local, last| {
+            reduce_into(c.dtype, c.op, &mut inc, local);
+            if last {
+                local.copy_from_slice(&inc);
+                None
+            } else {
+                Some(inc)
             }
-            carry = next;
-        }
-        Ok(())
+        })
     }
 
     /// Ring all-gather of `out` (`count` elements of `esz` bytes) where rank r initially holds
     /// segment r+o: at step k it sends segment r+o-k and stores segment r+o-k-1; received
     /// chunks are forwarded as is at the next step.
     fn all_gather(&self, rx: &mut Rx, out: &mut [u8], count: usize, esz: usize, o: i64) -> Result<(), HErr> {
+        self.ring_pass(rx, out, count, esz, o, |inc, local, last| {
+            local.copy_from_slice(&inc);
+            (!last).then_some(inc)
+        })
+    }
+
+    /// The chunked ring pass shared by [`Self::reduce_scatter`] and [`Self::all_gather`] over
+    /// `buf` (`count` elements of `esz` bytes): at step k (0..n-1) rank r sends segment r+o-k
+    /// and receives segment r+o-k-1 from its predecessor, in chunks of [`CHUNK_BYTES`]
+    /// interleaved send/receive so the ring pipelines. A chunk to send is the one `take`
+    /// returned for it at the previous step, else read from `buf`. `take(received, local,
+    /// last)` gets each received chunk with the same elements of `buf` and whether this is the
+    /// last step, and returns the chunk to forward at the next step (ignored at the last step).
+    fn ring_pass(
+        &self,
+        rx: &mut Rx,
+        buf: &mut [u8],
+        count: usize,
+        esz: usize,
+        o: i64,
+        mut take: impl FnMut(Vec<u8>, &mut [u8], bool) -> Option<Vec<u8>>,
+    ) -> Result<(), HErr> {
         let (n, r) = (self.comm.n, self.comm.rank as i64);
         let per = (CHUNK_BYTES / esz).max(1);
         let mut carry: Vec<Option<Vec<u8>>> = Vec::new();
@@ -389,6 +398,7 @@ impl Ring<'_, '_> {
             let s = seg(count, n as usize, modn(r + o - k, n));
             let d = seg(count, n as usize, modn(r + o - k - 1, n));
             let (cs, cd) = (s.len().div_ceil(per), d.len().div_ceil(per));
+            let last = k == n as i64 - 2;
             let mut next = Vec::with_capacity(cd);
             for i in 0..cs.max(cd) {
                 if i < cs {
@@ -396,7 +406,7 @@ impl Ring<'_, '_> {
                     let b = (a + per).min(s.end);
                     let chunk = match carry.get_mut(i).and_then(Option::take) {
                         Some(v) => v,
-                        None => out[a * esz..b * esz].to_vec(),
+                        None => buf[a * esz..b * esz].to_vec(),
                     };
                     self.send(rx, self.next(), chunk)?;
                 }
@@ -404,9 +414,9 @@ impl Ring<'_, '_> {
                     let a = d.start + i * per;
                     let b = (a + per).min(d.end);
                     let inc = self.recv(rx, self.prev(), (b - a) * esz)?;
-                    out[a * esz..b * esz].copy_from_slice(&inc);
-                    if k < n as i64 - 2 {
-                        next.push(Some(inc));
+                    let fwd = take(inc, &mut buf[a * esz..b * esz], last);
+                    if !last {
+                        next.push(fwd);
                     }
                 }
             }
