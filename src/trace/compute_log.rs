@@ -203,8 +203,9 @@ fn load_logs_with<'a>(
             });
         }
         any_reference |= !ours;
-        let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(open(path)?);
-        super::for_each_record(&mut r, path, |line, rec| {
+        let (src, lines) = crate::csv_lines::LineIndex::new(open(path)?);
+        let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(src);
+        super::for_each_record(&mut r, &lines, path, |line, rec| {
             let step: u64 = parse(field(rec, 0, path, line, "global_step")?, path, line, "global_step")?;
             let mb: u32 = parse(field(rec, 1, path, line, "local_step")?, path, line, "local_step")?;
             let dropped = parse_bool(field(rec, 6, path, line, "compute_dropped")?, path, line)?;
@@ -415,5 +416,24 @@ mod tests {
         );
         let e = load_log_bytes(name, ragged.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
+    }
+
+    #[test]
+    fn crlf_errors_name_the_physical_line() {
+        // Physical line 4 has compute_dropped = "maybe": reported at line 4 for \n and \r\n.
+        for eol in ["\n", "\r\n"] {
+            let text = [
+                "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns",
+                "0,0,2,4,0,4,false,0.01,0,0,10",
+                "0,1,2,4,0,8,false,0.01,0,10,10",
+                "0,0,2,4,0,4,maybe,0.01,1,0,12",
+            ]
+            .join(eol);
+            let e = load_log_bytes(Path::new("x.csv"), text.as_bytes(), &LoadOptions::default()).unwrap_err();
+            assert!(
+                matches!(&e, TraceError::Malformed { line: 4, column, .. } if column == "compute_dropped"),
+                "{eol:?}: {e}"
+            );
+        }
     }
 }

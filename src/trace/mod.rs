@@ -251,10 +251,13 @@ pub struct TraceBuilder {
     expected_m: usize,
 }
 
-/// Reads every record of `r`, calling `f(line, record)`; a CSV-level error (bad UTF-8, I/O,
-/// truncated gzip) becomes [`TraceError::Malformed`] at its line with column `(record)`.
+/// Reads every record of `r`, calling `f(line, record)` with the record's physical line (from
+/// `lines`, filled by the [`crate::csv_lines::LineIndex`] `r` reads through: right for `\n`
+/// and `\r\n` endings alike); a CSV-level error (bad UTF-8, I/O, truncated gzip) becomes
+/// [`TraceError::Malformed`] at its line with column `(record)`.
 pub(crate) fn for_each_record<R: std::io::Read>(
     r: &mut csv::Reader<R>,
+    lines: &crate::csv_lines::LineMap,
     path: &Path,
     mut f: impl FnMut(u64, &csv::StringRecord) -> Result<(), TraceError>,
 ) -> Result<(), TraceError> {
@@ -262,14 +265,14 @@ pub(crate) fn for_each_record<R: std::io::Read>(
     loop {
         let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
             path: path.into(),
-            line: e.position().map_or(0, |p| p.line()),
+            line: lines.line_of_position(e.position()),
             column: "(record)".into(),
             message: e.to_string(),
         })?;
         if !more {
             return Ok(());
         }
-        f(rec.position().map_or(0, |p| p.line()), &rec)?;
+        f(lines.line_of_position(rec.position()), &rec)?;
     }
 }
 

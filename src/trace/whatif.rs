@@ -279,6 +279,7 @@ pub fn load_csv_bytes(name: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<L
 }
 
 fn load_csv_from(src: impl std::io::Read, path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
+    let (src, lines) = crate::csv_lines::LineIndex::new(src);
     let mut r = csv::ReaderBuilder::new().from_reader(src);
     let headers: Vec<String> = r
         .headers()
@@ -295,7 +296,7 @@ fn load_csv_from(src: impl std::io::Read, path: &Path, opts: &LoadOptions) -> Re
         return Err(TraceError::UnknownFormat { path: path.into(), header: headers });
     }
     let mut acc = WhatifAccumulator::new(path);
-    super::for_each_record(&mut r, path, |line, rec| acc.push(line, &CsvRecord { path, line, rec }))?;
+    super::for_each_record(&mut r, &lines, path, |line, rec| acc.push(line, &CsvRecord { path, line, rec }))?;
     acc.finish(opts)
 }
 
@@ -359,6 +360,21 @@ mod tests {
                 assert_eq!((line, column.as_str()), (2, "duration"));
             }
             other => panic!("expected Malformed, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn crlf_errors_name_the_physical_line() {
+        for eol in ["\n", "\r\n"] {
+            let mut lines = vec![WHATIF_COLUMNS.join(",")];
+            lines.extend(small().lines().map(str::to_string));
+            lines[3] = "0,1,1,7,forward-compute,0.0,abc,0,0,0,0".into(); // physical line 4
+            let text = lines.join(eol) + eol;
+            let e = load_csv_bytes(Path::new("w.csv"), text.as_bytes(), &LoadOptions::default()).unwrap_err();
+            assert!(
+                matches!(&e, TraceError::Malformed { line: 4, column, .. } if column == "duration"),
+                "{eol:?}: {e}"
+            );
         }
     }
 }

@@ -193,9 +193,11 @@ impl Dataset {
         let gzip = bytes.starts_with(&[0x1f, 0x8b]);
         let input: Box<dyn Read + '_> =
             if gzip { Box::new(flate2::read::MultiGzDecoder::new(bytes)) } else { Box::new(bytes) };
+        let (input, lines) = crate::csv_lines::LineIndex::new(input);
         let mut reader =
             csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(input);
-        let mut p = Parser { path, width: None, features: Vec::new(), labels: Vec::new(), last_line: 0, records: 0 };
+        let mut p =
+            Parser { path, lines, width: None, features: Vec::new(), labels: Vec::new(), last_line: 0, records: 0 };
         let mut record = csv::StringRecord::new();
         loop {
             match reader.read_record(&mut record) {
@@ -287,6 +289,8 @@ impl Dataset {
 /// Parsing state of [`Dataset::from_bytes`].
 struct Parser<'p> {
     path: &'p Path,
+    /// Physical lines of the input (`\n` or `\r\n` endings).
+    lines: crate::csv_lines::LineMap,
     /// Fields per line, fixed by the first data line.
     width: Option<usize>,
     features: Vec<f32>,
@@ -299,7 +303,7 @@ struct Parser<'p> {
 
 impl Parser<'_> {
     fn record(&mut self, rec: &csv::StringRecord) -> Result<(), DataError> {
-        let line = rec.position().map_or(self.last_line + 1, csv::Position::line);
+        let line = rec.position().map_or(self.last_line + 1, |p| self.lines.line_of(p.byte()));
         self.last_line = line;
         self.records += 1;
         let path = || self.path.to_path_buf();
@@ -343,7 +347,7 @@ impl Parser<'_> {
     }
 
     fn csv_error(&self, e: csv::Error, gzip: bool) -> DataError {
-        let line = e.position().map_or(self.last_line + 1, csv::Position::line);
+        let line = e.position().map_or(self.last_line + 1, |p| self.lines.line_of(p.byte()));
         let path = self.path.to_path_buf();
         match e.into_kind() {
             csv::ErrorKind::Io(source) if gzip => DataError::Decompress { path, line, source },
@@ -547,6 +551,17 @@ mod tests {
             let z = gz(b"1,2,0\n3,4,1\n5,6,1\n7,8,0\n");
             let n = ((z.len() as f64) * cut) as usize;
             prop_assert!(Dataset::from_bytes(&z[..n.max(2)], "p.gz").is_err());
+        }
+    }
+
+    #[test]
+    fn crlf_errors_name_the_physical_line() {
+        for eol in ["\n", "\r\n"] {
+            let text = ["f1,f2,label", "1,2,0", "3,4,1", "5,x,1"].join(eol) + eol;
+            match parse(&text) {
+                Err(DataError::Malformed { line, column, .. }) => assert_eq!((line, column), (4, 2), "{eol:?}"),
+                other => panic!("{eol:?}: expected Malformed, got {other:?}"),
+            }
         }
     }
 }
