@@ -104,6 +104,10 @@ pub struct Args {
     /// Hidden units of the MLP.
     #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
     pub hidden: u32,
+    /// Classes of --data: labels must be integers in 0..CLASSES (an out-of-range, negative or
+    /// non-integer label is an error naming file, line and column; exit 6).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=i64::from(crate::train::data::MAX_CLASSES)))]
+    pub classes: u32,
     /// Held-out fraction of the data for accuracy.
     #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
     pub holdout: f64,
@@ -236,6 +240,7 @@ impl Args {
             lr,
             momentum: self.momentum,
             hidden,
+            classes: self.classes,
             holdout: self.holdout,
             warmup_steps: self.warmup_steps,
             checkpoint_every: NonZeroU64::new(self.checkpoint_every),

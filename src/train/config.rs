@@ -163,6 +163,10 @@ pub struct TrainConfig {
     pub momentum: f64,
     /// Hidden units (>= 1).
     pub hidden: u32,
+    /// Classes of `--data` (2..=`data::MAX_CLASSES`): labels outside `0..classes` are an error
+    /// naming line and column; the model has this many outputs.
+    #[serde(default = "ten")]
+    pub classes: u32,
     /// Held-out fraction (0 < holdout < 1).
     pub holdout: f64,
     /// Steps `0..warmup_steps` never drop.
@@ -173,4 +177,9 @@ pub struct TrainConfig {
     pub checkpoint_dir: PathBuf,
     /// Mock device time mode.
     pub time_mode: TimeMode,
+}
+
+/// Serde default of [`TrainConfig::classes`] (configurations written before the flag existed).
+fn ten() -> u32 {
+    10
 }

@@ -89,15 +89,19 @@ pub enum DataError {
         /// Fields of this line.
         got: usize,
     },
-    /// A label is negative or >= [`MAX_CLASSES`].
-    #[error("data {path}:{line}: label {label} outside 0..{MAX_CLASSES}")]
+    /// A label is negative or >= the class count (`--classes`, at most [`MAX_CLASSES`]).
+    #[error("data {path}:{line}: column {column}: label {label} outside 0..{classes} (--classes {classes})")]
     LabelOutOfRange {
         /// The file.
         path: PathBuf,
         /// Line of the record.
         line: u64,
+        /// Column of the label (the last field), 1-based.
+        column: usize,
         /// The label read.
         label: i64,
+        /// The class count labels must stay below.
+        classes: u32,
     },
     /// A feature is infinite or NaN.
     #[error("data {path}:{line}: column {column} is not finite")]
@@ -158,7 +162,8 @@ pub struct Dataset {
     pub labels: Vec<u32>,
     /// Features per sample.
     pub dim: usize,
-    /// Number of classes: the largest label of the source file plus one.
+    /// Number of classes: the count given to the parser (`--classes`), or the largest label of
+    /// the source plus one when none was given.
     pub classes: usize,
 }
 
@@ -169,17 +174,20 @@ impl Dataset {
     /// # Errors
     /// None in practice (the embedded file is valid); the same errors as [`Dataset::from_bytes`].
     pub fn embedded_digits() -> Result<Self, DataError> {
-        Self::from_bytes(DIGITS_GZ, DIGITS_NAME)
+        Self::parse(DIGITS_GZ, Path::new(DIGITS_NAME), Some(10))
     }
 
-    /// Reads a CSV or gzip CSV file (format in the module docs).
+    /// Reads a CSV or gzip CSV file (format in the module docs) whose labels are classes
+    /// `0..classes` (`train --classes`, 2..=[`MAX_CLASSES`]).
     ///
     /// # Errors
-    /// [`DataError::Io`] when the file cannot be read; otherwise as [`Dataset::from_bytes`].
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, DataError> {
+    /// [`DataError::Io`] when the file cannot be read; [`DataError::LabelOutOfRange`] naming the
+    /// line and column of the first label outside `0..classes`; otherwise as
+    /// [`Dataset::from_bytes`].
+    pub fn load(path: impl AsRef<Path>, classes: u32) -> Result<Self, DataError> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
-        Self::from_bytes(&bytes, path)
+        Self::parse(&bytes, path, Some(classes))
     }
 
     /// Parses CSV or gzip CSV content; `source` names it in errors.
@@ -189,15 +197,30 @@ impl Dataset {
     /// [`DataError::LabelOutOfRange`], [`DataError::NonFinite`], [`DataError::Empty`],
     /// [`DataError::TooFewClasses`], each naming `source` and the 1-based line.
     pub fn from_bytes(bytes: &[u8], source: impl AsRef<Path>) -> Result<Self, DataError> {
-        let path = source.as_ref();
+        Self::parse(bytes, source.as_ref(), None)
+    }
+
+    /// [`Dataset::from_bytes`] with labels checked against `classes` when given (and the class
+    /// count set to it), else inferred as the largest label plus one.
+    fn parse(bytes: &[u8], path: &Path, classes: Option<u32>) -> Result<Self, DataError> {
         let gzip = bytes.starts_with(&[0x1f, 0x8b]);
         let input: Box<dyn Read + '_> =
             if gzip { Box::new(flate2::read::MultiGzDecoder::new(bytes)) } else { Box::new(bytes) };
         let (input, lines) = crate::csv_lines::LineIndex::new(input);
         let mut reader =
             csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(input);
-        let mut p =
-            Parser { path, lines, width: None, features: Vec::new(), labels: Vec::new(), last_line: 0, records: 0 };
+        let limit = classes.unwrap_or(MAX_CLASSES).min(MAX_CLASSES);
+        let mut p = Parser {
+            path,
+            lines,
+            limit,
+            fixed_classes: classes.is_some(),
+            width: None,
+            features: Vec::new(),
+            labels: Vec::new(),
+            last_line: 0,
+            records: 0,
+        };
         let mut record = csv::StringRecord::new();
         loop {
             match reader.read_record(&mut record) {
@@ -291,6 +314,10 @@ struct Parser<'p> {
     path: &'p Path,
     /// Physical lines of the input (`\n` or `\r\n` endings).
     lines: crate::csv_lines::LineMap,
+    /// Labels must be in `0..limit`.
+    limit: u32,
+    /// The class count is `limit` (given), not inferred from the labels.
+    fixed_classes: bool,
     /// Fields per line, fixed by the first data line.
     width: Option<usize>,
     features: Vec<f32>,
@@ -339,8 +366,8 @@ impl Parser<'_> {
         }
         let field = &rec[width - 1];
         let label = parse_label(field).ok_or_else(|| malformed(width, field, "label is not an integer"))?;
-        if !(0..i64::from(MAX_CLASSES)).contains(&label) {
-            return Err(DataError::LabelOutOfRange { path: path(), line, label });
+        if !(0..i64::from(self.limit)).contains(&label) {
+            return Err(DataError::LabelOutOfRange { path: path(), line, column: width, label, classes: self.limit });
         }
         self.labels.push(label as u32);
         Ok(())
@@ -370,7 +397,11 @@ impl Parser<'_> {
         if distinct < 2 {
             return Err(DataError::TooFewClasses { path, distinct });
         }
-        let classes = self.labels.iter().max().map_or(0, |&m| m as usize + 1);
+        let classes = if self.fixed_classes {
+            self.limit as usize
+        } else {
+            self.labels.iter().max().map_or(0, |&m| m as usize + 1)
+        };
         let mut features = self.features;
         let max = features.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if max > 0.0 {
@@ -428,12 +459,13 @@ mod tests {
         let text = b"0,2,4,0\n1,0,8,1\n";
         std::fs::write(dir.join("plain.gz"), text).unwrap();
         std::fs::write(dir.join("zipped.csv"), gz(text)).unwrap();
-        let a = Dataset::load(dir.join("plain.gz")).unwrap();
-        let b = Dataset::load(dir.join("zipped.csv")).unwrap();
+        let a = Dataset::load(dir.join("plain.gz"), 10).unwrap();
+        let b = Dataset::load(dir.join("zipped.csv"), 10).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.features, vec![0.0, 0.25, 0.5, 0.125, 0.0, 1.0]);
-        assert_eq!((a.dim, a.classes, a.labels.clone()), (3, 2, vec![0, 1]));
-        let e = Dataset::load(dir.join("missing.csv")).unwrap_err();
+        // The class count is the one given (--classes), not the largest label + 1.
+        assert_eq!((a.dim, a.classes, a.labels.clone()), (3, 10, vec![0, 1]));
+        let e = Dataset::load(dir.join("missing.csv"), 10).unwrap_err();
         assert!(matches!(&e, DataError::Io { path, .. } if path.ends_with("missing.csv")), "{e:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -563,5 +595,35 @@ mod tests {
                 other => panic!("{eol:?}: expected Malformed, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn labels_are_checked_against_the_class_count_with_line_and_column() {
+        // The fixture: the first 3 rows of the digits, line 2's label set to 10.
+        let mut d = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(DIGITS_GZ), &mut d).unwrap();
+        let text = String::from_utf8(d).unwrap();
+        let mut rows: Vec<String> = text.lines().take(3).map(str::to_string).collect();
+        let width = rows[1].split(',').count();
+        let cut = rows[1].rfind(',').unwrap();
+        rows[1] = format!("{},10", &rows[1][..cut]);
+        let dir = std::env::temp_dir().join(format!("dc-labels-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("three.csv");
+        std::fs::write(&f, rows.join("\n")).unwrap();
+        match Dataset::load(&f, 10) {
+            Err(DataError::LabelOutOfRange { line, column, label, classes, .. }) => {
+                assert_eq!((line, column, label, classes), (2, width, 10, 10));
+            }
+            other => panic!("expected LabelOutOfRange, got {other:?}"),
+        }
+        // With 11 classes the same file loads, and the model would have 11 outputs.
+        assert_eq!(Dataset::load(&f, 11).unwrap().classes, 11);
+        // Negative and non-integer labels are named too.
+        std::fs::write(&f, "1,2,0\n3,4,-1\n").unwrap();
+        assert!(matches!(Dataset::load(&f, 10), Err(DataError::LabelOutOfRange { line: 2, column: 3, label: -1, .. })));
+        std::fs::write(&f, "1,2,0\n3,4,2.5\n").unwrap();
+        assert!(matches!(Dataset::load(&f, 10), Err(DataError::Malformed { line: 2, column: 3, .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -112,7 +112,7 @@ impl Job {
     /// Data, split, shape and initial parameters of `cfg`; no checkpoint read.
     fn load(cfg: TrainConfig, auto_max_drop: f64) -> Result<Self, TrainError> {
         let all = match &cfg.data {
-            Some(p) => Dataset::load(p)?,
+            Some(p) => Dataset::load(p, cfg.classes)?,
             None => Dataset::embedded_digits()?,
         };
         let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
