@@ -3,21 +3,18 @@
 //! environment (2), unreadable data file (6).
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
 #[path = "support/mock_library.rs"]
 mod mock_library;
 
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
+/// Runs `dropcompute args` with only `env` of the product's variables set.
 fn dropcompute(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
-    c.args(args);
-    for v in ["DROPCOMPUTE_BACKEND", "DROPCOMPUTE_SYNAPSE_LIB", "HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"] {
-        c.env_remove(v);
-    }
-    c.envs(env.iter().copied());
-    c.output().expect("run dropcompute")
+    hermetic::dropcompute().args(args).envs(env.iter().copied()).output().expect("run dropcompute")
 }
 
 fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
@@ -26,13 +23,12 @@ fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
 
 #[test]
 fn missing_runtime_library_exits_3_naming_the_path() {
-    let o = dropcompute(
-        &["info", "--no-check"],
-        &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", "/nonexistent/libSynapse.so")],
-    );
+    let (_d, lib) = hermetic::missing_path("libSynapse.so");
+    let lib = lib.to_str().unwrap();
+    let o = dropcompute(&["info", "--no-check"], &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", lib)]);
     let (code, err) = code_and_stderr(&o);
     assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("/nonexistent/libSynapse.so"), "{err}");
+    assert!(err.contains(lib), "{err}");
 }
 
 #[test]
@@ -50,8 +46,10 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
     let (code, err) = code_and_stderr(&dropcompute(&["info"], &[("DROPCOMPUTE_BACKEND", "gpu")]));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("DROPCOMPUTE_BACKEND") && err.contains("gpu"), "{err}");
-    let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", "/nonexistent/trace.csv"], &[]));
+    let (_d, trace) = hermetic::missing_path("trace.csv");
+    let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", trace.to_str().unwrap()], &[]));
     assert_eq!(code, Some(6), "{err}");
+    assert!(err.contains(trace.to_str().unwrap()), "{err}");
     // clap's own usage error keeps its code 2.
     let (code, _) = code_and_stderr(&dropcompute(&["info", "--no-such-flag"], &[]));
     assert_eq!(code, Some(2));
@@ -59,8 +57,8 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
 
 #[test]
 fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
-    let dir = std::env::temp_dir().join(format!("dc-cli-lock-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = hermetic::temp_dir("cli-lock");
+    let dir = tmp.path();
     // This test process plays "another process": it holds module 2's lock.
     let lock: PathBuf = dir.join("module-2.lock");
     let held: File = OpenOptions::new().create(true).truncate(false).write(true).open(&lock).unwrap();
@@ -80,5 +78,4 @@ fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
     let o = dropcompute(&["info", "--backend", "mock", "--no-check"], &env);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("module 2"), "{}", String::from_utf8_lossy(&o.stdout));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
