@@ -25,7 +25,8 @@ fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
 fn missing_runtime_library_exits_3_naming_the_path() {
     let (_d, lib) = hermetic::missing_path("libSynapse.so");
     let lib = lib.to_str().unwrap();
-    let o = dropcompute(&["info", "--no-check"], &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", lib)]);
+    let o =
+        dropcompute(&["info", "--no-check"], &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", lib)]);
     let (code, err) = code_and_stderr(&o);
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains(lib), "{err}");

@@ -9,10 +9,10 @@
 //! fault knobs are global, so the cases of each backend run one at a time under a lock.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
-#[path = "support/mock_library.rs"]
-mod mock_library;
 #[path = "support/hermetic.rs"]
 mod hermetic;
+#[path = "support/mock_library.rs"]
+mod mock_library;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

@@ -32,8 +32,8 @@ mod common;
 use common::hermetic;
 
 use std::io::{BufRead, BufReader};
-use std::sync::{Barrier, Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::hccl::{spawn_child, wait_child};

@@ -109,10 +109,7 @@ fn tune_flags_with_bad_values_are_named_with_their_values() {
         ("--min-gain", "inf"),
     ];
     for (flag, value) in cases {
-        let o = hermetic::dropcompute()
-            .args(["tune", "--trace", trace, flag, value])
-            .output()
-            .unwrap();
+        let o = hermetic::dropcompute().args(["tune", "--trace", trace, flag, value]).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
         assert!(err.contains(&format!("{flag} {value}")), "{flag} {value}: {err}");

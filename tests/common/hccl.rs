@@ -18,14 +18,20 @@ use super::{Dev, ok};
 /// Modules configured for the test process (thread-ranks take fresh ones).
 pub const MODULES: u32 = 1024;
 
-/// The in-process table, configured once (before any device is acquired in this process): the
-/// default configuration with [`MODULES`] modules, whatever the calling shell exports (the
-/// product's variables are removed from this process first: `hermetic::scrub_process_env`).
+/// The in-process table, configured once (before any device is acquired in this process) with
+/// [`MODULES`] modules: in a test process, the default configuration whatever the calling shell
+/// exports (the product's variables are removed first: `hermetic::scrub_process_env`); in a
+/// child role, `$DROPCOMPUTE_MOCK_CONFIG` as its parent test set it (e.g. virtual time).
 pub fn setup() -> SynapseApi {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         super::hermetic::scrub_process_env();
-        let cfg = MockConfig { devices: MODULES, ..MockConfig::default() };
+        let mut cfg = if super::hermetic::is_test_child() {
+            MockConfig::from_env().expect("valid DROPCOMPUTE_MOCK_CONFIG from the parent test")
+        } else {
+            MockConfig::default()
+        };
+        cfg.devices = MODULES;
         MockControl::in_process().configure(&cfg).expect("configure");
     });
     mock::api()

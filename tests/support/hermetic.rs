@@ -125,6 +125,12 @@ pub fn test_child() -> Command {
     c
 }
 
+/// Whether this process is a child started by [`test_child`] (its environment, product
+/// variables included, was chosen by the parent test).
+pub fn is_test_child() -> bool {
+    std::env::var_os(CHILD_MARK).is_some()
+}
+
 /// Removes every product variable from this test process's environment, once per process
 /// (later calls wait for the first to finish, then return). Call it at the start of every
 /// in-process test that reaches code reading the environment, before any thread of the test
@@ -133,7 +139,7 @@ pub fn test_child() -> Command {
 pub fn scrub_process_env() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os(CHILD_MARK).is_some() {
+        if is_test_child() {
             return;
         }
         for k in product_vars_to_clear(false) {
@@ -221,9 +227,11 @@ pub fn wait_until<T>(deadline: Duration, mut found: impl FnMut() -> Option<T>) -
 /// `deadline` passes; returns its path.
 pub fn wait_for_file(dir: &Path, matches: impl Fn(&str) -> bool, deadline: Duration) -> Option<PathBuf> {
     wait_until(deadline, || {
-        std::fs::read_dir(dir).ok()?.filter_map(Result::ok).map(|e| e.path()).find(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(&matches)
-        })
+        std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&matches))
     })
 }
 
