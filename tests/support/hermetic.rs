@@ -90,10 +90,10 @@ fn product_vars_to_clear(protocol: bool) -> Vec<String> {
     let mut v: Vec<String> = PRODUCT_VARS.iter().map(|s| s.to_string()).collect();
     for (k, _) in std::env::vars_os() {
         let clear = |k: &&str| is_product_var(k) || (protocol && k.starts_with(TEST_PROTOCOL_PREFIX));
-        if let Some(k) = k.to_str().filter(clear) {
-            if !v.iter().any(|x| x == k) {
-                v.push(k.to_string());
-            }
+        if let Some(k) = k.to_str().filter(clear)
+            && !v.iter().any(|x| x == k)
+        {
+            v.push(k.to_string());
         }
     }
     v
