@@ -338,7 +338,10 @@ fn abort_of_one_rank_mid_collective_releases_everyone() {
     for (st, (e, msg)) in &res[1..] {
         assert_eq!(*st, synStatus::FAIL_HCCL);
         assert_eq!(*e, hcclResult_t::SOCKET_ERROR, "{msg}");
-        assert!(msg.contains("rank 0") && msg.contains("aborted"), "{msg}");
+        // Whether a peer's worker had sent to rank 0 before the abort (it then reads rank 0's
+        // abort notice) or sends after it (rank 0's inbox is closed) is scheduling; both name
+        // rank 0 as the cause. (The old fixed 200 ms sleep made the first merely likely.)
+        assert!(msg.contains("rank 0") && (msg.contains("aborted") || msg.contains("is gone")), "{msg}");
     }
 }
 
