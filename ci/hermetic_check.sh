@@ -52,7 +52,7 @@ run_row() { # name, command...
   if "$@" > "$log" 2>&1; then
     results+=("PASS  $name  ($((SECONDS - t0)) s)")
   else
-    results+=("FAIL  $name  ($((SECONDS - t0)) s)  $log: $(grep -E '^    [a-z_:]+$|^test .* FAILED' "$log" | tr -d ' ' | sort -u | tr '\n' ' ')")
+    results+=("FAIL  $name  ($((SECONDS - t0)) s)  $log: $(grep -E '^test .* FAILED$' "$log" | sed 's/^test //; s/ \.\.\. FAILED$//' | sort -u | tr '\n' ' ')")
     status=1
   fi
 }
