@@ -17,12 +17,21 @@ fn dropcompute(args: &[&str], env: &[(&str, &str)]) -> Output {
     hermetic::dropcompute().args(args).envs(env.iter().copied()).output().expect("run dropcompute")
 }
 
+/// The tests of this file take turns: while one holds a device lock file open, a concurrent
+/// test's spawn (fork, then exec) briefly holds a copy of that descriptor, and with it the lock,
+/// so "released" would race with an unrelated child process.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    L.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
     (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 #[test]
 fn missing_runtime_library_exits_3_naming_the_path() {
+    let _g = serial();
     let (_d, lib) = hermetic::missing_path("libSynapse.so");
     let lib = lib.to_str().unwrap();
     let o =
@@ -34,6 +43,7 @@ fn missing_runtime_library_exits_3_naming_the_path() {
 
 #[test]
 fn too_old_runtime_library_exits_3_naming_the_version() {
+    let _g = serial();
     let lib = mock_library::shared_library_path().expect("mock shared library");
     let lib = lib.to_str().unwrap();
     let o = dropcompute(&["info", "--no-check", "--library", lib], &[("DROPCOMPUTE_MOCK_VERSION", "1.15.0")]);
@@ -44,6 +54,7 @@ fn too_old_runtime_library_exits_3_naming_the_version() {
 
 #[test]
 fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
+    let _g = serial();
     let (code, err) = code_and_stderr(&dropcompute(&["info"], &[("DROPCOMPUTE_BACKEND", "gpu")]));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("DROPCOMPUTE_BACKEND") && err.contains("gpu"), "{err}");
@@ -58,6 +69,7 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
 
 #[test]
 fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
+    let _g = serial();
     let tmp = hermetic::temp_dir("cli-lock");
     let dir = tmp.path();
     // This test process plays "another process": it holds module 2's lock.
