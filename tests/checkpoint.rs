@@ -1,16 +1,17 @@
 //! The checkpoint container: bitwise round trip, every truncation, every single-byte flip,
 //! version mismatch, fallback past a corrupt newest checkpoint, retention, and arbitrary bytes.
 
-use std::path::{Path, PathBuf};
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
+use std::path::Path;
 
 use dropcompute::checkpoint::{self, Checkpoint, CheckpointError, FORMAT_VERSION, HEADER_LEN};
 use proptest::prelude::*;
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dc-ckpt-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh empty directory, removed when the returned value drops.
+fn temp_dir(tag: &str) -> tempfile::TempDir {
+    hermetic::temp_dir(&format!("ckpt-{tag}"))
 }
 
 fn sample(step: u64) -> Checkpoint {
@@ -37,9 +38,10 @@ fn p() -> &'static Path {
 
 #[test]
 fn round_trip_is_bitwise_exact_including_nan_payloads() {
-    let dir = temp_dir("rt");
+    let tmp = temp_dir("rt");
+    let dir = tmp.path();
     let c = sample(7);
-    let path = checkpoint::save(&dir, &c).unwrap();
+    let path = checkpoint::save(dir, &c).unwrap();
     assert_eq!(path, dir.join("checkpoint-0000000007.dcc"));
     let back = checkpoint::read(&path).unwrap();
     assert_eq!(back.step, 7);
@@ -47,7 +49,6 @@ fn round_trip_is_bitwise_exact_including_nan_payloads() {
     assert_eq!(bits(&back), bits(&c));
     assert_eq!(back.tensors[1].1[0].to_bits(), 0x7fc0_1234);
     assert!(!dir.join("checkpoint-0000000007.dcc.tmp").exists());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -97,14 +98,15 @@ fn version_mismatch_names_found_and_supported() {
 
 #[test]
 fn load_latest_falls_back_past_a_corrupt_newest_and_leaves_it_on_disk() {
-    let dir = temp_dir("fallback");
-    checkpoint::save(&dir, &sample(10)).unwrap();
-    let newest = checkpoint::save(&dir, &sample(20)).unwrap();
+    let tmp = temp_dir("fallback");
+    let dir = tmp.path();
+    checkpoint::save(dir, &sample(10)).unwrap();
+    let newest = checkpoint::save(dir, &sample(20)).unwrap();
     let mut b = std::fs::read(&newest).unwrap();
     let mid = b.len() / 2;
     b[mid] ^= 0x40;
     std::fs::write(&newest, &b).unwrap();
-    let l = checkpoint::load_latest(&dir).unwrap();
+    let l = checkpoint::load_latest(dir).unwrap();
     assert_eq!(l.checkpoint.step, 10);
     assert_eq!(bits(&l.checkpoint), bits(&sample(10)));
     assert_eq!(l.skipped.len(), 1);
@@ -112,7 +114,7 @@ fn load_latest_falls_back_past_a_corrupt_newest_and_leaves_it_on_disk() {
     assert!(matches!(l.skipped[0].1, CheckpointError::ChecksumMismatch { .. }));
     assert!(newest.exists(), "a corrupt checkpoint must never be deleted");
     // A later save keeps the corrupt file and the previous good one.
-    checkpoint::save(&dir, &sample(30)).unwrap();
+    checkpoint::save(dir, &sample(30)).unwrap();
     assert!(newest.exists() && dir.join(checkpoint::file_name(10)).exists());
     // Truncating the only good files: NoCheckpoint lists the corrupt ones.
     for s in [10, 30] {
@@ -120,39 +122,40 @@ fn load_latest_falls_back_past_a_corrupt_newest_and_leaves_it_on_disk() {
         let len = std::fs::metadata(&f).unwrap().len();
         std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 1).unwrap();
     }
-    match checkpoint::load_latest(&dir) {
+    match checkpoint::load_latest(dir) {
         Err(CheckpointError::NoCheckpoint { corrupt, .. }) => assert_eq!(corrupt.len(), 3),
         other => panic!("{other:?}"),
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn retention_keeps_the_newest_two_and_removes_stale_temp_files() {
-    let dir = temp_dir("keep");
+    let tmp = temp_dir("keep");
+    let dir = tmp.path();
     std::fs::write(dir.join("checkpoint-0000000002.dcc.tmp"), b"half written").unwrap();
     std::fs::write(dir.join("notes.txt"), b"not ours").unwrap();
     for s in 1..=5 {
-        checkpoint::save(&dir, &sample(s)).unwrap();
+        checkpoint::save(dir, &sample(s)).unwrap();
     }
     let mut names: Vec<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, vec!["checkpoint-0000000004.dcc", "checkpoint-0000000005.dcc", "notes.txt"]);
     // A file whose header step disagrees with its name is not trusted.
     std::fs::copy(dir.join(checkpoint::file_name(4)), dir.join(checkpoint::file_name(9))).unwrap();
-    let l = checkpoint::load_latest(&dir).unwrap();
+    let l = checkpoint::load_latest(dir).unwrap();
     assert_eq!(l.checkpoint.step, 5);
     assert!(matches!(&l.skipped[0].1, CheckpointError::Malformed { reason, .. } if reason.contains("step 9")));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn io_errors_name_the_path() {
-    let e = checkpoint::read(Path::new("/nonexistent/checkpoint-0000000001.dcc")).unwrap_err();
+    let (_tmp, missing) = hermetic::missing_path("checkpoint-0000000001.dcc");
+    let e = checkpoint::read(&missing).unwrap_err();
     assert!(matches!(&e, CheckpointError::Io { op: "open", .. }), "{e:?}");
-    assert!(e.to_string().contains("/nonexistent/checkpoint-0000000001.dcc"));
-    assert!(matches!(checkpoint::load_latest(Path::new("/nonexistent")), Err(CheckpointError::Io { .. })));
+    assert!(e.to_string().contains(missing.to_str().unwrap()), "{e}");
+    let missing_dir = missing.parent().unwrap();
+    assert!(matches!(checkpoint::load_latest(missing_dir), Err(CheckpointError::Io { .. })));
 }
 
 proptest! {

@@ -3,21 +3,26 @@
 //! environment (2), unreadable data file (6).
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
 #[path = "support/mock_library.rs"]
 mod mock_library;
 
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
+/// Runs `dropcompute args` with only `env` of the product's variables set.
 fn dropcompute(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
-    c.args(args);
-    for v in ["DROPCOMPUTE_BACKEND", "DROPCOMPUTE_SYNAPSE_LIB", "HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"] {
-        c.env_remove(v);
-    }
-    c.envs(env.iter().copied());
-    c.output().expect("run dropcompute")
+    hermetic::dropcompute().args(args).envs(env.iter().copied()).output().expect("run dropcompute")
+}
+
+/// The tests of this file take turns: while one holds a device lock file open, a concurrent
+/// test's spawn (fork, then exec) briefly holds a copy of that descriptor, and with it the lock,
+/// so "released" would race with an unrelated child process.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    L.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
@@ -26,17 +31,19 @@ fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
 
 #[test]
 fn missing_runtime_library_exits_3_naming_the_path() {
-    let o = dropcompute(
-        &["info", "--no-check"],
-        &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", "/nonexistent/libSynapse.so")],
-    );
+    let _g = serial();
+    let (_d, lib) = hermetic::missing_path("libSynapse.so");
+    let lib = lib.to_str().unwrap();
+    let o =
+        dropcompute(&["info", "--no-check"], &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", lib)]);
     let (code, err) = code_and_stderr(&o);
     assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("/nonexistent/libSynapse.so"), "{err}");
+    assert!(err.contains(lib), "{err}");
 }
 
 #[test]
 fn too_old_runtime_library_exits_3_naming_the_version() {
+    let _g = serial();
     let lib = mock_library::shared_library_path().expect("mock shared library");
     let lib = lib.to_str().unwrap();
     let o = dropcompute(&["info", "--no-check", "--library", lib], &[("DROPCOMPUTE_MOCK_VERSION", "1.15.0")]);
@@ -47,11 +54,14 @@ fn too_old_runtime_library_exits_3_naming_the_version() {
 
 #[test]
 fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
+    let _g = serial();
     let (code, err) = code_and_stderr(&dropcompute(&["info"], &[("DROPCOMPUTE_BACKEND", "gpu")]));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("DROPCOMPUTE_BACKEND") && err.contains("gpu"), "{err}");
-    let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", "/nonexistent/trace.csv"], &[]));
+    let (_d, trace) = hermetic::missing_path("trace.csv");
+    let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", trace.to_str().unwrap()], &[]));
     assert_eq!(code, Some(6), "{err}");
+    assert!(err.contains(trace.to_str().unwrap()), "{err}");
     // clap's own usage error keeps its code 2.
     let (code, _) = code_and_stderr(&dropcompute(&["info", "--no-such-flag"], &[]));
     assert_eq!(code, Some(2));
@@ -59,8 +69,9 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
 
 #[test]
 fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
-    let dir = std::env::temp_dir().join(format!("dc-cli-lock-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let _g = serial();
+    let tmp = hermetic::temp_dir("cli-lock");
+    let dir = tmp.path();
     // This test process plays "another process": it holds module 2's lock.
     let lock: PathBuf = dir.join("module-2.lock");
     let held: File = OpenOptions::new().create(true).truncate(false).write(true).open(&lock).unwrap();
@@ -80,5 +91,4 @@ fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
     let o = dropcompute(&["info", "--backend", "mock", "--no-check"], &env);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("module 2"), "{}", String::from_utf8_lossy(&o.stdout));
-    std::fs::remove_dir_all(&dir).unwrap();
 }

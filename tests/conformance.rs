@@ -9,6 +9,8 @@
 //! fault knobs are global, so the cases of each backend run one at a time under a lock.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
 #[path = "support/mock_library.rs"]
 mod mock_library;
 
@@ -27,7 +29,6 @@ struct Harness {
     rt: Arc<Runtime>,
     /// The mock's control ABI; `None` for a library that is not the mock (a real libSynapse).
     control: Option<MockControl>,
-    dir: PathBuf,
     lock: &'static Mutex<()>,
 }
 
@@ -35,28 +36,33 @@ impl Harness {
     fn in_process() -> &'static Harness {
         static H: OnceLock<Harness> = OnceLock::new();
         static L: Mutex<()> = Mutex::new(());
-        H.get_or_init(|| Harness::new(mock::api(), Some(MockControl::in_process()), "in-process", &L))
+        H.get_or_init(|| {
+            hermetic::scrub_process_env();
+            Harness::new(mock::api(), Some(MockControl::in_process()), &L)
+        })
     }
 
     fn shared_library() -> &'static Harness {
         static H: OnceLock<Harness> = OnceLock::new();
         static L: Mutex<()> = Mutex::new(());
         H.get_or_init(|| {
-            let path = match std::env::var_os("DROPCOMPUTE_SYNAPSE_LIB").filter(|p| !p.is_empty()) {
+            // Read before the scrub: the one variable this suite takes from the shell on purpose
+            // (run the conformance cases against another library, e.g. a real libSynapse).
+            let chosen = std::env::var_os("DROPCOMPUTE_SYNAPSE_LIB").filter(|p| !p.is_empty());
+            hermetic::scrub_process_env();
+            let path = match chosen {
                 Some(p) => PathBuf::from(p),
                 None => mock_library::shared_library_path().expect("build or locate libmock_synapse.so"),
             };
             let api = SynapseApi::load_path(&path).expect("load the library through the real loader");
             assert_eq!(api.origin(), &habana_sys::ApiOrigin::Library(path.clone()));
             let control = MockControl::from_library(&path).ok();
-            Harness::new(api, control, "shared-library", &L)
+            Harness::new(api, control, &L)
         })
     }
 
-    fn new(api: SynapseApi, control: Option<MockControl>, name: &str, lock: &'static Mutex<()>) -> Harness {
-        let dir = std::env::temp_dir().join(format!("dropcompute-conformance-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Harness { rt: Runtime::new(api).unwrap(), control, dir, lock }
+    fn new(api: SynapseApi, control: Option<MockControl>, lock: &'static Mutex<()>) -> Harness {
+        Harness { rt: Runtime::new(api).unwrap(), control, lock }
     }
 
     fn guard(&self) -> MutexGuard<'static, ()> {
@@ -77,7 +83,8 @@ impl Harness {
     }
 
     fn recipe(&self, name: &str, r: MockRecipe) -> Recipe {
-        let path = self.dir.join(format!("{name}.json"));
+        let dir = hermetic::temp_dir("conformance");
+        let path = dir.path().join(format!("{name}.json"));
         r.write(&path).unwrap();
         Recipe::load(&self.rt, &path).unwrap()
     }
@@ -231,7 +238,8 @@ fn launch_by_id_and_by_name(h: &Harness) {
     assert_eq!(out.as_slice().unwrap(), &data[..]);
 
     // Serialize and load again: same tensor ids.
-    let copy_path = h.dir.join("copy-saved.json");
+    let dir = hermetic::temp_dir("conformance");
+    let copy_path = dir.path().join("copy-saved.json");
     recipe.save(&copy_path).unwrap();
     let again = Recipe::load(&h.rt, &copy_path).unwrap();
     assert_eq!(again.tensor_ids(&["src", "dst"]).unwrap(), ids);

@@ -29,10 +29,11 @@
 mod mock_library;
 
 mod common;
+use common::hermetic;
 
 use std::io::{BufRead, BufReader};
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::hccl::{spawn_child, wait_child};
@@ -173,12 +174,17 @@ fn a_count_or_dtype_mismatch_on_one_rank_fails_every_rank_with_the_seq() {
 
 static ABORT_CALLED: AtomicBool = AtomicBool::new(false);
 static ABORT_RETURNED: AtomicBool = AtomicBool::new(false);
+/// Set (and notified) by the test once it has checked that the abort was abandoned.
+static ABORT_RELEASE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
 
-/// An `hcclCommAbort` that blocks (as the real one may, behind a dead peer) for 4 s, then
-/// really aborts so the mock's state is cleaned up.
+/// An `hcclCommAbort` that blocks (as the real one may, behind a dead peer) until the test
+/// releases it through [`ABORT_RELEASE`] (or 300 s pass: a hang guard), then really aborts so
+/// the mock's state is cleaned up.
 unsafe extern "C" fn blocking_abort(c: hcclComm_t) -> hcclResult_t {
     ABORT_CALLED.store(true, Ordering::SeqCst);
-    std::thread::sleep(Duration::from_secs(4));
+    let (m, cv) = &ABORT_RELEASE;
+    let released = m.lock().unwrap_or_else(|p| p.into_inner());
+    drop(cv.wait_timeout_while(released, Duration::from_secs(300), |r| !*r));
     // SAFETY: forwards the same handle to the mock's own abort, the function this one replaces.
     let r = unsafe { (mock::api().hccl_comm_abort)(c) };
     ABORT_RETURNED.store(true, Ordering::SeqCst);
@@ -214,10 +220,16 @@ fn an_abort_that_blocks_is_abandoned_after_the_abort_deadline() {
     }
     assert_pending(&out[0].1, 1, "all_reduce");
     assert!(ABORT_CALLED.load(Ordering::SeqCst), "the watchdog must call hcclCommAbort");
+    // The abort blocks until released below: had the teardown awaited it, we would not be here
+    // before the hang guard, and it would have returned.
     assert!(!ABORT_RETURNED.load(Ordering::SeqCst), "the blocked abort must have been abandoned, not awaited");
-    assert!(took < o.timeout + o.abort_deadline + SLACK, "took {took:?}");
     println!("blocking abort: error and teardown after {took:?} while the abort was still blocked");
-    std::thread::sleep(Duration::from_secs(5)); // let the abandoned abort finish before the next test
+    let (m, cv) = &ABORT_RELEASE;
+    *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    cv.notify_all();
+    // Let the abandoned abort finish before the next test (it cleans up the mock's state).
+    let done = hermetic::wait_until(Duration::from_secs(300), || ABORT_RETURNED.load(Ordering::SeqCst).then_some(()));
+    assert!(done.is_some(), "the released abort must return");
 }
 
 // ---------------------------------------------------------------- child processes
@@ -361,8 +373,8 @@ fn a_peer_process_killed_mid_collective_gives_survivors_a_peer_error_and_the_fli
 
 #[test]
 fn the_device_held_by_another_process_is_refused_until_that_process_exits() {
-    let dir = std::env::temp_dir().join(format!("dc-faults-lock-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = hermetic::temp_dir("faults-lock");
+    let dir = tmp.path();
     let lock_env = |role: &str| {
         vec![(CHILD, role.to_string()), ("DC_MODULE", "5".to_string()), (mock::ENV_LOCK_DIR, dir.display().to_string())]
     };
@@ -394,7 +406,6 @@ fn the_device_held_by_another_process_is_refused_until_that_process_exits() {
     let _ = again.kill();
     let _ = again.wait();
     assert!(line.contains("HELD"), "module 5 must be free once its holder exited: {line:?}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

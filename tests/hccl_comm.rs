@@ -11,6 +11,8 @@ use dropcompute::mock::{Fault, MockControl};
 use dropcompute::synapse::{Device, DeviceBuffer, Stream};
 use half::bf16;
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
 #[path = "support/ranks.rs"]
 mod ranks;
 use ranks::{download, runtime, serial, upload};

@@ -1,7 +1,10 @@
 //! The TCP rendezvous over loopback: ranks as threads; refusals of bad peers.
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use dropcompute::hccl::rendezvous::{self, JobSecret, RendezvousError};
@@ -137,24 +140,40 @@ fn a_rank_that_never_joins_times_out_naming_the_counts() {
 
 #[test]
 fn fetch_before_serve_retries_until_the_server_is_up() {
-    // Reserve a free port, then release it for the server that starts later.
-    let addr = TcpListener::bind(loopback()).unwrap().local_addr().unwrap();
-    let secret = JobSecret::random();
-    let client = std::thread::spawn({
-        let k = secret.clone();
-        move || rendezvous::fetch(addr, &k, 1, 2, LONG)
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let server = rendezvous::serve(addr, secret, b"late", 2, LONG).unwrap();
-    assert_eq!(client.join().unwrap().unwrap(), b"late");
-    server.wait().unwrap();
+    // `serve` binds by address itself: a released port, retried if another process took it.
+    let (fetched, served) = hermetic::retry_on_fresh_port(
+        |addr| {
+            let secret = JobSecret::random();
+            let client = std::thread::spawn({
+                let k = secret.clone();
+                move || rendezvous::fetch(addr, &k, 1, 2, LONG)
+            });
+            // Gives the client a head start so it usually retries; the result does not depend
+            // on who comes first (this is not a readiness wait).
+            std::thread::sleep(Duration::from_millis(300));
+            match rendezvous::serve(addr, secret, b"late", 2, LONG) {
+                Ok(server) => (client.join().unwrap(), Some(server.wait())),
+                Err(e) => {
+                    let _ = client.join();
+                    (Err(e), None)
+                }
+            }
+        },
+        |(_, served)| served.is_none(),
+    );
+    assert_eq!(fetched.unwrap(), b"late");
+    served.expect("the server bound its port").unwrap();
 }
 
 #[test]
 fn fetch_gives_up_at_its_deadline_when_nobody_serves() {
-    let addr = TcpListener::bind(loopback()).unwrap().local_addr().unwrap();
     let timeout = Duration::from_millis(300);
-    match rendezvous::fetch(addr, &JobSecret::random(), 1, 2, timeout) {
+    // Nobody serves on a released port, unless another process took it meanwhile: retried.
+    let (addr, r) = hermetic::retry_on_fresh_port(
+        |addr| (addr, rendezvous::fetch(addr, &JobSecret::random(), 1, 2, timeout)),
+        |(_, r)| !matches!(r, Err(RendezvousError::Unreachable { .. })),
+    );
+    match r {
         Err(RendezvousError::Unreachable { addr: a, after, .. }) => assert_eq!((a, after), (addr, timeout)),
         other => panic!("{other:?}"),
     }
@@ -163,7 +182,7 @@ fn fetch_gives_up_at_its_deadline_when_nobody_serves() {
 #[test]
 fn a_server_without_our_secret_cannot_hand_out_an_id() {
     // A fake server that skips the proof check and replies with an untagged "forged" id.
-    let listener = TcpListener::bind(loopback()).unwrap();
+    let listener = hermetic::listener();
     let addr = listener.local_addr().unwrap();
     let fake = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();

@@ -3,10 +3,13 @@
 //! the binary cannot run refused with its program named.
 
 #![cfg(feature = "mock")] // runs on the CPU mock device
-use std::process::Command;
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
+/// Runs `dropcompute args` with none of the product's variables set.
 fn dropcompute(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_dropcompute")).args(args).output().unwrap()
+    hermetic::dropcompute().args(args).output().unwrap()
 }
 
 #[test]
@@ -41,8 +44,8 @@ fn bench_allreduce_runs_its_ranks_as_processes() {
 
 #[test]
 fn a_rank_process_spec_of_an_unknown_program_is_refused() {
-    let dir = std::env::temp_dir().join(format!("dropcompute-launch-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = hermetic::temp_dir("launch-test");
+    let dir = tmp.path();
     let spec = dir.join("spec.json");
     let json = serde_json::json!({
         "program": "nope", "rank": 0, "world_size": 1, "unique_id": "", "config": null,
@@ -54,5 +57,4 @@ fn a_rank_process_spec_of_an_unknown_program_is_refused() {
     assert!(!o.status.success());
     assert!(err.contains("unknown rank program \"nope\""), "{err}");
     assert!(!dir.join("r.json").exists(), "no result written");
-    let _ = std::fs::remove_dir_all(&dir);
 }

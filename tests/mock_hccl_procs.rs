@@ -141,16 +141,21 @@ fn child_faults(api: &SynapseApi) {
         assert!(res[r].1.1.contains("peer rank 1"), "{}", res[r].1.1);
     }
     // HcclAsyncError: every comm of the process reports it; the next collective fails.
+    let both = std::sync::Barrier::new(2);
     let res = world(2, |rk| {
         let a = rk.upload(&[0u8; 16]);
         hok(api, rk.all_reduce(a, a, 4, hcclDataType_t::FLOAT32, hcclRedOp_t::SUM));
         assert_eq!(rk.sync(), synStatus::SUCCESS);
-        std::thread::sleep(Duration::from_millis(100));
+        both.wait();
         if rk.rank == 0 {
             ctl.inject_fault(&Fault::HcclAsyncError { code: 16 }).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(200));
-        let e = rk.async_error();
+        both.wait(); // injected; each rank waits until its comm reports it (hang guard 300 s)
+        let e = common::hermetic::wait_until(Duration::from_secs(300), || {
+            let e = rk.async_error();
+            (e.0 != hcclResult_t::SUCCESS).then_some(e)
+        })
+        .unwrap_or_else(|| rk.async_error());
         hok(api, rk.all_reduce(a, a, 4, hcclDataType_t::FLOAT32, hcclRedOp_t::SUM));
         (e, rk.sync())
     });
@@ -249,8 +254,11 @@ fn virtual_time_completion_is_identical_on_all_ranks() {
 
 #[test]
 fn hccl_comm_id_with_zeroed_id() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let res = run_children("comm_id", 0, 20_000, &[("HCCL_COMM_ID", format!("127.0.0.1:{port}"))]);
+    // The child binds HCCL_COMM_ID itself: a released port, retried if another process took it.
+    let res = common::hermetic::retry_on_fresh_port(
+        |addr| run_children("comm_id", 0, 20_000, &[("HCCL_COMM_ID", addr.to_string())]),
+        |res| res[0].1.contains("Address already in use"),
+    );
     assert!(res[0].0 && res[0].1.contains("COMM_ID_OK"), "{}", res[0].1);
 }
 

@@ -22,6 +22,8 @@ fn version(api: &SynapseApi) -> String {
 
 #[test]
 fn lifecycle() {
+    // The device count below comes from the variables this test sets, not the calling shell's.
+    common::hermetic::scrub_process_env();
     let api = api();
     // SAFETY (raw calls below): pointers to live locals; single-threaded until the rank threads.
     unsafe {
@@ -64,7 +66,7 @@ fn lifecycle() {
     // 1024 modules, one thread per rank, virtual time.
     let ctl = MockControl::in_process();
     ctl.configure(&MockConfig { devices: 1024, time_mode: TimeMode::Virtual, ..MockConfig::default() }).unwrap();
-    let path = common::temp_path("rank_noop.json");
+    let (_dir, path) = common::temp_path("rank_noop.json");
     MockRecipe::new("rank_noop", "noop").tensor("x", 128).base_latency_ns(1000).write(&path).unwrap();
     let handles: Vec<_> = (0..1024u32)
         .map(|rank| {

@@ -4,6 +4,9 @@
 //! rejection of inconsistent launches.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -19,15 +22,15 @@ const SHAPE: MlpShape = MlpShape { input: 64, hidden: 32, classes: 10 };
 fn runtime() -> &'static Arc<Runtime> {
     static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
     RT.get_or_init(|| {
+        hermetic::scrub_process_env(); // the mock's configuration is not the calling shell's
         model_kernels::register().unwrap();
         Runtime::new(api()).unwrap()
     })
 }
 
 fn load(r: &MockRecipe) -> Recipe {
-    let dir = std::env::temp_dir().join(format!("dropcompute-model-kernels-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path: PathBuf = dir.join(format!("{}.json", r.name));
+    let dir = hermetic::temp_dir("model-kernels");
+    let path: PathBuf = dir.path().join(format!("{}.json", r.name));
     r.write(&path).unwrap();
     Recipe::load(runtime(), &path).unwrap()
 }

@@ -5,8 +5,12 @@
 //! with a checkpoint and exit code 130.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Output, Stdio};
+use std::time::Duration;
 
 const BASE: [&str; 14] = [
     "train",
@@ -25,14 +29,13 @@ const BASE: [&str; 14] = [
     "5",
 ];
 
-fn tmp(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("dropcompute-resume-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    p
+/// `root/name` (not created): `root` is the test's own temporary directory.
+fn tmp(root: &tempfile::TempDir, name: &str) -> PathBuf {
+    root.path().join(name)
 }
 
 fn train(extra: &[&str], env: Option<(&str, String)>) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+    let mut c = hermetic::dropcompute();
     c.args(BASE).args(extra);
     if let Some((k, v)) = env {
         c.env(k, v);
@@ -50,14 +53,15 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn a_run_killed_at_a_random_step_resumes_to_the_same_parameters() {
-    let (ck_a, out_a) = (tmp("ck-a"), tmp("out-a"));
+    let root = hermetic::temp_dir("resume");
+    let (ck_a, out_a) = (tmp(&root, "ck-a"), tmp(&root, "out-a"));
     let o = train(&["--checkpoint-dir", s(&ck_a), "--out", s(&out_a)], None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let reference = params(&out_a);
 
     // A "random" kill step from the test's pid, never a checkpoint boundary nor the end.
     let kill_at = [4u64, 5, 7, 8, 10, 11][std::process::id() as usize % 6];
-    let (ck_b, out_b) = (tmp("ck-b"), tmp("out-b"));
+    let (ck_b, out_b) = (tmp(&root, "ck-b"), tmp(&root, "out-b"));
     let o = train(
         &["--checkpoint-dir", s(&ck_b), "--out", s(&out_b)],
         Some(("DROPCOMPUTE_TEST_SIGKILL_AT", kill_at.to_string())),
@@ -79,7 +83,7 @@ fn a_run_killed_at_a_random_step_resumes_to_the_same_parameters() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&newest, &bytes).unwrap();
-    let out_c = tmp("out-c");
+    let out_c = tmp(&root, "out-c");
     let o = train(&["--resume", s(&ck_b), "--out", s(&out_c)], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -88,14 +92,14 @@ fn a_run_killed_at_a_random_step_resumes_to_the_same_parameters() {
     assert_eq!(params(&out_c), reference, "resumed from the previous good checkpoint");
 
     // A checkpoint of another configuration is refused with the checkpoint exit code.
-    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+    let o = hermetic::dropcompute()
         .args(["train", "--ranks", "3", "--steps", "14", "--no-compare", "--time-mode", "virtual", "--seed", "6"])
         .args(["--resume", s(&ck_b)])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("another configuration"));
-    let empty = tmp("empty");
+    let empty = tmp(&root, "empty");
     std::fs::create_dir_all(&empty).unwrap();
     let o = train(&["--resume", s(&empty)], None);
     assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
@@ -106,15 +110,24 @@ fn a_run_killed_at_a_random_step_resumes_to_the_same_parameters() {
 
 #[test]
 fn sigterm_stops_every_rank_at_the_same_step_with_a_checkpoint() {
-    let ck = tmp("ck-term");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+    let root = hermetic::temp_dir("resume");
+    let ck = tmp(&root, "ck-term");
+    let mut child = hermetic::dropcompute()
         .args(["train", "--ranks", "3", "--steps", "100000", "--no-compare", "--threshold", "off"])
-        .args(["--base-latency-ms", "1", "--checkpoint-dir", s(&ck)])
-        .stderr(std::process::Stdio::piped())
+        .args(["--base-latency-ms", "1", "--checkpoint-every", "5", "--checkpoint-dir", s(&ck)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    // Ready once rank 0 wrote its first periodic checkpoint: the signal handler is installed
+    // (before training starts) and every rank is past initialisation.
+    let ready = hermetic::wait_for_file(&ck.join("rank-0"), |n| n.ends_with(".dcc"), Duration::from_secs(300));
+    if ready.is_none() {
+        let _ = child.kill();
+        panic!("no checkpoint within the hang guard: {:?}", child.wait_with_output());
+    }
+    let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
     let status = child.wait().unwrap();
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
@@ -135,30 +148,20 @@ fn sigterm_stops_every_rank_at_the_same_step_with_a_checkpoint() {
 
 #[test]
 fn a_resumed_run_takes_the_new_run_length_and_refuses_one_already_done() {
-    let ck = tmp("ck-len");
-    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+    let root = hermetic::temp_dir("resume");
+    let ck = tmp(&root, "ck-len");
+    let o = hermetic::dropcompute()
         .args(["train", "--ranks", "2", "--steps", "6", "--no-compare", "--threshold", "off", "--time-mode", "virtual"])
         .args(["--checkpoint-every", "3", "--checkpoint-dir", s(&ck)])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let again = |len: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+        let mut c = hermetic::dropcompute();
         c.args(["train", "--ranks", "2", "--no-compare", "--threshold", "off", "--time-mode", "virtual"])
             .args(len)
-            .args(["--resume", s(&ck)])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let t = std::time::Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if t.elapsed() > std::time::Duration::from_secs(120) {
-                child.kill().unwrap();
-                panic!("resume with {len:?} did not finish (hang guard)");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        child.wait_with_output().unwrap()
+            .args(["--resume", s(&ck)]);
+        hermetic::output_within(&mut c, Duration::from_secs(300))
     };
     let o = again(&["--steps", "6"]);
     assert_eq!(o.status.code(), Some(2));
@@ -176,13 +179,14 @@ fn a_resumed_run_takes_the_new_run_length_and_refuses_one_already_done() {
 /// (Before, the children lost `--resume`, silently retrained from step 0 and reported 14 steps.)
 #[test]
 fn a_process_mode_run_resumes_from_its_checkpoint() {
+    let root = hermetic::temp_dir("resume");
     let procs = ["--launch", "processes"];
-    let (ck_a, out_a) = (tmp("proc-ck-a"), tmp("proc-out-a"));
+    let (ck_a, out_a) = (tmp(&root, "proc-ck-a"), tmp(&root, "proc-out-a"));
     let o = train(&[&procs[..], &["--checkpoint-dir", s(&ck_a), "--out", s(&out_a)]].concat(), None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let reference = params(&out_a);
 
-    let (ck_b, out_b) = (tmp("proc-ck-b"), tmp("proc-out-b"));
+    let (ck_b, out_b) = (tmp(&root, "proc-ck-b"), tmp(&root, "proc-out-b"));
     let o = train(
         &[&procs[..], &["--checkpoint-dir", s(&ck_b), "--out", s(&out_b)]].concat(),
         Some(("DROPCOMPUTE_TEST_SIGKILL_AT", "7".into())),

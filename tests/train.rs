@@ -3,8 +3,10 @@
 //! giving bitwise-identical parameters with the threshold off.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
 use std::path::Path;
-use std::process::Command;
 
 use clap::Parser;
 use dropcompute::commands::train::Args as TrainArgs;
@@ -19,7 +21,10 @@ struct Cli {
     train: TrainArgs,
 }
 
+/// The validated job of `train args`, prepared without the calling shell's product variables
+/// (`Job::prepare` reads `DROPCOMPUTE_AUTO_MAX_DROP` and `DROPCOMPUTE_MOCK_DEVICES`).
 fn job(args: &[&str]) -> Job {
+    hermetic::scrub_process_env();
     let mut v = vec!["train"];
     v.extend_from_slice(args);
     let cfg = Cli::parse_from(v).train.validate().unwrap();
@@ -28,6 +33,7 @@ fn job(args: &[&str]) -> Job {
 
 /// The in-process mock is one per test process: tests that configure it take turns.
 fn in_process_mock() -> std::sync::MutexGuard<'static, ()> {
+    hermetic::scrub_process_env();
     static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
     L.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -71,8 +77,8 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     assert!(dc.reports.iter().any(|r| r.global_dropped() > 0), "a 9 ms threshold drops in this setting");
     assert!(dc.reports[..j.cfg.warmup_steps as usize].iter().all(|r| r.global_dropped() == 0));
 
-    let dir = std::env::temp_dir().join(format!("dropcompute-train-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = hermetic::temp_dir("train-test");
+    let dir = tmp.path().join("out");
     let staged = StagedOut::new(&dir).unwrap();
     let rep = summary::report(&j, &out).unwrap();
     summary::write_outputs(&staged, &rep, &out).unwrap();
@@ -95,7 +101,6 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     assert!(report["speedup"].as_f64().is_some());
     let log = std::fs::read_to_string(dir.join("compute_log_dropcompute.csv")).unwrap();
     assert_eq!(log.lines().count() - 1, 4 * 16 * m as usize, "one row per scheduled micro-batch");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--threshold auto` runs with `tune::recommend` on the baseline run's trace under the job's
@@ -139,9 +144,9 @@ fn auto_threshold_honours_the_drop_rate_guardrail() {
 fn a_rank_process_receives_the_parents_validated_config() {
     use dropcompute::launch::ChildSpec;
     use dropcompute::train::job::JobSpec;
-    let dir = std::env::temp_dir().join(format!("dropcompute-train-spec-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    hermetic::scrub_process_env();
+    let tmp = hermetic::temp_dir("train-spec");
+    let dir = tmp.path();
     let ck = dir.join("ck");
     let args = [
         "train",
@@ -217,12 +222,11 @@ fn a_rank_process_receives_the_parents_validated_config() {
     std::fs::write(&path, serde_json::to_vec(&bad).unwrap()).unwrap();
     let err = ChildSpec::read(&path).unwrap().config::<JobSpec>().unwrap_err();
     assert!(err.to_string().contains("config"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn train_cli(out: &Path, extra: &[&str]) -> Vec<u8> {
     let _ = std::fs::remove_dir_all(out);
-    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+    let o = hermetic::dropcompute()
         .args(["train", "--ranks", "2", "--steps", "6", "--threshold", "off", "--no-compare", "--time-mode", "virtual"])
         .args(["--out", out.to_str().unwrap()])
         .args(extra)
@@ -234,32 +238,35 @@ fn train_cli(out: &Path, extra: &[&str]) -> Vec<u8> {
 
 #[test]
 fn process_ranks_give_the_same_parameters_as_thread_ranks() {
-    let base = std::env::temp_dir().join(format!("dropcompute-train-modes-{}", std::process::id()));
+    let tmp = hermetic::temp_dir("train-modes");
+    let base = tmp.path();
     let threads = train_cli(&base.join("threads"), &["--launch", "threads"]);
     let procs = train_cli(&base.join("procs"), &["--launch", "processes"]);
     assert!(!threads.is_empty());
     let differing = threads.chunks(4).zip(procs.chunks(4)).filter(|(a, b)| a != b).count();
     assert_eq!(threads.len(), procs.len());
     assert_eq!(differing, 0, "bitwise identical final parameters ({differing} of {} differ)", threads.len() / 4);
-    let _ = std::fs::remove_dir_all(&base);
 }
 
 #[test]
 fn bad_inputs_fail_before_anything_is_written() {
-    let out = std::env::temp_dir().join(format!("dropcompute-train-bad-{}", std::process::id()));
-    let bad_csv = std::env::temp_dir().join(format!("dropcompute-bad-{}.csv", std::process::id()));
+    let tmp = hermetic::temp_dir("train-bad");
+    let out = tmp.path().join("out");
+    let bad_csv = tmp.path().join("bad.csv");
+    let missing = tmp.path().join("missing").join("d.csv");
+    let missing = missing.to_str().unwrap();
     std::fs::write(&bad_csv, "1,2,3,0\n1,x,3,1\n").unwrap();
     let cases: Vec<(Vec<String>, &str, i32)> = vec![
         (vec!["--ranks".into(), "0".into()], "--ranks 0", 2),
         (vec!["--micro-batches".into(), "0".into()], "--micro-batches 0", 2),
         (vec!["--threshold".into(), "-3".into()], "--threshold -3", 2),
         (vec!["--threshold".into(), "NaN".into()], "--threshold NaN", 2),
-        (vec!["--data".into(), "/nonexistent/d.csv".into()], "/nonexistent/d.csv", 6),
+        (vec!["--data".into(), missing.into()], missing, 6),
         (vec!["--data".into(), bad_csv.display().to_string()], ":2: column 2", 6),
     ];
     for (args, needle, code) in cases {
         let _ = std::fs::remove_dir_all(&out);
-        let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+        let o = hermetic::dropcompute()
             .arg("train")
             .args(&args)
             .args(["--out", out.to_str().unwrap(), "--steps", "2", "--time-mode", "virtual"])
@@ -270,7 +277,7 @@ fn bad_inputs_fail_before_anything_is_written() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(), "nothing written for {args:?}");
     }
-    let o = Command::new(env!("CARGO_BIN_EXE_dropcompute"))
+    let o = hermetic::dropcompute()
         .args(["train", "--ranks", "9", "--steps", "1", "--time-mode", "virtual"])
         .env("DROPCOMPUTE_MOCK_DEVICES", "8")
         .output()
@@ -278,5 +285,4 @@ fn bad_inputs_fail_before_anything_is_written() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("9 ranks but only 8 mock devices"), "{err}");
-    let _ = std::fs::remove_file(&bad_csv);
 }

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::ffi::{CStr, c_void};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -18,12 +18,19 @@ use super::{Dev, ok};
 /// Modules configured for the test process (thread-ranks take fresh ones).
 pub const MODULES: u32 = 1024;
 
-/// The in-process table, configured once (before any device is acquired in this process):
-/// `$DROPCOMPUTE_MOCK_CONFIG` (if set) with [`MODULES`] modules.
+/// The in-process table, configured once (before any device is acquired in this process) with
+/// [`MODULES`] modules: in a test process, the default configuration whatever the calling shell
+/// exports (the product's variables are removed first: `hermetic::scrub_process_env`); in a
+/// child role, `$DROPCOMPUTE_MOCK_CONFIG` as its parent test set it (e.g. virtual time).
 pub fn setup() -> SynapseApi {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        let mut cfg = MockConfig::from_env().expect("valid DROPCOMPUTE_MOCK_CONFIG");
+        super::hermetic::scrub_process_env();
+        let mut cfg = if super::hermetic::is_test_child() {
+            MockConfig::from_env().expect("valid DROPCOMPUTE_MOCK_CONFIG from the parent test")
+        } else {
+            MockConfig::default()
+        };
         cfg.devices = MODULES;
         MockControl::in_process().configure(&cfg).expect("configure");
     });
@@ -302,9 +309,10 @@ pub fn tolerance(t: hcclDataType_t, op: hcclRedOp_t, n: usize, i: usize) -> f64 
     n as f64 * acc * abs + out * refv + floor
 }
 
-/// Spawns this test binary running test `test` with `env` (a child role).
+/// Spawns this test binary running test `test` with `env` (a child role) and none of the
+/// product's other variables (`hermetic::test_child`).
 pub fn spawn_child(test: &str, env: &[(&str, String)]) -> Child {
-    let mut c = Command::new(std::env::current_exe().expect("test exe"));
+    let mut c = super::hermetic::test_child();
     c.args(["--exact", test, "--ignored", "--nocapture", "--test-threads=1"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod hccl;
+#[path = "../support/hermetic.rs"]
+pub mod hermetic;
 pub mod scenarios;
 
 use std::ffi::{CStr, CString, c_void};
@@ -14,8 +16,10 @@ use std::sync::{Mutex, MutexGuard};
 use dropcompute::mock::MockRecipe;
 use habana_sys::*;
 
-/// Serialises the tests of one binary.
+/// Serialises the tests of one binary; the first call removes the product's variables from the
+/// process (`hermetic::scrub_process_env`), so the mock's configuration is not the shell's.
 pub fn serial() -> MutexGuard<'static, ()> {
+    hermetic::scrub_process_env();
     static L: Mutex<()> = Mutex::new(());
     L.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -106,7 +110,7 @@ impl Dev {
 
     /// Writes `r` to a temp file and deserializes it.
     pub fn recipe(&self, r: &MockRecipe) -> synRecipeHandle {
-        let path = temp_path(&format!("{}.json", r.name));
+        let (_dir, path) = temp_path(&format!("{}.json", r.name));
         r.write(&path).unwrap();
         let c = CString::new(path.to_str().unwrap()).unwrap();
         let mut h = std::ptr::null_mut();
@@ -172,11 +176,12 @@ impl Drop for Dev {
     }
 }
 
-/// A fresh path in a per-process temp directory.
-pub fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dropcompute-mock-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A fresh path `name` (not created) in a fresh temporary directory, removed when the returned
+/// directory drops: keep it alive while the path is used.
+pub fn temp_path(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = hermetic::temp_dir("mock-tests");
+    let p = dir.path().join(name);
+    (dir, p)
 }
 
 /// Generates one `#[test]` per conformance scenario for the table `$api` and control `$ctl`

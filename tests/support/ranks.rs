@@ -1,5 +1,9 @@
 //! Thread-ranks over the safe collectives layer, shared by the HCCL test files: each rank
 //! acquires its own mock device, creates a stream and joins one communicator.
+//!
+//! The including test file must have a `hermetic` module (`support/hermetic.rs`) at its root:
+//! [`serial`] and [`runtime`] remove the product's variables from the process first, so the
+//! calling shell's `DROPCOMPUTE_MOCK_DEVICES`, `HLS_MODULE_ID`... do not reach the mock.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -10,6 +14,7 @@ use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
 
 /// The mock is process-global: tests take turns; each turn starts with no fault armed.
 pub fn serial() -> MutexGuard<'static, ()> {
+    super::hermetic::scrub_process_env();
     static L: Mutex<()> = Mutex::new(());
     let g = L.lock().unwrap_or_else(|p| p.into_inner());
     MockControl::in_process().inject_fault(&Fault::ClearAll).unwrap();
@@ -19,7 +24,10 @@ pub fn serial() -> MutexGuard<'static, ()> {
 /// The process's runtime over the in-process mock.
 pub fn runtime() -> &'static Arc<Runtime> {
     static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
-    RT.get_or_init(|| Runtime::new(mock::api()).unwrap())
+    RT.get_or_init(|| {
+        super::hermetic::scrub_process_env();
+        Runtime::new(mock::api()).unwrap()
+    })
 }
 
 /// Runs `f(rank, comm, stream)` on `n` thread-ranks of `rt` (`dropcompute::launch::threads`),

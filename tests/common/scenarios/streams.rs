@@ -111,7 +111,7 @@ pub fn launch_errors(api: &SynapseApi, _c: &MockControl) {
         ok(api, d.sync(s));
         // Unknown kernel and malformed recipe files.
         let mut h = std::ptr::null_mut();
-        let p = temp_path("unknown_kernel.json");
+        let (_dir, p) = temp_path("unknown_kernel.json");
         MockRecipe::new("u", "no_such_kernel").write(&p).unwrap();
         let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
         assert_eq!((api.syn_recipe_deserialize)(&mut h, c.as_ptr()), synStatus::INVALID_ARGUMENT);
@@ -196,7 +196,7 @@ pub fn recipe_queries(api: &SynapseApi, _c: &MockControl) {
         );
         ok(api, d.sync(s));
         // Serialize round trip.
-        let p = temp_path("serialized.json");
+        let (_dir, p) = temp_path("serialized.json");
         let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
         ok(api, (api.syn_recipe_serialize)(r, c.as_ptr()));
         assert_eq!(MockRecipe::read(&p).unwrap().tensors.len(), 2);
