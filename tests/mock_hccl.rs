@@ -103,6 +103,7 @@ fn other_collectives_match_references() {
         let (api, r) = (&rk.api, rk.rank);
         // SAFETY (all raw calls): device addresses of this rank's buffers cast to pointers;
         // comm and stream of this table.
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe {
             // reduce-scatter: rank r receives elements r*rc.. of the sum
             let rc = 333;
@@ -162,6 +163,7 @@ fn other_collectives_match_references() {
 fn send_recv_ungrouped_pair_and_grouped_ring() {
     let t = hcclDataType_t::INT32;
     // Two ranks: rank 0 sends then receives, rank 1 receives then sends, ungrouped.
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     world(2, |rk| unsafe {
         let (api, r) = (&rk.api, rk.rank);
         let s = rk.upload(&encode(t, &input(t, r, 64)));
@@ -179,6 +181,7 @@ fn send_recv_ungrouped_pair_and_grouped_ring() {
     // Four ranks, grouped: everyone receives from its predecessor before sending (would
     // deadlock without group semantics).
     let n = 4;
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     world(n, |rk| unsafe {
         let (api, r) = (&rk.api, rk.rank);
         let s = rk.upload(&encode(t, &input(t, r, 9)));
@@ -196,6 +199,7 @@ fn send_recv_ungrouped_pair_and_grouped_ring() {
 fn group_of_several_collectives() {
     let n = 3;
     let t = hcclDataType_t::FLOAT32;
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     world(n, |rk| unsafe {
         let (api, r) = (&rk.api, rk.rank);
         let a = rk.upload(&encode(t, &input(t, r, 50)));
@@ -228,6 +232,7 @@ fn group_of_several_collectives() {
 fn synchronous_argument_errors() {
     let api = setup();
     // SAFETY (all raw calls): valid out-pointers; deliberately invalid handles and values.
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         let mut c: hcclComm_t = std::ptr::null_mut();
         let id = unique_id(&api);
@@ -240,6 +245,7 @@ fn synchronous_argument_errors() {
         let mut e = hcclResult_t::SUCCESS;
         assert_eq!((api.hccl_comm_get_async_error)(0x40 as hcclComm_t, &mut e), hcclResult_t::INVALID_ARGUMENT);
     }
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     world(1, |rk| unsafe {
         let api = &rk.api;
         let a = rk.upload(&[0u8; 64]);

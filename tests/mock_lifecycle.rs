@@ -26,6 +26,7 @@ fn lifecycle() {
     common::hermetic::scrub_process_env();
     let api = api();
     // SAFETY (raw calls below): pointers to live locals; single-threaded until the rank threads.
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         // Before synInitialize: synObjectNotInitialized, but the version is available.
         let mut n = 0;

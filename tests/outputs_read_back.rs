@@ -47,7 +47,7 @@ fn compute_logs_with_drops_load_and_report_threshold_runs() {
         assert!(t.status.success(), "tune --trace {run}: {}", String::from_utf8_lossy(&t.stderr));
         let text = String::from_utf8_lossy(&t.stdout);
         assert!(text.contains("3 ranks x 3 micro-batches x"), "{run}: {text}");
-        let loaded = load(&[log.clone()], &LoadOptions::default()).expect("the library loads the log");
+        let loaded = load(std::slice::from_ref(&log), &LoadOptions::default()).expect("the library loads the log");
         let trace = &loaded[0].trace;
         // The DropCompute log keeps the shape (M from every row) but not the steps with drops.
         let steps = if run == "baseline" { 4 } else { 4 - steps_with_drops(&log) };

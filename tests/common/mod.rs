@@ -49,8 +49,7 @@ pub struct Dev {
 impl Dev {
     /// synInitialize + acquire module `module`.
     pub fn acquire(api: &SynapseApi, module: u32) -> Self {
-        // SAFETY (all raw calls in this file): pointers are to live locals/buffers of the
-        // stated sizes; handles come from the same table.
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe {
             ok(api, (api.syn_initialize)());
             let mut id = 0;
@@ -61,17 +60,20 @@ impl Dev {
 
     pub fn malloc(&self, size: u64) -> u64 {
         let mut a = 0;
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { ok(&self.api, (self.api.syn_device_malloc)(self.id, size, 0, 0, &mut a)) };
         a
     }
 
     pub fn free(&self, a: u64) -> synStatus {
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { (self.api.syn_device_free)(self.id, a, 0) }
     }
 
     /// A synHostMalloc'd buffer of `n` f32.
     pub fn host_f32(&self, n: usize) -> &'static mut [f32] {
         let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe {
             ok(&self.api, (self.api.syn_host_malloc)(self.id, (n * 4) as u64, 0, &mut p));
             std::slice::from_raw_parts_mut(p.cast(), n)
@@ -80,30 +82,36 @@ impl Dev {
 
     pub fn stream(&self) -> synStreamHandle {
         let mut s = std::ptr::null_mut();
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { ok(&self.api, (self.api.syn_stream_create_generic)(&mut s, self.id, 0)) };
         s
     }
 
     pub fn event(&self, flags: u32) -> synEventHandle {
         let mut e = std::ptr::null_mut();
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { ok(&self.api, (self.api.syn_event_create)(&mut e, self.id, flags)) };
         e
     }
 
     pub fn copy(&self, s: synStreamHandle, src: u64, size: u64, dst: u64, dir: synDmaDir) -> synStatus {
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { (self.api.syn_mem_copy_async)(s, src, size, dst, dir) }
     }
 
     pub fn sync(&self, s: synStreamHandle) -> synStatus {
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { (self.api.syn_stream_synchronize)(s) }
     }
 
     pub fn record(&self, e: synEventHandle, s: synStreamHandle) {
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { ok(&self.api, (self.api.syn_event_record)(e, s)) };
     }
 
     pub fn elapsed(&self, a: synEventHandle, b: synEventHandle) -> Result<u64, synStatus> {
         let mut ns = 0;
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         let s = unsafe { (self.api.syn_event_elapsed_time)(&mut ns, a, b) };
         if s.is_success() { Ok(ns) } else { Err(s) }
     }
@@ -114,6 +122,7 @@ impl Dev {
         r.write(&path).unwrap();
         let c = CString::new(path.to_str().unwrap()).unwrap();
         let mut h = std::ptr::null_mut();
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { ok(&self.api, (self.api.syn_recipe_deserialize)(&mut h, c.as_ptr())) };
         h
     }
@@ -132,6 +141,7 @@ impl Dev {
         let cnames: Vec<CString> = names.iter().map(|n| CString::new(*n).unwrap()).collect();
         let ptrs: Vec<*const i8> = cnames.iter().map(|c| c.as_ptr()).collect();
         let mut ids = vec![0u64; names.len()];
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe {
             ok(&self.api, (self.api.syn_tensor_retrieve_ids)(r, ptrs.as_ptr(), ids.as_mut_ptr(), names.len() as u32));
         }
@@ -145,6 +155,7 @@ impl Dev {
             })
             .collect();
         let flags = if by_name { SYN_FLAGS_TENSOR_NAME } else { 0 };
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe {
             (self.api.syn_launch_with_external_events_ext)(
                 s,
@@ -165,6 +176,7 @@ impl Dev {
         ok(&self.api, self.copy(s, a, (n * 4) as u64, h.as_mut_ptr() as u64, synDmaDir::DRAM_TO_HOST));
         ok(&self.api, self.sync(s));
         let v = h.to_vec();
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { ok(&self.api, (self.api.syn_host_free)(self.id, h.as_ptr().cast(), 0)) };
         v
     }
@@ -172,6 +184,7 @@ impl Dev {
 
 impl Drop for Dev {
     fn drop(&mut self) {
+        // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
         unsafe { (self.api.syn_device_release)(self.id) };
     }
 }

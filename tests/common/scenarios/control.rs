@@ -15,6 +15,7 @@ pub fn stall_makes_stream_busy(api: &SynapseApi, c: &MockControl) {
     let a = d.malloc(16);
     c.inject_fault(&Fault::StallStream { module_id: 3, duration_ms: None }).unwrap();
     ok(api, d.copy(s, h.as_ptr() as u64, 16, a, synDmaDir::HOST_TO_DRAM));
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         assert_eq!((api.syn_stream_query)(s), synStatus::BUSY);
         assert_eq!((api.syn_stream_destroy)(s), synStatus::BUSY);
@@ -55,6 +56,7 @@ unsafe extern "C" fn add_user_value(a: *const MockKernelArgs) -> synStatus {
 static ADDEND: f32 = 1.5;
 
 pub fn kernel_error_is_sticky(api: &SynapseApi, c: &MockControl) {
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         c.register_kernel("test_fail", failing_kernel, std::ptr::null_mut()).unwrap();
         c.register_kernel("test_add", add_user_value, &ADDEND as *const f32 as *mut c_void).unwrap();
@@ -70,6 +72,7 @@ pub fn kernel_error_is_sticky(api: &SynapseApi, c: &MockControl) {
     ok(api, d.launch(s, bad, &["x"], &[a], false, &mut []));
     let e = d.event(0);
     d.record(e, s);
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         assert_eq!(d.sync(s), synStatus::FAIL);
         assert_eq!(d.sync(s), synStatus::FAIL, "the error is sticky");
@@ -89,6 +92,7 @@ pub fn fault_fails_next_call_once(api: &SynapseApi, c: &MockControl) {
     })
     .unwrap();
     let mut x = 0;
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         assert_eq!((api.syn_device_malloc)(d.id, 64, 0, 0, &mut x), synStatus::OUT_OF_RESOURCES);
         assert!(last_message(api).contains("injected"), "{}", last_message(api));
@@ -97,6 +101,7 @@ pub fn fault_fails_next_call_once(api: &SynapseApi, c: &MockControl) {
     c.inject_fault(&Fault::FailNextCall { function: "synStreamQuery".into(), status: 26, times: 2 }).unwrap();
     c.inject_fault(&Fault::ClearAll).unwrap();
     let s = d.stream();
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_stream_query)(s)) };
 }
 
@@ -119,6 +124,7 @@ fn virtual_run(api: &SynapseApi, c: &MockControl, seed: u64) -> Vec<u64> {
         for _ in 0..10 {
             ok(api, d.launch(s, r, &["x"], &[a], false, &mut []));
             d.record(e, s);
+            // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
             unsafe { ok(api, (api.syn_event_synchronize)(e)) };
             out.push(d.elapsed(e, std::ptr::null_mut()).unwrap());
         }
@@ -177,6 +183,7 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
 }
 
 pub fn status_strings_and_hccl_entry_points(api: &SynapseApi, _c: &MockControl) {
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         let mut buf = [0i8; 64];
         ok(api, (api.syn_status_get_brief_description)(synStatus::DEVICE_ALREADY_ACQUIRED, buf.as_mut_ptr(), 64));

@@ -18,6 +18,7 @@ pub fn memory_round_trip_all_directions(api: &SynapseApi, _c: &MockControl) {
     ok(api, d.copy(s, a, (N * 4) as u64, b, synDmaDir::DRAM_TO_DRAM));
     // Device to host into a synHostMap'ed user buffer.
     let mut dst = vec![0f32; N];
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         ok(api, (api.syn_host_map)(d.id, (N * 4) as u64, dst.as_ptr().cast()));
         ok(api, d.copy(s, b, (N * 4) as u64, dst.as_mut_ptr() as u64, synDmaDir::DRAM_TO_HOST));
@@ -29,6 +30,7 @@ pub fn memory_round_trip_all_directions(api: &SynapseApi, _c: &MockControl) {
     ok(api, d.copy(s, src.as_ptr() as u64 + 40, 16, b + 400, synDmaDir::HOST_TO_DRAM));
     let back = d.read_f32(s, b + 400, 4);
     assert_eq!(back, pattern(N)[10..14].to_vec());
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_stream_destroy)(s)) };
 }
 
@@ -41,6 +43,7 @@ pub fn copy_multiple(api: &SynapseApi, _c: &MockControl) {
     let src = [h.as_ptr() as u64, h.as_ptr() as u64 + 16];
     let size = [16u64, 16];
     let dst = [a + 16, a];
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         ok(
             api,
@@ -79,6 +82,7 @@ pub fn memory_errors(api: &SynapseApi, _c: &MockControl) {
     assert_eq!(d.free(b + 128), synStatus::INVALID_ARGUMENT);
     assert_eq!(d.free(0), synStatus::INVALID_ARGUMENT);
     // Host free twice; unmap of a malloc'd pointer.
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         assert_eq!((api.syn_host_unmap)(d.id, h.as_ptr().cast()), synStatus::INVALID_ARGUMENT);
         ok(api, (api.syn_host_free)(d.id, h.as_ptr().cast(), 0));
@@ -86,16 +90,19 @@ pub fn memory_errors(api: &SynapseApi, _c: &MockControl) {
     }
     // Memory info reflects allocations.
     let (mut free, mut total) = (0, 0);
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_device_get_memory_info)(d.id, &mut free, &mut total)) };
     assert_eq!(total, 96 << 30);
     assert_eq!(free, total - 64);
     // Beyond HBM.
     let mut x = 0;
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     assert_eq!(unsafe { (api.syn_device_malloc)(d.id, 97 << 30, 0, 0, &mut x) }, synStatus::OUT_OF_DEVICE_MEMORY);
 }
 
 pub fn device_errors(api: &SynapseApi, _c: &MockControl) {
     let d = Dev::acquire(api, 1);
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         let mut id = 0;
         assert_eq!((api.syn_device_acquire_by_module_id)(&mut id, 1), synStatus::DEVICE_ALREADY_ACQUIRED);

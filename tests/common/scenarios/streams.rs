@@ -10,6 +10,7 @@ pub fn event_semantics(api: &SynapseApi, _c: &MockControl) {
     let s = d.stream();
     let timed = d.event(EVENT_COLLECT_TIME);
     let untimed = d.event(0);
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         // Never recorded: complete for query/synchronize, not initialised for elapsed time.
         ok(api, (api.syn_event_query)(timed));
@@ -65,6 +66,7 @@ pub fn stream_ordering_and_launch(api: &SynapseApi, _c: &MockControl) {
     // External events are recorded when the launch completes.
     let e = d.event(EVENT_COLLECT_TIME);
     ok(api, d.launch(s, fill, &["out"], &[b], false, &mut [e]));
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_event_synchronize)(e)) };
     assert!(d.elapsed(e, std::ptr::null_mut()).is_ok());
     assert_eq!(d.read_f32(s, b, 1024), vec![3.0; 1024]);
@@ -83,6 +85,7 @@ pub fn launch_errors(api: &SynapseApi, _c: &MockControl) {
         tensorId: id,
     };
     let mut ids = [0u64; 2];
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         ok(api, (api.syn_tensor_retrieve_launch_ids)(copy, ids.as_mut_ptr(), 2));
         let launch = |infos: &[synLaunchTensorInfo]| {
@@ -135,6 +138,7 @@ pub fn cross_stream_wait(api: &SynapseApi, _c: &MockControl) {
     let e2 = d.event(EVENT_COLLECT_TIME);
     ok(api, d.launch(s1, fill, &["out"], &[a], false, &mut []));
     d.record(e, s1);
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_stream_wait_event)(s2, e, 0)) };
     ok(api, d.launch(s2, copy, &["src", "dst"], &[a, b], false, &mut []));
     d.record(e2, s2);
@@ -142,12 +146,14 @@ pub fn cross_stream_wait(api: &SynapseApi, _c: &MockControl) {
     // The waiting stream's work ends after the event on the device timeline.
     let (t1, t2) = (d.elapsed(e, std::ptr::null_mut()).unwrap(), d.elapsed(e2, std::ptr::null_mut()).unwrap());
     assert!(t2 >= t1, "{t1} {t2}");
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_device_synchronize)(d.id)) };
 }
 
 pub fn recipe_queries(api: &SynapseApi, _c: &MockControl) {
     let d = Dev::acquire(api, 0);
     let r = d.recipe(&MockRecipe::new("q", "copy").tensor("a", 16).tensor("b", 32).workspace_bytes(256));
+    // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe {
         let attrs = [
             synRecipeAttribute::WORKSPACE_SIZE,
