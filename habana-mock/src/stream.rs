@@ -215,14 +215,16 @@ impl Worker {
             if r.is_err() && s.error.is_none() {
                 s.error = Some((synStatus::FAIL, "mock stream worker panicked".into()));
             }
-            // The operation counts as completed before its events fire, so a host thread woken
-            // by an event sees the stream idle when that was its last operation (as on the
-            // device, where the event is the stream's progress).
+            // The operation counts as completed and its events fire under the stream's lock, so
+            // no observer sees one without the other: a host woken by the stream's last event
+            // finds the stream idle, and one woken by a stream synchronize finds its events
+            // complete (as on the device). Lock order stream -> event; event methods never take
+            // a stream lock while holding their own.
             s.completed += 1;
-            drop(s);
             for (e, g, ts) in r.unwrap_or_default() {
                 e.complete(g, ts);
             }
+            drop(s);
             self.shared.cv.notify_all();
         }
     }
