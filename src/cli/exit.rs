@@ -201,7 +201,9 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     }
     if let Some(c) = e.downcast_ref::<CommandError>() {
         return Some(match c {
-            CommandError::Trace(_) | CommandError::Io { .. } => ExitClass::DataFile,
+            // A plot fails when its SVG cannot be written (the drawing itself has no other
+            // failure on valid data): an output file, like `Io`.
+            CommandError::Trace(_) | CommandError::Io { .. } | CommandError::Plot(_) => ExitClass::DataFile,
             CommandError::Sim(_) | CommandError::Args(_) | CommandError::Env { .. } => ExitClass::Usage,
             _ => ExitClass::Internal,
         });
@@ -280,6 +282,7 @@ mod tests {
             (Box::new(TraceError::Empty("t".into())), 6),
             (Box::new(CommandError::Trace(TraceError::Empty("t".into()))), 6),
             (Box::new(CommandError::Args("--workers".into())), 2),
+            (Box::new(CommandError::Plot("/nonexistent/x.svg: No such file or directory".into())), 6),
             (Box::new(CommandError::Env { variable: "LOCAL_RANK", value: "x".into(), why: "not a rank" }), 2),
             (Box::new(CommandError::SelfCheck("data came back different".into())), 1),
             (Box::new(Context(Box::new(CheckpointError::BadMagic { path: p() }))), 7),

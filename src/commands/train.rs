@@ -20,8 +20,8 @@ use crate::policy::CheckMode;
 use crate::schedule::Normalization;
 use crate::sim::noise::Noise;
 use crate::train::config::{
-    ArgError, BYTES_PER_MB, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MS, MAX_RANKS, RunLength, SlowRank,
-    ThresholdArg, TrainConfig,
+    ArgError, BYTES_PER_MB, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MICRO_BATCH_SIZE, MAX_MICRO_BATCHES, MAX_MS,
+    MAX_RANKS, RunLength, SlowRank, ThresholdArg, TrainConfig,
 };
 use crate::train::error::TrainError;
 use crate::train::job::Job;
@@ -173,7 +173,13 @@ impl Args {
             ));
         }
         let micro_batches = at_least_one("micro-batches", self.micro_batches)?;
+        if micro_batches > MAX_MICRO_BATCHES {
+            return Err(bad("micro-batches", micro_batches, format!("must be <= {MAX_MICRO_BATCHES}")));
+        }
         let micro_batch_size = at_least_one("micro-batch-size", self.micro_batch_size)?;
+        if micro_batch_size > MAX_MICRO_BATCH_SIZE {
+            return Err(bad("micro-batch-size", micro_batch_size, format!("must be <= {MAX_MICRO_BATCH_SIZE}")));
+        }
         let global_batch = u64::from(ranks)
             .checked_mul(u64::from(micro_batches))
             .and_then(|x| x.checked_mul(u64::from(micro_batch_size)))
@@ -259,10 +265,31 @@ impl Args {
 ///
 /// # Errors
 /// [`TrainError`]: `Args` for a bad flag (before any device call), and the job's data, device,
+/// `train` runs its model kernels on the CPU mock (they are mock recipes until device graphs
+/// land), so `DROPCOMPUTE_BACKEND` must be unset, `auto` or `mock`.
+///
+/// # Errors
+/// [`TrainError::Config`] naming the variable and value when it is not a backend name, or
+/// names the real runtime (`synapse`).
+fn check_backend_env() -> Result<(), TrainError> {
+    use crate::synapse::BackendChoice;
+    use crate::synapse::backend::ENV_BACKEND;
+    let bad = |value: String| TrainError::Config { what: ENV_BACKEND, value };
+    match BackendChoice::from_env() {
+        Err(e) => Err(bad(e.to_string())),
+        Ok(BackendChoice::Synapse(_)) => Err(bad(format!(
+            "{:?}: train runs its model on the CPU mock (mock recipes); unset it or use auto or mock",
+            std::env::var(ENV_BACKEND).unwrap_or_default()
+        ))),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// collective, checkpoint, output and interrupt errors.
 pub fn run(a: &Args) -> Result<(), TrainError> {
-    // Pure validation first: bad flags, data and --out fail before any device call.
+    // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.validate()?;
+    check_backend_env()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
     crate::train::ckpt::install_signal_handler();

@@ -90,6 +90,14 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     };
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
+        if t.num_steps() < crate::tune::MIN_STEPS || t.world_size() < 2 {
+            return Err(CommandError::Trace(crate::trace::TraceError::InsufficientData {
+                source_name: t.source().to_string(),
+                steps: t.num_steps(),
+                ranks: t.world_size(),
+                min_steps: crate::tune::MIN_STEPS,
+            }));
+        }
         let Recommendation { verdict, report: r } = recommend(t, &how);
         let compute = t.rank_compute_ns();
         let n = t.world_size();
@@ -262,5 +270,37 @@ mod tests {
                 other => panic!("{flag} {value}: expected an argument error, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_one_step_trace_is_insufficient_data_not_a_verdict() {
+        // The issue's fixture: a compute log with 4 rows (2 ranks x 2 micro-batches, 1 step),
+        // rank 1 taking 30 ms and 90 ms.
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("one-step.csv");
+        std::fs::write(
+            &log,
+            "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n\
+             0,0,2,8,0,8,false,10,0,0,10000000\n0,1,2,8,0,16,false,10,0,10000000,10000000\n\
+             0,0,2,8,0,8,false,30,1,0,30000000\n0,1,2,8,0,16,false,90,1,30000000,90000000\n",
+        )
+        .unwrap();
+        let args = Wrap::try_parse_from(["tune", "--trace", log.to_str().unwrap()]).unwrap().args;
+        let mut out = Vec::new();
+        let e = run_to(&args, &mut out).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CommandError::Trace(crate::trace::TraceError::InsufficientData {
+                    steps: 1,
+                    ranks: 2,
+                    min_steps: 10,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("verdict") && !text.contains("chronic"), "no verdict, no label: {text}");
     }
 }

@@ -192,8 +192,9 @@ pub struct StragglerTracker {
     pub ewma_compute_ns: Vec<f64>,
 }
 
-/// Minimum number of steps before a rank can be flagged a chronic straggler.
-pub const CHRONIC_MIN_STEPS: u64 = 10;
+/// Minimum number of steps before a rank can be flagged a chronic straggler: `tune::MIN_STEPS`,
+/// the one minimum of every straggler label (here and in `dropcompute tune`).
+pub const CHRONIC_MIN_STEPS: u64 = crate::tune::MIN_STEPS as u64;
 
 impl StragglerTracker {
     /// A tracker for `world_size` ranks with EWMA factor `alpha` and chronic hit fraction.

@@ -96,6 +96,21 @@ pub enum TraceError {
         /// Steps in the log.
         steps: usize,
     },
+    /// Too little data for an answer (`dropcompute tune`): fewer than `min_steps` complete
+    /// steps or fewer than 2 ranks.
+    #[error(
+        "{source_name}: insufficient data: {steps} complete step(s) x {ranks} rank(s); a verdict needs at least {min_steps} steps and 2 ranks"
+    )]
+    InsufficientData {
+        /// The trace.
+        source_name: String,
+        /// Complete steps in it.
+        steps: usize,
+        /// Ranks in it.
+        ranks: usize,
+        /// The minimum (`tune::MIN_STEPS`).
+        min_steps: usize,
+    },
     /// Parquet input in a build without the `parquet` cargo feature.
     #[error("{path}: Parquet traces are not supported by this build: {reason}")]
     ParquetUnsupported {

@@ -30,6 +30,12 @@ pub const MAX_MS: f64 = 3_600_000.0;
 /// Largest `--ranks`: every rank of `train` runs on this host (a thread or a process, each with
 /// its mock device and stream workers).
 pub const MAX_RANKS: u32 = 1024;
+/// Largest `--micro-batches` (gradient accumulation steps per rank per step): the count row
+/// and the per-step latency records are O(M) per rank, and a larger M would only allocate.
+pub const MAX_MICRO_BATCHES: u32 = 65_536;
+/// Largest `--micro-batch-size` (samples per micro-batch; the device buffers hold one
+/// micro-batch, so a larger one would only allocate).
+pub const MAX_MICRO_BATCH_SIZE: u32 = 65_536;
 /// Largest `--hidden` (parameters and per-rank buffers grow linearly with it).
 pub const MAX_HIDDEN: u32 = 16_384;
 /// A flag whose value is out of range. Display: `--FLAG VALUE: why`.

@@ -16,4 +16,10 @@ pub mod search;
 pub mod straggler;
 
 pub use recommend::{Recommend, Recommendation, Scoring, recommend};
+
+/// The fewest complete steps (and ranks: 2) a trace needs before `dropcompute tune` gives a
+/// verdict and before any rank is labelled a chronic or transient straggler (here and in the
+/// scheduler's `StragglerTracker`): below it a threshold or a label mostly fits noise, so the
+/// answer is "insufficient data" instead.
+pub const MIN_STEPS: usize = 10;
 pub use search::{CandidateScore, Guardrails, Refusal, TuneConfig, TuneReport, Verdict, tune};

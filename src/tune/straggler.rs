@@ -21,11 +21,14 @@ pub struct StragglerConfig {
     pub chronic_fraction: f64,
     /// EWMA weight of the newest step (default 0.2).
     pub ewma_alpha: f64,
+    /// Fewest steps before any rank is labelled (default [`super::MIN_STEPS`]); with fewer,
+    /// every rank is [`StragglerClass::Unlabelled`].
+    pub min_steps: usize,
 }
 
 impl Default for StragglerConfig {
     fn default() -> Self {
-        Self { tolerance: 0.05, chronic_fraction: 0.5, ewma_alpha: 0.2 }
+        Self { tolerance: 0.05, chronic_fraction: 0.5, ewma_alpha: 0.2, min_steps: super::MIN_STEPS }
     }
 }
 
@@ -38,6 +41,8 @@ pub enum StragglerClass {
     Transient,
     /// Never slow.
     Normal,
+    /// Fewer than `min_steps` steps: too few to tell (the statistics are still reported).
+    Unlabelled,
 }
 
 /// Attribution of one rank.
@@ -93,7 +98,9 @@ pub fn attribute(trace: &LatencyTrace, cfg: &StragglerConfig) -> Vec<RankAttribu
                 slowest_fraction: slowest[r] as f64 / s,
                 mean_excess: excess[r] / s,
                 ewma_excess: ewma[r],
-                class: if slow[r] == 0 {
+                class: if trace.num_steps() < cfg.min_steps {
+                    StragglerClass::Unlabelled
+                } else if slow[r] == 0 {
                     StragglerClass::Normal
                 } else if sf >= cfg.chronic_fraction {
                     StragglerClass::Chronic
@@ -124,7 +131,11 @@ mod tests {
             lat.extend([10.0, 10.0, 15.0, if s == 1 { 20.0 } else { 10.0 }]);
         }
         let t = LatencyTrace::new("t", vec![0, 1, 2, 3], vec![0, 1, 2, 3], 1, lat, vec![0.0; 4]).expect("valid");
-        let a = attribute(&t, &StragglerConfig::default());
+        let a = attribute(&t, &StragglerConfig { min_steps: 4, ..StragglerConfig::default() });
+        // With the default minimum (10 steps) these 4 steps label nobody.
+        let few = attribute(&t, &StragglerConfig::default());
+        assert!(few.iter().all(|x| x.class == StragglerClass::Unlabelled), "{few:?}");
+        assert_eq!(few[0].slow_fraction, 1.0);
         assert_eq!(a[0].rank, 2);
         assert_eq!(a[0].class, StragglerClass::Chronic);
         assert_eq!(a[0].slow_fraction, 1.0);
