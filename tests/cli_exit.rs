@@ -58,6 +58,13 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
     let (code, err) = code_and_stderr(&dropcompute(&["info"], &[("DROPCOMPUTE_BACKEND", "gpu")]));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("DROPCOMPUTE_BACKEND") && err.contains("gpu"), "{err}");
+    // The mock's device count is checked before any device call, naming the variable (was
+    // exit 4 from synInitialize).
+    for bad in ["abc", "0", "70000"] {
+        let (code, err) = code_and_stderr(&dropcompute(&["info"], &[("DROPCOMPUTE_MOCK_DEVICES", bad)]));
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.contains("DROPCOMPUTE_MOCK_DEVICES") && err.contains(bad), "{err}");
+    }
     let (_d, trace) = hermetic::missing_path("trace.csv");
     let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", trace.to_str().unwrap()], &[]));
     assert_eq!(code, Some(6), "{err}");

@@ -186,10 +186,9 @@ impl MockConfig {
             _ => {
                 let mut cfg = Self::default();
                 if let Ok(n) = std::env::var(ENV_DEVICES) {
-                    cfg.devices = n
-                        .trim()
-                        .parse()
-                        .map_err(|_| bad("config", format!("{ENV_DEVICES}={n:?} is not a device count")))?;
+                    cfg.devices = n.trim().parse().ok().filter(|d| (1..=MAX_DEVICES).contains(d)).ok_or_else(|| {
+                        bad("config", format!("{ENV_DEVICES}={n:?} is not a device count in 1..={MAX_DEVICES}"))
+                    })?;
                 }
                 cfg
             }

@@ -36,6 +36,12 @@ pub struct Args {
 /// returns different data.
 pub fn run(args: &Args) -> Result<(), BoxError> {
     let backend = args.backend.select()?;
+    // The mock's environment (DROPCOMPUTE_MOCK_*) is checked before any device call, so a bad
+    // value is a usage error naming the variable (exit 2), not a failed synInitialize.
+    #[cfg(feature = "mock")]
+    if backend.is_mock() || backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok()) {
+        crate::mock::MockConfig::from_env()?;
+    }
     println!("backend:  {}", backend.describe());
     if let Some(note) = &backend.note {
         println!("note:     {note}");

@@ -69,7 +69,7 @@ pub enum TraceError {
     /// Some (step, rank, micro-batch) cells are missing, so the trace is not an N x M matrix per
     /// step. `missing` lists up to 20 of them.
     #[error(
-        "{source_name}: {count} missing micro-batch latencies (ragged trace), e.g. (step, rank, micro-batch) {missing:?}; pass allow_incomplete_steps to drop those steps"
+        "{source_name}: {count} missing micro-batch latencies (ragged trace), e.g. (step, rank, micro-batch) {missing:?}; pass --allow-incomplete-steps (tune) to drop those steps"
     )]
     Ragged {
         /// Where the data came from.
