@@ -309,16 +309,15 @@ fn load_logs_with<'a>(
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("dropcompute-trace-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("temp dir");
-        d
+    /// A fresh temporary directory, removed when the returned guard drops.
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("dropcompute-trace-{name}-")).tempdir().expect("temp dir")
     }
 
     #[test]
     fn our_log_round_trips_and_derives_overhead() {
         let dir = tmp("ours");
-        let path = dir.join("log.csv");
+        let path = dir.path().join("log.csv");
         let mut w = ComputeLogWriter::new(std::fs::File::create(&path).expect("create"));
         // 2 ranks, 2 steps, M = 2; step period 100 ns, rank 1 slower.
         for step in 0..2u64 {
@@ -358,7 +357,7 @@ mod tests {
     #[test]
     fn reference_log_needs_rank_in_name_and_reports_bad_cells() {
         let dir = tmp("ref");
-        let good = dir.join("compute_logs_3.csv");
+        let good = dir.path().join("compute_logs_3.csv");
         std::fs::write(
             &good,
             "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
@@ -369,7 +368,7 @@ mod tests {
         assert_eq!(l.trace.ranks(), &[3]);
         assert_eq!(l.trace.step_matrix(0), &[500.5e6, 400e6]);
 
-        let bad = dir.join("compute_logs_4.csv");
+        let bad = dir.path().join("compute_logs_4.csv");
         std::fs::write(
             &bad,
             "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
@@ -383,7 +382,7 @@ mod tests {
             }
             other => panic!("expected Malformed, got {other:?}"),
         }
-        let noname = dir.join("timings.csv");
+        let noname = dir.path().join("timings.csv");
         std::fs::copy(&good, &noname).expect("copy");
         assert!(matches!(
             load_logs(&[noname], &LoadOptions::default()),

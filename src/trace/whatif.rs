@@ -306,12 +306,13 @@ mod tests {
 
     const HEADER: &str = "dp_rank,stage,rank,step,optype,start_ts,duration,seq_id,mc,mb_id,gmc\n";
 
-    fn write(name: &str, body: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("dropcompute-whatif-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("temp dir");
-        let p = d.join(name);
+    /// Writes `body` under the header into a fresh temporary directory (removed when the
+    /// returned guard drops).
+    fn write(name: &str, body: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let d = tempfile::Builder::new().prefix("dropcompute-whatif-").tempdir().expect("temp dir");
+        let p = d.path().join(name);
         std::fs::write(&p, format!("{HEADER}{body}")).expect("write");
-        p
+        (d, p)
     }
 
     /// One step, 1 replica, 2 stages, 2 micro-batches, plus an optimizer op ending at 1.0 s.
@@ -328,7 +329,7 @@ mod tests {
 
     #[test]
     fn bottleneck_and_sum_aggregations() {
-        let p = write("small.csv", &small());
+        let (_d, p) = write("small.csv", &small());
         let l = load_csv(&p, &LoadOptions::default()).expect("load");
         let m = l.trace.step_matrix(0);
         assert!((m[0] - 0.4e9).abs() < 1.0 && (m[1] - 0.4e9).abs() < 1.0, "{m:?}");
@@ -349,12 +350,12 @@ mod tests {
             .filter(|l| *l != "0,1,1,7,backward-compute,0.1,0.05,0,0,1,0")
             .map(|l| format!("{l}\n"))
             .collect();
-        let p = write("ragged.csv", &body);
+        let (_d1, p) = write("ragged.csv", &body);
         match load_csv(&p, &LoadOptions::default()) {
             Err(TraceError::Ragged { missing, .. }) => assert_eq!(missing, vec![(7, 0, 1)]),
             other => panic!("expected Ragged, got {other:?}"),
         }
-        let p = write("bad.csv", "0,0,0,7,forward-compute,0.0,abc,0,0,0,0\n");
+        let (_d2, p) = write("bad.csv", "0,0,0,7,forward-compute,0.0,abc,0,0,0,0\n");
         match load_csv(&p, &LoadOptions::default()) {
             Err(TraceError::Malformed { line, column, .. }) => {
                 assert_eq!((line, column.as_str()), (2, "duration"));
