@@ -5,28 +5,22 @@
 //! threshold that drops, every micro-batch both runs compute took the same time in both.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-/// A fresh output directory for one case (removed by the caller).
-fn out_dir(case: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("dropcompute-crn-{}-{case}", std::process::id()))
-}
-
-/// Runs `train` in virtual time with `extra` flags into `out`; panics with stderr on failure.
+/// Runs `train` in virtual time with `extra` flags into `out` (the product's environment
+/// cleared); panics with stderr on failure.
 fn train(out: &Path, extra: &[&str]) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
-    cmd.args(["train", "--ranks", "4", "--micro-batches", "4", "--steps", "6", "--warmup-steps", "0"])
+    let o = hermetic::dropcompute()
+        .args(["train", "--ranks", "4", "--micro-batches", "4", "--steps", "6", "--warmup-steps", "0"])
         .args(["--time-mode", "virtual", "--out"])
         .arg(out)
-        .args(extra);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DROPCOMPUTE_") || k.starts_with("HCCL_") {
-            cmd.env_remove(k);
-        }
-    }
-    let o = cmd.output().expect("run dropcompute");
+        .args(extra)
+        .output()
+        .expect("run dropcompute");
     assert!(o.status.success(), "train {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
@@ -65,7 +59,8 @@ fn a_threshold_that_never_triggers_measures_exactly_one() {
         &["--noise", "lognormal:0.5", "--slow-rank", "1:1.5", "--check", "before"],
     ];
     for (n, flags) in cases.iter().enumerate() {
-        let out = out_dir(&format!("never-{n}"));
+        let tmp = hermetic::temp_dir(&format!("crn-never-{n}"));
+        let out = tmp.path().join("o");
         let mut args = vec!["--threshold", "100000"];
         args.extend_from_slice(flags);
         train(&out, &args);
@@ -77,13 +72,13 @@ fn a_threshold_that_never_triggers_measures_exactly_one() {
             (durations(&out.join("compute_log_baseline.csv")), durations(&out.join("compute_log_dropcompute.csv")));
         assert_eq!(a.len(), 4 * 4 * 6);
         assert_eq!(a, b, "{flags:?}");
-        std::fs::remove_dir_all(&out).ok();
     }
 }
 
 #[test]
 fn micro_batches_computed_in_both_runs_took_the_same_time() {
-    let out = out_dir("drop");
+    let tmp = hermetic::temp_dir("crn-drop");
+    let out = tmp.path().join("o");
     train(&out, &["--threshold", "30", "--noise", "reference", "--slow-rank", "2:2", "--check", "before"]);
     let (a, b) =
         (durations(&out.join("compute_log_baseline.csv")), durations(&out.join("compute_log_dropcompute.csv")));
@@ -92,5 +87,4 @@ fn micro_batches_computed_in_both_runs_took_the_same_time() {
     for (k, d) in &b {
         assert_eq!(a.get(k), Some(d), "micro-batch (step, rank, index) {k:?}");
     }
-    std::fs::remove_dir_all(&out).ok();
 }

@@ -3,21 +3,20 @@
 //! report.json's threshold is accepted by `train --threshold`.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
+use std::path::Path;
+use std::process::Output;
 
 use dropcompute::trace::{LoadOptions, load};
 
+/// Runs the binary with `args` (and `--out out` when given), the product's environment cleared.
 fn dropcompute(args: &[&str], out: Option<&Path>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dropcompute"));
+    let mut cmd = hermetic::dropcompute();
     cmd.args(args);
     if let Some(o) = out {
         cmd.arg("--out").arg(o);
-    }
-    for (k, _) in std::env::vars() {
-        if k.starts_with("DROPCOMPUTE_") || k.starts_with("HCCL_") {
-            cmd.env_remove(k);
-        }
     }
     cmd.output().expect("run dropcompute")
 }
@@ -32,8 +31,8 @@ fn steps_with_drops(log: &Path) -> usize {
 
 #[test]
 fn compute_logs_with_drops_load_and_report_threshold_runs() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("dropcompute-read-back-{}", std::process::id()));
-    let out = dir.join("o");
+    let dir = hermetic::temp_dir("read-back");
+    let out = dir.path().join("o");
     let base = ["train", "--ranks", "3", "--micro-batches", "3", "--steps", "14", "--warmup-steps", "0"];
     let mut args = base.to_vec();
     // Before-check at 60 ms drops in a few steps (virtual time and keyed latencies: the same
@@ -72,5 +71,4 @@ fn compute_logs_with_drops_load_and_report_threshold_runs() {
     again.extend(["--time-mode", "virtual", "--no-compare", "--threshold", &ms]);
     let o = dropcompute(&again, None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    std::fs::remove_dir_all(&dir).ok();
 }

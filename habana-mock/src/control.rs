@@ -112,10 +112,7 @@ pub unsafe extern "C" fn dcmock_inject_fault(json: *const c_char) -> synStatus {
                 Some(m) => m.latency.reseed(seed, module_id),
                 None => return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist")),
             },
-            Fault::LatencyKey { module_id, step, micro_batch } => match r.modules.get_mut(module_id as usize) {
-                Some(m) => m.latency.set_key(Some(crate::latency::LatencyKey { step, micro_batch })),
-                None => return fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist")),
-            },
+            Fault::LatencyKey { module_id, step, micro_batch } => set_key(&mut r, module_id, step, micro_batch)?,
         }
         Ok(())
     })
@@ -250,4 +247,28 @@ impl MockControl {
         // SAFETY: NUL-terminated JSON.
         self.check("dcmock_inject_fault", unsafe { (self.inject)(json.as_ptr()) })
     }
+}
+
+/// Sets module `module_id`'s latency key (see `Fault::LatencyKey`) under the registry lock.
+fn set_key(r: &mut crate::state::Registry, module_id: u32, step: u64, micro_batch: u32) -> MResult<()> {
+    match r.modules.get_mut(module_id as usize) {
+        Some(m) => {
+            m.latency.set_key(Some(crate::latency::LatencyKey { step, micro_batch }));
+            Ok(())
+        }
+        None => fail(synStatus::INVALID_ARGUMENT, format!("module {module_id} does not exist")),
+    }
+}
+
+/// `Fault::LatencyKey` for the in-process mock without the JSON round trip: a job calls it
+/// before every micro-batch, so it stays a lock and a store.
+///
+/// # Errors
+/// [`MockControlError::Rejected`] naming the module when it does not exist.
+pub fn set_latency_key(module_id: u32, step: u64, micro_batch: u32) -> Result<(), MockControlError> {
+    set_key(&mut crate::state::registry(), module_id, step, micro_batch).map_err(|e| MockControlError::Rejected {
+        call: "set_latency_key",
+        status: e.status,
+        message: e.msg,
+    })
 }

@@ -51,7 +51,9 @@ mod stream;
 use habana_sys::{SynapseApi, SynapseFns};
 
 pub use config::{DeviceOverride, ENV_VERSION, Fault, MOCK_VERSION, MockConfig, MockDeviceType, Noise, TimeMode};
-pub use control::{MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel};
+pub use control::{
+    MockControl, MockControlError, dcmock_configure, dcmock_inject_fault, dcmock_register_kernel, set_latency_key,
+};
 pub use device::{ENV_LOCK_DIR, mock_pci_bus};
 pub use grad_kernels::GRADIENT_KERNELS;
 pub use kernel_abi::{MockKernelArgs, MockKernelFn, MockTensor};

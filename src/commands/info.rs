@@ -36,10 +36,14 @@ pub struct Args {
 /// returns different data.
 pub fn run(args: &Args) -> Result<(), BoxError> {
     let backend = args.backend.select()?;
+    #[cfg(feature = "mock")]
+    let is_mock_library = backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok());
+    #[cfg(not(feature = "mock"))]
+    let is_mock_library = false;
     // The mock's environment (DROPCOMPUTE_MOCK_*) is checked before any device call, so a bad
     // value is a usage error naming the variable (exit 2), not a failed synInitialize.
     #[cfg(feature = "mock")]
-    if backend.is_mock() || backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok()) {
+    if backend.is_mock() || is_mock_library {
         crate::mock::MockConfig::from_env()?;
     }
     println!("backend:  {}", backend.describe());
@@ -47,10 +51,6 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
         println!("note:     {note}");
     }
     println!("version:  {}", backend.api.version().unwrap_or("unknown (synDriverGetVersion not exported)"));
-    #[cfg(feature = "mock")]
-    let is_mock_library = backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok());
-    #[cfg(not(feature = "mock"))]
-    let is_mock_library = false;
     let rt = Runtime::new(backend.api.clone())?;
     let ids = rt.module_ids()?;
     let shown: Vec<String> = ids.iter().take(16).map(u32::to_string).collect();

@@ -292,8 +292,7 @@ pub const STEP_START: u32 = u32::MAX;
 /// The mock's rejection (a module id it does not have), as a message.
 pub fn set_latency_key(module_id: Option<u32>, step: u64, micro_batch: u32) -> Result<(), String> {
     let Some(module_id) = module_id else { return Ok(()) };
-    let key = crate::mock::Fault::LatencyKey { module_id, step, micro_batch };
-    crate::mock::MockControl::in_process().inject_fault(&key).map_err(|e| format!("latency key: {e}"))
+    crate::mock::set_latency_key(module_id, step, micro_batch).map_err(|e| format!("latency key: {e}"))
 }
 
 fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
