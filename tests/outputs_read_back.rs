@@ -72,3 +72,190 @@ fn compute_logs_with_drops_load_and_report_threshold_runs() {
     let o = dropcompute(&again, None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Checks `timeline.json` against the Chrome trace event format (JSON object form): every event
+/// has `ph`, `pid` and `name`; complete events (`X`) have `ts`, `dur` >= 0 in microseconds and
+/// a `tid`; instants (`i`) a `ts` and a `tid`; on one (pid, tid) row complete events are nested
+/// or disjoint, never partially overlapping; every row and process with events is named by
+/// `thread_name` / `process_name` metadata. Returns the complete events per row (µs).
+fn check_chrome_trace(json: &[u8]) -> std::collections::BTreeMap<(u64, u64), Vec<(f64, f64)>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let v: serde_json::Value = serde_json::from_slice(json).expect("timeline.json is JSON");
+    let events = v["traceEvents"].as_array().expect("traceEvents array");
+    let (mut rows, mut named_rows, mut named_pids, mut pids) =
+        (BTreeMap::<(u64, u64), Vec<(f64, f64)>>::new(), BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    for e in events {
+        let ph = e["ph"].as_str().unwrap_or_else(|| panic!("no ph: {e}"));
+        let pid = e["pid"].as_u64().unwrap_or_else(|| panic!("no pid: {e}"));
+        assert!(e["name"].is_string(), "no name: {e}");
+        match ph {
+            "M" => match e["name"].as_str() {
+                Some("process_name") => assert!(named_pids.insert(pid) && e["args"]["name"].is_string(), "{e}"),
+                Some("thread_name") => {
+                    let tid = e["tid"].as_u64().expect("thread_name has a tid");
+                    assert!(named_rows.insert((pid, tid)) && e["args"]["name"].is_string(), "{e}");
+                }
+                _ => {}
+            },
+            "X" | "i" => {
+                let tid = e["tid"].as_u64().unwrap_or_else(|| panic!("no tid: {e}"));
+                let ts = e["ts"].as_f64().unwrap_or_else(|| panic!("no ts: {e}"));
+                assert!(ts >= 0.0, "{e}");
+                pids.insert(pid);
+                let dur =
+                    if ph == "X" { e["dur"].as_f64().unwrap_or_else(|| panic!("X without dur: {e}")) } else { 0.0 };
+                assert!(dur >= 0.0, "negative duration: {e}");
+                if ph == "i" {
+                    assert_eq!(e["s"], "t", "thread-scoped instant: {e}");
+                }
+                rows.entry((pid, tid)).or_default();
+                if ph == "X" {
+                    rows.get_mut(&(pid, tid)).unwrap().push((ts, ts + dur));
+                }
+            }
+            other => panic!("unexpected phase {other}: {e}"),
+        }
+    }
+    assert!(rows.keys().all(|k| named_rows.contains(k)), "unnamed rows: {:?} vs {named_rows:?}", rows.keys());
+    assert_eq!(pids, named_pids, "every process with events is named");
+    // Times are whole ns written as µs: compare in ns (rounded) so float noise is not an overlap.
+    for (row, spans) in &mut rows {
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<i64> = Vec::new();
+        for &(a, z) in spans.iter() {
+            let (a, z) = ((a * 1e3).round() as i64, (z * 1e3).round() as i64);
+            while open.last().is_some_and(|&end| end <= a) {
+                open.pop();
+            }
+            if let Some(&end) = open.last() {
+                assert!(z <= end, "row {row:?}: [{a}, {z}] ns partially overlaps a span ending at {end} ns");
+            }
+            open.push(z);
+        }
+    }
+    rows
+}
+
+#[test]
+fn timeline_follows_the_chrome_trace_format_in_real_time_and_processes() {
+    let dir = hermetic::temp_dir("timeline");
+    let out = dir.path().join("o");
+    let args = ["train", "--ranks", "2", "--micro-batches", "3", "--steps", "4", "--warmup-steps", "1"];
+    let mut args = args.to_vec();
+    args.extend(["--base-latency-ms", "2", "--threshold", "4", "--launch", "processes", "--sync-lag", "1"]);
+    let o = dropcompute(&args, Some(&out));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = check_chrome_trace(&std::fs::read(out.join("timeline.json")).unwrap());
+    // Two runs (pid 1, 2) x two ranks, each with 4 collectives + 4 optimizer steps at least.
+    assert_eq!(rows.keys().copied().collect::<Vec<_>>(), [(1, 0), (1, 1), (2, 0), (2, 1)]);
+    assert!(rows.values().all(|s| s.len() >= 8), "{rows:?}");
+}
+
+/// Item 7 of issue 12 and the other outputs of one run: a persistently slow rank is named
+/// chronic (stdout and report.json), report.json's metadata and threshold read back (the
+/// threshold, given to `train --threshold`, reproduces the run), steps.csv agrees with
+/// report.json, the timeline is a valid Chrome trace, and the parameters file is accepted by
+/// `--init-params`.
+#[test]
+fn slow_rank_is_chronic_and_every_output_reads_back() {
+    use dropcompute::train::metrics::{StepMetrics, read_csv};
+    use dropcompute::train::report::Report;
+    use dropcompute::tune::StragglerClass;
+    let dir = hermetic::temp_dir("stragglers");
+    let out = dir.path().join("o");
+    let args = ["train", "--ranks", "4", "--steps", "30", "--slow-rank", "3:2", "--time-mode", "virtual"];
+    let before = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+    let o = dropcompute(&args, Some(&out));
+    let after = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let chronic_lines: Vec<&str> = stdout.lines().filter(|l| l.trim_end().ends_with("chronic")).collect();
+    assert_eq!(chronic_lines.len(), 1, "{stdout}");
+    assert_eq!(chronic_lines[0].split_whitespace().next(), Some("3"), "{stdout}");
+
+    let rep: Report = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(rep.stragglers.ranks_of(StragglerClass::Chronic), [3]);
+    assert_eq!((rep.stragglers.steps, rep.stragglers.min_steps), (30, dropcompute::tune::MIN_STEPS as u64));
+    let r3 = &rep.stragglers.ranks[3];
+    assert!(r3.slow_step_share >= 0.5 && r3.dropped_micro_batches > 0, "{r3:?}");
+    // Metadata.
+    let m = &rep.run;
+    assert_eq!(m.args[1..], [&args[..], &["--out", out.to_str().unwrap()]].concat(), "the command line");
+    assert_eq!((m.world_size, m.seed, m.launch.as_str(), m.time_mode.as_str()), (4, 0, "threads", "virtual"));
+    assert_eq!((m.version.as_str(), m.backend.as_str()), (env!("CARGO_PKG_VERSION"), "cpu-mock (in-process)"));
+    assert_eq!(m.cores, std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let start = humantime::parse_rfc3339(&m.start_time).expect("RFC 3339");
+    assert!(m.start_time.ends_with('Z') && before <= start && start <= after, "{}", m.start_time);
+
+    // steps.csv against report.json.
+    let rows = read_csv(&out.join("steps.csv")).expect("steps.csv reads back");
+    let run = |name: &str| -> Vec<StepMetrics> { rows.iter().filter(|r| r.run == name).cloned().collect() };
+    let (base, dc) = (run("baseline"), run("dropcompute"));
+    assert_eq!((base.len(), dc.len(), rows.len()), (30, 30, 60));
+    for (name, rows, r) in [("baseline", &base, rep.baseline.as_ref().unwrap()), ("dropcompute", &dc, &rep.dropcompute)]
+    {
+        // Per step from the compute log: (computed micro-batches, dropped, computed samples,
+        // dropped samples); an epoch's last micro-batch may hold fewer than 8 samples.
+        let mut per_step = std::collections::BTreeMap::<u64, [u64; 4]>::new();
+        let mut log = csv::Reader::from_path(out.join(format!("compute_log_{name}.csv"))).unwrap();
+        for rec in log.deserialize::<dropcompute::trace::compute_log::ComputeLogRecord>() {
+            let rec = rec.unwrap();
+            let e = per_step.entry(rec.global_step).or_default();
+            let d = usize::from(rec.compute_dropped);
+            e[d] += 1;
+            e[2 + d] += u64::from(rec.batch);
+        }
+        assert_eq!(per_step.len(), rows.len(), "{name}");
+        for x in rows.iter() {
+            let [c, d, cs, _] = per_step[&x.step];
+            assert_eq!((x.computed, x.dropped, x.computed + x.dropped), (c, d, 4 * 8), "{name} step {}", x.step);
+            assert_eq!(x.divisor, cs as f64, "{name} step {}: divisor = computed samples", x.step);
+        }
+        assert_eq!(per_step.values().map(|v| v[2]).sum::<u64>(), r.samples_computed);
+        assert_eq!(per_step.values().map(|v| v[3]).sum::<u64>(), r.samples_dropped);
+        assert_eq!(rows.last().unwrap().loss, Some(r.final_loss));
+        // Virtual time: the run's wall time is the sum of its step times.
+        assert!((rows.iter().map(|x| x.step_ms).sum::<f64>() / 1e3 - r.wall_s).abs() < 1e-6);
+        assert!(rows.iter().all(|x| x.threshold_ms == r.threshold_ms));
+    }
+    check_chrome_trace(&std::fs::read(out.join("timeline.json")).unwrap());
+
+    // report.json's threshold (auto: not a round number) given back to --threshold applies the
+    // same deadline: the same threshold in the report and, with the same latencies (common
+    // random numbers), the same drops in every step.
+    let ms = rep.dropcompute.threshold_ms.expect("auto enabled a threshold");
+    let out2 = dir.path().join("o2");
+    let ms_arg = ms.to_string();
+    let mut again = args.to_vec();
+    again.extend(["--no-compare", "--threshold", &ms_arg]);
+    let o = dropcompute(&again, Some(&out2));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep2: Report = serde_json::from_slice(&std::fs::read(out2.join("report.json")).unwrap()).unwrap();
+    assert_eq!(rep2.dropcompute.threshold_ms, Some(ms));
+    let dc2 = read_csv(&out2.join("steps.csv")).unwrap();
+    let counts = |v: &[StepMetrics]| v.iter().map(|x| (x.step, x.computed, x.dropped)).collect::<Vec<_>>();
+    assert_eq!(counts(&dc2), counts(&dc));
+
+    // The parameters file initialises another run of the same model; a different model is a
+    // data error (exit 6) naming the file.
+    let p = out.join("params_dropcompute.safetensors");
+    let (shape, trained) = dropcompute::train::params::load(&p).expect("safetensors reads back");
+    assert_eq!(shape.param_len(), trained.len());
+    let init =
+        ["train", "--ranks", "2", "--steps", "1", "--time-mode", "virtual", "--no-compare", "--threshold", "off"];
+    let mut warm = init.to_vec();
+    warm.extend(["--lr", "1e-12", "--init-params", p.to_str().unwrap()]);
+    let out3 = dir.path().join("o3");
+    let o = dropcompute(&warm, Some(&out3));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep3: Report = serde_json::from_slice(&std::fs::read(out3.join("report.json")).unwrap()).unwrap();
+    assert_eq!(rep3.config.init_params.as_deref(), p.to_str());
+    // One step at lr 1e-12 leaves the trained model's predictions: its held-out accuracy.
+    assert_eq!(rep3.dropcompute.accuracy, rep.dropcompute.accuracy);
+    let mut other = warm.clone();
+    other.extend(["--hidden", "16"]);
+    let o = dropcompute(&other, None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(err.contains("params_dropcompute.safetensors") && err.contains("hidden: 16"), "{err}");
+}

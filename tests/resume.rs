@@ -43,8 +43,10 @@ fn train(extra: &[&str], env: Option<(&str, String)>) -> Output {
     c.output().unwrap()
 }
 
-fn params(out: &Path) -> Vec<u8> {
-    std::fs::read(out.join("params_dropcompute.f32le")).unwrap()
+/// The final parameters' bits, read back from the run's parameters file.
+fn params(out: &Path) -> Vec<u32> {
+    let (_, p) = dropcompute::train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
+    p.iter().map(|x| x.to_bits()).collect()
 }
 
 fn s(p: &Path) -> &str {

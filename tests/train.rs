@@ -12,8 +12,10 @@ use clap::Parser;
 use dropcompute::commands::train::Args as TrainArgs;
 use dropcompute::train::job::{Job, RunKind};
 use dropcompute::train::output::StagedOut;
+use dropcompute::train::report::RunMetadata;
 use dropcompute::train::run;
 use dropcompute::train::summary;
+use dropcompute::train::{metrics, params};
 
 #[derive(Parser)]
 struct Cli {
@@ -80,9 +82,36 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     let tmp = hermetic::temp_dir("train-test");
     let dir = tmp.path().join("out");
     let staged = StagedOut::new(&dir).unwrap();
-    let rep = summary::report(&j, &out).unwrap();
-    summary::write_outputs(&staged, &rep, &out).unwrap();
+    let meta = RunMetadata::new(&j.cfg, "cpu-mock (in-process)".into(), std::time::SystemTime::now());
+    let rep = summary::report(&j, &out, meta).unwrap();
+    summary::write_outputs(&staged, &j, &rep, &out).unwrap();
     staged.commit().unwrap();
+    // The parameters files hold each run's final parameters bit for bit, in the model's shape.
+    for (i, run) in ["baseline", "dropcompute"].iter().enumerate() {
+        let (shape, params) = params::load(&dir.join(format!("params_{run}.safetensors"))).unwrap();
+        assert_eq!(shape, j.shape, "{run}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&params), bits(&out[0][i].params), "{run}");
+        assert_ne!(bits(&params), bits(&j.init), "{run} trained");
+    }
+    // steps.csv: one row per step per run, the reports' counts, divisor, step time and loss.
+    let rows = metrics::read_csv(&dir.join("steps.csv")).unwrap();
+    assert_eq!(rows.len(), 2 * 16);
+    for (i, run) in ["baseline", "dropcompute"].iter().enumerate() {
+        let o = &out[0][i];
+        let mine: Vec<_> = rows.iter().filter(|r| r.run == *run).collect();
+        assert_eq!(mine.len(), o.reports.len());
+        for (row, rep) in mine.iter().zip(&o.reports) {
+            assert_eq!(row.step, rep.step);
+            assert_eq!(row.computed + row.dropped, 4 * u64::from(m), "{run} step {}", rep.step);
+            assert_eq!((row.computed, row.dropped), (rep.global_computed(), rep.global_dropped()));
+            assert_eq!(row.divisor, rep.global_samples() as f64, "realized normalization");
+            assert_eq!(row.step_ms, rep.step_ns as f64 / 1e6);
+            assert_eq!(row.loss, Some(o.loss[rep.step as usize]));
+            assert!(row.compute_ms <= row.step_ms);
+        }
+        assert_eq!(mine.iter().map(|r| r.dropped).sum::<u64>() > 0, i == 1, "only DropCompute drops");
+    }
     let tl: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("timeline.json")).unwrap()).unwrap();
     let names: Vec<(u64, String)> = tl["traceEvents"]
         .as_array()
@@ -224,7 +253,7 @@ fn a_rank_process_receives_the_parents_validated_config() {
     assert!(err.to_string().contains("config"), "{err}");
 }
 
-fn train_cli(out: &Path, extra: &[&str]) -> Vec<u8> {
+fn train_cli(out: &Path, extra: &[&str]) -> Vec<u32> {
     let _ = std::fs::remove_dir_all(out);
     let o = hermetic::dropcompute()
         .args(["train", "--ranks", "2", "--steps", "6", "--threshold", "off", "--no-compare", "--time-mode", "virtual"])
@@ -233,7 +262,8 @@ fn train_cli(out: &Path, extra: &[&str]) -> Vec<u8> {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    std::fs::read(out.join("params_dropcompute.f32le")).unwrap()
+    let (_, p) = params::load(&out.join("params_dropcompute.safetensors")).unwrap();
+    p.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
@@ -243,9 +273,9 @@ fn process_ranks_give_the_same_parameters_as_thread_ranks() {
     let threads = train_cli(&base.join("threads"), &["--launch", "threads"]);
     let procs = train_cli(&base.join("procs"), &["--launch", "processes"]);
     assert!(!threads.is_empty());
-    let differing = threads.chunks(4).zip(procs.chunks(4)).filter(|(a, b)| a != b).count();
+    let differing = threads.iter().zip(&procs).filter(|(a, b)| a != b).count();
     assert_eq!(threads.len(), procs.len());
-    assert_eq!(differing, 0, "bitwise identical final parameters ({differing} of {} differ)", threads.len() / 4);
+    assert_eq!(differing, 0, "bitwise identical final parameters ({differing} of {} differ)", threads.len());
 }
 
 #[test]

@@ -158,9 +158,11 @@ fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
             ExitClass::Usage
         }
         TrainError::Mock(_) => ExitClass::Usage,
-        TrainError::Data(_) | TrainError::Output(_) | TrainError::Figure(_) | TrainError::Io { .. } => {
-            ExitClass::DataFile
-        }
+        TrainError::Data(_)
+        | TrainError::Output(_)
+        | TrainError::Figure(_)
+        | TrainError::Io { .. }
+        | TrainError::Params(_) => ExitClass::DataFile,
         TrainError::Device { source, .. } => synapse(source),
         TrainError::Collective { source, .. } => hccl(source),
         TrainError::Step(s) => schedule(s),

@@ -26,7 +26,7 @@ use crate::train::config::{
 use crate::train::error::TrainError;
 use crate::train::job::Job;
 use crate::train::output::StagedOut;
-use crate::train::report::comparison_table;
+use crate::train::report::{RunMetadata, comparison_table};
 use crate::train::run as job_run;
 use crate::train::summary;
 
@@ -57,6 +57,11 @@ pub struct Args {
     /// Digits data file (default: the built-in data set).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// Initial parameters: a parameters file written by an earlier run's --out
+    /// (params_<run>.safetensors; same model: data set and --hidden) instead of the seeded
+    /// initialisation.
+    #[arg(long, value_name = "FILE")]
+    pub init_params: Option<PathBuf>,
     /// How ranks are started.
     #[arg(long, value_enum, default_value_t = Launch::Threads)]
     pub launch: Launch,
@@ -231,6 +236,7 @@ impl Args {
             length,
             seed: self.seed,
             data: self.data.clone(),
+            init_params: self.init_params.clone(),
             launch: self.launch,
             out: self.out.clone(),
             resume: self.resume.clone(),
@@ -287,6 +293,7 @@ fn check_backend_env() -> Result<(), TrainError> {
 
 /// collective, checkpoint, output and interrupt errors.
 pub fn run(a: &Args) -> Result<(), TrainError> {
+    let start = std::time::SystemTime::now();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.validate()?;
     check_backend_env()?;
@@ -301,8 +308,10 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
         return Ok(());
     }
     job_run::check_lockstep(&outcomes)?;
-    let rep = summary::report(&job, &outcomes)?;
+    let meta = RunMetadata::new(&job.cfg, backend_name(rt.api()), start);
+    let rep = summary::report(&job, &outcomes, meta)?;
     println!("{}", comparison_table(&rep));
+    print!("{}", rep.stragglers.table());
     if let Some(dc) = outcomes[0].last() {
         println!("threshold: {}", dc.threshold_source);
     }
@@ -313,7 +322,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
         println!("predicted speedup: needs the baseline run's latencies (--compare)");
     }
     if let Some(out) = out {
-        summary::write_outputs(&out, &rep, &outcomes)?;
+        summary::write_outputs(&out, &job, &rep, &outcomes)?;
         let files = out.commit()?;
         println!(
             "wrote {} files to {}",
@@ -322,6 +331,14 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
         );
     }
     Ok(())
+}
+
+/// The backend of report.json's metadata: "cpu-mock (in-process)" or "Synapse at PATH".
+fn backend_name(api: &habana_sys::SynapseApi) -> String {
+    match api.origin() {
+        habana_sys::ApiOrigin::InProcess(name) => format!("{name} (in-process)"),
+        habana_sys::ApiOrigin::Library(p) => format!("Synapse at {}", p.display()),
+    }
 }
 
 /// One rank process of `train --launch processes` (see `crate::launch`): runs the rank its

@@ -241,6 +241,28 @@ impl StragglerTracker {
     }
 }
 
+impl StragglerTracker {
+    /// The label of `rank` (`tune::StragglerClass`): [`StragglerClass::Unlabelled`] before
+    /// [`CHRONIC_MIN_STEPS`] steps (and for a rank out of range), [`StragglerClass::Chronic`]
+    /// when [`StragglerTracker::chronic`] names it, [`StragglerClass::Transient`] when it hit the
+    /// deadline in some step, else [`StragglerClass::Normal`].
+    ///
+    /// [`StragglerClass::Unlabelled`]: crate::tune::StragglerClass::Unlabelled
+    /// [`StragglerClass::Chronic`]: crate::tune::StragglerClass::Chronic
+    /// [`StragglerClass::Transient`]: crate::tune::StragglerClass::Transient
+    /// [`StragglerClass::Normal`]: crate::tune::StragglerClass::Normal
+    pub fn class(&self, rank: u32) -> crate::tune::StragglerClass {
+        use crate::tune::StragglerClass as C;
+        match self.hits.get(rank as usize) {
+            None => C::Unlabelled,
+            Some(_) if self.steps < CHRONIC_MIN_STEPS => C::Unlabelled,
+            Some(_) if self.chronic().contains(&rank) => C::Chronic,
+            Some(&h) if h > 0 => C::Transient,
+            Some(_) => C::Normal,
+        }
+    }
+}
+
 /// The threshold as an optional ns value for reports.
 pub(crate) fn threshold_ns(t: Threshold) -> Option<u64> {
     t.as_ns()
@@ -265,9 +287,15 @@ mod tests {
             t.observe(&ranks);
             if step + 1 < CHRONIC_MIN_STEPS {
                 assert!(t.chronic().is_empty());
+                assert_eq!(t.class(2), crate::tune::StragglerClass::Unlabelled);
             }
         }
         assert_eq!(t.chronic(), vec![2]);
+        use crate::tune::StragglerClass as C;
+        assert_eq!(
+            (0..5).map(|r| t.class(r)).collect::<Vec<_>>(),
+            [C::Normal, C::Transient, C::Chronic, C::Normal, C::Unlabelled]
+        );
         assert_eq!(t.hits, vec![0, 4, 20, 0]);
         assert!((t.ewma_compute_ns[2] - 30_000.0).abs() < 1e-6);
     }

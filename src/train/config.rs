@@ -92,11 +92,14 @@ impl ThresholdArg {
         }
     }
 
-    /// The fixed deadline as a [`Duration`], `None` for `Auto` and `Off`.
+    /// The fixed deadline as a [`Duration`] rounded to the nearest ns (so report.json's
+    /// `threshold_ms`, ns / 1e6 as f64, gives back the same ns), `None` for `Auto` and `Off`.
     pub fn fixed(&self) -> Option<Duration> {
         match *self {
             // `parse` bounds ms to (0, MAX_MS]; a hand-built out-of-range value gives None.
-            Self::Ms(ms) => Duration::try_from_secs_f64(ms / 1e3).ok(),
+            Self::Ms(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => {
+                Some(Duration::from_nanos((ms * 1e6).round() as u64))
+            }
             _ => None,
         }
     }
@@ -140,6 +143,11 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Data file, `None` for the built-in data set.
     pub data: Option<PathBuf>,
+    /// `--init-params`: initial parameters from a parameters file (`train::params`, the
+    /// `params_<run>.safetensors` of an earlier `--out`) instead of the seeded He
+    /// initialisation; `None` for the latter.
+    #[serde(default)]
+    pub init_params: Option<PathBuf>,
     /// How ranks are started.
     pub launch: Launch,
     /// Output directory (see `output::StagedOut`).

@@ -75,6 +75,9 @@ pub enum TrainError {
     /// Outputs (`--out`).
     #[error(transparent)]
     Output(#[from] super::output::OutputError),
+    /// A parameters file (`--init-params`) cannot be read or holds another model.
+    #[error(transparent)]
+    Params(#[from] super::params::ParamsError),
     /// Report assembly.
     #[error(transparent)]
     Report(#[from] super::report::ReportError),

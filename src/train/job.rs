@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::mock::{DeviceOverride, MockConfig};
-use crate::schedule::{DropLedger, StepReport};
+use crate::schedule::{DropLedger, StepReport, StragglerTracker};
 use crate::tune::{Guardrails, Recommend, Scoring};
 
 use super::config::{RunLength, TrainConfig};
@@ -117,7 +117,10 @@ impl Job {
         };
         let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
         let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
-        let init = mlp::init_params(shape, cfg.seed)?;
+        let init = match &cfg.init_params {
+            Some(p) => super::params::load_for(p, shape)?,
+            None => mlp::init_params(shape, cfg.seed)?,
+        };
         let job = Self {
             cfg,
             train: Arc::new(train),
@@ -280,6 +283,8 @@ pub struct RankOutcome {
     pub params: Vec<f32>,
     /// This rank's drop ledger.
     pub ledger: DropLedger,
+    /// The scheduler's straggler statistics at the end of the run (identical on every rank).
+    pub stragglers: StragglerTracker,
     /// Threshold in force at the end (ns), `None` for off.
     pub threshold_ns: Option<u64>,
     /// How the threshold was chosen.

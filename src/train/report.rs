@@ -125,6 +125,8 @@ pub struct ConfigEcho {
     pub seed: u64,
     /// Data file, `null` for the built-in set.
     pub data: Option<String>,
+    /// `--init-params` file, `null` for the seeded initialisation.
+    pub init_params: Option<String>,
     /// "threads", "processes" or "env".
     pub launch: String,
     /// `--noise` in its command-line form (`Noise`'s Display), e.g. "lognormal:0.5" or
@@ -184,6 +186,7 @@ impl From<&TrainConfig> for ConfigEcho {
             epochs,
             seed: c.seed,
             data: c.data.as_ref().map(|p| p.display().to_string()),
+            init_params: c.init_params.as_ref().map(|p| p.display().to_string()),
             launch: value_name(c.launch),
             noise: c.noise.to_string(),
             slow_ranks: c.slow_ranks.iter().map(|r| (r.rank, r.factor)).collect(),
@@ -203,6 +206,129 @@ impl From<&TrainConfig> for ConfigEcho {
     }
 }
 
+/// Who ran what, where and when: the run metadata of report.json.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RunMetadata {
+    /// Version of the `dropcompute` crate that wrote the report.
+    pub version: String,
+    /// The device backend of the ranks: "cpu-mock (in-process)" or "Synapse at PATH".
+    pub backend: String,
+    /// "real" or "virtual" (the mock's device time).
+    pub time_mode: String,
+    /// When the job started, RFC 3339 in UTC to the second (e.g. "2026-11-30T18:28:45Z").
+    pub start_time: String,
+    /// CPU cores available to this process (`std::thread::available_parallelism`; 1 if unknown).
+    pub cores: usize,
+    /// World size N.
+    pub world_size: u32,
+    /// How ranks were started: "threads", "processes" or "env".
+    pub launch: String,
+    /// Seed of both runs.
+    pub seed: u64,
+    /// The command line, program name first (lossy UTF-8).
+    pub args: Vec<String>,
+}
+
+impl RunMetadata {
+    /// The metadata of a job of `cfg` started at `start` on `backend`, with this process's
+    /// command line and core count.
+    pub fn new(cfg: &TrainConfig, backend: String, start: std::time::SystemTime) -> Self {
+        Self {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            backend,
+            time_mode: value_name(cfg.time_mode),
+            start_time: humantime::format_rfc3339_seconds(start).to_string(),
+            cores: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            world_size: cfg.ranks,
+            launch: value_name(cfg.launch),
+            seed: cfg.seed,
+            args: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
+        }
+    }
+}
+
+/// One rank's line of the straggler attribution (from the scheduler's
+/// `schedule::StragglerTracker` over the DropCompute run).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RankStraggler {
+    /// Rank.
+    pub rank: u32,
+    /// Micro-batches this rank dropped over the run.
+    pub dropped_micro_batches: u64,
+    /// Steps in which it hit the deadline (dropped at least one micro-batch): its slow steps.
+    pub slow_steps: u64,
+    /// slow_steps / steps observed, in [0, 1].
+    pub slow_step_share: f64,
+    /// Exponentially weighted mean of its compute phase at the end of the run, ms.
+    pub compute_ms_ewma: f64,
+    /// "chronic", "transient", "normal" or "unlabelled" (`tune::StragglerClass`; rule in
+    /// [`StragglerReport`]).
+    pub class: crate::tune::StragglerClass,
+}
+
+/// The straggler attribution of report.json and of `train`'s stdout.
+///
+/// Rule (`schedule::StragglerTracker::class`): with fewer than [`StragglerReport::min_steps`]
+/// (`tune::MIN_STEPS`) steps, or a run without a deadline, every rank is "unlabelled"; else a
+/// rank is chronic when it hit the deadline in at least the tracker's chronic fraction (default
+/// 0.5) of the steps and its smoothed compute time exceeds the median rank's by more than
+/// 10 %, transient when it hit the deadline in some step, normal otherwise.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StragglerReport {
+    /// The run the tracker observed ("dropcompute").
+    pub run: String,
+    /// Steps observed.
+    pub steps: u64,
+    /// Fewest steps before any label (`tune::MIN_STEPS`).
+    pub min_steps: u64,
+    /// Why every rank is unlabelled, when they are (e.g. "threshold off"); `null` otherwise.
+    pub unlabelled_because: Option<String>,
+    /// Every rank, by rank id.
+    pub ranks: Vec<RankStraggler>,
+}
+
+impl StragglerReport {
+    /// The ranks of a class.
+    pub fn ranks_of(&self, class: crate::tune::StragglerClass) -> Vec<u32> {
+        self.ranks.iter().filter(|r| r.class == class).map(|r| r.rank).collect()
+    }
+
+    /// The text table printed by `train`: a header line, one line per rank that hit the
+    /// deadline, and one line counting the others. Ends with a newline.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "stragglers ({} run, {} steps; labels need >= {} steps{}):\n",
+            self.run,
+            self.steps,
+            self.min_steps,
+            self.unlabelled_because.as_deref().map(|w| format!("; unlabelled: {w}")).unwrap_or_default()
+        );
+        out.push_str(&format!(
+            "  {:>6}  {:>21}  {:>16}  {:>18}  {}\n",
+            "rank", "dropped micro-batches", "slow steps (%)", "compute ms (EWMA)", "class"
+        ));
+        let mut quiet = 0usize;
+        for r in &self.ranks {
+            if r.slow_steps == 0 && r.dropped_micro_batches == 0 {
+                quiet += 1;
+                continue;
+            }
+            out.push_str(&format!(
+                "  {:>6}  {:>21}  {:>16.1}  {:>18.3}  {}\n",
+                r.rank,
+                r.dropped_micro_batches,
+                r.slow_step_share * 100.0,
+                r.compute_ms_ewma,
+                r.class.name()
+            ));
+        }
+        if quiet > 0 {
+            out.push_str(&format!("  {quiet} other rank(s): no deadline hit\n"));
+        }
+        out
+    }
+}
+
 /// report.json.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Report {
@@ -217,6 +343,11 @@ pub struct Report {
     pub predicted_speedup: Option<f64>,
     /// The configuration both runs used.
     pub config: ConfigEcho,
+    /// Version, backend, time mode, start time, cores, world size, launch mode, seed, command
+    /// line.
+    pub run: RunMetadata,
+    /// Per-rank straggler attribution of the DropCompute run.
+    pub stragglers: StragglerReport,
 }
 
 impl Report {
@@ -226,10 +357,12 @@ impl Report {
         dropcompute: RunReport,
         predicted_speedup: Option<f64>,
         config: ConfigEcho,
+        run: RunMetadata,
+        stragglers: StragglerReport,
     ) -> Self {
         let speedup =
             baseline.as_ref().filter(|b| b.samples_per_s > 0.0).map(|b| dropcompute.samples_per_s / b.samples_per_s);
-        Self { baseline, dropcompute, speedup, predicted_speedup, config }
+        Self { baseline, dropcompute, speedup, predicted_speedup, config, run, stragglers }
     }
 
     /// Pretty JSON (infallible for this schema: string keys, no maps with non-string keys).
@@ -273,6 +406,7 @@ pub fn comparison_table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tune::StragglerClass;
 
     fn run(wall_ms: u64, steps: u64, computed: u64, dropped: u64, thr_ms: Option<u64>) -> RunMeasurements {
         RunMeasurements {
@@ -296,12 +430,74 @@ mod tests {
         ConfigEcho::from(&args.validate().expect("valid"))
     }
 
+    fn cfg() -> TrainConfig {
+        let args =
+            <crate::commands::train::Args as clap::FromArgMatches>::from_arg_matches(
+                &<crate::commands::train::Args as clap::Args>::augment_args(clap::Command::new("t"))
+                    .get_matches_from(["t", "--ranks", "4", "--seed", "9", "--launch", "processes"]),
+            )
+            .expect("args");
+        args.validate().expect("valid")
+    }
+
+    fn meta() -> RunMetadata {
+        RunMetadata::new(&cfg(), "cpu-mock (in-process)".into(), std::time::UNIX_EPOCH + Duration::from_secs(86_400))
+    }
+
+    fn stragglers() -> StragglerReport {
+        let rank = |rank, dropped, slow, class| RankStraggler {
+            rank,
+            dropped_micro_batches: dropped,
+            slow_steps: slow,
+            slow_step_share: slow as f64 / 20.0,
+            compute_ms_ewma: 10.0 + f64::from(rank),
+            class,
+        };
+        StragglerReport {
+            run: "dropcompute".into(),
+            steps: 20,
+            min_steps: crate::tune::MIN_STEPS as u64,
+            unlabelled_because: None,
+            ranks: vec![
+                rank(0, 0, 0, StragglerClass::Normal),
+                rank(1, 3, 2, StragglerClass::Transient),
+                rank(2, 0, 0, StragglerClass::Normal),
+                rank(3, 40, 18, StragglerClass::Chronic),
+            ],
+        }
+    }
+
+    #[test]
+    fn metadata_names_version_time_cores_and_command_line() {
+        let m = meta();
+        assert_eq!(m.start_time, "1970-01-02T00:00:00Z");
+        assert_eq!(m.version, env!("CARGO_PKG_VERSION"));
+        assert_eq!((m.world_size, m.seed, m.launch.as_str(), m.time_mode.as_str()), (4, 9, "processes", "real"));
+        assert_eq!(m.cores, std::thread::available_parallelism().map_or(1, |n| n.get()));
+        assert_eq!(m.args.len(), std::env::args_os().count());
+    }
+
+    #[test]
+    fn straggler_table_lists_ranks_that_hit_the_deadline() {
+        let s = stragglers();
+        assert_eq!(s.ranks_of(StragglerClass::Chronic), [3]);
+        let t = s.table();
+        let line = |rank: &str| t.lines().find(|l| l.split_whitespace().next() == Some(rank)).map(str::to_owned);
+        assert_eq!(
+            line("3").expect("rank 3").split_whitespace().collect::<Vec<_>>(),
+            ["3", "40", "90.0", "13.000", "chronic"]
+        );
+        assert!(line("1").expect("rank 1").ends_with("transient"), "{t}");
+        assert!(line("0").is_none() && t.contains("2 other rank(s): no deadline hit"), "{t}");
+        assert!(t.starts_with("stragglers (dropcompute run, 20 steps; labels need >= 10 steps):"), "{t}");
+    }
+
     fn report() -> Report {
         // Baseline: 10 s, 60 steps, 30720 samples. DropCompute: 8 s, 60 steps, 28672 computed,
         // 2048 dropped.
         let b = RunReport::from_measurements(&run(10_000, 60, 30_720, 0, None)).expect("b");
         let d = RunReport::from_measurements(&run(8_000, 60, 28_672, 2_048, Some(25))).expect("d");
-        Report::new(Some(b), d, Some(1.2), echo())
+        Report::new(Some(b), d, Some(1.2), echo(), meta(), stragglers())
     }
 
     #[test]
@@ -322,7 +518,7 @@ mod tests {
     #[test]
     fn no_baseline_means_no_measured_speedup() {
         let d = RunReport::from_measurements(&run(1_000, 5, 100, 0, Some(3))).expect("d");
-        let r = Report::new(None, d, None, echo());
+        let r = Report::new(None, d, None, echo(), meta(), stragglers());
         assert_eq!(r.speedup, None);
         let t = comparison_table(&r);
         assert!(t.lines().any(|l| l.starts_with("effective speedup, measured") && l.trim_end().ends_with('-')), "{t}");
@@ -344,7 +540,7 @@ mod tests {
         let r = report();
         let json = r.to_json();
         let v: serde_json::Value = serde_json::from_str(&json).expect("json");
-        for k in ["baseline", "dropcompute", "speedup", "predicted_speedup", "config"] {
+        for k in ["baseline", "dropcompute", "speedup", "predicted_speedup", "config", "run", "stragglers"] {
             assert!(v.get(k).is_some(), "missing {k}");
         }
         assert!(v["baseline"]["threshold_ms"].is_null());
@@ -356,6 +552,8 @@ mod tests {
         assert_eq!(v["config"]["epochs"], 2);
         assert!(v["config"]["steps"].is_null());
         assert_eq!(v["config"]["slow_ranks"], serde_json::json!([[2, 3.0]]));
+        assert_eq!(v["run"]["start_time"], "1970-01-02T00:00:00Z");
+        assert_eq!(v["stragglers"]["ranks"][3]["class"], "chronic");
         assert_eq!(serde_json::from_str::<Report>(&json).expect("back"), r);
     }
 

@@ -295,6 +295,7 @@ pub fn rank_main(
         let (params, _) = work.state(sched.stream()).map_err(dev_err)?;
         let threshold_ns = sched.threshold().as_ns();
         let ledger = sched.ledger().clone();
+        let stragglers = sched.stragglers().clone();
         drop(work);
         comm = sched.into_comm();
         outcomes.push(RankOutcome {
@@ -305,6 +306,7 @@ pub fn rank_main(
             wall_ns,
             params,
             ledger,
+            stragglers,
             threshold_ns,
             threshold_source: source,
         });

@@ -11,13 +11,14 @@ use crate::policy::Threshold;
 use crate::schedule::StepReport;
 use crate::trace::LatencyTrace;
 use crate::trace::compute_log::ComputeLogWriter;
+use crate::tune::StragglerClass;
 
 use super::error::TrainError;
 use super::figure::Series;
 use super::job::{Job, RankOutcome, RunKind};
 use super::mlp;
 use super::output::StagedOut;
-use super::report::{ConfigEcho, Report, RunMeasurements, RunReport};
+use super::report::{ConfigEcho, RankStraggler, Report, RunMeasurements, RunMetadata, RunReport, StragglerReport};
 use super::timeline::{RunSpans, Span, SpanKind, chrome_trace};
 
 /// The N x M latency trace of a run from one rank's reports (every rank holds the same gathered
@@ -71,11 +72,53 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
     Ok(RunReport::from_measurements(&m)?)
 }
 
-/// The report of a job from the outcomes `[rank][run]` (rank 0 at least).
+/// The straggler attribution of run `o` (rank 0's view of the gathered counts): per rank its
+/// dropped micro-batches, its slow steps (deadline hits) and the tracker's class
+/// (`StragglerTracker::class`); every rank unlabelled, with the reason, when no step of the run
+/// had a deadline (nothing to hit).
+pub fn stragglers(o: &RankOutcome) -> StragglerReport {
+    let t = &o.stragglers;
+    let n = t.hits.len();
+    let mut dropped = vec![0u64; n];
+    for r in &o.reports {
+        for (d, s) in dropped.iter_mut().zip(&r.ranks) {
+            *d += u64::from(s.dropped);
+        }
+    }
+    let no_deadline = o.reports.iter().all(|r| r.threshold_ns.is_none());
+    let steps = t.steps();
+    let unlabelled_because = if no_deadline {
+        Some("no step had a deadline (threshold off), so no rank could hit it".to_owned())
+    } else if steps < crate::schedule::CHRONIC_MIN_STEPS {
+        Some(format!("{steps} steps < {}", crate::schedule::CHRONIC_MIN_STEPS))
+    } else {
+        None
+    };
+    let ranks = (0..n)
+        .map(|i| RankStraggler {
+            rank: i as u32,
+            dropped_micro_batches: dropped[i],
+            slow_steps: t.hits[i],
+            slow_step_share: if steps > 0 { t.hits[i] as f64 / steps as f64 } else { 0.0 },
+            compute_ms_ewma: t.ewma_compute_ns[i] / 1e6,
+            class: if no_deadline { StragglerClass::Unlabelled } else { t.class(i as u32) },
+        })
+        .collect();
+    StragglerReport {
+        run: o.kind.label().to_owned(),
+        steps,
+        min_steps: crate::schedule::CHRONIC_MIN_STEPS,
+        unlabelled_because,
+        ranks,
+    }
+}
+
+/// The report of a job from the outcomes `[rank][run]` (rank 0 at least), with the run
+/// metadata `meta`.
 ///
 /// # Errors
 /// As [`run_report`].
-pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>]) -> Result<Report, TrainError> {
+pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>], meta: RunMetadata) -> Result<Report, TrainError> {
     let r0 = &outcomes[0];
     let base = r0.iter().find(|o| o.kind == RunKind::Baseline);
     let dc = r0
@@ -84,7 +127,7 @@ pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>]) -> Result<Report, TrainE
         .ok_or(TrainError::Config { what: "runs", value: "no DropCompute run".into() })?;
     let predicted = base.and_then(|b| predicted_speedup(job, &b.reports, dc.threshold_ns));
     let baseline = base.map(|b| run_report(job, b)).transpose()?;
-    Ok(Report::new(baseline, run_report(job, dc)?, predicted, ConfigEcho::from(&job.cfg)))
+    Ok(Report::new(baseline, run_report(job, dc)?, predicted, ConfigEcho::from(&job.cfg), meta, stragglers(dc)))
 }
 
 /// Timeline spans of one run over the ranks given, times relative to the earliest start.
@@ -129,19 +172,25 @@ pub fn spans(outcomes: &[&RankOutcome]) -> Vec<Span> {
     v
 }
 
-/// Writes report.json, `compute_log_<run>.csv` (every rank's micro-batches, reference columns
-/// plus rank, start_ns, duration_ns), `params_<run>.f32le` (the final parameters, raw
-/// little-endian f32, identical on every rank), `ledger_<run>.json` (per rank: sample ids
-/// computed in order, dropped micro-batches and their fate), `timeline.json` and `figure.svg`
-/// into `out`.
+/// Writes report.json, `steps.csv` (one row per step per run: `train::metrics`),
+/// `compute_log_<run>.csv` (every rank's micro-batches, reference columns plus rank, start_ns,
+/// duration_ns), `params_<run>.safetensors` (the final parameters, identical on every rank:
+/// `train::params`), `ledger_<run>.json` (per rank: sample ids computed in order, dropped
+/// micro-batches and their fate), `timeline.json` and `figure.svg` into `out`.
 ///
 /// # Errors
-/// [`TrainError::Output`], [`TrainError::Figure`], [`TrainError::Io`].
-pub fn write_outputs(out: &StagedOut, rep: &Report, outcomes: &[Vec<RankOutcome>]) -> Result<(), TrainError> {
+/// [`TrainError::Output`], [`TrainError::Figure`], [`TrainError::Io`], [`TrainError::Params`].
+pub fn write_outputs(
+    out: &StagedOut,
+    job: &Job,
+    rep: &Report,
+    outcomes: &[Vec<RankOutcome>],
+) -> Result<(), TrainError> {
     out.write("report.json", rep.to_json().as_bytes())?;
     let runs = outcomes[0].len();
     let mut all_spans = Vec::new();
     let mut series = Vec::new();
+    let mut steps = Vec::new();
     for i in 0..runs {
         let per_rank: Vec<&RankOutcome> = outcomes.iter().filter_map(|o| o.get(i)).collect();
         let label = per_rank[0].kind.label();
@@ -159,10 +208,12 @@ pub fn write_outputs(out: &StagedOut, rep: &Report, outcomes: &[Vec<RankOutcome>
         let ledger =
             serde_json::to_vec(&ledgers).map_err(|e| TrainError::Config { what: "ledger", value: e.to_string() })?;
         out.write(&format!("ledger_{label}.json"), &ledger)?;
-        let params: Vec<u8> = per_rank[0].params.iter().flat_map(|x| x.to_le_bytes()).collect();
-        out.write(&format!("params_{label}.f32le"), &params)?;
-        all_spans.push((label, spans(&per_rank)));
         let r0 = per_rank[0];
+        let steps_taken = r0.reports.last().map_or(0, |r| r.step + 1);
+        let params = super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?;
+        out.write(&format!("params_{label}.safetensors"), &params)?;
+        steps.extend(super::metrics::rows(label, &r0.reports, &r0.loss));
+        all_spans.push((label, spans(&per_rank)));
         series.push(Series {
             label: label.to_string(),
             step_ms: r0.reports.iter().map(|r| r.step_ns as f64 / 1e6).collect(),
@@ -171,6 +222,9 @@ pub fn write_outputs(out: &StagedOut, rep: &Report, outcomes: &[Vec<RankOutcome>
     }
     let runs: Vec<RunSpans<'_>> = all_spans.iter().map(|(name, s)| RunSpans { name, spans: s }).collect();
     out.write("timeline.json", chrome_trace(&runs).as_bytes())?;
+    let csv =
+        super::metrics::to_csv(&steps).map_err(|e| TrainError::Io { what: "steps.csv".into(), source: e.into() })?;
+    out.write("steps.csv", &csv)?;
     out.write("figure.svg", super::figure::figure_svg(&series)?.as_bytes())?;
     Ok(())
 }

@@ -32,8 +32,9 @@ impl Default for StragglerConfig {
     }
 }
 
-/// Class of a rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Class of a rank. JSON and display names: "chronic", "transient", "normal", "unlabelled".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StragglerClass {
     /// Slow in at least `chronic_fraction` of the steps.
     Chronic,
@@ -43,6 +44,18 @@ pub enum StragglerClass {
     Normal,
     /// Fewer than `min_steps` steps: too few to tell (the statistics are still reported).
     Unlabelled,
+}
+
+impl StragglerClass {
+    /// "chronic", "transient", "normal" or "unlabelled" (the JSON name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chronic => "chronic",
+            Self::Transient => "transient",
+            Self::Normal => "normal",
+            Self::Unlabelled => "unlabelled",
+        }
+    }
 }
 
 /// Attribution of one rank.

@@ -1,0 +1,212 @@
+//! The parameters file of `train --out` (`params_<run>.safetensors`) and `train --init-params`:
+//! the MLP's parameters in the safetensors format (crate `safetensors`; the format of Hugging
+//! Face's `safetensors` library, loadable from Python with `safetensors.numpy.load_file`).
+//!
+//! Owns: [`to_safetensors`] and [`read_safetensors`] / [`load`]. Must not touch: the model math
+//! or the flat layout (`mlp::MlpShape` owns it), checkpoints (`ckpt`: a separate, crash-safe
+//! format with optimizer state).
+//!
+//! File layout: four little-endian `F32` tensors named after [`mlp::MlpShape`]'s blocks,
+//! `w1` `[input, hidden]`, `b1` `[hidden]`, `w2` `[hidden, classes]`, `b2` `[classes]` (row-major,
+//! the same bits as the flat vector), and the string metadata `format` = [`FORMAT`], `run` (the
+//! run label) and `steps` (optimizer steps taken, a resumed run's earlier steps included).
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+use super::mlp::MlpShape;
+
+/// The `format` metadata value of a parameters file.
+pub const FORMAT: &str = "dropcompute-mlp-v1";
+
+/// Tensor names in layout order.
+pub const TENSORS: [&str; 4] = ["w1", "b1", "w2", "b2"];
+
+/// Errors of writing or reading a parameters file; each names the file (or `<memory>`).
+#[derive(Debug, thiserror::Error)]
+pub enum ParamsError {
+    /// The file cannot be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not a safetensors file, or one this crate cannot encode (the crate's message).
+    #[error("{}: not a valid safetensors file: {message}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// The safetensors crate's error.
+        message: String,
+    },
+    /// A tensor is missing, has another dtype, or shapes that do not form one MLP.
+    #[error("{}: {message}", path.display())]
+    Layout {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (tensor name, dtype, shape).
+        message: String,
+    },
+    /// The file's model does not match the job's (`--init-params` with another `--hidden` or
+    /// data set).
+    #[error("{}: parameters of a {found:?} model, the job needs {expected:?}", path.display())]
+    ShapeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Shape stored in the file.
+        found: MlpShape,
+        /// Shape the job uses.
+        expected: MlpShape,
+    },
+}
+
+fn ranges(shape: MlpShape) -> [(Range<usize>, Vec<usize>); 4] {
+    let (i, h, c) = (shape.input, shape.hidden, shape.classes);
+    [(shape.w1(), vec![i, h]), (shape.b1(), vec![h]), (shape.w2(), vec![h, c]), (shape.b2(), vec![c])]
+}
+
+/// The safetensors bytes of `params` (flat layout of `shape`) with metadata `run` and `steps`.
+///
+/// # Errors
+/// [`ParamsError::Layout`] when `params.len() != shape.param_len()`; [`ParamsError::Format`]
+/// if the crate refuses to encode (not expected for these shapes).
+pub fn to_safetensors(shape: MlpShape, params: &[f32], run: &str, steps: u64) -> Result<Vec<u8>, ParamsError> {
+    let mem = || PathBuf::from("<memory>");
+    if params.len() != shape.param_len() {
+        return Err(ParamsError::Layout {
+            path: mem(),
+            message: format!("{} parameters for a {shape:?} model of {}", params.len(), shape.param_len()),
+        });
+    }
+    let bytes: Vec<u8> = params.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let fmt = |e: safetensors::SafeTensorError| ParamsError::Format { path: mem(), message: e.to_string() };
+    let mut views = Vec::with_capacity(4);
+    for (name, (r, dims)) in TENSORS.iter().zip(ranges(shape)) {
+        views.push((*name, TensorView::new(Dtype::F32, dims, &bytes[r.start * 4..r.end * 4]).map_err(fmt)?));
+    }
+    let meta = HashMap::from([
+        ("format".to_owned(), FORMAT.to_owned()),
+        ("run".to_owned(), run.to_owned()),
+        ("steps".to_owned(), steps.to_string()),
+    ]);
+    safetensors::serialize(views, Some(meta)).map_err(fmt)
+}
+
+/// Parses a parameters file's bytes (`path` labels errors): the model shape it holds and the
+/// flat parameters (bit for bit the stored values).
+///
+/// # Errors
+/// [`ParamsError::Format`] for bytes that are not safetensors; [`ParamsError::Layout`] for a
+/// missing tensor, a dtype other than F32, or shapes that are not `w1 [i, h]`, `b1 [h]`,
+/// `w2 [h, c]`, `b2 [c]` with i, h >= 1 and c >= 2.
+pub fn read_safetensors(path: &Path, bytes: &[u8]) -> Result<(MlpShape, Vec<f32>), ParamsError> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| ParamsError::Format { path: path.into(), message: e.to_string() })?;
+    let layout = |message: String| ParamsError::Layout { path: path.into(), message };
+    let mut views = Vec::with_capacity(4);
+    for name in TENSORS {
+        let v = st.tensor(name).map_err(|e| layout(format!("tensor {name}: {e}")))?;
+        if v.dtype() != Dtype::F32 {
+            return Err(layout(format!("tensor {name}: dtype {:?}, expected F32", v.dtype())));
+        }
+        views.push(v);
+    }
+    let dims: Vec<&[usize]> = views.iter().map(|v| v.shape()).collect();
+    let shape = match dims[..] {
+        [[i, h], [h1], [h2, c], [c1]] if h == h1 && h == h2 && c == c1 => {
+            MlpShape { input: *i, hidden: *h, classes: *c }
+        }
+        _ => return Err(layout(format!("shapes {dims:?} are not w1 [i, h], b1 [h], w2 [h, c], b2 [c]"))),
+    };
+    shape.validate().map_err(|e| layout(e.to_string()))?;
+    let mut params = Vec::with_capacity(shape.param_len());
+    for v in &views {
+        params.extend(v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    }
+    Ok((shape, params))
+}
+
+/// Reads the parameters file at `path` ([`read_safetensors`]).
+///
+/// # Errors
+/// [`ParamsError::Io`] when the file cannot be read; as [`read_safetensors`].
+pub fn load(path: &Path) -> Result<(MlpShape, Vec<f32>), ParamsError> {
+    let bytes = std::fs::read(path).map_err(|source| ParamsError::Io { path: path.into(), source })?;
+    read_safetensors(path, &bytes)
+}
+
+/// Reads `path` for a job of model `expected` (`train --init-params`).
+///
+/// # Errors
+/// As [`load`]; [`ParamsError::ShapeMismatch`] when the file holds another model.
+pub fn load_for(path: &Path, expected: MlpShape) -> Result<Vec<f32>, ParamsError> {
+    let (found, params) = load(path)?;
+    if found != expected {
+        return Err(ParamsError::ShapeMismatch { path: path.into(), found, expected });
+    }
+    Ok(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: MlpShape = MlpShape { input: 3, hidden: 2, classes: 4 };
+
+    fn params() -> Vec<f32> {
+        // Distinct bit patterns, including -0.0, a subnormal and NaN with a payload.
+        let mut p: Vec<f32> = (0..SHAPE.param_len()).map(|i| i as f32 * 0.25 - 1.0).collect();
+        p[0] = -0.0;
+        p[1] = f32::from_bits(1);
+        p[2] = f32::from_bits(0x7fc0_1234);
+        p
+    }
+
+    #[test]
+    fn round_trip_is_bitwise_and_tensors_have_the_model_shapes() {
+        let p = params();
+        let bytes = to_safetensors(SHAPE, &p, "dropcompute", 7).expect("encode");
+        let (shape, back) = read_safetensors(Path::new("p.safetensors"), &bytes).expect("decode");
+        assert_eq!(shape, SHAPE);
+        assert_eq!(
+            back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            p.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        assert_eq!(st.tensor("w1").expect("w1").shape(), [3, 2]);
+        assert_eq!(st.tensor("b2").expect("b2").shape(), [4]);
+        // b1 starts at input * hidden = 6: its first value is p[6].
+        assert_eq!(st.tensor("b1").expect("b1").data()[..4], p[6].to_le_bytes());
+        let (_, meta) = SafeTensors::read_metadata(&bytes).expect("header");
+        let m = meta.metadata().clone().expect("metadata");
+        assert_eq!((m["format"].as_str(), m["run"].as_str(), m["steps"].as_str()), (FORMAT, "dropcompute", "7"));
+    }
+
+    #[test]
+    fn bad_files_are_typed_errors_naming_the_file() {
+        let p = Path::new("x.safetensors");
+        let e = read_safetensors(p, b"not a file").expect_err("garbage");
+        assert!(matches!(e, ParamsError::Format { .. }) && e.to_string().starts_with("x.safetensors"), "{e}");
+        let other = MlpShape { input: 3, hidden: 5, classes: 4 };
+        let bytes = to_safetensors(other, &vec![0.5; other.param_len()], "r", 1).expect("encode");
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("p.safetensors");
+        std::fs::write(&f, &bytes).expect("write");
+        let e = load_for(&f, SHAPE).expect_err("other model");
+        assert!(matches!(e, ParamsError::ShapeMismatch { found, .. } if found == other), "{e}");
+        // A tensor with another dtype.
+        let half = [0u8; 2 * 4];
+        let views = vec![("w1", TensorView::new(Dtype::F16, vec![2, 2], &half).expect("view"))];
+        let e = read_safetensors(p, &safetensors::serialize(views, None).expect("ser")).expect_err("f16");
+        assert!(e.to_string().contains("F16"), "{e}");
+        assert!(to_safetensors(SHAPE, &[1.0], "r", 0).is_err(), "wrong length");
+        assert!(matches!(load(&dir.path().join("missing")), Err(ParamsError::Io { .. })));
+    }
+}
