@@ -74,6 +74,53 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
     assert_eq!(code, Some(2));
 }
 
+/// `$DROPCOMPUTE_MOCK_VERSION` that is not a supported version: the mock library reports it and
+/// the loader refuses the library (exit 3 naming library and version); the in-process mock,
+/// which no loader checks, refuses it as a bad environment (exit 2 naming the variable) in
+/// `info` and `train` alike (one check, `habana_mock::config::check_version_env`).
+#[test]
+fn a_bad_mock_version_is_refused_by_every_backend() {
+    let _g = serial();
+    let lib = mock_library::shared_library_path().expect("mock shared library");
+    let lib = lib.to_str().unwrap();
+    for v in ["xyz", "1.15.0"] {
+        let env = [("DROPCOMPUTE_MOCK_VERSION", v)];
+        let (code, err) = code_and_stderr(&dropcompute(&["info", "--no-check", "--library", lib], &env));
+        assert_eq!(code, Some(3), "{err}");
+        assert!(err.contains(lib) && err.contains(v), "{err}");
+        for args in [&["info", "--backend", "mock", "--no-check"][..], &["train", "--ranks", "2", "--steps", "1"]] {
+            let (code, err) = code_and_stderr(&dropcompute(args, &env));
+            assert_eq!(code, Some(2), "{args:?} {v}: {err}");
+            assert!(err.contains("DROPCOMPUTE_MOCK_VERSION") && err.contains(v), "{args:?}: {err}");
+        }
+    }
+    // A supported version is accepted in process.
+    let o = dropcompute(&["info", "--backend", "mock", "--no-check"], &[("DROPCOMPUTE_MOCK_VERSION", "1.22.1")]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("version:  1.22.1"));
+}
+
+#[test]
+fn info_shows_module_0_and_skips_a_held_module() {
+    let _g = serial();
+    let tmp = hermetic::temp_dir("cli-module0");
+    let d = tmp.path().to_str().unwrap();
+    let env = [("DROPCOMPUTE_MOCK_LOCK_DIR", d)];
+    let device_line = |o: &Output| {
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.lines().find(|l| l.starts_with("device:")).map(str::to_owned).unwrap_or_else(|| panic!("{out}"))
+    };
+    let line = device_line(&dropcompute(&["info", "--backend", "mock", "--no-check"], &env));
+    assert!(line.contains(" module 0 "), "{line}");
+    // Module 0 held by this process: the first free module, 1, is chosen and named.
+    let held: File =
+        OpenOptions::new().create(true).truncate(false).write(true).open(tmp.path().join("module-0.lock")).unwrap();
+    held.try_lock().unwrap();
+    let line = device_line(&dropcompute(&["info", "--backend", "mock", "--no-check"], &env));
+    assert!(line.contains(" module 1 "), "{line}");
+}
+
 #[test]
 fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
     let _g = serial();

@@ -167,6 +167,31 @@ fn bad(what: &'static str, why: String) -> ConfigError {
     ConfigError { what, why }
 }
 
+/// The version `synDriverGetVersion` reports: `$DROPCOMPUTE_MOCK_VERSION` as set (unchecked,
+/// so the mock library emulates a runtime reporting anything and the loader's version check
+/// refuses it: exit 3 naming the library and version), else [`MOCK_VERSION`]. Read at each call.
+pub fn reported_version() -> String {
+    std::env::var(ENV_VERSION).unwrap_or_else(|_| MOCK_VERSION.to_string())
+}
+
+/// Checks `$DROPCOMPUTE_MOCK_VERSION` for the in-process mock, which no loader checks: when set,
+/// it must name a supported release (a "MAJOR.MINOR" of at least `habana_sys::MIN_VERSION`,
+/// parsed by `habana_sys::parse_version`, the loader's own rule).
+///
+/// # Errors
+/// [`ConfigError`] naming the variable and value otherwise (e.g. `xyz`, `1.15.0`).
+pub fn check_version_env() -> Result<(), ConfigError> {
+    let Ok(v) = std::env::var(ENV_VERSION) else { return Ok(()) };
+    let min = habana_sys::MIN_VERSION;
+    match habana_sys::parse_version(&v) {
+        Some(found) if found >= min => Ok(()),
+        Some(_) => {
+            Err(bad("config", format!("{ENV_VERSION}={v:?} is older than the supported SynapseAI {}.{}", min.0, min.1)))
+        }
+        None => Err(bad("config", format!("{ENV_VERSION}={v:?} is not a version (expected MAJOR.MINOR[.PATCH])"))),
+    }
+}
+
 fn validate_noise(n: &Noise) -> Result<(), ConfigError> {
     if n.is_valid() { Ok(()) } else { Err(bad("config", format!("noise parameters out of range: {n:?}"))) }
 }
@@ -175,10 +200,12 @@ impl MockConfig {
     /// The default configuration with `$DROPCOMPUTE_MOCK_CONFIG` (JSON) or, failing that,
     /// `$DROPCOMPUTE_MOCK_DEVICES` applied, then `$DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS` (checked
     /// here so a bad value is reported up front; the collectives read it again at init).
+    /// `$DROPCOMPUTE_MOCK_VERSION` is checked first ([`check_version_env`]).
     ///
     /// # Errors
     /// [`ConfigError`] when a variable is set but unparsable or invalid.
     pub fn from_env() -> Result<Self, ConfigError> {
+        check_version_env()?;
         let mut cfg = match std::env::var(ENV_CONFIG) {
             Ok(json) if !json.trim().is_empty() => {
                 Self::from_json(&json).map_err(|e| bad("config", format!("{ENV_CONFIG}={json:?}: {}", e.why)))?

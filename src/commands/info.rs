@@ -69,7 +69,12 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
         };
         Device::acquire_for_local_rank(&rt, local_rank)?
     } else {
-        Device::acquire_any(&rt)?
+        // The first free module by id, so the module id is known and shown (module ids start at
+        // 0 on Gaudi); when none can be acquired, `synDeviceAcquire` reports why.
+        match ids.iter().find_map(|&m| Device::acquire(&rt, m).ok()) {
+            Some(d) => d,
+            None => Device::acquire_any(&rt)?,
+        }
     };
     let info = dev.info()?;
     let (free, total) = dev.memory_info()?;

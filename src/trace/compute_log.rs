@@ -209,6 +209,21 @@ fn load_logs_with<'a>(
             let step: u64 = parse(field(rec, 0, path, line, "global_step")?, path, line, "global_step")?;
             let mb: u32 = parse(field(rec, 1, path, line, "local_step")?, path, line, "local_step")?;
             let dropped = parse_bool(field(rec, 6, path, line, "compute_dropped")?, path, line)?;
+            // Every column is parsed, used or not: a malformed value is an error at its column,
+            // never a silently skipped cell.
+            for (idx, col) in [(2, "world_size"), (3, "batch"), (4, "sentence_length")] {
+                parse::<u32>(field(rec, idx, path, line, col)?, path, line, col)?;
+            }
+            parse::<u64>(field(rec, 5, path, line, "computed_batch")?, path, line, "computed_batch")?;
+            let ms: f64 = parse(field(rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(TraceError::Malformed {
+                    path: path.into(),
+                    line,
+                    column: "iteration_time_ms".into(),
+                    message: format!("{ms} ms is negative or not finite"),
+                });
+            }
             max_mb = max_mb.max(Some(mb));
             if dropped {
                 *dropped_per_step.entry(step).or_insert(0) += 1;
@@ -223,7 +238,6 @@ fn load_logs_with<'a>(
                     b.insert(path, line, step, rank, mb, dur as f64)?;
                 }
             } else {
-                let ms: f64 = parse(field(rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
                 if !dropped {
                     b.insert(path, line, step, file_rank.unwrap_or(0), mb, ms * 1e6)?;
                 }
@@ -434,5 +448,59 @@ mod tests {
                 "{eol:?}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn every_column_of_every_row_is_parsed() {
+        // Ours (11 columns) and the reference's (8): a bad value in any column of physical
+        // line 3 is an error naming that column and line, never a silently skipped cell.
+        let ours = [
+            "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns",
+            "0,0,1,4,0,4,false,0.01,0,0,10",
+            "0,1,1,4,0,8,false,0.01,0,10,10",
+        ];
+        let reference =
+            [&ours[0][..ours[0].find(",rank").unwrap()], "0,0,1,4,0,4,false,0.01", "0,1,1,4,0,8,false,0.01"];
+        for (name, rows) in [("log.csv", ours), ("compute_logs_0.csv", reference)] {
+            let name = Path::new(name);
+            let header: Vec<&str> = rows[0].split(',').collect();
+            assert!(load_log_bytes(name, rows.join("\n").as_bytes(), &LoadOptions::default()).is_ok(), "{name:?}");
+            for (col, column) in header.iter().enumerate() {
+                let bads: &[&str] = if *column == "iteration_time_ms" { &["abc", "-1", "inf"] } else { &["abc"] };
+                for bad in bads {
+                    let mut cells: Vec<&str> = rows[2].split(',').collect();
+                    cells[col] = bad;
+                    let text = [rows[0], rows[1], &cells.join(",")].join("\n");
+                    let e = load_log_bytes(name, text.as_bytes(), &LoadOptions::default());
+                    assert!(
+                        matches!(&e, Err(TraceError::Malformed { line: 3, column: c, .. }) if c == column),
+                        "{name:?}: {column} = {bad:?} must be an error at line 3: {e:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_duplicate_across_files_names_both_files_and_lines() {
+        let dir = tmp("dup");
+        let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n";
+        let a = dir.path().join("a.csv");
+        let b = dir.path().join("b.csv");
+        std::fs::write(&a, format!("{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,0,2,4,0,4,false,0.01,1,0,10\n")).unwrap();
+        std::fs::write(&b, format!("{head}1,0,2,4,0,4,false,0.01,0,20,10\n0,0,2,4,0,4,false,0.01,1,0,10\n")).unwrap();
+        let e = load_logs(&[a.clone(), b.clone()], &LoadOptions::default()).unwrap_err();
+        match &e {
+            TraceError::Duplicate { path, first_path, line, first_line, step: 0, rank: 1, micro_batch: 0 } => {
+                assert_eq!((path, first_path, *line, *first_line), (&b, &a, 3, 3));
+            }
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("{}:3:", b.display()))
+                && msg.ends_with(&format!("first seen at {}:3", a.display())),
+            "{msg}"
+        );
     }
 }

@@ -50,11 +50,13 @@ pub enum TraceError {
     },
     /// The same (step, rank, micro-batch) appears twice.
     #[error(
-        "{path}:{line}: duplicate micro-batch (step {step}, rank {rank}, micro-batch {micro_batch}); first seen at line {first_line}"
+        "{path}:{line}: duplicate micro-batch (step {step}, rank {rank}, micro-batch {micro_batch}); first seen at {first_path}:{first_line}"
     )]
     Duplicate {
-        /// The file.
+        /// The file of the second occurrence.
         path: PathBuf,
+        /// The file of the first occurrence (the same file, or an earlier one of the inputs).
+        first_path: PathBuf,
         /// Line of the second occurrence.
         line: u64,
         /// First occurrence.
@@ -261,7 +263,10 @@ pub struct Completeness {
 /// report at [`TraceBuilder::finish`]), never filling anything in.
 #[derive(Debug, Default)]
 pub struct TraceBuilder {
-    cells: BTreeMap<(u64, u32, u32), (f64, u64)>,
+    /// (step, rank, micro-batch) -> (latency ns, line, index in `files`).
+    cells: BTreeMap<(u64, u32, u32), (f64, u64, usize)>,
+    /// The files cells came from, in first-insertion order (named by duplicate errors).
+    files: Vec<PathBuf>,
     overhead: BTreeMap<u64, f64>,
     expected_m: usize,
 }
@@ -323,13 +328,31 @@ impl TraceBuilder {
         latency_ns: f64,
     ) -> Result<(), TraceError> {
         check_ns(path, line, "latency", latency_ns)?;
+        let file = self.file_index(path);
         match self.cells.entry((step, rank, micro_batch)) {
-            std::collections::btree_map::Entry::Occupied(e) => {
-                Err(TraceError::Duplicate { path: path.into(), line, first_line: e.get().1, step, rank, micro_batch })
-            }
+            std::collections::btree_map::Entry::Occupied(e) => Err(TraceError::Duplicate {
+                path: path.into(),
+                first_path: self.files[e.get().2].clone(),
+                line,
+                first_line: e.get().1,
+                step,
+                rank,
+                micro_batch,
+            }),
             std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert((latency_ns, line));
+                v.insert((latency_ns, line, file));
                 Ok(())
+            }
+        }
+    }
+
+    /// The index of `path` in `files`, adding it if new (inputs are a handful of files).
+    fn file_index(&mut self, path: &Path) -> usize {
+        match self.files.iter().rposition(|f| f == path) {
+            Some(i) => i,
+            None => {
+                self.files.push(path.to_path_buf());
+                self.files.len() - 1
             }
         }
     }
@@ -344,7 +367,8 @@ impl TraceBuilder {
         latency_ns: f64,
     ) -> Result<(), TraceError> {
         check_ns(path, line, "duration", latency_ns)?;
-        self.cells.entry(key).or_insert((0.0, line)).0 += latency_ns;
+        let file = self.file_index(path);
+        self.cells.entry(key).or_insert((0.0, line, file)).0 += latency_ns;
         Ok(())
     }
 
@@ -360,7 +384,7 @@ impl TraceBuilder {
     }
 
     /// Cells collected so far, keyed by (step, rank, micro-batch), value (latency ns, line).
-    pub fn cells(&self) -> &BTreeMap<(u64, u32, u32), (f64, u64)> {
+    pub fn cells(&self) -> &BTreeMap<(u64, u32, u32), (f64, u64, usize)> {
         &self.cells
     }
 
@@ -402,7 +426,7 @@ impl TraceBuilder {
                         break 'walk;
                     }
                     match self.cells.get(&(s, r, mb)) {
-                        Some(&(v, _)) if missing == 0 => row.push(v),
+                        Some(&(v, _, _)) if missing == 0 => row.push(v),
                         Some(_) => {}
                         None => report.missing_examples.push((s, r, mb)),
                     }

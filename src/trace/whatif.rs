@@ -137,12 +137,20 @@ impl<'p> WhatifAccumulator<'p> {
         let e = self.span.entry(step).or_insert((f64::INFINITY, 0.0));
         e.0 = e.0.min(start);
         e.1 = e.1.max(start + dur);
+        // Every column is parsed, used or not (rank, seq_id, mc, gmc; mb_id of any op): a
+        // malformed value is an error at its column, never a silently skipped record.
+        for col in [2, 7, 8, 10] {
+            rec.int(col)?;
+        }
+        let mb = rec.int(9)?;
         let op = rec.text(4)?.trim();
+        if op.is_empty() {
+            return Err(self.bad(line, "optype", "empty op type".into()));
+        }
         let is_fwd = op == "forward-compute";
         if !(is_fwd || op == "backward-compute") {
             return Ok(());
         }
-        let mb = rec.int(9)?;
         let mb = u32::try_from(mb).map_err(|_| self.bad(line, "mb_id", format!("compute op with mb_id {mb}")))?;
         self.stages.insert(stage);
         let c = self.costs.entry((step, dp, stage, mb)).or_insert(StageCost { line, ..Default::default() });
@@ -150,6 +158,7 @@ impl<'p> WhatifAccumulator<'p> {
         if dup {
             return Err(TraceError::Duplicate {
                 path: self.path.into(),
+                first_path: self.path.into(),
                 line,
                 first_line: c.line,
                 step,
@@ -376,6 +385,28 @@ mod tests {
                 matches!(&e, TraceError::Malformed { line: 4, column, .. } if column == "duration"),
                 "{eol:?}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn every_column_of_every_record_is_parsed() {
+        // A bad value in any column of a compute op and of a non-compute op (the optimizer
+        // record, last line) is an error at that column, never a silently skipped record.
+        let rows: Vec<String> = small().lines().map(str::to_string).collect();
+        for row in [0, rows.len() - 1] {
+            for (col, column) in WHATIF_COLUMNS.iter().enumerate() {
+                let mut lines = rows.clone();
+                let mut cells: Vec<&str> = rows[row].split(',').collect();
+                cells[col] = if *column == "optype" { "" } else { "x" };
+                lines[row] = cells.join(",");
+                let text = format!("{}\n{}\n", WHATIF_COLUMNS.join(","), lines.join("\n"));
+                let e = load_csv_bytes(Path::new("w.csv"), text.as_bytes(), &LoadOptions::default());
+                let line = row as u64 + 2;
+                assert!(
+                    matches!(&e, Err(TraceError::Malformed { line: l, column: c, .. }) if *l == line && c == column),
+                    "row {row}, {column}: {e:?}"
+                );
+            }
         }
     }
 }

@@ -10,9 +10,11 @@
 //! checkpoints ([`ckpt`]), the run driver ([`run`]: one rank's loop; ranks are started by
 //! `crate::launch` as threads, processes or one launcher rank), the validated configuration
 //! ([`config`]; its flags and `run` are `crate::commands::train`), and the outputs
-//! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`]).
+//! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`], [`metrics`],
+//! [`params`]; `params` is also the reader of `--init-params`).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
-//! `workload`, `error`}; `summary` -> {`job`, `error`, outputs}; `job` -> {`ckpt`, `error`};
+//! `workload`, `error`}; `summary` -> {`job`, `error`, outputs}; `job` -> {`ckpt`, `error`,
+//! `params`}; `params` -> `mlp` only;
 //! `ckpt` -> {`error`, `workload`}; `error` -> leaf error types only (and `config`'s
 //! `ArgError`); `config` -> no other file of `train`. The threshold of
 //! `--threshold auto` is `crate::tune::recommend`, shared with `dropcompute tune`.

@@ -11,7 +11,7 @@ use habana_sys::{
 };
 
 use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
-use crate::config::{ENV_VERSION, MOCK_VERSION};
+
 use crate::error::{MResult, fail};
 use crate::{last_error, launch, status};
 
@@ -203,7 +203,7 @@ pub unsafe extern "C" fn syn_driver_get_version(buf: *mut c_char, len: c_int) ->
         if buf.is_null() || len <= 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null or empty buffer");
         }
-        let v = std::env::var(ENV_VERSION).unwrap_or_else(|_| MOCK_VERSION.to_string());
+        let v = crate::config::reported_version();
         let b = v.as_bytes();
         let n = b.len().min(len as usize - 1);
         // SAFETY: `buf` holds `len` bytes; we write n + 1 <= len.
