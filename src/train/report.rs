@@ -293,8 +293,9 @@ impl StragglerReport {
         self.ranks.iter().filter(|r| r.class == class).map(|r| r.rank).collect()
     }
 
-    /// The text table printed by `train`: a header line, one line per rank that hit the
-    /// deadline, and one line counting the others. Ends with a newline.
+    /// The text table printed by `train`: a title line, then (when some rank hit the deadline)
+    /// a column header and one line per such rank, and one line counting the others. Ends with
+    /// a newline.
     pub fn table(&self) -> String {
         let mut out = format!(
             "stragglers ({} run, {} steps; labels need >= {} steps{}):\n",
@@ -303,16 +304,15 @@ impl StragglerReport {
             self.min_steps,
             self.unlabelled_because.as_deref().map(|w| format!("; unlabelled: {w}")).unwrap_or_default()
         );
-        out.push_str(&format!(
-            "  {:>6}  {:>21}  {:>16}  {:>18}  {}\n",
-            "rank", "dropped micro-batches", "slow steps (%)", "compute ms (EWMA)", "class"
-        ));
-        let mut quiet = 0usize;
-        for r in &self.ranks {
-            if r.slow_steps == 0 && r.dropped_micro_batches == 0 {
-                quiet += 1;
-                continue;
-            }
+        let hit = |r: &&RankStraggler| r.slow_steps > 0 || r.dropped_micro_batches > 0;
+        if self.ranks.iter().any(|r| hit(&r)) {
+            out.push_str(&format!(
+                "  {:>6}  {:>21}  {:>16}  {:>18}  {}\n",
+                "rank", "dropped micro-batches", "slow steps (%)", "compute ms (EWMA)", "class"
+            ));
+        }
+        let quiet = self.ranks.len() - self.ranks.iter().filter(hit).count();
+        for r in self.ranks.iter().filter(hit) {
             out.push_str(&format!(
                 "  {:>6}  {:>21}  {:>16.1}  {:>18.3}  {}\n",
                 r.rank,
@@ -322,7 +322,9 @@ impl StragglerReport {
                 r.class.name()
             ));
         }
-        if quiet > 0 {
+        if quiet == self.ranks.len() {
+            out.push_str(&format!("  all {quiet} ranks: no deadline hit\n"));
+        } else if quiet > 0 {
             out.push_str(&format!("  {quiet} other rank(s): no deadline hit\n"));
         }
         out
@@ -490,6 +492,19 @@ mod tests {
         assert!(line("1").expect("rank 1").ends_with("transient"), "{t}");
         assert!(line("0").is_none() && t.contains("2 other rank(s): no deadline hit"), "{t}");
         assert!(t.starts_with("stragglers (dropcompute run, 20 steps; labels need >= 10 steps):"), "{t}");
+        assert_eq!(t.lines().count(), 5, "title, column header, ranks 3 and 1, the others:\n{t}");
+        // Nobody hit the deadline: the title and one line, no empty table.
+        let quiet = StragglerReport {
+            ranks: s
+                .ranks
+                .iter()
+                .map(|r| RankStraggler { slow_steps: 0, dropped_micro_batches: 0, ..r.clone() })
+                .collect(),
+            ..s.clone()
+        };
+        let t = quiet.table();
+        assert_eq!(t.lines().nth(1), Some("  all 4 ranks: no deadline hit"), "{t}");
+        assert_eq!(t.lines().count(), 2, "{t}");
     }
 
     fn report() -> Report {
