@@ -1,6 +1,10 @@
 //! Every file `train --out` writes is read back by the product (issue 12): both runs' compute
-//! logs load with `tune --trace` (and through the library with the right shape and values), and
-//! report.json's threshold is accepted by `train --threshold`.
+//! logs load with `tune --trace` (and through the library with the right shape and values);
+//! report.json reads back with serde (straggler attribution: a slow rank is chronic; run
+//! metadata) and its threshold, fixed or auto, given to `train --threshold` applies the same
+//! deadline; steps.csv reads back with the csv crate and agrees with the compute logs and the
+//! report; timeline.json follows the Chrome trace event format; the parameters file reads back
+//! through `train::params` and starts a run with `--init-params`.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
 #[path = "support/hermetic.rs"]
