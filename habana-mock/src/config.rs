@@ -175,8 +175,8 @@ pub fn reported_version() -> String {
 }
 
 /// Checks `$DROPCOMPUTE_MOCK_VERSION` for the in-process mock, which no loader checks: when set,
-/// it must name a supported release (a "MAJOR.MINOR" of at least `habana_sys::MIN_VERSION`,
-/// parsed by `habana_sys::parse_version`, the loader's own rule).
+/// it must name a supported release (`habana_sys::is_supported_version`, the loader's own rule:
+/// a "MAJOR.MINOR" of at least `habana_sys::MIN_VERSION`).
 ///
 /// # Errors
 /// [`ConfigError`] naming the variable and value otherwise (e.g. `xyz`, `1.15.0`).
@@ -184,7 +184,7 @@ pub fn check_version_env() -> Result<(), ConfigError> {
     let Ok(v) = std::env::var(ENV_VERSION) else { return Ok(()) };
     let min = habana_sys::MIN_VERSION;
     match habana_sys::parse_version(&v) {
-        Some(found) if found >= min => Ok(()),
+        _ if habana_sys::is_supported_version(&v) => Ok(()),
         Some(_) => {
             Err(bad("config", format!("{ENV_VERSION}={v:?} is older than the supported SynapseAI {}.{}", min.0, min.1)))
         }

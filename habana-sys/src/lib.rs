@@ -19,7 +19,7 @@ pub mod types;
 
 pub use load::{
     ApiOrigin, DEFAULT_LIBRARY_PATH, ENV_LIBRARY, LoadError, MIN_VERSION, OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS,
-    SynapseApi, SynapseFns, parse_version,
+    SynapseApi, SynapseFns, is_supported_version, parse_version,
 };
 pub use types::*;
 

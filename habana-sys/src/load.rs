@@ -163,6 +163,14 @@ pub fn parse_version(v: &str) -> Option<(u32, u32)> {
     )
 }
 
+/// Whether a reported version string names a supported release: a "MAJOR.MINOR"
+/// ([`parse_version`]) of at least [`MIN_VERSION`]. A string without one is unsupported (the ABI
+/// is only known for >= 1.16). The one rule of the loader and of the in-process mock's
+/// `DROPCOMPUTE_MOCK_VERSION` check.
+pub fn is_supported_version(v: &str) -> bool {
+    parse_version(v).is_some_and(|found| found >= MIN_VERSION)
+}
+
 /// The loaded (or in-process) SynapseAI + HCCL function table.
 ///
 /// Dereferences to [`SynapseFns`]. A loaded library is intentionally never unloaded: the runtime
@@ -229,7 +237,7 @@ impl SynapseApi {
         let version = driver_version_only(&lib);
         // A version we cannot read is treated like an old one: the ABI is only known for >= 1.16.
         if let Some(v) = &version
-            && parse_version(v).is_none_or(|found| found < MIN_VERSION)
+            && !is_supported_version(v)
         {
             return Err(LoadError::UnsupportedVersion { path: path.to_path_buf(), version: v.clone() });
         }

@@ -46,6 +46,12 @@ fn version_strings_parse() {
     assert_eq!(parse_version("2"), None);
     assert_eq!(parse_version(""), None);
     assert!(parse_version("1.15.1").unwrap() < MIN_VERSION);
+    // The loader's rule (also the in-process mock's DROPCOMPUTE_MOCK_VERSION check).
+    let supported: Vec<bool> = ["1.16.0", "1.21.0-555", "2.0", "1.15.9", "xyz", ""]
+        .iter()
+        .map(|v| habana_sys::is_supported_version(v))
+        .collect();
+    assert_eq!(supported, [true, true, true, false, false, false]);
 }
 
 #[test]
