@@ -271,7 +271,7 @@ fn bad_inputs_fail_before_anything_is_written() {
         let o = hermetic::dropcompute()
             .arg("train")
             .args(&args)
-            .args(["--out", out.to_str().unwrap(), "--steps", "2", "--time-mode", "virtual"])
+            .args(["--out", out.to_str().unwrap(), "--steps", "10", "--warmup-steps", "0", "--time-mode", "virtual"])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -280,11 +280,23 @@ fn bad_inputs_fail_before_anything_is_written() {
         assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(), "nothing written for {args:?}");
     }
     let o = hermetic::dropcompute()
-        .args(["train", "--ranks", "9", "--steps", "1", "--time-mode", "virtual"])
+        .args(["train", "--ranks", "9", "--steps", "1", "--threshold", "5", "--time-mode", "virtual"])
         .env("DROPCOMPUTE_MOCK_DEVICES", "8")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("9 ranks but only 8 mock devices"), "{err}");
+}
+
+/// `--threshold auto` on an epoch-bounded run whose baseline has fewer than `tune::MIN_STEPS`
+/// steps after warm-up (4 ranks x 8 x 8 samples a step: one epoch of the digits is 6 steps) is
+/// refused with "insufficient data" instead of a threshold fitted to noise.
+#[test]
+fn auto_threshold_refuses_a_baseline_shorter_than_the_minimum() {
+    let _mock = in_process_mock();
+    let j = job(&["--ranks", "4", "--epochs", "1", "--time-mode", "virtual", "--threshold", "auto"]);
+    let rt = run::mock_runtime(&j).unwrap();
+    let e = run::run_threads(&j, &rt, false).expect_err("too few steps to tune").to_string();
+    assert!(e.contains("insufficient data") && e.contains("at least 10"), "{e}");
 }

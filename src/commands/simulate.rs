@@ -112,11 +112,21 @@ pub fn analytic_unavailable(args: &Args) -> Option<String> {
     })
 }
 
-/// Parse "a,b,c" or "lo..hi" (1-2-5 grid plus both ends). Errors: [`CommandError::Args`].
+/// One world size: an integer, also in scientific notation (`1e8`), in 1..=u32::MAX.
+fn parse_count(x: &str) -> Option<u32> {
+    let x = x.trim();
+    x.parse::<u32>().ok().or_else(|| {
+        let f: f64 = x.parse().ok()?;
+        (f.is_finite() && f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f)).then_some(f as u32)
+    })
+}
+
+/// Parse "a,b,c" or "lo..hi" (1-2-5 grid plus both ends); values may be written `1e4`.
+/// Errors: [`CommandError::Args`].
 pub fn parse_workers(spec: &str) -> Result<Vec<u32>, CommandError> {
     let bad = || CommandError::Args(format!("--workers {spec:?}: expected \"16,64\" or \"1..10000\" with values >= 1"));
     let mut v: Vec<u32> = if let Some((a, b)) = spec.split_once("..") {
-        let (lo, hi): (u32, u32) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+        let (lo, hi) = (parse_count(a).ok_or_else(bad)?, parse_count(b).ok_or_else(bad)?);
         if lo == 0 || hi < lo {
             return Err(bad());
         }
@@ -133,7 +143,7 @@ pub fn parse_workers(spec: &str) -> Result<Vec<u32>, CommandError> {
         }
         v
     } else {
-        spec.split(',').map(|x| x.trim().parse::<u32>().map_err(|_| bad())).collect::<Result<_, _>>()?
+        spec.split(',').map(|x| parse_count(x).ok_or_else(bad)).collect::<Result<_, _>>()?
     };
     if v.contains(&0) || v.is_empty() {
         return Err(bad());
@@ -321,6 +331,8 @@ mod tests {
         assert!(parse_workers("0..5").is_err());
         assert!(parse_workers("a").is_err());
         assert!(parse_workers("5..2").is_err());
+        assert_eq!(parse_workers("1e8,16").expect("scientific"), vec![16, 100_000_000]);
+        assert!(parse_workers("1.5").is_err() && parse_workers("1e10").is_err());
     }
 
     #[derive(clap::Parser)]
@@ -354,7 +366,7 @@ mod tests {
         let ok = Cli::try_parse_from(["simulate", "--workers", "4", "--budget", "1000"]).unwrap().a;
         assert!(ok.validate().is_ok());
         // A world size whose 100 steps exceed the budget is refused, naming both.
-        let big = Cli::try_parse_from(["simulate", "--workers", "16,100000000"]).unwrap().a;
+        let big = Cli::try_parse_from(["simulate", "--workers", "16,1e8"]).unwrap().a;
         let e = run_to(&big, &mut Vec::new()).expect_err("1e8 workers").to_string();
         assert!(
             e.contains("--workers 100000000") && e.contains("120000000000") && e.contains("--budget 20000000"),

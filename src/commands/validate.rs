@@ -260,7 +260,7 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let rep = summary::report(&job, &outcomes)?;
     let r0 = &outcomes[0];
     let (base, dc) = (&r0[0], &r0[1]);
-    let pred = summary::prediction(&job, &base.reports, dc.threshold_ns).ok_or(TrainError::Config {
+    let pred = summary::prediction(&job, base, dc.threshold_ns).ok_or(TrainError::Config {
         what: "validate",
         value: "the baseline run has no complete step to predict from".into(),
     })?;

@@ -81,10 +81,18 @@ pub struct Prediction {
 /// latencies (every step, warm-up included) replayed at `threshold_ns` as the DropCompute run
 /// executes it (`sim::replay` under the job's check mode, sync lag, warm-up and minimum
 /// micro-batches), and the samples its started micro-batches hold (the measured speedup counts
-/// samples, and an epoch's last micro-batch of a rank may be short). `None` without a complete
-/// baseline step.
-pub fn prediction(job: &Job, baseline: &[StepReport], threshold_ns: Option<u64>) -> Option<Prediction> {
-    let trace = run_trace(baseline)?;
+/// samples, and an epoch's last micro-batch of a rank may be short). The per-step overhead is
+/// the baseline's ([`run_trace`]) plus its host time outside the device steps (wall time minus
+/// the sum of step times, over the steps; 0 in virtual time, where the wall time is that sum).
+/// `None` without a complete baseline step.
+pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
+    let reports = &baseline.reports;
+    let trace = run_trace(reports)?;
+    let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();
+    let host_gap = baseline.wall_ns.saturating_sub(device_ns) as f64 / reports.len().max(1) as f64;
+    let overhead: Vec<f64> = trace.overhead_ns().iter().map(|o| o + host_gap).collect();
+    let trace = trace.with_overhead(overhead).ok()?;
+    let baseline = reports.as_slice();
     let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
     let replay = replay(&trace, threshold, &job.execution());
     let steps = trace.steps();
@@ -132,7 +140,7 @@ fn data_samples(job: &Job, n: usize, started: &[u32]) -> u64 {
 }
 
 /// The predicted effective speedup (as a ratio, 1 = none) of [`prediction`].
-pub fn predicted_speedup(job: &Job, baseline: &[StepReport], threshold_ns: Option<u64>) -> Option<f64> {
+pub fn predicted_speedup(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<f64> {
     prediction(job, baseline, threshold_ns).map(|p| p.speedup)
 }
 
@@ -166,7 +174,7 @@ pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>]) -> Result<Report, TrainE
         .iter()
         .find(|o| o.kind == RunKind::DropCompute)
         .ok_or(TrainError::Config { what: "runs", value: "no DropCompute run".into() })?;
-    let predicted = base.and_then(|b| predicted_speedup(job, &b.reports, dc.threshold_ns));
+    let predicted = base.and_then(|b| predicted_speedup(job, b, dc.threshold_ns));
     let baseline = base.map(|b| run_report(job, b)).transpose()?;
     Ok(Report::new(baseline, run_report(job, dc)?, predicted, ConfigEcho::from(&job.cfg)))
 }
