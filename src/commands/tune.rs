@@ -51,7 +51,7 @@ pub struct Args {
     /// Micro-batches every rank always computes.
     #[arg(long, default_value_t = 1)]
     pub min_micro_batches: u32,
-    /// Print the verdict of every trace as JSON ([`TuneJson`], an array) instead of text.
+    /// Print the verdict of every trace as JSON (an array of `TuneJson`) instead of text.
     #[arg(long)]
     pub json: bool,
     /// Directory for the SVG plots (one per trace, `tune-<file stem>.svg`); none if absent.

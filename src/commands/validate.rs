@@ -48,7 +48,7 @@ pub struct Args {
     /// Deadline check modes.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "before,predictive")]
     pub check: Vec<CheckMode>,
-    /// Sync lags (each must be below every --micro-batches value).
+    /// Sync lags (a combination whose lag is not below its micro-batches is skipped).
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub sync_lag: Vec<u32>,
     /// Slow-rank settings: `none` or RANK:FACTOR (as `train --slow-rank`; RANK must exist in
@@ -67,7 +67,7 @@ pub struct Args {
     /// Mock device time: virtual (deterministic, the default) or real (sleeps; slower).
     #[arg(long, value_enum, default_value_t = TimeMode::Virtual)]
     pub time_mode: TimeMode,
-    /// Print the rows and the summary as JSON ([`ValidateJson`]) instead of a table.
+    /// Print the rows and the summary as JSON (`ValidateJson`) instead of a table.
     #[arg(long)]
     pub json: bool,
     /// More `train` flags for every configuration, after `--` (e.g. `-- --max-drop-rate 0.25
