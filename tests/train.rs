@@ -24,7 +24,7 @@ struct Cli {
 }
 
 /// The validated job of `train args`, prepared without the calling shell's product variables
-/// (`Job::prepare` reads `DROPCOMPUTE_AUTO_MAX_DROP` and `DROPCOMPUTE_MOCK_DEVICES`).
+/// (`Job::prepare` reads `DROPCOMPUTE_MOCK_DEVICES`).
 fn job(args: &[&str]) -> Job {
     hermetic::scrub_process_env();
     let mut v = vec!["train"];
@@ -133,9 +133,8 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
 }
 
 /// `--threshold auto` runs with `tune::recommend` on the baseline run's trace under the job's
-/// drop-rate guardrail (`Job::auto_max_drop`, from `$DROPCOMPUTE_AUTO_MAX_DROP`): a tighter cap
-/// picks a larger threshold whose predicted drop rate stays within it, and a zero cap turns
-/// dropping off.
+/// drop-rate guardrail (`--max-drop-rate`): a tighter cap picks a larger threshold whose
+/// replayed drop rate stays within it, and a zero cap turns dropping off.
 #[test]
 fn auto_threshold_honours_the_drop_rate_guardrail() {
     let _mock = in_process_mock();
@@ -143,12 +142,13 @@ fn auto_threshold_honours_the_drop_rate_guardrail() {
     let mut chosen = Vec::new();
     for cap in [0.25, 0.05, 0.0] {
         let mut j = job(&["--ranks", "4", "--steps", "40", "--time-mode", "virtual", "--threshold", "auto"]);
-        j.auto_max_drop = cap;
+        j.cfg.guardrails.max_drop_rate = cap;
+        j.cfg.guardrails.min_batch_fraction = 0.0;
         let rt = run::mock_runtime(&j).unwrap();
         let out = run::run_threads(&j, &rt, false).unwrap();
         let (base, dc) = (&out[0][0], &out[0][1]);
         assert_eq!((base.kind, dc.kind), (RunKind::Baseline, RunKind::DropCompute));
-        let trace = summary::baseline_trace(&base.reports, j.cfg.warmup_steps).unwrap();
+        let trace = summary::run_trace(&base.reports).unwrap();
         let verdict = recommend(&trace, &j.auto_recommend()).verdict;
         // Every rank runs with rank 0's recommendation.
         for runs in &out {
@@ -230,7 +230,9 @@ fn a_rank_process_receives_the_parents_validated_config() {
     let cfg = Cli::parse_from(args).train.validate().unwrap();
     assert_eq!(cfg.resume.as_deref(), Some(ck.as_path()));
     assert_eq!(cfg.checkpoint_dir, ck);
-    let spec = JobSpec { cfg, resume_step: Some(4), auto_max_drop: 0.125 };
+    let mut cfg = cfg;
+    cfg.guardrails.max_drop_rate = 0.125;
+    let spec = JobSpec { cfg, resume_step: Some(4) };
     let child = ChildSpec {
         program: run::CHILD_PROGRAM.into(),
         rank: 2,
@@ -245,7 +247,7 @@ fn a_rank_process_receives_the_parents_validated_config() {
     assert_eq!(seen, spec);
     let job = Job::from_spec(seen).unwrap();
     assert_eq!(job.spec(), spec);
-    assert_eq!((job.resume_step, job.auto_max_drop, job.shape.hidden), (Some(4), 0.125, 24));
+    assert_eq!((job.resume_step, job.cfg.guardrails.max_drop_rate, job.shape.hidden), (Some(4), 0.125, 24));
     // A spec that is not a train job is refused with the file named, not half-used.
     let bad = ChildSpec { config: serde_json::json!({"sizes": [4]}), ..child };
     std::fs::write(&path, serde_json::to_vec(&bad).unwrap()).unwrap();
@@ -299,7 +301,7 @@ fn bad_inputs_fail_before_anything_is_written() {
         let o = hermetic::dropcompute()
             .arg("train")
             .args(&args)
-            .args(["--out", out.to_str().unwrap(), "--steps", "2", "--time-mode", "virtual"])
+            .args(["--out", out.to_str().unwrap(), "--steps", "10", "--warmup-steps", "0", "--time-mode", "virtual"])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -308,11 +310,23 @@ fn bad_inputs_fail_before_anything_is_written() {
         assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(), "nothing written for {args:?}");
     }
     let o = hermetic::dropcompute()
-        .args(["train", "--ranks", "9", "--steps", "1", "--time-mode", "virtual"])
+        .args(["train", "--ranks", "9", "--steps", "1", "--threshold", "5", "--time-mode", "virtual"])
         .env("DROPCOMPUTE_MOCK_DEVICES", "8")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("9 ranks but only 8 mock devices"), "{err}");
+}
+
+/// `--threshold auto` on an epoch-bounded run whose baseline has fewer than `tune::MIN_STEPS`
+/// steps after warm-up (4 ranks x 8 x 8 samples a step: one epoch of the digits is 6 steps) is
+/// refused with "insufficient data" instead of a threshold fitted to noise.
+#[test]
+fn auto_threshold_refuses_a_baseline_shorter_than_the_minimum() {
+    let _mock = in_process_mock();
+    let j = job(&["--ranks", "4", "--epochs", "1", "--time-mode", "virtual", "--threshold", "auto"]);
+    let rt = run::mock_runtime(&j).unwrap();
+    let e = run::run_threads(&j, &rt, false).expect_err("too few steps to tune").to_string();
+    assert!(e.contains("insufficient data") && e.contains("at least 10"), "{e}");
 }

@@ -39,8 +39,6 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
         (vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"devices":0}"#)], &[], "DROPCOMPUTE_MOCK_CONFIG", "devices = 0"),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "0")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "\"0\""),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon"),
-        (vec![("DROPCOMPUTE_AUTO_MAX_DROP", "2")], &[], "DROPCOMPUTE_AUTO_MAX_DROP", "\"2\""),
-        (vec![("DROPCOMPUTE_AUTO_MAX_DROP", "lots")], &[], "DROPCOMPUTE_AUTO_MAX_DROP", "lots"),
         (vec![("DROPCOMPUTE_BACKEND", "foo")], &[], "DROPCOMPUTE_BACKEND", "foo"),
         (vec![("DROPCOMPUTE_BACKEND", "synapse")], &[], "DROPCOMPUTE_BACKEND", "synapse"),
         (vec![("RANK", "abc"), ("WORLD_SIZE", "2")], &env_mode, "RANK", "abc"),

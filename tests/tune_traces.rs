@@ -1,9 +1,12 @@
 //! Acceptance on the real what-if traces shipped in data/traces (copies; see its README).
 use std::path::PathBuf;
 
-use dropcompute::commands::tune::{Args as TuneArgs, run_to};
-use dropcompute::trace::whatif::PipelineAggregation;
+use dropcompute::commands::tune::{Args as TuneArgs, TuneJson, run_to};
+use dropcompute::policy::CheckMode;
+use dropcompute::sim::replay::ExecutionModel;
 use dropcompute::trace::{LoadOptions, load};
+use dropcompute::tune::Guardrails;
+use dropcompute::tune::recommend::replay_score;
 use dropcompute::tune::{Refusal, TuneConfig, Verdict, tune};
 
 fn trace(name: &str) -> PathBuf {
@@ -29,22 +32,93 @@ fn se_enables_a_positive_threshold_and_st_declines() {
     assert!(r.straggler_headroom < 0.02);
 }
 
+#[derive(clap::Parser)]
+struct Wrap {
+    #[command(flatten)]
+    args: TuneArgs,
+}
+
+fn tune_args(extra: &[&str]) -> TuneArgs {
+    let mut v = vec!["tune"];
+    v.extend_from_slice(extra);
+    <Wrap as clap::Parser>::try_parse_from(v).expect("flags").args
+}
+
 #[test]
 fn tune_command_output_names_the_guardrail() {
-    let args = TuneArgs {
-        traces: vec![trace("trace-ST.csv.gz")],
-        pipeline: PipelineAggregation::Bottleneck,
-        allow_incomplete_steps: false,
-        overhead_ms: 0.0,
-        max_drop_rate: 0.1,
-        min_batch_fraction: 0.75,
-        min_gain: 0.02,
-        min_micro_batches: 1,
-        svg_dir: None,
-        top_ranks: 2,
-    };
+    let st = trace("trace-ST.csv.gz");
+    let args = tune_args(&["--trace", st.to_str().unwrap(), "--top-ranks", "2"]);
     let mut out = Vec::new();
     run_to(&args, &mut out).expect("run");
     let text = String::from_utf8(out).expect("utf8");
     assert!(text.contains("DECLINE") && text.contains("min_gain"), "{text}");
+}
+
+/// The fixture (trace-SE): the search's reference objective passes the 10 % drop-rate
+/// guardrail (9.46 %) at a threshold that, executed with train's default predictive check,
+/// drops 13.63 %. The verdict is now the replay under the check mode that will run, and the
+/// guardrail judges the replay's drop rate; `tune --json` reads back with serde.
+#[test]
+fn the_guardrail_judges_the_replayed_drop_rate_not_the_model() {
+    let se = trace("trace-SE.csv.gz");
+    let loaded = load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load");
+    let t = &loaded[0].trace;
+    let exec = ExecutionModel { warmup_steps: 0, ..ExecutionModel::default() };
+    assert_eq!(exec.check, CheckMode::Predictive, "train's default check");
+    let ideal = match tune(t, &TuneConfig::default()).verdict {
+        Verdict::Enable(c) => c,
+        v => panic!("{v:?}"),
+    };
+    assert!((ideal.drop_rate - 0.0946).abs() < 5e-4, "{ideal:?}");
+    let executed = replay_score(t, ideal.threshold_ns, &exec);
+    assert!((executed.drop_rate - 0.1363).abs() < 5e-4, "{executed:?}");
+
+    let mut out = Vec::new();
+    run_to(&tune_args(&["--trace", se.to_str().unwrap(), "--json"]), &mut out).expect("run");
+    let v: Vec<TuneJson> = serde_json::from_slice(&out).expect("tune --json reads back");
+    assert_eq!(v.len(), 1);
+    let j = &v[0];
+    assert_eq!((j.execution, j.guardrails), (exec, Guardrails::default()));
+    let c = match j.verdict {
+        Verdict::Enable(c) => c,
+        other => panic!("{other:?}"),
+    };
+    // The verdict's numbers are the replay's, within the guardrail, at a later threshold.
+    assert!(c.drop_rate <= 0.10 && c.threshold_ns > ideal.threshold_ns, "{c:?}");
+    // (JSON floats read back to within an ulp or so.)
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+    assert!(close(j.replay.drop_rate, c.drop_rate) && close(j.replay.effective_speedup, c.objective), "{j:?}");
+    let again = replay_score(t, c.threshold_ns, &exec);
+    assert!(close(again.drop_rate, c.drop_rate) && close(again.objective, c.objective), "{again:?} vs {c:?}");
+    // The ideal at the same threshold is printed beside it, and differs.
+    let i = j.ideal_at_threshold.expect("ideal at the verdict's threshold");
+    assert!(i.objective > c.objective, "{i:?} vs {c:?}");
+    // The text names the ideal as not realizable.
+    let mut text = Vec::new();
+    run_to(&tune_args(&["--trace", se.to_str().unwrap()]), &mut text).expect("run");
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains("ideal (not realizable on the device: a launched graph cannot stop mid-micro-batch)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("verdict:").count(), 1, "{text}");
+}
+
+#[test]
+fn tune_sync_lag_must_be_below_the_micro_batches_and_changes_the_replay() {
+    let se = trace("trace-SE.csv.gz");
+    let e = run_to(&tune_args(&["--trace", se.to_str().unwrap(), "--sync-lag", "8"]), &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("--sync-lag 8"), "{e}");
+    let json = |lag: &str| -> TuneJson {
+        let mut out = Vec::new();
+        run_to(
+            &tune_args(&["--trace", se.to_str().unwrap(), "--json", "--check", "before", "--sync-lag", lag]),
+            &mut out,
+        )
+        .expect("run");
+        serde_json::from_slice::<Vec<TuneJson>>(&out).expect("json").remove(0)
+    };
+    let (l0, l2) = (json("0"), json("2"));
+    assert_eq!((l0.execution.sync_lag, l2.execution.sync_lag), (0, 2));
+    assert_ne!(l0.verdict, l2.verdict, "the lag changes what will run");
 }

@@ -231,6 +231,34 @@ impl Noise {
         }
     }
 
+    /// Skewness E[(X - μ)³]/σ³ of the factor X, exact (normal: 0, before clipping; 0 when the
+    /// factor is constant). Reference: the skewness of the length pmf (the factor is affine in
+    /// the length); log-normal: (e^{σ²} + 2)·√(e^{σ²} - 1); exponential: 2; sequence length:
+    /// skew(s²)/√samples (a sum of i.i.d. squared lengths).
+    pub fn skewness(&self) -> f64 {
+        // Skewness from the raw moments E[Y], E[Y²], E[Y³].
+        let from_raw = |m1: f64, m2: f64, m3: f64| {
+            let var = m2 - m1 * m1;
+            if var <= 0.0 { 0.0 } else { (m3 - 3.0 * m1 * m2 + 2.0 * m1.powi(3)) / var.powf(1.5) }
+        };
+        match *self {
+            Noise::None | Noise::Normal { .. } => 0.0,
+            Noise::Reference { delay_factor } => {
+                let p = reference_multiplier_pmf();
+                if delay_factor == 0.0 { 0.0 } else { from_raw(p.moment(1), p.moment(2), p.moment(3)) }
+            }
+            Noise::LogNormal { sigma, .. } => {
+                let e = (sigma * sigma).exp();
+                (e + 2.0) * (e - 1.0).max(0.0).sqrt()
+            }
+            Noise::Exponential { .. } => 2.0,
+            Noise::SeqLen { samples } => {
+                let p = reference_multiplier_pmf();
+                from_raw(p.moment(2), p.moment(4), p.moment(6)) / f64::from(samples).sqrt()
+            }
+        }
+    }
+
     /// The prepared sampler (distribution objects and alias tables built once).
     ///
     /// # Errors

@@ -150,3 +150,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn sample_skewness_matches_the_closed_forms() {
+    let models = [
+        Noise::None,
+        Noise::Reference { delay_factor: 1.0 },
+        Noise::LogNormal { mu: 0.3, sigma: 0.2 },
+        Noise::Normal { cv: 0.1 },
+        Noise::Exponential { mean: 0.5 },
+        Noise::SeqLen { samples: 16 },
+    ];
+    for m in models {
+        let s = m.sampler().expect("valid model");
+        let mut r = StdRng::seed_from_u64(5);
+        let n = 400_000;
+        let xs: Vec<f64> = (0..n).map(|_| s.sample(&mut r)).collect();
+        let mean = xs.iter().sum::<f64>() / f64::from(n);
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / f64::from(n);
+        let m3 = xs.iter().map(|x| (x - mean).powi(3)).sum::<f64>() / f64::from(n);
+        let skew = if var > 0.0 { m3 / var.powf(1.5) } else { 0.0 };
+        assert!((skew - m.skewness()).abs() <= 0.03 + 0.1 * m.skewness().abs(), "{m:?}: {skew} vs {}", m.skewness());
+    }
+    // Closed forms: exponential 2; log-normal σ = 1: (e + 2)·√(e - 1) = 6.1849.
+    assert_eq!(Noise::Exponential { mean: 3.0 }.skewness(), 2.0);
+    assert!((Noise::lognormal_mean_one(1.0).skewness() - 6.184_877).abs() < 1e-5);
+    assert!(Noise::lognormal_mean_one(4.0).skewness() > 1e10);
+}

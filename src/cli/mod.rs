@@ -1,6 +1,6 @@
 //! Argument parsing and dispatch for the `dropcompute` binary: the top-level parser ([`Cli`]),
 //! logging setup ([`init_logging`]), dispatch to the library's per-subcommand modules
-//! (`dropcompute::commands::{info, train, tune, simulate, bench}`, each with its `Args` and
+//! (`dropcompute::commands::{info, train, validate, tune, simulate, bench}`, each with its `Args` and
 //! `run`) and the hidden rank-process entry of `--launch processes`. Exit codes per failure
 //! class are [`exit`]. Must not touch: flags of a subcommand or what a command does (both live
 //! in `dropcompute::commands`).
@@ -49,6 +49,11 @@ pub enum Command {
     /// cargo feature `mock` (the model kernels run on the CPU mock until device graphs land).
     #[cfg(feature = "mock")]
     Train(commands::train::Args),
+    /// How close the simulator's predicted step time and effective speedup are to the measured
+    /// ones over a grid of short `train` configurations (ranks, micro-batches, check mode, sync
+    /// lag, slow rank, seeds): a row per configuration, then the median, p90 and worst error.
+    #[cfg(feature = "mock")]
+    Validate(commands::validate::Args),
     /// (internal) One rank process of `--launch processes` (`train`, `bench allreduce`): SPEC is
     /// the JSON `dropcompute::launch::ChildSpec` its parent wrote (program, rank, unique id and
     /// the parent's validated configuration).
@@ -92,6 +97,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(b) => commands::bench::run(&b),
         #[cfg(feature = "mock")]
         Command::Train(a) => Ok(commands::train::run(&a)?),
+        #[cfg(feature = "mock")]
+        Command::Validate(a) => commands::validate::run(&a),
         Command::RankProcess { spec } => rank_process(&spec),
     }
 }

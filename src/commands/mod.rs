@@ -1,5 +1,5 @@
 //! The library side of every `dropcompute` subcommand, one module each: [`info`], [`train`]
-//! (cargo feature `mock`), [`tune`], [`simulate`], [`bench`]. Each has its clap `Args` and a
+//! and [`validate`] (cargo feature `mock`), [`tune`], [`simulate`], [`bench`]. Each has its clap `Args` and a
 //! `run`, so the binary (`src/main.rs`, `src/cli/`) only parses, sets up logging, dispatches and
 //! maps errors to exit codes. [`BackendArgs`] are the backend flags shared by `info` and
 //! `bench allreduce`.
@@ -20,6 +20,8 @@ pub mod simulate;
 #[cfg(feature = "mock")]
 pub mod train;
 pub mod tune;
+#[cfg(feature = "mock")]
+pub mod validate;
 
 /// The error of a command whose failures span several layers (`info`, `bench`, `train`): one of
 /// the crate's typed errors ([`CommandError`], `synapse::Error`, `hccl::HcclError`,
@@ -108,6 +110,38 @@ impl BackendArgs {
             (None, None) => BackendChoice::from_env()?,
         };
         Ok(Backend::select(&choice)?)
+    }
+}
+
+/// The guardrail flags of every command that recommends a threshold (`tune`, `train
+/// --threshold auto`): one definition, so both have the same names and defaults
+/// ([`crate::tune::Guardrails::default`]).
+#[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
+pub struct GuardrailArgs {
+    /// Guardrail: maximum mean drop rate of the replayed run (fraction in [0, 1]).
+    #[arg(long, default_value_t = crate::tune::Guardrails::default().max_drop_rate, allow_negative_numbers = true)]
+    pub max_drop_rate: f64,
+    /// Guardrail: minimum fraction of the global batch computed in every replayed step.
+    #[arg(long, default_value_t = crate::tune::Guardrails::default().min_batch_fraction, allow_negative_numbers = true)]
+    pub min_batch_fraction: f64,
+    /// Guardrail: minimum replayed effective speedup to enable dropping (0.02 = +2 %).
+    #[arg(long, default_value_t = crate::tune::Guardrails::default().min_gain, allow_negative_numbers = true)]
+    pub min_gain: f64,
+}
+
+impl GuardrailArgs {
+    /// The guardrails, checked.
+    ///
+    /// # Errors
+    /// `"--FLAG VALUE: must be a fraction in [0, 1]"` for the first flag out of range
+    /// ([`crate::tune::Guardrails::validate`]).
+    pub fn guardrails(&self) -> Result<crate::tune::Guardrails, String> {
+        let g = crate::tune::Guardrails {
+            max_drop_rate: self.max_drop_rate,
+            min_batch_fraction: self.min_batch_fraction,
+            min_gain: self.min_gain,
+        };
+        g.validate().map(|()| g)
     }
 }
 

@@ -128,6 +128,10 @@ pub struct Args {
     /// Mock device time: real (sleeps) or virtual (deterministic).
     #[arg(long, value_enum, default_value_t = TimeMode::Real)]
     pub time_mode: TimeMode,
+    /// Guardrails of `--threshold auto`, judged on the replay of the baseline run (the flags
+    /// and defaults of `dropcompute tune`).
+    #[command(flatten)]
+    pub guardrails: super::GuardrailArgs,
 }
 
 fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
@@ -196,6 +200,33 @@ impl Args {
             (None, Some(e)) => RunLength::Epochs(at_least_one("epochs", e)?),
             (None, None) => RunLength::Steps(DEFAULT_STEPS),
         };
+        let guardrails = self.guardrails.guardrails().map_err(|why| {
+            let (flag, value) = [
+                ("max-drop-rate", self.guardrails.max_drop_rate),
+                ("min-batch-fraction", self.guardrails.min_batch_fraction),
+                ("min-gain", self.guardrails.min_gain),
+            ]
+            .into_iter()
+            .find(|(_, v)| !(0.0..=1.0).contains(v))
+            .unwrap_or(("max-drop-rate", self.guardrails.max_drop_rate));
+            bad(flag, show(value), why.rsplit(": ").next().unwrap_or("must be a fraction in [0, 1]"))
+        })?;
+        // `--threshold auto` with a baseline tunes on the baseline's steps after warm-up: it
+        // needs as many as `dropcompute tune` (tune::MIN_STEPS).
+        if let (ThresholdArg::Auto, RunLength::Steps(s), false) = (threshold, length, self.no_compare) {
+            let tuned = s.saturating_sub(self.warmup_steps);
+            if tuned < crate::tune::MIN_STEPS as u64 {
+                return Err(bad(
+                    "steps",
+                    s,
+                    format!(
+                        "--threshold auto tunes on the baseline's steps after the {} warm-up steps: {tuned} < the minimum {} (insufficient data); run more steps or give a threshold",
+                        self.warmup_steps,
+                        crate::tune::MIN_STEPS
+                    ),
+                ));
+            }
+        }
         let mut slow_ranks: Vec<SlowRank> = Vec::with_capacity(self.slow_rank.len());
         for s in &self.slow_rank {
             let sr = parse_slow_rank(s, ranks)?;
@@ -262,6 +293,7 @@ impl Args {
                 .or_else(|| self.resume.clone())
                 .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
             time_mode: self.time_mode,
+            guardrails,
         })
     }
 }
@@ -334,7 +366,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
 }
 
 /// The backend of report.json's metadata: "cpu-mock (in-process)" or "Synapse at PATH".
-fn backend_name(api: &habana_sys::SynapseApi) -> String {
+pub(crate) fn backend_name(api: &habana_sys::SynapseApi) -> String {
     match api.origin() {
         habana_sys::ApiOrigin::InProcess(name) => format!("{name} (in-process)"),
         habana_sys::ApiOrigin::Library(p) => format!("Synapse at {}", p.display()),

@@ -51,6 +51,37 @@ fn defaults_match_the_documented_surface() {
     assert_eq!(c.checkpoint_every, None);
     assert_eq!(c.time_mode, TimeMode::Real);
     assert_eq!((c.data, c.out, c.resume), (None, None, None));
+    // One set of guardrail defaults for `train --threshold auto` and `tune`.
+    assert_eq!(c.guardrails, crate::tune::Guardrails::default());
+    assert_eq!(c.guardrails, crate::tune::Guardrails { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02 });
+}
+
+/// The guardrail flags are one definition (`commands::GuardrailArgs`) in `train` and `tune`: the
+/// same names and defaults.
+#[test]
+fn train_and_tune_share_the_guardrail_flags() {
+    use clap::CommandFactory;
+    #[derive(clap::Parser)]
+    struct Tune {
+        #[command(flatten)]
+        a: crate::commands::tune::Args,
+    }
+    let flags = |cmd: clap::Command| -> Vec<(String, Option<String>)> {
+        cmd.get_arguments()
+            .filter(|a| a.get_long().is_some_and(|l| ["max-drop-rate", "min-batch-fraction", "min-gain"].contains(&l)))
+            .map(|a| {
+                (
+                    a.get_long().unwrap_or_default().to_owned(),
+                    a.get_default_values().first().map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect()
+    };
+    let (train, tune) = (flags(TestCli::command().find_subcommand("train").cloned().unwrap()), flags(Tune::command()));
+    assert_eq!(train.len(), 3);
+    assert_eq!(train, tune);
+    let e = parse(&["--steps", "12"]).1.validate().unwrap_err().to_string();
+    assert!(e.contains("insufficient data") && e.contains("10"), "{e}");
 }
 
 #[test]
@@ -65,7 +96,13 @@ fn good_values_are_parsed_into_the_config() {
         (&["--threshold", "off"], |c| c.threshold == ThresholdArg::Off && c.threshold.fixed().is_none()),
         (&["--threshold", "AUTO"], |c| c.threshold == ThresholdArg::Auto),
         (&["--threshold", "12.5"], |c| c.threshold.fixed() == Some(Duration::from_micros(12_500))),
-        (&["--steps", "7"], |c| c.length == RunLength::Steps(7)),
+        (&["--steps", "7", "--threshold", "20"], |c| c.length == RunLength::Steps(7)),
+        (&["--steps", "13"], |c| c.length == RunLength::Steps(13) && c.threshold == ThresholdArg::Auto),
+        (&["--steps", "5", "--no-compare"], |c| c.length == RunLength::Steps(5)),
+        (&["--steps", "10", "--warmup-steps", "0"], |c| c.length == RunLength::Steps(10)),
+        (&["--max-drop-rate", "0.25"], |c| c.guardrails.max_drop_rate == 0.25),
+        (&["--min-batch-fraction", "0"], |c| c.guardrails.min_batch_fraction == 0.0),
+        (&["--min-gain", "0.05"], |c| c.guardrails.min_gain == 0.05),
         (&["--epochs", "2"], |c| c.length == RunLength::Epochs(2)),
         (&["--seed", "42"], |c| c.seed == 42),
         (&["--launch", "threads"], |c| c.launch == Launch::Threads),
@@ -159,6 +196,13 @@ fn bad_values_name_the_flag_and_the_value() {
         (&["--holdout", "0"], "holdout", "0"),
         (&["--holdout", "1"], "holdout", "1"),
         (&["--holdout", "NaN"], "holdout", "NaN"),
+        (&["--max-drop-rate", "1.5"], "max-drop-rate", "1.5"),
+        (&["--max-drop-rate", "NaN"], "max-drop-rate", "NaN"),
+        (&["--min-batch-fraction", "-0.1"], "min-batch-fraction", "-0.1"),
+        (&["--min-gain", "inf"], "min-gain", "inf"),
+        // `--threshold auto` tunes on the baseline after warm-up: at least tune::MIN_STEPS.
+        (&["--steps", "12"], "steps", "12"),
+        (&["--steps", "20", "--warmup-steps", "11"], "steps", "20"),
     ];
     for (argv, flag, value) in table {
         let err = parse(argv).1.validate().expect_err(&format!("{argv:?} accepted"));

@@ -1,23 +1,26 @@
 //! `dropcompute tune --trace FILE...`: recommend a threshold from traces.
 //!
-//! Owns: [`Args`], [`run`], [`run_to`] (flags and printing). Must not touch: the search
-//! and the recommendation (`crate::tune::recommend`, shared with `train --threshold auto`).
-//! Output per trace: shape and notes, the straggler headroom, the best threshold with predicted
-//! drop rate and effective speedup, the guardrails' verdict, a replay of the recommended
-//! threshold under both check modes (what the runtime, not the oracle, would get), per-rank
-//! straggler attribution, and an SVG of predicted effective speedup vs threshold.
+//! Owns: [`Args`], [`run`], [`run_to`] (flags and printing) and [`TuneJson`] (the `--json`
+//! form). Must not touch: the search and the recommendation (`crate::tune::recommend`, shared
+//! with `train --threshold auto`, with the same guardrail flags, [`super::GuardrailArgs`]).
+//! Output per trace: shape and notes, the straggler headroom, the verdict (the replay of the
+//! recommended threshold under the check mode and sync lag that will run, judged by the
+//! guardrails), beside it the ideal (the reference objective: a micro-batch counts iff it ends
+//! by the threshold; not realizable on the device), per-rank straggler attribution, and an SVG
+//! of the ideal and replayed effective speedup vs threshold.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::{CommandError, io_err};
+use super::{CommandError, GuardrailArgs, io_err};
 use crate::plot::{Series, line_chart};
 use crate::policy::CheckMode;
+use crate::sim::replay::ExecutionModel;
 use crate::trace::whatif::PipelineAggregation;
 use crate::trace::{LoadOptions, load};
-use crate::tune::recommend::replay_at;
+use crate::tune::recommend::replay_score;
 use crate::tune::straggler::{StragglerClass, StragglerConfig, attribute};
-use crate::tune::{Guardrails, Recommend, Recommendation, Scoring, Verdict, recommend};
+use crate::tune::{CandidateScore, Guardrails, Recommend, Recommendation, Verdict, recommend};
 
 /// Arguments of `dropcompute tune`.
 #[derive(Clone, Debug, clap::Args)]
@@ -35,18 +38,22 @@ pub struct Args {
     /// Overhead per step (ms) assumed for reference compute logs (they record no step time).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub overhead_ms: f64,
-    /// Guardrail: maximum mean drop rate.
-    #[arg(long, default_value_t = 0.10, allow_negative_numbers = true)]
-    pub max_drop_rate: f64,
-    /// Guardrail: minimum fraction of the global batch computed in every step.
-    #[arg(long, default_value_t = 0.75, allow_negative_numbers = true)]
-    pub min_batch_fraction: f64,
-    /// Guardrail: minimum predicted effective speedup to enable dropping.
-    #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
-    pub min_gain: f64,
+    /// The guardrails, judged on the replay (same flags and defaults as `train`).
+    #[command(flatten)]
+    pub guardrails: GuardrailArgs,
+    /// Deadline check the run will use (train's default: predictive); the verdict replays it.
+    #[arg(long, value_enum, default_value_t = ExecutionModel::default().check)]
+    pub check: CheckMode,
+    /// Micro-batches the run's deadline check lags behind the device (train's `--sync-lag`,
+    /// default 0); must be below the trace's micro-batches.
+    #[arg(long, default_value_t = ExecutionModel::default().sync_lag)]
+    pub sync_lag: u32,
     /// Micro-batches every rank always computes.
     #[arg(long, default_value_t = 1)]
     pub min_micro_batches: u32,
+    /// Print the verdict of every trace as JSON (an array of `TuneJson`) instead of text.
+    #[arg(long)]
+    pub json: bool,
     /// Directory for the SVG plots (one per trace, `tune-<file stem>.svg`); none if absent.
     #[arg(long)]
     pub svg_dir: Option<PathBuf>,
@@ -55,22 +62,66 @@ pub struct Args {
     pub top_ranks: usize,
 }
 
+/// The replayed run at one threshold (times in ms).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayJson {
+    /// Threshold, ms; `null` for off.
+    pub threshold_ms: Option<f64>,
+    /// Mean recorded step time, ms.
+    pub baseline_step_ms: f64,
+    /// Mean replayed step time at the threshold, ms.
+    pub policy_step_ms: f64,
+    /// Replayed drop rate (fraction).
+    pub drop_rate: f64,
+    /// Replayed effective speedup (0.05 = +5 %).
+    pub effective_speedup: f64,
+}
+
+/// `tune --json`: one element per trace.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TuneJson {
+    /// The trace (file names).
+    pub trace: String,
+    /// Ranks N.
+    pub ranks: usize,
+    /// Micro-batches per rank per step M.
+    pub micro_batches: usize,
+    /// Complete steps.
+    pub steps: usize,
+    /// The execution replayed (check mode, sync lag, warm-up 0, minimum micro-batches).
+    pub execution: ExecutionModel,
+    /// The guardrails that judged the replay.
+    pub guardrails: Guardrails,
+    /// The verdict: enable (with the replay's threshold, drop rate, batch fraction and effective
+    /// speedup) or decline (the guardrail and its numbers).
+    pub verdict: Verdict,
+    /// The replay of the verdict's threshold (off when declined).
+    pub replay: ReplayJson,
+    /// The reference objective at the verdict's threshold (a micro-batch counts iff it ends by
+    /// the threshold): not realizable on the device; `null` when declined.
+    pub ideal_at_threshold: Option<CandidateScore>,
+    /// The best threshold under the reference objective (unconstrained), not realizable.
+    pub ideal_best: CandidateScore,
+    /// Share of the step spent waiting for slower ranks.
+    pub straggler_headroom: f64,
+}
+
 /// Run and print to stdout. Errors: see [`run_to`].
 pub fn run(args: &Args) -> Result<(), CommandError> {
     run_to(args, &mut std::io::stdout().lock())
 }
 
-/// Run and print to `out`. Errors: trace errors (file, line, column), output I/O, plotting.
+/// The ideal (reference objective) at `threshold_ns`: the curve's candidate with the largest
+/// threshold at or below it (the objective is piecewise constant between candidates).
+fn ideal_at(curve: &[CandidateScore], threshold_ns: f64) -> Option<CandidateScore> {
+    curve.iter().rev().find(|c| c.threshold_ns <= threshold_ns).map(|c| CandidateScore { threshold_ns, ..*c })
+}
+
+/// Run and print to `out`. Errors: bad flags ([`CommandError::Args`]: a guardrail outside
+/// [0, 1], `--sync-lag` not below a trace's micro-batches), trace errors (file, line, column;
+/// insufficient data), output I/O, plotting.
 pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
-    for (flag, v) in [
-        ("--max-drop-rate", args.max_drop_rate),
-        ("--min-batch-fraction", args.min_batch_fraction),
-        ("--min-gain", args.min_gain),
-    ] {
-        if !(0.0..=1.0).contains(&v) {
-            return Err(CommandError::Args(format!("{flag} {v}: must be a fraction in [0, 1]")));
-        }
-    }
+    let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
     if !(args.overhead_ms.is_finite() && args.overhead_ms >= 0.0) {
         return Err(CommandError::Args(format!("--overhead-ms {}: must be finite and >= 0", args.overhead_ms)));
     }
@@ -79,15 +130,14 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         reference_overhead_ns: args.overhead_ms * 1e6,
         pipeline: args.pipeline,
     };
-    let how = Recommend {
-        scoring: Scoring::Oracle,
-        guardrails: Guardrails {
-            max_drop_rate: args.max_drop_rate,
-            min_batch_fraction: args.min_batch_fraction,
-            min_gain: args.min_gain,
-        },
+    let execution = ExecutionModel {
+        check: args.check,
+        sync_lag: args.sync_lag,
+        warmup_steps: 0,
         min_micro_batches: args.min_micro_batches,
     };
+    let how = Recommend { execution, guardrails };
+    let mut json = Vec::new();
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
         if t.num_steps() < crate::tune::MIN_STEPS || t.world_size() < 2 {
@@ -98,7 +148,41 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 min_steps: crate::tune::MIN_STEPS,
             }));
         }
-        let Recommendation { verdict, report: r } = recommend(t, &how);
+        if args.sync_lag as usize >= t.micro_batches() {
+            return Err(CommandError::Args(format!(
+                "--sync-lag {}: must be < the micro-batches of {} ({})",
+                args.sync_lag,
+                t.source(),
+                t.micro_batches()
+            )));
+        }
+        let Recommendation { verdict, replay: rp, ideal: r } = recommend(t, &how);
+        let ideal_here = match verdict {
+            Verdict::Enable(c) => ideal_at(&r.curve, c.threshold_ns),
+            Verdict::Decline(_) => None,
+        };
+        if args.json {
+            json.push(TuneJson {
+                trace: t.source().to_string(),
+                ranks: t.world_size(),
+                micro_batches: t.micro_batches(),
+                steps: t.num_steps(),
+                execution,
+                guardrails,
+                verdict,
+                replay: ReplayJson {
+                    threshold_ms: verdict.threshold().as_ns().map(|ns| ns as f64 / 1e6),
+                    baseline_step_ms: rp.baseline_step_ns / 1e6,
+                    policy_step_ms: rp.policy_step_ns / 1e6,
+                    drop_rate: rp.drop_rate,
+                    effective_speedup: rp.effective_speedup,
+                },
+                ideal_at_threshold: ideal_here,
+                ideal_best: r.best,
+                straggler_headroom: r.straggler_headroom,
+            });
+            continue;
+        }
         let compute = t.rank_compute_ns();
         let n = t.world_size();
         let mean_max =
@@ -132,42 +216,43 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             "  straggler headroom: {:.2}% of the step is spent waiting for slower ranks",
             r.straggler_headroom * 100.0
         );
-        let b = r.best;
+        let check =
+            clap::ValueEnum::to_possible_value(&args.check).map(|v| v.get_name().to_owned()).unwrap_or_default();
         let _ = writeln!(
             s,
-            "  best threshold (unconstrained): {:.3} ms: predicted drop rate {:.2}%, step-time saving {:.2}%, effective speedup {:+.2}%",
-            b.threshold_ns / 1e6,
-            b.drop_rate * 100.0,
-            b.step_saving * 100.0,
-            b.objective * 100.0
+            "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%",
+            args.sync_lag,
+            args.min_micro_batches,
+            guardrails.max_drop_rate * 100.0,
+            guardrails.min_batch_fraction * 100.0,
+            guardrails.min_gain * 100.0
         );
+        const IDEAL: &str = "ideal (not realizable on the device: a launched graph cannot stop mid-micro-batch)";
         match verdict {
             Verdict::Enable(c) => {
                 let _ = writeln!(
                     s,
-                    "  verdict: ENABLE threshold {:.3} ms: predicted drop rate {:.2}% (min batch {:.1}%), effective speedup {:+.2}%",
+                    "  verdict: ENABLE threshold {:.3} ms: replayed drop rate {:.2}% (min batch {:.1}%), step {:.3} -> {:.3} ms, effective speedup {:+.2}%",
                     c.threshold_ns / 1e6,
                     c.drop_rate * 100.0,
                     c.min_batch_fraction * 100.0,
+                    rp.baseline_step_ns / 1e6,
+                    rp.policy_step_ns / 1e6,
                     c.objective * 100.0
                 );
-                for (name, check) in
-                    [("before-micro-batch", CheckMode::BeforeMicroBatch), ("predictive", CheckMode::Predictive)]
-                {
-                    let rp = replay_at(t, c.threshold(), check, args.min_micro_batches);
+                if let Some(i) = ideal_here {
                     let _ = writeln!(
                         s,
-                        "  replay ({name} check): drop rate {:.2}%, step {:.3} -> {:.3} ms, effective speedup {:+.2}%",
-                        rp.drop_rate * 100.0,
-                        rp.baseline_step_ns / 1e6,
-                        rp.policy_step_ns / 1e6,
-                        rp.effective_speedup * 100.0
+                        "  {IDEAL}: at {:.3} ms drop rate {:.2}%, effective speedup {:+.2}%",
+                        i.threshold_ns / 1e6,
+                        i.drop_rate * 100.0,
+                        i.objective * 100.0
                     );
                 }
             }
             Verdict::Decline(why) => {
                 let _ = writeln!(s, "  verdict: DECLINE (threshold off): {why}");
-                if r.straggler_headroom < args.min_gain {
+                if r.straggler_headroom < guardrails.min_gain {
                     let _ = writeln!(
                         s,
                         "  why: only {:.2}% of the step is spent waiting for slower data-parallel ranks; the slowdown is not variance across ranks (structural, e.g. a slow pipeline stage present in every replica), so dropping micro-batches cannot recover it",
@@ -176,6 +261,14 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 }
             }
         }
+        let b = r.best;
+        let _ = writeln!(
+            s,
+            "  {IDEAL}, best unconstrained: {:.3} ms: drop rate {:.2}%, effective speedup {:+.2}%",
+            b.threshold_ns / 1e6,
+            b.drop_rate * 100.0,
+            b.objective * 100.0
+        );
         let att = attribute(t, &StragglerConfig::default());
         let chronic = att.iter().filter(|a| a.class == StragglerClass::Chronic).count();
         let transient = att.iter().filter(|a| a.class == StragglerClass::Transient).count();
@@ -208,37 +301,54 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 t.source().rsplit('/').next().unwrap_or("trace").split('.').next().unwrap_or("trace").to_string();
             let path = dir.join(format!("tune-{stem}.svg"));
             let step = (r.curve.len() / 1500).max(1);
-            let pts: Vec<(f64, f64)> = r
+            let mut pts: Vec<(f64, f64)> = r
                 .curve
                 .iter()
                 .step_by(step)
                 .chain(std::iter::once(&r.best))
                 .map(|c| (c.threshold_ns / 1e6, c.objective * 100.0))
                 .collect();
-            let mut pts = pts;
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let replayed: Vec<(f64, f64)> = r
+                .curve
+                .iter()
+                .step_by((r.curve.len() / 100).max(1))
+                .filter(|c| c.threshold_ns > 0.0)
+                .map(|c| {
+                    let sc = replay_score(t, c.threshold_ns, &execution);
+                    (c.threshold_ns / 1e6, sc.objective * 100.0)
+                })
+                .collect();
             let drops: Vec<(f64, f64)> =
                 r.curve.iter().step_by(step).map(|c| (c.threshold_ns / 1e6, -c.drop_rate * 100.0)).collect();
+            let mut series = vec![
+                Series { name: "ideal effective speedup % (not realizable)", points: pts, line: true },
+                Series { name: "replayed effective speedup % (as it will run)", points: replayed, line: true },
+                Series { name: "- ideal drop rate %", points: drops, line: true },
+            ];
+            if let Verdict::Enable(c) = verdict {
+                series.push(Series {
+                    name: "verdict",
+                    points: vec![(c.threshold_ns / 1e6, c.objective * 100.0)],
+                    line: false,
+                });
+            }
             line_chart(
                 &path,
-                &format!("predicted effective speedup vs threshold: {stem}"),
+                &format!("effective speedup vs threshold: {stem}"),
                 "threshold (ms)",
                 "effective speedup (%), -drop rate (%)",
                 false,
-                &[
-                    Series { name: "effective speedup %", points: pts, line: true },
-                    Series { name: "- drop rate %", points: drops, line: true },
-                    Series {
-                        name: "best",
-                        points: vec![(r.best.threshold_ns / 1e6, r.best.objective * 100.0)],
-                        line: false,
-                    },
-                ],
+                &series,
             )
             .map_err(CommandError::Plot)?;
             let _ = writeln!(s, "  svg: {}", path.display());
         }
         out.write_all(s.as_bytes()).map_err(io_err("stdout"))?;
+    }
+    if args.json {
+        let text = serde_json::to_string_pretty(&json).map_err(|e| CommandError::Args(format!("--json: {e}")))?;
+        out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
     }
     Ok(())
 }

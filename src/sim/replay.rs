@@ -1,15 +1,62 @@
 //! Replay of a real trace under a deadline policy: "what if this job had run with DropCompute
-//! at threshold τ".
+//! at threshold τ", executed as the scheduler executes it.
 //!
-//! Owns: [`replay`]. Must not touch: parsing (takes a [`LatencyTrace`]) or tuning. Each rank
-//! walks its recorded latencies through [`crate::policy::decide`], with a per-rank
-//! [`LatencyEstimator`] fed by the micro-batches it computed (as the scheduler would), in trace
-//! step order; the step id passed to `decide` is the trace's step id. Step time = max over ranks
-//! of the computed prefix + the recorded overhead. Assumes a dropped micro-batch's cost would
-//! not have shifted later ones (latencies replayed as recorded).
+//! Owns: [`ExecutionModel`] (what the scheduler does around the deadline rule) and [`replay`].
+//! Must not touch: parsing (takes a [`LatencyTrace`]) or tuning. Each rank walks its recorded
+//! latencies through [`crate::policy::decide`] exactly as `schedule::Scheduler` does:
+//! - the step id passed to `decide` is the trace's step id, so steps below
+//!   [`ExecutionModel::warmup_steps`] never drop (give a trace that holds the warm-up steps to
+//!   replay a whole run);
+//! - the first `min_micro_batches` always start;
+//! - sync lag k: the check before micro-batch i sees the end of micro-batch i-1-k (0 when
+//!   i-1-k < 0), never the micro-batches still in flight;
+//! - the elapsed time starts at the trace's start offset of the step and rank
+//!   ([`LatencyTrace::start_offsets_ns`]: device work between the compute clock start and the
+//!   first micro-batch);
+//! - predictive check: a per-rank [`LatencyEstimator`], persistent across steps, fed with a
+//!   micro-batch's latency when the scheduler reads its end event (lazily under sync lag, all
+//!   started ones at the end of the compute phase), in trace step order.
+//!
+//! Step time = max over ranks of (start offset + computed prefix) + the recorded per-step
+//! overhead (collective, rescale, optimizer: what the step spends outside the compute phase).
+//! Assumes a dropped micro-batch's cost would not have shifted later ones (latencies replayed
+//! as recorded), which is exact when the latencies are common random numbers (`train`).
 
-use crate::policy::{LatencyEstimator, PolicyConfig, decide};
+use crate::policy::{CheckMode, LatencyEstimator, PolicyConfig, Threshold, decide};
 use crate::trace::LatencyTrace;
+
+/// How the scheduler executes the deadline (everything but the threshold): the check mode, the
+/// sync lag, the warm-up steps and the micro-batches always computed. Defaults are `train`'s:
+/// predictive check, sync lag 0, 3 warm-up steps, 1 micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecutionModel {
+    /// The check point semantics.
+    pub check: CheckMode,
+    /// Micro-batches the check lags behind the device (`train --sync-lag`).
+    pub sync_lag: u32,
+    /// Steps with a step id below this never drop.
+    pub warmup_steps: u64,
+    /// Micro-batches every rank always starts.
+    pub min_micro_batches: u32,
+}
+
+impl Default for ExecutionModel {
+    fn default() -> Self {
+        Self { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1 }
+    }
+}
+
+impl ExecutionModel {
+    /// The deadline policy of this execution at `threshold`.
+    pub fn policy(&self, threshold: Threshold) -> PolicyConfig {
+        PolicyConfig {
+            threshold,
+            check: self.check,
+            warmup_steps: self.warmup_steps,
+            min_micro_batches: self.min_micro_batches,
+        }
+    }
+}
 
 /// Outcome of [`replay`].
 #[derive(Clone, Debug, PartialEq)]
@@ -24,29 +71,58 @@ pub struct ReplayReport {
     pub effective_speedup: f64,
     /// Per step: (baseline ns, policy ns, micro-batches started over all ranks).
     pub per_step: Vec<(f64, f64, u64)>,
+    /// Micro-batches started per step and rank (S x N, step-major).
+    pub started: Vec<u32>,
 }
 
-/// Replay `trace` under `policy`. Never fails (the trace is validated at construction).
-pub fn replay(trace: &LatencyTrace, policy: &PolicyConfig) -> ReplayReport {
+/// Replay `trace` at `threshold` executed as `exec` says (module doc). Never fails (the trace
+/// is validated at construction).
+pub fn replay(trace: &LatencyTrace, threshold: Threshold, exec: &ExecutionModel) -> ReplayReport {
+    let policy = exec.policy(threshold);
     let (n, m) = (trace.world_size(), trace.micro_batches());
+    let lag = exec.sync_lag as usize;
     let mut est: Vec<LatencyEstimator> = (0..n).map(|_| LatencyEstimator::default()).collect();
     let mut per_step = Vec::with_capacity(trace.num_steps());
+    let mut ends = vec![0.0f64; m];
+    let mut started_cells = Vec::with_capacity(trace.num_steps() * n);
     for (si, &step) in trace.steps().iter().enumerate() {
         let mat = trace.step_matrix(si);
+        let offsets = &trace.start_offsets_ns()[si * n..(si + 1) * n];
         let (mut base, mut pol, mut started_all) = (0.0f64, 0.0f64, 0u64);
         for (r, row) in mat.chunks_exact(m).enumerate() {
-            base = base.max(row.iter().sum());
-            let (mut elapsed, mut started) = (0.0f64, 0u32);
-            for &lat in row {
-                if !decide(policy, step, started, elapsed as u64, est[r].estimate()).is_start() {
+            let t0 = offsets[r];
+            let mut acc = t0;
+            for (e, &lat) in ends.iter_mut().zip(row) {
+                acc += lat;
+                *e = acc;
+            }
+            base = base.max(ends[m - 1]);
+            let (mut started, mut seen) = (0usize, 0usize);
+            while started < m {
+                let i = started;
+                // The check before micro-batch i waits for the end of micro-batch i-1-k.
+                let elapsed = match (i + 1).checked_sub(1 + lag) {
+                    None => 0.0,
+                    Some(upto) => {
+                        while seen < upto {
+                            est[r].observe(row[seen] as u64);
+                            seen += 1;
+                        }
+                        if upto == 0 { 0.0 } else { ends[upto - 1] }
+                    }
+                };
+                if !decide(&policy, step, i as u32, elapsed as u64, est[r].estimate()).is_start() {
                     break;
                 }
-                elapsed += lat;
                 started += 1;
-                est[r].observe(lat as u64);
             }
-            pol = pol.max(elapsed);
-            started_all += u64::from(started);
+            while seen < started {
+                est[r].observe(row[seen] as u64);
+                seen += 1;
+            }
+            pol = pol.max(if started == 0 { t0 } else { ends[started - 1] });
+            started_all += started as u64;
+            started_cells.push(started as u32);
         }
         let o = trace.overhead_ns()[si];
         per_step.push((base + o, pol + o, started_all));
@@ -62,33 +138,83 @@ pub fn replay(trace: &LatencyTrace, policy: &PolicyConfig) -> ReplayReport {
         drop_rate: d,
         effective_speedup: (1.0 - d) * b / p - 1.0,
         per_step,
+        started: started_cells,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{CheckMode, Threshold};
     use std::time::Duration;
+
+    fn at(ns: u64) -> Threshold {
+        Threshold::Fixed(Duration::from_nanos(ns))
+    }
+
+    fn before(sync_lag: u32, warmup_steps: u64) -> ExecutionModel {
+        ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag, warmup_steps, min_micro_batches: 1 }
+    }
 
     #[test]
     fn replay_applies_the_policy_to_recorded_latencies() {
         // 2 ranks, M = 3, 1 step; rank 1 is slow on its last micro-batch.
         let t = LatencyTrace::new("t", vec![0, 1], vec![10], 3, vec![10.0, 10.0, 10.0, 10.0, 10.0, 40.0], vec![5.0])
             .expect("valid");
-        let off = replay(&t, &PolicyConfig::default());
+        let off = replay(&t, Threshold::Off, &before(0, 0));
         assert_eq!(off.per_step, vec![(65.0, 65.0, 6)]);
         assert_eq!(off.effective_speedup, 0.0);
-        let p = PolicyConfig {
-            threshold: Threshold::Fixed(Duration::from_nanos(20)),
-            check: CheckMode::BeforeMicroBatch,
-            warmup_steps: 0,
-            min_micro_batches: 1,
-        };
-        let r = replay(&t, &p);
+        let r = replay(&t, at(20), &before(0, 0));
         // Each rank starts mb 0 (0 < 20) and mb 1 (10 < 20), stops at 20.
         assert_eq!(r.per_step, vec![(65.0, 25.0, 4)]);
         assert!((r.drop_rate - 2.0 / 6.0).abs() < 1e-12);
         assert!((r.effective_speedup - ((4.0 / 6.0) * 65.0 / 25.0 - 1.0)).abs() < 1e-12);
+    }
+
+    /// One rank, M = 4, latencies 10 each, threshold 15, check before each micro-batch.
+    fn one_rank(offset: f64) -> LatencyTrace {
+        LatencyTrace::new("t", vec![0], vec![10], 4, vec![10.0; 4], vec![0.0])
+            .and_then(|t| t.with_start_offsets(vec![offset]))
+            .expect("valid")
+    }
+
+    #[test]
+    fn sync_lag_checks_against_the_end_of_micro_batch_i_minus_1_minus_k() {
+        // Lag 0: mb 2 sees 20 >= 15: 2 started. Lag 1: mb 2 sees the end of mb 0 (10), mb 3
+        // sees 20: 3 started. Lag 2: mb 3 sees the end of mb 0 (10): all 4 start.
+        let started = |lag| replay(&one_rank(0.0), at(15), &before(lag, 0)).per_step[0];
+        assert_eq!(started(0), (40.0, 20.0, 2));
+        assert_eq!(started(1), (40.0, 30.0, 3));
+        assert_eq!(started(2), (40.0, 40.0, 4));
+    }
+
+    #[test]
+    fn warm_up_steps_never_drop_and_the_start_offset_counts_as_elapsed_time() {
+        // Step id 10 < 11 warm-up steps: everything starts.
+        assert_eq!(replay(&one_rank(0.0), at(15), &before(0, 11)).per_step[0], (40.0, 40.0, 4));
+        // An offset of 7 before the first micro-batch: mb 1 sees 17 >= 15; the step is 7 + 10.
+        assert_eq!(replay(&one_rank(7.0), at(15), &before(0, 0)).per_step[0], (47.0, 17.0, 1));
+    }
+
+    #[test]
+    fn the_predictive_estimate_is_fed_only_with_ends_the_scheduler_has_read() {
+        // M = 4, latencies 10, 10, 10, 30 on one rank over two steps (step 0 warm-up: all
+        // start, the window holds 10, 10, 10, 30); predictive, threshold 35, 1 micro-batch
+        // always. Step 1, lag 0: before mb 1 the end of mb 0 is read (window 10, 10, 10, 30,
+        // 10: 0.9-quantile 30), 10 + 30 > 35: stop at 1. Lag 1: before mb 1 nothing new is
+        // read and the elapsed time seen is 0: 0 + 30 <= 35 starts it; before mb 2 the end of
+        // mb 0 is read, 10 + 30 > 35: stop at 2.
+        let t = LatencyTrace::new(
+            "t",
+            vec![0],
+            vec![0, 1],
+            4,
+            vec![10.0, 10.0, 10.0, 30.0, 10.0, 10.0, 10.0, 30.0],
+            vec![0.0, 0.0],
+        )
+        .expect("valid");
+        let p =
+            |lag| ExecutionModel { check: CheckMode::Predictive, sync_lag: lag, warmup_steps: 1, min_micro_batches: 1 };
+        assert_eq!(replay(&t, at(35), &p(0)).per_step[1], (60.0, 10.0, 1));
+        assert_eq!(replay(&t, at(35), &p(1)).per_step[1], (60.0, 20.0, 2));
     }
 }

@@ -123,11 +123,13 @@ pub enum TraceError {
     },
 }
 
-/// Per step an N x M matrix of micro-batch latencies plus the per-step overhead.
+/// Per step an N x M matrix of micro-batch latencies plus the per-step overhead, and per step
+/// and rank the compute-clock offset of the first micro-batch.
 ///
 /// Layout: `latencies_ns[(s * N + n) * M + m]` for step index s (0..S), rank index n (0..N),
-/// micro-batch m (0..M). Invariants (checked by [`LatencyTrace::new`]): every latency and
-/// overhead is finite and >= 0; lengths agree; N, M, S >= 1.
+/// micro-batch m (0..M); `start_ns[s * N + n]`. Invariants (checked by [`LatencyTrace::new`]
+/// and [`LatencyTrace::with_start_offsets`]): every latency, overhead and offset is finite and
+/// >= 0; lengths agree; N, M, S >= 1.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatencyTrace {
     source: String,
@@ -136,6 +138,7 @@ pub struct LatencyTrace {
     micro_batches: usize,
     latencies_ns: Vec<f64>,
     overhead_ns: Vec<f64>,
+    start_ns: Vec<f64>,
 }
 
 impl LatencyTrace {
@@ -171,13 +174,45 @@ impl LatencyTrace {
         {
             return Err(TraceError::Shape(format!("{source}: value #{i} is {v} (must be finite and >= 0)")));
         }
-        Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns })
+        let start_ns = vec![0.0; s * n];
+        Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns, start_ns })
+    }
+
+    /// The same trace with per step and rank the device time (ns) from the step's compute
+    /// clock start to the start of the rank's first micro-batch (S x N values, step-major; e.g.
+    /// work the job enqueues between the previous update and the first micro-batch). A trace
+    /// built by [`LatencyTrace::new`] has offsets 0 (what a compute log or What-if CSV records).
+    /// The replay adds the offset to the elapsed time every deadline check sees.
+    ///
+    /// # Errors
+    /// [`TraceError::Shape`] when `start_ns` has not S x N values or one is negative or not
+    /// finite.
+    pub fn with_start_offsets(mut self, start_ns: Vec<f64>) -> Result<Self, TraceError> {
+        if start_ns.len() != self.start_ns.len() {
+            return Err(TraceError::Shape(format!(
+                "{}: {} start offsets for {} steps x {} ranks",
+                self.source,
+                start_ns.len(),
+                self.steps.len(),
+                self.ranks.len()
+            )));
+        }
+        if let Some((i, v)) = start_ns.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v >= 0.0)) {
+            return Err(TraceError::Shape(format!(
+                "{}: start offset #{i} is {v} (must be finite and >= 0)",
+                self.source
+            )));
+        }
+        self.start_ns = start_ns;
+        Ok(self)
     }
 
     /// The same trace with its per-step overhead replaced by `overhead_ns` (S values), validated
     /// as by [`LatencyTrace::new`]. Used by loaders that derive the overhead after building.
     pub(crate) fn with_overhead(self, overhead_ns: Vec<f64>) -> Result<Self, TraceError> {
-        Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)
+        let start_ns = self.start_ns;
+        Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)?
+            .with_start_offsets(start_ns)
     }
 
     /// Where the trace came from (file names).
@@ -214,7 +249,12 @@ impl LatencyTrace {
         let w = self.ranks.len() * self.micro_batches;
         self.latencies_ns.get(s * w..(s + 1) * w).unwrap_or(&[])
     }
-    /// Per-step overhead (ns), S values.
+    /// Per step and rank, the offset (ns) of the first micro-batch from the step's compute clock
+    /// start (S x N, step-major; see [`LatencyTrace::with_start_offsets`]).
+    pub fn start_offsets_ns(&self) -> &[f64] {
+        &self.start_ns
+    }
+    /// Per-step overhead (S values, ns).
     pub fn overhead_ns(&self) -> &[f64] {
         &self.overhead_ns
     }
@@ -243,6 +283,7 @@ impl LatencyTrace {
             out.steps.extend_from_slice(&t.steps);
             out.latencies_ns.extend_from_slice(&t.latencies_ns);
             out.overhead_ns.extend_from_slice(&t.overhead_ns);
+            out.start_ns.extend_from_slice(&t.start_ns);
             out.source = format!("{} + {}", out.source, t.source);
         }
         Ok(out)

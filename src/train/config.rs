@@ -191,6 +191,9 @@ pub struct TrainConfig {
     pub checkpoint_dir: PathBuf,
     /// Mock device time mode.
     pub time_mode: TimeMode,
+    /// Guardrails of `--threshold auto` (`--max-drop-rate`, `--min-batch-fraction`,
+    /// `--min-gain`: the same flags and defaults as `dropcompute tune`), each in [0, 1].
+    pub guardrails: crate::tune::Guardrails,
 }
 
 /// Serde default of [`TrainConfig::classes`] (configurations written before the flag existed).

@@ -3,8 +3,8 @@
 //! result of a rank process).
 //!
 //! Owns: loading and splitting the data, the initial parameters, the resume step, the mock
-//! configuration of a job, the checkpoint fingerprint and the `--threshold auto` guardrail
-//! from the environment. Must not touch: devices, collectives, the step loop or outputs.
+//! configuration of a job, the checkpoint fingerprint and how `--threshold auto` recommends
+//! ([`Job::auto_recommend`]). Must not touch: devices, collectives, the step loop or outputs.
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::mock::{DeviceOverride, MockConfig};
 use crate::schedule::{DropLedger, StepReport, StragglerTracker};
-use crate::tune::{Guardrails, Recommend, Scoring};
+use crate::sim::replay::ExecutionModel;
+use crate::tune::Recommend;
 
 use super::config::{RunLength, TrainConfig};
 use super::data::Dataset;
@@ -36,8 +37,6 @@ pub struct Job {
     pub init: Vec<f32>,
     /// `--resume`: the step every rank resumes the DropCompute run from.
     pub resume_step: Option<u64>,
-    /// Drop-rate guardrail of `--threshold auto` ([`auto_max_drop_rate`]).
-    pub auto_max_drop: f64,
 }
 
 /// The serialized form of a [`Job`] handed to a rank process (JSON inside the
@@ -49,8 +48,6 @@ pub struct JobSpec {
     pub cfg: TrainConfig,
     /// The step the parent chose to resume from ([`Job::resume_step`]).
     pub resume_step: Option<u64>,
-    /// The parent's `--threshold auto` guardrail ([`Job::auto_max_drop`]).
-    pub auto_max_drop: f64,
 }
 
 impl Job {
@@ -62,7 +59,7 @@ impl Job {
     /// [`TrainError::Model`] for an impossible shape; [`TrainError::Checkpoint`] when `--resume`
     /// finds no step readable for every rank.
     pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
-        let mut job = Self::load(cfg, auto_max_drop_rate()?)?;
+        let mut job = Self::load(cfg)?;
         if let Some(dir) = job.cfg.resume.clone() {
             let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
             if let RunLength::Steps(s) = job.cfg.length
@@ -79,24 +76,21 @@ impl Job {
     }
 
     /// What a rank process needs to rebuild this job exactly: the validated configuration and
-    /// the choices the parent made from its environment and disk (resume step, auto guardrail).
+    /// the choice the parent made from its disk (the resume step).
     pub fn spec(&self) -> JobSpec {
-        JobSpec { cfg: self.cfg.clone(), resume_step: self.resume_step, auto_max_drop: self.auto_max_drop }
+        JobSpec { cfg: self.cfg.clone(), resume_step: self.resume_step }
     }
 
     /// The job of a rank process: [`Job::prepare`]'s data and model from `spec.cfg`, with the
-    /// parent's resume step and guardrail (not re-read from this process's disk or environment).
+    /// parent's resume step (not re-read from this process's disk).
     ///
     /// # Errors
     /// As [`Job::prepare`], except that no checkpoint directory is read here;
-    /// [`TrainError::Config`] for a guardrail outside [0, 1] or a resume step with no
+    /// [`TrainError::Config`] for guardrails outside [0, 1] or a resume step with no
     /// `--resume` directory.
     pub fn from_spec(spec: JobSpec) -> Result<Self, TrainError> {
-        if !(0.0..=1.0).contains(&spec.auto_max_drop) {
-            return Err(TrainError::Config {
-                what: ENV_AUTO_MAX_DROP,
-                value: format!("{} (parent job spec)", spec.auto_max_drop),
-            });
+        if let Err(value) = spec.cfg.guardrails.validate() {
+            return Err(TrainError::Config { what: "guardrails", value: format!("{value} (parent job spec)") });
         }
         if spec.resume_step.is_some() && spec.cfg.resume.is_none() {
             return Err(TrainError::Config {
@@ -104,13 +98,13 @@ impl Job {
                 value: "a resume step without a directory (parent job spec)".into(),
             });
         }
-        let mut job = Self::load(spec.cfg, spec.auto_max_drop)?;
+        let mut job = Self::load(spec.cfg)?;
         job.resume_step = spec.resume_step;
         Ok(job)
     }
 
     /// Data, split, shape and initial parameters of `cfg`; no checkpoint read.
-    fn load(cfg: TrainConfig, auto_max_drop: f64) -> Result<Self, TrainError> {
+    fn load(cfg: TrainConfig) -> Result<Self, TrainError> {
         let all = match &cfg.data {
             Some(p) => Dataset::load(p, cfg.classes)?,
             None => Dataset::embedded_digits()?,
@@ -121,15 +115,7 @@ impl Job {
             Some(p) => super::params::load_for(p, shape)?,
             None => mlp::init_params(shape, cfg.seed)?,
         };
-        let job = Self {
-            cfg,
-            train: Arc::new(train),
-            holdout: Arc::new(holdout),
-            shape,
-            init,
-            resume_step: None,
-            auto_max_drop,
-        };
+        let job = Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init, resume_step: None };
         if job.holdout.is_empty() || job.train.len() < job.cfg.ranks as usize {
             return Err(TrainError::Config {
                 what: "--holdout",
@@ -178,19 +164,23 @@ impl Job {
         )
     }
 
-    /// How `--threshold auto` recommends a threshold on the baseline run's trace: replayed
-    /// under this job's check mode, drop rate <= [`Job::auto_max_drop`], gain >=
-    /// [`AUTO_MIN_GAIN`], no batch-fraction floor, one micro-batch always computed.
-    pub fn auto_recommend(&self) -> Recommend {
-        Recommend {
-            scoring: Scoring::Replay(self.cfg.check),
-            guardrails: Guardrails {
-                max_drop_rate: self.auto_max_drop,
-                min_batch_fraction: 0.0,
-                min_gain: AUTO_MIN_GAIN,
-            },
+    /// How the DropCompute run executes the deadline: this job's check mode, sync lag and
+    /// warm-up, one micro-batch always computed (the scheduler's policy in `run`).
+    pub fn execution(&self) -> ExecutionModel {
+        ExecutionModel {
+            check: self.cfg.check,
+            sync_lag: self.cfg.sync_lag,
+            warmup_steps: self.cfg.warmup_steps,
             min_micro_batches: 1,
         }
+    }
+
+    /// How `--threshold auto` recommends a threshold on the baseline run's trace (all its steps,
+    /// warm-up included): replayed as the DropCompute run will execute ([`Job::execution`]),
+    /// judged by the job's guardrails (`--max-drop-rate`, `--min-batch-fraction`,
+    /// `--min-gain`).
+    pub fn auto_recommend(&self) -> Recommend {
+        Recommend { execution: self.execution(), guardrails: self.cfg.guardrails }
     }
 
     /// Steps of a run, `None` for an epoch-bounded run.
@@ -289,25 +279,4 @@ pub struct RankOutcome {
     pub threshold_ns: Option<u64>,
     /// How the threshold was chosen.
     pub threshold_source: String,
-}
-
-/// The smallest predicted effective speedup for which `--threshold auto` enables dropping
-/// (0.02 = +2 %).
-pub const AUTO_MIN_GAIN: f64 = 0.02;
-
-/// Environment variable: the drop-rate guardrail of `--threshold auto` (a fraction in [0, 1]).
-pub const ENV_AUTO_MAX_DROP: &str = "DROPCOMPUTE_AUTO_MAX_DROP";
-
-/// The drop-rate guardrail of `--threshold auto`: `$DROPCOMPUTE_AUTO_MAX_DROP`, else 0.25.
-///
-/// # Errors
-/// [`TrainError::Config`] naming the variable and its value when it is not a number in [0, 1].
-pub fn auto_max_drop_rate() -> Result<f64, TrainError> {
-    match std::env::var(ENV_AUTO_MAX_DROP) {
-        Err(_) => Ok(0.25),
-        Ok(v) => v.trim().parse::<f64>().ok().filter(|x| (0.0..=1.0).contains(x)).ok_or(TrainError::Config {
-            what: ENV_AUTO_MAX_DROP,
-            value: format!("{v:?} (must be a fraction in [0, 1])"),
-        }),
-    }
 }

@@ -66,20 +66,37 @@ fn resolve_threshold(
         }
         (ThresholdArg::Auto, Some(reports)) => {
             let rank = comm.rank();
+            // Every rank holds the same gathered latencies: all check the minimum alike.
+            let tuned = reports.iter().filter(|r| r.step >= job.cfg.warmup_steps).count();
+            if tuned < crate::tune::MIN_STEPS {
+                return Err(TrainError::Config {
+                    what: "--threshold auto",
+                    value: format!(
+                        "insufficient data: the baseline ran {tuned} step(s) after the {} warm-up steps; tuning needs at least {} (run more steps or epochs, or give a threshold)",
+                        job.cfg.warmup_steps,
+                        crate::tune::MIN_STEPS
+                    ),
+                });
+            }
             let mut found = None;
             if rank == 0 {
-                let trace = super::summary::baseline_trace(reports, job.cfg.warmup_steps);
+                let trace = super::summary::run_trace(reports);
                 found = trace.map(|t| crate::tune::recommend(&t, &job.auto_recommend()).verdict);
             }
             let ns = broadcast_u64(comm, found.map_or(u64::MAX, |v| v.threshold().as_ns().unwrap_or(u64::MAX)))?;
             let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
+            let g = job.cfg.guardrails;
             let why = match (found, rank) {
                 (Some(Verdict::Enable(c)), _) => format!(
-                    "auto: best predicted speedup {:.3}x replaying the baseline run's latencies (drop rate <= {:.0} %)",
+                    "auto: best replayed speedup {:.3}x of the baseline run's latencies as this run executes (drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %)",
                     1.0 + c.objective,
-                    job.auto_max_drop * 100.0
+                    c.drop_rate * 100.0,
+                    g.max_drop_rate * 100.0,
+                    g.min_batch_fraction * 100.0,
+                    g.min_gain * 100.0
                 ),
-                (_, 0) => "auto: no threshold predicts a gain on the baseline run; off".into(),
+                (Some(Verdict::Decline(why)), 0) => format!("auto: off: {why}"),
+                (_, 0) => "auto: no baseline step to tune on; off".into(),
                 (_, _) => "auto: chosen by rank 0".into(),
             };
             (t, None, why)

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::policy::Threshold;
 use crate::schedule::StepReport;
+use crate::sim::replay::{ReplayReport, replay};
 use crate::trace::LatencyTrace;
 use crate::trace::compute_log::ComputeLogWriter;
 use crate::tune::StragglerClass;
@@ -21,36 +22,127 @@ use super::output::StagedOut;
 use super::report::{ConfigEcho, RankStraggler, Report, RunMeasurements, RunMetadata, RunReport, StragglerReport};
 use super::timeline::{RunSpans, Span, SpanKind, chrome_trace};
 
-/// The N x M latency trace of a run from one rank's reports (every rank holds the same gathered
-/// matrix), skipping the first `skip` (warm-up) steps and any step with a micro-batch not
-/// computed; per-step overhead = the gathered overhead. `None` when no step remains.
-pub fn baseline_trace(reports: &[StepReport], skip: u64) -> Option<LatencyTrace> {
-    let used: Vec<&StepReport> = reports
-        .iter()
-        .filter(|r| r.step >= skip && !r.latencies_ns.is_empty() && r.latencies_ns.iter().all(|v| v.is_finite()))
-        .collect();
+/// The N x M latency trace of a whole run from one rank's reports (every rank holds the same
+/// gathered matrix), warm-up steps included, skipping any step with a micro-batch not computed
+/// (a baseline run computes all). Per step: overhead = this rank's step time minus the slowest
+/// rank's compute phase (collective, rescale, optimizer: what the step spends after the last
+/// rank's compute, without the wait for it); per rank, the start offset = its compute phase
+/// minus the sum of its micro-batch latencies (device work before the first micro-batch, e.g.
+/// the previous step's loss all-reduce, and gaps between micro-batches). `None` when no step
+/// remains.
+pub fn run_trace(reports: &[StepReport]) -> Option<LatencyTrace> {
+    let used: Vec<&StepReport> =
+        reports.iter().filter(|r| !r.latencies_ns.is_empty() && r.latencies_ns.iter().all(|v| v.is_finite())).collect();
     let first = used.first()?;
     let n = first.world_size as usize;
     let m = first.latencies_ns.len() / n.max(1);
-    let used: Vec<&&StepReport> = used.iter().filter(|r| r.latencies_ns.len() == n * m).collect();
+    let used: Vec<&&StepReport> = used.iter().filter(|r| r.latencies_ns.len() == n * m && r.ranks.len() == n).collect();
+    let max_compute = |r: &StepReport| r.ranks.iter().map(|x| x.compute_ns).max().unwrap_or(0);
+    let offsets: Vec<f64> = used
+        .iter()
+        .flat_map(|r| {
+            r.ranks.iter().zip(r.latencies_ns.chunks_exact(m.max(1))).map(|(x, lat)| {
+                let sum: f64 = lat.iter().sum();
+                (x.compute_ns as f64 - sum).max(0.0)
+            })
+        })
+        .collect();
     LatencyTrace::new(
         "baseline run",
         (0..n as u32).collect(),
         used.iter().map(|r| r.step).collect(),
         m,
         used.iter().flat_map(|r| r.latencies_ns.iter().copied()).collect(),
-        used.iter().map(|r| r.overhead_ns as f64).collect(),
+        used.iter().map(|r| r.step_ns.saturating_sub(max_compute(r)) as f64).collect(),
     )
+    .and_then(|t| t.with_start_offsets(offsets))
     .ok()
 }
 
-/// The what-if simulator's predicted effective speedup (as a ratio, 1 = none) of running the
-/// baseline's recorded latencies under the DropCompute run's policy (`sim::replay`).
-pub fn predicted_speedup(job: &Job, baseline: &[StepReport], threshold_ns: Option<u64>) -> Option<f64> {
-    let trace = baseline_trace(baseline, job.cfg.warmup_steps)?;
+/// The simulator's prediction of the DropCompute run (`train` prints `speedup` as "effective
+/// speedup, predicted").
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prediction {
+    /// The baseline run's latencies replayed at the run's threshold as the run executes it.
+    pub replay: ReplayReport,
+    /// Samples the DropCompute run computes, predicted: the job's data sources (the baseline's
+    /// seed and sharding, dropped micro-batches re-queued first, as in the run) taking the
+    /// replay's started micro-batches per step and rank; `None` when the trace does not cover
+    /// steps 0..S without a gap.
+    pub samples_computed: Option<u64>,
+    /// Samples the baseline run computed over the same steps.
+    pub baseline_samples: u64,
+    /// Predicted effective speedup (ratio, 1 = none): computed-samples throughput over the
+    /// baseline's, (predicted samples / baseline samples) x (baseline / replayed time); the
+    /// micro-batch ratio when the samples cannot be predicted.
+    pub speedup: f64,
+}
+
+/// The what-if simulator's prediction for the DropCompute run: the baseline run's recorded
+/// latencies (every step, warm-up included) replayed at `threshold_ns` as the DropCompute run
+/// executes it (`sim::replay` under the job's check mode, sync lag, warm-up and minimum
+/// micro-batches), and the samples its started micro-batches hold (the measured speedup counts
+/// samples, and an epoch's last micro-batch of a rank may be short). The per-step overhead is
+/// the baseline's ([`run_trace`]) plus its host time outside the device steps (wall time minus
+/// the sum of step times, over the steps; 0 in virtual time, where the wall time is that sum).
+/// `None` without a complete baseline step.
+pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
+    let reports = &baseline.reports;
+    let trace = run_trace(reports)?;
+    let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();
+    let host_gap = baseline.wall_ns.saturating_sub(device_ns) as f64 / reports.len().max(1) as f64;
+    let overhead: Vec<f64> = trace.overhead_ns().iter().map(|o| o + host_gap).collect();
+    let trace = trace.with_overhead(overhead).ok()?;
+    let baseline = reports.as_slice();
     let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
-    let r = crate::tune::recommend::replay_at(&trace, threshold, job.cfg.check, 1);
-    Some(1.0 + r.effective_speedup)
+    let replay = replay(&trace, threshold, &job.execution());
+    let steps = trace.steps();
+    let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
+    let baseline_samples: u64 =
+        baseline.iter().filter(|r| steps.binary_search(&r.step).is_ok()).map(StepReport::global_samples).sum();
+    let samples_computed = covered.then(|| data_samples(job, trace.world_size(), &replay.started));
+    let time_ratio = replay.baseline_step_ns / replay.policy_step_ns;
+    let speedup = match samples_computed {
+        Some(s) if baseline_samples > 0 => s as f64 / baseline_samples as f64 * time_ratio,
+        _ => 1.0 + replay.effective_speedup,
+    };
+    Some(Prediction { replay, samples_computed, baseline_samples, speedup })
+}
+
+/// Samples computed when each rank's data source (as `run` builds it) gives its first
+/// `started[s * n + rank]` micro-batches of step s and re-queues the rest.
+fn data_samples(job: &Job, n: usize, started: &[u32]) -> u64 {
+    use crate::schedule::DataSource;
+    let cfg = &job.cfg;
+    let max_epochs = match cfg.length {
+        super::config::RunLength::Epochs(e) => Some(u64::from(e)),
+        super::config::RunLength::Steps(_) => None,
+    };
+    let mut total = 0u64;
+    for rank in 0..n {
+        let mut data = super::workload::EpochSource::new(
+            rank as u32,
+            cfg.ranks,
+            job.train.len() as u64,
+            cfg.seed,
+            cfg.micro_batch_size as usize,
+            max_epochs,
+        );
+        for k in started.iter().skip(rank).step_by(n.max(1)) {
+            let mut planned: Vec<_> = (0..cfg.micro_batches).map_while(|_| data.next_micro_batch()).collect();
+            let rest = planned.split_off((*k as usize).min(planned.len()));
+            total += planned.iter().map(crate::schedule::MicroBatch::samples).sum::<u64>();
+            if !rest.is_empty() {
+                data.requeue(rest);
+            }
+        }
+    }
+    total
+}
+
+/// The predicted effective speedup (as a ratio, 1 = none) of [`prediction`].
+pub fn predicted_speedup(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<f64> {
+    prediction(job, baseline, threshold_ns).map(|p| p.speedup)
 }
 
 /// The measurements of one run: rank 0's view of the global counts, rank 0's wall time, the
@@ -125,7 +217,7 @@ pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>], meta: RunMetadata) -> Re
         .iter()
         .find(|o| o.kind == RunKind::DropCompute)
         .ok_or(TrainError::Config { what: "runs", value: "no DropCompute run".into() })?;
-    let predicted = base.and_then(|b| predicted_speedup(job, &b.reports, dc.threshold_ns));
+    let predicted = base.and_then(|b| predicted_speedup(job, b, dc.threshold_ns));
     let baseline = base.map(|b| run_report(job, b)).transpose()?;
     Ok(Report::new(baseline, run_report(job, dc)?, predicted, ConfigEcho::from(&job.cfg), meta, stragglers(dc)))
 }

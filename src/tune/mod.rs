@@ -15,7 +15,7 @@ pub mod retune;
 pub mod search;
 pub mod straggler;
 
-pub use recommend::{Recommend, Recommendation, Scoring, recommend};
+pub use recommend::{Recommend, Recommendation, recommend};
 pub use straggler::StragglerClass;
 
 /// The fewest complete steps (and ranks: 2) a trace needs before `dropcompute tune` gives a

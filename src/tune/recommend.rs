@@ -1,104 +1,96 @@
-//! The one threshold recommendation: from a latency trace and guardrails to a [`Verdict`],
-//! used by `dropcompute tune` and by `train --threshold auto`.
+//! The one threshold recommendation: from a latency trace, the execution that will run and
+//! the guardrails to a [`Verdict`], used by `dropcompute tune` and by `train --threshold auto`.
 //!
-//! Owns: [`recommend`] (which candidates, how they are scored, which guardrails apply) and
-//! [`replay_at`] (the policy a recommended threshold runs under when replayed). Must not touch:
-//! I/O, clocks, devices or environment variables: callers pass the guardrails (`train` reads
-//! `$DROPCOMPUTE_AUTO_MAX_DROP`, `tune` its flags), so the function is pure and every rank
-//! given the same trace reaches the same threshold.
+//! Owns: [`recommend`] (which candidates, how they are scored, which guardrails apply). Must
+//! not touch: I/O, clocks, devices or environment variables: callers pass the execution model
+//! and the guardrails (both commands from the same flags, `commands::GuardrailArgs`), so the
+//! function is pure and every rank given the same trace reaches the same threshold.
 //!
-//! Two scorings, because the runtime policy is not an oracle:
-//! - [`Scoring::Oracle`]: the exact search of [`super::search`] (every distinct completion
-//!   time, oracle truncation); the verdict is [`TuneReport::verdict`]. What `tune` prints.
-//! - [`Scoring::Replay`]: the search's curve thresholds (at most [`MAX_REPLAYED`], evenly
-//!   spaced) each replayed through `sim::replay` under the run's check mode; the best replayed
-//!   effective speedup among candidates within the guardrails wins (ties: smallest threshold).
-//!   This matters for the predictive check, which stops earlier than the oracle at the same
-//!   threshold. What `train --threshold auto` runs with.
+//! The verdict is what will run: each candidate threshold (the exact search's curve, at most
+//! [`MAX_REPLAYED`] evenly spaced) is replayed through `sim::replay` under the check mode,
+//! sync lag, warm-up and minimum micro-batches of the run ([`ExecutionModel`]); the guardrails
+//! judge that replay (its drop rate, its smallest per-step batch fraction, its effective
+//! speedup) and the best admissible replayed effective speedup wins (ties: smallest
+//! threshold). The exact search of [`super::search`] (a micro-batch counts iff it ends by the
+//! threshold) is kept beside it as [`Recommendation::ideal`]: the ideal that stopping
+//! mid-micro-batch would give, not realizable on the device (a launched graph cannot stop
+//! mid-micro-batch).
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
-use crate::policy::{CheckMode, PolicyConfig, Threshold};
-use crate::sim::replay::{ReplayReport, replay};
+use crate::policy::Threshold;
+use crate::sim::replay::{ExecutionModel, ReplayReport, replay};
 use crate::trace::LatencyTrace;
 
 use super::search::{CandidateScore, Guardrails, Refusal, TuneConfig, TuneReport, Verdict, tune};
 
-/// At most this many candidate thresholds are replayed by [`Scoring::Replay`].
+/// At most this many candidate thresholds are replayed.
 pub const MAX_REPLAYED: usize = 200;
 
-/// How the candidate thresholds are scored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scoring {
-    /// The search's own oracle objective (exact, every candidate).
-    Oracle,
-    /// Replay through the deadline policy with this check mode (see the module doc).
-    Replay(CheckMode),
-}
-
 /// What to recommend under.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct Recommend {
-    /// How candidates are scored.
-    pub scoring: Scoring,
+    /// How the run executes the deadline (check mode, sync lag, warm-up, minimum
+    /// micro-batches).
+    pub execution: ExecutionModel,
     /// Limits on the recommendation (drop rate and batch fraction are fractions in [0, 1];
-    /// `min_gain` is an effective speedup, 0.02 = +2 %).
+    /// `min_gain` is an effective speedup, 0.02 = +2 %), judged on the replay.
     pub guardrails: Guardrails,
-    /// Micro-batches every rank always computes (the policy's `min_micro_batches`).
-    pub min_micro_batches: u32,
 }
 
 /// The recommendation and what it was computed from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recommendation {
-    /// The decision. With [`Scoring::Replay`], an enabled candidate's `objective`, `drop_rate`,
-    /// `step_saving` (mean over steps of 1 - policy/recorded step time) and
-    /// `min_batch_fraction` are the replay's, not the oracle's.
+    /// The decision, judged on the replay under [`Recommend::execution`]: an enabled
+    /// candidate's `objective` (effective speedup), `drop_rate`, `step_saving` (mean over steps
+    /// of 1 - policy/recorded step time) and `min_batch_fraction` are the replay's.
     pub verdict: Verdict,
-    /// The exact search on the trace (its curve, unconstrained best and oracle verdict).
-    pub report: TuneReport,
-}
-
-/// The policy of `threshold` replayed on a trace: `check`, no warm-up (a trace holds
-/// post-warm-up steps only), `min_micro_batches`.
-pub fn replay_at(trace: &LatencyTrace, threshold: Threshold, check: CheckMode, min_micro_batches: u32) -> ReplayReport {
-    replay(trace, &PolicyConfig { threshold, check, warmup_steps: 0, min_micro_batches })
+    /// The replay of the verdict's threshold (threshold off when declined).
+    pub replay: ReplayReport,
+    /// The exact search on the trace under the reference objective (a micro-batch counts iff it
+    /// ends by the threshold): its curve, unconstrained best and verdict. Not realizable on the
+    /// device; printed beside the verdict as the ideal.
+    pub ideal: TuneReport,
 }
 
 /// Recommends a threshold for `trace` under `how` (see the module doc). Pure and
 /// deterministic; never fails (a trace with no droppable candidate yields
 /// [`Verdict::Decline`] with [`Refusal::InsufficientGain`]).
 pub fn recommend(trace: &LatencyTrace, how: &Recommend) -> Recommendation {
-    let report = tune(trace, &TuneConfig { guardrails: how.guardrails, min_micro_batches: how.min_micro_batches });
-    let verdict = match how.scoring {
-        Scoring::Oracle => report.verdict,
-        Scoring::Replay(check) => replay_verdict(trace, &report, check, how),
-    };
-    Recommendation { verdict, report }
+    let ideal =
+        tune(trace, &TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches });
+    let verdict = replay_verdict(trace, &ideal, how);
+    let replay = replay(trace, verdict.threshold(), &how.execution);
+    Recommendation { verdict, replay, ideal }
+}
+
+/// The score of `threshold_ns` replayed on `trace` under `exec`.
+pub fn replay_score(trace: &LatencyTrace, threshold_ns: f64, exec: &ExecutionModel) -> CandidateScore {
+    let cells = (trace.world_size() * trace.micro_batches()) as f64;
+    let th = Threshold::Fixed(Duration::from_nanos(threshold_ns.round() as u64));
+    let r = replay(trace, th, exec);
+    CandidateScore {
+        threshold_ns,
+        objective: r.effective_speedup,
+        drop_rate: r.drop_rate,
+        step_saving: r.per_step.iter().map(|&(b, p, _)| if b > 0.0 { 1.0 - p / b } else { 0.0 }).sum::<f64>()
+            / r.per_step.len().max(1) as f64,
+        min_batch_fraction: r.per_step.iter().map(|&(_, _, n)| n as f64 / cells).fold(1.0, f64::min),
+    }
 }
 
 /// The replay scoring of [`recommend`].
-fn replay_verdict(trace: &LatencyTrace, report: &TuneReport, check: CheckMode, how: &Recommend) -> Verdict {
+fn replay_verdict(trace: &LatencyTrace, ideal: &TuneReport, how: &Recommend) -> Verdict {
     let g = how.guardrails;
-    let cells = (trace.world_size() * trace.micro_batches()) as f64;
-    let pts: Vec<f64> = report.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
+    let pts: Vec<f64> = ideal.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
     let stride = pts.len().div_ceil(MAX_REPLAYED).max(1);
     // (score, speedup ratio): ties keep the earlier (smaller) threshold.
     let mut best_all: Option<(CandidateScore, f64)> = None;
     let mut best_adm: Option<(CandidateScore, f64)> = None;
     for &t in pts.iter().step_by(stride) {
-        let th = Threshold::Fixed(Duration::from_nanos(t.round() as u64));
-        let r = replay_at(trace, th, check, how.min_micro_batches);
-        let score = CandidateScore {
-            threshold_ns: t,
-            objective: r.effective_speedup,
-            drop_rate: r.drop_rate,
-            step_saving: r.per_step.iter().map(|&(b, p, _)| if b > 0.0 { 1.0 - p / b } else { 0.0 }).sum::<f64>()
-                / r.per_step.len().max(1) as f64,
-            min_batch_fraction: r.per_step.iter().map(|&(_, _, n)| n as f64 / cells).fold(1.0, f64::min),
-        };
-        let ratio = r.effective_speedup + 1.0;
+        let score = replay_score(trace, t, &how.execution);
+        let ratio = score.objective + 1.0;
         if best_all.is_none_or(|(_, s)| ratio > s) {
             best_all = Some((score, ratio));
         }
@@ -136,6 +128,7 @@ fn replay_verdict(trace: &LatencyTrace, report: &TuneReport, check: CheckMode, h
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::CheckMode;
 
     /// 2 ranks, M = 4, one step, no overhead. Rank 0 [1, 1, 1, 3] (completion 1, 2, 3, 6),
     /// rank 1 [1, 2, 1, 10] (completion 1, 3, 4, 14); recorded step 14.
@@ -149,11 +142,14 @@ mod tests {
         LatencyTrace::new("t", vec![0, 1], vec![0], 4, lat, vec![0.0]).expect("valid trace")
     }
 
+    fn before() -> ExecutionModel {
+        ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
+    }
+
     fn replay_with(max_drop_rate: f64) -> Verdict {
         let how = Recommend {
-            scoring: Scoring::Replay(CheckMode::BeforeMicroBatch),
+            execution: before(),
             guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain: 0.02 },
-            min_micro_batches: 1,
         };
         recommend(&trace(), &how).verdict
     }
@@ -198,9 +194,8 @@ mod tests {
     #[test]
     fn replay_honours_the_batch_fraction_floor_and_the_min_gain() {
         let mut how = Recommend {
-            scoring: Scoring::Replay(CheckMode::BeforeMicroBatch),
+            execution: before(),
             guardrails: Guardrails { max_drop_rate: 1.0, min_batch_fraction: 0.7, min_gain: 0.02 },
-            min_micro_batches: 1,
         };
         // τ=3 computes 5/8 < 0.7 of the batch; τ=4 computes 7/8.
         assert_eq!(enabled(recommend(&trace(), &how).verdict).threshold_ns, 4.0);
@@ -214,13 +209,29 @@ mod tests {
     }
 
     #[test]
-    fn oracle_scoring_is_the_search_verdict() {
+    fn the_ideal_is_the_exact_search_and_the_verdict_is_the_replay() {
         let g = Guardrails { max_drop_rate: 0.25, min_batch_fraction: 0.0, min_gain: 0.02 };
-        let how = Recommend { scoring: Scoring::Oracle, guardrails: g, min_micro_batches: 1 };
-        let r = recommend(&trace(), &how);
-        assert_eq!(r.verdict, tune(&trace(), &TuneConfig { guardrails: g, min_micro_batches: 1 }).verdict);
-        // Oracle at τ=4: rank 0 keeps 1, 2, 3 (drops the 4th), rank 1 keeps all up to 4: d = 2/8.
+        let r = recommend(&trace(), &Recommend { execution: before(), guardrails: g });
+        assert_eq!(r.ideal, tune(&trace(), &TuneConfig { guardrails: g, min_micro_batches: 1 }));
+        // Ideal at τ=4: rank 0 keeps 1, 2, 3 (drops the 4th), rank 1 keeps all up to 4: d = 2/8.
+        let i = enabled(r.ideal.verdict);
+        assert_eq!((i.threshold_ns, i.drop_rate), (4.0, 0.25));
+        // The replay at τ=4 starts 7 of 8 (d = 1/8): the verdict's numbers are the replay's.
         let c = enabled(r.verdict);
-        assert_eq!((c.threshold_ns, c.drop_rate), (4.0, 0.25));
+        assert_eq!((c.threshold_ns, c.drop_rate), (4.0, 1.0 / 8.0));
+        assert_eq!(r.replay.drop_rate, 1.0 / 8.0);
+        assert!((r.replay.effective_speedup - c.objective).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_verdict_replays_the_check_mode_and_sync_lag_that_will_run() {
+        // With sync lag 1 the check before micro-batch i sees the end of i-2: at τ=3 rank 0
+        // starts all 4 (mb 3 sees the end of mb 1 = 2 < 3), rank 1 starts 3 (mb 3 sees 3): the
+        // same threshold drops 1/8, not 3/8, and the step is 6, not 3.
+        let lag1 = ExecutionModel { sync_lag: 1, ..before() };
+        let s0 = replay_score(&trace(), 3.0, &before());
+        let s1 = replay_score(&trace(), 3.0, &lag1);
+        assert_eq!((s0.drop_rate, s1.drop_rate), (3.0 / 8.0, 1.0 / 8.0));
+        assert!((s1.objective - (0.875 * 14.0 / 6.0 - 1.0)).abs() < 1e-12, "{s1:?}");
     }
 }

@@ -20,8 +20,10 @@
 use crate::policy::Threshold;
 use crate::trace::LatencyTrace;
 
-/// Limits on what the tuner may recommend.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Limits on what the tuner may recommend (`tune` and `train --threshold auto` take them from
+/// the same flags, `--max-drop-rate`, `--min-batch-fraction`, `--min-gain`, with the
+/// [`Default`] values).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Guardrails {
     /// Largest admissible mean drop rate (fraction). Default 0.10 (about the rate the paper's
     /// authors report as harmless for accuracy; digest §3.4).
@@ -35,6 +37,26 @@ pub struct Guardrails {
 impl Default for Guardrails {
     fn default() -> Self {
         Self { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02 }
+    }
+}
+
+impl Guardrails {
+    /// Checks that every limit is a fraction in [0, 1].
+    ///
+    /// # Errors
+    /// The flag name (`--max-drop-rate`, `--min-batch-fraction`, `--min-gain`) and the value of
+    /// the first limit that is not, as `"--FLAG VALUE: must be a fraction in [0, 1]"`.
+    pub fn validate(&self) -> Result<(), String> {
+        for (flag, v) in [
+            ("--max-drop-rate", self.max_drop_rate),
+            ("--min-batch-fraction", self.min_batch_fraction),
+            ("--min-gain", self.min_gain),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{flag} {v}: must be a fraction in [0, 1]"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -54,7 +76,7 @@ impl Default for TuneConfig {
 }
 
 /// Predicted outcome of one candidate threshold.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CandidateScore {
     /// Threshold (ns of compute time since the step's compute clock started).
     pub threshold_ns: f64,
@@ -76,7 +98,8 @@ impl CandidateScore {
 }
 
 /// Why the tuner declined to enable dropping, with the numbers.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "guardrail", rename_all = "snake_case")]
 pub enum Refusal {
     /// No threshold predicts at least `min_gain`.
     InsufficientGain {
@@ -141,8 +164,9 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// The tuner's decision.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The tuner's decision (JSON: `{"enable": {...}}` or `{"decline": {"guardrail": ...}}`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Enable dropping at this threshold.
     Enable(CandidateScore),

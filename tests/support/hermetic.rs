@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 /// Every variable the product (root crate, habana-mock, habana-sys) or the test harness's own
 /// child protocol reads, by exact name. Found with
 /// `grep -rn 'env::var\|var_os\|ENV_' src habana-mock/src habana-sys/src` (constants
-/// `ENV_BACKEND`, `ENV_AUTO_MAX_DROP`, `ENV_CONFIG`, `ENV_DEVICES`, `ENV_TIMEOUT_MS`,
+/// `ENV_BACKEND`, `ENV_CONFIG`, `ENV_DEVICES`, `ENV_TIMEOUT_MS`,
 /// `ENV_VERSION`, `ENV_LOCK_DIR`, `ENV_COMM_ID`, `ENV_LIBRARY`; the launcher table in
 /// `src/hccl/bootstrap.rs`; `src/synapse/runtime.rs` and `src/cli/info.rs` for the module
 /// pinning; `RUST_LOG` through `EnvFilter::try_from_default_env` in `src/cli/mod.rs`).
@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 pub const PRODUCT_VARS: &[&str] = &[
     // Root crate.
     "DROPCOMPUTE_BACKEND",
-    "DROPCOMPUTE_AUTO_MAX_DROP",
     "DROPCOMPUTE_TEST_SIGKILL_AT",
     "DROPCOMPUTE_LAUNCHER",
     "DROPCOMPUTE_RENDEZVOUS",

@@ -1,0 +1,462 @@
+//! `dropcompute validate`: how close the simulator's prediction is to the run it predicts, over
+//! a grid of short `train` configurations.
+//!
+//! Owns: [`Args`] (the grid's flags), [`run`] / [`run_to`], the per-configuration row
+//! ([`ConfigRow`]), the summary ([`Summary`]) and the `--json` form ([`ValidateJson`]). Must not
+//! touch: the job (`crate::train`: each configuration is `train` itself, built from the same
+//! flags and validated by `commands::train::Args::validate`) or the prediction
+//! (`train::summary::prediction`, the replay `train` prints as "effective speedup, predicted").
+//!
+//! Per configuration: the baseline and DropCompute runs of `train` (same seed: common random
+//! numbers), the prediction (the baseline's latencies replayed at the DropCompute run's
+//! threshold as the scheduler executes it), and the relative error of the predicted mean step
+//! time and effective speedup against the measured ones. Then the median, p90 (nearest rank)
+//! and worst |error| over the grid, and the targets: every configuration within 0.5 % in
+//! virtual time (the same latencies go in, so the replay must reproduce the run); median
+//! <= 1.5 % and p90 <= 5.5 % in real time (the What-if simulator's published error against
+//! real runs, 1.3 % median and 5.5 % p90).
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+
+use clap::Parser;
+
+use super::{CommandError, io_err};
+use crate::mock::config::TimeMode;
+use crate::policy::CheckMode;
+use crate::train::error::TrainError;
+use crate::train::job::Job;
+use crate::train::report::RunMetadata;
+use crate::train::{run as job_run, summary};
+
+/// Target of `validate` in virtual time: the largest |relative error| of any configuration.
+pub const VIRTUAL_MAX_ERROR: f64 = 0.005;
+/// Target of `validate` in real time: the median |relative error|.
+pub const REAL_MEDIAN_ERROR: f64 = 0.015;
+/// Target of `validate` in real time: the p90 |relative error|.
+pub const REAL_P90_ERROR: f64 = 0.055;
+
+/// Arguments of `dropcompute validate` (each list flag is comma-separated; the grid is their
+/// product).
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// World sizes.
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16,32")]
+    pub ranks: Vec<u32>,
+    /// Micro-batches per rank per step.
+    #[arg(long, value_delimiter = ',', default_value = "4,8")]
+    pub micro_batches: Vec<u32>,
+    /// Deadline check modes.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "before,predictive")]
+    pub check: Vec<CheckMode>,
+    /// Sync lags (a combination whose lag is not below its micro-batches is skipped).
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub sync_lag: Vec<u32>,
+    /// Slow-rank settings: `none` or RANK:FACTOR (as `train --slow-rank`; RANK must exist in
+    /// every world size).
+    #[arg(long, value_delimiter = ',', default_value = "none,3:2")]
+    pub slow_rank: Vec<String>,
+    /// Seeds.
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub seeds: Vec<u64>,
+    /// Steps per run (warm-up included; `--threshold auto` needs warm-up + 10).
+    #[arg(long, default_value_t = 16)]
+    pub steps: u64,
+    /// Threshold of every DropCompute run: auto (tuned on its baseline, as `train`), or ms.
+    #[arg(long, default_value = "auto")]
+    pub threshold: String,
+    /// Mock device time: virtual (deterministic, the default) or real (sleeps; slower).
+    #[arg(long, value_enum, default_value_t = TimeMode::Virtual)]
+    pub time_mode: TimeMode,
+    /// Print the rows and the summary as JSON (`ValidateJson`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// More `train` flags for every configuration, after `--` (e.g. `-- --max-drop-rate 0.25
+    /// --noise lognormal:0.5`).
+    #[arg(last = true, allow_hyphen_values = true)]
+    pub train_args: Vec<String>,
+}
+
+/// One configuration of the grid, predicted and measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ConfigRow {
+    /// World size.
+    pub ranks: u32,
+    /// Micro-batches per rank per step.
+    pub micro_batches: u32,
+    /// "before" or "predictive".
+    pub check: String,
+    /// Sync lag.
+    pub sync_lag: u32,
+    /// The slow rank ("none" or RANK:FACTOR).
+    pub slow_rank: String,
+    /// Seed.
+    pub seed: u64,
+    /// The DropCompute run's threshold, ms; `null` for off (auto declined).
+    pub threshold_ms: Option<f64>,
+    /// Measured drop rate of the DropCompute run (micro-batches, fraction).
+    pub drop_rate_measured: f64,
+    /// Predicted drop rate.
+    pub drop_rate_predicted: f64,
+    /// Measured mean step time of the DropCompute run, ms.
+    pub step_ms_measured: f64,
+    /// Predicted mean step time, ms.
+    pub step_ms_predicted: f64,
+    /// (predicted - measured) / measured step time.
+    pub step_error: f64,
+    /// Measured effective speedup (ratio of computed-samples throughputs).
+    pub speedup_measured: f64,
+    /// Predicted effective speedup (ratio), what `train` prints.
+    pub speedup_predicted: f64,
+    /// (predicted - measured) / measured effective speedup.
+    pub speedup_error: f64,
+}
+
+/// Statistics of |relative error| over the grid.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ErrorStats {
+    /// Median (nearest rank).
+    pub median: f64,
+    /// 90th percentile (nearest rank).
+    pub p90: f64,
+    /// Largest.
+    pub worst: f64,
+}
+
+impl ErrorStats {
+    /// The statistics of |x| over `errors`; zeros for an empty list.
+    pub fn of(errors: &[f64]) -> Self {
+        let mut v: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            if v.is_empty() { 0.0 } else { v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1] }
+        };
+        Self { median: q(0.5), p90: q(0.9), worst: v.last().copied().unwrap_or(0.0) }
+    }
+}
+
+/// The summary of a grid.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Summary {
+    /// "virtual" or "real".
+    pub time_mode: String,
+    /// Configurations run.
+    pub configs: usize,
+    /// Configurations whose DropCompute run dropped something.
+    pub configs_dropping: usize,
+    /// |error| of the effective speedup.
+    pub speedup: ErrorStats,
+    /// |error| of the mean step time.
+    pub step_time: ErrorStats,
+    /// The target of this time mode, in words.
+    pub target: String,
+    /// Whether both the speedup and the step time meet it.
+    pub target_met: bool,
+}
+
+/// `validate --json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ValidateJson {
+    /// One row per configuration, in grid order.
+    pub rows: Vec<ConfigRow>,
+    /// Over the rows.
+    pub summary: Summary,
+}
+
+/// The clap wrapper that parses one configuration's `train` flags.
+#[derive(Parser)]
+struct TrainCli {
+    #[command(flatten)]
+    train: super::train::Args,
+}
+
+/// One configuration of the grid as `train` flags.
+#[derive(Clone, Debug, PartialEq)]
+struct Point {
+    ranks: u32,
+    micro_batches: u32,
+    check: CheckMode,
+    sync_lag: u32,
+    slow_rank: String,
+    seed: u64,
+}
+
+fn check_name(c: CheckMode) -> String {
+    clap::ValueEnum::to_possible_value(&c).map(|v| v.get_name().to_owned()).unwrap_or_default()
+}
+
+impl Args {
+    /// The grid in order (ranks, micro-batches, check, sync lag, slow rank, seed; the last
+    /// varies fastest), skipping a sync lag not below the micro-batches.
+    fn grid(&self) -> Vec<Point> {
+        let mut v = Vec::new();
+        for &ranks in &self.ranks {
+            for &micro_batches in &self.micro_batches {
+                for &check in &self.check {
+                    for &sync_lag in self.sync_lag.iter().filter(|&&k| k < micro_batches) {
+                        for slow_rank in &self.slow_rank {
+                            for &seed in &self.seeds {
+                                v.push(Point {
+                                    ranks,
+                                    micro_batches,
+                                    check,
+                                    sync_lag,
+                                    slow_rank: slow_rank.clone(),
+                                    seed,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The `train` flags of `p`.
+    fn train_argv(&self, p: &Point) -> Vec<String> {
+        let mut v = vec!["train".to_owned()];
+        for (flag, value) in [
+            ("--ranks", p.ranks.to_string()),
+            ("--micro-batches", p.micro_batches.to_string()),
+            ("--check", check_name(p.check)),
+            ("--sync-lag", p.sync_lag.to_string()),
+            ("--seed", p.seed.to_string()),
+            ("--steps", self.steps.to_string()),
+            ("--threshold", self.threshold.clone()),
+            (
+                "--time-mode",
+                clap::ValueEnum::to_possible_value(&self.time_mode)
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default(),
+            ),
+        ] {
+            v.push(flag.to_owned());
+            v.push(value);
+        }
+        if p.slow_rank != "none" {
+            v.push("--slow-rank".into());
+            v.push(p.slow_rank.clone());
+        }
+        v.extend(self.train_args.iter().cloned());
+        v
+    }
+}
+
+/// Runs one configuration: the `train` job with a baseline, its prediction and measurement.
+///
+/// # Errors
+/// [`TrainError`] of the job (a bad flag names it).
+fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
+    let argv = args.train_argv(p);
+    let cli = TrainCli::try_parse_from(&argv)
+        .map_err(|e| TrainError::Config { what: "validate: train flags", value: format!("{argv:?}: {e}") })?;
+    let mut cfg = cli.train.validate()?;
+    cfg.compare = true;
+    cfg.out = None;
+    let job = Job::prepare(cfg)?;
+    let rt = job_run::mock_runtime(&job)?;
+    let outcomes = job_run::run_threads(&job, &rt, false)?;
+    job_run::check_lockstep(&outcomes)?;
+    let meta = RunMetadata::new(&job.cfg, super::train::backend_name(rt.api()), std::time::SystemTime::now());
+    let rep = summary::report(&job, &outcomes, meta)?;
+    let r0 = &outcomes[0];
+    let (base, dc) = (&r0[0], &r0[1]);
+    let pred = summary::prediction(&job, base, dc.threshold_ns).ok_or(TrainError::Config {
+        what: "validate",
+        value: "the baseline run has no complete step to predict from".into(),
+    })?;
+    let measured_step = dc.wall_ns as f64 / dc.reports.len().max(1) as f64;
+    let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
+    let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
+    let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
+    let speedup_predicted = pred.speedup;
+    let pred = pred.replay;
+    Ok(ConfigRow {
+        ranks: p.ranks,
+        micro_batches: p.micro_batches,
+        check: check_name(p.check),
+        sync_lag: p.sync_lag,
+        slow_rank: p.slow_rank.clone(),
+        seed: p.seed,
+        threshold_ms: dc.threshold_ns.map(|ns| ns as f64 / 1e6),
+        drop_rate_measured: if planned > 0 { dropped as f64 / planned as f64 } else { 0.0 },
+        drop_rate_predicted: pred.drop_rate,
+        step_ms_measured: measured_step / 1e6,
+        step_ms_predicted: pred.policy_step_ns / 1e6,
+        step_error: (pred.policy_step_ns - measured_step) / measured_step,
+        speedup_measured,
+        speedup_predicted,
+        speedup_error: (speedup_predicted - speedup_measured) / speedup_measured,
+    })
+}
+
+/// The summary of `rows` run in `time_mode`, with its target.
+pub fn summarize(rows: &[ConfigRow], time_mode: TimeMode) -> Summary {
+    let sp: Vec<f64> = rows.iter().map(|r| r.speedup_error).collect();
+    let st: Vec<f64> = rows.iter().map(|r| r.step_error).collect();
+    let (speedup, step_time) = (ErrorStats::of(&sp), ErrorStats::of(&st));
+    let all_finite = sp.iter().chain(&st).all(|e| e.is_finite());
+    let (target, met) = match time_mode {
+        TimeMode::Virtual => (
+            format!("every configuration within {:.1} %", VIRTUAL_MAX_ERROR * 100.0),
+            speedup.worst <= VIRTUAL_MAX_ERROR && step_time.worst <= VIRTUAL_MAX_ERROR,
+        ),
+        TimeMode::Real => (
+            format!("median <= {:.1} %, p90 <= {:.1} %", REAL_MEDIAN_ERROR * 100.0, REAL_P90_ERROR * 100.0),
+            [speedup, step_time].iter().all(|s| s.median <= REAL_MEDIAN_ERROR && s.p90 <= REAL_P90_ERROR),
+        ),
+    };
+    Summary {
+        time_mode: clap::ValueEnum::to_possible_value(&time_mode).map(|v| v.get_name().to_owned()).unwrap_or_default(),
+        configs: rows.len(),
+        configs_dropping: rows.iter().filter(|r| r.drop_rate_measured > 0.0).count(),
+        speedup,
+        step_time,
+        target,
+        target_met: met && all_finite && !rows.is_empty(),
+    }
+}
+
+/// Run and print to stdout. Errors: see [`run_to`].
+pub fn run(args: &Args) -> Result<(), crate::commands::BoxError> {
+    run_to(args, &mut std::io::stdout().lock())
+}
+
+/// The table header of the text output.
+const HEADER: &str = "ranks   M  check       lag  slow  seed  threshold_ms  drop_meas  drop_pred  step_ms_meas  step_ms_pred  step_err  speedup_meas  speedup_pred  speedup_err";
+
+fn row_text(r: &ConfigRow) -> String {
+    format!(
+        "{:>5} {:>3}  {:<10} {:>4} {:>5} {:>5}  {:>12}  {:>8.2}%  {:>8.2}%  {:>12.3}  {:>12.3}  {:>+7.3}%  {:>11.4}x  {:>11.4}x  {:>+10.3}%",
+        r.ranks,
+        r.micro_batches,
+        r.check,
+        r.sync_lag,
+        r.slow_rank,
+        r.seed,
+        r.threshold_ms.map_or_else(|| "off".to_owned(), |t| format!("{t:.3}")),
+        r.drop_rate_measured * 100.0,
+        r.drop_rate_predicted * 100.0,
+        r.step_ms_measured,
+        r.step_ms_predicted,
+        r.step_error * 100.0,
+        r.speedup_measured,
+        r.speedup_predicted,
+        r.speedup_error * 100.0
+    )
+}
+
+/// The summary lines of the text output.
+pub fn summary_text(s: &Summary) -> String {
+    let line = |name: &str, e: &ErrorStats| {
+        format!(
+            "  {name:<22} median {:.3} %, p90 {:.3} %, worst {:.3} %\n",
+            e.median * 100.0,
+            e.p90 * 100.0,
+            e.worst * 100.0
+        )
+    };
+    format!(
+        "{} configurations ({} dropping), {} time; |relative error| of the prediction:\n{}{}target ({}): {}\n",
+        s.configs,
+        s.configs_dropping,
+        s.time_mode,
+        line("effective speedup", &s.speedup),
+        line("mean step time", &s.step_time),
+        s.target,
+        if s.target_met { "met" } else { "NOT met" }
+    )
+}
+
+/// Runs the grid, printing a row per configuration as it finishes (or, with `--json`, the
+/// [`ValidateJson`] at the end), then the summary.
+///
+/// # Errors
+/// [`CommandError::Args`] for an empty grid; the first configuration's [`TrainError`] (a bad
+/// `train` flag names the flag and value); output I/O.
+pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::BoxError> {
+    let grid = args.grid();
+    if grid.is_empty() {
+        return Err(CommandError::Args(
+            "validate: the grid is empty (every --sync-lag >= every --micro-batches?)".into(),
+        )
+        .into());
+    }
+    // Every configuration's flags are checked before the first one runs.
+    for p in &grid {
+        let argv = args.train_argv(p);
+        let cli = TrainCli::try_parse_from(&argv)
+            .map_err(|e| CommandError::Args(format!("validate: train flags {:?}: {e}", &argv[1..])))?;
+        cli.train.validate().map_err(TrainError::from)?;
+    }
+    let mut rows = Vec::with_capacity(grid.len());
+    if !args.json {
+        writeln!(out, "{HEADER}").map_err(io_err("stdout"))?;
+    }
+    for p in &grid {
+        let row = run_point(args, p)?;
+        if !args.json {
+            writeln!(out, "{}", row_text(&row)).map_err(io_err("stdout"))?;
+            out.flush().map_err(io_err("stdout"))?;
+        }
+        rows.push(row);
+    }
+    let summary = summarize(&rows, args.time_mode);
+    if args.json {
+        let text = serde_json::to_string_pretty(&ValidateJson { rows, summary })
+            .map_err(|e| CommandError::Args(format!("--json: {e}")))?;
+        writeln!(out, "{text}").map_err(io_err("stdout"))?;
+    } else {
+        write!(out, "{}", summary_text(&summary)).map_err(io_err("stdout"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["validate"];
+        v.extend_from_slice(extra);
+        Wrap::try_parse_from(v).expect("flags").args
+    }
+
+    #[test]
+    fn the_default_grid_is_the_issue_grid_without_impossible_lags() {
+        let a = args(&[]);
+        let g = a.grid();
+        // 4 world sizes x 2 M x 2 checks x 2 lags x 2 slow-rank settings x 2 seeds.
+        assert_eq!(g.len(), 4 * 2 * 2 * 2 * 2 * 2);
+        assert_eq!(a.time_mode, TimeMode::Virtual);
+        let narrow = args(&["--ranks", "8", "--micro-batches", "1,4", "--sync-lag", "0,1", "--seeds", "5"]);
+        // M = 1 allows only lag 0.
+        let g = narrow.grid();
+        assert_eq!(g.iter().filter(|p| p.micro_batches == 1).count(), 2 * 2);
+        assert!(g.iter().all(|p| p.sync_lag < p.micro_batches && p.seed == 5 && p.ranks == 8));
+        let argv = narrow.train_argv(&g[g.len() - 1]);
+        assert_eq!(argv[..3], ["train", "--ranks", "8"]);
+        assert!(argv.windows(2).any(|w| w == ["--slow-rank", "3:2"]), "{argv:?}");
+    }
+
+    #[test]
+    fn error_statistics_are_nearest_rank_over_absolute_errors() {
+        let s = ErrorStats::of(&[0.01, -0.03, 0.002, -0.004, 0.0, 0.05, 0.001, 0.002, -0.02, 0.003]);
+        assert_eq!((s.median, s.p90, s.worst), (0.003, 0.03, 0.05));
+        assert_eq!(ErrorStats::of(&[]), ErrorStats { median: 0.0, p90: 0.0, worst: 0.0 });
+    }
+
+    #[test]
+    fn a_bad_train_flag_fails_before_any_configuration_runs() {
+        let a = args(&["--ranks", "2", "--slow-rank", "3:2", "--seeds", "0"]);
+        let e = run_to(&a, &mut Vec::new()).expect_err("rank 3 of 2").to_string();
+        assert!(e.contains("--slow-rank 3:2"), "{e}");
+    }
+}
