@@ -22,6 +22,7 @@ pub mod plot;
 pub mod policy;
 pub mod schedule;
 pub mod serde_nan;
+pub mod signals;
 pub mod sim;
 pub mod synapse;
 pub mod trace;

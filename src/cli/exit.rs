@@ -165,7 +165,7 @@ fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
         TrainError::Collective { source, .. } => hccl(source),
         TrainError::Step(s) => schedule(s),
         TrainError::Child { code, .. } => from_code(*code),
-        TrainError::Checkpoint(_) => ExitClass::Checkpoint,
+        TrainError::Checkpoint(_) | TrainError::WorldSizeMismatch { .. } => ExitClass::Checkpoint,
         TrainError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Internal,
     }

@@ -255,6 +255,7 @@ impl Args {
                 .clone()
                 .or_else(|| self.resume.clone())
                 .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
+            checkpoint_asked: self.checkpoint_every > 0 || self.checkpoint_dir.is_some() || self.resume.is_some(),
             time_mode: self.time_mode,
         })
     }
@@ -292,7 +293,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     check_backend_env()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
-    crate::train::ckpt::install_signal_handler();
+    crate::signals::install();
     let job = Job::prepare(cfg)?;
     let rt = job_run::mock_runtime(&job)?;
     let show = std::io::stdout().is_terminal();
@@ -330,7 +331,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
 /// # Errors
 /// [`TrainError`] of the rank: a spec that is not a train job, and the job's own errors.
 pub fn child(spec: &ChildSpec) -> Result<(), TrainError> {
-    crate::train::ckpt::install_signal_handler();
+    crate::signals::install();
     job_run::run_child(spec)
 }
 

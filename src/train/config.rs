@@ -181,6 +181,10 @@ pub struct TrainConfig {
     pub checkpoint_every: Option<NonZeroU64>,
     /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.
     pub checkpoint_dir: PathBuf,
+    /// Checkpointing was asked for (`--checkpoint-every`, `--checkpoint-dir` or `--resume`
+    /// given): a SIGHUP stop then writes a checkpoint too (`crate::signals::StopSignal`).
+    #[serde(default)]
+    pub checkpoint_asked: bool,
     /// Mock device time mode.
     pub time_mode: TimeMode,
 }

@@ -225,7 +225,7 @@ pub fn rank_main(
         while job.steps().is_none_or(|s| step < s) {
             super::workload::set_latency_key(dev.module_id(), step, super::workload::STEP_START)
                 .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
-            if super::ckpt::STOP.load(std::sync::atomic::Ordering::SeqCst) {
+            if crate::signals::received().is_some() {
                 sched.request_stop();
             }
             let (rep, _) = match sched.step(step, &mut data, &mut work) {
@@ -263,7 +263,12 @@ pub fn rank_main(
                 if let Some(h) = pending.take() {
                     losses.push(read(&h)?);
                 }
-                let saved = if checkpointed {
+                // A stop writes a checkpoint on SIGINT/SIGTERM, on SIGHUP only when asked for;
+                // a rank stopped by a peer's request (no signal here) follows the same rule.
+                let signal = crate::signals::received();
+                let save = every.is_some_and(|k| step.is_multiple_of(k))
+                    || (stop && (cfg.checkpoint_asked || signal.is_none_or(|s| s.always_checkpoints())));
+                let saved = if checkpointed && save {
                     let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
                     let meta = super::ckpt::RankMeta {
                         fingerprint: job.fingerprint(),
@@ -273,12 +278,15 @@ pub fn rank_main(
                     };
                     let path = super::ckpt::save(&cfg.checkpoint_dir, rank, step, &meta, params, velocity)?;
                     format!("checkpoint {}", path.display())
+                } else if checkpointed {
+                    "no checkpoint (none asked for: --checkpoint-every, --checkpoint-dir or --resume)".into()
                 } else {
                     "no checkpoint (baseline run)".into()
                 };
                 if stop {
                     progress.finish();
-                    return Err(TrainError::Interrupted { step, saved });
+                    let signal = signal.map_or_else(|| "a peer's stop request".into(), |s| s.name().to_string());
+                    return Err(TrainError::Interrupted { step, signal, saved });
                 }
             }
         }
