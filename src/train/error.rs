@@ -106,8 +106,8 @@ pub enum TrainError {
     },
     /// `--resume` of a checkpoint directory written by another world size.
     #[error(
-        "--resume {}: the checkpoint was written by {checkpoint} ranks, this run has {run} ranks \
-         (--ranks, or the launcher's world size, must equal the checkpoint's)",
+        "--resume {}: the checkpoint was written with world size {checkpoint}, this run has world \
+         size {run} (--ranks, or the launcher's world size, must equal the checkpoint's)",
         dir.display()
     )]
     WorldSizeMismatch {
