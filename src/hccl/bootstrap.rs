@@ -322,6 +322,17 @@ const SECRET_HINT: &str = "every rank must share one job secret (hex, >= 128 bit
     ...` (srun and torchrun pass the environment on)";
 
 impl Bootstrap {
+    /// Where the world size came from, for messages: `WORLD_SIZE=2` (the launcher's variable
+    /// and value), `explicit world_size=2`, or `no launcher variable set: world size 1`.
+    pub fn world_size_source(&self) -> String {
+        let var = SPECS.iter().find(|s| s.launcher == self.launcher).map(|s| s.size);
+        match (self.launcher, var) {
+            (Launcher::Single, _) => "no launcher variable set: world size 1".to_string(),
+            (_, Some(v)) => format!("{v}={}", self.world_size),
+            (_, None) => format!("explicit world_size={}", self.world_size),
+        }
+    }
+
     /// [`Bootstrap::from_lookup`] with no explicit values, reading the process environment.
     ///
     /// # Errors

@@ -350,7 +350,17 @@ pub fn run_rank(
     if join.world_size() != job.cfg.ranks {
         return Err(TrainError::Config {
             what: "--ranks",
-            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, join.world_size()),
+            value: match join {
+                Join::Env(b) => {
+                    format!(
+                        "{} but the launcher's world size is {} ({})",
+                        job.cfg.ranks,
+                        b.world_size,
+                        b.world_size_source()
+                    )
+                }
+                Join::UniqueId { world_size, .. } => format!("{} but the communicator has {world_size}", job.cfg.ranks),
+            },
         });
     }
     let dev = match join {
