@@ -171,7 +171,8 @@ impl Args {
         if a.launch != Launch::Env {
             return Ok(a);
         }
-        let b = crate::hccl::bootstrap::Bootstrap::from_env()?;
+        // from_lookup, not from_env: the rank's own join logs the bootstrap's warnings once.
+        let b = crate::hccl::bootstrap::Bootstrap::from_lookup(Default::default(), |k| std::env::var(k).ok())?;
         match a.ranks {
             None => a.ranks = Some(b.world_size),
             Some(r) if r != b.world_size => {

@@ -136,8 +136,10 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
     let id = match decoded {
         Some(d) => d,
         None => {
-            let addr = std::env::var(ENV_COMM_ID)
+            let value = std::env::var(ENV_COMM_ID)
                 .map_err(|_| inval(format!("empty unique id (length 0) and {ENV_COMM_ID} is not set")))?;
+            // Parsed as the vendor library parses it (the product's bootstrap uses the same code).
+            let addr = habana_sys::comm_id::parse_comm_id(&value).map_err(|e| inval(e.to_string()))?.to_string();
             if rank == 0 { start_coordinator(&addr, [0; 16], timeout)? } else { MockId { token: [0; 16], addr } }
         }
     };
