@@ -16,6 +16,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod commands;
 pub mod csv_lines;
+pub mod environment;
 pub mod hccl;
 pub mod launch;
 pub mod plot;

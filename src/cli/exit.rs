@@ -157,7 +157,7 @@ fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
         TrainError::Args(_) | TrainError::Model(_) | TrainError::Config { .. } | TrainError::Bootstrap(_) => {
             ExitClass::Usage
         }
-        TrainError::Mock(_) => ExitClass::Usage,
+        TrainError::Mock(_) | TrainError::Env(_) => ExitClass::Usage,
         TrainError::Data(_) | TrainError::Output(_) | TrainError::Figure(_) | TrainError::Io { .. } => {
             ExitClass::DataFile
         }
@@ -196,7 +196,7 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if e.is::<TraceError>() {
         return Some(ExitClass::DataFile);
     }
-    if e.is::<LaunchConfigError>() || e.is::<SimError>() {
+    if e.is::<LaunchConfigError>() || e.is::<SimError>() || e.is::<dropcompute::environment::EnvError>() {
         return Some(ExitClass::Usage);
     }
     if let Some(c) = e.downcast_ref::<CommandError>() {

@@ -320,6 +320,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.with_launcher_world_size()?.validate()?;
     check_backend_env()?;
+    crate::environment::check()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
     crate::signals::install();

@@ -90,6 +90,9 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// A bad environment variable (`crate::environment`).
+    #[error(transparent)]
+    Env(#[from] crate::environment::EnvError),
     /// A checkpoint could not be written or read (file and reason).
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
