@@ -310,3 +310,42 @@ fn bad_inputs_fail_before_anything_is_written() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("9 ranks but only 8 mock devices"), "{err}");
 }
+
+/// The progress bar with stdout redirected to a file and stderr a terminal (a pty): drawn on
+/// stderr, ends at 6/6 (it showed 2/6 after the first step and 7/6 at the end, and nothing at
+/// all when stdout was not a terminal), never shows `loss NaN` (the first loss is known only
+/// after the second step).
+#[test]
+fn the_progress_bar_counts_steps_and_draws_whenever_stderr_is_a_terminal() {
+    use std::io::Read;
+    let tmp = hermetic::temp_dir("progress");
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let stdout = std::fs::File::create(tmp.path().join("stdout.txt")).unwrap();
+    let mut child = hermetic::dropcompute()
+        .args(["train", "--ranks", "2", "--steps", "6", "--threshold", "off", "--no-compare", "--time-mode", "virtual"])
+        .stdout(stdout)
+        .stderr(std::process::Stdio::from(pty.slave))
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    // The child and the Command dropped every copy of the slave: reading ends (EIO) at its end.
+    let mut master = std::fs::File::from(pty.master);
+    let mut drawn = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = master.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        drawn.extend_from_slice(&buf[..n]);
+    }
+    let drawn = String::from_utf8_lossy(&drawn);
+    assert!(status.success(), "{drawn}");
+    let counts: Vec<&str> =
+        drawn.match_indices("/6 steps").map(|(i, _)| drawn[..i].rsplit(' ').next().unwrap()).collect();
+    assert!(!counts.is_empty(), "a bar is drawn on the terminal stderr: {drawn:?}");
+    assert_eq!(counts.last(), Some(&"6"), "ends at 6/6: {counts:?}");
+    assert!(counts.iter().all(|c| c.parse::<u32>().is_ok_and(|c| c <= 6)), "never past 6/6: {counts:?}");
+    assert!(!drawn.contains("NaN"), "no NaN loss: {drawn:?}");
+    let table = std::fs::read_to_string(tmp.path().join("stdout.txt")).unwrap();
+    assert!(!table.contains("/6 steps"), "stdout keeps only the table: {table}");
+}

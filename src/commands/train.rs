@@ -326,7 +326,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     crate::signals::install();
     let job = Job::prepare(cfg)?;
     let rt = job_run::mock_runtime(&job)?;
-    let show = std::io::stdout().is_terminal();
+    let show = std::io::stderr().is_terminal();
     let (rank, outcomes) = job_run::run(&job, &rt, launch, show)?;
     if rank != 0 {
         return Ok(());

@@ -192,7 +192,6 @@ pub fn rank_main(
             cfg.micro_batch_size as usize,
             max_epochs,
         );
-        let progress = Progress::new(job.steps().unwrap_or(0), kind.label(), show_progress);
         let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());
         let dev = sched.stream().device().clone();
         let checkpointed = kind == RunKind::DropCompute;
@@ -208,6 +207,7 @@ pub fn rank_main(
             losses = meta.losses.iter().map(|l| l.unwrap_or(f64::NAN)).collect();
             step = s0;
         }
+        let progress = Progress::new(job.steps().unwrap_or(0), step, kind.label(), show_progress);
         let zero = HostBuffer::from_slice(&dev, &[0f32, 0f32]).map_err(dev_err)?;
         // The global loss of step s is all-reduced right after it and read after step s+1
         // (the stream has passed it by then): no extra host synchronization per step.
@@ -254,7 +254,7 @@ pub fn rank_main(
                 break;
             }
             let last_loss = losses.last().copied().unwrap_or(f64::NAN);
-            progress.update(step + 1, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
+            progress.step_done(step, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
             let stop = rep.stop_requested;
             reports.push(rep);
             step += 1;
