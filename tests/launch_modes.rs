@@ -9,7 +9,8 @@
 //! - `--resume` of a checkpoint of another world size exits 7 naming both sizes (threads said
 //!   "no valid checkpoint", processes accepted it);
 //! - `kill -9` of a process-mode parent takes its rank processes with it, and its temporary
-//!   directory is removed by the next run;
+//!   directory is removed by the next run; its ranks all-reduced through one shared-memory
+//!   mapping (same host), already unlinked;
 //! - exit codes per failure class (bad data 6, a killed rank 5, bad flag 2) in every mode.
 //!
 //! Readiness is read from `/proc` (every rank process exists and has its stop-signal handler
@@ -282,6 +283,18 @@ fn rank_processes_end_with_a_killed_parent_and_its_temp_dir_goes_with_the_next_r
             .collect()
     };
     assert_eq!(launch_dirs().len(), 1, "the parent's launch directory");
+    // Same-host rank processes all-reduce through one shared mapping in /dev/shm (unlinked
+    // once every rank mapped it, so nothing is left behind even by SIGKILL).
+    let shm = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("/dev/shm/dropcompute-mock-") && l.ends_with("(deleted)"))
+            .map(|l| l.split_whitespace().nth(4).unwrap_or("").to_string())
+    };
+    let inodes = hermetic::wait_until(HANG, || kids.iter().map(|&k| shm(k)).collect::<Option<Vec<_>>>());
+    let inodes = inodes.expect("every rank process maps the shared-memory region");
+    assert!(inodes.iter().all(|i| *i == inodes[0]), "one region per communicator: {inodes:?}");
     kill("-KILL", parent.id());
     let t = Instant::now();
     parent.wait().unwrap();

@@ -77,7 +77,7 @@ pub(crate) struct Coll {
     pub seq: u64,
 }
 
-fn header_bytes(c: &Coll, start_ns: u64, direct: bool) -> Vec<u8> {
+fn header_bytes(c: &Coll, start_ns: u64, direct: bool, shm: bool) -> Vec<u8> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&c.seq.to_le_bytes());
     b.extend_from_slice(&(c.kind as u8 as u64).to_le_bytes());
@@ -87,11 +87,15 @@ fn header_bytes(c: &Coll, start_ns: u64, direct: bool) -> Vec<u8> {
     b.extend_from_slice(&(c.op_code as i64).to_le_bytes());
     b.extend_from_slice(&start_ns.to_le_bytes());
     b.extend_from_slice(&u64::from(direct).to_le_bytes());
+    b.extend_from_slice(&u64::from(shm).to_le_bytes());
     b
 }
 
 /// Header field index: this rank can run the shared-memory all-reduce (`shm.rs`).
 const DIRECT_FIELD: usize = 7;
+/// Header field index: this rank can run the cross-process shared-memory all-reduce
+/// (`shm_procs.rs`).
+const SHM_FIELD: usize = 8;
 
 const FIELDS: [&str; 6] = ["seq", "op", "datatype", "count", "root", "reduceOp"];
 
@@ -153,8 +157,19 @@ pub(crate) fn run(
         && c.kind == CollKind::AllReduce
         && c.dtype.size() == c.dtype.acc_size()
         && len_ok;
-    let mine = header_bytes(c, start_ns, can_direct);
+    // Processes of this host: every peer is reached over loopback (the data-plane listeners
+    // bind 127.0.0.1), none in this process (those use the direct path).
+    let can_shm = comm.meet.is_none()
+        && n > 1
+        && kill.is_none()
+        && c.kind == CollKind::AllReduce
+        && c.dtype.size() == c.dtype.acc_size()
+        && len_ok
+        && comm.all_peers_local_host()
+        && super::shm_procs::available();
+    let mine = header_bytes(c, start_ns, can_direct, can_shm);
     let mut direct = false;
+    let mut shm = false;
     let mut max_start = start_ns;
     if n > 1 {
         for p in (0..n).filter(|&p| p != r) {
@@ -176,6 +191,7 @@ pub(crate) fn run(
         }
         max_start = all.iter().map(|h| field(h, 6)).max().unwrap_or(start_ns);
         direct = all.iter().all(|h| field(h, DIRECT_FIELD) == 1);
+        shm = all.iter().all(|h| field(h, SHM_FIELD) == 1);
     }
     if direct && let Some(meet) = &comm.meet {
         // Every rank agreed in its header: all in this process, no fault armed.
@@ -183,6 +199,17 @@ pub(crate) fn run(
             Bufs::InPlace(buf) => shm::all_reduce(meet, comm, rx, ctx, c.seq, c.dtype, c.op, buf)?,
             Bufs::Scratch { input, output } => {
                 shm::all_reduce(meet, comm, rx, ctx, c.seq, c.dtype, c.op, input)?;
+                std::mem::swap(input, output);
+            }
+        }
+        return Ok(max_start);
+    }
+    if shm {
+        // Every rank agreed in its header: processes of this host, no fault armed.
+        match bufs {
+            Bufs::InPlace(buf) => super::shm_procs::all_reduce(comm, rx, ctx, c.seq, c.dtype, c.op, buf)?,
+            Bufs::Scratch { input, output } => {
+                super::shm_procs::all_reduce(comm, rx, ctx, c.seq, c.dtype, c.op, input)?;
                 std::mem::swap(input, output);
             }
         }

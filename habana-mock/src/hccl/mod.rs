@@ -66,6 +66,7 @@ mod id;
 mod meet;
 mod reduce;
 mod shm;
+mod shm_procs;
 mod transport;
 
 use std::ffi::{CStr, c_char, c_int, c_void};
