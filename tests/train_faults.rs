@@ -35,6 +35,8 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
     let env_mode = ["--launch", "env"];
     let cases: Vec<Case<'_>> = vec![
         (vec![("DROPCOMPUTE_MOCK_DEVICES", "abc")], &[], "DROPCOMPUTE_MOCK_DEVICES", "abc"),
+        // Issue 13, case 6: zero devices exited 4 without naming the variable.
+        (vec![("DROPCOMPUTE_MOCK_DEVICES", "0")], &[], "DROPCOMPUTE_MOCK_DEVICES", "0"),
         (vec![("DROPCOMPUTE_MOCK_CONFIG", "nope")], &[], "DROPCOMPUTE_MOCK_CONFIG", "nope"),
         (vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"devices":0}"#)], &[], "DROPCOMPUTE_MOCK_CONFIG", "devices = 0"),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "0")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "\"0\""),
