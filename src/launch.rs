@@ -14,6 +14,16 @@
 //! temporary directory and starts `<current exe> rank-process <spec file>` ([`CHILD_SUBCOMMAND`]).
 //! The child dispatches on [`ChildSpec::program`], runs its rank and writes its result as JSON
 //! to [`ChildSpec::result`]; stdout is discarded, stderr kept for the error message.
+//!
+//! Lifetime: a child ends with its parent. [`bind_to_parent`] (the first thing a rank process
+//! does) asks the kernel for SIGKILL when the parent thread that spawned it exits
+//! (`PR_SET_PDEATHSIG`, Linux) and exits at once if the parent is already gone, so `kill -9` of
+//! the parent leaves no rank training. A stop signal the parent receives (SIGINT, SIGTERM,
+//! SIGHUP: `crate::signals`) is forwarded to every child, which stops at the next step like a
+//! thread rank. The temporary directory is removed when [`processes`] returns; one left by a
+//! parent that was SIGKILLed (it holds an `owner.pid` file naming a process that no longer
+//! exists) is removed by the next [`processes`] call of any `dropcompute` using the same
+//! temporary directory.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -183,6 +193,23 @@ pub struct ChildSpec {
     pub config: serde_json::Value,
     /// Where the child writes its result (JSON).
     pub result: PathBuf,
+    /// The parent's process id (0 in specs of earlier builds: not checked).
+    #[serde(default)]
+    pub parent_pid: u32,
+}
+
+/// Binds this rank process's lifetime to its parent: SIGKILL when the parent (the thread that
+/// spawned it) exits (`prctl(PR_SET_PDEATHSIG)`); then, if the parent named in `spec` is
+/// already gone (this process was re-parented), exits with status 137 (128 + SIGKILL) at
+/// once. Call it before any work. A `prctl` failure is reported (warn) and the rank runs on.
+pub fn bind_to_parent(spec: &ChildSpec) {
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
+        tracing::warn!(error = %e, "PR_SET_PDEATHSIG failed: this rank may outlive a killed parent");
+    }
+    if spec.parent_pid != 0 && nix::unistd::getppid().as_raw() as u32 != spec.parent_pid {
+        eprintln!("rank {}: parent process {} is gone; exiting", spec.rank, spec.parent_pid);
+        std::process::exit(137);
+    }
 }
 
 impl ChildSpec {
@@ -258,9 +285,9 @@ pub fn processes<C: Serialize, R: DeserializeOwned>(
             }
         }
     }
+    let statuses = wait_forwarding_signals(&mut children);
     let mut results = Vec::new();
-    for (rank, mut child, spec, err) in children {
-        let status = child.wait().map_err(|source| LaunchError::Io { what: format!("wait for rank {rank}"), source });
+    for ((rank, _, spec, err), status) in children.into_iter().zip(statuses) {
         results.push(status.and_then(|status| {
             if status.success() {
                 let bytes = std::fs::read(&spec.result).map_err(|e| LaunchError::Child {
@@ -291,18 +318,64 @@ pub fn processes<C: Serialize, R: DeserializeOwned>(
     }
 }
 
-/// A private directory of this process, removed on drop.
+/// Waits for every child, polling every 10 ms; a stop signal this process received
+/// (`crate::signals`) is forwarded to every child still running, once per signal.
+fn wait_forwarding_signals(children: &mut [Spawned]) -> Vec<Result<std::process::ExitStatus, LaunchError>> {
+    let mut done: Vec<Option<Result<std::process::ExitStatus, LaunchError>>> =
+        (0..children.len()).map(|_| None).collect();
+    let mut forwarded = None;
+    loop {
+        if let Some(s) = crate::signals::received()
+            && forwarded != Some(s)
+        {
+            for (i, (_, child, _, _)) in children.iter().enumerate() {
+                if done[i].is_none() {
+                    crate::signals::forward(s, child.id());
+                }
+            }
+            forwarded = Some(s);
+        }
+        for (i, (rank, child, _, _)) in children.iter_mut().enumerate() {
+            if done[i].is_none() {
+                match child.try_wait() {
+                    Ok(Some(st)) => done[i] = Some(Ok(st)),
+                    Ok(None) => {}
+                    Err(source) => {
+                        done[i] = Some(Err(LaunchError::Io { what: format!("wait for rank {rank}"), source }))
+                    }
+                }
+            }
+        }
+        if done.iter().all(Option::is_some) {
+            return done.into_iter().flatten().collect();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Name prefix of the temporary directories of [`processes`].
+const TEMP_PREFIX: &str = "dropcompute-ranks-";
+/// The file in such a directory naming the process that owns it.
+const OWNER_FILE: &str = "owner.pid";
+
+/// A private directory of this process (`<temp>/dropcompute-ranks-<program>-<pid>-<k>`, with
+/// an [`OWNER_FILE`]), removed on drop.
 struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(program: &str) -> Result<Self, LaunchError> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("dropcompute-{program}-{}-{k}", std::process::id()));
+        let root = std::env::temp_dir();
+        remove_orphans(&root);
+        let p = root.join(format!("{TEMP_PREFIX}{program}-{}-{k}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p)
-            .map_err(|source| LaunchError::Io { what: format!("create {}", p.display()), source })?;
-        Ok(Self(p))
+        let what = format!("create {}", p.display());
+        std::fs::create_dir_all(&p).map_err(|source| LaunchError::Io { what: what.clone(), source })?;
+        let this = Self(p);
+        std::fs::write(this.0.join(OWNER_FILE), std::process::id().to_string())
+            .map_err(|source| LaunchError::Io { what, source })?;
+        Ok(this)
     }
 
     fn path(&self) -> &Path {
@@ -313,6 +386,26 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Removes the directories of [`processes`] under `root` whose owner process no longer exists
+/// (a parent killed by SIGKILL could not remove its own). A directory whose owner file is
+/// missing, unreadable or names a live process is kept.
+fn remove_orphans(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for e in entries.filter_map(Result::ok) {
+        if !e.file_name().to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX)) {
+            continue;
+        }
+        let owner = std::fs::read_to_string(e.path().join(OWNER_FILE)).ok().and_then(|s| s.trim().parse::<i32>().ok());
+        let Some(pid) = owner.filter(|&p| p > 0) else { continue };
+        let gone =
+            matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
+        if gone {
+            tracing::debug!(dir = %e.path().display(), pid, "removing the directory of a dead launcher");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
@@ -334,6 +427,7 @@ fn spawn(
         unique_id: id.to_string(),
         config: config.clone(),
         result: dir.join(format!("rank-{rank}.result.json")),
+        parent_pid: std::process::id(),
     };
     let path = dir.join(format!("rank-{rank}.spec.json"));
     let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::Spec { path: path.clone(), why: e.to_string() })?;
@@ -380,6 +474,7 @@ mod tests {
             unique_id: id.to_string(),
             config: serde_json::json!({"a": 1, "b": [2.5, null]}),
             result: dir.path().join("r.json"),
+            parent_pid: 0,
         };
         let path = dir.path().join("s.json");
         std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();

@@ -108,7 +108,7 @@ fn good_environments() {
         (explicit_rank, torchrun, 2, 4, 1, None, Launcher::Explicit, tcp("127.0.0.1:29500")),
     ];
     for (explicit, vars, rank, world_size, local_rank, local_world_size, launcher, rendezvous) in rows {
-        let want = Bootstrap { rank, world_size, local_rank, local_world_size, launcher, rendezvous };
+        let want = Bootstrap { rank, world_size, local_rank, local_world_size, launcher, rendezvous, warnings: vec![] };
         assert_eq!(run(explicit, vars).unwrap(), want, "{vars:?}");
     }
 }
@@ -231,4 +231,43 @@ fn bad_explicit_values() {
         assert_eq!(err.variable(), variable, "{explicit:?}: {err}");
         assert!(err.to_string().contains(text), "{explicit:?}: {err} lacks {text}");
     }
+}
+
+/// `HCCL_COMM_ID` as the vendor library parses it (split at the last ':', the left part a bare
+/// address): bare IPv6 accepted, host names resolved, the bracketed form refused with the
+/// accepted spelling; and a warning naming both variables and values whenever it overrides
+/// `DROPCOMPUTE_RENDEZVOUS` or `MASTER_ADDR`/`MASTER_PORT` (it used to win silently).
+#[test]
+fn hccl_comm_id_follows_the_vendor_parser_and_warns_when_it_overrides() {
+    let two = [("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")];
+    let with = |extra: &[(&'static str, &'static str)]| [&two[..], extra].concat();
+    let ok = |vars: &[(&str, &str)]| run(Explicit::default(), vars).unwrap();
+    let b = ok(&with(&[("HCCL_COMM_ID", "::1:29576")]));
+    assert_eq!(b.rendezvous, Rendezvous::HcclCommId(sa("[::1]:29576")));
+    assert!(b.warnings.is_empty(), "{:?}", b.warnings);
+    let b = ok(&with(&[("HCCL_COMM_ID", "localhost:29577")]));
+    assert_eq!(b.rendezvous, Rendezvous::HcclCommId(sa("127.0.0.1:29577")), "a host name is resolved");
+    match run(Explicit::default(), &with(&[("HCCL_COMM_ID", "[::1]:29575")])) {
+        Err(ConfigError::Invalid { variable, value, reason }) => {
+            assert_eq!((variable.as_str(), value.as_str()), ("HCCL_COMM_ID", "[::1]:29575"));
+            assert!(reason.contains("HCCL_COMM_ID=::1:29575"), "gives the accepted form: {reason}");
+        }
+        other => panic!("the bracketed form must be refused: {other:?}"),
+    }
+
+    let b = ok(&with(&[
+        ("HCCL_COMM_ID", "::1:29576"),
+        ("DROPCOMPUTE_RENDEZVOUS", "127.0.0.1:4000"),
+        ("DROPCOMPUTE_JOB_SECRET", SECRET),
+    ]));
+    assert_eq!(b.rendezvous, Rendezvous::HcclCommId(sa("[::1]:29576")), "HCCL_COMM_ID wins");
+    assert_eq!(b.warnings.len(), 1, "{:?}", b.warnings);
+    assert!(
+        b.warnings[0].contains("HCCL_COMM_ID=::1:29576")
+            && b.warnings[0].contains("DROPCOMPUTE_RENDEZVOUS=127.0.0.1:4000")
+    );
+    let b = ok(&with(&[("HCCL_COMM_ID", "10.0.0.1:9999"), ("MASTER_ADDR", "10.0.0.2"), ("MASTER_PORT", "29500")]));
+    assert_eq!(b.warnings.len(), 2, "{:?}", b.warnings);
+    assert!(b.warnings[0].contains("HCCL_COMM_ID=10.0.0.1:9999") && b.warnings[0].contains("MASTER_ADDR=10.0.0.2"));
+    assert!(b.warnings[1].contains("HCCL_COMM_ID=10.0.0.1:9999") && b.warnings[1].contains("MASTER_PORT=29500"));
 }

@@ -42,6 +42,62 @@ fn bench_allreduce_runs_its_ranks_as_processes() {
     assert_eq!(rows, vec![(4096, 1024), (16384, 4096)], "{out}");
 }
 
+/// `bench allreduce` in the nccl-tests shape for every `--op`, in threads and processes: one
+/// row per size with out-of-place (and, for all_reduce, in-place) columns, no wrong element
+/// against the f64 reference, and the footer with the average busbw equal to the mean of the
+/// rows' busbw columns.
+#[test]
+fn bench_collectives_check_every_element_and_print_the_nccl_tests_footer() {
+    for launch in ["threads", "processes"] {
+        for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast"] {
+            let o = dropcompute(&[
+                "bench",
+                "allreduce",
+                "--ranks",
+                "3",
+                "--launch",
+                launch,
+                "--op",
+                op,
+                "--dtype",
+                "bf16",
+                "--min-bytes",
+                "4096",
+                "--max-bytes",
+                "65536",
+                "--iters",
+                "2",
+                "--warmup",
+                "1",
+            ]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{launch} {op}: {out}\n{}", String::from_utf8_lossy(&o.stderr));
+            assert!(out.starts_with(&format!("# {op}")), "{out}");
+            let rows: Vec<Vec<&str>> =
+                out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().collect()).collect();
+            assert_eq!(rows.len(), 3, "{launch} {op}: sizes 4, 16, 64 KiB: {out}");
+            let mut busbw = Vec::new();
+            for r in &rows {
+                // size count type | time algbw busbw #wrong | time algbw busbw #wrong
+                assert_eq!(r.len(), 13, "{out}");
+                assert_eq!(r[7], "0", "{launch} {op}: out-of-place #wrong: {out}");
+                busbw.push(r[6].parse::<f64>().unwrap());
+                if op == "all_reduce" {
+                    assert_eq!(r[12], "0", "{launch}: in-place #wrong: {out}");
+                    busbw.push(r[11].parse::<f64>().unwrap());
+                } else {
+                    assert_eq!(r[12], "n/a", "{out}");
+                }
+            }
+            assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+            let avg: f64 =
+                out.lines().find_map(|l| l.strip_prefix("# Avg bus bandwidth    : ")).unwrap().parse().unwrap();
+            let mean = busbw.iter().sum::<f64>() / busbw.len() as f64;
+            assert!((avg - mean).abs() <= 0.002, "{launch} {op}: footer {avg} vs mean of rows {mean}: {out}");
+        }
+    }
+}
+
 #[test]
 fn a_rank_process_spec_of_an_unknown_program_is_refused() {
     let tmp = hermetic::temp_dir("launch-test");

@@ -262,6 +262,29 @@ fn hccl_comm_id_with_zeroed_id() {
     assert!(res[0].0 && res[0].1.contains("COMM_ID_OK"), "{}", res[0].1);
 }
 
+/// The mock parses `HCCL_COMM_ID` with the vendor library's rule (habana_sys::comm_id, the
+/// product's parser too): bare IPv6 with the port after the last ':' works end to end; the
+/// bracketed URL form is refused with the accepted spelling. (The mock used to accept
+/// `[::1]:PORT` and refuse `::1:PORT`, agreeing with the product against the library.)
+#[test]
+fn hccl_comm_id_is_parsed_by_the_mock_as_the_vendor_library_parses_it() {
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let res = common::hermetic::retry_on_fresh_port(
+            |_| {
+                let port = std::net::TcpListener::bind("[::1]:0").unwrap().local_addr().unwrap().port();
+                run_children("comm_id", 0, 20_000, &[("HCCL_COMM_ID", format!("::1:{port}"))])
+            },
+            |res| res[0].1.contains("Address already in use"),
+        );
+        assert!(res[0].0 && res[0].1.contains("COMM_ID_OK"), "{}", res[0].1);
+    } else {
+        eprintln!("bare IPv6 case skipped: no IPv6 loopback on this host");
+    }
+    let res = run_children("comm_id", 0, 20_000, &[("HCCL_COMM_ID", "[::1]:29575".into())]);
+    assert!(!res[0].0, "the bracketed form is refused: {}", res[0].1);
+    assert!(res[0].1.contains("HCCL_COMM_ID=::1:29575"), "the message gives the accepted form: {}", res[0].1);
+}
+
 // ---- measurement (run by hand: cargo test --release --test mock_hccl -- --ignored bench) ----
 
 /// Seconds per all-reduce of `count` f32 on this rank (mean of `iters` after one warm-up).

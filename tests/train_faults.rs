@@ -35,6 +35,8 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
     let env_mode = ["--launch", "env"];
     let cases: Vec<Case<'_>> = vec![
         (vec![("DROPCOMPUTE_MOCK_DEVICES", "abc")], &[], "DROPCOMPUTE_MOCK_DEVICES", "abc"),
+        // Issue 13, case 6: zero devices exited 4 without naming the variable.
+        (vec![("DROPCOMPUTE_MOCK_DEVICES", "0")], &[], "DROPCOMPUTE_MOCK_DEVICES", "0"),
         (vec![("DROPCOMPUTE_MOCK_CONFIG", "nope")], &[], "DROPCOMPUTE_MOCK_CONFIG", "nope"),
         (vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"devices":0}"#)], &[], "DROPCOMPUTE_MOCK_CONFIG", "devices = 0"),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "0")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "\"0\""),
@@ -64,7 +66,89 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
             "HABANA_VISIBLE_MODULES",
             "0,a",
         ),
+        (vec![("HCCL_COMM_ID", "[::1]:29575")], &[], "HCCL_COMM_ID", "::1:29575"),
+        (vec![("HCCL_COMM_ID", "nohost")], &[], "HCCL_COMM_ID", "nohost"),
+        (vec![("DROPCOMPUTE_MOCK_VERSION", "latest")], &[], "DROPCOMPUTE_MOCK_VERSION", "latest"),
+        (
+            vec![("DROPCOMPUTE_MOCK_LOCK_DIR", "/proc/self/status")],
+            &[],
+            "DROPCOMPUTE_MOCK_LOCK_DIR",
+            "/proc/self/status",
+        ),
+        (vec![("TMPDIR", "/proc/self/status")], &[], "TMPDIR", "/proc/self/status"),
+        (vec![("RUST_LOG", "[[[")], &[], "RUST_LOG", "[[["),
+        (vec![("DROPCOMPUTE_TEST_SIGKILL_AT", "four")], &[], "DROPCOMPUTE_TEST_SIGKILL_AT", "four"),
+        (vec![("DROPCOMPUTE_LAUNCHER", "pbs")], &env_mode, "DROPCOMPUTE_LAUNCHER", "pbs"),
+        (vec![("LOCAL_RANK", "x"), ("RANK", "0"), ("WORLD_SIZE", "1")], &env_mode, "LOCAL_RANK", "x"),
+        (
+            {
+                let mut v = launcher.to_vec();
+                v.push(("LOCAL_WORLD_SIZE", "0"));
+                v
+            },
+            &env_mode,
+            "LOCAL_WORLD_SIZE",
+            "0",
+        ),
+        (vec![("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "z")], &env_mode, "OMPI_COMM_WORLD_SIZE", "z"),
+        (vec![("OMPI_COMM_WORLD_RANK", "q"), ("OMPI_COMM_WORLD_SIZE", "1")], &env_mode, "OMPI_COMM_WORLD_RANK", "q"),
+        (
+            vec![("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_LOCAL_RANK", "w")],
+            &env_mode,
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "w",
+        ),
+        (
+            vec![("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "v")],
+            &env_mode,
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "v",
+        ),
+        (vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "n")], &env_mode, "SLURM_NTASKS", "n"),
+        (vec![("SLURM_PROCID", "p"), ("SLURM_NTASKS", "1")], &env_mode, "SLURM_PROCID", "p"),
+        (vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_LOCALID", "l")], &env_mode, "SLURM_LOCALID", "l"),
+        (
+            {
+                let mut v = launcher.to_vec();
+                v[4] = ("MASTER_PORT", "port");
+                v
+            },
+            &env_mode,
+            "MASTER_PORT",
+            "port",
+        ),
+        (
+            {
+                let mut v = launcher.to_vec();
+                v[3] = ("MASTER_ADDR", "0.0.0.0");
+                v
+            },
+            &env_mode,
+            "MASTER_ADDR",
+            "0.0.0.0",
+        ),
+        (
+            vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("DROPCOMPUTE_RENDEZVOUS", "host")],
+            &env_mode,
+            "DROPCOMPUTE_RENDEZVOUS",
+            "host",
+        ),
+        (
+            {
+                let mut v = launcher.to_vec();
+                v.push(("DROPCOMPUTE_JOB_SECRET", "abcd"));
+                v
+            },
+            &env_mode,
+            "DROPCOMPUTE_JOB_SECRET",
+            "abcd",
+        ),
     ];
+    // Every variable the product reads has a row, except DROPCOMPUTE_SYNAPSE_LIB: train runs
+    // the mock and never loads a library (`info` and `bench` exit 3 naming a missing path).
+    for var in hermetic::PRODUCT_VARS.iter().filter(|v| **v != "DROPCOMPUTE_SYNAPSE_LIB") {
+        assert!(cases.iter().any(|(_, _, named, _)| named == var), "no bad-value row for {var}");
+    }
     for (env, extra, var, value) in cases {
         let (code, err) = train(&env, extra);
         assert_eq!(code, Some(2), "{env:?}: {err}");

@@ -13,6 +13,7 @@
 //! always loaded at run time (never linked), so a host without Gaudi builds and runs.
 #![allow(non_camel_case_types)]
 
+pub mod comm_id;
 mod functions;
 mod load;
 pub mod types;

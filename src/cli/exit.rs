@@ -157,7 +157,7 @@ fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
         TrainError::Args(_) | TrainError::Model(_) | TrainError::Config { .. } | TrainError::Bootstrap(_) => {
             ExitClass::Usage
         }
-        TrainError::Mock(_) => ExitClass::Usage,
+        TrainError::Mock(_) | TrainError::Env(_) => ExitClass::Usage,
         TrainError::Data(_)
         | TrainError::Output(_)
         | TrainError::Figure(_)
@@ -167,7 +167,7 @@ fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
         TrainError::Collective { source, .. } => hccl(source),
         TrainError::Step(s) => schedule(s),
         TrainError::Child { code, .. } => from_code(*code),
-        TrainError::Checkpoint(_) => ExitClass::Checkpoint,
+        TrainError::Checkpoint(_) | TrainError::WorldSizeMismatch { .. } => ExitClass::Checkpoint,
         TrainError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Internal,
     }
@@ -198,7 +198,7 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if e.is::<TraceError>() {
         return Some(ExitClass::DataFile);
     }
-    if e.is::<LaunchConfigError>() || e.is::<SimError>() {
+    if e.is::<LaunchConfigError>() || e.is::<SimError>() || e.is::<dropcompute::environment::EnvError>() {
         return Some(ExitClass::Usage);
     }
     if let Some(c) = e.downcast_ref::<CommandError>() {

@@ -106,6 +106,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 /// Runs one rank process: dispatches on the spec's program.
 fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     let spec = dropcompute::launch::ChildSpec::read(path)?;
+    dropcompute::launch::bind_to_parent(&spec);
     match spec.program.as_str() {
         #[cfg(feature = "mock")]
         dropcompute::train::run::CHILD_PROGRAM => Ok(commands::train::child(&spec)?),

@@ -8,7 +8,8 @@
 
 use super::{BackendArgs, BoxError, CommandError};
 use crate::bench::allreduce::{
-    AllreduceOptions, AllreduceReport, AllreduceRow, CHILD_PROGRAM, join_and_measure, run_threads, sizes_between,
+    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, run_threads,
+    sizes_between,
 };
 #[cfg(feature = "mock")]
 use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
@@ -70,9 +71,15 @@ pub struct AllreduceArgs {
     /// Largest message, bytes per rank.
     #[arg(long, default_value_t = 256 << 20)]
     pub max_bytes: usize,
-    /// Timed iterations per size.
+    /// Timed iterations per size and placement.
     #[arg(long, default_value_t = 5)]
     pub iters: usize,
+    /// Untimed warm-up iterations per size and placement.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: usize,
+    /// The collective: all_reduce, all_gather, reduce_scatter or broadcast (from rank 0).
+    #[arg(long, value_enum, default_value_t = BenchOp::AllReduce)]
+    pub op: BenchOp,
     /// Backend selection.
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -149,8 +156,9 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     let opts = AllreduceOptions {
         sizes: sizes_between(a.min_bytes, a.max_bytes),
         iters: a.iters.max(1),
-        warmup: 1,
+        warmup: a.warmup,
         dtype: a.dtype.clone(),
+        op: a.op,
     };
     let backend = a.backend.select()?;
     #[cfg(feature = "mock")]
@@ -175,7 +183,12 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             if boot.rank != 0 {
                 return Ok(());
             }
-            AllreduceReport { mode: format!("{:?}, one process per rank", boot.launcher), ranks: boot.world_size, rows }
+            AllreduceReport {
+                mode: format!("{:?}, one process per rank", boot.launcher),
+                ranks: boot.world_size,
+                op: a.op,
+                rows,
+            }
         }
         Launch::Processes => {
             // The coordinator behind the unique id lives in this process, which waits for the
@@ -186,7 +199,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             for r in results {
                 rows.get_or_insert(r?);
             }
-            AllreduceReport { mode: "processes".into(), ranks: a.ranks, rows: rows.unwrap_or_default() }
+            AllreduceReport { mode: "processes".into(), ranks: a.ranks, op: a.op, rows: rows.unwrap_or_default() }
         }
     };
     println!("{report}");

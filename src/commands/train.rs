@@ -20,8 +20,8 @@ use crate::policy::CheckMode;
 use crate::schedule::Normalization;
 use crate::sim::noise::Noise;
 use crate::train::config::{
-    ArgError, BYTES_PER_MB, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MICRO_BATCH_SIZE, MAX_MICRO_BATCHES, MAX_MS,
-    MAX_RANKS, RunLength, SlowRank, ThresholdArg, TrainConfig,
+    ArgError, BYTES_PER_MB, DEFAULT_RANKS, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MICRO_BATCH_SIZE,
+    MAX_MICRO_BATCHES, MAX_MS, MAX_RANKS, RunLength, SlowRank, ThresholdArg, TrainConfig,
 };
 use crate::train::error::TrainError;
 use crate::train::job::Job;
@@ -33,9 +33,10 @@ use crate::train::summary;
 /// Arguments of `dropcompute train` (flag names are a stable interface).
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// World size: number of ranks, each a (mock) device.
-    #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
-    pub ranks: u32,
+    /// World size: number of ranks, each a (mock) device [default: 32; with --launch env, the
+    /// launcher's world size (WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS)].
+    #[arg(long, allow_negative_numbers = true)]
+    pub ranks: Option<u32>,
     /// Micro-batches per rank per step (gradient accumulation).
     #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub micro_batches: u32,
@@ -166,6 +167,34 @@ fn parse_slow_rank(s: &str, ranks: u32) -> Result<SlowRank, ArgError> {
 }
 
 impl Args {
+    /// These arguments with `--ranks` taken from the launcher under `--launch env`
+    /// (`hccl::bootstrap::Bootstrap::from_env`: torchrun, Open MPI, Slurm) when it is absent.
+    /// Other launch modes: unchanged.
+    ///
+    /// # Errors
+    /// [`TrainError::Bootstrap`] naming a bad launcher variable and its value;
+    /// [`TrainError::Config`] when an explicit `--ranks` differs from the launcher's world
+    /// size, naming both values and the launcher's variable.
+    pub fn with_launcher_world_size(&self) -> Result<Self, TrainError> {
+        let mut a = self.clone();
+        if a.launch != Launch::Env {
+            return Ok(a);
+        }
+        // from_lookup, not from_env: the rank's own join logs the bootstrap's warnings once.
+        let b = crate::hccl::bootstrap::Bootstrap::from_lookup(Default::default(), |k| std::env::var(k).ok())?;
+        match a.ranks {
+            None => a.ranks = Some(b.world_size),
+            Some(r) if r != b.world_size => {
+                return Err(TrainError::Config {
+                    what: "--ranks",
+                    value: format!("{r} but the launcher's world size is {} ({})", b.world_size, b.world_size_source()),
+                });
+            }
+            Some(_) => {}
+        }
+        Ok(a)
+    }
+
     /// Check every flag and build the [`TrainConfig`]. Pure: no I/O, no device.
     /// Errors: the first invalid flag, as [`ArgError`] (flag, value, requirement): a count of 0
     /// (`--ranks`, `--micro-batches`, `--micro-batch-size`, `--hidden`, `--steps`, `--epochs`),
@@ -173,7 +202,7 @@ impl Args {
     /// or a factor outside (0, [`MAX_SLOWDOWN`]], `--sync-lag` >= `--micro-batches`, a bucket
     /// below one f32 or above [`MAX_BUCKET_MB`].
     pub fn validate(&self) -> Result<TrainConfig, ArgError> {
-        let ranks = at_least_one("ranks", self.ranks)?;
+        let ranks = at_least_one("ranks", self.ranks.unwrap_or(DEFAULT_RANKS))?;
         if ranks > MAX_RANKS {
             return Err(bad(
                 "ranks",
@@ -292,6 +321,7 @@ impl Args {
                 .clone()
                 .or_else(|| self.resume.clone())
                 .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
+            checkpoint_asked: self.checkpoint_every > 0 || self.checkpoint_dir.is_some() || self.resume.is_some(),
             time_mode: self.time_mode,
             guardrails,
         })
@@ -327,14 +357,15 @@ fn check_backend_env() -> Result<(), TrainError> {
 pub fn run(a: &Args) -> Result<(), TrainError> {
     let start = std::time::SystemTime::now();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
-    let cfg = a.validate()?;
+    let cfg = a.with_launcher_world_size()?.validate()?;
     check_backend_env()?;
+    crate::environment::check()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
-    crate::train::ckpt::install_signal_handler();
+    crate::signals::install();
     let job = Job::prepare(cfg)?;
     let rt = job_run::mock_runtime(&job)?;
-    let show = std::io::stdout().is_terminal();
+    let show = std::io::stderr().is_terminal();
     let (rank, outcomes) = job_run::run(&job, &rt, launch, show)?;
     if rank != 0 {
         return Ok(());
@@ -379,7 +410,7 @@ pub(crate) fn backend_name(api: &habana_sys::SynapseApi) -> String {
 /// # Errors
 /// [`TrainError`] of the rank: a spec that is not a train job, and the job's own errors.
 pub fn child(spec: &ChildSpec) -> Result<(), TrainError> {
-    crate::train::ckpt::install_signal_handler();
+    crate::signals::install();
     job_run::run_child(spec)
 }
 

@@ -253,7 +253,7 @@ fn clap_rejects_what_it_owns() {
 #[test]
 fn global_verbose_reaches_train() {
     let (v, a) = parse(&["-vv", "--ranks", "2"]);
-    assert_eq!((v, a.ranks), (2, 2));
+    assert_eq!((v, a.ranks), (2, Some(2)));
     let (v, _) = parse(&["--verbose"]);
     assert_eq!(v, 1);
 }

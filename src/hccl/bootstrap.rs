@@ -31,6 +31,8 @@
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
+use habana_sys::comm_id::ENV_COMM_ID;
+
 use super::rendezvous::JobSecret;
 
 /// Which source gave rank and world size.
@@ -96,6 +98,10 @@ pub struct Bootstrap {
     pub launcher: Launcher,
     /// How the unique id is exchanged.
     pub rendezvous: Rendezvous,
+    /// Settings that were given but are overridden, one sentence each naming both variables
+    /// and their values (`HCCL_COMM_ID` wins over `DROPCOMPUTE_RENDEZVOUS`, `MASTER_ADDR` and
+    /// `MASTER_PORT`); [`Bootstrap::from_env`] logs each as a warning.
+    pub warnings: Vec<String>,
 }
 
 /// A bad launcher environment or explicit value, naming the variable and the value.
@@ -322,12 +328,27 @@ const SECRET_HINT: &str = "every rank must share one job secret (hex, >= 128 bit
     ...` (srun and torchrun pass the environment on)";
 
 impl Bootstrap {
+    /// Where the world size came from, for messages: `WORLD_SIZE=2` (the launcher's variable
+    /// and value), `explicit world_size=2`, or `no launcher variable set: world size 1`.
+    pub fn world_size_source(&self) -> String {
+        let var = SPECS.iter().find(|s| s.launcher == self.launcher).map(|s| s.size);
+        match (self.launcher, var) {
+            (Launcher::Single, _) => "no launcher variable set: world size 1".to_string(),
+            (_, Some(v)) => format!("{v}={}", self.world_size),
+            (_, None) => format!("explicit world_size={}", self.world_size),
+        }
+    }
+
     /// [`Bootstrap::from_lookup`] with no explicit values, reading the process environment.
     ///
     /// # Errors
     /// As [`Bootstrap::from_lookup`].
     pub fn from_env() -> Result<Self> {
-        Self::from_lookup(Explicit::default(), |k| std::env::var(k).ok())
+        let b = Self::from_lookup(Explicit::default(), |k| std::env::var(k).ok())?;
+        for w in &b.warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(b)
     }
 
     /// Works out rank, world size, local rank and rendezvous from `explicit` and the variables
@@ -411,7 +432,7 @@ impl Bootstrap {
         }
         check_modules(&lookup, local_rank, local_world_size.map(|(_, n)| n))?;
 
-        let rendezvous = rendezvous(&explicit, &lookup, launcher, world_size)?;
+        let (rendezvous, warnings) = rendezvous(&explicit, &lookup, launcher, world_size)?;
         Ok(Self {
             rank,
             world_size,
@@ -419,6 +440,7 @@ impl Bootstrap {
             local_world_size: local_world_size.map(|(_, n)| n),
             launcher,
             rendezvous,
+            warnings,
         })
     }
 }
@@ -438,12 +460,14 @@ fn rendezvous(
     lookup: &impl Fn(&str) -> Option<String>,
     launcher: Launcher,
     world_size: u32,
-) -> Result<Rendezvous> {
-    // Validate every variable that is set, used or not.
-    let comm_id = get(lookup, "HCCL_COMM_ID")
+) -> Result<(Rendezvous, Vec<String>)> {
+    // Validate every variable that is set, used or not. HCCL_COMM_ID is parsed by the one
+    // parser the mock uses too, as the vendor library parses it (habana_sys::comm_id).
+    let comm_id = get(lookup, ENV_COMM_ID)
         .map(|v| {
-            let addr = v.parse::<SocketAddr>().map_err(|_| invalid("HCCL_COMM_ID", &v, "expected IP:PORT"))?;
-            connectable("HCCL_COMM_ID", &v, addr)
+            habana_sys::comm_id::parse_comm_id(&v)
+                .map(|a| (v.clone(), a))
+                .map_err(|e| invalid(ENV_COMM_ID, &v, e.reason))
         })
         .transpose()?;
     let ours = get(lookup, "DROPCOMPUTE_RENDEZVOUS")
@@ -461,10 +485,32 @@ fn rendezvous(
     }
 
     if world_size == 1 {
-        return Ok(Rendezvous::None);
+        return Ok((Rendezvous::None, Vec::new()));
     }
-    if let Some(addr) = comm_id {
-        return Ok(Rendezvous::HcclCommId(addr));
+    if let Some((v, addr)) = comm_id {
+        let mut overridden: Vec<String> = Vec::new();
+        if let Some((o, _)) = &ours {
+            overridden.push(format!("DROPCOMPUTE_RENDEZVOUS={o}"));
+        }
+        if let Some(a) = &master_addr {
+            overridden.push(format!("MASTER_ADDR={a}"));
+        }
+        if let Some(p) = get(lookup, "MASTER_PORT") {
+            overridden.push(format!("MASTER_PORT={p}"));
+        }
+        if let Some(a) = explicit.addr {
+            overridden.push(format!("explicit addr={a}"));
+        }
+        let warnings = overridden
+            .into_iter()
+            .map(|o| {
+                format!(
+                    "{ENV_COMM_ID}={v} overrides {o}: the HCCL library bootstraps from {ENV_COMM_ID} \
+                     and the other setting is ignored (unset one of them)"
+                )
+            })
+            .collect();
+        return Ok((Rendezvous::HcclCommId(addr), warnings));
     }
     let addr = if let Some(addr) = explicit.addr {
         addr
@@ -494,5 +540,5 @@ fn rendezvous(
     let secret = explicit.secret.clone().or(env_secret).ok_or_else(|| {
         missing("DROPCOMPUTE_JOB_SECRET", format!("the TCP rendezvous at {addr} needs it; {SECRET_HINT}"))
     })?;
-    Ok(Rendezvous::Tcp { addr, secret })
+    Ok((Rendezvous::Tcp { addr, secret }, Vec::new()))
 }

@@ -1,9 +1,10 @@
-//! Checkpoint and resume of the DropCompute run, and the coordinated stop on SIGINT/SIGTERM.
+//! Checkpoint and resume of the DropCompute run.
 //!
 //! Owns: the per-rank checkpoint layout (`DIR/rank-<r>/checkpoint-<step>.dcc`, written with
 //! `crate::checkpoint`: temp file, fsync, rename, format version, SHA-256), the choice of the
-//! step to resume from (the newest step every rank has a readable checkpoint of), and the
-//! process-wide stop flag. Must not touch: the step loop or the file format itself.
+//! step to resume from (the newest step every rank has a readable checkpoint of, refusing a
+//! directory written by another world size). Must not touch: the step loop, the file format
+//! itself or signals (`crate::signals`).
 //!
 //! Exactness: a checkpoint at step s holds everything a rank's future depends on: parameters,
 //! momentum, the data source (epoch, queue, re-queued micro-batches), the scheduler state
@@ -14,7 +15,6 @@
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,20 +23,6 @@ use crate::schedule::SchedulerState;
 
 use super::error::TrainError;
 use super::workload::EpochSource;
-
-/// Set by the SIGINT/SIGTERM handler; checked by every rank at each step.
-pub static STOP: AtomicBool = AtomicBool::new(false);
-
-/// Installs the SIGINT/SIGTERM handler that sets [`STOP`] (once per process; later calls are
-/// no-ops).
-pub fn install_signal_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if let Err(e) = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst)) {
-            tracing::warn!(error = %e, "no SIGINT/SIGTERM handler: a signal kills the job without a checkpoint");
-        }
-    });
-}
 
 /// What a rank's checkpoint carries besides the tensors.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -78,14 +64,40 @@ pub fn save(
     Ok(checkpoint::save(&d, &c)?)
 }
 
+/// The world size of the run that wrote `dir`: one more than the highest `rank-<r>`
+/// subdirectory holding a checkpoint file (`None` when there is none).
+fn written_world_size(dir: &Path) -> Option<u32> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name();
+            let r: u32 = name.to_str()?.strip_prefix("rank-")?.parse().ok()?;
+            let has_ckpt = std::fs::read_dir(e.path())
+                .ok()?
+                .filter_map(Result::ok)
+                .any(|f| f.path().extension().is_some_and(|x| x == "dcc"));
+            has_ckpt.then_some(r)
+        })
+        .max()
+        .map(|r| r + 1)
+}
+
 /// The step to resume from: the newest step for which every rank `0..world_size` has a
 /// readable checkpoint in `dir`. Unreadable files are reported (warn) and kept.
 ///
 /// # Errors
+/// [`TrainError::WorldSizeMismatch`] when `dir` holds checkpoints of another world size (its
+/// highest `rank-<r>` directory with a checkpoint is not `world_size - 1`);
 /// [`TrainError::Checkpoint`] ([`CheckpointError::NoCheckpoint`]) when there is no such step.
 pub fn common_step(dir: &Path, world_size: u32) -> Result<u64, TrainError> {
     if !dir.is_dir() {
         return Err(TrainError::Checkpoint(CheckpointError::NoCheckpoint { dir: dir.to_path_buf(), corrupt: vec![] }));
+    }
+    if let Some(written) = written_world_size(dir)
+        && written != world_size
+    {
+        return Err(TrainError::WorldSizeMismatch { dir: dir.to_path_buf(), checkpoint: written, run: world_size });
     }
     let mut common: Option<std::collections::BTreeSet<u64>> = None;
     let mut corrupt = Vec::new();

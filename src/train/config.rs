@@ -30,6 +30,9 @@ pub const MAX_MS: f64 = 3_600_000.0;
 /// Largest `--ranks`: every rank of `train` runs on this host (a thread or a process, each with
 /// its mock device and stream workers).
 pub const MAX_RANKS: u32 = 1024;
+/// `--ranks` when absent (`--launch threads|processes`; under `--launch env` the launcher's
+/// world size).
+pub const DEFAULT_RANKS: u32 = 32;
 /// Largest `--micro-batches` (gradient accumulation steps per rank per step): the count row
 /// and the per-step latency records are O(M) per rank, and a larger M would only allocate.
 pub const MAX_MICRO_BATCHES: u32 = 65_536;
@@ -189,6 +192,10 @@ pub struct TrainConfig {
     pub checkpoint_every: Option<NonZeroU64>,
     /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.
     pub checkpoint_dir: PathBuf,
+    /// Checkpointing was asked for (`--checkpoint-every`, `--checkpoint-dir` or `--resume`
+    /// given): a SIGHUP stop then writes a checkpoint too (`crate::signals::StopSignal`).
+    #[serde(default)]
+    pub checkpoint_asked: bool,
     /// Mock device time mode.
     pub time_mode: TimeMode,
     /// Guardrails of `--threshold auto` (`--max-drop-rate`, `--min-batch-fraction`,

@@ -93,16 +93,36 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// A bad environment variable (`crate::environment`).
+    #[error(transparent)]
+    Env(#[from] crate::environment::EnvError),
     /// A checkpoint could not be written or read (file and reason).
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// SIGINT/SIGTERM: every rank stopped after the same step and saved a checkpoint.
-    #[error("interrupted: stopped after step {step}; {saved}")]
+    /// A stop signal (`crate::signals`): every rank stopped after the same step and saved a
+    /// checkpoint (SIGINT, SIGTERM; SIGHUP only when checkpointing was asked for).
+    #[error("interrupted: stopped after step {step} ({signal}); {saved}")]
     Interrupted {
         /// Steps completed.
         step: u64,
+        /// The signal this rank received (`SIGTERM`...), or `a peer's stop request`.
+        signal: String,
         /// Where the checkpoint went (or why there is none).
         saved: String,
+    },
+    /// `--resume` of a checkpoint directory written by another world size.
+    #[error(
+        "--resume {}: the checkpoint was written with world size {checkpoint}, this run has world \
+         size {run} (--ranks, or the launcher's world size, must equal the checkpoint's)",
+        dir.display()
+    )]
+    WorldSizeMismatch {
+        /// The checkpoint directory.
+        dir: std::path::PathBuf,
+        /// World size of the run that wrote it.
+        checkpoint: u32,
+        /// World size of this run.
+        run: u32,
     },
     /// The ranks finished with different parameters (a lockstep violation; never expected).
     #[error("ranks diverged: rank {rank}'s final parameters differ from rank 0's")]

@@ -209,7 +209,6 @@ pub fn rank_main(
             cfg.micro_batch_size as usize,
             max_epochs,
         );
-        let progress = Progress::new(job.steps().unwrap_or(0), kind.label(), show_progress);
         let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());
         let dev = sched.stream().device().clone();
         let checkpointed = kind == RunKind::DropCompute;
@@ -225,6 +224,7 @@ pub fn rank_main(
             losses = meta.losses.iter().map(|l| l.unwrap_or(f64::NAN)).collect();
             step = s0;
         }
+        let progress = Progress::new(job.steps().unwrap_or(0), step, kind.label(), show_progress);
         let zero = HostBuffer::from_slice(&dev, &[0f32, 0f32]).map_err(dev_err)?;
         // The global loss of step s is all-reduced right after it and read after step s+1
         // (the stream has passed it by then): no extra host synchronization per step.
@@ -242,7 +242,7 @@ pub fn rank_main(
         while job.steps().is_none_or(|s| step < s) {
             super::workload::set_latency_key(dev.module_id(), step, super::workload::STEP_START)
                 .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
-            if super::ckpt::STOP.load(std::sync::atomic::Ordering::SeqCst) {
+            if crate::signals::received().is_some() {
                 sched.request_stop();
             }
             let (rep, _) = match sched.step(step, &mut data, &mut work) {
@@ -271,7 +271,7 @@ pub fn rank_main(
                 break;
             }
             let last_loss = losses.last().copied().unwrap_or(f64::NAN);
-            progress.update(step + 1, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
+            progress.step_done(step, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
             let stop = rep.stop_requested;
             reports.push(rep);
             step += 1;
@@ -280,7 +280,12 @@ pub fn rank_main(
                 if let Some(h) = pending.take() {
                     losses.push(read(&h)?);
                 }
-                let saved = if checkpointed {
+                // A stop writes a checkpoint on SIGINT/SIGTERM, on SIGHUP only when asked for;
+                // a rank stopped by a peer's request (no signal here) follows the same rule.
+                let signal = crate::signals::received();
+                let save = every.is_some_and(|k| step.is_multiple_of(k))
+                    || (stop && (cfg.checkpoint_asked || signal.is_none_or(|s| s.always_checkpoints())));
+                let saved = if checkpointed && save {
                     let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
                     let meta = super::ckpt::RankMeta {
                         fingerprint: job.fingerprint(),
@@ -290,12 +295,15 @@ pub fn rank_main(
                     };
                     let path = super::ckpt::save(&cfg.checkpoint_dir, rank, step, &meta, params, velocity)?;
                     format!("checkpoint {}", path.display())
+                } else if checkpointed {
+                    "no checkpoint (none asked for: --checkpoint-every, --checkpoint-dir or --resume)".into()
                 } else {
                     "no checkpoint (baseline run)".into()
                 };
                 if stop {
                     progress.finish();
-                    return Err(TrainError::Interrupted { step, saved });
+                    let signal = signal.map_or_else(|| "a peer's stop request".into(), |s| s.name().to_string());
+                    return Err(TrainError::Interrupted { step, signal, saved });
                 }
             }
         }
@@ -361,7 +369,17 @@ pub fn run_rank(
     if join.world_size() != job.cfg.ranks {
         return Err(TrainError::Config {
             what: "--ranks",
-            value: format!("{} but the launcher's world size is {}", job.cfg.ranks, join.world_size()),
+            value: match join {
+                Join::Env(b) => {
+                    format!(
+                        "{} but the launcher's world size is {} ({})",
+                        job.cfg.ranks,
+                        b.world_size,
+                        b.world_size_source()
+                    )
+                }
+                Join::UniqueId { world_size, .. } => format!("{} but the communicator has {world_size}", job.cfg.ranks),
+            },
         });
     }
     let dev = match join {

@@ -298,9 +298,8 @@ pub fn set_latency_key(module_id: Option<u32>, step: u64, micro_batch: u32) -> R
 fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
     static AT: std::sync::OnceLock<Option<(u64, Option<u32>)>> = std::sync::OnceLock::new();
     let at = AT.get_or_init(|| {
-        let v = std::env::var("DROPCOMPUTE_TEST_SIGKILL_AT").ok()?;
-        let (s, r) = v.split_once(':').map_or((v.as_str(), None), |(s, r)| (s, Some(r)));
-        Some((s.parse().ok()?, r.and_then(|r| r.parse().ok())))
+        let v = std::env::var(crate::environment::ENV_TEST_SIGKILL_AT).ok()?;
+        crate::environment::parse_sigkill_at(&v).ok()
     });
     if let Some((s, r)) = *at
         && s == step

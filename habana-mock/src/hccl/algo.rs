@@ -1,11 +1,13 @@
 //! Collective algorithms of the mock over host copies of the buffers: the lockstep header
-//! exchange, ring reduce-scatter and all-gather (chunked, pipelined across ranks), ring
+//! exchange, rank-ordered direct reduce-scatter and ring all-gather (chunked, pipelined
+//! across ranks), ring
 //! pipeline broadcast, reduce (reduce-scatter + gather to root), all-to-all and barrier, and
 //! the virtual-time cost model.
 //!
-//! Owns: the order in which elements are combined on the ring. Every element is reduced along
-//! one chain of ranks only (ring reduce-scatter), rounded once by the rank that owns it, then
-//! copied to every other rank (all-gather), so results are bitwise identical on all ranks. The
+//! Owns: the order in which elements are combined. Every element is reduced by the one rank
+//! that owns its segment, in rank order 0, 1, …, n-1 (`Ring::reduce_scatter`, the order of the
+//! shared-memory all-reduce too), rounded once by that rank, then copied to every other rank
+//! (ring all-gather), so results are bitwise identical on all ranks and in every launch mode. The
 //! header also says whether this rank can run the shared-memory all-reduce (`shm.rs`); it is
 //! used only when every rank says so. Must not touch:
 //! device memory (the caller copies in and out) or communicator lifetime.
@@ -75,7 +77,7 @@ pub(crate) struct Coll {
     pub seq: u64,
 }
 
-fn header_bytes(c: &Coll, start_ns: u64, direct: bool) -> Vec<u8> {
+fn header_bytes(c: &Coll, start_ns: u64, direct: bool, shm: bool) -> Vec<u8> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&c.seq.to_le_bytes());
     b.extend_from_slice(&(c.kind as u8 as u64).to_le_bytes());
@@ -85,11 +87,15 @@ fn header_bytes(c: &Coll, start_ns: u64, direct: bool) -> Vec<u8> {
     b.extend_from_slice(&(c.op_code as i64).to_le_bytes());
     b.extend_from_slice(&start_ns.to_le_bytes());
     b.extend_from_slice(&u64::from(direct).to_le_bytes());
+    b.extend_from_slice(&u64::from(shm).to_le_bytes());
     b
 }
 
 /// Header field index: this rank can run the shared-memory all-reduce (`shm.rs`).
 const DIRECT_FIELD: usize = 7;
+/// Header field index: this rank can run the cross-process shared-memory all-reduce
+/// (`shm_procs.rs`).
+const SHM_FIELD: usize = 8;
 
 const FIELDS: [&str; 6] = ["seq", "op", "datatype", "count", "root", "reduceOp"];
 
@@ -151,8 +157,19 @@ pub(crate) fn run(
         && c.kind == CollKind::AllReduce
         && c.dtype.size() == c.dtype.acc_size()
         && len_ok;
-    let mine = header_bytes(c, start_ns, can_direct);
+    // Processes of this host: every peer is reached over loopback (the data-plane listeners
+    // bind 127.0.0.1), none in this process (those use the direct path).
+    let can_shm = comm.meet.is_none()
+        && n > 1
+        && kill.is_none()
+        && c.kind == CollKind::AllReduce
+        && c.dtype.size() == c.dtype.acc_size()
+        && len_ok
+        && comm.all_peers_local_host()
+        && super::shm_procs::available();
+    let mine = header_bytes(c, start_ns, can_direct, can_shm);
     let mut direct = false;
+    let mut shm = false;
     let mut max_start = start_ns;
     if n > 1 {
         for p in (0..n).filter(|&p| p != r) {
@@ -174,6 +191,7 @@ pub(crate) fn run(
         }
         max_start = all.iter().map(|h| field(h, 6)).max().unwrap_or(start_ns);
         direct = all.iter().all(|h| field(h, DIRECT_FIELD) == 1);
+        shm = all.iter().all(|h| field(h, SHM_FIELD) == 1);
     }
     if direct && let Some(meet) = &comm.meet {
         // Every rank agreed in its header: all in this process, no fault armed.
@@ -181,6 +199,17 @@ pub(crate) fn run(
             Bufs::InPlace(buf) => shm::all_reduce(meet, comm, rx, ctx, c.seq, c.dtype, c.op, buf)?,
             Bufs::Scratch { input, output } => {
                 shm::all_reduce(meet, comm, rx, ctx, c.seq, c.dtype, c.op, input)?;
+                std::mem::swap(input, output);
+            }
+        }
+        return Ok(max_start);
+    }
+    if shm {
+        // Every rank agreed in its header: processes of this host, no fault armed.
+        match bufs {
+            Bufs::InPlace(buf) => super::shm_procs::all_reduce(comm, rx, ctx, c.seq, c.dtype, c.op, buf)?,
+            Bufs::Scratch { input, output } => {
+                super::shm_procs::all_reduce(comm, rx, ctx, c.seq, c.dtype, c.op, input)?;
                 std::mem::swap(input, output);
             }
         }
@@ -340,11 +369,17 @@ impl Ring<'_, '_> {
         Ok((own, fin))
     }
 
-    /// Ring reduce-scatter of `work` (`count` accumulation elements of `asz` bytes): at step k
-    /// rank r sends segment r+o-k and reduces segment r+o-k-1 received from its predecessor;
-    /// afterwards rank r holds segment r+o+1 fully reduced (written back into `work`). A chunk
-    /// reduced at step k is forwarded as is at step k+1 (no copy): each element is combined
-    /// once per rank along one chain, partial = op(partial, local).
+    /// Reduce-scatter of `work` (`count` accumulation elements of `asz` bytes) in the
+    /// documented rank order: afterwards rank r holds segment r+o+1 fully reduced (written
+    /// back into `work`), every element of it combined as
+    /// `op(…op(op(x_0, x_1), x_2)…, x_{n-1})` over ranks 0, 1, …, n-1 — the same order as the
+    /// shared-memory all-reduce (`shm.rs`), so thread ranks and process ranks give bitwise
+    /// identical results for any n (a ring chain would start each segment at a different
+    /// rank, and f32 addition is not associative). Every rank sends each chunk of the segment
+    /// owned by rank p straight to p (chunk by chunk, to p = r+1, r+2, … so the ranks do not
+    /// all send to the same owner at once), then combines the chunks of its own segment it
+    /// received, in rank order; the bytes each rank sends, (n-1)/n of the buffer, are the
+    /// ring's.
     fn reduce_scatter(
         &self,
         rx: &mut Rx,
@@ -354,15 +389,44 @@ impl Ring<'_, '_> {
         c: &Coll,
         o: i64,
     ) -> Result<(), HErr> {
-        self.ring_pass(rx, work, count, asz, o, |mut inc, local, last| {
-            reduce_into(c.dtype, c.op, &mut inc, local);
-            if last {
-                local.copy_from_slice(&inc);
-                None
-            } else {
-                Some(inc)
+        let (n, r) = (self.comm.n, self.comm.rank);
+        if n == 1 {
+            return Ok(());
+        }
+        let per = (CHUNK_BYTES / asz).max(1);
+        let seg_of = |rank: u32| seg(count, n as usize, modn(rank as i64 + o + 1, n));
+        let own = seg_of(r);
+        let chunks = |s: &std::ops::Range<usize>| s.len().div_ceil(per);
+        let most = (0..n).map(|p| chunks(&seg_of(p))).max().unwrap_or(0);
+        let mut acc = Vec::with_capacity(per.min(own.len()) * asz);
+        for i in 0..most {
+            for k in 1..n {
+                let to = (r + k) % n;
+                let s = seg_of(to);
+                if i < chunks(&s) {
+                    let a = s.start + i * per;
+                    let b = (a + per).min(s.end);
+                    self.send(rx, to, work[a * asz..b * asz].to_vec())?;
+                }
             }
-        })
+            if i < chunks(&own) {
+                let a = own.start + i * per;
+                let b = (a + per).min(own.end);
+                let len = (b - a) * asz;
+                acc.clear();
+                for p in 0..n {
+                    let from_p = if p == r { None } else { Some(self.recv(rx, p, len)?) };
+                    let x = from_p.as_deref().unwrap_or(&work[a * asz..b * asz]);
+                    if p == 0 {
+                        acc.extend_from_slice(x);
+                    } else {
+                        reduce_into(c.dtype, c.op, &mut acc, x);
+                    }
+                }
+                work[a * asz..b * asz].copy_from_slice(&acc);
+            }
+        }
+        Ok(())
     }
 
     /// Ring all-gather of `out` (`count` elements of `esz` bytes) where rank r initially holds
@@ -375,7 +439,7 @@ impl Ring<'_, '_> {
         })
     }
 
-    /// The chunked ring pass shared by [`Self::reduce_scatter`] and [`Self::all_gather`] over
+    /// The chunked ring pass of [`Self::all_gather`] over
     /// `buf` (`count` elements of `esz` bytes): at step k (0..n-1) rank r sends segment r+o-k
     /// and receives segment r+o-k-1 from its predecessor, in chunks of [`CHUNK_BYTES`]
     /// interleaved send/receive so the ring pipelines. A chunk to send is the one `take`

@@ -52,6 +52,9 @@ pub(crate) struct Comm {
     pub scratch: Mutex<(Vec<u8>, Vec<u8>)>,
     /// Shared-memory rendezvous when every rank lives in this mock instance (n > 1), else None.
     pub meet: Option<Arc<super::meet::Meet>>,
+    /// The shared-memory region of a communicator of processes on this host
+    /// (`shm_procs.rs`), mapped at its first shared-memory all-reduce.
+    pub shm: Mutex<Option<super::shm_procs::Region>>,
 }
 
 /// Context of one running operation, for messages and the failure rules.
@@ -136,8 +139,10 @@ pub(crate) fn init_rank(n: i32, id: &hcclUniqueId, rank: i32) -> Result<u64, HEr
     let id = match decoded {
         Some(d) => d,
         None => {
-            let addr = std::env::var(ENV_COMM_ID)
+            let value = std::env::var(ENV_COMM_ID)
                 .map_err(|_| inval(format!("empty unique id (length 0) and {ENV_COMM_ID} is not set")))?;
+            // Parsed as the vendor library parses it (the product's bootstrap uses the same code).
+            let addr = habana_sys::comm_id::parse_comm_id(&value).map_err(|e| inval(e.to_string()))?.to_string();
             if rank == 0 { start_coordinator(&addr, [0; 16], timeout)? } else { MockId { token: [0; 16], addr } }
         }
     };
@@ -240,7 +245,18 @@ impl Comm {
             device: Mutex::new(-1),
             scratch: Mutex::new((Vec::new(), Vec::new())),
             meet: None,
+            shm: Mutex::new(None),
         }
+    }
+
+    /// Whether every peer's data-plane address is a loopback address (so it runs on this host:
+    /// loopback reaches no other machine).
+    pub(crate) fn all_peers_local_host(&self) -> bool {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter(|&(p, _)| p as u32 != self.rank)
+            .all(|(_, q)| q.addr.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()))
     }
 
     /// The sticky asynchronous error (hcclSuccess when none).

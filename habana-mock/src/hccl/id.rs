@@ -28,7 +28,7 @@ pub const ID_MAGIC: &[u8; 8] = b"DCMOCKID";
 /// Layout version stored after the magic.
 pub const ID_VERSION: u32 = 1;
 /// Environment variable naming the coordinator address when the id is empty (vendor behaviour).
-pub const ENV_COMM_ID: &str = "HCCL_COMM_ID";
+pub const ENV_COMM_ID: &str = habana_sys::comm_id::ENV_COMM_ID;
 
 /// A decoded unique id.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -66,6 +66,7 @@ mod id;
 mod meet;
 mod reduce;
 mod shm;
+mod shm_procs;
 mod transport;
 
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -155,7 +156,13 @@ pub unsafe extern "C" fn hccl_get_unique_id(id: *mut hcclUniqueId) -> hcclResult
         if id.is_null() {
             return Err(HErr::new(hcclResult_t::INVALID_ARGUMENT, "null uniqueId"));
         }
-        let bind = std::env::var(ENV_COMM_ID).unwrap_or_else(|_| "127.0.0.1:0".into());
+        // HCCL_COMM_ID parsed as the vendor library parses it (habana_sys::comm_id).
+        let bind = match std::env::var(ENV_COMM_ID) {
+            Ok(v) => habana_sys::comm_id::parse_comm_id(&v)
+                .map_err(|e| HErr::new(hcclResult_t::INVALID_ARGUMENT, e.to_string()))?
+                .to_string(),
+            Err(_) => "127.0.0.1:0".into(),
+        };
         let (timeout, _) = comm::settings();
         let m = id::start_coordinator(&bind, rand::random(), timeout)?;
         // SAFETY: non-null, valid for a write by the caller's contract.
