@@ -14,6 +14,7 @@ mod harness;
 
 use std::ffi::CString;
 
+use dropcompute::schedule::{GradDtype, GradientOps, GradientScratch};
 use dropcompute::synapse::graph::{CastRounding, DType, GraphArg, GraphBuilder, GraphRecipe, Op, Reduction};
 use dropcompute::synapse::{Device, DeviceBuffer, DeviceRepr, Error, HostBuffer, LaunchTensor, Recipe, Stream};
 use habana_sys::{
@@ -611,8 +612,56 @@ fn memset_d32(h: &Harness) {
     assert_eq!(download(&s, &dev, &d), vec![0.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 0.0]);
 }
 
+/// The scheduler's gradient operations as graphs: zero, accumulate (f32 and bf16 -> f32, in
+/// place), the non-finite flag, rescale by a device scalar; against f64 references.
+fn gradient_ops_as_graphs(h: &Harness) {
+    let dev = h.device();
+    let s = Stream::new(&dev).unwrap();
+    let n = 10usize;
+    for dtype in [GradDtype::F32, GradDtype::Bf16] {
+        let ops = GradientOps::graphs(&dev, n, dtype).unwrap();
+        let acc = upload(&s, &dev, &vals(n, 1));
+        ops.zero(&s, &acc).unwrap();
+        assert_eq!(download(&s, &dev, &acc), vec![0.0; n]);
+        let mut want = vec![0f64; n];
+        for k in 0..3 {
+            let g = vals(n, 10 + k);
+            let scratch = match dtype {
+                GradDtype::F32 => GradientScratch::F32(upload(&s, &dev, &g)),
+                GradDtype::Bf16 => GradientScratch::Bf16(upload(
+                    &s,
+                    &dev,
+                    &g.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+                )),
+            };
+            ops.accumulate(&s, &acc, &scratch).unwrap();
+            s.synchronize().unwrap();
+            for i in 0..n {
+                let x = if dtype == GradDtype::Bf16 { half::bf16::from_f32(g[i]).to_f32() } else { g[i] };
+                want[i] = f64::from(want[i] as f32 + x);
+            }
+        }
+        close(&download(&s, &dev, &acc), &want, 0.0, "accumulated");
+        let flag = DeviceBuffer::<u32>::alloc(&dev, 1).unwrap();
+        ops.nonfinite(&s, &flag, &acc).unwrap();
+        assert_eq!(download(&s, &dev, &flag), vec![0], "finite (also with a negative sum)");
+        let sc = upload(&s, &dev, &[0.25f32]);
+        ops.scale(&s, &acc, &sc).unwrap();
+        let scaled: Vec<f64> = want.iter().map(|&v| f64::from(v as f32 * 0.25)).collect();
+        close(&download(&s, &dev, &acc), &scaled, 0.0, "rescaled");
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut v = vals(n, 3);
+            v[7] = bad;
+            let a = upload(&s, &dev, &v);
+            ops.nonfinite(&s, &flag, &a).unwrap();
+            assert_ne!(download(&s, &dev, &flag), vec![0], "{bad} is flagged");
+        }
+    }
+}
+
 suite!(
     any: [
+        gradient_ops_as_graphs,
         add_launches_with_new_buffers,
         in_place_update,
         mlp_layer_forward_backward,
