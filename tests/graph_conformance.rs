@@ -15,7 +15,9 @@ mod harness;
 use std::ffi::CString;
 
 use dropcompute::schedule::{GradDtype, GradientOps, GradientScratch};
-use dropcompute::synapse::graph::{CastRounding, DType, GraphArg, GraphBuilder, GraphRecipe, Op, Reduction};
+use dropcompute::synapse::graph::{
+    CastRounding, DType, GraphArg, GraphBuilder, GraphRecipe, Op, RecipeCache, RecipeOrigin, Reduction,
+};
 use dropcompute::synapse::{Device, DeviceBuffer, DeviceRepr, Error, HostBuffer, LaunchTensor, Recipe, Stream};
 use habana_sys::{
     SynapseApi, TENSOR_INVALID_ID, synDataType, synGeometryType, synGraphHandle, synRecipeHandle, synSectionHandle,
@@ -659,8 +661,58 @@ fn gradient_ops_as_graphs(h: &Harness) {
     }
 }
 
+/// The recipe cache: the first compile stores the recipe, an identical graph (a later
+/// process) loads it, another shape compiles anew, a corrupt file is replaced.
+fn recipe_cache(h: &Harness) {
+    let dev = h.device();
+    let s = Stream::new(&dev).unwrap();
+    let dir = hermetic::temp_dir("recipe-cache");
+    let cache = RecipeCache::new(dir.path().join("cache"));
+    let build = |n: u64| {
+        let mut g = GraphBuilder::new(&h.rt, device_type(&dev)).unwrap();
+        let x = g.persistent("x", DType::F32, &[n]).unwrap();
+        let y = g.persistent("y", DType::F32, &[n]).unwrap();
+        let t = g.workspace("t", DType::F32, &[n]).unwrap();
+        g.node("relu", &Op::Relu, &[x], &[t]).unwrap();
+        g.node("double", &Op::Add, &[t, t], &[y]).unwrap();
+        (g, x, y)
+    };
+    let run = |r: &GraphRecipe, x, y, n: usize| {
+        let xv = vals(n, 8);
+        let (dx, dy) = (upload(&s, &dev, &xv), DeviceBuffer::<f32>::alloc(&dev, n).unwrap());
+        let ws = DeviceBuffer::<u8>::alloc(&dev, r.workspace_size().max(1) as usize).unwrap();
+        r.launch(&s, &[GraphArg::new(x, &dx), GraphArg::new(y, &dy)], Some(&ws), &[]).unwrap();
+        let want: Vec<f64> = xv.iter().map(|&v| f64::from(v.max(0.0) * 2.0)).collect();
+        close(&download(&s, &dev, &dy), &want, 0.0, "2 relu(x)");
+    };
+    let (g, x, y) = build(6);
+    let first = g.compile_cached("relu2", &cache).unwrap();
+    assert!(matches!(first.origin(), RecipeOrigin::Compiled(_)), "{:?}", first.origin());
+    run(&first, x, y, 6);
+    let files: Vec<_> = std::fs::read_dir(cache.dir()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let (g, x, y) = build(6);
+    let again = g.compile_cached("relu2", &cache).unwrap();
+    assert!(matches!(again.origin(), RecipeOrigin::Cache(_)), "{:?}", again.origin());
+    assert_eq!(again.workspace_size(), first.workspace_size());
+    assert_eq!(again.tensor(x).unwrap().id, first.tensor(x).unwrap().id);
+    run(&again, x, y, 6);
+    let (g, x, y) = build(7);
+    let other = g.compile_cached("relu2", &cache).unwrap();
+    assert!(matches!(other.origin(), RecipeOrigin::Compiled(_)), "another shape is another key");
+    run(&other, x, y, 7);
+    std::fs::write(&files[0], b"not a recipe").unwrap();
+    let (g, x, y) = build(6);
+    let replaced = g.compile_cached("relu2", &cache).unwrap();
+    assert!(matches!(replaced.origin(), RecipeOrigin::Compiled(_)), "a corrupt file is recompiled");
+    run(&replaced, x, y, 6);
+    let (g, _, _) = build(6);
+    assert!(matches!(g.compile_cached("relu2", &cache).unwrap().origin(), RecipeOrigin::Cache(_)), "and stored again");
+}
+
 suite!(
     any: [
+        recipe_cache,
         gradient_ops_as_graphs,
         add_launches_with_new_buffers,
         in_place_update,

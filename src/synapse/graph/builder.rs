@@ -11,6 +11,8 @@ use std::ffi::{CString, c_void};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
+
 use habana_sys::{
     TENSOR_INVALID_ID, synDeviceType, synGeometryType, synGraphHandle, synRecipeHandle, synSectionHandle, synTensor,
     synTensorType,
@@ -20,7 +22,8 @@ use super::super::error::{Error, Result};
 use super::super::recipe::Recipe;
 use super::super::result::{self, check};
 use super::super::runtime::Runtime;
-use super::compiled::{CompiledTensor, GraphRecipe};
+use super::cache::RecipeCache;
+use super::compiled::{CompiledTensor, GraphRecipe, RecipeOrigin};
 use super::layout::{DType, device_sizes};
 use super::op::{Op, Operand};
 
@@ -57,6 +60,9 @@ pub struct GraphBuilder {
     sections: Vec<synSectionHandle>,
     tensors: Vec<TensorEntry>,
     nodes: Vec<String>,
+    /// SHA-256 of every tensor and node as added (name, dtype, shape, placement; GUID, params,
+    /// operands): the graph part of a recipe cache key.
+    hasher: Sha256,
 }
 
 // SAFETY: the handles are opaque tokens of the runtime, usable from any thread; the builder is
@@ -78,7 +84,15 @@ impl GraphBuilder {
         let mut handle: synGraphHandle = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         check(api, "synGraphCreate", unsafe { (api.syn_graph_create)(&mut handle, device_type) })?;
-        Ok(Self { rt: rt.clone(), handle, device_type, sections: Vec::new(), tensors: Vec::new(), nodes: Vec::new() })
+        Ok(Self {
+            rt: rt.clone(),
+            handle,
+            device_type,
+            sections: Vec::new(),
+            tensors: Vec::new(),
+            nodes: Vec::new(),
+            hasher: Sha256::new(),
+        })
     }
 
     /// A new persistent section (persistent is the runtime's default).
@@ -163,6 +177,8 @@ impl GraphBuilder {
         check(api, "synTensorSetGeometry", unsafe { (api.syn_tensor_set_geometry)(t, &geo, synGeometryType::SIZES) })?;
         // SAFETY: live tensor.
         check(api, "synTensorSetDeviceDataType", unsafe { (api.syn_tensor_set_device_data_type)(t, dtype.syn()) })?;
+        let place = section.map(|(s, o)| format!("section {} offset {o}", s.0)).unwrap_or_else(|| "workspace".into());
+        self.hasher.update(format!("tensor {name:?} {dtype} {shape:?} {place}\n").as_bytes());
         self.tensors.push(TensorEntry {
             name: name.to_string(),
             dtype,
@@ -225,6 +241,10 @@ impl GraphBuilder {
         for t in inputs.iter().chain(outputs) {
             self.tensors[t.0].used = true;
         }
+        let ids = |v: &[TensorId]| v.iter().map(|t| t.0.to_string()).collect::<Vec<_>>().join(",");
+        let hex: String = params.iter().flatten().map(|b| format!("{b:02x}")).collect();
+        self.hasher
+            .update(format!("node {name:?} {guid} [{hex}] in {} out {}\n", ids(inputs), ids(outputs)).as_bytes());
         self.nodes.push(name.to_string());
         Ok(())
     }
@@ -239,13 +259,46 @@ impl GraphBuilder {
     }
 
     /// Compiles the graph (`synGraphCompile`) into a recipe named `name`, retrieves and checks
-    /// the launch id of every persistent tensor used by a node and the workspace size, then destroys the
-    /// graph (the recipe does not depend on it).
+    /// the launch id of every persistent tensor used by a node and the workspace size, then
+    /// destroys the graph (the recipe does not depend on it).
     ///
     /// # Errors
     /// [`Error::Synapse`] from the compiler (unknown GUID, inconsistent graph, ...);
     /// [`Error::UnknownTensor`] when the recipe has no id for a persistent tensor.
     pub fn compile(mut self, name: &str) -> Result<GraphRecipe> {
+        let (recipe, t) = self.compile_raw(name)?;
+        self.finish(recipe, name, RecipeOrigin::Compiled(t))
+    }
+
+    /// As [`GraphBuilder::compile`], through `cache`: a recipe of the same graph, library
+    /// version and device type serialized earlier (by this or another process) is loaded
+    /// instead of compiled; otherwise the graph is compiled and its recipe stored. A cached
+    /// file that does not load is replaced (warned), never trusted.
+    ///
+    /// # Errors
+    /// As [`GraphBuilder::compile`]; [`Error::InvalidArgument`] when the cache directory cannot be
+    /// created or written.
+    pub fn compile_cached(mut self, name: &str, cache: &RecipeCache) -> Result<GraphRecipe> {
+        let version = self.rt.api().version().unwrap_or("unknown-version").to_string();
+        let path = cache.path(name, &version, self.device_type, &self.hasher.clone().finalize());
+        if path.exists() {
+            let t0 = Instant::now();
+            match Recipe::load(&self.rt, &path) {
+                Ok(recipe) => match self.finish(recipe, name, RecipeOrigin::Cache(t0.elapsed())) {
+                    Ok(r) => return Ok(r),
+                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "cached recipe unusable; recompiling"),
+                },
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cached recipe does not load; recompiling")
+                }
+            }
+        }
+        let (recipe, t) = self.compile_raw(name)?;
+        cache.store(&recipe, &path)?;
+        self.finish(recipe, name, RecipeOrigin::Compiled(t))
+    }
+
+    fn compile_raw(&mut self, name: &str) -> Result<(Recipe, Duration)> {
         let api = self.rt.api().clone();
         let c = c_string("recipe name", name)?;
         let mut h: synRecipeHandle = std::ptr::null_mut();
@@ -254,15 +307,18 @@ impl GraphBuilder {
         check(&api, "synGraphCompile", unsafe {
             (api.syn_graph_compile)(&mut h, self.handle, c.as_ptr(), std::ptr::null())
         })?;
-        let compile_time: Duration = t0.elapsed();
-        let recipe = Recipe::from_raw(&self.rt, h);
+        Ok((Recipe::from_raw(&self.rt, h), t0.elapsed()))
+    }
+
+    /// The launch ids (checked) and workspace size of `recipe` compiled from this graph.
+    fn finish(&mut self, recipe: Recipe, name: &str, origin: RecipeOrigin) -> Result<GraphRecipe> {
         // Persistent tensors no node uses are not part of the recipe (no id, not bound).
         let persistent: Vec<usize> =
             (0..self.tensors.len()).filter(|&i| self.tensors[i].section.is_some() && self.tensors[i].used).collect();
         let names: Vec<CString> =
             persistent.iter().map(|&i| c_string("tensor name", &self.tensors[i].name)).collect::<Result<_>>()?;
         // SAFETY: the recipe is live (owned by `recipe`).
-        let ids = unsafe { result::tensor_ids(&api, h, &names) }?;
+        let ids = unsafe { result::tensor_ids(self.rt.api(), recipe.raw(), &names) }?;
         let mut tensors: Vec<CompiledTensor> = self
             .tensors
             .iter()
@@ -282,7 +338,7 @@ impl GraphBuilder {
         }
         let workspace = recipe.workspace_size()?;
         self.destroy_graph();
-        Ok(GraphRecipe::new(recipe, name.to_string(), tensors, workspace, compile_time))
+        Ok(GraphRecipe::new(recipe, name.to_string(), tensors, workspace, origin))
     }
 
     fn destroy_graph(&mut self) {

@@ -41,6 +41,15 @@ impl CompiledTensor {
     }
 }
 
+/// Where a [`GraphRecipe`] came from, and how long that took on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecipeOrigin {
+    /// `synGraphCompile`, taking this long.
+    Compiled(Duration),
+    /// A recipe cache file (`synRecipeDeSerialize` and the id lookups), taking this long.
+    Cache(Duration),
+}
+
 /// A compiled graph: launch it as often as needed, with new buffers each time.
 #[derive(Debug)]
 pub struct GraphRecipe {
@@ -48,7 +57,7 @@ pub struct GraphRecipe {
     name: String,
     tensors: Vec<CompiledTensor>,
     workspace: u64,
-    compile_time: Duration,
+    origin: RecipeOrigin,
 }
 
 /// A persistent tensor bound to a device buffer for one launch (borrows the buffer).
@@ -74,9 +83,9 @@ impl GraphRecipe {
         name: String,
         tensors: Vec<CompiledTensor>,
         workspace: u64,
-        compile_time: Duration,
+        origin: RecipeOrigin,
     ) -> Self {
-        Self { recipe, name, tensors, workspace, compile_time }
+        Self { recipe, name, tensors, workspace, origin }
     }
 
     /// The recipe (to serialize it, or launch it by raw ids).
@@ -94,9 +103,9 @@ impl GraphRecipe {
         self.workspace
     }
 
-    /// Host time `synGraphCompile` took.
-    pub fn compile_time(&self) -> Duration {
-        self.compile_time
+    /// Compiled now or loaded from a recipe cache, and the host time it took.
+    pub fn origin(&self) -> RecipeOrigin {
+        self.origin
     }
 
     /// The compiled tensor `t` (`None` for a tensor of another graph).
