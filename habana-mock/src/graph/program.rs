@@ -466,8 +466,8 @@ impl Program {
 /// `p` is valid for reads of `n` elements of `dtype` (any alignment).
 unsafe fn load(p: *const u8, dtype: synDataType, n: usize) -> Vec<f32> {
     let size = guid::elem_size(dtype).unwrap_or(4) as usize;
-    // SAFETY: valid for n * size bytes by the contract; copied out at once.
-    let bytes = unsafe { std::slice::from_raw_parts(p, n * size) }.to_vec();
+    // SAFETY: valid for n * size bytes by the contract; read before any write of this node.
+    let bytes = unsafe { std::slice::from_raw_parts(p, n * size) };
     match dtype {
         synDataType::BF16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         synDataType::INT32 => {
@@ -483,12 +483,14 @@ unsafe fn load(p: *const u8, dtype: synDataType, n: usize) -> Vec<f32> {
 /// # Safety
 /// `p` is valid for writes of `v.len()` elements of `dtype` (any alignment).
 unsafe fn store(p: *mut u8, dtype: synDataType, v: &[f32]) {
-    let bytes: Vec<u8> = match dtype {
-        synDataType::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
-        synDataType::INT32 => v.iter().flat_map(|&x| (x.round() as i32).to_le_bytes()).collect(),
-        synDataType::INT8 => v.iter().map(|&x| x.round() as i8 as u8).collect(),
-        _ => v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-    };
+    let size = guid::elem_size(dtype).unwrap_or(4) as usize;
+    let mut bytes = Vec::with_capacity(v.len() * size);
+    match dtype {
+        synDataType::BF16 => v.iter().for_each(|&x| bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes())),
+        synDataType::INT32 => v.iter().for_each(|&x| bytes.extend_from_slice(&(x.round() as i32).to_le_bytes())),
+        synDataType::INT8 => bytes.extend(v.iter().map(|&x| x.round() as i8 as u8)),
+        _ => v.iter().for_each(|&x| bytes.extend_from_slice(&x.to_le_bytes())),
+    }
     // SAFETY: valid for bytes.len() bytes by the contract; `bytes` is our own buffer.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
 }
