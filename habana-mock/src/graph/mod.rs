@@ -2,7 +2,7 @@
 //! `synSection*`, the tensor handle API, `synNode*`, `synGraphCompile(V2)`, `synError*`,
 //! `synEventMapTensor`) on the CPU.
 //!
-//! Owns: graph records (`builder.rs`), the GUID table with its checks, kernels and cost model
+//! Owns: graph records (`records.rs`) and their builder operations (`builder.rs`), the GUID table with its checks, kernels and cost model
 //! (`guid.rs` over the pure arithmetic of `cpu.rs`), compiled programs and their launch rules
 //! (`program.rs`), and here the registry-level operations that tie them to recipe handles,
 //! streams and the latency model. Must not touch: the C ABI (that is `ffi/graph.rs`), the JSON
@@ -20,6 +20,7 @@ pub(crate) mod builder;
 pub(crate) mod cpu;
 pub(crate) mod guid;
 pub(crate) mod program;
+pub(crate) mod records;
 
 use std::ffi::CStr;
 use std::sync::Arc;

@@ -15,9 +15,9 @@ use std::path::Path;
 use habana_sys::{TENSOR_INVALID_ID, synDataType, synDeviceType, synStatus};
 use serde::{Deserialize, Serialize};
 
-use super::builder::GraphRec;
 use super::cpu;
 use super::guid::{self, Guid, Operand};
+use super::records::GraphRec;
 use crate::error::{MResult, fail};
 use crate::recipe::TENSOR_ID_BASE;
 
