@@ -17,6 +17,10 @@ use crate::cabi::handle_to_raw;
 use crate::error::{MResult, MockError, fail};
 use crate::state::Registry;
 
+/// The most elements a mock tensor may have (2^40: far beyond any mock device's memory, small
+/// enough that byte counts and workspace offsets never overflow).
+pub(crate) const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
+
 fn unknown(what: &str, h: u64) -> MockError {
     MockError::new(synStatus::INVALID_ARGUMENT, format!("unknown {what} handle {:#x}", handle_to_raw(h)))
 }
@@ -219,6 +223,15 @@ impl Registry {
             );
         }
         let sizes = geo.sizes[..dims].to_vec();
+        // Every size >= 1 and the byte count of the largest element type representable: the
+        // compiler and the executor then never overflow.
+        let elems = sizes.iter().try_fold(1u64, |a, &d| a.checked_mul(d).filter(|_| d > 0));
+        if elems.is_none_or(|n| n > MAX_TENSOR_ELEMENTS) {
+            return fail(
+                synStatus::INVALID_ARGUMENT,
+                format!("tensor {}: sizes {sizes:?} (each >= 1, at most {MAX_TENSOR_ELEMENTS} elements)", r.name),
+            );
+        }
         match ty {
             synGeometryType::MAX_SIZES => r.sizes = Some(sizes),
             synGeometryType::MIN_SIZES => r.min_sizes = Some(sizes),

@@ -179,7 +179,7 @@ pub(crate) fn compile(g: &GraphRec, name: &str) -> Result<Program, CompileError>
                     sections.push(0);
                     sections.len() - 1
                 });
-                sections[k] = sections[k].max(offset + bytes);
+                sections[k] = sections[k].max(offset.saturating_add(bytes));
                 if used[i] {
                     persistent.push(i);
                 }
@@ -234,7 +234,7 @@ fn schedule(g: &GraphRec) -> Result<Vec<usize>, CompileError> {
     let range = |i: usize| {
         let t = &g.tensors[i];
         let bytes = cpu::numel(t.sizes.as_deref().unwrap_or(&[])) as u64 * guid::elem_size(t.dtype).unwrap_or(4);
-        t.section.map(|(s, off)| (s, off, off + bytes))
+        t.section.map(|(s, off)| (s, off, off.saturating_add(bytes)))
     };
     let overlap = |a: usize, b: usize| match (range(a), range(b)) {
         (Some((s, a0, a1)), Some((t, b0, b1))) => s == t && a0 < b1 && b0 < a1,
@@ -376,8 +376,8 @@ impl Program {
         let bases: Vec<u64> = bases.into_iter().map(|b| b.unwrap_or(0)).collect();
         for i in 0..bases.len() {
             for j in i + 1..bases.len() {
-                let (a0, a1) = (bases[i], bases[i] + self.sections[i]);
-                let (b0, b1) = (bases[j], bases[j] + self.sections[j]);
+                let (a0, a1) = (bases[i], bases[i].saturating_add(self.sections[i]));
+                let (b0, b1) = (bases[j], bases[j].saturating_add(self.sections[j]));
                 if a0 < b1 && b0 < a1 && self.sections[i] > 0 && self.sections[j] > 0 {
                     return fail(
                         v,
