@@ -16,6 +16,7 @@
 mod builder;
 mod cache;
 mod compiled;
+pub mod fuzzing;
 mod layout;
 mod op;
 

@@ -44,15 +44,17 @@ impl Reduction {
 }
 
 /// One graph operation with its typed parameters. Shapes are row-major; axes are row-major
-/// (PyTorch) axes, converted to the device's order by `layout.rs`.
+/// (PyTorch) axes, converted to the device's order by `layout.rs`. The two operands of an
+/// elementwise op have the same rank (size-1 dimensions broadcast; ranks are not padded, since
+/// the reference notes advise the same rank for device broadcasting).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// (a, b) -> a + b, size-1 dimensions broadcast (`add_fwd_<dt>`).
     Add,
     /// (a, b) -> a − b (`sub_fwd_<dt>`).
     Sub,
-    /// (a, b) -> a · b (`mult_fwd_<dt>`); with b of shape `[1]` (or all 1s) a scale by a
-    /// device scalar.
+    /// (a, b) -> a · b (`mult_fwd_<dt>`); with b of a's rank and every dimension 1 (`[1]` for
+    /// a vector) a scale by a device scalar.
     Mul,
     /// (a, b) -> max(a, b) (`max_fwd_<dt>`).
     Max,
