@@ -602,6 +602,97 @@ fn device_type_mismatch(h: &Harness) {
     assert_eq!(status_of(&e), synStatus::INVALID_ARGUMENT, "{e}");
 }
 
+/// synGraphCompileV2 (1.20+, optional) hands out an error object on failure; synEventMapTensor
+/// makes a launch record an event for an external output.
+fn raw_compile_v2_and_event_map(h: &Harness) {
+    let dev = h.device();
+    let api = h.rt.api();
+    let dt = device_type(&dev);
+    if let (Some(v2), Some(get_status), Some(get_len), Some(get_msg), Some(destroy)) = (
+        api.syn_graph_compile_v2,
+        api.syn_error_get_status,
+        api.syn_error_get_message_length,
+        api.syn_error_get_message,
+        api.syn_error_destroy,
+    ) {
+        let g = Raw::new(api, dt);
+        let (a, b, c) = (
+            g.tensor("a", &[3, 2], F32, false),
+            g.tensor("b", &[5, 4], F32, false),
+            g.tensor("c", &[5, 2], F32, false),
+        );
+        assert_eq!(g.node("gemm", "mm", &[a, b], &[c], &[0, 0]), synStatus::SUCCESS);
+        let mut r: synRecipeHandle = std::ptr::null_mut();
+        let mut e: habana_sys::synErrorHandle = std::ptr::null_mut();
+        // SAFETY: valid out-pointers, live graph, NUL-terminated name.
+        let st = unsafe { v2(&mut r, g.g, c"v2".as_ptr(), &mut e) };
+        assert_eq!(st, synStatus::FAIL);
+        assert!(!e.is_null(), "an error object on failure");
+        let (mut es, mut len) = (synStatus::SUCCESS, 0usize);
+        // SAFETY: live error object, valid out-pointers.
+        unsafe {
+            assert_eq!(get_status(e, &mut es), synStatus::SUCCESS);
+            assert_eq!(get_len(e, &mut len), synStatus::SUCCESS);
+        }
+        assert_eq!(es, synStatus::FAIL);
+        assert!(len > 0);
+        let mut buf = vec![0 as std::ffi::c_char; len + 1];
+        // SAFETY: the buffer holds len + 1 bytes.
+        assert_eq!(unsafe { get_msg(e, buf.as_mut_ptr(), buf.len()) }, synStatus::SUCCESS);
+        // SAFETY: NUL-terminated within the buffer.
+        let msg = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        assert_eq!(msg.len(), len);
+        if h.control.is_some() {
+            assert!(msg.contains("mismatch between common dimensions"), "{msg}");
+        }
+        // SAFETY: live error object, released once.
+        assert_eq!(unsafe { destroy(e) }, synStatus::SUCCESS);
+    } else {
+        eprintln!("skipped synGraphCompileV2: the library predates 1.20");
+    }
+    // Event mapped to an external output.
+    let s = Stream::new(&dev).unwrap();
+    let g = Raw::new(api, dt);
+    let (x, y) = (g.tensor("x", &[4], F32, false), g.tensor("y", &[4], F32, false));
+    // SAFETY: live tensor, before node creation.
+    assert_eq!(unsafe { (api.syn_tensor_set_external)(y, true) }, synStatus::SUCCESS);
+    assert_eq!(g.node("relu_fwd_f32", "r", &[x], &[y], &[]), synStatus::SUCCESS);
+    let (st, r) = g.compile("mapped");
+    assert_eq!(st, synStatus::SUCCESS);
+    let names = [CString::new("x").unwrap(), CString::new("y").unwrap()];
+    // SAFETY: live recipe.
+    let ids = unsafe { dropcompute::synapse::result::tensor_ids(api, r, &names) }.unwrap();
+    let (bx, by) = (upload(&s, &dev, &[-1f32, 2.0, -3.0, 4.0]), DeviceBuffer::<f32>::alloc(&dev, 4).unwrap());
+    let info = |id: u64, addr: u64| habana_sys::synLaunchTensorInfo {
+        tensorName: std::ptr::null(),
+        pTensorAddress: addr,
+        tensorType: synTensorType::DATA_TENSOR,
+        tensorSize: [0; habana_sys::HABANA_DIM_MAX],
+        tensorId: id,
+    };
+    let ev = dropcompute::synapse::Event::new(&dev, true).unwrap();
+    let mut evs = [ev.raw()];
+    let map = [info(ids[1], 0)];
+    // SAFETY: one live event, one launch info, live recipe.
+    assert_eq!(unsafe { (api.syn_event_map_tensor)(evs.as_mut_ptr(), 1, map.as_ptr(), r) }, synStatus::SUCCESS);
+    if h.control.is_some() {
+        let not_external = [info(ids[0], 0)];
+        // SAFETY: as above.
+        let st = unsafe { (api.syn_event_map_tensor)(evs.as_mut_ptr(), 1, not_external.as_ptr(), r) };
+        assert_eq!(st, synStatus::INVALID_ARGUMENT, "x is not external");
+    }
+    let launch = [info(ids[0], bx.addr()), info(ids[1], by.addr())];
+    // SAFETY: live stream and recipe; live allocations of the tensors' sizes.
+    let st =
+        unsafe { (api.syn_launch_with_external_events)(s.raw(), launch.as_ptr(), 2, 0, r, std::ptr::null_mut(), 0, 0) };
+    assert_eq!(st, synStatus::SUCCESS);
+    ev.synchronize().unwrap();
+    assert!(ev.timestamp_ns().is_ok(), "the mapped event was recorded by the launch");
+    assert_eq!(download(&s, &dev, &by), vec![0.0, 2.0, 0.0, 4.0]);
+    // SAFETY: live recipe, idle stream, destroyed once.
+    assert_eq!(unsafe { (api.syn_recipe_destroy)(r) }, synStatus::SUCCESS);
+}
+
 /// synMemsetD32Async fills 32-bit words on the stream.
 fn memset_d32(h: &Harness) {
     let dev = h.device();
@@ -724,6 +815,7 @@ suite!(
         raw_launch_errors,
         device_type_mismatch,
         memset_d32,
+        raw_compile_v2_and_event_map,
     ],
     mock_only: [],
 );
