@@ -4,95 +4,21 @@
 //! `$DROPCOMPUTE_SYNAPSE_LIB` when set (on a Gaudi host: the real libSynapse.so), else the mock
 //! built as a shared library. Against a library without the mock's control ABI (`dcmock_*`),
 //! the cases that need the mock's recipe files and fault knobs print that they are skipped.
-//!
-//! The mock's state is process-global (one copy in-process, one inside the loaded library), and
-//! fault knobs are global, so the cases of each backend run one at a time under a lock.
+//! The harness (backends, locking, skipping) is `tests/support/harness.rs`.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
-#[path = "support/hermetic.rs"]
-mod hermetic;
-#[path = "support/mock_library.rs"]
-mod mock_library;
+#[path = "support/harness.rs"]
+#[macro_use]
+mod harness;
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use harness::{Harness, hermetic, run, status_of};
+
 use std::time::Duration;
 
-use dropcompute::mock::{self, Fault, MockControl, MockRecipe};
+use dropcompute::mock::{Fault, MockRecipe};
 use dropcompute::synapse::Device;
-use dropcompute::synapse::{
-    DeviceBuffer, DeviceRepr, Error, Event, HostBuffer, LaunchTensor, Recipe, Runtime, Stream, result,
-};
-use habana_sys::{SynapseApi, synDmaDir, synRecipeAttribute, synStatus};
-
-struct Harness {
-    rt: Arc<Runtime>,
-    /// The mock's control ABI; `None` for a library that is not the mock (a real libSynapse).
-    control: Option<MockControl>,
-    lock: &'static Mutex<()>,
-}
-
-impl Harness {
-    fn in_process() -> &'static Harness {
-        static H: OnceLock<Harness> = OnceLock::new();
-        static L: Mutex<()> = Mutex::new(());
-        H.get_or_init(|| {
-            hermetic::scrub_process_env();
-            Harness::new(mock::api(), Some(MockControl::in_process()), &L)
-        })
-    }
-
-    fn shared_library() -> &'static Harness {
-        static H: OnceLock<Harness> = OnceLock::new();
-        static L: Mutex<()> = Mutex::new(());
-        H.get_or_init(|| {
-            // Read before the scrub: the one variable this suite takes from the shell on purpose
-            // (run the conformance cases against another library, e.g. a real libSynapse).
-            let chosen = std::env::var_os("DROPCOMPUTE_SYNAPSE_LIB").filter(|p| !p.is_empty());
-            hermetic::scrub_process_env();
-            let path = match chosen {
-                Some(p) => PathBuf::from(p),
-                None => mock_library::shared_library_path().expect("build or locate libmock_synapse.so"),
-            };
-            let api = SynapseApi::load_path(&path).expect("load the library through the real loader");
-            assert_eq!(api.origin(), &habana_sys::ApiOrigin::Library(path.clone()));
-            let control = MockControl::from_library(&path).ok();
-            Harness::new(api, control, &L)
-        })
-    }
-
-    fn new(api: SynapseApi, control: Option<MockControl>, lock: &'static Mutex<()>) -> Harness {
-        Harness { rt: Runtime::new(api).unwrap(), control, lock }
-    }
-
-    fn guard(&self) -> MutexGuard<'static, ()> {
-        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = &self.control {
-            c.inject_fault(&Fault::ClearAll).unwrap();
-        }
-        g
-    }
-
-    /// The mock's control ABI (cases that need it are skipped on other libraries).
-    fn control(&self) -> &MockControl {
-        self.control.as_ref().expect("mock-only case run against a library without the mock's control ABI")
-    }
-
-    fn device(&self) -> Device {
-        Device::acquire_any(&self.rt).expect("a free mock device")
-    }
-
-    fn recipe(&self, name: &str, r: MockRecipe) -> Recipe {
-        let dir = hermetic::temp_dir("conformance");
-        let path = dir.path().join(format!("{name}.json"));
-        r.write(&path).unwrap();
-        Recipe::load(&self.rt, &path).unwrap()
-    }
-}
-
-fn status_of(e: &Error) -> synStatus {
-    e.status().unwrap_or_else(|| panic!("expected a Synapse status error, got {e:?}"))
-}
+use dropcompute::synapse::{DeviceBuffer, DeviceRepr, Error, Event, HostBuffer, LaunchTensor, Recipe, Stream, result};
+use habana_sys::{synDmaDir, synRecipeAttribute, synStatus};
 
 fn round_trip<T: DeviceRepr + PartialEq + std::fmt::Debug>(dev: &Device, data: &[T]) {
     let s = Stream::new(dev).unwrap();
@@ -382,30 +308,6 @@ fn gradient_kernels(h: &Harness) {
     let s2 = Stream::new(&dev).unwrap();
     s2.launch(&small, &[LaunchTensor::by_id(ids2[0], &acc), LaunchTensor::by_id(ids2[1], &acc)], None, &[]).unwrap();
     assert_eq!(status_of(&s2.synchronize().unwrap_err()), synStatus::INVALID_ARGUMENT);
-}
-
-/// Runs `case` on `h`, or prints why it is skipped: a mock-only case against a library that
-/// has no mock control ABI (a real libSynapse.so).
-fn run(h: &Harness, case: fn(&Harness), name: &str, mock_only: bool) {
-    if mock_only && h.control.is_none() {
-        eprintln!("skipped {name}: needs the mock's recipe files and fault knobs (dcmock_* symbols)");
-        return;
-    }
-    let _g = h.guard();
-    case(h);
-}
-
-macro_rules! suite {
-    (any: [$($case:ident),* $(,)?], mock_only: [$($mcase:ident),* $(,)?] $(,)?) => {
-        mod in_process {
-            $(#[test] fn $case() { super::run(super::Harness::in_process(), super::$case, stringify!($case), false); })*
-            $(#[test] fn $mcase() { super::run(super::Harness::in_process(), super::$mcase, stringify!($mcase), true); })*
-        }
-        mod shared_library {
-            $(#[test] fn $case() { super::run(super::Harness::shared_library(), super::$case, stringify!($case), false); })*
-            $(#[test] fn $mcase() { super::run(super::Harness::shared_library(), super::$mcase, stringify!($mcase), true); })*
-        }
-    };
 }
 
 suite!(

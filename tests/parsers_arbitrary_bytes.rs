@@ -1,6 +1,7 @@
 //! Arbitrary bytes into every parser that reads untrusted input (the same entry points the
 //! cargo-fuzz targets in `fuzz/` drive): compute logs (ours and the reference's), What-if CSV,
-//! the mock recipe file, the rendezvous hello, challenge and reply, and the checkpoint reader.
+//! the mock recipe file, the rendezvous hello, challenge and reply, the checkpoint reader, and
+//! the graph builder's inputs (shapes, parameters).
 //! Each must return a typed error or a value, never panic, and stay bounded in time and memory.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
@@ -9,10 +10,16 @@ use std::path::Path;
 use dropcompute::checkpoint;
 use dropcompute::hccl::rendezvous::{self, JobSecret, NONCE_LEN, Reply};
 use dropcompute::mock::{MockRecipe, RecipeFileError};
+use dropcompute::synapse::graph;
 use dropcompute::trace::compute_log::{self, REFERENCE_COLUMNS};
 use dropcompute::trace::whatif::{self, WHATIF_COLUMNS};
 use dropcompute::trace::{LoadOptions, TraceError};
 use proptest::prelude::*;
+
+fn graph_runtime() -> &'static std::sync::Arc<dropcompute::synapse::Runtime> {
+    static RT: std::sync::OnceLock<std::sync::Arc<dropcompute::synapse::Runtime>> = std::sync::OnceLock::new();
+    RT.get_or_init(|| dropcompute::synapse::Runtime::new(dropcompute::mock::api()).unwrap())
+}
 
 fn opts(allow: bool) -> LoadOptions {
     LoadOptions { allow_incomplete_steps: allow, ..LoadOptions::default() }
@@ -85,6 +92,29 @@ proptest! {
             prop_assert!(named(&e, "w.csv"), "{e}");
         }
         let _ = whatif::load_csv_bytes(Path::new("w.csv"), body.as_bytes(), &opts(allow));
+    }
+
+    /// Graph-builder inputs (any op, parameters, operand dtypes and shapes) on the in-process
+    /// mock: a typed error or a compiled graph, and the safe layer's checks agree with the
+    /// mock's compiler: what `Op::check` accepts builds and compiles.
+    #[test]
+    fn graph_builder_inputs_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+        if let Some((op, ins, outs)) = graph::fuzzing::node_from_bytes(&bytes) {
+            fn operand((k, (dt, shape)): (usize, &(graph::DType, Vec<u64>))) -> graph::Operand<'_> {
+                graph::Operand { name: ["a", "b", "c", "d", "e"][k], dtype: *dt, shape }
+            }
+            let i: Vec<_> = ins.iter().enumerate().map(operand).collect();
+            let o: Vec<_> = outs.iter().enumerate().map(operand).collect();
+            let checked = op.check("fuzz", &i, &o);
+            let built = graph::fuzzing::build_and_compile(graph_runtime(), &op, &ins, &outs);
+            let zero_dim = ins.iter().chain(&outs).any(|(_, s)| s.contains(&0));
+            if checked.is_ok() && !zero_dim {
+                prop_assert!(built.is_ok(), "{op:?} {ins:?} {outs:?}: checks passed, build failed: {:?}", built.err());
+            }
+            if let Err(dropcompute::synapse::Error::Synapse { call, .. }) = &built {
+                prop_assert!(checked.is_ok(), "{op:?}: the runtime ({call}) saw what the checks should have caught");
+            }
+        }
     }
 
     #[test]

@@ -134,6 +134,17 @@ pub struct MockConfig {
     pub hccl_timeout_ms: u64,
     /// Link bandwidth (GB/s) of the mock HCCL's virtual-time cost model (default 25).
     pub hccl_bandwidth_gbps: f64,
+    /// Device memory bandwidth in GB/s (= bytes/ns) of the graph cost model: each node costs the
+    /// bytes it reads and writes at this rate (default 2450, the HBM2E bandwidth Intel publishes
+    /// for Gaudi2).
+    pub graph_hbm_gbps: f64,
+    /// Arithmetic rate in GFLOP/s (= flop/ns) of the graph cost model: each node also costs its
+    /// floating-point operations at this rate (default 100 000, i.e. 100 TFLOP/s: an assumed
+    /// sustained rate, below the Gaudi2 matrix engines' published bf16 peak).
+    pub graph_gflops: f64,
+    /// Fixed cost of each graph node in ns (default 2000: kernel launch and sync on the device,
+    /// an assumption of the mock, not a measured Gaudi figure).
+    pub graph_node_overhead_ns: u64,
 }
 
 impl Default for MockConfig {
@@ -149,6 +160,9 @@ impl Default for MockConfig {
             per_device: Vec::new(),
             hccl_timeout_ms: 30_000,
             hccl_bandwidth_gbps: 25.0,
+            graph_hbm_gbps: 2450.0,
+            graph_gflops: 100_000.0,
+            graph_node_overhead_ns: 2000,
         }
     }
 }
@@ -260,6 +274,14 @@ impl MockConfig {
         }
         if !(self.hccl_bandwidth_gbps.is_finite() && self.hccl_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
             return Err(bad("config", format!("hccl_bandwidth_gbps = {}", self.hccl_bandwidth_gbps)));
+        }
+        for (name, v) in [("graph_hbm_gbps", self.graph_hbm_gbps), ("graph_gflops", self.graph_gflops)] {
+            if !(v.is_finite() && v >= MIN_COPY_BANDWIDTH_GBPS) {
+                return Err(bad("config", format!("{name} = {v}")));
+            }
+        }
+        if self.graph_node_overhead_ns > MAX_SCRIPT_NS {
+            return Err(bad("config", format!("graph_node_overhead_ns = {}", self.graph_node_overhead_ns)));
         }
         validate_noise(&self.noise)?;
         for o in &self.per_device {

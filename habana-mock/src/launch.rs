@@ -10,15 +10,27 @@ use std::ffi::CStr;
 use std::path::Path;
 use std::sync::Arc;
 
-use habana_sys::{SYN_FLAGS_TENSOR_NAME, synLaunchTensorInfo, synRecipeAttribute, synStatus};
+use habana_sys::{SYN_FLAGS_TENSOR_NAME, TENSOR_INVALID_ID, synLaunchTensorInfo, synRecipeAttribute, synStatus};
 
 use crate::error::{MResult, MockError, fail};
+use crate::graph::program::GRAPH_RECIPE_FORMAT;
 use crate::recipe::{MockRecipe, Recipe, TENSOR_ID_BASE};
+use crate::state::AnyRecipe;
 use crate::state::registry;
-use crate::stream::{KernelOp, Op};
+use crate::stream::{Exec, KernelOp, Op};
 
+/// Loads a recipe file: a graph recipe (`"format": "dropcompute-mock-graph-recipe"`, written by
+/// synRecipeSerialize of a compiled graph) or a JSON mock recipe naming a registered kernel.
 pub(crate) fn deserialize(path: &Path) -> MResult<u64> {
-    let spec = match MockRecipe::read(path) {
+    let bytes = std::fs::read(path)
+        .map_err(|e| MockError::new(synStatus::INVALID_ARGUMENT, format!("recipe file {}: {e}", path.display())))?;
+    let is_graph = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .is_some_and(|v| v.get("format").and_then(|f| f.as_str()) == Some(GRAPH_RECIPE_FORMAT));
+    if is_graph {
+        return crate::graph::deserialize(&bytes, path);
+    }
+    let spec = match MockRecipe::from_slice(&bytes, path) {
         Ok(s) => s,
         Err(e) => return fail(synStatus::INVALID_ARGUMENT, e.to_string()),
     };
@@ -36,44 +48,61 @@ pub(crate) fn deserialize(path: &Path) -> MResult<u64> {
 }
 
 pub(crate) fn serialize(h: u64, path: &Path) -> MResult<()> {
-    let recipe = registry().recipe(h)?;
-    recipe.spec.write(path).map_err(|e| MockError::new(synStatus::FAIL, e.to_string()))
+    match registry().any_recipe(h)? {
+        AnyRecipe::Json(recipe) => recipe.spec.write(path).map_err(|e| MockError::new(synStatus::FAIL, e.to_string())),
+        AnyRecipe::Graph(p) => p.write(path).map_err(|e| MockError::new(synStatus::FAIL, e)),
+    }
 }
 
 pub(crate) fn destroy(h: u64) -> MResult<()> {
     let mut r = registry();
-    r.recipe(h)?;
+    r.any_recipe(h)?;
     r.recipes.remove(&h);
+    r.graph_recipes.remove(&h);
+    r.event_maps.remove(&h);
     Ok(())
 }
 
 /// WORKSPACE_SIZE, NUM_PERSISTENT_TENSORS (= tensor count), PERSISTENT_TENSORS_SIZE (sum of
 /// tensor bytes); every other attribute reads 0.
 pub(crate) fn attribute(h: u64, attr: synRecipeAttribute) -> MResult<u64> {
-    let recipe = registry().recipe(h)?;
-    let spec = &recipe.spec;
+    let (ws, n, bytes) = match registry().any_recipe(h)? {
+        AnyRecipe::Json(recipe) => {
+            let spec = &recipe.spec;
+            (spec.workspace_bytes, spec.tensors.len() as u64, spec.tensors.iter().map(|t| t.bytes).sum())
+        }
+        AnyRecipe::Graph(p) => {
+            (p.workspace_bytes, p.persistent.len() as u64, p.persistent.iter().map(|&i| p.tensors[i].bytes()).sum())
+        }
+    };
     Ok(match attr {
-        synRecipeAttribute::WORKSPACE_SIZE => spec.workspace_bytes,
-        synRecipeAttribute::NUM_PERSISTENT_TENSORS => spec.tensors.len() as u64,
-        synRecipeAttribute::PERSISTENT_TENSORS_SIZE => spec.tensors.iter().map(|t| t.bytes).sum(),
+        synRecipeAttribute::WORKSPACE_SIZE => ws,
+        synRecipeAttribute::NUM_PERSISTENT_TENSORS => n,
+        synRecipeAttribute::PERSISTENT_TENSORS_SIZE => bytes,
         _ => 0,
     })
 }
 
-pub(crate) fn recipe(h: u64) -> MResult<Arc<Recipe>> {
-    registry().recipe(h)
+pub(crate) fn recipe(h: u64) -> MResult<AnyRecipe> {
+    registry().any_recipe(h)
 }
 
-/// Ids of the tensors named `names` (unknown name → synInvalidArgument).
-pub(crate) fn ids_of(recipe: &Recipe, names: &[&[u8]]) -> MResult<Vec<u64>> {
+/// Number of tensors a launch of recipe `h` binds.
+pub(crate) fn launch_amount(h: u64) -> MResult<usize> {
+    Ok(match recipe(h)? {
+        AnyRecipe::Json(r) => r.spec.tensors.len(),
+        AnyRecipe::Graph(p) => p.persistent.len(),
+    })
+}
+
+/// Ids of the tensors named `names`: an unknown name gets `TENSOR_INVALID_ID` and the call
+/// still succeeds, as the real runtime (`graph_api.md` §8 case 10).
+pub(crate) fn ids_of(recipe: &AnyRecipe, names: &[&[u8]]) -> Vec<u64> {
     names
         .iter()
-        .map(|n| match recipe.index_of_name(n) {
-            Some(i) => Ok(TENSOR_ID_BASE + i as u64),
-            None => fail(
-                synStatus::INVALID_ARGUMENT,
-                format!("no tensor named {:?} in the recipe", String::from_utf8_lossy(n)),
-            ),
+        .map(|n| match recipe {
+            AnyRecipe::Json(r) => r.index_of_name(n).map_or(TENSOR_INVALID_ID, |i| TENSOR_ID_BASE + i as u64),
+            AnyRecipe::Graph(p) => p.id_of_name(n),
         })
         .collect()
 }
@@ -92,8 +121,12 @@ pub(crate) unsafe fn launch(
 ) -> MResult<()> {
     let mut r = registry();
     let stream = r.stream(sh)?;
-    let recipe = r.recipe(rh)?;
     let evs = events.iter().map(|&h| r.event(h)).collect::<MResult<Vec<_>>>()?;
+    let recipe = match r.any_recipe(rh)? {
+        AnyRecipe::Json(recipe) => recipe,
+        // SAFETY: names are null or NUL-terminated by this function's contract.
+        AnyRecipe::Graph(p) => return unsafe { crate::graph::launch(r, stream, rh, p, infos, workspace, evs, flags) },
+    };
     let m = stream.module;
     let spec = &recipe.spec;
     let by_name = flags & SYN_FLAGS_TENSOR_NAME != 0;
@@ -161,9 +194,7 @@ pub(crate) unsafe fn launch(
         (e, g)
     });
     let op = KernelOp {
-        kernel,
-        names: recipe.names.clone(),
-        params: recipe.params.clone(),
+        exec: Exec::C { kernel, names: recipe.names.clone(), params: recipe.params.clone() },
         bindings,
         events: events.collect(),
         latency_ns,

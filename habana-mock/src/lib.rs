@@ -33,6 +33,7 @@ mod event;
 mod faults;
 pub mod ffi;
 mod grad_kernels;
+mod graph;
 pub mod hccl;
 mod kernel_abi;
 mod kernel_args;

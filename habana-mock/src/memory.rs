@@ -125,13 +125,19 @@ pub(crate) enum CopyPiece {
     DeviceToHost { src: Arc<DevAlloc>, src_off: u64, host: Arc<HostRange>, dst: usize, len: u64 },
     /// Device allocation to device allocation (possibly the same one).
     DeviceToDevice { src: Arc<DevAlloc>, src_off: u64, dst: Arc<DevAlloc>, dst_off: u64, len: u64 },
+    /// `len` bytes of a device allocation filled with `pattern` repeated (`synMemsetD*Async`:
+    /// the pattern is the value's little-endian bytes, 1, 2 or 4 of them).
+    Fill { dst: Arc<DevAlloc>, dst_off: u64, len: u64, pattern: Vec<u8> },
 }
 
 impl CopyPiece {
     /// Bytes copied.
     pub(crate) fn len(&self) -> u64 {
         match self {
-            Self::HostToDevice { len, .. } | Self::DeviceToHost { len, .. } | Self::DeviceToDevice { len, .. } => *len,
+            Self::HostToDevice { len, .. }
+            | Self::DeviceToHost { len, .. }
+            | Self::DeviceToDevice { len, .. }
+            | Self::Fill { len, .. } => *len,
         }
     }
 
@@ -160,6 +166,18 @@ impl CopyPiece {
                 };
                 // SAFETY: as for HostToDevice, with the roles swapped.
                 unsafe { std::ptr::copy_nonoverlapping(s.as_ptr().add(*src_off as usize), *dst as *mut u8, len) };
+            }
+            Self::Fill { dst, dst_off, pattern, .. } => {
+                let g = dst.lock();
+                let Some(b) = g.as_ref() else {
+                    return Err("device buffer freed before the memset ran".into());
+                };
+                // SAFETY: [dst_off, dst_off + len) lies in the allocation (checked at enqueue);
+                // we hold its lock, so no other slice of it exists.
+                let out = unsafe { std::slice::from_raw_parts_mut(b.as_ptr().add(*dst_off as usize), len) };
+                for (o, p) in out.iter_mut().zip(pattern.iter().cycle()) {
+                    *o = *p;
+                }
             }
             Self::DeviceToDevice { src, src_off, dst, dst_off, .. } => {
                 if Arc::ptr_eq(src, dst) {

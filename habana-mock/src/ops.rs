@@ -200,3 +200,24 @@ pub(crate) fn mem_copy(sh: u64, copies: &[(u64, u64, u64)], dir: synDmaDir) -> M
     }
     Ok(())
 }
+
+/// `synMemsetD{8,16,32}Async`: fills `count` elements of `pattern.len()` bytes at device address
+/// `addr` (a live allocation of the stream's module) on stream `sh`, costed as a device write at
+/// the graph cost model's memory bandwidth.
+pub(crate) fn memset(sh: u64, addr: u64, pattern: Vec<u8>, count: usize) -> MResult<()> {
+    let r = registry();
+    let s = r.stream(sh)?;
+    let len = (count as u64).checked_mul(pattern.len() as u64).ok_or_else(|| {
+        crate::error::MockError::new(synStatus::INVALID_ARGUMENT, format!("{count} elements overflow"))
+    })?;
+    if len == 0 {
+        return Ok(()); // nothing to fill (as cuMemsetD32Async with N = 0)
+    }
+    let (dst, dst_off) = r.device_range(s.module, addr, len)?;
+    let latency_ns = (len as f64 / r.config.graph_hbm_gbps).round() as u64;
+    drop(r);
+    if !s.enqueue(Op::Copy { pieces: vec![CopyPiece::Fill { dst, dst_off, len, pattern }], latency_ns }) {
+        return shut(&s);
+    }
+    Ok(())
+}

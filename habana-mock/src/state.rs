@@ -15,6 +15,8 @@ use crate::cabi::handle_to_raw;
 use crate::config::MockConfig;
 use crate::error::{MResult, fail};
 use crate::event::Event;
+use crate::graph::program::Program;
+use crate::graph::records::{GraphRec, Item};
 use crate::kernel_abi::Kernel;
 use crate::latency::DeviceLatency;
 use crate::memory::{DevAlloc, HostRange};
@@ -64,6 +66,17 @@ pub(crate) struct Registry {
     pub next_handle: u64,
     /// Registered kernels by name (built-ins, the gradient kernels, then `dcmock_register_kernel`).
     pub kernels: HashMap<String, Kernel>,
+    /// Graphs under construction by handle id.
+    pub graphs: HashMap<u64, GraphRec>,
+    /// Section and tensor handles: (graph handle id, what).
+    pub graph_items: HashMap<u64, (u64, Item)>,
+    /// Compiled graph recipes by recipe handle id (JSON recipes are in `recipes`).
+    pub graph_recipes: HashMap<u64, Arc<Program>>,
+    /// Events mapped to tensors of a graph recipe (`synEventMapTensor`), by recipe handle id:
+    /// recorded at the end of every launch of that recipe.
+    pub event_maps: HashMap<u64, Vec<u64>>,
+    /// Compile errors handed out by `synGraphCompileV2` (`synErrorHandle` ids).
+    pub compile_errors: HashMap<u64, (synStatus, String)>,
 }
 
 /// First device address handed out (a recognisable, non-null value).
@@ -87,6 +100,11 @@ impl Registry {
             host: BTreeMap::new(),
             next_handle: 1,
             kernels: HashMap::new(),
+            graphs: HashMap::new(),
+            graph_items: HashMap::new(),
+            graph_recipes: HashMap::new(),
+            event_maps: HashMap::new(),
+            compile_errors: HashMap::new(),
         };
         crate::builtin::register_builtins(&mut r.kernels);
         crate::grad_kernels::register(&mut r.kernels);
@@ -156,6 +174,24 @@ impl Registry {
             None => fail(synStatus::INVALID_ARGUMENT, format!("unknown recipe handle {:#x}", handle_to_raw(handle))),
         }
     }
+
+    /// The live recipe `handle` of either kind (unknown: synInvalidArgument).
+    pub(crate) fn any_recipe(&self, handle: u64) -> MResult<AnyRecipe> {
+        self.check_init()?;
+        if let Some(p) = self.graph_recipes.get(&handle) {
+            return Ok(AnyRecipe::Graph(p.clone()));
+        }
+        self.recipe(handle).map(AnyRecipe::Json)
+    }
+}
+
+/// A recipe handle's content: a JSON mock recipe naming a registered kernel, or a compiled graph.
+#[derive(Debug, Clone)]
+pub(crate) enum AnyRecipe {
+    /// From a mock recipe file (`recipe.rs`).
+    Json(Arc<Recipe>),
+    /// From synGraphCompile or a graph recipe file (`graph/program.rs`).
+    Graph(Arc<Program>),
 }
 
 static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();

@@ -25,6 +25,7 @@ use habana_sys::synStatus;
 use crate::config::TimeMode;
 use crate::event::{AsyncErrorSource, Event};
 use crate::faults::stalls;
+use crate::graph::program::Program;
 use crate::kernel_abi::{Kernel, MockKernelArgs, MockTensor};
 use crate::memory::{CopyPiece, DevAlloc};
 
@@ -41,13 +42,20 @@ fn sleep_until_ns(t: u64) {
     }
 }
 
+/// What a launch runs.
+#[derive(Debug)]
+pub(crate) enum Exec {
+    /// A registered C kernel (JSON mock recipe) with its tensor names and scalar params.
+    C { kernel: Kernel, names: Arc<Vec<CString>>, params: Arc<Vec<f64>> },
+    /// A compiled graph; bindings are its persistent sections, then the workspace if any.
+    Graph(Arc<Program>),
+}
+
 /// A kernel launch, validated at enqueue time.
 #[derive(Debug)]
 pub(crate) struct KernelOp {
-    pub kernel: Kernel,
-    pub names: Arc<Vec<CString>>,
-    pub params: Arc<Vec<f64>>,
-    /// Per recipe tensor: allocation, offset, bytes.
+    pub exec: Exec,
+    /// Per recipe tensor (or graph section): allocation, offset, bytes.
     pub bindings: Vec<(Arc<DevAlloc>, u64, u64)>,
     /// External events recorded at completion, with their generation.
     pub events: Vec<(Arc<Event>, u64)>,
@@ -363,27 +371,41 @@ fn run_kernel(k: &KernelOp) -> Result<(), (synStatus, String)> {
     allocs.sort_by_key(|a| a.base);
     allocs.dedup_by_key(|a| a.base);
     let guards: Vec<_> = allocs.iter().map(|a| (a.base, a.lock())).collect();
-    let mut tensors = Vec::with_capacity(k.bindings.len());
-    for (i, (a, off, bytes)) in k.bindings.iter().enumerate() {
+    let mut regions = Vec::with_capacity(k.bindings.len());
+    for (i, (a, off, _)) in k.bindings.iter().enumerate() {
         let g = &guards.iter().find(|(b, _)| *b == a.base).expect("locked above").1;
         let Some(buf) = g.as_ref() else {
             return Err((synStatus::INVALID_ARGUMENT, format!("tensor {i} was freed before the launch ran")));
         };
         // SAFETY: offset + bytes <= allocation size (checked at enqueue).
-        let data = unsafe { buf.as_ptr().add(*off as usize) };
-        tensors.push(MockTensor { name: k.names[i].as_ptr(), data, bytes: *bytes });
+        regions.push(unsafe { buf.as_ptr().add(*off as usize) });
     }
-    let args = MockKernelArgs {
-        tensors: tensors.as_ptr(),
-        num_tensors: tensors.len() as u32,
-        params: k.params.as_ptr(),
-        num_params: k.params.len() as u32,
-        user_data: k.kernel.user_data.0,
+    let result = match &k.exec {
+        Exec::C { kernel, names, params } => {
+            let tensors: Vec<MockTensor> = regions
+                .iter()
+                .zip(&k.bindings)
+                .enumerate()
+                .map(|(i, (&data, b))| MockTensor { name: names[i].as_ptr(), data, bytes: b.2 })
+                .collect();
+            let args = MockKernelArgs {
+                tensors: tensors.as_ptr(),
+                num_tensors: tensors.len() as u32,
+                params: params.as_ptr(),
+                num_params: params.len() as u32,
+                user_data: kernel.user_data.0,
+            };
+            // SAFETY: `args` points at live tensor descriptors whose data pointers are inside
+            // allocations locked by this thread for the duration of the call; the kernel's
+            // contract (register_kernel) is to touch only those ranges.
+            let status = unsafe { (kernel.f)(&args) };
+            if status.is_success() { Ok(()) } else { Err((status, format!("kernel returned {status}"))) }
+        }
+        // SAFETY: each region is valid for its binding's bytes (checked at enqueue: a section's
+        // extent, the workspace size) and its allocation is locked by this thread for the call;
+        // distinct sections do not overlap (checked at launch).
+        Exec::Graph(p) => unsafe { p.execute(&regions) }.map_err(|m| (synStatus::FAIL, m)),
     };
-    // SAFETY: `args` points at live tensor descriptors whose data pointers are inside
-    // allocations locked by this thread for the duration of the call; the kernel's contract
-    // (register_kernel) is to touch only those ranges.
-    let status = unsafe { (k.kernel.f)(&args) };
     drop(guards);
-    if status.is_success() { Ok(()) } else { Err((status, format!("kernel returned {status}"))) }
+    result
 }

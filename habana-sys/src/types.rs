@@ -75,6 +75,37 @@ opaque!(
     InternalRecipeHandle
 );
 
+opaque!(
+    /// Opaque graph object (`struct InternalGraphHandle`); only ever used behind a pointer.
+    InternalGraphHandle
+);
+opaque!(
+    /// Opaque section object (`struct SectionHandleExternal`); only ever used behind a pointer.
+    SectionHandleExternal
+);
+opaque!(
+    /// Opaque tensor object (`struct internalTensor`); only ever used behind a pointer.
+    internalTensor
+);
+opaque!(
+    /// Opaque compile-error object (`struct ErrorInterfaceExternal`, SynapseAI 1.20+).
+    ErrorInterfaceExternal
+);
+
+/// `synGraphHandle`: a graph under construction, from `synGraphCreate` / `synGraphCreateEager`.
+pub type synGraphHandle = *mut InternalGraphHandle;
+/// `synSectionHandle`: a memory section of a graph, from `synSectionCreate`.
+pub type synSectionHandle = *mut SectionHandleExternal;
+/// `synTensor`: a tensor of a graph, from `synTensorHandleCreate`.
+pub type synTensor = *mut internalTensor;
+/// `synErrorHandle`: the detailed error of `synGraphCompileV2` (1.20+); release it with
+/// `synErrorDestroy`.
+pub type synErrorHandle = *mut ErrorInterfaceExternal;
+/// `synNodeId`: the id of a node, from `synNodeCreateWithId`.
+pub type synNodeId = u64;
+/// `synSectionId`: the id of a section inside a recipe (`synRetrievedLaunchTensorInfo`).
+pub type synSectionId = u32;
+
 /// `synStreamHandle`: a stream created by `synStreamCreateGeneric`.
 pub type synStreamHandle = *mut InternalStreamHandle;
 /// `synEventHandle`: an event created by `synEventCreate`.
@@ -107,6 +138,26 @@ pub const SYN_INVALID_DEVICE_ID: synDeviceId = 0xFFFF_FFFF;
 pub const HCCL_UNIQUE_ID_MAX_BYTES: usize = 1024;
 /// `HCCL_VERSION_CODE` of `hccl.h` 1.16–1.21 (major 2, minor 6, patch 4, NCCL-style encoding).
 pub const HCCL_VERSION_CODE: c_int = 2604;
+
+/// `SYN_MAX_TENSOR_DIM`: dimensions of the legacy (descriptor) tensor API.
+pub const SYN_MAX_TENSOR_DIM: usize = 5;
+/// `SYN_GAUDI_MAX_TENSOR_DIM`: dimensions a Gaudi tensor may have.
+pub const SYN_GAUDI_MAX_TENSOR_DIM: usize = 8;
+/// `TENSOR_INVALID_ID`: the id `synTensorRetrieveIds` writes for an unknown name (it still
+/// returns synSuccess); a launch silently skips an entry with this id.
+pub const TENSOR_INVALID_ID: u64 = u64::MAX;
+/// `INVALID_SECTION_ID`.
+pub const INVALID_SECTION_ID: synSectionId = 0xFFFF_FFFF;
+/// `MAX_USER_PARAMS_SIZE`: bytes of node parameters the graph API copies at most.
+pub const MAX_USER_PARAMS_SIZE: usize = 128;
+/// `MAX_TENSOR_NR`: operands of a node in the legacy API.
+pub const MAX_TENSOR_NR: usize = 16;
+
+/// `GET_TENSOR_INFO(idx, type)`: the launch id of the persistent tensor with recipe index `idx`
+/// and type `ty` (the low 56 bits are the index, the top byte the type).
+pub const fn launch_tensor_id(idx: u64, ty: synTensorType) -> u64 {
+    (idx & ((1 << 56) - 1)) | ((ty.0 as u64) << 56)
+}
 
 c_enum!(
     /// `synStatus`, the return value of every Synapse call (values of SynapseAI 1.21.0).
@@ -323,6 +374,163 @@ c_enum!(
     }
 );
 
+c_enum!(
+    /// `synGeometryType`: which sizes `synTensorSetGeometry` sets. The header also names
+    /// `synGeometrySizes` = 1, an alias of `synGeometryMaxSizes` ([`synGeometryType::SIZES`]).
+    synGeometryType {
+        MIN_SIZES = 0 => "synGeometryMinSizes",
+        MAX_SIZES = 1 => "synGeometryMaxSizes",
+        DIMS = 2 => "synGeometryDims",
+    }
+);
+
+impl synGeometryType {
+    /// `synGeometrySizes`: alias of `synGeometryMaxSizes`, the sizes of a static tensor.
+    pub const SIZES: Self = Self::MAX_SIZES;
+}
+
+c_enum!(
+    /// `synRoundingMode` (`synNodeSetRoundingMode`; names carry the `synRounding` prefix in C).
+    synRoundingMode {
+        TO_NEAREST = 0 => "synRoundToNearest",
+        TO_ZERO = 1 => "synRoundToZero",
+        UP = 2 => "synRoundUp",
+        DOWN = 3 => "synRoundDown",
+        STOCHASTIC = 4 => "synStochasticRounding",
+        AWAY_FROM_ZERO = 5 => "synRoundAwayFromZero",
+        STOCHASTIC_AND_NEAREST = 6 => "synStochasticRoundingAndNearest",
+    }
+);
+
+c_enum!(
+    /// `synGraphAttribute` (`synGraphSetAttributes`).
+    synGraphAttribute {
+        INFERENCE = 0 => "GRAPH_ATTRIBUTE_INFERENCE",
+        QUANTIZATION = 1 => "GRAPH_ATTRIBUTE_QUANTIZATION",
+        BACKOFF_FACTOR = 2 => "GRAPH_ATTRIBUTE_BACKOFF_FACTOR",
+        /// Added in 1.17.
+        IS_HW_ALIGNED_SCALE = 3 => "GRAPH_ATTRIBUTE_IS_HW_ALIGNED_SCALE",
+        /// Added in 1.17.
+        SCALE_METHOD_HASH_ID = 4 => "GRAPH_ATTRIBUTE_SCALE_METHOD_HASH_ID",
+    }
+);
+
+/// `synTensorGeometry` (also `synTensorGeometryExt`; 208 bytes): sizes **fastest-changing
+/// dimension first** (`sizes[0]` is the innermost dimension: a row-major M×K matrix has sizes
+/// `[K, M]`), unused entries zero.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct synTensorGeometry {
+    /// Sizes in elements, FCD first; `sizes[dims..]` are 0.
+    pub sizes: [TSize; HABANA_DIM_MAX],
+    /// Number of dimensions.
+    pub dims: u32,
+}
+
+impl Default for synTensorGeometry {
+    fn default() -> Self {
+        Self { sizes: [0; HABANA_DIM_MAX], dims: 0 }
+    }
+}
+
+/// `synTensorGeometryExt`: identical to [`synTensorGeometry`].
+pub type synTensorGeometryExt = synTensorGeometry;
+
+/// `synTensorDeviceFullLayout` (104 bytes): strides in bytes (all 0 = dense, the only layout
+/// the header supports) and the element type on the device.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[allow(non_snake_case)]
+pub struct synTensorDeviceFullLayout {
+    /// Strides, FCD first; all 0 for a dense tensor.
+    pub strides: [u32; HABANA_DIM_MAX],
+    /// Element type on the device.
+    pub deviceDataType: synDataType,
+}
+
+impl Default for synTensorDeviceFullLayout {
+    fn default() -> Self {
+        Self { strides: [0; HABANA_DIM_MAX], deviceDataType: synDataType::NA }
+    }
+}
+
+/// `synTensorPermutation` (26 bytes): a permutation of the tensor's dimensions.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct synTensorPermutation {
+    /// `permutation[i]` is the source dimension of dimension i.
+    pub permutation: [u8; HABANA_DIM_MAX],
+    /// Number of dimensions.
+    pub dims: u8,
+}
+
+/// `synRetrievedLaunchTensorInfo` (also `…Ext`; 1536 bytes): what
+/// `synTensorRetrieveLaunchInfoById` reports about one persistent tensor of a recipe. Set
+/// `tensorId` before the call; the runtime fills the rest.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+#[allow(non_snake_case)]
+pub struct synRetrievedLaunchTensorInfo {
+    /// NUL-terminated tensor name.
+    pub tensorName: [c_char; ENQUEUE_TENSOR_NAME_MAX_SIZE],
+    /// The launch id asked about (input).
+    pub tensorId: u64,
+    /// Tensor type.
+    pub tensorType: synTensorType,
+    /// Element type.
+    pub tensorDataType: synDataType,
+    /// Number of dimensions.
+    pub tensorDims: u32,
+    /// Max sizes, FCD first.
+    pub tensorMaxSize: [TSize; HABANA_DIM_MAX],
+    /// Min sizes, FCD first (equal to the max sizes for a static tensor).
+    pub tensorMinSize: [TSize; HABANA_DIM_MAX],
+    /// Dimension permutation.
+    pub tensorPermutation: [u8; HABANA_DIM_MAX],
+    /// The recipe's id of the tensor's section.
+    pub tensorSectionId: synSectionId,
+    /// Byte offset of the tensor in its section.
+    pub tensorOffsetInSection: u64,
+    /// Nonzero when the graph reads the tensor (a `bool`-like byte).
+    pub isInput: u8,
+    /// Reserved, zero.
+    pub reserved: [u32; 10],
+}
+
+impl Default for synRetrievedLaunchTensorInfo {
+    fn default() -> Self {
+        Self {
+            tensorName: [0; ENQUEUE_TENSOR_NAME_MAX_SIZE],
+            tensorId: 0,
+            tensorType: synTensorType::DATA_TENSOR,
+            tensorDataType: synDataType::NA,
+            tensorDims: 0,
+            tensorMaxSize: [0; HABANA_DIM_MAX],
+            tensorMinSize: [0; HABANA_DIM_MAX],
+            tensorPermutation: [0; HABANA_DIM_MAX],
+            tensorSectionId: 0,
+            tensorOffsetInSection: 0,
+            isInput: 0,
+            reserved: [0; 10],
+        }
+    }
+}
+
+/// `synRetrievedLaunchTensorInfoExt`: identical to [`synRetrievedLaunchTensorInfo`].
+pub type synRetrievedLaunchTensorInfoExt = synRetrievedLaunchTensorInfo;
+
+/// `synGEMMParams` (2 bytes; a C++ struct but plain data): the parameters of `gemm`,
+/// `gemm_dedx`, `gemm_dedw` and `batch_gemm`. With no transposes, FCD-first sizes are A `[K, M]`,
+/// B `[N, K]`, C `[N, M]` (row-major A M×K, B K×N, C M×N).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct synGEMMParams {
+    /// A is given as `[M, K]` (FCD first), i.e. row-major K×M.
+    pub transpose_a: bool,
+    /// B is given as `[K, N]` (FCD first), i.e. row-major N×K (a PyTorch `Linear` weight).
+    pub transpose_b: bool,
+}
+
 /// `synLaunchTensorInfo`: one tensor bound at launch (232 bytes on x86-64).
 ///
 /// `tensorName` is used when the launch flags carry [`SYN_FLAGS_TENSOR_NAME`], otherwise
@@ -454,4 +662,34 @@ const _: () = {
     assert!(size_of::<hcclUniqueId>() == 1032);
     assert!(offset_of!(hcclUniqueId, length) == 1024);
     assert!(align_of::<hcclUniqueId>() == 8);
+    assert!(size_of::<synTensorGeometry>() == 208);
+    assert!(align_of::<synTensorGeometry>() == 8);
+    assert!(offset_of!(synTensorGeometry, sizes) == 0);
+    assert!(offset_of!(synTensorGeometry, dims) == 200);
+    assert!(size_of::<synTensorDeviceFullLayout>() == 104);
+    assert!(align_of::<synTensorDeviceFullLayout>() == 4);
+    assert!(offset_of!(synTensorDeviceFullLayout, strides) == 0);
+    assert!(offset_of!(synTensorDeviceFullLayout, deviceDataType) == 100);
+    assert!(size_of::<synTensorPermutation>() == 26);
+    assert!(offset_of!(synTensorPermutation, dims) == 25);
+    assert!(size_of::<synRetrievedLaunchTensorInfo>() == 1536);
+    assert!(align_of::<synRetrievedLaunchTensorInfo>() == 8);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorName) == 0);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorId) == 1024);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorType) == 1032);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorDataType) == 1036);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorDims) == 1040);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorMaxSize) == 1048);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorMinSize) == 1248);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorPermutation) == 1448);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorSectionId) == 1476);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, tensorOffsetInSection) == 1480);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, isInput) == 1488);
+    assert!(offset_of!(synRetrievedLaunchTensorInfo, reserved) == 1492);
+    assert!(size_of::<synGEMMParams>() == 2);
+    assert!(align_of::<synGEMMParams>() == 1);
+    assert!(offset_of!(synGEMMParams, transpose_b) == 1);
+    assert!(size_of::<synGeometryType>() == 4);
+    assert!(size_of::<synRoundingMode>() == 4);
+    assert!(size_of::<synGraphAttribute>() == 4);
 };

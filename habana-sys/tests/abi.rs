@@ -93,20 +93,161 @@ fn a_file_that_is_not_a_library_is_an_open_error() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// With `--features bindgen` and `HABANA_SDK_INCLUDE` set, compare our layouts and constants with
-/// the vendor headers' (skipped, with a note, when the headers are absent).
+/// With `--features bindgen` and `HABANA_SDK_INCLUDE` set, compare every struct layout and every
+/// constant and enum value this crate declares with the vendor headers' (the test does not
+/// exist without the headers). Struct names as bindgen emits them; field offsets through
+/// `offset_of!` on both sides.
 #[cfg(all(feature = "bindgen", habana_sdk_bindings))]
 #[test]
 fn layouts_match_vendor_headers() {
     use habana_sys::generated as g;
-    use std::mem::size_of;
-    assert_eq!(size_of::<synLaunchTensorInfo>(), size_of::<g::synLaunchTensorInfo>());
-    assert_eq!(size_of::<synLaunchTensorInfoExt>(), size_of::<g::synLaunchTensorInfoExt>());
-    assert_eq!(size_of::<synDeviceInfo>(), size_of::<g::synDeviceInfo>());
-    assert_eq!(size_of::<synDeviceInfoV2>(), size_of::<g::synDeviceInfoV2>());
-    assert_eq!(size_of::<hcclUniqueId>(), size_of::<g::hcclUniqueId>());
+    use std::mem::{align_of, offset_of, size_of};
+    macro_rules! same_layout {
+        ($ours:ty, $theirs:ty, [$($f:ident),* $(,)?]) => {
+            assert_eq!(size_of::<$ours>(), size_of::<$theirs>(), "size of {}", stringify!($ours));
+            assert_eq!(align_of::<$ours>(), align_of::<$theirs>(), "align of {}", stringify!($ours));
+            $(assert_eq!(offset_of!($ours, $f), offset_of!($theirs, $f), "{}.{}", stringify!($ours), stringify!($f));)*
+        };
+    }
+    same_layout!(
+        synLaunchTensorInfo,
+        g::synLaunchTensorInfo,
+        [tensorName, pTensorAddress, tensorType, tensorSize, tensorId]
+    );
+    same_layout!(
+        synLaunchTensorInfoExt,
+        g::synLaunchTensorInfoExt,
+        [tensorName, pTensorAddress, tensorType, tensorSize, tensorId]
+    );
+    same_layout!(
+        synDeviceInfo,
+        g::synDeviceInfo,
+        [sramBaseAddress, dramBaseAddress, sramSize, dramSize, tpcEnabledMask, dramEnabled, deviceId, fd, deviceType]
+    );
+    same_layout!(
+        synDeviceInfoV2,
+        g::synDeviceInfoV2,
+        [
+            sramBaseAddress,
+            dramBaseAddress,
+            sramSize,
+            dramSize,
+            tpcEnabledMask,
+            dramEnabled,
+            deviceId,
+            fd,
+            deviceType,
+            deviceIndex
+        ]
+    );
+    same_layout!(hcclUniqueId, g::hcclUniqueId, [internal, length]);
+    same_layout!(synTensorGeometry, g::synTensorGeometry, [sizes, dims]);
+    same_layout!(synTensorGeometryExt, g::synTensorGeometryExt, [sizes, dims]);
+    same_layout!(synTensorDeviceFullLayout, g::synTensorDeviceFullLayout, [strides, deviceDataType]);
+    same_layout!(synTensorPermutation, g::synTensorPermutation, [permutation, dims]);
+    same_layout!(
+        synRetrievedLaunchTensorInfo,
+        g::synRetrievedLaunchTensorInfo,
+        [
+            tensorName,
+            tensorId,
+            tensorType,
+            tensorDataType,
+            tensorDims,
+            tensorMaxSize,
+            tensorMinSize,
+            tensorPermutation,
+            tensorSectionId,
+            tensorOffsetInSection,
+            isInput,
+            reserved
+        ]
+    );
+    same_layout!(
+        synRetrievedLaunchTensorInfoExt,
+        g::synRetrievedLaunchTensorInfoExt,
+        [
+            tensorName,
+            tensorId,
+            tensorType,
+            tensorDataType,
+            tensorDims,
+            tensorMaxSize,
+            tensorMinSize,
+            tensorPermutation,
+            tensorSectionId,
+            tensorOffsetInSection,
+            isInput,
+            reserved
+        ]
+    );
+    same_layout!(synGEMMParams, g::synGEMMParams, [transpose_a, transpose_b]);
     assert_eq!(hcclRedOp_t::MIN.0 as i64, g::hcclRedOp_t_hcclMin as i64);
     assert_eq!(hcclRedOp_t::MAX.0 as i64, g::hcclRedOp_t_hcclMax as i64);
     assert_eq!(synStatus::DEVICE_ALREADY_ACQUIRED.0 as i64, g::synStatus_synDeviceAlreadyAcquired as i64);
+    assert_eq!(synStatus::FAILED_SECTION_VALIDATION.0 as i64, g::synStatus_synFailedSectionValidation as i64);
+    assert_eq!(synStatus::NAME_IS_ALREADY_USED.0 as i64, g::synStatus_synNameIsAlreadyUsed as i64);
+    assert_eq!(synGeometryType::MAX_SIZES.0 as i64, g::synGeometryType_synGeometryMaxSizes as i64);
+    assert_eq!(synGeometryType::SIZES.0 as i64, g::synGeometryType_synGeometrySizes as i64);
+    assert_eq!(synGeometryType::DIMS.0 as i64, g::synGeometryType_synGeometryDims as i64);
+    assert_eq!(synDataType::BF16.0 as i64, g::synDataType_syn_type_bf16 as i64);
+    assert_eq!(synDataType::SINGLE.0 as i64, g::synDataType_syn_type_single as i64);
+    assert_eq!(synDataType::INT32.0 as i64, g::synDataType_syn_type_int32 as i64);
+    assert_eq!(synTensorType::DATA_TENSOR.0 as i64, g::synTensorType_DATA_TENSOR as i64);
+    assert_eq!(synDeviceType::GAUDI2.0 as i64, g::synDeviceType_synDeviceGaudi2 as i64);
+    assert_eq!(synDeviceType::GAUDI3.0 as i64, g::synDeviceType_synDeviceGaudi3 as i64);
+    assert_eq!(synRoundingMode::STOCHASTIC.0 as i64, g::synRoundingMode_synStochasticRounding as i64);
+    assert_eq!(synGraphAttribute::BACKOFF_FACTOR.0 as i64, g::synGraphAttribute_GRAPH_ATTRIBUTE_BACKOFF_FACTOR as i64);
+    assert_eq!(
+        synRecipeAttribute::WORKSPACE_SIZE.0 as i64,
+        g::synRecipeAttribute_RECIPE_ATTRIBUTE_WORKSPACE_SIZE as i64
+    );
     assert_eq!(HABANA_DIM_MAX as i64, g::HABANA_DIM_MAX as i64);
+    assert_eq!(ENQUEUE_TENSOR_NAME_MAX_SIZE as i64, g::ENQUEUE_TENSOR_NAME_MAX_SIZE as i64);
+    assert_eq!(SYN_FLAGS_TENSOR_NAME as i64, g::SYN_FLAGS_TENSOR_NAME as i64);
+    assert_eq!(SYN_MAX_TENSOR_DIM as i64, g::SYN_MAX_TENSOR_DIM as i64);
+    assert_eq!(SYN_GAUDI_MAX_TENSOR_DIM as i64, g::SYN_GAUDI_MAX_TENSOR_DIM as i64);
+    assert_eq!(MAX_USER_PARAMS_SIZE as i64, g::MAX_USER_PARAMS_SIZE as i64);
+    assert_eq!(MAX_TENSOR_NR as i64, g::MAX_TENSOR_NR as i64);
+    assert_eq!(HCCL_UNIQUE_ID_MAX_BYTES as i64, g::HCCL_UNIQUE_ID_MAX_BYTES as i64);
+}
+
+#[test]
+fn graph_path_is_bound_required_and_newer_functions_optional() {
+    for f in [
+        "synGraphCreate",
+        "synGraphDestroy",
+        "synSectionCreate",
+        "synSectionSetPersistent",
+        "synTensorHandleCreate",
+        "synTensorAssignToSection",
+        "synTensorSetGeometry",
+        "synTensorSetDeviceDataType",
+        "synNodeCreate",
+        "synNodeCreateWithId",
+        "synGraphCompile",
+        "synTensorRetrieveLaunchInfoById",
+        "synMemsetD32Async",
+        "synEventMapTensor",
+    ] {
+        assert!(REQUIRED_SYMBOLS.contains(&f), "{f} must be required (present since 1.16)");
+    }
+    for f in ["synGraphCompileV2", "synErrorGetStatus", "synErrorGetMessage", "synErrorDestroy"] {
+        assert!(OPTIONAL_SYMBOLS.contains(&f), "{f} is 1.20+ and must be optional");
+    }
+    for removed in ["synLaunchExt", "synEventMapTensorExt", "synTensorSetGeometryExt", "synTensorGetGeometryExt"] {
+        assert!(
+            !REQUIRED_SYMBOLS.contains(&removed) && !OPTIONAL_SYMBOLS.contains(&removed),
+            "{removed} was removed in 1.19"
+        );
+    }
+}
+
+#[test]
+fn launch_ids_put_the_type_in_the_top_byte() {
+    assert_eq!(launch_tensor_id(3, synTensorType::DATA_TENSOR), 3);
+    assert_eq!(launch_tensor_id(3, synTensorType::SHAPE_TENSOR), (1 << 56) | 3);
+    assert_eq!(launch_tensor_id(u64::MAX, synTensorType::DATA_TENSOR), (1 << 56) - 1);
+    assert_eq!(TENSOR_INVALID_ID, 0xFFFF_FFFF_FFFF_FFFF);
+    assert_eq!(synGeometryType::SIZES, synGeometryType::MAX_SIZES);
 }

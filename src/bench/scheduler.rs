@@ -24,6 +24,7 @@ use crate::schedule::{
     DataSource, GradDtype, GradientOps, GradientScratch, MicroBatch, Scheduler, SchedulerConfig, Workload,
     WorkloadError, load_mock,
 };
+use crate::synapse::graph::{DType, GraphArg, GraphBuilder, Op};
 use crate::synapse::{Device, DeviceBuffer, Event, LaunchTensor, Recipe, Runtime, Stream};
 
 /// The target of the scheduler issue: overhead per micro-batch <= 2 µs.
@@ -47,6 +48,9 @@ pub struct SchedulerBenchReport {
     pub overhead_us: f64,
     /// Median cost of one empty recipe launch (`synLaunchWithExternalEventsExt`, noop kernel).
     pub empty_launch_us: f64,
+    /// Median host cost of one launch of a compiled one-node device graph (`relu_fwd_f32` on
+    /// 16 elements, `GraphRecipe::launch` with its checks), same run.
+    pub graph_launch_us: f64,
 }
 
 impl fmt::Display for SchedulerBenchReport {
@@ -59,6 +63,13 @@ impl fmt::Display for SchedulerBenchReport {
         writeln!(f, "  scheduler step loop   {:>8.3} us", self.scheduler_us)?;
         writeln!(f, "  bare runtime calls    {:>8.3} us  (2 event records, 2 launches)", self.bare_us)?;
         writeln!(f, "  one empty launch      {:>8.3} us", self.empty_launch_us)?;
+        writeln!(
+            f,
+            "  one-node graph launch {:>8.3} us  ({:.2}x the empty launch; target <= {TARGET_US} us: {})",
+            self.graph_launch_us,
+            self.graph_launch_us / self.empty_launch_us.max(1e-9),
+            if self.graph_launch_us <= TARGET_US { "met" } else { "NOT met" }
+        )?;
         write!(
             f,
             "overhead {:.3} us per micro-batch (target <= {TARGET_US} us: {})",
@@ -153,7 +164,13 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
         .map(|_| Ok((Event::new(&dev, true)?, Event::new(&dev, true)?)))
         .collect::<crate::synapse::Result<_>>()?;
     let mb = MicroBatch::new(vec![0]);
-    let (mut sched, mut bare_v, mut over, mut empty) = (vec![], vec![], vec![], vec![]);
+    let mut g = GraphBuilder::new(&rt, dev.info()?.device_type)?;
+    let gx = g.persistent("x", DType::F32, &[GRAD_LEN as u64])?;
+    let gy = g.persistent("y", DType::F32, &[GRAD_LEN as u64])?;
+    g.node("relu", &Op::Relu, &[gx], &[gy])?;
+    let graph = g.compile("bench_relu")?;
+    let (bx, by) = (DeviceBuffer::<f32>::alloc(&dev, GRAD_LEN)?, DeviceBuffer::<f32>::alloc(&dev, GRAD_LEN)?);
+    let (mut sched, mut bare_v, mut over, mut empty, mut graph_v) = (vec![], vec![], vec![], vec![], vec![]);
     // One warm-up round, then `reps` measured ones.
     for rep in 0..=reps {
         let s_us = time_step(&mut sched_s, rep as u64, &mut work)?;
@@ -173,11 +190,18 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
         }
         let e_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(M);
         stream.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..M {
+            graph.launch(&stream, &[GraphArg::new(gx, &bx), GraphArg::new(gy, &by)], None, &[])?;
+        }
+        let g_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(M);
+        stream.synchronize()?;
         if rep > 0 {
             sched.push(s_us);
             bare_v.push(b_us);
             over.push(s_us - b_us);
             empty.push(e_us);
+            graph_v.push(g_us);
         }
     }
     Ok(SchedulerBenchReport {
@@ -186,5 +210,6 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
         bare_us: median(bare_v),
         overhead_us: median(over),
         empty_launch_us: median(empty),
+        graph_launch_us: median(graph_v),
     })
 }

@@ -1,6 +1,6 @@
 //! `dropcompute info`: which backend is in use, its version and devices, and a short self-check
-//! that drives one device through the function table (copy round trip, and on the mock a recipe
-//! launch timed by device events).
+//! that drives one device through the function table (copy round trip through a one-node device
+//! graph: compile time, recipe cache load time, launch device time).
 //!
 //! Owns: [`Args`], [`run`] and the self-check's output. Must not touch: backend selection rules
 //! (`synapse::BackendChoice`) or the devices beyond this read-only check.
@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use super::{BackendArgs, BoxError, CommandError};
 #[cfg(feature = "mock")]
-use crate::mock::{MockControl, MockRecipe};
+use crate::mock::MockControl;
+use crate::synapse::graph::{DType, GraphArg, GraphBuilder, Op, RecipeCache, RecipeOrigin, TensorId};
 use crate::synapse::{Device, DeviceBuffer, Event, HostBuffer, Runtime, Stream};
-#[cfg(feature = "mock")]
-use crate::synapse::{LaunchTensor, Recipe};
 
 /// Arguments of `dropcompute info`.
 #[derive(Debug, clap::Args)]
@@ -36,14 +35,10 @@ pub struct Args {
 /// returns different data.
 pub fn run(args: &Args) -> Result<(), BoxError> {
     let backend = args.backend.select()?;
-    #[cfg(feature = "mock")]
-    let is_mock_library = backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok());
-    #[cfg(not(feature = "mock"))]
-    let is_mock_library = false;
     // The mock's environment (DROPCOMPUTE_MOCK_*) is checked before any device call, so a bad
     // value is a usage error naming the variable (exit 2), not a failed synInitialize.
     #[cfg(feature = "mock")]
-    if backend.is_mock() || is_mock_library {
+    if backend.is_mock() || backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok()) {
         crate::mock::MockConfig::from_env()?;
     }
     println!("backend:  {}", backend.describe());
@@ -89,55 +84,69 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
     if args.no_check {
         return Ok(());
     }
-    let check = self_check(&rt, &dev, backend.is_mock() || is_mock_library)?;
+    let check = self_check(&rt, &dev)?;
     println!("check:    {check}");
     Ok(())
 }
 
-/// Copies 1 MiB host -> device -> device -> host and compares; on the mock also launches a copy
-/// recipe and reports its device time from events.
-#[cfg_attr(not(feature = "mock"), allow(unused_variables))]
-fn self_check(rt: &std::sync::Arc<Runtime>, dev: &Device, mock: bool) -> Result<String, BoxError> {
+/// Copies 1 MiB host -> device, runs it through a one-node device graph (relu of non-negative
+/// values: the identity) into a second buffer, copies it back and compares. The graph is
+/// compiled through a recipe cache in a temporary directory, then built again and loaded from
+/// the cache, so the report gives the compile time, the cache load time and the launch's
+/// device time from events (on any backend: the real runtime compiles the vendor GUID).
+fn self_check(rt: &std::sync::Arc<Runtime>, dev: &Device) -> Result<String, BoxError> {
     let n = 1 << 18;
     let data: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let s = Stream::new(dev)?;
     let host = HostBuffer::from_slice(dev, &data)?;
     let mut a = DeviceBuffer::<f32>::alloc(dev, n)?;
-    let mut b = DeviceBuffer::<f32>::alloc(dev, n)?;
+    let b = DeviceBuffer::<f32>::alloc(dev, n)?;
     let (t0, t1, t2) = (Event::new(dev, true)?, Event::new(dev, true)?, Event::new(dev, true)?);
+    let cache_dir = std::env::temp_dir().join(format!("dropcompute-info-cache-{}", std::process::id()));
+    let cache = RecipeCache::new(&cache_dir);
+    let device_type = dev.info()?.device_type;
+    let build = || -> Result<(GraphBuilder, TensorId, TensorId), crate::synapse::Error> {
+        let mut g = GraphBuilder::new(rt, device_type)?;
+        let x = g.persistent("src", DType::F32, &[n as u64])?;
+        let y = g.persistent("dst", DType::F32, &[n as u64])?;
+        g.node("identity_relu", &Op::Relu, &[x], &[y])?;
+        Ok((g, x, y))
+    };
+    let compiled = build().and_then(|(g, ..)| g.compile_cached("info_check", &cache));
+    let loaded = compiled.and_then(|first| {
+        let (g, x, y) = build()?;
+        Ok((first.origin(), g.compile_cached("info_check", &cache)?, x, y))
+    });
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    let (first, recipe, x, y) = loaded?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let compile = match first {
+        RecipeOrigin::Compiled(t) => format!("graph compile {:.2} ms", ms(t)),
+        RecipeOrigin::Cache(t) => format!("graph found in a fresh cache ({:.2} ms)", ms(t)),
+    };
+    let origin = match recipe.origin() {
+        RecipeOrigin::Cache(t) => format!("cache load {:.2} ms", ms(t)),
+        RecipeOrigin::Compiled(t) => format!("cache not used (compiled again in {:.2} ms)", ms(t)),
+    };
     t0.record(&s)?;
     s.copy_h2d(&host, &mut a)?;
     t1.record(&s)?;
-    #[cfg_attr(not(feature = "mock"), allow(unused_mut))]
-    let mut launch_note = String::from("no recipe launched (real runtime: needs a compiled recipe)");
-    #[cfg(feature = "mock")]
-    if mock {
-        let path = std::env::temp_dir().join(format!("dropcompute-info-{}.json", std::process::id()));
-        MockRecipe::new("info_copy", "copy")
-            .tensor("src", (n * 4) as u64)
-            .tensor("dst", (n * 4) as u64)
-            .base_latency_ns(100_000)
-            .write(&path)?;
-        let recipe = Recipe::load(rt, &path)?;
-        let _ = std::fs::remove_file(&path);
-        let ids = recipe.tensor_ids(&["src", "dst"])?;
-        s.launch(&recipe, &[LaunchTensor::by_id(ids[0], &a), LaunchTensor::by_id(ids[1], &b)], None, &[&t2])?;
-        t2.synchronize()?;
-        launch_note = format!("recipe launch {:.1} us device time", t2.elapsed_since(&t1)?.as_secs_f64() * 1e6);
-    }
-    if !mock || cfg!(not(feature = "mock")) {
-        s.copy_d2d(&a, &mut b)?;
-        t2.record(&s)?;
-    }
+    let ws = match recipe.workspace_size() {
+        0 => None,
+        w => Some(DeviceBuffer::<u8>::alloc(dev, w as usize)?),
+    };
+    recipe.launch(&s, &[GraphArg::new(x, &a), GraphArg::new(y, &b)], ws.as_ref(), &[&t2])?;
     let mut back = HostBuffer::<f32>::zeroed(dev, n)?;
     s.copy_d2h(&b, &mut back)?;
     if back.as_slice()? != &data[..] {
         return Err(CommandError::SelfCheck("data came back different".into()).into());
     }
     let h2d: Duration = t1.elapsed_since(&t0)?;
+    let launch: Duration = t2.elapsed_since(&t1)?;
     Ok(format!(
-        "OK: 1 MiB round trip intact; H2D {:.1} us device time ({:.2} GB/s); {launch_note}",
+        "OK: 1 MiB round trip intact; H2D {:.1} us device time ({:.2} GB/s); {compile}, {origin}, graph launch {:.1} us device time",
         h2d.as_secs_f64() * 1e6,
-        (n * 4) as f64 / h2d.as_secs_f64().max(1e-12) / 1e9
+        (n * 4) as f64 / h2d.as_secs_f64().max(1e-12) / 1e9,
+        launch.as_secs_f64() * 1e6
     ))
 }

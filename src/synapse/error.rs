@@ -62,6 +62,17 @@ pub enum Error {
         /// Number of other live handles.
         count: usize,
     },
+    /// A graph operand does not fit its node (checked before the C call).
+    #[error(transparent)]
+    Graph(Box<OperandMismatch>),
+    /// A recipe has no id for a tensor name (the runtime returned the all-ones invalid id).
+    #[error("recipe {recipe} has no tensor named {tensor:?}")]
+    UnknownTensor {
+        /// The recipe.
+        recipe: String,
+        /// The tensor name.
+        tensor: String,
+    },
     /// A bounded wait ran out (e.g. a stream that did not drain while being destroyed).
     #[error("{what} did not complete within {after:?}")]
     Timeout {
@@ -80,6 +91,21 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// A graph operand that does not fit its node: which node, which tensor, what the operation
+/// requires and what was given (shapes are row-major).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node}: tensor {tensor}: expected {expected}, got {got}")]
+pub struct OperandMismatch {
+    /// The node name.
+    pub node: String,
+    /// The tensor name ("inputs"/"outputs" for an operand count).
+    pub tensor: String,
+    /// What the operation requires.
+    pub expected: String,
+    /// What was given.
+    pub got: String,
 }
 
 /// Result of the safe layer.

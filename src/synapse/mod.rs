@@ -13,6 +13,7 @@
 
 pub mod backend;
 mod error;
+pub mod graph;
 mod memory;
 mod recipe;
 pub mod result;
@@ -20,7 +21,7 @@ mod runtime;
 mod stream;
 
 pub use backend::{Backend, BackendChoice};
-pub use error::{DropResult, Error, Result};
+pub use error::{DropResult, Error, OperandMismatch, Result};
 pub use memory::{DeviceBuffer, DeviceRepr, HOST_DROP_TIMEOUT, HostBuffer};
 pub use recipe::{LaunchTensor, Recipe};
 pub use runtime::{Device, DeviceInfo, Runtime, module_id_from_env};

@@ -39,6 +39,16 @@ fn c_path(path: &Path) -> Result<CString> {
 }
 
 impl Recipe {
+    /// Wraps a live recipe handle (from `synGraphCompile`); the `Recipe` destroys it.
+    pub(crate) fn from_raw(rt: &Arc<Runtime>, handle: synRecipeHandle) -> Self {
+        Self { rt: rt.clone(), handle }
+    }
+
+    /// The raw handle (valid while `self` lives).
+    pub fn raw(&self) -> synRecipeHandle {
+        self.handle
+    }
+
     /// Loads a serialized recipe from `path`.
     ///
     /// # Errors
@@ -67,17 +77,24 @@ impl Recipe {
         unsafe { result::tensor_launch_ids(self.rt.api(), self.handle) }
     }
 
-    /// Ids of the named tensors, in the order given.
+    /// Ids of the named tensors, in the order given. The runtime answers an unknown name with
+    /// success and the all-ones id (`TENSOR_INVALID_ID`), which a launch would silently skip;
+    /// that id is turned into an error here.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a name with NUL; [`Error::Synapse`] for an unknown name.
+    /// [`Error::InvalidArgument`] for a name with NUL; [`Error::UnknownTensor`] for a name the
+    /// recipe does not have; [`Error::Synapse`] when the call fails.
     pub fn tensor_ids(&self, names: &[&str]) -> Result<Vec<u64>> {
-        let names: Vec<CString> = names
+        let c: Vec<CString> = names
             .iter()
             .map(|n| CString::new(*n).map_err(|_| Error::InvalidArgument { what: "tensor name", value: n.to_string() }))
             .collect::<Result<_>>()?;
         // SAFETY: live handle.
-        unsafe { result::tensor_ids(self.rt.api(), self.handle, &names) }
+        let ids = unsafe { result::tensor_ids(self.rt.api(), self.handle, &c) }?;
+        if let Some(i) = ids.iter().position(|&id| id == habana_sys::TENSOR_INVALID_ID) {
+            return Err(Error::UnknownTensor { recipe: "(loaded recipe)".into(), tensor: names[i].to_string() });
+        }
+        Ok(ids)
     }
 
     /// Workspace the launch needs, in bytes (`synWorkspaceGetSize`).

@@ -180,7 +180,7 @@ pub fn rank_main(
             bucket_bytes: usize::try_from(cfg.bucket_bytes).unwrap_or(usize::MAX),
             ..SchedulerConfig::default()
         };
-        let ops = GradientOps::mock(rt, job.shape.param_len(), GradDtype::F32).map_err(dev_err)?;
+        let ops = GradientOps::graphs(comm.device(), job.shape.param_len(), GradDtype::F32).map_err(dev_err)?;
         let mut sched = Scheduler::new(comm, scfg, ops)?;
         if let Some(r) = retuner {
             sched.set_retuner(r);

@@ -22,8 +22,10 @@ use habana_sys::{
 };
 
 pub use crate::hccl::*;
+pub use graph::*;
 pub use recipe::*;
 
+mod graph;
 mod recipe;
 use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
 use crate::error::fail;

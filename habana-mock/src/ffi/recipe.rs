@@ -7,12 +7,15 @@ use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::path::PathBuf;
 
 use habana_sys::{
-    synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle, synStatus, synStreamHandle,
+    synDataType, synEventHandle, synLaunchTensorInfo, synRecipeAttribute, synRecipeHandle,
+    synRetrievedLaunchTensorInfo, synStatus, synStreamHandle,
 };
 
 use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
 
 use crate::error::{MResult, fail};
+use crate::graph::program::Place;
+use crate::state::AnyRecipe;
 use crate::{last_error, launch, status};
 
 fn path_arg(p: *const c_char) -> MResult<PathBuf> {
@@ -74,17 +77,16 @@ pub unsafe extern "C" fn syn_workspace_get_size(p: *mut u64, r: synRecipeHandle)
 /// `synTensorRetrieveLaunchAmount` on the CPU mock (contract: see the module documentation).
 pub unsafe extern "C" fn syn_tensor_retrieve_launch_amount(r: synRecipeHandle, n: *mut u32) -> synStatus {
     // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
-    guard("synTensorRetrieveLaunchAmount", || unsafe { out(n, launch::recipe(h(r))?.spec.tensors.len() as u32) })
+    guard("synTensorRetrieveLaunchAmount", || unsafe { out(n, launch::launch_amount(h(r))? as u32) })
 }
 
 /// `synTensorRetrieveLaunchIds`: ids are `TENSOR_ID_BASE + index`; `numOfTensors` must equal
 /// the launch amount.
 pub unsafe extern "C" fn syn_tensor_retrieve_launch_ids(r: synRecipeHandle, ids: *mut u64, n: u32) -> synStatus {
     guard("synTensorRetrieveLaunchIds", || {
-        let rec = launch::recipe(h(r))?;
-        let count = rec.spec.tensors.len();
+        let count = launch::launch_amount(h(r))?;
         if n as usize != count {
-            return fail(synStatus::INVALID_ARGUMENT, format!("numOfTensors {n}, the recipe has {count}"));
+            return fail(synStatus::FAIL, format!("numOfTensors {n}, the recipe has {count}"));
         }
         if ids.is_null() && n > 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null tensorsIds");
@@ -116,7 +118,7 @@ pub unsafe extern "C" fn syn_tensor_retrieve_ids(
             // SAFETY: non-null, NUL-terminated.
             list.push(unsafe { CStr::from_ptr(p) }.to_bytes());
         }
-        let v = launch::ids_of(&rec, &list)?;
+        let v = launch::ids_of(&rec, &list);
         if ids.is_null() && n > 0 {
             return fail(synStatus::INVALID_ARGUMENT, "null tensorIds");
         }
@@ -229,4 +231,128 @@ pub unsafe extern "C" fn syn_get_error_string(st: synStatus) -> *const c_char {
 /// "" before the first failing call on this thread.
 pub unsafe extern "C" fn syn_get_last_error_message() -> *const c_char {
     last_error::message_ptr::<synStatus>().unwrap_or(c"".as_ptr())
+}
+
+/// `synTensorRetrievePersistentAmount`: the persistent tensors of the recipe (its launch amount
+/// on the mock, which has no shape tensors).
+pub unsafe extern "C" fn syn_tensor_retrieve_persistent_amount(r: synRecipeHandle, n: *mut u32) -> synStatus {
+    // SAFETY: the out-pointer is null or valid for a write by the caller's contract (module doc).
+    guard("synTensorRetrievePersistentAmount", || unsafe { out(n, launch::launch_amount(h(r))? as u32) })
+}
+
+/// Fills `infos[..n]` for the `tensorId` each one holds (an unknown id: synInvalidArgument).
+unsafe fn launch_info(r: synRecipeHandle, n: u32, infos: *mut synRetrievedLaunchTensorInfo) -> MResult<()> {
+    if infos.is_null() && n > 0 {
+        return fail(synStatus::INVALID_ARGUMENT, "null tensorsLaunchInfo");
+    }
+    let rec = launch::recipe(h(r))?;
+    for k in 0..n as usize {
+        // SAFETY: `infos` holds `n` entries by the caller's contract.
+        let info = unsafe { &mut *infos.add(k) };
+        let id = info.tensorId;
+        let mut filled = synRetrievedLaunchTensorInfo { tensorId: id, ..Default::default() };
+        let (name, dtype, sizes, section, offset, is_input): (String, synDataType, Vec<u64>, u32, u64, bool) =
+            match &rec {
+                AnyRecipe::Json(j) => {
+                    let Some(i) = j.index_of_id(id) else {
+                        return fail(
+                            synStatus::INVALID_ARGUMENT,
+                            format!("tensorId {id:#x} is not an id of this recipe"),
+                        );
+                    };
+                    let t = &j.spec.tensors[i];
+                    (t.name.clone(), synDataType::UINT8, vec![t.bytes], i as u32, 0, true)
+                }
+                AnyRecipe::Graph(p) => {
+                    let Some(pos) = p.position_of_id(id) else {
+                        return fail(
+                            synStatus::INVALID_ARGUMENT,
+                            format!("tensorId {id:#x} is not a persistent tensor of recipe {}", p.name),
+                        );
+                    };
+                    let t = &p.tensors[p.persistent[pos]];
+                    let (s, o) = match t.place {
+                        Place::Persistent { section, offset } => (section as u32, offset),
+                        Place::Workspace { .. } => (habana_sys::INVALID_SECTION_ID, 0),
+                    };
+                    (t.name.clone(), t.dtype(), t.sizes.clone(), s, o, t.is_input)
+                }
+            };
+        let b = name.as_bytes();
+        let len = b.len().min(filled.tensorName.len() - 1);
+        for (d, &c) in filled.tensorName.iter_mut().zip(&b[..len]) {
+            *d = c as c_char;
+        }
+        filled.tensorDataType = dtype;
+        filled.tensorDims = sizes.len() as u32;
+        filled.tensorMaxSize[..sizes.len()].copy_from_slice(&sizes);
+        filled.tensorMinSize[..sizes.len()].copy_from_slice(&sizes);
+        for (d, p) in filled.tensorPermutation.iter_mut().enumerate() {
+            *p = d as u8;
+        }
+        filled.tensorSectionId = section;
+        filled.tensorOffsetInSection = offset;
+        filled.isInput = u8::from(is_input);
+        *info = filled;
+    }
+    Ok(())
+}
+
+/// `synTensorRetrieveLaunchInfoById`: name, dtype, sizes, section and offset of each id.
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_info_by_id(
+    r: synRecipeHandle,
+    n: u32,
+    infos: *mut synRetrievedLaunchTensorInfo,
+) -> synStatus {
+    // SAFETY: `infos` holds `n` entries by the caller's contract.
+    guard("synTensorRetrieveLaunchInfoById", || unsafe { launch_info(r, n, infos) })
+}
+
+/// `synTensorRetrieveLaunchInfoByIdExt`: same as [`syn_tensor_retrieve_launch_info_by_id`].
+pub unsafe extern "C" fn syn_tensor_retrieve_launch_info_by_id_ext(
+    r: synRecipeHandle,
+    n: u32,
+    infos: *mut synRetrievedLaunchTensorInfo,
+) -> synStatus {
+    // SAFETY: `infos` holds `n` entries by the caller's contract.
+    guard("synTensorRetrieveLaunchInfoByIdExt", || unsafe { launch_info(r, n, infos) })
+}
+
+/// `synEventMapTensor`: event i is recorded at the end of every later launch of graph recipe
+/// `r` (the mock completes a graph as a whole, so "when tensor i is ready" is the launch's
+/// end). Each tensor must be a persistent tensor of the recipe marked external.
+pub unsafe extern "C" fn syn_event_map_tensor(
+    events: *mut synEventHandle,
+    n: usize,
+    infos: *const synLaunchTensorInfo,
+    r: synRecipeHandle,
+) -> synStatus {
+    guard("synEventMapTensor", || {
+        // SAFETY: both arrays hold `n` entries by the caller's contract.
+        let (evs, infos) = unsafe { (slice(events as *const synEventHandle, n)?, slice(infos, n)?) };
+        let AnyRecipe::Graph(p) = launch::recipe(h(r))? else {
+            return fail(synStatus::INVALID_ARGUMENT, "synEventMapTensor needs a recipe compiled from a graph");
+        };
+        let mut reg = crate::state::registry();
+        let mut mapped = Vec::with_capacity(n);
+        for (e, info) in evs.iter().zip(infos) {
+            reg.event(h(*e))?;
+            let Some(pos) = p.position_of_id(info.tensorId) else {
+                return fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!("tensorId {:#x} is not a persistent tensor of the recipe", info.tensorId),
+                );
+            };
+            let t = &p.tensors[p.persistent[pos]];
+            if !t.external {
+                return fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!("tensor {} is not external (synTensorSetExternal)", t.name),
+                );
+            }
+            mapped.push(h(*e));
+        }
+        reg.event_maps.entry(h(r)).or_default().extend(mapped);
+        Ok(())
+    })
 }
