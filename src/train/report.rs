@@ -97,7 +97,7 @@ impl RunReport {
             steps_per_s: m.steps as f64 / wall_s,
             wall_s,
             drop_rate: if total > 0.0 { m.samples_dropped as f64 / total } else { 0.0 },
-            threshold_ms: m.threshold.map(|d| d.as_secs_f64() * 1e3),
+            threshold_ms: m.threshold.map(|d| d.as_nanos() as f64 / 1e6),
             final_loss: m.final_loss,
             steps: m.steps,
             samples_computed: m.samples_computed,
