@@ -15,10 +15,9 @@
 # into default CI (this branch adds no CI job): run it before changing tests/support/hermetic.rs,
 # a test that starts a process, or code that reads the environment; or nightly. Exit status:
 # non-zero if any row failed or new entries were left in /tmp.
-# Caveats: /tmp is shared, so a concurrent test run of another checkout shows up as leftovers;
-# the unit tests in src/ (src/trace/compute_log.rs, src/trace/whatif.rs) still leave
-# /tmp/dropcompute-trace-<pid>-{ours,ref} and /tmp/dropcompute-whatif-<pid> per run (issue 17,
-# second part: src/ is not touched here).
+# Caveat: /tmp is shared, so a concurrent test run of another checkout shows up as leftovers.
+# Every test, unit tests in src/ and the mock's and habana-sys's included, takes its directories
+# from the `tempfile` crate (removed on drop).
 set -u
 cd "$(dirname "$0")/.."
 

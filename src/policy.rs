@@ -335,5 +335,18 @@ mod tests {
             let d = decide(&c, 10, 2, elapsed, Some(est));
             prop_assert_eq!(d.is_start(), elapsed < th && elapsed + est <= th);
         }
+
+        /// The boundary the random draws above almost never hit: a micro-batch predicted to
+        /// end exactly at the threshold fits (start), one nanosecond more does not (stop).
+        #[test]
+        fn predictive_exact_fit_starts_one_ns_more_stops(elapsed in 0u64..1_000_000, th in 1u64..2_000_000) {
+            prop_assume!(elapsed < th);
+            let c = cfg(Some(th), CheckMode::Predictive, 0, 0);
+            prop_assert_eq!(decide(&c, 10, 2, elapsed, Some(th - elapsed)), Decision::Start);
+            prop_assert_eq!(
+                decide(&c, 10, 2, elapsed, Some(th - elapsed + 1)),
+                Decision::Stop(StopReason::PredictedOvershoot { elapsed_ns: elapsed, estimate_ns: th - elapsed + 1, threshold_ns: th })
+            );
+        }
     }
 }

@@ -354,6 +354,34 @@ mod tests {
         assert_eq!(l.notes.len(), 1);
     }
 
+    /// The writer's exact output: the reference's eight columns in the reference's order (its
+    /// readers go by position), then rank, start_ns, duration_ns; every field in its own column.
+    #[test]
+    fn writer_puts_each_field_in_its_column_in_the_reference_order() {
+        let mut w = ComputeLogWriter::new(Vec::new());
+        let rec = ComputeLogRecord {
+            global_step: 7,
+            local_step: 2,
+            world_size: 3,
+            batch: 16,
+            sentence_length: 128,
+            computed_batch: 48,
+            compute_dropped: true,
+            iteration_time_ms: 0.25,
+            rank: 1,
+            start_ns: 9_000,
+            duration_ns: 250_000,
+        };
+        w.write(&rec).expect("write");
+        let text = String::from_utf8(w.into_inner().expect("flush")).expect("utf8");
+        let mut lines = text.lines();
+        let header = lines.next().expect("header");
+        assert_eq!(header, [&REFERENCE_COLUMNS[..], &["rank", "start_ns", "duration_ns"]].concat().join(","));
+        assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000"));
+        assert_eq!(lines.next(), None);
+        assert!(is_compute_log_header(&header.split(',').map(String::from).collect::<Vec<_>>()));
+    }
+
     #[test]
     fn reference_log_needs_rank_in_name_and_reports_bad_cells() {
         let dir = tmp("ref");
