@@ -63,7 +63,7 @@ for g in "${groups[@]}"; do
   CARGO_TARGET_DIR="$root/target" cargo mutants "${args[@]}" --profile mutants --jobs 1 --no-shuffle --baseline skip \
     --timeout 120 --build-timeout 900 --output "$out" $(group_tests "$g") >"$out/console.txt" 2>&1 || true
   o="$out/mutants.out"
-  n() { [ -f "$o/$1.txt" ] && grep -c . "$o/$1.txt" || echo 0; }
+  n() { if [ -f "$o/$1.txt" ]; then grep -c . "$o/$1.txt" || true; else echo 0; fi; }
   caught=$(n caught); missed=$(n missed); timeout=$(n timeout); unviable=$(n unviable)
   viable=$((caught + missed + timeout))
   total_caught=$((total_caught + caught + timeout)); total_viable=$((total_viable + viable))

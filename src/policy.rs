@@ -257,6 +257,18 @@ mod tests {
         assert_eq!(decide(&c, 5, 3, 10, Some(1000)), Decision::Start);
     }
 
+    /// The first step after warm-up and the first micro-batch after the `min_micro_batches`
+    /// guaranteed ones are subject to the threshold (the guarantees are strict: `<`, not `<=`).
+    #[test]
+    fn warmup_and_min_micro_batches_end_exactly_at_their_counts() {
+        let stop = Decision::Stop(StopReason::ThresholdReached { elapsed_ns: 100, threshold_ns: 100 });
+        let c = cfg(Some(100), CheckMode::BeforeMicroBatch, 3, 2);
+        assert_eq!(decide(&c, 2, 5, 100, None), Decision::Start, "last warm-up step");
+        assert_eq!(decide(&c, 3, 5, 100, None), stop, "first step after warm-up");
+        assert_eq!(decide(&c, 3, 1, 100, None), Decision::Start, "second guaranteed micro-batch");
+        assert_eq!(decide(&c, 3, 2, 100, None), stop, "first micro-batch after the guaranteed ones");
+    }
+
     #[test]
     fn predictive_stops_on_predicted_overshoot_and_falls_back_without_estimate() {
         let c = cfg(Some(100), CheckMode::Predictive, 0, 0);
@@ -273,6 +285,10 @@ mod tests {
     fn estimator_returns_nearest_rank_quantile_of_recent_window() {
         let mut e = LatencyEstimator::new(10, 0.9);
         assert_eq!(e.estimate(), None);
+        assert!(e.is_empty() && e.len() == 0);
+        e.observe(10);
+        assert!(!e.is_empty() && e.len() == 1);
+        let mut e = LatencyEstimator::new(10, 0.9);
         for v in 1..=10u64 {
             e.observe(v * 10);
         }

@@ -379,7 +379,47 @@ mod tests {
         assert_eq!(header, [&REFERENCE_COLUMNS[..], &["rank", "start_ns", "duration_ns"]].concat().join(","));
         assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000"));
         assert_eq!(lines.next(), None);
-        assert!(is_compute_log_header(&header.split(',').map(String::from).collect::<Vec<_>>()));
+        let h = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
+        assert!(is_compute_log_header(&h(header)));
+        // The reference header alone, and a headerless reference row (8 fields, numeric step).
+        assert!(is_compute_log_header(&h(&REFERENCE_COLUMNS.join(","))));
+        assert!(is_compute_log_header(&h("6,0,16,16,128,16,False,500.5")));
+        // Anything else is not a compute log.
+        assert!(!is_compute_log_header(&h("global_step,local_step,world_size")));
+        assert!(!is_compute_log_header(&h(
+            "step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms"
+        )));
+        assert!(!is_compute_log_header(&h("x,0,16,16,128,16,False,500.5")));
+        assert!(!is_compute_log_header(&h("6,0,16,16,128,16,False,500.5,9")));
+    }
+
+    /// `flush` makes the rows written so far visible in the sink while the writer lives.
+    #[test]
+    fn flush_writes_the_rows_through() {
+        let dir = tmp("flush");
+        let path = dir.path().join("log.csv");
+        let mut w = ComputeLogWriter::new(std::fs::File::create(&path).expect("create"));
+        let rec = ComputeLogRecord {
+            global_step: 1,
+            local_step: 0,
+            world_size: 2,
+            batch: 4,
+            sentence_length: 0,
+            computed_batch: 4,
+            compute_dropped: false,
+            iteration_time_ms: 0.5,
+            rank: 0,
+            start_ns: 10,
+            duration_ns: 500_000,
+        };
+        w.write(&rec).expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "", "buffered until flushed");
+        w.flush().expect("flush");
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read").lines().nth(1),
+            Some("1,0,2,4,0,4,false,0.5,0,10,500000")
+        );
+        drop(w);
     }
 
     #[test]

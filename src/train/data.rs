@@ -623,6 +623,5 @@ mod tests {
         assert!(matches!(Dataset::load(&f, 10), Err(DataError::LabelOutOfRange { line: 2, column: 3, label: -1, .. })));
         std::fs::write(&f, "1,2,0\n3,4,2.5\n").unwrap();
         assert!(matches!(Dataset::load(&f, 10), Err(DataError::Malformed { line: 2, column: 3, .. })));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
