@@ -48,7 +48,7 @@ cargo test --no-run "${args[@]}" > "$log_dir/build.log" 2>&1 || { echo "build fa
 
 run_row() { # name, command...
   local name=$1; shift
-  local log="$log_dir/$(echo "$name" | tr -c 'A-Za-z0-9_' '_').log"
+  local log="$log_dir/$(echo "$name" | tr -c 'A-Za-z0-9_' '_' | cut -c1-100).log"
   local t0=$SECONDS
   if "$@" > "$log" 2>&1; then
     results+=("PASS  $name  ($((SECONDS - t0)) s)")

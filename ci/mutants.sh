@@ -3,7 +3,7 @@
 # (https://mutants.rs; install: cargo install --locked cargo-mutants).
 #
 #   bash ci/mutants.sh            # every group below
-#   bash ci/mutants.sh policy     # one group (policy, divisor, compute_log, tune, checkpoint, trace, tune_more)
+#   bash ci/mutants.sh policy     # one group (policy, divisor, compute_log, tune (= recommend + search), checkpoint, trace, tune_more)
 #
 # One job (`--jobs 1`), no baseline (the suite is known to pass; timeouts are explicit), each
 # mutant built in a copy of the tree (never in the worktree) but into this worktree's target
@@ -34,6 +34,8 @@ group_files() {
     compute_log) echo "src/trace/compute_log.rs" ;;
     trace) echo "src/trace/mod.rs src/trace/whatif.rs" ;;
     tune) echo "src/tune/search.rs src/tune/recommend.rs" ;;
+    recommend) echo "src/tune/recommend.rs" ;;
+    search) echo "src/tune/search.rs" ;;
     tune_more) echo "src/tune/reduce.rs src/tune/retune.rs src/tune/straggler.rs" ;;
     checkpoint) echo "src/checkpoint.rs" ;;
     *) echo "unknown group $1" >&2; exit 2 ;;

@@ -432,9 +432,13 @@ mod tests {
              6,0,16,16,128,16,False,500.5\n6,1,16,16,128,32,False,400\n",
         )
         .expect("write");
-        let l = load_logs(std::slice::from_ref(&good), &LoadOptions::default()).expect("load");
+        let opts = LoadOptions { reference_overhead_ns: 2.5e6, ..LoadOptions::default() };
+        let l = load_logs(std::slice::from_ref(&good), &opts).expect("load");
         assert_eq!(l.trace.ranks(), &[3]);
         assert_eq!(l.trace.step_matrix(0), &[500.5e6, 400e6]);
+        // A reference log records no step wall time: the assumed overhead, and a note saying so.
+        assert_eq!(l.trace.overhead_ns(), &[2.5e6]);
+        assert!(l.notes.iter().any(|n| n.contains("assuming overhead 2.500 ms")), "{:?}", l.notes);
 
         let bad = dir.path().join("compute_logs_4.csv");
         std::fs::write(
@@ -483,6 +487,21 @@ mod tests {
         );
         let e = load_log_bytes(name, ragged.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
+        // M counts dropped rows too: micro-batch 2 appears only dropped (step 0, every rank), so
+        // step 1, which has no row for it at all, is incomplete (M = 3), not complete with M = 2:
+        // no step is left. (Reported as every step dropped, though step 1 is ragged: the
+        // builder's empty result does not say why a step was removed.)
+        let only_dropped = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n0,2,2,4,0,8,true,0.0,0,20,0\n\
+             0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n0,2,2,4,0,8,true,0.0,1,20,0\n\
+             1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n\
+             1,0,2,4,0,4,false,0.01,1,100,10\n1,1,2,4,0,8,false,0.01,1,110,10\n"
+        );
+        let e = load_log_bytes(name, only_dropped.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Ragged { .. } | TraceError::AllStepsDropped { .. }), "{e:?}");
+        // A log with no row at all is empty, not "every step dropped".
+        let e = load_log_bytes(name, head.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Empty(_)), "{e:?}");
     }
 
     #[test]
