@@ -499,6 +499,19 @@ mod tests {
         );
         let e = load_log_bytes(name, only_dropped.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Ragged { .. } | TraceError::AllStepsDropped { .. }), "{e:?}");
+        // A censored step does not excuse a ragged one: step 0 has a dropped row, step 1 misses
+        // a cell without one, step 2 is complete.
+        let mixed = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,4,true,0.0,0,10,0\n\
+             0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n\
+             1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n1,0,2,4,0,4,false,0.01,1,100,10\n\
+             2,0,2,4,0,4,false,0.01,0,200,10\n2,1,2,4,0,8,false,0.01,0,210,10\n\
+             2,0,2,4,0,4,false,0.01,1,200,10\n2,1,2,4,0,8,false,0.01,1,210,10\n"
+        );
+        let e = load_log_bytes(name, mixed.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
+        let opts = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
+        assert_eq!(load_log_bytes(name, mixed.as_bytes(), &opts).unwrap().trace.steps(), &[2]);
         // A log with no row at all is empty, not "every step dropped".
         let e = load_log_bytes(name, head.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Empty(_)), "{e:?}");
