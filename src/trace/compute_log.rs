@@ -517,6 +517,33 @@ mod tests {
         assert!(matches!(e, TraceError::Empty(_)), "{e:?}");
     }
 
+    /// Overhead of step s = max over ranks of the start-to-start period - max over ranks of
+    /// the step's compute, on 3 ranks and 3 steps (so step 1 has a following step and its own
+    /// ranks' compute, not a neighbour's, is used); the last step takes the median.
+    #[test]
+    fn overhead_uses_each_steps_own_ranks() {
+        let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n";
+        // Compute (step x rank): [10, 90, 20], [20, 30, 80], [5, 5, 5]; steps start at 0, 100, 300.
+        let compute = [[10u64, 90, 20], [20, 30, 80], [5, 5, 5]];
+        let start = [0u64, 100, 300];
+        let mut text = head.to_string();
+        for (step, row) in compute.iter().enumerate() {
+            for (rank, d) in row.iter().enumerate() {
+                text += &format!("{step},0,3,4,0,4,false,0.0,{rank},{},{d}\n", start[step]);
+            }
+        }
+        let l = load_log_bytes(Path::new("log.csv"), text.as_bytes(), &LoadOptions::default()).unwrap();
+        assert_eq!(l.trace.overhead_ns(), &[100.0 - 90.0, 200.0 - 80.0, 120.0]);
+        // A reference log of two steps: the assumed overhead on each, never periods (it has no
+        // start times).
+        let reference = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
+                         0,0,1,4,0,4,False,1.5\n1,0,1,4,0,4,False,2\n";
+        let opts = LoadOptions { reference_overhead_ns: 7e5, ..LoadOptions::default() };
+        let l = load_log_bytes(Path::new("compute_logs_0.csv"), reference.as_bytes(), &opts).unwrap();
+        assert_eq!((l.trace.step_matrix(0), l.trace.step_matrix(1)), (&[1.5e6][..], &[2e6][..]));
+        assert_eq!(l.trace.overhead_ns(), &[7e5, 7e5]);
+    }
+
     #[test]
     fn crlf_errors_name_the_physical_line() {
         // Physical line 4 has compute_dropped = "maybe": reported at line 4 for \n and \r\n.
