@@ -285,9 +285,11 @@ mod tests {
     fn estimator_returns_nearest_rank_quantile_of_recent_window() {
         let mut e = LatencyEstimator::new(10, 0.9);
         assert_eq!(e.estimate(), None);
-        assert!(e.is_empty() && e.len() == 0);
+        assert!(e.is_empty());
+        assert_eq!(e.len(), 0);
         e.observe(10);
-        assert!(!e.is_empty() && e.len() == 1);
+        assert!(!e.is_empty());
+        assert_eq!(e.len(), 1);
         let mut e = LatencyEstimator::new(10, 0.9);
         for v in 1..=10u64 {
             e.observe(v * 10);
