@@ -229,6 +229,26 @@ mod tests {
         assert!(matches!(recommend(&trace(), &replay_how(0.25, 1.1)).verdict, Verdict::Decline(_)));
     }
 
+    /// Which guardrail a refusal names: the batch-fraction floor when it, not the drop rate,
+    /// excludes the best candidate; a best gain exactly at the minimum gain is enough gain (the
+    /// refusal is then the guardrail's, not InsufficientGain).
+    #[test]
+    fn replay_refusals_name_the_binding_guardrail() {
+        let mut how = replay_how(1.0, 0.02);
+        how.guardrails.min_batch_fraction = 0.95;
+        match recommend(&trace(), &how).verdict {
+            Verdict::Decline(Refusal::MinBatchFraction { batch_fraction, min_batch_fraction, .. }) => {
+                assert_eq!((batch_fraction, min_batch_fraction), (5.0 / 8.0, 0.95));
+            }
+            other => panic!("expected MinBatchFraction, got {other:?}"),
+        }
+        let best = enabled(replay_with(1.0));
+        match recommend(&trace(), &replay_how(0.1, best.objective)).verdict {
+            Verdict::Decline(Refusal::MaxDropRate { gain, .. }) => assert_eq!(gain, best.objective),
+            other => panic!("expected MaxDropRate at exactly the minimum gain, got {other:?}"),
+        }
+    }
+
     /// Ties keep the smaller threshold: with no drop allowed, τ=6 and τ=14 both replay at 1.0x
     /// and a zero minimum gain enables τ=6.
     #[test]
