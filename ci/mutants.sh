@@ -19,7 +19,7 @@
 # Not part of .ci/run: too slow for 2 cores. Measured 2026-11-30 on 2 cores shared with other
 # builds: 20-25 s per mutant (one incremental build of the library's test binary + ~1 s of
 # tests); policy (38 mutants) ~13 min, divisor (9) 7 min including the first build of the
-# workspace crates under the `mutants` profile, compute_log (80) 32 min, recommend (48) ~18 min;
+# workspace crates under the `mutants` profile, compute_log (80) 32 min, recommend (48) 14 min;
 # every group (~800 mutants: search 147, trace 188, tune_more 202, checkpoint 92) about 5 hours.
 # The dependencies' first build under the `mutants` profile adds ~10 minutes once.
 set -euo pipefail
