@@ -15,10 +15,9 @@
 # into default CI (this branch adds no CI job): run it before changing tests/support/hermetic.rs,
 # a test that starts a process, or code that reads the environment; or nightly. Exit status:
 # non-zero if any row failed or new entries were left in /tmp.
-# Caveats: /tmp is shared, so a concurrent test run of another checkout shows up as leftovers;
-# the unit tests in src/ (src/trace/compute_log.rs, src/trace/whatif.rs) still leave
-# /tmp/dropcompute-trace-<pid>-{ours,ref} and /tmp/dropcompute-whatif-<pid> per run (issue 17,
-# second part: src/ is not touched here).
+# Caveat: /tmp is shared, so a concurrent test run of another checkout shows up as leftovers.
+# Every test, unit tests in src/ and the mock's and habana-sys's included, takes its directories
+# from the `tempfile` crate (removed on drop).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -33,6 +32,8 @@ rows=(
   "HLS_MODULE_ID=1"
   "RANK=1 WORLD_SIZE=2"
   "MASTER_ADDR=127.0.0.1 MASTER_PORT=1"
+  # The rest of the product's variables, together (valid values, none the default).
+  "DROPCOMPUTE_LAUNCHER=slurm SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 DROPCOMPUTE_RENDEZVOUS=127.0.0.1:1 DROPCOMPUTE_JOB_SECRET=00112233445566778899aabbccddeeff HCCL_COMM_ID=127.0.0.1:1 HABANA_VISIBLE_MODULES=1,2 DROPCOMPUTE_MOCK_VERSION=1.21.0 DROPCOMPUTE_MOCK_LOCK_DIR=/tmp DROPCOMPUTE_TEST_SIGKILL_AT=1000000 RUST_LOG=debug"
 )
 
 log_dir=$(mktemp -d "${TMPDIR:-/tmp}/hermetic-check-logs.XXXXXX")
@@ -46,7 +47,7 @@ cargo test --no-run "${args[@]}" > "$log_dir/build.log" 2>&1 || { echo "build fa
 
 run_row() { # name, command...
   local name=$1; shift
-  local log="$log_dir/$(echo "$name" | tr -c 'A-Za-z0-9_' '_').log"
+  local log="$log_dir/$(echo "$name" | tr -c 'A-Za-z0-9_' '_' | cut -c1-100).log"
   local t0=$SECONDS
   if "$@" > "$log" 2>&1; then
     results+=("PASS  $name  ($((SECONDS - t0)) s)")

@@ -257,6 +257,18 @@ mod tests {
         assert_eq!(decide(&c, 5, 3, 10, Some(1000)), Decision::Start);
     }
 
+    /// The first step after warm-up and the first micro-batch after the `min_micro_batches`
+    /// guaranteed ones are subject to the threshold (the guarantees are strict: `<`, not `<=`).
+    #[test]
+    fn warmup_and_min_micro_batches_end_exactly_at_their_counts() {
+        let stop = Decision::Stop(StopReason::ThresholdReached { elapsed_ns: 100, threshold_ns: 100 });
+        let c = cfg(Some(100), CheckMode::BeforeMicroBatch, 3, 2);
+        assert_eq!(decide(&c, 2, 5, 100, None), Decision::Start, "last warm-up step");
+        assert_eq!(decide(&c, 3, 5, 100, None), stop, "first step after warm-up");
+        assert_eq!(decide(&c, 3, 1, 100, None), Decision::Start, "second guaranteed micro-batch");
+        assert_eq!(decide(&c, 3, 2, 100, None), stop, "first micro-batch after the guaranteed ones");
+    }
+
     #[test]
     fn predictive_stops_on_predicted_overshoot_and_falls_back_without_estimate() {
         let c = cfg(Some(100), CheckMode::Predictive, 0, 0);
@@ -273,6 +285,12 @@ mod tests {
     fn estimator_returns_nearest_rank_quantile_of_recent_window() {
         let mut e = LatencyEstimator::new(10, 0.9);
         assert_eq!(e.estimate(), None);
+        assert!(e.is_empty());
+        assert_eq!(e.len(), 0);
+        e.observe(10);
+        assert!(!e.is_empty());
+        assert_eq!(e.len(), 1);
+        let mut e = LatencyEstimator::new(10, 0.9);
         for v in 1..=10u64 {
             e.observe(v * 10);
         }
@@ -334,6 +352,19 @@ mod tests {
             let c = cfg(Some(th), CheckMode::Predictive, 0, 0);
             let d = decide(&c, 10, 2, elapsed, Some(est));
             prop_assert_eq!(d.is_start(), elapsed < th && elapsed + est <= th);
+        }
+
+        /// The boundary the random draws above almost never hit: a micro-batch predicted to
+        /// end exactly at the threshold fits (start), one nanosecond more does not (stop).
+        #[test]
+        fn predictive_exact_fit_starts_one_ns_more_stops(elapsed in 0u64..1_000_000, th in 1u64..2_000_000) {
+            prop_assume!(elapsed < th);
+            let c = cfg(Some(th), CheckMode::Predictive, 0, 0);
+            prop_assert_eq!(decide(&c, 10, 2, elapsed, Some(th - elapsed)), Decision::Start);
+            prop_assert_eq!(
+                decide(&c, 10, 2, elapsed, Some(th - elapsed + 1)),
+                Decision::Stop(StopReason::PredictedOvershoot { elapsed_ns: elapsed, estimate_ns: th - elapsed + 1, threshold_ns: th })
+            );
         }
     }
 }

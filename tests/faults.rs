@@ -84,16 +84,23 @@ fn assert_pending(dump: &str, seq: u64, op: &str) {
 fn a_rank_slower_than_the_collective_timeout_fails_the_waiting_rank_with_its_seq() {
     let _g = serial();
     let timeout = Duration::from_millis(500);
+    // Rank 1 arrives only once rank 0's watchdog has fired (a readiness signal, not a sleep):
+    // slower than the timeout by construction, whatever the machine's load.
+    let (fired, wait_fired) = std::sync::mpsc::channel::<()>();
+    let wait_fired = Mutex::new(wait_fired);
     let t0 = Instant::now();
     let out = with_ranks(runtime(), 2, opts(500), |rank, comm, s| {
         let mut buf = upload(s, &[1.0f32; 256]);
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
         comm.synchronize(s).unwrap();
         if rank == 1 {
-            std::thread::sleep(timeout * 3); // slower than the timeout, but does arrive
+            let _ = wait_fired.lock().unwrap().recv_timeout(Duration::from_secs(300)); // hang guard
         }
         let issued = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s);
         let e = issued.and_then(|_| comm.synchronize(s)).err();
+        if rank == 0 {
+            fired.send(()).unwrap();
+        }
         (e, t0.elapsed(), comm.flight_recorder().dump())
     });
     let (e0, at0, dump0) = &out[0];
@@ -103,10 +110,17 @@ fn a_rank_slower_than_the_collective_timeout_fails_the_waiting_rank_with_its_seq
     }
     assert_pending(dump0, 2, "all_reduce");
     assert!(*at0 < timeout + SLACK, "rank 0 took {at0:?}");
-    // The late rank finds its peer gone: a typed error, not a hang and not a wrong result.
+    assert!(*at0 >= timeout, "the watchdog fired before the timeout: {at0:?}");
+    // The late rank finds its peer gone: a typed Peer error, not a hang and not a wrong result.
     let (e1, at1, _) = &out[1];
-    assert!(e1.is_some(), "rank 1 must fail once rank 0 aborted");
-    assert!(*at1 < timeout * 3 + SLACK, "rank 1 took {at1:?}");
+    match e1 {
+        Some(HcclError::Peer { code, rank: blamed, reason }) => {
+            assert!(!code.is_success(), "{reason}");
+            assert!(blamed.is_none_or(|b| b == 0), "rank 1 blames {blamed:?}: {reason}");
+        }
+        other => panic!("rank 1: expected a Peer error once rank 0 aborted, got {other:?}"),
+    }
+    assert!(*at1 < *at0 + SLACK, "rank 1 took {at1:?}");
     println!("slow rank: rank 0 failed after {at0:?} (timeout {timeout:?}); rank 1 after {at1:?}: {e1:?}");
 }
 
@@ -120,9 +134,9 @@ fn an_async_error_while_a_collective_is_in_flight_fails_it_with_its_code_and_seq
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
         comm.synchronize(s).unwrap();
         if rank == 0 {
-            // Rank 0's collective #2 is in flight (rank 1 has not joined it yet).
+            // Rank 0's collective #2 is in flight: issued, and it cannot complete, since rank 1
+            // never issues it (no sleep needed to make it "in flight").
             comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
-            std::thread::sleep(Duration::from_millis(100));
             let code = hcclResult_t::PORT_DOWN.0;
             MockControl::in_process().inject_fault(&Fault::HcclAsyncError { code }).unwrap();
         }

@@ -123,32 +123,120 @@ fn arguments_are_checked_before_any_call() {
     comm.destroy().map_err(|b| b.0).unwrap();
 }
 
+/// Rank 1 skips collective #2: rank 0, the rank waiting in it, trips its watchdog with exactly
+/// `Timeout { all_reduce, seq 2, the configured timeout }` (rank 1 keeps its communicator open
+/// meanwhile, so the only possible outcome is the timeout, never a "peer gone"), and the
+/// flight record names seq 2 as pending. Rank 1, issuing collective #2 once rank 0 has failed
+/// it, gets exactly a `Peer` error: its peer aborted the communicator.
 #[test]
 fn a_rank_that_skips_a_collective_trips_the_watchdog_on_every_rank_with_the_flight_record() {
     let _g = serial();
     let opts = CommOptions { timeout: Duration::from_millis(400), ..quick() };
+    let gate = std::sync::Barrier::new(2);
     let t0 = Instant::now();
     let errs = with_ranks(2, opts, |rank, comm, s| {
         let mut buf = upload(s, &[1.0f32; 64]);
         comm.synchronize(s).unwrap();
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
-        // Rank 1 never issues the second collective: rank 0 waits for it.
-        if rank == 0 {
+        comm.synchronize(s).unwrap();
+        let e = if rank == 0 {
             comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
-        }
-        let e = comm.synchronize(s).err();
-        (rank, e, comm.flight_recorder().dump())
+            let e = comm.synchronize(s).err();
+            gate.wait();
+            e
+        } else {
+            gate.wait(); // rank 0 has its result: collective #2 was skipped until then
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).and_then(|_| comm.synchronize(s)).err()
+        };
+        (e, comm.flight_recorder().dump())
     });
-    let (_, e0, dump0) = &errs[0];
+    let (e0, dump0) = &errs[0];
     match e0 {
         Some(HcclError::Timeout { op, seq, after }) => {
             assert_eq!((*op, *seq, *after), ("all_reduce", 2, Duration::from_millis(400)));
         }
-        Some(HcclError::Peer { .. }) => {} // the mock may report the missing peer first
-        other => panic!("rank 0: expected a timeout, got {other:?}"),
+        other => panic!("rank 0: expected the watchdog timeout of seq 2, got {other:?}"),
     }
-    assert!(dump0.contains("seq=2 op=all_reduce"), "{dump0}");
-    assert!(t0.elapsed() < Duration::from_secs(15), "fault containment took {:?}", t0.elapsed());
+    let line = dump0.lines().find(|l| l.starts_with("seq=2 op=all_reduce"));
+    assert!(line.is_some_and(|l| l.ends_with("completed=PENDING")), "{dump0}");
+    let (e1, dump1) = &errs[1];
+    match e1 {
+        Some(HcclError::Peer { code, rank: blamed, reason }) => {
+            assert!(!code.is_success(), "{reason}");
+            assert!(blamed.is_none_or(|b| b == 0), "rank 1 blames {blamed:?}: {reason}");
+        }
+        other => panic!("rank 1: expected a Peer error after rank 0 aborted, got {other:?}"),
+    }
+    assert!(dump1.contains("seq=2 op=all_reduce"), "{dump1}");
+    assert!(t0.elapsed() < Duration::from_secs(60), "hang guard: fault containment took {:?}", t0.elapsed());
+}
+
+/// A deterministic f32 in ±[2^-12, 2^12) with a random mantissa (splitmix64 of `key`): sums of
+/// two such values are exact in f64, so rounding an f64 partial sum to f32 is the f32 addition.
+fn spread(key: u64) -> f32 {
+    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let mantissa = 1.0 + (z & 0xff_ffff) as f64 / (1u64 << 24) as f64;
+    let exp = ((z >> 24) % 25) as i32 - 12;
+    let sign = if (z >> 40) & 1 == 1 { -1.0 } else { 1.0 };
+    (sign * mantissa * 2f64.powi(exp)) as f32
+}
+
+/// The f32 sum of `vals` in the given order, each partial sum rounded to f32 (an f64 reference:
+/// every partial sum of two `spread` values is exact in f64 before the rounding).
+fn ordered_sum(vals: impl Iterator<Item = f32>) -> f32 {
+    let mut acc: Option<f64> = None;
+    for v in vals {
+        acc = Some(acc.map_or(f64::from(v), |a| ((a + f64::from(v)) as f32).into()));
+    }
+    acc.unwrap_or(0.0) as f32
+}
+
+/// The documented summation order of the same-process all-reduce (`habana-mock`
+/// `hccl/shm.rs`: each element is reduced by one rank in rank order 0, 1, ..., n-1): every
+/// element equals, bit for bit and on every rank, the f32 sum in that order. The inputs make
+/// the order visible: in every one of the n segments the ranks reduce, some elements differ
+/// between rank order and reverse rank order, so reducing any rank's segment in another order
+/// fails. (With 2 ranks the order cannot matter: f32 addition is commutative.)
+#[test]
+fn all_reduce_sums_every_segment_in_rank_order_bitwise() {
+    let _g = serial();
+    let count = 3000usize;
+    for n in [3u32, 4, 5] {
+        let input = |rank: u32, i: usize| spread(u64::from(n) << 48 | u64::from(rank) << 32 | i as u64);
+        let outs = with_ranks(n, quick(), |rank, comm, s| {
+            let data: Vec<f32> = (0..count).map(|i| input(rank, i)).collect();
+            let mut buf = upload(s, &data);
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
+            comm.synchronize(s).unwrap();
+            download(s, &buf)
+        });
+        let forward: Vec<f32> = (0..count).map(|i| ordered_sum((0..n).map(|r| input(r, i)))).collect();
+        let reverse: Vec<f32> = (0..count).map(|i| ordered_sum((0..n).rev().map(|r| input(r, i)))).collect();
+        for (rank, got) in outs.iter().enumerate() {
+            for i in 0..count {
+                assert_eq!(
+                    got[i].to_bits(),
+                    forward[i].to_bits(),
+                    "n={n} rank {rank} element {i}: {} vs {}",
+                    got[i],
+                    forward[i]
+                );
+            }
+        }
+        // Segment s of n nearly equal parts is [count·s/n, count·(s+1)/n) (shm.rs `seg`).
+        for seg in 0..n as usize {
+            let r = count * seg / n as usize..count * (seg + 1) / n as usize;
+            let differ = r.clone().filter(|&i| forward[i].to_bits() != reverse[i].to_bits()).count();
+            assert!(
+                differ * 10 >= r.len(),
+                "n={n} segment {seg}: only {differ} of {} elements depend on the order",
+                r.len()
+            );
+        }
+    }
 }
 
 #[test]
@@ -193,11 +281,8 @@ fn an_asynchronous_error_mid_step_fails_the_communicator_with_its_code() {
                 .unwrap();
         }
         let _ = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while comm.error().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        comm.error()
+        // Readiness: the error reaches every rank's communicator (300 s: a hang guard).
+        hermetic::wait_until(Duration::from_secs(300), || comm.error())
     });
     assert!(
         errs.iter()

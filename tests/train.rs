@@ -130,6 +130,85 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     assert!(report["speedup"].as_f64().is_some());
     let log = std::fs::read_to_string(dir.join("compute_log_dropcompute.csv")).unwrap();
     assert_eq!(log.lines().count() - 1, 4 * 16 * m as usize, "one row per scheduled micro-batch");
+    // Every column of both compute logs, against the StepReports they were written from.
+    assert_ne!(j.cfg.micro_batch_size, 4, "world size and batch must differ to tell their columns apart");
+    assert_compute_log_matches(&dir.join("compute_log_baseline.csv"), &out, 0);
+    assert_compute_log_matches(&dir.join("compute_log_dropcompute.csv"), &out, 1);
+}
+
+/// The columns of our compute log, in order (the reference's eight, then ours).
+const COMPUTE_LOG_COLUMNS: [&str; 11] = [
+    "global_step",
+    "local_step",
+    "world_size",
+    "batch",
+    "sentence_length",
+    "computed_batch",
+    "compute_dropped",
+    "iteration_time_ms",
+    "rank",
+    "start_ns",
+    "duration_ns",
+];
+
+/// Checks every row and column of the compute log at `path` (written by `train` for run
+/// `run` of `outcomes`) against the `StepReport`s of that run: rows rank by rank, step by step,
+/// micro-batch by micro-batch; each value recomputed here from the report's fields (not
+/// through `StepReport::compute_log`): computed_batch is this rank's running sum of computed
+/// samples in the step, iteration_time_ms = duration_ns / 1e6.
+fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute::train::job::RankOutcome>], run: usize) {
+    let mut rd = csv::Reader::from_path(path).unwrap();
+    let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(header, COMPUTE_LOG_COLUMNS, "{}", path.display());
+    let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
+    let mut i = 0;
+    let (mut dropped, mut distinct_start_duration) = (0, 0);
+    for runs in outcomes {
+        let o = &runs[run];
+        for rep in &o.reports {
+            let mut computed = 0u64;
+            for mb in &rep.micro_batches {
+                if !mb.dropped {
+                    computed += mb.samples;
+                }
+                let row = rows.get(i).unwrap_or_else(|| panic!("{}: only {} rows", path.display(), rows.len()));
+                let want: [String; 11] = [
+                    rep.step.to_string(),
+                    mb.micro_batch.to_string(),
+                    rep.world_size.to_string(),
+                    mb.samples.to_string(),
+                    "0".into(),
+                    computed.to_string(),
+                    mb.dropped.to_string(),
+                    (mb.duration_ns as f64 / 1e6).to_string(),
+                    o.rank.to_string(),
+                    mb.start_ns.to_string(),
+                    mb.duration_ns.to_string(),
+                ];
+                for (c, w) in COMPUTE_LOG_COLUMNS.iter().zip(&want) {
+                    let got = &row[header.iter().position(|h| h == c).unwrap()];
+                    if *c == "iteration_time_ms" {
+                        assert_eq!(
+                            got.parse::<f64>().unwrap(),
+                            w.parse::<f64>().unwrap(),
+                            "{} row {i} {c}",
+                            path.display()
+                        );
+                    } else {
+                        assert_eq!(got, w, "{} row {i} column {c}", path.display());
+                    }
+                }
+                assert_eq!((mb.step, rep.rank), (rep.step, o.rank));
+                dropped += usize::from(mb.dropped);
+                distinct_start_duration += usize::from(mb.start_ns != mb.duration_ns);
+                i += 1;
+            }
+        }
+    }
+    assert_eq!(i, rows.len(), "{}: one row per scheduled micro-batch", path.display());
+    // The values can tell swapped columns apart.
+    assert!(distinct_start_duration > 0);
+    assert_eq!(dropped > 0, run == 1, "{}: only the DropCompute run drops here", path.display());
 }
 
 /// `--threshold auto` runs with `tune::recommend` on the baseline run's trace under the job's

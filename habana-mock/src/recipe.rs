@@ -235,8 +235,8 @@ mod tests {
 
     #[test]
     fn write_read_round_trip_and_errors() {
-        let dir = std::env::temp_dir().join(format!("dcmock-recipe-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("dcmock-recipe-").tempdir().unwrap();
+        let dir = tmp.path();
         let p = dir.join("r.json");
         let r = MockRecipe::new("r", "copy").tensor("a", 64).tensor("b", 64).params([1.5]).base_latency_ns(10);
         r.write(&p).unwrap();
@@ -251,7 +251,6 @@ mod tests {
         std::fs::write(&p, serde_json::to_string(&wrong).unwrap()).unwrap();
         let e = MockRecipe::read(&p).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -56,7 +56,9 @@ fn version_strings_parse() {
 
 #[test]
 fn missing_library_is_a_typed_error_not_a_panic() {
-    let path = std::path::Path::new("/nonexistent/libSynapse.so");
+    // Inside a fresh private directory: a fixed path such as /nonexistent may exist.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = &tmp.path().join("missing").join("libSynapse.so");
     match SynapseApi::load(Some(path)) {
         Err(LoadError::NotFound { tried }) => assert_eq!(tried, vec![path.to_path_buf()]),
         other => panic!("expected NotFound, got {other:?}"),
@@ -83,14 +85,12 @@ fn a_library_that_is_not_synapse_names_the_missing_symbol() {
 
 #[test]
 fn a_file_that_is_not_a_library_is_an_open_error() {
-    let dir = std::env::temp_dir().join(format!("habana-sys-abi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("libSynapse.so");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("libSynapse.so");
     std::fs::write(&path, b"not an ELF file").unwrap();
     let err = SynapseApi::load_path(&path).unwrap_err();
     assert!(matches!(err, LoadError::Open { .. }), "{err:?}");
     assert!(err.to_string().contains(&path.display().to_string()));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// With `--features bindgen` and `HABANA_SDK_INCLUDE` set, compare every struct layout and every

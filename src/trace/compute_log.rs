@@ -368,6 +368,74 @@ mod tests {
         assert_eq!(l.notes.len(), 1);
     }
 
+    /// The writer's exact output: the reference's eight columns in the reference's order (its
+    /// readers go by position), then rank, start_ns, duration_ns; every field in its own column.
+    #[test]
+    fn writer_puts_each_field_in_its_column_in_the_reference_order() {
+        let mut w = ComputeLogWriter::new(Vec::new());
+        let rec = ComputeLogRecord {
+            global_step: 7,
+            local_step: 2,
+            world_size: 3,
+            batch: 16,
+            sentence_length: 128,
+            computed_batch: 48,
+            compute_dropped: true,
+            iteration_time_ms: 0.25,
+            rank: 1,
+            start_ns: 9_000,
+            duration_ns: 250_000,
+        };
+        w.write(&rec).expect("write");
+        let text = String::from_utf8(w.into_inner().expect("flush")).expect("utf8");
+        let mut lines = text.lines();
+        let header = lines.next().expect("header");
+        assert_eq!(header, [&REFERENCE_COLUMNS[..], &["rank", "start_ns", "duration_ns"]].concat().join(","));
+        assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000"));
+        assert_eq!(lines.next(), None);
+        let h = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
+        assert!(is_compute_log_header(&h(header)));
+        // The reference header alone, and a headerless reference row (8 fields, numeric step).
+        assert!(is_compute_log_header(&h(&REFERENCE_COLUMNS.join(","))));
+        assert!(is_compute_log_header(&h("6,0,16,16,128,16,False,500.5")));
+        // Anything else is not a compute log.
+        assert!(!is_compute_log_header(&h("global_step,local_step,world_size")));
+        assert!(!is_compute_log_header(&h(
+            "step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms"
+        )));
+        assert!(!is_compute_log_header(&h("x,0,16,16,128,16,False,500.5")));
+        assert!(!is_compute_log_header(&h("6,0,16,16,128,16,False,500.5,9")));
+    }
+
+    /// `flush` makes the rows written so far visible in the sink while the writer lives.
+    #[test]
+    fn flush_writes_the_rows_through() {
+        let dir = tmp("flush");
+        let path = dir.path().join("log.csv");
+        let mut w = ComputeLogWriter::new(std::fs::File::create(&path).expect("create"));
+        let rec = ComputeLogRecord {
+            global_step: 1,
+            local_step: 0,
+            world_size: 2,
+            batch: 4,
+            sentence_length: 0,
+            computed_batch: 4,
+            compute_dropped: false,
+            iteration_time_ms: 0.5,
+            rank: 0,
+            start_ns: 10,
+            duration_ns: 500_000,
+        };
+        w.write(&rec).expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "", "buffered until flushed");
+        w.flush().expect("flush");
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read").lines().nth(1),
+            Some("1,0,2,4,0,4,false,0.5,0,10,500000")
+        );
+        drop(w);
+    }
+
     #[test]
     fn reference_log_needs_rank_in_name_and_reports_bad_cells() {
         let dir = tmp("ref");
@@ -378,9 +446,13 @@ mod tests {
              6,0,16,16,128,16,False,500.5\n6,1,16,16,128,32,False,400\n",
         )
         .expect("write");
-        let l = load_logs(std::slice::from_ref(&good), &LoadOptions::default()).expect("load");
+        let opts = LoadOptions { reference_overhead_ns: 2.5e6, ..LoadOptions::default() };
+        let l = load_logs(std::slice::from_ref(&good), &opts).expect("load");
         assert_eq!(l.trace.ranks(), &[3]);
         assert_eq!(l.trace.step_matrix(0), &[500.5e6, 400e6]);
+        // A reference log records no step wall time: the assumed overhead, and a note saying so.
+        assert_eq!(l.trace.overhead_ns(), &[2.5e6]);
+        assert!(l.notes.iter().any(|n| n.contains("assuming overhead 2.500 ms")), "{:?}", l.notes);
 
         let bad = dir.path().join("compute_logs_4.csv");
         std::fs::write(
@@ -429,6 +501,61 @@ mod tests {
         );
         let e = load_log_bytes(name, ragged.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
+        // M counts dropped rows too: micro-batch 2 appears only dropped (step 0, every rank), so
+        // step 1, which has no row for it at all, is incomplete (M = 3), not complete with M = 2:
+        // no step is left. (Reported as every step dropped, though step 1 is ragged: the
+        // builder's empty result does not say why a step was removed.)
+        let only_dropped = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n0,2,2,4,0,8,true,0.0,0,20,0\n\
+             0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n0,2,2,4,0,8,true,0.0,1,20,0\n\
+             1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n\
+             1,0,2,4,0,4,false,0.01,1,100,10\n1,1,2,4,0,8,false,0.01,1,110,10\n"
+        );
+        let e = load_log_bytes(name, only_dropped.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Ragged { .. } | TraceError::AllStepsDropped { .. }), "{e:?}");
+        // A censored step does not excuse a ragged one: step 0 has a dropped row, step 1 misses
+        // a cell without one, step 2 is complete.
+        let mixed = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,4,true,0.0,0,10,0\n\
+             0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n\
+             1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n1,0,2,4,0,4,false,0.01,1,100,10\n\
+             2,0,2,4,0,4,false,0.01,0,200,10\n2,1,2,4,0,8,false,0.01,0,210,10\n\
+             2,0,2,4,0,4,false,0.01,1,200,10\n2,1,2,4,0,8,false,0.01,1,210,10\n"
+        );
+        let e = load_log_bytes(name, mixed.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
+        let opts = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
+        assert_eq!(load_log_bytes(name, mixed.as_bytes(), &opts).unwrap().trace.steps(), &[2]);
+        // A log with no row at all is empty, not "every step dropped".
+        let e = load_log_bytes(name, head.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(e, TraceError::Empty(_)), "{e:?}");
+    }
+
+    /// Overhead of step s = max over ranks of the start-to-start period - max over ranks of
+    /// the step's compute, on 3 ranks and 3 steps (so step 1 has a following step and its own
+    /// ranks' compute, not a neighbour's, is used); the last step takes the median.
+    #[test]
+    fn overhead_uses_each_steps_own_ranks() {
+        let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n";
+        // Compute (step x rank): [10, 90, 20], [20, 30, 80], [5, 5, 5]; steps start at 0, 100, 300.
+        let compute = [[10u64, 90, 20], [20, 30, 80], [5, 5, 5]];
+        let start = [0u64, 100, 300];
+        let mut text = head.to_string();
+        for (step, row) in compute.iter().enumerate() {
+            for (rank, d) in row.iter().enumerate() {
+                text += &format!("{step},0,3,4,0,4,false,0.0,{rank},{},{d}\n", start[step]);
+            }
+        }
+        let l = load_log_bytes(Path::new("log.csv"), text.as_bytes(), &LoadOptions::default()).unwrap();
+        assert_eq!(l.trace.overhead_ns(), &[100.0 - 90.0, 200.0 - 80.0, 120.0]);
+        // A reference log of two steps: the assumed overhead on each, never periods (it has no
+        // start times).
+        let reference = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
+                         0,0,1,4,0,4,False,1.5\n1,0,1,4,0,4,False,2\n";
+        let opts = LoadOptions { reference_overhead_ns: 7e5, ..LoadOptions::default() };
+        let l = load_log_bytes(Path::new("compute_logs_0.csv"), reference.as_bytes(), &opts).unwrap();
+        assert_eq!((l.trace.step_matrix(0), l.trace.step_matrix(1)), (&[1.5e6][..], &[2e6][..]));
+        assert_eq!(l.trace.overhead_ns(), &[7e5, 7e5]);
     }
 
     #[test]

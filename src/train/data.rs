@@ -454,8 +454,8 @@ mod tests {
 
     #[test]
     fn gzip_detected_by_magic_not_extension() {
-        let dir = std::env::temp_dir().join(format!("dc-data-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("dc-data-").tempdir().unwrap();
+        let dir = tmp.path();
         let text = b"0,2,4,0\n1,0,8,1\n";
         std::fs::write(dir.join("plain.gz"), text).unwrap();
         std::fs::write(dir.join("zipped.csv"), gz(text)).unwrap();
@@ -467,7 +467,6 @@ mod tests {
         assert_eq!((a.dim, a.classes, a.labels.clone()), (3, 10, vec![0, 1]));
         let e = Dataset::load(dir.join("missing.csv"), 10).unwrap_err();
         assert!(matches!(&e, DataError::Io { path, .. } if path.ends_with("missing.csv")), "{e:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -607,8 +606,8 @@ mod tests {
         let width = rows[1].split(',').count();
         let cut = rows[1].rfind(',').unwrap();
         rows[1] = format!("{},10", &rows[1][..cut]);
-        let dir = std::env::temp_dir().join(format!("dc-labels-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("dc-labels-").tempdir().unwrap();
+        let dir = tmp.path();
         let f = dir.join("three.csv");
         std::fs::write(&f, rows.join("\n")).unwrap();
         match Dataset::load(&f, 10) {
@@ -624,6 +623,5 @@ mod tests {
         assert!(matches!(Dataset::load(&f, 10), Err(DataError::LabelOutOfRange { line: 2, column: 3, label: -1, .. })));
         std::fs::write(&f, "1,2,0\n3,4,2.5\n").unwrap();
         assert!(matches!(Dataset::load(&f, 10), Err(DataError::Malformed { line: 2, column: 3, .. })));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -113,10 +113,10 @@ mod tests {
 
     #[test]
     fn writes_an_svg_with_both_labels_and_both_panels() {
-        let path = std::env::temp_dir().join(format!("dc-figure-{}.svg", std::process::id()));
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("figure.svg");
         write_figure(&path, &two_runs()).expect("figure");
         let svg = std::fs::read_to_string(&path).expect("read");
-        let _ = std::fs::remove_file(&path);
         assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
         assert!(svg.trim_end().ends_with("</svg>"));
         for text in ["baseline", "dropcompute", "Step time", "Train loss", "step time (ms)"] {
@@ -141,6 +141,61 @@ mod tests {
             .collect()
     }
 
+    /// Numeric tick labels of panel `panel` (0 = step time, top; 1 = loss, bottom) as
+    /// (x labels, y labels): a label belongs to the panel its y coordinate falls in; y labels
+    /// are right-aligned to the left of the axis (`text-anchor="end"`), x labels are not.
+    fn tick_labels(svg: &str, panel: usize) -> (Vec<f64>, Vec<f64>) {
+        let half = f64::from(SIZE.1) / 2.0;
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        for e in svg.split("<text").skip(1) {
+            let attr = |name: &str| e.split(&format!(" {name}=\"")).nth(1).and_then(|v| v.split('"').next());
+            let Some(Ok(v)) = e.split('>').nth(1).and_then(|t| t.split('<').next()).map(|t| t.trim().parse::<f64>())
+            else {
+                continue;
+            };
+            let y: f64 = attr("y").and_then(|y| y.parse().ok()).expect("a text element has a y coordinate");
+            if (y / half) as usize != panel {
+                continue;
+            }
+            if attr("text-anchor") == Some("end") { ys.push(v) } else { xs.push(v) }
+        }
+        (xs, ys)
+    }
+
+    /// The axes of panel `panel` cover `data` (x 0..len-1 and the finite y values, y padded as
+    /// `plot::data_ranges` does) and nothing far beyond: every tick label lies inside the padded
+    /// range, and the labels span most of it.
+    fn assert_axes_cover(svg: &str, panel: usize, x_max: f64, (y_min, y_max): (f64, f64)) {
+        let (xs, ys) = tick_labels(svg, panel);
+        let pad = (y_max - y_min) * 0.08;
+        assert!(xs.len() >= 3 && ys.len() >= 3, "panel {panel}: x labels {xs:?}, y labels {ys:?}");
+        assert!(xs.iter().all(|&x| (0.0..=x_max).contains(&x)), "panel {panel}: x labels {xs:?} outside 0..={x_max}");
+        assert!(xs.iter().cloned().fold(f64::INFINITY, f64::min) <= 0.2 * x_max, "panel {panel}: {xs:?}");
+        assert!(xs.iter().cloned().fold(0.0, f64::max) >= 0.8 * x_max, "panel {panel}: {xs:?}");
+        let inside = |y: f64| y >= y_min - pad - 1e-9 && y <= y_max + pad + 1e-9;
+        assert!(ys.iter().all(|&y| inside(y)), "panel {panel}: y labels {ys:?} outside {y_min}..{y_max} (+{pad})");
+        let span =
+            ys.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - ys.iter().cloned().fold(f64::INFINITY, f64::min);
+        assert!(span >= 0.5 * (y_max - y_min), "panel {panel}: y labels {ys:?} span too little of {y_min}..{y_max}");
+    }
+
+    #[test]
+    fn axes_ranges_match_the_data_of_each_panel() {
+        let s = two_runs();
+        let svg = figure_svg(&s).expect("figure");
+        // Step time: baseline 40..46 ms, DropCompute 30..32 ms, steps 0..29.
+        assert_axes_cover(&svg, 0, 29.0, (30.0, 46.0));
+        // Loss: 2.3·exp(-0.1·29) ..= 2.3 (both runs; the DropCompute loss decays more slowly).
+        assert_axes_cover(&svg, 1, 29.0, (2.3 * (-0.1f64 * 29.0).exp(), 2.3));
+        // A shorter, higher series moves the step-time axes with it.
+        let mut t = s.clone();
+        t[0].step_ms = vec![100.0, 140.0, 120.0];
+        t[1].step_ms = vec![90.0, 95.0, 110.0];
+        let svg = figure_svg(&t).expect("figure");
+        assert_axes_cover(&svg, 0, 2.0, (90.0, 140.0));
+        assert_eq!(data_lines(&svg, "#0000FF"), [3, 30]);
+    }
+
     #[test]
     fn nan_points_are_skipped_not_fatal() {
         let mut s = two_runs();
@@ -162,6 +217,26 @@ mod tests {
         }
         let svg = figure_svg(&s).expect("figure");
         assert!(svg.contains("Train loss") && svg.contains("dropcompute"));
+        // Both series are drawn in the step-time panel only (30 points each); the loss panel has
+        // no data line and falls back to the unit range on both axes.
+        for colour in ["#0000FF", "#FF0000"] {
+            assert_eq!(data_lines(&svg, colour), [30], "{colour}");
+        }
+        assert_axes_cover(&svg, 0, 29.0, (30.0, 46.0));
+        let (xs, ys) = tick_labels(&svg, 1);
+        assert!(!xs.is_empty() && !ys.is_empty(), "the empty loss panel still has axes");
+        assert!(xs.iter().chain(&ys).all(|v| (0.0..=1.0).contains(v)), "unit range: x {xs:?}, y {ys:?}");
+        // Also when the step times are the all-NaN ones: the loss panel is drawn, the step panel
+        // is empty.
+        let mut s = two_runs();
+        for x in s.iter_mut().flat_map(|s| s.step_ms.iter_mut()) {
+            *x = f64::NAN;
+        }
+        let svg = figure_svg(&s).expect("figure");
+        assert_eq!(data_lines(&svg, "#0000FF"), [30]);
+        let (xs, ys) = tick_labels(&svg, 0);
+        assert!(xs.iter().chain(&ys).all(|v| (0.0..=1.0).contains(v)), "unit range: x {xs:?}, y {ys:?}");
+        assert_axes_cover(&svg, 1, 29.0, (2.3 * (-0.1f64 * 29.0).exp(), 2.3));
     }
 
     #[test]
@@ -173,7 +248,11 @@ mod tests {
 
     #[test]
     fn unwritable_path_is_an_io_error() {
-        let path = std::env::temp_dir().join("dc-no-such-dir-for-figure").join("f.svg");
-        assert!(matches!(write_figure(&path, &two_runs()), Err(FigureError::Io { .. })));
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("missing").join("f.svg");
+        match write_figure(&path, &two_runs()) {
+            Err(FigureError::Io { path: p, .. }) => assert_eq!(p, path),
+            other => panic!("expected an Io error naming the path, got {other:?}"),
+        }
     }
 }

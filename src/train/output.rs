@@ -173,19 +173,13 @@ impl Drop for StagedOut {
 mod tests {
     use super::*;
 
-    /// A fresh empty directory under the system temp dir, removed at the end of the test.
-    struct Scratch(PathBuf);
+    /// A fresh empty private directory (crate `tempfile`): its path, and the guard that removes
+    /// it at the end of the test.
+    struct Scratch(PathBuf, #[allow(dead_code)] tempfile::TempDir);
     impl Scratch {
         fn new(tag: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("dc-out-{tag}-{}", std::process::id()));
-            let _ = fs::remove_dir_all(&p);
-            fs::create_dir_all(&p).expect("scratch dir");
-            Self(p)
-        }
-    }
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
+            let d = tempfile::Builder::new().prefix(&format!("dc-out-{tag}-")).tempdir().expect("scratch dir");
+            Self(d.path().to_path_buf(), d)
         }
     }
 

@@ -208,6 +208,63 @@ mod tests {
         }
     }
 
+    fn replay_how(max_drop_rate: f64, min_gain: f64) -> Recommend {
+        Recommend {
+            scoring: Scoring::Replay(CheckMode::BeforeMicroBatch),
+            guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain },
+            min_micro_batches: 1,
+        }
+    }
+
+    /// `min_gain` is a gain over 1.0x: τ=4 replays at 0.875·14/6 = 2.04x (gain 1.04), which
+    /// clears a 0.5 minimum gain.
+    #[test]
+    fn replay_min_gain_is_a_gain_not_a_ratio() {
+        assert_eq!(enabled(recommend(&trace(), &replay_how(0.25, 0.5)).verdict).threshold_ns, 4.0);
+        assert!(matches!(recommend(&trace(), &replay_how(0.25, 1.1)).verdict, Verdict::Decline(_)));
+    }
+
+    /// Which guardrail a refusal names: the batch-fraction floor when it, not the drop rate,
+    /// excludes the best candidate; a best gain exactly at the minimum gain is enough gain (the
+    /// refusal is then the guardrail's, not InsufficientGain).
+    #[test]
+    fn replay_refusals_name_the_binding_guardrail() {
+        let mut how = replay_how(1.0, 0.02);
+        how.guardrails.min_batch_fraction = 0.95;
+        match recommend(&trace(), &how).verdict {
+            Verdict::Decline(Refusal::MinBatchFraction { batch_fraction, min_batch_fraction, .. }) => {
+                assert_eq!((batch_fraction, min_batch_fraction), (5.0 / 8.0, 0.95));
+            }
+            other => panic!("expected MinBatchFraction, got {other:?}"),
+        }
+        let best = enabled(replay_with(1.0));
+        match recommend(&trace(), &replay_how(0.1, best.objective)).verdict {
+            Verdict::Decline(Refusal::MaxDropRate { gain, .. }) => assert_eq!(gain, best.objective),
+            other => panic!("expected MaxDropRate at exactly the minimum gain, got {other:?}"),
+        }
+    }
+
+    /// Ties keep the smaller threshold: with no drop allowed, τ=6 and τ=14 both replay at 1.0x
+    /// and a zero minimum gain enables τ=6.
+    #[test]
+    fn replay_ties_keep_the_smallest_threshold() {
+        assert_eq!(enabled(recommend(&trace(), &replay_how(0.0, 0.0)).verdict).threshold_ns, 6.0);
+    }
+
+    /// step_saving is the mean over steps of 1 - replayed / recorded step time (two steps, the
+    /// second all 1 ns micro-batches), not their sum.
+    #[test]
+    fn replay_step_saving_is_the_mean_over_steps() {
+        let lat = vec![1.0, 1.0, 1.0, 3.0, 1.0, 2.0, 1.0, 10.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let two = LatencyTrace::new("t", vec![0, 1], vec![0, 1], 4, lat, vec![0.0, 0.0]).expect("valid trace");
+        let c = enabled(recommend(&two, &replay_how(1.0, 0.02)).verdict);
+        let r = replay_at(&two, c.threshold(), CheckMode::BeforeMicroBatch, 1);
+        assert_eq!(r.per_step.len(), 2);
+        let savings: Vec<f64> = r.per_step.iter().map(|&(b, p, _)| 1.0 - p / b).collect();
+        assert!(savings.iter().sum::<f64>() > 0.0, "{savings:?}");
+        assert!((c.step_saving - (savings[0] + savings[1]) / 2.0).abs() < 1e-12, "{c:?} vs {savings:?}");
+    }
+
     #[test]
     fn the_ideal_is_the_exact_search_and_the_verdict_is_the_replay() {
         let g = Guardrails { max_drop_rate: 0.25, min_batch_fraction: 0.0, min_gain: 0.02 };

@@ -197,10 +197,14 @@ mod tests {
         v
     }
 
+    thread_local! {
+        /// This test's private directory (each test runs on its own thread): removed when the
+        /// test's thread ends, and never shared with a test running in parallel.
+        static DIR: tempfile::TempDir = tempfile::Builder::new().prefix("dropcompute-parquet-").tempdir().expect("temp dir");
+    }
+
     fn temp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("dropcompute-parquet-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("temp dir");
-        d.join(name)
+        DIR.with(|d| d.path().join(name))
     }
 
     fn write_csv(ops: &[Op]) -> PathBuf {

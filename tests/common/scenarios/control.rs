@@ -156,7 +156,7 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
             module_id: 2,
             slowdown: 3.0,
             noise: None,
-            script_ns: vec![1234, 5678],
+            script_ns: vec![1234, 5678, 91_011],
             script_recipe: None,
         }],
         ..MockConfig::default()
@@ -178,8 +178,14 @@ pub fn latency_script_sets_elapsed_time(api: &SynapseApi, c: &MockControl) {
     d.record(ev[4], s);
     ok(api, d.sync(s));
     let dt: Vec<u64> = ev.windows(2).map(|w| d.elapsed(w[0], w[1]).unwrap()).collect();
-    // Script, script, then base 100 ns × slowdown 3; 1000 bytes at 1 GB/s = 1000 ns.
-    assert_eq!(dt, vec![1234, 5678, 300, 1000]);
+    // Script, script, script, then base 100 ns × slowdown 3; 1000 bytes at 1 GB/s = 1000 ns.
+    assert_eq!(dt, vec![1234, 5678, 91_011, 1000]);
+    // The external event of a launch is signalled at its end: the next script entry is
+    // exhausted, so base 100 ns × slowdown 3 after the previous event.
+    let ext = d.event(EVENT_COLLECT_TIME);
+    ok(api, d.launch(s, r, &["x"], &[a], false, &mut [ext]));
+    ok(api, d.sync(s));
+    assert_eq!(d.elapsed(ev[4], ext), Ok(300));
 }
 
 pub fn status_strings_and_hccl_entry_points(api: &SynapseApi, _c: &MockControl) {

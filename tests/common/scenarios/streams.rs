@@ -63,12 +63,17 @@ pub fn stream_ordering_and_launch(api: &SynapseApi, _c: &MockControl) {
     ok(api, d.launch(s, copy, &["src", "dst"], &[a, b], true, &mut []));
     let v = d.read_f32(s, b, 1024);
     assert!(v[..512].iter().all(|&x| x == 9.0) && v[512..].iter().all(|&x| x == 3.0), "{:?}", &v[500..520]);
-    // External events are recorded when the launch completes.
-    let e = d.event(EVENT_COLLECT_TIME);
+    // External events are recorded when the launch completes: after the recipe's latency
+    // (base 1000 ns; the exact scripted value: `latency_script_sets_elapsed_time`).
+    let (before, e) = (d.event(EVENT_COLLECT_TIME), d.event(EVENT_COLLECT_TIME));
+    d.record(before, s);
     ok(api, d.launch(s, fill, &["out"], &[b], false, &mut [e]));
     // SAFETY: a call through the mock C function table with arguments matching its prototype: handles this test created and pointers to live buffers of the stated sizes.
     unsafe { ok(api, (api.syn_event_synchronize)(e)) };
-    assert!(d.elapsed(e, std::ptr::null_mut()).is_ok());
+    let (t_before, t_e) =
+        (d.elapsed(before, std::ptr::null_mut()).unwrap(), d.elapsed(e, std::ptr::null_mut()).unwrap());
+    assert!(t_e >= t_before + 1000, "launch event at {t_e} ns, {t_before} ns before it");
+    assert_eq!(d.elapsed(before, e), Ok(t_e - t_before));
     assert_eq!(d.read_f32(s, b, 1024), vec![3.0; 1024]);
 }
 
