@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use dropcompute::policy::{self, CheckMode, PolicyConfig, Threshold};
 use dropcompute::schedule::{CountRow, Normalization, SchedulerConfig, SkipReason, Weighting};
-use dropcompute::trace::{LoadOptions, TraceError};
+use dropcompute::trace::{LatencyTrace, LoadOptions, TraceError};
 use dropcompute::tune::{self, Guardrails, Recommend, Refusal, Scoring, Verdict};
 
 /// A status code returned by every function (a C `int32_t`; 0 = success). A newtype, not an
@@ -306,16 +306,34 @@ pub unsafe extern "C" fn dc_recommend_file(
     })
 }
 
-/// Loads the one trace of `path` and recommends (shared with the Python extension).
+/// Loads the one trace of `path` and recommends (see [`dc_recommend_file`]).
 ///
 /// # Errors
 /// As [`dc_recommend_file`], as (status, message).
 pub fn recommend_path(path: &std::path::Path, how: &Recommend) -> Result<DcRecommendation, (DcStatus, String)> {
-    let mut loaded = dropcompute::trace::load(&[path.to_path_buf()], &LoadOptions::default()).map_err(trace_error)?;
+    let t = load_trace(path, &LoadOptions::default())?;
+    check_sufficient(&t)?;
+    Ok(to_recommendation(&tune::recommend(&t, how).verdict))
+}
+
+/// Loads the one trace held by `path` (shared with the Python extension).
+///
+/// # Errors
+/// `DC_IO` (unreadable), `DC_TRACE` (malformed, or a file holding several traces).
+pub fn load_trace(path: &std::path::Path, opts: &LoadOptions) -> Result<LatencyTrace, (DcStatus, String)> {
+    let mut loaded = dropcompute::trace::load(&[path.to_path_buf()], opts).map_err(trace_error)?;
     if loaded.len() != 1 {
         return Err((DC_TRACE, format!("{}: {} traces in one input; pass one", path.display(), loaded.len())));
     }
-    let t = loaded.remove(0).trace;
+    Ok(loaded.remove(0).trace)
+}
+
+/// `DC_INSUFFICIENT_DATA` unless `t` has at least `tune::MIN_STEPS` steps and 2 ranks (the
+/// rule of `dropcompute tune`).
+///
+/// # Errors
+/// `DC_INSUFFICIENT_DATA` with the trace's shape.
+pub fn check_sufficient(t: &LatencyTrace) -> Result<(), (DcStatus, String)> {
     if t.num_steps() < tune::MIN_STEPS || t.world_size() < 2 {
         let e = TraceError::InsufficientData {
             source_name: t.source().to_string(),
@@ -325,7 +343,7 @@ pub fn recommend_path(path: &std::path::Path, how: &Recommend) -> Result<DcRecom
         };
         return Err((DC_INSUFFICIENT_DATA, e.to_string()));
     }
-    Ok(to_recommendation(&tune::recommend(&t, how).verdict))
+    Ok(())
 }
 
 /// The C view of a verdict.
