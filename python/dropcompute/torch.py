@@ -17,6 +17,9 @@ Device time (the event protocol): ``torch.hpu.Event`` on Gaudi, ``torch.cuda.Eve
 at each check), the host clock (``time.perf_counter_ns``) on CPU, where execution is
 synchronous.
 
+Errors: the all-reduce timing out (the process group's timeout: a rank died or never reached
+the step) raises ``TimeoutError`` naming the rank and step; other collective errors propagate.
+
 Precision: the fused buffer has the gradients' dtype, so counts are exact up to 2^24 samples
 per step with float32 gradients (2^53 with float64).
 
@@ -215,7 +218,15 @@ class DropComputeStep:
         tail[n + self.rank] = 0.0 if bool(torch.isfinite(flat_grads).all()) else 1.0
         flat = torch.cat([flat_grads, tail])
         if n > 1:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)  # the one collective
+            try:
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)  # the one collective
+            except RuntimeError as e:
+                if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                    raise TimeoutError(
+                        f"rank {self.rank}: step {self.step}: the gradient + count all-reduce timed out "
+                        f"(process group timeout): {e}"
+                    ) from e
+                raise
         counts = [int(round(float(c))) for c in flat[-2 * n : -n].tolist()]
         nonfinite = [r for r, f in enumerate(flat[-n:].tolist()) if f != 0.0]
         d = None if nonfinite else divisor(

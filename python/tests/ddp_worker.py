@@ -78,7 +78,8 @@ class CountCollectives:
 
 def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    timeout = 5 if scenario == "timeout" else 120
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
     rank, n = dist.get_rank(), dist.get_world_size()
     out: Dict[str, Any] = {"rank": rank, "world_size": n}
     net = model()
@@ -157,6 +158,22 @@ def main() -> None:
             opt.step()
         ctl.close()
         out["log"] = path
+    elif scenario == "timeout":
+        ctl = DropComputeStep(ddp, dropcompute.Policy())
+        if rank != 0:
+            time.sleep(15)  # never joins the step's all-reduce
+            os._exit(0)
+        t0 = time.monotonic()
+        try:
+            ctl.run(data(rank, 0, 2), sum_loss)
+            out["raised"] = None
+        except TimeoutError as e:
+            out["raised"] = "TimeoutError"
+            out["message"] = str(e)
+        out["waited_s"] = time.monotonic() - t0
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+        os._exit(0)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     out["ddp_hook_calls"] = hook_calls[0]

@@ -69,6 +69,17 @@ def test_every_rank_computing_nothing_skips_the_step_on_every_rank(tmp_path: Pat
     assert dropcompute.divisor(np.zeros(2, dtype=np.uint64)) is None
 
 
+def test_collective_timeout_is_a_python_timeout_error(tmp_path: Path) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(HERE / "ddp_worker.py"), "timeout", str(tmp_path)]
+    subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    r = json.loads((tmp_path / "rank0.json").read_text())
+    assert r["raised"] == "TimeoutError", r
+    assert r["message"].startswith("rank 0: step 0: the gradient + count all-reduce timed out"), r
+    assert r["waited_s"] < 14.0, r  # the process group's 5 s timeout, not the peer's 15 s sleep
+
+
 def dropcompute_bin() -> Path:
     p = Path(os.environ.get("DROPCOMPUTE_BIN", REPO / "target" / "debug" / "dropcompute"))
     if not p.exists():
