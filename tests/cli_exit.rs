@@ -88,7 +88,10 @@ fn a_bad_mock_version_is_refused_by_every_backend() {
         let (code, err) = code_and_stderr(&dropcompute(&["info", "--no-check", "--library", lib], &env));
         assert_eq!(code, Some(3), "{err}");
         assert!(err.contains(lib) && err.contains(v), "{err}");
-        for args in [&["info", "--backend", "mock", "--no-check"][..], &["train", "--ranks", "2", "--steps", "1", "--threshold", "off"]] {
+        for args in [
+            &["info", "--backend", "mock", "--no-check"][..],
+            &["train", "--ranks", "2", "--steps", "1", "--threshold", "off"],
+        ] {
             let (code, err) = code_and_stderr(&dropcompute(args, &env));
             assert_eq!(code, Some(2), "{args:?} {v}: {err}");
             assert!(err.contains("DROPCOMPUTE_MOCK_VERSION") && err.contains(v), "{args:?}: {err}");

@@ -209,11 +209,7 @@ mod tests {
     }
 
     fn replay_how(max_drop_rate: f64, min_gain: f64) -> Recommend {
-        Recommend {
-            scoring: Scoring::Replay(CheckMode::BeforeMicroBatch),
-            guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain },
-            min_micro_batches: 1,
-        }
+        Recommend { execution: before(), guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain } }
     }
 
     /// `min_gain` is a gain over 1.0x: τ=4 replays at 0.875·14/6 = 2.04x (gain 1.04), which
@@ -258,7 +254,7 @@ mod tests {
         let lat = vec![1.0, 1.0, 1.0, 3.0, 1.0, 2.0, 1.0, 10.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
         let two = LatencyTrace::new("t", vec![0, 1], vec![0, 1], 4, lat, vec![0.0, 0.0]).expect("valid trace");
         let c = enabled(recommend(&two, &replay_how(1.0, 0.02)).verdict);
-        let r = replay_at(&two, c.threshold(), CheckMode::BeforeMicroBatch, 1);
+        let r = replay(&two, c.threshold(), &before());
         assert_eq!(r.per_step.len(), 2);
         let savings: Vec<f64> = r.per_step.iter().map(|&(b, p, _)| 1.0 - p / b).collect();
         assert!(savings.iter().sum::<f64>() > 0.0, "{savings:?}");

@@ -1,0 +1,109 @@
+//! A C program compiled against include/dropcompute.h and the static library uses the policy,
+//! the recommendation and the divisor; its printed recommendation equals the Rust library's.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use dropcompute::policy::CheckMode;
+use dropcompute::trace::compute_log::{ComputeLogRecord, ComputeLogWriter};
+use dropcompute::trace::{LoadOptions, load};
+use dropcompute::tune::{Guardrails, Verdict};
+use dropcompute_capi::{chosen_verdict, recommend_trace};
+
+/// 2 ranks x 4 micro-batches x 12 steps of 1 ms, rank 1's last micro-batch 6 ms on even steps:
+/// a trace where dropping pays off (the straggler waits are half the step).
+fn write_trace(path: &Path) {
+    let mut w = ComputeLogWriter::new(std::fs::File::create(path).unwrap());
+    for step in 0..12u64 {
+        for rank in 0..2u32 {
+            let mut start = 0;
+            for mb in 0..4u32 {
+                let dur: u64 = if rank == 1 && mb == 3 && step % 2 == 0 { 6_000_000 } else { 1_000_000 };
+                w.write(&ComputeLogRecord {
+                    global_step: step,
+                    local_step: mb,
+                    world_size: 2,
+                    batch: 8,
+                    sentence_length: 0,
+                    computed_batch: 8 * u64::from(mb + 1),
+                    compute_dropped: false,
+                    iteration_time_ms: dur as f64 / 1e6,
+                    rank,
+                    start_ns: start,
+                    duration_ns: dur,
+                })
+                .unwrap();
+                start += dur;
+            }
+        }
+    }
+    w.flush().unwrap();
+}
+
+/// target/debug (the test binary lives in target/debug/deps).
+fn target_dir() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let start = line.find(&format!("{key}=")).unwrap_or_else(|| panic!("{key} missing in {line}")) + key.len() + 1;
+    let rest = &line[start..];
+    if key == "reason" { rest } else { rest.split(' ').next().unwrap() }
+}
+
+#[test]
+fn c_program_uses_policy_recommend_and_divisor() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("compute_log.csv");
+    write_trace(&trace);
+    let lib = target_dir().join("libdropcompute_capi.a");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let exe = dir.path().join("program");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-std=c99", "-Wall", "-Werror", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("tests/c/program.c"))
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&exe)
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(status.success(), "compiling the C program failed");
+    let out = Command::new(&exe).arg(&trace).output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "C program failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+
+    let t = load(std::slice::from_ref(&trace), &LoadOptions::default()).unwrap().remove(0).trace;
+    let cases = [
+        ("oracle", None, Guardrails::default()),
+        ("strict", Some(CheckMode::BeforeMicroBatch), Guardrails { max_drop_rate: 0.0, ..Guardrails::default() }),
+    ];
+    for (name, check, guardrails) in cases {
+        let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} line: {stdout}"));
+        let rec = recommend_trace(&t, check, guardrails, 1);
+        let v = chosen_verdict(&rec, check).clone();
+        let num = |k: &str| field(line, k).parse::<f64>().unwrap();
+        match v {
+            Verdict::Enable(c) => {
+                assert_eq!(field(line, "enabled"), "1", "{name}: {line}");
+                assert_eq!(num("threshold_ns"), c.threshold_ns);
+                assert_eq!(num("drop_rate"), c.drop_rate);
+                assert_eq!(num("speedup"), c.objective);
+                assert!(c.objective > 0.02, "{name}: the trace is built to pay off: {c:?}");
+            }
+            Verdict::Decline(r) => {
+                assert_eq!(field(line, "enabled"), "0", "{name}: {line}");
+                assert_eq!(field(line, "reason"), r.to_string());
+                assert_eq!(num("threshold_ns"), 0.0);
+            }
+        }
+        if name == "oracle" {
+            assert!(matches!(v, Verdict::Enable(_)), "default guardrails enable on this trace: {v:?}");
+        } else {
+            assert!(matches!(v, Verdict::Decline(_)), "max_drop_rate 0 refuses: {v:?}");
+            assert_eq!(field(line, "refusal"), "2", "{line}");
+        }
+    }
+}

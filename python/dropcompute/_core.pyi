@@ -1,0 +1,180 @@
+"""Typed stubs of the extension module ``dropcompute._core`` (python/src/lib.rs)."""
+
+import os
+from types import TracebackType
+from typing import Dict, List, Literal, Optional, Type, TypedDict, Union
+
+import numpy as np
+import numpy.typing as npt
+
+#: Fewest complete steps (and 2 ranks) a trace needs for ``recommend``.
+MIN_STEPS: int
+
+CheckMode = Literal["before", "predictive"]
+Source = Union[str, "os.PathLike[str]", npt.NDArray[np.float64]]
+
+class Policy:
+    """The deadline policy of a job (``policy::decide``).
+
+    ``threshold_ns`` None = off; ``check`` "before" (start iff elapsed < threshold, the
+    reference) or "predictive" (start iff elapsed + estimate <= threshold); steps
+    ``0..warmup_steps`` never drop; the first ``min_micro_batches`` of a step always start.
+    Raises ValueError naming ``check`` for an unknown mode."""
+
+    def __init__(
+        self,
+        threshold_ns: Optional[int] = None,
+        check: CheckMode = "before",
+        warmup_steps: int = 3,
+        min_micro_batches: int = 1,
+    ) -> None: ...
+    def should_start(
+        self, elapsed_ns: int, estimate_ns: Optional[int] = None, *, step: int, started: int
+    ) -> bool:
+        """Whether to start micro-batch ``started`` (0-based) of step ``step`` after
+        ``elapsed_ns`` of compute since the previous optimizer step ended."""
+    @property
+    def threshold_ns(self) -> Optional[int]: ...
+    @property
+    def check(self) -> CheckMode: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def min_micro_batches(self) -> int: ...
+
+class LatencyEstimator:
+    """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns)."""
+
+    def __init__(self, window: int = 32, quantile: float = 0.9) -> None: ...
+    def observe(self, latency_ns: int) -> None: ...
+    def estimate(self) -> Optional[int]: ...
+    def __len__(self) -> int: ...
+
+class Verdict:
+    """The tuner's decision. ``predicted_*`` come from the scoring named by ``scoring``
+    ("oracle": oracle truncation; "before"/"predictive": the policy replayed on the trace, i.e.
+    realizable); ``ideal_speedup``/``ideal_threshold_ns`` are the oracle's best candidate within
+    the guardrails. ``refusal`` names the guardrail that declined ("min_gain",
+    "max_drop_rate", "min_batch_fraction"), ``reason`` gives the numbers."""
+
+    enabled: bool
+    threshold_ns: Optional[float]
+    predicted_drop_rate: float
+    predicted_speedup: float
+    ideal_speedup: float
+    ideal_threshold_ns: float
+    scoring: str
+    refusal: Optional[str]
+    reason: Optional[str]
+
+def recommend(
+    source: Source,
+    *,
+    check: Literal["oracle", "before", "predictive"] = "oracle",
+    max_drop_rate: float = 0.10,
+    min_batch_fraction: float = 0.75,
+    min_gain: float = 0.02,
+    min_micro_batches: int = 1,
+    overhead_ns: float = 0.0,
+) -> Verdict:
+    """Recommend a threshold from a trace file or an (N, M, steps) float64 array of latencies
+    (ns); ``overhead_ns`` per step for arrays and the reference's logs. Raises ValueError
+    (bad field, malformed trace, fewer than MIN_STEPS steps or 2 ranks), OSError (file)."""
+
+class SimulateResult(TypedDict):
+    baseline_step_ns: float
+    policy_step_ns: float
+    drop_rate: float
+    effective_speedup: float
+    baseline_per_step_ns: npt.NDArray[np.float64]
+    policy_per_step_ns: npt.NDArray[np.float64]
+    started_per_step: npt.NDArray[np.uint64]
+
+def simulate(source: Source, policy: Policy, *, overhead_ns: float = 0.0) -> SimulateResult:
+    """Replay a trace under ``policy`` (``sim::replay``)."""
+
+class TraceArrays(TypedDict):
+    latencies_ns: npt.NDArray[np.float64]
+    overhead_ns: npt.NDArray[np.float64]
+    ranks: npt.NDArray[np.uint32]
+    steps: npt.NDArray[np.uint64]
+    source: str
+
+def read_trace(path: Union[str, "os.PathLike[str]"], *, overhead_ns: float = 0.0) -> TraceArrays:
+    """A trace file as arrays: latencies_ns of shape (N, M, steps) (a transposed view, no
+    copy), overhead_ns (steps,), rank and step ids."""
+
+def divisor(
+    counts: npt.NDArray[np.uint64],
+    normalization: Literal["realized", "nominal"] = "realized",
+    micro_batches: int = 1,
+    micro_batch_size: int = 1,
+) -> Optional[float]:
+    """What the summed gradient is divided by: the global computed count ("realized") or
+    N*M*b ("nominal"); None when the global count is zero (every rank skips the step)."""
+
+class ComputeLogWriter:
+    """Writes the compute log (CSV, the reference's columns plus rank/start_ns/duration_ns);
+    ``dropcompute tune`` reads it. Raises OSError for file errors."""
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None: ...
+    def write(
+        self,
+        *,
+        global_step: int,
+        local_step: int,
+        world_size: int,
+        batch: int,
+        computed_batch: int,
+        compute_dropped: bool,
+        rank: int,
+        start_ns: int,
+        duration_ns: int,
+        sentence_length: int = 0,
+    ) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "ComputeLogWriter": ...
+    def __exit__(
+        self,
+        t: Optional[Type[BaseException]],
+        v: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+class StragglerTracker:
+    """Per-rank straggler statistics (``schedule::StragglerTracker``)."""
+
+    def __init__(self, world_size: int, alpha: float = 0.1, chronic_fraction: float = 0.5) -> None: ...
+    def observe(self, dropped: npt.NDArray[np.uint32], compute_ns: npt.NDArray[np.uint64]) -> None: ...
+    def chronic(self) -> List[int]: ...
+    def labels(self) -> List[str]: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def hits(self) -> List[int]: ...
+    @property
+    def ewma_compute_ns(self) -> List[float]: ...
+
+class Retuner:
+    """Closed-loop re-tuning: probe windows with the threshold off, enforce windows with the
+    tuned threshold (``tune::retune::Retuner``)."""
+
+    def __init__(
+        self,
+        world_size: int,
+        micro_batches: int,
+        *,
+        period: int = 200,
+        probe_steps: int = 20,
+        hysteresis: float = 0.01,
+        max_drop_rate: float = 0.10,
+        min_batch_fraction: float = 0.75,
+        min_gain: float = 0.02,
+        min_micro_batches: int = 1,
+    ) -> None: ...
+    def on_step(
+        self, latencies_ns: npt.NDArray[np.float64], step_time_ns: float
+    ) -> Optional[Dict[str, Union[str, bool, float, int, None]]]: ...
+    @property
+    def threshold_ns(self) -> Optional[int]: ...

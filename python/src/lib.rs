@@ -1,0 +1,573 @@
+//! `dropcompute._core`: the Python extension module (pyo3, abi3, CPython >= 3.9) over the
+//! dropcompute crate. The Python package `dropcompute` (python/dropcompute/) re-exports it;
+//! `dropcompute/_core.pyi` holds the typed stubs.
+//!
+//! Owns: argument conversion and validation (a bad argument is a `ValueError` naming the
+//! field), the mapping of crate errors to Python exceptions (`OSError` for files, `ValueError`
+//! for malformed traces and insufficient data), and releasing the interpreter lock around
+//! every call that reads files or searches (`Python::detach`). Must not touch: decision logic
+//! (every function forwards to the crate's one implementation: `policy::decide`,
+//! `tune::recommend`, `sim::replay`, `schedule::divisor`, `tune::retune::Retuner`,
+//! `schedule::StragglerTracker`, `trace::compute_log`).
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use numpy::ndarray::{Array3, ArrayView3};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use dropcompute::policy::{self, CheckMode, PolicyConfig, Threshold};
+use dropcompute::schedule::RankStepStats;
+use dropcompute::sim::replay::{ExecutionModel, replay};
+use dropcompute::trace::compute_log::{ComputeLogRecord, ComputeLogWriter as RsWriter};
+use dropcompute::trace::{LatencyTrace, LoadOptions};
+use dropcompute::tune::retune::{RetuneEvent, RetunerConfig};
+use dropcompute::tune::{self, Guardrails, Refusal, TuneConfig, Verdict as RsVerdict};
+use dropcompute_capi::{DC_IO, DcStatus};
+
+/// A (status, message) of the C API layer as a Python exception.
+fn py_err((status, msg): (DcStatus, String)) -> PyErr {
+    if status == DC_IO { PyOSError::new_err(msg) } else { PyValueError::new_err(msg) }
+}
+
+fn value_err(field: &str, msg: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("{field}: {msg}"))
+}
+
+fn parse_check(check: &str) -> PyResult<CheckMode> {
+    match check {
+        "before" => Ok(CheckMode::BeforeMicroBatch),
+        "predictive" => Ok(CheckMode::Predictive),
+        other => Err(value_err("check", format!("{other:?}: must be \"before\" or \"predictive\""))),
+    }
+}
+
+fn check_name(c: CheckMode) -> &'static str {
+    match c {
+        CheckMode::BeforeMicroBatch => "before",
+        CheckMode::Predictive => "predictive",
+    }
+}
+
+fn fraction(field: &str, v: f64) -> PyResult<f64> {
+    if (0.0..=1.0).contains(&v) { Ok(v) } else { Err(value_err(field, format!("{v}: must be a fraction in [0, 1]"))) }
+}
+
+/// The DropCompute deadline policy of one job (`policy::decide`).
+#[pyclass(module = "dropcompute._core", frozen)]
+#[derive(Clone)]
+pub struct Policy {
+    cfg: PolicyConfig,
+}
+
+#[pymethods]
+impl Policy {
+    #[new]
+    #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1))]
+    fn new(threshold_ns: Option<u64>, check: &str, warmup_steps: u64, min_micro_batches: u32) -> PyResult<Self> {
+        let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
+        Ok(Self { cfg: PolicyConfig { threshold, check: parse_check(check)?, warmup_steps, min_micro_batches } })
+    }
+
+    /// Whether to start micro-batch `started` of step `step` after `elapsed_ns` of compute.
+    #[pyo3(signature = (elapsed_ns, estimate_ns=None, *, step, started))]
+    fn should_start(&self, elapsed_ns: u64, estimate_ns: Option<u64>, step: u64, started: u32) -> bool {
+        policy::decide(&self.cfg, step, started, elapsed_ns, estimate_ns).is_start()
+    }
+
+    #[getter]
+    fn threshold_ns(&self) -> Option<u64> {
+        self.cfg.threshold.as_ns()
+    }
+    #[getter]
+    fn check(&self) -> &'static str {
+        check_name(self.cfg.check)
+    }
+    #[getter]
+    fn warmup_steps(&self) -> u64 {
+        self.cfg.warmup_steps
+    }
+    #[getter]
+    fn min_micro_batches(&self) -> u32 {
+        self.cfg.min_micro_batches
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Policy(threshold_ns={}, check={:?}, warmup_steps={}, min_micro_batches={})",
+            self.cfg.threshold.as_ns().map_or("None".to_string(), |t| t.to_string()),
+            check_name(self.cfg.check),
+            self.cfg.warmup_steps,
+            self.cfg.min_micro_batches
+        )
+    }
+}
+
+/// Online estimate of a rank's next micro-batch latency (`policy::LatencyEstimator`).
+#[pyclass(module = "dropcompute._core")]
+pub struct LatencyEstimator {
+    inner: policy::LatencyEstimator,
+}
+
+#[pymethods]
+impl LatencyEstimator {
+    #[new]
+    #[pyo3(signature = (window=32, quantile=0.9))]
+    fn new(window: usize, quantile: f64) -> PyResult<Self> {
+        if window == 0 {
+            return Err(value_err("window", "0: must be >= 1"));
+        }
+        Ok(Self { inner: policy::LatencyEstimator::new(window, fraction("quantile", quantile)?) })
+    }
+    fn observe(&mut self, latency_ns: u64) {
+        self.inner.observe(latency_ns)
+    }
+    fn estimate(&mut self) -> Option<u64> {
+        self.inner.estimate()
+    }
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+/// The tuner's decision (see `dropcompute/_core.pyi`).
+#[pyclass(module = "dropcompute._core", frozen, get_all)]
+pub struct Verdict {
+    enabled: bool,
+    threshold_ns: Option<f64>,
+    predicted_drop_rate: f64,
+    predicted_speedup: f64,
+    ideal_speedup: f64,
+    ideal_threshold_ns: f64,
+    scoring: String,
+    refusal: Option<String>,
+    reason: Option<String>,
+}
+
+#[pymethods]
+impl Verdict {
+    fn __repr__(&self) -> String {
+        match &self.reason {
+            None => format!(
+                "Verdict(enabled=True, threshold_ns={:.0}, predicted_drop_rate={:.4}, predicted_speedup={:+.4}, scoring={:?})",
+                self.threshold_ns.unwrap_or(0.0),
+                self.predicted_drop_rate,
+                self.predicted_speedup,
+                self.scoring
+            ),
+            Some(r) => {
+                format!("Verdict(enabled=False, refusal={:?}, reason={r:?})", self.refusal.as_deref().unwrap_or(""))
+            }
+        }
+    }
+}
+
+/// Per-trace inputs: a file path, or an (N, M, steps) array of latencies (ns).
+fn trace_from(py: Python<'_>, source: &Bound<'_, PyAny>, overhead_ns: f64) -> PyResult<LatencyTrace> {
+    if !(overhead_ns.is_finite() && overhead_ns >= 0.0) {
+        return Err(value_err("overhead_ns", format!("{overhead_ns}: must be finite and >= 0")));
+    }
+    if let Ok(arr) = source.extract::<PyReadonlyArray3<'_, f64>>() {
+        let view = arr.as_array();
+        let (n, m, s) = view.dim();
+        if n == 0 || m == 0 || s == 0 {
+            return Err(value_err("latencies_ns", format!("shape ({n}, {m}, {s}): every dimension must be >= 1")));
+        }
+        let lat = to_step_major(view);
+        return LatencyTrace::new(
+            "array",
+            (0..n as u32).collect(),
+            (0..s as u64).collect(),
+            m,
+            lat,
+            vec![overhead_ns; s],
+        )
+        .map_err(|e| value_err("latencies_ns", e));
+    }
+    let path: PathBuf = source.extract().map_err(|_| {
+        value_err("source", "must be a path (str or os.PathLike) or a float64 array of shape (N, M, steps)")
+    })?;
+    let opts = LoadOptions { reference_overhead_ns: overhead_ns, ..Default::default() };
+    py.detach(|| dropcompute_capi::load_trace(&path, &opts)).map_err(py_err)
+}
+
+/// (N, M, S) -> the trace's layout `[(s * N + n) * M + m]`.
+fn to_step_major(view: ArrayView3<'_, f64>) -> Vec<f64> {
+    let (n, m, s) = view.dim();
+    let mut out = Vec::with_capacity(n * m * s);
+    for si in 0..s {
+        for ni in 0..n {
+            for mi in 0..m {
+                out.push(view[[ni, mi, si]]);
+            }
+        }
+    }
+    out
+}
+
+fn refusal_name(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::InsufficientGain { .. } => "min_gain",
+        Refusal::MaxDropRate { .. } => "max_drop_rate",
+        Refusal::MinBatchFraction { .. } => "min_batch_fraction",
+    }
+}
+
+/// Recommend a threshold (`tune::recommend`).
+#[pyfunction]
+#[pyo3(signature = (source, *, check="oracle", max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1, overhead_ns=0.0))]
+#[allow(clippy::too_many_arguments)]
+fn recommend(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    check: &str,
+    max_drop_rate: f64,
+    min_batch_fraction: f64,
+    min_gain: f64,
+    min_micro_batches: u32,
+    overhead_ns: f64,
+) -> PyResult<Verdict> {
+    let guardrails = Guardrails {
+        max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
+        min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
+        min_gain: fraction("min_gain", min_gain)?,
+    };
+    let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
+    let trace = trace_from(py, source, overhead_ns)?;
+    dropcompute_capi::check_sufficient(&trace).map_err(py_err)?;
+    let rec = py.detach(|| dropcompute_capi::recommend_trace(&trace, mode, guardrails, min_micro_batches));
+    // The oracle's best admissible candidate: what an ideal (oracle-truncation) policy reaches.
+    let (ideal_speedup, ideal_threshold_ns) =
+        rec.ideal.best_admissible.map_or((0.0, 0.0), |c| (c.objective, c.threshold_ns));
+    let base = Verdict {
+        enabled: false,
+        threshold_ns: None,
+        predicted_drop_rate: 0.0,
+        predicted_speedup: 0.0,
+        ideal_speedup,
+        ideal_threshold_ns,
+        scoring: check.to_string(),
+        refusal: None,
+        reason: None,
+    };
+    Ok(match *dropcompute_capi::chosen_verdict(&rec, mode) {
+        RsVerdict::Enable(c) => Verdict {
+            enabled: true,
+            threshold_ns: Some(c.threshold_ns),
+            predicted_drop_rate: c.drop_rate,
+            predicted_speedup: c.objective,
+            ..base
+        },
+        RsVerdict::Decline(r) => {
+            Verdict { refusal: Some(refusal_name(&r).to_string()), reason: Some(r.to_string()), ..base }
+        }
+    })
+}
+
+/// Replay a trace under a policy (`sim::replay`).
+#[pyfunction]
+#[pyo3(signature = (source, policy, *, overhead_ns=0.0))]
+fn simulate<'py>(
+    py: Python<'py>,
+    source: &Bound<'py, PyAny>,
+    policy: &Policy,
+    overhead_ns: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let trace = trace_from(py, source, overhead_ns)?;
+    let cfg = policy.cfg;
+    // The policy's own check, warm-up and minimum; no sync lag (a trace file has none).
+    let exec = ExecutionModel {
+        check: cfg.check,
+        sync_lag: 0,
+        warmup_steps: cfg.warmup_steps,
+        min_micro_batches: cfg.min_micro_batches,
+    };
+    let r = py.detach(|| replay(&trace, cfg.threshold, &exec));
+    let d = PyDict::new(py);
+    d.set_item("baseline_step_ns", r.baseline_step_ns)?;
+    d.set_item("policy_step_ns", r.policy_step_ns)?;
+    d.set_item("drop_rate", r.drop_rate)?;
+    d.set_item("effective_speedup", r.effective_speedup)?;
+    let s = r.per_step.len();
+    d.set_item("baseline_per_step_ns", r.per_step.iter().map(|p| p.0).collect::<Vec<_>>().into_pyarray(py))?;
+    d.set_item("policy_per_step_ns", r.per_step.iter().map(|p| p.1).collect::<Vec<_>>().into_pyarray(py))?;
+    d.set_item("started_per_step", r.per_step.iter().map(|p| p.2).collect::<Vec<_>>().into_pyarray(py))?;
+    debug_assert_eq!(s, trace.num_steps());
+    Ok(d)
+}
+
+/// Read a trace file into NumPy arrays.
+#[pyfunction]
+#[pyo3(signature = (path, *, overhead_ns=0.0))]
+fn read_trace<'py>(py: Python<'py>, path: &Bound<'py, PyAny>, overhead_ns: f64) -> PyResult<Bound<'py, PyDict>> {
+    let t = trace_from(py, path, overhead_ns)?;
+    let (s, n, m) = (t.num_steps(), t.world_size(), t.micro_batches());
+    let d = PyDict::new(py);
+    // (S, N, M) owned by NumPy without a copy, returned as its (N, M, S) transposed view.
+    let arr = Array3::from_shape_vec((s, n, m), t.latencies_ns().to_vec())
+        .map_err(|e| value_err("latencies_ns", e))?
+        .into_pyarray(py);
+    let view = arr.call_method1("transpose", ((1, 2, 0),))?;
+    d.set_item("latencies_ns", view)?;
+    d.set_item("overhead_ns", PyArray1::from_slice(py, t.overhead_ns()))?;
+    d.set_item("ranks", PyArray1::from_slice(py, t.ranks()))?;
+    d.set_item("steps", PyArray1::from_slice(py, t.steps()))?;
+    d.set_item("source", t.source())?;
+    Ok(d)
+}
+
+/// The divisor of the summed gradient (`schedule::divisor`); None = skip the step.
+#[pyfunction]
+#[pyo3(signature = (counts, normalization="realized", micro_batches=1, micro_batch_size=1))]
+fn divisor(
+    counts: PyReadonlyArray1<'_, u64>,
+    normalization: &str,
+    micro_batches: u32,
+    micro_batch_size: u32,
+) -> PyResult<Option<f64>> {
+    let code = match normalization {
+        "realized" => dropcompute_capi::DC_NORMALIZATION_REALIZED,
+        "nominal" => dropcompute_capi::DC_NORMALIZATION_NOMINAL,
+        other => return Err(value_err("normalization", format!("{other:?}: must be \"realized\" or \"nominal\""))),
+    };
+    let counts = counts.as_slice().map_err(|e| value_err("counts", e))?;
+    match dropcompute_capi::divisor(counts, code, micro_batches, micro_batch_size) {
+        Ok(d) => Ok(Some(d)),
+        Err((s, _)) if s == dropcompute_capi::DC_SKIP_STEP => Ok(None),
+        Err(e) => Err(py_err(e)),
+    }
+}
+
+/// Writes the compute log (`trace::compute_log`, the reference's columns plus ours).
+#[pyclass(module = "dropcompute._core")]
+pub struct ComputeLogWriter {
+    path: PathBuf,
+    inner: Option<RsWriter<BufWriter<File>>>,
+}
+
+#[pymethods]
+impl ComputeLogWriter {
+    #[new]
+    fn new(path: PathBuf) -> PyResult<Self> {
+        let f =
+            File::create(&path).map_err(|e| PyOSError::new_err(format!("{}: cannot create: {e}", path.display())))?;
+        Ok(Self { path, inner: Some(RsWriter::new(BufWriter::new(f))) })
+    }
+
+    /// Append one micro-batch row.
+    #[pyo3(signature = (*, global_step, local_step, world_size, batch, computed_batch, compute_dropped, rank, start_ns, duration_ns, sentence_length=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &mut self,
+        global_step: u64,
+        local_step: u32,
+        world_size: u32,
+        batch: u32,
+        computed_batch: u64,
+        compute_dropped: bool,
+        rank: u32,
+        start_ns: u64,
+        duration_ns: u64,
+        sentence_length: u32,
+    ) -> PyResult<()> {
+        let w = self.inner.as_mut().ok_or_else(|| value_err("ComputeLogWriter", "closed"))?;
+        let rec = ComputeLogRecord {
+            global_step,
+            local_step,
+            world_size,
+            batch,
+            sentence_length,
+            computed_batch,
+            compute_dropped,
+            iteration_time_ms: duration_ns as f64 / 1e6,
+            rank,
+            start_ns,
+            duration_ns,
+        };
+        w.write(&rec).map_err(|e| PyOSError::new_err(format!("{}: {e}", self.path.display())))
+    }
+
+    fn flush(&mut self) -> PyResult<()> {
+        if let Some(w) = self.inner.as_mut() {
+            w.flush().map_err(|e| PyOSError::new_err(format!("{}: {e}", self.path.display())))?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> PyResult<()> {
+        if let Some(w) = self.inner.take() {
+            w.into_inner().map_err(|e| PyOSError::new_err(format!("{}: {e}", self.path.display())))?;
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&mut self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
+    }
+}
+
+/// Per-rank straggler statistics (`schedule::StragglerTracker`).
+#[pyclass(module = "dropcompute._core")]
+pub struct StragglerTracker {
+    inner: dropcompute::schedule::StragglerTracker,
+}
+
+#[pymethods]
+impl StragglerTracker {
+    #[new]
+    #[pyo3(signature = (world_size, alpha=0.1, chronic_fraction=0.5))]
+    fn new(world_size: usize, alpha: f64, chronic_fraction: f64) -> PyResult<Self> {
+        if world_size == 0 {
+            return Err(value_err("world_size", "0: must be >= 1"));
+        }
+        if !(alpha > 0.0 && alpha <= 1.0) {
+            return Err(value_err("alpha", format!("{alpha}: must be in (0, 1]")));
+        }
+        let cf = fraction("chronic_fraction", chronic_fraction)?;
+        Ok(Self { inner: dropcompute::schedule::StragglerTracker::new(world_size, alpha, cf) })
+    }
+
+    /// Feed one step: per rank the micro-batches dropped and the compute phase (ns).
+    fn observe(&mut self, dropped: PyReadonlyArray1<'_, u32>, compute_ns: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+        let (d, c) = (dropped.as_array(), compute_ns.as_array());
+        let n = self.inner.hits.len();
+        if d.len() != n || c.len() != n {
+            return Err(value_err(
+                if d.len() != n { "dropped" } else { "compute_ns" },
+                format!("lengths {} and {}: must both be world_size {n}", d.len(), c.len()),
+            ));
+        }
+        let rows: Vec<RankStepStats> = d
+            .iter()
+            .zip(c.iter())
+            .map(|(&dropped, &compute_ns)| RankStepStats { dropped, compute_ns, ..Default::default() })
+            .collect();
+        self.inner.observe(&rows);
+        Ok(())
+    }
+    fn chronic(&self) -> Vec<u32> {
+        self.inner.chronic()
+    }
+    fn labels(&self) -> Vec<&'static str> {
+        (0..self.inner.hits.len() as u32).map(|r| self.inner.class(r).name()).collect()
+    }
+    #[getter]
+    fn steps(&self) -> u64 {
+        self.inner.steps()
+    }
+    #[getter]
+    fn hits(&self) -> Vec<u64> {
+        self.inner.hits.clone()
+    }
+    #[getter]
+    fn ewma_compute_ns(&self) -> Vec<f64> {
+        self.inner.ewma_compute_ns.clone()
+    }
+}
+
+/// Closed-loop re-tuning (`tune::retune::Retuner`).
+#[pyclass(module = "dropcompute._core")]
+pub struct Retuner {
+    inner: tune::retune::Retuner,
+}
+
+#[pymethods]
+impl Retuner {
+    #[new]
+    #[pyo3(signature = (world_size, micro_batches, *, period=200, probe_steps=20, hysteresis=0.01, max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        world_size: usize,
+        micro_batches: usize,
+        period: usize,
+        probe_steps: usize,
+        hysteresis: f64,
+        max_drop_rate: f64,
+        min_batch_fraction: f64,
+        min_gain: f64,
+        min_micro_batches: u32,
+    ) -> PyResult<Self> {
+        let cfg = RetunerConfig {
+            period,
+            probe_steps,
+            hysteresis,
+            tune: TuneConfig {
+                guardrails: Guardrails {
+                    max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
+                    min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
+                    min_gain: fraction("min_gain", min_gain)?,
+                },
+                min_micro_batches,
+            },
+        };
+        let inner = tune::retune::Retuner::new(cfg, world_size, micro_batches)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self { inner })
+    }
+
+    /// Feed one step's (N, M) latency matrix (ns; NaN for dropped) and step time (ns).
+    fn on_step<'py>(
+        &mut self,
+        py: Python<'py>,
+        latencies_ns: PyReadonlyArray2<'py, f64>,
+        step_time_ns: f64,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let lat: Vec<f64> = latencies_ns.as_array().iter().copied().collect();
+        let inner = &mut self.inner;
+        let ev = py.detach(|| inner.on_step(&lat, step_time_ns)).map_err(|e| value_err("latencies_ns", e))?;
+        let Some(ev) = ev else { return Ok(None) };
+        let d = PyDict::new(py);
+        match ev {
+            RetuneEvent::Tuned { threshold, changed, predicted, verdict } => {
+                d.set_item("event", "tuned")?;
+                d.set_item("threshold_ns", threshold.as_ns())?;
+                d.set_item("changed", changed)?;
+                d.set_item("predicted_speedup", predicted)?;
+                if let RsVerdict::Decline(r) = verdict {
+                    d.set_item("reason", r.to_string())?;
+                }
+            }
+            RetuneEvent::Measured { threshold, predicted, measured, drop_rate } => {
+                d.set_item("event", "measured")?;
+                d.set_item("threshold_ns", threshold.as_ns())?;
+                d.set_item("predicted_speedup", predicted)?;
+                d.set_item("measured_speedup", measured)?;
+                d.set_item("drop_rate", drop_rate)?;
+            }
+        }
+        Ok(Some(d))
+    }
+
+    /// The threshold for the next step (ns), None = off.
+    #[getter]
+    fn threshold_ns(&self) -> Option<u64> {
+        self.inner.threshold_for_next_step().as_ns()
+    }
+}
+
+/// The extension module.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Policy>()?;
+    m.add_class::<LatencyEstimator>()?;
+    m.add_class::<Verdict>()?;
+    m.add_class::<ComputeLogWriter>()?;
+    m.add_class::<StragglerTracker>()?;
+    m.add_class::<Retuner>()?;
+    m.add_function(wrap_pyfunction!(recommend, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(read_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(divisor, m)?)?;
+    m.add("MIN_STEPS", tune::MIN_STEPS)?;
+
+    Ok(())
+}

@@ -1,0 +1,120 @@
+"""The extension module against values computed here by hand or by a second route."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dropcompute as dc
+
+
+def test_policy_wraps_decide_boundaries() -> None:
+    p = dc.Policy(100, "before", warmup_steps=1, min_micro_batches=1)
+    assert p.should_start(99, step=5, started=3)
+    assert not p.should_start(100, step=5, started=3)
+    assert p.should_start(10_000, step=0, started=3)  # warm-up
+    assert p.should_start(10_000, step=5, started=0)  # minimum micro-batches
+    q = dc.Policy(100, "predictive", warmup_steps=0, min_micro_batches=0)
+    assert q.should_start(60, 40, step=5, started=3)
+    assert not q.should_start(60, 41, step=5, started=3)
+    assert q.should_start(60, None, step=5, started=3)
+    assert dc.Policy().should_start(2**63, step=99, started=99)  # off
+    with pytest.raises(ValueError, match="check"):
+        dc.Policy(1, "after")  # type: ignore[arg-type]
+
+
+def test_estimator_nearest_rank_quantile() -> None:
+    e = dc.LatencyEstimator(10, 0.9)
+    assert e.estimate() is None
+    for v in range(1, 11):
+        e.observe(v * 10)
+    assert e.estimate() == 90 and len(e) == 10
+    with pytest.raises(ValueError, match="quantile"):
+        dc.LatencyEstimator(4, 1.5)
+
+
+def test_divisor_both_normalizations_and_skip() -> None:
+    c = np.array([12, 0, 5], dtype=np.uint64)
+    assert dc.divisor(c) == 17.0
+    assert dc.divisor(c, "nominal", micro_batches=4, micro_batch_size=3) == 36.0
+    assert dc.divisor(np.zeros(3, dtype=np.uint64)) is None
+    with pytest.raises(ValueError, match="normalization"):
+        dc.divisor(c, "mean")  # type: ignore[arg-type]
+
+
+def _straggler_trace() -> "np.ndarray":
+    """(N=2, M=4, steps=12) of 1 ms, rank 1's last micro-batch 6 ms on even steps."""
+    lat = np.full((2, 4, 12), 1e6)
+    lat[1, 3, ::2] = 6e6
+    return lat
+
+
+def test_compute_log_round_trip_and_recommend_agree(tmp_path: Path) -> None:
+    lat = _straggler_trace()
+    path = tmp_path / "compute_log.csv"
+    with dc.ComputeLogWriter(path) as w:
+        for s in range(12):
+            for r in range(2):
+                start = 0
+                for m in range(4):
+                    d = int(lat[r, m, s])
+                    w.write(global_step=s, local_step=m, world_size=2, batch=8, computed_batch=8 * (m + 1),
+                            compute_dropped=False, rank=r, start_ns=start, duration_ns=d)
+                    start += d
+    t = dc.read_trace(path)
+    assert t["latencies_ns"].shape == (2, 4, 12)
+    np.testing.assert_array_equal(t["latencies_ns"], lat)
+    assert list(t["ranks"]) == [0, 1] and list(t["steps"]) == list(range(12))
+    from_file = dc.recommend(path)
+    from_array = dc.recommend(lat)
+    assert from_file.enabled and from_array.enabled
+    assert from_file.threshold_ns == from_array.threshold_ns
+    assert from_file.predicted_speedup == from_array.predicted_speedup
+    # Oracle at 4 ms: on even steps the straggler's 4th micro-batch (completing at 9 ms) goes:
+    # 1 of 8 cells in half of the steps (drop rate 1/16); even steps 9 ms -> 4 ms, so the
+    # effective speedup is the mean of (7/8)/(4/9) - 1 and 0 = 0.484375.
+    assert from_file.threshold_ns == 4e6
+    assert from_file.predicted_drop_rate == pytest.approx(1 / 16, abs=1e-12)
+    assert from_file.predicted_speedup == pytest.approx(0.484375, abs=1e-12)
+    strict = dc.recommend(path, max_drop_rate=0.0)
+    assert not strict.enabled and strict.refusal == "max_drop_rate" and strict.reason
+    # Checked before each micro-batch, 3 ms stops every rank's 4th micro-batch (elapsed 3 ms is
+    # not below 3 ms): drop rate 1/4, every step 3 ms; recorded 9 ms (even) and 4 ms (odd).
+    sim = dc.simulate(lat, dc.Policy(3_000_000, warmup_steps=0, min_micro_batches=1))
+    assert sim["drop_rate"] == 0.25
+    np.testing.assert_array_equal(sim["policy_per_step_ns"], np.full(12, 3e6))
+    np.testing.assert_array_equal(sim["baseline_per_step_ns"][:2], [9e6, 4e6])
+
+
+def test_errors_are_python_exceptions(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="nope.csv"):
+        dc.recommend(tmp_path / "nope.csv")
+    with pytest.raises(ValueError, match="min_gain"):
+        dc.recommend(_straggler_trace(), min_gain=-1.0)
+    with pytest.raises(ValueError, match="insufficient data"):
+        dc.recommend(_straggler_trace()[:, :, :3])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="unrecognised header"):
+        dc.read_trace(bad)
+    with pytest.raises(OSError):
+        dc.ComputeLogWriter(tmp_path / "no" / "dir.csv")
+
+
+def test_straggler_tracker_and_retuner() -> None:
+    t = dc.StragglerTracker(3, alpha=1.0, chronic_fraction=0.5)
+    for _ in range(dc.MIN_STEPS):
+        t.observe(np.array([0, 2, 0], dtype=np.uint32), np.array([100, 300, 100], dtype=np.uint64))
+    assert t.steps == dc.MIN_STEPS and t.hits == [0, dc.MIN_STEPS, 0]
+    assert t.chronic() == [1] and t.labels()[1] == "chronic"
+    with pytest.raises(ValueError, match="dropped"):
+        t.observe(np.zeros(2, dtype=np.uint32), np.zeros(3, dtype=np.uint64))
+    rt = dc.Retuner(2, 4, period=20, probe_steps=12)
+    lat = _straggler_trace()
+    assert rt.threshold_ns is None
+    ev = None
+    for s in range(12):
+        ev = rt.on_step(np.ascontiguousarray(lat[:, :, s]), float(lat[:, :, s].sum(axis=1).max()))
+    assert ev is not None and ev["event"] == "tuned"
+    assert rt.threshold_ns == 4_000_000
