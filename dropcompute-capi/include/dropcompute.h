@@ -143,10 +143,11 @@ void dc_policy_free(struct DcPolicy *policy);
 struct DcGuardrails dc_guardrails_default(void);
 
 // Recommends a threshold from one trace file (a compute log, the reference's compute log or a
-// What-if CSV; `.gz` accepted), as `dropcompute tune` does (oracle scoring) when
-// `replay_check_mode` is `UINT32_MAX`, or scored by replaying the policy with that
-// `DC_CHECK_*` mode (`train --threshold auto`). `guardrails` null = defaults;
-// `min_micro_batches` as for the policy.
+// What-if CSV; `.gz` accepted) through `tune::recommend`: with a `DC_CHECK_*` mode the
+// verdict is the replay under that check mode (no warm-up, no sync lag: a trace file has
+// neither), as `dropcompute tune --check MODE` prints it; with `UINT32_MAX` it is the ideal
+// (the reference objective, a micro-batch counts iff it ends by the threshold; not realizable
+// on the device). `guardrails` null = defaults; `min_micro_batches` as for the policy.
 //
 // Errors: `DC_INVALID_ARGUMENT` (null path/out, non-UTF-8 path, guardrail outside [0, 1],
 // unknown mode), `DC_IO` (unreadable file), `DC_TRACE` (malformed, ragged, several traces in
