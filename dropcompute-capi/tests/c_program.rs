@@ -83,7 +83,7 @@ fn c_program_uses_policy_recommend_and_divisor() {
     for (name, check, guardrails) in cases {
         let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} line: {stdout}"));
         let rec = recommend_trace(&t, check, guardrails, 1);
-        let v = chosen_verdict(&rec, check).clone();
+        let v = *chosen_verdict(&rec, check);
         let num = |k: &str| field(line, k).parse::<f64>().unwrap();
         match v {
             Verdict::Enable(c) => {
