@@ -5,7 +5,7 @@
 //! filter) and the test hook `DROPCOMPUTE_TEST_SIGKILL_AT` (`STEP[:RANK]`). The other variables
 //! are checked where they are parsed: the launcher's (`hccl::bootstrap`), device pinning
 //! (`synapse::module_id_from_env`), the mock's configuration (`mock::MockConfig::from_env`),
-//! `DROPCOMPUTE_BACKEND` and `DROPCOMPUTE_AUTO_MAX_DROP` (`commands::train`, `train::job`).
+//! `DROPCOMPUTE_BACKEND` (`commands::train`).
 //!
 //! Owns: [`check`] and [`EnvError`] (exit 2, naming the variable and the value). Must not
 //! touch: devices, sockets, files other than the directory checks.

@@ -224,6 +224,18 @@ fn slow_rank_is_chronic_and_every_output_reads_back() {
     }
     check_chrome_trace(&std::fs::read(out.join("timeline.json")).unwrap());
 
+    // ledger_<run>.json (one DropLedger per rank) against report.json: its computed sample ids
+    // are the run's computed samples, its dropped micro-batches' ids the dropped samples.
+    for (name, r) in [("baseline", rep.baseline.as_ref().unwrap()), ("dropcompute", &rep.dropcompute)] {
+        let ledgers: Vec<dropcompute::schedule::DropLedger> =
+            serde_json::from_slice(&std::fs::read(out.join(format!("ledger_{name}.json"))).unwrap()).unwrap();
+        assert_eq!(ledgers.len(), 4, "{name}: one ledger per rank");
+        let computed: u64 = ledgers.iter().map(|l| l.computed.len() as u64).sum();
+        assert_eq!(computed, r.samples_computed, "{name}: ledger ids = computed samples");
+        let dropped: u64 = ledgers.iter().flat_map(|l| &l.dropped).map(|d| d.sample_ids.len() as u64).sum();
+        assert_eq!(dropped, r.samples_dropped, "{name}: ledger drops = dropped samples");
+    }
+
     // report.json's threshold (auto: not a round number) given back to --threshold applies the
     // same deadline: the same threshold in the report and, with the same latencies (common
     // random numbers), the same drops in every step.
