@@ -74,8 +74,9 @@ fn bad_backend_variable_exits_2_and_bad_trace_file_exits_6() {
     assert_eq!(code, Some(2));
 }
 
-/// `$DROPCOMPUTE_MOCK_VERSION` that is not a supported version: the mock library reports it and
-/// the loader refuses the library (exit 3 naming library and version); the in-process mock,
+/// `$DROPCOMPUTE_MOCK_VERSION` that is not a version is a bad environment for every command
+/// (exit 2); a well-formed but unsupported one is reported by the mock library and the loader
+/// refuses the library (exit 3 naming library and version); the in-process mock,
 /// which no loader checks, refuses it as a bad environment (exit 2 naming the variable) in
 /// `info` and `train` alike (one check, `habana_mock::config::check_version_env`).
 #[test]
@@ -86,8 +87,11 @@ fn a_bad_mock_version_is_refused_by_every_backend() {
     for v in ["xyz", "1.15.0"] {
         let env = [("DROPCOMPUTE_MOCK_VERSION", v)];
         let (code, err) = code_and_stderr(&dropcompute(&["info", "--no-check", "--library", lib], &env));
-        assert_eq!(code, Some(3), "{err}");
-        assert!(err.contains(lib) && err.contains(v), "{err}");
+        // Not a version at all: the environment check refuses it before any library is loaded
+        // (exit 2 naming the variable); a well-formed unsupported version reaches the loader.
+        assert_eq!(code, Some(if v == "xyz" { 2 } else { 3 }), "{err}");
+        let named = if v == "xyz" { "DROPCOMPUTE_MOCK_VERSION" } else { lib };
+        assert!(err.contains(named) && err.contains(v), "{err}");
         for args in [
             &["info", "--backend", "mock", "--no-check"][..],
             &["train", "--ranks", "2", "--steps", "1", "--threshold", "off"],
@@ -148,4 +152,38 @@ fn device_held_by_another_process_exits_4_and_auto_selection_skips_it() {
     let o = dropcompute(&["info", "--backend", "mock", "--no-check"], &env);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("module 2"), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+/// Every subcommand refuses a bad value of a variable `dropcompute::environment` checks, before
+/// doing anything else: exit 2 naming the variable and the value (a bad `RUST_LOG` used to be
+/// ignored by `info`, `tune`, `simulate` and `validate`; a bracketed `HCCL_COMM_ID` made
+/// `bench allreduce` exit 5 after a failed rendezvous).
+#[test]
+fn every_subcommand_refuses_a_bad_environment_value_with_exit_2() {
+    let tmp = hermetic::temp_dir("env-every-command");
+    let file = tmp.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let file = file.to_str().unwrap();
+    let commands: [&[&str]; 6] = [
+        &["info", "--backend", "mock", "--no-check"],
+        &["tune", "--trace", file],
+        &["simulate", "--workers", "4"],
+        &["bench", "allreduce", "--ranks", "2"],
+        &["validate", "--ranks", "4"],
+        &["train", "--ranks", "2", "--steps", "1", "--threshold", "off"],
+    ];
+    let bad = [
+        ("RUST_LOG", "[[["),
+        ("HCCL_COMM_ID", "[::1]:1"),
+        ("DROPCOMPUTE_MOCK_VERSION", "latest"),
+        ("DROPCOMPUTE_MOCK_LOCK_DIR", file),
+        ("TMPDIR", file),
+    ];
+    for args in commands {
+        for (var, value) in bad {
+            let (code, err) = code_and_stderr(&dropcompute(args, &[(var, value)]));
+            assert_eq!(code, Some(2), "{args:?} {var}={value}: {err}");
+            assert!(err.contains(var), "{args:?}: names {var}: {err}");
+        }
+    }
 }

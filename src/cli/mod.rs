@@ -88,8 +88,11 @@ pub fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
 }
 
-/// Runs the parsed command. Errors: the command's own (see each `commands::*::run`).
+/// Runs the parsed command. Errors: a bad value of an environment variable the product reads
+/// ([`dropcompute::environment::EnvError`], exit 2, checked before any command so every
+/// subcommand refuses it alike), then the command's own (see each `commands::*::run`).
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    dropcompute::environment::check()?;
     match cli.command {
         Command::Info(a) => commands::info::run(&a),
         Command::Tune(a) => Ok(commands::tune::run(&a)?),

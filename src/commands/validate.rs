@@ -77,6 +77,9 @@ pub struct Args {
     pub train_args: Vec<String>,
 }
 
+/// `train` flags that `validate` sets itself and refuses after `--`.
+pub const OVERRIDDEN_TRAIN_FLAGS: [&str; 4] = ["--out", "--launch", "--no-compare", "--compare"];
+
 /// One configuration of the grid, predicted and measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ConfigRow {
@@ -383,6 +386,20 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::B
         )
         .into());
     }
+    // Flags validate decides itself are refused rather than silently overridden: every
+    // configuration runs a baseline (the measured speedup needs it), in threads of this
+    // process, and writes nothing.
+    if let Some(f) = args
+        .train_args
+        .iter()
+        .find(|a| OVERRIDDEN_TRAIN_FLAGS.iter().any(|f| a.as_str() == *f || a.starts_with(&format!("{f}="))))
+    {
+        return Err(CommandError::Args(format!(
+            "validate: `{f}` after -- is not accepted: validate runs every configuration with a \
+             baseline, in threads, writing no files"
+        ))
+        .into());
+    }
     // Every configuration's flags are checked before the first one runs.
     for p in &grid {
         let argv = args.train_argv(p);
@@ -458,5 +475,23 @@ mod tests {
         let a = args(&["--ranks", "2", "--slow-rank", "3:2", "--seeds", "0"]);
         let e = run_to(&a, &mut Vec::new()).expect_err("rank 3 of 2").to_string();
         assert!(e.contains("--slow-rank 3:2"), "{e}");
+    }
+
+    /// `--out`, `--launch`, `--no-compare` (and `--compare`) after `--` were silently dropped;
+    /// they are refused, naming the flag, in both spellings.
+    #[test]
+    fn flags_validate_sets_itself_are_refused_after_the_separator() {
+        for extra in [&["--", "--out", "o"][..], &["--", "--launch=env"], &["--", "--no-compare"]] {
+            let mut v = vec!["--ranks", "4", "--seeds", "0"];
+            v.extend_from_slice(extra);
+            let e = run_to(&args(&v), &mut Vec::new()).expect_err("refused").to_string();
+            let flag = extra[1].split('=').next().unwrap();
+            assert!(e.contains(&format!("`{}", flag)) && e.contains("not accepted"), "{e}");
+        }
+        // A train flag validate does not set is still passed on (checked, not refused).
+        let e = run_to(&args(&["--ranks", "4", "--seeds", "0", "--", "--max-drop-rate", "2"]), &mut Vec::new())
+            .expect_err("a drop rate above 1")
+            .to_string();
+        assert!(e.contains("--max-drop-rate"), "{e}");
     }
 }
