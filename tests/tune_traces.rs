@@ -109,6 +109,11 @@ fn tune_sync_lag_must_be_below_the_micro_batches_and_changes_the_replay() {
     let se = trace("trace-SE.csv.gz");
     let e = run_to(&tune_args(&["--trace", se.to_str().unwrap(), "--sync-lag", "8"]), &mut Vec::new()).unwrap_err();
     assert!(e.to_string().contains("--sync-lag 8"), "{e}");
+    // The same bound for --min-micro-batches (more than the trace's 8 was accepted and gave a
+    // meaningless +0.00 % verdict).
+    let e = run_to(&tune_args(&["--trace", se.to_str().unwrap(), "--min-micro-batches", "9"]), &mut Vec::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("--min-micro-batches 9") && e.to_string().contains("(8)"), "{e}");
     let json = |lag: &str| -> TuneJson {
         let mut out = Vec::new();
         run_to(

@@ -48,7 +48,7 @@ pub struct Args {
     /// default 0); must be below the trace's micro-batches.
     #[arg(long, default_value_t = ExecutionModel::default().sync_lag)]
     pub sync_lag: u32,
-    /// Micro-batches every rank always computes.
+    /// Micro-batches every rank always computes; must be at most the trace's micro-batches.
     #[arg(long, default_value_t = 1)]
     pub min_micro_batches: u32,
     /// Print the verdict of every trace as JSON (an array of `TuneJson`) instead of text.
@@ -152,6 +152,14 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             return Err(CommandError::Args(format!(
                 "--sync-lag {}: must be < the micro-batches of {} ({})",
                 args.sync_lag,
+                t.source(),
+                t.micro_batches()
+            )));
+        }
+        if args.min_micro_batches as usize > t.micro_batches() {
+            return Err(CommandError::Args(format!(
+                "--min-micro-batches {}: must be <= the micro-batches of {} ({})",
+                args.min_micro_batches,
                 t.source(),
                 t.micro_batches()
             )));
