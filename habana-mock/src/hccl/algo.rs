@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use habana_sys::hcclResult_t;
 
 use super::comm::{Comm, OpCtx};
-use super::reduce::{Dtype, RedOp, reduce_into};
+use super::reduce::{Dtype, RedOp, reduce_into, seg};
 use super::shm;
 use super::transport::{Kind, Rx};
 use crate::error::HErr;
@@ -242,12 +242,6 @@ struct Ring<'a, 'b> {
     ctx: &'a OpCtx<'b>,
     seq: u64,
     kill: Option<bool>,
-}
-
-/// Element range of segment `s` of `count` split into `n` nearly equal parts.
-fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
-    let at = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
-    at(s)..at(s + 1)
 }
 
 fn modn(v: i64, n: u32) -> usize {

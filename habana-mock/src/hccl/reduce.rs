@@ -1,7 +1,8 @@
 //! Element types and reduction operators of the mock collectives.
 //!
 //! Owns: [`Dtype`] (supported `hcclDataType_t` values, element sizes, the accumulation
-//! encoding), [`RedOp`] and the element-wise reduction of byte buffers. Must not touch:
+//! encoding), [`RedOp`], the element-wise reduction of byte buffers and [`seg`], the one
+//! segment split of every reduce-scatter (ring, same-process and shared-memory paths). Must not touch:
 //! transports, communicators or device memory.
 //!
 //! Accumulation rule (documented ABI behaviour of the mock): f16 and bf16 inputs are widened to
@@ -203,6 +204,14 @@ pub(crate) fn reduce_into(dt: Dtype, op: RedOp, dst: &mut [u8], src: &[u8]) {
         Dtype::F32 | Dtype::F16 | Dtype::Bf16 => float_reduce!(dst, src, op, f32),
         Dtype::F64 => float_reduce!(dst, src, op, f64),
     }
+}
+
+/// Element range of segment `s` of `count` elements split into `n` nearly equal parts
+/// (`count·s/n .. count·(s+1)/n`, in u128 so no product overflows). Every reduction path uses
+/// this split, so a segment's owner is the same rank whichever path runs.
+pub(crate) fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
+    let at = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
+    at(s)..at(s + 1)
 }
 
 #[cfg(test)]

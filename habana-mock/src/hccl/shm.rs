@@ -30,18 +30,12 @@ use habana_sys::hcclResult_t;
 
 use super::comm::{Comm, OpCtx};
 use super::meet::{Meet, St};
-use super::reduce::{Dtype, RedOp, reduce_into};
+use super::reduce::{Dtype, RedOp, reduce_into, seg};
 use super::transport::Rx;
 use crate::error::HErr;
 
 /// Bytes combined per step of the reduction (a cache-resident accumulator).
 const TILE_BYTES: usize = 32 << 10;
-
-/// Element range of segment `s` of `count` split into `n` nearly equal parts.
-fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
-    let at = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
-    at(s)..at(s + 1)
-}
 
 /// All-reduce of `buf` (`count` elements of `dtype`, whose accumulation type is its device
 /// type) with `op` across the ranks of `comm`, which must all run this function for collective

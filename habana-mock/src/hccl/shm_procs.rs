@@ -26,7 +26,7 @@ use std::fs::OpenOptions;
 use habana_sys::hcclResult_t;
 
 use super::comm::{Comm, OpCtx};
-use super::reduce::{Dtype, RedOp, reduce_into};
+use super::reduce::{Dtype, RedOp, reduce_into, seg};
 use super::transport::{Kind, Rx};
 use crate::error::HErr;
 
@@ -105,12 +105,6 @@ fn setup(comm: &Comm, rx: &mut Rx, ctx: &OpCtx<'_>, seq: u64) -> Result<Region, 
         let _ = std::fs::remove_file(&path);
     }
     Ok(Region { map, n, rounds: 0 })
-}
-
-/// Element range of segment `s` of `count` split into `n` nearly equal parts.
-fn seg(count: usize, n: usize, s: usize) -> std::ops::Range<usize> {
-    let at = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
-    at(s)..at(s + 1)
 }
 
 /// All-reduce of `buf` (elements of `dtype`, whose accumulation type is its device type) with
