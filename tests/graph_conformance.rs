@@ -108,20 +108,23 @@ fn in_place_update(h: &Harness) {
     let (dw, dm) = (upload(&s, &dev, &w0), upload(&s, &dev, &vec![0f32; n as usize]));
     let (dlr, dmu) = (upload(&s, &dev, &[0.1f32]), upload(&s, &dev, &[0.9f32]));
     let (mut rw, mut rm): (Vec<f64>, Vec<f64>) = (w0.iter().map(|&v| f64::from(v)).collect(), vec![0.0; n as usize]);
-    for k in 0..3 {
-        let gv = vals(n as usize, 50 + k);
-        let dg = upload(&s, &dev, &gv);
-        let args = [
+    // A new gradient buffer per launch; the weights and the momentum are bound to one buffer
+    // each, as input and output (in place).
+    let gvs: Vec<Vec<f32>> = (0..4).map(|k| vals(n as usize, 50 + k)).collect();
+    let dgs: Vec<DeviceBuffer<f32>> = gvs.iter().map(|g| upload(&s, &dev, g)).collect();
+    let args = |k: usize| {
+        [
             GraphArg::new(w, &dw),
             GraphArg::new(w_new, &dw),
             GraphArg::new(m, &dm),
             GraphArg::new(m_new, &dm),
-            GraphArg::new(grad, &dg),
+            GraphArg::new(grad, &dgs[k]),
             GraphArg::new(lr, &dlr),
             GraphArg::new(mu, &dmu),
-        ];
-        r.launch(&s, &args, Some(&wsbuf), &[]).unwrap();
-        s.synchronize().unwrap(); // `dg` is freed at the end of the iteration
+        ]
+    };
+    for (k, gv) in gvs.iter().enumerate().take(3) {
+        r.launch(&s, &args(k), Some(&wsbuf), &[]).unwrap();
         for i in 0..n as usize {
             rm[i] = f64::from((0.9f32 * rm[i] as f32) + gv[i]);
             rw[i] = f64::from(rw[i] as f32 - 0.1f32 * rm[i] as f32);
@@ -130,17 +133,7 @@ fn in_place_update(h: &Harness) {
     close(&download(&s, &dev, &dm), &rm, 1e-6, "momentum");
     close(&download(&s, &dev, &dw), &rw, 1e-6, "weights");
     // A workspace recipe launched without one is refused before the C call.
-    let dg = upload(&s, &dev, &vals(n as usize, 9));
-    let args = [
-        GraphArg::new(w, &dw),
-        GraphArg::new(w_new, &dw),
-        GraphArg::new(m, &dm),
-        GraphArg::new(m_new, &dm),
-        GraphArg::new(grad, &dg),
-        GraphArg::new(lr, &dlr),
-        GraphArg::new(mu, &dmu),
-    ];
-    let e = r.launch(&s, &args, None, &[]).unwrap_err();
+    let e = r.launch(&s, &args(3), None, &[]).unwrap_err();
     assert!(matches!(&e, Error::InvalidArgument { what: "workspace", .. }), "{e}");
 }
 
