@@ -123,8 +123,8 @@ pub(crate) unsafe fn launch(
     let stream = r.stream(sh)?;
     let recipe = match r.any_recipe(rh)? {
         AnyRecipe::Json(recipe) => recipe,
-        // SAFETY: names are null or NUL-terminated by this function's contract.
         AnyRecipe::Graph(p) => {
+            // SAFETY: names are null or NUL-terminated by this function's contract.
             return unsafe { crate::graph::launch(r, stream, rh, p, infos, workspace, events, flags) };
         }
     };
