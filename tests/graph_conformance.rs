@@ -108,20 +108,23 @@ fn in_place_update(h: &Harness) {
     let (dw, dm) = (upload(&s, &dev, &w0), upload(&s, &dev, &vec![0f32; n as usize]));
     let (dlr, dmu) = (upload(&s, &dev, &[0.1f32]), upload(&s, &dev, &[0.9f32]));
     let (mut rw, mut rm): (Vec<f64>, Vec<f64>) = (w0.iter().map(|&v| f64::from(v)).collect(), vec![0.0; n as usize]);
-    for k in 0..3 {
-        let gv = vals(n as usize, 50 + k);
-        let dg = upload(&s, &dev, &gv);
-        let args = [
+    // A new gradient buffer per launch; the weights and the momentum are bound to one buffer
+    // each, as input and output (in place).
+    let gvs: Vec<Vec<f32>> = (0..4).map(|k| vals(n as usize, 50 + k)).collect();
+    let dgs: Vec<DeviceBuffer<f32>> = gvs.iter().map(|g| upload(&s, &dev, g)).collect();
+    let args = |k: usize| {
+        [
             GraphArg::new(w, &dw),
             GraphArg::new(w_new, &dw),
             GraphArg::new(m, &dm),
             GraphArg::new(m_new, &dm),
-            GraphArg::new(grad, &dg),
+            GraphArg::new(grad, &dgs[k]),
             GraphArg::new(lr, &dlr),
             GraphArg::new(mu, &dmu),
-        ];
-        r.launch(&s, &args, Some(&wsbuf), &[]).unwrap();
-        s.synchronize().unwrap(); // `dg` is freed at the end of the iteration
+        ]
+    };
+    for (k, gv) in gvs.iter().enumerate().take(3) {
+        r.launch(&s, &args(k), Some(&wsbuf), &[]).unwrap();
         for i in 0..n as usize {
             rm[i] = f64::from((0.9f32 * rm[i] as f32) + gv[i]);
             rw[i] = f64::from(rw[i] as f32 - 0.1f32 * rm[i] as f32);
@@ -130,17 +133,7 @@ fn in_place_update(h: &Harness) {
     close(&download(&s, &dev, &dm), &rm, 1e-6, "momentum");
     close(&download(&s, &dev, &dw), &rw, 1e-6, "weights");
     // A workspace recipe launched without one is refused before the C call.
-    let dg = upload(&s, &dev, &vals(n as usize, 9));
-    let args = [
-        GraphArg::new(w, &dw),
-        GraphArg::new(w_new, &dw),
-        GraphArg::new(m, &dm),
-        GraphArg::new(m_new, &dm),
-        GraphArg::new(grad, &dg),
-        GraphArg::new(lr, &dlr),
-        GraphArg::new(mu, &dmu),
-    ];
-    let e = r.launch(&s, &args, None, &[]).unwrap_err();
+    let e = r.launch(&s, &args(3), None, &[]).unwrap_err();
     assert!(matches!(&e, Error::InvalidArgument { what: "workspace", .. }), "{e}");
 }
 
@@ -679,30 +672,203 @@ fn raw_compile_v2_and_event_map(h: &Harness) {
         let not_external = [info(ids[0], 0)];
         // SAFETY: as above.
         let st = unsafe { (api.syn_event_map_tensor)(evs.as_mut_ptr(), 1, not_external.as_ptr(), r) };
-        assert_eq!(st, synStatus::INVALID_ARGUMENT, "x is not external");
+        assert_eq!(st, synStatus::FAIL, "x is not external: 'Unable to find tensor' is synFail");
     }
     let launch = [info(ids[0], bx.addr()), info(ids[1], by.addr())];
     // SAFETY: live stream and recipe; live allocations of the tensors' sizes.
     let st =
-        unsafe { (api.syn_launch_with_external_events)(s.raw(), launch.as_ptr(), 2, 0, r, std::ptr::null_mut(), 0, 0) };
+        unsafe { (api.syn_launch_with_external_events)(s.raw(), launch.as_ptr(), 2, 0, r, evs.as_mut_ptr(), 1, 0) };
     assert_eq!(st, synStatus::SUCCESS);
-    ev.synchronize().unwrap();
-    assert!(ev.timestamp_ns().is_ok(), "the mapped event was recorded by the launch");
+    // A mapped event is waited for from a stream (the runtime does not synchronize on it).
+    let s2 = Stream::new(&dev).unwrap();
+    s2.wait_event(&ev).unwrap();
+    s2.synchronize().unwrap();
+    assert!(ev.is_complete().unwrap(), "the mapped event was recorded by the launch");
     assert_eq!(download(&s, &dev, &by), vec![0.0, 2.0, 0.0, 4.0]);
     // SAFETY: live recipe, idle stream, destroyed once.
     assert_eq!(unsafe { (api.syn_recipe_destroy)(r) }, synStatus::SUCCESS);
 }
 
-/// synMemsetD32Async fills 32-bit words on the stream.
-fn memset_d32(h: &Harness) {
+/// `Stream::fill`: synMemsetD32Async, D16 and D8 by the element width, on a sub-range; a range
+/// past the end is refused before the C call.
+fn memset_d8_d16_d32(h: &Harness) {
     let dev = h.device();
     let s = Stream::new(&dev).unwrap();
-    let d = DeviceBuffer::<f32>::alloc(&dev, 8).unwrap();
-    let api = h.rt.api();
-    // SAFETY: live stream; the range [addr, addr + 6 * 4) lies inside the allocation.
-    let st = unsafe { (api.syn_memset_d32_async)(d.addr() + 4, 1.5f32.to_bits(), 6, s.raw()) };
-    assert_eq!(st, synStatus::SUCCESS);
+    let mut d = DeviceBuffer::<f32>::alloc(&dev, 8).unwrap();
+    s.fill(&mut d, 0..8, 0.0).unwrap();
+    s.fill(&mut d, 1..7, 1.5).unwrap();
     assert_eq!(download(&s, &dev, &d), vec![0.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 0.0]);
+    let mut w = upload(&s, &dev, &[half::bf16::from_f32(9.0); 5]);
+    s.fill(&mut w, 2..4, half::bf16::from_f32(-0.5)).unwrap();
+    let want: Vec<f32> = vec![9.0, 9.0, -0.5, -0.5, 9.0];
+    assert_eq!(download(&s, &dev, &w).iter().map(|v| v.to_f32()).collect::<Vec<_>>(), want);
+    let mut b = upload(&s, &dev, &[7u8; 6]);
+    s.fill(&mut b, 3..6, 0xA5).unwrap();
+    s.fill(&mut b, 0..0, 1).unwrap();
+    assert_eq!(download(&s, &dev, &b), vec![7, 7, 7, 0xA5, 0xA5, 0xA5]);
+    let e = s.fill(&mut b, 4..7, 0).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { what: "fill range", .. }), "{e}");
+    assert!(e.to_string().contains("4..7") && e.to_string().contains("6 elements"), "{e}");
+}
+
+/// Builds two independent nodes: `early` (relu of `x` into external `y`) and `late` (a GEMM),
+/// optionally with `late` ordered before `early` by a node dependency; compiles, maps `ev` to
+/// `y` and launches with `ev` signalled. Returns the recipe, `y`'s buffer and its input.
+fn mapped_graph(
+    h: &Harness,
+    s: &Stream,
+    ev: &dropcompute::synapse::Event,
+    late_first: bool,
+) -> (GraphRecipe, DeviceBuffer<f32>, Vec<f32>) {
+    let dev = s.device();
+    let mut g = GraphBuilder::new(&h.rt, device_type(dev)).unwrap();
+    let x = g.persistent("x", DType::F32, &[6]).unwrap();
+    let y = g.persistent("y", DType::F32, &[6]).unwrap();
+    let (a, b, c) = (
+        g.persistent("a", DType::F32, &[16, 16]).unwrap(),
+        g.persistent("b", DType::F32, &[16, 16]).unwrap(),
+        g.persistent("c", DType::F32, &[16, 16]).unwrap(),
+    );
+    g.set_external(y).unwrap();
+    let early = g.node("early", &Op::Relu, &[x], &[y]).unwrap();
+    let late = g.node("late", &Op::Gemm { transpose_a: false, transpose_b: false }, &[a, b], &[c]).unwrap();
+    if late_first {
+        g.depend(&[late], &[early]).unwrap();
+    }
+    let r = g.compile(if late_first { "mapped_late_first" } else { "mapped" }).unwrap();
+    assert!(r.tensor(y).unwrap().external && !r.tensor(x).unwrap().external);
+    r.map_event(ev, y).unwrap();
+    let xv = vals(6, 4);
+    let dx = upload(s, dev, &xv);
+    let dy = DeviceBuffer::<f32>::alloc(dev, 6).unwrap();
+    let m: Vec<_> = (0..3).map(|k| upload(s, dev, &vals(256, k))).collect();
+    let args = [
+        GraphArg::new(x, &dx),
+        GraphArg::new(y, &dy),
+        GraphArg::new(a, &m[0]),
+        GraphArg::new(b, &m[1]),
+        GraphArg::new(c, &m[2]),
+    ];
+    r.launch(s, &args, None, &[ev]).unwrap();
+    s.synchronize().unwrap();
+    (r, dy, xv)
+}
+
+/// External tensors, events mapped to them, node dependencies, eager graphs, launch info: the
+/// safe wrappers on any backend. A stream waiting for the mapped event sees the tensor ready;
+/// every misuse is refused before the C call, naming the object.
+fn external_events_dependencies_eager_launch_info(h: &Harness) {
+    let dev = h.device();
+    let s = Stream::new(&dev).unwrap();
+    for late_first in [false, true] {
+        let ev = dropcompute::synapse::Event::new(&dev, false).unwrap();
+        let (r, dy, xv) = mapped_graph(h, &s, &ev, late_first);
+        let s2 = Stream::new(&dev).unwrap();
+        s2.wait_event(&ev).unwrap();
+        let mut host = HostBuffer::<f32>::zeroed(&dev, 6).unwrap();
+        s2.copy_d2h(&dy, &mut host).unwrap();
+        s2.synchronize().unwrap();
+        let want: Vec<f64> = xv.iter().map(|&v| f64::from(v.max(0.0))).collect();
+        close(&host.to_vec().unwrap(), &want, 0.0, "relu(x) read after the mapped event");
+        // Launch info: every persistent tensor, row-major, with its section and direction.
+        let info = r.recipe().launch_tensors().unwrap();
+        let mut names: Vec<&str> = info.iter().map(|i| i.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["a", "b", "c", "x", "y"]);
+        let by = |n: &str| info.iter().find(|i| i.name == n).unwrap();
+        assert_eq!((by("x").shape.as_slice(), by("x").bytes(), by("x").is_input), (&[6u64][..], Some(24), true));
+        assert_eq!(
+            (by("c").shape.as_slice(), by("c").dtype, by("c").is_input),
+            (&[16u64, 16][..], synDataType::SINGLE, false)
+        );
+        assert_eq!(by("y").offset, 0);
+        for t in &info {
+            assert_eq!(Some(t.id), r.tensors().iter().find(|c| c.name == t.name).unwrap().id, "{}", t.name);
+        }
+        let sections: std::collections::HashSet<u32> = info.iter().map(|i| i.section).collect();
+        assert_eq!(sections.len(), 5, "one section per tensor: {info:?}");
+    }
+    // Misuse, refused before the C call.
+    let mut g = GraphBuilder::new(&h.rt, device_type(&dev)).unwrap();
+    let x = g.persistent("x", DType::F32, &[4]).unwrap();
+    let y = g.persistent("y", DType::F32, &[4]).unwrap();
+    let w = g.workspace("w", DType::F32, &[4]).unwrap();
+    let e = g.set_external(w).unwrap_err();
+    assert!(e.to_string().contains("tensor w is a workspace tensor"), "{e}");
+    let n1 = g.node("n1", &Op::Relu, &[x], &[w]).unwrap();
+    let e = g.set_external(x).unwrap_err();
+    assert!(e.to_string().contains("tensor x is already used by a node"), "{e}");
+    let n2 = g.node("n2", &Op::Relu, &[w], &[y]).unwrap();
+    let e = g.depend(&[n1], &[n2, n1]).unwrap_err();
+    assert!(e.to_string().contains("node n1 both blocks and is blocked"), "{e}");
+    let e = g.depend(&[], &[n2]).unwrap_err();
+    assert!(e.to_string().contains("empty node list"), "{e}");
+    g.depend(&[n1], &[n2]).unwrap(); // redundant with the data edge, accepted
+    let r = g.compile("not_external").unwrap();
+    let ev = dropcompute::synapse::Event::new(&dev, false).unwrap();
+    let e = r.map_event(&ev, y).unwrap_err();
+    assert!(e.to_string().contains("(y) is not external") && e.to_string().contains("not_external"), "{e}");
+    let e = r.map_event(&ev, w).unwrap_err();
+    assert!(e.to_string().contains("(w) is not a persistent tensor"), "{e}");
+    // Eager graphs: Gaudi2/Gaudi3 only; built and launched like any graph.
+    let e = GraphBuilder::new_eager(&h.rt, habana_sys::synDeviceType::GAUDI).unwrap_err();
+    assert_eq!(status_of(&e), synStatus::INVALID_ARGUMENT, "{e}");
+    assert!(e.to_string().contains("synGraphCreateEager"), "{e}");
+    let mut g = GraphBuilder::new_eager(&h.rt, device_type(&dev)).unwrap();
+    let (x, y) = (g.persistent("x", DType::F32, &[3]).unwrap(), g.persistent("y", DType::F32, &[3]).unwrap());
+    g.node("twice", &Op::Add, &[x, x], &[y]).unwrap();
+    let r = g.compile("eager_twice").unwrap();
+    let (dx, dy) = (upload(&s, &dev, &[1f32, -2.0, 3.5]), DeviceBuffer::<f32>::alloc(&dev, 3).unwrap());
+    r.launch(&s, &[GraphArg::new(x, &dx), GraphArg::new(y, &dy)], None, &[]).unwrap();
+    assert_eq!(download(&s, &dev, &dy), vec![2.0, -4.0, 7.0]);
+}
+
+/// Mock only (virtual time through the control ABI): an event mapped to a tensor is recorded
+/// when the node producing it ends, before the launch ends; a node dependency that puts the
+/// unrelated GEMM first moves it to the launch's end.
+fn mapped_event_fires_at_its_producer(h: &Harness) {
+    let ctl = h.control();
+    ctl.configure(&dropcompute::mock::MockConfig {
+        time_mode: dropcompute::mock::TimeMode::Virtual,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ends = Vec::new();
+    {
+        let dev = h.device();
+        let s = Stream::new(&dev).unwrap();
+        for late_first in [false, true] {
+            let (start, end) = (
+                dropcompute::synapse::Event::new(&dev, true).unwrap(),
+                dropcompute::synapse::Event::new(&dev, true).unwrap(),
+            );
+            let (ev, seen) = (
+                dropcompute::synapse::Event::new(&dev, true).unwrap(),
+                dropcompute::synapse::Event::new(&dev, true).unwrap(),
+            );
+            s.synchronize().unwrap();
+            start.record(&s).unwrap();
+            let (_r, _dy, _) = mapped_graph(h, &s, &ev, late_first);
+            end.record(&s).unwrap();
+            let s2 = Stream::new(&dev).unwrap();
+            s2.wait_event(&ev).unwrap();
+            seen.record(&s2).unwrap();
+            s2.synchronize().unwrap();
+            s.synchronize().unwrap();
+            let (t0, t1, ty) =
+                (start.timestamp_ns().unwrap(), end.timestamp_ns().unwrap(), seen.timestamp_ns().unwrap());
+            ends.push((late_first, t0, ty, t1));
+        }
+    }
+    ctl.configure(&dropcompute::mock::MockConfig::default()).unwrap();
+    for (late_first, t0, ty, t1) in ends {
+        assert!(t0 <= ty && ty <= t1, "late_first {late_first}: {t0} <= {ty} <= {t1}");
+        if late_first {
+            assert_eq!(ty, t1, "y is produced by the last node: ready at the launch's end");
+        } else {
+            assert!(ty < t1, "y is produced by the first node: ready {} ns before the launch's end", t1 - ty);
+        }
+    }
 }
 
 /// The scheduler's gradient operations as graphs: zero, accumulate (f32 and bf16 -> f32, in
@@ -814,8 +980,9 @@ suite!(
         raw_build_and_compile_errors,
         raw_launch_errors,
         device_type_mismatch,
-        memset_d32,
+        memset_d8_d16_d32,
         raw_compile_v2_and_event_map,
+        external_events_dependencies_eager_launch_info,
     ],
-    mock_only: [],
+    mock_only: [mapped_event_fires_at_its_producer],
 );

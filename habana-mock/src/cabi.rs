@@ -4,7 +4,7 @@
 //!
 //! Owns: [`guard`] / [`guard_unfaultable`] / [`catch_or`] (fault injection, `catch_unwind`, last-error
 //! recording: no panic ever unwinds across the C ABI), [`CStatus`], [`out`], [`c_str`],
-//! [`slice`], [`handle_to_raw`] / [`raw_to_handle`]. Must not touch: the registry or any mock
+//! [`slice`], [`read`], [`handle_to_raw`] / [`raw_to_handle`]. Must not touch: the registry or any mock
 //! object; it imports only the leaves `error.rs`, `faults.rs` and `last_error.rs`.
 
 use std::ffi::{CStr, c_char};
@@ -120,6 +120,19 @@ pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize) -> MResult<&'a [T]> {
     }
     // SAFETY: non-null, `n` elements readable by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// A copy of the struct an input pointer argument points at; synInvalidArgument "null {what}"
+/// for a null pointer.
+///
+/// # Safety
+/// `p` is null or valid for a read of one `T`.
+pub(crate) unsafe fn read<T: Copy>(p: *const T, what: &str) -> MResult<T> {
+    if p.is_null() {
+        return Err(MockError::new(synStatus::INVALID_ARGUMENT, format!("null {what}")));
+    }
+    // SAFETY: non-null and readable by the caller's contract.
+    Ok(unsafe { *p })
 }
 
 /// Fake pointer value of handle id `id` (ids are spaced by 64 so a handle looks like an aligned

@@ -59,7 +59,7 @@ pub(crate) fn destroy(h: u64) -> MResult<()> {
     r.any_recipe(h)?;
     r.recipes.remove(&h);
     r.graph_recipes.remove(&h);
-    r.event_maps.remove(&h);
+    r.event_maps.retain(|_, (recipe, _)| *recipe != h);
     Ok(())
 }
 
@@ -121,12 +121,14 @@ pub(crate) unsafe fn launch(
 ) -> MResult<()> {
     let mut r = registry();
     let stream = r.stream(sh)?;
-    let evs = events.iter().map(|&h| r.event(h)).collect::<MResult<Vec<_>>>()?;
     let recipe = match r.any_recipe(rh)? {
         AnyRecipe::Json(recipe) => recipe,
-        // SAFETY: names are null or NUL-terminated by this function's contract.
-        AnyRecipe::Graph(p) => return unsafe { crate::graph::launch(r, stream, rh, p, infos, workspace, evs, flags) },
+        AnyRecipe::Graph(p) => {
+            // SAFETY: names are null or NUL-terminated by this function's contract.
+            return unsafe { crate::graph::launch(r, stream, rh, p, infos, workspace, events, flags) };
+        }
     };
+    let evs = events.iter().map(|&h| r.event(h)).collect::<MResult<Vec<_>>>()?;
     let m = stream.module;
     let spec = &recipe.spec;
     let by_name = flags & SYN_FLAGS_TENSOR_NAME != 0;
@@ -197,6 +199,7 @@ pub(crate) unsafe fn launch(
         exec: Exec::C { kernel, names: recipe.names.clone(), params: recipe.params.clone() },
         bindings,
         events: events.collect(),
+        early: Vec::new(),
         latency_ns,
     };
     if !stream.enqueue(Op::Kernel(op)) {

@@ -108,6 +108,7 @@ pub(crate) fn event_destroy(eh: u64) -> MResult<()> {
     let mut r = registry();
     let e = r.event(eh)?;
     r.events.remove(&eh);
+    r.event_maps.remove(&eh);
     e.poison();
     Ok(())
 }

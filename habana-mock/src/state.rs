@@ -72,9 +72,11 @@ pub(crate) struct Registry {
     pub graph_items: HashMap<u64, (u64, Item)>,
     /// Compiled graph recipes by recipe handle id (JSON recipes are in `recipes`).
     pub graph_recipes: HashMap<u64, Arc<Program>>,
-    /// Events mapped to tensors of a graph recipe (`synEventMapTensor`), by recipe handle id:
-    /// recorded at the end of every launch of that recipe.
-    pub event_maps: HashMap<u64, Vec<u64>>,
+    /// Events mapped to a tensor (`synEventMapTensor`), by event handle id: (recipe handle id,
+    /// position of the tensor among the recipe's persistent tensors). A later map of the same
+    /// event replaces its mapping. A launch of that recipe given the event records it when the
+    /// node producing the tensor ends.
+    pub event_maps: HashMap<u64, (u64, usize)>,
     /// Compile errors handed out by `synGraphCompileV2` (`synErrorHandle` ids).
     pub compile_errors: HashMap<u64, (synStatus, String)>,
 }

@@ -59,6 +59,10 @@ pub(crate) struct KernelOp {
     pub bindings: Vec<(Arc<DevAlloc>, u64, u64)>,
     /// External events recorded at completion, with their generation.
     pub events: Vec<(Arc<Event>, u64)>,
+    /// Events recorded during the launch (mapped to a tensor that a node before the last one
+    /// produces): event, generation, and device time after the launch's start (ns, below
+    /// `latency_ns`), in ascending order of that time.
+    pub early: Vec<(Arc<Event>, u64, u64)>,
     pub latency_ns: u64,
 }
 
@@ -275,18 +279,23 @@ impl Worker {
         }
     }
 
-    /// Ends an operation that started at `start` and costs `latency_ns`; returns its end.
-    fn finish(&self, start: u64, latency_ns: u64) -> u64 {
-        let end = start.saturating_add(latency_ns);
-        let end = match self.mode {
+    /// The timeline reaching `t` within a running operation: waits for it in real time (the
+    /// later of `t` and now), returns it in virtual time. The clock moves at the operation's end.
+    fn at(&self, t: u64) -> u64 {
+        match self.mode {
             TimeMode::Real => {
                 if !self.aborted() {
-                    sleep_until_ns(end);
+                    sleep_until_ns(t);
                 }
-                end.max(epoch_ns())
+                t.max(epoch_ns())
             }
-            TimeMode::Virtual => end,
-        };
+            TimeMode::Virtual => t,
+        }
+    }
+
+    /// Ends an operation that started at `start` and costs `latency_ns`; returns its end.
+    fn finish(&self, start: u64, latency_ns: u64) -> u64 {
+        let end = self.at(start.saturating_add(latency_ns));
         self.shared.lock().clock_ns = end;
         end
     }
@@ -329,6 +338,12 @@ impl Worker {
                     && let Err((status, msg)) = run_kernel(&k)
                 {
                     self.set_error(status, msg);
+                }
+                // A tensor produced before the last node is ready before the launch ends: its
+                // event fires at its node's end (not under the stream's lock: the launch is
+                // still running, so a host woken by it rightly finds the stream busy).
+                for (e, g, offset) in &k.early {
+                    e.complete(*g, self.at(start.saturating_add(*offset)));
                 }
                 let end = self.finish(start, k.latency_ns);
                 return k.events.iter().map(|(e, g)| (e.clone(), *g, end)).collect();

@@ -102,53 +102,41 @@ fn a_file_that_is_not_a_library_is_an_open_error() {
 fn layouts_match_vendor_headers() {
     use habana_sys::generated as g;
     use std::mem::{align_of, offset_of, size_of};
+    // Each of `ours` against the header's struct of the same name, fields by name; a struct and
+    // its `…Ext` twin share one field list.
     macro_rules! same_layout {
-        ($ours:ty, $theirs:ty, [$($f:ident),* $(,)?]) => {
-            assert_eq!(size_of::<$ours>(), size_of::<$theirs>(), "size of {}", stringify!($ours));
-            assert_eq!(align_of::<$ours>(), align_of::<$theirs>(), "align of {}", stringify!($ours));
-            $(assert_eq!(offset_of!($ours, $f), offset_of!($theirs, $f), "{}.{}", stringify!($ours), stringify!($f));)*
+        ($($ours:ident),+ : $fields:tt) => {
+            $(same_layout!(@one $ours $fields);)+
+        };
+        (@one $ours:ident [$($f:ident),* $(,)?]) => {
+            assert_eq!(size_of::<$ours>(), size_of::<g::$ours>(), "size of {}", stringify!($ours));
+            assert_eq!(align_of::<$ours>(), align_of::<g::$ours>(), "align of {}", stringify!($ours));
+            $(assert_eq!(offset_of!($ours, $f), offset_of!(g::$ours, $f), "{}.{}", stringify!($ours), stringify!($f));)*
         };
     }
+    same_layout!(synLaunchTensorInfo, synLaunchTensorInfoExt: [tensorName, pTensorAddress, tensorType, tensorSize, tensorId]);
     same_layout!(
-        synLaunchTensorInfo,
-        g::synLaunchTensorInfo,
-        [tensorName, pTensorAddress, tensorType, tensorSize, tensorId]
+        synDeviceInfo: [sramBaseAddress, dramBaseAddress, sramSize, dramSize, tpcEnabledMask, dramEnabled, deviceId, fd, deviceType]
     );
-    same_layout!(
-        synLaunchTensorInfoExt,
-        g::synLaunchTensorInfoExt,
-        [tensorName, pTensorAddress, tensorType, tensorSize, tensorId]
-    );
-    same_layout!(
-        synDeviceInfo,
-        g::synDeviceInfo,
-        [sramBaseAddress, dramBaseAddress, sramSize, dramSize, tpcEnabledMask, dramEnabled, deviceId, fd, deviceType]
-    );
-    same_layout!(
-        synDeviceInfoV2,
-        g::synDeviceInfoV2,
-        [
-            sramBaseAddress,
-            dramBaseAddress,
-            sramSize,
-            dramSize,
-            tpcEnabledMask,
-            dramEnabled,
-            deviceId,
-            fd,
-            deviceType,
-            deviceIndex
-        ]
-    );
-    same_layout!(hcclUniqueId, g::hcclUniqueId, [internal, length]);
-    same_layout!(synTensorGeometry, g::synTensorGeometry, [sizes, dims]);
-    same_layout!(synTensorGeometryExt, g::synTensorGeometryExt, [sizes, dims]);
-    same_layout!(synTensorDeviceFullLayout, g::synTensorDeviceFullLayout, [strides, deviceDataType]);
-    same_layout!(synTensorPermutation, g::synTensorPermutation, [permutation, dims]);
+    same_layout!(synDeviceInfoV2: [
+        sramBaseAddress,
+        dramBaseAddress,
+        sramSize,
+        dramSize,
+        tpcEnabledMask,
+        dramEnabled,
+        deviceId,
+        fd,
+        deviceType,
+        deviceIndex
+    ]);
+    same_layout!(hcclUniqueId: [internal, length]);
+    same_layout!(synTensorGeometry, synTensorGeometryExt: [sizes, dims]);
+    same_layout!(synTensorDeviceFullLayout: [strides, deviceDataType]);
+    same_layout!(synTensorPermutation: [permutation, dims]);
     same_layout!(
         synRetrievedLaunchTensorInfo,
-        g::synRetrievedLaunchTensorInfo,
-        [
+        synRetrievedLaunchTensorInfoExt: [
             tensorName,
             tensorId,
             tensorType,
@@ -163,25 +151,7 @@ fn layouts_match_vendor_headers() {
             reserved
         ]
     );
-    same_layout!(
-        synRetrievedLaunchTensorInfoExt,
-        g::synRetrievedLaunchTensorInfoExt,
-        [
-            tensorName,
-            tensorId,
-            tensorType,
-            tensorDataType,
-            tensorDims,
-            tensorMaxSize,
-            tensorMinSize,
-            tensorPermutation,
-            tensorSectionId,
-            tensorOffsetInSection,
-            isInput,
-            reserved
-        ]
-    );
-    same_layout!(synGEMMParams, g::synGEMMParams, [transpose_a, transpose_b]);
+    same_layout!(synGEMMParams: [transpose_a, transpose_b]);
     assert_eq!(hcclRedOp_t::MIN.0 as i64, g::hcclRedOp_t_hcclMin as i64);
     assert_eq!(hcclRedOp_t::MAX.0 as i64, g::hcclRedOp_t_hcclMax as i64);
     assert_eq!(synStatus::DEVICE_ALREADY_ACQUIRED.0 as i64, g::synStatus_synDeviceAlreadyAcquired as i64);

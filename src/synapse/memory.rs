@@ -16,7 +16,7 @@ use std::time::Duration;
 use habana_sys::{synDataType, synDmaDir};
 
 use super::error::{DropResult, Error, Result};
-use super::result;
+use super::result::{self, MemsetValue};
 use super::runtime::Device;
 use super::stream::{Event, Stream};
 
@@ -32,23 +32,28 @@ pub trait DeviceRepr: sealed::Sealed + Copy + Send + Sync + Default + 'static {
     const SYN_TYPE: synDataType;
     /// Human-readable name ("f32", "bf16", ...).
     const NAME: &'static str;
+    /// The bits of `self` as the device memset of its width (D8, D16 or D32).
+    fn memset_value(self) -> MemsetValue;
 }
 
 macro_rules! device_repr {
-    ($t:ty, $tag:ident, $name:literal) => {
+    ($t:ty, $tag:ident, $name:literal, $fill:expr) => {
         impl sealed::Sealed for $t {}
         impl DeviceRepr for $t {
             const SYN_TYPE: synDataType = synDataType::$tag;
             const NAME: &'static str = $name;
+            fn memset_value(self) -> MemsetValue {
+                $fill(self)
+            }
         }
     };
 }
-device_repr!(f32, SINGLE, "f32");
-device_repr!(half::bf16, BF16, "bf16");
-device_repr!(half::f16, FP16, "f16");
-device_repr!(i32, INT32, "i32");
-device_repr!(u32, UINT32, "u32");
-device_repr!(u8, UINT8, "u8");
+device_repr!(f32, SINGLE, "f32", |v: f32| MemsetValue::D32(v.to_bits()));
+device_repr!(half::bf16, BF16, "bf16", |v: half::bf16| MemsetValue::D16(v.to_bits()));
+device_repr!(half::f16, FP16, "f16", |v: half::f16| MemsetValue::D16(v.to_bits()));
+device_repr!(i32, INT32, "i32", |v: i32| MemsetValue::D32(u32::from_ne_bytes(v.to_ne_bytes())));
+device_repr!(u32, UINT32, "u32", MemsetValue::D32);
+device_repr!(u8, UINT8, "u8", MemsetValue::D8);
 
 /// Bytes to allocate for `len` elements of `T`.
 ///
@@ -324,6 +329,33 @@ impl Stream {
         // exclusive to the copy until it completes.
         unsafe { self.enqueue_copy(src.addr, src.bytes(), dst.host_addr(), synDmaDir::DRAM_TO_HOST) }?;
         dst.track(self)
+    }
+
+    /// Enqueues a fill of elements `range` of `buf` with `value` on this stream
+    /// (`synMemsetD8Async`, `synMemsetD16Async` or `synMemsetD32Async` by the element width:
+    /// the value's bits are repeated, so `0.0f32` zeroes and `1.5f32` writes 1.5).
+    ///
+    /// # Errors
+    /// Before any C call: [`Error::InvalidArgument`] for a range that is reversed or ends past
+    /// `buf.len()` (naming both) or a buffer of another device. [`Error::Synapse`] when the
+    /// runtime rejects the fill.
+    pub fn fill<T: DeviceRepr>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        value: T,
+    ) -> Result<()> {
+        same_device(self, &buf.dev)?;
+        if range.start > range.end || range.end > buf.len {
+            return Err(Error::InvalidArgument {
+                what: "fill range",
+                value: format!("elements {range:?} of a {} buffer of {} elements", T::NAME, buf.len),
+            });
+        }
+        let addr = buf.addr + (range.start * size_of::<T>()) as u64;
+        // SAFETY: the stream is live for the life of `self`; the range lies inside the live
+        // allocation `buf`, borrowed mutably for the call (checked above).
+        unsafe { result::memset_async(self.device().api(), self.raw(), addr, value.memset_value(), range.len()) }
     }
 
     /// Enqueues a device-to-device copy of all of `src` into `dst` (same length).

@@ -23,6 +23,6 @@ mod stream;
 pub use backend::{Backend, BackendChoice};
 pub use error::{DropResult, Error, OperandMismatch, Result};
 pub use memory::{DeviceBuffer, DeviceRepr, HOST_DROP_TIMEOUT, HostBuffer};
-pub use recipe::{LaunchTensor, Recipe};
+pub use recipe::{LaunchTensor, LaunchTensorInfo, Recipe};
 pub use runtime::{Device, DeviceInfo, Runtime, module_id_from_env};
 pub use stream::{DROP_DRAIN_TIMEOUT, Event, Stream};

@@ -10,10 +10,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use habana_sys::{
-    HABANA_DIM_MAX, SYN_FLAGS_TENSOR_NAME, synLaunchTensorInfoExt, synRecipeAttribute, synRecipeHandle, synTensorType,
+    HABANA_DIM_MAX, SYN_FLAGS_TENSOR_NAME, synDataType, synLaunchTensorInfoExt, synRecipeAttribute, synRecipeHandle,
+    synTensorType,
 };
 
 use super::error::{Error, Result};
+use super::graph::layout::row_major_shape;
 use super::memory::{DeviceBuffer, DeviceRepr};
 use super::result;
 use super::runtime::Runtime;
@@ -36,6 +38,34 @@ unsafe impl Send for Recipe {}
 fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::InvalidArgument { what: "recipe path", value: path.display().to_string() })
+}
+
+/// One tensor a launch of a [`Recipe`] binds, as the runtime describes it
+/// ([`Recipe::launch_tensors`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchTensorInfo {
+    /// Tensor name.
+    pub name: String,
+    /// Launch id (bind with [`LaunchTensor::by_id`]).
+    pub id: u64,
+    /// Element type (C tag; [`super::graph::DType::from_syn`] for graph tensors).
+    pub dtype: synDataType,
+    /// Row-major shape (the runtime's max sizes, converted by the graph layer's `layout.rs`).
+    pub shape: Vec<u64>,
+    /// The recipe's id of the tensor's section.
+    pub section: u32,
+    /// Byte offset of the tensor in its section.
+    pub offset: u64,
+    /// True when some node reads the tensor.
+    pub is_input: bool,
+}
+
+impl LaunchTensorInfo {
+    /// Bytes of the tensor, `None` for an element type graphs here do not use.
+    pub fn bytes(&self) -> Option<u64> {
+        let size = super::graph::DType::from_syn(self.dtype)?.size() as u64;
+        Some(self.shape.iter().product::<u64>() * size)
+    }
 }
 
 impl Recipe {
@@ -75,6 +105,33 @@ impl Recipe {
     pub fn launch_ids(&self) -> Result<Vec<u64>> {
         // SAFETY: live handle.
         unsafe { result::tensor_launch_ids(self.rt.api(), self.handle) }
+    }
+
+    /// What the recipe says of every tensor a launch binds (`synTensorRetrieveLaunchAmount`,
+    /// `synTensorRetrieveLaunchIds`, `synTensorRetrieveLaunchInfoById`), in launch-id order:
+    /// enough to allocate and bind buffers for a recipe loaded from a file.
+    ///
+    /// # Errors
+    /// [`Error::Synapse`] from any of the three calls.
+    pub fn launch_tensors(&self) -> Result<Vec<LaunchTensorInfo>> {
+        let ids = self.launch_ids()?;
+        // SAFETY: live handle.
+        let infos = unsafe { result::launch_info_by_id(self.rt.api(), self.handle, &ids) }?;
+        Ok(infos
+            .iter()
+            .map(|i| {
+                let name: Vec<u8> = i.tensorName.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                LaunchTensorInfo {
+                    name: String::from_utf8_lossy(&name).into_owned(),
+                    id: i.tensorId,
+                    dtype: i.tensorDataType,
+                    shape: row_major_shape(&i.tensorMaxSize, i.tensorDims),
+                    section: i.tensorSectionId,
+                    offset: i.tensorOffsetInSection,
+                    is_input: i.isInput != 0,
+                }
+            })
+            .collect())
     }
 
     /// Ids of the named tensors, in the order given. The runtime answers an unknown name with

@@ -8,8 +8,8 @@
 use std::ffi::{CStr, CString, c_char, c_void};
 
 use habana_sys::{
-    SynapseApi, synDeviceId, synDeviceInfoV2, synDmaDir, synEventHandle, synLaunchTensorInfoExt, synRecipeAttribute,
-    synRecipeHandle, synStatus, synStreamHandle,
+    SynapseApi, synDeviceId, synDeviceInfoV2, synDmaDir, synEventHandle, synLaunchTensorInfo, synLaunchTensorInfoExt,
+    synRecipeAttribute, synRecipeHandle, synRetrievedLaunchTensorInfo, synStatus, synStreamHandle,
 };
 
 use super::error::{Error, Result};
@@ -350,6 +350,84 @@ pub unsafe fn tensor_launch_ids(api: &SynapseApi, recipe: synRecipeHandle) -> Re
         (api.syn_tensor_retrieve_launch_ids)(recipe, ids.as_mut_ptr(), n)
     })?;
     Ok(ids)
+}
+
+/// `synTensorRetrieveLaunchInfoById`: name, element type, sizes, section and offset of each of
+/// `ids` (launch ids of `recipe`), in the same order.
+///
+/// # Safety
+/// `recipe` must be live.
+pub unsafe fn launch_info_by_id(
+    api: &SynapseApi,
+    recipe: synRecipeHandle,
+    ids: &[u64],
+) -> Result<Vec<synRetrievedLaunchTensorInfo>> {
+    let n = u32::try_from(ids.len())
+        .map_err(|_| Error::InvalidArgument { what: "launch tensor count", value: ids.len().to_string() })?;
+    let mut infos: Vec<synRetrievedLaunchTensorInfo> =
+        ids.iter().map(|&id| synRetrievedLaunchTensorInfo { tensorId: id, ..Default::default() }).collect();
+    // SAFETY: `infos` holds exactly `n` entries, each with its `tensorId` set; recipe live.
+    check(api, "synTensorRetrieveLaunchInfoById", unsafe {
+        (api.syn_tensor_retrieve_launch_info_by_id)(recipe, n, infos.as_mut_ptr())
+    })?;
+    Ok(infos)
+}
+
+/// `synEventMapTensor`: event i is recorded, at a later launch of `recipe` given it, when the
+/// tensor of `tensors[i]` (by `tensorId`) is ready. Both slices have the same length.
+///
+/// # Safety
+/// `recipe` and every event must be live; each `tensorName` is null or NUL-terminated.
+pub unsafe fn event_map_tensor(
+    api: &SynapseApi,
+    events: &mut [synEventHandle],
+    tensors: &[synLaunchTensorInfo],
+    recipe: synRecipeHandle,
+) -> Result<()> {
+    if events.len() != tensors.len() {
+        return Err(Error::SizeMismatch {
+            what: "synEventMapTensor events and tensors",
+            expected: events.len(),
+            got: tensors.len(),
+        });
+    }
+    // SAFETY: both arrays hold `events.len()` entries; handles live by the caller's contract.
+    check(api, "synEventMapTensor", unsafe {
+        (api.syn_event_map_tensor)(events.as_mut_ptr(), events.len(), tensors.as_ptr(), recipe)
+    })
+}
+
+/// The value of a device memset and its element width: `synMemsetD8Async`, `D16` or `D32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemsetValue {
+    /// One byte per element (`synMemsetD8Async`).
+    D8(u8),
+    /// Two bytes per element (`synMemsetD16Async`).
+    D16(u16),
+    /// Four bytes per element (`synMemsetD32Async`).
+    D32(u32),
+}
+
+/// Enqueues a fill of `count` elements of `value`'s width at device address `addr` on `stream`.
+///
+/// # Safety
+/// `stream` must be live and `[addr, addr + count * width)` inside a live device allocation
+/// until the fill runs.
+pub unsafe fn memset_async(
+    api: &SynapseApi,
+    stream: synStreamHandle,
+    addr: u64,
+    value: MemsetValue,
+    count: usize,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match value {
+            MemsetValue::D8(v) => check(api, "synMemsetD8Async", (api.syn_memset_d8_async)(addr, v, count, stream)),
+            MemsetValue::D16(v) => check(api, "synMemsetD16Async", (api.syn_memset_d16_async)(addr, v, count, stream)),
+            MemsetValue::D32(v) => check(api, "synMemsetD32Async", (api.syn_memset_d32_async)(addr, v, count, stream)),
+        }
+    }
 }
 
 /// `synTensorRetrieveIds`: the ids of the named tensors, in the same order.

@@ -12,7 +12,7 @@ use habana_sys::{
     synTensorPermutation, synTensorType,
 };
 
-use crate::cabi::{c_str, guard, h, handle_to_raw, out, slice};
+use crate::cabi::{c_str, guard, h, handle_to_raw, out, read, slice};
 use crate::error::{MResult, MockError, fail};
 use crate::state::registry;
 use crate::{graph, ops};
@@ -179,11 +179,8 @@ pub unsafe extern "C" fn syn_tensor_set_geometry(
     ty: synGeometryType,
 ) -> synStatus {
     guard("synTensorSetGeometry", || {
-        if geo.is_null() {
-            return fail(synStatus::INVALID_ARGUMENT, "null geometry");
-        }
-        // SAFETY: non-null and valid for a read by the caller's contract.
-        let geo = unsafe { *geo };
+        // SAFETY: null or valid for a read by the caller's contract.
+        let geo = unsafe { read(geo, "geometry")? };
         registry().tensor_set_geometry(h(t), &geo, ty)
     })
 }
@@ -213,11 +210,8 @@ pub unsafe extern "C" fn syn_tensor_set_device_full_layout(
     l: *const synTensorDeviceFullLayout,
 ) -> synStatus {
     guard("synTensorSetDeviceFullLayout", || {
-        if l.is_null() {
-            return fail(synStatus::INVALID_ARGUMENT, "null layout");
-        }
-        // SAFETY: non-null and valid for a read by the caller's contract.
-        let l = unsafe { *l };
+        // SAFETY: null or valid for a read by the caller's contract.
+        let l = unsafe { read(l, "layout")? };
         if l.strides.iter().any(|&s| s != 0) {
             return fail(synStatus::UNSUPPORTED, "non-default strides are not supported");
         }
@@ -228,11 +222,8 @@ pub unsafe extern "C" fn syn_tensor_set_device_full_layout(
 /// `synTensorSetPermutation`: the identity only on the mock (others are synUnsupported).
 pub unsafe extern "C" fn syn_tensor_set_permutation(t: synTensor, p: *const synTensorPermutation) -> synStatus {
     guard("synTensorSetPermutation", || {
-        if p.is_null() {
-            return fail(synStatus::INVALID_ARGUMENT, "null permutation");
-        }
-        // SAFETY: non-null and valid for a read by the caller's contract.
-        let p = unsafe { *p };
+        // SAFETY: null or valid for a read by the caller's contract.
+        let p = unsafe { read(p, "permutation")? };
         let mut r = registry();
         let rec = r.tensor_touch(h(t))?;
         let n = usize::from(p.dims).min(p.permutation.len());

@@ -318,9 +318,11 @@ pub unsafe extern "C" fn syn_tensor_retrieve_launch_info_by_id_ext(
     guard("synTensorRetrieveLaunchInfoByIdExt", || unsafe { launch_info(r, n, infos) })
 }
 
-/// `synEventMapTensor`: event i is recorded at the end of every later launch of graph recipe
-/// `r` (the mock completes a graph as a whole, so "when tensor i is ready" is the launch's
-/// end). Each tensor must be a persistent tensor of the recipe marked external.
+/// `synEventMapTensor`: maps event i to the tensor of `infos[i].tensorId` (a persistent tensor
+/// of graph recipe `r` marked external and written by a node), replacing the event's earlier
+/// mapping; a later launch of `r` given the event records it when the node producing that
+/// tensor ends. A tensor that is not such a tensor is synFail, as the ≈1.16 runtime
+/// (`synSingleton::eventMapTensorBaseExt`: "Unable to find tensor").
 pub unsafe extern "C" fn syn_event_map_tensor(
     events: *mut synEventHandle,
     n: usize,
@@ -331,28 +333,31 @@ pub unsafe extern "C" fn syn_event_map_tensor(
         // SAFETY: both arrays hold `n` entries by the caller's contract.
         let (evs, infos) = unsafe { (slice(events as *const synEventHandle, n)?, slice(infos, n)?) };
         let AnyRecipe::Graph(p) = launch::recipe(h(r))? else {
-            return fail(synStatus::INVALID_ARGUMENT, "synEventMapTensor needs a recipe compiled from a graph");
+            return fail(synStatus::FAIL, "synEventMapTensor needs a recipe compiled from a graph");
         };
         let mut reg = crate::state::registry();
         let mut mapped = Vec::with_capacity(n);
         for (e, info) in evs.iter().zip(infos) {
             reg.event(h(*e))?;
-            let Some(pos) = p.position_of_id(info.tensorId) else {
-                return fail(
-                    synStatus::INVALID_ARGUMENT,
-                    format!("tensorId {:#x} is not a persistent tensor of the recipe", info.tensorId),
-                );
+            let unable = |why: String| {
+                fail(synStatus::FAIL, format!("Unable to find tensor with tensor id {:#x}: {why}", info.tensorId))
             };
-            let t = &p.tensors[p.persistent[pos]];
+            let Some(pos) = p.position_of_id(info.tensorId) else {
+                return unable(format!("not a persistent tensor of recipe {}", p.name));
+            };
+            let i = p.persistent[pos];
+            let t = &p.tensors[i];
             if !t.external {
-                return fail(
-                    synStatus::INVALID_ARGUMENT,
-                    format!("tensor {} is not external (synTensorSetExternal)", t.name),
-                );
+                return unable(format!("tensor {} is not external (synTensorSetExternal)", t.name));
             }
-            mapped.push(h(*e));
+            if p.producer_of(i).is_none() {
+                return unable(format!("tensor {} is written by no node", t.name));
+            }
+            mapped.push((h(*e), pos));
         }
-        reg.event_maps.entry(h(r)).or_default().extend(mapped);
+        for (e, pos) in mapped {
+            reg.event_maps.insert(e, (h(r), pos));
+        }
         Ok(())
     })
 }

@@ -58,7 +58,12 @@ pub(crate) fn deserialize(bytes: &[u8], path: &std::path::Path) -> MResult<u64> 
 
 /// Launches graph recipe `program` (handle `rh`) on `stream`: the bindings checked as the real
 /// runtime does (`Program::section_bases`), the workspace checked when one is needed, the
-/// device time drawn from the cost model and the module's noise at enqueue time.
+/// device time drawn from the cost model and the module's noise at enqueue time. Each of
+/// `events` (handle ids) is recorded when the node producing its mapped tensor ends (an event
+/// mapped to this recipe by `synEventMapTensor`; the launch's time is split over the nodes in
+/// proportion to their modelled cost) or, unmapped, at the launch's end; an event mapped to
+/// another recipe is synInvalidArgument (inferred: the ≈1.16 source keeps the recipe in the
+/// mapping but its launch-side check was not traced).
 ///
 /// # Safety
 /// With SYN_FLAGS_TENSOR_NAME, every `tensorName` must be null or a NUL-terminated string.
@@ -70,7 +75,7 @@ pub(crate) unsafe fn launch(
     program: Arc<Program>,
     infos: &[synLaunchTensorInfo],
     workspace: u64,
-    events: Vec<Arc<crate::event::Event>>,
+    events: &[u64],
     flags: u32,
 ) -> MResult<()> {
     let v = synStatus::FAILED_SECTION_VALIDATION;
@@ -136,30 +141,48 @@ pub(crate) unsafe fn launch(
         })?;
         bindings.push((a, off, program.workspace_bytes));
     }
-    let mut evs = events;
-    if let Some(mapped) = r.event_maps.get(&rh) {
-        for &eh in mapped {
-            evs.push(r.event(eh)?);
-        }
-    }
-    for e in &evs {
+    // Each event: mapped to a tensor of this recipe (synEventMapTensor) -> the node producing
+    // it; not mapped -> the launch's end.
+    let mut evs = Vec::with_capacity(events.len());
+    for &eh in events {
+        let e = r.event(eh)?;
         if e.module != m {
             return fail(
                 synStatus::INVALID_ARGUMENT,
                 format!("external event of module {} on a stream of module {m}", e.module),
             );
         }
+        let node = match r.event_maps.get(&eh) {
+            None => None,
+            Some(&(mapped, pos)) if mapped == rh => program.producer_of(program.persistent[pos]),
+            Some(&(mapped, pos)) => {
+                return fail(
+                    synStatus::INVALID_ARGUMENT,
+                    format!(
+                        "event {eh:#x} is mapped to persistent tensor #{pos} of recipe handle {mapped:#x}, not of recipe {}",
+                        program.name
+                    ),
+                );
+            }
+        };
+        evs.push((e, node));
     }
     let cfg = &r.config;
-    let base_ns = program.cost_ns(cfg.graph_hbm_gbps, cfg.graph_gflops, cfg.graph_node_overhead_ns);
+    let (gbps, gflops, overhead) = (cfg.graph_hbm_gbps, cfg.graph_gflops, cfg.graph_node_overhead_ns);
+    let base_ns = program.cost_ns(gbps, gflops, overhead);
     let mut r = r;
     let latency_ns = r.modules[m as usize].latency.next_launch_ns(base_ns, &program.name);
     drop(r);
-    let events = evs.into_iter().map(|e| {
+    let (mut at_end, mut early) = (Vec::new(), Vec::new());
+    for (e, node) in evs {
         let g = e.begin_record(stream.shared.clone());
-        (e, g)
-    });
-    let op = KernelOp { exec: Exec::Graph(program), bindings, events: events.collect(), latency_ns };
+        match node.map(|k| program.node_end_ns(k, latency_ns, gbps, gflops, overhead)) {
+            Some(t) if t < latency_ns => early.push((e, g, t)),
+            _ => at_end.push((e, g)),
+        }
+    }
+    early.sort_by_key(|&(_, _, t)| t);
+    let op = KernelOp { exec: Exec::Graph(program), bindings, events: at_end, early, latency_ns };
     if !stream.enqueue(Op::Kernel(op)) {
         return fail(synStatus::INVALID_ARGUMENT, "stream is shut down");
     }

@@ -111,6 +111,9 @@ pub(crate) struct Program {
     /// The parsed GUIDs of `nodes` (filled by [`Program::resolve`]).
     #[serde(skip)]
     pub guids: Vec<Guid>,
+    /// (bytes moved, flops) of each node, in execution order (filled by [`Program::resolve`]).
+    #[serde(skip)]
+    pub node_work: Vec<(u64, u64)>,
 }
 
 /// A failed compile: status and message (naming the node or tensor).
@@ -220,6 +223,7 @@ pub(crate) fn compile(g: &GraphRec, name: &str) -> Result<Program, CompileError>
         workspace_bytes: ws,
         work: (0, 0),
         guids: Vec::new(),
+        node_work: Vec::new(),
     };
     p.resolve().map_err(|m| (synStatus::FAIL, m))?;
     Ok(p)
@@ -287,6 +291,7 @@ impl Program {
     /// Parses the GUIDs and computes the work totals (after compile or deserialize).
     pub(crate) fn resolve(&mut self) -> Result<(), String> {
         self.guids = Vec::with_capacity(self.nodes.len());
+        self.node_work = Vec::with_capacity(self.nodes.len());
         let mut work = (0u64, 0u64);
         for n in &self.nodes {
             let g = Guid::parse(&n.guid).ok_or_else(|| format!("node {}: unknown GUID {}", n.name, n.guid))?;
@@ -299,6 +304,7 @@ impl Program {
             guid::check_compile(&n.name, &n.guid, g, &n.params, &ins, &outs)?;
             let (b, f) = guid::cost(g, &n.params, &ins, &outs);
             work = (work.0 + b, work.1 + f);
+            self.node_work.push((b, f));
             self.guids.push(g);
         }
         self.work = work;
@@ -329,6 +335,25 @@ impl Program {
     pub(crate) fn cost_ns(&self, gbps: f64, gflops: f64, overhead_ns: u64) -> u64 {
         let t = self.work.0 as f64 / gbps + self.work.1 as f64 / gflops;
         t.round() as u64 + overhead_ns * self.nodes.len() as u64
+    }
+
+    /// The node (position in execution order) that last writes tensor `i`, if any: the node
+    /// after which the tensor is ready.
+    pub(crate) fn producer_of(&self, i: usize) -> Option<usize> {
+        self.nodes.iter().rposition(|n| n.outputs.contains(&i))
+    }
+
+    /// Device time from the start of a launch lasting `latency_ns` to the end of node `k`
+    /// (execution order), ns: the launch's time split over its nodes in proportion to their
+    /// modelled cost (same rates as [`Program::cost_ns`]). The last node ends at `latency_ns`.
+    pub(crate) fn node_end_ns(&self, k: usize, latency_ns: u64, gbps: f64, gflops: f64, overhead_ns: u64) -> u64 {
+        let node = |&(b, f): &(u64, u64)| b as f64 / gbps + f as f64 / gflops + overhead_ns as f64;
+        let total: f64 = self.node_work.iter().map(node).sum();
+        if k + 1 >= self.node_work.len() || total <= 0.0 {
+            return latency_ns;
+        }
+        let done: f64 = self.node_work[..=k].iter().map(node).sum();
+        ((latency_ns as f64 * done / total).round() as u64).min(latency_ns)
     }
 
     /// The device type.

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use habana_sys::{
-    TENSOR_INVALID_ID, synDeviceType, synGeometryType, synGraphHandle, synRecipeHandle, synSectionHandle, synTensor,
-    synTensorType,
+    TENSOR_INVALID_ID, synDeviceType, synGeometryType, synGraphHandle, synNodeId, synRecipeHandle, synSectionHandle,
+    synTensor, synTensorType,
 };
 
 use super::super::error::{Error, Result};
@@ -31,6 +31,11 @@ use super::op::{Op, Operand};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TensorId(pub(super) usize);
 
+/// A node of a [`GraphBuilder`] (its `synNodeCreateWithId` id is kept inside), for
+/// [`GraphBuilder::depend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeId(usize);
+
 /// A persistent section of a [`GraphBuilder`]: tensors placed in one section share its memory
 /// (in-place updates: an input and an output at the same offset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,6 +50,8 @@ struct TensorEntry {
     section: Option<(SectionId, u64)>,
     /// Used by a node (the recipe only has tensors its nodes use).
     used: bool,
+    /// Marked external (`synTensorSetExternal`): an event can be mapped to it.
+    external: bool,
 }
 
 /// A graph under construction (`synGraphCreate`). Dropping it destroys the graph (best
@@ -59,7 +66,8 @@ pub struct GraphBuilder {
     device_type: synDeviceType,
     sections: Vec<synSectionHandle>,
     tensors: Vec<TensorEntry>,
-    nodes: Vec<String>,
+    /// Node names and runtime ids, in creation order.
+    nodes: Vec<(String, synNodeId)>,
     /// SHA-256 of every tensor and node as added (name, dtype, shape, placement; GUID, params,
     /// operands): the graph part of a recipe cache key.
     hasher: Sha256,
@@ -80,10 +88,34 @@ impl GraphBuilder {
     /// # Errors
     /// [`Error::Synapse`] from `synGraphCreate` (e.g. an unsupported device type).
     pub fn new(rt: &Arc<Runtime>, device_type: synDeviceType) -> Result<Self> {
+        Self::create(rt, device_type, false)
+    }
+
+    /// Creates an empty eager graph (`synGraphCreateEager`): the runtime's fast compile path for
+    /// small helper graphs, built, compiled and launched exactly like [`GraphBuilder::new`]'s.
+    /// The runtime falls back to normal compilation, silently, for more than 16 nodes or a node
+    /// the eager path does not support (`graph_api.md` §6 "Eager graphs"); use it for tiny
+    /// graphs (a cast, a fill), not the training step.
+    ///
+    /// # Errors
+    /// [`Error::Synapse`] from `synGraphCreateEager`: synInvalidArgument for a device type other
+    /// than Gaudi2 and Gaudi3 (the runtime accepts eager graphs only for those).
+    pub fn new_eager(rt: &Arc<Runtime>, device_type: synDeviceType) -> Result<Self> {
+        Self::create(rt, device_type, true)
+    }
+
+    fn create(rt: &Arc<Runtime>, device_type: synDeviceType, eager: bool) -> Result<Self> {
         let api = rt.api();
         let mut handle: synGraphHandle = std::ptr::null_mut();
+        let (call, f) = if eager {
+            ("synGraphCreateEager", api.syn_graph_create_eager)
+        } else {
+            ("synGraphCreate", api.syn_graph_create)
+        };
         // SAFETY: valid out-pointer.
-        check(api, "synGraphCreate", unsafe { (api.syn_graph_create)(&mut handle, device_type) })?;
+        check(api, call, unsafe { f(&mut handle, device_type) })?;
+        let mut hasher = Sha256::new();
+        hasher.update(if eager { "eager graph\n" } else { "graph\n" }.as_bytes());
         Ok(Self {
             rt: rt.clone(),
             handle,
@@ -91,7 +123,7 @@ impl GraphBuilder {
             sections: Vec::new(),
             tensors: Vec::new(),
             nodes: Vec::new(),
-            hasher: Sha256::new(),
+            hasher,
         })
     }
 
@@ -186,6 +218,7 @@ impl GraphBuilder {
             handle: t,
             section,
             used: false,
+            external: false,
         });
         Ok(TensorId(self.tensors.len() - 1))
     }
@@ -196,14 +229,46 @@ impl GraphBuilder {
             .ok_or_else(|| Error::InvalidArgument { what: "tensor", value: format!("{t:?} of another graph") })
     }
 
-    /// Adds node `name` computing `op` from `inputs` into `outputs` (`synNodeCreate`). Operand
-    /// counts, dtypes and shapes are checked first (see [`Op`]).
+    /// Marks persistent tensor `t` external (`synTensorSetExternal`), so that
+    /// [`super::GraphRecipe::map_event`] can map an event to it: a launch then records that
+    /// event as soon as the node producing `t` ends, before the rest of the graph (to start,
+    /// e.g., a bucket's all-reduce early). Call it before adding a node that uses `t` (the
+    /// runtime locks a tensor's properties at its first node).
+    ///
+    /// # Errors
+    /// Before the C call: [`Error::InvalidArgument`] naming the tensor when it is a workspace
+    /// tensor (only persistent tensors can be external), already used by a node, or of another
+    /// builder. [`Error::Synapse`] from `synTensorSetExternal`.
+    pub fn set_external(&mut self, t: TensorId) -> Result<()> {
+        let e = self.entry(t)?;
+        let why = if e.section.is_none() {
+            "is a workspace tensor (only persistent tensors can be external)"
+        } else if e.used {
+            "is already used by a node (mark it external before adding its nodes)"
+        } else {
+            ""
+        };
+        if !why.is_empty() {
+            return Err(Error::InvalidArgument { what: "external tensor", value: format!("tensor {} {why}", e.name) });
+        }
+        let api = self.rt.api();
+        // SAFETY: live tensor of this graph, not yet used by a node.
+        check(api, "synTensorSetExternal", unsafe { (api.syn_tensor_set_external)(e.handle, true) })?;
+        let name = e.name.clone();
+        self.tensors[t.0].external = true;
+        self.hasher.update(format!("external {name:?}\n").as_bytes());
+        Ok(())
+    }
+
+    /// Adds node `name` computing `op` from `inputs` into `outputs` (`synNodeCreateWithId`).
+    /// Operand counts, dtypes and shapes are checked first (see [`Op`]). Returns the node, for
+    /// [`GraphBuilder::depend`].
     ///
     /// # Errors
     /// [`Error::Graph`] naming the node, tensor, expected and given value;
     /// [`Error::InvalidArgument`] for a tensor of another builder or a name with NUL;
     /// [`Error::Synapse`] when the runtime rejects the node.
-    pub fn node(&mut self, name: &str, op: &Op, inputs: &[TensorId], outputs: &[TensorId]) -> Result<()> {
+    pub fn node(&mut self, name: &str, op: &Op, inputs: &[TensorId], outputs: &[TensorId]) -> Result<NodeId> {
         let operand = |t: &TensorId| -> Result<Operand<'_>> {
             let e = self.entry(*t)?;
             Ok(Operand { name: &e.name, dtype: e.dtype, shape: &e.shape })
@@ -220,11 +285,12 @@ impl GraphBuilder {
             None => (std::ptr::null(), 0),
         };
         let api = self.rt.api();
+        let mut id: synNodeId = 0;
         // SAFETY: live graph and tensors; the arrays hold the counts passed; params (when
         // non-null) hold `ps` bytes; GUID and name are NUL-terminated; all alive for the call
-        // (the runtime copies the params).
-        check(api, "synNodeCreate", unsafe {
-            (api.syn_node_create)(
+        // (the runtime copies the params); valid out-pointer for the id.
+        check(api, "synNodeCreateWithId", unsafe {
+            (api.syn_node_create_with_id)(
                 self.handle,
                 ih.as_ptr(),
                 oh.as_ptr(),
@@ -234,6 +300,7 @@ impl GraphBuilder {
                 ps,
                 c_guid.as_ptr(),
                 c_name.as_ptr(),
+                &mut id,
                 std::ptr::null(),
                 std::ptr::null(),
             )
@@ -245,7 +312,48 @@ impl GraphBuilder {
         let hex: String = params.iter().flatten().map(|b| format!("{b:02x}")).collect();
         self.hasher
             .update(format!("node {name:?} {guid} [{hex}] in {} out {}\n", ids(inputs), ids(outputs)).as_bytes());
-        self.nodes.push(name.to_string());
+        self.nodes.push((name.to_string(), id));
+        Ok(NodeId(self.nodes.len() - 1))
+    }
+
+    /// Orders nodes that share no tensor (`synNodeDependencySet`): every node of `blocked` runs
+    /// after every node of `blocking`. Data dependencies (a node reading another's output) need
+    /// no call; this is for ordering the graph cannot see, e.g. to produce one external tensor
+    /// before an unrelated long node.
+    ///
+    /// # Errors
+    /// Before the C call: [`Error::InvalidArgument`] for an empty list, a node of another
+    /// builder, or a node in both lists (naming it: it would wait for itself).
+    /// [`Error::Synapse`] from `synNodeDependencySet`.
+    pub fn depend(&mut self, blocking: &[NodeId], blocked: &[NodeId]) -> Result<()> {
+        let ids = |v: &[NodeId]| -> Result<Vec<synNodeId>> {
+            if v.is_empty() {
+                return Err(Error::InvalidArgument { what: "node dependency", value: "an empty node list".into() });
+            }
+            v.iter()
+                .map(|n| {
+                    self.nodes.get(n.0).map(|(_, id)| *id).ok_or_else(|| Error::InvalidArgument {
+                        what: "node dependency",
+                        value: format!("{n:?} of another graph"),
+                    })
+                })
+                .collect()
+        };
+        let (a, b) = (ids(blocking)?, ids(blocked)?);
+        if let Some(n) = blocking.iter().find(|n| blocked.contains(n)) {
+            return Err(Error::InvalidArgument {
+                what: "node dependency",
+                value: format!("node {} both blocks and is blocked (it would wait for itself)", self.nodes[n.0].0),
+            });
+        }
+        let api = self.rt.api();
+        // SAFETY: live graph; the arrays hold the counts passed, alive for the call.
+        check(api, "synNodeDependencySet", unsafe {
+            (api.syn_node_dependency_set)(self.handle, a.as_ptr(), b.as_ptr(), a.len() as u32, b.len() as u32)
+        })?;
+        let names = |v: &[NodeId]| v.iter().map(|n| self.nodes[n.0].0.as_str()).collect::<Vec<_>>().join(",");
+        let line = format!("depend [{}] before [{}]\n", names(blocking), names(blocked));
+        self.hasher.update(line.as_bytes());
         Ok(())
     }
 
@@ -328,6 +436,7 @@ impl GraphBuilder {
                 shape: t.shape.clone(),
                 id: None,
                 section: t.section.map(|(s, o)| (s.0, o)),
+                external: t.external,
             })
             .collect();
         for (&i, &id) in persistent.iter().zip(&ids) {
@@ -363,8 +472,8 @@ impl GraphBuilder {
     }
 
     /// The names of the nodes added so far, in order.
-    pub fn nodes(&self) -> &[String] {
-        &self.nodes
+    pub fn nodes(&self) -> Vec<&str> {
+        self.nodes.iter().map(|(n, _)| n.as_str()).collect()
     }
 }
 

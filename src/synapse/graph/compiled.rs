@@ -9,7 +9,9 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use habana_sys::{HABANA_DIM_MAX, synLaunchTensorInfoExt, synTensorType};
+use std::ffi::CString;
+
+use habana_sys::{HABANA_DIM_MAX, synLaunchTensorInfo, synLaunchTensorInfoExt, synTensorType};
 
 use super::super::error::{Error, Result};
 use super::super::memory::{DeviceBuffer, DeviceRepr};
@@ -32,6 +34,8 @@ pub struct CompiledTensor {
     pub id: Option<u64>,
     /// (section index, byte offset) of a persistent tensor.
     pub section: Option<(usize, u64)>,
+    /// Marked external ([`super::GraphBuilder::set_external`]): an event can be mapped to it.
+    pub external: bool,
 }
 
 impl CompiledTensor {
@@ -118,8 +122,46 @@ impl GraphRecipe {
         &self.tensors
     }
 
-    /// Enqueues one execution on `stream` with `args` bound and `signal` events recorded at
-    /// completion (`synLaunchWithExternalEventsExt`, bound by id).
+    /// Maps `event` to external tensor `t` (`synEventMapTensor`): a later launch of this recipe
+    /// given `event` among its `signal` events records it when the node producing `t` ends,
+    /// which may be before the launch ends (wait for it with [`Stream::wait_event`] on another
+    /// stream). A later map of the same event replaces this one. The ≈1.16 runtime does not
+    /// give the time of a mapped event (`synEventElapsedTime`) nor synchronize on it on
+    /// Gaudi1; wait for it from a stream instead.
+    ///
+    /// # Errors
+    /// Before the C call: [`Error::InvalidArgument`] naming the tensor and the recipe when `t`
+    /// is not a persistent tensor of this recipe or was not marked external before compile.
+    /// [`Error::Synapse`] from `synEventMapTensor` (synFail for a tensor the runtime cannot
+    /// map, e.g. one no node writes).
+    pub fn map_event(&self, event: &Event, t: TensorId) -> Result<()> {
+        let bad = |why: &str| Error::InvalidArgument {
+            what: "mapped tensor",
+            value: format!("{t:?} {why} of recipe {}", self.name),
+        };
+        let c = self.tensors.get(t.0).ok_or_else(|| bad("is not a tensor"))?;
+        let id = c.id.ok_or_else(|| bad(&format!("({}) is not a persistent tensor", c.name)))?;
+        if !c.external {
+            return Err(bad(&format!("({}) is not external (GraphBuilder::set_external before compile)", c.name)));
+        }
+        let name = CString::new(c.name.as_str())
+            .map_err(|_| Error::InvalidArgument { what: "tensor name", value: c.name.clone() })?;
+        let info = synLaunchTensorInfo {
+            tensorName: name.as_ptr(),
+            pTensorAddress: 0,
+            tensorType: synTensorType::DATA_TENSOR,
+            tensorSize: [0; HABANA_DIM_MAX],
+            tensorId: id,
+        };
+        let mut ev = [event.raw()];
+        // SAFETY: live recipe (owned) and event (borrowed); the name outlives the call.
+        unsafe { result::event_map_tensor(event.device().api(), &mut ev, &[info], self.recipe.raw()) }
+    }
+
+    /// Enqueues one execution on `stream` with `args` bound (`synLaunchWithExternalEventsExt`,
+    /// bound by id). Each of `signal` is recorded when the node producing its mapped tensor
+    /// ends (an event given to [`GraphRecipe::map_event`] for this recipe) or, unmapped, at
+    /// completion.
     ///
     /// # Errors
     /// Before any C call: [`Error::InvalidArgument`] for a tensor that is not persistent or of

@@ -1,9 +1,11 @@
-//! Graph-builder inputs from arbitrary bytes, for the cargo-fuzz target `graph_builder` and its
-//! proptest twin (`tests/parsers_arbitrary_bytes.rs`).
+//! Graph-builder inputs from arbitrary bytes: the one body of the cargo-fuzz target
+//! `graph_builder` (`fuzz/fuzz_targets/graph_builder.rs`) and of the proptest that runs it in
+//! `cargo test` (`tests/parsers_arbitrary_bytes.rs`).
 //!
 //! Owns: [`node_from_bytes`] (a decoder: bytes -> an [`Op`] with parameters and operand
-//! dtypes/shapes) and [`build_and_compile`] (the whole builder path on a runtime). Must not
-//! touch: anything else; product code never calls it.
+//! dtypes/shapes), [`build_and_compile`] (the whole builder path on a runtime) and
+//! [`graph_builder_case`] (the properties both drivers check). Must not touch: anything else;
+//! product code never calls it.
 
 use std::sync::Arc;
 
@@ -11,7 +13,8 @@ use super::super::error::Result;
 use super::super::runtime::Runtime;
 use super::builder::GraphBuilder;
 use super::layout::DType;
-use super::op::{CastRounding, Op, Reduction};
+use super::op::{CastRounding, Op, Operand, Reduction};
+use crate::synapse::Error;
 
 /// One operand: dtype and row-major shape.
 pub type OperandSpec = (DType, Vec<u64>);
@@ -80,4 +83,40 @@ pub fn build_and_compile(rt: &Arc<Runtime>, op: &Op, ins: &[OperandSpec], outs: 
     let o = outs.iter().enumerate().map(|(k, s)| tensor(k + ins.len(), s)).collect::<Result<Vec<_>>>()?;
     g.node("fuzz", op, &i, &o)?;
     g.compile("fuzz").map(|_| ())
+}
+
+/// The fuzz case: decodes `data` ([`node_from_bytes`]), checks the node with [`Op::check`] and
+/// builds and compiles it on `rt` ([`build_and_compile`]). `Err` describes a violated property:
+/// - what the safe layer's checks accept (no 0 dimension) builds and compiles;
+/// - a runtime rejection (`Error::Synapse`) only comes after the checks accepted the node (the
+///   checks catch shape and dtype mistakes before the C call);
+/// - no error reports a panic caught at the C ABI (the mock's guard turns one into synFail with
+///   "internal error (panic)").
+///
+/// Too short an input is `Ok` (nothing to build).
+///
+/// # Errors
+/// The property violated, with the op and operands.
+pub fn graph_builder_case(rt: &Arc<Runtime>, data: &[u8]) -> std::result::Result<(), String> {
+    let Some((op, ins, outs)) = node_from_bytes(data) else { return Ok(()) };
+    fn operand(k: usize, (dtype, shape): &OperandSpec) -> Operand<'_> {
+        Operand { name: ["a", "b", "c", "d", "e"][k], dtype: *dtype, shape }
+    }
+    let i: Vec<_> = ins.iter().enumerate().map(|(k, o)| operand(k, o)).collect();
+    let o: Vec<_> = outs.iter().enumerate().map(|(k, o)| operand(k + ins.len(), o)).collect();
+    let checked = op.check("fuzz", &i, &o);
+    let built = build_and_compile(rt, &op, &ins, &outs);
+    let case = || format!("{op:?} inputs {ins:?} outputs {outs:?}");
+    let zero_dim = ins.iter().chain(&outs).any(|(_, s)| s.contains(&0));
+    match (&checked, &built) {
+        (Ok(_), Err(e)) if !zero_dim => return Err(format!("{}: the checks passed, the build failed: {e}", case())),
+        (Err(c), Err(e @ Error::Synapse { .. })) => {
+            return Err(format!("{}: the runtime rejected ({e}) what the checks should have caught ({c})", case()));
+        }
+        _ => {}
+    }
+    match built {
+        Err(e) if e.to_string().contains("(panic)") => Err(format!("{}: a panic was caught at the C ABI: {e}", case())),
+        _ => Ok(()),
+    }
 }

@@ -1,7 +1,8 @@
 //! Element types and the one conversion between this crate's row-major shapes and the device's
 //! fastest-changing-dimension-first order.
 //!
-//! Owns: [`DType`], [`device_sizes`] (row-major shape -> `synTensorGeometry`) and
+//! Owns: [`DType`], [`device_sizes`] (row-major shape -> `synTensorGeometry`),
+//! [`row_major_shape`] (device sizes reported by the runtime -> row-major shape) and
 //! [`device_axis`] / [`device_axis_mask`] (a row-major axis -> the TPC order of axis
 //! parameters). Every other module of the graph layer speaks row-major only. Must not touch:
 //! handles or C calls.
@@ -58,6 +59,11 @@ impl DType {
         }
     }
 
+    /// The element type of a C type tag, `None` for a type graphs here do not use.
+    pub fn from_syn(t: synDataType) -> Option<Self> {
+        [DType::F32, DType::Bf16, DType::I32, DType::I8].into_iter().find(|d| d.syn() == t)
+    }
+
     /// True for f32 and bf16.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::Bf16)
@@ -96,6 +102,14 @@ pub fn device_sizes(tensor: &str, shape: &[u64]) -> Result<synTensorGeometry> {
     Ok(g)
 }
 
+/// The row-major shape of the first `dims` device sizes (fastest-changing first), as the
+/// runtime reports them (`synTensorRetrieveLaunchInfoById`): the inverse of [`device_sizes`]
+/// except that a 0-d tensor comes back as `[1]`. `dims` is clamped to `sizes.len()`.
+pub fn row_major_shape(sizes: &[u64], dims: u32) -> Vec<u64> {
+    let n = (dims as usize).min(sizes.len());
+    sizes[..n].iter().rev().copied().collect()
+}
+
 /// The TPC-order index of row-major axis `axis` of a rank-`rank` tensor (`rank - 1 - axis`).
 pub fn device_axis(rank: usize, axis: usize) -> u32 {
     (rank.max(1) - 1 - axis) as u32
@@ -118,6 +132,13 @@ mod tests {
         assert_eq!((s.sizes[0], s.dims), (1, 1));
         assert!(device_sizes("z", &[2, 0]).unwrap_err().to_string().contains("tensor z"));
         assert!(device_sizes("big", &[1; 26]).is_err());
+        assert_eq!(row_major_shape(&g.sizes, g.dims), vec![2, 3, 5]);
+        assert_eq!(row_major_shape(&s.sizes, s.dims), vec![1]);
+        assert_eq!(row_major_shape(&[4, 9], 7), vec![9, 4], "dims clamped");
+        for d in [DType::F32, DType::Bf16, DType::I32, DType::I8] {
+            assert_eq!(DType::from_syn(d.syn()), Some(d));
+        }
+        assert_eq!(DType::from_syn(synDataType::UINT8), None);
         // The last row-major axis is the fastest-changing one: TPC dimension 0.
         assert_eq!(device_axis(3, 2), 0);
         assert_eq!(device_axis(3, 0), 2);
