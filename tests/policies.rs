@@ -60,6 +60,7 @@ fn every_row_is_the_replay_of_its_printed_parameter() {
         for r in &c.rows {
             if r.enabled {
                 assert!(r.drop_rate <= 0.10 && r.min_batch_fraction >= 0.75 && r.effective_speedup >= 0.02, "{r:?}");
+                assert!(r.max_batch_fraction <= 1.0, "{r:?}");
             }
             let th = r
                 .threshold_ms
@@ -67,6 +68,7 @@ fn every_row_is_the_replay_of_its_printed_parameter() {
             let params = PolicyParams {
                 backup_workers: r.backup_workers.unwrap_or(1),
                 budget_ms: r.budget_ms,
+                budget_max_micro_batches: r.budget_max_micro_batches,
                 ..PolicyParams::new(r.policy)
             };
             let mut run = PolicyRun::new(params, th, exec);
