@@ -136,6 +136,14 @@ pub fn attribute(trace: &LatencyTrace, cfg: &StragglerConfig) -> Vec<RankAttribu
 mod tests {
     use super::*;
 
+    /// The rebalancer's online tracker applies this module's rule with the same defaults.
+    #[test]
+    fn rebalance_tracker_defaults_are_the_attribution_defaults() {
+        let (a, b) = (StragglerConfig::default(), crate::policy::TrackerConfig::default());
+        assert_eq!((a.tolerance, a.chronic_fraction, a.ewma_alpha), (b.tolerance, b.chronic_fraction, b.ewma_alpha));
+        assert_eq!(a.min_steps as u64, b.min_steps);
+    }
+
     #[test]
     fn chronic_transient_and_normal_ranks() {
         // 4 ranks, M = 1, 4 steps. Rank 2 is 50 % slower every step; rank 3 once.
