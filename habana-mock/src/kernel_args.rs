@@ -1,5 +1,5 @@
-//! Checked views of a mock kernel call's arguments, shared by the project's mock kernels
-//! (`grad_kernels.rs`) and of kernels registered from Rust (`kernel_call.rs`).
+//! Checked views of a mock kernel call's arguments, used by the project's mock kernels
+//! (`grad_kernels.rs`).
 //!
 //! Owns: [`Tensors`] (tensor count, alignment, overlap and length checks before a slice is
 //! formed) and [`status`]. Must not touch: kernel math, the registry or the tensors' owners.
