@@ -145,6 +145,13 @@ pub struct MockConfig {
     /// Fixed cost of each graph node in ns (default 2000: kernel launch and sync on the device,
     /// an assumption of the mock, not a measured Gaudi figure).
     pub graph_node_overhead_ns: u64,
+    /// Base latency in ns of a launch of the graph recipe with this name (the name given to
+    /// `synGraphCompile`), before slowdown and noise, instead of the per-node cost model
+    /// (default empty: every graph recipe is costed by the model). An emulation knob: a job
+    /// that states its own device time per launch (`dropcompute train --base-latency-ms` for its
+    /// forward/backward recipe) sets it. At most [`MAX_SCRIPT_NS`] each. JSON:
+    /// `"graph_base_latency_ns": {"mlp_fwd_bwd_64x128x10_b16": 12000000}`.
+    pub graph_base_latency_ns: std::collections::BTreeMap<String, u64>,
 }
 
 impl Default for MockConfig {
@@ -163,6 +170,7 @@ impl Default for MockConfig {
             graph_hbm_gbps: 2450.0,
             graph_gflops: 100_000.0,
             graph_node_overhead_ns: 2000,
+            graph_base_latency_ns: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -282,6 +290,9 @@ impl MockConfig {
         }
         if self.graph_node_overhead_ns > MAX_SCRIPT_NS {
             return Err(bad("config", format!("graph_node_overhead_ns = {}", self.graph_node_overhead_ns)));
+        }
+        if let Some((name, ns)) = self.graph_base_latency_ns.iter().find(|(_, ns)| **ns > MAX_SCRIPT_NS) {
+            return Err(bad("config", format!("graph_base_latency_ns[{name:?}] = {ns} > {MAX_SCRIPT_NS} (1 hour)")));
         }
         validate_noise(&self.noise)?;
         for o in &self.per_device {

@@ -1,5 +1,5 @@
-//! Checked views of a mock kernel call's arguments, shared by the project's mock kernels
-//! (`grad_kernels.rs`) and of kernels registered from Rust (`kernel_call.rs`).
+//! Checked views of a mock kernel call's arguments, used by the project's mock kernels
+//! (`grad_kernels.rs`).
 //!
 //! Owns: [`Tensors`] (tensor count, alignment, overlap and length checks before a slice is
 //! formed) and [`status`]. Must not touch: kernel math, the registry or the tensors' owners.
@@ -8,12 +8,11 @@ use habana_sys::synStatus;
 
 use crate::kernel_abi::{MockKernelArgs, MockTensor};
 
-/// Views of a kernel call's tensors (checked for count, alignment and overlap) and of its scalar
-/// parameters.
-pub(crate) struct Tensors<'a>(&'a [MockTensor], &'a [f64]);
+/// Views of a kernel call's tensors (checked for count, alignment and overlap).
+pub(crate) struct Tensors<'a>(&'a [MockTensor]);
 
 impl<'a> Tensors<'a> {
-    /// The tensors and params of `args`, or `None` unless there are exactly `want` tensors.
+    /// The tensors of `args`, or `None` unless there are exactly `want` tensors.
     ///
     /// # Safety
     /// `args` must be the mock's valid argument block for the duration of the call.
@@ -23,19 +22,8 @@ impl<'a> Tensors<'a> {
         if a.num_tensors != want || a.tensors.is_null() {
             return None;
         }
-        let params = if a.params.is_null() || a.num_params == 0 {
-            &[][..]
-        } else {
-            // SAFETY: as above; `params` holds `num_params` f64 (the recipe's, alive for the call).
-            unsafe { std::slice::from_raw_parts(a.params, a.num_params as usize) }
-        };
         // SAFETY: as above.
-        Some(Self(unsafe { std::slice::from_raw_parts(a.tensors, want as usize) }, params))
-    }
-
-    /// The recipe's scalar parameters.
-    pub(crate) fn params(&self) -> &'a [f64] {
-        self.1
+        Some(Self(unsafe { std::slice::from_raw_parts(a.tensors, want as usize) }))
     }
 
     /// Elements of type `T` in tensor `i`, or `None` when its size is not a whole number of

@@ -5,11 +5,10 @@
 //!
 //! Owns: everything behind the table (devices, memory, streams, events, recipes, the latency
 //! model, faults), the CPU kernels it runs ([`kernels`], built from `../kernels/cpu`), and the
-//! mock-only control API ([`MockControl`], `dcmock_*`, [`register_rust_kernel`]). Depends on
-//! `habana-sys` and `latency-noise` only: it never imports the product (`dropcompute`), whose
-//! safe layer and scheduler see the mock only through the table. A training job's own kernels
-//! are registered by that job from the top ([`register_rust_kernel`]), as a Gaudi user ships
-//! TPC kernels.
+//! mock-only control API ([`MockControl`], `dcmock_*`). Depends on `habana-sys` and
+//! `latency-noise` only: it never imports the product (`dropcompute`), whose safe layer and
+//! scheduler see the mock only through the table. A training job's model is a device graph of
+//! the vendor's GUIDs (the graph API, `graph/`), not a kernel of its own.
 //!
 //! Faithfulness: handles are fake pointers looked up in maps (never dereferenced); device
 //! addresses are u64 handles into host allocations, 128-byte aligned and never reused, so
@@ -37,7 +36,6 @@ mod graph;
 pub mod hccl;
 mod kernel_abi;
 mod kernel_args;
-mod kernel_call;
 pub mod kernels;
 mod last_error;
 pub mod latency;
@@ -58,7 +56,6 @@ pub use control::{
 pub use device::{ENV_LOCK_DIR, mock_pci_bus};
 pub use grad_kernels::GRADIENT_KERNELS;
 pub use kernel_abi::{MockKernelArgs, MockKernelFn, MockTensor};
-pub use kernel_call::{KernelCall, KernelElement, RustKernel, register_rust_kernel};
 pub use memory::ALIGNMENT;
 pub use recipe::{MockLatency, MockRecipe, MockTensorSpec, RecipeFileError, TENSOR_ID_BASE};
 pub use stream::epoch_ns;

@@ -11,7 +11,10 @@
 //! execution, the collective and the optimizer are outside it). The bare loop issues exactly the
 //! runtime calls of a scheduled micro-batch (2 event records, the forward launch, the
 //! accumulate launch) and nothing else. Overhead = scheduler - bare, per repetition; medians
-//! over repetitions.
+//! over repetitions. Both loops launch JSON mock recipes (`schedule::load_mock`, a `noop`
+//! forward and `GradientOps::mock`), a test tool kept here on purpose: an empty kernel isolates
+//! the scheduler's host cost from any graph's work. `train` and the scheduler's product path
+//! launch graphs only.
 
 use std::fmt;
 use std::sync::Arc;

@@ -46,7 +46,8 @@ pub enum Command {
     Bench(commands::bench::Args),
     /// Train an MLP on the handwritten digits (or --data) with N ranks on the CPU mock device:
     /// the synchronous baseline and DropCompute with the same seed, side by side. Needs the
-    /// cargo feature `mock` (the model kernels run on the CPU mock until device graphs land).
+    /// cargo feature `mock` (the model and gradient path are device graphs; the mock emulates
+    /// the devices, their latency noise and slow ranks).
     #[cfg(feature = "mock")]
     Train(commands::train::Args),
     /// How close the simulator's predicted step time and effective speedup are to the measured

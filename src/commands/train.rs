@@ -328,13 +328,12 @@ impl Args {
     }
 }
 
-/// Runs `dropcompute train`: validates the flags, runs the job (baseline and DropCompute, or
-/// DropCompute only), prints the comparison table on rank 0 and writes `--out` atomically.
-///
-/// # Errors
-/// [`TrainError`]: `Args` for a bad flag (before any device call), and the job's data, device,
-/// `train` runs its model kernels on the CPU mock (they are mock recipes until device graphs
-/// land), so `DROPCOMPUTE_BACKEND` must be unset, `auto` or `mock`.
+/// `train` emulates its ranks' devices on the CPU mock: the model and the scheduler's
+/// gradient path are device graphs (`synapse::graph`, no mock-only recipe), but
+/// `--base-latency-ms`, `--noise`, `--slow-rank` and `--time-mode` describe the emulated device
+/// (the mock's configuration, `Job::mock_config`) and mean nothing on a real one, so a real
+/// runtime is refused rather than silently ignoring them: `DROPCOMPUTE_BACKEND` must be unset,
+/// `auto` or `mock`.
 ///
 /// # Errors
 /// [`TrainError::Config`] naming the variable and value when it is not a backend name, or
@@ -346,13 +345,19 @@ fn check_backend_env() -> Result<(), TrainError> {
     match BackendChoice::from_env() {
         Err(e) => Err(bad(e.to_string())),
         Ok(BackendChoice::Synapse(_)) => Err(bad(format!(
-            "{:?}: train runs its model on the CPU mock (mock recipes); unset it or use auto or mock",
+            "{:?}: train emulates its devices on the CPU mock (--base-latency-ms, --noise, --slow-rank and \
+             --time-mode configure the emulated device and have no meaning on libSynapse); unset it or use auto or mock",
             std::env::var(ENV_BACKEND).unwrap_or_default()
         ))),
         Ok(_) => Ok(()),
     }
 }
 
+/// Runs `dropcompute train`: validates the flags, runs the job (baseline and DropCompute, or
+/// DropCompute only), prints the comparison table on rank 0 and writes `--out` atomically.
+///
+/// # Errors
+/// [`TrainError`]: `Args` for a bad flag (before any device call), and the job's data, device,
 /// collective, checkpoint, output and interrupt errors.
 pub fn run(a: &Args) -> Result<(), TrainError> {
     let start = std::time::SystemTime::now();

@@ -12,7 +12,8 @@
 //! - [`GradientOps::from_recipes`]: four precompiled recipes with the tensor names of
 //!   [`GradientRecipes`] (e.g. from `kernels/tpc`);
 //! - `GradientOps::mock` (cargo feature `mock`): JSON mock recipes naming the mock's registered
-//!   kernels, kept as a test tool (latency scripts per recipe name, faults).
+//!   kernels, kept as a test tool (latency scripts per recipe name, faults; `tests/scheduler.rs`)
+//!   and for the bare loop of `bench scheduler`; `train` never uses it.
 
 #[cfg(feature = "mock")]
 use std::path::Path;

@@ -203,8 +203,9 @@ fn coll_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(HcclError) 
 impl Scheduler {
     /// A scheduler for the rank of `comm`, on a new stream of the communicator's device, with
     /// the gradient operations `ops` (built for `cfg.gradient_len` and `cfg.grad_dtype`, e.g.
-    /// [`GradientOps::mock`]). Allocates the accumulator (4·P bytes), the micro-batch gradient
-    /// scratch (4·P or 2·P bytes), the count vectors and 2·M + 3 timed events.
+    /// [`GradientOps::graphs`], the product path). Allocates the accumulator (4·P bytes), the
+    /// micro-batch gradient scratch (4·P or 2·P bytes), the count vectors and 2·M + 3 timed
+    /// events.
     ///
     /// # Errors
     /// [`ScheduleError::Config`] for an invalid `cfg`; [`ScheduleError::Device`] when an

@@ -277,7 +277,8 @@ impl Dataset {
     }
 
     /// Gathers samples `ids` into a micro-batch: `(x, labels)` with `x` of `ids.len() x dim`
-    /// (row-major) and labels as i32 (the layout of the `mlp_fwd_bwd_f32` kernel).
+    /// (row-major) and labels as i32 (the layout the forward/backward graph takes, after
+    /// `model_graphs::stage_labels`).
     ///
     /// # Errors
     /// [`DataError::SampleOutOfRange`] for an id >= `len()`.

@@ -194,7 +194,13 @@ impl Job {
     /// The mock configuration of this job for a process whose ranks acquire modules
     /// `0..ranks`: `$DROPCOMPUTE_MOCK_CONFIG`/`$DROPCOMPUTE_MOCK_DEVICES` as a base (devices
     /// raised to the world size unless `$DROPCOMPUTE_MOCK_DEVICES` fixes it), the chosen time
-    /// mode, seed, noise and slow ranks.
+    /// mode, seed, noise and slow ranks, and `--base-latency-ms` as the base latency of the
+    /// forward/backward graph recipe (`MockConfig::graph_base_latency_ns`, keyed by
+    /// [`super::model_graphs::forward_backward_recipe_name`]): one micro-batch costs that much
+    /// emulated device time before noise and slowdown, as before the model became a graph. Every
+    /// other graph (the SGD step, the scheduler's gradient graphs) keeps the mock's per-node
+    /// cost model (microseconds). This is the only place the flag acts: it describes the
+    /// emulated device and has no meaning on a real one.
     ///
     /// # Errors
     /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
@@ -220,6 +226,8 @@ impl Job {
         m.time_mode = self.cfg.time_mode;
         m.seed = self.cfg.seed;
         m.noise = self.cfg.noise.clone();
+        let fwd = super::model_graphs::forward_backward_recipe_name(self.shape, self.cfg.micro_batch_size as usize);
+        m.graph_base_latency_ns.insert(fwd, u64::try_from(self.cfg.base_latency.as_nanos()).unwrap_or(u64::MAX));
         for s in &self.cfg.slow_ranks {
             m.per_device.retain(|o| o.module_id != s.rank);
             m.per_device.push(DeviceOverride {

@@ -3,9 +3,10 @@
 //! f32 on the host, single-threaded and bitwise deterministic for the same inputs on one machine.
 //!
 //! Owns: the flat parameter layout ([`MlpShape`]), the math ([`forward_backward`], [`predict`],
-//! [`evaluate`], [`sgd_momentum`], [`init_params`]). The mock recipe kernels
-//! `mlp_fwd_bwd_f32` and `sgd_momentum_f32` (`crate::mock`) are shims over these functions, so
-//! a launch on the mock gives exactly the host result. Must not touch: devices, the data loader
+//! [`evaluate`], [`sgd_momentum`], [`init_params`]). The device graphs of the training job
+//! (`crate::train::model_graphs`) compute the same model and are tested against these
+//! functions (gradient within f32 rounding, SGD bit for bit); `evaluate` gives held-out
+//! accuracy on the host. Must not touch: devices, the data loader
 //! or the scheduler; the division of the summed gradient by the global sample count is the
 //! scheduler's (after the all-reduce).
 //!

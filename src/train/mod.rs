@@ -2,9 +2,9 @@
 //! over N ranks) that runs the synchronous baseline and DropCompute with the same seed through
 //! the step scheduler and compares them.
 //!
-//! Owns: the data set ([`data`]), the model math ([`mlp`], host-side and deterministic; the
-//! mock recipe kernels that run it are thin shims in [`model_kernels`], which the job registers
-//! with the mock), the
+//! Owns: the data set ([`data`]), the model math ([`mlp`], host-side and deterministic: the
+//! reference, and the evaluation of held-out accuracy), the model as device graphs
+//! ([`model_graphs`]: forward/backward and SGD, built with `synapse::graph`), the
 //! workload that binds it to the scheduler ([`workload`]), the job description ([`job`]:
 //! validated inputs, planned runs, per-rank outcomes), the one error type ([`error`]),
 //! checkpoints ([`ckpt`]), the run driver ([`run`]: one rank's loop; ranks are started by
@@ -13,8 +13,8 @@
 //! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`], [`metrics`],
 //! [`params`]; `params` is also the reader of `--init-params`).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
-//! `workload`, `error`}; `summary` -> {`job`, `error`, outputs}; `job` -> {`ckpt`, `error`,
-//! `params`}; `params` -> `mlp` only;
+//! `workload`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
+//! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`}; `params` -> `mlp` only;
 //! `ckpt` -> {`error`, `workload`}; `error` -> leaf error types only (and `config`'s
 //! `ArgError`); `config` -> no other file of `train`. The threshold of
 //! `--threshold auto` is `crate::tune::recommend`, shared with `dropcompute tune`.
@@ -30,7 +30,7 @@ mod gemm;
 pub mod job;
 pub mod metrics;
 pub mod mlp;
-pub mod model_kernels;
+pub mod model_graphs;
 pub mod output;
 pub mod params;
 pub mod progress;

@@ -150,12 +150,7 @@ const RUN_SETUP_STEP: u64 = u64::MAX;
 ///
 /// # Errors
 /// Any [`TrainError`] of this rank (a failed step names the step and call).
-pub fn rank_main(
-    job: &Job,
-    rt: &Arc<Runtime>,
-    mut comm: Comm,
-    show_progress: bool,
-) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
+pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
     let rank = comm.rank();
     let cfg = &job.cfg;
     let dev_err = |source| TrainError::Device { rank, source };
@@ -191,11 +186,10 @@ pub fn rank_main(
             lr: cfg.lr as f32,
             momentum: cfg.momentum as f32,
             weight_decay: 0.0,
-            base_latency_ns: u64::try_from(cfg.base_latency.as_nanos()).unwrap_or(u64::MAX),
         };
         let zeros = vec![0f32; job.init.len()];
         let mut work =
-            MlpWorkload::new(rt, sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
+            MlpWorkload::new(sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
         work.rank = rank;
         let max_epochs = match cfg.length {
             RunLength::Epochs(e) => Some(u64::from(e)),
@@ -389,7 +383,7 @@ pub fn run_rank(
     .map_err(|source| TrainError::Device { rank, source })?;
     let call = if matches!(join, Join::Env(_)) { "join" } else { "hcclCommInitRank" };
     let comm = join.comm(&dev, comm_options()).map_err(|source| TrainError::Collective { rank, call, source })?;
-    let (out, comm) = rank_main(job, rt, comm, show_progress && rank == 0)?;
+    let (out, comm) = rank_main(job, comm, show_progress && rank == 0)?;
     destroy(comm, rank)?;
     Ok(out)
 }

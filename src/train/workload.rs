@@ -1,10 +1,11 @@
 //! The MLP as the scheduler drives it: per-rank device state (parameters, momentum, input
-//! staging, loss accumulator), the forward/backward and SGD recipes, and the rank's data source
-//! over epochs.
+//! staging, loss accumulator), the launches of the forward/backward and SGD graphs
+//! (`model_graphs`), and the rank's data source over epochs.
 //!
 //! Owns: [`MlpWorkload`] (implements `schedule::Workload`) and [`EpochSource`] (implements
 //! `schedule::DataSource`). Must not touch: the deadline, the collectives of the step (the
-//! scheduler owns them), or host-side model math (`mlp`, run by the mock kernels).
+//! scheduler owns them), the graphs themselves (`model_graphs`), or host-side model math
+//! (`mlp`, the reference the graphs are tested against).
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
@@ -12,9 +13,9 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use super::model_kernels::{self, MLP_TENSORS, SGD_TENSORS, mlp_recipe, sgd_recipe};
-use crate::schedule::{DataSource, EpochQueue, GradientScratch, MicroBatch, Workload, WorkloadError, load_mock};
-use crate::synapse::{DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Result, Runtime, Stream};
+use super::model_graphs::{MlpGraphs, stage_labels};
+use crate::schedule::{DataSource, EpochQueue, GradientScratch, MicroBatch, Workload, WorkloadError};
+use crate::synapse::{DeviceBuffer, HostBuffer, Result, Stream};
 
 use super::data::Dataset;
 use super::mlp::MlpShape;
@@ -100,8 +101,6 @@ pub struct MlpHyper {
     pub momentum: f32,
     /// Weight decay.
     pub weight_decay: f32,
-    /// Emulated latency of one forward+backward launch before noise (ns).
-    pub base_latency_ns: u64,
 }
 
 /// One rank's MLP on its device.
@@ -110,34 +109,27 @@ pub struct MlpWorkload {
     pub rank: u32,
     hyper: MlpHyper,
     data: Arc<Dataset>,
-    fwd: Recipe,
-    fwd_ids: Vec<u64>,
-    sgd: Recipe,
-    sgd_ids: Vec<u64>,
+    graphs: MlpGraphs,
     params: DeviceBuffer<f32>,
     velocity: DeviceBuffer<f32>,
     x: DeviceBuffer<f32>,
     labels: DeviceBuffer<i32>,
-    /// `[loss sum, rows]` accumulated by the forward/backward kernel since the last read.
+    /// 1 for a sample, 0 for a padding row ([`stage_labels`]).
+    mask: DeviceBuffer<f32>,
+    /// `[loss sum, rows]` accumulated by the forward/backward graph since the last read.
     pub loss: DeviceBuffer<f32>,
-    staged: Vec<(HostBuffer<f32>, HostBuffer<i32>)>,
+    staged: Vec<(HostBuffer<f32>, HostBuffer<i32>, HostBuffer<f32>)>,
 }
 
 impl MlpWorkload {
-    /// Loads the recipes, allocates the device state on `stream`'s device and uploads `params`
-    /// and `velocity` (each `shape.param_len()` f32).
+    /// Builds and compiles the graphs ([`MlpGraphs::build`]) for `stream`'s device, allocates
+    /// the device state there and uploads `params` and `velocity` (each `shape.param_len()`
+    /// f32).
     ///
     /// # Errors
-    /// [`crate::synapse::Error`] from recipe loading, allocation or the copies;
-    /// `InvalidArgument` when a state vector has the wrong length.
-    pub fn new(
-        rt: &Arc<Runtime>,
-        stream: &Stream,
-        hyper: MlpHyper,
-        data: Arc<Dataset>,
-        params: &[f32],
-        velocity: &[f32],
-    ) -> Result<Self> {
+    /// [`crate::synapse::Error`] from building or compiling the graphs, allocation or the
+    /// copies; `InvalidArgument` when a state vector has the wrong length.
+    pub fn new(stream: &Stream, hyper: MlpHyper, data: Arc<Dataset>, params: &[f32], velocity: &[f32]) -> Result<Self> {
         let p = hyper.shape.param_len();
         if params.len() != p || velocity.len() != p {
             return Err(crate::synapse::Error::InvalidArgument {
@@ -145,26 +137,16 @@ impl MlpWorkload {
                 value: format!("{} params, {} velocity, expected {p}", params.len(), velocity.len()),
             });
         }
-        // The job ships its kernels: register them with the in-process mock before loading.
-        model_kernels::register().map_err(|e| crate::synapse::Error::InvalidArgument {
-            what: "model kernel registration",
-            value: e.to_string(),
-        })?;
         let dev = stream.device();
-        let fwd = load_mock(rt, mlp_recipe(hyper.shape, hyper.micro_batch_size, hyper.base_latency_ns))?;
-        let sgd = load_mock(rt, sgd_recipe(p, hyper.lr, hyper.momentum, hyper.weight_decay))?;
-        let fwd_ids = fwd.tensor_ids(&MLP_TENSORS)?;
-        let sgd_ids = sgd.tensor_ids(&SGD_TENSORS)?;
         let b = hyper.micro_batch_size;
+        let graphs = MlpGraphs::build(dev, hyper.shape, b, hyper.lr, hyper.momentum, hyper.weight_decay)?;
         let mut w = Self {
-            fwd,
-            fwd_ids,
-            sgd,
-            sgd_ids,
+            graphs,
             params: DeviceBuffer::alloc(dev, p)?,
             velocity: DeviceBuffer::alloc(dev, p)?,
             x: DeviceBuffer::alloc(dev, b * hyper.shape.input)?,
             labels: DeviceBuffer::alloc(dev, b)?,
+            mask: DeviceBuffer::alloc(dev, b)?,
             loss: DeviceBuffer::alloc(dev, 2)?,
             staged: Vec::new(),
             rank: 0,
@@ -231,24 +213,15 @@ impl Workload for MlpWorkload {
         if self.staged.len() >= 16 {
             self.staged.clear(); // each drop waits for its copy: bounded host memory
         }
-        let (hx, hy) = (HostBuffer::from_slice(dev, &x)?, HostBuffer::from_slice(dev, &y)?);
+        let (y, mask) = stage_labels(&y);
+        let (hx, hy, hm) =
+            (HostBuffer::from_slice(dev, &x)?, HostBuffer::from_slice(dev, &y)?, HostBuffer::from_slice(dev, &mask)?);
         stream.copy_h2d(&hx, &mut self.x)?;
         stream.copy_h2d(&hy, &mut self.labels)?;
-        self.staged.push((hx, hy));
+        stream.copy_h2d(&hm, &mut self.mask)?;
+        self.staged.push((hx, hy, hm));
         let g = grad.as_f32_mut().ok_or("the MLP writes f32 gradients")?;
-        let id = &self.fwd_ids;
-        stream.launch(
-            &self.fwd,
-            &[
-                LaunchTensor::by_id(id[0], &self.params),
-                LaunchTensor::by_id(id[1], &self.x),
-                LaunchTensor::by_id(id[2], &self.labels),
-                LaunchTensor::by_id(id[3], g),
-                LaunchTensor::by_id(id[4], &self.loss),
-            ],
-            None,
-            &[],
-        )?;
+        self.graphs.launch_forward_backward(stream, &self.params, &self.x, &self.labels, &self.mask, g, &self.loss)?;
         Ok(())
     }
 
@@ -258,17 +231,7 @@ impl Workload for MlpWorkload {
         _step: u64,
         grad: &DeviceBuffer<f32>,
     ) -> std::result::Result<(), WorkloadError> {
-        let id = &self.sgd_ids;
-        stream.launch(
-            &self.sgd,
-            &[
-                LaunchTensor::by_id(id[0], &self.params),
-                LaunchTensor::by_id(id[1], &self.velocity),
-                LaunchTensor::by_id(id[2], grad),
-            ],
-            None,
-            &[],
-        )?;
+        self.graphs.launch_sgd(stream, &self.params, &self.velocity, grad)?;
         Ok(())
     }
 }

@@ -11,7 +11,9 @@
 //! Faithfulness: each mistake gets the status the ≈1.16 runtime returns, at the same call
 //! (`graph_api.md` §8), and a last-error message naming the node and tensor. A graph recipe's
 //! launch costs device time from the per-node model ([`crate::config::MockConfig`]'s
-//! `graph_*` rates) times the module's latency noise, like a JSON recipe's base latency.
+//! `graph_*` rates), or the base latency configured for its recipe name
+//! (`MockConfig::graph_base_latency_ns`), times the module's latency noise, like a JSON
+//! recipe's base latency.
 //! Not implemented (synUnsupported or synFail with a message saying so): const sections,
 //! dynamic shapes, tensor types other than DATA_TENSOR, dtypes other than f32, bf16, i32, i8,
 //! and GUIDs outside `guid.rs`. Dead-node elimination is not modelled (every node runs).
@@ -169,7 +171,10 @@ pub(crate) unsafe fn launch(
     }
     let cfg = &r.config;
     let (gbps, gflops, overhead) = (cfg.graph_hbm_gbps, cfg.graph_gflops, cfg.graph_node_overhead_ns);
-    let base_ns = program.cost_ns(gbps, gflops, overhead);
+    let base_ns = match cfg.graph_base_latency_ns.get(&program.name) {
+        Some(&ns) => ns,
+        None => program.cost_ns(gbps, gflops, overhead),
+    };
     let mut r = r;
     let latency_ns = r.modules[m as usize].latency.next_launch_ns(base_ns, &program.name);
     drop(r);

@@ -79,6 +79,16 @@ impl<'a> GraphArg<'a> {
     pub fn new<T: DeviceRepr>(tensor: TensorId, buf: &'a DeviceBuffer<T>) -> Self {
         Self { tensor, addr: buf.addr(), bytes: buf.bytes() as u64, device: buf.device().id(), _buf: PhantomData }
     }
+
+    /// Binds `tensor` to the bytes of `buf` from `byte_offset` on: the tensors of one section
+    /// at their section offsets (e.g. the layers of a flat parameter vector), since the runtime
+    /// derives a section's base as each tensor's address minus its offset (`graph_api.md` §5).
+    /// An offset at or past the end leaves 0 bytes, refused at launch as too small.
+    pub fn at<T: DeviceRepr>(tensor: TensorId, buf: &'a DeviceBuffer<T>, byte_offset: u64) -> Self {
+        let total = buf.bytes() as u64;
+        let off = byte_offset.min(total);
+        Self { tensor, addr: buf.addr() + off, bytes: total - off, device: buf.device().id(), _buf: PhantomData }
+    }
 }
 
 impl GraphRecipe {
