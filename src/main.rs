@@ -15,12 +15,7 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(()) => cli::exit::ExitClass::Success.exit_code(),
         Err(e) => {
-            eprintln!("error: {e}");
-            let mut source = std::error::Error::source(&*e);
-            while let Some(s) = source {
-                eprintln!("  caused by: {s}");
-                source = s.source();
-            }
+            eprintln!("{}", cli::error_report(&*e));
             let class = cli::exit::classify(&*e);
             tracing::debug!(?class, code = class.code(), "exiting");
             class.exit_code()

@@ -49,7 +49,8 @@ pub fn data_ranges(series: &[Series<'_>]) -> Option<Ranges> {
 }
 
 /// Draw `series` into an SVG file at `path` (800 x 500 px). `log_x` uses a log10 x axis (all x
-/// must then be > 0). Errors: a message from plotters (I/O, empty data).
+/// must then be > 0). Errors: a message naming `path`: nothing to plot, or plotters' (I/O,
+/// e.g. a missing directory).
 pub fn line_chart(
     path: &Path,
     title: &str,
@@ -59,10 +60,11 @@ pub fn line_chart(
     series: &[Series<'_>],
 ) -> Result<(), String> {
     let ranges = data_ranges(series).ok_or_else(|| format!("{}: nothing to plot", path.display()))?;
+    let named = |e: String| format!("{}: {e}", path.display());
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    draw_chart(&root, title, (x_label, y_label), log_x, ranges, series)?;
-    root.present().map_err(|e| e.to_string())
+    root.fill(&WHITE).map_err(|e| named(e.to_string()))?;
+    draw_chart(&root, title, (x_label, y_label), log_x, ranges, series).map_err(named)?;
+    root.present().map_err(|e| named(e.to_string()))
 }
 
 /// Draw one chart (caption, mesh, `series`, legend) on `area` over `ranges`; non-finite points

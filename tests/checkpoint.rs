@@ -123,7 +123,25 @@ fn load_latest_falls_back_past_a_corrupt_newest_and_leaves_it_on_disk() {
         std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 1).unwrap();
     }
     match checkpoint::load_latest(dir) {
-        Err(CheckpointError::NoCheckpoint { corrupt, .. }) => assert_eq!(corrupt.len(), 3),
+        Err(e @ CheckpointError::NoCheckpoint { .. }) => {
+            let CheckpointError::NoCheckpoint { corrupt, .. } = &e else { unreachable!() };
+            assert_eq!(corrupt.len(), 3);
+            // The message lists every corrupt file by path (mutation-checked: `list`).
+            let paths = corrupt.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+            assert_eq!(
+                e.to_string(),
+                format!("no valid checkpoint in {} (3 corrupt file(s) skipped: {paths})", dir.display())
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // No checkpoint file at all: nothing listed.
+    let empty = hermetic::temp_dir("no-checkpoint");
+    match checkpoint::load_latest(empty.path()) {
+        Err(e @ CheckpointError::NoCheckpoint { .. }) => assert_eq!(
+            e.to_string(),
+            format!("no valid checkpoint in {} (0 corrupt file(s) skipped)", empty.path().display())
+        ),
         other => panic!("{other:?}"),
     }
 }

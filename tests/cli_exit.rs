@@ -187,3 +187,137 @@ fn every_subcommand_refuses_a_bad_environment_value_with_exit_2() {
         }
     }
 }
+
+/// The mock's own variables are checked up front by every command that runs mock devices, in
+/// every launch mode: exit 2 naming the variable (`bench allreduce` used to exit 4 on a bad
+/// `DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS`, from the device layer).
+#[test]
+fn mock_device_commands_refuse_a_bad_mock_variable_with_exit_2() {
+    let commands: [&[&str]; 4] = [
+        &["bench", "allreduce", "--ranks", "2", "--max-bytes", "4096", "--iters", "1", "--warmup", "0"],
+        &[
+            "bench",
+            "allreduce",
+            "--ranks",
+            "2",
+            "--launch",
+            "processes",
+            "--max-bytes",
+            "4096",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        &["train", "--ranks", "2", "--steps", "1", "--threshold", "off", "--time-mode", "virtual"],
+        &[
+            "train",
+            "--ranks",
+            "2",
+            "--steps",
+            "1",
+            "--threshold",
+            "off",
+            "--time-mode",
+            "virtual",
+            "--launch",
+            "processes",
+        ],
+    ];
+    let bad = [
+        ("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "abc"),
+        ("DROPCOMPUTE_MOCK_DEVICES", "many"),
+        ("DROPCOMPUTE_MOCK_CONFIG", "{not json"),
+    ];
+    for args in commands {
+        for (var, value) in bad {
+            let tmp = hermetic::temp_dir("bad-mock-var");
+            let mut cmd = hermetic::dropcompute();
+            cmd.current_dir(tmp.path()).args(args).env(var, value);
+            let (code, err) = code_and_stderr(&cmd.output().unwrap());
+            assert_eq!(code, Some(2), "{args:?} {var}={value}: {err}");
+            assert!(err.contains(var), "{args:?}: names {var}: {err}");
+        }
+    }
+}
+
+/// `bench allreduce` refuses at once what `train` refuses: fewer mock devices than thread ranks
+/// (it used to wait for the whole HCCL timeout and blame the init), an explicit `--ranks` other
+/// than the launcher's world size under `--launch env` (it used to be ignored), and a
+/// `--max-bytes` above the named limit (it was unbounded).
+#[test]
+fn bench_allreduce_refuses_what_train_refuses_at_once() {
+    let quick = ["--max-bytes", "4096", "--iters", "1", "--warmup", "0"];
+    let t0 = std::time::Instant::now();
+    let mut args = vec!["bench", "allreduce", "--ranks", "2"];
+    args.extend(quick);
+    let o = dropcompute(&args, &[("DROPCOMPUTE_MOCK_DEVICES", "1"), ("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "600000")]);
+    let (code, err) = code_and_stderr(&o);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("2 ranks but only 1 mock devices ($DROPCOMPUTE_MOCK_DEVICES)"), "{err}");
+    // Refused before any rank waited: far below the 600 s HCCL timeout set above.
+    assert!(t0.elapsed() < std::time::Duration::from_secs(300), "took {:?}", t0.elapsed());
+    // The same count with train (one shared rule).
+    let o = dropcompute(
+        &["train", "--ranks", "2", "--steps", "1", "--threshold", "off", "--time-mode", "virtual"],
+        &[("DROPCOMPUTE_MOCK_DEVICES", "1")],
+    );
+    let (code, err) = code_and_stderr(&o);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("2 ranks but only 1 mock devices ($DROPCOMPUTE_MOCK_DEVICES)"), "{err}");
+
+    let torchrun = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "1"),
+        ("DROPCOMPUTE_JOB_SECRET", "00112233445566778899aabbccddeeff"),
+    ];
+    let mut args = vec!["bench", "allreduce", "--launch", "env", "--ranks", "4"];
+    args.extend(quick);
+    let (code, err) = code_and_stderr(&dropcompute(&args, &torchrun));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--ranks: 4 but the launcher's world size is 2 (WORLD_SIZE=2)"), "{err}");
+
+    let over = (dropcompute::commands::bench::MAX_BENCH_BYTES + 1).to_string();
+    let (code, err) = code_and_stderr(&dropcompute(&["bench", "allreduce", "--max-bytes", &over], &[]));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&format!("--max-bytes {over}: must be <= 1073741824")), "{err}");
+}
+
+/// Every output-writing flag of every subcommand, pointed under a regular file (so neither the
+/// file nor its directory can be made): exit 6 (7 for the checkpoint directory, the checkpoint
+/// class), and the error names the path the user gave
+/// (`simulate --svg` into a missing directory used to print only plotters' I/O error).
+#[test]
+fn every_output_flag_names_its_path_when_it_cannot_be_written() {
+    let tmp = hermetic::temp_dir("unwritable-outputs");
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let under = |name: &str| file.join(name).to_str().unwrap().to_string();
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/data/traces/trace-ST.csv.gz");
+    let quick_train = ["train", "--ranks", "2", "--steps", "1", "--threshold", "off", "--time-mode", "virtual"];
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (vec!["simulate".into(), "--workers".into(), "4".into(), "--csv".into(), under("sim.csv")], under("sim.csv")),
+        (vec!["simulate".into(), "--workers".into(), "4".into(), "--svg".into(), under("sim.svg")], under("sim.svg")),
+        (vec!["tune".into(), "--trace".into(), trace.into(), "--svg-dir".into(), under("figs")], under("figs")),
+        (quick_train.iter().map(|s| s.to_string()).chain(["--out".into(), under("out")]).collect(), under("out")),
+        (
+            quick_train
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["--checkpoint-every".into(), "1".into(), "--checkpoint-dir".into(), under("ckpt")])
+                .collect(),
+            under("ckpt"),
+        ),
+    ];
+    for (args, path) in cases {
+        let o = hermetic::dropcompute().current_dir(tmp.path()).args(&args).output().unwrap();
+        let (code, err) = code_and_stderr(&o);
+        let expected = if args.iter().any(|a| a == "--checkpoint-dir") { 7 } else { 6 };
+        assert_eq!(code, Some(expected), "{args:?}: {err}");
+        assert!(err.contains(&path), "{args:?}: names {path}: {err}");
+    }
+}

@@ -146,13 +146,21 @@ fn fetch_before_serve_retries_until_the_server_is_up() {
     let (fetched, served) = hermetic::retry_on_fresh_port(
         |addr| {
             let secret = JobSecret::random();
+            let (retried_tx, retried) = std::sync::mpsc::channel::<()>();
             let client = std::thread::spawn({
                 let k = secret.clone();
-                move || rendezvous::fetch(addr, &k, 1, 2, LONG)
+                move || {
+                    // Readiness signal: the client's first retry (its debug event), captured by a
+                    // subscriber of this thread only.
+                    let subscriber = tracing_subscriber::fmt()
+                        .with_max_level(tracing::Level::DEBUG)
+                        .with_writer(move || RetrySignal(retried_tx.clone()))
+                        .finish();
+                    tracing::subscriber::with_default(subscriber, || rendezvous::fetch(addr, &k, 1, 2, LONG))
+                }
             });
-            // Gives the client a head start so it usually retries; the result does not depend
-            // on who comes first (this is not a readiness wait).
-            std::thread::sleep(Duration::from_millis(300));
+            // Serve only once the client failed to connect and is retrying.
+            retried.recv_timeout(LONG).expect("the client retries while nobody serves");
             match rendezvous::serve(addr, secret, b"late", 2, LONG) {
                 Ok(server) => (client.join().unwrap(), Some(server.wait())),
                 Err(e) => {
@@ -165,6 +173,21 @@ fn fetch_before_serve_retries_until_the_server_is_up() {
     );
     assert_eq!(fetched.unwrap(), b"late");
     served.expect("the server bound its port").unwrap();
+}
+
+/// A log writer that signals every event mentioning a retry.
+struct RetrySignal(std::sync::mpsc::Sender<()>);
+
+impl Write for RetrySignal {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if String::from_utf8_lossy(buf).contains("retrying in") {
+            let _ = self.0.send(());
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[test]

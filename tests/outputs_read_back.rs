@@ -275,3 +275,30 @@ fn slow_rank_is_chronic_and_every_output_reads_back() {
     assert_eq!(o.status.code(), Some(6), "{err}");
     assert!(err.contains("params_dropcompute.safetensors") && err.contains("hidden: 16"), "{err}");
 }
+
+/// `tune --warmup-steps` judges `train`'s baseline compute log the way `train --threshold auto`
+/// judged that baseline (same warm-up, check, sync lag and guardrails): the same threshold, to
+/// the nanosecond.
+#[test]
+fn tune_on_trains_compute_log_with_its_warm_up_gives_trains_auto_threshold() {
+    let dir = hermetic::temp_dir("tune-warmup");
+    let out = dir.path().join("o");
+    let args = ["train", "--ranks", "4", "--steps", "16", "--slow-rank", "3:2", "--time-mode", "virtual"];
+    let mut with_warmup = args.to_vec();
+    with_warmup.extend(["--warmup-steps", "4"]);
+    let o = dropcompute(&with_warmup, Some(&out));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    let auto_ms = report["dropcompute"]["threshold_ms"].as_f64().expect("auto enabled a threshold");
+    let log = out.join("compute_log_baseline.csv");
+    let t = dropcompute(&["tune", "--trace", log.to_str().unwrap(), "--warmup-steps", "4", "--json"], None);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&t.stdout).unwrap();
+    assert_eq!(v[0]["execution"]["warmup_steps"], 4);
+    assert_eq!(v[0]["execution"]["check"], "predictive");
+    assert_eq!(v[0]["replay"]["threshold_ms"].as_f64(), Some(auto_ms), "{}", String::from_utf8_lossy(&t.stdout));
+    // Warm-up steps do not count towards the minimum: 16 steps with 7 of warm-up leave 9 < 10.
+    let t = dropcompute(&["tune", "--trace", log.to_str().unwrap(), "--warmup-steps", "7"], None);
+    assert_eq!(t.status.code(), Some(6), "{}", String::from_utf8_lossy(&t.stderr));
+    assert!(String::from_utf8_lossy(&t.stderr).contains("insufficient data: 9 complete step(s)"));
+}

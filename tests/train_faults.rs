@@ -141,7 +141,8 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
             },
             &env_mode,
             "DROPCOMPUTE_JOB_SECRET",
-            "abcd",
+            // A secret is never echoed, only its length.
+            "<4 characters, not shown>",
         ),
     ];
     // Every variable the product reads has a row, except DROPCOMPUTE_SYNAPSE_LIB: train runs
@@ -153,6 +154,9 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
         let (code, err) = train(&env, extra);
         assert_eq!(code, Some(2), "{env:?}: {err}");
         assert!(err.contains(var) && err.contains(value), "{env:?}: message must name {var} and {value}: {err}");
+        if var == "DROPCOMPUTE_JOB_SECRET" {
+            assert!(!err.contains("abcd"), "the secret is echoed: {err}");
+        }
     }
     // The backend variable, through `info` (train always runs the mock).
     let o = hermetic::dropcompute().arg("info").env("DROPCOMPUTE_BACKEND", "gpu").output().unwrap();

@@ -255,6 +255,28 @@ impl MockConfig {
         Ok(cfg)
     }
 
+    /// [`MockConfig::from_env`] for one process whose ranks acquire modules `0..ranks`
+    /// (threads of `train` or `bench allreduce`): the device count is raised to `ranks` unless
+    /// `$DROPCOMPUTE_MOCK_DEVICES` fixes it.
+    ///
+    /// # Errors
+    /// As [`MockConfig::from_env`]; [`ConfigError`] naming both counts and the variable when
+    /// `$DROPCOMPUTE_MOCK_DEVICES` gives fewer devices than `ranks` (refused at once: the
+    /// missing ranks would otherwise only show as an HCCL init timeout).
+    pub fn from_env_for_ranks(ranks: u32) -> Result<Self, ConfigError> {
+        let mut cfg = Self::from_env()?;
+        if cfg.devices < ranks {
+            if std::env::var_os(ENV_DEVICES).is_some() {
+                return Err(bad(
+                    "config",
+                    format!("{ranks} ranks but only {} mock devices (${ENV_DEVICES})", cfg.devices),
+                ));
+            }
+            cfg.devices = ranks;
+        }
+        Ok(cfg)
+    }
+
     /// Parses and validates the JSON form.
     ///
     /// # Errors

@@ -107,6 +107,25 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// The text printed for a failed command: `error: ` and the error, then one `  caused by: `
+/// line per source in its chain, except a source whose text the line above already contains
+/// (an error that embeds its source's message, as `#[error("...: {source}")]` does, would
+/// otherwise print the same text twice).
+pub fn error_report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = format!("error: {e}");
+    let mut shown = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !shown.contains(&text) {
+            out.push_str(&format!("\n  caused by: {text}"));
+        }
+        shown = text;
+        source = s.source();
+    }
+    out
+}
+
 /// Runs one rank process: dispatches on the spec's program.
 fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     let spec = dropcompute::launch::ChildSpec::read(path)?;
@@ -122,6 +141,32 @@ fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
+    /// An error whose message embeds its source's (or not), for [`super::error_report`].
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Layer {
+        text: String,
+        #[source]
+        source: Option<Box<Layer>>,
+    }
+
+    fn layer(text: &str, source: Option<Layer>) -> Layer {
+        Layer { text: text.into(), source: source.map(Box::new) }
+    }
+
+    #[test]
+    fn error_report_prints_each_distinct_cause_once() {
+        let io = layer("No such file or directory (os error 2)", None);
+        let embedding = layer("reading /x/y.csv: No such file or directory (os error 2)", Some(io));
+        let top = layer("loading the trace", Some(embedding));
+        assert_eq!(
+            super::error_report(&top),
+            "error: loading the trace\n  caused by: reading /x/y.csv: No such file or directory (os error 2)"
+        );
+        let plain = layer("outer", Some(layer("inner", Some(layer("root", None)))));
+        assert_eq!(super::error_report(&plain), "error: outer\n  caused by: inner\n  caused by: root");
+    }
+
     use clap::Parser;
 
     use super::Cli;

@@ -54,9 +54,10 @@ pub struct SchedulerArgs {
 /// Arguments of `bench allreduce`.
 #[derive(Debug, clap::Args)]
 pub struct AllreduceArgs {
-    /// World size.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub ranks: u32,
+    /// World size (default 4; under `--launch env` the launcher's world size, which an
+    /// explicit value must equal).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub ranks: Option<u32>,
     /// threads (one process, a device per thread), processes (one CPU-mock process per rank on
     /// loopback), or env (this process is one rank of a job started by mpirun, Slurm or torchrun;
     /// rank 0 prints the table).
@@ -68,7 +69,7 @@ pub struct AllreduceArgs {
     /// Smallest message, bytes per rank.
     #[arg(long, default_value_t = 4 << 10)]
     pub min_bytes: usize,
-    /// Largest message, bytes per rank.
+    /// Largest message, bytes per rank (at most [`MAX_BENCH_BYTES`]).
     #[arg(long, default_value_t = 256 << 20)]
     pub max_bytes: usize,
     /// Timed iterations per size and placement.
@@ -84,6 +85,14 @@ pub struct AllreduceArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
 }
+
+/// Largest `bench allreduce --max-bytes`: 1 GiB per rank. Each rank holds a send and a
+/// receive buffer of this size (all_gather: the world size times it), so on the CPU mock
+/// with 4 ranks the default ceiling is already 8 GiB of host memory.
+pub const MAX_BENCH_BYTES: usize = 1 << 30;
+
+/// World size of `bench allreduce` when `--ranks` is absent (threads and processes).
+pub const DEFAULT_BENCH_RANKS: u32 = 4;
 
 /// Arguments of `bench sim`.
 #[derive(Debug, clap::Args)]
@@ -142,8 +151,11 @@ pub fn run(cmd: &Args) -> Result<(), BoxError> {
 /// `bench allreduce`: the bandwidth table over message sizes `--min-bytes..=--max-bytes`.
 ///
 /// # Errors
-/// [`CommandError::Args`] for `--min-bytes` 0 or above `--max-bytes`, or `--launch processes`
-/// on a backend other than the CPU mock; backend selection, runtime, launcher-environment,
+/// [`CommandError::Args`] for `--min-bytes` 0 or above `--max-bytes`, `--max-bytes` above
+/// [`MAX_BENCH_BYTES`], an explicit `--ranks` other than the launcher's world size under
+/// `--launch env` (naming both and the variable), or `--launch processes` on a backend other
+/// than the CPU mock; the mock's `ConfigError` (a bad mock variable, fewer
+/// `$DROPCOMPUTE_MOCK_DEVICES` than thread ranks); backend selection, runtime, launcher-environment,
 /// launch and HCCL errors of the ranks.
 pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     if a.min_bytes == 0 || a.min_bytes > a.max_bytes {
@@ -153,6 +165,15 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         ))
         .into());
     }
+    if a.max_bytes > MAX_BENCH_BYTES {
+        return Err(CommandError::Args(format!(
+            "--max-bytes {}: must be <= {MAX_BENCH_BYTES} (1 GiB per rank; each rank holds a send and a receive buffer)",
+            a.max_bytes
+        ))
+        .into());
+    }
+    let ranks_given = a.ranks.is_some();
+    let ranks = a.ranks.unwrap_or(DEFAULT_BENCH_RANKS);
     let opts = AllreduceOptions {
         sizes: sizes_between(a.min_bytes, a.max_bytes),
         iters: a.iters.max(1),
@@ -161,10 +182,16 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         op: a.op,
     };
     let backend = a.backend.select()?;
+    // The mock's environment is checked up front (exit 2 naming the variable), as `train`
+    // does; threads need a device per rank in this process, refused at once when
+    // $DROPCOMPUTE_MOCK_DEVICES fixes fewer (not an HCCL init timeout).
     #[cfg(feature = "mock")]
-    if backend.is_mock() && a.ranks > 8 && a.launch == Launch::Threads {
-        let cfg = MockConfig { devices: a.ranks, ..MockConfig::from_env()? };
-        MockControl::in_process().configure(&cfg)?;
+    if backend.is_mock() {
+        let ranks_here = if a.launch == Launch::Threads { ranks } else { 1 };
+        let cfg = MockConfig::from_env_for_ranks(ranks_here)?;
+        if ranks_here > 8 {
+            MockControl::in_process().configure(&cfg)?;
+        }
     }
     if a.launch == Launch::Processes && !backend.is_mock() {
         return Err(CommandError::Args(
@@ -176,9 +203,18 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     }
     let rt = Runtime::new(backend.api.clone())?;
     let report = match a.launch {
-        Launch::Threads => run_threads(&rt, a.ranks, &opts)?,
+        Launch::Threads => run_threads(&rt, ranks, &opts)?,
         Launch::Env => {
             let boot = crate::hccl::bootstrap::Bootstrap::from_env()?;
+            if ranks_given && ranks != boot.world_size {
+                return Err(CommandError::Args(format!(
+                    "--ranks: {} but the launcher's world size is {} ({})",
+                    ranks,
+                    boot.world_size,
+                    boot.world_size_source()
+                ))
+                .into());
+            }
             let rows = join_and_measure(&rt, &Join::Env(boot.clone()), &opts)?;
             if boot.rank != 0 {
                 return Ok(());
@@ -194,12 +230,12 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             // The coordinator behind the unique id lives in this process, which waits for the
             // children; each child runs its own mock device.
             let id = Comm::unique_id(&rt)?;
-            let results = launch::processes::<_, Vec<AllreduceRow>>(CHILD_PROGRAM, a.ranks, &id, &opts)?;
+            let results = launch::processes::<_, Vec<AllreduceRow>>(CHILD_PROGRAM, ranks, &id, &opts)?;
             let mut rows = None;
             for r in results {
                 rows.get_or_insert(r?);
             }
-            AllreduceReport { mode: "processes".into(), ranks: a.ranks, op: a.op, rows: rows.unwrap_or_default() }
+            AllreduceReport { mode: "processes".into(), ranks, op: a.op, rows: rows.unwrap_or_default() }
         }
     };
     println!("{report}");

@@ -111,7 +111,8 @@ pub struct Args {
     #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
     pub hidden: u32,
     /// Classes of --data: labels must be integers in 0..CLASSES (an out-of-range, negative or
-    /// non-integer label is an error naming file, line and column; exit 6).
+    /// non-integer label is an error naming file, line and column; exit 6). Without --data
+    /// (the built-in digits, 10 classes) any other value is refused (exit 2).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=i64::from(crate::train::data::MAX_CLASSES)))]
     pub classes: u32,
     /// Held-out fraction of the data for accuracy.
@@ -200,7 +201,8 @@ impl Args {
     /// (`--ranks`, `--micro-batches`, `--micro-batch-size`, `--hidden`, `--steps`, `--epochs`),
     /// `--ranks` above [`MAX_RANKS`], a global batch overflowing u64, a bad `--threshold`, a NaN/inf/out-of-range float, `--slow-rank` with rank >= ranks, a repeated rank
     /// or a factor outside (0, [`MAX_SLOWDOWN`]], `--sync-lag` >= `--micro-batches`, a bucket
-    /// below one f32 or above [`MAX_BUCKET_MB`].
+    /// below one f32 or above [`MAX_BUCKET_MB`], `--classes` other than the digits' 10 without
+    /// `--data`.
     pub fn validate(&self) -> Result<TrainConfig, ArgError> {
         let ranks = at_least_one("ranks", self.ranks.unwrap_or(DEFAULT_RANKS))?;
         if ranks > MAX_RANKS {
@@ -281,6 +283,18 @@ impl Args {
             return Err(bad("momentum", show(self.momentum), "must be in [0, 1)"));
         }
         let hidden = at_least_one("hidden", self.hidden)?;
+        // --classes describes --data; the built-in digits have their own (refused rather than
+        // silently ignored).
+        if self.data.is_none() && self.classes != crate::train::data::DIGITS_CLASSES {
+            return Err(bad(
+                "classes",
+                self.classes,
+                format!(
+                    "applies to --data only; the built-in digits have {} classes",
+                    crate::train::data::DIGITS_CLASSES
+                ),
+            ));
+        }
         if hidden > MAX_HIDDEN {
             return Err(bad("hidden", hidden, format!("must be <= {MAX_HIDDEN}")));
         }

@@ -289,3 +289,18 @@ fn reference_noise_with_a_delay_factor_reaches_the_jobs_mock_config() {
     let job = crate::train::job::Job::prepare(config(&["--ranks", "2", "--noise", "reference:2.5"])).expect("job");
     assert_eq!(job.mock_config().expect("mock config").noise, Noise::Reference { delay_factor: 2.5 });
 }
+
+/// `--classes` describes `--data`: with the built-in digits (10 classes) another value is
+/// refused naming the flag, never silently ignored; 10 (the default) and any value with
+/// `--data` pass.
+#[test]
+fn classes_without_data_is_refused_unless_it_matches_the_digits() {
+    let e = parse(&["--classes", "5"]).1.validate().unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("--classes") && text.contains("5") && text.contains("built-in digits have 10 classes"),
+        "{text}"
+    );
+    assert_eq!(config(&["--classes", "10"]).classes, 10);
+    assert_eq!(config(&["--classes", "5", "--data", "x.csv"]).classes, 5);
+}

@@ -51,6 +51,12 @@ pub struct Args {
     /// Micro-batches every rank always computes; must be at most the trace's micro-batches.
     #[arg(long, default_value_t = 1)]
     pub min_micro_batches: u32,
+    /// Steps with id below this never drop in the replay, and do not count towards the
+    /// minimum of steps to tune on: give `train`'s `--warmup-steps` (default 3) to judge its
+    /// compute log exactly as `train --threshold auto` judges its baseline. Default 0 (every
+    /// step of a trace from elsewhere is tuned on).
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: u64,
     /// Print the verdict of every trace as JSON (an array of `TuneJson`) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -99,7 +105,7 @@ pub struct TuneJson {
     pub micro_batches: usize,
     /// Complete steps.
     pub steps: usize,
-    /// The execution replayed (check mode, sync lag, warm-up 0, minimum micro-batches).
+    /// The execution replayed (check mode, sync lag, warm-up steps, minimum micro-batches).
     pub execution: ExecutionModel,
     /// The guardrails that judged the replay.
     pub guardrails: Guardrails,
@@ -144,7 +150,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let execution = ExecutionModel {
         check: args.check,
         sync_lag: args.sync_lag,
-        warmup_steps: 0,
+        warmup_steps: args.warmup_steps,
         min_micro_batches: args.min_micro_batches,
     };
     let how = Recommend { execution, guardrails };
@@ -153,10 +159,12 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let mut json = Vec::new();
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
-        if t.num_steps() < crate::tune::MIN_STEPS || t.world_size() < 2 {
+        // As `train --threshold auto`: the warm-up steps are replayed but not tuned on.
+        let tuned = t.steps().iter().filter(|&&s| s >= args.warmup_steps).count();
+        if tuned < crate::tune::MIN_STEPS || t.world_size() < 2 {
             return Err(CommandError::Trace(crate::trace::TraceError::InsufficientData {
                 source_name: t.source().to_string(),
-                steps: t.num_steps(),
+                steps: tuned,
                 ranks: t.world_size(),
                 min_steps: crate::tune::MIN_STEPS,
             }));

@@ -477,7 +477,10 @@ fn rendezvous(
     let master_port = get(lookup, "MASTER_PORT").map(|v| port_number("MASTER_PORT", &v, &v)).transpose()?;
     let env_secret = get(lookup, "DROPCOMPUTE_JOB_SECRET")
         .map(|v| {
-            JobSecret::from_hex(&v).map_err(|e| invalid("DROPCOMPUTE_JOB_SECRET", &v, format!("{e}; {SECRET_HINT}")))
+            // The value is a secret: never echoed, even when malformed (only its length).
+            let shown = format!("<{} characters, not shown>", v.chars().count());
+            JobSecret::from_hex(&v)
+                .map_err(|e| invalid("DROPCOMPUTE_JOB_SECRET", &shown, format!("{e}; {SECRET_HINT}")))
         })
         .transpose()?;
     if let Some(addr) = explicit.addr {

@@ -78,14 +78,14 @@ impl Shared {
     }
 
     /// Records the first failure, dumps the flight recorder, aborts the communicator from a
-    /// separate thread and waits for it at most `abort_deadline`.
+    /// separate thread and waits for it at most `abort_deadline`. The failure becomes visible
+    /// ([`Shared::error`] blocks meanwhile) only once `hcclCommAbort` returned (or the deadline
+    /// passed): a caller that sees the error knows this rank has left every pending
+    /// collective, so a peer issuing it later fails too instead of completing it with this rank.
     fn fail(self: &Arc<Self>, e: HcclError) {
-        {
-            let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_some() {
-                return;
-            }
-            *slot = Some(e.clone());
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
         }
         tracing::error!(rank = self.rank, "{e}; flight recorder (last collectives):\n{}", self.recorder.dump());
         let shared = self.clone();
@@ -108,6 +108,7 @@ impl Shared {
                 self.opts.abort_deadline
             );
         }
+        *slot = Some(e);
     }
 }
 

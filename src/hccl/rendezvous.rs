@@ -568,6 +568,7 @@ pub fn fetch(addr: SocketAddr, secret: &JobSecret, rank: u32, world_size: u32, t
         if left.is_zero() {
             return Err(RendezvousError::Unreachable { addr, after: timeout, last });
         }
+        tracing::debug!(%addr, rank, "rendezvous server not reachable yet ({last}); retrying in {:?}", backoff.min(left));
         std::thread::sleep(backoff.min(left));
         backoff = (backoff * 2).min(Duration::from_millis(200));
     }

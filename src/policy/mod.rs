@@ -44,7 +44,8 @@ impl Threshold {
     }
 }
 
-/// Where and how the deadline is checked. Command-line names: `before`, `predictive`.
+/// Where and how the deadline is checked. Command-line and JSON names (one spelling):
+/// `before`, `predictive` (JSON also reads the older `BeforeMicroBatch`, `Predictive`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum CheckMode {
     /// Start micro-batch k iff the elapsed compute time is strictly below the threshold (the
@@ -53,10 +54,12 @@ pub enum CheckMode {
     #[default]
     #[value(help = "Check before each micro-batch (reference)")]
     #[value(name = "before")]
+    #[serde(rename = "before", alias = "BeforeMicroBatch")]
     BeforeMicroBatch,
     /// Start micro-batch k iff elapsed + estimated latency of micro-batch k <= threshold (ours).
     /// Without an estimate this behaves exactly like [`CheckMode::BeforeMicroBatch`].
     #[value(help = "Elapsed + estimated latency of the next micro-batch <= threshold (ours)")]
+    #[serde(rename = "predictive", alias = "Predictive")]
     Predictive,
 }
 

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
+use super::{Completeness, LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
 
 /// The reference's eight columns, in order.
 pub const REFERENCE_COLUMNS: [&str; 8] = [
@@ -259,24 +259,48 @@ fn load_logs_with<'a>(
     if let Some(m) = max_mb {
         b.expect_micro_batches(m as usize + 1);
     }
-    // Steps whose only missing cells are dropped micro-batches are removed (censored), not ragged.
-    let finished = match b.finish(&source, opts.allow_incomplete_steps || !dropped_per_step.is_empty()) {
-        Err(TraceError::Empty(_)) if !dropped_per_step.is_empty() => {
+    // Steps whose only missing cells are dropped micro-batches are removed (censored), not
+    // ragged; a step with a cell missing that no dropped row explains is ragged (an error
+    // unless allowed). When no step is left, the error gives every reason with its count.
+    let split = b.split(&source)?;
+    let censored_step = |&(s, n): &(u64, usize)| dropped_per_step.get(&s) == Some(&n);
+    let ragged: Vec<(u64, usize)> = split.report.dropped_steps.iter().copied().filter(|c| !censored_step(c)).collect();
+    let missing_cells =
+        ragged.iter().map(|&(s, n)| n.saturating_sub(dropped_per_step.get(&s).copied().unwrap_or(0))).sum::<usize>();
+    let ragged_examples = |c: &Completeness| -> Vec<(u64, u32, u32)> {
+        c.missing_examples.iter().copied().filter(|e| ragged.iter().any(|&(s, _)| s == e.0)).collect()
+    };
+    // Every step: the removed ones plus any made only of dropped rows (no cell at all).
+    let mut all_steps: Vec<u64> = split.report.dropped_steps.iter().map(|&(s, _)| s).collect();
+    all_steps.extend(dropped_per_step.keys().copied());
+    all_steps.sort_unstable();
+    all_steps.dedup();
+    let censored_any = all_steps.len() > ragged.len();
+    let (mut trace, completeness) = match split.trace {
+        None if split.steps == 0 && dropped_per_step.is_empty() => return Err(TraceError::Empty(source)),
+        None if ragged.is_empty() => {
             return Err(TraceError::AllStepsDropped { source_name: source, steps: dropped_per_step.len() });
         }
-        r => r?,
-    };
-    let (mut trace, completeness) = match finished {
-        (t, c)
-            if opts.allow_incomplete_steps
-                || c.dropped_steps.iter().all(|(s, n)| dropped_per_step.get(s) == Some(n)) =>
-        {
-            (t, c)
+        // Ragged steps are the only reason, not allowed: as the other loaders.
+        None if !opts.allow_incomplete_steps && !censored_any => {
+            let missing = ragged_examples(&split.report);
+            return Err(TraceError::Ragged { source_name: source, count: missing_cells, missing });
         }
-        (_, c) => {
-            let count = c.dropped_steps.iter().map(|(s, n)| n - dropped_per_step.get(s).copied().unwrap_or(0)).sum();
-            return Err(TraceError::Ragged { source_name: source, count, missing: c.missing_examples });
+        None => {
+            return Err(TraceError::NoCompleteStep {
+                source_name: source,
+                steps: all_steps.len(),
+                censored_steps: all_steps.len() - ragged.len(),
+                ragged_steps: ragged.len(),
+                missing_cells,
+                missing: ragged_examples(&split.report),
+            });
         }
+        Some(_) if !ragged.is_empty() && !opts.allow_incomplete_steps => {
+            let missing = ragged_examples(&split.report);
+            return Err(TraceError::Ragged { source_name: source, count: missing_cells, missing });
+        }
+        Some(t) => (t, split.report),
     };
     let censored = completeness.dropped_steps.iter().filter(|(s, _)| dropped_per_step.contains_key(s)).count();
     if censored > 0 {
@@ -477,6 +501,40 @@ mod tests {
         assert_eq!(rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")), Some(12));
     }
 
+    /// When no step is left, the error names every reason with its count, in both formats
+    /// (ours and the reference's, whose rank comes from the file name), allowed or not.
+    #[test]
+    fn no_step_left_reports_every_reason_with_its_count() {
+        let ours = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n\
+                    0,0,1,4,0,4,false,0.01,0,0,10\n0,1,1,4,0,4,true,0.0,0,10,0\n\
+                    1,0,1,4,0,4,false,0.01,0,100,10\n\
+                    2,0,1,4,0,4,false,0.01,0,200,10\n";
+        let reference = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms\n\
+                    0,0,1,4,0,4,false,0.01\n0,1,1,4,0,4,true,0.0\n1,0,1,4,0,4,false,0.01\n2,0,1,4,0,4,false,0.01\n";
+        let allow = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
+        for (name, body) in [("log.csv", ours), ("compute_logs_0.csv", reference)] {
+            for opts in [&LoadOptions::default(), &allow] {
+                let e = load_log_bytes(Path::new(name), body.as_bytes(), opts).unwrap_err();
+                let text = e.to_string();
+                match e {
+                    TraceError::NoCompleteStep {
+                        steps, censored_steps, ragged_steps, missing_cells, missing, ..
+                    } => assert_eq!(
+                        (steps, censored_steps, ragged_steps, missing_cells, missing),
+                        (3, 1, 2, 2, vec![(1, 0, 1), (2, 0, 1)]),
+                        "{name}"
+                    ),
+                    e => panic!("{name}: expected NoCompleteStep, got {e:?}"),
+                }
+                assert!(
+                    text.contains("no complete step left of 3: 1 step(s) with dropped micro-batches")
+                        && text.contains("2 ragged step(s) with 2 missing"),
+                    "{text}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn dropped_micro_batches_are_censored_not_ragged() {
         let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n";
@@ -503,16 +561,25 @@ mod tests {
         assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
         // M counts dropped rows too: micro-batch 2 appears only dropped (step 0, every rank), so
         // step 1, which has no row for it at all, is incomplete (M = 3), not complete with M = 2:
-        // no step is left. (Reported as every step dropped, though step 1 is ragged: the
-        // builder's empty result does not say why a step was removed.)
+        // no step is left: one step removed for its dropped rows, one ragged, both counted.
         let only_dropped = format!(
             "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n0,2,2,4,0,8,true,0.0,0,20,0\n\
              0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n0,2,2,4,0,8,true,0.0,1,20,0\n\
              1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n\
              1,0,2,4,0,4,false,0.01,1,100,10\n1,1,2,4,0,8,false,0.01,1,110,10\n"
         );
-        let e = load_log_bytes(name, only_dropped.as_bytes(), &LoadOptions::default()).unwrap_err();
-        assert!(matches!(e, TraceError::Ragged { .. } | TraceError::AllStepsDropped { .. }), "{e:?}");
+        let allow = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
+        for opts in [&LoadOptions::default(), &allow] {
+            match load_log_bytes(name, only_dropped.as_bytes(), opts).unwrap_err() {
+                TraceError::NoCompleteStep { steps, censored_steps, ragged_steps, missing_cells, missing, .. } => {
+                    assert_eq!(
+                        (steps, censored_steps, ragged_steps, missing_cells, missing),
+                        (2, 1, 1, 2, vec![(1, 0, 2), (1, 1, 2)])
+                    )
+                }
+                e => panic!("expected NoCompleteStep, got {e:?}"),
+            }
+        }
         // A censored step does not excuse a ragged one: step 0 has a dropped row, step 1 misses
         // a cell without one, step 2 is complete.
         let mixed = format!(

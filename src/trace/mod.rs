@@ -84,7 +84,9 @@ pub enum TraceError {
     /// Shapes do not agree (e.g. when constructing or merging traces).
     #[error("trace shape: {0}")]
     Shape(String),
-    /// No complete step is left.
+    /// The input holds no latency at all (no step to remove). When steps were removed, the
+    /// error is [`TraceError::Ragged`], [`TraceError::NoCompleteStep`] or
+    /// [`TraceError::AllStepsDropped`], with the reason.
     #[error("{0}: no complete step in trace")]
     Empty(String),
     /// Every step of a compute log has dropped micro-batches (a DropCompute run's log), whose
@@ -97,6 +99,27 @@ pub enum TraceError {
         source_name: String,
         /// Steps in the log.
         steps: usize,
+    },
+    /// No step is left after removing the incomplete ones, and some were removed for missing
+    /// cells without a dropped row (ragged, possibly beside steps with dropped micro-batches):
+    /// every reason with its count, so the user knows which remedy applies (the baseline run's
+    /// log for dropped micro-batches, the missing rows for ragged steps).
+    #[error(
+        "{source_name}: no complete step left of {steps}: {censored_steps} step(s) with dropped micro-batches (latency unknown), {ragged_steps} ragged step(s) with {missing_cells} missing micro-batch latencies, e.g. (step, rank, micro-batch) {missing:?}"
+    )]
+    NoCompleteStep {
+        /// Where the data came from.
+        source_name: String,
+        /// Steps in the input.
+        steps: usize,
+        /// Steps removed only for dropped micro-batches (a DropCompute run's log).
+        censored_steps: usize,
+        /// Steps removed for missing cells that no dropped row explains.
+        ragged_steps: usize,
+        /// Missing cells over the ragged steps.
+        missing_cells: usize,
+        /// Up to 20 missing (step, rank, micro-batch) cells of the ragged steps.
+        missing: Vec<(u64, u32, u32)>,
     },
     /// Too little data for an answer (`dropcompute tune`): fewer than `min_steps` complete
     /// steps or fewer than 2 ranks.
@@ -432,12 +455,43 @@ impl TraceBuilder {
     /// Build the trace over the union of steps, ranks and micro-batch indices 0..=max seen.
     /// A step with any missing cell is an error ([`TraceError::Ragged`]) unless
     /// `allow_incomplete_steps`, in which case it is removed and listed in the returned
-    /// [`Completeness`]. Errors: [`TraceError::Empty`] if no complete step remains.
+    /// [`Completeness`]. Errors: [`TraceError::Empty`] if there is no cell at all;
+    /// [`TraceError::NoCompleteStep`] (every step ragged, with the counts) if every step was
+    /// removed.
     pub fn finish(
         self,
         source: &str,
         allow_incomplete_steps: bool,
     ) -> Result<(LatencyTrace, Completeness), TraceError> {
+        let split = self.split(source)?;
+        let total_missing: usize = split.report.dropped_steps.iter().map(|&(_, n)| n).fold(0, usize::saturating_add);
+        if total_missing > 0 && !allow_incomplete_steps {
+            return Err(TraceError::Ragged {
+                source_name: source.into(),
+                count: total_missing,
+                missing: split.report.missing_examples,
+            });
+        }
+        match split.trace {
+            Some(t) => Ok((t, split.report)),
+            None if split.steps == 0 => Err(TraceError::Empty(source.into())),
+            None => Err(TraceError::NoCompleteStep {
+                source_name: source.into(),
+                steps: split.steps,
+                censored_steps: 0,
+                ragged_steps: split.report.dropped_steps.len(),
+                missing_cells: total_missing,
+                missing: split.report.missing_examples,
+            }),
+        }
+    }
+
+    /// Splits the steps into complete ones (the trace, None when there is none) and incomplete
+    /// ones (the report, with every removed step and its missing-cell count), leaving the
+    /// policy to the caller ([`TraceBuilder::finish`]; the compute-log reader, which tells
+    /// steps with dropped micro-batches from ragged ones). Errors: only an inconsistent trace
+    /// ([`LatencyTrace::new`]).
+    pub(crate) fn split(self, source: &str) -> Result<Split, TraceError> {
         let steps: Vec<u64> = {
             let mut v: Vec<u64> = self.cells.keys().map(|k| k.0).collect();
             v.dedup();
@@ -451,7 +505,6 @@ impl TraceBuilder {
         let mut kept_steps = Vec::new();
         let mut lat = Vec::new();
         let mut overhead = Vec::new();
-        let mut total_missing = 0;
         // Cells per step = ranks x m, which untrusted input (a micro-batch index near u32::MAX)
         // can make huge: count the present cells first; a complete step has exactly that many,
         // and an incomplete one is walked only until 20 missing examples are known (at most
@@ -478,23 +531,27 @@ impl TraceBuilder {
                 lat.extend(row);
                 overhead.push(self.overhead.get(&s).copied().unwrap_or(0.0));
             } else {
-                total_missing = usize::saturating_add(total_missing, missing);
                 report.dropped_steps.push((s, missing));
             }
         }
-        if total_missing > 0 && !allow_incomplete_steps {
-            return Err(TraceError::Ragged {
-                source_name: source.into(),
-                count: total_missing,
-                missing: report.missing_examples,
-            });
-        }
-        if kept_steps.is_empty() {
-            return Err(TraceError::Empty(source.into()));
-        }
-        let trace = LatencyTrace::new(source, ranks, kept_steps, m, lat, overhead)?;
-        Ok((trace, report))
+        let trace = if kept_steps.is_empty() {
+            None
+        } else {
+            Some(LatencyTrace::new(source, ranks, kept_steps, m, lat, overhead)?)
+        };
+        Ok(Split { steps: steps.len(), trace, report })
     }
+}
+
+/// The complete and incomplete steps of a [`TraceBuilder`] ([`TraceBuilder::split`]).
+#[derive(Debug)]
+pub(crate) struct Split {
+    /// Steps seen (complete or not).
+    pub steps: usize,
+    /// The complete steps, None when none is.
+    pub trace: Option<LatencyTrace>,
+    /// The removed steps with their missing cells.
+    pub report: Completeness,
 }
 
 /// Options shared by the parsers.

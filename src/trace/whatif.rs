@@ -364,6 +364,17 @@ mod tests {
             Err(TraceError::Ragged { missing, .. }) => assert_eq!(missing, vec![(7, 0, 1)]),
             other => panic!("expected Ragged, got {other:?}"),
         }
+        // Allowed, the only step is removed: no step left, for that reason, with its count.
+        let allow = LoadOptions { allow_incomplete_steps: true, ..Default::default() };
+        match load_csv(&p, &allow) {
+            Err(TraceError::NoCompleteStep { steps, censored_steps, ragged_steps, missing_cells, missing, .. }) => {
+                assert_eq!(
+                    (steps, censored_steps, ragged_steps, missing_cells, missing),
+                    (1, 0, 1, 1, vec![(7, 0, 1)])
+                );
+            }
+            other => panic!("expected NoCompleteStep, got {other:?}"),
+        }
         let (_d2, p) = write("bad.csv", "0,0,0,7,forward-compute,0.0,abc,0,0,0,0\n");
         match load_csv(&p, &LoadOptions::default()) {
             Err(TraceError::Malformed { line, column, .. }) => {

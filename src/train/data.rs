@@ -35,6 +35,9 @@ use crate::sim::rng::StableRng;
 pub const MAX_CLASSES: u32 = 1024;
 
 /// The embedded UCI digits (1797 rows, 64 pixel columns 0..16, label 0..9; see data/README.md).
+/// Classes of the built-in digits (labels 0..=9).
+pub const DIGITS_CLASSES: u32 = 10;
+
 const DIGITS_GZ: &[u8] = include_bytes!("../../data/digits.csv.gz");
 /// Source name of the embedded digits in errors.
 const DIGITS_NAME: &str = "<embedded data/digits.csv.gz>";
@@ -174,7 +177,7 @@ impl Dataset {
     /// # Errors
     /// None in practice (the embedded file is valid); the same errors as [`Dataset::from_bytes`].
     pub fn embedded_digits() -> Result<Self, DataError> {
-        Self::parse(DIGITS_GZ, Path::new(DIGITS_NAME), Some(10))
+        Self::parse(DIGITS_GZ, Path::new(DIGITS_NAME), Some(DIGITS_CLASSES))
     }
 
     /// Reads a CSV or gzip CSV file (format in the module docs) whose labels are classes

@@ -206,23 +206,8 @@ impl Job {
     /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
     /// the mock environment is invalid.
     pub fn mock_config(&self) -> Result<MockConfig, TrainError> {
-        let mut m = MockConfig::from_env()
-            .map_err(|e| TrainError::Config { what: "mock environment", value: e.to_string() })?;
-        let fixed = std::env::var_os(crate::mock::config::ENV_DEVICES).is_some();
-        if m.devices < self.cfg.ranks {
-            if fixed {
-                return Err(TrainError::Config {
-                    what: "--ranks",
-                    value: format!(
-                        "{} ranks but only {} mock devices (${})",
-                        self.cfg.ranks,
-                        m.devices,
-                        crate::mock::config::ENV_DEVICES
-                    ),
-                });
-            }
-            m.devices = self.cfg.ranks;
-        }
+        let mut m = MockConfig::from_env_for_ranks(self.cfg.ranks)
+            .map_err(|e| TrainError::Config { what: "mock environment", value: e.why })?;
         m.time_mode = self.cfg.time_mode;
         m.seed = self.cfg.seed;
         m.noise = self.cfg.noise.clone();

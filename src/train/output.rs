@@ -86,7 +86,9 @@ impl StagedOut {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        fs::create_dir_all(&parent).map_err(io("create", &parent))?;
+        // Errors name the output directory the user gave (the parent or the staging directory
+        // beside it is what failed; the OS error says why).
+        fs::create_dir_all(&parent).map_err(io("create the parent directory of", &dir))?;
         let mut staged_name = std::ffi::OsString::from(".");
         staged_name.push(name);
         staged_name.push(format!(".tmp-{}", std::process::id()));
@@ -94,7 +96,7 @@ impl StagedOut {
         if staging.exists() {
             fs::remove_dir_all(&staging).map_err(io("remove stale", &staging))?;
         }
-        fs::create_dir(&staging).map_err(io("create", &staging))?;
+        fs::create_dir(&staging).map_err(io("create the staging directory beside", &dir))?;
         Ok(Self { dir, staging, committed: false })
     }
 

@@ -101,7 +101,9 @@ impl CandidateScore {
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "guardrail", rename_all = "snake_case")]
 pub enum Refusal {
-    /// No threshold predicts at least `min_gain`.
+    /// No threshold predicts at least `min_gain`. JSON tag `min_gain`, the guardrail's name
+    /// as the text and the flag (`--min-gain`) spell it (older files: `insufficient_gain`).
+    #[serde(rename = "min_gain", alias = "insufficient_gain")]
     InsufficientGain {
         /// Best predicted effective speedup over all candidates.
         best_gain: f64,
@@ -365,6 +367,43 @@ pub fn objective_at(trace: &LatencyTrace, min_micro_batches: u32, tau_ns: f64) -
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// One spelling of a refusal: the JSON tag is the guardrail's name in the text (and the
+    /// flag's), for every variant; the older tag still reads.
+    #[test]
+    fn a_refusal_has_one_spelling_in_text_and_json() {
+        for r in [
+            Refusal::InsufficientGain { best_gain: 0.01, min_gain: 0.02, best_threshold_ns: 1e6 },
+            Refusal::MaxDropRate { gain: 0.1, drop_rate: 0.2, max_drop_rate: 0.1, best_admissible_gain: 0.0 },
+            Refusal::MinBatchFraction {
+                gain: 0.1,
+                batch_fraction: 0.5,
+                min_batch_fraction: 0.75,
+                best_admissible_gain: 0.0,
+            },
+        ] {
+            let v = serde_json::to_value(r).unwrap();
+            let tag = v["guardrail"].as_str().unwrap().to_string();
+            assert!(r.to_string().starts_with(&format!("guardrail {tag}:")), "{tag} vs {r}");
+            assert_eq!(serde_json::from_value::<Refusal>(v).unwrap(), r);
+        }
+        let old = serde_json::json!({"guardrail": "insufficient_gain", "best_gain": 0.0, "min_gain": 0.02, "best_threshold_ns": 0.0});
+        assert!(matches!(serde_json::from_value::<Refusal>(old).unwrap(), Refusal::InsufficientGain { .. }));
+    }
+
+    /// The check mode's JSON name is its command-line name (`tune --json`, `validate --json`,
+    /// report.json all agree); the older names still read.
+    #[test]
+    fn check_mode_json_is_the_command_line_name() {
+        use crate::policy::CheckMode;
+        for c in [CheckMode::BeforeMicroBatch, CheckMode::Predictive] {
+            let name = clap::ValueEnum::to_possible_value(&c).unwrap().get_name().to_string();
+            assert_eq!(serde_json::to_value(c).unwrap(), serde_json::Value::from(name.clone()));
+            assert_eq!(serde_json::from_value::<CheckMode>(name.into()).unwrap(), c);
+        }
+        assert_eq!(serde_json::from_str::<CheckMode>("\"Predictive\"").unwrap(), CheckMode::Predictive);
+        assert_eq!(serde_json::from_str::<CheckMode>("\"BeforeMicroBatch\"").unwrap(), CheckMode::BeforeMicroBatch);
+    }
 
     fn trace(n: usize, m: usize, s: usize, lat: Vec<f64>, overhead: f64) -> LatencyTrace {
         LatencyTrace::new("t", (0..n as u32).collect(), (0..s as u64).collect(), m, lat, vec![overhead; s])

@@ -421,10 +421,17 @@ impl Comm {
         self.pending_cv.notify_all();
     }
 
-    /// Marks the comm aborted and closes every link (peers see this rank gone). Never blocks.
+    /// Marks the comm aborted, withdraws this rank from its pending shared-memory collective
+    /// (`Meet::leave`) and closes every link (peers see this rank gone). Never blocks beyond
+    /// the meet's lock.
     pub(crate) fn close(&self, reason: &str) {
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(m) = &self.meet {
+            // Withdrawn from a pending shared-memory collective under the meet's lock, so no
+            // peer arriving later completes it with this rank (`shm.rs`).
+            m.leave(self.rank);
         }
         let reason = format!("rank {} {reason}", self.rank);
         for l in self.links.iter().flatten() {

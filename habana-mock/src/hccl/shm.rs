@@ -8,7 +8,10 @@
 //! Algorithm (all ranks, after the header exchange agreed every rank takes this path):
 //! 1. entry: publish the buffer address and wait (cancellable: abort, peer failure, peer gone,
 //!    timeout) until every rank has published; the last arriver sets `go`. Before `go` a rank
-//!    may withdraw; after `go` every rank is committed.
+//!    may withdraw; after `go` every rank is committed. A rank that leaves the communicator
+//!    (`hcclCommAbort`, destroy, killed) is withdrawn at once under the meet's lock
+//!    ([`Meet::leave`]), so a late peer can never complete a collective with an aborted rank:
+//!    waiting and later arrivals fail with the peer gone.
 //! 2. reduce: rank r combines segment r of every rank's buffer, in rank order 0, 1, …, n-1
 //!    (`acc = op(acc, buf_p)`, p ascending) and writes it into its own segment r. Each element is
 //!    therefore reduced exactly once, by one rank, in a fixed order: results are bitwise
@@ -29,10 +32,21 @@ use std::time::{Duration, Instant};
 use habana_sys::hcclResult_t;
 
 use super::comm::{Comm, OpCtx};
-use super::meet::{Meet, St};
+use super::meet::Meet;
 use super::reduce::{Dtype, RedOp, reduce_into, seg};
 use super::transport::Rx;
 use crate::error::HErr;
+
+/// The error of a rank meeting collective `seq` after rank `p` left the communicator: this
+/// rank's own abort (as [`Comm::check`] reports it) or a peer gone (hcclSocketError naming it).
+fn left_error(comm: &Comm, rx: &Rx, ctx: &OpCtx<'_>, p: u32) -> HErr {
+    if let Err(e) = comm.check(rx, ctx) {
+        return e;
+    }
+    let pid = comm.peers.get(p as usize).map_or(0, |q| q.pid);
+    let msg = format!("peer rank {p} (pid {pid}) is gone (it left the communicator: aborted, destroyed or killed)");
+    comm.fail(ctx, hcclResult_t::SOCKET_ERROR, msg)
+}
 
 /// Bytes combined per step of the reduction (a cache-resident accumulator).
 const TILE_BYTES: usize = 32 << 10;
@@ -61,7 +75,11 @@ pub(crate) fn all_reduce(
     let bufs = {
         let mut st = meet.lock();
         if st.seq != seq {
-            *st = St::fresh(seq, meet.n);
+            st.reset(seq);
+        }
+        if let Some(p) = st.first_left() {
+            // A rank that left (this one or a peer) never joins: fail before publishing.
+            return Err(left_error(comm, rx, ctx, p));
         }
         st.bufs[r] = Some(me);
         st.arrived += 1;
@@ -76,26 +94,33 @@ pub(crate) fn all_reduce(
                 break;
             }
             rx.drain();
-            let err = match comm.check(rx, ctx) {
-                Err(e) => Some(e),
-                Ok(()) => {
-                    if let Some((p, why)) = rx.gone.iter().enumerate().find_map(|(p, g)| g.clone().map(|g| (p, g))) {
-                        let pid = comm.peers.get(p).map_or(0, |q| q.pid);
-                        let msg = format!("peer rank {p} (pid {pid}) is gone ({why})");
-                        Some(comm.fail(ctx, hcclResult_t::SOCKET_ERROR, msg))
-                    } else if Instant::now() >= deadline {
-                        let p = st.bufs.iter().position(Option::is_none).unwrap_or(r);
-                        let msg = format!("timed out after {} ms waiting for rank {p}", comm.timeout.as_millis());
-                        Some(comm.fail(ctx, hcclResult_t::INTERNAL_ERROR, msg))
-                    } else {
-                        None
+            let err = if let Some(p) = st.first_left() {
+                Some(left_error(comm, rx, ctx, p))
+            } else {
+                match comm.check(rx, ctx) {
+                    Err(e) => Some(e),
+                    Ok(()) => {
+                        if let Some((p, why)) = rx.gone.iter().enumerate().find_map(|(p, g)| g.clone().map(|g| (p, g)))
+                        {
+                            let pid = comm.peers.get(p).map_or(0, |q| q.pid);
+                            let msg = format!("peer rank {p} (pid {pid}) is gone ({why})");
+                            Some(comm.fail(ctx, hcclResult_t::SOCKET_ERROR, msg))
+                        } else if Instant::now() >= deadline {
+                            let p = st.bufs.iter().position(Option::is_none).unwrap_or(r);
+                            let msg = format!("timed out after {} ms waiting for rank {p}", comm.timeout.as_millis());
+                            Some(comm.fail(ctx, hcclResult_t::INTERNAL_ERROR, msg))
+                        } else {
+                            None
+                        }
                     }
                 }
             };
             if let Some(e) = err {
-                // Withdraw: `go` is not set, so no peer has read our address.
-                st.arrived -= 1;
-                st.bufs[r] = None;
+                // Withdraw (unless `Meet::leave` already did): `go` is not set, so no peer has
+                // read our address.
+                if st.bufs[r].take().is_some() {
+                    st.arrived -= 1;
+                }
                 return Err(e);
             }
         }
