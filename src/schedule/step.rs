@@ -10,14 +10,16 @@
 //! phase, in the order [`Scheduler::step`] calls them:
 //! 1. `start_clock`: the compute clock starts at event `t0`, recorded after the previous
 //!    optimizer update (at the first step, now).
-//! 2. `take_micro_batches` takes up to M micro-batches from the data source;
+//! 2. `take_micro_batches` takes this rank's assigned micro-batches from the data source
+//!    (`assignment[rank]`, M unless a rebalancing policy moved work; `DataSource::take_assigned`);
 //!    `run_micro_batches` runs them under the deadline. Before micro-batch i the host waits
 //!    for the end event of micro-batch i-1-k (sync lag k) and asks `policy::decide` with the
 //!    device time elapsed since `t0` (and, in predictive mode, the rank's latency estimate). On
 //!    start: the user's recipe writes the micro-batch gradient, the scheduler accumulates it into
 //!    the f32 accumulator. On stop: the rest are left undone.
 //! 3. `update_ledger`: the computed sample ids and the dropped micro-batches go to the ledger;
-//!    the dropped ones are re-queued or discarded.
+//!    after the collective (phase 5) the data source settles the step with every rank's
+//!    computed count (`DataSource::settle`): the dropped ones are re-queued or discarded.
 //! 4. `local_row` + `issue_collective_group`: every rank, whatever it computed, issues the same
 //!    group: one in-place all-reduce (Sum) per gradient bucket, and an all-reduce (Sum) of an
 //!    N x `CountRow::len(M)` u32 matrix in which each rank fills only its own row (a gather
@@ -121,6 +123,8 @@ struct Settled {
     dropped: u32,
     /// Samples of the dropped micro-batches.
     dropped_samples: u64,
+    /// The dropped micro-batches, in schedule order (for [`DataSource::settle`]).
+    dropped_mbs: Vec<MicroBatch>,
 }
 
 /// The collective group of one step on this rank.
@@ -174,6 +178,7 @@ pub struct Scheduler {
     retuner: Option<Retuner>,
     last_overhead_ns: u64,
     stop_requested: bool,
+    assignment: Vec<u32>,
 }
 
 /// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
@@ -190,6 +195,10 @@ pub struct SchedulerState {
     pub ledger: DropLedger,
     /// This rank's last step overhead (ns).
     pub last_overhead_ns: u64,
+    /// Micro-batches assigned to each rank for the next step (empty in checkpoints written
+    /// before per-rank assignments: M for every rank).
+    #[serde(default)]
+    pub assignment: Vec<u32>,
 }
 
 fn dev_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(crate::synapse::Error) -> ScheduleError {
@@ -214,7 +223,7 @@ impl Scheduler {
         let (rank, n) = (comm.rank(), comm.world_size() as usize);
         let dev = comm.device().clone();
         let e = |call| dev_err(rank, 0, call);
-        let m = cfg.micro_batches as usize;
+        let m = cfg.slots() as usize;
         let k = CountRow::len(m);
         let stream = Stream::new(&dev).map_err(e("stream create"))?;
         let p = cfg.gradient_len;
@@ -250,6 +259,7 @@ impl Scheduler {
             retuner: None,
             last_overhead_ns: 0,
             stop_requested: false,
+            assignment: vec![cfg.micro_batches; n],
             cfg,
             comm,
             stream,
@@ -322,6 +332,7 @@ impl Scheduler {
             stragglers: self.stragglers.clone(),
             ledger: self.ledger.clone(),
             last_overhead_ns: self.last_overhead_ns,
+            assignment: self.assignment.clone(),
         }
     }
 
@@ -333,6 +344,39 @@ impl Scheduler {
         self.stragglers = s.stragglers;
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
+        if s.assignment.len() == self.assignment.len() {
+            self.assignment = s.assignment;
+        }
+    }
+
+    /// Micro-batches each rank runs in the next step (`assignment[r]` for rank r; M for every
+    /// rank unless set). Identical on every rank.
+    pub fn assignment(&self) -> &[u32] {
+        &self.assignment
+    }
+
+    /// Sets the per-rank micro-batch counts of the following steps. Must be called with the
+    /// same value on every rank before the same step (derive it from [`StepReport`] data,
+    /// which is identical on every rank, never from local-only data).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Config`] (`assignment`) unless it has one entry per rank, each at most
+    /// [`SchedulerConfig::slots`], summing to N·M (the global batch stays constant).
+    pub fn set_assignment(&mut self, assignment: &[u32]) -> Result<(), ScheduleError> {
+        let n = self.comm.world_size() as usize;
+        let (m, slots) = (u64::from(self.cfg.micro_batches), self.cfg.slots());
+        let sum: u64 = assignment.iter().map(|&a| u64::from(a)).sum();
+        if assignment.len() != n || sum != n as u64 * m || assignment.iter().any(|&a| a > slots) {
+            return Err(ScheduleError::Config {
+                what: "assignment",
+                value: format!(
+                    "{assignment:?} (must have {n} entries, each <= {slots} micro-batch slots, summing to N·M = {})",
+                    n as u64 * m
+                ),
+            });
+        }
+        self.assignment = assignment.to_vec();
+        Ok(())
     }
 
     /// Gives the communicator back (e.g. to destroy it), dropping the scheduler's buffers.
@@ -361,15 +405,19 @@ impl Scheduler {
         self.start_clock(step)?;
         let planned = self.take_micro_batches(step, data)?;
         let compute = self.run_micro_batches(step, &planned, work)?;
-        let settled = self.update_ledger(step, planned, &compute, data);
+        let mut settled = self.update_ledger(step, planned, &compute);
         let row = self.local_row(step, &compute, &settled)?;
         let collective = self.issue_collective_group(step, &row)?;
         let global = self.global_view(step)?;
+        let computed: Vec<u32> = global.rows.iter().map(|r| r.computed).collect();
+        let requeue = self.cfg.drop_handling == DropHandling::Requeue;
+        data.settle(self.comm.rank(), &computed, std::mem::take(&mut settled.dropped_mbs), requeue);
         self.rescale_and_update(step, work, &global)?;
         let end_ns = self.restart_clock(step)?;
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
         self.stragglers.observe(&report.ranks);
+        self.stragglers.observe_latencies(&report.latencies_ns);
         let retune = self.retune(&report)?;
         Ok((report, retune))
     }
@@ -384,14 +432,15 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Takes up to M micro-batches from `data` (fewer when it runs out).
+    /// Takes this rank's assigned micro-batches from `data` (fewer when it runs out).
     ///
     /// # Errors
     /// [`ScheduleError::Data`] when `Weighting::Tokens` meets a micro-batch without tokens
     /// (nothing is requeued: the step fails).
     fn take_micro_batches(&mut self, step: u64, data: &mut dyn DataSource) -> Result<Vec<MicroBatch>, ScheduleError> {
-        let m = self.cfg.micro_batches as usize;
-        let planned: Vec<MicroBatch> = (0..m).map_while(|_| data.next_micro_batch()).collect();
+        let rank = self.comm.rank();
+        let mut planned = data.take_assigned(rank, &self.assignment);
+        planned.truncate(self.cfg.slots() as usize);
         if self.cfg.weighting == Weighting::Tokens && planned.iter().any(|mb| mb.tokens.is_none()) {
             return Err(ScheduleError::Data {
                 rank: self.comm.rank(),
@@ -413,7 +462,7 @@ impl Scheduler {
         work: &mut dyn Workload,
     ) -> Result<ComputePhase, ScheduleError> {
         let rank = self.comm.rank();
-        let mut phase = ComputePhase::new(self.cfg.micro_batches as usize);
+        let mut phase = ComputePhase::new(self.cfg.slots() as usize);
         let mut t0_ns: Option<u64> = None;
         let loop_start = std::time::Instant::now();
         for (i, mb) in planned.iter().enumerate() {
@@ -476,16 +525,10 @@ impl Scheduler {
     }
 
     /// The ledger update: records the sample ids of the computed micro-batches and a
-    /// [`DropRecord`] per dropped one, requeues the dropped ones to `data` under
-    /// [`DropHandling::Requeue`], and returns this rank's micro-batch records and its computed
-    /// and dropped totals.
-    fn update_ledger(
-        &mut self,
-        step: u64,
-        planned: Vec<MicroBatch>,
-        compute: &ComputePhase,
-        data: &mut dyn DataSource,
-    ) -> Settled {
+    /// [`DropRecord`] per dropped one, and returns this rank's micro-batch records, its computed
+    /// and dropped totals and the dropped micro-batches (settled with the data source after the
+    /// collective, when every rank's count is known).
+    fn update_ledger(&mut self, step: u64, planned: Vec<MicroBatch>, compute: &ComputePhase) -> Settled {
         let rank = self.comm.rank();
         let mut dropped = planned;
         let computed: Vec<MicroBatch> = dropped.drain(..compute.started).collect();
@@ -504,10 +547,8 @@ impl Scheduler {
             tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
             dropped: dropped.len() as u32,
             dropped_samples: dropped.iter().map(MicroBatch::samples).sum(),
+            dropped_mbs: dropped,
         };
-        if fate == DropFate::Requeued && !dropped.is_empty() {
-            data.requeue(dropped);
-        }
         settled
     }
 
@@ -541,7 +582,7 @@ impl Scheduler {
         let rank = self.comm.rank();
         let e = |call| dev_err(rank, step, call);
         {
-            let k = CountRow::len(self.cfg.micro_batches as usize);
+            let k = CountRow::len(self.cfg.slots() as usize);
             let all = self.gathered_host.as_mut_slice().map_err(e("host count vector"))?;
             all.fill(0);
             let own = all.chunks_exact_mut(k).nth(rank as usize).unwrap_or_default();
@@ -580,7 +621,7 @@ impl Scheduler {
     /// [`ScheduleError::Counts`] naming the first rank whose row does not decode.
     fn global_view(&self, step: u64) -> Result<GlobalView, ScheduleError> {
         let rank = self.comm.rank();
-        let m = self.cfg.micro_batches as usize;
+        let m = self.cfg.slots() as usize;
         let g = self.gathered_host.as_slice().map_err(dev_err(rank, step, "host count vector"))?;
         let rows = g
             .chunks(CountRow::len(m))
@@ -671,6 +712,7 @@ impl Scheduler {
             overhead_ns: global.rows.iter().map(|r| r.overhead_ns).max().unwrap_or(0),
             stop_requested: global.rows.iter().any(|r| r.stop_requested),
             latencies_ns: global.rows.iter().flat_map(CountRow::latencies_f64).collect(),
+            assignment: self.assignment.clone(),
             micro_batches,
             ranks,
         }
