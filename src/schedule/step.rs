@@ -37,7 +37,7 @@
 use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
-use crate::policy::{Decision, LatencyEstimator, Threshold, decide};
+use crate::policy::{Decision, LatencyEstimator, Rebalancer, Threshold, backup_aggregated, decide};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
@@ -179,6 +179,8 @@ pub struct Scheduler {
     last_overhead_ns: u64,
     stop_requested: bool,
     assignment: Vec<u32>,
+    rebalancer: Option<Rebalancer>,
+    backup_workers: Option<u32>,
 }
 
 /// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
@@ -199,6 +201,9 @@ pub struct SchedulerState {
     /// before per-rank assignments: M for every rank).
     #[serde(default)]
     pub assignment: Vec<u32>,
+    /// The rebalancing state (`rebalance` policies), `None` otherwise.
+    #[serde(default)]
+    pub rebalancer: Option<Rebalancer>,
 }
 
 fn dev_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(crate::synapse::Error) -> ScheduleError {
@@ -260,6 +265,8 @@ impl Scheduler {
             last_overhead_ns: 0,
             stop_requested: false,
             assignment: vec![cfg.micro_batches; n],
+            rebalancer: None,
+            backup_workers: None,
             cfg,
             comm,
             stream,
@@ -333,6 +340,7 @@ impl Scheduler {
             ledger: self.ledger.clone(),
             last_overhead_ns: self.last_overhead_ns,
             assignment: self.assignment.clone(),
+            rebalancer: self.rebalancer.clone(),
         }
     }
 
@@ -347,6 +355,85 @@ impl Scheduler {
         if s.assignment.len() == self.assignment.len() {
             self.assignment = s.assignment;
         }
+        if s.rebalancer.is_some() {
+            self.rebalancer = s.rebalancer;
+        }
+    }
+
+    /// Lets `rebalancer` choose the per-rank micro-batch counts (the `rebalance` and
+    /// `rebalance-drop` policies): after every step it is fed the straggler tracker's
+    /// per-micro-batch latency EWMA and latency-chronic flags
+    /// ([`StragglerTracker::observe_latencies`], [`StragglerTracker::latency_chronic`]), both
+    /// built from the gathered count rows, so every rank computes the same assignment. An
+    /// assignment needing more than [`SchedulerConfig::slots`] micro-batches on a rank is not
+    /// applied (the previous one stays; logged).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Config`] when the rebalancer's current assignment is invalid for this
+    /// world (see [`Scheduler::set_assignment`]).
+    pub fn set_rebalancer(&mut self, rebalancer: Rebalancer) -> Result<(), ScheduleError> {
+        self.set_assignment(&rebalancer.assignment().to_vec())?;
+        self.rebalancer = Some(rebalancer);
+        Ok(())
+    }
+
+    /// The compute-budget policy (Anytime-Minibatch, `policy::Policy::ComputeBudget`): every
+    /// rank is handed [`SchedulerConfig::slots`] micro-batches per step and starts them while
+    /// the deadline allows (the threshold in force is the budget, checked before each
+    /// micro-batch as `policy::decide` does: a launched micro-batch cannot be aborted on the
+    /// device, so the compute phase overshoots the budget by at most one micro-batch). The
+    /// global batch then varies with speed; the divisor stays the global computed count.
+    pub fn set_compute_budget(&mut self) {
+        self.assignment = vec![self.cfg.slots(); self.assignment.len()];
+        self.rebalancer = None;
+    }
+
+    /// Backup workers (Chen et al. 2016, `policy::Policy::BackupWorkers`) as the device can
+    /// run them: before each step every rank predicts each rank's finish time as its
+    /// per-micro-batch latency EWMA × M (the straggler tracker, from gathered data: identical
+    /// on every rank) and `policy::backup_aggregated(predicted, b)` names the b ranks predicted
+    /// last; those are assigned 0 micro-batches (they compute nothing, join the collective, and
+    /// their share of the data stays in the source), the others M. A launched graph cannot be
+    /// aborted, so "drop the b slowest" must be decided before the step from predictions, not
+    /// after from actual finish times. Until every rank has a latency estimate, and with
+    /// b = 0, every rank runs M (synchronous).
+    pub fn set_backup_workers(&mut self, b: u32) {
+        self.backup_workers = Some(b);
+        self.rebalancer = None;
+    }
+
+    /// The rebalancer, if any (its assignment is [`Scheduler::assignment`]).
+    pub fn rebalancer(&self) -> Option<&Rebalancer> {
+        self.rebalancer.as_ref()
+    }
+
+    /// Feeds the rebalancer, if any, with the tracker's view after a step and moves to the
+    /// assignment it chooses (when it fits the slots).
+    fn rebalance(&mut self, step: u64) {
+        if let Some(b) = self.backup_workers {
+            let m = self.cfg.micro_batches;
+            let lat = &self.stragglers.ewma_micro_batch_ns;
+            self.assignment = if lat.iter().all(|l| l.is_finite()) {
+                let predicted: Vec<f64> = lat.iter().map(|l| l * f64::from(m)).collect();
+                backup_aggregated(&predicted, b).into_iter().map(|keep| if keep { m } else { 0 }).collect()
+            } else {
+                vec![m; self.assignment.len()]
+            };
+            return;
+        }
+        let Some(r) = &mut self.rebalancer else { return };
+        let chronic = self.stragglers.latency_chronic();
+        let next = r.update(&self.stragglers.ewma_micro_batch_ns, &chronic).to_vec();
+        if next == self.assignment {
+            return;
+        }
+        let slots = self.cfg.slots();
+        if next.iter().any(|&a| a > slots) {
+            tracing::warn!(step, ?next, slots, "rebalance: assignment exceeds the micro-batch slots; kept the previous one");
+            return;
+        }
+        debug!(step, ?next, "rebalance: new per-rank micro-batch assignment");
+        self.assignment = next;
     }
 
     /// Micro-batches each rank runs in the next step (`assignment[r]` for rank r; M for every
@@ -418,6 +505,7 @@ impl Scheduler {
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
         self.stragglers.observe(&report.ranks);
         self.stragglers.observe_latencies(&report.latencies_ns);
+        self.rebalance(step);
         let retune = self.retune(&report)?;
         Ok((report, retune))
     }
