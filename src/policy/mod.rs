@@ -3,7 +3,9 @@
 //! cannot disagree about when a micro-batch is started.
 //!
 //! Owns: [`Threshold`], [`CheckMode`], [`PolicyConfig`], [`decide`] and the per-rank online
-//! [`LatencyEstimator`]. Must not touch: clocks, I/O, devices or collectives. Callers pass the
+//! [`LatencyEstimator`]; the step policies beyond dropping ([`kind`]: [`Policy`], [`PolicyParams`],
+//! backup workers' aggregation) and the micro-batch assignment of rebalancing ([`rebalance`]).
+//! Must not touch: clocks, I/O, devices or collectives. Callers pass the
 //! elapsed compute time (ns, measured from device events by the scheduler, or summed latencies by
 //! the simulator) and the step index; this module never reads time itself.
 //!
@@ -11,6 +13,12 @@
 //! compute clock starts when the previous optimizer step completes; the check runs at
 //! micro-batch boundaries; warm-up steps never drop.
 #![forbid(unsafe_code)]
+
+pub mod kind;
+pub mod rebalance;
+
+pub use kind::{Policy, PolicyParams, backup_aggregated};
+pub use rebalance::{RebalanceConfig, Rebalancer};
 
 use std::time::Duration;
 

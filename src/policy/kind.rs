@@ -1,0 +1,261 @@
+//! The step policies: what each rank computes in a step and whose work enters the gradient.
+//! One enum, [`Policy`], shared by the scheduler (`train --policy`) and the simulator
+//! (`simulate`/`tune --policy`), with its parameters in [`PolicyParams`], and the one pure
+//! aggregation rule of backup workers, [`backup_aggregated`].
+//!
+//! Owns: [`Policy`], [`PolicyParams`], [`backup_aggregated`]. Must not touch: clocks, I/O,
+//! devices. The per-micro-batch stop decision stays [`super::decide`] (drop policies and the
+//! compute budget call it with their own threshold); the per-rank micro-batch counts of
+//! rebalancing stay [`super::Rebalancer`].
+//!
+//! Sources: DropCompute (Giladi et al., NeurIPS 2023; `../shared/reference/dropcompute.md` §2);
+//! backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016: aggregate the
+//! first N - b gradients, drop the b slowest whole); compute budget (Ferdinand et al.,
+//! "Anytime Minibatch", ICLR 2020: every rank computes for a fixed time, the gradient is
+//! weighted by the samples computed); rebalance (Cannikin, per-node batch sizes with
+//! sample-weighted aggregation; the What-if study's data-parallel rebalancing, OSDI '25).
+//!
+//! `PolicyConfig` (the deadline of [`super::decide`]) keeps its name and fields; the parameters
+//! of the step policy are [`PolicyParams`] (the brief's name `PolicyConfig` was already taken).
+
+use super::CheckMode;
+use super::rebalance::RebalanceConfig;
+
+/// A step policy. Command-line and JSON names (kebab-case): `synchronous`, `drop-before`,
+/// `drop-predictive`, `backup-workers`, `compute-budget`, `rebalance`, `rebalance-drop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Every rank computes its M micro-batches; the step waits for the slowest rank.
+    #[value(help = "Every rank computes all M micro-batches (baseline)")]
+    Synchronous,
+    /// DropCompute, deadline checked before each micro-batch ([`CheckMode::BeforeMicroBatch`]).
+    #[value(help = "DropCompute: start a micro-batch iff elapsed < threshold")]
+    DropBefore,
+    /// DropCompute, predictive check ([`CheckMode::Predictive`]).
+    #[value(help = "DropCompute: start iff elapsed + estimated latency <= threshold")]
+    DropPredictive,
+    /// Backup workers: every rank computes its M micro-batches; the gradient aggregates the
+    /// first N - b ranks to finish; the b slowest are dropped whole ([`backup_aggregated`]).
+    #[value(help = "Aggregate the first N-b ranks to finish, drop the b slowest whole")]
+    BackupWorkers,
+    /// Compute budget (Anytime-Minibatch): every rank starts micro-batches while its elapsed
+    /// compute time is below the budget, up to [`PolicyParams::budget_max_micro_batches`]
+    /// (so a fast rank computes more than M, a slow one fewer).
+    #[value(help = "Each rank computes micro-batches while elapsed < budget (Anytime-Minibatch)")]
+    ComputeBudget,
+    /// Rebalance: chronic stragglers get fewer micro-batches, the others more, the global
+    /// batch constant ([`super::Rebalancer`]); no deadline.
+    #[value(help = "Give chronic stragglers fewer micro-batches, the others more (global batch kept)")]
+    Rebalance,
+    /// Rebalance the chronic part and drop the transient tail with the DropCompute deadline (the
+    /// configured check mode).
+    #[value(help = "Rebalance, then DropCompute on the transient tail")]
+    RebalanceDrop,
+}
+
+impl Policy {
+    /// Every policy, in the order of the tables of `simulate`/`tune --policy all`.
+    pub const ALL: [Policy; 7] = [
+        Policy::Synchronous,
+        Policy::DropBefore,
+        Policy::DropPredictive,
+        Policy::BackupWorkers,
+        Policy::ComputeBudget,
+        Policy::Rebalance,
+        Policy::RebalanceDrop,
+    ];
+
+    /// The command-line / JSON name (kebab-case).
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Synchronous => "synchronous",
+            Policy::DropBefore => "drop-before",
+            Policy::DropPredictive => "drop-predictive",
+            Policy::BackupWorkers => "backup-workers",
+            Policy::ComputeBudget => "compute-budget",
+            Policy::Rebalance => "rebalance",
+            Policy::RebalanceDrop => "rebalance-drop",
+        }
+    }
+
+    /// True when the DropCompute deadline (a threshold, [`super::decide`]) applies.
+    pub fn drops(self) -> bool {
+        matches!(self, Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop)
+    }
+
+    /// True when the per-rank micro-batch counts follow a [`super::Rebalancer`].
+    pub fn rebalances(self) -> bool {
+        matches!(self, Policy::Rebalance | Policy::RebalanceDrop)
+    }
+
+    /// The check mode the deadline runs with: the policy's own for `drop-before` /
+    /// `drop-predictive`, `configured` otherwise (`rebalance-drop`; the compute budget always
+    /// checks before each micro-batch, see [`PolicyParams`]).
+    pub fn check_mode(self, configured: CheckMode) -> CheckMode {
+        match self {
+            Policy::DropBefore | Policy::ComputeBudget => CheckMode::BeforeMicroBatch,
+            Policy::DropPredictive => CheckMode::Predictive,
+            _ => configured,
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The parameters of a [`Policy`] (identical on every rank). The DropCompute threshold itself
+/// is not here: it is [`super::PolicyConfig::threshold`] (set by the user or `tune`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PolicyParams {
+    /// The policy.
+    pub policy: Policy,
+    /// Backup workers: b, the number of slowest ranks whose gradient is dropped whole each step
+    /// (0 = synchronous; clamped to N - 1 so that at least one rank is aggregated).
+    pub backup_workers: u32,
+    /// Compute budget per step (ms of compute time, measured as the deadline is: from the
+    /// step's compute clock start). `None`: not set (the tuner chooses it in `tune` and
+    /// `simulate`; `train` refuses `compute-budget` without it).
+    pub budget_ms: Option<f64>,
+    /// Compute budget: the most micro-batches a rank starts in one step. `None` = 2·M (our
+    /// choice: a fast rank may compute at most twice its nominal share, which bounds what the
+    /// data source must hand out and a zero-latency trace's loop).
+    pub budget_max_micro_batches: Option<u32>,
+    /// Rebalancing limits (`rebalance`, `rebalance-drop`).
+    pub rebalance: RebalanceConfig,
+}
+
+impl PolicyParams {
+    /// `policy` with the default parameters (b = 1, no budget, default rebalancing).
+    pub fn new(policy: Policy) -> Self {
+        Self { policy, ..Self::default() }
+    }
+
+    /// The per-rank cap of micro-batches under the compute budget for a nominal `m`
+    /// micro-batches per rank: [`PolicyParams::budget_max_micro_batches`] (at least 1) or, when
+    /// unset, 2·m (saturating, at least 1).
+    pub fn budget_cap(&self, m: u32) -> u32 {
+        match self.budget_max_micro_batches {
+            Some(c) => c.max(1),
+            None => m.saturating_mul(2).max(1),
+        }
+    }
+}
+
+impl Default for PolicyParams {
+    /// `drop-predictive` (the scheduler's default check), b = 1, no budget, the default cap,
+    /// default rebalancing.
+    fn default() -> Self {
+        Self {
+            policy: Policy::DropPredictive,
+            backup_workers: 1,
+            budget_ms: None,
+            budget_max_micro_batches: None,
+            rebalance: RebalanceConfig::default(),
+        }
+    }
+}
+
+/// Backup workers' aggregation: which ranks' gradients enter the step, given each rank's
+/// compute finish time (ns from the step's compute clock start, one per rank) and `b`.
+///
+/// Returns one flag per rank: true for the first N - b' ranks to finish, b' = min(b, N - 1)
+/// (at least one rank is aggregated). Ties are broken by rank id (the lower id finishes
+/// "first"); a NaN finish time counts as the latest. With b = 0 every flag is true. Empty input
+/// gives an empty output. Never panics.
+pub fn backup_aggregated(finish_ns: &[f64], b: u32) -> Vec<bool> {
+    let n = finish_ns.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let b = (b as usize).min(n - 1);
+    let mut keep = vec![true; n];
+    if b == 0 {
+        return keep;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    // NaN last: map it to +inf for ordering, then rank id.
+    let key = |i: usize| if finish_ns[i].is_nan() { f64::INFINITY } else { finish_ns[i] };
+    order.sort_by(|&a, &c| key(a).total_cmp(&key(c)).then(a.cmp(&c)));
+    for &r in &order[n - b..] {
+        keep[r] = false;
+    }
+    keep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+    use proptest::prelude::*;
+
+    #[test]
+    fn names_are_kebab_case_in_clap_serde_and_display() {
+        for p in Policy::ALL {
+            let json = serde_json::to_string(&p).expect("serialize");
+            assert_eq!(json, format!("\"{}\"", p.name()));
+            assert_eq!(serde_json::from_str::<Policy>(&json).expect("read back"), p);
+            assert_eq!(Policy::from_str(p.name(), false).expect("clap name"), p);
+            assert_eq!(p.to_string(), p.name());
+        }
+        assert_eq!(Policy::value_variants().len(), Policy::ALL.len());
+        assert_eq!(Policy::RebalanceDrop.name(), "rebalance-drop");
+    }
+
+    #[test]
+    fn check_modes_and_flags() {
+        use CheckMode::*;
+        assert_eq!(Policy::DropBefore.check_mode(Predictive), BeforeMicroBatch);
+        assert_eq!(Policy::DropPredictive.check_mode(BeforeMicroBatch), Predictive);
+        assert_eq!(Policy::RebalanceDrop.check_mode(Predictive), Predictive);
+        assert_eq!(Policy::RebalanceDrop.check_mode(BeforeMicroBatch), BeforeMicroBatch);
+        assert_eq!(Policy::ComputeBudget.check_mode(Predictive), BeforeMicroBatch);
+        let drops: Vec<_> = Policy::ALL.into_iter().filter(|p| p.drops()).collect();
+        assert_eq!(drops, vec![Policy::DropBefore, Policy::DropPredictive, Policy::RebalanceDrop]);
+        let reb: Vec<_> = Policy::ALL.into_iter().filter(|p| p.rebalances()).collect();
+        assert_eq!(reb, vec![Policy::Rebalance, Policy::RebalanceDrop]);
+    }
+
+    #[test]
+    fn params_read_back_and_cap() {
+        let p = PolicyParams { budget_ms: Some(12.5), backup_workers: 2, ..PolicyParams::new(Policy::ComputeBudget) };
+        let s = serde_json::to_string(&p).expect("serialize");
+        assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
+        assert_eq!(p.budget_cap(12), 24);
+        assert_eq!(PolicyParams { budget_max_micro_batches: Some(0), ..p }.budget_cap(12), 1);
+        assert_eq!(PolicyParams { budget_max_micro_batches: Some(30), ..p }.budget_cap(12), 30);
+        // Missing fields take the defaults.
+        let d: PolicyParams = serde_json::from_str(r#"{"policy":"rebalance"}"#).expect("partial");
+        assert_eq!(d, PolicyParams::new(Policy::Rebalance));
+    }
+
+    #[test]
+    fn backup_drops_the_b_latest_with_ties_by_rank_and_nan_last() {
+        assert_eq!(backup_aggregated(&[5.0, 9.0, 1.0, 7.0], 2), vec![true, false, true, false]);
+        assert_eq!(backup_aggregated(&[5.0, 5.0, 5.0], 1), vec![true, true, false]);
+        assert_eq!(backup_aggregated(&[f64::NAN, 1.0, 2.0], 1), vec![false, true, true]);
+        // b >= N keeps the fastest rank.
+        assert_eq!(backup_aggregated(&[3.0, 1.0, 2.0], 9), vec![false, true, false]);
+        assert!(backup_aggregated(&[], 3).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn backup_keeps_exactly_n_minus_b_and_no_dropped_rank_beats_a_kept_one(
+            t in proptest::collection::vec(0.0f64..100.0, 1..20), b in 0u32..25) {
+            let keep = backup_aggregated(&t, b);
+            let n = t.len();
+            let kept = keep.iter().filter(|&&k| k).count();
+            prop_assert_eq!(kept, n - (b as usize).min(n - 1));
+            let max_kept = t.iter().zip(&keep).filter(|(_, k)| **k).map(|(x, _)| *x).fold(f64::MIN, f64::max);
+            for (x, k) in t.iter().zip(&keep) {
+                if !k { prop_assert!(*x >= max_kept); }
+            }
+            if b == 0 { prop_assert!(keep.iter().all(|&k| k)); }
+        }
+    }
+}
