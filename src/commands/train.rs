@@ -278,7 +278,7 @@ impl Args {
         if base_ms > MAX_MS {
             return Err(bad("base-latency-ms", show(base_ms), format!("must be <= {MAX_MS} ms (one hour)")));
         }
-        if self.backup_workers >= ranks {
+        if self.policy == Some(crate::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
             return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
         }
         if self.sync_lag >= micro_batches {
