@@ -149,3 +149,98 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
     let what = what.into();
     move |source| CommandError::Io { what, source }
 }
+
+/// Parses `--policy`: `all` or a comma-separated list of policy names
+/// ([`crate::policy::Policy::name`]), returned in [`crate::policy::Policy::ALL`] order.
+///
+/// # Errors
+/// [`CommandError::Args`] naming the unknown name and the accepted ones.
+pub fn parse_policies(spec: &str) -> Result<Vec<crate::policy::Policy>, CommandError> {
+    use crate::policy::Policy;
+    if spec.trim() == "all" {
+        return Ok(Policy::ALL.to_vec());
+    }
+    let mut v = Vec::new();
+    for name in spec.split(',').map(str::trim) {
+        let p = Policy::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+            CommandError::Args(format!("--policy {name:?}: expected all or a list of {}", names.join(", ")))
+        })?;
+        v.push(p);
+    }
+    Ok(Policy::ALL.into_iter().filter(|p| v.contains(p)).collect())
+}
+
+/// The text table of `simulate`/`tune --policy`: one row per policy (its tuned parameter,
+/// effective speedup, drop rate, batch-size spread, samples lost), then the ideal and the
+/// straggler-free bound.
+pub fn policy_table(c: &crate::tune::policies::PolicyComparison) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let nm = (c.ranks * c.micro_batches) as f64;
+    let _ = writeln!(
+        s,
+        "policies on {} ({} ranks x {} micro-batches x {} steps; realizable replay, guardrails on):",
+        c.trace, c.ranks, c.micro_batches, c.steps
+    );
+    let _ = writeln!(
+        s,
+        "  {:<16} {:>9} {:>8} {:>17} {:>10}  {:<8} parameter",
+        "policy", "speedup", "drop", "batch min..max", "lost mb", "verdict"
+    );
+    for r in &c.rows {
+        let mut param = Vec::new();
+        if let Some(t) = r.threshold_ms {
+            param.push(format!("threshold {t:.3} ms"));
+        }
+        if let Some(q) = r.estimator_quantile {
+            param.push(format!("estimator q {q}"));
+        }
+        if let Some(b) = r.backup_workers {
+            param.push(format!("b = {b}"));
+        }
+        if let Some(b) = r.budget_ms {
+            param.push(format!("budget {b:.3} ms"));
+        }
+        let _ = writeln!(
+            s,
+            "  {:<16} {:>+8.2}% {:>7.2}% {:>7.1}%..{:>6.1}% {:>10}  {:<8} {}",
+            r.policy.name(),
+            r.effective_speedup * 100.0,
+            r.drop_rate * 100.0,
+            r.min_batch_fraction * 100.0,
+            r.max_batch_fraction * 100.0,
+            r.lost_micro_batches,
+            if r.enabled { "enable" } else { "decline" },
+            param.join(", ")
+        );
+    }
+    let ideal = |name: &str, x: &crate::tune::CandidateScore| {
+        format!(
+            "  {name:<16} {:>+8.2}% {:>7.2}% {:>7.1}%        {:>10}  {:<8} threshold {:.3} ms (not realizable)\n",
+            x.objective * 100.0,
+            x.drop_rate * 100.0,
+            x.min_batch_fraction * 100.0,
+            "",
+            "ideal",
+            x.threshold_ns / 1e6
+        )
+    };
+    if let Some(a) = &c.ideal_admissible {
+        s += &ideal("ideal", a);
+    }
+    s += &ideal("ideal (no guard)", &c.ideal_best);
+    let _ = writeln!(
+        s,
+        "  {:<16} {:>+8.2}% {:>7.2}% {:>7.1}%..{:>6.1}% {:>10}  {:<8} every rank at the step's median rank",
+        "straggler-free",
+        c.straggler_free_speedup * 100.0,
+        0.0,
+        100.0,
+        100.0,
+        0,
+        "bound"
+    );
+    let _ = nm;
+    s
+}

@@ -60,6 +60,17 @@ pub struct Args {
     /// Ranks listed in the straggler attribution.
     #[arg(long, default_value_t = 5)]
     pub top_ranks: usize,
+    /// Compare step policies instead of recommending a threshold: `all` or a comma-separated
+    /// list (synchronous, drop-before, drop-predictive, backup-workers, compute-budget,
+    /// rebalance, rebalance-drop); each policy's parameter is tuned on the replay under the
+    /// guardrails and printed beside the ideal and the straggler-free bound (`--json`: an array
+    /// of `tune::policies::PolicyComparison`).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Seed of the micro-batches drawn beyond the trace's M (`--policy` with rebalancing or a
+    /// compute budget).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 /// The replayed run at one threshold (times in ms).
@@ -137,6 +148,8 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         min_micro_batches: args.min_micro_batches,
     };
     let how = Recommend { execution, guardrails };
+    let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
+    let mut comparisons = Vec::new();
     let mut json = Vec::new();
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
@@ -163,6 +176,14 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 t.source(),
                 t.micro_batches()
             )));
+        }
+        if let Some(ps) = &policies {
+            let c = crate::tune::policies::compare(t, &how, ps, args.seed);
+            if !args.json {
+                out.write_all(super::policy_table(&c).as_bytes()).map_err(io_err("stdout"))?;
+            }
+            comparisons.push(c);
+            continue;
         }
         let Recommendation { verdict, replay: rp, ideal: r } = recommend(t, &how);
         let ideal_here = match verdict {
@@ -354,7 +375,11 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         }
         out.write_all(s.as_bytes()).map_err(io_err("stdout"))?;
     }
-    if args.json {
+    if args.json && policies.is_some() {
+        let text =
+            serde_json::to_string_pretty(&comparisons).map_err(|e| CommandError::Args(format!("--json: {e}")))?;
+        out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
+    } else if args.json {
         let text = serde_json::to_string_pretty(&json).map_err(|e| CommandError::Args(format!("--json: {e}")))?;
         out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
     }

@@ -18,7 +18,7 @@ pub mod kind;
 pub mod rebalance;
 
 pub use kind::{Policy, PolicyParams, backup_aggregated};
-pub use rebalance::{RebalanceConfig, Rebalancer};
+pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! micro-batches and the other ranks more, the global batch (N·M micro-batches) constant, so the
 //! gradient (divided by the global computed sample count) keeps its expectation.
 //!
-//! Owns: [`RebalanceConfig`], [`Rebalancer`]. Must not touch: clocks, I/O, devices, the data
+//! Owns: [`RebalanceConfig`], [`Rebalancer`], [`RankLatencyTracker`] (its inputs). Must not touch: clocks, I/O, devices, the data
 //! source (the scheduler hands each rank [`Rebalancer::assignment`]`[rank]` micro-batches). Pure
 //! and deterministic: every rank that feeds the same (all-reduced) latencies and flags holds the
 //! same assignment.
@@ -19,7 +19,8 @@
 //! 3. The candidate assignment minimizes the predicted step compute time max_r a_r·L_r subject
 //!    to Σ a_r = N·M, a_r >= min_micro_batches and a_r <= M for a rebalanced rank (a chronic
 //!    rank only sheds work): each of the micro-batches above the minimum goes, one at a time, to
-//!    the rank that would finish it earliest (ties: lowest rank), which is optimal for
+//!    the rank that would finish it earliest (ties: a rebalanced rank first, so that less work
+//!    moves, then the lowest rank), which is optimal for
 //!    identical work units on ranks of different speeds.
 //! 4. It replaces the current assignment only if it lowers the predicted step compute time by
 //!    more than `hysteresis` (relative): max_new < (1 - hysteresis)·max_current.
@@ -57,10 +58,11 @@ pub struct Rebalancer {
     rebalanced: Vec<bool>,
 }
 
-/// Heap entry: the predicted finish time (ns) of a rank's next micro-batch; min-heap by time,
-/// then rank id.
+/// Heap entry: the predicted finish time (ns) of a rank's next micro-batch, whether the rank is
+/// a plain one (true sorts after a rebalanced one at equal time: at equal step time the
+/// rebalanced rank keeps its work, so less work moves), rank id; min-heap in that order.
 #[derive(PartialEq)]
-struct Next(f64, usize);
+struct Next(f64, bool, usize);
 impl Eq for Next {}
 impl PartialOrd for Next {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -69,7 +71,7 @@ impl PartialOrd for Next {
 }
 impl Ord for Next {
     fn cmp(&self, other: &Self) -> Ordering {
-        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
+        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1)).then(other.2.cmp(&self.2))
     }
 }
 
@@ -167,18 +169,103 @@ impl Rebalancer {
         let mut left = (n as u64) * m - (n as u64) * u64::from(min);
         let mut heap: BinaryHeap<Next> = (0..n)
             .filter(|&r| !(capped[r] && min >= self.micro_batches))
-            .map(|r| Next(f64::from(min + 1) * eff[r], r))
+            .map(|r| Next(f64::from(min + 1) * eff[r], !capped[r], r))
             .collect();
         while left > 0 {
-            let Some(Next(_, r)) = heap.pop() else { break };
+            let Some(Next(_, _, r)) = heap.pop() else { break };
             a[r] += 1;
             left -= 1;
             // Every rank capped at M leaves exactly N·M - Σ a for the uncapped ones (or 0).
             if !(capped[r] && a[r] >= self.micro_batches) {
-                heap.push(Next(f64::from(a[r] + 1) * eff[r], r));
+                heap.push(Next(f64::from(a[r] + 1) * eff[r], !capped[r], r));
             }
         }
         a
+    }
+}
+
+/// Limits of [`RankLatencyTracker`]'s chronic flag: the rule and default values of
+/// `tune::straggler::StragglerConfig` (pinned equal by a test there), applied online to the
+/// per-micro-batch latency.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TrackerConfig {
+    /// Relative excess over the step's median latency (over ranks) that counts as slow
+    /// (dimensionless; default 0.05).
+    pub tolerance: f64,
+    /// Fraction of the steps seen in which a rank must have been slow to be chronic (default 0.5).
+    pub chronic_fraction: f64,
+    /// EWMA weight of the newest step's latency (default 0.2).
+    pub ewma_alpha: f64,
+    /// Steps seen before any rank is flagged chronic (default 10, `tune::MIN_STEPS`).
+    pub min_steps: u64,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        Self { tolerance: 0.05, chronic_fraction: 0.5, ewma_alpha: 0.2, min_steps: 10 }
+    }
+}
+
+/// Online per-rank latency statistics feeding a [`Rebalancer`]: the EWMA of each rank's mean
+/// latency per computed micro-batch (ns) and the chronic flag (slow — above
+/// (1 + tolerance)·the step's median over ranks — in at least `chronic_fraction` of the steps,
+/// after `min_steps`). Per micro-batch, not per step: a rebalanced rank's compute time is
+/// balanced, its per-micro-batch latency is not. Feed it the all-reduced values (identical on
+/// every rank) so that every rank computes the same assignment.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankLatencyTracker {
+    cfg: TrackerConfig,
+    steps: u64,
+    slow: Vec<u64>,
+    ewma: Vec<f64>,
+}
+
+impl RankLatencyTracker {
+    /// A tracker for `world_size` ranks.
+    pub fn new(world_size: usize, cfg: TrackerConfig) -> Self {
+        Self { cfg, steps: 0, slow: vec![0; world_size], ewma: vec![f64::NAN; world_size] }
+    }
+
+    /// Feeds one step: each rank's compute time divided by its micro-batches computed (ns). A
+    /// rank with a non-finite or non-positive value (nothing computed) keeps its EWMA and is
+    /// not slow in this step; a slice of the wrong length is ignored.
+    pub fn observe(&mut self, per_rank_latency_ns: &[f64]) {
+        if per_rank_latency_ns.len() != self.slow.len() {
+            return;
+        }
+        let ok: Vec<f64> = per_rank_latency_ns.iter().copied().filter(|&x| valid(x)).collect();
+        let Some(med) = median(ok) else { return };
+        let a = self.cfg.ewma_alpha;
+        for (r, &x) in per_rank_latency_ns.iter().enumerate() {
+            if !valid(x) {
+                continue;
+            }
+            if x > (1.0 + self.cfg.tolerance) * med {
+                self.slow[r] += 1;
+            }
+            let e = &mut self.ewma[r];
+            *e = if e.is_nan() { x } else { a * x + (1.0 - a) * *e };
+        }
+        self.steps += 1;
+    }
+
+    /// Steps observed.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// EWMA latency per micro-batch per rank (ns; NaN before the rank's first value).
+    pub fn ewma_latency_ns(&self) -> &[f64] {
+        &self.ewma
+    }
+
+    /// Chronic flag per rank (all false before `min_steps` steps).
+    pub fn chronic(&self) -> Vec<bool> {
+        if self.steps < self.cfg.min_steps.max(1) {
+            return vec![false; self.slow.len()];
+        }
+        self.slow.iter().map(|&s| s as f64 / self.steps as f64 >= self.cfg.chronic_fraction).collect()
     }
 }
 
@@ -248,6 +335,31 @@ mod tests {
         assert_eq!(r.update(&[3.0, f64::NAN, 1.0], &[true, false, false]), &[2, 5, 5]);
         let mut e = Rebalancer::new(0, 4, cfg(0.0, 1));
         assert!(e.update(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn tracker_flags_a_rank_slow_in_half_the_steps_after_min_steps() {
+        let cfg = TrackerConfig { min_steps: 4, ..TrackerConfig::default() };
+        let mut t = RankLatencyTracker::new(3, cfg);
+        for s in 0..4 {
+            // Rank 0 slow every step, rank 1 slow in one step of four, rank 2 never.
+            t.observe(&[2.0, if s == 0 { 1.5 } else { 1.0 }, 1.0]);
+            if s < 3 {
+                assert_eq!(t.chronic(), vec![false; 3], "before min_steps");
+            }
+        }
+        assert_eq!(t.chronic(), vec![true, false, false]);
+        assert_eq!(t.steps(), 4);
+        // EWMA: 2.0 constant; rank 1: 1.5 then 0.2·1 + 0.8·prev three times.
+        let want = [1.5f64, 1.0, 1.0].iter().skip(1).fold(1.5, |e, &x| 0.2 * x + 0.8 * e);
+        let want = 0.2 * 1.0 + 0.8 * want;
+        assert_eq!(t.ewma_latency_ns()[0], 2.0);
+        assert!((t.ewma_latency_ns()[1] - want).abs() < 1e-12);
+        // Nothing computed (NaN) keeps the EWMA; a wrong length is ignored.
+        t.observe(&[f64::NAN, 1.0, 1.0]);
+        assert_eq!(t.ewma_latency_ns()[0], 2.0);
+        t.observe(&[1.0]);
+        assert_eq!(t.steps(), 5);
     }
 
     fn lat_and_flags() -> impl Strategy<Value = (Vec<f64>, Vec<bool>)> {

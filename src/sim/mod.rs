@@ -9,6 +9,7 @@
 pub mod analytic;
 pub mod montecarlo;
 pub mod noise;
+pub mod policies;
 pub mod replay;
 pub mod rng;
 pub mod special;

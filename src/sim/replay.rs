@@ -1,8 +1,9 @@
 //! Replay of a real trace under a deadline policy: "what if this job had run with DropCompute
 //! at threshold τ", executed as the scheduler executes it.
 //!
-//! Owns: [`ExecutionModel`] (what the scheduler does around the deadline rule) and [`replay`].
-//! Must not touch: parsing (takes a [`LatencyTrace`]) or tuning. Each rank walks its recorded
+//! Owns: [`ExecutionModel`] (what the scheduler does around the deadline rule) and [`replay`]
+//! (DropCompute's replay: [`super::policies::replay_policy`] with the drop policy of the check
+//! mode). Must not touch: parsing (takes a [`LatencyTrace`]) or tuning. Each rank walks its recorded
 //! latencies through [`crate::policy::decide`] exactly as `schedule::Scheduler` does:
 //! - the step id passed to `decide` is the trace's step id, so steps below
 //!   [`ExecutionModel::warmup_steps`] never drop (give a trace that holds the warm-up steps to
@@ -13,7 +14,7 @@
 //! - the elapsed time starts at the trace's start offset of the step and rank
 //!   ([`LatencyTrace::start_offsets_ns`]: device work between the compute clock start and the
 //!   first micro-batch);
-//! - predictive check: a per-rank [`LatencyEstimator`], persistent across steps, fed with a
+//! - predictive check: a per-rank [`crate::policy::LatencyEstimator`], persistent across steps, fed with a
 //!   micro-batch's latency when the scheduler reads its end event (lazily under sync lag, all
 //!   started ones at the end of the compute phase), in trace step order.
 //!
@@ -22,7 +23,8 @@
 //! Assumes a dropped micro-batch's cost would not have shifted later ones (latencies replayed
 //! as recorded), which is exact when the latencies are common random numbers (`train`).
 
-use crate::policy::{CheckMode, LatencyEstimator, PolicyConfig, Threshold, decide};
+use super::policies::{PolicyRun, replay_policy};
+use crate::policy::{CheckMode, Policy, PolicyConfig, PolicyParams, Threshold};
 use crate::trace::LatencyTrace;
 
 /// How the scheduler executes the deadline (everything but the threshold): the check mode, the
@@ -78,55 +80,13 @@ pub struct ReplayReport {
 /// Replay `trace` at `threshold` executed as `exec` says (module doc). Never fails (the trace
 /// is validated at construction).
 pub fn replay(trace: &LatencyTrace, threshold: Threshold, exec: &ExecutionModel) -> ReplayReport {
-    let policy = exec.policy(threshold);
+    let policy = match exec.check {
+        CheckMode::BeforeMicroBatch => Policy::DropBefore,
+        CheckMode::Predictive => Policy::DropPredictive,
+    };
+    let r = replay_policy(trace, &PolicyRun::new(PolicyParams::new(policy), threshold, *exec));
     let (n, m) = (trace.world_size(), trace.micro_batches());
-    let lag = exec.sync_lag as usize;
-    let mut est: Vec<LatencyEstimator> = (0..n).map(|_| LatencyEstimator::default()).collect();
-    let mut per_step = Vec::with_capacity(trace.num_steps());
-    let mut ends = vec![0.0f64; m];
-    let mut started_cells = Vec::with_capacity(trace.num_steps() * n);
-    for (si, &step) in trace.steps().iter().enumerate() {
-        let mat = trace.step_matrix(si);
-        let offsets = &trace.start_offsets_ns()[si * n..(si + 1) * n];
-        let (mut base, mut pol, mut started_all) = (0.0f64, 0.0f64, 0u64);
-        for (r, row) in mat.chunks_exact(m).enumerate() {
-            let t0 = offsets[r];
-            let mut acc = t0;
-            for (e, &lat) in ends.iter_mut().zip(row) {
-                acc += lat;
-                *e = acc;
-            }
-            base = base.max(ends[m - 1]);
-            let (mut started, mut seen) = (0usize, 0usize);
-            while started < m {
-                let i = started;
-                // The check before micro-batch i waits for the end of micro-batch i-1-k.
-                let elapsed = match (i + 1).checked_sub(1 + lag) {
-                    None => 0.0,
-                    Some(upto) => {
-                        while seen < upto {
-                            est[r].observe(row[seen] as u64);
-                            seen += 1;
-                        }
-                        if upto == 0 { 0.0 } else { ends[upto - 1] }
-                    }
-                };
-                if !decide(&policy, step, i as u32, elapsed as u64, est[r].estimate()).is_start() {
-                    break;
-                }
-                started += 1;
-            }
-            while seen < started {
-                est[r].observe(row[seen] as u64);
-                seen += 1;
-            }
-            pol = pol.max(if started == 0 { t0 } else { ends[started - 1] });
-            started_all += started as u64;
-            started_cells.push(started as u32);
-        }
-        let o = trace.overhead_ns()[si];
-        per_step.push((base + o, pol + o, started_all));
-    }
+    let (per_step, started_cells) = (r.per_step, r.started);
     let s = per_step.len() as f64;
     let b = per_step.iter().map(|x| x.0).sum::<f64>() / s;
     let p = per_step.iter().map(|x| x.1).sum::<f64>() / s;

@@ -4,11 +4,12 @@
 //!
 //! Owns: [`search`] (objective + argmax + verdict), [`recommend`] (the one threshold
 //! recommendation of `tune` and `train --threshold auto`), [`reduce`] (all-reduce layout),
-//! [`retune`] (the state machine), [`straggler`] (attribution). Must not touch: I/O, clocks or
+//! [`retune`] (the state machine), [`straggler`] (attribution), [`policies`] (every step policy tuned and compared on a trace). Must not touch: I/O, clocks or
 //! devices: every function is a pure function of its inputs, so every rank that holds the same
 //! reduced statistics reaches the same threshold.
 #![forbid(unsafe_code)]
 
+pub mod policies;
 pub mod recommend;
 pub mod reduce;
 pub mod retune;

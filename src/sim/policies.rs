@@ -1,0 +1,389 @@
+//! Replay of a trace under any step policy ([`Policy`]): what every rank computes, which ranks'
+//! work enters the gradient, and the step time, on the trace's recorded latencies (common
+//! random numbers: every policy sees the same latencies).
+//!
+//! Owns: [`PolicyRun`], [`PolicyReplay`], [`replay_policy`]. Must not touch: parsing, tuning,
+//! devices. Every per-micro-batch start decision is [`crate::policy::decide`], every
+//! assignment [`crate::policy::Rebalancer`], every backup aggregation
+//! [`crate::policy::backup_aggregated`]; [`super::replay::replay`] (DropCompute) is this replay
+//! with a drop policy.
+//!
+//! Per step and rank, the walk is the scheduler's (see [`super::replay`] for the sync lag, the
+//! start offset, warm-up and the predictive estimator). Per policy:
+//! - `synchronous`: all M micro-batches; the step waits for the slowest rank.
+//! - `drop-before` / `drop-predictive` / `rebalance-drop`: [`crate::policy::decide`] at the
+//!   threshold with the policy's check mode ([`Policy::check_mode`]).
+//! - `backup-workers` (b): every rank runs its M micro-batches; the first N - b ranks to finish
+//!   are aggregated. Realizable accounting: the b others learn at t* (the (N-b)-th finish time)
+//!   that they are dropped, finish the micro-batch in flight (a launched graph cannot be
+//!   aborted) and join the all-reduce with nothing: step compute time = max(t*, the end of
+//!   their micro-batch in flight at t*). With b = 0 this is the synchronous step, bit for bit.
+//! - `compute-budget`: [`crate::policy::decide`] with threshold = budget, check before each
+//!   micro-batch, up to [`crate::policy::PolicyParams::budget_cap`] micro-batches.
+//! - `rebalance` / `rebalance-drop`: rank r runs the assignment of a
+//!   [`crate::policy::Rebalancer`], updated after every step from a
+//!   [`crate::policy::rebalance::RankLatencyTracker`] fed with each rank's mean latency per
+//!   computed micro-batch (what the scheduler learns from the all-reduced counts and times).
+//!
+//! Micro-batches beyond the trace's M (a rank given more work by rebalancing or a compute
+//! budget): micro-batch i >= M of rank r in step s takes the latency of one of the same rank's
+//! M recorded micro-batches of that step, drawn uniformly from `rng::stream(seed, s·N + r)` in
+//! order of i (ours: the rank's own speed and that step's conditions; every policy draws the
+//! same sequence, so the comparison stays paired).
+//!
+//! Normalization is exact: a step's gradient is divided by the micro-batches aggregated (global
+//! computed samples); the effective speedup is aggregated/nominal · baseline/policy step time - 1
+//! (samples per second against the synchronous run).
+
+use rand::Rng;
+
+use super::rng;
+use crate::policy::rebalance::RankLatencyTracker;
+use crate::policy::{
+    LatencyEstimator, Policy, PolicyConfig, PolicyParams, Rebalancer, Threshold, backup_aggregated, decide,
+};
+use crate::sim::replay::ExecutionModel;
+use crate::trace::LatencyTrace;
+
+/// One policy replay's inputs besides the trace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PolicyRun {
+    /// The policy and its parameters (b, budget, rebalancing).
+    pub params: PolicyParams,
+    /// The DropCompute threshold (drop policies only; ignored otherwise).
+    pub threshold: Threshold,
+    /// How the scheduler executes the deadline (check mode for `rebalance-drop`, sync lag,
+    /// warm-up, micro-batches always computed).
+    pub execution: ExecutionModel,
+    /// Quantile of the predictive check's per-rank [`LatencyEstimator`] (window
+    /// [`LatencyEstimator::DEFAULT_WINDOW`]); `train` runs [`LatencyEstimator::DEFAULT_QUANTILE`].
+    pub estimator_quantile: f64,
+    /// Seed of the draws of micro-batches beyond the trace's M (module doc).
+    pub seed: u64,
+}
+
+impl PolicyRun {
+    /// `params` with the threshold and execution given, the default estimator quantile and
+    /// seed 1.
+    pub fn new(params: PolicyParams, threshold: Threshold, execution: ExecutionModel) -> Self {
+        Self { params, threshold, execution, estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE, seed: 1 }
+    }
+}
+
+/// Outcome of [`replay_policy`]. Micro-batch counts are micro-batches (multiply by the
+/// micro-batch size for samples).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyReplay {
+    /// The policy replayed.
+    pub policy: Policy,
+    /// Mean recorded (synchronous) step time, ns.
+    pub baseline_step_ns: f64,
+    /// Mean step time under the policy, ns.
+    pub policy_step_ns: f64,
+    /// Nominal micro-batches: steps · N · M.
+    pub nominal: u64,
+    /// Micro-batches whose gradient was aggregated (the divisor's sum over steps).
+    pub aggregated: u64,
+    /// Micro-batches started (aggregated + computed and discarded by backup workers).
+    pub computed: u64,
+    /// Micro-batches of the nominal batch missing from the gradient, summed over steps
+    /// (Σ_s max(0, N·M - aggregated_s)): the samples lost (re-queued or discarded by the ledger).
+    pub lost: u64,
+    /// lost / nominal.
+    pub drop_rate: f64,
+    /// aggregated / nominal · baseline / policy step time - 1.
+    pub effective_speedup: f64,
+    /// Fewest micro-batches aggregated in one step.
+    pub min_step_micro_batches: u64,
+    /// Most micro-batches aggregated in one step.
+    pub max_step_micro_batches: u64,
+    /// Per step: (recorded ns, policy ns, micro-batches aggregated).
+    pub per_step: Vec<(f64, f64, u64)>,
+    /// Micro-batches started per step and rank (S x N, step-major).
+    pub started: Vec<u32>,
+    /// Micro-batches assigned per step and rank (S x N; M except under rebalancing; the cap
+    /// under the compute budget).
+    pub assigned: Vec<u32>,
+}
+
+/// Walk one rank's step: start micro-batches while `decide` says so, up to `cap`. `lat(i)` is
+/// the latency of micro-batch i; `ends` is scratch. Returns (started, compute end time ns).
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    deadline: &PolicyConfig,
+    step: u64,
+    cap: usize,
+    lag: usize,
+    t0: f64,
+    est: &mut LatencyEstimator,
+    lat: &mut dyn FnMut(usize) -> f64,
+    ends: &mut Vec<f64>,
+) -> (usize, f64) {
+    ends.clear();
+    let (mut started, mut seen, mut acc) = (0usize, 0usize, t0);
+    let mut lats: Vec<f64> = Vec::new();
+    while started < cap {
+        let i = started;
+        // The check before micro-batch i waits for the end of micro-batch i-1-k.
+        let elapsed = match (i + 1).checked_sub(1 + lag) {
+            None => 0.0,
+            Some(upto) => {
+                while seen < upto {
+                    est.observe(lats[seen] as u64);
+                    seen += 1;
+                }
+                if upto == 0 { 0.0 } else { ends[upto - 1] }
+            }
+        };
+        if !decide(deadline, step, i as u32, elapsed as u64, est.estimate()).is_start() {
+            break;
+        }
+        let l = lat(i);
+        lats.push(l);
+        acc += l;
+        ends.push(acc);
+        started += 1;
+    }
+    while seen < started {
+        est.observe(lats[seen] as u64);
+        seen += 1;
+    }
+    (started, if started == 0 { t0 } else { ends[started - 1] })
+}
+
+/// Replay `trace` under `run` (module doc). Pure and deterministic for a seed; never fails
+/// (the trace is validated at construction; out-of-range parameters are clamped as
+/// [`PolicyParams`] documents).
+pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
+    let (n, m) = (trace.world_size(), trace.micro_batches());
+    let p = run.params.policy;
+    let exec = &run.execution;
+    let lag = exec.sync_lag as usize;
+    let threshold = match p {
+        Policy::ComputeBudget => match run.params.budget_ms {
+            Some(ms) if ms.is_finite() && ms >= 0.0 => Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3)),
+            _ => Threshold::Off,
+        },
+        p if p.drops() => run.threshold,
+        _ => Threshold::Off,
+    };
+    let deadline = PolicyConfig {
+        threshold,
+        check: p.check_mode(exec.check),
+        warmup_steps: exec.warmup_steps,
+        min_micro_batches: exec.min_micro_batches,
+    };
+    let budget_cap = run.params.budget_cap(m as u32) as usize;
+    let mut est: Vec<LatencyEstimator> =
+        (0..n).map(|_| LatencyEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
+    let mut rebalancer = p.rebalances().then(|| Rebalancer::new(n, m as u32, run.params.rebalance));
+    let mut tracker = RankLatencyTracker::new(n, Default::default());
+    let mut ends = Vec::with_capacity(2 * m);
+    let mut per_step = Vec::with_capacity(trace.num_steps());
+    let (mut started_cells, mut assigned_cells) =
+        (Vec::with_capacity(trace.num_steps() * n), Vec::with_capacity(trace.num_steps() * n));
+    let (mut computed, mut lost) = (0u64, 0u64);
+    let mut finish = vec![0.0f64; n];
+    let mut mean_lat = vec![0.0f64; n];
+    for (si, &step) in trace.steps().iter().enumerate() {
+        let mat = trace.step_matrix(si);
+        let offsets = &trace.start_offsets_ns()[si * n..(si + 1) * n];
+        let mut step_started = vec![0u32; n];
+        for (r, row) in mat.chunks_exact(m).enumerate() {
+            let t0 = offsets[r];
+            let cap = match (p, &rebalancer) {
+                (_, Some(rb)) => rb.assignment()[r] as usize,
+                (Policy::ComputeBudget, _) => budget_cap,
+                _ => m,
+            };
+            let mut extra = rng::stream(run.seed, (si * n + r) as u64);
+            let mut lat = |i: usize| if i < m { row[i] } else { row[extra.random_range(0..m)] };
+            let (started, end) = walk(&deadline, step, cap, lag, t0, &mut est[r], &mut lat, &mut ends);
+            step_started[r] = started as u32;
+            finish[r] = end;
+            mean_lat[r] = if started > 0 { (end - t0) / started as f64 } else { f64::NAN };
+            assigned_cells.push(cap as u32);
+        }
+        // The baseline sums as `walk` does (t0, then + each latency in order): the synchronous
+        // policy reproduces it bit for bit.
+        let base = mat
+            .chunks_exact(m)
+            .zip(offsets)
+            .map(|(row, &t0)| row.iter().fold(t0, |a, &l| a + l))
+            .fold(0.0f64, f64::max);
+        let (pol, aggregated) = if p == Policy::BackupWorkers {
+            let keep = backup_aggregated(&finish, run.params.backup_workers);
+            let t_star = finish.iter().zip(&keep).filter(|(_, k)| **k).map(|(f, _)| *f).fold(0.0f64, f64::max);
+            // A dropped rank finishes the micro-batch in flight at t*.
+            let mut t = t_star;
+            for (r, row) in mat.chunks_exact(m).enumerate() {
+                if !keep[r] {
+                    let mut acc = offsets[r];
+                    for &l in row {
+                        if acc >= t_star {
+                            break;
+                        }
+                        acc += l;
+                    }
+                    t = t.max(acc.min(finish[r]));
+                }
+            }
+            let agg: u64 = step_started.iter().zip(&keep).filter(|(_, k)| **k).map(|(s, _)| u64::from(*s)).sum();
+            (t, agg)
+        } else {
+            (finish.iter().copied().fold(0.0f64, f64::max), step_started.iter().map(|&s| u64::from(s)).sum())
+        };
+        computed += step_started.iter().map(|&s| u64::from(s)).sum::<u64>();
+        lost += ((n * m) as u64).saturating_sub(aggregated);
+        started_cells.extend_from_slice(&step_started);
+        if let Some(rb) = rebalancer.as_mut() {
+            tracker.observe(&mean_lat);
+            rb.update(tracker.ewma_latency_ns(), &tracker.chronic());
+        }
+        let o = trace.overhead_ns()[si];
+        per_step.push((base + o, pol + o, aggregated));
+    }
+    let s = per_step.len().max(1) as f64;
+    let b = per_step.iter().map(|x| x.0).sum::<f64>() / s;
+    let pt = per_step.iter().map(|x| x.1).sum::<f64>() / s;
+    let nominal = (per_step.len() * n * m) as u64;
+    let aggregated: u64 = per_step.iter().map(|x| x.2).sum();
+    PolicyReplay {
+        policy: p,
+        baseline_step_ns: b,
+        policy_step_ns: pt,
+        nominal,
+        aggregated,
+        computed,
+        lost,
+        drop_rate: lost as f64 / nominal.max(1) as f64,
+        effective_speedup: aggregated as f64 / nominal.max(1) as f64 * b / pt - 1.0,
+        min_step_micro_batches: per_step.iter().map(|x| x.2).min().unwrap_or(0),
+        max_step_micro_batches: per_step.iter().map(|x| x.2).max().unwrap_or(0),
+        per_step,
+        started: started_cells,
+        assigned: assigned_cells,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{CheckMode, RebalanceConfig};
+    use std::time::Duration;
+
+    fn exec(check: CheckMode) -> ExecutionModel {
+        ExecutionModel { check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
+    }
+
+    fn run(params: PolicyParams, th: Option<u64>) -> PolicyRun {
+        let t = th.map_or(Threshold::Off, |ns| Threshold::Fixed(Duration::from_nanos(ns)));
+        PolicyRun::new(params, t, exec(CheckMode::BeforeMicroBatch))
+    }
+
+    /// 3 ranks, M = 2, 2 steps, overhead 1: rank 2 is slow in step 0.
+    fn trace() -> LatencyTrace {
+        LatencyTrace::new(
+            "t",
+            vec![0, 1, 2],
+            vec![0, 1],
+            2,
+            vec![1.0, 2.0, 2.0, 2.0, 5.0, 6.0, /* step 1 */ 1.0, 1.0, 3.0, 1.0, 2.0, 2.0],
+            vec![1.0, 1.0],
+        )
+        .and_then(|t| t.with_start_offsets(vec![0.0, 0.5, 0.0, 0.0, 0.0, 0.25]))
+        .expect("valid")
+    }
+
+    #[test]
+    fn backup_workers_with_b_zero_is_the_synchronous_run_bit_for_bit() {
+        let sync = replay_policy(&trace(), &run(PolicyParams::new(Policy::Synchronous), None));
+        let b0 = replay_policy(
+            &trace(),
+            &run(PolicyParams { backup_workers: 0, ..PolicyParams::new(Policy::BackupWorkers) }, None),
+        );
+        assert_eq!(sync.per_step, b0.per_step);
+        assert_eq!(sync.policy_step_ns.to_bits(), b0.policy_step_ns.to_bits());
+        assert_eq!(sync.effective_speedup.to_bits(), b0.effective_speedup.to_bits());
+        assert_eq!(sync.effective_speedup, 0.0);
+        // Synchronous: step 0 = max(3, 4.5, 11) + 1, step 1 = max(2, 4, 4.25) + 1.
+        assert_eq!(sync.per_step, vec![(12.0, 12.0, 6), (5.25, 5.25, 6)]);
+    }
+
+    #[test]
+    fn backup_workers_drop_the_slowest_after_its_micro_batch_in_flight() {
+        let b1 = replay_policy(&trace(), &run(PolicyParams::new(Policy::BackupWorkers), None));
+        // Step 0: finishes 3, 4.5, 11: t* = 4.5; rank 2's micro-batch in flight at 4.5 ends at
+        // 5: step 5 + 1. Step 1: finishes 2, 4, 4.25: rank 2 dropped, t* = 4; its micro-batch 1
+        // (2.25..4.25) is in flight: 4.25 + 1.
+        assert_eq!(b1.per_step, vec![(12.0, 6.0, 4), (5.25, 5.25, 4)]);
+        assert_eq!((b1.lost, b1.computed, b1.aggregated, b1.nominal), (4, 12, 8, 12));
+        assert!((b1.drop_rate - 4.0 / 12.0).abs() < 1e-15);
+        let want = (8.0 / 12.0) * (12.0 + 5.25) / 2.0 / ((6.0 + 5.25) / 2.0) - 1.0;
+        assert!((b1.effective_speedup - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn drop_policies_are_the_dropcompute_replay() {
+        for (p, check) in
+            [(Policy::DropBefore, CheckMode::BeforeMicroBatch), (Policy::DropPredictive, CheckMode::Predictive)]
+        {
+            let r = replay_policy(
+                &trace(),
+                &PolicyRun::new(PolicyParams::new(p), Threshold::Fixed(Duration::from_nanos(3)), exec(check)),
+            );
+            let d = super::super::replay::replay(&trace(), Threshold::Fixed(Duration::from_nanos(3)), &exec(check));
+            assert_eq!(r.per_step, d.per_step);
+            assert_eq!(r.started, d.started);
+        }
+        // Before-check at 3: step 0 ranks start (2, 2, 1): rank 2 sees 5 >= 3 after mb 0.
+        let r = replay_policy(&trace(), &run(PolicyParams::new(Policy::DropBefore), Some(3)));
+        assert_eq!(&r.started[..3], &[2, 2, 1]);
+        assert_eq!(r.per_step[0], (12.0, 6.0, 5));
+    }
+
+    #[test]
+    fn compute_budget_lets_fast_ranks_compute_beyond_m_from_their_own_latencies() {
+        // Budget 4 ns, cap 4: rank 0 of step 1 has latencies (1, 1): it starts while elapsed <
+        // 4: 4 micro-batches, each extra one drawn from its own (1, 1): ends at 4.
+        let p = PolicyParams {
+            budget_ms: Some(4e-6),
+            budget_max_micro_batches: Some(4),
+            ..PolicyParams::new(Policy::ComputeBudget)
+        };
+        let r = replay_policy(&trace(), &run(p, None));
+        assert_eq!(&r.started[3..6], &[4, 2, 2]);
+        assert_eq!(&r.assigned[..3], &[4, 4, 4]);
+        // Step 1: rank 0 ends at 4, rank 1 at 3 + 1 = 4, rank 2 0.25 + 2 + 2 = 4.25.
+        assert_eq!(r.per_step[1], (5.25, 5.25, 8));
+        assert_eq!(r.max_step_micro_batches, 8);
+        // Common random numbers: the same seed draws the same extra latencies.
+        assert_eq!(r, replay_policy(&trace(), &run(p, None)));
+    }
+
+    /// One chronic rank at twice the latency: after the tracker's 10 steps the rebalancer
+    /// gives it fewer micro-batches, the global batch constant, and the step time falls.
+    #[test]
+    fn rebalance_moves_work_off_a_chronic_rank_and_keeps_the_global_batch() {
+        let (n, m, steps) = (4usize, 8usize, 20usize);
+        let mut lat = Vec::new();
+        for _ in 0..steps {
+            for r in 0..n {
+                lat.extend(std::iter::repeat_n(if r == 1 { 2.0 } else { 1.0 }, m));
+            }
+        }
+        let t = LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
+            .expect("valid");
+        let p = PolicyParams { rebalance: RebalanceConfig::default(), ..PolicyParams::new(Policy::Rebalance) };
+        let r = replay_policy(&t, &run(p, None));
+        assert!(r.per_step.iter().all(|x| x.2 == (n * m) as u64), "global batch constant");
+        assert_eq!(r.lost, 0);
+        // Steps 0..10 synchronous (16 ns); from step 10: rank 1 gets 5 (10 ns), the others
+        // 9, 9, 9 (9 ns).
+        assert_eq!(r.per_step[9], (16.0, 16.0, 32));
+        assert_eq!(&r.assigned[10 * n..11 * n], &[9, 5, 9, 9]);
+        assert_eq!(r.per_step[10], (16.0, 10.0, 32));
+        let want = (10.0 * 16.0 + 10.0 * 16.0) / (10.0 * 16.0 + 10.0 * 10.0) - 1.0;
+        assert!((r.effective_speedup - want).abs() < 1e-12, "{}", r.effective_speedup);
+    }
+}

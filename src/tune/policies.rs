@@ -1,0 +1,227 @@
+//! Every step policy tuned and compared on one trace (`simulate`/`tune --policy`): each
+//! policy's free parameter chosen on the replay ([`crate::sim::policies::replay_policy`]) under
+//! the same guardrails as the threshold recommendation, beside the ideal (the exact search, not
+//! realizable) and the straggler-free bound.
+//!
+//! Owns: [`compare`], [`PolicyOutcome`], [`PolicyComparison`], [`ESTIMATOR_QUANTILES`]. Must not
+//! touch: I/O, clocks, devices. Pure and deterministic for a seed.
+//!
+//! Parameters searched (the best admissible effective speedup wins; ties keep the first):
+//! - drop policies and `rebalance-drop`: the threshold over the exact search's candidates (at
+//!   most [`super::recommend::MAX_REPLAYED`], as [`super::recommend`]); with the predictive
+//!   check also the estimator's quantile over [`ESTIMATOR_QUANTILES`] (a lower quantile stops
+//!   fewer micro-batches that would have fitted, a higher one overshoots less);
+//! - `compute-budget`: the budget over the same candidates (cap 2·M);
+//! - `backup-workers`: b in 0..N (b = 0 is synchronous);
+//! - `rebalance`: none (default hysteresis);
+//! - `synchronous`: none.
+//!
+//! Admissible: drop rate <= `max_drop_rate` and every step aggregates at least
+//! `min_batch_fraction` of the nominal batch; enabled: admissible and effective speedup >=
+//! `min_gain`. A policy with no admissible candidate reports the synchronous run (enabled
+//! false).
+//!
+//! The straggler-free bound: every rank as fast as the step's median rank (median over ranks
+//! of start offset + compute time), nothing dropped: mean recorded step / mean (median compute
+//! + overhead) - 1. Not a policy: what removing all imbalance would give.
+
+use std::time::Duration;
+
+use crate::policy::{CheckMode, Policy, PolicyParams, Threshold};
+use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
+use crate::trace::LatencyTrace;
+
+use super::recommend::{MAX_REPLAYED, Recommend};
+use super::search::{CandidateScore, TuneConfig, TuneReport, Verdict, tune};
+
+/// Quantiles of the predictive check's estimator the tuner tries.
+pub const ESTIMATOR_QUANTILES: [f64; 5] = [0.25, 0.5, 0.75, 0.9, 1.0];
+
+/// One policy, tuned, replayed (times in ms, counts in micro-batches).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyOutcome {
+    /// The policy.
+    pub policy: Policy,
+    /// The threshold chosen (drop policies), ms.
+    pub threshold_ms: Option<f64>,
+    /// The estimator quantile chosen (predictive check).
+    pub estimator_quantile: Option<f64>,
+    /// b chosen (backup workers).
+    pub backup_workers: Option<u32>,
+    /// The budget chosen (compute budget), ms.
+    pub budget_ms: Option<f64>,
+    /// Within the guardrails and above the minimum gain.
+    pub enabled: bool,
+    /// Replayed effective speedup (0.05 = +5 %): aggregated/nominal · recorded/policy step - 1.
+    pub effective_speedup: f64,
+    /// Replayed drop rate (fraction of the nominal micro-batches not aggregated).
+    pub drop_rate: f64,
+    /// Fewest micro-batches aggregated in a step / N·M.
+    pub min_batch_fraction: f64,
+    /// Most micro-batches aggregated in a step / N·M (above 1 under a compute budget).
+    pub max_batch_fraction: f64,
+    /// Micro-batches of the nominal batches not aggregated, over the trace.
+    pub lost_micro_batches: u64,
+    /// Micro-batches computed and discarded (backup workers).
+    pub wasted_micro_batches: u64,
+    /// Mean recorded step, ms.
+    pub baseline_step_ms: f64,
+    /// Mean replayed step, ms.
+    pub policy_step_ms: f64,
+}
+
+/// Every policy on one trace.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyComparison {
+    /// The trace.
+    pub trace: String,
+    /// N.
+    pub ranks: usize,
+    /// M.
+    pub micro_batches: usize,
+    /// Steps.
+    pub steps: usize,
+    /// One row per policy requested, in [`Policy::ALL`] order.
+    pub rows: Vec<PolicyOutcome>,
+    /// The exact search's unconstrained best (a micro-batch counts iff it ends by the
+    /// threshold): not realizable.
+    pub ideal_best: CandidateScore,
+    /// The exact search's best within the guardrails, if any: not realizable.
+    pub ideal_admissible: Option<CandidateScore>,
+    /// The straggler-free bound's effective speedup (module doc).
+    pub straggler_free_speedup: f64,
+}
+
+fn outcome(r: &PolicyReplay, n_m: f64, how: &Recommend) -> (PolicyOutcome, bool) {
+    let min_f = r.min_step_micro_batches as f64 / n_m;
+    let admissible = r.drop_rate <= how.guardrails.max_drop_rate && min_f >= how.guardrails.min_batch_fraction;
+    let o = PolicyOutcome {
+        policy: r.policy,
+        threshold_ms: None,
+        estimator_quantile: None,
+        backup_workers: None,
+        budget_ms: None,
+        enabled: admissible && r.effective_speedup >= how.guardrails.min_gain,
+        effective_speedup: r.effective_speedup,
+        drop_rate: r.drop_rate,
+        min_batch_fraction: min_f,
+        max_batch_fraction: r.max_step_micro_batches as f64 / n_m,
+        lost_micro_batches: r.lost,
+        wasted_micro_batches: r.computed.saturating_sub(r.aggregated),
+        baseline_step_ms: r.baseline_step_ns / 1e6,
+        policy_step_ms: r.policy_step_ns / 1e6,
+    };
+    (o, admissible)
+}
+
+/// The candidate thresholds: the exact search's positive candidates, at most
+/// [`MAX_REPLAYED`] evenly strided (as [`super::recommend`]).
+fn threshold_grid(ideal: &TuneReport) -> Vec<f64> {
+    let pts: Vec<f64> = ideal.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
+    let stride = pts.len().div_ceil(MAX_REPLAYED).max(1);
+    pts.into_iter().step_by(stride).collect()
+}
+
+/// The straggler-free bound (module doc).
+pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
+    let n = trace.world_size();
+    let compute = trace.rank_compute_ns();
+    let (mut base, mut free) = (0.0, 0.0);
+    for (si, row) in compute.chunks_exact(n).enumerate() {
+        let off = &trace.start_offsets_ns()[si * n..(si + 1) * n];
+        let mut t: Vec<f64> = row.iter().zip(off).map(|(c, o)| c + o).collect();
+        t.sort_by(f64::total_cmp);
+        let med = if n % 2 == 1 { t[n / 2] } else { 0.5 * (t[n / 2 - 1] + t[n / 2]) };
+        let o = trace.overhead_ns()[si];
+        base += t[n - 1] + o;
+        free += med + o;
+    }
+    if free > 0.0 { base / free - 1.0 } else { 0.0 }
+}
+
+/// Tune and replay each of `policies` on `trace` under `how` (module doc); `seed` draws the
+/// micro-batches beyond the trace's M. Never fails.
+pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed: u64) -> PolicyComparison {
+    let (n, m) = (trace.world_size(), trace.micro_batches());
+    let n_m = (n * m) as f64;
+    let ideal =
+        tune(trace, &TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches });
+    let grid = threshold_grid(&ideal);
+    let exec = how.execution;
+    let mut rows = Vec::new();
+    for &p in Policy::ALL.iter().filter(|p| policies.contains(p)) {
+        let base = PolicyRun { seed, ..PolicyRun::new(PolicyParams::new(p), Threshold::Off, exec) };
+        // Candidate runs of this policy.
+        let mut cands: Vec<PolicyRun> = Vec::new();
+        let quantiles: &[f64] = if p.drops() && p.check_mode(exec.check) == CheckMode::Predictive {
+            &ESTIMATOR_QUANTILES
+        } else {
+            &[crate::policy::LatencyEstimator::DEFAULT_QUANTILE]
+        };
+        match p {
+            Policy::Synchronous | Policy::Rebalance => cands.push(base),
+            Policy::BackupWorkers => {
+                for b in 0..n as u32 {
+                    cands.push(PolicyRun { params: PolicyParams { backup_workers: b, ..base.params }, ..base });
+                }
+            }
+            Policy::ComputeBudget => {
+                for &t in &grid {
+                    cands.push(PolicyRun { params: PolicyParams { budget_ms: Some(t / 1e6), ..base.params }, ..base });
+                }
+            }
+            _ => {
+                for &q in quantiles {
+                    for &t in &grid {
+                        let th = Threshold::Fixed(Duration::from_nanos(t.round() as u64));
+                        cands.push(PolicyRun { threshold: th, estimator_quantile: q, ..base });
+                    }
+                }
+            }
+        }
+        let mut best: Option<(PolicyOutcome, PolicyRun)> = None;
+        for c in cands {
+            let r = replay_policy(trace, &c);
+            let (o, adm) = outcome(&r, n_m, how);
+            if adm && best.as_ref().is_none_or(|(b, _)| o.effective_speedup > b.effective_speedup) {
+                best = Some((o, c));
+            }
+        }
+        let row = match best {
+            Some((mut o, c)) => {
+                if p.drops() {
+                    o.threshold_ms = c.threshold.as_ns().map(|ns| ns as f64 / 1e6);
+                    if p.check_mode(exec.check) == CheckMode::Predictive {
+                        o.estimator_quantile = Some(c.estimator_quantile);
+                    }
+                }
+                if p == Policy::BackupWorkers {
+                    o.backup_workers = Some(c.params.backup_workers);
+                }
+                if p == Policy::ComputeBudget {
+                    o.budget_ms = c.params.budget_ms;
+                }
+                o
+            }
+            None => {
+                let sync = PolicyRun { params: PolicyParams::new(Policy::Synchronous), ..base };
+                let (o, _) = outcome(&replay_policy(trace, &sync), n_m, how);
+                PolicyOutcome { policy: p, enabled: false, ..o }
+            }
+        };
+        rows.push(row);
+    }
+    PolicyComparison {
+        trace: trace.source().to_string(),
+        ranks: n,
+        micro_batches: m,
+        steps: trace.num_steps(),
+        rows,
+        ideal_best: ideal.best,
+        ideal_admissible: match ideal.verdict {
+            Verdict::Enable(c) => Some(c),
+            Verdict::Decline(_) => ideal.best_admissible,
+        },
+        straggler_free_speedup: straggler_free_speedup(trace),
+    }
+}
