@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use dropcompute::hccl::{Comm, CommOptions};
 use dropcompute::mock::{self, DeviceOverride, Fault, MockConfig, MockControl, MockRecipe, Noise, TimeMode};
+use dropcompute::policy::rebalance::RankLatencyTracker;
 use dropcompute::policy::{CheckMode, PolicyConfig, RebalanceConfig, Rebalancer, Threshold, backup_aggregated};
 use dropcompute::schedule::{
     DataSource, DropHandling, EpochQueue, GradDtype, GradientOps, GradientScratch, MicroBatch, Normalization,
-    Scheduler, SchedulerConfig, SharedSource, SkipReason, StepReport, StragglerTracker, Weighting, Workload,
-    WorkloadError, load_mock,
+    Scheduler, SchedulerConfig, SharedSource, SkipReason, StepReport, Weighting, Workload, WorkloadError, load_mock,
+    per_micro_batch_ns,
 };
 use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Runtime, Stream};
 use half::bf16;
@@ -614,7 +615,8 @@ fn over_an_epoch_every_sample_is_computed_exactly_once_when_requeued() {
 /// calls it chronic (after CHRONIC_MIN_STEPS steps), the divisor is the global computed sample
 /// count, and every sample id of the epoch is computed exactly once over all ranks, none lost.
 /// The assignments equal what the pure `policy::Rebalancer` gives when fed, step by step, a
-/// fresh `StragglerTracker` with the gathered reports (the same code the simulator calls).
+/// fresh `policy::rebalance::RankLatencyTracker` with each rank's compute time per computed
+/// micro-batch from the gathered reports (the same code and inputs `sim::policies` uses).
 #[test]
 fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_once() {
     let (n, m) = (4u32, 4u32);
@@ -657,14 +659,69 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
             assert!(runs.iter().any(|r| !r.drop_ledger.dropped.is_empty()), "the deadline drops some");
         }
         // The same decisions from the pure policy code fed with the gathered reports.
-        let mut t = StragglerTracker::new(n as usize, cfg.straggler_ewma_alpha, cfg.chronic_hit_fraction);
+        let mut t = RankLatencyTracker::new(n as usize, Default::default());
         let mut r = Rebalancer::new(n as usize, m, RebalanceConfig::default());
         for step in 0..29usize {
             let rep = &runs[0].reports[step];
-            t.observe(&rep.ranks);
-            t.observe_latencies(&rep.latencies_ns);
-            let next = r.update(&t.ewma_micro_batch_ns, &t.latency_chronic()).to_vec();
+            t.observe(&per_micro_batch_ns(rep));
+            let next = r.update(t.ewma_latency_ns(), &t.chronic()).to_vec();
             assert_eq!(next, runs[0].reports[step + 1].assignment, "step {}", step + 1);
+        }
+    }
+}
+
+/// The scheduler and the simulator make the same decisions for every policy the scheduler
+/// runs as the simulator does: a synchronous run's reports become a trace
+/// (`train::summary::run_trace`), `sim::policies::replay_policy` replays it under the policy,
+/// and its per-step, per-rank assignment and started micro-batches equal the scheduler's on
+/// the same scripted latencies (each rank at a constant latency, so a micro-batch beyond the
+/// trace's M takes the same latency in both). Backup workers are not in the list: the scheduler
+/// runs the predicted variant (`Scheduler::set_backup_workers`), the simulator the in-flight one.
+#[test]
+fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
+    use dropcompute::policy::{Policy, PolicyParams};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::sim::replay::ExecutionModel;
+    let (n, m) = (4u32, 4u32);
+    let scripts: Vec<Vec<u64>> = (0..n).map(|r| vec![if r == 1 { 25_000 } else { 10_000 }; 400]).collect();
+    let base = {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> = endless(vec![1]);
+        run(&World::new(n, base_cfg(m, 1, 4), 16, data))
+    };
+    let trace = dropcompute::train::summary::run_trace(&base[0].reports).unwrap();
+    let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow rank: 2 x 25 µs start
+    for policy in
+        [Policy::Synchronous, Policy::DropBefore, Policy::ComputeBudget, Policy::Rebalance, Policy::RebalanceDrop]
+    {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let mut cfg = base_cfg(m, 1, 4);
+        cfg.max_micro_batches = (policy != Policy::Synchronous && policy != Policy::DropBefore).then_some(2 * m);
+        cfg.policy.check = policy.check_mode(CheckMode::BeforeMicroBatch);
+        cfg.policy.threshold =
+            if policy.drops() || policy == Policy::ComputeBudget { fixed(t) } else { Threshold::Off };
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
+            Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))));
+        let mut w = World::new(n, cfg.clone(), 16, data);
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| match policy {
+            Policy::Rebalance | Policy::RebalanceDrop => {
+                s.set_rebalancer(Rebalancer::new(n as usize, m, RebalanceConfig::default())).unwrap();
+            }
+            Policy::ComputeBudget => s.set_compute_budget(),
+            _ => {}
+        }));
+        let runs = run(&w);
+        let exec = ExecutionModel { check: CheckMode::BeforeMicroBatch, warmup_steps: 0, ..ExecutionModel::default() };
+        let threshold = cfg.policy.threshold;
+        // The simulator takes the compute budget from the policy's parameters (ms).
+        let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), ..PolicyParams::new(policy) };
+        let sim = replay_policy(&trace, &PolicyRun::new(params, threshold, exec));
+        let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
+        let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
+        assert_eq!(sim.assigned, assigned, "{policy}: same assignment every step");
+        assert_eq!(sim.started, started, "{policy}: same micro-batches started every step");
+        if policy.rebalances() {
+            assert!(assigned[assigned.len() - n as usize + 1] < m, "{policy}: the slow rank shed work");
         }
     }
 }
@@ -693,14 +750,12 @@ fn backup_workers_skip_the_rank_predicted_slowest_and_b_zero_is_synchronous() {
             assert!(runs.iter().all(|r| &r.reports[step].assignment == a));
             let want = match b {
                 Some(1) if step > 0 => {
-                    let lat: Vec<f64> = (0..n as usize)
-                        .map(|r| {
-                            let rep = &runs[0].reports[0];
-                            let row = &rep.latencies_ns[r * m as usize..(r + 1) * m as usize];
-                            row.iter().sum::<f64>() / m as f64 * f64::from(m)
-                        })
-                        .collect();
-                    backup_aggregated(&lat, 1).into_iter().map(|k| if k { m } else { 0 }).collect()
+                    let mut t = RankLatencyTracker::new(n as usize, Default::default());
+                    for rep in &runs[0].reports[..step] {
+                        t.observe(&per_micro_batch_ns(rep));
+                    }
+                    let finish: Vec<f64> = t.ewma_latency_ns().iter().map(|l| l * f64::from(m)).collect();
+                    backup_aggregated(&finish, 1).into_iter().map(|k| if k { m } else { 0 }).collect()
                 }
                 _ => vec![m; n as usize],
             };

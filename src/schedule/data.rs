@@ -106,10 +106,8 @@ impl<S: DataSource> DataSource for SharedSource<S> {
     fn take_assigned(&mut self, rank: u32, assignment: &[u32]) -> Vec<MicroBatch> {
         // A step not settled (an error in between) gives its slices back first.
         self.settle(rank, &vec![0; self.slices.len()], Vec::new(), true);
-        self.slices = assignment
-            .iter()
-            .map(|&a| (0..a).map_while(|_| self.inner.next_micro_batch()).collect())
-            .collect();
+        self.slices =
+            assignment.iter().map(|&a| (0..a).map_while(|_| self.inner.next_micro_batch()).collect()).collect();
         self.slices.get(rank as usize).cloned().unwrap_or_default()
     }
 

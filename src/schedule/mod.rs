@@ -25,10 +25,8 @@ pub use divisor::divisor;
 #[cfg(feature = "mock")]
 pub use ops::load_mock;
 pub use ops::{GradientOps, GradientRecipes, GradientScratch};
-pub use report::{
-    CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SLOW_TOLERANCE, SkipReason, StepReport, StragglerTracker,
-};
-pub use step::{Scheduler, SchedulerState, Workload};
+pub use report::{CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
+pub use step::{Scheduler, SchedulerState, Workload, per_micro_batch_ns};
 
 /// Error returned by a [`Workload`] (any error type).
 pub type WorkloadError = Box<dyn std::error::Error + Send + Sync + 'static>;

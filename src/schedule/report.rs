@@ -107,12 +107,13 @@ pub struct StepReport {
     #[serde(default)]
     pub stop_requested: bool,
     /// Every rank's micro-batch latencies of this step (ns), N x S row-major by rank (S =
-    /// `SchedulerConfig::slots`, M unless a rebalancing policy needs more slots), NaN for a
+    /// `SchedulerConfig::slots`, M unless the policy needs more slots), NaN for a
     /// micro-batch not computed (identical on every rank: the tuner's input). JSON: null for NaN.
     #[serde(with = "crate::serde_nan::vec")]
     pub latencies_ns: Vec<f64>,
-    /// Micro-batches assigned to each rank in this step (N entries summing to N·M; M each
-    /// unless a rebalancing policy moved work; empty in reports written before assignments).
+    /// Micro-batches assigned to each rank in this step (N entries; M each unless the policy
+    /// moves work: rebalancing keeps the sum N·M, backup workers give 0 to the skipped ranks,
+    /// the compute budget 2·M to every rank; empty in reports written before assignments).
     #[serde(default)]
     pub assignment: Vec<u32>,
     /// This rank's micro-batches, scheduled order (computed then dropped).
@@ -195,26 +196,7 @@ pub struct StragglerTracker {
     pub hits: Vec<u64>,
     /// Exponentially weighted mean compute time per rank (ns).
     pub ewma_compute_ns: Vec<f64>,
-    /// Exponentially weighted mean micro-batch latency per rank (ns): each step's mean over
-    /// the rank's computed micro-batches (device start to end event), so it does not change
-    /// when a rebalancing policy changes how many micro-batches a rank runs. Empty in trackers
-    /// checkpointed before it existed (rebuilt from the next step). NaN (JSON null) until the
-    /// rank computed a micro-batch.
-    #[serde(default, with = "crate::serde_nan::vec")]
-    pub ewma_micro_batch_ns: Vec<f64>,
-    /// Steps in which each rank's mean micro-batch latency exceeded the step's median over
-    /// ranks by more than [`SLOW_TOLERANCE`].
-    #[serde(default)]
-    pub slow_latency_steps: Vec<u64>,
-    /// Steps fed to [`StragglerTracker::observe_latencies`].
-    #[serde(default)]
-    pub latency_steps: u64,
 }
-
-/// Relative excess of a rank's mean micro-batch latency over the step's median above which the
-/// rank is slow in that step: `tune::straggler`'s default tolerance (5 %), the same rule on
-/// per-micro-batch time.
-pub const SLOW_TOLERANCE: f64 = 0.05;
 
 /// Minimum number of steps before a rank can be flagged a chronic straggler: `tune::MIN_STEPS`,
 /// the one minimum of every straggler label (here and in `dropcompute tune`).
@@ -223,16 +205,7 @@ pub const CHRONIC_MIN_STEPS: u64 = crate::tune::MIN_STEPS as u64;
 impl StragglerTracker {
     /// A tracker for `world_size` ranks with EWMA factor `alpha` and chronic hit fraction.
     pub fn new(world_size: usize, alpha: f64, chronic_fraction: f64) -> Self {
-        Self {
-            alpha,
-            chronic_fraction,
-            steps: 0,
-            hits: vec![0; world_size],
-            ewma_compute_ns: vec![0.0; world_size],
-            ewma_micro_batch_ns: vec![f64::NAN; world_size],
-            slow_latency_steps: vec![0; world_size],
-            latency_steps: 0,
-        }
+        Self { alpha, chronic_fraction, steps: 0, hits: vec![0; world_size], ewma_compute_ns: vec![0.0; world_size] }
     }
 
     /// Feeds one step's gathered per-rank counts (ignored if the length differs).
@@ -247,57 +220,6 @@ impl StragglerTracker {
             *e = if self.steps == 0 { x } else { self.alpha * x + (1.0 - self.alpha) * *e };
         }
         self.steps += 1;
-    }
-
-    /// Feeds one step's gathered N x S latency matrix (ns, NaN for a slot not computed; S =
-    /// `latencies_ns.len() / N`): the per-rank mean micro-batch latency updates
-    /// [`StragglerTracker::ewma_micro_batch_ns`] (a rank that computed nothing keeps its value)
-    /// and [`StragglerTracker::slow_latency_steps`]. Ignored unless the length is a multiple of
-    /// N. Same on every rank (the matrix is gathered).
-    pub fn observe_latencies(&mut self, latencies_ns: &[f64]) {
-        let n = self.hits.len();
-        if n == 0 || latencies_ns.is_empty() || !latencies_ns.len().is_multiple_of(n) {
-            return;
-        }
-        let s = latencies_ns.len() / n;
-        if self.ewma_micro_batch_ns.len() != n || self.slow_latency_steps.len() != n {
-            self.ewma_micro_batch_ns = vec![f64::NAN; n];
-            self.slow_latency_steps = vec![0; n];
-            self.latency_steps = 0;
-        }
-        let means: Vec<f64> = latencies_ns
-            .chunks_exact(s)
-            .map(|row| {
-                let done: Vec<f64> = row.iter().copied().filter(|v| v.is_finite()).collect();
-                if done.is_empty() { f64::NAN } else { done.iter().sum::<f64>() / done.len() as f64 }
-            })
-            .collect();
-        let mut finite: Vec<f64> = means.iter().copied().filter(|v| v.is_finite()).collect();
-        finite.sort_by(f64::total_cmp);
-        let median = (!finite.is_empty()).then(|| finite[finite.len() / 2]);
-        for (i, &x) in means.iter().enumerate() {
-            if !x.is_finite() {
-                continue;
-            }
-            let e = &mut self.ewma_micro_batch_ns[i];
-            *e = if e.is_finite() { self.alpha * x + (1.0 - self.alpha) * *e } else { x };
-            if median.is_some_and(|m| x > (1.0 + SLOW_TOLERANCE) * m) {
-                self.slow_latency_steps[i] += 1;
-            }
-        }
-        self.latency_steps += 1;
-    }
-
-    /// One flag per rank: chronically slow per micro-batch (after at least
-    /// [`CHRONIC_MIN_STEPS`] latency steps, slow in at least the configured chronic fraction of
-    /// them). Unlike [`StragglerTracker::chronic`] this needs no drop, and does not fade once a
-    /// rebalancing policy has given the rank less work: the input of `policy::Rebalancer`.
-    pub fn latency_chronic(&self) -> Vec<bool> {
-        let n = self.hits.len();
-        if self.latency_steps < CHRONIC_MIN_STEPS || self.slow_latency_steps.len() != n {
-            return vec![false; n];
-        }
-        self.slow_latency_steps.iter().map(|&k| k as f64 / self.latency_steps as f64 >= self.chronic_fraction).collect()
     }
 
     /// Steps observed.
@@ -382,28 +304,6 @@ mod tests {
         );
         assert_eq!(t.hits, vec![0, 4, 20, 0]);
         assert!((t.ewma_compute_ns[2] - 30_000.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn latency_chronic_flags_a_rank_slow_per_micro_batch_whatever_its_count() {
-        // 3 ranks, 4 slots; rank 1 twice as slow per micro-batch but given 2 micro-batches (its
-        // compute time equals the others'): chronic by latency after CHRONIC_MIN_STEPS steps.
-        let mut t = StragglerTracker::new(3, 0.5, 0.5);
-        let nan = f64::NAN;
-        let row = [10.0, 10.0, 10.0, 10.0, 20.0, 20.0, nan, nan, 10.0, 11.0, 9.0, 10.0];
-        for k in 0..CHRONIC_MIN_STEPS {
-            assert_eq!(t.latency_chronic(), vec![false; 3], "step {k}: too few steps");
-            t.observe_latencies(&row);
-        }
-        assert_eq!(t.latency_chronic(), vec![false, true, false]);
-        assert_eq!(t.slow_latency_steps, vec![0, CHRONIC_MIN_STEPS, 0]);
-        assert!((t.ewma_micro_batch_ns[1] - 20.0).abs() < 1e-12);
-        assert!((t.ewma_micro_batch_ns[2] - 10.0).abs() < 1e-12);
-        // A rank computing nothing keeps its estimate; a bad length is ignored.
-        t.observe_latencies(&[10.0, nan, nan, nan, nan, nan, nan, nan, 10.0, nan, nan, nan]);
-        assert!((t.ewma_micro_batch_ns[1] - 20.0).abs() < 1e-12);
-        t.observe_latencies(&[1.0; 5]);
-        assert_eq!(t.latency_steps, CHRONIC_MIN_STEPS + 1);
     }
 
     #[test]

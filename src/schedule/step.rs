@@ -37,6 +37,7 @@
 use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
+use crate::policy::rebalance::RankLatencyTracker;
 use crate::policy::{Decision, LatencyEstimator, Rebalancer, Threshold, backup_aggregated, decide};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
@@ -181,6 +182,7 @@ pub struct Scheduler {
     assignment: Vec<u32>,
     rebalancer: Option<Rebalancer>,
     backup_workers: Option<u32>,
+    latency: RankLatencyTracker,
 }
 
 /// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
@@ -204,6 +206,10 @@ pub struct SchedulerState {
     /// The rebalancing state (`rebalance` policies), `None` otherwise.
     #[serde(default)]
     pub rebalancer: Option<Rebalancer>,
+    /// Per-rank micro-batch latency statistics of the policies (`None` in checkpoints written
+    /// before them: restarts empty).
+    #[serde(default)]
+    pub latency: Option<RankLatencyTracker>,
 }
 
 fn dev_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(crate::synapse::Error) -> ScheduleError {
@@ -267,6 +273,7 @@ impl Scheduler {
             assignment: vec![cfg.micro_batches; n],
             rebalancer: None,
             backup_workers: None,
+            latency: RankLatencyTracker::new(n, Default::default()),
             cfg,
             comm,
             stream,
@@ -341,6 +348,7 @@ impl Scheduler {
             last_overhead_ns: self.last_overhead_ns,
             assignment: self.assignment.clone(),
             rebalancer: self.rebalancer.clone(),
+            latency: Some(self.latency.clone()),
         }
     }
 
@@ -358,13 +366,17 @@ impl Scheduler {
         if s.rebalancer.is_some() {
             self.rebalancer = s.rebalancer;
         }
+        if let Some(t) = s.latency {
+            self.latency = t;
+        }
     }
 
     /// Lets `rebalancer` choose the per-rank micro-batch counts (the `rebalance` and
-    /// `rebalance-drop` policies): after every step it is fed the straggler tracker's
-    /// per-micro-batch latency EWMA and latency-chronic flags
-    /// ([`StragglerTracker::observe_latencies`], [`StragglerTracker::latency_chronic`]), both
-    /// built from the gathered count rows, so every rank computes the same assignment. An
+    /// `rebalance-drop` policies): after every step it is fed the per-micro-batch latency EWMA
+    /// and chronic flags of a `policy::rebalance::RankLatencyTracker` (default configuration)
+    /// that is fed each rank's mean micro-batch latency ([`per_micro_batch_ns`]) from the
+    /// gathered count rows: every rank computes the same assignment, and `sim::policies` runs
+    /// the same code on the same quantities. An
     /// assignment needing more than [`SchedulerConfig::slots`] micro-batches on a rank is not
     /// applied (the previous one stays; logged).
     ///
@@ -388,10 +400,10 @@ impl Scheduler {
         self.rebalancer = None;
     }
 
-    /// Backup workers (Chen et al. 2016, `policy::Policy::BackupWorkers`) as the device can
+    /// Backup workers (Chen et al. 2016, `policy::Policy::BackupWorkers`) as this scheduler can
     /// run them: before each step every rank predicts each rank's finish time as its
-    /// per-micro-batch latency EWMA × M (the straggler tracker, from gathered data: identical
-    /// on every rank) and `policy::backup_aggregated(predicted, b)` names the b ranks predicted
+    /// per-micro-batch latency EWMA × M (the `RankLatencyTracker`, from gathered data:
+    /// identical on every rank) and `policy::backup_aggregated(predicted, b)` names the b ranks predicted
     /// last; those are assigned 0 micro-batches (they compute nothing, join the collective, and
     /// their share of the data stays in the source), the others M. A launched graph cannot be
     /// aborted, so "drop the b slowest" must be decided before the step from predictions, not
@@ -412,7 +424,7 @@ impl Scheduler {
     fn rebalance(&mut self, step: u64) {
         if let Some(b) = self.backup_workers {
             let m = self.cfg.micro_batches;
-            let lat = &self.stragglers.ewma_micro_batch_ns;
+            let lat = self.latency.ewma_latency_ns();
             self.assignment = if lat.iter().all(|l| l.is_finite()) {
                 let predicted: Vec<f64> = lat.iter().map(|l| l * f64::from(m)).collect();
                 backup_aggregated(&predicted, b).into_iter().map(|keep| if keep { m } else { 0 }).collect()
@@ -422,14 +434,19 @@ impl Scheduler {
             return;
         }
         let Some(r) = &mut self.rebalancer else { return };
-        let chronic = self.stragglers.latency_chronic();
-        let next = r.update(&self.stragglers.ewma_micro_batch_ns, &chronic).to_vec();
+        let chronic = self.latency.chronic();
+        let next = r.update(self.latency.ewma_latency_ns(), &chronic).to_vec();
         if next == self.assignment {
             return;
         }
         let slots = self.cfg.slots();
         if next.iter().any(|&a| a > slots) {
-            tracing::warn!(step, ?next, slots, "rebalance: assignment exceeds the micro-batch slots; kept the previous one");
+            tracing::warn!(
+                step,
+                ?next,
+                slots,
+                "rebalance: assignment exceeds the micro-batch slots; kept the previous one"
+            );
             return;
         }
         debug!(step, ?next, "rebalance: new per-rank micro-batch assignment");
@@ -504,7 +521,7 @@ impl Scheduler {
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
         self.stragglers.observe(&report.ranks);
-        self.stragglers.observe_latencies(&report.latencies_ns);
+        self.latency.observe(&per_micro_batch_ns(&report));
         self.rebalance(step);
         let retune = self.retune(&report)?;
         Ok((report, retune))
@@ -854,6 +871,26 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Each rank's mean micro-batch latency in a step (ns: the sum of its computed micro-batches'
+/// device durations over their count, from the gathered N x S matrix; NaN when it computed
+/// none): the input of `RankLatencyTracker`, the quantity `sim::policies` feeds it (the sum of
+/// the micro-batch latencies walked over the number started).
+pub fn per_micro_batch_ns(report: &StepReport) -> Vec<f64> {
+    let n = report.ranks.len().max(1);
+    let s = report.latencies_ns.len() / n;
+    if s == 0 {
+        return vec![f64::NAN; report.ranks.len()];
+    }
+    report
+        .latencies_ns
+        .chunks_exact(s)
+        .map(|row| {
+            let (sum, k) = row.iter().filter(|v| v.is_finite()).fold((0.0, 0u32), |(a, k), &v| (a + v, k + 1));
+            if k > 0 { sum / f64::from(k) } else { f64::NAN }
+        })
+        .collect()
 }
 
 /// This rank's micro-batch records of one step in schedule order: the computed ones with their

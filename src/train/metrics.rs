@@ -135,9 +135,9 @@ mod tests {
         assert_eq!((v[0].threshold_ms, v[1].threshold_ms), (None, Some(5.0)));
         let bytes = to_csv(&v).expect("csv");
         let text = String::from_utf8(bytes.clone()).expect("utf8");
-        assert!(
-            text.starts_with("run,step,step_ms,compute_ms,collective_ms,computed,dropped,divisor,loss,threshold_ms,policy,assignment\n")
-        );
+        assert!(text.starts_with(
+            "run,step,step_ms,compute_ms,collective_ms,computed,dropped,divisor,loss,threshold_ms,policy,assignment\n"
+        ));
         let dir = tempfile::tempdir().expect("dir");
         let f = dir.path().join("steps.csv");
         std::fs::write(&f, bytes).expect("write");
