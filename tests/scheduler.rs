@@ -216,8 +216,11 @@ struct World {
     nan: Option<(u32, u64)>,
     host_delay: Duration,
     /// Called on every rank's scheduler before the first step (e.g. to set a policy).
-    prepare: Option<Box<dyn Fn(&mut Scheduler) + Sync>>,
+    prepare: Option<Prepare>,
 }
+
+/// A per-rank setup hook of [`World`].
+type Prepare = Box<dyn Fn(&mut Scheduler) + Sync>;
 
 impl World {
     /// `n` ranks, `steps` steps, forward latency from the scripts only, no NaN, no host delay.

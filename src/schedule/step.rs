@@ -384,7 +384,7 @@ impl Scheduler {
     /// [`ScheduleError::Config`] when the rebalancer's current assignment is invalid for this
     /// world (see [`Scheduler::set_assignment`]).
     pub fn set_rebalancer(&mut self, rebalancer: Rebalancer) -> Result<(), ScheduleError> {
-        self.set_assignment(&rebalancer.assignment().to_vec())?;
+        self.set_assignment(rebalancer.assignment())?;
         self.rebalancer = Some(rebalancer);
         Ok(())
     }
@@ -646,15 +646,14 @@ impl Scheduler {
             self.ledger.dropped.push(DropRecord { step, rank, micro_batch, sample_ids: mb.sample_ids.clone(), fate });
         }
         self.ledger.computed.extend(computed.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
-        let settled = Settled {
+        Settled {
             records: micro_batch_records(step, &computed, &dropped, compute),
             samples: computed.iter().map(MicroBatch::samples).sum(),
             tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
             dropped: dropped.len() as u32,
             dropped_samples: dropped.iter().map(MicroBatch::samples).sum(),
             dropped_mbs: dropped,
-        };
-        settled
+        }
     }
 
     /// This rank's count row: runs the non-finite check of the accumulator on the device
