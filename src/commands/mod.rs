@@ -202,6 +202,9 @@ pub fn policy_table(c: &crate::tune::policies::PolicyComparison) -> String {
         if let Some(b) = r.budget_ms {
             param.push(format!("budget {b:.3} ms"));
         }
+        if let Some(c) = r.budget_max_micro_batches {
+            param.push(format!("at most {c} micro-batches per rank"));
+        }
         let _ = writeln!(
             s,
             "  {:<16} {:>+8.2}% {:>7.2}% {:>7.1}%..{:>6.1}% {:>10}  {:<8} {}",

@@ -12,12 +12,15 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{CommandError, io_err};
+use super::{CommandError, GuardrailArgs, io_err};
 use crate::plot::{Series, line_chart};
 use crate::policy::{CheckMode, PolicyConfig, Threshold};
 use crate::sim::analytic::NormalModel;
 use crate::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
 use crate::sim::noise::{LatencyModel, Noise};
+use crate::sim::replay::ExecutionModel;
+use crate::trace::whatif::PipelineAggregation;
+use crate::tune::Recommend;
 
 /// Arguments of `dropcompute simulate`.
 #[derive(Clone, Debug, clap::Args)]
@@ -75,6 +78,26 @@ pub struct Args {
     /// SVG output (effective speedup and drop rate vs N); none if absent.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Replay these traces (the formats of `tune --trace`) instead of drawing latencies from
+    /// `--noise`: every policy of `--policy` (default all) on each trace.
+    #[arg(long = "trace", num_args = 1..)]
+    pub traces: Vec<PathBuf>,
+    /// Pipeline-parallel replica latency of what-if traces: bottleneck stage or sum.
+    #[arg(long, value_enum, default_value_t = PipelineAggregation::Bottleneck)]
+    pub pipeline: PipelineAggregation,
+    /// Compare step policies (`all` or a comma-separated list of synchronous, drop-before,
+    /// drop-predictive, backup-workers, compute-budget, rebalance, rebalance-drop): one table
+    /// per trace, or per world size of `--workers` on [`MIN_STEPS`] Monte Carlo steps drawn
+    /// from the noise model (`sim::montecarlo::sample_trace`). Each policy's parameter is
+    /// tuned on the replay under the guardrails (`tune::policies`).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// The guardrails of `--policy` (same flags and defaults as `tune` and `train`).
+    #[command(flatten)]
+    pub guardrails: GuardrailArgs,
+    /// With `--policy`: print an array of `tune::policies::PolicyComparison` as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Fewest simulated steps per world size: below it the Monte Carlo standard error is too large
@@ -200,6 +223,9 @@ pub fn run(args: &Args) -> Result<(), CommandError> {
 /// `--csv` is given. Errors: invalid arguments or model parameters, I/O, plotting.
 pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     args.validate()?;
+    if args.policy.is_some() || !args.traces.is_empty() {
+        return run_policies(args, out);
+    }
     let workers = parse_workers(&args.workers)?;
     let m = args.micro_batches;
     if let Some(&n) =
@@ -317,6 +343,44 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         .map_err(CommandError::Plot)?;
     }
     Ok(())
+}
+
+/// `--policy` / `--trace`: the per-policy tables (module [`crate::tune::policies`]).
+/// Errors: bad flags, trace errors, model parameters, output I/O.
+fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
+    let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
+    let policies = super::parse_policies(args.policy.as_deref().unwrap_or("all"))?;
+    let execution = ExecutionModel { check: args.check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
+    let how = Recommend { execution, guardrails };
+    let mut comparisons = Vec::new();
+    if args.traces.is_empty() {
+        let noise = LatencyModel::new(args.base_ms * 1e6, args.noise.clone());
+        let scenario = Scenario {
+            slow_workers: args.slow_workers,
+            slow_factor: args.slow_factor,
+            pause_every: args.pause_every,
+            pause_ns: args.pause_ms * 1e6,
+            ..Scenario::iid(noise, args.micro_batches, args.overhead_ms * 1e6)
+        };
+        for n in parse_workers(&args.workers)? {
+            if n < 2 {
+                return Err(CommandError::Args(format!("--workers {n}: --policy needs at least 2 workers")));
+            }
+            let t = crate::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
+            comparisons.push(crate::tune::policies::compare(&t, &how, &policies, args.seed));
+        }
+    } else {
+        let opts = crate::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
+        for loaded in crate::trace::load(&args.traces, &opts)? {
+            comparisons.push(crate::tune::policies::compare(&loaded.trace, &how, &policies, args.seed));
+        }
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&comparisons).map_err(|e| CommandError::Args(format!("--json: {e}")))? + "\n"
+    } else {
+        comparisons.iter().map(super::policy_table).collect()
+    };
+    out.write_all(text.as_bytes()).map_err(io_err("stdout"))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Monte Carlo simulator of DropCompute steps under noise models.
 //!
-//! Owns: [`Scenario`], [`MonteCarloConfig`], [`run`] and [`bench_simulator`]. Must not touch:
+//! Owns: [`Scenario`], [`MonteCarloConfig`], [`run`], [`sample_trace`] (the same draws as a
+//! trace, for every step policy) and [`bench_simulator`]. Must not touch:
 //! the policy itself (every per-worker stop decision is [`crate::policy::decide`]) or I/O.
 //!
 //! Method: each step draws all N x M latencies once and evaluates both the baseline (every
@@ -16,6 +17,7 @@ use super::SimError;
 use super::noise::{LatencyModel, LatencySampler};
 use super::rng;
 use crate::policy::{CheckMode, PolicyConfig, decide};
+use crate::trace::LatencyTrace;
 
 /// Workers per work unit.
 pub const BLOCK: u32 = 256;
@@ -116,6 +118,12 @@ fn quantile_of(sampler: &LatencySampler, factor: f64, q: f64, seed: u64) -> u64 
 /// Run the Monte Carlo. Errors: [`SimError::InvalidParameter`] for N, steps or M of 0, a
 /// negative/non-finite overhead, slow factor or pause, or an invalid noise model.
 pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResult, SimError> {
+    validate(scenario, cfg)?;
+    run_valid(scenario, cfg)
+}
+
+/// The parameter checks of [`run`] and [`sample_trace`].
+fn validate(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<(), SimError> {
     let bad = |what: &'static str, value: String| Err(SimError::InvalidParameter { what, value });
     if cfg.workers == 0 {
         return bad("workers", "0".into());
@@ -133,6 +141,10 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
             return bad(what, v.to_string());
         }
     }
+    Ok(())
+}
+
+fn run_valid(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResult, SimError> {
     let sampler = scenario.noise.sampler()?;
     let predictive = cfg.policy.check == CheckMode::Predictive;
     let est_healthy = predictive.then(|| quantile_of(&sampler, 1.0, cfg.estimator_quantile, cfg.seed));
@@ -152,12 +164,7 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
                 let slow = w < scenario.slow_workers;
                 let factor = if slow { scenario.slow_factor } else { 1.0 };
                 let estimate = if slow { est_slow } else { est_healthy };
-                let pause_at = if scenario.pause_every > 0 {
-                    let h = super::rng::split_seed(cfg.seed ^ 0x5EED, u64::from(w));
-                    (step % scenario.pause_every == h % scenario.pause_every).then_some((h >> 32) as u32 % m)
-                } else {
-                    None
-                };
+                let pause_at = pause_at(scenario, cfg.seed, step, w);
                 let (mut total, mut elapsed, mut started, mut running) = (0.0, 0.0, 0u32, true);
                 for k in 0..m {
                     let mut lat = sampler.sample(&mut rng) * factor;
@@ -201,6 +208,57 @@ pub fn run(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloResu
         effective_speedup: (1.0 - drop_rate) * b.mean / p.mean - 1.0,
         micro_batches_simulated: total,
     })
+}
+
+/// The latencies [`run`] draws for `workers` x `steps` (same unit streams, same order; pauses
+/// and slow workers included) as a [`LatencyTrace`] (step ids 0..steps, ranks 0..workers, start
+/// offsets 0, overhead `scenario.overhead_ns` per step), so that every step policy can be
+/// replayed on exactly the Monte Carlo's draws (`sim::policies::replay_policy`; common random
+/// numbers). Errors: as [`run`]'s parameter checks, and [`SimError::InvalidParameter`]
+/// (`trace`) if the trace cannot be built (e.g. a non-finite draw).
+pub fn sample_trace(scenario: &Scenario, workers: u32, steps: u64, seed: u64) -> Result<LatencyTrace, SimError> {
+    let cfg = MonteCarloConfig { workers, steps, seed, policy: PolicyConfig::default(), estimator_quantile: 0.9 };
+    validate(scenario, &cfg)?;
+    let sampler = scenario.noise.sampler()?;
+    let blocks = u64::from(workers.div_ceil(BLOCK));
+    let m = scenario.micro_batches;
+    let mut lat = Vec::with_capacity((steps * u64::from(workers) * u64::from(m)) as usize);
+    for u in 0..steps * blocks {
+        let (step, block) = (u / blocks, (u % blocks) as u32);
+        let mut rng = rng::stream(seed, u);
+        let lo = block * BLOCK;
+        for w in lo..(lo + BLOCK).min(workers) {
+            let factor = if w < scenario.slow_workers { scenario.slow_factor } else { 1.0 };
+            let pause_at = pause_at(scenario, seed, step, w);
+            for k in 0..m {
+                let mut l = sampler.sample(&mut rng) * factor;
+                if pause_at == Some(k) {
+                    l += scenario.pause_ns;
+                }
+                lat.push(l);
+            }
+        }
+    }
+    LatencyTrace::new(
+        format!("monte-carlo N={workers}"),
+        (0..workers).collect(),
+        (0..steps).collect(),
+        m as usize,
+        lat,
+        vec![scenario.overhead_ns; steps as usize],
+    )
+    .map_err(|e| SimError::InvalidParameter { what: "trace", value: e.to_string() })
+}
+
+/// The micro-batch before which worker `w` pauses in `step`, if it does (the scenario's
+/// worker-specific phase).
+fn pause_at(scenario: &Scenario, seed: u64, step: u64, w: u32) -> Option<u32> {
+    if scenario.pause_every > 0 {
+        let h = super::rng::split_seed(seed ^ 0x5EED, u64::from(w));
+        (step % scenario.pause_every == h % scenario.pause_every).then_some((h >> 32) as u32 % scenario.micro_batches)
+    } else {
+        None
+    }
 }
 
 /// Result of [`bench_simulator`].
@@ -332,5 +390,38 @@ mod tests {
         assert!((p.baseline_step_ns.mean - plain.baseline_step_ns.mean - 300.0).abs() < 15.0);
         assert_eq!(plain.drop_rate, 0.0);
         assert!(run(&slow, &cfg(0, 5, PolicyConfig::default())).is_err());
+    }
+
+    /// The sampled trace holds exactly the Monte Carlo's draws: replayed with the check before
+    /// each micro-batch (no warm-up, no offsets) it gives the Monte Carlo's step times and drop
+    /// rate.
+    #[test]
+    fn sample_trace_replays_to_the_monte_carlo_figures() {
+        use crate::sim::replay::{ExecutionModel, replay};
+        let noise = LatencyModel::new(1e6, latency_noise::Noise::Reference { delay_factor: 1.0 });
+        let sc = Scenario {
+            slow_workers: 1,
+            slow_factor: 1.5,
+            pause_every: 3,
+            pause_ns: 2e6,
+            ..Scenario::iid(noise, 6, 1e6)
+        };
+        let c = cfg(300, 40, fixed(7e6));
+        let mc = run(&sc, &c).expect("run");
+        let t = sample_trace(&sc, 300, 40, c.seed).expect("trace");
+        assert_eq!((t.world_size(), t.micro_batches(), t.num_steps()), (300, 6, 40));
+        let exec =
+            ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
+        let r = replay(&t, c.policy.threshold, &exec);
+        let rel = |a: f64, b: f64| ((a - b) / b).abs();
+        assert!(
+            rel(r.baseline_step_ns, mc.baseline_step_ns.mean) < 1e-12,
+            "{} {}",
+            r.baseline_step_ns,
+            mc.baseline_step_ns.mean
+        );
+        assert!(rel(r.policy_step_ns, mc.policy_step_ns.mean) < 1e-12);
+        assert!((r.drop_rate - mc.drop_rate).abs() < 1e-12);
+        assert!(mc.drop_rate > 0.0);
     }
 }

@@ -11,13 +11,14 @@
 //!   most [`super::recommend::MAX_REPLAYED`], as [`super::recommend`]); with the predictive
 //!   check also the estimator's quantile over [`ESTIMATOR_QUANTILES`] (a lower quantile stops
 //!   fewer micro-batches that would have fitted, a higher one overshoots less);
-//! - `compute-budget`: the budget over the same candidates (cap 2·M);
+//! - `compute-budget`: the budget over the same candidates and the per-rank cap over M..=2·M
+//!   (fast ranks refill, within the budget, what slow ranks drop);
 //! - `backup-workers`: b in 0..N (b = 0 is synchronous);
 //! - `rebalance`: none (default hysteresis);
 //! - `synchronous`: none.
 //!
-//! Admissible: drop rate <= `max_drop_rate` and every step aggregates at least
-//! `min_batch_fraction` of the nominal batch; enabled: admissible and effective speedup >=
+//! Admissible: drop rate <= `max_drop_rate`, every step aggregates at least
+//! `min_batch_fraction` and at most [`MAX_BATCH_FRACTION`] of the nominal batch; enabled: admissible and effective speedup >=
 //! `min_gain`. A policy with no admissible candidate reports the synchronous run (enabled
 //! false).
 //!
@@ -34,6 +35,11 @@ use crate::trace::LatencyTrace;
 use super::recommend::{MAX_REPLAYED, Recommend};
 use super::search::{CandidateScore, TuneConfig, TuneReport, Verdict, tune};
 
+/// Largest admissible fraction of the nominal batch aggregated in one step: a step never
+/// aggregates more than the nominal N·M micro-batches (the learning rate is set for that
+/// batch). Binds only the compute budget, whose fast ranks refill what slow ranks drop.
+pub const MAX_BATCH_FRACTION: f64 = 1.0;
+
 /// Quantiles of the predictive check's estimator the tuner tries.
 pub const ESTIMATOR_QUANTILES: [f64; 5] = [0.25, 0.5, 0.75, 0.9, 1.0];
 
@@ -46,6 +52,8 @@ pub struct PolicyOutcome {
     pub threshold_ms: Option<f64>,
     /// The estimator quantile chosen (predictive check).
     pub estimator_quantile: Option<f64>,
+    /// Per-rank micro-batch cap chosen (compute budget).
+    pub budget_max_micro_batches: Option<u32>,
     /// b chosen (backup workers).
     pub backup_workers: Option<u32>,
     /// The budget chosen (compute budget), ms.
@@ -94,18 +102,22 @@ pub struct PolicyComparison {
 
 fn outcome(r: &PolicyReplay, n_m: f64, how: &Recommend) -> (PolicyOutcome, bool) {
     let min_f = r.min_step_micro_batches as f64 / n_m;
-    let admissible = r.drop_rate <= how.guardrails.max_drop_rate && min_f >= how.guardrails.min_batch_fraction;
+    let max_f = r.max_step_micro_batches as f64 / n_m;
+    let admissible = r.drop_rate <= how.guardrails.max_drop_rate
+        && min_f >= how.guardrails.min_batch_fraction
+        && max_f <= MAX_BATCH_FRACTION;
     let o = PolicyOutcome {
         policy: r.policy,
         threshold_ms: None,
         estimator_quantile: None,
         backup_workers: None,
+        budget_max_micro_batches: None,
         budget_ms: None,
         enabled: admissible && r.effective_speedup >= how.guardrails.min_gain,
         effective_speedup: r.effective_speedup,
         drop_rate: r.drop_rate,
         min_batch_fraction: min_f,
-        max_batch_fraction: r.max_step_micro_batches as f64 / n_m,
+        max_batch_fraction: max_f,
         lost_micro_batches: r.lost,
         wasted_micro_batches: r.computed.saturating_sub(r.aggregated),
         baseline_step_ms: r.baseline_step_ns / 1e6,
@@ -166,8 +178,15 @@ pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed:
                 }
             }
             Policy::ComputeBudget => {
-                for &t in &grid {
-                    cands.push(PolicyRun { params: PolicyParams { budget_ms: Some(t / 1e6), ..base.params }, ..base });
+                for cap in m as u32..=2 * m as u32 {
+                    for &t in &grid {
+                        let params = PolicyParams {
+                            budget_ms: Some(t / 1e6),
+                            budget_max_micro_batches: Some(cap),
+                            ..base.params
+                        };
+                        cands.push(PolicyRun { params, ..base });
+                    }
                 }
             }
             _ => {
@@ -200,6 +219,7 @@ pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed:
                 }
                 if p == Policy::ComputeBudget {
                     o.budget_ms = c.params.budget_ms;
+                    o.budget_max_micro_batches = c.params.budget_max_micro_batches;
                 }
                 o
             }

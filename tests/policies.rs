@@ -1,0 +1,156 @@
+//! `tune --policy` and `simulate --policy`: the per-policy tables on the shipped what-if traces
+//! (copies in data/traces), read back from `--json` and checked against direct replays.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dropcompute::policy::{CheckMode, Policy, PolicyParams, Threshold};
+use dropcompute::sim::policies::{PolicyRun, replay_policy};
+use dropcompute::sim::replay::ExecutionModel;
+use dropcompute::trace::{LoadOptions, load};
+use dropcompute::tune::policies::PolicyComparison;
+
+fn trace(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/traces").join(name)
+}
+
+#[derive(clap::Parser)]
+struct Tune {
+    #[command(flatten)]
+    args: dropcompute::commands::tune::Args,
+}
+
+#[derive(clap::Parser)]
+struct Simulate {
+    #[command(flatten)]
+    args: dropcompute::commands::simulate::Args,
+}
+
+fn tune_json(extra: &[&str]) -> Vec<PolicyComparison> {
+    let mut v = vec!["tune", "--json"];
+    v.extend_from_slice(extra);
+    let args = <Tune as clap::Parser>::try_parse_from(v).expect("flags").args;
+    let mut out = Vec::new();
+    dropcompute::commands::tune::run_to(&args, &mut out).expect("tune");
+    serde_json::from_slice(&out).expect("tune --policy --json reads back")
+}
+
+fn simulate_out(extra: &[&str]) -> Vec<u8> {
+    let mut v = vec!["simulate"];
+    v.extend_from_slice(extra);
+    let args = <Simulate as clap::Parser>::try_parse_from(v).expect("flags").args;
+    let mut out = Vec::new();
+    dropcompute::commands::simulate::run_to(&args, &mut out).expect("simulate");
+    out
+}
+
+/// Every row of the table is the replay of the parameter it prints, within the guardrails when
+/// enabled; synchronous is exactly 0; backup workers with b = 0 is exactly synchronous.
+#[test]
+fn every_row_is_the_replay_of_its_printed_parameter() {
+    let se = trace("trace-SE.csv.gz");
+    let st = trace("trace-ST.csv.gz");
+    let cs = tune_json(&["--trace", se.to_str().unwrap(), st.to_str().unwrap(), "--policy", "all"]);
+    assert_eq!(cs.len(), 2);
+    let loaded = load(&[se, st], &LoadOptions::default()).expect("load");
+    let exec = ExecutionModel { warmup_steps: 0, ..ExecutionModel::default() };
+    for (c, l) in cs.iter().zip(&loaded) {
+        let t = &l.trace;
+        assert_eq!(c.rows.iter().map(|r| r.policy).collect::<Vec<_>>(), Policy::ALL.to_vec());
+        assert_eq!(c.rows[0].effective_speedup, 0.0);
+        for r in &c.rows {
+            if r.enabled {
+                assert!(r.drop_rate <= 0.10 && r.min_batch_fraction >= 0.75 && r.effective_speedup >= 0.02, "{r:?}");
+                assert!(r.max_batch_fraction <= 1.0, "{r:?}");
+            }
+            let th = r
+                .threshold_ms
+                .map_or(Threshold::Off, |ms| Threshold::Fixed(Duration::from_nanos((ms * 1e6).round() as u64)));
+            let params = PolicyParams {
+                backup_workers: r.backup_workers.unwrap_or(1),
+                budget_ms: r.budget_ms,
+                budget_max_micro_batches: r.budget_max_micro_batches,
+                ..PolicyParams::new(r.policy)
+            };
+            let mut run = PolicyRun::new(params, th, exec);
+            if let Some(q) = r.estimator_quantile {
+                run.estimator_quantile = q;
+            }
+            if !r.enabled && r.effective_speedup == 0.0 && r.drop_rate == 0.0 {
+                continue; // declined without an admissible candidate: the synchronous figures
+            }
+            let p = replay_policy(t, &run);
+            assert!((p.effective_speedup - r.effective_speedup).abs() < 1e-9, "{r:?} vs {}", p.effective_speedup);
+            assert!((p.drop_rate - r.drop_rate).abs() < 1e-12, "{r:?}");
+            assert_eq!(p.lost, r.lost_micro_batches);
+        }
+        // A straggler-free bound is an upper bound on no-drop policies that keep the batch.
+        assert!(c.straggler_free_speedup >= c.rows[5].effective_speedup - 1e-12);
+    }
+    // trace-SE drops profitably, trace-ST (structural, two ranks) does not.
+    assert!(cs[0].rows[1].enabled && cs[0].rows[1].effective_speedup > 0.05, "{:?}", cs[0].rows[1]);
+    assert!(!cs[1].rows[1].enabled);
+    let b0 = replay_policy(
+        &loaded[0].trace,
+        &PolicyRun::new(
+            PolicyParams { backup_workers: 0, ..PolicyParams::new(Policy::BackupWorkers) },
+            Threshold::Off,
+            exec,
+        ),
+    );
+    let sync =
+        replay_policy(&loaded[0].trace, &PolicyRun::new(PolicyParams::new(Policy::Synchronous), Threshold::Off, exec));
+    assert_eq!(b0.per_step, sync.per_step);
+    assert_eq!(b0.effective_speedup.to_bits(), sync.effective_speedup.to_bits());
+}
+
+/// `simulate --trace --policy --json` is the same comparison as `tune` (same check mode), and
+/// a policy list selects rows; the text table names each row, the ideal and the bound.
+#[test]
+fn simulate_trace_policy_matches_tune_and_prints_the_table() {
+    let se = trace("trace-SE.csv.gz");
+    let list = "rebalance,drop-before,backup-workers";
+    let from_tune = tune_json(&["--trace", se.to_str().unwrap(), "--policy", list, "--check", "before"]);
+    let out = simulate_out(&["--trace", se.to_str().unwrap(), "--policy", list, "--json"]);
+    let from_sim: Vec<PolicyComparison> = serde_json::from_slice(&out).expect("simulate --json reads back");
+    assert_eq!(from_sim, from_tune);
+    assert_eq!(
+        from_sim[0].rows.iter().map(|r| r.policy).collect::<Vec<_>>(),
+        vec![Policy::DropBefore, Policy::BackupWorkers, Policy::Rebalance]
+    );
+    let text = String::from_utf8(simulate_out(&["--trace", se.to_str().unwrap(), "--policy", "drop-before"])).unwrap();
+    for want in ["drop-before", "ideal", "straggler-free", "trace-SE"] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    // A bad policy name is refused, naming it.
+    let args = <Simulate as clap::Parser>::try_parse_from(["simulate", "--policy", "drop-after"]).unwrap().args;
+    let e = dropcompute::commands::simulate::run_to(&args, &mut Vec::new()).expect_err("bad name").to_string();
+    assert!(e.contains("drop-after") && e.contains("rebalance-drop"), "{e}");
+}
+
+/// Monte Carlo: one slow worker at 2x (8 workers, 100 steps, the first 10 before the tracker
+/// labels it): rebalancing recovers most of the loss without losing a sample; dropping stays
+/// within the guardrail by dropping about half of the slow worker's share.
+#[test]
+fn monte_carlo_policy_table_with_a_chronic_slow_worker() {
+    let out = simulate_out(&[
+        "--workers",
+        "8",
+        "--noise",
+        "normal:0.05",
+        "--slow-workers",
+        "1",
+        "--slow-factor",
+        "2",
+        "--policy",
+        "synchronous,drop-before,rebalance",
+        "--json",
+    ]);
+    let c: Vec<PolicyComparison> = serde_json::from_slice(&out).expect("read back");
+    assert_eq!((c[0].ranks, c[0].micro_batches, c[0].steps), (8, 12, 100));
+    let (sync, drop, reb) = (&c[0].rows[0], &c[0].rows[1], &c[0].rows[2]);
+    assert_eq!(sync.effective_speedup, 0.0);
+    assert_eq!(reb.lost_micro_batches, 0);
+    assert!(reb.effective_speedup > 0.4 && reb.drop_rate == 0.0, "{reb:?}");
+    assert!(drop.drop_rate <= 0.10 && drop.drop_rate > 0.04 && drop.lost_micro_batches > 0, "{drop:?}");
+    let _ = CheckMode::Predictive;
+}
