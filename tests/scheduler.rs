@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use dropcompute::hccl::{Comm, CommOptions};
 use dropcompute::mock::{self, DeviceOverride, Fault, MockConfig, MockControl, MockRecipe, Noise, TimeMode};
-use dropcompute::policy::{CheckMode, PolicyConfig, Threshold};
+use dropcompute::policy::rebalance::RankLatencyTracker;
+use dropcompute::policy::{CheckMode, PolicyConfig, RebalanceConfig, Rebalancer, Threshold, backup_aggregated};
 use dropcompute::schedule::{
     DataSource, DropHandling, EpochQueue, GradDtype, GradientOps, GradientScratch, MicroBatch, Normalization,
-    Scheduler, SchedulerConfig, SkipReason, StepReport, Weighting, Workload, WorkloadError, load_mock,
+    Scheduler, SchedulerConfig, SharedSource, SkipReason, StepReport, Weighting, Workload, WorkloadError, load_mock,
+    per_micro_batch_ns,
 };
 use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Runtime, Stream};
 use half::bf16;
@@ -213,7 +215,12 @@ struct World {
     data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
     nan: Option<(u32, u64)>,
     host_delay: Duration,
+    /// Called on every rank's scheduler before the first step (e.g. to set a policy).
+    prepare: Option<Prepare>,
 }
+
+/// A per-rank setup hook of [`World`].
+type Prepare = Box<dyn Fn(&mut Scheduler) + Sync>;
 
 impl World {
     /// `n` ranks, `steps` steps, forward latency from the scripts only, no NaN, no host delay.
@@ -223,7 +230,7 @@ impl World {
         steps: u64,
         data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
     ) -> Self {
-        Self { n, cfg, steps, fwd_base_ns: 0, data, nan: None, host_delay: Duration::ZERO }
+        Self { n, cfg, steps, fwd_base_ns: 0, data, nan: None, host_delay: Duration::ZERO, prepare: None }
     }
 }
 
@@ -240,6 +247,9 @@ fn run(w: &World) -> Vec<RankRun> {
                     let comm = Comm::init_rank(&dev, w.n, &id, rank, opts).unwrap();
                     let ops = GradientOps::mock(rt, w.cfg.gradient_len, w.cfg.grad_dtype).unwrap();
                     let mut sched = Scheduler::new(comm, w.cfg.clone(), ops).unwrap();
+                    if let Some(p) = &w.prepare {
+                        p(&mut sched);
+                    }
                     let mut work =
                         TestWork::new(rt, sched.stream(), w.cfg.gradient_len, w.cfg.grad_dtype, w.fwd_base_ns);
                     work.host_delay = w.host_delay;
@@ -600,6 +610,168 @@ fn over_an_epoch_every_sample_is_computed_exactly_once_when_requeued() {
             }
         }
     }
+}
+
+/// Rebalance (+ drop) over a whole epoch of one global stream (`SharedSource`) with rank 2
+/// three times slower per micro-batch: every rank reports the same assignment each step, it
+/// always sums to N·M (global batch kept), rank 2 gets fewer micro-batches once the tracker
+/// calls it chronic (after CHRONIC_MIN_STEPS steps), the divisor is the global computed sample
+/// count, and every sample id of the epoch is computed exactly once over all ranks, none lost.
+/// The assignments equal what the pure `policy::Rebalancer` gives when fed, step by step, a
+/// fresh `policy::rebalance::RankLatencyTracker` with each rank's compute time per computed
+/// micro-batch from the gathered reports (the same code and inputs `sim::policies` uses).
+#[test]
+fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_once() {
+    let (n, m) = (4u32, 4u32);
+    let samples = 2 * 4 * 4 * 24; // 24 full steps of micro-batches of 2
+    let scripts: Vec<Vec<u64>> = (0..n)
+        .map(|r| {
+            let base = if r == 2 { 3_000 } else { 1_000 };
+            (0..400u64).map(|i| base + (i * 7919 + u64::from(r) * 104_729) % 97).collect()
+        })
+        .collect();
+    for threshold in [Threshold::Off, fixed(6_000)] {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let mut cfg = base_cfg(m, 2, 4);
+        cfg.max_micro_batches = Some(2 * m);
+        cfg.policy.threshold = threshold;
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
+            Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..samples).collect(), 2))));
+        let mut w = World::new(n, cfg.clone(), 30, data);
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| {
+            s.set_rebalancer(Rebalancer::new(n as usize, m, RebalanceConfig::default())).unwrap();
+        }));
+        let runs = run(&w);
+        for step in 0..30usize {
+            let a = &runs[0].reports[step].assignment;
+            assert!(runs.iter().all(|r| &r.reports[step].assignment == a), "step {step}: ranks agree on {a:?}");
+            assert_eq!(a.iter().sum::<u32>(), n * m, "step {step}: global batch kept");
+            let rep = &runs[0].reports[step];
+            if rep.skip.is_none() {
+                assert_eq!(rep.divisor, rep.global_samples() as f64, "step {step}: divisor = computed samples");
+            }
+        }
+        let first = &runs[0].reports[0].assignment;
+        assert_eq!(first, &vec![m; n as usize]);
+        let last = &runs[0].reports[20].assignment;
+        assert!(last[2] < m && last.iter().enumerate().all(|(r, &a)| r == 2 || a >= m), "{last:?}");
+        let mut computed: Vec<u64> = runs.iter().flat_map(|r| r.drop_ledger.computed.iter().copied()).collect();
+        computed.sort_unstable();
+        assert_eq!(computed, (0..samples).collect::<Vec<_>>(), "{threshold:?}: every sample exactly once");
+        if threshold != Threshold::Off {
+            assert!(runs.iter().any(|r| !r.drop_ledger.dropped.is_empty()), "the deadline drops some");
+        }
+        // The same decisions from the pure policy code fed with the gathered reports.
+        let mut t = RankLatencyTracker::new(n as usize, Default::default());
+        let mut r = Rebalancer::new(n as usize, m, RebalanceConfig::default());
+        for step in 0..29usize {
+            let rep = &runs[0].reports[step];
+            t.observe(&per_micro_batch_ns(rep));
+            let next = r.update(t.ewma_latency_ns(), &t.chronic()).to_vec();
+            assert_eq!(next, runs[0].reports[step + 1].assignment, "step {}", step + 1);
+        }
+    }
+}
+
+/// The scheduler and the simulator make the same decisions for every policy the scheduler
+/// runs as the simulator does: a synchronous run's reports become a trace
+/// (`train::summary::run_trace`), `sim::policies::replay_policy` replays it under the policy,
+/// and its per-step, per-rank assignment and started micro-batches equal the scheduler's on
+/// the same scripted latencies (each rank at a constant latency, so a micro-batch beyond the
+/// trace's M takes the same latency in both). Backup workers are not in the list: the scheduler
+/// runs the predicted variant (`Scheduler::set_backup_workers`), the simulator the in-flight one.
+#[test]
+fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
+    use dropcompute::policy::{Policy, PolicyParams};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::sim::replay::ExecutionModel;
+    let (n, m) = (4u32, 4u32);
+    let scripts: Vec<Vec<u64>> = (0..n).map(|r| vec![if r == 1 { 25_000 } else { 10_000 }; 400]).collect();
+    let base = {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> = endless(vec![1]);
+        run(&World::new(n, base_cfg(m, 1, 4), 16, data))
+    };
+    let trace = dropcompute::train::summary::run_trace(&base[0].reports).unwrap();
+    let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow rank: 2 x 25 µs start
+    for policy in
+        [Policy::Synchronous, Policy::DropBefore, Policy::ComputeBudget, Policy::Rebalance, Policy::RebalanceDrop]
+    {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let mut cfg = base_cfg(m, 1, 4);
+        cfg.max_micro_batches = (policy != Policy::Synchronous && policy != Policy::DropBefore).then_some(2 * m);
+        cfg.policy.check = policy.check_mode(CheckMode::BeforeMicroBatch);
+        cfg.policy.threshold =
+            if policy.drops() || policy == Policy::ComputeBudget { fixed(t) } else { Threshold::Off };
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
+            Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))));
+        let mut w = World::new(n, cfg.clone(), 16, data);
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| match policy {
+            Policy::Rebalance | Policy::RebalanceDrop => {
+                s.set_rebalancer(Rebalancer::new(n as usize, m, RebalanceConfig::default())).unwrap();
+            }
+            Policy::ComputeBudget => s.set_compute_budget(),
+            _ => {}
+        }));
+        let runs = run(&w);
+        let exec = ExecutionModel { check: CheckMode::BeforeMicroBatch, warmup_steps: 0, ..ExecutionModel::default() };
+        let threshold = cfg.policy.threshold;
+        // The simulator takes the compute budget from the policy's parameters (ms).
+        let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), ..PolicyParams::new(policy) };
+        let sim = replay_policy(&trace, &PolicyRun::new(params, threshold, exec));
+        let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
+        let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
+        assert_eq!(sim.assigned, assigned, "{policy}: same assignment every step");
+        assert_eq!(sim.started, started, "{policy}: same micro-batches started every step");
+        if policy.rebalances() {
+            assert!(assigned[assigned.len() - n as usize + 1] < m, "{policy}: the slow rank shed work");
+        }
+    }
+}
+
+/// Backup workers as the device runs them: the rank predicted slowest (per-micro-batch
+/// latency EWMA × M, `policy::backup_aggregated`) computes nothing from step 1 on, the others M;
+/// every rank agrees; b = 0 runs every rank (and equals the synchronous run bitwise).
+#[test]
+fn backup_workers_skip_the_rank_predicted_slowest_and_b_zero_is_synchronous() {
+    let (n, m) = (3u32, 3u32);
+    let scripts: Vec<Vec<u64>> =
+        (0..n).map(|r| vec![if r == 1 { 5_000 } else { 1_000 + 10 * u64::from(r) }; 200]).collect();
+    let mut params = Vec::new();
+    for b in [None, Some(0u32), Some(1)] {
+        let _g = serial(&mock_cfg(n, &scripts));
+        let cfg = base_cfg(m, 1, 4);
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
+            Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..300).collect(), 1))));
+        let mut w = World::new(n, cfg, 6, data);
+        if let Some(b) = b {
+            w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_backup_workers(b)));
+        }
+        let runs = run(&w);
+        for step in 0..6usize {
+            let a = &runs[0].reports[step].assignment;
+            assert!(runs.iter().all(|r| &r.reports[step].assignment == a));
+            let want = match b {
+                Some(1) if step > 0 => {
+                    let mut t = RankLatencyTracker::new(n as usize, Default::default());
+                    for rep in &runs[0].reports[..step] {
+                        t.observe(&per_micro_batch_ns(rep));
+                    }
+                    let finish: Vec<f64> = t.ewma_latency_ns().iter().map(|l| l * f64::from(m)).collect();
+                    backup_aggregated(&finish, 1).into_iter().map(|k| if k { m } else { 0 }).collect()
+                }
+                _ => vec![m; n as usize],
+            };
+            assert_eq!(a, &want, "b = {b:?}, step {step}");
+        }
+        if b == Some(1) {
+            assert_eq!(runs[0].reports[3].assignment, vec![m, 0, m], "rank 1 is the backup");
+            assert_eq!(runs[0].reports[3].ranks[1].computed, 0);
+        }
+        params.push(runs[0].params.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    }
+    assert_eq!(params[0], params[1], "b = 0 equals the synchronous run bitwise");
+    assert_ne!(params[0], params[2]);
 }
 
 fn median(mut v: Vec<u64>) -> u64 {

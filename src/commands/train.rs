@@ -92,6 +92,16 @@ pub struct Args {
     /// Deadline check semantics.
     #[arg(long, value_enum, default_value_t = CheckMode::Predictive)]
     pub check: CheckMode,
+    /// Step policy of the second run [default: drop-before or drop-predictive, following
+    /// --check]. synchronous: threshold off; compute-budget: the threshold is the per-step
+    /// budget, up to 2 x --micro-batches per rank; backup-workers: the --backup-workers ranks
+    /// predicted slowest skip each step; rebalance(-drop): chronic stragglers get fewer
+    /// micro-batches, the global batch kept (-drop: with the deadline).
+    #[arg(long, value_enum)]
+    pub policy: Option<crate::policy::Policy>,
+    /// b of --policy backup-workers: ranks predicted slowest that skip each step (< --ranks).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    pub backup_workers: u32,
     /// Micro-batches the deadline check may lag behind the device (0 = none).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sync_lag: u32,
@@ -270,6 +280,9 @@ impl Args {
         if base_ms > MAX_MS {
             return Err(bad("base-latency-ms", show(base_ms), format!("must be <= {MAX_MS} ms (one hour)")));
         }
+        if self.policy == Some(crate::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
+            return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
+        }
         if self.sync_lag >= micro_batches {
             return Err(bad("sync-lag", self.sync_lag, format!("must be < --micro-batches {micro_batches}")));
         }
@@ -319,7 +332,9 @@ impl Args {
             slow_ranks,
             // In (0, 1 h] by the check above, so the conversion cannot overflow.
             base_latency: Duration::from_secs_f64(base_ms / 1e3),
-            check: self.check,
+            check: self.policy.map_or(self.check, |p| p.check_mode(self.check)),
+            policy: self.policy,
+            backup_workers: self.backup_workers,
             sync_lag: self.sync_lag,
             normalization: self.normalization,
             bucket_bytes: bucket_bytes as u64,

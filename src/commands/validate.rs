@@ -267,7 +267,10 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let (base, dc) = (&r0[0], &r0[1]);
     let pred = summary::prediction(&job, base, dc.threshold_ns).ok_or(TrainError::Config {
         what: "validate",
-        value: "the baseline run has no complete step to predict from".into(),
+        value: format!(
+            "no prediction: the baseline run has no complete step, or --policy {} is not replayed by sim::replay",
+            job.cfg.policy()
+        ),
     })?;
     let measured_step = dc.wall_ns as f64 / dc.reports.len().max(1) as f64;
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();

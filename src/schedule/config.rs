@@ -66,8 +66,12 @@ pub enum GradDtype {
 /// here is rank-specific).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedulerConfig {
-    /// Micro-batches per step and rank (M, gradient accumulation steps), >= 1.
+    /// Micro-batches per step and rank (M, gradient accumulation steps), >= 1. A rebalancing
+    /// policy moves micro-batches between ranks, keeping the global `N·M` per step.
     pub micro_batches: u32,
+    /// Most micro-batches one rank may be assigned in a step (the slots of its count row and
+    /// events), `None` = M. Must be >= M; a rebalancing policy needs more than M.
+    pub max_micro_batches: Option<u32>,
     /// Nominal samples per micro-batch (b), >= 1; used by [`Normalization::Nominal`].
     pub micro_batch_size: u32,
     /// The deadline policy (threshold, check mode, warm-up, minimum micro-batches).
@@ -109,6 +113,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             micro_batches: 8,
+            max_micro_batches: None,
             micro_batch_size: 1,
             policy: PolicyConfig::default(),
             sync_lag: 0,
@@ -136,6 +141,11 @@ impl SchedulerConfig {
         if self.micro_batches == 0 {
             return bad("micro_batches", "0 (must be >= 1)".into());
         }
+        if let Some(c) = self.max_micro_batches
+            && c < self.micro_batches
+        {
+            return bad("max_micro_batches", format!("{c} (must be >= micro_batches = {})", self.micro_batches));
+        }
         if self.micro_batch_size == 0 {
             return bad("micro_batch_size", "0 (must be >= 1)".into());
         }
@@ -160,6 +170,12 @@ impl SchedulerConfig {
             return bad("threshold", "0 ns (use Threshold::Off for no deadline)".into());
         }
         Ok(())
+    }
+
+    /// Micro-batch slots per rank and step: `max_micro_batches`, or M when unset (the width of
+    /// the count row's latency block and of `StepReport::latencies_ns` per rank).
+    pub fn slots(&self) -> u32 {
+        self.max_micro_batches.unwrap_or(self.micro_batches).max(self.micro_batches)
     }
 
     /// The element ranges of the all-reduce buckets: contiguous, covering `0..gradient_len`,
@@ -189,7 +205,8 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let cases: [(SchedulerConfig, &str); 5] = [
+        let cases: [(SchedulerConfig, &str); 6] = [
+            (SchedulerConfig { max_micro_batches: Some(7), ..Default::default() }, "max_micro_batches"),
             (SchedulerConfig { micro_batches: 0, ..Default::default() }, "micro_batches"),
             (SchedulerConfig { sync_lag: 8, ..Default::default() }, "sync_lag"),
             (SchedulerConfig { gradient_len: 0, ..Default::default() }, "gradient_len"),

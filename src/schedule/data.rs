@@ -1,8 +1,10 @@
 //! Micro-batches, the rank's data source, and the ledger of dropped samples.
 //!
 //! Owns: [`MicroBatch`], the [`DataSource`] trait, [`EpochQueue`] (a ready-made source over a
-//! list of sample ids with re-queueing) and [`DropLedger`]. Must not touch: devices, sample
-//! contents (a micro-batch is a list of sample ids; the workload fetches the data).
+//! list of sample ids with re-queueing), [`SharedSource`] (every rank's replica of one global
+//! stream of micro-batches, dealt by a per-rank assignment) and [`DropLedger`]. Must not touch:
+//! devices, sample contents (a micro-batch is a list of sample ids; the workload fetches the
+//! data), the choice of the assignment (`policy::rebalance`).
 //!
 //! Why a ledger: the reference implementation does not advance the data loader for dropped
 //! micro-batches, so their samples silently move to later steps (and one pulled micro-batch is
@@ -33,14 +35,101 @@ impl MicroBatch {
     }
 }
 
-/// Where a rank's micro-batches come from. The scheduler takes up to M micro-batches at the
-/// start of each step and gives back, in order, the ones it did not start (re-queue mode).
+/// Where a rank's micro-batches come from. At the start of each step the scheduler takes this
+/// rank's assigned micro-batches ([`DataSource::take_assigned`], `assignment[rank]` of them:
+/// M for every rank unless a rebalancing policy moves work) and, once every rank's counts are
+/// known after the step's collective, settles the step ([`DataSource::settle`]), giving back
+/// in order the ones it did not start (re-queue mode).
 pub trait DataSource {
     /// The next micro-batch, `None` when the source is exhausted (end of epoch).
     fn next_micro_batch(&mut self) -> Option<MicroBatch>;
     /// Puts `dropped` back at the front, in the given order (so the first of them comes out
     /// next).
     fn requeue(&mut self, dropped: Vec<MicroBatch>);
+
+    /// This rank's micro-batches for one step: up to `assignment[rank]` (fewer when the source
+    /// runs out; none when `rank` is out of range). The default, for a per-rank source, takes
+    /// them from [`DataSource::next_micro_batch`].
+    fn take_assigned(&mut self, rank: u32, assignment: &[u32]) -> Vec<MicroBatch> {
+        let want = assignment.get(rank as usize).copied().unwrap_or(0) as usize;
+        (0..want).map_while(|_| self.next_micro_batch()).collect()
+    }
+
+    /// Ends the step after the collective: `computed[r]` is the number of micro-batches rank r
+    /// started (identical on every rank: decoded from the gathered count rows), `dropped` this
+    /// rank's not-started micro-batches in schedule order, `requeue` whether dropped
+    /// micro-batches go back (`DropHandling::Requeue`) or are discarded. The default, for a
+    /// per-rank source, requeues `dropped` when asked.
+    fn settle(&mut self, rank: u32, computed: &[u32], dropped: Vec<MicroBatch>, requeue: bool) {
+        let _ = (rank, computed);
+        if requeue && !dropped.is_empty() {
+            self.requeue(dropped);
+        }
+    }
+}
+
+/// Every rank's replica of ONE global stream of micro-batches (the inner source `S`), dealt per
+/// step by an assignment: of the step's `Σ assignment` micro-batches taken from the front of the
+/// stream, rank r gets positions `Σ_{q<r} assignment[q] ..` (its `assignment[r]`, fewer at the
+/// end of the stream). Every rank holds the same replica and is given the same assignment and
+/// the same gathered counts, so every replica stays identical without any extra communication;
+/// at [`DataSource::settle`] the not-started tail of every rank's slice goes back to the front
+/// of the stream in rank order (the fast ranks pick a slow rank's dropped work up next step).
+/// Over an epoch of the inner source every sample is therefore started exactly once (re-queue
+/// mode), whatever the assignments were.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedSource<S> {
+    /// The global stream (e.g. [`EpochQueue`] over every sample id of the epoch).
+    pub inner: S,
+    /// This step's slice of every rank (empty between steps).
+    slices: Vec<Vec<MicroBatch>>,
+}
+
+impl<S: DataSource> SharedSource<S> {
+    /// A replica over the global stream `inner`.
+    pub fn new(inner: S) -> Self {
+        Self { inner, slices: Vec::new() }
+    }
+}
+
+impl<S: DataSource> DataSource for SharedSource<S> {
+    /// The next micro-batch of the global stream (no dealing: use through
+    /// [`DataSource::take_assigned`]).
+    fn next_micro_batch(&mut self) -> Option<MicroBatch> {
+        self.inner.next_micro_batch()
+    }
+
+    fn requeue(&mut self, dropped: Vec<MicroBatch>) {
+        self.inner.requeue(dropped);
+    }
+
+    fn take_assigned(&mut self, rank: u32, assignment: &[u32]) -> Vec<MicroBatch> {
+        // A step not settled (an error in between) gives its slices back first.
+        self.settle(rank, &vec![0; self.slices.len()], Vec::new(), true);
+        self.slices =
+            assignment.iter().map(|&a| (0..a).map_while(|_| self.inner.next_micro_batch()).collect()).collect();
+        self.slices.get(rank as usize).cloned().unwrap_or_default()
+    }
+
+    /// Requeues (when `requeue`) every rank's not-started tail, rank 0's first: the replica's
+    /// own record is used, `dropped` (this rank's tail) must equal it.
+    fn settle(&mut self, _rank: u32, computed: &[u32], _dropped: Vec<MicroBatch>, requeue: bool) {
+        let slices = std::mem::take(&mut self.slices);
+        if !requeue {
+            return;
+        }
+        let back: Vec<MicroBatch> = slices
+            .into_iter()
+            .enumerate()
+            .flat_map(|(r, s)| {
+                let done = computed.get(r).copied().unwrap_or(0) as usize;
+                s.into_iter().skip(done)
+            })
+            .collect();
+        if !back.is_empty() {
+            self.inner.requeue(back);
+        }
+    }
 }
 
 /// A data source over a fixed list of sample ids, cut into micro-batches of `micro_batch_size`
@@ -141,5 +230,39 @@ mod tests {
         assert_eq!(q.next_micro_batch().unwrap(), b);
         assert_eq!(q.next_micro_batch().unwrap().sample_ids, vec![8, 9]);
         assert!(q.next_micro_batch().is_none());
+    }
+
+    #[test]
+    fn shared_source_deals_by_assignment_and_requeues_every_ranks_tail_in_rank_order() {
+        let ids: Vec<u64> = (0..40).collect();
+        let mut replicas: Vec<SharedSource<EpochQueue>> =
+            (0..3).map(|_| SharedSource::new(EpochQueue::new(ids.clone(), 2))).collect();
+        let asg = [2u32, 5, 1];
+        let slices: Vec<Vec<MicroBatch>> =
+            replicas.iter_mut().enumerate().map(|(r, s)| s.take_assigned(r as u32, &asg)).collect();
+        let flat = |v: &Vec<MicroBatch>| v.iter().flat_map(|m| m.sample_ids.clone()).collect::<Vec<_>>();
+        assert_eq!(flat(&slices[0]), vec![0, 1, 2, 3]);
+        assert_eq!(flat(&slices[1]), (4..14).collect::<Vec<_>>());
+        assert_eq!(flat(&slices[2]), vec![14, 15]);
+        // rank 0 computed 1 of 2, rank 1 computed 3 of 5, rank 2 computed 1 of 1
+        let computed = [1u32, 3, 1];
+        for (r, s) in replicas.iter_mut().enumerate() {
+            let own_tail = slices[r][computed[r] as usize..].to_vec();
+            s.settle(r as u32, &computed, own_tail, true);
+        }
+        assert!(replicas.windows(2).all(|w| w[0] == w[1]), "every replica identical");
+        let next = replicas[0].take_assigned(0, &[3, 0, 0]);
+        assert_eq!(flat(&next), vec![2, 3, 10, 11, 12, 13], "rank 0's tail, then rank 1's, in order");
+    }
+
+    #[test]
+    fn shared_source_discard_forgets_the_tails_and_per_rank_default_deals_assignment_rank() {
+        let mut s = SharedSource::new(EpochQueue::new((0..10).collect(), 1));
+        let _ = s.take_assigned(1, &[2, 2]);
+        s.settle(1, &[0, 1], Vec::new(), false);
+        assert_eq!(s.inner.remaining_samples(), 6);
+        let mut q = EpochQueue::new((0..10).collect(), 1);
+        assert_eq!(q.take_assigned(1, &[2, 3]).len(), 3);
+        assert!(q.take_assigned(5, &[2, 3]).is_empty(), "a rank out of range gets nothing");
     }
 }

@@ -106,10 +106,16 @@ pub struct StepReport {
     /// every rank): the job should stop after this step.
     #[serde(default)]
     pub stop_requested: bool,
-    /// Every rank's micro-batch latencies of this step (ns), N x M row-major by rank, NaN for a
+    /// Every rank's micro-batch latencies of this step (ns), N x S row-major by rank (S =
+    /// `SchedulerConfig::slots`, M unless the policy needs more slots), NaN for a
     /// micro-batch not computed (identical on every rank: the tuner's input). JSON: null for NaN.
     #[serde(with = "crate::serde_nan::vec")]
     pub latencies_ns: Vec<f64>,
+    /// Micro-batches assigned to each rank in this step (N entries; M each unless the policy
+    /// moves work: rebalancing keeps the sum N·M, backup workers give 0 to the skipped ranks,
+    /// the compute budget 2·M to every rank; empty in reports written before assignments).
+    #[serde(default)]
+    pub assignment: Vec<u32>,
     /// This rank's micro-batches, scheduled order (computed then dropped).
     pub micro_batches: Vec<MicroBatchRecord>,
 }

@@ -10,14 +10,16 @@
 //! phase, in the order [`Scheduler::step`] calls them:
 //! 1. `start_clock`: the compute clock starts at event `t0`, recorded after the previous
 //!    optimizer update (at the first step, now).
-//! 2. `take_micro_batches` takes up to M micro-batches from the data source;
+//! 2. `take_micro_batches` takes this rank's assigned micro-batches from the data source
+//!    (`assignment[rank]`, M unless a rebalancing policy moved work; `DataSource::take_assigned`);
 //!    `run_micro_batches` runs them under the deadline. Before micro-batch i the host waits
 //!    for the end event of micro-batch i-1-k (sync lag k) and asks `policy::decide` with the
 //!    device time elapsed since `t0` (and, in predictive mode, the rank's latency estimate). On
 //!    start: the user's recipe writes the micro-batch gradient, the scheduler accumulates it into
 //!    the f32 accumulator. On stop: the rest are left undone.
 //! 3. `update_ledger`: the computed sample ids and the dropped micro-batches go to the ledger;
-//!    the dropped ones are re-queued or discarded.
+//!    after the collective (phase 5) the data source settles the step with every rank's
+//!    computed count (`DataSource::settle`): the dropped ones are re-queued or discarded.
 //! 4. `local_row` + `issue_collective_group`: every rank, whatever it computed, issues the same
 //!    group: one in-place all-reduce (Sum) per gradient bucket, and an all-reduce (Sum) of an
 //!    N x `CountRow::len(M)` u32 matrix in which each rank fills only its own row (a gather
@@ -35,7 +37,8 @@
 use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
-use crate::policy::{Decision, LatencyEstimator, Threshold, decide};
+use crate::policy::rebalance::RankLatencyTracker;
+use crate::policy::{Decision, LatencyEstimator, Rebalancer, Threshold, backup_aggregated, decide};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
@@ -121,6 +124,8 @@ struct Settled {
     dropped: u32,
     /// Samples of the dropped micro-batches.
     dropped_samples: u64,
+    /// The dropped micro-batches, in schedule order (for [`DataSource::settle`]).
+    dropped_mbs: Vec<MicroBatch>,
 }
 
 /// The collective group of one step on this rank.
@@ -174,6 +179,10 @@ pub struct Scheduler {
     retuner: Option<Retuner>,
     last_overhead_ns: u64,
     stop_requested: bool,
+    assignment: Vec<u32>,
+    rebalancer: Option<Rebalancer>,
+    backup_workers: Option<u32>,
+    latency: RankLatencyTracker,
 }
 
 /// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
@@ -190,6 +199,17 @@ pub struct SchedulerState {
     pub ledger: DropLedger,
     /// This rank's last step overhead (ns).
     pub last_overhead_ns: u64,
+    /// Micro-batches assigned to each rank for the next step (empty in checkpoints written
+    /// before per-rank assignments: M for every rank).
+    #[serde(default)]
+    pub assignment: Vec<u32>,
+    /// The rebalancing state (`rebalance` policies), `None` otherwise.
+    #[serde(default)]
+    pub rebalancer: Option<Rebalancer>,
+    /// Per-rank micro-batch latency statistics of the policies (`None` in checkpoints written
+    /// before them: restarts empty).
+    #[serde(default)]
+    pub latency: Option<RankLatencyTracker>,
 }
 
 fn dev_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(crate::synapse::Error) -> ScheduleError {
@@ -215,7 +235,7 @@ impl Scheduler {
         let (rank, n) = (comm.rank(), comm.world_size() as usize);
         let dev = comm.device().clone();
         let e = |call| dev_err(rank, 0, call);
-        let m = cfg.micro_batches as usize;
+        let m = cfg.slots() as usize;
         let k = CountRow::len(m);
         let stream = Stream::new(&dev).map_err(e("stream create"))?;
         let p = cfg.gradient_len;
@@ -251,6 +271,10 @@ impl Scheduler {
             retuner: None,
             last_overhead_ns: 0,
             stop_requested: false,
+            assignment: vec![cfg.micro_batches; n],
+            rebalancer: None,
+            backup_workers: None,
+            latency: RankLatencyTracker::new(n, Default::default()),
             cfg,
             comm,
             stream,
@@ -323,6 +347,9 @@ impl Scheduler {
             stragglers: self.stragglers.clone(),
             ledger: self.ledger.clone(),
             last_overhead_ns: self.last_overhead_ns,
+            assignment: self.assignment.clone(),
+            rebalancer: self.rebalancer.clone(),
+            latency: Some(self.latency.clone()),
         }
     }
 
@@ -334,6 +361,127 @@ impl Scheduler {
         self.stragglers = s.stragglers;
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
+        if s.assignment.len() == self.assignment.len() {
+            self.assignment = s.assignment;
+        }
+        if s.rebalancer.is_some() {
+            self.rebalancer = s.rebalancer;
+        }
+        if let Some(t) = s.latency {
+            self.latency = t;
+        }
+    }
+
+    /// Lets `rebalancer` choose the per-rank micro-batch counts (the `rebalance` and
+    /// `rebalance-drop` policies): after every step it is fed the per-micro-batch latency EWMA
+    /// and chronic flags of a `policy::rebalance::RankLatencyTracker` (default configuration)
+    /// that is fed each rank's mean micro-batch latency ([`per_micro_batch_ns`]) from the
+    /// gathered count rows: every rank computes the same assignment, and `sim::policies` runs
+    /// the same code on the same quantities. An
+    /// assignment needing more than [`SchedulerConfig::slots`] micro-batches on a rank is not
+    /// applied (the previous one stays; logged).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Config`] when the rebalancer's current assignment is invalid for this
+    /// world (see [`Scheduler::set_assignment`]).
+    pub fn set_rebalancer(&mut self, rebalancer: Rebalancer) -> Result<(), ScheduleError> {
+        self.set_assignment(rebalancer.assignment())?;
+        self.rebalancer = Some(rebalancer);
+        Ok(())
+    }
+
+    /// The compute-budget policy (Anytime-Minibatch, `policy::Policy::ComputeBudget`): every
+    /// rank is handed [`SchedulerConfig::slots`] micro-batches per step and starts them while
+    /// the deadline allows (the threshold in force is the budget, checked before each
+    /// micro-batch as `policy::decide` does: a launched micro-batch cannot be aborted on the
+    /// device, so the compute phase overshoots the budget by at most one micro-batch). The
+    /// global batch then varies with speed; the divisor stays the global computed count.
+    pub fn set_compute_budget(&mut self) {
+        self.assignment = vec![self.cfg.slots(); self.assignment.len()];
+        self.rebalancer = None;
+    }
+
+    /// Backup workers (Chen et al. 2016, `policy::Policy::BackupWorkers`) as this scheduler can
+    /// run them: before each step every rank predicts each rank's finish time as its
+    /// per-micro-batch latency EWMA × M (the `RankLatencyTracker`, from gathered data:
+    /// identical on every rank) and `policy::backup_aggregated(predicted, b)` names the b ranks predicted
+    /// last; those are assigned 0 micro-batches (they compute nothing, join the collective, and
+    /// their share of the data stays in the source), the others M. A launched graph cannot be
+    /// aborted, so "drop the b slowest" must be decided before the step from predictions, not
+    /// after from actual finish times. Until every rank has a latency estimate, and with
+    /// b = 0, every rank runs M (synchronous).
+    pub fn set_backup_workers(&mut self, b: u32) {
+        self.backup_workers = Some(b);
+        self.rebalancer = None;
+    }
+
+    /// The rebalancer, if any (its assignment is [`Scheduler::assignment`]).
+    pub fn rebalancer(&self) -> Option<&Rebalancer> {
+        self.rebalancer.as_ref()
+    }
+
+    /// Feeds the rebalancer, if any, with the tracker's view after a step and moves to the
+    /// assignment it chooses (when it fits the slots).
+    fn rebalance(&mut self, step: u64) {
+        if let Some(b) = self.backup_workers {
+            let m = self.cfg.micro_batches;
+            let lat = self.latency.ewma_latency_ns();
+            self.assignment = if lat.iter().all(|l| l.is_finite()) {
+                let predicted: Vec<f64> = lat.iter().map(|l| l * f64::from(m)).collect();
+                backup_aggregated(&predicted, b).into_iter().map(|keep| if keep { m } else { 0 }).collect()
+            } else {
+                vec![m; self.assignment.len()]
+            };
+            return;
+        }
+        let Some(r) = &mut self.rebalancer else { return };
+        let chronic = self.latency.chronic();
+        let next = r.update(self.latency.ewma_latency_ns(), &chronic).to_vec();
+        if next == self.assignment {
+            return;
+        }
+        let slots = self.cfg.slots();
+        if next.iter().any(|&a| a > slots) {
+            tracing::warn!(
+                step,
+                ?next,
+                slots,
+                "rebalance: assignment exceeds the micro-batch slots; kept the previous one"
+            );
+            return;
+        }
+        debug!(step, ?next, "rebalance: new per-rank micro-batch assignment");
+        self.assignment = next;
+    }
+
+    /// Micro-batches each rank runs in the next step (`assignment[r]` for rank r; M for every
+    /// rank unless set). Identical on every rank.
+    pub fn assignment(&self) -> &[u32] {
+        &self.assignment
+    }
+
+    /// Sets the per-rank micro-batch counts of the following steps. Must be called with the
+    /// same value on every rank before the same step (derive it from [`StepReport`] data,
+    /// which is identical on every rank, never from local-only data).
+    ///
+    /// # Errors
+    /// [`ScheduleError::Config`] (`assignment`) unless it has one entry per rank, each at most
+    /// [`SchedulerConfig::slots`], summing to N·M (the global batch stays constant).
+    pub fn set_assignment(&mut self, assignment: &[u32]) -> Result<(), ScheduleError> {
+        let n = self.comm.world_size() as usize;
+        let (m, slots) = (u64::from(self.cfg.micro_batches), self.cfg.slots());
+        let sum: u64 = assignment.iter().map(|&a| u64::from(a)).sum();
+        if assignment.len() != n || sum != n as u64 * m || assignment.iter().any(|&a| a > slots) {
+            return Err(ScheduleError::Config {
+                what: "assignment",
+                value: format!(
+                    "{assignment:?} (must have {n} entries, each <= {slots} micro-batch slots, summing to N·M = {})",
+                    n as u64 * m
+                ),
+            });
+        }
+        self.assignment = assignment.to_vec();
+        Ok(())
     }
 
     /// Gives the communicator back (e.g. to destroy it), dropping the scheduler's buffers.
@@ -362,15 +510,20 @@ impl Scheduler {
         self.start_clock(step)?;
         let planned = self.take_micro_batches(step, data)?;
         let compute = self.run_micro_batches(step, &planned, work)?;
-        let settled = self.update_ledger(step, planned, &compute, data);
+        let mut settled = self.update_ledger(step, planned, &compute);
         let row = self.local_row(step, &compute, &settled)?;
         let collective = self.issue_collective_group(step, &row)?;
         let global = self.global_view(step)?;
+        let computed: Vec<u32> = global.rows.iter().map(|r| r.computed).collect();
+        let requeue = self.cfg.drop_handling == DropHandling::Requeue;
+        data.settle(self.comm.rank(), &computed, std::mem::take(&mut settled.dropped_mbs), requeue);
         self.rescale_and_update(step, work, &global)?;
         let end_ns = self.restart_clock(step)?;
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
         self.stragglers.observe(&report.ranks);
+        self.latency.observe(&per_micro_batch_ns(&report));
+        self.rebalance(step);
         let retune = self.retune(&report)?;
         Ok((report, retune))
     }
@@ -385,14 +538,15 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Takes up to M micro-batches from `data` (fewer when it runs out).
+    /// Takes this rank's assigned micro-batches from `data` (fewer when it runs out).
     ///
     /// # Errors
     /// [`ScheduleError::Data`] when `Weighting::Tokens` meets a micro-batch without tokens
     /// (nothing is requeued: the step fails).
     fn take_micro_batches(&mut self, step: u64, data: &mut dyn DataSource) -> Result<Vec<MicroBatch>, ScheduleError> {
-        let m = self.cfg.micro_batches as usize;
-        let planned: Vec<MicroBatch> = (0..m).map_while(|_| data.next_micro_batch()).collect();
+        let rank = self.comm.rank();
+        let mut planned = data.take_assigned(rank, &self.assignment);
+        planned.truncate(self.cfg.slots() as usize);
         if self.cfg.weighting == Weighting::Tokens && planned.iter().any(|mb| mb.tokens.is_none()) {
             return Err(ScheduleError::Data {
                 rank: self.comm.rank(),
@@ -414,7 +568,7 @@ impl Scheduler {
         work: &mut dyn Workload,
     ) -> Result<ComputePhase, ScheduleError> {
         let rank = self.comm.rank();
-        let mut phase = ComputePhase::new(self.cfg.micro_batches as usize);
+        let mut phase = ComputePhase::new(self.cfg.slots() as usize);
         let mut t0_ns: Option<u64> = None;
         let loop_start = std::time::Instant::now();
         for (i, mb) in planned.iter().enumerate() {
@@ -477,16 +631,10 @@ impl Scheduler {
     }
 
     /// The ledger update: records the sample ids of the computed micro-batches and a
-    /// [`DropRecord`] per dropped one, requeues the dropped ones to `data` under
-    /// [`DropHandling::Requeue`], and returns this rank's micro-batch records and its computed
-    /// and dropped totals.
-    fn update_ledger(
-        &mut self,
-        step: u64,
-        planned: Vec<MicroBatch>,
-        compute: &ComputePhase,
-        data: &mut dyn DataSource,
-    ) -> Settled {
+    /// [`DropRecord`] per dropped one, and returns this rank's micro-batch records, its computed
+    /// and dropped totals and the dropped micro-batches (settled with the data source after the
+    /// collective, when every rank's count is known).
+    fn update_ledger(&mut self, step: u64, planned: Vec<MicroBatch>, compute: &ComputePhase) -> Settled {
         let rank = self.comm.rank();
         let mut dropped = planned;
         let computed: Vec<MicroBatch> = dropped.drain(..compute.started).collect();
@@ -499,17 +647,14 @@ impl Scheduler {
             self.ledger.dropped.push(DropRecord { step, rank, micro_batch, sample_ids: mb.sample_ids.clone(), fate });
         }
         self.ledger.computed.extend(computed.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
-        let settled = Settled {
+        Settled {
             records: micro_batch_records(step, &computed, &dropped, compute),
             samples: computed.iter().map(MicroBatch::samples).sum(),
             tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
             dropped: dropped.len() as u32,
             dropped_samples: dropped.iter().map(MicroBatch::samples).sum(),
-        };
-        if fate == DropFate::Requeued && !dropped.is_empty() {
-            data.requeue(dropped);
+            dropped_mbs: dropped,
         }
-        settled
     }
 
     /// This rank's count row: runs the non-finite check of the accumulator on the device
@@ -542,7 +687,7 @@ impl Scheduler {
         let rank = self.comm.rank();
         let e = |call| dev_err(rank, step, call);
         {
-            let k = CountRow::len(self.cfg.micro_batches as usize);
+            let k = CountRow::len(self.cfg.slots() as usize);
             let all = self.gathered_host.as_mut_slice().map_err(e("host count vector"))?;
             all.fill(0);
             let own = all.chunks_exact_mut(k).nth(rank as usize).unwrap_or_default();
@@ -581,7 +726,7 @@ impl Scheduler {
     /// [`ScheduleError::Counts`] naming the first rank whose row does not decode.
     fn global_view(&self, step: u64) -> Result<GlobalView, ScheduleError> {
         let rank = self.comm.rank();
-        let m = self.cfg.micro_batches as usize;
+        let m = self.cfg.slots() as usize;
         let g = self.gathered_host.as_slice().map_err(dev_err(rank, step, "host count vector"))?;
         let rows = g
             .chunks(CountRow::len(m))
@@ -672,6 +817,7 @@ impl Scheduler {
             overhead_ns: global.rows.iter().map(|r| r.overhead_ns).max().unwrap_or(0),
             stop_requested: global.rows.iter().any(|r| r.stop_requested),
             latencies_ns: global.rows.iter().flat_map(CountRow::latencies_f64).collect(),
+            assignment: self.assignment.clone(),
             micro_batches,
             ranks,
         }
@@ -725,6 +871,26 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Each rank's mean micro-batch latency in a step (ns: the sum of its computed micro-batches'
+/// device durations over their count, from the gathered N x S matrix; NaN when it computed
+/// none): the input of `RankLatencyTracker`, the quantity `sim::policies` feeds it (the sum of
+/// the micro-batch latencies walked over the number started).
+pub fn per_micro_batch_ns(report: &StepReport) -> Vec<f64> {
+    let n = report.ranks.len().max(1);
+    let s = report.latencies_ns.len() / n;
+    if s == 0 {
+        return vec![f64::NAN; report.ranks.len()];
+    }
+    report
+        .latencies_ns
+        .chunks_exact(s)
+        .map(|row| {
+            let (sum, k) = row.iter().filter(|v| v.is_finite()).fold((0.0, 0u32), |(a, k), &v| (a + v, k + 1));
+            if k > 0 { sum / f64::from(k) } else { f64::NAN }
+        })
+        .collect()
 }
 
 /// This rank's micro-batch records of one step in schedule order: the computed ones with their

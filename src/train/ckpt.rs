@@ -22,7 +22,7 @@ use crate::checkpoint::{self, Checkpoint, CheckpointError};
 use crate::schedule::SchedulerState;
 
 use super::error::TrainError;
-use super::workload::EpochSource;
+use super::source::RunData;
 
 /// What a rank's checkpoint carries besides the tensors.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -32,7 +32,7 @@ pub struct RankMeta {
     /// The scheduler's state.
     pub scheduler: SchedulerState,
     /// The rank's data source.
-    pub data: EpochSource,
+    pub data: RunData,
     /// Global loss per completed step (null = none computed).
     pub losses: Vec<Option<f64>>,
 }

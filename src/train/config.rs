@@ -166,8 +166,17 @@ pub struct TrainConfig {
     pub slow_ranks: Vec<SlowRank>,
     /// Emulated micro-batch latency before noise and slowdown (> 0, <= [`MAX_MS`] ms).
     pub base_latency: Duration,
-    /// Deadline check semantics.
+    /// Deadline check semantics (the effective one: `--policy drop-before` / `drop-predictive`
+    /// / `compute-budget` force theirs, `policy::Policy::check_mode`).
     pub check: CheckMode,
+    /// `--policy`: the step policy of the second run; `None` (the default, and configurations
+    /// written before the flag) is DropCompute with `check` ([`TrainConfig::policy`]).
+    #[serde(default)]
+    pub policy: Option<crate::policy::Policy>,
+    /// `--backup-workers`: b of `--policy backup-workers` (ranks predicted slowest that skip
+    /// the step; 0 = synchronous).
+    #[serde(default = "one")]
+    pub backup_workers: u32,
     /// Micro-batches the deadline check may lag behind the device (< micro_batches).
     pub sync_lag: u32,
     /// Gradient normalisation.
@@ -201,6 +210,23 @@ pub struct TrainConfig {
     /// Guardrails of `--threshold auto` (`--max-drop-rate`, `--min-batch-fraction`,
     /// `--min-gain`: the same flags and defaults as `dropcompute tune`), each in [0, 1].
     pub guardrails: crate::tune::Guardrails,
+}
+
+/// Serde default of [`TrainConfig::backup_workers`].
+fn one() -> u32 {
+    1
+}
+
+impl TrainConfig {
+    /// The step policy of the second run: `--policy`, else DropCompute with the configured
+    /// check (`drop-before` or `drop-predictive`), today's default.
+    pub fn policy(&self) -> crate::policy::Policy {
+        use crate::policy::Policy;
+        self.policy.unwrap_or(match self.check {
+            CheckMode::BeforeMicroBatch => Policy::DropBefore,
+            CheckMode::Predictive => Policy::DropPredictive,
+        })
+    }
 }
 
 /// Serde default of [`TrainConfig::classes`] (configurations written before the flag existed).

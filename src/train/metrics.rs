@@ -11,7 +11,10 @@
 //! rank), `computed` / `dropped` (micro-batches over every rank), `divisor` (the gradient's
 //! normalization divisor: computed samples for realized normalization, N·M·b for nominal, 0 when
 //! the update was skipped), `loss` (global mean training loss; empty when no sample was
-//! computed), `threshold_ms` (deadline in force; empty when off).
+//! computed), `threshold_ms` (deadline in force; empty when off), `policy` (the run's step
+//! policy, `policy::Policy` names: "synchronous" for the baseline), `assignment` (micro-batches
+//! assigned to each rank in the step, space-separated in rank order; M each unless the policy
+//! moves work).
 #![forbid(unsafe_code)]
 
 use std::path::Path;
@@ -43,11 +46,24 @@ pub struct StepMetrics {
     pub loss: Option<f64>,
     /// Deadline in force, ms; `None` (empty cell) when off.
     pub threshold_ms: Option<f64>,
+    /// The run's step policy (`policy::Policy::name`).
+    pub policy: String,
+    /// Micro-batches assigned per rank, space-separated in rank order ([`parse_assignment`]).
+    pub assignment: String,
 }
 
-/// The rows of one run from rank 0's reports and the run's per-step losses (indexed by step:
-/// a resumed run's losses include the steps before the checkpoint).
-pub fn rows(run: &str, reports: &[StepReport], loss: &[f64]) -> Vec<StepMetrics> {
+/// The per-rank counts of an `assignment` cell.
+///
+/// # Errors
+/// The first entry that is not a u32, as its text.
+pub fn parse_assignment(cell: &str) -> Result<Vec<u32>, String> {
+    cell.split_whitespace().map(|x| x.parse::<u32>().map_err(|_| x.to_owned())).collect()
+}
+
+/// The rows of one run (`policy`: its step policy's name) from rank 0's reports and the run's
+/// per-step losses (indexed by step: a resumed run's losses include the steps before the
+/// checkpoint).
+pub fn rows(run: &str, policy: &str, reports: &[StepReport], loss: &[f64]) -> Vec<StepMetrics> {
     let ms = |ns: u64| ns as f64 / 1e6;
     reports
         .iter()
@@ -62,6 +78,8 @@ pub fn rows(run: &str, reports: &[StepReport], loss: &[f64]) -> Vec<StepMetrics>
             divisor: r.divisor,
             loss: usize::try_from(r.step).ok().and_then(|s| loss.get(s)).copied().filter(|l| l.is_finite()),
             threshold_ms: r.threshold_ns.map(ms),
+            policy: policy.to_owned(),
+            assignment: r.assignment.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
         })
         .collect()
 }
@@ -104,18 +122,22 @@ mod tests {
             compute_ns: 3_000_000,
             collective_ns: 250_000,
             step_ns: 7_000_000,
+            assignment: vec![5, 3],
             ..Default::default()
         };
-        let v = rows("dropcompute", &[r(0, None), r(1, Some(5_000_000))], &[2.5, f64::NAN]);
+        let v = rows("dropcompute", "rebalance", &[r(0, None), r(1, Some(5_000_000))], &[2.5, f64::NAN]);
+        assert_eq!((v[0].policy.as_str(), v[0].assignment.as_str()), ("rebalance", "5 3"));
+        assert_eq!(parse_assignment(&v[1].assignment), Ok(vec![5, 3]));
+        assert_eq!(parse_assignment("5 x"), Err("x".to_owned()));
         assert_eq!((v[0].compute_ms, v[0].collective_ms, v[0].step_ms), (5.5, 0.25, 7.0));
         assert_eq!((v[0].computed, v[0].dropped, v[0].divisor), (6, 2, 48.0));
         assert_eq!((v[0].loss, v[1].loss), (Some(2.5), None));
         assert_eq!((v[0].threshold_ms, v[1].threshold_ms), (None, Some(5.0)));
         let bytes = to_csv(&v).expect("csv");
         let text = String::from_utf8(bytes.clone()).expect("utf8");
-        assert!(
-            text.starts_with("run,step,step_ms,compute_ms,collective_ms,computed,dropped,divisor,loss,threshold_ms\n")
-        );
+        assert!(text.starts_with(
+            "run,step,step_ms,compute_ms,collective_ms,computed,dropped,divisor,loss,threshold_ms,policy,assignment\n"
+        ));
         let dir = tempfile::tempdir().expect("dir");
         let f = dir.path().join("steps.csv");
         std::fs::write(&f, bytes).expect("write");

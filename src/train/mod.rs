@@ -11,11 +11,12 @@
 //! `crate::launch` as threads, processes or one launcher rank), the validated configuration
 //! ([`config`]; its flags and `run` are `crate::commands::train`), and the outputs
 //! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`], [`metrics`],
-//! [`params`]; `params` is also the reader of `--init-params`).
+//! [`params`]; `params` is also the reader of `--init-params`), and a run's data source
+//! ([`source`]: per-rank shards, or one global stream dealt by the policy's assignment).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
 //! `workload`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
 //! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`}; `params` -> `mlp` only;
-//! `ckpt` -> {`error`, `workload`}; `error` -> leaf error types only (and `config`'s
+//! `ckpt` -> {`error`, `source`}; `source` -> `workload`; `error` -> leaf error types only (and `config`'s
 //! `ArgError`); `config` -> no other file of `train`. The threshold of
 //! `--threshold auto` is `crate::tune::recommend`, shared with `dropcompute tune`.
 //! Must not touch: the deadline rule (`policy`), the step loop (`schedule`), or raw FFI; the only
@@ -36,6 +37,7 @@ pub mod params;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod source;
 pub mod summary;
 pub mod timeline;
 pub mod workload;

@@ -73,6 +73,14 @@ pub struct RunReport {
     pub samples_computed: u64,
     /// Samples dropped, summed over ranks and steps.
     pub samples_dropped: u64,
+    /// The run's step policy (`policy::Policy` name; "synchronous" for the baseline; empty in
+    /// reports written before policies).
+    #[serde(default)]
+    pub policy: String,
+    /// Micro-batches assigned to each rank in the run's last step (rank order; M each unless
+    /// the policy moves work; every step's assignment is in steps.csv).
+    #[serde(default)]
+    pub assignment: Vec<u32>,
 }
 
 impl RunReport {
@@ -102,6 +110,8 @@ impl RunReport {
             steps: m.steps,
             samples_computed: m.samples_computed,
             samples_dropped: m.samples_dropped,
+            policy: String::new(),
+            assignment: Vec::new(),
         })
     }
 }
@@ -136,8 +146,15 @@ pub struct ConfigEcho {
     pub slow_ranks: Vec<(u32, f64)>,
     /// Emulated base latency of a micro-batch, ms.
     pub base_latency_ms: f64,
-    /// "before" or "predictive".
+    /// "before" or "predictive" (the effective check: a `--policy` may force it).
     pub check: String,
+    /// The second run's step policy (`--policy`, or the default DropCompute policy of the
+    /// check: "drop-before" / "drop-predictive").
+    #[serde(default)]
+    pub policy: String,
+    /// `--backup-workers` (b of the backup-workers policy).
+    #[serde(default)]
+    pub backup_workers: u32,
     /// Deadline check lag, micro-batches.
     pub sync_lag: u32,
     /// "realized" or "nominal".
@@ -192,6 +209,8 @@ impl From<&TrainConfig> for ConfigEcho {
             slow_ranks: c.slow_ranks.iter().map(|r| (r.rank, r.factor)).collect(),
             base_latency_ms: c.base_latency.as_secs_f64() * 1e3,
             check: value_name(c.check),
+            policy: c.policy().name().to_owned(),
+            backup_workers: c.backup_workers,
             sync_lag: c.sync_lag,
             normalization: value_name(c.normalization),
             bucket_bytes: c.bucket_bytes,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::hccl::{Comm, CommOptions, ReduceOp};
 use crate::launch::{self, ChildSpec, Join, Launch};
 use crate::mock::MockControl;
-use crate::policy::{PolicyConfig, Threshold};
+use crate::policy::{Policy, PolicyConfig, RebalanceConfig, Rebalancer, Threshold};
 use crate::schedule::{
     DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
@@ -28,7 +28,8 @@ use super::config::{RunLength, ThresholdArg};
 use super::error::TrainError;
 use super::job::{Job, JobSpec, RankOutcome, RunKind};
 use super::progress::Progress;
-use super::workload::{EpochSource, MlpHyper, MlpWorkload};
+use super::source::RunData;
+use super::workload::{MlpHyper, MlpWorkload};
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
 /// rank dies), 5 s abort deadline, a flight recorder of the last 15 collectives (5 steps).
@@ -106,7 +107,7 @@ fn resolve_threshold(
             let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
             let cfg = RetunerConfig { period: steps + 1, probe_steps: probe, ..RetunerConfig::default() };
             let n = job.cfg.ranks as usize;
-            match Retuner::new(cfg, n, job.cfg.micro_batches as usize) {
+            match Retuner::new(cfg, n, job.slots_of(kind) as usize) {
                 Ok(r) => (Threshold::Off, Some(r), format!("auto: tuned in-run after a {probe}-step probe")),
                 Err(e) => (Threshold::Off, None, format!("auto: {e}; threshold off")),
             }
@@ -161,9 +162,17 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         super::workload::set_latency_key(comm.device().module_id(), RUN_SETUP_STEP, super::workload::STEP_START)
             .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
         let baseline = outcomes.iter().find(|o| o.kind == RunKind::Baseline).map(|o| o.reports.as_slice());
-        let (threshold, retuner, source) = resolve_threshold(job, &comm, kind, baseline)?;
+        // The step policy of this run: the baseline is synchronous; the second run follows
+        // `--policy` (default: DropCompute with the configured check).
+        let policy = (kind == RunKind::DropCompute).then(|| cfg.policy());
+        let (threshold, retuner, source) = match policy {
+            Some(p) if !p.drops() && p != Policy::ComputeBudget => (Threshold::Off, None, format!("off ({p})")),
+            _ => resolve_threshold(job, &comm, kind, baseline)?,
+        };
+        let shares = policy.is_some_and(RunData::shares);
         let scfg = SchedulerConfig {
             micro_batches: cfg.micro_batches,
+            max_micro_batches: shares.then(|| job.slots_of(kind)),
             micro_batch_size: cfg.micro_batch_size,
             policy: PolicyConfig { threshold, check: cfg.check, warmup_steps: cfg.warmup_steps, min_micro_batches: 1 },
             sync_lag: cfg.sync_lag,
@@ -180,6 +189,16 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         if let Some(r) = retuner {
             sched.set_retuner(r);
         }
+        match policy {
+            Some(p) if p.rebalances() => sched.set_rebalancer(Rebalancer::new(
+                cfg.ranks as usize,
+                cfg.micro_batches,
+                RebalanceConfig::default(),
+            ))?,
+            Some(Policy::ComputeBudget) => sched.set_compute_budget(),
+            Some(Policy::BackupWorkers) => sched.set_backup_workers(cfg.backup_workers),
+            _ => {}
+        }
         let hyper = MlpHyper {
             shape: job.shape,
             micro_batch_size: cfg.micro_batch_size as usize,
@@ -195,7 +214,8 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             RunLength::Epochs(e) => Some(u64::from(e)),
             RunLength::Steps(_) => None,
         };
-        let mut data = EpochSource::new(
+        let mut data = RunData::for_policy(
+            policy,
             rank,
             cfg.ranks,
             job.train.len() as u64,

@@ -85,8 +85,15 @@ pub struct Prediction {
 /// samples, and an epoch's last micro-batch of a rank may be short). The per-step overhead is
 /// the baseline's ([`run_trace`]) plus its host time outside the device steps (wall time minus
 /// the sum of step times, over the steps; 0 in virtual time, where the wall time is that sum).
-/// `None` without a complete baseline step.
+/// `None` without a complete baseline step, and when the run's policy is not one `sim::replay`
+/// executes (`policy::Policy`: only `synchronous`, `drop-before` and `drop-predictive` are;
+/// backup workers, the compute budget and rebalancing are not predicted here rather than
+/// predicted wrongly).
 pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
+    use crate::policy::Policy;
+    if !matches!(job.cfg.policy(), Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive) {
+        return None;
+    }
     let reports = &baseline.reports;
     let trace = run_trace(reports)?;
     let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();
@@ -161,7 +168,15 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
         final_loss: o.loss.iter().rev().copied().find(|l| l.is_finite()).unwrap_or(f64::NAN),
         threshold: o.threshold_ns.map(Duration::from_nanos),
     };
-    Ok(RunReport::from_measurements(&m)?)
+    let mut r = RunReport::from_measurements(&m)?;
+    r.policy = match o.kind {
+        super::job::RunKind::Baseline => crate::policy::Policy::Synchronous,
+        super::job::RunKind::DropCompute => job.cfg.policy(),
+    }
+    .name()
+    .to_owned();
+    r.assignment = o.reports.last().map(|x| x.assignment.clone()).unwrap_or_default();
+    Ok(r)
 }
 
 /// The straggler attribution of run `o` (rank 0's view of the gathered counts): per rank its
@@ -304,7 +319,11 @@ pub fn write_outputs(
         let steps_taken = r0.reports.last().map_or(0, |r| r.step + 1);
         let params = super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?;
         out.write(&format!("params_{label}.safetensors"), &params)?;
-        steps.extend(super::metrics::rows(label, &r0.reports, &r0.loss));
+        let policy = match per_rank[0].kind {
+            super::job::RunKind::Baseline => crate::policy::Policy::Synchronous,
+            super::job::RunKind::DropCompute => job.cfg.policy(),
+        };
+        steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
         all_spans.push((label, spans(&per_rank)));
         series.push(Series {
             label: label.to_string(),

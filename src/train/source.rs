@@ -1,0 +1,124 @@
+//! The data source of one run of `train`: per-rank shards ([`EpochSource`], the default) or,
+//! for the policies that move micro-batches between ranks (`rebalance`, `rebalance-drop`,
+//! `compute-budget`, `backup-workers`), every rank's replica of one global epoch stream dealt
+//! by the step's assignment (`schedule::SharedSource` over an [`EpochSource`] of world size 1:
+//! the same (seed, epoch) shuffle, undealt).
+//!
+//! Owns: [`RunData`] and the choice between the two ([`RunData::for_policy`]). Must not touch:
+//! the assignment itself (`policy`, `schedule`), the shuffle and epochs (`workload::EpochSource`).
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+
+use super::workload::EpochSource;
+use crate::policy::Policy;
+use crate::schedule::{DataSource, MicroBatch, SharedSource};
+
+/// One rank's data source of a run (checkpointed with the rank).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RunData {
+    /// This rank's own shard of every epoch (round-robin deal); dropped micro-batches come
+    /// back to this rank. (Untagged: checkpoints written before [`RunData`] read back as this.)
+    PerRank(EpochSource),
+    /// The global epoch stream, dealt per step by the assignment; every rank's dropped tail
+    /// goes back to the front in rank order.
+    Shared(SharedSource<EpochSource>),
+}
+
+impl RunData {
+    /// The source of `rank` of `world_size` over `samples` samples for a run under `policy`:
+    /// [`RunData::Shared`] when the policy's per-rank micro-batch counts differ from M
+    /// ([`RunData::shares`]), else [`RunData::PerRank`].
+    pub fn for_policy(
+        policy: Option<Policy>,
+        rank: u32,
+        world_size: u32,
+        samples: u64,
+        seed: u64,
+        micro_batch_size: usize,
+        max_epochs: Option<u64>,
+    ) -> Self {
+        if policy.is_some_and(Self::shares) {
+            Self::Shared(SharedSource::new(EpochSource::new(0, 1, samples, seed, micro_batch_size, max_epochs)))
+        } else {
+            Self::PerRank(EpochSource::new(rank, world_size, samples, seed, micro_batch_size, max_epochs))
+        }
+    }
+
+    /// True for the policies whose per-rank micro-batch counts are not M every step.
+    pub fn shares(policy: Policy) -> bool {
+        policy.rebalances() || matches!(policy, Policy::ComputeBudget | Policy::BackupWorkers)
+    }
+
+    /// Sets the number of epochs after which the source ends (`EpochSource::set_max_epochs`).
+    pub fn set_max_epochs(&mut self, max_epochs: Option<u64>) {
+        match self {
+            Self::PerRank(s) => s.set_max_epochs(max_epochs),
+            Self::Shared(s) => s.inner.set_max_epochs(max_epochs),
+        }
+    }
+}
+
+impl DataSource for RunData {
+    fn next_micro_batch(&mut self) -> Option<MicroBatch> {
+        match self {
+            Self::PerRank(s) => s.next_micro_batch(),
+            Self::Shared(s) => s.next_micro_batch(),
+        }
+    }
+
+    fn requeue(&mut self, dropped: Vec<MicroBatch>) {
+        match self {
+            Self::PerRank(s) => s.requeue(dropped),
+            Self::Shared(s) => s.requeue(dropped),
+        }
+    }
+
+    fn take_assigned(&mut self, rank: u32, assignment: &[u32]) -> Vec<MicroBatch> {
+        match self {
+            Self::PerRank(s) => s.take_assigned(rank, assignment),
+            Self::Shared(s) => s.take_assigned(rank, assignment),
+        }
+    }
+
+    fn settle(&mut self, rank: u32, computed: &[u32], dropped: Vec<MicroBatch>, requeue: bool) {
+        match self {
+            Self::PerRank(s) => s.settle(rank, computed, dropped, requeue),
+            Self::Shared(s) => s.settle(rank, computed, dropped, requeue),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_replicas_deal_one_epoch_exactly_once_under_moving_assignments() {
+        // 3 ranks, 30 samples, micro-batches of 2: assignments change every step and some
+        // ranks drop their tail; every sample of epoch 0 is computed exactly once.
+        let n = 3u32;
+        let mut reps: Vec<RunData> =
+            (0..n).map(|r| RunData::for_policy(Some(Policy::Rebalance), r, n, 30, 5, 2, Some(1))).collect();
+        assert!(matches!(reps[0], RunData::Shared(_)));
+        let plans: [([u32; 3], [u32; 3]); 4] =
+            [([2, 2, 2], [2, 1, 2]), ([1, 3, 2], [1, 3, 0]), ([3, 3, 0], [3, 2, 0]), ([3, 3, 3], [3, 3, 3])];
+        let mut computed: Vec<u64> = Vec::new();
+        for (asg, done) in plans {
+            let slices: Vec<Vec<MicroBatch>> =
+                reps.iter_mut().enumerate().map(|(r, d)| d.take_assigned(r as u32, &asg)).collect();
+            for (r, d) in reps.iter_mut().enumerate() {
+                let k = (done[r] as usize).min(slices[r].len());
+                computed.extend(slices[r][..k].iter().flat_map(|m| m.sample_ids.iter().copied()));
+                d.settle(r as u32, &done, slices[r][k..].to_vec(), true);
+            }
+            assert!(reps.windows(2).all(|w| w[0] == w[1]), "replicas agree");
+        }
+        computed.sort_unstable();
+        assert_eq!(computed, (0..30).collect::<Vec<_>>());
+        assert!(reps[0].take_assigned(0, &[1, 1, 1]).is_empty(), "one epoch only");
+        assert!(matches!(RunData::for_policy(None, 0, n, 30, 5, 2, None), RunData::PerRank(_)));
+        assert!(matches!(RunData::for_policy(Some(Policy::DropBefore), 0, n, 30, 5, 2, None), RunData::PerRank(_)));
+    }
+}

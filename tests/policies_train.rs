@@ -1,0 +1,139 @@
+//! `dropcompute train --policy P` for every step policy in every launch mode (threads,
+//! processes, env with three launcher ranks), virtual time: the run records the policy and the
+//! per-rank assignment in steps.csv and report.json (read back here by the product's readers),
+//! every mode gives the same assignments and bitwise-identical parameters, no sample is computed
+//! twice, and each policy's assignment is the one it defines (rebalancing keeps the global batch
+//! and moves work off the slow rank; backup workers idle the rank predicted slowest; the compute
+//! budget hands out 2·M; the others keep M).
+#![cfg(all(feature = "mock", target_os = "linux"))] // the CPU mock device
+
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use dropcompute::policy::Policy;
+use dropcompute::train::metrics::{parse_assignment, read_csv};
+
+const HANG: Duration = Duration::from_secs(300);
+const N: u32 = 3;
+const M: u32 = 4;
+
+fn args(policy: Policy) -> Vec<String> {
+    let a = ["--steps", "14", "--micro-batches", "4", "--hidden", "16", "--warmup-steps", "1", "--threshold", "60"];
+    let b = ["--slow-rank", "1:3", "--time-mode", "virtual", "--no-compare", "--policy", policy.name()];
+    a.iter().chain(&b).map(|s| s.to_string()).collect()
+}
+
+fn launcher_env(rank: u32, addr: std::net::SocketAddr) -> Vec<(String, String)> {
+    vec![
+        ("RANK".into(), rank.to_string()),
+        ("WORLD_SIZE".into(), N.to_string()),
+        ("LOCAL_RANK".into(), rank.to_string()),
+        ("MASTER_ADDR".into(), addr.ip().to_string()),
+        ("MASTER_PORT".into(), addr.port().to_string()),
+        ("DROPCOMPUTE_JOB_SECRET".into(), "00112233445566778899aabbccddeeff".into()),
+    ]
+}
+
+/// Runs `policy` in `mode`; returns rank 0's output directory.
+fn run(policy: Policy, mode: &str, base: &Path) -> std::path::PathBuf {
+    let out = base.join(format!("{}-{mode}", policy.name()));
+    if mode == "env" {
+        let outs = hermetic::retry_on_fresh_port(
+            |addr| {
+                let kids: Vec<_> = (0..N)
+                    .map(|r| {
+                        hermetic::dropcompute()
+                            .args(["train", "--launch", "env"])
+                            .args(args(policy))
+                            .args(["--out", out.join(format!("rank-{r}")).to_str().unwrap()])
+                            .envs(launcher_env(r, addr))
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::piped())
+                            .spawn()
+                            .unwrap()
+                    })
+                    .collect();
+                kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect::<Vec<_>>()
+            },
+            |outs| outs.iter().any(|o| String::from_utf8_lossy(&o.stderr).contains("in use")),
+        );
+        for (r, o) in outs.iter().enumerate() {
+            assert!(o.status.success(), "{policy} env rank {r}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        return out.join("rank-0");
+    }
+    let o = hermetic::output_within(
+        hermetic::dropcompute()
+            .args(["train", "--launch", mode, "--ranks", &N.to_string()])
+            .args(args(policy))
+            .args(["--out", out.to_str().unwrap()]),
+        HANG,
+    );
+    assert!(o.status.success(), "{policy} {mode}: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+fn params(out: &Path) -> Vec<u32> {
+    let (_, p) = dropcompute::train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
+    p.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn every_policy_runs_in_every_launch_mode_and_records_its_assignment() {
+    let tmp = hermetic::temp_dir("policies");
+    for policy in Policy::ALL {
+        let mut first: Option<(Vec<Vec<u32>>, Vec<u32>)> = None;
+        for mode in ["threads", "processes", "env"] {
+            let out = run(policy, mode, tmp.path());
+            let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
+            assert_eq!(rows.len(), 14, "{policy} {mode}");
+            assert!(rows.iter().all(|r| r.policy == policy.name() && r.run == "dropcompute"), "{policy} {mode}");
+            let asg: Vec<Vec<u32>> = rows.iter().map(|r| parse_assignment(&r.assignment).unwrap()).collect();
+            let report: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+            assert_eq!(report["config"]["policy"], policy.name(), "{policy} {mode}");
+            assert_eq!(report["dropcompute"]["policy"], policy.name(), "{policy} {mode}");
+            let last: Vec<u32> = serde_json::from_value(report["dropcompute"]["assignment"].clone()).unwrap();
+            assert_eq!(&last, asg.last().unwrap(), "{policy} {mode}: report.json = last steps.csv row");
+            match policy {
+                Policy::Rebalance | Policy::RebalanceDrop => {
+                    assert!(asg.iter().all(|a| a.iter().sum::<u32>() == N * M), "{policy}: global batch kept");
+                    assert_eq!(asg[0], vec![M; N as usize]);
+                    assert!(last[1] < M && last[0] > M, "{policy} {mode}: work moved off rank 1: {last:?}");
+                }
+                Policy::BackupWorkers => {
+                    assert_eq!(asg[0], vec![M; N as usize]);
+                    assert!(asg[1..].iter().all(|a| a == &vec![M, 0, M]), "{policy} {mode}: {asg:?}");
+                }
+                Policy::ComputeBudget => assert!(asg.iter().all(|a| a == &vec![2 * M; N as usize]), "{asg:?}"),
+                _ => assert!(asg.iter().all(|a| a == &vec![M; N as usize]), "{policy} {mode}: {asg:?}"),
+            }
+            // In env mode only rank 0 writes outputs, and its ledger file holds only its own
+            // ledger (the other ranks' are in their processes): checked for duplicates only.
+            let ledgers: Vec<dropcompute::schedule::DropLedger> =
+                serde_json::from_slice(&std::fs::read(out.join("ledger_dropcompute.json")).unwrap()).unwrap();
+            assert_eq!(ledgers.len(), if mode == "env" { 1 } else { N as usize }, "{policy} {mode}");
+            let mut ids: Vec<u64> = ledgers.iter().flat_map(|l| l.computed.iter().copied()).collect();
+            let total = ids.len();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), total, "{policy} {mode}: no sample computed twice within the epoch");
+            let samples: u64 = report["dropcompute"]["samples_computed"].as_u64().unwrap();
+            if mode != "env" {
+                assert_eq!(samples, total as u64, "{policy} {mode}: ledger = report");
+            }
+            let p = params(&out);
+            match &first {
+                None => first = Some((asg, p)),
+                Some((a0, p0)) => {
+                    assert_eq!(&asg, a0, "{policy} {mode}: same assignments as threads");
+                    assert!(&p == p0, "{policy} {mode}: parameters bitwise equal to threads");
+                }
+            }
+        }
+    }
+}
