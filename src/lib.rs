@@ -19,6 +19,8 @@ pub mod csv_lines;
 pub mod environment;
 pub mod hccl;
 pub mod launch;
+#[cfg(feature = "mock")]
+pub mod mock_recipes;
 pub mod plot;
 pub mod policy;
 pub mod schedule;

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use dropcompute::hccl::{Comm, CommOptions};
 use dropcompute::mock::{self, DeviceOverride, Fault, MockConfig, MockControl, MockRecipe, Noise, TimeMode};
+use dropcompute::mock_recipes;
 use dropcompute::policy::rebalance::RankLatencyTracker;
 use dropcompute::policy::{CheckMode, PolicyConfig, RebalanceConfig, Rebalancer, Threshold, backup_aggregated};
 use dropcompute::schedule::{
-    DataSource, DropHandling, EpochQueue, GradDtype, GradientOps, GradientScratch, MicroBatch, Normalization,
-    Scheduler, SchedulerConfig, SharedSource, SkipReason, StepReport, Weighting, Workload, WorkloadError, load_mock,
-    per_micro_batch_ns,
+    DataSource, DropHandling, EpochQueue, GradDtype, GradientScratch, MicroBatch, Normalization, Scheduler,
+    SchedulerConfig, SharedSource, SkipReason, StepReport, Weighting, Workload, WorkloadError, per_micro_batch_ns,
 };
 use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, LaunchTensor, Recipe, Runtime, Stream};
 use half::bf16;
@@ -91,12 +91,12 @@ impl TestWork {
             GradDtype::F32 => 4 * p,
             GradDtype::Bf16 => 2 * p,
         } as u64;
-        let fwd = load_mock(
+        let fwd = mock_recipes::load(
             rt,
             MockRecipe::new(FWD, "copy").tensor("src", xb).tensor("dst", xb).base_latency_ns(fwd_base_ns),
         )
         .unwrap();
-        let opt = load_mock(
+        let opt = mock_recipes::load(
             rt,
             MockRecipe::new("test_sgd", "scale_accumulate_f32")
                 .tensor("acc", 4 * p as u64)
@@ -245,7 +245,7 @@ fn run(w: &World) -> Vec<RankRun> {
                 sc.spawn(move || {
                     let dev = Device::acquire(rt, rank).unwrap();
                     let comm = Comm::init_rank(&dev, w.n, &id, rank, opts).unwrap();
-                    let ops = GradientOps::mock(rt, w.cfg.gradient_len, w.cfg.grad_dtype).unwrap();
+                    let ops = mock_recipes::gradient_ops(rt, w.cfg.gradient_len, w.cfg.grad_dtype).unwrap();
                     let mut sched = Scheduler::new(comm, w.cfg.clone(), ops).unwrap();
                     if let Some(p) = &w.prepare {
                         p(&mut sched);

@@ -42,7 +42,6 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "0")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "\"0\""),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon"),
         (vec![("DROPCOMPUTE_BACKEND", "foo")], &[], "DROPCOMPUTE_BACKEND", "foo"),
-        (vec![("DROPCOMPUTE_BACKEND", "synapse")], &[], "DROPCOMPUTE_BACKEND", "synapse"),
         (vec![("RANK", "abc"), ("WORLD_SIZE", "2")], &env_mode, "RANK", "abc"),
         (vec![("RANK", "0"), ("WORLD_SIZE", "two")], &env_mode, "WORLD_SIZE", "two"),
         (vec![("RANK", "5"), ("WORLD_SIZE", "2")], &env_mode, "RANK", "5"),

@@ -11,8 +11,8 @@
 //! execution, the collective and the optimizer are outside it). The bare loop issues exactly the
 //! runtime calls of a scheduled micro-batch (2 event records, the forward launch, the
 //! accumulate launch) and nothing else. Overhead = scheduler - bare, per repetition; medians
-//! over repetitions. Both loops launch JSON mock recipes (`schedule::load_mock`, a `noop`
-//! forward and `GradientOps::mock`), a test tool kept here on purpose: an empty kernel isolates
+//! over repetitions. Both loops launch JSON mock recipes (`mock_recipes::load`, a `noop`
+//! forward and `mock_recipes::gradient_ops`), a test tool kept here on purpose: an empty kernel isolates
 //! the scheduler's host cost from any graph's work. `train` and the scheduler's product path
 //! launch graphs only.
 
@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use crate::hccl::{Comm, CommOptions};
 use crate::mock::{MockConfig, MockControl, MockRecipe, TimeMode};
+use crate::mock_recipes;
 use crate::policy::{CheckMode, PolicyConfig, Threshold};
 use crate::schedule::{
-    DataSource, GradDtype, GradientOps, GradientScratch, MicroBatch, Scheduler, SchedulerConfig, Workload,
-    WorkloadError, load_mock,
+    DataSource, GradDtype, GradientScratch, MicroBatch, Scheduler, SchedulerConfig, Workload, WorkloadError,
 };
 use crate::synapse::graph::{DType, GraphArg, GraphBuilder, Op};
 use crate::synapse::{Device, DeviceBuffer, Event, LaunchTensor, Recipe, Runtime, Stream};
@@ -141,7 +141,7 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
     let dev = Device::acquire(&rt, 0)?;
     let id = Comm::unique_id(&rt)?;
     let comm = Comm::init_rank(&dev, 1, &id, 0, CommOptions::default())?;
-    let recipe = load_mock(&rt, MockRecipe::new("bench_noop", "noop").tensor("x", (GRAD_LEN * 4) as u64))?;
+    let recipe = mock_recipes::load(&rt, MockRecipe::new("bench_noop", "noop").tensor("x", (GRAD_LEN * 4) as u64))?;
     let rid = recipe.tensor_ids(&["x"])?[0];
     let mut work = Noop { recipe, id: rid };
     let mk = |m: u32| SchedulerConfig {
@@ -156,7 +156,7 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
         },
         ..SchedulerConfig::default()
     };
-    let ops = |rt: &Arc<Runtime>| GradientOps::mock(rt, GRAD_LEN, GradDtype::F32);
+    let ops = |rt: &Arc<Runtime>| mock_recipes::gradient_ops(rt, GRAD_LEN, GradDtype::F32);
     let mut sched_s = Scheduler::new(comm, mk(M), ops(&rt)?)?;
     // Bare loop resources.
     let stream = Stream::new(&dev)?;

@@ -81,13 +81,13 @@ pub struct Args {
     /// Latency noise (the factor on --base-latency-ms per micro-batch): none,
     /// reference[:DELAY_FACTOR] (the reference's --delay_factor, default 1), lognormal:SIGMA,
     /// normal:CV, exponential:MEAN or seqlen:SAMPLES (the syntax of `simulate --noise`).
-    #[arg(long, default_value = "reference", allow_hyphen_values = true)]
+    #[arg(long, default_value = crate::train::config::DEFAULT_NOISE, allow_hyphen_values = true)]
     pub noise: Noise,
     /// Persistently slow rank, RANK:FACTOR (repeatable).
     #[arg(long, value_name = "RANK:FACTOR", allow_hyphen_values = true)]
     pub slow_rank: Vec<String>,
     /// Emulated latency of one micro-batch before noise, ms.
-    #[arg(long, default_value_t = 12.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = crate::train::config::DEFAULT_BASE_LATENCY_MS, allow_negative_numbers = true)]
     pub base_latency_ms: f64,
     /// Deadline check semantics.
     #[arg(long, value_enum, default_value_t = CheckMode::Predictive)]
@@ -357,31 +357,6 @@ impl Args {
     }
 }
 
-/// `train` emulates its ranks' devices on the CPU mock: the model and the scheduler's
-/// gradient path are device graphs (`synapse::graph`, no mock-only recipe), but
-/// `--base-latency-ms`, `--noise`, `--slow-rank` and `--time-mode` describe the emulated device
-/// (the mock's configuration, `Job::mock_config`) and mean nothing on a real one, so a real
-/// runtime is refused rather than silently ignoring them: `DROPCOMPUTE_BACKEND` must be unset,
-/// `auto` or `mock`.
-///
-/// # Errors
-/// [`TrainError::Config`] naming the variable and value when it is not a backend name, or
-/// names the real runtime (`synapse`).
-fn check_backend_env() -> Result<(), TrainError> {
-    use crate::synapse::BackendChoice;
-    use crate::synapse::backend::ENV_BACKEND;
-    let bad = |value: String| TrainError::Config { what: ENV_BACKEND, value };
-    match BackendChoice::from_env() {
-        Err(e) => Err(bad(e.to_string())),
-        Ok(BackendChoice::Synapse(_)) => Err(bad(format!(
-            "{:?}: train emulates its devices on the CPU mock (--base-latency-ms, --noise, --slow-rank and \
-             --time-mode configure the emulated device and have no meaning on libSynapse); unset it or use auto or mock",
-            std::env::var(ENV_BACKEND).unwrap_or_default()
-        ))),
-        Ok(_) => Ok(()),
-    }
-}
-
 /// Runs `dropcompute train`: validates the flags, runs the job (baseline and DropCompute, or
 /// DropCompute only), prints the comparison table on rank 0 and writes `--out` atomically.
 ///
@@ -392,13 +367,12 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     let start = std::time::SystemTime::now();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.with_launcher_world_size()?.validate()?;
-    check_backend_env()?;
     crate::environment::check()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
     crate::signals::install();
     let job = Job::prepare(cfg)?;
-    let rt = job_run::mock_runtime(&job)?;
+    let rt = job_run::runtime(&job)?;
     let show = std::io::stderr().is_terminal();
     let (rank, outcomes) = job_run::run(&job, &rt, launch, show)?;
     if rank != 0 {

@@ -304,3 +304,23 @@ fn classes_without_data_is_refused_unless_it_matches_the_digits() {
     assert_eq!(config(&["--classes", "10"]).classes, 10);
     assert_eq!(config(&["--classes", "5", "--data", "x.csv"]).classes, 5);
 }
+
+#[test]
+fn a_real_device_refuses_every_emulation_flag_given_and_accepts_their_defaults() {
+    use crate::train::job::Job;
+    let lib = "Synapse at /opt/habanalabs/libSynapse.so";
+    let job = |extra: &[&str]| Job::prepare(config(extra)).expect("job");
+    assert!(job(&[]).check_real_device(lib).is_ok(), "defaults are inert on a real device");
+    assert!(job(&["--base-latency-ms", "12", "--noise", "reference"]).check_real_device(lib).is_ok());
+    for (flags, named) in [
+        (&["--base-latency-ms", "3"][..], "--base-latency-ms"),
+        (&["--noise", "none"][..], "--noise"),
+        (&["--slow-rank", "1:2"][..], "--slow-rank"),
+        (&["--time-mode", "virtual"][..], "--time-mode virtual"),
+    ] {
+        let e = job(flags).check_real_device(lib).expect_err("refused").to_string();
+        assert!(e.contains(named) && e.contains(lib), "{flags:?}: {e}");
+    }
+    let e = job(&["--noise", "none", "--slow-rank", "1:2"]).check_real_device(lib).expect_err("refused").to_string();
+    assert!(e.contains("--noise, --slow-rank"), "every flag given is named: {e}");
+}

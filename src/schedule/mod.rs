@@ -22,8 +22,6 @@ pub use config::{DropHandling, GradDtype, Normalization, SchedulerConfig, Weight
 pub use count_row::{CountRow, CountRowError};
 pub use data::{DataSource, DropFate, DropLedger, DropRecord, EpochQueue, MicroBatch, SharedSource};
 pub use divisor::divisor;
-#[cfg(feature = "mock")]
-pub use ops::load_mock;
 pub use ops::{GradientOps, GradientRecipes, GradientScratch};
 pub use report::{CHRONIC_MIN_STEPS, MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
 pub use step::{Scheduler, SchedulerState, Workload, per_micro_batch_ns};

@@ -11,23 +11,12 @@
 //!   path; on hardware not verified here);
 //! - [`GradientOps::from_recipes`]: four precompiled recipes with the tensor names of
 //!   [`GradientRecipes`] (e.g. from `kernels/tpc`);
-//! - `GradientOps::mock` (cargo feature `mock`): JSON mock recipes naming the mock's registered
-//!   kernels, kept as a test tool (latency scripts per recipe name, faults; `tests/scheduler.rs`)
-//!   and for the bare loop of `bench scheduler`; `train` never uses it.
+//! - the same four operations as JSON recipes of the CPU mock (a test tool for latency scripts
+//!   and faults, and the bare loop of `bench scheduler`) live outside the scheduler, in the
+//!   crate's mock-recipe module (cargo feature `mock`).
 
-#[cfg(feature = "mock")]
-use std::path::Path;
-#[cfg(feature = "mock")]
-use std::sync::Arc;
-#[cfg(feature = "mock")]
-use std::sync::atomic::{AtomicU64, Ordering};
-
-#[cfg(feature = "mock")]
-use crate::mock::MockRecipe;
 use crate::synapse::graph::{CastRounding, DType, GraphArg, GraphBuilder, GraphRecipe, Op, TensorId};
 use crate::synapse::{Device, DeviceBuffer, LaunchTensor, Recipe, Result, Stream};
-#[cfg(feature = "mock")]
-use crate::synapse::{Error, Runtime};
 
 use super::config::GradDtype;
 
@@ -102,11 +91,6 @@ struct GradientGraphs {
     scale: (GraphRecipe, [TensorId; 3]),
     workspace: Option<DeviceBuffer<u8>>,
 }
-
-/// Emulated HBM bandwidth used to cost the mock gradient recipes (bytes per ns = GB/s): 1 TB/s,
-/// the order of Gaudi2's 2.46 TB/s HBM2E at realistic efficiency.
-#[cfg(feature = "mock")]
-const MOCK_HBM_BYTES_PER_NS: u64 = 1000;
 
 impl GradientOps {
     /// Wraps compiled recipes (see [`GradientRecipes`] for the tensor names).
@@ -195,38 +179,6 @@ impl GradientOps {
         Ok(Self { inner: Inner::Graphs(Box::new(GradientGraphs { zero, accumulate, nonfinite, scale, workspace })) })
     }
 
-    /// Generates and loads the mock recipes for a gradient of `len` elements whose micro-batch
-    /// gradient has type `dtype`. Recipe files are written to the temp dir and removed after
-    /// loading.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when a recipe file cannot be written; [`Error::Synapse`] when
-    /// the runtime rejects it (e.g. not the mock).
-    #[cfg(feature = "mock")]
-    pub fn mock(rt: &Arc<Runtime>, len: usize, dtype: GradDtype) -> Result<Self> {
-        let f32_bytes = (len * 4) as u64;
-        let x_bytes = match dtype {
-            GradDtype::F32 => f32_bytes,
-            GradDtype::Bf16 => (len * 2) as u64,
-        };
-        let acc_kernel = match dtype {
-            GradDtype::F32 => "accumulate_f32",
-            GradDtype::Bf16 => "accumulate_bf16_to_f32",
-        };
-        let cost = |bytes: u64| bytes / MOCK_HBM_BYTES_PER_NS;
-        let zero = MockRecipe::new("grad_zero", "fill_f32").tensor("out", f32_bytes).params(vec![0.0]);
-        let acc = MockRecipe::new("grad_accumulate", acc_kernel).tensor("acc", f32_bytes).tensor("x", x_bytes);
-        let nonfinite =
-            MockRecipe::new("grad_nonfinite", "nonfinite_flag_f32").tensor("flag", 4).tensor("x", f32_bytes);
-        let scale = MockRecipe::new("grad_scale", "scale_f32").tensor("x", f32_bytes).tensor("scale", 4);
-        Self::from_recipes(GradientRecipes {
-            zero: load_mock(rt, zero.base_latency_ns(cost(f32_bytes)))?,
-            accumulate: load_mock(rt, acc.base_latency_ns(cost(2 * f32_bytes + x_bytes)))?,
-            nonfinite: load_mock(rt, nonfinite.base_latency_ns(cost(f32_bytes)))?,
-            scale: load_mock(rt, scale.base_latency_ns(cost(2 * f32_bytes)))?,
-        })
-    }
-
     /// Enqueues `acc = 0`.
     ///
     /// # Errors
@@ -294,21 +246,4 @@ impl GradientOps {
             }
         }
     }
-}
-
-/// Writes `recipe` to a unique temp file, loads it through the runtime and removes the file.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] when the file cannot be written; the runtime's load error.
-#[cfg(feature = "mock")]
-pub fn load_mock(rt: &Arc<Runtime>, recipe: MockRecipe) -> Result<Recipe> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("dropcompute-{}-{n}-{}.json", std::process::id(), recipe.name));
-    recipe
-        .write(&path)
-        .map_err(|e| Error::InvalidArgument { what: "mock recipe file", value: format!("{}: {e}", path.display()) })?;
-    let r = Recipe::load(rt, Path::new(&path));
-    let _ = std::fs::remove_file(&path);
-    r
 }

@@ -33,6 +33,13 @@ pub const MAX_RANKS: u32 = 1024;
 /// `--ranks` when absent (`--launch threads|processes`; under `--launch env` the launcher's
 /// world size).
 pub const DEFAULT_RANKS: u32 = 32;
+
+/// Default `--base-latency-ms`: the emulated device time of one micro-batch's forward and
+/// backward before noise and slowdown, ms (mock only; see `Job::check_real_device`).
+pub const DEFAULT_BASE_LATENCY_MS: f64 = 12.0;
+
+/// Default `--noise` (the mock's injected latency noise; syntax of `Noise::from_str`).
+pub const DEFAULT_NOISE: &str = "reference";
 /// Largest `--micro-batches` (gradient accumulation steps per rank per step): the count row
 /// and the per-step latency records are O(M) per rank, and a larger M would only allocate.
 pub const MAX_MICRO_BATCHES: u32 = 65_536;

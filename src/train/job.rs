@@ -8,9 +8,11 @@
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::mock::config::TimeMode;
 use crate::mock::{DeviceOverride, MockConfig};
 use crate::schedule::{DropLedger, StepReport, StragglerTracker};
 use crate::sim::replay::ExecutionModel;
@@ -241,6 +243,42 @@ impl Job {
             });
         }
         Ok(m)
+    }
+    /// Checks that none of the emulation settings is given for a real device: `--base-latency-ms`
+    /// and `--noise` at their defaults ([`super::config::DEFAULT_BASE_LATENCY_MS`],
+    /// [`super::config::DEFAULT_NOISE`]), no `--slow-rank`, `--time-mode real`. They configure
+    /// the CPU mock ([`Job::mock_config`]) and mean nothing on `library` (a description of the
+    /// real libSynapse, for the message), so they are refused rather than silently ignored; at
+    /// their defaults they are inert.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming every such flag given and the library.
+    pub fn check_real_device(&self, library: &str) -> Result<(), TrainError> {
+        let c = &self.cfg;
+        let mut given = Vec::new();
+        if c.base_latency != Duration::from_secs_f64(super::config::DEFAULT_BASE_LATENCY_MS / 1e3) {
+            given.push("--base-latency-ms");
+        }
+        if super::config::DEFAULT_NOISE.parse::<crate::sim::noise::Noise>().ok().as_ref() != Some(&c.noise) {
+            given.push("--noise");
+        }
+        if !c.slow_ranks.is_empty() {
+            given.push("--slow-rank");
+        }
+        if c.time_mode != TimeMode::Real {
+            given.push("--time-mode virtual");
+        }
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(TrainError::Config {
+            what: "emulation flags",
+            value: format!(
+                "{} configure the emulated device (the CPU mock) and have no meaning on {library}; remove them, \
+                 or run on the mock (DROPCOMPUTE_BACKEND=mock)",
+                given.join(", ")
+            ),
+        })
     }
 }
 

@@ -20,7 +20,7 @@ use crate::policy::{Policy, PolicyConfig, RebalanceConfig, Rebalancer, Threshold
 use crate::schedule::{
     DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
-use crate::synapse::{Device, HostBuffer, Runtime};
+use crate::synapse::{Backend, BackendChoice, Device, HostBuffer, Runtime};
 use crate::tune::Verdict;
 use crate::tune::retune::{Retuner, RetunerConfig};
 
@@ -29,6 +29,7 @@ use super::error::TrainError;
 use super::job::{Job, JobSpec, RankOutcome, RunKind};
 use super::progress::Progress;
 use super::source::RunData;
+use super::workload::LatencyKeys;
 use super::workload::{MlpHyper, MlpWorkload};
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
@@ -357,14 +358,50 @@ fn destroy(comm: Comm, rank: u32) -> Result<(), TrainError> {
     comm.destroy().map_err(|b| TrainError::Collective { rank, call: "hcclCommDestroy", source: b.0 })
 }
 
-/// Configures the in-process mock for `job` and returns its runtime.
+/// The in-process mock configured for `job` ([`Job::mock_config`]): the device of `validate`,
+/// which compares a prediction with an emulated measurement and so needs the emulated device.
 ///
 /// # Errors
 /// [`TrainError::Config`] / [`TrainError::Mock`] for a bad mock environment or configuration;
 /// [`TrainError::Device`] when the runtime cannot start.
 pub fn mock_runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
     MockControl::in_process().configure(&job.mock_config()?)?;
+    super::workload::route_latency_keys(LatencyKeys::InProcess);
     Runtime::new(crate::mock::api()).map_err(|source| TrainError::Device { rank: 0, source })
+}
+
+/// The runtime `train` runs on, chosen as by every subcommand (`DROPCOMPUTE_BACKEND`,
+/// `DROPCOMPUTE_SYNAPSE_LIB`; `synapse::Backend::select`): the in-process mock, the mock shared
+/// library loaded as libSynapse, or a real libSynapse. An emulated device (either mock: the
+/// library exports the `dcmock_*` control symbols) is configured with the job's emulation
+/// settings ([`Job::mock_config`]); on a real library those settings must be at their defaults
+/// ([`Job::check_real_device`]).
+///
+/// # Errors
+/// [`TrainError::Config`] for a `DROPCOMPUTE_BACKEND` that is not a backend name, or emulation
+/// flags given for a real device; [`TrainError::Device`] (rank 0) with `synapse::Error::Load`
+/// when the library cannot be loaded (exit 3, naming the paths tried) or the runtime cannot
+/// start; [`TrainError::Mock`] when a mock rejects its configuration.
+pub fn runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
+    let device = |source| TrainError::Device { rank: 0, source };
+    let choice = BackendChoice::from_env()
+        .map_err(|e| TrainError::Config { what: crate::synapse::backend::ENV_BACKEND, value: e.to_string() })?;
+    let backend = Backend::select(&choice).map_err(|e| device(e.into()))?;
+    let keys = if backend.is_mock() {
+        LatencyKeys::InProcess
+    } else {
+        backend
+            .library_path()
+            .and_then(|p| MockControl::from_library(p).ok())
+            .map_or(LatencyKeys::Off, LatencyKeys::Library)
+    };
+    match keys {
+        LatencyKeys::InProcess => MockControl::in_process().configure(&job.mock_config()?)?,
+        LatencyKeys::Library(c) => c.configure(&job.mock_config()?)?,
+        LatencyKeys::Off => job.check_real_device(&backend.describe())?,
+    }
+    super::workload::route_latency_keys(keys);
+    Runtime::new(backend.api).map_err(device)
 }
 
 /// One rank of `job`: acquires its device (module `rank`, or the launcher's local rank under
@@ -472,7 +509,7 @@ pub const CHILD_PROGRAM: &str = "train";
 /// [`TrainError::Config`] for a spec that is not a `train` job; any rank error.
 pub fn run_child(spec: &ChildSpec) -> Result<(), TrainError> {
     let job = Job::from_spec(spec.config()?)?;
-    let rt = mock_runtime(&job)?;
+    let rt = runtime(&job)?;
     let out = run_rank(&job, &rt, &spec.join()?, false)?;
     Ok(spec.write_result(&out)?)
 }

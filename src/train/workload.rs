@@ -244,18 +244,46 @@ impl Workload for MlpWorkload {
 /// micro-batch (gradient zeroing).
 pub const STEP_START: u32 = u32::MAX;
 
+/// Where [`set_latency_key`] sends the keys: the emulated device `train::run::runtime`
+/// selected. One backend per process (every rank of a process shares it).
+#[derive(Clone, Copy, Debug)]
+pub enum LatencyKeys {
+    /// The in-process mock (a lock and a store per key; the default).
+    InProcess,
+    /// The mock shared library loaded as libSynapse, through its `dcmock_inject_fault`
+    /// (`Fault::LatencyKey` as JSON).
+    Library(crate::mock::MockControl),
+    /// A real device: no keys.
+    Off,
+}
+
+static LATENCY_KEYS: std::sync::RwLock<LatencyKeys> = std::sync::RwLock::new(LatencyKeys::InProcess);
+
+/// Sets where this process's latency keys go (called by `train::run::runtime` and
+/// `train::run::mock_runtime` when they select the device).
+pub fn route_latency_keys(to: LatencyKeys) {
+    *LATENCY_KEYS.write().unwrap_or_else(std::sync::PoisonError::into_inner) = to;
+}
+
 /// Common random numbers: tells the mock that what follows on `module_id` belongs to
 /// micro-batch `micro_batch` of `step` ([`STEP_START`]: the step's start), so its latencies are
 /// a pure function of (seed, module, step, micro-batch, recipe): the baseline and DropCompute
 /// runs see the same latency for every micro-batch both compute, whatever was dropped before,
-/// in both time modes and across a resume (`habana_mock` `Fault::LatencyKey`). A device without
-/// a module id (not the mock) is left alone.
+/// in both time modes and across a resume (`habana_mock` `Fault::LatencyKey`). The key goes to
+/// the emulated device the job runs on ([`route_latency_keys`]); a real device, or a device
+/// without a module id, is left alone.
 ///
 /// # Errors
 /// The mock's rejection (a module id it does not have), as a message.
 pub fn set_latency_key(module_id: Option<u32>, step: u64, micro_batch: u32) -> Result<(), String> {
     let Some(module_id) = module_id else { return Ok(()) };
-    crate::mock::set_latency_key(module_id, step, micro_batch).map_err(|e| format!("latency key: {e}"))
+    let to = *LATENCY_KEYS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match to {
+        LatencyKeys::InProcess => crate::mock::set_latency_key(module_id, step, micro_batch),
+        LatencyKeys::Library(c) => c.inject_fault(&crate::mock::Fault::LatencyKey { module_id, step, micro_batch }),
+        LatencyKeys::Off => return Ok(()),
+    }
+    .map_err(|e| format!("latency key: {e}"))
 }
 
 fn crash_hook(rank: u32, step: u64, micro_batch: u32) {
