@@ -223,9 +223,11 @@ pub fn run(args: &Args) -> Result<(), CommandError> {
 /// `--csv` is given. Errors: invalid arguments or model parameters, I/O, plotting.
 pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     args.validate()?;
-    if args.policy.is_some() || !args.traces.is_empty() {
+    if !args.traces.is_empty() {
         return run_policies(args, out);
     }
+    // The budget bounds the Monte Carlo steps of both paths (the policy comparison draws
+    // MIN_STEPS steps per world size, then replays them per policy and parameter).
     let workers = parse_workers(&args.workers)?;
     let m = args.micro_batches;
     if let Some(&n) =
@@ -236,6 +238,9 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             u128::from(n) * u128::from(m) * u128::from(MIN_STEPS),
             args.budget
         )));
+    }
+    if args.policy.is_some() {
+        return run_policies(args, out);
     }
     let noise = LatencyModel::new(args.base_ms * 1e6, args.noise.clone());
     let unavailable = analytic_unavailable(args);
@@ -436,6 +441,10 @@ mod tests {
             e.contains("--workers 100000000") && e.contains("120000000000") && e.contains("--budget 20000000"),
             "{e}"
         );
+        // The same bound holds for the policy comparison (it refused nothing and ran for minutes).
+        let big = Cli::try_parse_from(["simulate", "--workers", "1e5", "--policy", "all"]).unwrap().a;
+        let e = run_to(&big, &mut Vec::new()).expect_err("1e5 workers, --policy").to_string();
+        assert!(e.contains("--workers 100000") && e.contains("--budget 20000000"), "{e}");
         // --noise is parsed into the shared noise type; a bad spec is a usage error naming it.
         let e = Cli::try_parse_from(["simulate", "--noise", "lognormal:9"]).err().expect("rejected").to_string();
         assert!(e.contains("lognormal:9") && e.contains("expected"), "{e}");

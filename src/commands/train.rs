@@ -254,7 +254,16 @@ impl Args {
         })?;
         // `--threshold auto` with a baseline tunes on the baseline's steps after warm-up: it
         // needs as many as `dropcompute tune` (tune::MIN_STEPS).
-        if let (ThresholdArg::Auto, RunLength::Steps(s), false) = (threshold, length, self.no_compare) {
+        // Only the policies with a deadline use the threshold (`synchronous`, `rebalance` and
+        // `backup-workers` run with it off).
+        let policy = self.policy.unwrap_or(crate::policy::Policy::DropPredictive);
+        let uses_threshold = policy.drops() || policy == crate::policy::Policy::ComputeBudget;
+        if policy == crate::policy::Policy::ComputeBudget && threshold == ThresholdArg::Off {
+            return Err(bad("threshold", "off", "--policy compute-budget needs a budget: auto or a value in ms"));
+        }
+        if let (ThresholdArg::Auto, RunLength::Steps(s), false, true) =
+            (threshold, length, self.no_compare, uses_threshold)
+        {
             let tuned = s.saturating_sub(self.warmup_steps);
             if tuned < crate::tune::MIN_STEPS as u64 {
                 return Err(bad(

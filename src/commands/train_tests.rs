@@ -324,3 +324,39 @@ fn a_real_device_refuses_every_emulation_flag_given_and_accepts_their_defaults()
     let e = job(&["--noise", "none", "--slow-rank", "1:2"]).check_real_device(lib).expect_err("refused").to_string();
     assert!(e.contains("--noise, --slow-rank"), "every flag given is named: {e}");
 }
+
+#[test]
+fn the_checkpoint_fingerprint_names_the_step_policy_and_b() {
+    use crate::train::job::Job;
+    let fp = |extra: &[&str]| Job::prepare(config(extra)).expect("job").fingerprint();
+    // DropCompute of the configured check: the check names it (old checkpoints still resume).
+    assert_eq!(fp(&[]), fp(&["--policy", "drop-predictive"]));
+    assert_eq!(fp(&["--check", "before"]), fp(&["--policy", "drop-before"]));
+    assert!(!fp(&[]).contains("policy="), "{}", fp(&[]));
+    let others = ["synchronous", "compute-budget", "rebalance", "rebalance-drop", "backup-workers"];
+    let mut seen = std::collections::BTreeSet::from([fp(&[]), fp(&["--check", "before"])]);
+    for p in others {
+        let f = fp(&["--policy", p, "--ranks", "4"]);
+        assert!(f.contains(&format!("policy={p}")), "{p}: {f}");
+        assert!(seen.insert(f.clone()), "{p}: fingerprint not unique: {f}");
+    }
+    let b = |n: &str| fp(&["--policy", "backup-workers", "--ranks", "4", "--backup-workers", n]);
+    assert_ne!(b("1"), b("2"), "b is part of the fingerprint");
+}
+
+#[test]
+fn only_the_policies_with_a_deadline_need_a_threshold() {
+    // synchronous, rebalance and backup-workers run with the threshold off: `auto` needs no
+    // baseline steps for them (12 steps after 3 warm-up steps is below the minimum of 10).
+    for p in ["synchronous", "rebalance", "backup-workers"] {
+        let c = config(&["--steps", "12", "--policy", p, "--ranks", "4"]);
+        assert_eq!(c.policy(), <crate::policy::Policy as clap::ValueEnum>::from_str(p, false).expect("policy"), "{p}");
+    }
+    for p in ["drop-before", "drop-predictive", "compute-budget", "rebalance-drop"] {
+        let e = parse(&["--steps", "12", "--policy", p]).1.validate().expect_err(p).to_string();
+        assert!(e.contains("insufficient data"), "{p}: {e}");
+    }
+    // compute-budget without a budget would hand every rank 2·M micro-batches with no bound.
+    let e = parse(&["--policy", "compute-budget", "--threshold", "off"]).1.validate().expect_err("off").to_string();
+    assert!(e.contains("--threshold") && e.contains("needs a budget"), "{e}");
+}

@@ -148,9 +148,17 @@ impl Job {
     /// The settings a checkpoint of this job is only valid for (stored in every checkpoint and
     /// compared on `--resume`).
     pub fn fingerprint(&self) -> String {
+        use crate::policy::Policy;
         let c = &self.cfg;
+        // The step policy when it is not the DropCompute of `check` (which `check` already
+        // names, so checkpoints written before `--policy` existed still resume).
+        let policy = match c.policy() {
+            Policy::DropBefore | Policy::DropPredictive => String::new(),
+            Policy::BackupWorkers => format!(" policy=backup-workers:{}", c.backup_workers),
+            p => format!(" policy={}", p.name()),
+        };
         format!(
-            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}",
+            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}",
             c.ranks,
             c.micro_batches,
             c.micro_batch_size,

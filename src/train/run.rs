@@ -196,7 +196,8 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
                 cfg.micro_batches,
                 RebalanceConfig::default(),
             ))?,
-            Some(Policy::ComputeBudget) => sched.set_compute_budget(),
+            // Without a budget (auto declined by a guardrail) every rank keeps its M.
+            Some(Policy::ComputeBudget) if threshold != Threshold::Off => sched.set_compute_budget(),
             Some(Policy::BackupWorkers) => sched.set_backup_workers(cfg.backup_workers),
             _ => {}
         }
