@@ -319,24 +319,6 @@ fn rank_processes_end_with_a_killed_parent_and_its_temp_dir_goes_with_the_next_r
     assert_eq!(launch_dirs(), Vec::<String>::new(), "the orphan and the new run's directory are removed");
 }
 
-/// Launcher variables of rank `rank` of `n` for `launcher` (torchrun, Open MPI, Slurm), with
-/// the rendezvous at `addr` and a test job secret.
-fn launcher_env(launcher: &str, rank: u32, n: u32, addr: std::net::SocketAddr) -> Vec<(String, String)> {
-    let (r, size, local) = match launcher {
-        "torchrun" => ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-        "openmpi" => ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-        _ => ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-    };
-    vec![
-        (r.into(), rank.to_string()),
-        (size.into(), n.to_string()),
-        (local.into(), rank.to_string()),
-        ("MASTER_ADDR".into(), addr.ip().to_string()),
-        ("MASTER_PORT".into(), addr.port().to_string()),
-        ("DROPCOMPUTE_JOB_SECRET".into(), "00112233445566778899aabbccddeeff".into()),
-    ]
-}
-
 /// `--launch env` without `--ranks` takes the world size from the launcher (it demanded
 /// `--ranks` equal to it, whose default is 32), for torchrun, Open MPI and Slurm variables,
 /// and its ranks end bitwise identical to thread ranks (same reduction order); an explicit
@@ -354,25 +336,7 @@ fn env_ranks_take_the_launchers_world_size_and_match_thread_ranks() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for launcher in ["torchrun", "openmpi", "slurm"] {
         let out = tmp.path().join(launcher);
-        let outputs = hermetic::retry_on_fresh_port(
-            |addr| {
-                let kids: Vec<_> = (0..3)
-                    .map(|r| {
-                        hermetic::dropcompute()
-                            .args(["train", "--launch", "env"])
-                            .args(&args)
-                            .args(["--out", s(&out.join(format!("rank-{r}")))])
-                            .envs(launcher_env(launcher, r, 3, addr))
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::piped())
-                            .spawn()
-                            .unwrap()
-                    })
-                    .collect();
-                kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect::<Vec<_>>()
-            },
-            |outs| outs.iter().any(|o| String::from_utf8_lossy(&o.stderr).contains("in use")),
-        );
+        let outputs = hermetic::train_env_ranks(launcher, 3, &args, &out);
         for (r, o) in outputs.iter().enumerate() {
             assert!(o.status.success(), "{launcher} rank {r}: {}", String::from_utf8_lossy(&o.stderr));
         }
@@ -382,12 +346,12 @@ fn env_ranks_take_the_launchers_world_size_and_match_thread_ranks() {
         let o = hermetic::output_within(
             hermetic::dropcompute()
                 .args(["train", "--launch", "env", "--ranks", "4", "--steps", "2"])
-                .envs(launcher_env(launcher, 0, 2, addr)),
+                .envs(hermetic::launcher_env(launcher, 0, 2, addr)),
             HANG,
         );
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{launcher}: {err}");
-        let var = launcher_env(launcher, 0, 2, addr)[1].0.clone();
+        let var = hermetic::launcher_env(launcher, 0, 2, addr)[1].0.clone();
         assert!(err.contains("--ranks: 4") && err.contains(&format!("{var}=2")), "{launcher}: both values: {err}");
     }
 }

@@ -11,7 +11,6 @@
 mod hermetic;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use dropcompute::policy::Policy;
@@ -27,40 +26,11 @@ fn args(policy: Policy) -> Vec<String> {
     a.iter().chain(&b).map(|s| s.to_string()).collect()
 }
 
-fn launcher_env(rank: u32, addr: std::net::SocketAddr) -> Vec<(String, String)> {
-    vec![
-        ("RANK".into(), rank.to_string()),
-        ("WORLD_SIZE".into(), N.to_string()),
-        ("LOCAL_RANK".into(), rank.to_string()),
-        ("MASTER_ADDR".into(), addr.ip().to_string()),
-        ("MASTER_PORT".into(), addr.port().to_string()),
-        ("DROPCOMPUTE_JOB_SECRET".into(), "00112233445566778899aabbccddeeff".into()),
-    ]
-}
-
 /// Runs `policy` in `mode`; returns rank 0's output directory.
 fn run(policy: Policy, mode: &str, base: &Path) -> std::path::PathBuf {
     let out = base.join(format!("{}-{mode}", policy.name()));
     if mode == "env" {
-        let outs = hermetic::retry_on_fresh_port(
-            |addr| {
-                let kids: Vec<_> = (0..N)
-                    .map(|r| {
-                        hermetic::dropcompute()
-                            .args(["train", "--launch", "env"])
-                            .args(args(policy))
-                            .args(["--out", out.join(format!("rank-{r}")).to_str().unwrap()])
-                            .envs(launcher_env(r, addr))
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::piped())
-                            .spawn()
-                            .unwrap()
-                    })
-                    .collect();
-                kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect::<Vec<_>>()
-            },
-            |outs| outs.iter().any(|o| String::from_utf8_lossy(&o.stderr).contains("in use")),
-        );
+        let outs = hermetic::train_env_ranks("torchrun", N, &args(policy), &out);
         for (r, o) in outs.iter().enumerate() {
             assert!(o.status.success(), "{policy} env rank {r}: {}", String::from_utf8_lossy(&o.stderr));
         }

@@ -388,19 +388,19 @@ pub fn runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
     let choice = BackendChoice::from_env()
         .map_err(|e| TrainError::Config { what: crate::synapse::backend::ENV_BACKEND, value: e.to_string() })?;
     let backend = Backend::select(&choice).map_err(|e| device(e.into()))?;
-    let keys = if backend.is_mock() {
-        LatencyKeys::InProcess
-    } else {
-        backend
-            .library_path()
-            .and_then(|p| MockControl::from_library(p).ok())
-            .map_or(LatencyKeys::Off, LatencyKeys::Library)
-    };
-    match keys {
-        LatencyKeys::InProcess => MockControl::in_process().configure(&job.mock_config()?)?,
-        LatencyKeys::Library(c) => c.configure(&job.mock_config()?)?,
-        LatencyKeys::Off => job.check_real_device(&backend.describe())?,
+    if backend.is_mock() {
+        return mock_runtime(job);
     }
+    let keys = match backend.library_path().and_then(|p| MockControl::from_library(p).ok()) {
+        Some(c) => {
+            c.configure(&job.mock_config()?)?;
+            LatencyKeys::Library(c)
+        }
+        None => {
+            job.check_real_device(&backend.describe())?;
+            LatencyKeys::Off
+        }
+    };
     super::workload::route_latency_keys(keys);
     Runtime::new(backend.api).map_err(device)
 }

@@ -281,3 +281,47 @@ pub fn retry_on_fresh_port<T>(mut attempt: impl FnMut(std::net::SocketAddr) -> T
     }
     last
 }
+
+/// The variables `launcher` ("torchrun", "openmpi", anything else: Slurm) sets for `rank` of
+/// `n` on one node, plus the rendezvous at `addr` and a job secret.
+pub fn launcher_env(launcher: &str, rank: u32, n: u32, addr: std::net::SocketAddr) -> Vec<(String, String)> {
+    let (r, size, local) = match launcher {
+        "torchrun" => ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+        "openmpi" => ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        _ => ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    };
+    vec![
+        (r.into(), rank.to_string()),
+        (size.into(), n.to_string()),
+        (local.into(), rank.to_string()),
+        ("MASTER_ADDR".into(), addr.ip().to_string()),
+        ("MASTER_PORT".into(), addr.port().to_string()),
+        ("DROPCOMPUTE_JOB_SECRET".into(), "00112233445566778899aabbccddeeff".into()),
+    ]
+}
+
+/// Runs `n` rank processes of `dropcompute train --launch env ARGS` under `launcher`'s
+/// variables ([`launcher_env`]), rank r writing `--out out/rank-r`, on a fresh rendezvous port
+/// (retried when another process took it); returns their outputs in rank order.
+pub fn train_env_ranks<S: AsRef<std::ffi::OsStr>>(launcher: &str, n: u32, args: &[S], out: &Path) -> Vec<Output> {
+    retry_on_fresh_port(
+        |addr| {
+            let kids: Vec<_> = (0..n)
+                .map(|r| {
+                    dropcompute()
+                        .args(["train", "--launch", "env"])
+                        .args(args)
+                        .arg("--out")
+                        .arg(out.join(format!("rank-{r}")))
+                        .envs(launcher_env(launcher, r, n, addr))
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .expect("spawn a rank process")
+                })
+                .collect();
+            kids.into_iter().map(|k| k.wait_with_output().expect("rank process output")).collect::<Vec<_>>()
+        },
+        |outs| outs.iter().any(|o| String::from_utf8_lossy(&o.stderr).contains("in use")),
+    )
+}
