@@ -3,7 +3,7 @@
 # (https://mutants.rs; install: cargo install --locked cargo-mutants).
 #
 #   bash ci/mutants.sh            # every group below
-#   bash ci/mutants.sh policy     # one group (policy, divisor, compute_log, tune (= recommend + search), checkpoint, trace, tune_more)
+#   bash ci/mutants.sh policy     # one group (policy, rebalance, divisor, compute_log, tune (= recommend + search), checkpoint, trace, tune_more)
 #
 # One job (`--jobs 1`), no baseline (the suite is known to pass; timeouts are explicit), each
 # mutant built in a copy of the tree (never in the worktree) but into this worktree's target
@@ -39,7 +39,8 @@ fi
 
 group_files() {
   case "$1" in
-    policy) echo "src/policy.rs" ;;
+    policy) echo "src/policy/mod.rs" ;;
+    rebalance) echo "src/policy/rebalance.rs src/policy/kind.rs" ;;
     divisor) echo "src/schedule/divisor.rs" ;;
     compute_log) echo "src/trace/compute_log.rs" ;;
     trace) echo "src/trace/mod.rs src/trace/whatif.rs" ;;

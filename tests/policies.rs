@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dropcompute::policy::{CheckMode, Policy, PolicyParams, Threshold};
+use dropcompute::policy::{CheckMode, Policy, PolicyParams, TailShape, Threshold};
 use dropcompute::sim::policies::{PolicyRun, replay_policy};
 use dropcompute::sim::replay::ExecutionModel;
+use dropcompute::trace::whatif::PipelineAggregation;
 use dropcompute::trace::{LoadOptions, load};
 use dropcompute::tune::policies::PolicyComparison;
 
@@ -53,39 +54,14 @@ fn every_row_is_the_replay_of_its_printed_parameter() {
     assert_eq!(cs.len(), 2);
     let loaded = load(&[se, st], &LoadOptions::default()).expect("load");
     let exec = ExecutionModel { warmup_steps: 0, ..ExecutionModel::default() };
-    for (c, l) in cs.iter().zip(&loaded) {
-        let t = &l.trace;
+    rows_are_replays(&cs, &loaded, exec);
+    for c in &cs {
         assert_eq!(c.rows.iter().map(|r| r.policy).collect::<Vec<_>>(), Policy::ALL.to_vec());
         assert_eq!(c.rows[0].effective_speedup, 0.0);
-        for r in &c.rows {
-            if r.enabled {
-                assert!(r.drop_rate <= 0.10 && r.min_batch_fraction >= 0.75 && r.effective_speedup >= 0.02, "{r:?}");
-                assert!(r.max_batch_fraction <= 1.0, "{r:?}");
-            }
-            let th = r
-                .threshold_ms
-                .map_or(Threshold::Off, |ms| Threshold::Fixed(Duration::from_nanos((ms * 1e6).round() as u64)));
-            let params = PolicyParams {
-                backup_workers: r.backup_workers.unwrap_or(1),
-                budget_ms: r.budget_ms,
-                budget_max_micro_batches: r.budget_max_micro_batches,
-                ..PolicyParams::new(r.policy)
-            };
-            let mut run = PolicyRun::new(params, th, exec);
-            if let Some(q) = r.estimator_quantile {
-                run.estimator_quantile = q;
-            }
-            if !r.enabled && r.effective_speedup == 0.0 && r.drop_rate == 0.0 {
-                continue; // declined without an admissible candidate: the synchronous figures
-            }
-            let p = replay_policy(t, &run);
-            assert!((p.effective_speedup - r.effective_speedup).abs() < 1e-9, "{r:?} vs {}", p.effective_speedup);
-            assert!((p.drop_rate - r.drop_rate).abs() < 1e-12, "{r:?}");
-            assert_eq!(p.lost, r.lost_micro_batches);
-        }
         // A straggler-free bound is an upper bound on no-drop policies that keep the batch.
         assert!(c.straggler_free_speedup >= c.rows[5].effective_speedup - 1e-12);
     }
+    assert!(cs.iter().all(|c| c.tail == TailShape::default()));
     // trace-SE drops profitably, trace-ST (structural, two ranks) does not.
     assert!(cs[0].rows[1].enabled && cs[0].rows[1].effective_speedup > 0.05, "{:?}", cs[0].rows[1]);
     assert!(!cs[1].rows[1].enabled);
@@ -101,6 +77,63 @@ fn every_row_is_the_replay_of_its_printed_parameter() {
         replay_policy(&loaded[0].trace, &PolicyRun::new(PolicyParams::new(Policy::Synchronous), Threshold::Off, exec));
     assert_eq!(b0.per_step, sync.per_step);
     assert_eq!(b0.effective_speedup.to_bits(), sync.effective_speedup.to_bits());
+}
+
+/// Every row of `cs` (tuned on `loaded`) is the replay of the parameters it prints.
+fn rows_are_replays(cs: &[PolicyComparison], loaded: &[dropcompute::trace::Loaded], exec: ExecutionModel) {
+    for (c, l) in cs.iter().zip(loaded) {
+        let t = &l.trace;
+        for r in &c.rows {
+            if r.enabled {
+                assert!(r.drop_rate <= 0.10 && r.min_batch_fraction >= 0.75 && r.effective_speedup >= 0.02, "{r:?}");
+                assert!(r.max_batch_fraction <= 1.0, "{r:?}");
+            }
+            let th = r
+                .threshold_ms
+                .map_or(Threshold::Off, |ms| Threshold::Fixed(Duration::from_nanos((ms * 1e6).round() as u64)));
+            let params = PolicyParams {
+                backup_workers: r.backup_workers.unwrap_or(1),
+                budget_ms: r.budget_ms,
+                budget_max_micro_batches: r.budget_max_micro_batches,
+                tail: c.tail,
+                ..PolicyParams::new(r.policy)
+            };
+            let mut run = PolicyRun::new(params, th, exec);
+            if let Some(q) = r.estimator_quantile {
+                run.estimator_quantile = q;
+            }
+            if !r.enabled && r.effective_speedup == 0.0 && r.drop_rate == 0.0 {
+                continue; // declined without an admissible candidate: the synchronous figures
+            }
+            let p = replay_policy(t, &run);
+            assert!((p.effective_speedup - r.effective_speedup).abs() < 1e-9, "{r:?} vs {}", p.effective_speedup);
+            assert!((p.drop_rate - r.drop_rate).abs() < 1e-12, "{r:?}");
+            assert_eq!(p.lost as f64 / f64::from(p.split), r.lost_micro_batches);
+        }
+    }
+}
+
+/// The tail shape (half micro-batches) on trace-SE, both pipeline models: every printed row
+/// is its replay, and the best realizable policy reaches the targets (+20 % summed,
+/// +12 % bottleneck) within the guardrails under the linear tail cost (whole micro-batches
+/// stay below them: README's table).
+#[test]
+fn the_tail_shape_on_trace_se_is_replayed_and_beats_whole_micro_batches() {
+    let se = trace("trace-SE.csv.gz");
+    let exec = ExecutionModel { warmup_steps: 0, ..ExecutionModel::default() };
+    for (pipeline, target) in [("sum", 0.20), ("bottleneck", 0.12)] {
+        let p = if pipeline == "sum" { PipelineAggregation::Sum } else { PipelineAggregation::Bottleneck };
+        let loaded = load(std::slice::from_ref(&se), &LoadOptions { pipeline: p, ..Default::default() }).expect("load");
+        let policies = "drop-predictive,compute-budget";
+        let args = ["--trace", se.to_str().unwrap(), "--pipeline", pipeline, "--policy", policies];
+        let half = tune_json(&[&args[..], &["--tail-split", "2"]].concat());
+        assert_eq!(half[0].tail, TailShape::split(2));
+        rows_are_replays(&half, &loaded, exec);
+        let best = |cs: &[PolicyComparison]| {
+            cs[0].rows.iter().filter(|r| r.enabled).map(|r| r.effective_speedup).fold(f64::MIN, f64::max)
+        };
+        assert!(best(&half) >= target, "{pipeline}: {} < {target}", best(&half));
+    }
 }
 
 /// `simulate --trace --policy --json` is the same comparison as `tune` (same check mode), and
@@ -149,8 +182,8 @@ fn monte_carlo_policy_table_with_a_chronic_slow_worker() {
     assert_eq!((c[0].ranks, c[0].micro_batches, c[0].steps), (8, 12, 100));
     let (sync, drop, reb) = (&c[0].rows[0], &c[0].rows[1], &c[0].rows[2]);
     assert_eq!(sync.effective_speedup, 0.0);
-    assert_eq!(reb.lost_micro_batches, 0);
+    assert_eq!(reb.lost_micro_batches, 0.0);
     assert!(reb.effective_speedup > 0.4 && reb.drop_rate == 0.0, "{reb:?}");
-    assert!(drop.drop_rate <= 0.10 && drop.drop_rate > 0.04 && drop.lost_micro_batches > 0, "{drop:?}");
+    assert!(drop.drop_rate <= 0.10 && drop.drop_rate > 0.04 && drop.lost_micro_batches > 0.0, "{drop:?}");
     let _ = CheckMode::Predictive;
 }

@@ -145,6 +145,43 @@ impl GuardrailArgs {
     }
 }
 
+/// The second compiled shape ([`crate::policy::TailShape`]) of `simulate`/`tune --policy` and
+/// `train`: one definition, so all three spell and check it alike.
+#[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
+pub struct TailArgs {
+    /// Split each micro-batch into this many tail parts (a second compiled shape of B/S
+    /// samples, used near the deadline and for the remainder of a rebalanced assignment);
+    /// 1 = whole micro-batches only.
+    #[arg(long, default_value_t = 1, requires = "policy")]
+    pub tail_split: u32,
+    /// Device time of a tail micro-batch as a fraction of a whole one's, in (0, 1]. Default
+    /// 1/S (linear in samples: an assumption; `train` measures it on its device).
+    #[arg(long, allow_negative_numbers = true, requires = "policy")]
+    pub tail_cost: Option<f64>,
+}
+
+impl TailArgs {
+    /// The tail shape, checked.
+    ///
+    /// # Errors
+    /// `"--tail-split 0: ..."` when the split is 0 or above 64; `"--tail-cost X: ..."` when the
+    /// cost is not a finite number in (0, 1].
+    pub fn tail(&self) -> Result<crate::policy::TailShape, String> {
+        if self.tail_split == 0 || self.tail_split > 64 {
+            return Err(format!("--tail-split {}: must be in 1..=64 (1 = whole micro-batches only)", self.tail_split));
+        }
+        if let Some(c) = self.tail_cost {
+            if !(c.is_finite() && c > 0.0 && c <= 1.0) {
+                return Err(format!("--tail-cost {c}: must be a fraction in (0, 1] of a whole micro-batch's time"));
+            }
+            if self.tail_split == 1 {
+                return Err(format!("--tail-cost {c}: needs --tail-split >= 2 (there is no tail shape)"));
+            }
+        }
+        Ok(crate::policy::TailShape { split: self.tail_split, cost: self.tail_cost })
+    }
+}
+
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CommandError {
     let what = what.into();
     move |source| CommandError::Io { what, source }
@@ -180,8 +217,16 @@ pub fn policy_table(c: &crate::tune::policies::PolicyComparison) -> String {
     let nm = (c.ranks * c.micro_batches) as f64;
     let _ = writeln!(
         s,
-        "policies on {} ({} ranks x {} micro-batches x {} steps; realizable replay, guardrails on):",
-        c.trace, c.ranks, c.micro_batches, c.steps
+        "policies on {} ({} ranks x {} micro-batches x {} steps{}; realizable replay, guardrails on):",
+        c.trace,
+        c.ranks,
+        c.micro_batches,
+        c.steps,
+        if c.tail.enabled() {
+            format!("; tail shape 1/{} micro-batch at cost {:.3}", c.tail.parts(), c.tail.cost_fraction())
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         s,

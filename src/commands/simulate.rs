@@ -95,6 +95,9 @@ pub struct Args {
     /// The guardrails of `--policy` (same flags and defaults as `tune` and `train`).
     #[command(flatten)]
     pub guardrails: GuardrailArgs,
+    /// The tail shape of `--policy` (`policy::TailShape`).
+    #[command(flatten)]
+    pub tail: super::TailArgs,
     /// With `--policy`: print an array of `tune::policies::PolicyComparison` as JSON.
     #[arg(long)]
     pub json: bool,
@@ -354,6 +357,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
 /// Errors: bad flags, trace errors, model parameters, output I/O.
 fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
+    let tail = args.tail.tail().map_err(CommandError::Args)?;
     let policies = super::parse_policies(args.policy.as_deref().unwrap_or("all"))?;
     let execution = ExecutionModel { check: args.check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
     let how = Recommend { execution, guardrails };
@@ -372,12 +376,12 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 return Err(CommandError::Args(format!("--workers {n}: --policy needs at least 2 workers")));
             }
             let t = crate::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
-            comparisons.push(crate::tune::policies::compare(&t, &how, &policies, args.seed));
+            comparisons.push(crate::tune::policies::compare(&t, &how, &policies, tail, args.seed));
         }
     } else {
         let opts = crate::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
         for loaded in crate::trace::load(&args.traces, &opts)? {
-            comparisons.push(crate::tune::policies::compare(&loaded.trace, &how, &policies, args.seed));
+            comparisons.push(crate::tune::policies::compare(&loaded.trace, &how, &policies, tail, args.seed));
         }
     }
     let text = if args.json {
@@ -445,6 +449,21 @@ mod tests {
         let big = Cli::try_parse_from(["simulate", "--workers", "1e5", "--policy", "all"]).unwrap().a;
         let e = run_to(&big, &mut Vec::new()).expect_err("1e5 workers, --policy").to_string();
         assert!(e.contains("--workers 100000") && e.contains("--budget 20000000"), "{e}");
+        // The tail shape: named with its value, and only with --policy (clap: a usage error).
+        for (flags, want) in [
+            (["--tail-split", "0"], "--tail-split 0"),
+            (["--tail-split", "65"], "--tail-split 65"),
+            (["--tail-cost", "1.5"], "--tail-cost 1.5"),
+            (["--tail-cost", "0.6"], "needs --tail-split"),
+        ] {
+            let mut argv = vec!["simulate", "--workers", "4", "--policy", "all"];
+            argv.extend_from_slice(&flags);
+            let args = Cli::try_parse_from(argv).expect("clap accepts the syntax").a;
+            let e = run_to(&args, &mut Vec::new()).expect_err(want).to_string();
+            assert!(e.contains(want), "{flags:?}: {e}");
+        }
+        let e = Cli::try_parse_from(["simulate", "--tail-split", "2"]).err().expect("needs --policy").to_string();
+        assert!(e.contains("--policy"), "{e}");
         // --noise is parsed into the shared noise type; a bad spec is a usage error naming it.
         let e = Cli::try_parse_from(["simulate", "--noise", "lognormal:9"]).err().expect("rejected").to_string();
         assert!(e.contains("lognormal:9") && e.contains("expected"), "{e}");

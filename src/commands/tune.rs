@@ -41,6 +41,9 @@ pub struct Args {
     /// The guardrails, judged on the replay (same flags and defaults as `train`).
     #[command(flatten)]
     pub guardrails: GuardrailArgs,
+    /// The tail shape of `--policy` (`policy::TailShape`).
+    #[command(flatten)]
+    pub tail: super::TailArgs,
     /// Deadline check the run will use (train's default: predictive); the verdict replays it.
     #[arg(long, value_enum, default_value_t = ExecutionModel::default().check)]
     pub check: CheckMode,
@@ -139,6 +142,7 @@ fn ideal_at(curve: &[CandidateScore], threshold_ns: f64) -> Option<CandidateScor
 /// insufficient data), output I/O, plotting.
 pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
+    let tail = args.tail.tail().map_err(CommandError::Args)?;
     if !(args.overhead_ms.is_finite() && args.overhead_ms >= 0.0) {
         return Err(CommandError::Args(format!("--overhead-ms {}: must be finite and >= 0", args.overhead_ms)));
     }
@@ -186,7 +190,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             )));
         }
         if let Some(ps) = &policies {
-            let c = crate::tune::policies::compare(t, &how, ps, args.seed);
+            let c = crate::tune::policies::compare(t, &how, ps, tail, args.seed);
             if !args.json {
                 out.write_all(super::policy_table(&c).as_bytes()).map_err(io_err("stdout"))?;
             }

@@ -3,7 +3,7 @@
 //! (`simulate`/`tune --policy`), with its parameters in [`PolicyParams`], and the one pure
 //! aggregation rule of backup workers, [`backup_aggregated`].
 //!
-//! Owns: [`Policy`], [`PolicyParams`], [`backup_aggregated`]. Must not touch: clocks, I/O,
+//! Owns: [`Policy`], [`PolicyParams`], [`TailShape`], [`backup_aggregated`]. Must not touch: clocks, I/O,
 //! devices. The per-micro-batch stop decision stays [`super::decide`] (drop policies and the
 //! compute budget call it with their own threshold); the per-rank micro-batch counts of
 //! rebalancing stay [`super::Rebalancer`].
@@ -39,8 +39,9 @@ pub enum Policy {
     /// first N - b ranks to finish; the b slowest are dropped whole ([`backup_aggregated`]).
     #[value(help = "Aggregate the first N-b ranks to finish, drop the b slowest whole")]
     BackupWorkers,
-    /// Compute budget (Anytime-Minibatch): every rank starts micro-batches while its elapsed
-    /// compute time is below the budget, up to [`PolicyParams::budget_max_micro_batches`]
+    /// Compute budget (Anytime-Minibatch): every rank starts micro-batches while the deadline
+    /// check at the budget allows (the configured check: before, or predictive), up to
+    /// [`PolicyParams::budget_max_micro_batches`]
     /// (so a fast rank computes more than M, a slow one fewer).
     #[value(help = "Each rank computes micro-batches while elapsed < budget (Anytime-Minibatch)")]
     ComputeBudget,
@@ -90,11 +91,12 @@ impl Policy {
     }
 
     /// The check mode the deadline runs with: the policy's own for `drop-before` /
-    /// `drop-predictive`, `configured` otherwise (`rebalance-drop`; the compute budget always
-    /// checks before each micro-batch, see [`PolicyParams`]).
+    /// `drop-predictive`, `configured` otherwise (`rebalance-drop`, and the compute budget,
+    /// whose budget is the threshold: with the predictive check a rank starts a micro-batch
+    /// only if it is predicted to end within the budget).
     pub fn check_mode(self, configured: CheckMode) -> CheckMode {
         match self {
-            Policy::DropBefore | Policy::ComputeBudget => CheckMode::BeforeMicroBatch,
+            Policy::DropBefore => CheckMode::BeforeMicroBatch,
             Policy::DropPredictive => CheckMode::Predictive,
             _ => configured,
         }
@@ -127,6 +129,72 @@ pub struct PolicyParams {
     pub budget_max_micro_batches: Option<u32>,
     /// Rebalancing limits (`rebalance`, `rebalance-drop`).
     pub rebalance: RebalanceConfig,
+    /// The second compiled shape, [`TailShape`]: a micro-batch of 1/`split` of the samples
+    /// used near the deadline and for the remainder of a rebalanced assignment (`split` = 1,
+    /// the default: whole micro-batches only).
+    pub tail: TailShape,
+}
+
+/// A second compiled shape of the forward/backward recipe: a *tail micro-batch* of B/`split`
+/// samples (B the micro-batch size), launched instead of a whole micro-batch when the
+/// predictive check says the whole one would end after the deadline but the tail one would
+/// not (`policy::decide` with the tail's estimate, [`TailShape::estimate_ns`]), and to run the
+/// remainder of a rebalanced assignment counted in tail parts. A launched graph cannot be
+/// aborted on the device, so a finer shape is the only way to stop closer to the deadline
+/// (issue 16's "shorter final micro-batch near the deadline").
+///
+/// Work is then counted in *parts*: one part = B/`split` samples, a whole micro-batch =
+/// `split` parts. `split` = 1 is the whole-micro-batch behaviour, bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TailShape {
+    /// Parts per micro-batch (>= 1; 0 reads as 1): the tail micro-batch holds B/`split`
+    /// samples. B must be divisible by it where samples are dealt (`train` checks).
+    pub split: u32,
+    /// Device time of a tail micro-batch as a fraction of a whole micro-batch's (in (0, 1]);
+    /// `None`: 1/`split` (linear in samples, an assumption: a smaller graph usually runs at
+    /// lower utilisation, so measure it and pass the measured value: `train` measures it on
+    /// its device).
+    pub cost: Option<f64>,
+}
+
+impl Default for TailShape {
+    /// `split` 1 (no tail shape), cost `None`.
+    fn default() -> Self {
+        Self { split: 1, cost: None }
+    }
+}
+
+impl TailShape {
+    /// A tail shape of B/`split` samples with the default (linear) cost.
+    pub fn split(split: u32) -> Self {
+        Self { split, cost: None }
+    }
+
+    /// Parts per micro-batch, at least 1.
+    pub fn parts(&self) -> u32 {
+        self.split.max(1)
+    }
+
+    /// True when a tail shape exists (`split` > 1).
+    pub fn enabled(&self) -> bool {
+        self.parts() > 1
+    }
+
+    /// The tail micro-batch's device time over a whole one's: [`TailShape::cost`] when finite
+    /// and in (0, 1], else 1/`split`.
+    pub fn cost_fraction(&self) -> f64 {
+        match self.cost {
+            Some(c) if c.is_finite() && c > 0.0 && c <= 1.0 => c,
+            _ => 1.0 / f64::from(self.parts()),
+        }
+    }
+
+    /// The estimated latency (ns) of a tail micro-batch from a whole micro-batch's estimate
+    /// `whole_ns` (rounded up: the estimate must not shrink below the cost model).
+    pub fn estimate_ns(&self, whole_ns: u64) -> u64 {
+        (whole_ns as f64 * self.cost_fraction()).ceil() as u64
+    }
 }
 
 impl PolicyParams {
@@ -156,6 +224,7 @@ impl Default for PolicyParams {
             budget_ms: None,
             budget_max_micro_batches: None,
             rebalance: RebalanceConfig::default(),
+            tail: TailShape::default(),
         }
     }
 }
@@ -213,7 +282,8 @@ mod tests {
         assert_eq!(Policy::DropPredictive.check_mode(BeforeMicroBatch), Predictive);
         assert_eq!(Policy::RebalanceDrop.check_mode(Predictive), Predictive);
         assert_eq!(Policy::RebalanceDrop.check_mode(BeforeMicroBatch), BeforeMicroBatch);
-        assert_eq!(Policy::ComputeBudget.check_mode(Predictive), BeforeMicroBatch);
+        assert_eq!(Policy::ComputeBudget.check_mode(Predictive), Predictive);
+        assert_eq!(Policy::ComputeBudget.check_mode(BeforeMicroBatch), BeforeMicroBatch);
         let drops: Vec<_> = Policy::ALL.into_iter().filter(|p| p.drops()).collect();
         assert_eq!(drops, vec![Policy::DropBefore, Policy::DropPredictive, Policy::RebalanceDrop]);
         let reb: Vec<_> = Policy::ALL.into_iter().filter(|p| p.rebalances()).collect();
@@ -231,6 +301,26 @@ mod tests {
         // Missing fields take the defaults.
         let d: PolicyParams = serde_json::from_str(r#"{"policy":"rebalance"}"#).expect("partial");
         assert_eq!(d, PolicyParams::new(Policy::Rebalance));
+    }
+
+    #[test]
+    fn tail_shape_cost_and_estimate() {
+        let d = TailShape::default();
+        assert_eq!((d.parts(), d.enabled(), d.cost_fraction()), (1, false, 1.0));
+        assert_eq!(TailShape::split(0).parts(), 1, "0 reads as 1");
+        let h = TailShape::split(2);
+        assert_eq!((h.parts(), h.enabled(), h.cost_fraction()), (2, true, 0.5));
+        assert_eq!(h.estimate_ns(11), 6, "rounded up");
+        let q = TailShape { split: 4, cost: Some(0.3) };
+        assert_eq!(q.cost_fraction(), 0.3);
+        assert_eq!(q.estimate_ns(100), 30);
+        // An out-of-range cost falls back to 1/split.
+        for bad in [0.0, -1.0, 1.5, f64::NAN, f64::INFINITY] {
+            assert_eq!(TailShape { split: 4, cost: Some(bad) }.cost_fraction(), 0.25, "{bad}");
+        }
+        let p = PolicyParams { tail: q, ..PolicyParams::new(Policy::RebalanceDrop) };
+        let s = serde_json::to_string(&p).expect("serialize");
+        assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
     }
 
     #[test]

@@ -17,7 +17,7 @@
 pub mod kind;
 pub mod rebalance;
 
-pub use kind::{Policy, PolicyParams, backup_aggregated};
+pub use kind::{Policy, PolicyParams, TailShape, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 
 use std::time::Duration;

@@ -40,7 +40,8 @@ use rand::Rng;
 use super::rng;
 use crate::policy::rebalance::RankLatencyTracker;
 use crate::policy::{
-    LatencyEstimator, Policy, PolicyConfig, PolicyParams, Rebalancer, Threshold, backup_aggregated, decide,
+    Decision, LatencyEstimator, Policy, PolicyConfig, PolicyParams, Rebalancer, StopReason, TailShape, Threshold,
+    backup_aggregated, decide,
 };
 use crate::sim::replay::ExecutionModel;
 use crate::trace::LatencyTrace;
@@ -70,17 +71,20 @@ impl PolicyRun {
     }
 }
 
-/// Outcome of [`replay_policy`]. Micro-batch counts are micro-batches (multiply by the
-/// micro-batch size for samples).
+/// Outcome of [`replay_policy`]. Counts are in *parts* of 1/[`PolicyReplay::split`]
+/// micro-batch ([`crate::policy::TailShape`]; with the default split 1, micro-batches):
+/// multiply by B/split for samples.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicyReplay {
     /// The policy replayed.
     pub policy: Policy,
+    /// Parts per micro-batch (the tail shape's split; 1 without one).
+    pub split: u32,
     /// Mean recorded (synchronous) step time, ns.
     pub baseline_step_ns: f64,
     /// Mean step time under the policy, ns.
     pub policy_step_ns: f64,
-    /// Nominal micro-batches: steps · N · M.
+    /// Nominal parts: steps · N · M · split.
     pub nominal: u64,
     /// Micro-batches whose gradient was aggregated (the divisor's sum over steps).
     pub aggregated: u64,
@@ -106,49 +110,102 @@ pub struct PolicyReplay {
     pub assigned: Vec<u32>,
 }
 
-/// Walk one rank's step: start micro-batches while `decide` says so, up to `cap`. `lat(i)` is
-/// the latency of micro-batch i; `ends` is scratch. Returns (started, compute end time ns).
+/// One rank's step as [`walk`] ran it.
+struct Walked {
+    /// Parts started (a whole micro-batch = `split` parts, a tail micro-batch 1).
+    parts: usize,
+    /// Compute end time (ns), `t0` when nothing started.
+    end: f64,
+    /// Whole-micro-batch equivalents of device time: whole + tail · cost (the divisor of the
+    /// per-micro-batch latency the rebalancing tracker sees).
+    equivalents: f64,
+}
+
+/// Walk one rank's step: start units while `decide` says so, up to `cap_parts` parts. A unit
+/// is a whole micro-batch (`split` parts, latency `lat(j)` for micro-batch j) or, with a tail
+/// shape, a tail micro-batch (1 part, latency `cost · lat(j)` of the micro-batch j it belongs
+/// to). Whole micro-batches run while at least `split` parts remain and `decide` with the
+/// whole estimate starts them; when the predictive check stops a whole one (predicted
+/// overshoot), or fewer than `split` parts remain, the walk goes on with tail micro-batches,
+/// each checked with the tail's estimate ([`TailShape::estimate_ns`]). The estimator is fed
+/// whole micro-batches only (it estimates a whole one). `ends` is scratch.
 #[allow(clippy::too_many_arguments)]
 fn walk(
     deadline: &PolicyConfig,
     step: u64,
-    cap: usize,
+    cap_parts: usize,
+    tail: &TailShape,
     lag: usize,
     t0: f64,
     est: &mut LatencyEstimator,
     lat: &mut dyn FnMut(usize) -> f64,
     ends: &mut Vec<f64>,
-) -> (usize, f64) {
+) -> Walked {
     ends.clear();
-    let (mut started, mut seen, mut acc) = (0usize, 0usize, t0);
-    let mut lats: Vec<f64> = Vec::new();
-    while started < cap {
-        let i = started;
-        // The check before micro-batch i waits for the end of micro-batch i-1-k.
-        let elapsed = match (i + 1).checked_sub(1 + lag) {
+    let split = tail.parts() as usize;
+    let cost = tail.cost_fraction();
+    let (mut units, mut parts, mut seen, mut acc) = (0usize, 0usize, 0usize, t0);
+    let (mut whole, mut tails) = (0usize, 0usize);
+    // Per unit: its latency if it was a whole micro-batch (fed to the estimator), else None.
+    let mut observed: Vec<Option<f64>> = Vec::new();
+    let mut mb_lat: Vec<f64> = Vec::new();
+    let mut tail_mode = false;
+    while parts < cap_parts {
+        // The check before unit i waits for the end of unit i-1-k.
+        let elapsed = match (units + 1).checked_sub(1 + lag) {
             None => 0.0,
             Some(upto) => {
                 while seen < upto {
-                    est.observe(lats[seen] as u64);
+                    if let Some(l) = observed[seen] {
+                        est.observe(l as u64);
+                    }
                     seen += 1;
                 }
                 if upto == 0 { 0.0 } else { ends[upto - 1] }
             }
         };
-        if !decide(deadline, step, i as u32, elapsed as u64, est.estimate()).is_start() {
+        let j = parts / split;
+        while mb_lat.len() <= j {
+            mb_lat.push(lat(mb_lat.len()));
+        }
+        if !tail_mode && cap_parts - parts >= split {
+            match decide(deadline, step, units as u32, elapsed as u64, est.estimate()) {
+                Decision::Start => {
+                    let l = mb_lat[j];
+                    observed.push(Some(l));
+                    acc += l;
+                    ends.push(acc);
+                    units += 1;
+                    whole += 1;
+                    parts += split;
+                    continue;
+                }
+                Decision::Stop(StopReason::PredictedOvershoot { .. }) if split > 1 => tail_mode = true,
+                Decision::Stop(_) => break,
+            }
+        }
+        if split == 1 {
             break;
         }
-        let l = lat(i);
-        lats.push(l);
+        let estimate = est.estimate().map(|e| tail.estimate_ns(e));
+        if !decide(deadline, step, units as u32, elapsed as u64, estimate).is_start() {
+            break;
+        }
+        let l = cost * mb_lat[j];
+        observed.push(None);
         acc += l;
         ends.push(acc);
-        started += 1;
+        units += 1;
+        tails += 1;
+        parts += 1;
     }
-    while seen < started {
-        est.observe(lats[seen] as u64);
+    while seen < units {
+        if let Some(l) = observed[seen] {
+            est.observe(l as u64);
+        }
         seen += 1;
     }
-    (started, if started == 0 { t0 } else { ends[started - 1] })
+    Walked { parts, end: if units == 0 { t0 } else { ends[units - 1] }, equivalents: whole as f64 + tails as f64 * cost }
 }
 
 /// Replay `trace` under `run` (module doc). Pure and deterministic for a seed; never fails
@@ -173,10 +230,17 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
         warmup_steps: exec.warmup_steps,
         min_micro_batches: exec.min_micro_batches,
     };
-    let budget_cap = run.params.budget_cap(m as u32) as usize;
+    let tail = run.params.tail;
+    let split = tail.parts() as usize;
+    let budget_cap = run.params.budget_cap(m as u32) as usize * split;
     let mut est: Vec<LatencyEstimator> =
         (0..n).map(|_| LatencyEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
-    let mut rebalancer = p.rebalances().then(|| Rebalancer::new(n, m as u32, run.params.rebalance));
+    // Rebalancing counts parts: M·split per rank, at least min·split each.
+    let mut rebalancer = p.rebalances().then(|| {
+        let mut cfg = run.params.rebalance;
+        cfg.min_micro_batches = cfg.min_micro_batches.saturating_mul(split as u32);
+        Rebalancer::new(n, (m * split) as u32, cfg)
+    });
     let mut tracker = RankLatencyTracker::new(n, Default::default());
     let mut ends = Vec::with_capacity(2 * m);
     let mut per_step = Vec::with_capacity(trace.num_steps());
@@ -194,14 +258,14 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
             let cap = match (p, &rebalancer) {
                 (_, Some(rb)) => rb.assignment()[r] as usize,
                 (Policy::ComputeBudget, _) => budget_cap,
-                _ => m,
+                _ => m * split,
             };
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
             let mut lat = |i: usize| if i < m { row[i] } else { row[extra.random_range(0..m)] };
-            let (started, end) = walk(&deadline, step, cap, lag, t0, &mut est[r], &mut lat, &mut ends);
-            step_started[r] = started as u32;
-            finish[r] = end;
-            mean_lat[r] = if started > 0 { (end - t0) / started as f64 } else { f64::NAN };
+            let w = walk(&deadline, step, cap, &tail, lag, t0, &mut est[r], &mut lat, &mut ends);
+            step_started[r] = w.parts as u32;
+            finish[r] = w.end;
+            mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
             assigned_cells.push(cap as u32);
         }
         // The baseline sums as `walk` does (t0, then + each latency in order): the synchronous
@@ -234,11 +298,13 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
             (finish.iter().copied().fold(0.0f64, f64::max), step_started.iter().map(|&s| u64::from(s)).sum())
         };
         computed += step_started.iter().map(|&s| u64::from(s)).sum::<u64>();
-        lost += ((n * m) as u64).saturating_sub(aggregated);
+        lost += ((n * m * split) as u64).saturating_sub(aggregated);
         started_cells.extend_from_slice(&step_started);
         if let Some(rb) = rebalancer.as_mut() {
             tracker.observe(&mean_lat);
-            rb.update(tracker.ewma_latency_ns(), &tracker.chronic());
+            // The rebalancer predicts per part: a whole micro-batch's latency / split.
+            let per_part: Vec<f64> = tracker.ewma_latency_ns().iter().map(|l| l / split as f64).collect();
+            rb.update(&per_part, &tracker.chronic());
         }
         let o = trace.overhead_ns()[si];
         per_step.push((base + o, pol + o, aggregated));
@@ -246,7 +312,7 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
     let s = per_step.len().max(1) as f64;
     let b = per_step.iter().map(|x| x.0).sum::<f64>() / s;
     let pt = per_step.iter().map(|x| x.1).sum::<f64>() / s;
-    let nominal = (per_step.len() * n * m) as u64;
+    let nominal = (per_step.len() * n * m * split) as u64;
     let aggregated: u64 = per_step.iter().map(|x| x.2).sum();
     PolicyReplay {
         policy: p,
@@ -260,6 +326,7 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
         effective_speedup: aggregated as f64 / nominal.max(1) as f64 * b / pt - 1.0,
         min_step_micro_batches: per_step.iter().map(|x| x.2).min().unwrap_or(0),
         max_step_micro_batches: per_step.iter().map(|x| x.2).max().unwrap_or(0),
+        split: split as u32,
         per_step,
         started: started_cells,
         assigned: assigned_cells,
@@ -359,6 +426,68 @@ mod tests {
         assert_eq!(r.max_step_micro_batches, 8);
         // Common random numbers: the same seed draws the same extra latencies.
         assert_eq!(r, replay_policy(&trace(), &run(p, None)));
+    }
+
+    /// A tail shape of half a micro-batch: the predictive check stops a whole micro-batch
+    /// that would overshoot and starts half of it when that fits; the estimator sees whole
+    /// micro-batches only; split 1 is the whole-micro-batch replay.
+    #[test]
+    fn a_tail_micro_batch_fills_the_slack_before_the_deadline() {
+        // One rank, M = 4, latencies 10 each, 2 steps (step 0 fills the estimator: 10).
+        let t = LatencyTrace::new("t", vec![0], vec![0, 1], 4, vec![10.0; 8], vec![0.0, 0.0]).expect("valid");
+        let th = Threshold::Fixed(Duration::from_nanos(35));
+        let mut ex = exec(CheckMode::Predictive);
+        ex.warmup_steps = 1;
+        let with = |tail: TailShape| {
+            replay_policy(&t, &PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(Policy::DropPredictive) }, th, ex))
+        };
+        let whole = with(TailShape::default());
+        // Step 1: 3 whole (30), the 4th predicted to end at 40 > 35: stop.
+        assert_eq!(whole.per_step[1], (40.0, 30.0, 3));
+        let half = with(TailShape::split(2));
+        // In parts: step 0 all 8; step 1: 3 whole (6 parts, 30 ns), then one half (5 ns: ends
+        // at 35 <= 35), the next half would end at 40: stop. 7 of 8 parts.
+        assert_eq!(half.split, 2);
+        assert_eq!(half.per_step, vec![(40.0, 40.0, 8), (40.0, 35.0, 7)]);
+        assert_eq!((half.nominal, half.aggregated, half.lost), (16, 15, 1));
+        assert_eq!(half.started, vec![8, 7]);
+        // A tail at 60 % of a whole one costs 6 ns: 30 + 6 > 35: no tail.
+        let dear = with(TailShape { split: 2, cost: Some(0.6) });
+        assert_eq!(dear.per_step[1], (40.0, 30.0, 6));
+        // The before-check has no estimate: no tail, as whole micro-batches.
+        let before = replay_policy(
+            &t,
+            &PolicyRun::new(
+                PolicyParams { tail: TailShape::split(2), ..PolicyParams::new(Policy::DropBefore) },
+                th,
+                ex,
+            ),
+        );
+        assert_eq!(before.per_step[1], (40.0, 40.0, 8));
+    }
+
+    /// Rebalancing counts parts: an odd part count runs its last part as a tail micro-batch.
+    #[test]
+    fn rebalancing_in_parts_runs_the_remainder_as_a_tail_micro_batch() {
+        let (n, m, steps) = (4usize, 8usize, 20usize);
+        let mut lat = Vec::new();
+        for _ in 0..steps {
+            for r in 0..n {
+                lat.extend(std::iter::repeat_n(if r == 1 { 2.0 } else { 1.0 }, m));
+            }
+        }
+        let t = LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
+            .expect("valid");
+        let p = PolicyParams { tail: TailShape::split(2), ..PolicyParams::new(Policy::Rebalance) };
+        let r = replay_policy(&t, &run(p, None));
+        assert!(r.per_step.iter().all(|x| x.2 == (n * m * 2) as u64), "global batch constant in parts");
+        assert_eq!(r.lost, 0);
+        // From step 10 in parts (M·2 = 16 per rank, 64 in all): rank 1 gets 9 parts (4 whole
+        // + 1 half: 8 + 1 = 9 ns), the others 18, 18, 19 (9 ns, 9 ns, 9.5 ns).
+        let a = &r.assigned[10 * n..11 * n];
+        assert_eq!(a.iter().sum::<u32>(), 64);
+        assert_eq!(a[1], 9, "{a:?}");
+        assert_eq!(r.per_step[10].1, 9.5, "{:?}", &r.per_step[10]);
     }
 
     /// One chronic rank at twice the latency: after the tracker's 10 steps the rebalancer

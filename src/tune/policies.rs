@@ -12,7 +12,8 @@
 //!   check also the estimator's quantile over [`ESTIMATOR_QUANTILES`] (a lower quantile stops
 //!   fewer micro-batches that would have fitted, a higher one overshoots less);
 //! - `compute-budget`: the budget over the same candidates and the per-rank cap over M..=2·M
-//!   (fast ranks refill, within the budget, what slow ranks drop);
+//!   (fast ranks refill, within the budget, what slow ranks drop); with the predictive check
+//!   also the estimator's quantile;
 //! - `backup-workers`: b in 0..N (b = 0 is synchronous);
 //! - `rebalance`: none (default hysteresis);
 //! - `synchronous`: none.
@@ -28,7 +29,7 @@
 
 use std::time::Duration;
 
-use crate::policy::{CheckMode, Policy, PolicyParams, Threshold};
+use crate::policy::{CheckMode, Policy, PolicyParams, TailShape, Threshold};
 use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
 use crate::trace::LatencyTrace;
 
@@ -68,10 +69,11 @@ pub struct PolicyOutcome {
     pub min_batch_fraction: f64,
     /// Most micro-batches aggregated in a step / N·M (above 1 under a compute budget).
     pub max_batch_fraction: f64,
-    /// Micro-batches of the nominal batches not aggregated, over the trace.
-    pub lost_micro_batches: u64,
+    /// Micro-batches of the nominal batches not aggregated, over the trace (fractional with a
+    /// tail shape: parts / split).
+    pub lost_micro_batches: f64,
     /// Micro-batches computed and discarded (backup workers).
-    pub wasted_micro_batches: u64,
+    pub wasted_micro_batches: f64,
     /// Mean recorded step, ms.
     pub baseline_step_ms: f64,
     /// Mean replayed step, ms.
@@ -98,11 +100,15 @@ pub struct PolicyComparison {
     pub ideal_admissible: Option<CandidateScore>,
     /// The straggler-free bound's effective speedup (module doc).
     pub straggler_free_speedup: f64,
+    /// The tail shape every policy ran with (split 1: whole micro-batches only).
+    #[serde(default)]
+    pub tail: TailShape,
 }
 
 fn outcome(r: &PolicyReplay, n_m: f64, how: &Recommend) -> (PolicyOutcome, bool) {
-    let min_f = r.min_step_micro_batches as f64 / n_m;
-    let max_f = r.max_step_micro_batches as f64 / n_m;
+    let split = f64::from(r.split.max(1));
+    let min_f = r.min_step_micro_batches as f64 / (n_m * split);
+    let max_f = r.max_step_micro_batches as f64 / (n_m * split);
     let admissible = r.drop_rate <= how.guardrails.max_drop_rate
         && min_f >= how.guardrails.min_batch_fraction
         && max_f <= MAX_BATCH_FRACTION;
@@ -118,8 +124,8 @@ fn outcome(r: &PolicyReplay, n_m: f64, how: &Recommend) -> (PolicyOutcome, bool)
         drop_rate: r.drop_rate,
         min_batch_fraction: min_f,
         max_batch_fraction: max_f,
-        lost_micro_batches: r.lost,
-        wasted_micro_batches: r.computed.saturating_sub(r.aggregated),
+        lost_micro_batches: r.lost as f64 / split,
+        wasted_micro_batches: r.computed.saturating_sub(r.aggregated) as f64 / split,
         baseline_step_ms: r.baseline_step_ns / 1e6,
         policy_step_ms: r.policy_step_ns / 1e6,
     };
@@ -151,9 +157,16 @@ pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
     if free > 0.0 { base / free - 1.0 } else { 0.0 }
 }
 
-/// Tune and replay each of `policies` on `trace` under `how` (module doc); `seed` draws the
-/// micro-batches beyond the trace's M. Never fails.
-pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed: u64) -> PolicyComparison {
+/// Tune and replay each of `policies` on `trace` under `how` (module doc), every policy with
+/// the tail shape `tail` ([`TailShape`]; `TailShape::default()` for whole micro-batches only);
+/// `seed` draws the micro-batches beyond the trace's M. Never fails.
+pub fn compare(
+    trace: &LatencyTrace,
+    how: &Recommend,
+    policies: &[Policy],
+    tail: TailShape,
+    seed: u64,
+) -> PolicyComparison {
     let (n, m) = (trace.world_size(), trace.micro_batches());
     let n_m = (n * m) as f64;
     let ideal =
@@ -162,10 +175,11 @@ pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed:
     let exec = how.execution;
     let mut rows = Vec::new();
     for &p in Policy::ALL.iter().filter(|p| policies.contains(p)) {
-        let base = PolicyRun { seed, ..PolicyRun::new(PolicyParams::new(p), Threshold::Off, exec) };
+        let base = PolicyRun { seed, ..PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(p) }, Threshold::Off, exec) };
         // Candidate runs of this policy.
         let mut cands: Vec<PolicyRun> = Vec::new();
-        let quantiles: &[f64] = if p.drops() && p.check_mode(exec.check) == CheckMode::Predictive {
+        let predictive = (p.drops() || p == Policy::ComputeBudget) && p.check_mode(exec.check) == CheckMode::Predictive;
+        let quantiles: &[f64] = if predictive {
             &ESTIMATOR_QUANTILES
         } else {
             &[crate::policy::LatencyEstimator::DEFAULT_QUANTILE]
@@ -179,13 +193,15 @@ pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed:
             }
             Policy::ComputeBudget => {
                 for cap in m as u32..=2 * m as u32 {
-                    for &t in &grid {
-                        let params = PolicyParams {
-                            budget_ms: Some(t / 1e6),
-                            budget_max_micro_batches: Some(cap),
-                            ..base.params
-                        };
-                        cands.push(PolicyRun { params, ..base });
+                    for &q in quantiles {
+                        for &t in &grid {
+                            let params = PolicyParams {
+                                budget_ms: Some(t / 1e6),
+                                budget_max_micro_batches: Some(cap),
+                                ..base.params
+                            };
+                            cands.push(PolicyRun { params, estimator_quantile: q, ..base });
+                        }
                     }
                 }
             }
@@ -210,9 +226,9 @@ pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed:
             Some((mut o, c)) => {
                 if p.drops() {
                     o.threshold_ms = c.threshold.as_ns().map(|ns| ns as f64 / 1e6);
-                    if p.check_mode(exec.check) == CheckMode::Predictive {
-                        o.estimator_quantile = Some(c.estimator_quantile);
-                    }
+                }
+                if predictive {
+                    o.estimator_quantile = Some(c.estimator_quantile);
                 }
                 if p == Policy::BackupWorkers {
                     o.backup_workers = Some(c.params.backup_workers);
@@ -243,5 +259,6 @@ pub fn compare(trace: &LatencyTrace, how: &Recommend, policies: &[Policy], seed:
             Verdict::Decline(_) => ideal.best_admissible,
         },
         straggler_free_speedup: straggler_free_speedup(trace),
+        tail,
     }
 }
