@@ -22,6 +22,9 @@ use half::bf16;
 use proptest::prelude::*;
 
 const FWD: &str = "test_fwd";
+/// The tail shape's forward recipe of [`TestWork`] (launched for micro-batches of at most
+/// `TestWork::tail_max_samples` samples).
+const FWD_TAIL: &str = "test_fwd_tail";
 
 /// The mock is process-global: tests take turns and reconfigure it.
 fn serial(cfg: &MockConfig) -> MutexGuard<'static, ()> {
@@ -70,6 +73,9 @@ struct TestWork {
     p: usize,
     dtype: GradDtype,
     fwd: Recipe,
+    fwd_tail: Recipe,
+    /// Micro-batches of at most this many samples run on `fwd_tail` (0: never).
+    tail_max_samples: usize,
     opt: Recipe,
     params: DeviceBuffer<f32>,
     neg_one: DeviceBuffer<f32>,
@@ -85,7 +91,7 @@ struct TestWork {
 }
 
 impl TestWork {
-    fn new(rt: &Arc<Runtime>, s: &Stream, p: usize, dtype: GradDtype, fwd_base_ns: u64) -> Self {
+    fn new(rt: &Arc<Runtime>, s: &Stream, p: usize, dtype: GradDtype, fwd_base_ns: u64, tail_base_ns: u64) -> Self {
         let dev = s.device();
         let xb = match dtype {
             GradDtype::F32 => 4 * p,
@@ -94,6 +100,11 @@ impl TestWork {
         let fwd = mock_recipes::load(
             rt,
             MockRecipe::new(FWD, "copy").tensor("src", xb).tensor("dst", xb).base_latency_ns(fwd_base_ns),
+        )
+        .unwrap();
+        let fwd_tail = mock_recipes::load(
+            rt,
+            MockRecipe::new(FWD_TAIL, "copy").tensor("src", xb).tensor("dst", xb).base_latency_ns(tail_base_ns),
         )
         .unwrap();
         let opt = mock_recipes::load(
@@ -113,6 +124,8 @@ impl TestWork {
             p,
             dtype,
             fwd,
+            fwd_tail,
+            tail_max_samples: 0,
             opt,
             params,
             neg_one,
@@ -148,7 +161,8 @@ impl Workload for TestWork {
         if self.nan_at_step == Some(step) {
             v[self.p / 2] = f64::NAN;
         }
-        let ids = self.fwd.tensor_ids(&["src", "dst"])?;
+        let fwd = if mb.sample_ids.len() <= self.tail_max_samples { &self.fwd_tail } else { &self.fwd };
+        let ids = fwd.tensor_ids(&["src", "dst"])?;
         match self.dtype {
             GradDtype::F32 => {
                 let h = HostBuffer::from_slice(s.device(), &v.iter().map(|&x| x as f32).collect::<Vec<_>>())?;
@@ -156,7 +170,7 @@ impl Workload for TestWork {
                 self.keep_f32.push(h);
                 let out = grad.as_f32_mut().ok_or("scratch is not f32")?;
                 s.launch(
-                    &self.fwd,
+                    fwd,
                     &[LaunchTensor::by_id(ids[0], &self.input_f32), LaunchTensor::by_id(ids[1], out)],
                     None,
                     &[],
@@ -168,7 +182,7 @@ impl Workload for TestWork {
                 self.keep_bf16.push(h);
                 let out = grad.as_bf16_mut().ok_or("scratch is not bf16")?;
                 s.launch(
-                    &self.fwd,
+                    fwd,
                     &[LaunchTensor::by_id(ids[0], &self.input_bf16), LaunchTensor::by_id(ids[1], out)],
                     None,
                     &[],
@@ -211,6 +225,8 @@ struct World {
     cfg: SchedulerConfig,
     steps: u64,
     fwd_base_ns: u64,
+    /// Base latency of the tail recipe, and the samples up to which a micro-batch runs on it.
+    tail: (u64, usize),
     /// Per-rank data source factory.
     data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
     nan: Option<(u32, u64)>,
@@ -230,7 +246,7 @@ impl World {
         steps: u64,
         data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
     ) -> Self {
-        Self { n, cfg, steps, fwd_base_ns: 0, data, nan: None, host_delay: Duration::ZERO, prepare: None }
+        Self { n, cfg, steps, fwd_base_ns: 0, tail: (0, 0), data, nan: None, host_delay: Duration::ZERO, prepare: None }
     }
 }
 
@@ -250,8 +266,15 @@ fn run(w: &World) -> Vec<RankRun> {
                     if let Some(p) = &w.prepare {
                         p(&mut sched);
                     }
-                    let mut work =
-                        TestWork::new(rt, sched.stream(), w.cfg.gradient_len, w.cfg.grad_dtype, w.fwd_base_ns);
+                    let mut work = TestWork::new(
+                        rt,
+                        sched.stream(),
+                        w.cfg.gradient_len,
+                        w.cfg.grad_dtype,
+                        w.fwd_base_ns,
+                        w.tail.0,
+                    );
+                    work.tail_max_samples = w.tail.1;
                     work.host_delay = w.host_delay;
                     if let Some((r, s)) = w.nan
                         && r == rank
@@ -666,7 +689,7 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
         let mut r = Rebalancer::new(n as usize, m, RebalanceConfig::default());
         for step in 0..29usize {
             let rep = &runs[0].reports[step];
-            t.observe(&per_micro_batch_ns(rep));
+            t.observe(&per_micro_batch_ns(rep, &Default::default()));
             let next = r.update(t.ewma_latency_ns(), &t.chronic()).to_vec();
             assert_eq!(next, runs[0].reports[step + 1].assignment, "step {}", step + 1);
         }
@@ -729,6 +752,85 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
     }
 }
 
+/// The tail shape (split 2, half micro-batches at half the device time): the scheduler and
+/// the simulator start the same parts, whole and tail, for every policy that uses it; the
+/// slow rank fills the slack before the deadline with a tail micro-batch; the parts computed
+/// carry exactly the samples the counts say.
+#[test]
+fn scheduler_and_simulator_agree_with_a_tail_shape() {
+    use dropcompute::policy::{Policy, PolicyParams, TailShape};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::sim::replay::ExecutionModel;
+    let (n, m) = (4u32, 4u32);
+    // Whole micro-batches scripted (rank 1: 25 µs, the others 10 µs); a tail micro-batch takes
+    // its base 5 µs times the rank's slowdown: half of the rank's whole one.
+    let slow = |r: u32| if r == 1 { 2.5 } else { 1.0 };
+    let cfg_mock = {
+        let mut c = mock_cfg(n, &(0..n).map(|r| vec![(10_000.0 * slow(r)) as u64; 2000]).collect::<Vec<_>>());
+        for o in &mut c.per_device {
+            o.slowdown = slow(o.module_id);
+        }
+        c
+    };
+    let base = {
+        let _g = serial(&cfg_mock);
+        run(&World::new(n, base_cfg(m, 2, 4), 12, endless(vec![2])))
+    };
+    let trace = dropcompute::train::summary::run_trace(&base[0].reports).unwrap();
+    let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow: 25 + 12.5 fits, a whole second does not
+    let tail = TailShape::split(2);
+    for policy in [Policy::DropPredictive, Policy::ComputeBudget, Policy::Rebalance, Policy::RebalanceDrop] {
+        let _g = serial(&cfg_mock);
+        let mut cfg = base_cfg(m, 2, 4);
+        cfg.tail = tail;
+        cfg.max_micro_batches = (policy != Policy::DropPredictive).then_some(2 * m);
+        cfg.policy.check = policy.check_mode(CheckMode::Predictive);
+        cfg.policy.threshold =
+            if policy.drops() || policy == Policy::ComputeBudget { fixed(t) } else { Threshold::Off };
+        // Parts of b/S = 1 sample.
+        let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
+            Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))));
+        let mut w = World::new(n, cfg.clone(), 12, data);
+        w.tail = (5_000, 1);
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| match policy {
+            Policy::Rebalance | Policy::RebalanceDrop => {
+                let rc = RebalanceConfig { min_micro_batches: 2, ..RebalanceConfig::default() };
+                s.set_rebalancer(Rebalancer::new(n as usize, 2 * m, rc)).unwrap();
+            }
+            Policy::ComputeBudget => s.set_compute_budget(),
+            _ => {}
+        }));
+        let runs = run(&w);
+        let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
+        let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), tail, ..PolicyParams::new(policy) };
+        let sim = replay_policy(&trace, &PolicyRun::new(params, cfg.policy.threshold, exec));
+        let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
+        let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
+        assert_eq!(sim.split, 2);
+        assert_eq!(sim.assigned, assigned, "{policy}: same assignment (parts) every step");
+        assert_eq!(sim.started, started, "{policy}: same parts started every step");
+        for rep in &runs[0].reports {
+            // Every rank's samples computed = its parts (1 sample each).
+            for x in &rep.ranks {
+                assert_eq!(x.samples, u64::from(x.computed), "{policy} step {}", rep.step);
+            }
+        }
+        if policy == Policy::DropPredictive {
+            // From step 1 (the estimator has seen the slow rank): 1 whole + 1 tail = 3 parts.
+            assert!(started.chunks(n as usize).skip(1).all(|s| s == [8, 3, 8, 8]), "{started:?}");
+            // The launches of rank 1 in step 1: a whole micro-batch of 2 samples, then a tail of 1.
+            let l1: Vec<usize> = runs[1].launched.iter().filter(|(s, _)| *s == 1).map(|(_, ids)| ids.len()).collect();
+            assert_eq!(l1, vec![2, 1]);
+        }
+        if policy.rebalances() {
+            let last = &assigned[assigned.len() - n as usize..];
+            // The slow rank sheds work; an odd part count runs its last part as a tail.
+            assert!(last[1] < 2 * m && last.iter().any(|a| a % 2 == 1), "{policy}: {last:?}");
+            assert_eq!(last.iter().sum::<u32>(), 2 * m * n, "{policy}: the global batch in parts");
+        }
+    }
+}
+
 /// Backup workers as the device runs them: the rank predicted slowest (per-micro-batch
 /// latency EWMA × M, `policy::backup_aggregated`) computes nothing from step 1 on, the others M;
 /// every rank agrees; b = 0 runs every rank (and equals the synchronous run bitwise).
@@ -755,7 +857,7 @@ fn backup_workers_skip_the_rank_predicted_slowest_and_b_zero_is_synchronous() {
                 Some(1) if step > 0 => {
                     let mut t = RankLatencyTracker::new(n as usize, Default::default());
                     for rep in &runs[0].reports[..step] {
-                        t.observe(&per_micro_batch_ns(rep));
+                        t.observe(&per_micro_batch_ns(rep, &Default::default()));
                     }
                     let finish: Vec<f64> = t.ewma_latency_ns().iter().map(|l| l * f64::from(m)).collect();
                     backup_aggregated(&finish, 1).into_iter().map(|k| if k { m } else { 0 }).collect()

@@ -104,6 +104,13 @@ pub struct SchedulerConfig {
     /// A rank is flagged a chronic straggler when it hit the threshold in at least this fraction
     /// of the (at least 10) steps since the start, and its smoothed compute time is the largest.
     pub chronic_hit_fraction: f64,
+    /// The second compiled shape (`policy::TailShape`, split S): with S > 1 the data source
+    /// deals *parts* of b/S samples, assignments and counts are in parts (a micro-batch = S
+    /// parts), the scheduler launches S consecutive parts as one whole micro-batch and, near
+    /// the deadline (predictive check) or for the remainder of an assignment, single parts as
+    /// tail micro-batches (the workload runs a micro-batch of at most b/S samples on its tail
+    /// shape). Default: S = 1, whole micro-batches only (counts in micro-batches).
+    pub tail: crate::policy::TailShape,
 }
 
 impl Default for SchedulerConfig {
@@ -127,6 +134,7 @@ impl Default for SchedulerConfig {
             estimator_quantile: crate::policy::LatencyEstimator::DEFAULT_QUANTILE,
             straggler_ewma_alpha: 0.1,
             chronic_hit_fraction: 0.5,
+            tail: crate::policy::TailShape::default(),
         }
     }
 }
@@ -164,6 +172,15 @@ impl SchedulerConfig {
         if !(0.0..=1.0).contains(&self.chronic_hit_fraction) {
             return bad("chronic_hit_fraction", format!("{} (must be in [0, 1])", self.chronic_hit_fraction));
         }
+        if self.tail.split == 0 || self.tail.split > 64 || self.micro_batch_size % self.tail.parts() != 0 {
+            return bad(
+                "tail.split",
+                format!(
+                    "{} (must be in 1..=64 and divide micro_batch_size = {})",
+                    self.tail.split, self.micro_batch_size
+                ),
+            );
+        }
         if let Some(ns) = self.policy.threshold.as_ns()
             && ns == 0
         {
@@ -176,6 +193,18 @@ impl SchedulerConfig {
     /// the count row's latency block and of `StepReport::latencies_ns` per rank).
     pub fn slots(&self) -> u32 {
         self.max_micro_batches.unwrap_or(self.micro_batches).max(self.micro_batches)
+    }
+
+    /// Parts per micro-batch: the tail shape's split S (1 without a tail shape).
+    pub fn parts(&self) -> u32 {
+        self.tail.parts()
+    }
+
+    /// Part slots per rank and step: [`SchedulerConfig::slots`] · S. The most parts a rank may
+    /// be assigned, and the most launches (whole or tail micro-batches) it makes in a step: the
+    /// width of the count row's latency block and of `StepReport::latencies_ns` per rank.
+    pub fn part_slots(&self) -> u32 {
+        self.slots().saturating_mul(self.parts())
     }
 
     /// The element ranges of the all-reduce buckets: contiguous, covering `0..gradient_len`,
@@ -205,18 +234,25 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let cases: [(SchedulerConfig, &str); 6] = [
+        let tail = |split| crate::policy::TailShape::split(split);
+        let cases: [(SchedulerConfig, &str); 8] = [
             (SchedulerConfig { max_micro_batches: Some(7), ..Default::default() }, "max_micro_batches"),
             (SchedulerConfig { micro_batches: 0, ..Default::default() }, "micro_batches"),
             (SchedulerConfig { sync_lag: 8, ..Default::default() }, "sync_lag"),
             (SchedulerConfig { gradient_len: 0, ..Default::default() }, "gradient_len"),
             (SchedulerConfig { bucket_bytes: 3, ..Default::default() }, "bucket_bytes"),
             (SchedulerConfig { straggler_ewma_alpha: f64::NAN, ..Default::default() }, "straggler_ewma_alpha"),
+            (SchedulerConfig { tail: tail(0), ..Default::default() }, "tail.split"),
+            (SchedulerConfig { tail: tail(3), micro_batch_size: 16, ..Default::default() }, "tail.split"),
         ];
         for (cfg, field) in cases {
             let e = cfg.validate().unwrap_err().to_string();
             assert!(e.contains(field), "{e}");
         }
         assert!(SchedulerConfig::default().validate().is_ok());
+        let c =
+            SchedulerConfig { tail: tail(4), micro_batch_size: 16, max_micro_batches: Some(12), ..Default::default() };
+        assert!(c.validate().is_ok());
+        assert_eq!((c.slots(), c.parts(), c.part_slots()), (12, 4, 48));
     }
 }

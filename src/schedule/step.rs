@@ -38,7 +38,7 @@ use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
 use crate::policy::rebalance::RankLatencyTracker;
-use crate::policy::{Decision, LatencyEstimator, Rebalancer, Threshold, backup_aggregated, decide};
+use crate::policy::{Decision, LatencyEstimator, Rebalancer, StopReason, Threshold, backup_aggregated, decide};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
@@ -55,7 +55,10 @@ pub trait Workload {
     /// Enqueue the forward and backward pass of `mb` (micro-batch `index` of `step`): copy its
     /// inputs host-to-device and launch the recipe that overwrites `grad` with the gradient
     /// summed (not averaged) over the micro-batch's samples (or tokens). The scheduler then
-    /// accumulates `grad` into its f32 accumulator.
+    /// accumulates `grad` into its f32 accumulator. With a tail shape
+    /// (`SchedulerConfig::tail`, split S) a launch of at most b/S samples is a tail
+    /// micro-batch: run it on the tail shape's recipe; `index` is then the index of the
+    /// micro-batch it is cut from (several launches of a step may share it).
     ///
     /// # Errors
     /// Any error; reported as [`ScheduleError::Workload`] with rank, step and call.
@@ -80,8 +83,15 @@ pub trait Workload {
 struct ComputePhase {
     /// Device timestamp of the compute clock start `t0` (set after the loop).
     t0_ns: u64,
-    /// Micro-batches started (a prefix of the planned ones).
+    /// Launches started: whole micro-batches first, then tail micro-batches (the tail shape).
     started: usize,
+    /// Parts started (a prefix of the planned ones; = `started` without a tail shape).
+    parts: usize,
+    /// Per launch: true for a whole micro-batch (its latency feeds the estimator), false for a
+    /// tail micro-batch.
+    whole: Vec<bool>,
+    /// Per launch: its samples.
+    samples: Vec<u64>,
     /// Start timestamp of each of the M slots (0 when not started).
     starts_ns: Vec<u64>,
     /// End timestamp of each of the M slots (0 when not started).
@@ -102,6 +112,9 @@ impl ComputePhase {
         Self {
             t0_ns: 0,
             started: 0,
+            parts: 0,
+            whole: Vec::with_capacity(m),
+            samples: Vec::with_capacity(m),
             starts_ns: vec![0; m],
             ends_ns: vec![0; m],
             durations: vec![CountRow::NOT_COMPUTED; m],
@@ -235,7 +248,7 @@ impl Scheduler {
         let (rank, n) = (comm.rank(), comm.world_size() as usize);
         let dev = comm.device().clone();
         let e = |call| dev_err(rank, 0, call);
-        let m = cfg.slots() as usize;
+        let m = cfg.part_slots() as usize;
         let k = CountRow::len(m);
         let stream = Stream::new(&dev).map_err(e("stream create"))?;
         let p = cfg.gradient_len;
@@ -271,7 +284,7 @@ impl Scheduler {
             retuner: None,
             last_overhead_ns: 0,
             stop_requested: false,
-            assignment: vec![cfg.micro_batches; n],
+            assignment: vec![cfg.micro_batches * cfg.parts(); n],
             rebalancer: None,
             backup_workers: None,
             latency: RankLatencyTracker::new(n, Default::default()),
@@ -397,7 +410,7 @@ impl Scheduler {
     /// device, so the compute phase overshoots the budget by at most one micro-batch). The
     /// global batch then varies with speed; the divisor stays the global computed count.
     pub fn set_compute_budget(&mut self) {
-        self.assignment = vec![self.cfg.slots(); self.assignment.len()];
+        self.assignment = vec![self.cfg.part_slots(); self.assignment.len()];
         self.rebalancer = None;
     }
 
@@ -423,24 +436,28 @@ impl Scheduler {
     /// Feeds the rebalancer, if any, with the tracker's view after a step and moves to the
     /// assignment it chooses (when it fits the slots).
     fn rebalance(&mut self, step: u64) {
+        let parts = self.cfg.parts();
         if let Some(b) = self.backup_workers {
             let m = self.cfg.micro_batches;
             let lat = self.latency.ewma_latency_ns();
             self.assignment = if lat.iter().all(|l| l.is_finite()) {
                 let predicted: Vec<f64> = lat.iter().map(|l| l * f64::from(m)).collect();
-                backup_aggregated(&predicted, b).into_iter().map(|keep| if keep { m } else { 0 }).collect()
+                backup_aggregated(&predicted, b).into_iter().map(|keep| if keep { m * parts } else { 0 }).collect()
             } else {
-                vec![m; self.assignment.len()]
+                vec![m * parts; self.assignment.len()]
             };
             return;
         }
         let Some(r) = &mut self.rebalancer else { return };
         let chronic = self.latency.chronic();
-        let next = r.update(self.latency.ewma_latency_ns(), &chronic).to_vec();
+        // The rebalancer counts parts: it is fed the latency of one part (a whole micro-batch's
+        // over S), as `sim::policies` feeds it.
+        let per_part: Vec<f64> = self.latency.ewma_latency_ns().iter().map(|l| l / f64::from(parts)).collect();
+        let next = r.update(&per_part, &chronic).to_vec();
         if next == self.assignment {
             return;
         }
-        let slots = self.cfg.slots();
+        let slots = self.cfg.part_slots();
         if next.iter().any(|&a| a > slots) {
             tracing::warn!(
                 step,
@@ -460,22 +477,22 @@ impl Scheduler {
         &self.assignment
     }
 
-    /// Sets the per-rank micro-batch counts of the following steps. Must be called with the
-    /// same value on every rank before the same step (derive it from [`StepReport`] data,
-    /// which is identical on every rank, never from local-only data).
+    /// Sets the per-rank part counts (micro-batches without a tail shape) of the following
+    /// steps. Must be called with the same value on every rank before the same step (derive it
+    /// from [`StepReport`] data, which is identical on every rank, never from local-only data).
     ///
     /// # Errors
     /// [`ScheduleError::Config`] (`assignment`) unless it has one entry per rank, each at most
-    /// [`SchedulerConfig::slots`], summing to N·M (the global batch stays constant).
+    /// [`SchedulerConfig::part_slots`], summing to N·M·S (the global batch stays constant).
     pub fn set_assignment(&mut self, assignment: &[u32]) -> Result<(), ScheduleError> {
         let n = self.comm.world_size() as usize;
-        let (m, slots) = (u64::from(self.cfg.micro_batches), self.cfg.slots());
+        let (m, slots) = (u64::from(self.cfg.micro_batches) * u64::from(self.cfg.parts()), self.cfg.part_slots());
         let sum: u64 = assignment.iter().map(|&a| u64::from(a)).sum();
         if assignment.len() != n || sum != n as u64 * m || assignment.iter().any(|&a| a > slots) {
             return Err(ScheduleError::Config {
                 what: "assignment",
                 value: format!(
-                    "{assignment:?} (must have {n} entries, each <= {slots} micro-batch slots, summing to N·M = {})",
+                    "{assignment:?} (must have {n} entries, each <= {slots} slots, summing to N·M·S = {})",
                     n as u64 * m
                 ),
             });
@@ -522,7 +539,7 @@ impl Scheduler {
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
         self.stragglers.observe(&report.ranks);
-        self.latency.observe(&per_micro_batch_ns(&report));
+        self.latency.observe(&per_micro_batch_ns(&report, &self.cfg.tail));
         self.rebalance(step);
         let retune = self.retune(&report)?;
         Ok((report, retune))
@@ -546,7 +563,7 @@ impl Scheduler {
     fn take_micro_batches(&mut self, step: u64, data: &mut dyn DataSource) -> Result<Vec<MicroBatch>, ScheduleError> {
         let rank = self.comm.rank();
         let mut planned = data.take_assigned(rank, &self.assignment);
-        planned.truncate(self.cfg.slots() as usize);
+        planned.truncate(self.cfg.part_slots() as usize);
         if self.cfg.weighting == Weighting::Tokens && planned.iter().any(|mb| mb.tokens.is_none()) {
             return Err(ScheduleError::Data {
                 rank: self.comm.rank(),
@@ -557,10 +574,14 @@ impl Scheduler {
         Ok(planned)
     }
 
-    /// Launches a prefix of `planned` under the deadline: before micro-batch i,
+    /// Launches a prefix of `planned` under the deadline: before launch i,
     /// `policy::decide` with the device time elapsed since `t0` ([`Scheduler::elapsed_before`])
-    /// and the rank's latency estimate; on the first stop the rest are left undone. Returns once
-    /// every started micro-batch has finished on the device.
+    /// and the rank's latency estimate; on the first stop the rest are left undone. With a tail
+    /// shape (S > 1, `planned` in parts) S consecutive parts launch as one whole micro-batch
+    /// while at least S remain; when the predictive check stops a whole one (predicted
+    /// overshoot), or fewer than S parts remain, single parts launch as tail micro-batches,
+    /// each checked with the tail's estimate (`TailShape::estimate_ns`): the walk of
+    /// `sim::policies`. Returns once every started launch has finished on the device.
     fn run_micro_batches(
         &mut self,
         step: u64,
@@ -568,18 +589,52 @@ impl Scheduler {
         work: &mut dyn Workload,
     ) -> Result<ComputePhase, ScheduleError> {
         let rank = self.comm.rank();
-        let mut phase = ComputePhase::new(self.cfg.slots() as usize);
+        let s = self.cfg.parts() as usize;
+        let mut phase = ComputePhase::new(self.cfg.part_slots() as usize);
         let mut t0_ns: Option<u64> = None;
         let loop_start = std::time::Instant::now();
-        for (i, mb) in planned.iter().enumerate() {
+        let mut tail_mode = false;
+        while phase.parts < planned.len() {
+            let i = phase.started;
             let elapsed_ns = self.elapsed_before(step, i, &mut phase, &mut t0_ns)?;
-            let decision = decide(&self.cfg.policy, step, i as u32, elapsed_ns, self.estimator.estimate());
-            if let Decision::Stop(reason) = decision {
-                debug!(step, rank, micro_batch = i, ?reason, "deadline: dropping the rest of the step");
+            let p = phase.parts;
+            // The index the workload sees: the micro-batch the launch is (or is cut from).
+            let j = (p / s) as u32;
+            let estimate = self.estimator.estimate();
+            if !tail_mode && planned.len() - p >= s {
+                match decide(&self.cfg.policy, step, i as u32, elapsed_ns, estimate) {
+                    Decision::Start => {
+                        let merged;
+                        let mb = if s == 1 {
+                            &planned[p]
+                        } else {
+                            merged = merge_parts(&planned[p..p + s]);
+                            &merged
+                        };
+                        self.launch_micro_batch(step, i, j, mb, work)?;
+                        phase.whole.push(true);
+                        phase.samples.push(mb.samples());
+                        phase.started += 1;
+                        phase.parts += s;
+                        continue;
+                    }
+                    Decision::Stop(StopReason::PredictedOvershoot { .. }) if s > 1 => tail_mode = true,
+                    Decision::Stop(reason) => {
+                        debug!(step, rank, micro_batch = i, ?reason, "deadline: dropping the rest of the step");
+                        break;
+                    }
+                }
+            }
+            let tail_estimate = estimate.map(|e| self.cfg.tail.estimate_ns(e));
+            if let Decision::Stop(reason) = decide(&self.cfg.policy, step, i as u32, elapsed_ns, tail_estimate) {
+                debug!(step, rank, micro_batch = i, ?reason, "deadline: no tail micro-batch fits; dropping the rest");
                 break;
             }
-            self.launch_micro_batch(step, i, mb, work)?;
+            self.launch_micro_batch(step, i, j, &planned[p], work)?;
+            phase.whole.push(false);
+            phase.samples.push(planned[p].samples());
             phase.started += 1;
+            phase.parts += 1;
         }
         phase.host_loop_ns = u64::try_from(loop_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         phase.t0_ns = self.t0_ns(&mut t0_ns, rank, step)?;
@@ -611,12 +666,13 @@ impl Scheduler {
         Ok(if target >= 0 { phase.ends_ns[target as usize].saturating_sub(t0) } else { 0 })
     }
 
-    /// Enqueues micro-batch `i`: start event, the user's recipe, accumulation into the f32
-    /// accumulator, end event.
+    /// Enqueues launch `i` (micro-batch index `j` for the workload): start event, the user's
+    /// recipe, accumulation into the f32 accumulator, end event.
     fn launch_micro_batch(
         &mut self,
         step: u64,
         i: usize,
+        j: u32,
         mb: &MicroBatch,
         work: &mut dyn Workload,
     ) -> Result<(), ScheduleError> {
@@ -624,7 +680,7 @@ impl Scheduler {
         let e = |call| dev_err(rank, step, call);
         let _mb_span = debug_span!("micro_batch", step, rank, index = i).entered();
         self.starts[i].record(&self.stream).map_err(e("event record"))?;
-        work.launch_micro_batch(&self.stream, step, i as u32, mb, &mut self.scratch)
+        work.launch_micro_batch(&self.stream, step, j, mb, &mut self.scratch)
             .map_err(|source| ScheduleError::Workload { rank, step, call: "launch_micro_batch", source })?;
         self.ops.accumulate(&self.stream, &self.acc, &self.scratch).map_err(e("gradient accumulate"))?;
         self.ends[i].record(&self.stream).map_err(e("event record"))
@@ -637,18 +693,18 @@ impl Scheduler {
     fn update_ledger(&mut self, step: u64, planned: Vec<MicroBatch>, compute: &ComputePhase) -> Settled {
         let rank = self.comm.rank();
         let mut dropped = planned;
-        let computed: Vec<MicroBatch> = dropped.drain(..compute.started).collect();
+        let computed: Vec<MicroBatch> = dropped.drain(..compute.parts).collect();
         let fate = match self.cfg.drop_handling {
             DropHandling::Requeue => DropFate::Requeued,
             DropHandling::Discard => DropFate::Discarded,
         };
         for (j, mb) in dropped.iter().enumerate() {
-            let micro_batch = (compute.started + j) as u32;
+            let micro_batch = (compute.parts + j) as u32;
             self.ledger.dropped.push(DropRecord { step, rank, micro_batch, sample_ids: mb.sample_ids.clone(), fate });
         }
         self.ledger.computed.extend(computed.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
         Settled {
-            records: micro_batch_records(step, &computed, &dropped, compute),
+            records: micro_batch_records(step, &dropped, compute),
             samples: computed.iter().map(MicroBatch::samples).sum(),
             tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
             dropped: dropped.len() as u32,
@@ -667,7 +723,7 @@ impl Scheduler {
         let flag = self.flag_host.as_slice().map_err(e("host flag"))?[0];
         Ok(CountRow {
             nonfinite: flag != 0,
-            computed: compute.started as u32,
+            computed: compute.parts as u32,
             dropped: settled.dropped,
             samples: settled.samples,
             tokens: settled.tokens,
@@ -687,7 +743,7 @@ impl Scheduler {
         let rank = self.comm.rank();
         let e = |call| dev_err(rank, step, call);
         {
-            let k = CountRow::len(self.cfg.slots() as usize);
+            let k = CountRow::len(self.cfg.part_slots() as usize);
             let all = self.gathered_host.as_mut_slice().map_err(e("host count vector"))?;
             all.fill(0);
             let own = all.chunks_exact_mut(k).nth(rank as usize).unwrap_or_default();
@@ -726,7 +782,7 @@ impl Scheduler {
     /// [`ScheduleError::Counts`] naming the first rank whose row does not decode.
     fn global_view(&self, step: u64) -> Result<GlobalView, ScheduleError> {
         let rank = self.comm.rank();
-        let m = self.cfg.slots() as usize;
+        let m = self.cfg.part_slots() as usize;
         let g = self.gathered_host.as_slice().map_err(dev_err(rank, step, "host count vector"))?;
         let rows = g
             .chunks(CountRow::len(m))
@@ -866,52 +922,69 @@ impl Scheduler {
             phase.starts_ns[i] = self.starts[i].timestamp_ns().map_err(e("event timestamp"))?;
             phase.ends_ns[i] = self.ends[i].timestamp_ns().map_err(e("event timestamp"))?;
             phase.durations[i] = phase.ends_ns[i].saturating_sub(phase.starts_ns[i]);
-            self.estimator.observe(phase.durations[i]);
+            if phase.whole[i] {
+                self.estimator.observe(phase.durations[i]);
+            }
             phase.seen += 1;
         }
         Ok(())
     }
 }
 
-/// Each rank's mean micro-batch latency in a step (ns: the sum of its computed micro-batches'
-/// device durations over their count, from the gathered N x S matrix; NaN when it computed
-/// none): the input of `RankLatencyTracker`, the quantity `sim::policies` feeds it (the sum of
-/// the micro-batch latencies walked over the number started).
-pub fn per_micro_batch_ns(report: &StepReport) -> Vec<f64> {
+/// Each rank's mean micro-batch latency in a step (ns: the sum of its launches' device
+/// durations over the whole-micro-batch equivalents they computed, from the gathered N x S
+/// matrix; NaN when it computed none): the input of `RankLatencyTracker`, the quantity
+/// `sim::policies` feeds it. With a tail shape a rank that started `u` launches over `p` parts
+/// ran w = (p - u)/(S - 1) whole micro-batches (they come first) and u - w tail ones, each
+/// counting `tail.cost_fraction()` of a whole one.
+pub fn per_micro_batch_ns(report: &StepReport, tail: &crate::policy::TailShape) -> Vec<f64> {
     let n = report.ranks.len().max(1);
     let s = report.latencies_ns.len() / n;
     if s == 0 {
         return vec![f64::NAN; report.ranks.len()];
     }
+    let split = u64::from(tail.parts());
     report
         .latencies_ns
         .chunks_exact(s)
-        .map(|row| {
-            let (sum, k) = row.iter().filter(|v| v.is_finite()).fold((0.0, 0u32), |(a, k), &v| (a + v, k + 1));
-            if k > 0 { sum / f64::from(k) } else { f64::NAN }
+        .zip(&report.ranks)
+        .map(|(row, rank)| {
+            let (sum, k) = row.iter().filter(|v| v.is_finite()).fold((0.0, 0u64), |(a, k), &v| (a + v, k + 1));
+            let equivalents = if split > 1 {
+                let whole = u64::from(rank.computed).saturating_sub(k) / (split - 1);
+                whole as f64 + k.saturating_sub(whole) as f64 * tail.cost_fraction()
+            } else {
+                k as f64
+            };
+            if k > 0 { sum / equivalents } else { f64::NAN }
         })
         .collect()
 }
 
-/// This rank's micro-batch records of one step in schedule order: the computed ones with their
-/// device start and duration, then the dropped ones stamped at the drop time (the end of the
-/// last computed micro-batch, or `t0` when none was) with duration 0.
-fn micro_batch_records(
-    step: u64,
-    computed: &[MicroBatch],
-    dropped: &[MicroBatch],
-    compute: &ComputePhase,
-) -> Vec<MicroBatchRecord> {
+/// S consecutive parts as one whole micro-batch: their sample ids in order, their token
+/// counts summed (`None` when any part has none).
+fn merge_parts(parts: &[MicroBatch]) -> MicroBatch {
+    MicroBatch {
+        sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
+        tokens: parts.iter().map(|p| p.tokens).sum(),
+    }
+}
+
+/// This rank's launch records of one step in schedule order: the started launches (whole or
+/// tail micro-batches) with their device start, duration and samples, then the dropped parts
+/// (micro-batches without a tail shape) stamped at the drop time (the end of the last started
+/// launch, or `t0` when none was) with duration 0.
+fn micro_batch_records(step: u64, dropped: &[MicroBatch], compute: &ComputePhase) -> Vec<MicroBatchRecord> {
     let drop_at = compute.started.checked_sub(1).map_or(compute.t0_ns, |last| compute.ends_ns[last]);
-    let done = computed.iter().enumerate().map(|(i, mb)| (i, mb, compute.starts_ns[i], compute.durations[i], false));
-    let undone = dropped.iter().enumerate().map(|(j, mb)| (computed.len() + j, mb, drop_at, 0, true));
+    let done = (0..compute.started).map(|i| (i, compute.samples[i], compute.starts_ns[i], compute.durations[i], false));
+    let undone = dropped.iter().enumerate().map(|(j, mb)| (compute.started + j, mb.samples(), drop_at, 0, true));
     done.chain(undone)
-        .map(|(i, mb, start_ns, duration_ns, dropped)| MicroBatchRecord {
+        .map(|(i, samples, start_ns, duration_ns, dropped)| MicroBatchRecord {
             step,
             micro_batch: i as u32,
             start_ns,
             duration_ns,
-            samples: mb.samples(),
+            samples,
             dropped,
         })
         .collect()

@@ -205,7 +205,11 @@ fn walk(
         }
         seen += 1;
     }
-    Walked { parts, end: if units == 0 { t0 } else { ends[units - 1] }, equivalents: whole as f64 + tails as f64 * cost }
+    Walked {
+        parts,
+        end: if units == 0 { t0 } else { ends[units - 1] },
+        equivalents: whole as f64 + tails as f64 * cost,
+    }
 }
 
 /// Replay `trace` under `run` (module doc). Pure and deterministic for a seed; never fails
@@ -439,7 +443,10 @@ mod tests {
         let mut ex = exec(CheckMode::Predictive);
         ex.warmup_steps = 1;
         let with = |tail: TailShape| {
-            replay_policy(&t, &PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(Policy::DropPredictive) }, th, ex))
+            replay_policy(
+                &t,
+                &PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(Policy::DropPredictive) }, th, ex),
+            )
         };
         let whole = with(TailShape::default());
         // Step 1: 3 whole (30), the 4th predicted to end at 40 > 35: stop.

@@ -175,15 +175,13 @@ pub fn compare(
     let exec = how.execution;
     let mut rows = Vec::new();
     for &p in Policy::ALL.iter().filter(|p| policies.contains(p)) {
-        let base = PolicyRun { seed, ..PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(p) }, Threshold::Off, exec) };
+        let base =
+            PolicyRun { seed, ..PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(p) }, Threshold::Off, exec) };
         // Candidate runs of this policy.
         let mut cands: Vec<PolicyRun> = Vec::new();
         let predictive = (p.drops() || p == Policy::ComputeBudget) && p.check_mode(exec.check) == CheckMode::Predictive;
-        let quantiles: &[f64] = if predictive {
-            &ESTIMATOR_QUANTILES
-        } else {
-            &[crate::policy::LatencyEstimator::DEFAULT_QUANTILE]
-        };
+        let quantiles: &[f64] =
+            if predictive { &ESTIMATOR_QUANTILES } else { &[crate::policy::LatencyEstimator::DEFAULT_QUANTILE] };
         match p {
             Policy::Synchronous | Policy::Rebalance => cands.push(base),
             Policy::BackupWorkers => {
