@@ -152,6 +152,14 @@ pub struct MockConfig {
     /// forward/backward recipe) sets it. At most [`MAX_SCRIPT_NS`] each. JSON:
     /// `"graph_base_latency_ns": {"mlp_fwd_bwd_64x128x10_b16": 12000000}`.
     pub graph_base_latency_ns: std::collections::BTreeMap<String, u64>,
+    /// Keyed noise draws shared between graph recipes: a launch of recipe `k` draws its noise
+    /// factor as a launch of recipe `v` would under the same latency key (default empty). An
+    /// emulation knob for a job with two compiled shapes of one computation (`dropcompute
+    /// train --tail-split`: the tail micro-batch sees the device conditions of the micro-batch
+    /// it is cut from). JSON: `"graph_noise_alias": {"mlp_fwd_bwd_64x128x10_b8":
+    /// "mlp_fwd_bwd_64x128x10_b16"}`.
+    #[serde(default)]
+    pub graph_noise_alias: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for MockConfig {
@@ -171,6 +179,7 @@ impl Default for MockConfig {
             graph_gflops: 100_000.0,
             graph_node_overhead_ns: 2000,
             graph_base_latency_ns: std::collections::BTreeMap::new(),
+            graph_noise_alias: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -152,30 +152,63 @@ pub struct TailArgs {
     /// Split each micro-batch into this many tail parts (a second compiled shape of B/S
     /// samples, used near the deadline and for the remainder of a rebalanced assignment);
     /// 1 = whole micro-batches only.
-    #[arg(long, default_value_t = 1, requires = "policy")]
+    #[arg(long, default_value_t = 1)]
     pub tail_split: u32,
     /// Device time of a tail micro-batch as a fraction of a whole one's, in (0, 1]. Default
     /// 1/S (linear in samples: an assumption; `train` measures it on its device).
-    #[arg(long, allow_negative_numbers = true, requires = "policy")]
+    #[arg(long, allow_negative_numbers = true)]
     pub tail_cost: Option<f64>,
 }
 
 impl TailArgs {
+    /// True when either flag differs from its default (a tail shape was asked for).
+    pub fn given(&self) -> bool {
+        self.tail_split != 1 || self.tail_cost.is_some()
+    }
+
+    /// [`TailArgs::tail`] for `simulate`/`tune`, which take it only with `--policy`.
+    ///
+    /// # Errors
+    /// `"--FLAG VALUE: why"` as [`TailArgs::tail`]; `"--tail-split ...: needs --policy"` when
+    /// a tail flag is given without a policy comparison.
+    pub fn for_policy(&self, policy: Option<&str>) -> Result<crate::policy::TailShape, CommandError> {
+        if policy.is_none() && self.given() {
+            let (flag, value) = if self.tail_split != 1 {
+                ("tail-split", self.tail_split.to_string())
+            } else {
+                ("tail-cost", self.tail_cost.map(|c| c.to_string()).unwrap_or_default())
+            };
+            return Err(CommandError::Args(format!(
+                "--{flag} {value}: needs --policy (the tail shape is a policy replay)"
+            )));
+        }
+        self.tail().map_err(|e| CommandError::Args(format!("--{} {}: {}", e.flag, e.value, e.why)))
+    }
+
     /// The tail shape, checked.
     ///
     /// # Errors
-    /// `"--tail-split 0: ..."` when the split is 0 or above 64; `"--tail-cost X: ..."` when the
-    /// cost is not a finite number in (0, 1].
-    pub fn tail(&self) -> Result<crate::policy::TailShape, String> {
+    /// [`crate::train::config::ArgError`] naming `tail-split` when the split is 0 or above 64,
+    /// `tail-cost` when the cost is not a finite number in (0, 1] or is given with split 1.
+    pub fn tail(&self) -> Result<crate::policy::TailShape, crate::train::config::ArgError> {
+        use crate::train::config::ArgError;
         if self.tail_split == 0 || self.tail_split > 64 {
-            return Err(format!("--tail-split {}: must be in 1..=64 (1 = whole micro-batches only)", self.tail_split));
+            return Err(ArgError::new(
+                "tail-split",
+                self.tail_split,
+                "must be in 1..=64 (1 = whole micro-batches only)",
+            ));
         }
         if let Some(c) = self.tail_cost {
             if !(c.is_finite() && c > 0.0 && c <= 1.0) {
-                return Err(format!("--tail-cost {c}: must be a fraction in (0, 1] of a whole micro-batch's time"));
+                return Err(ArgError::new(
+                    "tail-cost",
+                    c,
+                    "must be a fraction in (0, 1] of a whole micro-batch's time",
+                ));
             }
             if self.tail_split == 1 {
-                return Err(format!("--tail-cost {c}: needs --tail-split >= 2 (there is no tail shape)"));
+                return Err(ArgError::new("tail-cost", c, "needs --tail-split >= 2 (there is no tail shape)"));
             }
         }
         Ok(crate::policy::TailShape { split: self.tail_split, cost: self.tail_cost })

@@ -229,6 +229,9 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     if !args.traces.is_empty() {
         return run_policies(args, out);
     }
+    if args.policy.is_none() {
+        args.tail.for_policy(None)?; // a tail flag without a policy comparison is refused
+    }
     // The budget bounds the Monte Carlo steps of both paths (the policy comparison draws
     // MIN_STEPS steps per world size, then replays them per policy and parameter).
     let workers = parse_workers(&args.workers)?;
@@ -357,7 +360,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
 /// Errors: bad flags, trace errors, model parameters, output I/O.
 fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
-    let tail = args.tail.tail().map_err(CommandError::Args)?;
+    let tail = args.tail.for_policy(Some(args.policy.as_deref().unwrap_or("all")))?;
     let policies = super::parse_policies(args.policy.as_deref().unwrap_or("all"))?;
     let execution = ExecutionModel { check: args.check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
     let how = Recommend { execution, guardrails };
@@ -462,8 +465,9 @@ mod tests {
             let e = run_to(&args, &mut Vec::new()).expect_err(want).to_string();
             assert!(e.contains(want), "{flags:?}: {e}");
         }
-        let e = Cli::try_parse_from(["simulate", "--tail-split", "2"]).err().expect("needs --policy").to_string();
-        assert!(e.contains("--policy"), "{e}");
+        let a = Cli::try_parse_from(["simulate", "--tail-split", "2"]).unwrap().a;
+        let e = run_to(&a, &mut Vec::new()).expect_err("needs --policy").to_string();
+        assert!(e.contains("--tail-split 2: needs --policy"), "{e}");
         // --noise is parsed into the shared noise type; a bad spec is a usage error naming it.
         let e = Cli::try_parse_from(["simulate", "--noise", "lognormal:9"]).err().expect("rejected").to_string();
         assert!(e.contains("lognormal:9") && e.contains("expected"), "{e}");

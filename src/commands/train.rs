@@ -102,6 +102,9 @@ pub struct Args {
     /// b of --policy backup-workers: ranks predicted slowest that skip each step (< --ranks).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub backup_workers: u32,
+    /// The second compiled shape of the second run (`policy::TailShape`).
+    #[command(flatten)]
+    pub tail: super::TailArgs,
     /// Micro-batches the deadline check may lag behind the device (0 = none).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sync_lag: u32,
@@ -292,6 +295,17 @@ impl Args {
         if self.policy == Some(crate::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
             return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
         }
+        let tail = self.tail.tail()?;
+        if self.micro_batch_size % tail.parts() != 0 {
+            return Err(bad(
+                "tail-split",
+                tail.parts(),
+                format!(
+                    "must divide --micro-batch-size {} (a tail micro-batch holds b/S samples)",
+                    self.micro_batch_size
+                ),
+            ));
+        }
         if self.sync_lag >= micro_batches {
             return Err(bad("sync-lag", self.sync_lag, format!("must be < --micro-batches {micro_batches}")));
         }
@@ -344,6 +358,7 @@ impl Args {
             check: self.policy.map_or(self.check, |p| p.check_mode(self.check)),
             policy: self.policy,
             backup_workers: self.backup_workers,
+            tail,
             sync_lag: self.sync_lag,
             normalization: self.normalization,
             bucket_bytes: bucket_bytes as u64,

@@ -142,7 +142,7 @@ fn ideal_at(curve: &[CandidateScore], threshold_ns: f64) -> Option<CandidateScor
 /// insufficient data), output I/O, plotting.
 pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
-    let tail = args.tail.tail().map_err(CommandError::Args)?;
+    let tail = args.tail.for_policy(args.policy.as_deref())?;
     if !(args.overhead_ms.is_finite() && args.overhead_ms >= 0.0) {
         return Err(CommandError::Args(format!("--overhead-ms {}: must be finite and >= 0", args.overhead_ms)));
     }

@@ -203,7 +203,7 @@ pub struct TrackerConfig {
 
 impl Default for TrackerConfig {
     fn default() -> Self {
-        Self { tolerance: 0.05, chronic_fraction: 0.5, ewma_alpha: 0.2, min_steps: 10 }
+        Self { tolerance: 0.05, chronic_fraction: 0.5, ewma_alpha: 0.2, min_steps: 3 }
     }
 }
 

@@ -184,6 +184,12 @@ pub struct TrainConfig {
     /// the step; 0 = synchronous).
     #[serde(default = "one")]
     pub backup_workers: u32,
+    /// `--tail-split` / `--tail-cost`: the second compiled shape of the second run
+    /// (`policy::TailShape`; split 1, the default, is whole micro-batches only). With split S
+    /// the run's data source deals parts of b/S samples and its counts (steps.csv `computed`,
+    /// `dropped`) are in parts.
+    #[serde(default)]
+    pub tail: crate::policy::TailShape,
     /// Micro-batches the deadline check may lag behind the device (< micro_batches).
     pub sync_lag: u32,
     /// Gradient normalisation.

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::mock::config::TimeMode;
 use crate::mock::{DeviceOverride, MockConfig};
+use crate::policy::Threshold;
 use crate::schedule::{DropLedger, StepReport, StragglerTracker};
 use crate::sim::replay::ExecutionModel;
 use crate::tune::Recommend;
@@ -157,8 +158,12 @@ impl Job {
             Policy::BackupWorkers => format!(" policy=backup-workers:{}", c.backup_workers),
             p => format!(" policy={}", p.name()),
         };
+        let tail = match c.tail {
+            t if !t.enabled() => String::new(),
+            t => format!(" tail={}:{}", t.parts(), t.cost_fraction()),
+        };
         format!(
-            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}",
+            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}{tail}",
             c.ranks,
             c.micro_batches,
             c.micro_batch_size,
@@ -185,6 +190,38 @@ impl Job {
         }
     }
 
+    /// True when the second run is replayed by the policy replay (`sim::policies`: its
+    /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
+    /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, and any policy with a
+    /// tail shape. Backup workers never are (the scheduler runs the predicted variant, the
+    /// replay the in-flight one: `Scheduler::set_backup_workers`).
+    pub fn replays_policy(&self) -> bool {
+        use crate::policy::Policy;
+        let p = self.cfg.policy();
+        p != Policy::BackupWorkers
+            && (self.cfg.tail.enabled()
+                || matches!(p, Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget))
+    }
+
+    /// The second run as `sim::policies::replay_policy` replays it at `threshold` (the budget
+    /// of `compute-budget`): the job's policy, b, tail shape, default rebalancing and cap (2·M),
+    /// the scheduler's default estimator quantile, [`Job::execution`], the job's seed.
+    pub fn policy_run(&self, threshold: Threshold) -> crate::sim::policies::PolicyRun {
+        use crate::policy::{Policy, PolicyParams};
+        let p = self.cfg.policy();
+        let budget_ms = threshold.as_ns().filter(|_| p == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
+        let params = PolicyParams {
+            backup_workers: self.cfg.backup_workers,
+            tail: self.cfg.tail,
+            budget_ms,
+            ..PolicyParams::new(p)
+        };
+        crate::sim::policies::PolicyRun {
+            seed: self.cfg.seed,
+            ..crate::sim::policies::PolicyRun::new(params, threshold, self.execution())
+        }
+    }
+
     /// How `--threshold auto` recommends a threshold on the baseline run's trace (all its steps,
     /// warm-up included): replayed as the DropCompute run will execute ([`Job::execution`]),
     /// judged by the job's guardrails (`--max-drop-rate`, `--min-batch-fraction`,
@@ -208,6 +245,15 @@ impl Job {
         } else {
             self.cfg.micro_batches
         }
+    }
+
+    /// The rebalancer of a rebalancing second run with tail shape `tail`: in parts (M·S per
+    /// rank, at least S each, the default hysteresis), as `sim::policies` builds it.
+    pub fn rebalancer(&self, tail: crate::policy::TailShape) -> crate::policy::Rebalancer {
+        let s = tail.parts();
+        let mut rc = crate::policy::RebalanceConfig::default();
+        rc.min_micro_batches = rc.min_micro_batches.saturating_mul(s);
+        crate::policy::Rebalancer::new(self.cfg.ranks as usize, self.cfg.micro_batches * s, rc)
     }
 
     /// Steps of a run, `None` for an epoch-bounded run.
@@ -238,8 +284,19 @@ impl Job {
         m.time_mode = self.cfg.time_mode;
         m.seed = self.cfg.seed;
         m.noise = self.cfg.noise.clone();
-        let fwd = super::model_graphs::forward_backward_recipe_name(self.shape, self.cfg.micro_batch_size as usize);
-        m.graph_base_latency_ns.insert(fwd, u64::try_from(self.cfg.base_latency.as_nanos()).unwrap_or(u64::MAX));
+        let b = self.cfg.micro_batch_size as usize;
+        let fwd = super::model_graphs::forward_backward_recipe_name(self.shape, b);
+        let base_ns = u64::try_from(self.cfg.base_latency.as_nanos()).unwrap_or(u64::MAX);
+        let tail = self.cfg.tail;
+        if tail.enabled() {
+            // The tail shape's recipe: cost × the whole one's device time, drawing the noise of
+            // the whole micro-batch it is cut from (common random numbers with the replay,
+            // which models a tail as cost × that micro-batch's latency).
+            let name = super::model_graphs::forward_backward_recipe_name(self.shape, b / tail.parts() as usize);
+            m.graph_base_latency_ns.insert(name.clone(), (base_ns as f64 * tail.cost_fraction()).round() as u64);
+            m.graph_noise_alias.insert(name, fwd.clone());
+        }
+        m.graph_base_latency_ns.insert(fwd, base_ns);
         for s in &self.cfg.slow_ranks {
             m.per_device.retain(|o| o.module_id != s.rank);
             m.per_device.push(DeviceOverride {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::hccl::{Comm, CommOptions, ReduceOp};
 use crate::launch::{self, ChildSpec, Join, Launch};
 use crate::mock::MockControl;
-use crate::policy::{Policy, PolicyConfig, RebalanceConfig, Rebalancer, Threshold};
+use crate::policy::{Policy, PolicyConfig, Threshold};
 use crate::schedule::{
     DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
@@ -80,6 +80,9 @@ fn resolve_threshold(
                     ),
                 });
             }
+            if job.replays_policy() {
+                return auto_for_policy(job, comm, reports);
+            }
             let mut found = None;
             if rank == 0 {
                 let trace = super::summary::run_trace(reports);
@@ -103,6 +106,15 @@ fn resolve_threshold(
             };
             (t, None, why)
         }
+        (ThresholdArg::Auto, None) if job.cfg.tail.enabled() => {
+            return Err(TrainError::Config {
+                what: "--tail-split",
+                value: format!(
+                    "{}: --threshold auto without a baseline run (--no-compare or --resume) tunes in-run on whole micro-batch latencies only; give a threshold in ms, or run the baseline",
+                    job.cfg.tail.parts()
+                ),
+            });
+        }
         (ThresholdArg::Auto, None) => {
             let steps = job.steps().unwrap_or(200).max(4) as usize;
             let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
@@ -114,6 +126,57 @@ fn resolve_threshold(
             }
         }
     })
+}
+
+/// `--threshold auto` for a policy the policy replay runs ([`Job::replays_policy`]): rank 0
+/// searches the threshold (the budget of `compute-budget`) that maximises the replayed
+/// effective speedup of the job's policy on the baseline run's trace within the guardrails
+/// (`tune::policies::best_threshold`, every other parameter as the run executes:
+/// [`Job::policy_run`]) and broadcasts it; off when none is admissible. Tuning on the replay of
+/// the policy itself (not DropCompute's) matters once work moves: a threshold tuned on the
+/// unbalanced baseline over-drops after rebalancing.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`] from the broadcast.
+fn auto_for_policy(
+    job: &Job,
+    comm: &Comm,
+    reports: &[StepReport],
+) -> Result<(Threshold, Option<Retuner>, String), TrainError> {
+    let rank = comm.rank();
+    let p = job.cfg.policy();
+    let mut found = None;
+    if rank == 0
+        && let Some(trace) = super::summary::run_trace(reports)
+    {
+        let how = job.auto_recommend();
+        let ideal = crate::tune::tune(
+            &trace,
+            &crate::tune::TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches },
+        );
+        found = crate::tune::policies::best_threshold(&trace, &how, &ideal, job.policy_run(Threshold::Off))
+            .filter(|(_, o)| o.enabled);
+    }
+    let chosen = found.as_ref().and_then(|(c, _)| match p {
+        Policy::ComputeBudget => c.params.budget_ms.map(|ms| (ms * 1e6).round() as u64),
+        _ => c.threshold.as_ns(),
+    });
+    let ns = broadcast_u64(comm, chosen.unwrap_or(u64::MAX))?;
+    let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
+    let g = job.cfg.guardrails;
+    let why = match (&found, rank) {
+        (Some((_, o)), _) => format!(
+            "auto ({p}): best replayed speedup {:.3}x of the baseline run's latencies under {p} as this run executes (drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %)",
+            1.0 + o.effective_speedup,
+            o.drop_rate * 100.0,
+            g.max_drop_rate * 100.0,
+            g.min_batch_fraction * 100.0,
+            g.min_gain * 100.0
+        ),
+        (None, 0) => format!("auto ({p}): off: no threshold within the guardrails on the replay of {p}"),
+        (None, _) => "auto: chosen by rank 0".into(),
+    };
+    Ok((t, None, why))
 }
 
 /// Broadcasts `v` from rank 0 (two u32 halves on a temporary stream) and returns it.
@@ -171,6 +234,8 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             _ => resolve_threshold(job, &comm, kind, baseline)?,
         };
         let shares = policy.is_some_and(RunData::shares);
+        // The tail shape is the second run's; the baseline runs whole micro-batches.
+        let tail = if kind == RunKind::DropCompute { cfg.tail } else { crate::policy::TailShape::default() };
         let scfg = SchedulerConfig {
             micro_batches: cfg.micro_batches,
             max_micro_batches: shares.then(|| job.slots_of(kind)),
@@ -183,6 +248,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             grad_dtype: GradDtype::F32,
             gradient_len: job.shape.param_len(),
             bucket_bytes: usize::try_from(cfg.bucket_bytes).unwrap_or(usize::MAX),
+            tail,
             ..SchedulerConfig::default()
         };
         let ops = GradientOps::graphs(comm.device(), job.shape.param_len(), GradDtype::F32).map_err(dev_err)?;
@@ -191,11 +257,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             sched.set_retuner(r);
         }
         match policy {
-            Some(p) if p.rebalances() => sched.set_rebalancer(Rebalancer::new(
-                cfg.ranks as usize,
-                cfg.micro_batches,
-                RebalanceConfig::default(),
-            ))?,
+            Some(p) if p.rebalances() => sched.set_rebalancer(job.rebalancer(tail))?,
             // Without a budget (auto declined by a guardrail) every rank keeps its M.
             Some(Policy::ComputeBudget) if threshold != Threshold::Off => sched.set_compute_budget(),
             Some(Policy::BackupWorkers) => sched.set_backup_workers(cfg.backup_workers),
@@ -207,6 +269,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             lr: cfg.lr as f32,
             momentum: cfg.momentum as f32,
             weight_decay: 0.0,
+            tail_split: tail.parts() as usize,
         };
         let zeros = vec![0f32; job.init.len()];
         let mut work =
@@ -222,7 +285,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             cfg.ranks,
             job.train.len() as u64,
             cfg.seed,
-            cfg.micro_batch_size as usize,
+            (cfg.micro_batch_size / tail.parts()) as usize,
             max_epochs,
         );
         let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());

@@ -85,13 +85,17 @@ pub struct Prediction {
 /// samples, and an epoch's last micro-batch of a rank may be short). The per-step overhead is
 /// the baseline's ([`run_trace`]) plus its host time outside the device steps (wall time minus
 /// the sum of step times, over the steps; 0 in virtual time, where the wall time is that sum).
-/// `None` without a complete baseline step, and when the run's policy is not one `sim::replay`
-/// executes (`policy::Policy`: only `synchronous`, `drop-before` and `drop-predictive` are;
-/// backup workers, the compute budget and rebalancing are not predicted here rather than
-/// predicted wrongly).
+/// The policies the policy replay runs ([`Job::replays_policy`]: rebalancing, the compute
+/// budget, any tail shape) are replayed by `sim::policies::replay_policy` ([`Job::policy_run`]);
+/// their speedup is the replay's effective speedup (parts aggregated, not samples re-dealt).
+/// `None` without a complete baseline step, and for backup workers (the scheduler runs the
+/// predicted variant, the replay the in-flight one: not predicted rather than predicted
+/// wrongly).
 pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
     use crate::policy::Policy;
-    if !matches!(job.cfg.policy(), Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive) {
+    let policy_replay = job.replays_policy();
+    if !policy_replay && !matches!(job.cfg.policy(), Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive)
+    {
         return None;
     }
     let reports = &baseline.reports;
@@ -102,6 +106,26 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     let trace = trace.with_overhead(overhead).ok()?;
     let baseline = reports.as_slice();
     let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
+    if policy_replay {
+        // The policy replay counts parts of 1/split micro-batch: the speedup is its effective
+        // speedup (aggregated parts over nominal, times the step time ratio).
+        let r = crate::sim::policies::replay_policy(&trace, &job.policy_run(threshold));
+        let replay = ReplayReport {
+            baseline_step_ns: r.baseline_step_ns,
+            policy_step_ns: r.policy_step_ns,
+            drop_rate: r.drop_rate,
+            effective_speedup: r.effective_speedup,
+            per_step: r.per_step,
+            started: r.started,
+        };
+        let baseline_samples = baseline.iter().map(StepReport::global_samples).sum();
+        return Some(Prediction {
+            speedup: 1.0 + replay.effective_speedup,
+            replay,
+            samples_computed: None,
+            baseline_samples,
+        });
+    }
     let replay = replay(&trace, threshold, &job.execution());
     let steps = trace.steps();
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);

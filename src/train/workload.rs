@@ -101,6 +101,10 @@ pub struct MlpHyper {
     pub momentum: f32,
     /// Weight decay.
     pub weight_decay: f32,
+    /// The tail shape's split S (`policy::TailShape`): with S > 1 a second forward/backward
+    /// graph is compiled for b/S rows and runs every micro-batch of at most b/S samples. 1 (or
+    /// 0): one shape.
+    pub tail_split: usize,
 }
 
 /// One rank's MLP on its device.
@@ -116,6 +120,8 @@ pub struct MlpWorkload {
     labels: DeviceBuffer<i32>,
     /// 1 for a sample, 0 for a padding row ([`stage_labels`]).
     mask: DeviceBuffer<f32>,
+    /// The tail shape (`MlpHyper::tail_split` > 1): its graphs and input buffers of b/S rows.
+    tail: Option<TailModel>,
     /// `[loss sum, rows]` accumulated by the forward/backward graph since the last read.
     pub loss: DeviceBuffer<f32>,
     staged: Vec<(HostBuffer<f32>, HostBuffer<i32>, HostBuffer<f32>)>,
@@ -140,6 +146,19 @@ impl MlpWorkload {
         let dev = stream.device();
         let b = hyper.micro_batch_size;
         let graphs = MlpGraphs::build(dev, hyper.shape, b, hyper.lr, hyper.momentum, hyper.weight_decay)?;
+        let tail = match hyper.tail_split {
+            s if s > 1 => {
+                let rows = (b / s).max(1);
+                Some(TailModel {
+                    graphs: MlpGraphs::build(dev, hyper.shape, rows, hyper.lr, hyper.momentum, hyper.weight_decay)?,
+                    rows,
+                    x: DeviceBuffer::alloc(dev, rows * hyper.shape.input)?,
+                    labels: DeviceBuffer::alloc(dev, rows)?,
+                    mask: DeviceBuffer::alloc(dev, rows)?,
+                })
+            }
+            _ => None,
+        };
         let mut w = Self {
             graphs,
             params: DeviceBuffer::alloc(dev, p)?,
@@ -147,6 +166,7 @@ impl MlpWorkload {
             x: DeviceBuffer::alloc(dev, b * hyper.shape.input)?,
             labels: DeviceBuffer::alloc(dev, b)?,
             mask: DeviceBuffer::alloc(dev, b)?,
+            tail,
             loss: DeviceBuffer::alloc(dev, 2)?,
             staged: Vec::new(),
             rank: 0,
@@ -193,6 +213,16 @@ impl MlpWorkload {
     }
 }
 
+/// The second compiled shape of [`MlpWorkload`]: the forward/backward graph and its inputs for
+/// `rows` = b/S rows.
+struct TailModel {
+    graphs: MlpGraphs,
+    rows: usize,
+    x: DeviceBuffer<f32>,
+    labels: DeviceBuffer<i32>,
+    mask: DeviceBuffer<f32>,
+}
+
 fn mb_error(e: impl std::error::Error + Send + Sync + 'static) -> WorkloadError {
     Box::new(e)
 }
@@ -209,19 +239,40 @@ impl Workload for MlpWorkload {
         crash_hook(self.rank, step, index);
         let dev = stream.device();
         set_latency_key(dev.module_id(), step, index)?;
-        let (x, y) = self.data.rows_padded(&mb.sample_ids, self.hyper.micro_batch_size).map_err(mb_error)?;
+        // A micro-batch that fits the tail shape runs on it (fewer rows: less device time).
+        let tail = self.tail.as_mut().filter(|t| mb.sample_ids.len() <= t.rows);
+        let rows = tail.as_ref().map_or(self.hyper.micro_batch_size, |t| t.rows);
+        let (x, y) = self.data.rows_padded(&mb.sample_ids, rows).map_err(mb_error)?;
         if self.staged.len() >= 16 {
             self.staged.clear(); // each drop waits for its copy: bounded host memory
         }
         let (y, mask) = stage_labels(&y);
         let (hx, hy, hm) =
             (HostBuffer::from_slice(dev, &x)?, HostBuffer::from_slice(dev, &y)?, HostBuffer::from_slice(dev, &mask)?);
-        stream.copy_h2d(&hx, &mut self.x)?;
-        stream.copy_h2d(&hy, &mut self.labels)?;
-        stream.copy_h2d(&hm, &mut self.mask)?;
-        self.staged.push((hx, hy, hm));
         let g = grad.as_f32_mut().ok_or("the MLP writes f32 gradients")?;
-        self.graphs.launch_forward_backward(stream, &self.params, &self.x, &self.labels, &self.mask, g, &self.loss)?;
+        match tail {
+            Some(t) => {
+                stream.copy_h2d(&hx, &mut t.x)?;
+                stream.copy_h2d(&hy, &mut t.labels)?;
+                stream.copy_h2d(&hm, &mut t.mask)?;
+                t.graphs.launch_forward_backward(stream, &self.params, &t.x, &t.labels, &t.mask, g, &self.loss)?;
+            }
+            None => {
+                stream.copy_h2d(&hx, &mut self.x)?;
+                stream.copy_h2d(&hy, &mut self.labels)?;
+                stream.copy_h2d(&hm, &mut self.mask)?;
+                self.graphs.launch_forward_backward(
+                    stream,
+                    &self.params,
+                    &self.x,
+                    &self.labels,
+                    &self.mask,
+                    g,
+                    &self.loss,
+                )?;
+            }
+        }
+        self.staged.push((hx, hy, hm));
         Ok(())
     }
 

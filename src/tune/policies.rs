@@ -133,12 +133,25 @@ fn outcome(r: &PolicyReplay, n_m: f64, how: &Recommend) -> (PolicyOutcome, bool)
 }
 
 /// The candidate thresholds: the exact search's positive candidates, at most
-/// [`MAX_REPLAYED`] evenly strided (as [`super::recommend`]).
-fn threshold_grid(ideal: &TuneReport) -> Vec<f64> {
+/// [`MAX_REPLAYED`] evenly strided (as [`super::recommend`]). With `fine` (a tail shape, or
+/// rebalancing: compute ends fall between the recorded micro-batch ends, which the exact
+/// search's candidates are) also [`FINE_POINTS`] evenly spaced thresholds over the same
+/// range, merged in ascending order.
+fn threshold_grid(ideal: &TuneReport, fine: bool) -> Vec<f64> {
     let pts: Vec<f64> = ideal.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
     let stride = pts.len().div_ceil(MAX_REPLAYED).max(1);
-    pts.into_iter().step_by(stride).collect()
+    let mut grid: Vec<f64> = pts.iter().copied().step_by(stride).collect();
+    if fine && let (Some(lo), Some(hi)) = (pts.iter().copied().reduce(f64::min), pts.iter().copied().reduce(f64::max)) {
+        grid.extend((0..FINE_POINTS).map(|k| lo + (hi - lo) * k as f64 / (FINE_POINTS - 1) as f64));
+        grid.sort_by(f64::total_cmp);
+        grid.dedup();
+    }
+    grid
 }
+
+/// Evenly spaced thresholds added to the grid of a tail shape or a rebalancing policy
+/// ([`threshold_grid`]).
+pub const FINE_POINTS: usize = 100;
 
 /// The straggler-free bound (module doc).
 pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
@@ -157,6 +170,45 @@ pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
     if free > 0.0 { base / free - 1.0 } else { 0.0 }
 }
 
+/// The best admissible threshold for `template` on `trace` (the policy's deadline: the
+/// DropCompute threshold of a drop policy, the budget of `compute-budget`), searched over the
+/// exact search's candidates, refined for a tail shape or rebalancing ([`threshold_grid`] of
+/// `ideal`), everything else of `template`
+/// kept (estimator quantile, cap, tail shape, rebalancing). Returns the run with the chosen
+/// threshold and its outcome, or `None` when no candidate is admissible (module doc). A policy
+/// without a deadline replays `template` once.
+pub fn best_threshold(
+    trace: &LatencyTrace,
+    how: &Recommend,
+    ideal: &TuneReport,
+    template: PolicyRun,
+) -> Option<(PolicyRun, PolicyOutcome)> {
+    let n_m = (trace.world_size() * trace.micro_batches()) as f64;
+    let p = template.params.policy;
+    let fine = template.params.tail.enabled() || p.rebalances();
+    let cands: Vec<PolicyRun> = if p == Policy::ComputeBudget {
+        threshold_grid(ideal, fine)
+            .into_iter()
+            .map(|t| PolicyRun { params: PolicyParams { budget_ms: Some(t / 1e6), ..template.params }, ..template })
+            .collect()
+    } else if p.drops() {
+        threshold_grid(ideal, fine)
+            .into_iter()
+            .map(|t| PolicyRun { threshold: Threshold::Fixed(Duration::from_nanos(t.round() as u64)), ..template })
+            .collect()
+    } else {
+        vec![template]
+    };
+    let mut best: Option<(PolicyRun, PolicyOutcome)> = None;
+    for c in cands {
+        let (o, adm) = outcome(&replay_policy(trace, &c), n_m, how);
+        if adm && best.as_ref().is_none_or(|(_, b)| o.effective_speedup > b.effective_speedup) {
+            best = Some((c, o));
+        }
+    }
+    best
+}
+
 /// Tune and replay each of `policies` on `trace` under `how` (module doc), every policy with
 /// the tail shape `tail` ([`TailShape`]; `TailShape::default()` for whole micro-batches only);
 /// `seed` draws the micro-batches beyond the trace's M. Never fails.
@@ -171,52 +223,42 @@ pub fn compare(
     let n_m = (n * m) as f64;
     let ideal =
         tune(trace, &TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches });
-    let grid = threshold_grid(&ideal);
     let exec = how.execution;
     let mut rows = Vec::new();
     for &p in Policy::ALL.iter().filter(|p| policies.contains(p)) {
         let base =
             PolicyRun { seed, ..PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(p) }, Threshold::Off, exec) };
-        // Candidate runs of this policy.
-        let mut cands: Vec<PolicyRun> = Vec::new();
+        // Candidate templates of this policy; each one's threshold (or budget) is searched.
         let predictive = (p.drops() || p == Policy::ComputeBudget) && p.check_mode(exec.check) == CheckMode::Predictive;
         let quantiles: &[f64] =
             if predictive { &ESTIMATOR_QUANTILES } else { &[crate::policy::LatencyEstimator::DEFAULT_QUANTILE] };
+        let mut templates: Vec<PolicyRun> = Vec::new();
         match p {
-            Policy::Synchronous | Policy::Rebalance => cands.push(base),
+            Policy::Synchronous | Policy::Rebalance => templates.push(base),
             Policy::BackupWorkers => {
                 for b in 0..n as u32 {
-                    cands.push(PolicyRun { params: PolicyParams { backup_workers: b, ..base.params }, ..base });
+                    templates.push(PolicyRun { params: PolicyParams { backup_workers: b, ..base.params }, ..base });
                 }
             }
             Policy::ComputeBudget => {
                 for cap in m as u32..=2 * m as u32 {
                     for &q in quantiles {
-                        for &t in &grid {
-                            let params = PolicyParams {
-                                budget_ms: Some(t / 1e6),
-                                budget_max_micro_batches: Some(cap),
-                                ..base.params
-                            };
-                            cands.push(PolicyRun { params, estimator_quantile: q, ..base });
-                        }
+                        let params = PolicyParams { budget_max_micro_batches: Some(cap), ..base.params };
+                        templates.push(PolicyRun { params, estimator_quantile: q, ..base });
                     }
                 }
             }
             _ => {
                 for &q in quantiles {
-                    for &t in &grid {
-                        let th = Threshold::Fixed(Duration::from_nanos(t.round() as u64));
-                        cands.push(PolicyRun { threshold: th, estimator_quantile: q, ..base });
-                    }
+                    templates.push(PolicyRun { estimator_quantile: q, ..base });
                 }
             }
         }
         let mut best: Option<(PolicyOutcome, PolicyRun)> = None;
-        for c in cands {
-            let r = replay_policy(trace, &c);
-            let (o, adm) = outcome(&r, n_m, how);
-            if adm && best.as_ref().is_none_or(|(b, _)| o.effective_speedup > b.effective_speedup) {
+        for t in templates {
+            if let Some((c, o)) = best_threshold(trace, how, &ideal, t)
+                && best.as_ref().is_none_or(|(b, _)| o.effective_speedup > b.effective_speedup)
+            {
                 best = Some((o, c));
             }
         }

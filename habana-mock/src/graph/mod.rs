@@ -175,8 +175,9 @@ pub(crate) unsafe fn launch(
         Some(&ns) => ns,
         None => program.cost_ns(gbps, gflops, overhead),
     };
+    let noise_name = cfg.graph_noise_alias.get(&program.name).unwrap_or(&program.name).clone();
     let mut r = r;
-    let latency_ns = r.modules[m as usize].latency.next_launch_ns(base_ns, &program.name);
+    let latency_ns = r.modules[m as usize].latency.next_launch_ns(base_ns, &noise_name);
     drop(r);
     let (mut at_end, mut early) = (Vec::new(), Vec::new());
     for (e, node) in evs {
