@@ -208,3 +208,95 @@ proptest! {
         }
     }
 }
+
+/// Re-seals `bytes` after an edit of the body: recomputes the trailing SHA-256, so that the
+/// structural checks behind the checksum are reached.
+fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {
+    use sha2::Digest;
+    let n = bytes.len() - checkpoint::DIGEST_LEN;
+    let d = sha2::Sha256::digest(&bytes[..n]);
+    bytes[n..].copy_from_slice(&d);
+    bytes
+}
+
+fn malformed_reason(bytes: &[u8]) -> String {
+    match checkpoint::decode(bytes, p()) {
+        Err(CheckpointError::Malformed { reason, .. }) => reason,
+        other => panic!("expected Malformed, got {other:?}"),
+    }
+}
+
+/// The structural checks behind a valid checksum, each with its exact message (the header is
+/// magic 0..8, version 8..12, reserved 12..16, step 16..24, total 24..32, meta length 32..40,
+/// tensor count 40..48).
+#[test]
+fn structural_errors_behind_a_valid_checksum_are_named_exactly() {
+    let good = checkpoint::encode(&sample(5), p()).unwrap();
+    let meta_len = u64::from_le_bytes(good[32..40].try_into().unwrap()) as usize;
+    let left = good.len() - checkpoint::DIGEST_LEN - HEADER_LEN - meta_len;
+    // A tensor count that cannot fit (12 bytes per empty tensor at least).
+    let mut b = good.clone();
+    b[40..48].copy_from_slice(&1_000_000u64.to_le_bytes());
+    assert_eq!(malformed_reason(&reseal(b)), format!("1000000 tensors cannot fit in the {left} bytes left"));
+    // The last tensor ("empty", 0 elements) announcing one element: 4 bytes more than left.
+    let mut b = good.clone();
+    let at = good.len() - checkpoint::DIGEST_LEN - 8;
+    b[at..at + 8].copy_from_slice(&1u64.to_le_bytes());
+    let r = malformed_reason(&reseal(b));
+    assert_eq!(r, format!("tensor data: 4 bytes announced, 0 left at offset {}", at + 8), "{r}");
+    // One trailing byte after the announced length.
+    let mut b = good.clone();
+    b.push(0);
+    assert_eq!(malformed_reason(&b), format!("1 trailing bytes after the announced length {}", good.len()));
+    // A 12-byte file with another version is a version error, not a truncation.
+    let mut b = good[..12].to_vec();
+    b[8..12].copy_from_slice(&99u32.to_le_bytes());
+    assert!(matches!(checkpoint::decode(&b, p()), Err(CheckpointError::UnsupportedVersion { found: 99, .. })));
+    // A prefix holding the whole header and a digest's length is truncated against the total.
+    let cut = HEADER_LEN + checkpoint::DIGEST_LEN;
+    match checkpoint::decode(&good[..cut], p()) {
+        Err(CheckpointError::Truncated { expected, got, .. }) => {
+            assert_eq!((expected, got), (good.len() as u64, cut as u64))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A checkpoint of empty-named empty tensors only: the tensor count equals the bytes left over
+/// the smallest record exactly, which is valid.
+#[test]
+fn the_smallest_tensor_records_fill_the_body_exactly() {
+    let c = Checkpoint {
+        step: 2,
+        meta: serde_json::json!(null),
+        tensors: vec![(String::new(), vec![]), (String::new(), vec![]), (String::new(), vec![])],
+    };
+    let back = checkpoint::decode(&checkpoint::encode(&c, p()).unwrap(), p()).unwrap();
+    assert_eq!((back.step, back.tensors.len()), (2, 3));
+    assert!(back.tensors.iter().all(|(n, v)| n.is_empty() && v.is_empty()));
+}
+
+/// File names: only `checkpoint-<digits>.dcc` names a step (a sign is not a digit).
+#[test]
+fn only_digit_names_are_checkpoint_steps() {
+    assert_eq!(checkpoint::step_of("checkpoint-0000000012.dcc"), Some(12));
+    for bad in ["checkpoint-+12.dcc", "checkpoint-.dcc", "checkpoint-1a.dcc", "checkpoint-12.dcc.tmp", "x-12.dcc"] {
+        assert_eq!(checkpoint::step_of(bad), None, "{bad}");
+    }
+    assert_eq!(checkpoint::step_of(&checkpoint::file_name(u64::MAX)), Some(u64::MAX));
+}
+
+/// `valid_steps` lists every readable step newest first and names each unreadable file.
+#[test]
+fn valid_steps_lists_readable_steps_newest_first_and_names_the_bad_ones() {
+    let tmp = temp_dir("valid");
+    let dir = tmp.path();
+    checkpoint::save(dir, &sample(3)).unwrap();
+    checkpoint::save(dir, &sample(7)).unwrap();
+    let bad = dir.join(checkpoint::file_name(9));
+    std::fs::write(&bad, b"DCCKPT\0\0garbage").unwrap();
+    let (ok, skipped) = checkpoint::valid_steps(dir).unwrap();
+    assert_eq!(ok, vec![7, 3]);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].0, bad);
+}

@@ -20,17 +20,17 @@ const HANG: Duration = Duration::from_secs(300);
 const N: u32 = 3;
 const M: u32 = 4;
 
-fn args(policy: Policy) -> Vec<String> {
+fn args(policy: Policy, extra: &[&str]) -> Vec<String> {
     let a = ["--steps", "14", "--micro-batches", "4", "--hidden", "16", "--warmup-steps", "1", "--threshold", "60"];
     let b = ["--slow-rank", "1:3", "--time-mode", "virtual", "--no-compare", "--policy", policy.name()];
-    a.iter().chain(&b).map(|s| s.to_string()).collect()
+    a.iter().chain(&b).chain(extra).map(|s| s.to_string()).collect()
 }
 
-/// Runs `policy` in `mode`; returns rank 0's output directory.
-fn run(policy: Policy, mode: &str, base: &Path) -> std::path::PathBuf {
-    let out = base.join(format!("{}-{mode}", policy.name()));
+/// Runs `policy` (with `extra` flags) in `mode`; returns rank 0's output directory.
+fn run(policy: Policy, extra: &[&str], mode: &str, base: &Path) -> std::path::PathBuf {
+    let out = base.join(format!("{}{}-{mode}", policy.name(), extra.join("")));
     if mode == "env" {
-        let outs = hermetic::train_env_ranks("torchrun", N, &args(policy), &out);
+        let outs = hermetic::train_env_ranks("torchrun", N, &args(policy, extra), &out);
         for (r, o) in outs.iter().enumerate() {
             assert!(o.status.success(), "{policy} env rank {r}: {}", String::from_utf8_lossy(&o.stderr));
         }
@@ -39,7 +39,7 @@ fn run(policy: Policy, mode: &str, base: &Path) -> std::path::PathBuf {
     let o = hermetic::output_within(
         hermetic::dropcompute()
             .args(["train", "--launch", mode, "--ranks", &N.to_string()])
-            .args(args(policy))
+            .args(args(policy, extra))
             .args(["--out", out.to_str().unwrap()]),
         HANG,
     );
@@ -58,7 +58,7 @@ fn every_policy_runs_in_every_launch_mode_and_records_its_assignment() {
     for policy in Policy::ALL {
         let mut first: Option<(Vec<Vec<u32>>, Vec<u32>)> = None;
         for mode in ["threads", "processes", "env"] {
-            let out = run(policy, mode, tmp.path());
+            let out = run(policy, &[], mode, tmp.path());
             let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
             assert_eq!(rows.len(), 14, "{policy} {mode}");
             assert!(rows.iter().all(|r| r.policy == policy.name() && r.run == "dropcompute"), "{policy} {mode}");
@@ -95,6 +95,52 @@ fn every_policy_runs_in_every_launch_mode_and_records_its_assignment() {
             let samples: u64 = report["dropcompute"]["samples_computed"].as_u64().unwrap();
             if mode != "env" {
                 assert_eq!(samples, total as u64, "{policy} {mode}: ledger = report");
+            }
+            let p = params(&out);
+            match &first {
+                None => first = Some((asg, p)),
+                Some((a0, p0)) => {
+                    assert_eq!(&asg, a0, "{policy} {mode}: same assignments as threads");
+                    assert!(&p == p0, "{policy} {mode}: parameters bitwise equal to threads");
+                }
+            }
+        }
+    }
+}
+
+/// The tail shape (`--tail-split 2`: a second graph of b/2 rows) in every launch mode: counts
+/// and assignments in parts (a micro-batch = 2), a tail micro-batch ran (an odd part count),
+/// no sample computed twice, the report's samples = the ledger's, the compute log's launches
+/// of b/2 samples, the same assignments and bitwise-equal parameters in every mode.
+#[test]
+fn the_tail_shape_runs_alike_in_every_launch_mode() {
+    let tmp = hermetic::temp_dir("tail");
+    for policy in [Policy::DropPredictive, Policy::RebalanceDrop] {
+        let mut first: Option<(Vec<Vec<u32>>, Vec<u32>)> = None;
+        for mode in ["threads", "processes", "env"] {
+            let out = run(policy, &["--tail-split", "2"], mode, tmp.path());
+            let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
+            assert_eq!(rows.len(), 14, "{policy} {mode}");
+            let asg: Vec<Vec<u32>> = rows.iter().map(|r| parse_assignment(&r.assignment).unwrap()).collect();
+            assert!(asg.iter().all(|a| a.iter().sum::<u32>() == 2 * N * M), "{policy} {mode}: parts: {asg:?}");
+            assert!(rows.iter().all(|r| r.computed + r.dropped == u64::from(2 * N * M)), "{policy} {mode}");
+            assert!(rows.iter().any(|r| r.computed % 2 == 1), "{policy} {mode}: a tail micro-batch ran");
+            let report: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+            assert_eq!(report["config"]["tail"]["split"], 2, "{policy} {mode}");
+            let ledgers: Vec<dropcompute::schedule::DropLedger> =
+                serde_json::from_slice(&std::fs::read(out.join("ledger_dropcompute.json")).unwrap()).unwrap();
+            let mut ids: Vec<u64> = ledgers.iter().flat_map(|l| l.computed.iter().copied()).collect();
+            let total = ids.len();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), total, "{policy} {mode}: no sample computed twice");
+            if mode != "env" {
+                assert_eq!(
+                    report["dropcompute"]["samples_computed"].as_u64().unwrap(),
+                    total as u64,
+                    "{policy} {mode}"
+                );
             }
             let p = params(&out);
             match &first {

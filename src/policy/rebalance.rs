@@ -197,7 +197,11 @@ pub struct TrackerConfig {
     pub chronic_fraction: f64,
     /// EWMA weight of the newest step's latency (default 0.2).
     pub ewma_alpha: f64,
-    /// Steps seen before any rank is flagged chronic (default 10, `tune::MIN_STEPS`).
+    /// Steps seen before any rank is flagged chronic (default 3: a chronic 2x rank shows in
+    /// every step, so the online tracker acts by the end of the usual warm-up; a false flag
+    /// from a noisy start moves work only past the rebalancer's hysteresis and moves it back
+    /// when the slow fraction falls under `chronic_fraction`. The offline labels of
+    /// `tune::straggler` wait for `tune::MIN_STEPS` = 10.)
     pub min_steps: u64,
 }
 

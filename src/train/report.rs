@@ -155,6 +155,9 @@ pub struct ConfigEcho {
     /// `--backup-workers` (b of the backup-workers policy).
     #[serde(default)]
     pub backup_workers: u32,
+    /// The tail shape of the second run (`--tail-split`, `--tail-cost`; split 1 = none).
+    #[serde(default)]
+    pub tail: crate::policy::TailShape,
     /// Deadline check lag, micro-batches.
     pub sync_lag: u32,
     /// "realized" or "nominal".
@@ -211,6 +214,7 @@ impl From<&TrainConfig> for ConfigEcho {
             check: value_name(c.check),
             policy: c.policy().name().to_owned(),
             backup_workers: c.backup_workers,
+            tail: c.tail,
             sync_lag: c.sync_lag,
             normalization: value_name(c.normalization),
             bucket_bytes: c.bucket_bytes,
