@@ -266,3 +266,53 @@ fn bad_bindings_are_refused_before_the_launch() {
     graphs.launch_forward_backward(&s, &p, &x, &bad, &m, &g, &l).unwrap();
     assert!(s.synchronize().is_err(), "label 10 of 10 classes");
 }
+
+/// Device time of one forward/backward launch of `graphs` (`rows` rows) under the latency key
+/// (step 0, micro-batch 3) on module `dev`.
+fn keyed_fwd_time(graphs: &MlpGraphs, rows: usize, s: &Stream, dev: &Device) -> u64 {
+    let d = Dataset::embedded_digits().unwrap();
+    let ids: Vec<u64> = (0..rows as u64 / 2).map(|i| i * 31 + 1).collect();
+    let (x, y) = d.rows_padded(&ids, rows).unwrap();
+    let (labels, mask) = stage_labels(&y);
+    let p = upload(s, dev, &mlp::init_params(SHAPE, 1).unwrap());
+    let (dx, dy, dm) = (upload(s, dev, &x), upload(s, dev, &labels), upload(s, dev, &mask));
+    let dg = upload(s, dev, &vec![0f32; SHAPE.param_len()]);
+    let dl = upload(s, dev, &[0f32, 0.0]);
+    let ev: Vec<Event> = (0..2).map(|_| Event::new(dev, true).unwrap()).collect();
+    dropcompute::mock::set_latency_key(dev.module_id().unwrap(), 0, 3).unwrap();
+    ev[0].record(s).unwrap();
+    graphs.launch_forward_backward(s, &p, &dx, &dy, &dm, &dg, &dl).unwrap();
+    ev[1].record(s).unwrap();
+    s.synchronize().unwrap();
+    ev[1].elapsed_since(&ev[0]).unwrap().as_nanos() as u64
+}
+
+/// `train --tail-split 2`'s mock configuration: the tail graph (8 rows) costs half the whole
+/// one's base latency and, aliased to it, draws the same keyed noise factor, so a tail takes
+/// half the time of the whole micro-batch it is cut from (to the rounding ns); without the
+/// alias it draws its own factor.
+#[test]
+fn an_aliased_tail_recipe_draws_the_noise_of_the_whole_one() {
+    let (whole, tail) = (forward_backward_recipe_name(SHAPE, 16), forward_backward_recipe_name(SHAPE, 8));
+    let mut cfg = MockConfig { time_mode: TimeMode::Virtual, noise: Noise::Reference { delay_factor: 1.0 }, ..MockConfig::default() };
+    cfg.graph_base_latency_ns.insert(whole.clone(), 12_000_000);
+    cfg.graph_base_latency_ns.insert(tail.clone(), 6_000_000);
+    let times = |cfg: &MockConfig| {
+        let (_g, rt) = mock(cfg);
+        let dev = Device::acquire_any(rt).unwrap();
+        let s = Stream::new(&dev).unwrap();
+        let w = MlpGraphs::build(&dev, SHAPE, 16, 0.1, 0.9, 0.0).unwrap();
+        let t = MlpGraphs::build(&dev, SHAPE, 8, 0.1, 0.9, 0.0).unwrap();
+        (keyed_fwd_time(&w, 16, &s, &dev), keyed_fwd_time(&t, 8, &s, &dev))
+    };
+    let (w0, t0) = times(&cfg);
+    assert!(w0 > 12_000_000, "the reference noise only adds: {w0}");
+    assert_ne!(2 * t0, w0, "unaliased: its own draw");
+    cfg.graph_noise_alias.insert(tail, whole);
+    let (w1, t1) = times(&cfg);
+    assert_eq!(w1, w0, "the whole recipe's draw is unchanged");
+    assert!((2 * t1).abs_diff(w1) <= 1, "tail {t1} ns = half of {w1} ns");
+    // The alias travels in the mock's JSON configuration.
+    let back: MockConfig = serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
+    assert_eq!(back.graph_noise_alias, cfg.graph_noise_alias);
+}
