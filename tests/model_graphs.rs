@@ -294,12 +294,16 @@ fn keyed_fwd_time(graphs: &MlpGraphs, rows: usize, s: &Stream, dev: &Device) -> 
 #[test]
 fn an_aliased_tail_recipe_draws_the_noise_of_the_whole_one() {
     let (whole, tail) = (forward_backward_recipe_name(SHAPE, 16), forward_backward_recipe_name(SHAPE, 8));
-    let mut cfg = MockConfig { time_mode: TimeMode::Virtual, noise: Noise::Reference { delay_factor: 1.0 }, ..MockConfig::default() };
+    let mut cfg = MockConfig {
+        time_mode: TimeMode::Virtual,
+        noise: Noise::Reference { delay_factor: 1.0 },
+        ..MockConfig::default()
+    };
     cfg.graph_base_latency_ns.insert(whole.clone(), 12_000_000);
     cfg.graph_base_latency_ns.insert(tail.clone(), 6_000_000);
     let times = |cfg: &MockConfig| {
         let (_g, rt) = mock(cfg);
-        let dev = Device::acquire_any(rt).unwrap();
+        let dev = Device::acquire(rt, 0).unwrap(); // by module id: the key names the module
         let s = Stream::new(&dev).unwrap();
         let w = MlpGraphs::build(&dev, SHAPE, 16, 0.1, 0.9, 0.0).unwrap();
         let t = MlpGraphs::build(&dev, SHAPE, 8, 0.1, 0.9, 0.0).unwrap();

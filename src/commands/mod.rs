@@ -145,6 +145,24 @@ impl GuardrailArgs {
     }
 }
 
+/// A rejected tail flag: `--FLAG VALUE: why` ([`TailArgs::tail`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("--{flag} {value}: {why}")]
+pub struct TailArgError {
+    /// The flag without dashes (`tail-split` or `tail-cost`).
+    pub flag: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is required.
+    pub why: String,
+}
+
+impl TailArgError {
+    fn new(flag: &'static str, value: impl ToString, why: &str) -> Self {
+        Self { flag, value: value.to_string(), why: why.into() }
+    }
+}
+
 /// The second compiled shape ([`crate::policy::TailShape`]) of `simulate`/`tune --policy` and
 /// `train`: one definition, so all three spell and check it alike.
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
@@ -182,16 +200,16 @@ impl TailArgs {
                 "--{flag} {value}: needs --policy (the tail shape is a policy replay)"
             )));
         }
-        self.tail().map_err(|e| CommandError::Args(format!("--{} {}: {}", e.flag, e.value, e.why)))
+        self.tail().map_err(|e| CommandError::Args(e.to_string()))
     }
 
     /// The tail shape, checked.
     ///
     /// # Errors
-    /// [`crate::train::config::ArgError`] naming `tail-split` when the split is 0 or above 64,
-    /// `tail-cost` when the cost is not a finite number in (0, 1] or is given with split 1.
-    pub fn tail(&self) -> Result<crate::policy::TailShape, crate::train::config::ArgError> {
-        use crate::train::config::ArgError;
+    /// [`TailArgError`] naming `tail-split` when the split is 0 or above 64, `tail-cost` when
+    /// the cost is not a finite number in (0, 1] or is given with split 1.
+    pub fn tail(&self) -> Result<crate::policy::TailShape, TailArgError> {
+        use TailArgError as ArgError;
         if self.tail_split == 0 || self.tail_split > 64 {
             return Err(ArgError::new(
                 "tail-split",

@@ -295,8 +295,8 @@ impl Args {
         if self.policy == Some(crate::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
             return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
         }
-        let tail = self.tail.tail()?;
-        if self.micro_batch_size % tail.parts() != 0 {
+        let tail = self.tail.tail().map_err(|e| bad(e.flag, e.value, e.why))?;
+        if !self.micro_batch_size.is_multiple_of(tail.parts()) {
             return Err(bad(
                 "tail-split",
                 tail.parts(),

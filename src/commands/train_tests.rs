@@ -138,6 +138,11 @@ fn good_values_are_parsed_into_the_config() {
         (&["--checkpoint-every", "10"], |c| c.checkpoint_every.map(NonZeroU64::get) == Some(10)),
         (&["--time-mode", "virtual"], |c| c.time_mode == TimeMode::Virtual),
         (&["--time-mode", "real"], |c| c.time_mode == TimeMode::Real),
+        (&["--tail-split", "4"], |c| c.tail == crate::policy::TailShape::split(4)),
+        (&["--tail-split", "2", "--tail-cost", "0.6"], |c| {
+            c.tail == crate::policy::TailShape { split: 2, cost: Some(0.6) }
+        }),
+        (&[], |c| c.tail == crate::policy::TailShape::default()),
     ];
     for (argv, check) in table {
         assert!(check(&config(argv)), "{argv:?}");
@@ -203,6 +208,14 @@ fn bad_values_name_the_flag_and_the_value() {
         // `--threshold auto` tunes on the baseline after warm-up: at least tune::MIN_STEPS.
         (&["--steps", "12"], "steps", "12"),
         (&["--steps", "20", "--warmup-steps", "11"], "steps", "20"),
+        (&["--tail-split", "0"], "tail-split", "0"),
+        (&["--tail-split", "65"], "tail-split", "65"),
+        (&["--tail-split", "3"], "tail-split", "3"), // does not divide the default b = 16
+        (&["--micro-batch-size", "6", "--tail-split", "4"], "tail-split", "4"),
+        (&["--tail-split", "2", "--tail-cost", "0"], "tail-cost", "0"),
+        (&["--tail-split", "2", "--tail-cost", "1.5"], "tail-cost", "1.5"),
+        (&["--tail-split", "2", "--tail-cost", "NaN"], "tail-cost", "NaN"),
+        (&["--tail-cost", "0.5"], "tail-cost", "0.5"), // no tail shape
     ];
     for (argv, flag, value) in table {
         let err = parse(argv).1.validate().expect_err(&format!("{argv:?} accepted"));
@@ -342,6 +355,11 @@ fn the_checkpoint_fingerprint_names_the_step_policy_and_b() {
     }
     let b = |n: &str| fp(&["--policy", "backup-workers", "--ranks", "4", "--backup-workers", n]);
     assert_ne!(b("1"), b("2"), "b is part of the fingerprint");
+    // The tail shape (split and cost) too; split 1 leaves the fingerprint as it was.
+    let t = |x: &[&str]| fp(&[&["--policy", "rebalance-drop", "--ranks", "4"], x].concat());
+    assert_eq!(t(&[]), t(&["--tail-split", "1"]));
+    assert!(t(&["--tail-split", "2"]).ends_with(" tail=2:0.5"), "{}", t(&["--tail-split", "2"]));
+    assert_ne!(t(&["--tail-split", "2"]), t(&["--tail-split", "2", "--tail-cost", "0.6"]));
 }
 
 #[test]

@@ -172,7 +172,7 @@ impl SchedulerConfig {
         if !(0.0..=1.0).contains(&self.chronic_hit_fraction) {
             return bad("chronic_hit_fraction", format!("{} (must be in [0, 1])", self.chronic_hit_fraction));
         }
-        if self.tail.split == 0 || self.tail.split > 64 || self.micro_batch_size % self.tail.parts() != 0 {
+        if self.tail.split == 0 || self.tail.split > 64 || !self.micro_batch_size.is_multiple_of(self.tail.parts()) {
             return bad(
                 "tail.split",
                 format!(

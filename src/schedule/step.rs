@@ -404,11 +404,12 @@ impl Scheduler {
     }
 
     /// The compute-budget policy (Anytime-Minibatch, `policy::Policy::ComputeBudget`): every
-    /// rank is handed [`SchedulerConfig::slots`] micro-batches per step and starts them while
-    /// the deadline allows (the threshold in force is the budget, checked before each
-    /// micro-batch as `policy::decide` does: a launched micro-batch cannot be aborted on the
-    /// device, so the compute phase overshoots the budget by at most one micro-batch). The
-    /// global batch then varies with speed; the divisor stays the global computed count.
+    /// rank is handed [`SchedulerConfig::part_slots`] parts (slots micro-batches) per step and
+    /// starts them while the deadline allows (the threshold in force is the budget, checked
+    /// with the configured check as `policy::decide` does: a launched micro-batch cannot be
+    /// aborted on the device, so with the before-check the compute phase overshoots the budget
+    /// by at most one micro-batch). The global batch then varies with speed; the divisor stays
+    /// the global computed count.
     pub fn set_compute_budget(&mut self) {
         self.assignment = vec![self.cfg.part_slots(); self.assignment.len()];
         self.rebalancer = None;
