@@ -173,7 +173,8 @@ pub struct TailArgs {
     #[arg(long, default_value_t = 1)]
     pub tail_split: u32,
     /// Device time of a tail micro-batch as a fraction of a whole one's, in (0, 1]. Default
-    /// 1/S (linear in samples: an assumption; `train` measures it on its device).
+    /// 1/S (linear in samples: an assumption; on a Gaudi measure the two recipes' device
+    /// times and pass the ratio; the mock runs the tail recipe at this cost).
     #[arg(long, allow_negative_numbers = true)]
     pub tail_cost: Option<f64>,
 }
@@ -309,7 +310,12 @@ pub fn policy_table(c: &crate::tune::policies::PolicyComparison) -> String {
             r.drop_rate * 100.0,
             r.min_batch_fraction * 100.0,
             r.max_batch_fraction * 100.0,
-            r.lost_micro_batches,
+            // Whole micro-batches print as integers, parts (a tail shape) with 2 decimals.
+            if r.lost_micro_batches.fract() == 0.0 {
+                format!("{}", r.lost_micro_batches)
+            } else {
+                format!("{:.2}", r.lost_micro_batches)
+            },
             if r.enabled { "enable" } else { "decline" },
             param.join(", ")
         );

@@ -153,8 +153,8 @@ pub struct TailShape {
     pub split: u32,
     /// Device time of a tail micro-batch as a fraction of a whole micro-batch's (in (0, 1]);
     /// `None`: 1/`split` (linear in samples, an assumption: a smaller graph usually runs at
-    /// lower utilisation, so measure it and pass the measured value: `train` measures it on
-    /// its device).
+    /// lower utilisation, so measure the two recipes' device times and pass the ratio; `train`
+    /// runs the mock's tail recipe at this cost).
     pub cost: Option<f64>,
 }
 

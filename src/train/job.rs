@@ -208,7 +208,12 @@ impl Job {
     /// the scheduler's default estimator quantile, [`Job::execution`], the job's seed.
     pub fn policy_run(&self, threshold: Threshold) -> crate::sim::policies::PolicyRun {
         use crate::policy::{Policy, PolicyParams};
-        let p = self.cfg.policy();
+        // A compute budget declined by `--threshold auto` runs M per rank (`train::run`): the
+        // synchronous walk.
+        let p = match self.cfg.policy() {
+            Policy::ComputeBudget if threshold == Threshold::Off => Policy::Synchronous,
+            p => p,
+        };
         let budget_ms = threshold.as_ns().filter(|_| p == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
         let params = PolicyParams {
             backup_workers: self.cfg.backup_workers,

@@ -106,12 +106,18 @@ fn resolve_threshold(
             };
             (t, None, why)
         }
-        (ThresholdArg::Auto, None) if job.cfg.tail.enabled() => {
+        // A resumed run keeps the threshold its checkpoint holds (restored with the scheduler
+        // state): re-tuning in-run would run the resumed steps at another threshold.
+        (ThresholdArg::Auto, None) if job.resume_step.is_some() => {
+            (Threshold::Off, None, "auto: the checkpoint's threshold (resumed run)".into())
+        }
+        (ThresholdArg::Auto, None) if job.replays_policy() => {
             return Err(TrainError::Config {
-                what: "--tail-split",
+                what: "--threshold auto",
                 value: format!(
-                    "{}: --threshold auto without a baseline run (--no-compare or --resume) tunes in-run on whole micro-batch latencies only; give a threshold in ms, or run the baseline",
-                    job.cfg.tail.parts()
+                    "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
+                    job.cfg.policy(),
+                    if job.cfg.tail.enabled() { format!(" --tail-split {}", job.cfg.tail.parts()) } else { String::new() }
                 ),
             });
         }

@@ -412,10 +412,10 @@ mod tests {
 
     #[test]
     fn hand_computed_example() {
-        // 2 ranks, M = 2, 1 step: rank 0 [1, 1], rank 1 [1, 5]; overhead 2.
+        // 2 ranks, M = 2, 2 identical steps: rank 0 [1, 1], rank 1 [1, 5]; overhead 2.
         // τ = 2: rank 1 drops its second micro-batch: d = 1/4, new = 2, base = 6, raw = 8,
-        // s = 4/8, objective = 0.75/0.5 - 1 = 0.5.
-        let t = trace(2, 2, 1, vec![1.0, 1.0, 1.0, 5.0], 2.0);
+        // s = 4/8, objective = 0.75/0.5 - 1 = 0.5 (every figure a mean over the 2 steps).
+        let t = trace(2, 2, 2, [1.0, 1.0, 1.0, 5.0].repeat(2), 2.0);
         let cfg = TuneConfig {
             guardrails: Guardrails { max_drop_rate: 0.5, min_batch_fraction: 0.5, min_gain: 0.1 },
             min_micro_batches: 1,
@@ -425,6 +425,11 @@ mod tests {
         assert!((r.best.objective - 0.5).abs() < 1e-12);
         assert!((r.best.drop_rate - 0.25).abs() < 1e-12);
         assert!(matches!(r.verdict, Verdict::Enable(c) if c.threshold_ns == 2.0));
+        // The saving and the batch fraction of that candidate, and the headroom: (max - mean
+        // rank compute) / (max + overhead) = (6 - 4) / 8.
+        assert!((r.best.step_saving - 0.5).abs() < 1e-12);
+        assert!((r.best.min_batch_fraction - 0.75).abs() < 1e-12);
+        assert!((r.straggler_headroom - 0.25).abs() < 1e-12, "{}", r.straggler_headroom);
         // With a 10 % drop limit the same gain is refused, naming the guardrail.
         let strict = TuneConfig { guardrails: Guardrails { max_drop_rate: 0.1, ..cfg.guardrails }, ..cfg };
         match tune(&t, &strict).verdict {
@@ -432,6 +437,19 @@ mod tests {
                 assert!((drop_rate - 0.25).abs() < 1e-12 && max_drop_rate == 0.1);
             }
             v => panic!("expected MaxDropRate, got {v:?}"),
+        }
+        // Boundaries: a best gain exactly at the minimum is not "insufficient" (the drop limit
+        // refuses it); a drop rate exactly at the limit is admissible, so the batch fraction
+        // refuses it.
+        let at_gain = TuneConfig { guardrails: Guardrails { min_gain: 0.5, ..strict.guardrails }, ..cfg };
+        assert!(matches!(tune(&t, &at_gain).verdict, Verdict::Decline(Refusal::MaxDropRate { .. })));
+        let at_drop = TuneConfig {
+            guardrails: Guardrails { max_drop_rate: 0.25, min_batch_fraction: 0.8, min_gain: 0.1 },
+            ..cfg
+        };
+        match tune(&t, &at_drop).verdict {
+            Verdict::Decline(Refusal::MinBatchFraction { batch_fraction, .. }) => assert_eq!(batch_fraction, 0.75),
+            v => panic!("expected MinBatchFraction, got {v:?}"),
         }
     }
 
@@ -442,6 +460,20 @@ mod tests {
         assert!(r.best.objective.abs() < 1e-12);
         assert!(matches!(r.verdict, Verdict::Decline(Refusal::InsufficientGain { .. })));
         assert_eq!(r.straggler_headroom, 0.0);
+    }
+
+    /// A step of zero latencies and zero overhead (raw step time 0) counts as no saving and no
+    /// headroom: every figure stays finite.
+    #[test]
+    fn an_all_zero_step_gives_finite_zeros() {
+        let t = trace(2, 2, 1, vec![0.0; 4], 0.0);
+        let r = tune(&t, &TuneConfig::default());
+        assert_eq!(r.straggler_headroom, 0.0);
+        for c in &r.curve {
+            assert!(c.objective == 0.0 && c.step_saving == 0.0, "{c:?}");
+        }
+        let o = objective_at(&t, 1, 0.0);
+        assert!(o.objective == 0.0 && o.step_saving == 0.0, "{o:?}");
     }
 
     proptest! {
@@ -458,6 +490,8 @@ mod tests {
                 let o = objective_at(&t, kmin, c.threshold_ns);
                 prop_assert!((o.objective - c.objective).abs() < 1e-12);
                 prop_assert!((o.drop_rate - c.drop_rate).abs() < 1e-12);
+                prop_assert!((o.step_saving - c.step_saving).abs() < 1e-12);
+                prop_assert!((o.min_batch_fraction - c.min_batch_fraction).abs() < 1e-12);
                 // ...and the chosen one is >= every candidate.
                 prop_assert!(r.best.objective >= c.objective);
             }
