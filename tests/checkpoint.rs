@@ -234,10 +234,11 @@ fn structural_errors_behind_a_valid_checksum_are_named_exactly() {
     let good = checkpoint::encode(&sample(5), p()).unwrap();
     let meta_len = u64::from_le_bytes(good[32..40].try_into().unwrap()) as usize;
     let left = good.len() - checkpoint::DIGEST_LEN - HEADER_LEN - meta_len;
-    // A tensor count that cannot fit (12 bytes per empty tensor at least).
+    // A tensor count that cannot fit (12 bytes per empty tensor at least): one more than fits.
+    let over = left as u64 / 12 + 1;
     let mut b = good.clone();
-    b[40..48].copy_from_slice(&1_000_000u64.to_le_bytes());
-    assert_eq!(malformed_reason(&reseal(b)), format!("1000000 tensors cannot fit in the {left} bytes left"));
+    b[40..48].copy_from_slice(&over.to_le_bytes());
+    assert_eq!(malformed_reason(&reseal(b)), format!("{over} tensors cannot fit in the {left} bytes left"));
     // The last tensor ("empty", 0 elements) announcing one element: 4 bytes more than left.
     let mut b = good.clone();
     let at = good.len() - checkpoint::DIGEST_LEN - 8;
@@ -252,6 +253,13 @@ fn structural_errors_behind_a_valid_checksum_are_named_exactly() {
     let mut b = good[..12].to_vec();
     b[8..12].copy_from_slice(&99u32.to_le_bytes());
     assert!(matches!(checkpoint::decode(&b, p()), Err(CheckpointError::UnsupportedVersion { found: 99, .. })));
+    // A prefix shorter than header + digest is truncated against their length.
+    match checkpoint::decode(&good[..40], p()) {
+        Err(CheckpointError::Truncated { expected, got, .. }) => {
+            assert_eq!((expected, got), ((HEADER_LEN + checkpoint::DIGEST_LEN) as u64, 40));
+        }
+        other => panic!("{other:?}"),
+    }
     // A prefix holding the whole header and a digest's length is truncated against the total.
     let cut = HEADER_LEN + checkpoint::DIGEST_LEN;
     match checkpoint::decode(&good[..cut], p()) {
