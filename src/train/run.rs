@@ -117,7 +117,11 @@ fn resolve_threshold(
                 value: format!(
                     "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
                     job.cfg.policy(),
-                    if job.cfg.tail.enabled() { format!(" --tail-split {}", job.cfg.tail.parts()) } else { String::new() }
+                    if job.cfg.tail.enabled() {
+                        format!(" --tail-split {}", job.cfg.tail.parts())
+                    } else {
+                        String::new()
+                    }
                 ),
             });
         }
