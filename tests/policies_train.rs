@@ -153,3 +153,23 @@ fn the_tail_shape_runs_alike_in_every_launch_mode() {
         }
     }
 }
+
+/// A compute budget declined by `--threshold auto` (a gain guardrail no run can pass) runs M
+/// per rank, and is predicted as that synchronous walk: 1.000x, not the replay of an unbounded
+/// budget.
+#[test]
+fn a_declined_compute_budget_is_predicted_as_the_run_it_executes() {
+    let tmp = hermetic::temp_dir("budget-declined");
+    let out = tmp.path().join("o");
+    let o = hermetic::output_within(
+        hermetic::dropcompute()
+            .args(["train", "--ranks", "2", "--steps", "14", "--time-mode", "virtual", "--policy", "compute-budget"])
+            .args(["--min-gain", "0.99", "--out", out.to_str().unwrap()]),
+        HANG,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["predicted_speedup"].as_f64(), Some(1.0), "{}", report["predicted_speedup"]);
+    let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
+    assert!(rows.iter().filter(|r| r.run == "dropcompute").all(|r| r.threshold_ms.is_none() && r.dropped == 0));
+}

@@ -262,3 +262,25 @@ fn a_process_mode_run_resumes_from_its_checkpoint() {
         let _ = std::fs::remove_dir_all(p);
     }
 }
+
+/// `--threshold auto` tuned on the baseline, then resumed (no baseline is re-run): the resumed
+/// steps run at the threshold the checkpoint holds, not at an in-run re-tune (which probed
+/// with the threshold off).
+#[test]
+fn a_resumed_auto_run_keeps_its_tuned_threshold() {
+    let root = hermetic::temp_dir("resume-auto");
+    let (ck, o1, o2) = (tmp(&root, "ck"), tmp(&root, "o1"), tmp(&root, "o2"));
+    let common = ["train", "--ranks", "2", "--time-mode", "virtual", "--seed", "5", "--slow-rank", "1:1.5"];
+    let run = |extra: &[&str]| hermetic::dropcompute().args(common).args(extra).output().unwrap();
+    let a = run(&["--steps", "14", "--checkpoint-every", "5", "--checkpoint-dir", s(&ck), "--out", s(&o1)]);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let rows = |o: &Path| dropcompute::train::metrics::read_csv(&o.join("steps.csv")).unwrap();
+    let tuned: Vec<Option<f64>> =
+        rows(&o1).into_iter().filter(|r| r.run == "dropcompute").map(|r| r.threshold_ms).collect();
+    assert!(tuned[0].is_some() && tuned.iter().all(|t| t == &tuned[0]), "auto enabled a threshold: {tuned:?}");
+    let b = run(&["--steps", "18", "--resume", s(&ck), "--out", s(&o2)]);
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let resumed = rows(&o2);
+    assert_eq!(resumed.iter().map(|r| r.step).collect::<Vec<_>>(), (10..18).collect::<Vec<_>>());
+    assert!(resumed.iter().all(|r| r.threshold_ms == tuned[0]), "{resumed:?} vs {:?}", tuned[0]);
+}
