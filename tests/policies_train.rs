@@ -52,6 +52,37 @@ fn params(out: &Path) -> Vec<u32> {
     p.iter().map(|x| x.to_bits()).collect()
 }
 
+/// The run's ledger file: no sample computed twice, and (outside env mode, where rank 0's
+/// file holds its own ledger only) one ledger per rank whose samples are the report's.
+fn ledger_is_exact(out: &Path, report: &serde_json::Value, what: &str, env: bool) {
+    let ledgers: Vec<dropcompute::schedule::DropLedger> =
+        serde_json::from_slice(&std::fs::read(out.join("ledger_dropcompute.json")).unwrap()).unwrap();
+    assert_eq!(ledgers.len(), if env { 1 } else { N as usize }, "{what}");
+    let mut ids: Vec<u64> = ledgers.iter().flat_map(|l| l.computed.iter().copied()).collect();
+    let total = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "{what}: no sample computed twice within the epoch");
+    if !env {
+        assert_eq!(
+            report["dropcompute"]["samples_computed"].as_u64().unwrap(),
+            total as u64,
+            "{what}: ledger = report"
+        );
+    }
+}
+
+/// The first launch mode's assignments and parameter bits, or an equality check against them.
+fn same_as_first(first: &mut Option<(Vec<Vec<u32>>, Vec<u32>)>, asg: Vec<Vec<u32>>, p: Vec<u32>, what: &str) {
+    match first {
+        None => *first = Some((asg, p)),
+        Some((a0, p0)) => {
+            assert_eq!(&asg, a0, "{what}: same assignments as threads");
+            assert!(&p == p0, "{what}: parameters bitwise equal to threads");
+        }
+    }
+}
+
 #[test]
 fn every_policy_runs_in_every_launch_mode_and_records_its_assignment() {
     let tmp = hermetic::temp_dir("policies");
@@ -82,36 +113,16 @@ fn every_policy_runs_in_every_launch_mode_and_records_its_assignment() {
                 Policy::ComputeBudget => assert!(asg.iter().all(|a| a == &vec![2 * M; N as usize]), "{asg:?}"),
                 _ => assert!(asg.iter().all(|a| a == &vec![M; N as usize]), "{policy} {mode}: {asg:?}"),
             }
-            // In env mode only rank 0 writes outputs, and its ledger file holds only its own
-            // ledger (the other ranks' are in their processes): checked for duplicates only.
-            let ledgers: Vec<dropcompute::schedule::DropLedger> =
-                serde_json::from_slice(&std::fs::read(out.join("ledger_dropcompute.json")).unwrap()).unwrap();
-            assert_eq!(ledgers.len(), if mode == "env" { 1 } else { N as usize }, "{policy} {mode}");
-            let mut ids: Vec<u64> = ledgers.iter().flat_map(|l| l.computed.iter().copied()).collect();
-            let total = ids.len();
-            ids.sort_unstable();
-            ids.dedup();
-            assert_eq!(ids.len(), total, "{policy} {mode}: no sample computed twice within the epoch");
-            let samples: u64 = report["dropcompute"]["samples_computed"].as_u64().unwrap();
-            if mode != "env" {
-                assert_eq!(samples, total as u64, "{policy} {mode}: ledger = report");
-            }
-            let p = params(&out);
-            match &first {
-                None => first = Some((asg, p)),
-                Some((a0, p0)) => {
-                    assert_eq!(&asg, a0, "{policy} {mode}: same assignments as threads");
-                    assert!(&p == p0, "{policy} {mode}: parameters bitwise equal to threads");
-                }
-            }
+            ledger_is_exact(&out, &report, &format!("{policy} {mode}"), mode == "env");
+            same_as_first(&mut first, asg, params(&out), &format!("{policy} {mode}"));
         }
     }
 }
 
 /// The tail shape (`--tail-split 2`: a second graph of b/2 rows) in every launch mode: counts
 /// and assignments in parts (a micro-batch = 2), a tail micro-batch ran (an odd part count),
-/// no sample computed twice, the report's samples = the ledger's, the compute log's launches
-/// of b/2 samples, the same assignments and bitwise-equal parameters in every mode.
+/// no sample computed twice, the report's samples = the ledger's, the same assignments and
+/// bitwise-equal parameters in every mode.
 #[test]
 fn the_tail_shape_runs_alike_in_every_launch_mode() {
     let tmp = hermetic::temp_dir("tail");
@@ -128,28 +139,8 @@ fn the_tail_shape_runs_alike_in_every_launch_mode() {
             let report: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
             assert_eq!(report["config"]["tail"]["split"], 2, "{policy} {mode}");
-            let ledgers: Vec<dropcompute::schedule::DropLedger> =
-                serde_json::from_slice(&std::fs::read(out.join("ledger_dropcompute.json")).unwrap()).unwrap();
-            let mut ids: Vec<u64> = ledgers.iter().flat_map(|l| l.computed.iter().copied()).collect();
-            let total = ids.len();
-            ids.sort_unstable();
-            ids.dedup();
-            assert_eq!(ids.len(), total, "{policy} {mode}: no sample computed twice");
-            if mode != "env" {
-                assert_eq!(
-                    report["dropcompute"]["samples_computed"].as_u64().unwrap(),
-                    total as u64,
-                    "{policy} {mode}"
-                );
-            }
-            let p = params(&out);
-            match &first {
-                None => first = Some((asg, p)),
-                Some((a0, p0)) => {
-                    assert_eq!(&asg, a0, "{policy} {mode}: same assignments as threads");
-                    assert!(&p == p0, "{policy} {mode}: parameters bitwise equal to threads");
-                }
-            }
+            ledger_is_exact(&out, &report, &format!("{policy} {mode}"), mode == "env");
+            same_as_first(&mut first, asg, params(&out), &format!("{policy} {mode}"));
         }
     }
 }

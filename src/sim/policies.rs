@@ -473,18 +473,24 @@ mod tests {
         assert_eq!(before.per_step[1], (40.0, 40.0, 8));
     }
 
-    /// Rebalancing counts parts: an odd part count runs its last part as a tail micro-batch.
-    #[test]
-    fn rebalancing_in_parts_runs_the_remainder_as_a_tail_micro_batch() {
-        let (n, m, steps) = (4usize, 8usize, 20usize);
+    /// `n` ranks x `m` micro-batches x `steps` steps, rank 1 at latency 2 (chronic), the others
+    /// 1, no overhead.
+    fn chronic_trace(n: usize, m: usize, steps: usize) -> LatencyTrace {
         let mut lat = Vec::new();
         for _ in 0..steps {
             for r in 0..n {
                 lat.extend(std::iter::repeat_n(if r == 1 { 2.0 } else { 1.0 }, m));
             }
         }
-        let t = LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
-            .expect("valid");
+        LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
+            .expect("valid")
+    }
+
+    /// Rebalancing counts parts: an odd part count runs its last part as a tail micro-batch.
+    #[test]
+    fn rebalancing_in_parts_runs_the_remainder_as_a_tail_micro_batch() {
+        let (n, m, steps) = (4usize, 8usize, 20usize);
+        let t = chronic_trace(n, m, steps);
         let p = PolicyParams { tail: TailShape::split(2), ..PolicyParams::new(Policy::Rebalance) };
         let r = replay_policy(&t, &run(p, None));
         assert!(r.per_step.iter().all(|x| x.2 == (n * m * 2) as u64), "global batch constant in parts");
@@ -502,14 +508,7 @@ mod tests {
     #[test]
     fn rebalance_moves_work_off_a_chronic_rank_and_keeps_the_global_batch() {
         let (n, m, steps) = (4usize, 8usize, 20usize);
-        let mut lat = Vec::new();
-        for _ in 0..steps {
-            for r in 0..n {
-                lat.extend(std::iter::repeat_n(if r == 1 { 2.0 } else { 1.0 }, m));
-            }
-        }
-        let t = LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
-            .expect("valid");
+        let t = chronic_trace(n, m, steps);
         let p = PolicyParams { rebalance: RebalanceConfig::default(), ..PolicyParams::new(Policy::Rebalance) };
         let r = replay_policy(&t, &run(p, None));
         assert!(r.per_step.iter().all(|x| x.2 == (n * m) as u64), "global batch constant");
