@@ -164,3 +164,30 @@ fn a_declined_compute_budget_is_predicted_as_the_run_it_executes() {
     let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
     assert!(rows.iter().filter(|r| r.run == "dropcompute").all(|r| r.threshold_ms.is_none() && r.dropped == 0));
 }
+
+/// The baseline and a policy that moves work deal from the same global stream, so backup
+/// workers with b = 0 (every rank computes its M) is the baseline run bit for bit: the same
+/// parameters, and every step's counts.
+#[test]
+fn backup_workers_with_b_zero_is_the_baseline_run() {
+    let tmp = hermetic::temp_dir("b0");
+    let out = tmp.path().join("o");
+    let o = hermetic::output_within(
+        hermetic::dropcompute()
+            .args(["train", "--ranks", "3", "--steps", "8", "--time-mode", "virtual", "--policy", "backup-workers"])
+            .args(["--backup-workers", "0", "--slow-rank", "1:2", "--out", out.to_str().unwrap()]),
+        HANG,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bits = |run: &str| {
+        let (_, p) = dropcompute::train::params::load(&out.join(format!("params_{run}.safetensors"))).unwrap();
+        p.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    assert!(bits("baseline") == bits("dropcompute"), "b = 0 must equal the baseline bitwise");
+    let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
+    let counts = |run: &str| {
+        rows.iter().filter(|r| r.run == run).map(|r| (r.step, r.computed, r.dropped, r.divisor)).collect::<Vec<_>>()
+    };
+    assert_eq!(counts("baseline"), counts("dropcompute"));
+    assert_eq!(counts("baseline").len(), 8);
+}

@@ -495,15 +495,15 @@ mod tests {
         let r = replay_policy(&t, &run(p, None));
         assert!(r.per_step.iter().all(|x| x.2 == (n * m * 2) as u64), "global batch constant in parts");
         assert_eq!(r.lost, 0);
-        // From step 3 in parts (M·2 = 16 per rank, 64 in all): rank 1 gets 9 parts (4 whole
+        // From step 1 in parts (M·2 = 16 per rank, 64 in all): rank 1 gets 9 parts (4 whole
         // + 1 half: 8 + 1 = 9 ns), the others 18, 18, 19 (9 ns, 9 ns, 9.5 ns).
-        let a = &r.assigned[3 * n..4 * n];
+        let a = &r.assigned[n..2 * n];
         assert_eq!(a.iter().sum::<u32>(), 64);
         assert_eq!(a[1], 9, "{a:?}");
-        assert_eq!(r.per_step[3].1, 9.5, "{:?}", &r.per_step[3]);
+        assert_eq!(r.per_step[1].1, 9.5, "{:?}", &r.per_step[1]);
     }
 
-    /// One chronic rank at twice the latency: after the tracker's 3 steps the rebalancer
+    /// One chronic rank at twice the latency: after the tracker's first step the rebalancer
     /// gives it fewer micro-batches, the global batch constant, and the step time falls.
     #[test]
     fn rebalance_moves_work_off_a_chronic_rank_and_keeps_the_global_batch() {
@@ -513,12 +513,12 @@ mod tests {
         let r = replay_policy(&t, &run(p, None));
         assert!(r.per_step.iter().all(|x| x.2 == (n * m) as u64), "global batch constant");
         assert_eq!(r.lost, 0);
-        // Steps 0..3 synchronous (16 ns); from step 3 (the tracker's 3 steps): rank 1 gets 5
+        // Step 0 synchronous (16 ns); from step 1 (the tracker's first step): rank 1 gets 5
         // (10 ns), the others 9, 9, 9 (9 ns).
-        assert_eq!(r.per_step[2], (16.0, 16.0, 32));
-        assert_eq!(&r.assigned[3 * n..4 * n], &[9, 5, 9, 9]);
-        assert_eq!(r.per_step[3], (16.0, 10.0, 32));
-        let want = (20.0 * 16.0) / (3.0 * 16.0 + 17.0 * 10.0) - 1.0;
+        assert_eq!(r.per_step[0], (16.0, 16.0, 32));
+        assert_eq!(&r.assigned[n..2 * n], &[9, 5, 9, 9]);
+        assert_eq!(r.per_step[1], (16.0, 10.0, 32));
+        let want = (20.0 * 16.0) / (16.0 + 19.0 * 10.0) - 1.0;
         assert!((r.effective_speedup - want).abs() < 1e-12, "{}", r.effective_speedup);
     }
 }

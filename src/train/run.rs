@@ -289,8 +289,14 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             RunLength::Epochs(e) => Some(u64::from(e)),
             RunLength::Steps(_) => None,
         };
+        // Both runs deal from the same kind of source, the one the second run's policy needs
+        // (per-rank shards, or the one global stream of the policies that move work): the
+        // baseline then computes the same samples per step as the second run would without a
+        // deadline (a paired comparison; with per-rank shards every rank's epoch ends in a short
+        // micro-batch, with the global stream only one does, which would bias the measured
+        // speedup of the policies that move work by up to ~7 % at 8 ranks).
         let mut data = RunData::for_policy(
-            policy,
+            Some(cfg.policy()),
             rank,
             cfg.ranks,
             job.train.len() as u64,

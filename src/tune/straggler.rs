@@ -137,12 +137,12 @@ mod tests {
     use super::*;
 
     /// The rebalancer's online tracker applies this module's rule with the same defaults, but
-    /// acts after 3 steps where the labels wait for `MIN_STEPS` (`policy::TrackerConfig`).
+    /// acts after 1 step where the labels wait for `MIN_STEPS` (`policy::TrackerConfig`).
     #[test]
     fn rebalance_tracker_defaults_are_the_attribution_defaults() {
         let (a, b) = (StragglerConfig::default(), crate::policy::TrackerConfig::default());
         assert_eq!((a.tolerance, a.chronic_fraction, a.ewma_alpha), (b.tolerance, b.chronic_fraction, b.ewma_alpha));
-        assert_eq!((a.min_steps, b.min_steps), (super::super::MIN_STEPS, 3));
+        assert_eq!((a.min_steps, b.min_steps), (super::super::MIN_STEPS, 1));
     }
 
     #[test]
