@@ -47,8 +47,9 @@ fn run(policy: Policy, extra: &[&str], mode: &str, base: &Path) -> std::path::Pa
     out
 }
 
-fn params(out: &Path) -> Vec<u32> {
-    let (_, p) = dropcompute::train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
+/// The bits of run `run`'s final parameters in `out`, read back by the product's reader.
+fn params(out: &Path, run: &str) -> Vec<u32> {
+    let (_, p) = dropcompute::train::params::load(&out.join(format!("params_{run}.safetensors"))).unwrap();
     p.iter().map(|x| x.to_bits()).collect()
 }
 
@@ -114,7 +115,7 @@ fn every_policy_runs_in_every_launch_mode_and_records_its_assignment() {
                 _ => assert!(asg.iter().all(|a| a == &vec![M; N as usize]), "{policy} {mode}: {asg:?}"),
             }
             ledger_is_exact(&out, &report, &format!("{policy} {mode}"), mode == "env");
-            same_as_first(&mut first, asg, params(&out), &format!("{policy} {mode}"));
+            same_as_first(&mut first, asg, params(&out, "dropcompute"), &format!("{policy} {mode}"));
         }
     }
 }
@@ -140,9 +141,21 @@ fn the_tail_shape_runs_alike_in_every_launch_mode() {
                 serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
             assert_eq!(report["config"]["tail"]["split"], 2, "{policy} {mode}");
             ledger_is_exact(&out, &report, &format!("{policy} {mode}"), mode == "env");
-            same_as_first(&mut first, asg, params(&out), &format!("{policy} {mode}"));
+            same_as_first(&mut first, asg, params(&out, "dropcompute"), &format!("{policy} {mode}"));
         }
     }
+}
+
+/// One in-process-threads `train --time-mode virtual` with `args`, writing to `out`; must succeed.
+fn train_virtual(out: &Path, args: &[&str]) {
+    let o = hermetic::output_within(
+        hermetic::dropcompute()
+            .args(["train", "--time-mode", "virtual"])
+            .args(args)
+            .args(["--out", out.to_str().unwrap()]),
+        HANG,
+    );
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// A compute budget declined by `--threshold auto` (a gain guardrail no run can pass) runs M
@@ -152,13 +165,7 @@ fn the_tail_shape_runs_alike_in_every_launch_mode() {
 fn a_declined_compute_budget_is_predicted_as_the_run_it_executes() {
     let tmp = hermetic::temp_dir("budget-declined");
     let out = tmp.path().join("o");
-    let o = hermetic::output_within(
-        hermetic::dropcompute()
-            .args(["train", "--ranks", "2", "--steps", "14", "--time-mode", "virtual", "--policy", "compute-budget"])
-            .args(["--min-gain", "0.99", "--out", out.to_str().unwrap()]),
-        HANG,
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    train_virtual(&out, &["--ranks", "2", "--steps", "14", "--policy", "compute-budget", "--min-gain", "0.99"]);
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["predicted_speedup"].as_f64(), Some(1.0), "{}", report["predicted_speedup"]);
     let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
@@ -172,18 +179,9 @@ fn a_declined_compute_budget_is_predicted_as_the_run_it_executes() {
 fn backup_workers_with_b_zero_is_the_baseline_run() {
     let tmp = hermetic::temp_dir("b0");
     let out = tmp.path().join("o");
-    let o = hermetic::output_within(
-        hermetic::dropcompute()
-            .args(["train", "--ranks", "3", "--steps", "8", "--time-mode", "virtual", "--policy", "backup-workers"])
-            .args(["--backup-workers", "0", "--slow-rank", "1:2", "--out", out.to_str().unwrap()]),
-        HANG,
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let bits = |run: &str| {
-        let (_, p) = dropcompute::train::params::load(&out.join(format!("params_{run}.safetensors"))).unwrap();
-        p.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
-    };
-    assert!(bits("baseline") == bits("dropcompute"), "b = 0 must equal the baseline bitwise");
+    let policy = ["--policy", "backup-workers", "--backup-workers", "0", "--slow-rank", "1:2"];
+    train_virtual(&out, &[&["--ranks", "3", "--steps", "8"][..], &policy].concat());
+    assert!(params(&out, "baseline") == params(&out, "dropcompute"), "b = 0 must equal the baseline bitwise");
     let rows: Vec<_> = read_csv(&out.join("steps.csv")).unwrap();
     let counts = |run: &str| {
         rows.iter().filter(|r| r.run == run).map(|r| (r.step, r.computed, r.dropped, r.divisor)).collect::<Vec<_>>()

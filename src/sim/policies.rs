@@ -184,9 +184,7 @@ fn walk(
                 Decision::Stop(_) => break,
             }
         }
-        if split == 1 {
-            break;
-        }
+        // Tail mode (split > 1: with split 1 the branch above always continues or breaks).
         let estimate = est.estimate().map(|e| tail.estimate_ns(e));
         if !decide(deadline, step, units as u32, elapsed as u64, estimate).is_start() {
             break;

@@ -250,28 +250,14 @@ impl Workload for MlpWorkload {
         let (hx, hy, hm) =
             (HostBuffer::from_slice(dev, &x)?, HostBuffer::from_slice(dev, &y)?, HostBuffer::from_slice(dev, &mask)?);
         let g = grad.as_f32_mut().ok_or("the MLP writes f32 gradients")?;
-        match tail {
-            Some(t) => {
-                stream.copy_h2d(&hx, &mut t.x)?;
-                stream.copy_h2d(&hy, &mut t.labels)?;
-                stream.copy_h2d(&hm, &mut t.mask)?;
-                t.graphs.launch_forward_backward(stream, &self.params, &t.x, &t.labels, &t.mask, g, &self.loss)?;
-            }
-            None => {
-                stream.copy_h2d(&hx, &mut self.x)?;
-                stream.copy_h2d(&hy, &mut self.labels)?;
-                stream.copy_h2d(&hm, &mut self.mask)?;
-                self.graphs.launch_forward_backward(
-                    stream,
-                    &self.params,
-                    &self.x,
-                    &self.labels,
-                    &self.mask,
-                    g,
-                    &self.loss,
-                )?;
-            }
-        }
+        let (graphs, x, labels, mask) = match tail {
+            Some(t) => (&t.graphs, &mut t.x, &mut t.labels, &mut t.mask),
+            None => (&self.graphs, &mut self.x, &mut self.labels, &mut self.mask),
+        };
+        stream.copy_h2d(&hx, x)?;
+        stream.copy_h2d(&hy, labels)?;
+        stream.copy_h2d(&hm, mask)?;
+        graphs.launch_forward_backward(stream, &self.params, x, labels, mask, g, &self.loss)?;
         self.staged.push((hx, hy, hm));
         Ok(())
     }
