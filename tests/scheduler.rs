@@ -661,9 +661,10 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
         let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..samples).collect(), 2))));
         let mut w = World::new(n, cfg.clone(), 30, data);
-        w.prepare = Some(Box::new(move |s: &mut Scheduler| {
-            s.set_rebalancer(Rebalancer::new(n as usize, m, RebalanceConfig::default())).unwrap();
-        }));
+        // With a threshold the policy is rebalance-drop (rebalance alone has no deadline).
+        use dropcompute::policy::{Policy, PolicyParams};
+        let policy = if threshold == Threshold::Off { Policy::Rebalance } else { Policy::RebalanceDrop };
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams::new(policy))));
         let runs = run(&w);
         for step in 0..30usize {
             let a = &runs[0].reports[step].assignment;
@@ -701,8 +702,7 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
 /// (`train::summary::run_trace`), `sim::policies::replay_policy` replays it under the policy,
 /// and its per-step, per-rank assignment and started micro-batches equal the scheduler's on
 /// the same scripted latencies (each rank at a constant latency, so a micro-batch beyond the
-/// trace's M takes the same latency in both). Backup workers are not in the list: the scheduler
-/// runs the predicted variant (`Scheduler::set_backup_workers`), the simulator the in-flight one.
+/// trace's M takes the same latency in both). Both drive the one walker and assignment step.
 #[test]
 fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
     use dropcompute::policy::{Policy, PolicyParams};
@@ -717,9 +717,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
     };
     let trace = dropcompute::train::summary::run_trace(&base[0].reports).unwrap();
     let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow rank: 2 x 25 µs start
-    for policy in
-        [Policy::Synchronous, Policy::DropBefore, Policy::ComputeBudget, Policy::Rebalance, Policy::RebalanceDrop]
-    {
+    for policy in Policy::ALL {
         let _g = serial(&mock_cfg(n, &scripts));
         let mut cfg = base_cfg(m, 1, 4);
         cfg.max_micro_batches = (policy != Policy::Synchronous && policy != Policy::DropBefore).then_some(2 * m);
@@ -729,13 +727,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
         let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))));
         let mut w = World::new(n, cfg.clone(), 16, data);
-        w.prepare = Some(Box::new(move |s: &mut Scheduler| match policy {
-            Policy::Rebalance | Policy::RebalanceDrop => {
-                s.set_rebalancer(Rebalancer::new(n as usize, m, RebalanceConfig::default())).unwrap();
-            }
-            Policy::ComputeBudget => s.set_compute_budget(),
-            _ => {}
-        }));
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams::new(policy))));
         let runs = run(&w);
         let exec = ExecutionModel { check: CheckMode::BeforeMicroBatch, warmup_steps: 0, ..ExecutionModel::default() };
         let threshold = cfg.policy.threshold;
@@ -792,14 +784,8 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))));
         let mut w = World::new(n, cfg.clone(), 12, data);
         w.tail = (5_000, 1);
-        w.prepare = Some(Box::new(move |s: &mut Scheduler| match policy {
-            Policy::Rebalance | Policy::RebalanceDrop => {
-                let rc = RebalanceConfig { min_micro_batches: 2, ..RebalanceConfig::default() };
-                s.set_rebalancer(Rebalancer::new(n as usize, 2 * m, rc)).unwrap();
-            }
-            Policy::ComputeBudget => s.set_compute_budget(),
-            _ => {}
-        }));
+        // Rebalancing in parts: at least S = 2 parts per rank (the default minimum, in parts).
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams { tail, ..PolicyParams::new(policy) })));
         let runs = run(&w);
         let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
         let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), tail, ..PolicyParams::new(policy) };
@@ -847,7 +833,9 @@ fn backup_workers_skip_the_rank_predicted_slowest_and_b_zero_is_synchronous() {
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..300).collect(), 1))));
         let mut w = World::new(n, cfg, 6, data);
         if let Some(b) = b {
-            w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_backup_workers(b)));
+            use dropcompute::policy::{Policy, PolicyParams};
+            let params = PolicyParams { backup_workers: b, ..PolicyParams::new(Policy::BackupWorkers) };
+            w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(params)));
         }
         let runs = run(&w);
         for step in 0..6usize {

@@ -82,12 +82,31 @@ impl Policy {
 
     /// True when the DropCompute deadline (a threshold, [`super::decide`]) applies.
     pub fn drops(self) -> bool {
-        matches!(self, Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop)
+        match self {
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => true,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::ComputeBudget | Policy::Rebalance => false,
+        }
+    }
+
+    /// True when the walk runs under a deadline: the DropCompute threshold ([`Policy::drops`])
+    /// or the compute budget (whose budget is the threshold).
+    pub fn has_deadline(self) -> bool {
+        match self {
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop | Policy::ComputeBudget => true,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => false,
+        }
     }
 
     /// True when the per-rank micro-batch counts follow a [`super::Rebalancer`].
     pub fn rebalances(self) -> bool {
-        matches!(self, Policy::Rebalance | Policy::RebalanceDrop)
+        match self {
+            Policy::Rebalance | Policy::RebalanceDrop => true,
+            Policy::Synchronous
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::BackupWorkers
+            | Policy::ComputeBudget => false,
+        }
     }
 
     /// The check mode the deadline runs with: the policy's own for `drop-before` /
@@ -98,7 +117,11 @@ impl Policy {
         match self {
             Policy::DropBefore => CheckMode::BeforeMicroBatch,
             Policy::DropPredictive => CheckMode::Predictive,
-            _ => configured,
+            Policy::Synchronous
+            | Policy::BackupWorkers
+            | Policy::ComputeBudget
+            | Policy::Rebalance
+            | Policy::RebalanceDrop => configured,
         }
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! Owns: [`Threshold`], [`CheckMode`], [`PolicyConfig`], [`decide`] and the per-rank online
 //! [`LatencyEstimator`]; the step policies beyond dropping ([`kind`]: [`Policy`], [`PolicyParams`],
-//! backup workers' aggregation) and the micro-batch assignment of rebalancing ([`rebalance`]).
+//! backup workers' aggregation), the micro-batch assignment of rebalancing ([`rebalance`]), the
+//! one per-rank step walk ([`walk`]: what to launch next) and the one assignment step
+//! ([`assign`]: how many parts each rank gets next step). The scheduler, the simulator and the
+//! faces drive [`walk::RankWalk`] and [`assign::Assigner`]; none of them holds a copy.
 //! Must not touch: clocks, I/O, devices or collectives. Callers pass the
 //! elapsed compute time (ns, measured from device events by the scheduler, or summed latencies by
 //! the simulator) and the step index; this module never reads time itself.
@@ -14,8 +17,10 @@
 //! micro-batch boundaries; warm-up steps never drop.
 #![forbid(unsafe_code)]
 
+pub mod assign;
 pub mod kind;
 pub mod rebalance;
+pub mod walk;
 
 pub use kind::{Policy, PolicyParams, TailShape, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};

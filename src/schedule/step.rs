@@ -37,8 +37,9 @@
 use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
-use crate::policy::rebalance::RankLatencyTracker;
-use crate::policy::{Decision, LatencyEstimator, Rebalancer, StopReason, Threshold, backup_aggregated, decide};
+use crate::policy::assign::Assigner;
+use crate::policy::walk::{Next, RankWalk, WalkEnd};
+use crate::policy::{LatencyEstimator, Policy, PolicyParams, RankLatencyTracker, Rebalancer, Threshold};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
@@ -192,10 +193,7 @@ pub struct Scheduler {
     retuner: Option<Retuner>,
     last_overhead_ns: u64,
     stop_requested: bool,
-    assignment: Vec<u32>,
-    rebalancer: Option<Rebalancer>,
-    backup_workers: Option<u32>,
-    latency: RankLatencyTracker,
+    assigner: Assigner,
 }
 
 /// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
@@ -284,10 +282,7 @@ impl Scheduler {
             retuner: None,
             last_overhead_ns: 0,
             stop_requested: false,
-            assignment: vec![cfg.micro_batches * cfg.parts(); n],
-            rebalancer: None,
-            backup_workers: None,
-            latency: RankLatencyTracker::new(n, Default::default()),
+            assigner: Self::assigner_of(&cfg, PolicyParams::new(Policy::DropPredictive), n),
             cfg,
             comm,
             stream,
@@ -360,9 +355,9 @@ impl Scheduler {
             stragglers: self.stragglers.clone(),
             ledger: self.ledger.clone(),
             last_overhead_ns: self.last_overhead_ns,
-            assignment: self.assignment.clone(),
-            rebalancer: self.rebalancer.clone(),
-            latency: Some(self.latency.clone()),
+            assignment: self.assigner.assignment().to_vec(),
+            rebalancer: self.assigner.rebalancer().cloned(),
+            latency: Some(self.assigner.tracker().clone()),
         }
     }
 
@@ -374,108 +369,47 @@ impl Scheduler {
         self.stragglers = s.stragglers;
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
-        if s.assignment.len() == self.assignment.len() {
-            self.assignment = s.assignment;
-        }
-        if s.rebalancer.is_some() {
-            self.rebalancer = s.rebalancer;
-        }
-        if let Some(t) = s.latency {
-            self.latency = t;
-        }
+        self.assigner.restore(&s.assignment, s.rebalancer, s.latency);
     }
 
-    /// Lets `rebalancer` choose the per-rank micro-batch counts (the `rebalance` and
-    /// `rebalance-drop` policies): after every step it is fed the per-micro-batch latency EWMA
-    /// and chronic flags of a `policy::rebalance::RankLatencyTracker` (default configuration)
-    /// that is fed each rank's mean micro-batch latency ([`per_micro_batch_ns`]) from the
-    /// gathered count rows: every rank computes the same assignment, and `sim::policies` runs
-    /// the same code on the same quantities. An
-    /// assignment needing more than [`SchedulerConfig::slots`] micro-batches on a rank is not
+    /// The one assigner of `params` for this configuration: its tail shape is the
+    /// configuration's, its slots the part slots, its deadline the threshold in force.
+    fn assigner_of(cfg: &SchedulerConfig, params: PolicyParams, n: usize) -> Assigner {
+        let params = PolicyParams { tail: cfg.tail, ..params };
+        let (m, slots, warmup) = (cfg.micro_batches, cfg.part_slots(), cfg.policy.warmup_steps);
+        Assigner::new(params, n, m, slots, warmup, cfg.policy.threshold, 0)
+    }
+
+    /// Runs the step policy `params` (its b, rebalancing limits; the tail shape is
+    /// [`SchedulerConfig::tail`]) from the next step on, exactly as `sim::policies` replays it:
+    /// each step's per-rank part counts are the one assignment step (`policy::assign::Assigner`,
+    /// fed after every step with each rank's mean micro-batch latency from the gathered count
+    /// rows, [`per_micro_batch_ns`]: identical on every rank), each rank's launches the one
+    /// walker (`policy::walk::RankWalk`). The deadline's check mode becomes the policy's
+    /// ([`Policy::check_mode`]); a policy without a deadline (`synchronous`, `backup-workers`,
+    /// `rebalance`) turns the threshold off; `compute-budget` takes the threshold in force as
+    /// its budget (off: M per rank). Call it on every rank alike, after setting the threshold.
+    /// An assignment needing more than [`SchedulerConfig::part_slots`] parts on a rank is not
     /// applied (the previous one stays; logged).
-    ///
-    /// # Errors
-    /// [`ScheduleError::Config`] when the rebalancer's current assignment is invalid for this
-    /// world (see [`Scheduler::set_assignment`]).
-    pub fn set_rebalancer(&mut self, rebalancer: Rebalancer) -> Result<(), ScheduleError> {
-        self.set_assignment(rebalancer.assignment())?;
-        self.rebalancer = Some(rebalancer);
-        Ok(())
+    pub fn set_policy(&mut self, params: PolicyParams) {
+        let p = params.policy;
+        self.cfg.policy.check = p.check_mode(self.cfg.policy.check);
+        if !p.has_deadline() {
+            self.cfg.policy.threshold = Threshold::Off;
+        }
+        self.assigner = Self::assigner_of(&self.cfg, params, self.comm.world_size() as usize);
     }
 
-    /// The compute-budget policy (Anytime-Minibatch, `policy::Policy::ComputeBudget`): every
-    /// rank is handed [`SchedulerConfig::part_slots`] parts (slots micro-batches) per step and
-    /// starts them while the deadline allows (the threshold in force is the budget, checked
-    /// with the configured check as `policy::decide` does: a launched micro-batch cannot be
-    /// aborted on the device, so with the before-check the compute phase overshoots the budget
-    /// by at most one micro-batch). The global batch then varies with speed; the divisor stays
-    /// the global computed count.
-    pub fn set_compute_budget(&mut self) {
-        self.assignment = vec![self.cfg.part_slots(); self.assignment.len()];
-        self.rebalancer = None;
-    }
-
-    /// Backup workers (Chen et al. 2016, `policy::Policy::BackupWorkers`) as this scheduler can
-    /// run them: before each step every rank predicts each rank's finish time as its
-    /// per-micro-batch latency EWMA × M (the `RankLatencyTracker`, from gathered data:
-    /// identical on every rank) and `policy::backup_aggregated(predicted, b)` names the b ranks predicted
-    /// last; those are assigned 0 micro-batches (they compute nothing, join the collective, and
-    /// their share of the data stays in the source), the others M. A launched graph cannot be
-    /// aborted, so "drop the b slowest" must be decided before the step from predictions, not
-    /// after from actual finish times. Until every rank has a latency estimate, and with
-    /// b = 0, every rank runs M (synchronous).
-    pub fn set_backup_workers(&mut self, b: u32) {
-        self.backup_workers = Some(b);
-        self.rebalancer = None;
-    }
-
-    /// The rebalancer, if any (its assignment is [`Scheduler::assignment`]).
+    /// The rebalancer of a rebalancing policy, if any (its assignment is
+    /// [`Scheduler::assignment`]).
     pub fn rebalancer(&self) -> Option<&Rebalancer> {
-        self.rebalancer.as_ref()
-    }
-
-    /// Feeds the rebalancer, if any, with the tracker's view after a step and moves to the
-    /// assignment it chooses (when it fits the slots).
-    fn rebalance(&mut self, step: u64) {
-        let parts = self.cfg.parts();
-        if let Some(b) = self.backup_workers {
-            let m = self.cfg.micro_batches;
-            let lat = self.latency.ewma_latency_ns();
-            self.assignment = if lat.iter().all(|l| l.is_finite()) {
-                let predicted: Vec<f64> = lat.iter().map(|l| l * f64::from(m)).collect();
-                backup_aggregated(&predicted, b).into_iter().map(|keep| if keep { m * parts } else { 0 }).collect()
-            } else {
-                vec![m * parts; self.assignment.len()]
-            };
-            return;
-        }
-        let Some(r) = &mut self.rebalancer else { return };
-        let chronic = self.latency.chronic();
-        // The rebalancer counts parts: it is fed the latency of one part (a whole micro-batch's
-        // over S), as `sim::policies` feeds it.
-        let per_part: Vec<f64> = self.latency.ewma_latency_ns().iter().map(|l| l / f64::from(parts)).collect();
-        let next = r.update(&per_part, &chronic).to_vec();
-        if next == self.assignment {
-            return;
-        }
-        let slots = self.cfg.part_slots();
-        if next.iter().any(|&a| a > slots) {
-            tracing::warn!(
-                step,
-                ?next,
-                slots,
-                "rebalance: assignment exceeds the micro-batch slots; kept the previous one"
-            );
-            return;
-        }
-        debug!(step, ?next, "rebalance: new per-rank micro-batch assignment");
-        self.assignment = next;
+        self.assigner.rebalancer()
     }
 
     /// Micro-batches each rank runs in the next step (`assignment[r]` for rank r; M for every
     /// rank unless set). Identical on every rank.
     pub fn assignment(&self) -> &[u32] {
-        &self.assignment
+        self.assigner.assignment()
     }
 
     /// Sets the per-rank part counts (micro-batches without a tail shape) of the following
@@ -498,7 +432,7 @@ impl Scheduler {
                 ),
             });
         }
-        self.assignment = assignment.to_vec();
+        self.assigner.set(assignment.to_vec());
         Ok(())
     }
 
@@ -540,8 +474,13 @@ impl Scheduler {
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
         self.stragglers.observe(&report.ranks);
-        self.latency.observe(&per_micro_batch_ns(&report, &self.cfg.tail));
-        self.rebalance(step);
+        if self.assigner.observe(step, &per_micro_batch_ns(&report, &self.cfg.tail)) {
+            tracing::warn!(
+                step,
+                slots = self.cfg.part_slots(),
+                "rebalance: assignment exceeds the micro-batch slots; kept the previous one"
+            );
+        }
         let retune = self.retune(&report)?;
         Ok((report, retune))
     }
@@ -563,7 +502,7 @@ impl Scheduler {
     /// (nothing is requeued: the step fails).
     fn take_micro_batches(&mut self, step: u64, data: &mut dyn DataSource) -> Result<Vec<MicroBatch>, ScheduleError> {
         let rank = self.comm.rank();
-        let mut planned = data.take_assigned(rank, &self.assignment);
+        let mut planned = data.take_assigned(rank, self.assigner.assignment());
         planned.truncate(self.cfg.part_slots() as usize);
         if self.cfg.weighting == Weighting::Tokens && planned.iter().any(|mb| mb.tokens.is_none()) {
             return Err(ScheduleError::Data {
@@ -575,14 +514,11 @@ impl Scheduler {
         Ok(planned)
     }
 
-    /// Launches a prefix of `planned` under the deadline: before launch i,
-    /// `policy::decide` with the device time elapsed since `t0` ([`Scheduler::elapsed_before`])
-    /// and the rank's latency estimate; on the first stop the rest are left undone. With a tail
-    /// shape (S > 1, `planned` in parts) S consecutive parts launch as one whole micro-batch
-    /// while at least S remain; when the predictive check stops a whole one (predicted
-    /// overshoot), or fewer than S parts remain, single parts launch as tail micro-batches,
-    /// each checked with the tail's estimate (`TailShape::estimate_ns`): the walk of
-    /// `sim::policies`. Returns once every started launch has finished on the device.
+    /// Launches a prefix of `planned` (this rank's parts) as the one walker
+    /// (`policy::walk::RankWalk`) says: it asks for the device time at the end of earlier
+    /// launches (waited for and read from their events, relative to `t0`), and for each
+    /// launch, a whole micro-batch (S consecutive parts merged) or a tail part. Returns once
+    /// every started launch has finished on the device.
     fn run_micro_batches(
         &mut self,
         step: u64,
@@ -590,81 +526,47 @@ impl Scheduler {
         work: &mut dyn Workload,
     ) -> Result<ComputePhase, ScheduleError> {
         let rank = self.comm.rank();
-        let s = self.cfg.parts() as usize;
         let mut phase = ComputePhase::new(self.cfg.part_slots() as usize);
         let mut t0_ns: Option<u64> = None;
         let loop_start = std::time::Instant::now();
-        let mut tail_mode = false;
-        while phase.parts < planned.len() {
-            let i = phase.started;
-            let elapsed_ns = self.elapsed_before(step, i, &mut phase, &mut t0_ns)?;
-            let p = phase.parts;
-            // The index the workload sees: the micro-batch the launch is (or is cut from).
-            let j = (p / s) as u32;
-            let estimate = self.estimator.estimate();
-            if !tail_mode && planned.len() - p >= s {
-                match decide(&self.cfg.policy, step, i as u32, elapsed_ns, estimate) {
-                    Decision::Start => {
-                        let merged;
-                        let mb = if s == 1 {
-                            &planned[p]
-                        } else {
-                            merged = merge_parts(&planned[p..p + s]);
-                            &merged
-                        };
-                        self.launch_micro_batch(step, i, j, mb, work)?;
-                        phase.whole.push(true);
-                        phase.samples.push(mb.samples());
-                        phase.started += 1;
-                        phase.parts += s;
-                        continue;
-                    }
-                    Decision::Stop(StopReason::PredictedOvershoot { .. }) if s > 1 => tail_mode = true,
-                    Decision::Stop(reason) => {
-                        debug!(step, rank, micro_batch = i, ?reason, "deadline: dropping the rest of the step");
-                        break;
+        let mut walk = RankWalk::new(self.cfg.policy, step, planned.len(), self.cfg.tail, self.cfg.sync_lag);
+        loop {
+            match walk.next(&mut self.estimator) {
+                Next::Launch(l) => {
+                    let merged;
+                    let mb = if l.parts == 1 {
+                        &planned[l.first_part]
+                    } else {
+                        merged = merge_parts(&planned[l.first_part..l.first_part + l.parts]);
+                        &merged
+                    };
+                    self.launch_micro_batch(step, l.index, l.micro_batch, mb, work)?;
+                    phase.whole.push(l.whole);
+                    phase.samples.push(mb.samples());
+                    phase.started += 1;
+                    phase.parts += l.parts;
+                }
+                Next::Wait { upto } => {
+                    let t0 = self.t0_ns(&mut t0_ns, rank, step)?;
+                    self.read_ends(step, &mut phase, upto)?;
+                    for i in walk.reported()..upto {
+                        walk.ended(i, phase.ends_ns[i].saturating_sub(t0), phase.durations[i], &mut self.estimator);
                     }
                 }
+                Next::Done(WalkEnd::Assignment) => break,
+                Next::Done(WalkEnd::Deadline(reason)) => {
+                    debug!(step, rank, launch = phase.started, ?reason, "deadline: dropping the rest of the step");
+                    break;
+                }
             }
-            let tail_estimate = estimate.map(|e| self.cfg.tail.estimate_ns(e));
-            if let Decision::Stop(reason) = decide(&self.cfg.policy, step, i as u32, elapsed_ns, tail_estimate) {
-                debug!(step, rank, micro_batch = i, ?reason, "deadline: no tail micro-batch fits; dropping the rest");
-                break;
-            }
-            self.launch_micro_batch(step, i, j, &planned[p], work)?;
-            phase.whole.push(false);
-            phase.samples.push(planned[p].samples());
-            phase.started += 1;
-            phase.parts += 1;
         }
         phase.host_loop_ns = u64::try_from(loop_start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         phase.t0_ns = self.t0_ns(&mut t0_ns, rank, step)?;
-        let started = phase.started;
-        self.read_ends(step, &mut phase, started)?;
         phase.compute_ns = match phase.started {
             0 => 0,
             n => phase.ends_ns[n - 1].saturating_sub(phase.t0_ns),
         };
         Ok(phase)
-    }
-
-    /// The device time (ns) the deadline check before micro-batch `i` sees: with sync lag k,
-    /// the end of micro-batch i-1-k minus `t0` (waiting for both events); 0 when i-1-k < 0 (and
-    /// no wait at all when i-1-k < -1, so the device pipeline can fill).
-    fn elapsed_before(
-        &mut self,
-        step: u64,
-        i: usize,
-        phase: &mut ComputePhase,
-        t0_cache: &mut Option<u64>,
-    ) -> Result<u64, ScheduleError> {
-        let target = i as i64 - 1 - i64::from(self.cfg.sync_lag);
-        if target < -1 {
-            return Ok(0);
-        }
-        let t0 = self.t0_ns(t0_cache, self.comm.rank(), step)?;
-        self.read_ends(step, phase, (target + 1) as usize)?;
-        Ok(if target >= 0 { phase.ends_ns[target as usize].saturating_sub(t0) } else { 0 })
     }
 
     /// Enqueues launch `i` (micro-batch index `j` for the workload): start event, the user's
@@ -874,7 +776,7 @@ impl Scheduler {
             overhead_ns: global.rows.iter().map(|r| r.overhead_ns).max().unwrap_or(0),
             stop_requested: global.rows.iter().any(|r| r.stop_requested),
             latencies_ns: global.rows.iter().flat_map(CountRow::latencies_f64).collect(),
-            assignment: self.assignment.clone(),
+            assignment: self.assigner.assignment().to_vec(),
             micro_batches,
             ranks,
         }
@@ -913,7 +815,7 @@ impl Scheduler {
     }
 
     /// Waits for the end events of micro-batches `phase.seen..upto` in order and reads their
-    /// start and end timestamps and durations into `phase`, feeding the latency estimator.
+    /// start and end timestamps and durations into `phase` (the walker feeds the estimator).
     fn read_ends(&mut self, step: u64, phase: &mut ComputePhase, upto: usize) -> Result<(), ScheduleError> {
         let rank = self.comm.rank();
         let e = |call| dev_err(rank, step, call);
@@ -923,9 +825,6 @@ impl Scheduler {
             phase.starts_ns[i] = self.starts[i].timestamp_ns().map_err(e("event timestamp"))?;
             phase.ends_ns[i] = self.ends[i].timestamp_ns().map_err(e("event timestamp"))?;
             phase.durations[i] = phase.ends_ns[i].saturating_sub(phase.starts_ns[i]);
-            if phase.whole[i] {
-                self.estimator.observe(phase.durations[i]);
-            }
             phase.seen += 1;
         }
         Ok(())

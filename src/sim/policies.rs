@@ -3,27 +3,25 @@
 //! random numbers: every policy sees the same latencies).
 //!
 //! Owns: [`PolicyRun`], [`PolicyReplay`], [`replay_policy`]. Must not touch: parsing, tuning,
-//! devices. Every per-micro-batch start decision is [`crate::policy::decide`], every
-//! assignment [`crate::policy::Rebalancer`], every backup aggregation
-//! [`crate::policy::backup_aggregated`]; [`super::replay::replay`] (DropCompute) is this replay
-//! with a drop policy.
+//! devices, and the decisions themselves: each rank's step is the one walker
+//! ([`crate::policy::walk::RankWalk`], the scheduler's), each step's assignment the one
+//! assignment step ([`crate::policy::assign::Assigner`], the scheduler's);
+//! [`super::replay::replay`] (DropCompute) is this replay with a drop policy. This module only
+//! feeds them the trace's latencies and adds up the step times.
 //!
-//! Per step and rank, the walk is the scheduler's (see [`super::replay`] for the sync lag, the
-//! start offset, warm-up and the predictive estimator). Per policy:
+//! Per step and rank (see [`super::replay`] for the sync lag, the start offset, warm-up and the
+//! predictive estimator), per policy (the module docs of `policy::assign` and `policy::walk`):
 //! - `synchronous`: all M micro-batches; the step waits for the slowest rank.
-//! - `drop-before` / `drop-predictive` / `rebalance-drop`: [`crate::policy::decide`] at the
-//!   threshold with the policy's check mode ([`Policy::check_mode`]).
-//! - `backup-workers` (b): every rank runs its M micro-batches; the first N - b ranks to finish
-//!   are aggregated. Realizable accounting: the b others learn at t* (the (N-b)-th finish time)
-//!   that they are dropped, finish the micro-batch in flight (a launched graph cannot be
-//!   aborted) and join the all-reduce with nothing: step compute time = max(t*, the end of
-//!   their micro-batch in flight at t*). With b = 0 this is the synchronous step, bit for bit.
-//! - `compute-budget`: [`crate::policy::decide`] with threshold = budget, check before each
-//!   micro-batch, up to [`crate::policy::PolicyParams::budget_cap`] micro-batches.
-//! - `rebalance` / `rebalance-drop`: rank r runs the assignment of a
-//!   [`crate::policy::Rebalancer`], updated after every step from a
-//!   [`crate::policy::rebalance::RankLatencyTracker`] fed with each rank's mean latency per
-//!   computed micro-batch (what the scheduler learns from the all-reduced counts and times).
+//! - `drop-before` / `drop-predictive` / `rebalance-drop`: the deadline at the threshold with
+//!   the policy's check mode ([`Policy::check_mode`]).
+//! - `backup-workers` (b): the b ranks predicted slowest from the previous steps compute
+//!   nothing, as the scheduler runs it (a launched graph cannot be aborted, so the choice is
+//!   made before the step). With b = 0 this is the synchronous step, bit for bit.
+//! - `compute-budget`: the deadline at the budget (the configured check), up to
+//!   [`crate::policy::PolicyParams::budget_cap`] micro-batches after warm-up, M in warm-up.
+//! - `rebalance` / `rebalance-drop`: the assignment of a [`crate::policy::Rebalancer`], updated
+//!   after every step from each rank's mean latency per computed micro-batch (what the
+//!   scheduler learns from the all-reduced counts and times).
 //!
 //! Micro-batches beyond the trace's M (a rank given more work by rebalancing or a compute
 //! budget): micro-batch i >= M of rank r in step s takes the latency of one of the same rank's
@@ -38,11 +36,9 @@
 use rand::Rng;
 
 use super::rng;
-use crate::policy::rebalance::RankLatencyTracker;
-use crate::policy::{
-    Decision, LatencyEstimator, Policy, PolicyConfig, PolicyParams, Rebalancer, StopReason, TailShape, Threshold,
-    backup_aggregated, decide,
-};
+use crate::policy::assign::Assigner;
+use crate::policy::walk::{Next, RankWalk};
+use crate::policy::{LatencyEstimator, Policy, PolicyConfig, PolicyParams, TailShape, Threshold};
 use crate::sim::replay::ExecutionModel;
 use crate::trace::LatencyTrace;
 
@@ -69,6 +65,22 @@ impl PolicyRun {
     pub fn new(params: PolicyParams, threshold: Threshold, execution: ExecutionModel) -> Self {
         Self { params, threshold, execution, estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE, seed: 1 }
     }
+
+    /// The deadline the walk runs under: the budget for `compute-budget` (off when unset or
+    /// not a finite, non-negative number of ms), the threshold for the drop policies, off for
+    /// the others.
+    pub fn deadline(&self) -> Threshold {
+        match self.params.policy {
+            Policy::ComputeBudget => match self.params.budget_ms {
+                Some(ms) if ms.is_finite() && ms >= 0.0 => {
+                    Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3))
+                }
+                _ => Threshold::Off,
+            },
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => self.threshold,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Threshold::Off,
+        }
+    }
 }
 
 /// Outcome of [`replay_policy`]. Counts are in *parts* of 1/[`PolicyReplay::split`]
@@ -88,7 +100,7 @@ pub struct PolicyReplay {
     pub nominal: u64,
     /// Micro-batches whose gradient was aggregated (the divisor's sum over steps).
     pub aggregated: u64,
-    /// Micro-batches started (aggregated + computed and discarded by backup workers).
+    /// Micro-batches started (all of them enter the gradient: = aggregated).
     pub computed: u64,
     /// Micro-batches of the nominal batch missing from the gradient, summed over steps
     /// (Σ_s max(0, N·M - aggregated_s)): the samples lost (re-queued or discarded by the ledger).
@@ -110,104 +122,47 @@ pub struct PolicyReplay {
     pub assigned: Vec<u32>,
 }
 
-/// One rank's step as [`walk`] ran it.
+/// One rank's step as the walker ran it on the replay's latencies.
 struct Walked {
     /// Parts started (a whole micro-batch = `split` parts, a tail micro-batch 1).
     parts: usize,
     /// Compute end time (ns), `t0` when nothing started.
     end: f64,
-    /// Whole-micro-batch equivalents of device time: whole + tail · cost (the divisor of the
-    /// per-micro-batch latency the rebalancing tracker sees).
+    /// Whole-micro-batch equivalents of device time (the divisor of the per-micro-batch
+    /// latency the assignment step sees).
     equivalents: f64,
 }
 
-/// Walk one rank's step: start units while `decide` says so, up to `cap_parts` parts. A unit
-/// is a whole micro-batch (`split` parts, latency `lat(j)` for micro-batch j) or, with a tail
-/// shape, a tail micro-batch (1 part, latency `cost · lat(j)` of the micro-batch j it belongs
-/// to). Whole micro-batches run while at least `split` parts remain and `decide` with the
-/// whole estimate starts them; when the predictive check stops a whole one (predicted
-/// overshoot), or fewer than `split` parts remain, the walk goes on with tail micro-batches,
-/// each checked with the tail's estimate ([`TailShape::estimate_ns`]). The estimator is fed
-/// whole micro-batches only (it estimates a whole one). `ends` is scratch.
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    deadline: &PolicyConfig,
-    step: u64,
-    cap_parts: usize,
-    tail: &TailShape,
-    lag: usize,
-    t0: f64,
-    est: &mut LatencyEstimator,
-    lat: &mut dyn FnMut(usize) -> f64,
-    ends: &mut Vec<f64>,
-) -> Walked {
+/// Drives the one walker ([`RankWalk`]) through one rank's step: a whole micro-batch j takes
+/// `lat(j)`, a tail micro-batch `cost · lat(j)` of the micro-batch j it is cut from; the clock
+/// starts at `t0`. `ends` is scratch (f64 end times; the walker sees them truncated to ns, as
+/// the estimator sees the latencies).
+fn walk(mut w: RankWalk, tail: &TailShape, t0: f64, est: &mut LatencyEstimator, lat: &mut dyn FnMut(usize) -> f64, ends: &mut Vec<(f64, f64)>) -> Walked {
     ends.clear();
-    let split = tail.parts() as usize;
     let cost = tail.cost_fraction();
-    let (mut units, mut parts, mut seen, mut acc) = (0usize, 0usize, 0usize, t0);
-    let (mut whole, mut tails) = (0usize, 0usize);
-    // Per unit: its latency if it was a whole micro-batch (fed to the estimator), else None.
-    let mut observed: Vec<Option<f64>> = Vec::new();
     let mut mb_lat: Vec<f64> = Vec::new();
-    let mut tail_mode = false;
-    while parts < cap_parts {
-        // The check before unit i waits for the end of unit i-1-k.
-        let elapsed = match (units + 1).checked_sub(1 + lag) {
-            None => 0.0,
-            Some(upto) => {
-                while seen < upto {
-                    if let Some(l) = observed[seen] {
-                        est.observe(l as u64);
-                    }
-                    seen += 1;
+    let mut acc = t0;
+    loop {
+        match w.next(est) {
+            Next::Launch(l) => {
+                let j = l.micro_batch as usize;
+                while mb_lat.len() <= j {
+                    mb_lat.push(lat(mb_lat.len()));
                 }
-                if upto == 0 { 0.0 } else { ends[upto - 1] }
+                let d = if l.whole { mb_lat[j] } else { cost * mb_lat[j] };
+                acc += d;
+                ends.push((acc, d));
             }
-        };
-        let j = parts / split;
-        while mb_lat.len() <= j {
-            mb_lat.push(lat(mb_lat.len()));
-        }
-        if !tail_mode && cap_parts - parts >= split {
-            match decide(deadline, step, units as u32, elapsed as u64, est.estimate()) {
-                Decision::Start => {
-                    let l = mb_lat[j];
-                    observed.push(Some(l));
-                    acc += l;
-                    ends.push(acc);
-                    units += 1;
-                    whole += 1;
-                    parts += split;
-                    continue;
+            Next::Wait { upto } => {
+                for i in w.reported()..upto {
+                    let (end, d) = ends[i];
+                    w.ended(i, end as u64, d as u64, est);
                 }
-                Decision::Stop(StopReason::PredictedOvershoot { .. }) if split > 1 => tail_mode = true,
-                Decision::Stop(_) => break,
             }
+            Next::Done(_) => break,
         }
-        // Tail mode (split > 1: with split 1 the branch above always continues or breaks).
-        let estimate = est.estimate().map(|e| tail.estimate_ns(e));
-        if !decide(deadline, step, units as u32, elapsed as u64, estimate).is_start() {
-            break;
-        }
-        let l = cost * mb_lat[j];
-        observed.push(None);
-        acc += l;
-        ends.push(acc);
-        units += 1;
-        tails += 1;
-        parts += 1;
     }
-    while seen < units {
-        if let Some(l) = observed[seen] {
-            est.observe(l as u64);
-        }
-        seen += 1;
-    }
-    Walked {
-        parts,
-        end: if units == 0 { t0 } else { ends[units - 1] },
-        equivalents: whole as f64 + tails as f64 * cost,
-    }
+    Walked { parts: w.parts(), end: ends.last().map_or(t0, |e| e.0), equivalents: w.equivalents() }
 }
 
 /// Replay `trace` under `run` (module doc). Pure and deterministic for a seed; never fails
@@ -217,34 +172,21 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
     let (n, m) = (trace.world_size(), trace.micro_batches());
     let p = run.params.policy;
     let exec = &run.execution;
-    let lag = exec.sync_lag as usize;
-    let threshold = match p {
-        Policy::ComputeBudget => match run.params.budget_ms {
-            Some(ms) if ms.is_finite() && ms >= 0.0 => Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3)),
-            _ => Threshold::Off,
-        },
-        p if p.drops() => run.threshold,
-        _ => Threshold::Off,
-    };
     let deadline = PolicyConfig {
-        threshold,
+        threshold: run.deadline(),
         check: p.check_mode(exec.check),
         warmup_steps: exec.warmup_steps,
         min_micro_batches: exec.min_micro_batches,
     };
     let tail = run.params.tail;
     let split = tail.parts() as usize;
-    let budget_cap = run.params.budget_cap(m as u32) as usize * split;
+    // The run's slots: the most one rank may be handed (`train`: the cap, 2·M).
+    let slots = run.params.budget_cap(m as u32).saturating_mul(split as u32);
+    let first_step = trace.steps().first().copied().unwrap_or(0);
+    let mut assigner = Assigner::new(run.params, n, m as u32, slots, exec.warmup_steps, deadline.threshold, first_step);
     let mut est: Vec<LatencyEstimator> =
         (0..n).map(|_| LatencyEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
-    // Rebalancing counts parts: M·split per rank, at least min·split each.
-    let mut rebalancer = p.rebalances().then(|| {
-        let mut cfg = run.params.rebalance;
-        cfg.min_micro_batches = cfg.min_micro_batches.saturating_mul(split as u32);
-        Rebalancer::new(n, (m * split) as u32, cfg)
-    });
-    let mut tracker = RankLatencyTracker::new(n, Default::default());
-    let mut ends = Vec::with_capacity(2 * m);
+    let mut ends = Vec::with_capacity(2 * m * split);
     let mut per_step = Vec::with_capacity(trace.num_steps());
     let (mut started_cells, mut assigned_cells) =
         (Vec::with_capacity(trace.num_steps() * n), Vec::with_capacity(trace.num_steps() * n));
@@ -257,57 +199,29 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
         let mut step_started = vec![0u32; n];
         for (r, row) in mat.chunks_exact(m).enumerate() {
             let t0 = offsets[r];
-            let cap = match (p, &rebalancer) {
-                (_, Some(rb)) => rb.assignment()[r] as usize,
-                (Policy::ComputeBudget, _) => budget_cap,
-                _ => m * split,
-            };
+            let cap = assigner.assignment()[r] as usize;
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
             let mut lat = |i: usize| if i < m { row[i] } else { row[extra.random_range(0..m)] };
-            let w = walk(&deadline, step, cap, &tail, lag, t0, &mut est[r], &mut lat, &mut ends);
+            let walker = RankWalk::new(deadline, step, cap, tail, exec.sync_lag);
+            let w = walk(walker, &tail, t0, &mut est[r], &mut lat, &mut ends);
             step_started[r] = w.parts as u32;
             finish[r] = w.end;
             mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
             assigned_cells.push(cap as u32);
         }
-        // The baseline sums as `walk` does (t0, then + each latency in order): the synchronous
-        // policy reproduces it bit for bit.
+        // The baseline sums as the walk does (t0, then + each latency in order): the
+        // synchronous policy reproduces it bit for bit.
         let base = mat
             .chunks_exact(m)
             .zip(offsets)
             .map(|(row, &t0)| row.iter().fold(t0, |a, &l| a + l))
             .fold(0.0f64, f64::max);
-        let (pol, aggregated) = if p == Policy::BackupWorkers {
-            let keep = backup_aggregated(&finish, run.params.backup_workers);
-            let t_star = finish.iter().zip(&keep).filter(|(_, k)| **k).map(|(f, _)| *f).fold(0.0f64, f64::max);
-            // A dropped rank finishes the micro-batch in flight at t*.
-            let mut t = t_star;
-            for (r, row) in mat.chunks_exact(m).enumerate() {
-                if !keep[r] {
-                    let mut acc = offsets[r];
-                    for &l in row {
-                        if acc >= t_star {
-                            break;
-                        }
-                        acc += l;
-                    }
-                    t = t.max(acc.min(finish[r]));
-                }
-            }
-            let agg: u64 = step_started.iter().zip(&keep).filter(|(_, k)| **k).map(|(s, _)| u64::from(*s)).sum();
-            (t, agg)
-        } else {
-            (finish.iter().copied().fold(0.0f64, f64::max), step_started.iter().map(|&s| u64::from(s)).sum())
-        };
-        computed += step_started.iter().map(|&s| u64::from(s)).sum::<u64>();
+        let pol = finish.iter().copied().fold(0.0f64, f64::max);
+        let aggregated: u64 = step_started.iter().map(|&s| u64::from(s)).sum();
+        computed += aggregated;
         lost += ((n * m * split) as u64).saturating_sub(aggregated);
         started_cells.extend_from_slice(&step_started);
-        if let Some(rb) = rebalancer.as_mut() {
-            tracker.observe(&mean_lat);
-            // The rebalancer predicts per part: a whole micro-batch's latency / split.
-            let per_part: Vec<f64> = tracker.ewma_latency_ns().iter().map(|l| l / split as f64).collect();
-            rb.update(&per_part, &tracker.chronic());
-        }
+        assigner.observe(step, &mean_lat);
         let o = trace.overhead_ns()[si];
         per_step.push((base + o, pol + o, aggregated));
     }
@@ -379,16 +293,17 @@ mod tests {
         assert_eq!(sync.per_step, vec![(12.0, 12.0, 6), (5.25, 5.25, 6)]);
     }
 
+    /// Backup workers as the scheduler runs them: step 0 (no latency yet) synchronous; from
+    /// step 1 the rank predicted slowest (EWMA per micro-batch × M) computes nothing.
     #[test]
-    fn backup_workers_drop_the_slowest_after_its_micro_batch_in_flight() {
+    fn backup_workers_skip_the_rank_predicted_slowest() {
         let b1 = replay_policy(&trace(), &run(PolicyParams::new(Policy::BackupWorkers), None));
-        // Step 0: finishes 3, 4.5, 11: t* = 4.5; rank 2's micro-batch in flight at 4.5 ends at
-        // 5: step 5 + 1. Step 1: finishes 2, 4, 4.25: rank 2 dropped, t* = 4; its micro-batch 1
-        // (2.25..4.25) is in flight: 4.25 + 1.
-        assert_eq!(b1.per_step, vec![(12.0, 6.0, 4), (5.25, 5.25, 4)]);
-        assert_eq!((b1.lost, b1.computed, b1.aggregated, b1.nominal), (4, 12, 8, 12));
-        assert!((b1.drop_rate - 4.0 / 12.0).abs() < 1e-15);
-        let want = (8.0 / 12.0) * (12.0 + 5.25) / 2.0 / ((6.0 + 5.25) / 2.0) - 1.0;
+        // Step 0: mean latencies 1.5, 2, 5.5: rank 2 is predicted last for step 1; step 1 then
+        // ends at max(2, 4, 0.25) + 1.
+        assert_eq!(b1.assigned, vec![2, 2, 2, 2, 2, 0]);
+        assert_eq!(b1.per_step, vec![(12.0, 12.0, 6), (5.25, 5.0, 4)]);
+        assert_eq!((b1.lost, b1.computed, b1.aggregated, b1.nominal), (2, 10, 10, 12));
+        let want = (10.0 / 12.0) * (12.0 + 5.25) / 2.0 / ((12.0 + 5.0) / 2.0) - 1.0;
         assert!((b1.effective_speedup - want).abs() < 1e-12);
     }
 

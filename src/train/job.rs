@@ -252,15 +252,6 @@ impl Job {
         }
     }
 
-    /// The rebalancer of a rebalancing second run with tail shape `tail`: in parts (M·S per
-    /// rank, at least S each, the default hysteresis), as `sim::policies` builds it.
-    pub fn rebalancer(&self, tail: crate::policy::TailShape) -> crate::policy::Rebalancer {
-        let s = tail.parts();
-        let mut rc = crate::policy::RebalanceConfig::default();
-        rc.min_micro_batches = rc.min_micro_batches.saturating_mul(s);
-        crate::policy::Rebalancer::new(self.cfg.ranks as usize, self.cfg.micro_batches * s, rc)
-    }
-
     /// Steps of a run, `None` for an epoch-bounded run.
     pub fn steps(&self) -> Option<u64> {
         match self.cfg.length {

@@ -266,12 +266,14 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         if let Some(r) = retuner {
             sched.set_retuner(r);
         }
-        match policy {
-            Some(p) if p.rebalances() => sched.set_rebalancer(job.rebalancer(tail))?,
-            // Without a budget (auto declined by a guardrail) every rank keeps its M.
-            Some(Policy::ComputeBudget) if threshold != Threshold::Off => sched.set_compute_budget(),
-            Some(Policy::BackupWorkers) => sched.set_backup_workers(cfg.backup_workers),
-            _ => {}
+        // The one assignment step and walk of the policy (a compute budget declined by a
+        // guardrail runs M per rank: the threshold is off).
+        if let Some(p) = policy {
+            sched.set_policy(crate::policy::PolicyParams {
+                backup_workers: cfg.backup_workers,
+                tail,
+                ..crate::policy::PolicyParams::new(p)
+            });
         }
         let hyper = MlpHyper {
             shape: job.shape,

@@ -1,0 +1,243 @@
+//! The assignment step: how many parts each rank is handed in the next step, one function of
+//! the previous steps' per-rank latencies, shared by the scheduler (`schedule::Scheduler`, fed
+//! from the gathered count rows: identical on every rank) and the simulator (`sim::policies`,
+//! fed from the replayed walk). Neither holds a copy of the rule.
+//!
+//! Owns: [`Assigner`]. Must not touch: clocks, devices, I/O, the data source (the scheduler
+//! takes `assignment()[rank]` parts from it), the per-micro-batch walk ([`super::walk`]).
+//!
+//! Per policy (every match exhaustive), counts in parts (a whole micro-batch = S parts):
+//! - `synchronous`, `drop-before`, `drop-predictive`: M·S for every rank, always.
+//! - `compute-budget`: the cap ([`super::PolicyParams::budget_cap`], at most the slots) · S
+//!   for every rank while a budget is set, M·S without one; M·S in the warm-up steps too
+//!   (warm-up runs the nominal batch for every policy: with the budget's check off there,
+//!   a cap of 2·M would double the global batch).
+//! - `backup-workers` (b): from the step after the first one observed, every rank predicts each
+//!   rank's step as its per-micro-batch latency EWMA × M ([`RankLatencyTracker`]) and
+//!   [`super::backup_aggregated`] names the b ranks predicted last: they get 0 parts (they
+//!   compute nothing and join the collective), the others M·S. A launched graph cannot be
+//!   aborted, so the b slowest are chosen before the step from predictions (Chen et al. 2016
+//!   choose after, from finish times: not realizable on a device). M·S for every rank during
+//!   warm-up, until every rank has a latency, and with b = 0.
+//! - `rebalance`, `rebalance-drop`: [`Rebalancer::update`] with the tracker's EWMA per part and
+//!   its chronic flags; an assignment needing more parts than the slots on a rank is not
+//!   applied (the previous one stays). Rebalancing may act in the warm-up (it keeps the
+//!   global batch).
+
+use super::rebalance::{RankLatencyTracker, Rebalancer};
+use super::{Policy, PolicyParams, Threshold, backup_aggregated};
+
+/// The per-rank part counts of the next step under one policy (module doc).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Assigner {
+    params: PolicyParams,
+    micro_batches: u32,
+    split: u32,
+    slots: u32,
+    warmup_steps: u64,
+    budget: bool,
+    tracker: RankLatencyTracker,
+    rebalancer: Option<Rebalancer>,
+    assignment: Vec<u32>,
+}
+
+impl Assigner {
+    /// The assigner of `params` (its policy, b, rebalancing limits and tail shape) for
+    /// `world_size` ranks of `micro_batches` (M) each, at most `slots` parts per rank (the
+    /// scheduler's part slots; at least M·S is used), `warmup_steps` warm-up steps, and the
+    /// deadline the walk runs under (`threshold`: the budget of `compute-budget`, which without
+    /// one assigns M·S). The assignment of the first step, `first_step` (0-based step index,
+    /// compared with the warm-up), is [`Assigner::assignment`].
+    pub fn new(
+        params: PolicyParams,
+        world_size: usize,
+        micro_batches: u32,
+        slots: u32,
+        warmup_steps: u64,
+        threshold: Threshold,
+        first_step: u64,
+    ) -> Self {
+        let split = params.tail.parts();
+        let nominal = micro_batches.saturating_mul(split);
+        let rebalancer = params.policy.rebalances().then(|| {
+            let mut cfg = params.rebalance;
+            cfg.min_micro_batches = cfg.min_micro_batches.saturating_mul(split);
+            Rebalancer::new(world_size, nominal, cfg)
+        });
+        let mut a = Self {
+            params,
+            micro_batches,
+            split,
+            slots: slots.max(nominal),
+            warmup_steps,
+            budget: threshold != Threshold::Off,
+            tracker: RankLatencyTracker::new(world_size, Default::default()),
+            rebalancer,
+            assignment: vec![nominal; world_size],
+        };
+        a.assignment = a.fixed_for(first_step).unwrap_or(a.assignment);
+        a
+    }
+
+    /// The assignment of a policy that does not learn from latencies, for `step`; `None` for
+    /// the policies that do (backup workers, rebalancing).
+    fn fixed_for(&self, step: u64) -> Option<Vec<u32>> {
+        let n = self.assignment.len();
+        let nominal = self.micro_batches.saturating_mul(self.split);
+        match self.params.policy {
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => Some(vec![nominal; n]),
+            Policy::ComputeBudget => {
+                let cap = self.params.budget_cap(self.micro_batches).saturating_mul(self.split).min(self.slots);
+                Some(vec![if self.budget && step >= self.warmup_steps { cap } else { nominal }; n])
+            }
+            Policy::BackupWorkers | Policy::Rebalance | Policy::RebalanceDrop => None,
+        }
+    }
+
+    /// Parts per rank for the next step (one entry per rank).
+    pub fn assignment(&self) -> &[u32] {
+        &self.assignment
+    }
+
+    /// The policy parameters.
+    pub fn params(&self) -> &PolicyParams {
+        &self.params
+    }
+
+    /// The rebalancer (rebalancing policies), `None` otherwise.
+    pub fn rebalancer(&self) -> Option<&Rebalancer> {
+        self.rebalancer.as_ref()
+    }
+
+    /// The per-rank latency statistics fed so far.
+    pub fn tracker(&self) -> &RankLatencyTracker {
+        &self.tracker
+    }
+
+    /// Feeds step `step`'s per-rank mean latency per whole micro-batch (ns; NaN for a rank
+    /// that computed nothing) and moves to the assignment of step `step + 1` (module doc).
+    /// Returns true when an assignment was refused because it needed more than the slots.
+    pub fn observe(&mut self, step: u64, per_micro_batch_ns: &[f64]) -> bool {
+        self.tracker.observe(per_micro_batch_ns);
+        let next_step = step.saturating_add(1);
+        if let Some(a) = self.fixed_for(next_step) {
+            self.assignment = a;
+            return false;
+        }
+        let n = self.assignment.len();
+        let nominal = self.micro_batches.saturating_mul(self.split);
+        match self.params.policy {
+            Policy::BackupWorkers => {
+                let lat = self.tracker.ewma_latency_ns();
+                self.assignment = if next_step >= self.warmup_steps && lat.iter().all(|l| l.is_finite()) {
+                    let predicted: Vec<f64> = lat.iter().map(|l| l * f64::from(self.micro_batches)).collect();
+                    backup_aggregated(&predicted, self.params.backup_workers)
+                        .into_iter()
+                        .map(|keep| if keep { nominal } else { 0 })
+                        .collect()
+                } else {
+                    vec![nominal; n]
+                };
+                false
+            }
+            Policy::Rebalance | Policy::RebalanceDrop => {
+                let Some(rb) = self.rebalancer.as_mut() else { return false };
+                // The rebalancer counts parts: it is fed the latency of one part.
+                let split = f64::from(self.split);
+                let per_part: Vec<f64> = self.tracker.ewma_latency_ns().iter().map(|l| l / split).collect();
+                let next = rb.update(&per_part, &self.tracker.chronic()).to_vec();
+                if next.iter().any(|&a| a > self.slots) {
+                    return true;
+                }
+                self.assignment = next;
+                false
+            }
+            // Handled by `fixed_for` above.
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive | Policy::ComputeBudget => false,
+        }
+    }
+
+    /// Replaces the state with a checkpointed one (an entry of the wrong length is ignored).
+    pub fn restore(&mut self, assignment: &[u32], rebalancer: Option<Rebalancer>, tracker: Option<RankLatencyTracker>) {
+        if assignment.len() == self.assignment.len() {
+            self.assignment = assignment.to_vec();
+        }
+        if let (Some(rb), true) = (rebalancer, self.rebalancer.is_some()) {
+            self.rebalancer = Some(rb);
+        }
+        if let Some(t) = tracker {
+            self.tracker = t;
+        }
+    }
+
+    /// Sets the next step's assignment by hand (a caller that deals its own counts); the
+    /// policy's rule replaces it after the next observed step.
+    pub fn set(&mut self, assignment: Vec<u32>) {
+        self.assignment = assignment;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn budget() -> Threshold {
+        Threshold::Fixed(Duration::from_millis(1))
+    }
+
+    #[test]
+    fn fixed_policies_and_the_compute_budget_keep_the_nominal_batch_in_warm_up() {
+        for p in [Policy::Synchronous, Policy::DropBefore, Policy::DropPredictive] {
+            let mut a = Assigner::new(PolicyParams::new(p), 3, 4, 8, 2, budget(), 0);
+            assert_eq!(a.assignment(), &[4, 4, 4], "{p}");
+            a.observe(0, &[1.0, 2.0, 3.0]);
+            assert_eq!(a.assignment(), &[4, 4, 4], "{p}");
+        }
+        let p = PolicyParams { tail: crate::policy::TailShape::split(2), ..PolicyParams::new(Policy::ComputeBudget) };
+        let mut a = Assigner::new(p, 2, 4, 16, 2, budget(), 0);
+        assert_eq!(a.assignment(), &[8, 8], "warm-up step 0: M·S");
+        a.observe(0, &[1.0, 1.0]);
+        assert_eq!(a.assignment(), &[8, 8], "warm-up step 1");
+        a.observe(1, &[1.0, 1.0]);
+        assert_eq!(a.assignment(), &[16, 16], "step 2: the cap 2·M·S");
+        // No budget: M·S; slots below the cap bound it.
+        let mut off = Assigner::new(p, 2, 4, 16, 0, Threshold::Off, 0);
+        off.observe(0, &[1.0, 1.0]);
+        assert_eq!(off.assignment(), &[8, 8]);
+        let tight = Assigner::new(p, 2, 4, 12, 0, budget(), 0);
+        assert_eq!(tight.assignment(), &[12, 12]);
+    }
+
+    #[test]
+    fn backup_workers_skip_the_rank_predicted_last_after_warm_up() {
+        let p = PolicyParams { backup_workers: 1, ..PolicyParams::new(Policy::BackupWorkers) };
+        let mut a = Assigner::new(p, 3, 3, 3, 1, Threshold::Off, 0);
+        assert_eq!(a.assignment(), &[3, 3, 3]);
+        a.observe(0, &[1.0, 5.0, f64::NAN]);
+        assert_eq!(a.assignment(), &[3, 3, 3], "rank 2 has no latency yet");
+        a.observe(1, &[1.0, 5.0, 2.0]);
+        assert_eq!(a.assignment(), &[3, 0, 3]);
+        let b0 = PolicyParams { backup_workers: 0, ..p };
+        let mut z = Assigner::new(b0, 3, 3, 3, 0, Threshold::Off, 0);
+        z.observe(0, &[1.0, 5.0, 2.0]);
+        assert_eq!(z.assignment(), &[3, 3, 3], "b = 0 is synchronous");
+        // In warm-up the nominal batch runs.
+        let mut w = Assigner::new(p, 3, 3, 3, 5, Threshold::Off, 0);
+        w.observe(0, &[1.0, 5.0, 2.0]);
+        assert_eq!(w.assignment(), &[3, 3, 3]);
+    }
+
+    #[test]
+    fn rebalancing_moves_work_within_the_slots() {
+        let p = PolicyParams::new(Policy::Rebalance);
+        let mut a = Assigner::new(p, 4, 8, 16, 3, Threshold::Off, 0);
+        a.observe(0, &[1.0, 2.0, 1.0, 1.0]);
+        assert_eq!(a.assignment(), &[9, 5, 9, 9], "in warm-up too");
+        assert_eq!(a.assignment().iter().sum::<u32>(), 32);
+        // Slots of 8 refuse any move above M.
+        let mut t = Assigner::new(p, 4, 8, 8, 0, Threshold::Off, 0);
+        assert!(t.observe(0, &[1.0, 2.0, 1.0, 1.0]));
+        assert_eq!(t.assignment(), &[8, 8, 8, 8]);
+    }
+}

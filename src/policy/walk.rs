@@ -1,0 +1,316 @@
+//! The per-rank step walk: which launch (a whole micro-batch or a tail part) starts next, and
+//! when the rank is done, as one pure state machine fed with latencies. The scheduler
+//! (`schedule::Scheduler`, device event times) and the simulator (`sim::policies`, recorded or
+//! modelled latencies) both drive this walker; neither holds a copy of the walk.
+//!
+//! Owns: [`RankWalk`], [`Next`], [`Launch`], [`WalkEnd`]. Must not touch: clocks, devices, I/O,
+//! the data source, the assignment of the step (that is [`super::assign`]); the single
+//! deadline decision stays [`super::decide`].
+//!
+//! The walk of one rank in one step (`../shared/reference/dropcompute.md` §2, with our tail
+//! shape and sync lag):
+//! - the rank is handed `cap` parts (its assignment; a whole micro-batch is `split` parts);
+//! - before launch i, the check sees the device time at the end of launch i-1-k (sync lag k;
+//!   0 when i-1-k < 0): the walker asks the driver for it with [`Next::Wait`];
+//! - a whole micro-batch starts while at least `split` parts remain and [`super::decide`] with
+//!   the whole estimate says so; when the predictive check stops a whole one (predicted
+//!   overshoot), or fewer than `split` parts remain, single parts run as tail micro-batches,
+//!   each checked with the tail's estimate ([`super::TailShape::estimate_ns`]);
+//! - the estimator is fed a launch's latency when the driver reports its end, whole micro-batches
+//!   only (it estimates a whole one), in launch order; before [`Next::Done`] the walker asks for
+//!   every end not yet reported, so the estimator has seen the whole step.
+
+use super::{Decision, LatencyEstimator, PolicyConfig, StopReason, TailShape, decide};
+
+/// One launch the walker asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Launch number within the step (0-based; whole and tail micro-batches alike).
+    pub index: usize,
+    /// The micro-batch this launch is, or is cut from (0-based, `first_part / split`).
+    pub micro_batch: u32,
+    /// The first part of the rank's assignment this launch computes (0-based).
+    pub first_part: usize,
+    /// Parts it computes: `split` for a whole micro-batch, 1 for a tail micro-batch.
+    pub parts: usize,
+    /// True for a whole micro-batch (its latency feeds the estimator).
+    pub whole: bool,
+}
+
+/// Why the walk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkEnd {
+    /// Every assigned part was started.
+    Assignment,
+    /// The deadline stopped the next launch.
+    Deadline(StopReason),
+}
+
+/// What the driver does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Wait until the device has finished every launch before `upto` (`upto` = 0: until the
+    /// step's compute clock has started) and report each of them, in order, with
+    /// [`RankWalk::ended`]; then call [`RankWalk::next`] again.
+    Wait {
+        /// Launches `RankWalk::reported()..upto` are to be reported.
+        upto: usize,
+    },
+    /// Enqueue this launch, then call [`RankWalk::next`] again.
+    Launch(Launch),
+    /// The rank's step is over: every launch has been reported.
+    Done(WalkEnd),
+}
+
+/// One rank's walk through one step (module doc). Create one per rank and step.
+#[derive(Clone, Debug)]
+pub struct RankWalk {
+    deadline: PolicyConfig,
+    step: u64,
+    cap: usize,
+    tail: TailShape,
+    split: usize,
+    lag: usize,
+    whole: Vec<bool>,
+    ends_ns: Vec<u64>,
+    parts: usize,
+    tail_mode: bool,
+    clock_read: bool,
+    end: Option<WalkEnd>,
+}
+
+impl RankWalk {
+    /// The walk of step `step` (0-based, compared with the deadline's warm-up) for a rank
+    /// handed `cap` parts, under `deadline`, with tail shape `tail` and sync lag `sync_lag`
+    /// (micro-batches the check lags behind the device).
+    pub fn new(deadline: PolicyConfig, step: u64, cap: usize, tail: TailShape, sync_lag: u32) -> Self {
+        Self {
+            deadline,
+            step,
+            cap,
+            tail,
+            split: tail.parts() as usize,
+            lag: sync_lag as usize,
+            whole: Vec::with_capacity(cap),
+            ends_ns: Vec::with_capacity(cap),
+            parts: 0,
+            tail_mode: false,
+            clock_read: false,
+            end: None,
+        }
+    }
+
+    /// What to do next. `est` is the rank's latency estimator (persistent across steps).
+    /// Never panics; a driver that answers [`Next::Wait`] without reporting the launches asked
+    /// for is asked again.
+    pub fn next(&mut self, est: &mut LatencyEstimator) -> Next {
+        if let Some(end) = self.end {
+            let launched = self.whole.len();
+            return if self.ends_ns.len() < launched { Next::Wait { upto: launched } } else { Next::Done(end) };
+        }
+        if self.parts >= self.cap {
+            self.end = Some(WalkEnd::Assignment);
+            return self.next(est);
+        }
+        let i = self.whole.len();
+        // The check before launch i sees the end of launch i-1-k; none before the pipeline fills.
+        let elapsed_ns = match (i + 1).checked_sub(1 + self.lag) {
+            None => 0,
+            Some(0) => {
+                if !self.clock_read {
+                    self.clock_read = true;
+                    return Next::Wait { upto: 0 };
+                }
+                0
+            }
+            Some(upto) => {
+                if self.ends_ns.len() < upto {
+                    return Next::Wait { upto };
+                }
+                self.ends_ns[upto - 1]
+            }
+        };
+        let p = self.parts;
+        let estimate = est.estimate();
+        if !self.tail_mode && self.cap - p >= self.split {
+            match decide(&self.deadline, self.step, i as u32, elapsed_ns, estimate) {
+                Decision::Start => return self.launch(true),
+                Decision::Stop(StopReason::PredictedOvershoot { .. }) if self.split > 1 => self.tail_mode = true,
+                Decision::Stop(reason) => {
+                    self.end = Some(WalkEnd::Deadline(reason));
+                    return self.next(est);
+                }
+            }
+        }
+        // Tail micro-batches (split > 1: with split 1 the branch above launched or ended).
+        let tail_estimate = estimate.map(|e| self.tail.estimate_ns(e));
+        match decide(&self.deadline, self.step, i as u32, elapsed_ns, tail_estimate) {
+            Decision::Start => self.launch(false),
+            Decision::Stop(reason) => {
+                self.end = Some(WalkEnd::Deadline(reason));
+                self.next(est)
+            }
+        }
+    }
+
+    fn launch(&mut self, whole: bool) -> Next {
+        let l = Launch {
+            index: self.whole.len(),
+            micro_batch: (self.parts / self.split) as u32,
+            first_part: self.parts,
+            parts: if whole { self.split } else { 1 },
+            whole,
+        };
+        self.whole.push(whole);
+        self.parts += l.parts;
+        Next::Launch(l)
+    }
+
+    /// Reports the end of launch `launch`: the device time from the step's compute clock start
+    /// to its end (`end_ns`) and its own duration (`duration_ns`, fed to `est` for a whole
+    /// micro-batch). Launches must be reported in order; a launch reported out of order, twice,
+    /// or not yet launched is ignored (returns false).
+    pub fn ended(&mut self, launch: usize, end_ns: u64, duration_ns: u64, est: &mut LatencyEstimator) -> bool {
+        if launch != self.ends_ns.len() || launch >= self.whole.len() {
+            return false;
+        }
+        self.ends_ns.push(end_ns);
+        if self.whole[launch] {
+            est.observe(duration_ns);
+        }
+        true
+    }
+
+    /// Launches reported so far (the next one to report).
+    pub fn reported(&self) -> usize {
+        self.ends_ns.len()
+    }
+
+    /// Launches started so far.
+    pub fn launches(&self) -> usize {
+        self.whole.len()
+    }
+
+    /// Parts started so far (a whole micro-batch counts `split`).
+    pub fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// Per launch: true for a whole micro-batch.
+    pub fn whole(&self) -> &[bool] {
+        &self.whole
+    }
+
+    /// Whole-micro-batch equivalents of device time started: whole + tail · the tail's cost
+    /// fraction (the divisor of a rank's mean micro-batch latency).
+    pub fn equivalents(&self) -> f64 {
+        let whole = self.whole.iter().filter(|&&w| w).count();
+        whole as f64 + (self.whole.len() - whole) as f64 * self.tail.cost_fraction()
+    }
+
+    /// The compute end (ns from the clock start): the end of the last launch, 0 when none.
+    /// Valid once [`Next::Done`] was returned.
+    pub fn end_ns(&self) -> u64 {
+        self.ends_ns.last().copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{CheckMode, Threshold};
+    use std::time::Duration;
+
+    fn deadline(th: u64, check: CheckMode) -> PolicyConfig {
+        PolicyConfig {
+            threshold: Threshold::Fixed(Duration::from_nanos(th)),
+            check,
+            warmup_steps: 0,
+            min_micro_batches: 1,
+        }
+    }
+
+    /// Drives `walk` with per-micro-batch latencies `lat` (a tail costs `cost` of its
+    /// micro-batch's): returns the launches and the waits in order.
+    fn drive(walk: &mut RankWalk, est: &mut LatencyEstimator, lat: &[u64], cost: f64) -> (Vec<Launch>, Vec<usize>) {
+        let (mut launches, mut waits, mut ends, mut acc) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
+        loop {
+            match walk.next(est) {
+                Next::Launch(l) => {
+                    let d = lat[l.micro_batch as usize];
+                    let d = if l.whole { d } else { (d as f64 * cost) as u64 };
+                    acc += d;
+                    ends.push((acc, d));
+                    launches.push(l);
+                }
+                Next::Wait { upto } => {
+                    waits.push(upto);
+                    for i in walk.reported()..upto {
+                        assert!(walk.ended(i, ends[i].0, ends[i].1, est));
+                    }
+                }
+                Next::Done(_) => return (launches, waits),
+            }
+        }
+    }
+
+    #[test]
+    fn before_check_stops_at_the_threshold_and_reports_every_end() {
+        let mut est = LatencyEstimator::default();
+        let mut w = RankWalk::new(deadline(25, CheckMode::BeforeMicroBatch), 5, 4, TailShape::default(), 0);
+        let (l, waits) = drive(&mut w, &mut est, &[10, 10, 10, 10], 1.0);
+        // Ends 10, 20, 30: the check before launch 3 sees 30 >= 25.
+        assert_eq!(l.len(), 3);
+        assert_eq!(waits, vec![0, 1, 2, 3]);
+        assert_eq!((w.parts(), w.end_ns(), est.len()), (3, 30, 3));
+        assert!(matches!(w.next(&mut est), Next::Done(WalkEnd::Deadline(StopReason::ThresholdReached { .. }))));
+    }
+
+    #[test]
+    fn sync_lag_sees_older_ends_and_the_pipeline_fills_without_a_wait() {
+        let mut est = LatencyEstimator::default();
+        let mut w = RankWalk::new(deadline(25, CheckMode::BeforeMicroBatch), 5, 6, TailShape::default(), 1);
+        let (l, waits) = drive(&mut w, &mut est, &[10; 6], 1.0);
+        // Lag 1: launch 0 without a wait, launch 1 after the clock, launch i after end i-2:
+        // before launch 4 it sees the end of launch 2 (30): stop with 4 launched.
+        assert_eq!(l.len(), 4);
+        assert_eq!(waits, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_tail_part_follows_a_predicted_overshoot_and_runs_out_the_assignment() {
+        let mut est = LatencyEstimator::new(32, 0.9);
+        est.observe(10);
+        let mut w = RankWalk::new(deadline(35, CheckMode::Predictive), 5, 8, TailShape::split(2), 0);
+        let (l, _) = drive(&mut w, &mut est, &[10; 4], 0.5);
+        // 3 whole (30), the 4th predicted to end at 40: one tail (35), the next tail at 40: stop.
+        assert_eq!(l.iter().map(|x| (x.whole, x.parts, x.micro_batch)).collect::<Vec<_>>(), vec![
+            (true, 2, 0),
+            (true, 2, 1),
+            (true, 2, 2),
+            (false, 1, 3)
+        ]);
+        assert_eq!((w.parts(), w.end_ns()), (7, 35));
+        assert_eq!(w.equivalents(), 3.5);
+        // An odd assignment without a deadline ends in a tail part.
+        let off = PolicyConfig::default();
+        let mut w = RankWalk::new(off, 0, 5, TailShape::split(2), 0);
+        let (l, _) = drive(&mut w, &mut est, &[10; 3], 0.5);
+        assert_eq!(l.iter().map(|x| x.parts).collect::<Vec<_>>(), vec![2, 2, 1]);
+        assert!(matches!(w.next(&mut est), Next::Done(WalkEnd::Assignment)));
+    }
+
+    #[test]
+    fn out_of_order_reports_are_ignored_and_asked_again() {
+        let mut est = LatencyEstimator::default();
+        let mut w = RankWalk::new(deadline(25, CheckMode::BeforeMicroBatch), 5, 2, TailShape::default(), 0);
+        assert_eq!(w.next(&mut est), Next::Wait { upto: 0 });
+        assert!(matches!(w.next(&mut est), Next::Launch(_)));
+        assert_eq!(w.next(&mut est), Next::Wait { upto: 1 });
+        assert!(!w.ended(1, 10, 10, &mut est), "not launched");
+        assert_eq!(w.next(&mut est), Next::Wait { upto: 1 }, "asked again");
+        assert!(w.ended(0, 10, 10, &mut est));
+        assert!(!w.ended(0, 10, 10, &mut est), "twice");
+        assert_eq!(est.len(), 1);
+    }
+}
