@@ -226,6 +226,24 @@ impl PolicyParams {
         Self { policy, ..Self::default() }
     }
 
+    /// The deadline the walk of this policy runs under, given the DropCompute `threshold`:
+    /// the budget for `compute-budget` ([`PolicyParams::budget_ms`]; off when unset or not a
+    /// finite, non-negative number of ms), `threshold` for the drop policies, off for the
+    /// policies without a deadline ([`Policy::has_deadline`]).
+    pub fn deadline(&self, threshold: super::Threshold) -> super::Threshold {
+        use super::Threshold;
+        match self.policy {
+            Policy::ComputeBudget => match self.budget_ms {
+                Some(ms) if ms.is_finite() && ms >= 0.0 => {
+                    Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3))
+                }
+                _ => Threshold::Off,
+            },
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Threshold::Off,
+        }
+    }
+
     /// The per-rank cap of micro-batches under the compute budget for a nominal `m`
     /// micro-batches per rank: [`PolicyParams::budget_max_micro_batches`] (at least 1) or, when
     /// unset, 2·m (saturating, at least 1).

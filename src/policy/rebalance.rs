@@ -79,7 +79,11 @@ fn valid(x: f64) -> bool {
     x.is_finite() && x > 0.0
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The median of `v` (the mean of the two middle values for an even count; values ordered by
+/// `f64::total_cmp`), `None` for an empty `v`: the one median over ranks of every straggler
+/// rule (the rebalancer's L0, the trackers' slow test, `tune::straggler`, the
+/// straggler-free bound).
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

@@ -234,9 +234,8 @@ impl StragglerTracker {
         if self.steps < CHRONIC_MIN_STEPS || self.hits.is_empty() {
             return Vec::new();
         }
-        let mut sorted = self.ewma_compute_ns.clone();
-        sorted.sort_by(f64::total_cmp);
-        let median = sorted[sorted.len() / 2];
+        // The one median over ranks (the mean of the middle two for an even N).
+        let median = crate::policy::rebalance::median(self.ewma_compute_ns.clone()).unwrap_or(0.0);
         (0..self.hits.len())
             .filter(|&i| {
                 self.hits[i] as f64 / self.steps as f64 >= self.chronic_fraction
@@ -277,6 +276,22 @@ pub(crate) fn threshold_ns(t: Threshold) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An even world size compares with the mean of the two middle ranks (issue 23 item 9:
+    /// the upper middle hid a 1.18x rank among 4).
+    #[test]
+    fn the_chronic_rule_uses_the_true_median_for_an_even_world_size() {
+        let mut t = StragglerTracker::new(4, 1.0, 0.5);
+        for _ in 0..CHRONIC_MIN_STEPS {
+            let ranks: Vec<_> = [10_000u64, 10_000, 12_000, 13_000]
+                .iter()
+                .map(|&c| RankStepStats { computed: 8, dropped: u32::from(c == 13_000), compute_ns: c, ..Default::default() })
+                .collect();
+            t.observe(&ranks);
+        }
+        // Median 11 000: 13 000 > 1.1 · 11 000 = 12 100 (the upper middle, 12 000, gave 13 200).
+        assert_eq!(t.chronic(), vec![3]);
+    }
 
     #[test]
     fn a_persistently_slow_rank_is_flagged_and_others_are_not() {

@@ -66,20 +66,9 @@ impl PolicyRun {
         Self { params, threshold, execution, estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE, seed: 1 }
     }
 
-    /// The deadline the walk runs under: the budget for `compute-budget` (off when unset or
-    /// not a finite, non-negative number of ms), the threshold for the drop policies, off for
-    /// the others.
+    /// The deadline the walk runs under ([`PolicyParams::deadline`] of this run's threshold).
     pub fn deadline(&self) -> Threshold {
-        match self.params.policy {
-            Policy::ComputeBudget => match self.params.budget_ms {
-                Some(ms) if ms.is_finite() && ms >= 0.0 => {
-                    Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3))
-                }
-                _ => Threshold::Off,
-            },
-            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => self.threshold,
-            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Threshold::Off,
-        }
+        self.params.deadline(self.threshold)
     }
 }
 

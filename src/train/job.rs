@@ -192,28 +192,25 @@ impl Job {
 
     /// True when the second run is replayed by the policy replay (`sim::policies`: its
     /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
-    /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, and any policy with a
-    /// tail shape. Backup workers never are (the scheduler runs the predicted variant, the
-    /// replay the in-flight one: `Scheduler::set_backup_workers`).
+    /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`
+    /// (the replay runs the scheduler's predicted variant: the one assignment step), and any
+    /// policy with a tail shape.
     pub fn replays_policy(&self) -> bool {
         use crate::policy::Policy;
-        let p = self.cfg.policy();
-        p != Policy::BackupWorkers
-            && (self.cfg.tail.enabled()
-                || matches!(p, Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget))
+        match self.cfg.policy() {
+            Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => self.cfg.tail.enabled(),
+        }
     }
 
     /// The second run as `sim::policies::replay_policy` replays it at `threshold` (the budget
-    /// of `compute-budget`): the job's policy, b, tail shape, default rebalancing and cap (2·M),
-    /// the scheduler's default estimator quantile, [`Job::execution`], the job's seed.
+    /// of `compute-budget`: off, as a declined `--threshold auto`, runs M per rank, which the
+    /// replay's assignment step does too): the job's policy, b, tail shape, default
+    /// rebalancing and cap (2·M), the scheduler's default estimator quantile,
+    /// [`Job::execution`], the job's seed. Also the search template of `--threshold auto`.
     pub fn policy_run(&self, threshold: Threshold) -> crate::sim::policies::PolicyRun {
         use crate::policy::{Policy, PolicyParams};
-        // A compute budget declined by `--threshold auto` runs M per rank (`train::run`): the
-        // synchronous walk.
-        let p = match self.cfg.policy() {
-            Policy::ComputeBudget if threshold == Threshold::Off => Policy::Synchronous,
-            p => p,
-        };
+        let p = self.cfg.policy();
         let budget_ms = threshold.as_ns().filter(|_| p == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
         let params = PolicyParams {
             backup_workers: self.cfg.backup_workers,

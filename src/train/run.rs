@@ -303,7 +303,9 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             cfg.ranks,
             job.train.len() as u64,
             cfg.seed,
-            (cfg.micro_batch_size / tail.parts()) as usize,
+            // Both runs deal the second run's parts; the baseline merges S of them (paired).
+            (cfg.micro_batch_size / cfg.tail.parts()) as usize,
+            (cfg.tail.parts() / tail.parts()) as usize,
             max_epochs,
         );
         let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());

@@ -30,6 +30,10 @@ impl RunData {
     /// The source of `rank` of `world_size` over `samples` samples for a run under `policy`:
     /// [`RunData::Shared`] when the policy's per-rank micro-batch counts differ from M
     /// ([`RunData::shares`]), else [`RunData::PerRank`].
+    /// `micro_batch_size` is the size of what is dealt (a part of b/S under a tail shape) and
+    /// `merge` the parts merged into one micro-batch (S for a baseline paired with a
+    /// tail-shape run, 1 otherwise: [`EpochSource::merged`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn for_policy(
         policy: Option<Policy>,
         rank: u32,
@@ -37,12 +41,14 @@ impl RunData {
         samples: u64,
         seed: u64,
         micro_batch_size: usize,
+        merge: usize,
         max_epochs: Option<u64>,
     ) -> Self {
         if policy.is_some_and(Self::shares) {
-            Self::Shared(SharedSource::new(EpochSource::new(0, 1, samples, seed, micro_batch_size, max_epochs)))
+            let inner = EpochSource::new(0, 1, samples, seed, micro_batch_size, max_epochs).merged(merge);
+            Self::Shared(SharedSource::new(inner))
         } else {
-            Self::PerRank(EpochSource::new(rank, world_size, samples, seed, micro_batch_size, max_epochs))
+            Self::PerRank(EpochSource::new(rank, world_size, samples, seed, micro_batch_size, max_epochs).merged(merge))
         }
     }
 
@@ -93,6 +99,7 @@ impl DataSource for RunData {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::DataSource;
 
     #[test]
     fn shared_replicas_deal_one_epoch_exactly_once_under_moving_assignments() {
@@ -100,7 +107,7 @@ mod tests {
         // ranks drop their tail; every sample of epoch 0 is computed exactly once.
         let n = 3u32;
         let mut reps: Vec<RunData> =
-            (0..n).map(|r| RunData::for_policy(Some(Policy::Rebalance), r, n, 30, 5, 2, Some(1))).collect();
+            (0..n).map(|r| RunData::for_policy(Some(Policy::Rebalance), r, n, 30, 5, 2, 1, Some(1))).collect();
         assert!(matches!(reps[0], RunData::Shared(_)));
         let plans: [([u32; 3], [u32; 3]); 4] =
             [([2, 2, 2], [2, 1, 2]), ([1, 3, 2], [1, 3, 0]), ([3, 3, 0], [3, 2, 0]), ([3, 3, 3], [3, 3, 3])];
@@ -118,7 +125,44 @@ mod tests {
         computed.sort_unstable();
         assert_eq!(computed, (0..30).collect::<Vec<_>>());
         assert!(reps[0].take_assigned(0, &[1, 1, 1]).is_empty(), "one epoch only");
-        assert!(matches!(RunData::for_policy(None, 0, n, 30, 5, 2, None), RunData::PerRank(_)));
-        assert!(matches!(RunData::for_policy(Some(Policy::DropBefore), 0, n, 30, 5, 2, None), RunData::PerRank(_)));
+        assert!(matches!(RunData::for_policy(None, 0, n, 30, 5, 2, 1, None), RunData::PerRank(_)));
+        assert!(matches!(RunData::for_policy(Some(Policy::DropBefore), 0, n, 30, 5, 2, 1, None), RunData::PerRank(_)));
+    }
+
+    /// A baseline paired with a tail-shape run (split 2) deals the tail run's parts merged in
+    /// twos: every step the same sample ids per rank as the tail run computes without a
+    /// deadline, across an epoch's short end, for per-rank shards and the global stream; a
+    /// requeued merged micro-batch goes back as its parts.
+    #[test]
+    fn a_merged_baseline_deals_the_tail_runs_parts_per_step() {
+        let (n, m, s) = (3u32, 2u32, 2u32);
+        for policy in [Policy::DropBefore, Policy::Rebalance] {
+            // 31 samples, parts of 2 (b = 4): every shard ends in a short part each epoch.
+            let mut tail: Vec<RunData> =
+                (0..n).map(|r| RunData::for_policy(Some(policy), r, n, 31, 5, 2, 1, Some(2))).collect();
+            let mut base: Vec<RunData> =
+                (0..n).map(|r| RunData::for_policy(Some(policy), r, n, 31, 5, 2, s as usize, Some(2))).collect();
+            for step in 0..6 {
+                for r in 0..n {
+                    let ids = |v: Vec<MicroBatch>| v.into_iter().flat_map(|x| x.sample_ids).collect::<Vec<u64>>();
+                    let t = tail[r as usize].take_assigned(r, &[m * s; 3]);
+                    let b = base[r as usize].take_assigned(r, &[m; 3]);
+                    assert!(b.iter().all(|x| x.samples() <= 4), "{policy} step {step}");
+                    assert_eq!(ids(b), ids(t), "{policy} step {step} rank {r}");
+                }
+                for (r, d) in tail.iter_mut().enumerate() {
+                    d.settle(r as u32, &[m * s; 3], Vec::new(), true);
+                }
+                for (r, d) in base.iter_mut().enumerate() {
+                    d.settle(r as u32, &[m; 3], Vec::new(), true);
+                }
+            }
+        }
+        let mut one = EpochSource::new(0, 1, 8, 5, 2, None).merged(2);
+        let first = one.next_micro_batch().expect("a micro-batch");
+        assert_eq!(first.samples(), 4);
+        one.requeue(vec![first.clone()]);
+        // Back as two parts of 2: merged again into the same 4 samples (not 4 + 2).
+        assert_eq!(one.next_micro_batch(), Some(first), "requeued as its parts, in order");
     }
 }

@@ -86,18 +86,12 @@ pub struct Prediction {
 /// the baseline's ([`run_trace`]) plus its host time outside the device steps (wall time minus
 /// the sum of step times, over the steps; 0 in virtual time, where the wall time is that sum).
 /// The policies the policy replay runs ([`Job::replays_policy`]: rebalancing, the compute
-/// budget, any tail shape) are replayed by `sim::policies::replay_policy` ([`Job::policy_run`]);
-/// their speedup is the replay's effective speedup (parts aggregated, not samples re-dealt).
-/// `None` without a complete baseline step, and for backup workers (the scheduler runs the
-/// predicted variant, the replay the in-flight one: not predicted rather than predicted
-/// wrongly).
+/// budget, backup workers, any tail shape) are replayed by `sim::policies::replay_policy`
+/// ([`Job::policy_run`]), which drives the scheduler's walker and assignment step; their
+/// speedup is the replay's effective speedup (parts aggregated, not samples re-dealt). `None`
+/// without a complete baseline step.
 pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
-    use crate::policy::Policy;
     let policy_replay = job.replays_policy();
-    if !policy_replay && !matches!(job.cfg.policy(), Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive)
-    {
-        return None;
-    }
     let reports = &baseline.reports;
     let trace = run_trace(reports)?;
     let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();

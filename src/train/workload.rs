@@ -34,6 +34,16 @@ pub struct EpochSource {
     pub epoch: u64,
     max_epochs: Option<u64>,
     queue: EpochQueue,
+    /// Parts merged into one micro-batch (1: none). A baseline paired with a tail-shape run
+    /// deals the tail run's parts of b/S samples and merges S consecutive ones, so both runs
+    /// hand out the same sample ids per micro-batch, the epoch's short end included.
+    #[serde(default = "one")]
+    merge: usize,
+}
+
+/// Serde default of [`EpochSource`]'s merge factor (checkpoints written before it).
+fn one() -> usize {
+    1
 }
 
 impl EpochSource {
@@ -47,7 +57,34 @@ impl EpochSource {
         max_epochs: Option<u64>,
     ) -> Self {
         let queue = EpochQueue::new(Self::shard(rank, world_size, samples, seed, 0), micro_batch_size);
-        Self { rank, world_size, samples, seed, micro_batch_size, epoch: 0, max_epochs, queue }
+        Self { rank, world_size, samples, seed, micro_batch_size, epoch: 0, max_epochs, queue, merge: 1 }
+    }
+
+    /// This source dealing micro-batches of `parts` consecutive micro-batches of its
+    /// micro-batch size merged (sample ids in order, across an epoch's end as a tail-shape run
+    /// takes them; 0 reads as 1).
+    pub fn merged(mut self, parts: usize) -> Self {
+        self.merge = parts.max(1);
+        self
+    }
+
+    /// The next micro-batch of the micro-batch size (the next part), moving to the next epoch
+    /// when this one is done.
+    fn next_part(&mut self) -> Option<MicroBatch> {
+        loop {
+            if let Some(mb) = self.queue.next_micro_batch() {
+                return Some(mb);
+            }
+            if self.max_epochs.is_some_and(|m| self.epoch + 1 >= m) {
+                return None;
+            }
+            self.epoch += 1;
+            let ids = Self::shard(self.rank, self.world_size, self.samples, self.seed, self.epoch);
+            if ids.is_empty() {
+                return None;
+            }
+            self.queue = EpochQueue::new(ids, self.micro_batch_size);
+        }
     }
 
     /// Sets the number of epochs after which the source ends (`None`: never), e.g. when a
@@ -67,24 +104,27 @@ impl EpochSource {
 
 impl DataSource for EpochSource {
     fn next_micro_batch(&mut self) -> Option<MicroBatch> {
-        loop {
-            if let Some(mb) = self.queue.next_micro_batch() {
-                return Some(mb);
-            }
-            if self.max_epochs.is_some_and(|m| self.epoch + 1 >= m) {
-                return None;
-            }
-            self.epoch += 1;
-            let ids = Self::shard(self.rank, self.world_size, self.samples, self.seed, self.epoch);
-            if ids.is_empty() {
-                return None;
-            }
-            self.queue = EpochQueue::new(ids, self.micro_batch_size);
+        if self.merge <= 1 {
+            return self.next_part();
         }
+        let parts: Vec<MicroBatch> = (0..self.merge).map_while(|_| self.next_part()).collect();
+        (!parts.is_empty()).then(|| MicroBatch {
+            sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
+            tokens: parts.iter().map(|p| p.tokens).sum(),
+        })
     }
 
+    /// Puts `dropped` back at the front; merged micro-batches go back as their parts.
     fn requeue(&mut self, dropped: Vec<MicroBatch>) {
-        self.queue.requeue(dropped);
+        if self.merge <= 1 {
+            return self.queue.requeue(dropped);
+        }
+        let size = self.micro_batch_size.max(1);
+        let parts = dropped
+            .iter()
+            .flat_map(|mb| mb.sample_ids.chunks(size).map(|c| MicroBatch { sample_ids: c.to_vec(), tokens: None }))
+            .collect();
+        self.queue.requeue(parts);
     }
 }
 

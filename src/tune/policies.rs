@@ -160,11 +160,11 @@ pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
     let (mut base, mut free) = (0.0, 0.0);
     for (si, row) in compute.chunks_exact(n).enumerate() {
         let off = &trace.start_offsets_ns()[si * n..(si + 1) * n];
-        let mut t: Vec<f64> = row.iter().zip(off).map(|(c, o)| c + o).collect();
-        t.sort_by(f64::total_cmp);
-        let med = if n % 2 == 1 { t[n / 2] } else { 0.5 * (t[n / 2 - 1] + t[n / 2]) };
+        let t: Vec<f64> = row.iter().zip(off).map(|(c, o)| c + o).collect();
+        let max = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let med = crate::policy::rebalance::median(t).unwrap_or(0.0);
         let o = trace.overhead_ns()[si];
-        base += t[n - 1] + o;
+        base += max + o;
         free += med + o;
     }
     if free > 0.0 { base / free - 1.0 } else { 0.0 }
@@ -186,18 +186,16 @@ pub fn best_threshold(
     let n_m = (trace.world_size() * trace.micro_batches()) as f64;
     let p = template.params.policy;
     let fine = template.params.tail.enabled() || p.rebalances();
-    let cands: Vec<PolicyRun> = if p == Policy::ComputeBudget {
-        threshold_grid(ideal, fine)
+    let cands: Vec<PolicyRun> = match p {
+        Policy::ComputeBudget => threshold_grid(ideal, fine)
             .into_iter()
             .map(|t| PolicyRun { params: PolicyParams { budget_ms: Some(t / 1e6), ..template.params }, ..template })
-            .collect()
-    } else if p.drops() {
-        threshold_grid(ideal, fine)
+            .collect(),
+        Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold_grid(ideal, fine)
             .into_iter()
             .map(|t| PolicyRun { threshold: Threshold::Fixed(Duration::from_nanos(t.round() as u64)), ..template })
-            .collect()
-    } else {
-        vec![template]
+            .collect(),
+        Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => vec![template],
     };
     let mut best: Option<(PolicyRun, PolicyOutcome)> = None;
     for c in cands {
@@ -248,7 +246,7 @@ pub fn compare(
                     }
                 }
             }
-            _ => {
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => {
                 for &q in quantiles {
                     templates.push(PolicyRun { estimator_quantile: q, ..base });
                 }

@@ -84,10 +84,8 @@ pub fn attribute(trace: &LatencyTrace, cfg: &StragglerConfig) -> Vec<RankAttribu
     let mut excess = vec![0.0; n];
     let mut ewma = vec![0.0; n];
     for (si, row) in compute.chunks_exact(n).enumerate() {
-        let mut sorted = row.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let median = if n % 2 == 1 { sorted[n / 2] } else { 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]) };
-        let max = sorted[n - 1];
+        let median = crate::policy::rebalance::median(row.to_vec()).unwrap_or(0.0);
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let first_max = row.iter().position(|&x| x == max).unwrap_or(0);
         for (r, &t) in row.iter().enumerate() {
             let e = if median > 0.0 { t / median - 1.0 } else { 0.0 };
