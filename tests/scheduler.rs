@@ -785,7 +785,8 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
         let mut w = World::new(n, cfg.clone(), 12, data);
         w.tail = (5_000, 1);
         // Rebalancing in parts: at least S = 2 parts per rank (the default minimum, in parts).
-        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams { tail, ..PolicyParams::new(policy) })));
+        w.prepare =
+            Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams { tail, ..PolicyParams::new(policy) })));
         let runs = run(&w);
         let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
         let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), tail, ..PolicyParams::new(policy) };

@@ -245,8 +245,9 @@ mod tests {
                 }
                 Next::Wait { upto } => {
                     waits.push(upto);
-                    for i in walk.reported()..upto {
-                        assert!(walk.ended(i, ends[i].0, ends[i].1, est));
+                    let from = walk.reported();
+                    for (i, &(end, d)) in ends.iter().enumerate().take(upto).skip(from) {
+                        assert!(walk.ended(i, end, d, est));
                     }
                 }
                 Next::Done(_) => return (launches, waits),
@@ -284,12 +285,10 @@ mod tests {
         let mut w = RankWalk::new(deadline(35, CheckMode::Predictive), 5, 8, TailShape::split(2), 0);
         let (l, _) = drive(&mut w, &mut est, &[10; 4], 0.5);
         // 3 whole (30), the 4th predicted to end at 40: one tail (35), the next tail at 40: stop.
-        assert_eq!(l.iter().map(|x| (x.whole, x.parts, x.micro_batch)).collect::<Vec<_>>(), vec![
-            (true, 2, 0),
-            (true, 2, 1),
-            (true, 2, 2),
-            (false, 1, 3)
-        ]);
+        assert_eq!(
+            l.iter().map(|x| (x.whole, x.parts, x.micro_batch)).collect::<Vec<_>>(),
+            vec![(true, 2, 0), (true, 2, 1), (true, 2, 2), (false, 1, 3)]
+        );
         assert_eq!((w.parts(), w.end_ns()), (7, 35));
         assert_eq!(w.equivalents(), 3.5);
         // An odd assignment without a deadline ends in a tail part.

@@ -285,7 +285,12 @@ mod tests {
         for _ in 0..CHRONIC_MIN_STEPS {
             let ranks: Vec<_> = [10_000u64, 10_000, 12_000, 13_000]
                 .iter()
-                .map(|&c| RankStepStats { computed: 8, dropped: u32::from(c == 13_000), compute_ns: c, ..Default::default() })
+                .map(|&c| RankStepStats {
+                    computed: 8,
+                    dropped: u32::from(c == 13_000),
+                    compute_ns: c,
+                    ..Default::default()
+                })
                 .collect();
             t.observe(&ranks);
         }

@@ -126,7 +126,14 @@ struct Walked {
 /// `lat(j)`, a tail micro-batch `cost · lat(j)` of the micro-batch j it is cut from; the clock
 /// starts at `t0`. `ends` is scratch (f64 end times; the walker sees them truncated to ns, as
 /// the estimator sees the latencies).
-fn walk(mut w: RankWalk, tail: &TailShape, t0: f64, est: &mut LatencyEstimator, lat: &mut dyn FnMut(usize) -> f64, ends: &mut Vec<(f64, f64)>) -> Walked {
+fn walk(
+    mut w: RankWalk,
+    tail: &TailShape,
+    t0: f64,
+    est: &mut LatencyEstimator,
+    lat: &mut dyn FnMut(usize) -> f64,
+    ends: &mut Vec<(f64, f64)>,
+) -> Walked {
     ends.clear();
     let cost = tail.cost_fraction();
     let mut mb_lat: Vec<f64> = Vec::new();
@@ -143,8 +150,8 @@ fn walk(mut w: RankWalk, tail: &TailShape, t0: f64, est: &mut LatencyEstimator, 
                 ends.push((acc, d));
             }
             Next::Wait { upto } => {
-                for i in w.reported()..upto {
-                    let (end, d) = ends[i];
+                let from = w.reported();
+                for (i, &(end, d)) in ends.iter().enumerate().take(upto).skip(from) {
                     w.ended(i, end as u64, d as u64, est);
                 }
             }
