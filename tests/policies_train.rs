@@ -193,3 +193,61 @@ fn backup_workers_with_b_zero_is_the_baseline_run() {
     assert_eq!(counts("baseline"), counts("dropcompute"));
     assert_eq!(counts("baseline").len(), 8);
 }
+
+/// Issue 23: the prediction printed beside a run is the run, for the policies and shapes whose
+/// copies used to disagree (each row one fault found): a tail shape with the before-check (its
+/// baseline now deals the same parts, merged), backup workers (the replay runs the scheduler's
+/// predicted variant through the one assignment step), the compute budget at a fixed budget
+/// (warm-up at M per rank) and chosen by `--threshold auto` (its search template is the
+/// compute budget, not the synchronous walk; without noise). Virtual time, 4 ranks, one slow rank; the
+/// warm-up steps of the compute budget run the nominal batch (steps.csv read back).
+#[test]
+fn the_prediction_equals_the_measurement_for_the_fixed_policy_rows() {
+    let tmp = hermetic::temp_dir("predicted");
+    let common = [
+        "--ranks",
+        "4",
+        "--steps",
+        "16",
+        "--micro-batches",
+        "4",
+        "--hidden",
+        "16",
+        "--slow-rank",
+        "1:2",
+        "--time-mode",
+        "virtual",
+    ];
+    let rows: [(&str, &[&str]); 4] = [
+        ("drop-before tail 2", &["--policy", "drop-before", "--threshold", "auto", "--tail-split", "2"]),
+        ("backup-workers", &["--policy", "backup-workers"]),
+        // Without noise: the latencies the replay draws beyond the recorded M equal the run's
+        // (with noise they are resampled, an estimate: issue 23 item 5, still open).
+        ("compute-budget 130 ms", &["--policy", "compute-budget", "--threshold", "130", "--noise", "none"]),
+        (
+            "compute-budget auto",
+            &["--policy", "compute-budget", "--min-batch-fraction", "0.5", "--max-drop-rate", "1", "--noise", "none"],
+        ),
+    ];
+    for (i, (what, extra)) in rows.iter().enumerate() {
+        let out = tmp.path().join(format!("row{i}"));
+        let o = hermetic::output_within(
+            hermetic::dropcompute().arg("train").args(common).args(*extra).args(["--out", out.to_str().unwrap()]),
+            HANG,
+        );
+        assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+        let measured = report["speedup"].as_f64().unwrap();
+        let predicted = report["predicted_speedup"].as_f64().unwrap_or(f64::NAN);
+        assert!((predicted / measured - 1.0).abs() <= 0.005, "{what}: predicted {predicted} measured {measured}");
+        assert!(measured > 1.05, "{what}: the policy gains ({measured})");
+        if what.starts_with("compute-budget") {
+            let rows: Vec<dropcompute::train::metrics::StepMetrics> = read_csv(&out.join("steps.csv")).unwrap();
+            for r in rows.iter().filter(|r| r.run == "dropcompute" && r.step < 3) {
+                assert_eq!(r.computed + r.dropped, 4 * 4, "{what}: warm-up step {} runs the nominal batch", r.step);
+            }
+            assert!(report["dropcompute"]["threshold_ms"].as_f64().is_some(), "{what}: a budget was chosen");
+        }
+    }
+}
