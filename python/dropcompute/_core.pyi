@@ -2,7 +2,7 @@
 
 import os
 from types import TracebackType
-from typing import Dict, List, Literal, Optional, Type, TypedDict, Union
+from typing import Dict, List, Literal, Optional, Tuple, Type, TypedDict, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,22 @@ class LatencyEstimator:
     def observe(self, latency_ns: int) -> None: ...
     def estimate(self) -> Optional[int]: ...
     def __len__(self) -> int: ...
+
+class StepWalk:
+    """One rank's walk through one step: the Rust scheduler's own walker, so a Python loop
+    decides exactly as the scheduler does. Drive it with ``next``: ``("wait", upto)`` report
+    the ends of launches ``reported()..upto`` with ``ended`` (compute time from the clock start
+    to each end, and its duration, ns; ``upto`` 0: pass the clock's reading to ``clock_at``); ``("launch", i)`` run micro-batch ``i``;
+    ``("done", stopped)`` the step is over (``stopped`` 1: the deadline stopped it)."""
+
+    def __init__(self, policy: Policy, *, step: int, micro_batches: int, sync_lag: int = 0) -> None: ...
+    def next(self, estimator: Optional[LatencyEstimator] = None) -> Tuple[str, int]: ...
+    def ended(
+        self, launch: int, end_ns: int, duration_ns: int, estimator: Optional[LatencyEstimator] = None
+    ) -> bool: ...
+    def clock_at(self, elapsed_ns: int) -> None: ...
+    def reported(self) -> int: ...
+    def started(self) -> int: ...
 
 class Verdict:
     """The tuner's decision. ``predicted_*`` come from the scoring named by ``scoring``

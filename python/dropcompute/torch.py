@@ -1,8 +1,10 @@
 """DropCompute for one PyTorch DDP gradient-accumulation step (plain Python over the core).
 
-``DropComputeStep.run`` runs the step's micro-batches inside ``DistributedDataParallel.no_sync()``,
-checks the deadline (``dropcompute.Policy``, i.e. the crate's ``policy::decide``) before each
-one on device time, counts the samples computed, then all-reduces the gradients and the
+``DropComputeStep.run`` runs the step's micro-batches inside ``DistributedDataParallel.no_sync()``
+as the crate's one step walker says (``dropcompute.StepWalk``, i.e. ``policy::walk::RankWalk``,
+which the Rust scheduler and the simulator drive too: the deadline of ``dropcompute.Policy``
+checked before each micro-batch against the device time at the end of the previous one, the
+warm-up, the minimum micro-batches, the predictive estimate), counts the samples computed, then all-reduces the gradients and the
 counts in ONE collective: every parameter's gradient flattened into one buffer with 2·N slots
 appended (this rank's sample count in slot ``rank``, a non-finite flag in slot ``N + rank``;
 every other rank writes zeros there). After the all-reduce every rank holds every rank's
@@ -14,7 +16,8 @@ issues the same collective with zero gradients, so nobody hangs.
 
 Device time (the event protocol): ``torch.hpu.Event`` on Gaudi, ``torch.cuda.Event`` on CUDA
 (a start event recorded when the step's clock starts, an end event recorded and synchronized
-at each check), the host clock (``time.perf_counter_ns``) on CPU, where execution is
+at the end of each micro-batch: one host-device synchronization per micro-batch; a micro-batch's
+latency is the time from the previous one's end), the host clock (``time.perf_counter_ns``) on CPU, where execution is
 synchronous.
 
 Errors: the all-reduce timing out (the process group's timeout: a rank died or never reached
@@ -38,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import ComputeLogWriter, LatencyEstimator, Policy, divisor
+from . import ComputeLogWriter, LatencyEstimator, Policy, StepWalk, divisor
 
 __all__ = ["DeviceClock", "DropComputeStep", "StepResult", "batch_size"]
 
@@ -172,26 +175,39 @@ class DropComputeStep:
         samples = 0
         computed = 0
         latencies: List[int] = []
+        ends: List[int] = []
         prev = 0
+        # The Rust scheduler's own walker decides (the check before micro-batch i sees the end
+        # of micro-batch i-1, the warm-up, the minimum, the predictive estimate); the device is
+        # synchronized once per micro-batch, at its end.
+        walk = StepWalk(self.policy, step=self.step, micro_batches=m)
         with self._no_sync():
-            for i, mb in enumerate(micro_batches):
-                elapsed = self.clock.elapsed_ns()
-                est = self.estimator.estimate() if self.estimator is not None else None
-                if not self.policy.should_start(elapsed, est, step=self.step, started=i):
+            while True:
+                kind, value = walk.next(self.estimator)
+                if kind == "done":
                     break
+                if kind == "wait":
+                    if value == 0:
+                        # Time before the first micro-batch counts (the clock started at the
+                        # previous optimizer step).
+                        prev = self.clock.elapsed_ns()
+                        walk.clock_at(prev)
+                    for i in range(walk.reported(), value):
+                        walk.ended(i, ends[i], latencies[i], self.estimator)
+                    continue
+                mb = micro_batches[value]
                 loss = loss_fn(self.model, mb)
                 loss.backward()
                 samples += int(count(mb))
                 computed += 1
                 now = self.clock.elapsed_ns()
-                lat = max(now - elapsed, 0)
+                lat = max(now - prev, 0)
                 latencies.append(lat)
-                if self.estimator is not None:
-                    self.estimator.observe(lat)
+                ends.append(now)
                 if self._log is not None:
-                    self._log.write(global_step=self.step, local_step=i, world_size=self.world_size,
+                    self._log.write(global_step=self.step, local_step=value, world_size=self.world_size,
                                     batch=int(count(mb)), computed_batch=samples, compute_dropped=False,
-                                    rank=self.rank, start_ns=elapsed, duration_ns=lat)
+                                    rank=self.rank, start_ns=prev, duration_ns=lat)
                 prev = now
         if self._log is not None:
             for j in range(computed, m):
@@ -199,7 +215,7 @@ class DropComputeStep:
                                 batch=int(count(micro_batches[j])), computed_batch=samples,
                                 compute_dropped=True, rank=self.rank, start_ns=0, duration_ns=0)
             self._log.flush()
-        compute_ns = prev
+        compute_ns = ends[-1] if ends else 0
         result = self._reduce_and_rescale(samples, m)
         result.computed_micro_batches = computed
         result.dropped_micro_batches = m - computed

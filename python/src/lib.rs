@@ -7,6 +7,7 @@
 //! for malformed traces and insufficient data), and releasing the interpreter lock around
 //! every call that reads files or searches (`Python::detach`). Must not touch: decision logic
 //! (every function forwards to the crate's one implementation: `policy::decide`,
+//! `policy::walk::RankWalk` (the scheduler's step walk),
 //! `tune::recommend`, `sim::replay`, `schedule::divisor`, `tune::retune::Retuner`,
 //! `schedule::StragglerTracker`, `trace::compute_log`).
 
@@ -131,6 +132,83 @@ impl LatencyEstimator {
     }
     fn __len__(&self) -> usize {
         self.inner.len()
+    }
+}
+
+/// One rank's walk through one step: the scheduler's own walker (`policy::walk::RankWalk`),
+/// so a Python training loop decides exactly as the Rust scheduler (sync lag, warm-up, the
+/// minimum micro-batches, the predictive estimate). See `dropcompute/_core.pyi`.
+#[pyclass(module = "dropcompute._core")]
+pub struct StepWalk {
+    inner: policy::walk::RankWalk,
+}
+
+/// The walker's estimator: the caller's, or (none given) a fresh empty one, so that the
+/// predictive check falls back to the before-check exactly as `Policy.should_start` without an
+/// estimate does.
+fn with_estimator<R>(
+    est: Option<PyRefMut<'_, LatencyEstimator>>,
+    f: impl FnOnce(&mut policy::LatencyEstimator) -> R,
+) -> R {
+    match est {
+        Some(mut e) => f(&mut e.inner),
+        None => f(&mut policy::LatencyEstimator::new(1, 1.0)),
+    }
+}
+
+#[pymethods]
+impl StepWalk {
+    #[new]
+    #[pyo3(signature = (policy, *, step, micro_batches, sync_lag=0))]
+    fn new(policy: &Policy, step: u64, micro_batches: usize, sync_lag: u32) -> Self {
+        Self {
+            inner: policy::walk::RankWalk::new(policy.cfg, step, micro_batches, policy::TailShape::default(), sync_lag),
+        }
+    }
+
+    /// The next action: `("wait", upto)` (report the ends of launches `reported..upto` with
+    /// `ended`; `upto` 0: nothing to report), `("launch", index)` (run micro-batch `index`),
+    /// or `("done", stopped)` with `stopped` 1 when the deadline stopped the step, 0 when
+    /// every micro-batch was started.
+    #[pyo3(signature = (estimator=None))]
+    fn next(&mut self, estimator: Option<PyRefMut<'_, LatencyEstimator>>) -> (&'static str, usize) {
+        use policy::walk::{Next, WalkEnd};
+        match with_estimator(estimator, |e| self.inner.next(e)) {
+            Next::Wait { upto } => ("wait", upto),
+            Next::Launch(l) => ("launch", l.micro_batch as usize),
+            Next::Done(WalkEnd::Assignment) => ("done", 0),
+            Next::Done(WalkEnd::Deadline(_)) => ("done", 1),
+        }
+    }
+
+    /// Reports the end of launch `launch`: compute time from the clock start to its end
+    /// (`end_ns`) and its duration (`duration_ns`, fed to `estimator`). Launches are reported
+    /// in order; returns False (nothing recorded) for one out of order, repeated or not started.
+    #[pyo3(signature = (launch, end_ns, duration_ns, estimator=None))]
+    fn ended(
+        &mut self,
+        launch: usize,
+        end_ns: u64,
+        duration_ns: u64,
+        estimator: Option<PyRefMut<'_, LatencyEstimator>>,
+    ) -> bool {
+        with_estimator(estimator, |e| self.inner.ended(launch, end_ns, duration_ns, e))
+    }
+
+    /// Answers `("wait", 0)` with the compute time already elapsed (ns since the clock
+    /// start): time before the first micro-batch counts against the deadline.
+    fn clock_at(&mut self, elapsed_ns: u64) {
+        self.inner.clock_at(elapsed_ns)
+    }
+
+    /// Launches reported so far.
+    fn reported(&self) -> usize {
+        self.inner.reported()
+    }
+
+    /// Micro-batches started so far.
+    fn started(&self) -> usize {
+        self.inner.launches()
     }
 }
 
@@ -508,6 +586,7 @@ impl Retuner {
                 },
                 min_micro_batches,
             },
+            execution: None,
         };
         let inner = tune::retune::Retuner::new(cfg, world_size, micro_batches)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -559,6 +638,7 @@ impl Retuner {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Policy>()?;
     m.add_class::<LatencyEstimator>()?;
+    m.add_class::<StepWalk>()?;
     m.add_class::<Verdict>()?;
     m.add_class::<ComputeLogWriter>()?;
     m.add_class::<StragglerTracker>()?;

@@ -24,6 +24,56 @@ def test_policy_wraps_decide_boundaries() -> None:
         dc.Policy(1, "after")  # type: ignore[arg-type]
 
 
+def _drive(walk: "dc.StepWalk", lat: "list[int]", est: "dc.LatencyEstimator | None") -> "list[int]":
+    """Runs micro-batches of latencies ``lat`` as ``walk`` says; returns the indices launched."""
+    launched: "list[int]" = []
+    ends: "list[int]" = []
+    while True:
+        kind, v = walk.next(est)
+        if kind == "done":
+            return launched
+        if kind == "wait":
+            for i in range(walk.reported(), v):
+                assert walk.ended(i, ends[i], lat[launched[i]], est)
+        else:
+            launched.append(v)
+            ends.append((ends[-1] if ends else 0) + lat[v])
+
+
+def test_step_walk_is_the_schedulers_walk() -> None:
+    # Before-check at 25 ns, latencies 10: ends 10, 20, 30; the check before the 4th sees 30.
+    p = dc.Policy(25, "before", warmup_steps=1, min_micro_batches=1)
+    w = dc.StepWalk(p, step=5, micro_batches=4)
+    assert _drive(w, [10, 10, 10, 10], None) == [0, 1, 2]
+    assert w.next() == ("done", 1) and w.started() == 3
+    # Warm-up: every micro-batch starts, the assignment runs out.
+    w = dc.StepWalk(p, step=0, micro_batches=4)
+    assert _drive(w, [10, 10, 10, 10], None) == [0, 1, 2, 3]
+    assert w.next() == ("done", 0)
+    # Sync lag 1: the check before micro-batch i sees the end of i-2: 4 start (ends 10..40;
+    # before the 5th it sees 30 >= 25).
+    w = dc.StepWalk(p, step=5, micro_batches=6, sync_lag=1)
+    assert _drive(w, [10] * 6, None) == [0, 1, 2, 3]
+    # Predictive at 35 with an estimate of 10 after one observation: 3 start (30 + 10 > 35).
+    q = dc.Policy(35, "predictive", warmup_steps=0, min_micro_batches=1)
+    e = dc.LatencyEstimator(32, 0.9)
+    w = dc.StepWalk(q, step=5, micro_batches=4)
+    assert _drive(w, [10, 10, 10, 10], e) == [0, 1, 2]
+    assert len(e) == 3, "the walker fed the estimator every reported micro-batch"
+    # Time before the first micro-batch counts: 30 ns already elapsed stops it (no minimum).
+    z = dc.Policy(25, "before", warmup_steps=0, min_micro_batches=0)
+    w = dc.StepWalk(z, step=5, micro_batches=4)
+    assert w.next() == ("wait", 0)
+    w.clock_at(30)
+    assert w.next() == ("done", 1) and w.started() == 0
+    # Reports out of order are refused.
+    w = dc.StepWalk(p, step=5, micro_batches=2)
+    assert w.next() == ("wait", 0)
+    assert w.next() == ("launch", 0)
+    assert not w.ended(1, 10, 10)
+    assert w.next() == ("wait", 1)
+
+
 def test_estimator_nearest_rank_quantile() -> None:
     e = dc.LatencyEstimator(10, 0.9)
     assert e.estimate() is None

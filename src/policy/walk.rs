@@ -76,6 +76,7 @@ pub struct RankWalk {
     parts: usize,
     tail_mode: bool,
     clock_read: bool,
+    clock_ns: u64,
     end: Option<WalkEnd>,
 }
 
@@ -96,6 +97,7 @@ impl RankWalk {
             parts: 0,
             tail_mode: false,
             clock_read: false,
+            clock_ns: 0,
             end: None,
         }
     }
@@ -121,7 +123,7 @@ impl RankWalk {
                     self.clock_read = true;
                     return Next::Wait { upto: 0 };
                 }
-                0
+                self.clock_ns
             }
             Some(upto) => {
                 if self.ends_ns.len() < upto {
@@ -179,6 +181,15 @@ impl RankWalk {
             est.observe(duration_ns);
         }
         true
+    }
+
+    /// Answers [`Next::Wait`] `{ upto: 0 }` with the compute time already elapsed when the
+    /// driver waited (ns since the step's clock start; 0 when not called). The scheduler leaves
+    /// it at 0 (it waits for the clock start event itself); a host-clocked driver (the Python
+    /// face) passes its reading, so time spent before the first micro-batch counts, as the
+    /// deadline's clock starts at the previous optimizer step (reference §2).
+    pub fn clock_at(&mut self, elapsed_ns: u64) {
+        self.clock_ns = elapsed_ns;
     }
 
     /// Launches reported so far (the next one to report).
@@ -297,6 +308,28 @@ mod tests {
         let (l, _) = drive(&mut w, &mut est, &[10; 3], 0.5);
         assert_eq!(l.iter().map(|x| x.parts).collect::<Vec<_>>(), vec![2, 2, 1]);
         assert!(matches!(w.next(&mut est), Next::Done(WalkEnd::Assignment)));
+    }
+
+    /// Time already elapsed at the first check (a host-clocked driver) counts.
+    #[test]
+    fn the_clock_reading_at_the_first_check_counts() {
+        let mut est = LatencyEstimator::default();
+        let mut d = deadline(25, CheckMode::BeforeMicroBatch);
+        d.min_micro_batches = 0;
+        let mut w = RankWalk::new(d, 5, 4, TailShape::default(), 0);
+        assert_eq!(w.next(&mut est), Next::Wait { upto: 0 });
+        w.clock_at(30);
+        assert!(matches!(w.next(&mut est), Next::Done(WalkEnd::Deadline(StopReason::ThresholdReached { .. }))));
+        assert_eq!((w.launches(), w.end_ns()), (0, 0));
+        // Below the threshold it starts; with min_micro_batches 1 the first starts whatever.
+        let mut w = RankWalk::new(d, 5, 4, TailShape::default(), 0);
+        let _ = w.next(&mut est);
+        w.clock_at(10);
+        assert!(matches!(w.next(&mut est), Next::Launch(_)));
+        let mut w = RankWalk::new(deadline(25, CheckMode::BeforeMicroBatch), 5, 4, TailShape::default(), 0);
+        let _ = w.next(&mut est);
+        w.clock_at(30);
+        assert!(matches!(w.next(&mut est), Next::Launch(_)));
     }
 
     #[test]

@@ -473,6 +473,11 @@ impl Scheduler {
         let end_ns = self.restart_clock(step)?;
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
+        // A step in which no rank had data (the end of an epoch-bounded run) is no step of the
+        // statistics: neither the straggler labels, the assignment step nor the re-tuner see it.
+        if report.global_computed() + report.global_dropped() == 0 {
+            return Ok((report, None));
+        }
         self.stragglers.observe(&report.ranks);
         if self.assigner.observe(step, &per_micro_batch_ns(&report, &self.cfg.tail)) {
             tracing::warn!(

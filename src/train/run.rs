@@ -128,7 +128,14 @@ fn resolve_threshold(
         (ThresholdArg::Auto, None) => {
             let steps = job.steps().unwrap_or(200).max(4) as usize;
             let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
-            let cfg = RetunerConfig { period: steps + 1, probe_steps: probe, ..RetunerConfig::default() };
+            // Scored on the probe window replayed as this run executes it (check mode, sync lag).
+            let cfg = RetunerConfig {
+                period: steps + 1,
+                probe_steps: probe,
+                tune: crate::tune::TuneConfig { guardrails: job.cfg.guardrails, min_micro_batches: 1 },
+                execution: Some(job.execution()),
+                ..RetunerConfig::default()
+            };
             let n = job.cfg.ranks as usize;
             match Retuner::new(cfg, n, job.slots_of(kind) as usize) {
                 Ok(r) => (Threshold::Off, Some(r), format!("auto: tuned in-run after a {probe}-step probe")),

@@ -15,8 +15,10 @@
 //! vs measured effective speedup: measured = (1 - measured drop rate)·(mean probe step time)/
 //! (mean enforce step time) - 1, the probe standing in for the baseline.
 
+use super::recommend::{Recommend, recommend, replay_score};
 use super::search::{TuneConfig, Verdict, objective_at, tune};
 use crate::policy::Threshold;
+use crate::sim::replay::ExecutionModel;
 use crate::trace::LatencyTrace;
 
 /// Configuration of the retuner.
@@ -30,12 +32,20 @@ pub struct RetunerConfig {
     pub hysteresis: f64,
     /// Search configuration (guardrails, min micro-batches).
     pub tune: TuneConfig,
+    /// How the run executes the deadline (check mode, sync lag, minimum micro-batches): with
+    /// it, every candidate is scored on the probe window replayed as the run executes it
+    /// (`tune::recommend`, the same recommendation as `train --threshold auto` with a
+    /// baseline; the window's steps are past warm-up, so its `warmup_steps` is not applied).
+    /// `None`: the exact search's ideal objective (a micro-batch counts iff it ends by the
+    /// threshold), which ignores the check mode.
+    pub execution: Option<crate::sim::replay::ExecutionModel>,
 }
 
 impl Default for RetunerConfig {
-    /// Period 200, probe 20 (10 % of steps at full batch), hysteresis 0.01.
+    /// Period 200, probe 20 (10 % of steps at full batch), hysteresis 0.01, the ideal
+    /// objective (no execution model).
     fn default() -> Self {
-        Self { period: 200, probe_steps: 20, hysteresis: 0.01, tune: TuneConfig::default() }
+        Self { period: 200, probe_steps: 20, hysteresis: 0.01, tune: TuneConfig::default(), execution: None }
     }
 }
 
@@ -200,11 +210,23 @@ impl Retuner {
             overhead,
         )
         .ok()?;
-        let report = tune(&trace, &self.cfg.tune);
         let old = self.threshold;
-        let current_obj =
-            old.as_ns().map(|t| objective_at(&trace, self.cfg.tune.min_micro_batches, t as f64).objective);
-        let (threshold, predicted) = match (report.verdict, current_obj) {
+        let (verdict, current_obj) = match self.cfg.execution {
+            Some(exec) => {
+                let how = Recommend {
+                    execution: ExecutionModel { warmup_steps: 0, ..exec },
+                    guardrails: self.cfg.tune.guardrails,
+                };
+                let cur = old.as_ns().map(|t| replay_score(&trace, t as f64, &how.execution).objective);
+                (recommend(&trace, &how).verdict, cur)
+            }
+            None => {
+                let cur =
+                    old.as_ns().map(|t| objective_at(&trace, self.cfg.tune.min_micro_batches, t as f64).objective);
+                (tune(&trace, &self.cfg.tune).verdict, cur)
+            }
+        };
+        let (threshold, predicted) = match (verdict, current_obj) {
             (Verdict::Decline(_), _) => (Threshold::Off, 0.0),
             (Verdict::Enable(c), None) => (c.threshold(), c.objective),
             (Verdict::Enable(c), Some(cur)) => {
@@ -217,7 +239,7 @@ impl Retuner {
         };
         self.threshold = threshold;
         self.predicted = predicted;
-        Some(RetuneEvent::Tuned { threshold, changed: threshold != old, predicted, verdict: report.verdict })
+        Some(RetuneEvent::Tuned { threshold, changed: threshold != old, predicted, verdict })
     }
 
     /// Threshold the scheduler should apply to the next step: off during probes, the tuned
@@ -240,7 +262,7 @@ mod tests {
     #[test]
     fn closed_loop_cycle_with_hysteresis() {
         let (n, m) = (16usize, 12usize);
-        let cfg = RetunerConfig { period: 60, probe_steps: 20, hysteresis: 0.01, tune: TuneConfig::default() };
+        let cfg = RetunerConfig { period: 60, probe_steps: 20, hysteresis: 0.01, ..RetunerConfig::default() };
         let mut rt = Retuner::new(cfg, n, m).expect("valid");
         let sampler = LatencyModel::new(1e6, Noise::Reference { delay_factor: 1.0 }).sampler().expect("valid");
         let overhead = 3e6;
@@ -288,6 +310,46 @@ mod tests {
         assert!(thresholds_after_probe.iter().all(|t| t.as_ns().is_some()));
         assert!(Retuner::new(RetunerConfig { period: 5, probe_steps: 5, ..cfg }, n, m).is_err());
         assert!(rt.on_step(&[0.0; 3], 1.0).is_err());
+    }
+
+    /// Issue 23 item 8: with an execution model the retuner scores candidates on the probe
+    /// window replayed under the run's check mode, so the before-check and the predictive check
+    /// get different thresholds, each the one `tune::recommend` gives on the same window.
+    #[test]
+    fn the_check_mode_of_the_run_chooses_the_threshold() {
+        use crate::policy::CheckMode;
+        let (n, m, k) = (8usize, 8usize, 12usize);
+        let sampler = LatencyModel::new(1e6, Noise::Reference { delay_factor: 1.0 }).sampler().expect("valid");
+        let mut lat = Vec::new();
+        for step in 0..k as u64 {
+            let mut rng = rng::stream(9, step);
+            lat.push((0..n * m).map(|_| rtp(&sampler, &mut rng)).collect::<Vec<f64>>());
+        }
+        let overhead = 2e6;
+        let step_ns = |mat: &[f64]| mat.chunks_exact(m).map(|r| r.iter().sum::<f64>()).fold(0.0, f64::max) + overhead;
+        // The window as the retuner builds it: overhead = step time - the slowest compute.
+        let max_c = |mat: &[f64]| mat.chunks_exact(m).map(|r| r.iter().sum::<f64>()).fold(0.0, f64::max);
+        let oh: Vec<f64> = lat.iter().map(|mat| (step_ns(mat) - max_c(mat)).max(0.0)).collect();
+        let trace = LatencyTrace::new("w", (0..n as u32).collect(), (0..k as u64).collect(), m, lat.concat(), oh)
+            .expect("valid");
+        let mut chosen = Vec::new();
+        for check in [CheckMode::BeforeMicroBatch, CheckMode::Predictive] {
+            let exec = ExecutionModel { check, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1 };
+            let cfg =
+                RetunerConfig { period: k + 5, probe_steps: k, execution: Some(exec), ..RetunerConfig::default() };
+            let mut rt = Retuner::new(cfg, n, m).expect("valid");
+            let mut ev = None;
+            for mat in &lat {
+                ev = rt.on_step(mat, step_ns(mat)).expect("shape").or(ev);
+            }
+            let Some(RetuneEvent::Tuned { threshold, .. }) = ev else { panic!("{ev:?}") };
+            let how =
+                Recommend { execution: ExecutionModel { warmup_steps: 0, ..exec }, guardrails: cfg.tune.guardrails };
+            assert_eq!(threshold, recommend(&trace, &how).verdict.threshold(), "{check:?}");
+            chosen.push(threshold);
+        }
+        assert_ne!(chosen[0], chosen[1], "the two checks tune differently");
+        assert!(chosen.iter().all(|t| t.as_ns().is_some()), "{chosen:?}");
     }
 
     fn rtp(s: &crate::sim::noise::LatencySampler, r: &mut StableRng) -> f64 {
