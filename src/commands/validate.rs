@@ -97,8 +97,13 @@ pub struct ConfigRow {
     pub seed: u64,
     /// The DropCompute run's threshold, ms; `null` for off (auto declined).
     pub threshold_ms: Option<f64>,
-    /// Measured drop rate of the DropCompute run (micro-batches, fraction).
+    /// Measured drop rate of the DropCompute run: the parts missing from the nominal batch
+    /// (`policy::nominal_drop_rate`, the replay's definition), fraction.
     pub drop_rate_measured: f64,
+    /// Micro-batches handed out and not started over those handed out (fraction): differs from
+    /// the drop rate where a policy hands out more than the nominal batch (the compute budget).
+    #[serde(default)]
+    pub dropped_of_handed_out: f64,
     /// Predicted drop rate.
     pub drop_rate_predicted: f64,
     /// Measured mean step time of the DropCompute run, ms.
@@ -275,6 +280,9 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let measured_step = dc.wall_ns as f64 / dc.reports.len().max(1) as f64;
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
     let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
+    // The replay's definition: parts missing from the nominal N·M·S batch per step.
+    let nominal = u64::from(job.cfg.ranks) * u64::from(job.cfg.micro_batches) * u64::from(job.cfg.tail.parts());
+    let drop_measured = crate::policy::nominal_drop_rate(dc.reports.iter().map(|r| (nominal, r.global_computed())));
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;
     let pred = pred.replay;
@@ -286,7 +294,8 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
         slow_rank: p.slow_rank.clone(),
         seed: p.seed,
         threshold_ms: dc.threshold_ns.map(|ns| ns as f64 / 1e6),
-        drop_rate_measured: if planned > 0 { dropped as f64 / planned as f64 } else { 0.0 },
+        drop_rate_measured: drop_measured,
+        dropped_of_handed_out: if planned > 0 { dropped as f64 / planned as f64 } else { 0.0 },
         drop_rate_predicted: pred.drop_rate,
         step_ms_measured: measured_step / 1e6,
         step_ms_predicted: pred.policy_step_ns / 1e6,

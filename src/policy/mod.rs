@@ -159,6 +159,19 @@ pub fn decide(cfg: &PolicyConfig, step: u64, started: u32, elapsed_ns: u64, esti
     }
 }
 
+/// The drop rate of a run against its nominal batch: the parts missing from each step's
+/// gradient, Σ_s max(0, nominal_s - aggregated_s), over Σ_s nominal_s (a fraction in [0, 1];
+/// 0 for no step). `steps` yields (nominal_s, aggregated_s) per step, in parts (whole
+/// micro-batches without a tail shape). The one drop-rate definition of the replay
+/// (`sim::policies::PolicyReplay::drop_rate`) and of the measured runs (`validate`): a policy
+/// that hands out more than the nominal batch (the compute budget) is judged by what is missing
+/// from the nominal batch, not by what was handed out and left.
+pub fn nominal_drop_rate(steps: impl IntoIterator<Item = (u64, u64)>) -> f64 {
+    let (lost, nominal) =
+        steps.into_iter().fold((0u64, 0u64), |(l, n), (nom, agg)| (l + nom.saturating_sub(agg), n + nom));
+    if nominal == 0 { 0.0 } else { lost as f64 / nominal as f64 }
+}
+
 /// Online estimate of this rank's next micro-batch latency: a high quantile (nearest rank) of a
 /// sliding window of the most recent observed latencies.
 ///
@@ -259,6 +272,14 @@ mod tests {
 
     fn check_mode() -> impl Strategy<Value = CheckMode> {
         prop_oneof![Just(CheckMode::BeforeMicroBatch), Just(CheckMode::Predictive)]
+    }
+
+    #[test]
+    fn the_drop_rate_counts_what_the_nominal_batch_misses() {
+        // A step over the nominal batch (compute budget) does not offset one under it.
+        assert_eq!(nominal_drop_rate([(32, 40), (32, 24)]), 8.0 / 64.0);
+        assert_eq!(nominal_drop_rate([(32, 32)]), 0.0);
+        assert_eq!(nominal_drop_rate(std::iter::empty()), 0.0);
     }
 
     #[test]
