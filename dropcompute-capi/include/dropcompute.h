@@ -37,9 +37,30 @@
 // Length of [`DcRecommendation::reason`] including the terminating NUL.
 #define DC_REASON_LEN 256
 
+// [`dc_walk_next`]: report the ends of launches `dc_walk_reported()..value` with
+// [`dc_walk_ended`] (value 0: the step's compute clock; optionally [`dc_walk_clock_at`]).
+#define DC_WALK_WAIT 0
+
+// [`dc_walk_next`]: run micro-batch `value` (0-based), then call again.
+#define DC_WALK_LAUNCH 1
+
+// [`dc_walk_next`]: the step is over; value 1 when the deadline stopped it, 0 when every
+// micro-batch was started.
+#define DC_WALK_DONE 2
+
+// A rank's latency estimator of the predictive check (`policy::LatencyEstimator`: the
+// nearest-rank quantile of a sliding window), kept across steps (opaque; [`dc_estimator_new`],
+// [`dc_estimator_free`]). Not shared between threads without a lock.
+typedef struct DcEstimator DcEstimator;
+
 // The deadline policy of one job (opaque; create with [`dc_policy_new`], free with
 // [`dc_policy_free`]). Immutable, so one handle may be shared by threads.
 typedef struct DcPolicy DcPolicy;
+
+// One rank's walk through one step: the scheduler's own walker (`policy::walk::RankWalk`),
+// so a C or C++ training loop decides exactly as the Rust scheduler and the simulator
+// (opaque; [`dc_walk_new`], [`dc_walk_free`]).
+typedef struct DcWalk DcWalk;
 
 // A status code returned by every function (a C `int32_t`; 0 = success). A newtype, not an
 // enum, so that a future code never makes an old caller's value invalid.
@@ -138,6 +159,86 @@ DcStatus dc_policy_should_start(const struct DcPolicy *policy,
 // # Safety
 // `policy` must be null or a handle from [`dc_policy_new`] not freed before.
 void dc_policy_free(struct DcPolicy *policy);
+
+// Creates an estimator over the last `window` (>= 1) latencies returning their `quantile`
+// (in [0, 1]; the scheduler's default: window 32, quantile 0.9).
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null `out`, `window` 0 or a quantile outside [0, 1]
+// (`*out` is then set to null).
+//
+// # Safety
+// `out` must be null or valid for one pointer write.
+DcStatus dc_estimator_new(size_t window, double quantile, struct DcEstimator **out);
+
+// Frees an estimator (null is a no-op).
+//
+// # Safety
+// `estimator` must be null or a handle from [`dc_estimator_new`] not freed before.
+void dc_estimator_free(struct DcEstimator *estimator);
+
+// Starts the walk of step `step` (0-based) for a rank handed `micro_batches` micro-batches
+// under `policy`, the check lagging `sync_lag` micro-batches behind the device.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null `policy` or `out` (`*out` null then).
+//
+// # Safety
+// `policy` must be null or a live handle from [`dc_policy_new`]; `out` null or valid for one
+// pointer write.
+DcStatus dc_walk_new(const struct DcPolicy *policy,
+                     uint64_t step,
+                     uint32_t micro_batches,
+                     uint32_t sync_lag,
+                     struct DcWalk **out);
+
+// The walk's next action: writes `DC_WALK_WAIT`, `DC_WALK_LAUNCH` or `DC_WALK_DONE` to
+// `*kind` and its value to `*value` (see those constants). `estimator` may be null (no
+// predictive estimate).
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, `kind` or `value`.
+//
+// # Safety
+// `walk` must be null or a live handle from [`dc_walk_new`]; `estimator` null or a live
+// handle; `kind` and `value` null or writable; no handle used by another thread meanwhile.
+DcStatus dc_walk_next(struct DcWalk *walk,
+                      struct DcEstimator *estimator,
+                      uint32_t *kind,
+                      uint64_t *value);
+
+// Reports the end of launch `launch`: compute time from the step's clock start to its end
+// (`end_ns`) and its duration (`duration_ns`, fed to `estimator` when non-null). Launches are
+// reported in order.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, or a launch out of order, repeated or not
+// started (nothing recorded).
+//
+// # Safety
+// As [`dc_walk_next`].
+DcStatus dc_walk_ended(struct DcWalk *walk,
+                       struct DcEstimator *estimator,
+                       uint64_t launch,
+                       uint64_t end_ns,
+                       uint64_t duration_ns);
+
+// Answers a `DC_WALK_WAIT` with value 0 with the compute time already elapsed (ns since the
+// clock start): time before the first micro-batch counts against the deadline.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null `walk`.
+//
+// # Safety
+// `walk` must be null or a live handle from [`dc_walk_new`], not used by another thread.
+DcStatus dc_walk_clock_at(struct DcWalk *walk, uint64_t elapsed_ns);
+
+// Launches reported so far (0 for a null `walk`).
+//
+// # Safety
+// `walk` must be null or a live handle from [`dc_walk_new`].
+uint64_t dc_walk_reported(const struct DcWalk *walk);
+
+// Frees a walk (null is a no-op).
+//
+// # Safety
+// `walk` must be null or a handle from [`dc_walk_new`] not freed before.
+void dc_walk_free(struct DcWalk *walk);
 
 // The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02).
 struct DcGuardrails dc_guardrails_default(void);

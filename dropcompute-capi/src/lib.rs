@@ -1,10 +1,12 @@
-//! The C ABI of dropcompute: the deadline policy (`policy::decide`), the threshold
+//! The C ABI of dropcompute: the deadline policy (`policy::decide`), the scheduler's step
+//! walk (`policy::walk::RankWalk`, with the latency estimator of the predictive check), the threshold
 //! recommendation from a trace file (`tune::recommend`) and the gradient divisor
 //! (`schedule::divisor`), for training stacks written in C or C++. The header
 //! `include/dropcompute.h` is generated from this file by cbindgen and checked current by
 //! `tests/header.rs`.
 //!
-//! Owns: the C-facing types (opaque [`DcPolicy`], [`DcStatus`] codes, [`DcRecommendation`]),
+//! Owns: the C-facing types (opaque [`DcPolicy`], [`DcWalk`], [`DcEstimator`], [`DcStatus`]
+//! codes, [`DcRecommendation`]),
 //! the thread-local last-error message, and the panic guard of every exported function.
 //! Must not touch: any decision logic (every function forwards to the crate's one
 //! implementation), devices, collectives, environment variables.
@@ -236,6 +238,240 @@ pub unsafe extern "C" fn dc_policy_free(policy: *mut DcPolicy) {
         // SAFETY: by the caller's contract the handle came from Box::into_raw and is freed once.
         // Dropping a PolicyConfig cannot panic.
         drop(unsafe { Box::from_raw(policy) });
+    }
+}
+
+/// A rank's latency estimator of the predictive check (`policy::LatencyEstimator`: the
+/// nearest-rank quantile of a sliding window), kept across steps (opaque; [`dc_estimator_new`],
+/// [`dc_estimator_free`]). Not shared between threads without a lock.
+pub struct DcEstimator {
+    inner: policy::LatencyEstimator,
+}
+
+/// One rank's walk through one step: the scheduler's own walker (`policy::walk::RankWalk`),
+/// so a C or C++ training loop decides exactly as the Rust scheduler and the simulator
+/// (opaque; [`dc_walk_new`], [`dc_walk_free`]).
+pub struct DcWalk {
+    inner: policy::walk::RankWalk,
+}
+
+/// [`dc_walk_next`]: report the ends of launches `dc_walk_reported()..value` with
+/// [`dc_walk_ended`] (value 0: the step's compute clock; optionally [`dc_walk_clock_at`]).
+pub const DC_WALK_WAIT: u32 = 0;
+/// [`dc_walk_next`]: run micro-batch `value` (0-based), then call again.
+pub const DC_WALK_LAUNCH: u32 = 1;
+/// [`dc_walk_next`]: the step is over; value 1 when the deadline stopped it, 0 when every
+/// micro-batch was started.
+pub const DC_WALK_DONE: u32 = 2;
+
+/// Creates an estimator over the last `window` (>= 1) latencies returning their `quantile`
+/// (in [0, 1]; the scheduler's default: window 32, quantile 0.9).
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null `out`, `window` 0 or a quantile outside [0, 1]
+/// (`*out` is then set to null).
+///
+/// # Safety
+/// `out` must be null or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_estimator_new(window: usize, quantile: f64, out: *mut *mut DcEstimator) -> DcStatus {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out: null pointer"));
+        }
+        // SAFETY: `out` is non-null and, by the caller's contract, valid for one write.
+        unsafe { *out = std::ptr::null_mut() };
+        if window == 0 {
+            return Err(invalid("window 0: must be >= 1"));
+        }
+        if !(0.0..=1.0).contains(&quantile) {
+            return Err(invalid(format!("quantile {quantile}: must be in [0, 1]")));
+        }
+        let e = DcEstimator { inner: policy::LatencyEstimator::new(window, quantile) };
+        // SAFETY: as above.
+        unsafe { *out = Box::into_raw(Box::new(e)) };
+        Ok(())
+    })
+}
+
+/// Frees an estimator (null is a no-op).
+///
+/// # Safety
+/// `estimator` must be null or a handle from [`dc_estimator_new`] not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_estimator_free(estimator: *mut DcEstimator) {
+    if !estimator.is_null() {
+        // SAFETY: by the caller's contract the handle came from Box::into_raw and is freed once.
+        drop(unsafe { Box::from_raw(estimator) });
+    }
+}
+
+/// Starts the walk of step `step` (0-based) for a rank handed `micro_batches` micro-batches
+/// under `policy`, the check lagging `sync_lag` micro-batches behind the device.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null `policy` or `out` (`*out` null then).
+///
+/// # Safety
+/// `policy` must be null or a live handle from [`dc_policy_new`]; `out` null or valid for one
+/// pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_new(
+    policy: *const DcPolicy,
+    step: u64,
+    micro_batches: u32,
+    sync_lag: u32,
+    out: *mut *mut DcWalk,
+) -> DcStatus {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out: null pointer"));
+        }
+        // SAFETY: `out` is non-null and, by the caller's contract, valid for one write.
+        unsafe { *out = std::ptr::null_mut() };
+        if policy.is_null() {
+            return Err(invalid("policy: null pointer"));
+        }
+        // SAFETY: non-null and, by the caller's contract, a live handle from dc_policy_new.
+        let cfg = unsafe { &*policy }.cfg;
+        let inner =
+            policy::walk::RankWalk::new(cfg, step, micro_batches as usize, policy::TailShape::default(), sync_lag);
+        // SAFETY: as above.
+        unsafe { *out = Box::into_raw(Box::new(DcWalk { inner })) };
+        Ok(())
+    })
+}
+
+/// The estimator behind `estimator`, or a fresh empty one (no estimate: the predictive check
+/// then behaves as the before-check, as `dc_policy_should_start` with estimate 0 does).
+///
+/// # Safety
+/// `estimator` must be null or a live handle from [`dc_estimator_new`] not used elsewhere
+/// during the call.
+unsafe fn with_estimator<R>(estimator: *mut DcEstimator, f: impl FnOnce(&mut policy::LatencyEstimator) -> R) -> R {
+    if estimator.is_null() {
+        f(&mut policy::LatencyEstimator::new(1, 1.0))
+    } else {
+        // SAFETY: non-null and, by the caller's contract, live and not aliased during the call.
+        f(&mut unsafe { &mut *estimator }.inner)
+    }
+}
+
+/// The walk's next action: writes `DC_WALK_WAIT`, `DC_WALK_LAUNCH` or `DC_WALK_DONE` to
+/// `*kind` and its value to `*value` (see those constants). `estimator` may be null (no
+/// predictive estimate).
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, `kind` or `value`.
+///
+/// # Safety
+/// `walk` must be null or a live handle from [`dc_walk_new`]; `estimator` null or a live
+/// handle; `kind` and `value` null or writable; no handle used by another thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_next(
+    walk: *mut DcWalk,
+    estimator: *mut DcEstimator,
+    kind: *mut u32,
+    value: *mut u64,
+) -> DcStatus {
+    guard(|| {
+        if walk.is_null() || kind.is_null() || value.is_null() {
+            return Err(invalid(if walk.is_null() { "walk: null pointer" } else { "kind/value: null pointer" }));
+        }
+        use policy::walk::{Next, WalkEnd};
+        // SAFETY: non-null and, by the caller's contract, live and not aliased.
+        let w = unsafe { &mut *walk };
+        // SAFETY: the caller's contract on `estimator`.
+        let (k, v) = match unsafe { with_estimator(estimator, |e| w.inner.next(e)) } {
+            Next::Wait { upto } => (DC_WALK_WAIT, upto as u64),
+            Next::Launch(l) => (DC_WALK_LAUNCH, u64::from(l.micro_batch)),
+            Next::Done(WalkEnd::Assignment) => (DC_WALK_DONE, 0),
+            Next::Done(WalkEnd::Deadline(_)) => (DC_WALK_DONE, 1),
+        };
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe {
+            *kind = k;
+            *value = v;
+        }
+        Ok(())
+    })
+}
+
+/// Reports the end of launch `launch`: compute time from the step's clock start to its end
+/// (`end_ns`) and its duration (`duration_ns`, fed to `estimator` when non-null). Launches are
+/// reported in order.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, or a launch out of order, repeated or not
+/// started (nothing recorded).
+///
+/// # Safety
+/// As [`dc_walk_next`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_ended(
+    walk: *mut DcWalk,
+    estimator: *mut DcEstimator,
+    launch: u64,
+    end_ns: u64,
+    duration_ns: u64,
+) -> DcStatus {
+    guard(|| {
+        if walk.is_null() {
+            return Err(invalid("walk: null pointer"));
+        }
+        // SAFETY: non-null and, by the caller's contract, live and not aliased.
+        let w = unsafe { &mut *walk };
+        let expected = w.inner.reported();
+        let i = usize::try_from(launch).unwrap_or(usize::MAX);
+        // SAFETY: the caller's contract on `estimator`.
+        if unsafe { with_estimator(estimator, |e| w.inner.ended(i, end_ns, duration_ns, e)) } {
+            Ok(())
+        } else {
+            Err(invalid(format!(
+                "launch {launch}: the next launch to report is {expected} (of {} started)",
+                w.inner.launches()
+            )))
+        }
+    })
+}
+
+/// Answers a `DC_WALK_WAIT` with value 0 with the compute time already elapsed (ns since the
+/// clock start): time before the first micro-batch counts against the deadline.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null `walk`.
+///
+/// # Safety
+/// `walk` must be null or a live handle from [`dc_walk_new`], not used by another thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_clock_at(walk: *mut DcWalk, elapsed_ns: u64) -> DcStatus {
+    guard(|| {
+        if walk.is_null() {
+            return Err(invalid("walk: null pointer"));
+        }
+        // SAFETY: non-null and, by the caller's contract, live and not aliased.
+        unsafe { &mut *walk }.inner.clock_at(elapsed_ns);
+        Ok(())
+    })
+}
+
+/// Launches reported so far (0 for a null `walk`).
+///
+/// # Safety
+/// `walk` must be null or a live handle from [`dc_walk_new`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_reported(walk: *const DcWalk) -> u64 {
+    if walk.is_null() {
+        return 0;
+    }
+    // SAFETY: non-null and, by the caller's contract, a live handle.
+    unsafe { &*walk }.inner.reported() as u64
+}
+
+/// Frees a walk (null is a no-op).
+///
+/// # Safety
+/// `walk` must be null or a handle from [`dc_walk_new`] not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_free(walk: *mut DcWalk) {
+    if !walk.is_null() {
+        // SAFETY: by the caller's contract the handle came from Box::into_raw and is freed once.
+        drop(unsafe { Box::from_raw(walk) });
     }
 }
 

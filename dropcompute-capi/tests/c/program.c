@@ -34,6 +34,37 @@ int main(int argc, char **argv) {
   CHECK(dc_policy_new(100, 7, 0, 0, &p) == DC_INVALID_ARGUMENT);
   CHECK(strstr(dc_last_error(), "check_mode 7") != NULL);
 
+  /* The scheduler's walk: predictive at 35 ns, micro-batches of 10 ns, an estimator kept across
+   * steps: the first micro-batch starts without an estimate, then 10 ns is the estimate and
+   * the 4th would end at 40 > 35: 3 start in each step, the deadline ends it. */
+  CHECK(dc_policy_new(35, DC_CHECK_PREDICTIVE, 0, 1, &p) == DC_OK);
+  DcEstimator *e = NULL;
+  CHECK(dc_estimator_new(32, 0.9, &e) == DC_OK && e != NULL);
+  for (uint64_t step = 0; step < 2; step++) {
+    DcWalk *w = NULL;
+    CHECK(dc_walk_new(p, step, 4, 0, &w) == DC_OK && w != NULL);
+    uint64_t ends[8] = {0}, launched = 0, value = 0;
+    uint32_t kind = 0;
+    for (;;) {
+      CHECK(dc_walk_next(w, e, &kind, &value) == DC_OK);
+      if (kind == DC_WALK_DONE) break;
+      if (kind == DC_WALK_LAUNCH) {
+        CHECK(value == launched);
+        ends[launched] = (launched ? ends[launched - 1] : 0) + 10;
+        launched++;
+        continue;
+      }
+      for (uint64_t i = dc_walk_reported(w); i < value; i++) CHECK(dc_walk_ended(w, e, i, ends[i], 10) == DC_OK);
+    }
+    CHECK(launched == 3 && value == 1);
+    CHECK(dc_walk_ended(w, e, 0, 10, 10) == DC_INVALID_ARGUMENT); /* reported already */
+    dc_walk_free(w);
+  }
+  dc_estimator_free(e);
+  CHECK(dc_estimator_new(0, 0.9, &e) == DC_INVALID_ARGUMENT && e == NULL);
+  CHECK(dc_walk_next(NULL, NULL, NULL, NULL) == DC_INVALID_ARGUMENT);
+  dc_policy_free(p);
+
   /* Divisor. */
   uint64_t counts[3] = {12, 0, 5};
   double d = 0;
