@@ -514,8 +514,16 @@ impl StragglerTracker {
         Ok(Self { inner: dropcompute::schedule::StragglerTracker::new(world_size, alpha, cf) })
     }
 
-    /// Feed one step: per rank the micro-batches dropped and the compute phase (ns).
-    fn observe(&mut self, dropped: PyReadonlyArray1<'_, u32>, compute_ns: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+    /// Feed one step: per rank the micro-batches dropped and the compute phase (ns). The
+    /// chronic rule judges each rank's latency per computed micro-batch: `latency_ns` (one per
+    /// rank) when given, else the compute phase (equivalent when every rank computed as many).
+    #[pyo3(signature = (dropped, compute_ns, latency_ns=None))]
+    fn observe(
+        &mut self,
+        dropped: PyReadonlyArray1<'_, u32>,
+        compute_ns: PyReadonlyArray1<'_, u64>,
+        latency_ns: Option<PyReadonlyArray1<'_, f64>>,
+    ) -> PyResult<()> {
         let (d, c) = (dropped.as_array(), compute_ns.as_array());
         let n = self.inner.hits.len();
         if d.len() != n || c.len() != n {
@@ -529,7 +537,14 @@ impl StragglerTracker {
             .zip(c.iter())
             .map(|(&dropped, &compute_ns)| RankStepStats { dropped, compute_ns, ..Default::default() })
             .collect();
-        self.inner.observe(&rows);
+        let per_mb: Vec<f64> = match latency_ns {
+            Some(l) if l.as_array().len() != n => {
+                return Err(value_err("latency_ns", format!("length {}: must be world_size {n}", l.as_array().len())));
+            }
+            Some(l) => l.as_array().to_vec(),
+            None => c.iter().map(|&x| x as f64).collect(),
+        };
+        self.inner.observe(&rows, &per_mb);
         Ok(())
     }
     fn chronic(&self) -> Vec<u32> {

@@ -186,7 +186,14 @@ impl StepReport {
 }
 
 /// Per-rank straggler statistics over the steps seen so far (same on every rank: fed from the
-/// gathered counts).
+/// gathered counts), and the label of every rank. The chronic rule is the one of the
+/// rebalancer and of `tune`'s attribution (`policy::rebalance::RankLatencyTracker`, defaults
+/// pinned to `tune::straggler::StragglerConfig`): a rank is slow in a step when its latency
+/// per computed micro-batch exceeds (1 + 5 %) of the median over ranks (the mean of the two
+/// middle ones for an even N), chronic when slow in at least the chronic fraction of the steps,
+/// after [`CHRONIC_MIN_STEPS`]. Judged per micro-batch, not on compute times the deadline has
+/// already cut (issue 23 item 9: a 2x rank whose compute the deadline cut to the others' was
+/// called transient).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StragglerTracker {
     alpha: f64,
@@ -196,6 +203,9 @@ pub struct StragglerTracker {
     pub hits: Vec<u64>,
     /// Exponentially weighted mean compute time per rank (ns).
     pub ewma_compute_ns: Vec<f64>,
+    /// The chronic rule's statistics (`None` in checkpoints written before it: restarts).
+    #[serde(default)]
+    latency: Option<crate::policy::RankLatencyTracker>,
 }
 
 /// Minimum number of steps before a rank can be flagged a chronic straggler: `tune::MIN_STEPS`,
@@ -203,14 +213,33 @@ pub struct StragglerTracker {
 pub const CHRONIC_MIN_STEPS: u64 = crate::tune::MIN_STEPS as u64;
 
 impl StragglerTracker {
-    /// A tracker for `world_size` ranks with EWMA factor `alpha` and chronic hit fraction.
+    /// A tracker for `world_size` ranks with EWMA factor `alpha` (of the reported compute
+    /// time) and chronic fraction `chronic_fraction` (of the steps a rank must be slow in).
     pub fn new(world_size: usize, alpha: f64, chronic_fraction: f64) -> Self {
-        Self { alpha, chronic_fraction, steps: 0, hits: vec![0; world_size], ewma_compute_ns: vec![0.0; world_size] }
+        Self {
+            alpha,
+            chronic_fraction,
+            steps: 0,
+            hits: vec![0; world_size],
+            ewma_compute_ns: vec![0.0; world_size],
+            latency: Some(Self::latency_tracker(world_size, chronic_fraction)),
+        }
     }
 
-    /// Feeds one step's gathered per-rank counts (ignored if the length differs).
-    pub fn observe(&mut self, ranks: &[RankStepStats]) {
-        if ranks.len() != self.hits.len() {
+    fn latency_tracker(n: usize, chronic_fraction: f64) -> crate::policy::RankLatencyTracker {
+        let cfg = crate::policy::TrackerConfig {
+            chronic_fraction,
+            min_steps: CHRONIC_MIN_STEPS,
+            ..crate::policy::TrackerConfig::default()
+        };
+        crate::policy::RankLatencyTracker::new(n, cfg)
+    }
+
+    /// Feeds one step: the gathered per-rank counts and each rank's latency per computed
+    /// micro-batch (ns; NaN for a rank that computed nothing; the scheduler's
+    /// `per_micro_batch_ns`). Ignored if a length differs from the world size.
+    pub fn observe(&mut self, ranks: &[RankStepStats], per_micro_batch_ns: &[f64]) {
+        if ranks.len() != self.hits.len() || per_micro_batch_ns.len() != self.hits.len() {
             return;
         }
         for (i, r) in ranks.iter().enumerate() {
@@ -219,6 +248,8 @@ impl StragglerTracker {
             let e = &mut self.ewma_compute_ns[i];
             *e = if self.steps == 0 { x } else { self.alpha * x + (1.0 - self.alpha) * *e };
         }
+        let (n, cf) = (self.hits.len(), self.chronic_fraction);
+        self.latency.get_or_insert_with(|| Self::latency_tracker(n, cf)).observe(per_micro_batch_ns);
         self.steps += 1;
     }
 
@@ -227,22 +258,14 @@ impl StragglerTracker {
         self.steps
     }
 
-    /// Ranks flagged as chronic stragglers: after at least [`CHRONIC_MIN_STEPS`] steps, a rank
-    /// whose hit fraction is >= the configured fraction and whose smoothed compute time exceeds
-    /// the median rank's by more than 10 %.
+    /// Ranks flagged as chronic stragglers (the rule in the type's doc), none before
+    /// [`CHRONIC_MIN_STEPS`] steps.
     pub fn chronic(&self) -> Vec<u32> {
-        if self.steps < CHRONIC_MIN_STEPS || self.hits.is_empty() {
+        if self.steps < CHRONIC_MIN_STEPS {
             return Vec::new();
         }
-        // The one median over ranks (the mean of the middle two for an even N).
-        let median = crate::policy::rebalance::median(self.ewma_compute_ns.clone()).unwrap_or(0.0);
-        (0..self.hits.len())
-            .filter(|&i| {
-                self.hits[i] as f64 / self.steps as f64 >= self.chronic_fraction
-                    && self.ewma_compute_ns[i] > 1.1 * median
-            })
-            .map(|i| i as u32)
-            .collect()
+        let flags = self.latency.as_ref().map(|t| t.chronic()).unwrap_or_default();
+        flags.iter().enumerate().filter(|(_, c)| **c).map(|(i, _)| i as u32).collect()
     }
 }
 
@@ -278,24 +301,37 @@ mod tests {
     use super::*;
 
     /// An even world size compares with the mean of the two middle ranks (issue 23 item 9:
-    /// the upper middle hid a 1.18x rank among 4).
+    /// the upper middle hid a rank 5 % above it), and a rank is judged on its latency per
+    /// micro-batch, not on a compute time the deadline cut: rank 1 runs at 2x but drops half
+    /// its micro-batches, so its compute time equals the others'.
     #[test]
-    fn the_chronic_rule_uses_the_true_median_for_an_even_world_size() {
-        let mut t = StragglerTracker::new(4, 1.0, 0.5);
+    fn the_chronic_rule_uses_the_true_median_and_uncut_latencies() {
+        let mut t = StragglerTracker::new(5, 1.0, 0.5);
         for _ in 0..CHRONIC_MIN_STEPS {
-            let ranks: Vec<_> = [10_000u64, 10_000, 12_000, 13_000]
+            let ranks: Vec<_> = [(8, 0), (4, 4), (8, 0), (8, 0), (8, 0)]
                 .iter()
-                .map(|&c| RankStepStats {
-                    computed: 8,
-                    dropped: u32::from(c == 13_000),
-                    compute_ns: c,
+                .map(|&(computed, dropped)| RankStepStats {
+                    computed,
+                    dropped,
+                    compute_ns: 80_000,
                     ..Default::default()
                 })
                 .collect();
-            t.observe(&ranks);
+            t.observe(&ranks, &[10_000.0, 20_000.0, 10_000.0, 10_000.0, 10_000.0]);
         }
-        // Median 11 000: 13 000 > 1.1 · 11 000 = 12 100 (the upper middle, 12 000, gave 13 200).
-        assert_eq!(t.chronic(), vec![3]);
+        assert_eq!(t.chronic(), vec![1], "2x per micro-batch, compute cut to the others'");
+        assert_eq!(t.class(1), crate::tune::StragglerClass::Chronic);
+        // Even N: median of (10, 10, 11, 11.5) = 10.5; 11.5 > 1.05 · 10.5 = 11.025 (slow), 11
+        // is not. The upper middle (11) would give 11.55 and flag nobody.
+        let mut e = StragglerTracker::new(4, 1.0, 0.5);
+        for _ in 0..CHRONIC_MIN_STEPS {
+            let ranks = vec![RankStepStats { computed: 8, compute_ns: 80_000, ..Default::default() }; 4];
+            e.observe(&ranks, &[10.0, 10.0, 11.0, 11.5]);
+        }
+        assert_eq!(e.chronic(), vec![3]);
+        // A slice of the wrong length is ignored.
+        e.observe(&[RankStepStats::default(); 4], &[1.0; 3]);
+        assert_eq!(e.steps(), CHRONIC_MIN_STEPS);
     }
 
     #[test]
@@ -310,7 +346,8 @@ mod tests {
                     ..Default::default()
                 })
                 .collect();
-            t.observe(&ranks);
+            let per_mb: Vec<f64> = ranks.iter().map(|x| x.compute_ns as f64 / 8.0).collect();
+            t.observe(&ranks, &per_mb);
             if step + 1 < CHRONIC_MIN_STEPS {
                 assert!(t.chronic().is_empty());
                 assert_eq!(t.class(2), crate::tune::StragglerClass::Unlabelled);

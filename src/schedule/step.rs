@@ -478,8 +478,9 @@ impl Scheduler {
         if report.global_computed() + report.global_dropped() == 0 {
             return Ok((report, None));
         }
-        self.stragglers.observe(&report.ranks);
-        if self.assigner.observe(step, &per_micro_batch_ns(&report, &self.cfg.tail)) {
+        let per_mb = per_micro_batch_ns(&report, &self.cfg.tail);
+        self.stragglers.observe(&report.ranks, &per_mb);
+        if self.assigner.observe(step, &per_mb) {
             tracing::warn!(
                 step,
                 slots = self.cfg.part_slots(),

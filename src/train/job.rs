@@ -233,7 +233,7 @@ impl Job {
     }
 
     /// Micro-batch slots per rank of the second run when its policy moves micro-batches
-    /// between ranks (`source::RunData::shares`): `policy::PolicyParams::budget_cap(M)` = 2·M,
+    /// between ranks (`source::RunData::moves_work`): `policy::PolicyParams::budget_cap(M)` = 2·M,
     /// the most one rank may be handed (a rebalanced assignment above it is not applied).
     pub fn slots(&self) -> u32 {
         crate::policy::PolicyParams::new(self.cfg.policy()).budget_cap(self.cfg.micro_batches)
@@ -242,7 +242,7 @@ impl Job {
     /// Micro-batch slots per rank of a run of `kind` (the width of its latency matrix): M for
     /// the baseline and the policies that keep M per rank, else [`Job::slots`].
     pub fn slots_of(&self, kind: RunKind) -> u32 {
-        if kind == RunKind::DropCompute && super::source::RunData::shares(self.cfg.policy()) {
+        if kind == RunKind::DropCompute && super::source::RunData::moves_work(self.cfg.policy()) {
             self.slots()
         } else {
             self.cfg.micro_batches

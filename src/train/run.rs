@@ -250,7 +250,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             Some(p) if !p.drops() && p != Policy::ComputeBudget => (Threshold::Off, None, format!("off ({p})")),
             _ => resolve_threshold(job, &comm, kind, baseline)?,
         };
-        let shares = policy.is_some_and(RunData::shares);
+        let shares = policy.is_some_and(RunData::moves_work);
         // The tail shape is the second run's; the baseline runs whole micro-batches.
         let tail = if kind == RunKind::DropCompute { cfg.tail } else { crate::policy::TailShape::default() };
         let scfg = SchedulerConfig {
@@ -298,16 +298,9 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             RunLength::Epochs(e) => Some(u64::from(e)),
             RunLength::Steps(_) => None,
         };
-        // Both runs deal from the same kind of source, the one the second run's policy needs
-        // (per-rank shards, or the one global stream of the policies that move work): the
-        // baseline then computes the same samples per step as the second run would without a
-        // deadline (a paired comparison; with per-rank shards every rank's epoch ends in a short
-        // micro-batch, with the global stream only one does, which would bias the measured
-        // speedup of the policies that move work by up to ~7 % at 8 ranks).
-        let mut data = RunData::for_policy(
-            Some(cfg.policy()),
-            rank,
-            cfg.ranks,
+        // Both runs deal from the one global stream (`RunData::global`): paired by
+        // construction, and a rank's dropped micro-batches go to the next step's ranks.
+        let mut data = RunData::global(
             job.train.len() as u64,
             cfg.seed,
             // Both runs deal the second run's parts; the baseline merges S of them (paired).

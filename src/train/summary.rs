@@ -12,7 +12,6 @@ use crate::schedule::StepReport;
 use crate::sim::replay::{ReplayReport, replay};
 use crate::trace::LatencyTrace;
 use crate::trace::compute_log::ComputeLogWriter;
-use crate::tune::StragglerClass;
 
 use super::error::TrainError;
 use super::figure::Series;
@@ -134,8 +133,9 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     Some(Prediction { replay, samples_computed, baseline_samples, speedup })
 }
 
-/// Samples computed when each rank's data source (as `run` builds it) gives its first
-/// `started[s * n + rank]` micro-batches of step s and re-queues the rest.
+/// Samples computed when the run's data source (the one dealing model, `RunData::global`,
+/// as `run` builds it for the second run) hands every rank M micro-batches per step, rank r
+/// starts the first `started[s * n + r]` of step s, and the rest are re-queued.
 fn data_samples(job: &Job, n: usize, started: &[u32]) -> u64 {
     use crate::schedule::DataSource;
     let cfg = &job.cfg;
@@ -143,23 +143,21 @@ fn data_samples(job: &Job, n: usize, started: &[u32]) -> u64 {
         super::config::RunLength::Epochs(e) => Some(u64::from(e)),
         super::config::RunLength::Steps(_) => None,
     };
+    let assignment = vec![cfg.micro_batches; n];
     let mut total = 0u64;
     for rank in 0..n {
-        let mut data = super::workload::EpochSource::new(
-            rank as u32,
-            cfg.ranks,
+        let mut data = super::source::RunData::global(
             job.train.len() as u64,
             cfg.seed,
             cfg.micro_batch_size as usize,
+            1,
             max_epochs,
         );
-        for k in started.iter().skip(rank).step_by(n.max(1)) {
-            let mut planned: Vec<_> = (0..cfg.micro_batches).map_while(|_| data.next_micro_batch()).collect();
-            let rest = planned.split_off((*k as usize).min(planned.len()));
+        for row in started.chunks_exact(n.max(1)) {
+            let mut planned = data.take_assigned(rank as u32, &assignment);
+            let rest = planned.split_off((row[rank] as usize).min(planned.len()));
             total += planned.iter().map(crate::schedule::MicroBatch::samples).sum::<u64>();
-            if !rest.is_empty() {
-                data.requeue(rest);
-            }
+            data.settle(rank as u32, row, rest, true);
         }
     }
     total
@@ -199,8 +197,8 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
 
 /// The straggler attribution of run `o` (rank 0's view of the gathered counts): per rank its
 /// dropped micro-batches, its slow steps (deadline hits) and the tracker's class
-/// (`StragglerTracker::class`); every rank unlabelled, with the reason, when no step of the run
-/// had a deadline (nothing to hit).
+/// (`StragglerTracker::class`: chronic by its latency per micro-batch, the rule of the
+/// rebalancer and of `tune`, so also without a deadline; transient needs a deadline hit).
 pub fn stragglers(o: &RankOutcome) -> StragglerReport {
     let t = &o.stragglers;
     let n = t.hits.len();
@@ -210,11 +208,8 @@ pub fn stragglers(o: &RankOutcome) -> StragglerReport {
             *d += u64::from(s.dropped);
         }
     }
-    let no_deadline = o.reports.iter().all(|r| r.threshold_ns.is_none());
     let steps = t.steps();
-    let unlabelled_because = if no_deadline {
-        Some("no step had a deadline (threshold off), so no rank could hit it".to_owned())
-    } else if steps < crate::schedule::CHRONIC_MIN_STEPS {
+    let unlabelled_because = if steps < crate::schedule::CHRONIC_MIN_STEPS {
         Some(format!("{steps} steps < {}", crate::schedule::CHRONIC_MIN_STEPS))
     } else {
         None
@@ -226,7 +221,7 @@ pub fn stragglers(o: &RankOutcome) -> StragglerReport {
             slow_steps: t.hits[i],
             slow_step_share: if steps > 0 { t.hits[i] as f64 / steps as f64 } else { 0.0 },
             compute_ms_ewma: t.ewma_compute_ns[i] / 1e6,
-            class: if no_deadline { StragglerClass::Unlabelled } else { t.class(i as u32) },
+            class: t.class(i as u32),
         })
         .collect();
     StragglerReport {
