@@ -316,9 +316,9 @@ impl StragglerReport {
         self.ranks.iter().filter(|r| r.class == class).map(|r| r.rank).collect()
     }
 
-    /// The text table printed by `train`: a title line, then (when some rank hit the deadline)
-    /// a column header and one line per such rank, and one line counting the others. Ends with
-    /// a newline.
+    /// The text table printed by `train`: a title line, then (when some rank hit the deadline
+    /// or is labelled chronic) a column header and one line per such rank, and one line
+    /// counting the others. Ends with a newline.
     pub fn table(&self) -> String {
         let mut out = format!(
             "stragglers ({} run, {} steps; labels need >= {} steps{}):\n",
@@ -327,7 +327,10 @@ impl StragglerReport {
             self.min_steps,
             self.unlabelled_because.as_deref().map(|w| format!("; unlabelled: {w}")).unwrap_or_default()
         );
-        let hit = |r: &&RankStraggler| r.slow_steps > 0 || r.dropped_micro_batches > 0;
+        // A chronic rank is listed even without a deadline hit (a rebalanced run has none).
+        let hit = |r: &&RankStraggler| {
+            r.slow_steps > 0 || r.dropped_micro_batches > 0 || r.class == crate::tune::StragglerClass::Chronic
+        };
         if self.ranks.iter().any(|r| hit(&r)) {
             out.push_str(&format!(
                 "  {:>6}  {:>21}  {:>16}  {:>18}  {}\n",
@@ -502,6 +505,10 @@ mod tests {
         assert_eq!(m.args.len(), std::env::args_os().count());
     }
 
+    fn line_of(t: &str, rank: &str) -> Option<String> {
+        t.lines().find(|l| l.split_whitespace().next() == Some(rank)).map(str::to_owned)
+    }
+
     #[test]
     fn straggler_table_lists_ranks_that_hit_the_deadline() {
         let s = stragglers();
@@ -525,7 +532,15 @@ mod tests {
                 .collect(),
             ..s.clone()
         };
+        // A chronic rank without a hit (a rebalanced run) is still listed.
         let t = quiet.table();
+        assert!(line_of(&t, "3").is_some_and(|l| l.ends_with("chronic")), "{t}");
+        assert_eq!(t.lines().count(), 4, "title, column header, rank 3, the others:\n{t}");
+        let normal = StragglerReport {
+            ranks: quiet.ranks.iter().map(|r| RankStraggler { class: StragglerClass::Normal, ..r.clone() }).collect(),
+            ..quiet.clone()
+        };
+        let t = normal.table();
         assert_eq!(t.lines().nth(1), Some("  all 4 ranks: no deadline hit"), "{t}");
         assert_eq!(t.lines().count(), 2, "{t}");
     }
