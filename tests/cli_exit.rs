@@ -321,3 +321,60 @@ fn every_output_flag_names_its_path_when_it_cannot_be_written() {
         assert!(err.contains(&path), "{args:?}: names {path}: {err}");
     }
 }
+
+/// Every subcommand that prints, with its standard output full (`/dev/full`): a typed error
+/// naming stdout (exit 6), no panic; `train --out` still holds its report (the outputs are in
+/// place before the terminal is written). A trace that is no trace (`/dev/zero`: one endless
+/// line) is refused at once with exit 6 naming the file, not an aborted allocation (exit 134).
+#[test]
+fn a_full_stdout_and_an_endless_input_are_typed_errors() {
+    let _g = serial();
+    let dir = hermetic::temp_dir("full");
+    let out = dir.path().join("out");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/data/traces/trace-SE.csv.gz");
+    let cases: [&[&str]; 6] = [
+        &["info", "--no-check"],
+        &["bench", "sim", "--workers", "8", "--steps", "2"],
+        &[
+            "train",
+            "--ranks",
+            "2",
+            "--steps",
+            "3",
+            "--threshold",
+            "off",
+            "--time-mode",
+            "virtual",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &["tune", "--trace", trace],
+        &["simulate", "--workers", "16"],
+        &[
+            "validate",
+            "--ranks",
+            "4",
+            "--micro-batches",
+            "4",
+            "--check",
+            "before",
+            "--sync-lag",
+            "0",
+            "--slow-rank",
+            "none",
+            "--seeds",
+            "0",
+        ],
+    ];
+    for args in cases {
+        let full = OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+        let o = hermetic::dropcompute().args(args).stdout(full).output().expect("run dropcompute");
+        let (code, err) = code_and_stderr(&o);
+        assert_eq!(code, Some(6), "{args:?}: {err}");
+        assert!(err.contains("stdout") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(out.join("report.json").is_file(), "train's outputs survive a full stdout");
+    let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", "/dev/zero"], &[]));
+    assert_eq!(code, Some(6), "{err}");
+    assert!(err.contains("/dev/zero") && err.contains("cap of a trace line") && !err.contains("panicked"), "{err}");
+}

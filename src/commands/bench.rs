@@ -124,25 +124,25 @@ pub fn run(cmd: &Args) -> Result<(), BoxError> {
         Args::Kernels(a) => {
             let opts = KernelBenchOptions { reps: a.reps.max(1), ..KernelBenchOptions::default() };
             let report = run_kernel_bench(&opts);
-            println!("{report}");
+            super::say(&format!("{report}\n"))?;
             Ok(())
         }
         Args::Allreduce(a) => allreduce(a),
         #[cfg(feature = "mock")]
         Args::Scheduler(a) => {
-            println!("{}", crate::bench::scheduler::run_scheduler_bench(a.reps)?);
+            super::say(&format!("{}\n", crate::bench::scheduler::run_scheduler_bench(a.reps)?))?;
             Ok(())
         }
         Args::Sim(a) => {
             let one = bench_simulator(a.workers, a.steps, 1)?;
             let all = bench_simulator(a.workers, a.steps, 0)?;
-            println!("{one}");
-            println!("{all}");
-            println!(
-                "parallel speedup: {:.2}x; target >= 20 million micro-batches/s on all cores: {}",
+            super::say(&format!("{one}\n"))?;
+            super::say(&format!("{all}\n"))?;
+            super::say(&format!(
+                "parallel speedup: {:.2}x; target >= 20 million micro-batches/s on all cores: {}\n",
                 all.micro_batches_per_second / one.micro_batches_per_second,
                 if all.micro_batches_per_second >= 20e6 { "met" } else { "NOT met" }
-            );
+            ))?;
             Ok(())
         }
     }
@@ -238,7 +238,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             AllreduceReport { mode: "processes".into(), ranks, op: a.op, rows: rows.unwrap_or_default() }
         }
     };
-    println!("{report}");
+    super::say(&format!("{report}\n"))?;
     Ok(())
 }
 

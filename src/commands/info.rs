@@ -41,16 +41,19 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
     if backend.is_mock() || backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok()) {
         crate::mock::MockConfig::from_env()?;
     }
-    println!("backend:  {}", backend.describe());
+    super::say(&format!("backend:  {}\n", backend.describe()))?;
     if let Some(note) = &backend.note {
-        println!("note:     {note}");
+        super::say(&format!("note:     {note}\n"))?;
     }
-    println!("version:  {}", backend.api.version().unwrap_or("unknown (synDriverGetVersion not exported)"));
+    super::say(&format!(
+        "version:  {}\n",
+        backend.api.version().unwrap_or("unknown (synDriverGetVersion not exported)")
+    ))?;
     let rt = Runtime::new(backend.api.clone())?;
     let ids = rt.module_ids()?;
     let shown: Vec<String> = ids.iter().take(16).map(u32::to_string).collect();
     let more = if ids.len() > 16 { format!(", ... {} more", ids.len() - 16) } else { String::new() };
-    println!("devices:  {} (module ids {}{more})", rt.device_count()?, shown.join(", "));
+    super::say(&format!("devices:  {} (module ids {}{more})\n", rt.device_count()?, shown.join(", ")))?;
     // The vendor's selection (HLS_MODULE_ID, else HABANA_VISIBLE_MODULES[LOCAL_RANK]) when set.
     let pinned = ["HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"].iter().any(|v| std::env::var_os(v).is_some());
     let dev = if pinned {
@@ -73,19 +76,19 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
     };
     let info = dev.info()?;
     let (free, total) = dev.memory_info()?;
-    println!(
-        "device:   id {} module {} type {} HBM {:.1} GiB ({:.1} GiB free)",
+    super::say(&format!(
+        "device:   id {} module {} type {} HBM {:.1} GiB ({:.1} GiB free)\n",
         dev.id(),
         dev.module_id().map_or("?".to_string(), |m| m.to_string()),
         info.device_type.name().unwrap_or("unknown"),
         total as f64 / (1u64 << 30) as f64,
         free as f64 / (1u64 << 30) as f64
-    );
+    ))?;
     if args.no_check {
         return Ok(());
     }
     let check = self_check(&rt, &dev)?;
-    println!("check:    {check}");
+    super::say(&format!("check:    {check}\n"))?;
     Ok(())
 }
 

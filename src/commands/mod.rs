@@ -234,6 +234,24 @@ impl TailArgs {
     }
 }
 
+/// Writes `text` to standard output and flushes it: the one stdout path of the subcommands
+/// that print (`info`, `train`, `bench`; `tune`, `simulate` and `validate` write to a given
+/// writer with the same error). A closed or full stdout is [`CommandError::Io`] naming
+/// "stdout" (exit 6), never a panic.
+///
+/// # Errors
+/// [`CommandError::Io`] when the write or the flush fails.
+pub(crate) fn say(text: &str) -> Result<(), CommandError> {
+    write_stdout(text).map_err(io_err("stdout"))
+}
+
+/// [`say`]'s write and flush, for a caller with its own error type (`train`).
+pub(crate) fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush())
+}
+
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CommandError {
     let what = what.into();
     move |source| CommandError::Io { what, source }

@@ -405,27 +405,32 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     job_run::check_lockstep(&outcomes)?;
     let meta = RunMetadata::new(&job.cfg, backend_name(rt.api()), start);
     let rep = summary::report(&job, &outcomes, meta)?;
-    println!("{}", comparison_table(&rep));
-    print!("{}", rep.stragglers.table());
+    // The outputs are in place before anything is written to the terminal: a closed or full
+    // stdout then loses no result.
+    let wrote = match out {
+        Some(out) => {
+            summary::write_outputs(&out, &job, &rep, &outcomes)?;
+            let files = out.commit()?;
+            Some(format!(
+                "wrote {} files to {}\n",
+                files.len(),
+                job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+            ))
+        }
+        None => None,
+    };
+    let mut text = format!("{}\n{}", comparison_table(&rep), rep.stragglers.table());
     if let Some(dc) = outcomes[0].last() {
-        println!("threshold: {}", dc.threshold_source);
+        text += &format!("threshold: {}\n", dc.threshold_source);
     }
     if job.cfg.time_mode == TimeMode::Virtual {
-        println!("virtual time: wall time and rates are in device (virtual) seconds");
+        text += "virtual time: wall time and rates are in device (virtual) seconds\n";
     }
     if rep.predicted_speedup.is_none() && rep.baseline.is_none() {
-        println!("predicted speedup: needs the baseline run's latencies (--compare)");
+        text += "predicted speedup: needs the baseline run's latencies (--compare)\n";
     }
-    if let Some(out) = out {
-        summary::write_outputs(&out, &job, &rep, &outcomes)?;
-        let files = out.commit()?;
-        println!(
-            "wrote {} files to {}",
-            files.len(),
-            job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
-        );
-    }
-    Ok(())
+    text += wrote.as_deref().unwrap_or_default();
+    super::write_stdout(&text).map_err(|source| TrainError::Io { what: "writing stdout".into(), source })
 }
 
 /// The backend of report.json's metadata: "cpu-mock (in-process)" or "Synapse at PATH".

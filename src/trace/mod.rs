@@ -611,15 +611,85 @@ pub fn open_maybe_gz(path: &Path) -> Result<Box<dyn std::io::Read>, TraceError> 
     let f = std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.into(), source })?;
     let r = std::io::BufReader::new(f);
     if path.extension().is_some_and(|e| e == "gz") {
-        Ok(Box::new(flate2::read::GzDecoder::new(r)))
+        Ok(Box::new(Bounded::new(flate2::read::GzDecoder::new(r))))
     } else {
-        Ok(Box::new(r))
+        Ok(Box::new(Bounded::new(r)))
+    }
+}
+
+/// Longest line a trace file may hold, in bytes (decoded): a trace row is under 200 bytes,
+/// so 1 MiB only refuses what is no trace (e.g. `/dev/zero`) before a parser buffers it.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+/// Largest decoded size of one trace file, in bytes (4 GiB; a gzip bomb ends here).
+pub const MAX_TRACE_BYTES: u64 = 4 << 30;
+
+/// A reader of at most [`MAX_TRACE_BYTES`] bytes whose lines are at most [`MAX_LINE_BYTES`]:
+/// past either cap `read` fails with `InvalidData` naming the cap (the loaders report it as
+/// a malformed file with its path: exit 6), instead of the parser growing a buffer until
+/// the allocation aborts the process.
+struct Bounded<R> {
+    inner: R,
+    total: u64,
+    line: usize,
+}
+
+impl<R> Bounded<R> {
+    fn new(inner: R) -> Self {
+        Self { inner, total: 0, line: 0 }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let got = &buf[..n];
+        self.line = match got.iter().rposition(|&b| b == b'\n') {
+            Some(last) => n - 1 - last,
+            None => self.line + n,
+        };
+        self.total += n as u64;
+        let too_big = |what: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidData, what));
+        if self.line > MAX_LINE_BYTES {
+            return too_big(format!(
+                "a line longer than {MAX_LINE_BYTES} bytes (the cap of a trace line): not a trace"
+            ));
+        }
+        if self.total > MAX_TRACE_BYTES {
+            return too_big(format!("more than {MAX_TRACE_BYTES} bytes decoded (the cap of a trace file)"));
+        }
+        Ok(n)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every trace format read through the one opener refuses an endless line (`/dev/zero`,
+    /// and a file of 2 MiB without a newline) with a typed error naming the file, without
+    /// buffering it; a file of many short lines passes the cap.
+    #[test]
+    fn an_endless_line_is_refused_by_every_trace_loader() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let long = vec![b'1'; MAX_LINE_BYTES + MAX_LINE_BYTES / 2];
+        let mut inputs: Vec<PathBuf> = Vec::new();
+        for name in ["compute_logs_0.csv", "whatif.csv"] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, &long).expect("write");
+            inputs.push(p);
+        }
+        if Path::new("/dev/zero").exists() {
+            inputs.push(PathBuf::from("/dev/zero"));
+        }
+        for p in &inputs {
+            let e = load(std::slice::from_ref(p), &LoadOptions::default()).expect_err("refused");
+            let text = e.to_string();
+            assert!(text.contains("the cap of a trace line") && text.contains(&p.display().to_string()), "{text}");
+        }
+        let mut ok = Bounded::new(std::io::Cursor::new("a,b\n".repeat(MAX_LINE_BYTES)));
+        let mut sink = Vec::new();
+        assert_eq!(std::io::Read::read_to_end(&mut ok, &mut sink).expect("short lines pass"), 4 * MAX_LINE_BYTES);
+    }
 
     #[test]
     fn builder_reports_missing_cells_and_rejects_duplicates() {
