@@ -88,9 +88,6 @@ struct ComputePhase {
     started: usize,
     /// Parts started (a prefix of the planned ones; = `started` without a tail shape).
     parts: usize,
-    /// Per launch: true for a whole micro-batch (its latency feeds the estimator), false for a
-    /// tail micro-batch.
-    whole: Vec<bool>,
     /// Per launch: its samples.
     samples: Vec<u64>,
     /// Start timestamp of each of the M slots (0 when not started).
@@ -114,7 +111,6 @@ impl ComputePhase {
             t0_ns: 0,
             started: 0,
             parts: 0,
-            whole: Vec::with_capacity(m),
             samples: Vec::with_capacity(m),
             starts_ns: vec![0; m],
             ends_ns: vec![0; m],
@@ -547,7 +543,6 @@ impl Scheduler {
                         &merged
                     };
                     self.launch_micro_batch(step, l.index, l.micro_batch, mb, work)?;
-                    phase.whole.push(l.whole);
                     phase.samples.push(mb.samples());
                     phase.started += 1;
                     phase.parts += l.parts;
