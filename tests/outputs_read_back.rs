@@ -194,8 +194,17 @@ fn slow_rank_is_chronic_and_every_output_reads_back() {
     // steps.csv against report.json.
     let rows = read_csv(&out.join("steps.csv")).expect("steps.csv reads back");
     let run = |name: &str| -> Vec<StepMetrics> { rows.iter().filter(|r| r.run == name).cloned().collect() };
-    let (base, dc) = (run("baseline"), run("dropcompute"));
-    assert_eq!((base.len(), dc.len(), rows.len()), (30, 30, 60));
+    let (base, dc, pred) = (run("baseline"), run("dropcompute"), run("predicted"));
+    assert_eq!((base.len(), dc.len(), pred.len(), rows.len()), (30, 30, 30, 90));
+    // The predicted rows: the replay of the baseline at the run's threshold, step by step next
+    // to the run (recorded latencies only: the same counts, step times to the ns), and their
+    // mean is the predicted speedup's time.
+    for (p, m) in pred.iter().zip(&dc) {
+        assert_eq!((p.step, p.computed, p.dropped, p.divisor), (m.step, m.computed, m.dropped, m.divisor));
+        assert!((p.step_ms - m.step_ms).abs() < 1e-5, "step {}: {} vs {}", m.step, p.step_ms, m.step_ms);
+        assert_eq!((p.threshold_ms, p.policy.as_str(), p.loss), (m.threshold_ms, m.policy.as_str(), None));
+    }
+    assert!(!rep.prediction_estimate, "a drop policy replays recorded latencies only");
     for (name, rows, r) in [("baseline", &base, rep.baseline.as_ref().unwrap()), ("dropcompute", &dc, &rep.dropcompute)]
     {
         // Per step from the compute log: (computed micro-batches, dropped, computed samples,

@@ -281,9 +281,22 @@ fn an_epoch_run_is_predicted_and_its_stragglers_labelled() {
         let (measured, predicted) = (rep.speedup.unwrap(), rep.predicted_speedup.unwrap());
         assert!(measured > 1.2, "{what}: {measured}");
         if what == "epochs" {
-            assert!((predicted / measured - 1.0).abs() <= 0.005, "{what}: predicted {predicted} measured {measured}");
+            // The run outlasts the baseline's 23 steps (its dropped micro-batches come back):
+            // the replay runs to the stream's end, the steps beyond the baseline's drawn, so
+            // the prediction is labelled an estimate; every recorded step is predicted as run.
+            assert!(rep.prediction_estimate, "{what}");
+            assert!((predicted / measured - 1.0).abs() <= 0.015, "{what}: predicted {predicted} measured {measured}");
             let rows = read_csv(&out.join("steps.csv")).unwrap();
             let steps = |run: &str| rows.iter().filter(|r| r.run == run).count() as f64;
+            let of = |run: &str| rows.iter().filter(|r| r.run == run).collect::<Vec<_>>();
+            let (run, pred, base) = (of("dropcompute"), of("predicted"), steps("baseline") as usize);
+            assert!(run.len() > base, "{what}: {} steps against the baseline's {base}", run.len());
+            assert_eq!(pred.len(), run.len(), "{what}: the replay ends with the stream, as the run");
+            // The baseline's last step is short (the stream's end: not a full trace step).
+            for (p, m) in pred.iter().zip(&run).take(base - 1) {
+                assert_eq!((p.computed, p.dropped, p.divisor), (m.computed, m.dropped, m.divisor), "step {}", m.step);
+                assert!((p.step_ms / m.step_ms - 1.0).abs() < 1e-6, "step {}: {} vs {}", m.step, p.step_ms, m.step_ms);
+            }
             let drop = rep.dropcompute.drop_rate;
             assert!(steps("dropcompute") <= (steps("baseline") / (1.0 - drop)).ceil() + 1.0, "{what}: {drop}");
             assert_eq!(rep.stragglers.steps as f64, steps("dropcompute"), "{what}: straggler steps = steps.csv");

@@ -96,7 +96,8 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     }
     // steps.csv: one row per step per run, the reports' counts, divisor, step time and loss.
     let rows = metrics::read_csv(&dir.join("steps.csv")).unwrap();
-    assert_eq!(rows.len(), 2 * 16);
+    assert_eq!(rows.len(), 3 * 16, "baseline, dropcompute and predicted rows");
+    assert_eq!(rows.iter().filter(|r| r.run == "predicted").count(), 16);
     for (i, run) in ["baseline", "dropcompute"].iter().enumerate() {
         let o = &out[0][i];
         let mine: Vec<_> = rows.iter().filter(|r| r.run == *run).collect();

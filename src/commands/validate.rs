@@ -118,6 +118,10 @@ pub struct ConfigRow {
     pub speedup_predicted: f64,
     /// (predicted - measured) / measured effective speedup.
     pub speedup_error: f64,
+    /// True when the prediction is an estimate (`train::summary::Prediction::estimate`: it
+    /// draws latencies the baseline did not record).
+    #[serde(default)]
+    pub estimate: bool,
 }
 
 /// Statistics of |relative error| over the grid.
@@ -281,10 +285,10 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
     let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
     // The replay's definition: parts missing from the nominal N·M·S batch per step.
-    let nominal = u64::from(job.cfg.ranks) * u64::from(job.cfg.micro_batches) * u64::from(job.cfg.tail.parts());
-    let drop_measured = crate::policy::nominal_drop_rate(dc.reports.iter().map(|r| (nominal, r.global_computed())));
+    let drop_measured = summary::drop_rate(&job, dc);
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;
+    let estimate = pred.estimate;
     let pred = pred.replay;
     Ok(ConfigRow {
         ranks: p.ranks,
@@ -303,6 +307,7 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
         speedup_measured,
         speedup_predicted,
         speedup_error: (speedup_predicted - speedup_measured) / speedup_measured,
+        estimate,
     })
 }
 
@@ -339,11 +344,11 @@ pub fn run(args: &Args) -> Result<(), crate::commands::BoxError> {
 }
 
 /// The table header of the text output.
-const HEADER: &str = "ranks   M  check       lag  slow  seed  threshold_ms  drop_meas  drop_pred  step_ms_meas  step_ms_pred  step_err  speedup_meas  speedup_pred  speedup_err";
+const HEADER: &str = "ranks   M  check       lag  slow  seed  threshold_ms  drop_meas  drop_pred  step_ms_meas  step_ms_pred  step_err  speedup_meas  speedup_pred  speedup_err  estimate";
 
 fn row_text(r: &ConfigRow) -> String {
     format!(
-        "{:>5} {:>3}  {:<10} {:>4} {:>5} {:>5}  {:>12}  {:>8.2}%  {:>8.2}%  {:>12.3}  {:>12.3}  {:>+7.3}%  {:>11.4}x  {:>11.4}x  {:>+10.3}%",
+        "{:>5} {:>3}  {:<10} {:>4} {:>5} {:>5}  {:>12}  {:>8.2}%  {:>8.2}%  {:>12.3}  {:>12.3}  {:>+7.3}%  {:>11.4}x  {:>11.4}x  {:>+10.3}%  {}",
         r.ranks,
         r.micro_batches,
         r.check,
@@ -358,7 +363,8 @@ fn row_text(r: &ConfigRow) -> String {
         r.step_error * 100.0,
         r.speedup_measured,
         r.speedup_predicted,
-        r.speedup_error * 100.0
+        r.speedup_error * 100.0,
+        if r.estimate { "yes" } else { "no" }
     )
 }
 

@@ -159,6 +159,16 @@ pub fn decide(cfg: &PolicyConfig, step: u64, started: u32, elapsed_ns: u64, esti
     }
 }
 
+/// The nominal batch of one step, in parts: `full` (N·M·S) less what the data could not hand
+/// out (Σ_r max(0, assignment_r - handed_r): an epoch-bounded stream's end), never below
+/// `aggregated` (a compute budget may aggregate more than N·M·S). `assignment` and `handed`
+/// are per rank in parts. The one definition of the replay (`sim::policies`) and of the
+/// measured runs (`schedule::StepReport::nominal_parts`).
+pub fn step_nominal(full: u64, assignment: &[u32], handed: impl IntoIterator<Item = u32>, aggregated: u64) -> u64 {
+    let short: u64 = assignment.iter().zip(handed).map(|(&a, h)| u64::from(a.saturating_sub(h))).sum();
+    full.saturating_sub(short).max(aggregated)
+}
+
 /// The drop rate of a run against its nominal batch: the parts missing from each step's
 /// gradient, Σ_s max(0, nominal_s - aggregated_s), over Σ_s nominal_s (a fraction in [0, 1];
 /// 0 for no step). `steps` yields (nominal_s, aggregated_s) per step, in parts (whole

@@ -90,6 +90,12 @@ impl<S: DataSource> SharedSource<S> {
     pub fn new(inner: S) -> Self {
         Self { inner, slices: Vec::new() }
     }
+
+    /// Every rank's slice of the step being dealt (after [`DataSource::take_assigned`], before
+    /// [`DataSource::settle`]; empty between steps), rank 0's first.
+    pub fn dealt(&self) -> &[Vec<MicroBatch>] {
+        &self.slices
+    }
 }
 
 impl<S: DataSource> DataSource for SharedSource<S> {

@@ -141,6 +141,13 @@ impl StepReport {
         self.ranks.iter().map(|r| r.dropped_samples).sum()
     }
 
+    /// This step's nominal batch in parts (`policy::step_nominal`): `full` = N·M·S less what
+    /// the data could not hand out (assignment - computed - dropped per rank).
+    pub fn nominal_parts(&self, full: u64) -> u64 {
+        let handed = self.ranks.iter().map(|r| r.computed.saturating_add(r.dropped));
+        crate::policy::step_nominal(full, &self.assignment, handed, self.global_computed())
+    }
+
     /// Drop rate of this step: dropped / scheduled micro-batches over all ranks (0 when nothing
     /// was scheduled).
     pub fn drop_rate(&self) -> f64 {

@@ -2,7 +2,8 @@
 //! work enters the gradient, and the step time, on the trace's recorded latencies (common
 //! random numbers: every policy sees the same latencies).
 //!
-//! Owns: [`PolicyRun`], [`PolicyReplay`], [`replay_policy`]. Must not touch: parsing, tuning,
+//! Owns: [`PolicyRun`], [`PolicyReplay`], [`ReplayData`], [`replay_policy`] and
+//! [`replay_policy_on`]. Must not touch: parsing, tuning,
 //! devices, and the decisions themselves: each rank's step is the one walker
 //! ([`crate::policy::walk::RankWalk`], the scheduler's), each step's assignment the one
 //! assignment step ([`crate::policy::assign::Assigner`], the scheduler's);
@@ -114,6 +115,25 @@ pub struct PolicyReplay {
     /// Micro-batches assigned per step and rank (S x N; M except under rebalancing; the cap
     /// under the compute budget).
     pub assigned: Vec<u32>,
+    /// Compute phase per step (ns): the latest rank's compute end, the step's overhead excluded.
+    pub compute_ns: Vec<f64>,
+    /// Parts handed to each rank per step (S x N, step-major: its assignment, less what the
+    /// [`ReplayData`] could not deal); handed - started were dropped.
+    pub handed: Vec<u32>,
+    /// Steps replayed beyond the trace's (a bounded [`ReplayData`] whose stream outlasts the
+    /// recorded steps): their latencies are drawn, an estimate.
+    pub estimated_steps: u64,
+    /// Micro-batch latencies drawn rather than recorded (beyond M, or in an estimated step):
+    /// a prediction with any is an estimate.
+    pub drawn_latencies: u64,
+}
+
+impl PolicyReplay {
+    /// True when the replay used latencies the trace did not record
+    /// ([`PolicyReplay::drawn_latencies`] > 0): its prediction is an estimate.
+    pub fn is_estimate(&self) -> bool {
+        self.drawn_latencies > 0
+    }
 }
 
 /// One rank's step as the walker ran it on the replay's latencies.
@@ -166,11 +186,60 @@ fn walk(
     Walked { parts: w.parts(), end: ends.last().map_or(t0, |e| e.0), equivalents: w.equivalents() }
 }
 
-/// Replay `trace` under `run` (module doc). Pure and deterministic for a seed; never fails
-/// (the trace is validated at construction; out-of-range parameters are clamped as
-/// [`PolicyParams`] documents).
+/// What a replayed run deals each step: how many parts every rank has, and when the run ends.
+/// The replay asks before each step and reports what was started after it, as the
+/// scheduler's `DataSource` is asked (`take_assigned`) and settled. The default,
+/// [`TraceSteps`], is the trace's steps with every assignment in full; `train` passes its
+/// one data-dealing model (an `--epochs` run ends with its stream, possibly after more steps
+/// than the baseline recorded).
+pub trait ReplayData {
+    /// Parts available to each rank in step index `index` (0-based, in replay order) under
+    /// `assignment` (`N` values; each result `<= assignment[r]`), or `None` when the run has
+    /// ended before this step.
+    fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>>;
+    /// The step's started parts per rank (`N` values, each `<=` what [`ReplayData::deal`]
+    /// gave): the rest go back to the stream.
+    fn settle(&mut self, started: &[u32]);
+}
+
+/// The trace's steps, every assignment dealt in full: the run [`replay_policy`] replays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceSteps(
+    /// Steps of the run (the trace's step count).
+    pub usize,
+);
+
+impl ReplayData for TraceSteps {
+    fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
+        (index < self.0).then(|| assignment.to_vec())
+    }
+
+    fn settle(&mut self, _started: &[u32]) {}
+}
+
+/// Replay `trace` under `run` (module doc) for the trace's steps ([`TraceSteps`]). Pure and
+/// deterministic for a seed; never fails (the trace is validated at construction;
+/// out-of-range parameters are clamped as [`PolicyParams`] documents).
 pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
+    replay_policy_on(trace, run, &mut TraceSteps(trace.num_steps()))
+}
+
+/// Steps a bounded replay runs beyond the trace at most (a data model that never ends would
+/// otherwise never return): [`MAX_STEPS_PER_TRACE_STEP`] times the trace's steps, plus this.
+pub const MAX_EXTRA_STEPS: usize = 1_000;
+/// See [`MAX_EXTRA_STEPS`].
+pub const MAX_STEPS_PER_TRACE_STEP: usize = 100;
+
+/// Replay `trace` under `run` for as many steps as `data` deals (module doc), at most
+/// [`MAX_STEPS_PER_TRACE_STEP`]·S + [`MAX_EXTRA_STEPS`]. A rank's walk is capped by what
+/// `data` deals it (the end of an epoch-bounded stream). Steps beyond the trace's S are an
+/// estimate ([`PolicyReplay::estimated_steps`]): each micro-batch latency is drawn from the
+/// rank's recorded latencies of every step (as beyond M), the start offset is the rank's mean
+/// and the overhead the trace's mean; their baseline time is NaN in
+/// [`PolicyReplay::per_step`] (no recorded step). Deterministic for a seed; never fails.
+pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn ReplayData) -> PolicyReplay {
     let (n, m) = (trace.world_size(), trace.micro_batches());
+    let s_trace = trace.num_steps();
     let p = run.params.policy;
     let exec = &run.execution;
     let deadline = PolicyConfig {
@@ -184,59 +253,98 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
     // The run's slots: the most one rank may be handed (`train`: the cap, 2·M).
     let slots = run.params.budget_cap(m as u32).saturating_mul(split as u32);
     let first_step = trace.steps().first().copied().unwrap_or(0);
+    let last_step = trace.steps().last().copied().unwrap_or(0);
     let mut assigner = Assigner::new(run.params, n, m as u32, slots, exec.warmup_steps, deadline.threshold, first_step);
     let mut est: Vec<LatencyEstimator> =
         (0..n).map(|_| LatencyEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
     let mut ends = Vec::with_capacity(2 * m * split);
-    let mut per_step = Vec::with_capacity(trace.num_steps());
-    let (mut started_cells, mut assigned_cells) =
-        (Vec::with_capacity(trace.num_steps() * n), Vec::with_capacity(trace.num_steps() * n));
-    let (mut computed, mut lost) = (0u64, 0u64);
+    let mut per_step = Vec::with_capacity(s_trace);
+    let (mut started_cells, mut assigned_cells) = (Vec::with_capacity(s_trace * n), Vec::with_capacity(s_trace * n));
+    let mut handed_cells = Vec::with_capacity(s_trace * n);
+    let mut compute_ns = Vec::with_capacity(s_trace);
+    let (mut computed, mut lost, mut drawn) = (0u64, 0u64, 0u64);
+    let mut step_nominal: Vec<u64> = Vec::with_capacity(s_trace);
     let mut finish = vec![0.0f64; n];
     let mut mean_lat = vec![0.0f64; n];
-    // Per rank: its recorded latencies of every step (the draws beyond M).
+    // Per rank: its recorded latencies of every step (the draws beyond M and beyond S).
     let pools: Vec<Vec<f64>> = (0..n)
-        .map(|r| {
-            (0..trace.num_steps()).flat_map(|si| trace.step_matrix(si)[r * m..(r + 1) * m].iter().copied()).collect()
-        })
+        .map(|r| (0..s_trace).flat_map(|si| trace.step_matrix(si)[r * m..(r + 1) * m].iter().copied()).collect())
         .collect();
-    for (si, &step) in trace.steps().iter().enumerate() {
-        let mat = trace.step_matrix(si);
-        let offsets = &trace.start_offsets_ns()[si * n..(si + 1) * n];
+    let mean = |v: &mut dyn Iterator<Item = f64>| {
+        let (sum, k) = v.fold((0.0, 0usize), |(s, k), x| (s + x, k + 1));
+        if k > 0 { sum / k as f64 } else { 0.0 }
+    };
+    let offsets_all = trace.start_offsets_ns();
+    let mean_offsets: Vec<f64> = (0..n).map(|r| mean(&mut (0..s_trace).map(|si| offsets_all[si * n + r]))).collect();
+    let mean_overhead = mean(&mut trace.overhead_ns().iter().copied());
+    let no_row: Vec<f64> = Vec::new();
+    let max_steps = s_trace.saturating_mul(MAX_STEPS_PER_TRACE_STEP).saturating_add(MAX_EXTRA_STEPS);
+    for si in 0..max_steps {
+        let Some(dealt) = data.deal(si, assigner.assignment()) else { break };
+        let assignment = assigner.assignment().to_vec();
+        let recorded = si < s_trace;
+        let step = if recorded { trace.steps()[si] } else { last_step + (si - s_trace + 1) as u64 };
+        let (mat, offsets): (&[f64], &[f64]) = if recorded {
+            (trace.step_matrix(si), &offsets_all[si * n..(si + 1) * n])
+        } else {
+            (&no_row, &mean_offsets)
+        };
         let mut step_started = vec![0u32; n];
-        for (r, row) in mat.chunks_exact(m).enumerate() {
+        for r in 0..n {
+            let row: &[f64] = if recorded { &mat[r * m..(r + 1) * m] } else { &no_row };
             let t0 = offsets[r];
-            let cap = assigner.assignment()[r] as usize;
+            let assigned = assigner.assignment()[r];
+            let cap = dealt.get(r).copied().unwrap_or(0).min(assigned) as usize;
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
-            // Beyond the recorded M: one of the rank's recorded latencies of any step (module doc).
+            // Beyond the record (i >= M, or a step beyond S): one of the rank's recorded
+            // latencies of any step (module doc).
             let pool = &pools[r];
-            let mut lat = |i: usize| if i < m { row[i] } else { pool[extra.random_range(0..pool.len())] };
+            let mut lat = |i: usize| {
+                if i < row.len() {
+                    row[i]
+                } else {
+                    drawn += 1;
+                    pool[extra.random_range(0..pool.len())]
+                }
+            };
             let walker = RankWalk::new(deadline, step, cap, tail, exec.sync_lag);
             let w = walk(walker, &tail, t0, &mut est[r], &mut lat, &mut ends);
             step_started[r] = w.parts as u32;
             finish[r] = w.end;
             mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
-            assigned_cells.push(cap as u32);
+            assigned_cells.push(assigned);
+            handed_cells.push(cap as u32);
         }
+        data.settle(&step_started);
         // The baseline sums as the walk does (t0, then + each latency in order): the
         // synchronous policy reproduces it bit for bit.
-        let base = mat
-            .chunks_exact(m)
-            .zip(offsets)
-            .map(|(row, &t0)| row.iter().fold(t0, |a, &l| a + l))
-            .fold(0.0f64, f64::max);
+        let base = if recorded {
+            mat.chunks_exact(m).zip(offsets).map(|(row, &t0)| row.iter().fold(t0, |a, &l| a + l)).fold(0.0f64, f64::max)
+        } else {
+            f64::NAN
+        };
         let pol = finish.iter().copied().fold(0.0f64, f64::max);
         let aggregated: u64 = step_started.iter().map(|&s| u64::from(s)).sum();
+        // The step's nominal batch: N·M·S parts, less what the stream could not deal (its
+        // end), never below what was aggregated.
+        let nominal =
+            crate::policy::step_nominal((n * m * split) as u64, &assignment, dealt.iter().copied(), aggregated);
         computed += aggregated;
-        lost += ((n * m * split) as u64).saturating_sub(aggregated);
+        lost += nominal.saturating_sub(aggregated);
+        step_nominal.push(nominal);
         started_cells.extend_from_slice(&step_started);
-        assigner.observe(step, &mean_lat);
-        let o = trace.overhead_ns()[si];
+        if aggregated > 0 {
+            // An empty step (the stream's end) is no step of the assignment's statistics, as
+            // in the scheduler.
+            assigner.observe(step, &mean_lat);
+        }
+        let o = if recorded { trace.overhead_ns()[si] } else { mean_overhead };
+        compute_ns.push(pol);
         per_step.push((base + o, pol + o, aggregated));
     }
-    let s = per_step.len().max(1) as f64;
-    let b = per_step.iter().map(|x| x.0).sum::<f64>() / s;
-    let pt = per_step.iter().map(|x| x.1).sum::<f64>() / s;
+    let recorded = &per_step[..per_step.len().min(s_trace)];
+    let b = recorded.iter().map(|x| x.0).sum::<f64>() / recorded.len().max(1) as f64;
+    let pt = per_step.iter().map(|x| x.1).sum::<f64>() / per_step.len().max(1) as f64;
     let nominal = (per_step.len() * n * m * split) as u64;
     let aggregated: u64 = per_step.iter().map(|x| x.2).sum();
     PolicyReplay {
@@ -247,14 +355,18 @@ pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
         aggregated,
         computed,
         lost,
-        drop_rate: crate::policy::nominal_drop_rate(per_step.iter().map(|x| ((n * m * split) as u64, x.2))),
+        drop_rate: crate::policy::nominal_drop_rate(step_nominal.iter().zip(&per_step).map(|(&nm, x)| (nm, x.2))),
         effective_speedup: aggregated as f64 / nominal.max(1) as f64 * b / pt - 1.0,
         min_step_micro_batches: per_step.iter().map(|x| x.2).min().unwrap_or(0),
         max_step_micro_batches: per_step.iter().map(|x| x.2).max().unwrap_or(0),
         split: split as u32,
+        estimated_steps: per_step.len().saturating_sub(s_trace) as u64,
+        drawn_latencies: drawn,
         per_step,
         started: started_cells,
         assigned: assigned_cells,
+        handed: handed_cells,
+        compute_ns,
     }
 }
 
@@ -300,6 +412,58 @@ mod tests {
         assert_eq!(sync.effective_speedup, 0.0);
         // Synchronous: step 0 = max(3, 4.5, 11) + 1, step 1 = max(2, 4, 4.25) + 1.
         assert_eq!(sync.per_step, vec![(12.0, 12.0, 6), (5.25, 5.25, 6)]);
+    }
+
+    /// A stream of `0` parts dealt rank by rank, the not-started ones back.
+    struct Parts(u32);
+
+    impl ReplayData for Parts {
+        fn deal(&mut self, _index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
+            let mut left = self.0;
+            let dealt: Vec<u32> = assignment
+                .iter()
+                .map(|&a| {
+                    let d = a.min(left);
+                    left -= d;
+                    d
+                })
+                .collect();
+            (self.0 > 0).then_some(dealt)
+        }
+
+        fn settle(&mut self, started: &[u32]) {
+            self.0 -= started.iter().sum::<u32>();
+        }
+    }
+
+    /// A bounded stream outlasting the trace: the replay runs to its end, the step beyond the
+    /// trace drawn from each rank's recorded latencies, its short batch not counted as dropped.
+    #[test]
+    fn a_bounded_stream_is_replayed_to_its_end_beyond_the_trace() {
+        let sync = run(PolicyParams::new(Policy::Synchronous), None);
+        assert_eq!(replay_policy(&trace(), &sync), replay_policy_on(&trace(), &sync, &mut TraceSteps(2)));
+        let r = replay_policy_on(&trace(), &sync, &mut Parts(15));
+        assert_eq!(r.started, vec![2, 2, 2, 2, 2, 2, 2, 1, 0]);
+        assert_eq!(r.handed, r.started);
+        assert_eq!((r.estimated_steps, r.per_step.len(), r.lost, r.drop_rate), (1, 3, 0, 0.0));
+        assert!(r.per_step[2].0.is_nan(), "no recorded baseline for the estimated step");
+        assert_eq!(r.drawn_latencies, 3, "rank 0's two and rank 1's one latency are drawn");
+        assert!(r.is_estimate() && !replay_policy(&trace(), &sync).is_estimate());
+        // Step 2: rank 0 draws two of its four recorded latencies (1, 2, 1, 1), rank 1 one of
+        // (2, 2, 3, 1), after the mean start offsets 0 and 0.5; the mean overhead is 1.
+        let (pool0, pool1): ([f64; 4], [f64; 4]) = ([1.0, 2.0, 1.0, 1.0], [2.0, 2.0, 3.0, 1.0]);
+        let mut g0 = rng::stream(1, 6);
+        let end0 = pool0[g0.random_range(0..4)] + pool0[g0.random_range(0..4)];
+        let mut g1 = rng::stream(1, 7);
+        let end1 = 0.5 + pool1[g1.random_range(0..4)];
+        assert_eq!(r.per_step[2].1, end0.max(end1) + 1.0);
+        assert_eq!(r.compute_ns[2], end0.max(end1));
+        // Recorded steps replay as before; the means run over every replayed step.
+        assert_eq!(&r.per_step[..2], &replay_policy(&trace(), &sync).per_step[..]);
+        assert_eq!(r.baseline_step_ns, (12.0 + 5.25) / 2.0);
+        // A stream shorter than the trace ends the replay early.
+        let short = replay_policy_on(&trace(), &sync, &mut Parts(4));
+        assert_eq!((short.started, short.estimated_steps), (vec![2, 2, 0], 0));
     }
 
     /// Backup workers as the scheduler runs them: step 0 (no latency yet) synchronous; from

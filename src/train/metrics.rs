@@ -14,7 +14,12 @@
 //! computed), `threshold_ms` (deadline in force; empty when off), `policy` (the run's step
 //! policy, `policy::Policy` names: "synchronous" for the baseline), `assignment` (micro-batches
 //! assigned to each rank in the step, space-separated in rank order; M each unless the policy
-//! moves work).
+//! moves work). Rows with `run` = "predicted" (after the DropCompute run's, when the baseline
+//! was run) are the simulator's prediction of the DropCompute run step by step, next to the
+//! measurement they predict ([`predicted_rows`]): `step_ms` its step time, `compute_ms` its
+//! compute phase, `collective_ms` the step's overhead after the compute phase (the baseline's:
+//! collective, rescale, optimizer), `computed` / `dropped` micro-batches (parts under a tail
+//! shape, as in the run's rows), `divisor` the samples computed, `loss` empty.
 #![forbid(unsafe_code)]
 
 use std::path::Path;
@@ -80,6 +85,37 @@ pub fn rows(run: &str, policy: &str, reports: &[StepReport], loss: &[f64]) -> Ve
             threshold_ms: r.threshold_ns.map(ms),
             policy: policy.to_owned(),
             assignment: r.assignment.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
+        })
+        .collect()
+}
+
+/// The "predicted" rows of the DropCompute run under `policy` at `threshold_ns` (module doc):
+/// one per replayed step of `p.replay`, numbered from 0 (steps beyond the baseline's are the
+/// replay's estimate, `Prediction::estimate`).
+pub fn predicted_rows(policy: &str, p: &super::summary::Prediction, threshold_ns: Option<u64>) -> Vec<StepMetrics> {
+    let r = &p.replay;
+    let n = r.started.len() / r.per_step.len().max(1);
+    r.per_step
+        .iter()
+        .enumerate()
+        .map(|(s, &(_, step_ns, computed))| {
+            let cells = s * n..(s + 1) * n;
+            let handed: u64 = r.handed[cells.clone()].iter().map(|&x| u64::from(x)).sum();
+            let compute_ns = r.compute_ns.get(s).copied().unwrap_or(f64::NAN);
+            StepMetrics {
+                run: "predicted".to_owned(),
+                step: s as u64,
+                step_ms: step_ns / 1e6,
+                compute_ms: compute_ns / 1e6,
+                collective_ms: (step_ns - compute_ns) / 1e6,
+                computed,
+                dropped: handed.saturating_sub(computed),
+                divisor: p.step_samples.get(s).copied().unwrap_or(0) as f64,
+                loss: None,
+                threshold_ms: threshold_ns.map(|ns| ns as f64 / 1e6),
+                policy: policy.to_owned(),
+                assignment: r.assigned[cells].iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
+            }
         })
         .collect()
 }

@@ -41,6 +41,9 @@ pub struct RunMeasurements {
     pub samples_computed: u64,
     /// Samples dropped by the deadline, summed over ranks and steps.
     pub samples_dropped: u64,
+    /// The drop rate against the nominal batch (`policy::nominal_drop_rate` over the steps:
+    /// parts missing from each step's N·M·S, less what the data could not hand out), in [0, 1].
+    pub nominal_drop_rate: f64,
     /// Held-out accuracy, fraction in [0, 1].
     pub accuracy: f64,
     /// Training loss of the last step (may be NaN if training diverged).
@@ -60,8 +63,15 @@ pub struct RunReport {
     pub steps_per_s: f64,
     /// Wall time of the training loop, s.
     pub wall_s: f64,
-    /// samples_dropped / (samples_computed + samples_dropped), in [0, 1] (0 if both are 0).
+    /// The drop rate against the nominal batch, in [0, 1] ([`RunMeasurements::nominal_drop_rate`]:
+    /// the definition of the replay and of `validate`; a compute budget or backup workers are
+    /// judged by what is missing from the nominal batch).
     pub drop_rate: f64,
+    /// samples_dropped / (samples_computed + samples_dropped), in [0, 1] (0 if both are 0): the
+    /// fraction of what was handed out and not computed (differs from [`RunReport::drop_rate`]
+    /// when a policy hands out more or less than the nominal batch).
+    #[serde(default)]
+    pub dropped_of_handed_out: f64,
     /// Deadline, ms; `null` for threshold off.
     pub threshold_ms: Option<f64>,
     /// Training loss of the last step; `null` in JSON when not finite (diverged).
@@ -104,7 +114,8 @@ impl RunReport {
             samples_per_s: m.samples_computed as f64 / wall_s,
             steps_per_s: m.steps as f64 / wall_s,
             wall_s,
-            drop_rate: if total > 0.0 { m.samples_dropped as f64 / total } else { 0.0 },
+            drop_rate: m.nominal_drop_rate,
+            dropped_of_handed_out: if total > 0.0 { m.samples_dropped as f64 / total } else { 0.0 },
             threshold_ms: m.threshold.map(|d| d.as_nanos() as f64 / 1e6),
             final_loss: m.final_loss,
             steps: m.steps,
@@ -369,6 +380,11 @@ pub struct Report {
     pub speedup: Option<f64>,
     /// Effective speedup predicted by the simulator (`crate::sim`) for this configuration.
     pub predicted_speedup: Option<f64>,
+    /// True when the prediction is an estimate: it replays latencies the baseline did not
+    /// record (micro-batches beyond its M under a compute budget or rebalancing, steps beyond
+    /// its S when an `--epochs` run outlasts the baseline), drawn from each rank's recorded ones.
+    #[serde(default)]
+    pub prediction_estimate: bool,
     /// The configuration both runs used.
     pub config: ConfigEcho,
     /// Version, backend, time mode, start time, cores, world size, launch mode, seed, command
@@ -390,7 +406,7 @@ impl Report {
     ) -> Self {
         let speedup =
             baseline.as_ref().filter(|b| b.samples_per_s > 0.0).map(|b| dropcompute.samples_per_s / b.samples_per_s);
-        Self { baseline, dropcompute, speedup, predicted_speedup, config, run, stragglers }
+        Self { baseline, dropcompute, speedup, predicted_speedup, prediction_estimate: false, config, run, stragglers }
     }
 
     /// Pretty JSON (infallible for this schema: string keys, no maps with non-string keys).
@@ -418,7 +434,13 @@ pub fn comparison_table(r: &Report) -> String {
         ("final train loss", both(&|x| format!("{:.4}", x.final_loss))),
         ("held-out accuracy (%)", both(&|x| format!("{:.2}", x.accuracy * 100.0))),
         ("effective speedup, measured", [b.map_or_else(dash, |_| "1.000x".to_owned()), ratio(r.speedup)]),
-        ("effective speedup, predicted", [dash(), ratio(r.predicted_speedup)]),
+        (
+            "effective speedup, predicted",
+            [dash(), {
+                let v = ratio(r.predicted_speedup);
+                if r.prediction_estimate && r.predicted_speedup.is_some() { format!("{v} (estimate)") } else { v }
+            }],
+        ),
     ];
     let header = ("", ["baseline".to_owned(), "dropcompute".to_owned()]);
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
@@ -442,6 +464,7 @@ mod tests {
             steps,
             samples_computed: computed,
             samples_dropped: dropped,
+            nominal_drop_rate: dropped as f64 / (computed + dropped).max(1) as f64,
             accuracy: 0.9525,
             final_loss: 0.12345,
             threshold: thr_ms.map(Duration::from_millis),
@@ -564,6 +587,7 @@ mod tests {
         assert_eq!(r.dropcompute.samples_per_s, 3584.0);
         assert_eq!(r.dropcompute.steps_per_s, 7.5);
         assert_eq!(r.dropcompute.drop_rate, 2048.0 / 30720.0);
+        assert_eq!(r.dropcompute.dropped_of_handed_out, 2048.0 / 30720.0);
         assert_eq!(r.dropcompute.threshold_ms, Some(25.0));
         assert!((r.speedup.expect("speedup") - 3584.0 / 3072.0).abs() < 1e-12);
     }

@@ -36,8 +36,7 @@ impl RunData {
     /// into one micro-batch (S for a baseline paired with a tail-shape run, 1 otherwise:
     /// [`EpochSource::merged`]); the stream ends after `max_epochs` epochs (`None`: never).
     pub fn global(samples: u64, seed: u64, micro_batch_size: usize, merge: usize, max_epochs: Option<u64>) -> Self {
-        let inner = EpochSource::new(0, 1, samples, seed, micro_batch_size, max_epochs).merged(merge);
-        Self::Shared(SharedSource::new(inner))
+        Self::Shared(global_stream(samples, seed, micro_batch_size, merge, max_epochs))
     }
 
     /// True for the policies whose per-rank micro-batch counts are not M every step (their
@@ -55,6 +54,77 @@ impl RunData {
             Self::PerRank(s) => s.set_max_epochs(max_epochs),
             Self::Shared(s) => s.inner.set_max_epochs(max_epochs),
         }
+    }
+}
+
+/// The one global stream of [`RunData::global`] (same arguments).
+fn global_stream(
+    samples: u64,
+    seed: u64,
+    micro_batch_size: usize,
+    merge: usize,
+    max_epochs: Option<u64>,
+) -> SharedSource<EpochSource> {
+    SharedSource::new(EpochSource::new(0, 1, samples, seed, micro_batch_size, max_epochs).merged(merge))
+}
+
+/// A run's data stream as the replay deals it (`sim::policies::ReplayData`): the run's one
+/// global stream ([`RunData::global`]) dealt by the replay's assignments, the not-started parts
+/// re-queued as the run re-queues them, so a prediction deals exactly as the run it predicts.
+/// The run ends after `steps` steps, or (`steps` = `None`, an `--epochs` run) at the first
+/// step in which the stream deals nothing, as `train`'s loop ends. Counts the samples of the
+/// started parts ([`ReplayStream::samples`]).
+#[derive(Clone, Debug)]
+pub struct ReplayStream {
+    data: SharedSource<EpochSource>,
+    steps: Option<u64>,
+    step_samples: Vec<u64>,
+}
+
+impl ReplayStream {
+    /// The stream of a run over `samples` samples dealt in parts of `part_size` samples (the
+    /// second run's micro-batch size over its tail split), ending after `max_epochs` epochs
+    /// (`None`: never) or `steps` steps (`None`: at the stream's end).
+    pub fn new(samples: u64, seed: u64, part_size: usize, max_epochs: Option<u64>, steps: Option<u64>) -> Self {
+        Self { data: global_stream(samples, seed, part_size, 1, max_epochs), steps, step_samples: Vec::new() }
+    }
+
+    /// Samples of every part started so far.
+    pub fn samples(&self) -> u64 {
+        self.step_samples.iter().sum()
+    }
+
+    /// Samples of the parts started in each settled step, in order.
+    pub fn step_samples(&self) -> &[u64] {
+        &self.step_samples
+    }
+}
+
+impl crate::sim::policies::ReplayData for ReplayStream {
+    fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
+        if self.steps.is_some_and(|s| index as u64 >= s) {
+            return None;
+        }
+        let _ = self.data.take_assigned(0, assignment);
+        let counts: Vec<u32> = self.data.dealt().iter().map(|v| v.len() as u32).collect();
+        if self.steps.is_none() && counts.iter().all(|&c| c == 0) {
+            self.data.settle(0, &[], Vec::new(), true);
+            return None;
+        }
+        Some(counts)
+    }
+
+    fn settle(&mut self, started: &[u32]) {
+        let done: u64 = self
+            .data
+            .dealt()
+            .iter()
+            .zip(started)
+            .flat_map(|(slice, &k)| slice.iter().take(k as usize))
+            .map(MicroBatch::samples)
+            .sum();
+        self.step_samples.push(done);
+        self.data.settle(0, started, Vec::new(), true);
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::policy::Threshold;
 use crate::schedule::StepReport;
-use crate::sim::replay::{ReplayReport, replay};
+use crate::sim::policies::{PolicyReplay, replay_policy_on};
 use crate::trace::LatencyTrace;
 use crate::trace::compute_log::ComputeLogWriter;
 
@@ -19,6 +19,7 @@ use super::job::{Job, RankOutcome, RunKind};
 use super::mlp;
 use super::output::StagedOut;
 use super::report::{ConfigEcho, RankStraggler, Report, RunMeasurements, RunMetadata, RunReport, StragglerReport};
+use super::source::ReplayStream;
 use super::timeline::{RunSpans, Span, SpanKind, chrome_trace};
 
 /// The N x M latency trace of a whole run from one rank's reports (every rank holds the same
@@ -62,110 +63,97 @@ pub fn run_trace(reports: &[StepReport]) -> Option<LatencyTrace> {
 /// speedup, predicted").
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prediction {
-    /// The baseline run's latencies replayed at the run's threshold as the run executes it.
-    pub replay: ReplayReport,
-    /// Samples the DropCompute run computes, predicted: the job's data sources (the baseline's
-    /// seed and sharding, dropped micro-batches re-queued first, as in the run) taking the
-    /// replay's started micro-batches per step and rank; `None` when the trace does not cover
-    /// steps 0..S without a gap.
+    /// The baseline run's latencies replayed as the DropCompute run executes them, for as many
+    /// steps as the run's data deals ([`prediction`]).
+    pub replay: PolicyReplay,
+    /// Samples the DropCompute run computes, predicted: the run's one global stream
+    /// (`source::ReplayStream`, dropped parts re-queued first) dealt by the replay's
+    /// assignments; `None` when the trace does not cover steps 0..S without a gap.
     pub samples_computed: Option<u64>,
-    /// Samples the baseline run computed over the same steps.
+    /// Samples the DropCompute run computes per step, predicted (the replay's steps).
+    pub step_samples: Vec<u64>,
+    /// Samples the baseline run computed (every step).
     pub baseline_samples: u64,
-    /// Predicted effective speedup (ratio, 1 = none): computed-samples throughput over the
-    /// baseline's, (predicted samples / baseline samples) x (baseline / replayed time); the
-    /// micro-batch ratio when the samples cannot be predicted.
+    /// Predicted effective speedup (ratio, 1 = none): the predicted samples per second over
+    /// the baseline's (samples / time, each over its whole run); the parts ratio
+    /// (`1 + PolicyReplay::effective_speedup`) when the samples cannot be predicted.
     pub speedup: f64,
+    /// True when the prediction draws latencies the baseline did not record (micro-batches
+    /// beyond its M, or steps beyond its S: [`PolicyReplay::is_estimate`]).
+    pub estimate: bool,
 }
 
 /// The what-if simulator's prediction for the DropCompute run: the baseline run's recorded
 /// latencies (every step, warm-up included) replayed at `threshold_ns` as the DropCompute run
-/// executes it (`sim::replay` under the job's check mode, sync lag, warm-up and minimum
-/// micro-batches), and the samples its started micro-batches hold (the measured speedup counts
-/// samples, and an epoch's last micro-batch of a rank may be short). The per-step overhead is
-/// the baseline's ([`run_trace`]) plus its host time outside the device steps (wall time minus
-/// the sum of step times, over the steps; 0 in virtual time, where the wall time is that sum).
-/// The policies the policy replay runs ([`Job::replays_policy`]: rebalancing, the compute
-/// budget, backup workers, any tail shape) are replayed by `sim::policies::replay_policy`
-/// ([`Job::policy_run`]), which drives the scheduler's walker and assignment step; their
-/// speedup is the replay's effective speedup (parts aggregated, not samples re-dealt). `None`
-/// without a complete baseline step.
+/// executes it (`sim::policies::replay_policy_on` with [`Job::policy_run`]: the job's policy,
+/// check mode, sync lag, warm-up, tail shape; the scheduler's walker and assignment step),
+/// dealing the run's own data stream (`source::ReplayStream`): an `--epochs` run is replayed
+/// to its stream's end, also beyond the baseline's steps (an estimate: the replay draws those
+/// steps' latencies from each rank's recorded ones). The per-step overhead is the baseline's
+/// ([`run_trace`]) plus its host time outside the device steps (wall time minus the sum of
+/// step times, over the steps; 0 in virtual time). The speedup counts samples, as the
+/// measurement does (an epoch's last micro-batch may be short): predicted samples over the
+/// predicted time (the replayed steps) against the baseline's samples over its time (its
+/// recorded steps as replayed, plus any step the trace skipped, as measured). `None` without
+/// a complete baseline step.
 pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
-    let policy_replay = job.replays_policy();
     let reports = &baseline.reports;
     let trace = run_trace(reports)?;
     let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();
     let host_gap = baseline.wall_ns.saturating_sub(device_ns) as f64 / reports.len().max(1) as f64;
     let overhead: Vec<f64> = trace.overhead_ns().iter().map(|o| o + host_gap).collect();
     let trace = trace.with_overhead(overhead).ok()?;
-    let baseline = reports.as_slice();
     let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
-    if policy_replay {
-        // The policy replay counts parts of 1/split micro-batch: the speedup is its effective
-        // speedup (aggregated parts over nominal, times the step time ratio).
-        let r = crate::sim::policies::replay_policy(&trace, &job.policy_run(threshold));
-        let replay = ReplayReport {
-            baseline_step_ns: r.baseline_step_ns,
-            policy_step_ns: r.policy_step_ns,
-            drop_rate: r.drop_rate,
-            effective_speedup: r.effective_speedup,
-            per_step: r.per_step,
-            started: r.started,
-        };
-        let baseline_samples = baseline.iter().map(StepReport::global_samples).sum();
-        return Some(Prediction {
-            speedup: 1.0 + replay.effective_speedup,
-            replay,
-            samples_computed: None,
-            baseline_samples,
-        });
-    }
-    let replay = replay(&trace, threshold, &job.execution());
-    let steps = trace.steps();
-    let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
-    let baseline_samples: u64 =
-        baseline.iter().filter(|r| steps.binary_search(&r.step).is_ok()).map(StepReport::global_samples).sum();
-    let samples_computed = covered.then(|| data_samples(job, trace.world_size(), &replay.started));
-    let time_ratio = replay.baseline_step_ns / replay.policy_step_ns;
-    let speedup = match samples_computed {
-        Some(s) if baseline_samples > 0 => s as f64 / baseline_samples as f64 * time_ratio,
-        _ => 1.0 + replay.effective_speedup,
-    };
-    Some(Prediction { replay, samples_computed, baseline_samples, speedup })
-}
-
-/// Samples computed when the run's data source (the one dealing model, `RunData::global`,
-/// as `run` builds it for the second run) hands every rank M micro-batches per step, rank r
-/// starts the first `started[s * n + r]` of step s, and the rest are re-queued.
-fn data_samples(job: &Job, n: usize, started: &[u32]) -> u64 {
-    use crate::schedule::DataSource;
     let cfg = &job.cfg;
     let max_epochs = match cfg.length {
         super::config::RunLength::Epochs(e) => Some(u64::from(e)),
         super::config::RunLength::Steps(_) => None,
     };
-    let assignment = vec![cfg.micro_batches; n];
-    let mut total = 0u64;
-    for rank in 0..n {
-        let mut data = super::source::RunData::global(
-            job.train.len() as u64,
-            cfg.seed,
-            cfg.micro_batch_size as usize,
-            1,
-            max_epochs,
-        );
-        for row in started.chunks_exact(n.max(1)) {
-            let mut planned = data.take_assigned(rank as u32, &assignment);
-            let rest = planned.split_off((row[rank] as usize).min(planned.len()));
-            total += planned.iter().map(crate::schedule::MicroBatch::samples).sum::<u64>();
-            data.settle(rank as u32, row, rest, true);
+    let mut stream = ReplayStream::new(
+        job.train.len() as u64,
+        cfg.seed,
+        (cfg.micro_batch_size / cfg.tail.parts()) as usize,
+        max_epochs,
+        job.steps(),
+    );
+    let replay = replay_policy_on(&trace, &job.policy_run(threshold), &mut stream);
+    let steps = trace.steps();
+    let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
+    let baseline_samples: u64 = reports.iter().map(StepReport::global_samples).sum();
+    // The baseline's time: its recorded steps as replayed (the synchronous policy reproduces
+    // them bit for bit), plus the steps the trace skipped (an epoch's short last step) as
+    // measured.
+    let recorded: f64 = replay.per_step.iter().take(steps.len()).map(|x| x.0).sum();
+    let skipped: f64 =
+        reports.iter().filter(|r| steps.binary_search(&r.step).is_err()).map(|r| r.step_ns as f64 + host_gap).sum();
+    let policy_time: f64 = replay.per_step.iter().map(|x| x.1).sum();
+    let samples_computed = covered.then(|| stream.samples());
+    let speedup = match samples_computed {
+        Some(s) if baseline_samples > 0 && policy_time > 0.0 => {
+            (s as f64 / policy_time) / (baseline_samples as f64 / (recorded + skipped))
         }
-    }
-    total
+        _ => 1.0 + replay.effective_speedup,
+    };
+    Some(Prediction {
+        estimate: replay.is_estimate(),
+        replay,
+        samples_computed,
+        step_samples: stream.step_samples().to_vec(),
+        baseline_samples,
+        speedup,
+    })
 }
 
-/// The predicted effective speedup (as a ratio, 1 = none) of [`prediction`].
-pub fn predicted_speedup(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<f64> {
-    prediction(job, baseline, threshold_ns).map(|p| p.speedup)
+/// The drop rate of run `o` against its nominal batch (`policy::nominal_drop_rate` over its
+/// steps, each step's nominal `StepReport::nominal_parts` of N·M·S parts: S the run's tail
+/// split, 1 for the baseline), a fraction in [0, 1]. What report.json and `validate` show.
+pub fn drop_rate(job: &Job, o: &RankOutcome) -> f64 {
+    let split = match o.kind {
+        RunKind::Baseline => 1,
+        RunKind::DropCompute => job.cfg.tail.parts(),
+    };
+    let full = u64::from(job.cfg.ranks) * u64::from(job.cfg.micro_batches) * u64::from(split);
+    crate::policy::nominal_drop_rate(o.reports.iter().map(|r| (r.nominal_parts(full), r.global_computed())))
 }
 
 /// The measurements of one run: rank 0's view of the global counts, rank 0's wall time, the
@@ -180,6 +168,7 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
         steps: o.reports.len() as u64,
         samples_computed: o.reports.iter().map(StepReport::global_samples).sum(),
         samples_dropped: o.reports.iter().map(StepReport::global_dropped_samples).sum(),
+        nominal_drop_rate: drop_rate(job, o),
         accuracy,
         final_loss: o.loss.iter().rev().copied().find(|l| l.is_finite()).unwrap_or(f64::NAN),
         threshold: o.threshold_ns.map(Duration::from_nanos),
@@ -245,9 +234,13 @@ pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>], meta: RunMetadata) -> Re
         .iter()
         .find(|o| o.kind == RunKind::DropCompute)
         .ok_or(TrainError::Config { what: "runs", value: "no DropCompute run".into() })?;
-    let predicted = base.and_then(|b| predicted_speedup(job, b, dc.threshold_ns));
+    let predicted = base.and_then(|b| prediction(job, b, dc.threshold_ns));
     let baseline = base.map(|b| run_report(job, b)).transpose()?;
-    Ok(Report::new(baseline, run_report(job, dc)?, predicted, ConfigEcho::from(&job.cfg), meta, stragglers(dc)))
+    let speedup = predicted.as_ref().map(|p| p.speedup);
+    let mut rep =
+        Report::new(baseline, run_report(job, dc)?, speedup, ConfigEcho::from(&job.cfg), meta, stragglers(dc));
+    rep.prediction_estimate = predicted.is_some_and(|p| p.estimate);
+    Ok(rep)
 }
 
 /// Timeline spans of one run over the ranks given, times relative to the earliest start.
@@ -311,6 +304,7 @@ pub fn write_outputs(
     let mut all_spans = Vec::new();
     let mut series = Vec::new();
     let mut steps = Vec::new();
+    let baseline = outcomes[0].iter().find(|o| o.kind == RunKind::Baseline);
     for i in 0..runs {
         let per_rank: Vec<&RankOutcome> = outcomes.iter().filter_map(|o| o.get(i)).collect();
         let label = per_rank[0].kind.label();
@@ -337,6 +331,11 @@ pub fn write_outputs(
             super::job::RunKind::DropCompute => job.cfg.policy(),
         };
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
+        if let (super::job::RunKind::DropCompute, Some(base)) = (r0.kind, baseline) {
+            if let Some(p) = prediction(job, base, r0.threshold_ns) {
+                steps.extend(super::metrics::predicted_rows(policy.name(), &p, r0.threshold_ns));
+            }
+        }
         all_spans.push((label, spans(&per_rank)));
         series.push(Series {
             label: label.to_string(),
