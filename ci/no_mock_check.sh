@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The product without the CPU mock (issue 11): `cargo build --no-default-features` links no
+# The product without the CPU mock (issue 11): `cargo build --no-default-features --features cli` links no
 # emulator code, and its `dropcompute info` on a machine without libSynapse exits 3 with the
 # typed load error naming the path it tried. Separate target directory, so the default build's
 # artifacts are untouched. About 2-3 min on 2 cores (a second build of the dependencies).
@@ -13,7 +13,7 @@ if grep -rnE 'MockRecipe|mock_recipes|load_mock|register_rust_kernel|GradientOps
   exit 1
 fi
 target=target/no-mock
-cargo build --quiet --locked --no-default-features --bin dropcompute --target-dir "$target"
+cargo build --quiet --locked --no-default-features --features cli --bin dropcompute --target-dir "$target"
 bin="$target/debug/dropcompute"
 if nm -C "$bin" 2>/dev/null | grep -q 'habana_mock::'; then
   echo "no-mock check: FAILED: habana_mock symbols in the --no-default-features binary" >&2

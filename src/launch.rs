@@ -45,18 +45,22 @@ pub const ENV_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How the ranks of a job are started. Command-line names (`--launch` of `train` and
 /// `bench allreduce`): `threads`, `processes`, `env`; JSON names: `"Threads"`, `"Processes"`,
 /// `"Env"` (serde's default, kept for specs written by earlier builds).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Launch {
     /// One thread per rank in this process ([`threads`]).
-    #[value(help = "One thread per rank in this process")]
+    #[cfg_attr(feature = "cli", value(help = "One thread per rank in this process"))]
     Threads,
     /// One child process per rank, spawned by this process ([`processes`]).
-    #[value(help = "One child process per rank, spawned by this process")]
+    #[cfg_attr(feature = "cli", value(help = "One child process per rank, spawned by this process"))]
     Processes,
     /// This process is one rank; rank and world size come from the launcher's environment
     /// ([`Join::from_env`]).
-    #[value(
-        help = "This process is one rank of a job started by an external launcher (rank and world size from the environment)"
+    #[cfg_attr(
+        feature = "cli",
+        value(
+            help = "This process is one rank of a job started by an external launcher (rank and world size from the environment)"
+        )
     )]
     Env,
 }

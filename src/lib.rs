@@ -12,8 +12,10 @@
 //! starts N ranks (threads, child processes given the parent's configuration as JSON, or one
 //! launcher rank) for `train`, `bench allreduce` and the tests.
 
+#[cfg(feature = "cli")]
 pub mod bench;
 pub mod checkpoint;
+#[cfg(feature = "cli")]
 pub mod commands;
 pub mod csv_lines;
 pub mod environment;
@@ -21,6 +23,7 @@ pub mod hccl;
 pub mod launch;
 #[cfg(feature = "mock")]
 pub mod mock_recipes;
+#[cfg(feature = "cli")]
 pub mod plot;
 pub mod policy;
 pub mod schedule;
@@ -29,7 +32,7 @@ pub mod signals;
 pub mod sim;
 pub mod synapse;
 pub mod trace;
-#[cfg(feature = "mock")]
+#[cfg(all(feature = "mock", feature = "cli"))]
 pub mod train;
 pub mod tune;
 

@@ -288,7 +288,7 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let drop_measured = summary::drop_rate(&job, dc);
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;
-    let estimate = pred.estimate;
+    let (estimate, step_ns) = (pred.estimate, pred.step_ns);
     let pred = pred.replay;
     Ok(ConfigRow {
         ranks: p.ranks,
@@ -302,8 +302,8 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
         dropped_of_handed_out: if planned > 0 { dropped as f64 / planned as f64 } else { 0.0 },
         drop_rate_predicted: pred.drop_rate,
         step_ms_measured: measured_step / 1e6,
-        step_ms_predicted: pred.policy_step_ns / 1e6,
-        step_error: (pred.policy_step_ns - measured_step) / measured_step,
+        step_ms_predicted: step_ns / 1e6,
+        step_error: (step_ns - measured_step) / measured_step,
         speedup_measured,
         speedup_predicted,
         speedup_error: (speedup_predicted - speedup_measured) / speedup_measured,

@@ -23,35 +23,42 @@ use super::rebalance::RebalanceConfig;
 
 /// A step policy. Command-line and JSON names (kebab-case): `synchronous`, `drop-before`,
 /// `drop-predictive`, `backup-workers`, `compute-budget`, `rebalance`, `rebalance-drop`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// Every rank computes its M micro-batches; the step waits for the slowest rank.
-    #[value(help = "Every rank computes all M micro-batches (baseline)")]
+    #[cfg_attr(feature = "cli", value(help = "Every rank computes all M micro-batches (baseline)"))]
     Synchronous,
     /// DropCompute, deadline checked before each micro-batch ([`CheckMode::BeforeMicroBatch`]).
-    #[value(help = "DropCompute: start a micro-batch iff elapsed < threshold")]
+    #[cfg_attr(feature = "cli", value(help = "DropCompute: start a micro-batch iff elapsed < threshold"))]
     DropBefore,
     /// DropCompute, predictive check ([`CheckMode::Predictive`]).
-    #[value(help = "DropCompute: start iff elapsed + estimated latency <= threshold")]
+    #[cfg_attr(feature = "cli", value(help = "DropCompute: start iff elapsed + estimated latency <= threshold"))]
     DropPredictive,
     /// Backup workers: every rank computes its M micro-batches; the gradient aggregates the
     /// first N - b ranks to finish; the b slowest are dropped whole ([`backup_aggregated`]).
-    #[value(help = "Aggregate the first N-b ranks to finish, drop the b slowest whole")]
+    #[cfg_attr(feature = "cli", value(help = "Aggregate the first N-b ranks to finish, drop the b slowest whole"))]
     BackupWorkers,
     /// Compute budget (Anytime-Minibatch): every rank starts micro-batches while the deadline
     /// check at the budget allows (the configured check: before, or predictive), up to
     /// [`PolicyParams::budget_max_micro_batches`]
     /// (so a fast rank computes more than M, a slow one fewer).
-    #[value(help = "Each rank computes micro-batches while elapsed < budget (Anytime-Minibatch)")]
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "Each rank computes micro-batches while elapsed < budget (Anytime-Minibatch)")
+    )]
     ComputeBudget,
     /// Rebalance: chronic stragglers get fewer micro-batches, the others more, the global
     /// batch constant ([`super::Rebalancer`]); no deadline.
-    #[value(help = "Give chronic stragglers fewer micro-batches, the others more (global batch kept)")]
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "Give chronic stragglers fewer micro-batches, the others more (global batch kept)")
+    )]
     Rebalance,
     /// Rebalance the chronic part and drop the transient tail with the DropCompute deadline (the
     /// configured check mode).
-    #[value(help = "Rebalance, then DropCompute on the transient tail")]
+    #[cfg_attr(feature = "cli", value(help = "Rebalance, then DropCompute on the transient tail"))]
     RebalanceDrop,
 }
 

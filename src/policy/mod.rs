@@ -51,19 +51,23 @@ impl Threshold {
 
 /// Where and how the deadline is checked. Command-line and JSON names (one spelling):
 /// `before`, `predictive` (JSON also reads the older `BeforeMicroBatch`, `Predictive`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum CheckMode {
     /// Start micro-batch k iff the elapsed compute time is strictly below the threshold (the
     /// reference BERT-Large behaviour: the micro-batch in flight always finishes, so the compute
     /// phase overshoots the threshold by up to one micro-batch).
     #[default]
-    #[value(help = "Check before each micro-batch (reference)")]
-    #[value(name = "before")]
+    #[cfg_attr(feature = "cli", value(help = "Check before each micro-batch (reference)"))]
+    #[cfg_attr(feature = "cli", value(name = "before"))]
     #[serde(rename = "before", alias = "BeforeMicroBatch")]
     BeforeMicroBatch,
     /// Start micro-batch k iff elapsed + estimated latency of micro-batch k <= threshold (ours).
     /// Without an estimate this behaves exactly like [`CheckMode::BeforeMicroBatch`].
-    #[value(help = "Elapsed + estimated latency of the next micro-batch <= threshold (ours)")]
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "Elapsed + estimated latency of the next micro-batch <= threshold (ours)")
+    )]
     #[serde(rename = "predictive", alias = "Predictive")]
     Predictive,
 }

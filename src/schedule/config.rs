@@ -10,20 +10,24 @@ use super::ScheduleError;
 
 /// What the all-reduced gradient is divided by (`../shared/reference/dropcompute.md` §2).
 /// Command-line (`train --normalization`) and JSON names: `realized`, `nominal`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Normalization {
     /// Divide by the global weight actually computed this step (samples, or tokens under
     /// [`Weighting::Tokens`]), summed over every rank in the same collective group as the
     /// gradient. The update is the exact mean gradient of the computed samples.
     #[default]
-    #[value(help = "By the number of samples actually computed across ranks (DropCompute's rescale)")]
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "By the number of samples actually computed across ranks (DropCompute's rescale)")
+    )]
     Realized,
     /// Divide by the nominal `N * M * micro_batch_size`, as the reference code does: a dropped
     /// micro-batch counts as a zero gradient. Under plain SGD this scales the effective learning
     /// rate by `1 - drop rate` (reference §2, "Consequence"); trust-ratio optimizers (LAMB/LARS)
     /// and Adam mostly cancel that bias.
-    #[value(help = "By the nominal global batch ranks × micro-batches × micro-batch size")]
+    #[cfg_attr(feature = "cli", value(help = "By the nominal global batch ranks × micro-batches × micro-batch size"))]
     Nominal,
 }
 

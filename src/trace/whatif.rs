@@ -27,7 +27,8 @@ use std::path::Path;
 use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
 
 /// How stages of one pipeline-parallel replica combine into one micro-batch latency.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum PipelineAggregation {
     /// max over stages of (forward + backward) for the micro-batch (default; see module doc).
     #[default]

@@ -76,8 +76,14 @@ pub struct Prediction {
     pub baseline_samples: u64,
     /// Predicted effective speedup (ratio, 1 = none): the predicted samples per second over
     /// the baseline's (samples / time, each over its whole run); the parts ratio
-    /// (`1 + PolicyReplay::effective_speedup`) when the samples cannot be predicted.
+    /// (`1 + PolicyReplay::effective_speedup`) when the samples cannot be predicted. The mean
+    /// over [`Prediction::draws`] replays.
     pub speedup: f64,
+    /// Predicted mean step time, ns (the mean over [`Prediction::draws`] replays).
+    pub step_ns: f64,
+    /// Replays averaged: 1 when every latency was recorded, [`ESTIMATE_DRAWS`] for an
+    /// estimate (each with its own draws; [`Prediction::replay`] is the first).
+    pub draws: u32,
     /// True when the prediction draws latencies the baseline did not record (micro-batches
     /// beyond its M, or steps beyond its S: [`PolicyReplay::is_estimate`]).
     pub estimate: bool,
@@ -109,40 +115,62 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
         super::config::RunLength::Epochs(e) => Some(u64::from(e)),
         super::config::RunLength::Steps(_) => None,
     };
-    let mut stream = ReplayStream::new(
-        job.train.len() as u64,
-        cfg.seed,
-        (cfg.micro_batch_size / cfg.tail.parts()) as usize,
-        max_epochs,
-        job.steps(),
-    );
-    let replay = replay_policy_on(&trace, &job.policy_run(threshold), &mut stream);
     let steps = trace.steps();
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
     let baseline_samples: u64 = reports.iter().map(StepReport::global_samples).sum();
-    // The baseline's time: its recorded steps as replayed (the synchronous policy reproduces
-    // them bit for bit), plus the steps the trace skipped (an epoch's short last step) as
-    // measured.
-    let recorded: f64 = replay.per_step.iter().take(steps.len()).map(|x| x.0).sum();
-    let skipped: f64 =
-        reports.iter().filter(|r| steps.binary_search(&r.step).is_err()).map(|r| r.step_ns as f64 + host_gap).sum();
-    let policy_time: f64 = replay.per_step.iter().map(|x| x.1).sum();
-    let samples_computed = covered.then(|| stream.samples());
-    let speedup = match samples_computed {
-        Some(s) if baseline_samples > 0 && policy_time > 0.0 => {
-            (s as f64 / policy_time) / (baseline_samples as f64 / (recorded + skipped))
-        }
-        _ => 1.0 + replay.effective_speedup,
+    // One replay with the draws of `seed` (beyond the record): the replay, its stream, its
+    // speedup.
+    let one = |seed: u64| {
+        let mut stream = ReplayStream::new(
+            job.train.len() as u64,
+            cfg.seed,
+            (cfg.micro_batch_size / cfg.tail.parts()) as usize,
+            max_epochs,
+            job.steps(),
+        );
+        let run = crate::sim::policies::PolicyRun { seed, ..job.policy_run(threshold) };
+        let replay = replay_policy_on(&trace, &run, &mut stream);
+        // The baseline's time: its recorded steps as replayed (the synchronous policy
+        // reproduces them bit for bit), plus the steps the trace skipped (an epoch's short
+        // last step) as measured.
+        let recorded: f64 = replay.per_step.iter().take(steps.len()).map(|x| x.0).sum();
+        let skipped: f64 =
+            reports.iter().filter(|r| steps.binary_search(&r.step).is_err()).map(|r| r.step_ns as f64 + host_gap).sum();
+        let policy_time: f64 = replay.per_step.iter().map(|x| x.1).sum();
+        let speedup = match covered.then(|| stream.samples()) {
+            Some(s) if baseline_samples > 0 && policy_time > 0.0 => {
+                (s as f64 / policy_time) / (baseline_samples as f64 / (recorded + skipped))
+            }
+            _ => 1.0 + replay.effective_speedup,
+        };
+        (replay, stream, speedup)
     };
+    let (replay, stream, first) = one(job.policy_run(threshold).seed);
+    // An estimate is the mean over ESTIMATE_DRAWS draws of what the trace did not record.
+    let draws = if replay.is_estimate() { ESTIMATE_DRAWS } else { 1 };
+    let (mut speedup, mut step_ns) = (first, replay.policy_step_ns);
+    for k in 1..draws {
+        let (r, _, s) = one(crate::sim::rng::splitmix64(cfg.seed ^ u64::from(k)));
+        speedup += s;
+        step_ns += r.policy_step_ns;
+    }
     Some(Prediction {
         estimate: replay.is_estimate(),
+        speedup: speedup / f64::from(draws),
+        step_ns: step_ns / f64::from(draws),
+        draws,
         replay,
-        samples_computed,
+        samples_computed: covered.then(|| stream.samples()),
         step_samples: stream.step_samples().to_vec(),
         baseline_samples,
-        speedup,
     })
 }
+
+/// Replays averaged by an estimated prediction ([`Prediction::draws`]): the draws of latencies
+/// the baseline did not record differ per replay, so one replay is one realization and its
+/// error against the run (another realization) has about twice the variance of the mean's.
+/// Measured on `validate`'s compute-budget and rebalance rows (ARCHITECTURE.md, README).
+pub const ESTIMATE_DRAWS: u32 = 8;
 
 /// The drop rate of run `o` against its nominal batch (`policy::nominal_drop_rate` over its
 /// steps, each step's nominal `StepReport::nominal_parts` of N·M·S parts: S the run's tail
