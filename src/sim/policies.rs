@@ -200,6 +200,14 @@ pub trait ReplayData {
     /// The step's started parts per rank (`N` values, each `<=` what [`ReplayData::deal`]
     /// gave): the rest go back to the stream.
     fn settle(&mut self, started: &[u32]);
+    /// The latency (ns) of whole micro-batch `micro_batch` of `rank` in step index `index`
+    /// when the data knows it and the trace does not (`micro_batch` >= M, or `index` >= S):
+    /// e.g. a latency script, or a cost known from the micro-batch's shape. `None` (the
+    /// default): the replay draws it from the rank's recorded latencies (an estimate).
+    fn latency(&self, index: usize, rank: usize, micro_batch: usize) -> Option<f64> {
+        let _ = (index, rank, micro_batch);
+        None
+    }
 }
 
 /// The trace's steps, every assignment dealt in full: the run [`replay_policy`] replays.
@@ -233,9 +241,10 @@ pub const MAX_STEPS_PER_TRACE_STEP: usize = 100;
 /// Replay `trace` under `run` for as many steps as `data` deals (module doc), at most
 /// [`MAX_STEPS_PER_TRACE_STEP`]·S + [`MAX_EXTRA_STEPS`]. A rank's walk is capped by what
 /// `data` deals it (the end of an epoch-bounded stream). Steps beyond the trace's S are an
-/// estimate ([`PolicyReplay::estimated_steps`]): each micro-batch latency is drawn from the
-/// rank's recorded latencies of every step (as beyond M), the start offset is the rank's mean
-/// and the overhead the trace's mean; their baseline time is NaN in
+/// estimate ([`PolicyReplay::estimated_steps`]): each micro-batch latency is
+/// [`ReplayData::latency`] where the data knows it, else drawn from the rank's recorded
+/// latencies of every step (as beyond M); the start offset is the rank's mean and the overhead
+/// the trace's mean; their baseline time is NaN in
 /// [`PolicyReplay::per_step`] (no recorded step). Deterministic for a seed; never fails.
 pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn ReplayData) -> PolicyReplay {
     let (n, m) = (trace.world_size(), trace.micro_batches());
@@ -299,9 +308,12 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             // Beyond the record (i >= M, or a step beyond S): one of the rank's recorded
             // latencies of any step (module doc).
             let pool = &pools[r];
+            let known = &*data;
             let mut lat = |i: usize| {
                 if i < row.len() {
                     row[i]
+                } else if let Some(v) = known.latency(si, r, i) {
+                    v
                 } else {
                     drawn += 1;
                     pool[extra.random_range(0..pool.len())]

@@ -359,10 +359,10 @@ pub fn write_outputs(
             super::job::RunKind::DropCompute => job.cfg.policy(),
         };
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
-        if let (super::job::RunKind::DropCompute, Some(base)) = (r0.kind, baseline) {
-            if let Some(p) = prediction(job, base, r0.threshold_ns) {
-                steps.extend(super::metrics::predicted_rows(policy.name(), &p, r0.threshold_ns));
-            }
+        if let (super::job::RunKind::DropCompute, Some(base)) = (r0.kind, baseline)
+            && let Some(p) = prediction(job, base, r0.threshold_ns)
+        {
+            steps.extend(super::metrics::predicted_rows(policy.name(), &p, r0.threshold_ns));
         }
         all_spans.push((label, spans(&per_rank)));
         series.push(Series {
