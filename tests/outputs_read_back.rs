@@ -197,12 +197,13 @@ fn slow_rank_is_chronic_and_every_output_reads_back() {
     let (base, dc, pred) = (run("baseline"), run("dropcompute"), run("predicted"));
     assert_eq!((base.len(), dc.len(), pred.len(), rows.len()), (30, 30, 30, 90));
     // The predicted rows: the replay of the baseline at the run's threshold, step by step next
-    // to the run (recorded latencies only: the same counts, step times within 0.01 %), and their
+    // to the run (recorded latencies only: the same counts, step times within 0.1 %), and their
     // mean is the predicted speedup's time.
     for (p, m) in pred.iter().zip(&dc) {
         assert_eq!((p.step, p.computed, p.dropped, p.divisor), (m.step, m.computed, m.dropped, m.divisor));
-        // The overhead is the baseline's (a step that drops differs by microseconds).
-        assert!((p.step_ms / m.step_ms - 1.0).abs() < 1e-4, "step {}: {} vs {}", m.step, p.step_ms, m.step_ms);
+        // The overhead after the compute phase is the baseline's: a step that drops differs by
+        // tens of microseconds (the slowest rank's time to the collective is another rank's).
+        assert!((p.step_ms / m.step_ms - 1.0).abs() < 1e-3, "step {}: {} vs {}", m.step, p.step_ms, m.step_ms);
         assert_eq!((p.threshold_ms, p.policy.as_str(), p.loss), (m.threshold_ms, m.policy.as_str(), None));
     }
     assert!(!rep.prediction_estimate, "a drop policy replays recorded latencies only");

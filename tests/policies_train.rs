@@ -295,7 +295,7 @@ fn an_epoch_run_is_predicted_and_its_stragglers_labelled() {
             // The baseline's last step is short (the stream's end: not a full trace step).
             for (p, m) in pred.iter().zip(&run).take(base - 1) {
                 assert_eq!((p.computed, p.dropped, p.divisor), (m.computed, m.dropped, m.divisor), "step {}", m.step);
-                assert!((p.step_ms / m.step_ms - 1.0).abs() < 1e-4, "step {}: {} vs {}", m.step, p.step_ms, m.step_ms);
+                assert!((p.step_ms / m.step_ms - 1.0).abs() < 1e-3, "step {}: {} vs {}", m.step, p.step_ms, m.step_ms);
             }
             let drop = rep.dropcompute.drop_rate;
             assert!(steps("dropcompute") <= (steps("baseline") / (1.0 - drop)).ceil() + 1.0, "{what}: {drop}");

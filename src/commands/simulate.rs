@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::{CommandError, GuardrailArgs, io_err};
 use crate::plot::{Series, line_chart};
-use crate::policy::{CheckMode, PolicyConfig, Threshold};
+use crate::policy::{CheckMode, Policy, PolicyConfig, Threshold};
 use crate::sim::analytic::NormalModel;
 use crate::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
 use crate::sim::noise::{LatencyModel, Noise};
@@ -374,13 +374,22 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             pause_ns: args.pause_ms * 1e6,
             ..Scenario::iid(noise, args.micro_batches, args.overhead_ms * 1e6)
         };
-        for n in parse_workers(&args.workers)? {
-            if n < 2 {
-                return Err(CommandError::Args(format!("--workers {n}: --policy needs at least 2 workers")));
-            }
-            let t = crate::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
-            comparisons.push(crate::tune::policies::compare(&t, &how, &policies, tail, args.seed));
+        let workers = parse_workers(&args.workers)?;
+        if let Some(n) = workers.iter().find(|&&n| n < 2) {
+            return Err(CommandError::Args(format!("--workers {n}: --policy needs at least 2 workers")));
         }
+        let bar = policy_bar(&workers, policies.len());
+        for n in workers {
+            bar.set_message(format!("{n} workers: sampling"));
+            let t = crate::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
+            let mut done = |p: Policy| {
+                bar.inc(u64::from(n));
+                bar.set_message(format!("{n} workers: {p} done"));
+            };
+            comparisons
+                .push(crate::tune::policies::compare_with_progress(&t, &how, &policies, tail, args.seed, &mut done));
+        }
+        bar.finish_and_clear();
     } else {
         let opts = crate::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
         for loaded in crate::trace::load(&args.traces, &opts)? {
@@ -395,9 +404,42 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     out.write_all(text.as_bytes()).map_err(io_err("stdout"))
 }
 
+/// Layout of the policy comparison's progress bar (stderr, a terminal only).
+pub const POLICY_BAR_TEMPLATE: &str = "{elapsed_precise} [{bar:30}] {percent:>3}% (eta {eta}) {msg}";
+
+/// The progress bar of a policy comparison over `workers` world sizes and `policies` policies:
+/// each policy tuned at N workers advances it by N (its cost grows with N), so the bar and its
+/// ETA move with the work. Drawn on stderr when stderr is a terminal, else hidden.
+fn policy_bar(workers: &[u32], policies: usize) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    let total: u64 = workers.iter().map(|&n| u64::from(n) * policies as u64).sum();
+    let target = if std::io::stderr().is_terminal() {
+        indicatif::ProgressDrawTarget::stderr()
+    } else {
+        indicatif::ProgressDrawTarget::hidden()
+    };
+    let bar = indicatif::ProgressBar::with_draw_target(Some(total), target);
+    // The template is a constant; should indicatif reject it, keep its default style.
+    if let Ok(style) = indicatif::ProgressStyle::with_template(POLICY_BAR_TEMPLATE) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bar counts N per policy and world size (hidden here: stderr is not a terminal in
+    /// tests), and its template is one indicatif takes.
+    #[test]
+    fn the_policy_bar_weighs_each_world_size_by_its_workers() {
+        let bar = policy_bar(&[16, 1000], 7);
+        assert_eq!(bar.length(), Some(7 * 1016));
+        bar.inc(16);
+        assert_eq!(bar.position(), 16);
+        assert!(indicatif::ProgressStyle::with_template(POLICY_BAR_TEMPLATE).is_ok());
+    }
 
     #[test]
     fn workers_spec_parsing() {

@@ -109,7 +109,8 @@ impl Assigner {
         self.rebalancer.as_ref()
     }
 
-    /// The per-rank latency statistics fed so far.
+    /// The per-rank latency statistics fed so far (fed only under the policies that assign from
+    /// them: backup workers and rebalancing; empty under the others).
     pub fn tracker(&self) -> &RankLatencyTracker {
         &self.tracker
     }
@@ -118,7 +119,14 @@ impl Assigner {
     /// that computed nothing) and moves to the assignment of step `step + 1` (module doc).
     /// Returns true when an assignment was refused because it needed more than the slots.
     pub fn observe(&mut self, step: u64, per_micro_batch_ns: &[f64]) -> bool {
-        self.tracker.observe(per_micro_batch_ns);
+        // Only the policies that assign from latencies keep the tracker (its median over ranks
+        // is an O(N log N) sort per step: the simulator's cost at 10000 ranks).
+        match self.params.policy {
+            Policy::BackupWorkers | Policy::Rebalance | Policy::RebalanceDrop => {
+                self.tracker.observe(per_micro_batch_ns)
+            }
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive | Policy::ComputeBudget => {}
+        }
         let next_step = step.saturating_add(1);
         if let Some(a) = self.fixed_for(next_step) {
             self.assignment = a;

@@ -102,6 +102,21 @@ impl RankWalk {
         }
     }
 
+    /// This walk made the walk of step `step` for a rank handed `cap` parts under the same
+    /// deadline, tail shape and sync lag, as [`RankWalk::new`] makes it, keeping its buffers
+    /// (a driver walking many rank-steps, the simulator, allocates once).
+    pub fn restart(&mut self, step: u64, cap: usize) {
+        self.step = step;
+        self.cap = cap;
+        self.whole.clear();
+        self.ends_ns.clear();
+        self.parts = 0;
+        self.tail_mode = false;
+        self.clock_read = false;
+        self.clock_ns = 0;
+        self.end = None;
+    }
+
     /// What to do next. `est` is the rank's latency estimator (persistent across steps).
     /// Never panics; a driver that answers [`Next::Wait`] without reporting the launches asked
     /// for is asked again.
@@ -133,7 +148,9 @@ impl RankWalk {
             }
         };
         let p = self.parts;
-        let estimate = est.estimate();
+        // Only the predictive check reads an estimate (`decide`); asking in a before-check
+        // walk would only cost the estimator its sorted window.
+        let estimate = if self.deadline.check == crate::policy::CheckMode::Predictive { est.estimate() } else { None };
         if !self.tail_mode && self.cap - p >= self.split {
             match decide(&self.deadline, self.step, i as u32, elapsed_ns, estimate) {
                 Decision::Start => return self.launch(true),

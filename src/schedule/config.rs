@@ -76,6 +76,13 @@ pub struct SchedulerConfig {
     /// Most micro-batches one rank may be assigned in a step (the slots of its count row and
     /// events), `None` = M. Must be >= M; a rebalancing policy needs more than M.
     pub max_micro_batches: Option<u32>,
+    /// Latency slots of the count row when wider than [`SchedulerConfig::part_slots`]
+    /// (`None`: the part slots): a run paired with another of more part slots (a baseline
+    /// beside a tail-shape or work-moving run) pads its count row to the other's width, so
+    /// both runs' collectives move the same bytes and a deadline that never fires measures
+    /// exactly 1x (issue 23: 0.99999984x with `--tail-split 2`, 35 ns per step). The padding
+    /// is never decoded into a report.
+    pub count_row_slots: Option<u32>,
     /// Nominal samples per micro-batch (b), >= 1; used by [`Normalization::Nominal`].
     pub micro_batch_size: u32,
     /// The deadline policy (threshold, check mode, warm-up, minimum micro-batches).
@@ -125,6 +132,7 @@ impl Default for SchedulerConfig {
         Self {
             micro_batches: 8,
             max_micro_batches: None,
+            count_row_slots: None,
             micro_batch_size: 1,
             policy: PolicyConfig::default(),
             sync_lag: 0,
@@ -197,6 +205,12 @@ impl SchedulerConfig {
     /// the count row's latency block and of `StepReport::latencies_ns` per rank).
     pub fn slots(&self) -> u32 {
         self.max_micro_batches.unwrap_or(self.micro_batches).max(self.micro_batches)
+    }
+
+    /// Latency slots of the count row: [`SchedulerConfig::count_row_slots`], at least
+    /// [`SchedulerConfig::part_slots`].
+    pub fn row_slots(&self) -> u32 {
+        self.count_row_slots.unwrap_or(0).max(self.part_slots())
     }
 
     /// Parts per micro-batch: the tail shape's split S (1 without a tail shape).

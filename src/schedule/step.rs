@@ -78,6 +78,19 @@ pub trait Workload {
     /// # Errors
     /// As [`Workload::launch_micro_batch`].
     fn launch_optimizer(&mut self, stream: &Stream, step: u64, grad: &DeviceBuffer<f32>) -> Result<(), WorkloadError>;
+
+    /// Called once per step after the rank's last micro-batch launch (whatever it computed),
+    /// before the step's non-finite check, collectives, rescale and update are enqueued. The
+    /// default does nothing; `train`'s workload sets the mock's latency key of the step's end,
+    /// so those launches draw the same latencies in two runs that computed different
+    /// micro-batches (common random numbers).
+    ///
+    /// # Errors
+    /// As [`Workload::launch_micro_batch`].
+    fn compute_done(&mut self, stream: &Stream, step: u64) -> Result<(), WorkloadError> {
+        let _ = (stream, step);
+        Ok(())
+    }
 }
 
 /// This rank's compute phase of one step (device times, ns).
@@ -243,7 +256,7 @@ impl Scheduler {
         let dev = comm.device().clone();
         let e = |call| dev_err(rank, 0, call);
         let m = cfg.part_slots() as usize;
-        let k = CountRow::len(m);
+        let k = CountRow::len(cfg.row_slots() as usize);
         let stream = Stream::new(&dev).map_err(e("stream create"))?;
         let p = cfg.gradient_len;
         let scratch = match cfg.grad_dtype {
@@ -458,6 +471,12 @@ impl Scheduler {
         self.start_clock(step)?;
         let planned = self.take_micro_batches(step, data)?;
         let compute = self.run_micro_batches(step, &planned, work)?;
+        work.compute_done(&self.stream, step).map_err(|source| ScheduleError::Workload {
+            rank: self.comm.rank(),
+            step,
+            call: "compute_done",
+            source,
+        })?;
         let mut settled = self.update_ledger(step, planned, &compute);
         let row = self.local_row(step, &compute, &settled)?;
         let collective = self.issue_collective_group(step, &row)?;
@@ -635,7 +654,12 @@ impl Scheduler {
             overhead_ns: self.last_overhead_ns,
             dropped_samples: settled.dropped_samples,
             stop_requested: self.stop_requested,
-            latencies_ns: compute.durations.clone(),
+            latencies_ns: {
+                // Padded to the count row's width (a paired run's; never decoded).
+                let mut l = compute.durations.clone();
+                l.resize(self.cfg.row_slots() as usize, CountRow::NOT_COMPUTED);
+                l
+            },
         })
     }
 
@@ -647,7 +671,7 @@ impl Scheduler {
         let rank = self.comm.rank();
         let e = |call| dev_err(rank, step, call);
         {
-            let k = CountRow::len(self.cfg.part_slots() as usize);
+            let k = CountRow::len(self.cfg.row_slots() as usize);
             let all = self.gathered_host.as_mut_slice().map_err(e("host count vector"))?;
             all.fill(0);
             let own = all.chunks_exact_mut(k).nth(rank as usize).unwrap_or_default();
@@ -686,15 +710,23 @@ impl Scheduler {
     /// [`ScheduleError::Counts`] naming the first rank whose row does not decode.
     fn global_view(&self, step: u64) -> Result<GlobalView, ScheduleError> {
         let rank = self.comm.rank();
-        let m = self.cfg.part_slots() as usize;
+        let (m, w) = (self.cfg.part_slots() as usize, self.cfg.row_slots() as usize);
         let g = self.gathered_host.as_slice().map_err(dev_err(rank, step, "host count vector"))?;
         let rows = g
-            .chunks(CountRow::len(m))
+            .chunks(CountRow::len(w))
             .enumerate()
             .map(|(r, v)| {
-                CountRow::decode(v, m).map_err(|source| ScheduleError::Counts { rank, step, row: r as u32, source })
+                let mut row = CountRow::decode(v, w).map_err(|source| ScheduleError::Counts {
+                    rank,
+                    step,
+                    row: r as u32,
+                    source,
+                })?;
+                // The padding beyond the part slots carries nothing.
+                row.latencies_ns.truncate(m);
+                Ok(row)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, ScheduleError>>()?;
         let outcome = divisor(&rows, &self.cfg);
         Ok(GlobalView { rows, outcome })
     }

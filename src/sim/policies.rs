@@ -121,7 +121,8 @@ pub struct PolicyReplay {
     /// [`ReplayData`] could not deal); handed - started were dropped.
     pub handed: Vec<u32>,
     /// Steps replayed beyond the trace's (a bounded [`ReplayData`] whose stream outlasts the
-    /// recorded steps): their latencies are drawn, an estimate.
+    /// recorded steps) whose start offsets and overhead the data did not know
+    /// ([`ReplayData::step_times`]): an estimate.
     pub estimated_steps: u64,
     /// Micro-batch latencies drawn rather than recorded (beyond M, or in an estimated step):
     /// a prediction with any is an estimate.
@@ -129,10 +130,11 @@ pub struct PolicyReplay {
 }
 
 impl PolicyReplay {
-    /// True when the replay used latencies the trace did not record
-    /// ([`PolicyReplay::drawn_latencies`] > 0): its prediction is an estimate.
+    /// True when the replay used latencies or step times neither the trace nor the data knew
+    /// ([`PolicyReplay::drawn_latencies`] or [`PolicyReplay::estimated_steps`] > 0): its
+    /// prediction is an estimate.
     pub fn is_estimate(&self) -> bool {
-        self.drawn_latencies > 0
+        self.drawn_latencies > 0 || self.estimated_steps > 0
     }
 }
 
@@ -152,16 +154,17 @@ struct Walked {
 /// starts at `t0`. `ends` is scratch (f64 end times; the walker sees them truncated to ns, as
 /// the estimator sees the latencies).
 fn walk(
-    mut w: RankWalk,
+    w: &mut RankWalk,
     tail: &TailShape,
     t0: f64,
     est: &mut LatencyEstimator,
     lat: &mut dyn FnMut(usize) -> f64,
     ends: &mut Vec<(f64, f64)>,
+    mb_lat: &mut Vec<f64>,
 ) -> Walked {
     ends.clear();
+    mb_lat.clear();
     let cost = tail.cost_fraction();
-    let mut mb_lat: Vec<f64> = Vec::new();
     let mut acc = t0;
     loop {
         match w.next(est) {
@@ -206,6 +209,14 @@ pub trait ReplayData {
     /// default): the replay draws it from the rank's recorded latencies (an estimate).
     fn latency(&self, index: usize, rank: usize, micro_batch: usize) -> Option<f64> {
         let _ = (index, rank, micro_batch);
+        None
+    }
+    /// The start offsets (N values, ns) and overhead (ns) of step index `index` >= S when the
+    /// data knows them (e.g. a recorded step the trace could not hold: an epoch's short last
+    /// step). `None` (the default): each rank's mean offset and the trace's mean overhead, and
+    /// the step is an estimate ([`PolicyReplay::estimated_steps`]).
+    fn step_times(&self, index: usize) -> Option<(Vec<f64>, f64)> {
+        let _ = index;
         None
     }
 }
@@ -267,18 +278,20 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let mut est: Vec<LatencyEstimator> =
         (0..n).map(|_| LatencyEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
     let mut ends = Vec::with_capacity(2 * m * split);
+    let mut mb_lat: Vec<f64> = Vec::with_capacity(2 * m);
+    let mut walker = RankWalk::new(deadline, first_step, 0, tail, exec.sync_lag);
     let mut per_step = Vec::with_capacity(s_trace);
     let (mut started_cells, mut assigned_cells) = (Vec::with_capacity(s_trace * n), Vec::with_capacity(s_trace * n));
     let mut handed_cells = Vec::with_capacity(s_trace * n);
     let mut compute_ns = Vec::with_capacity(s_trace);
-    let (mut computed, mut lost, mut drawn) = (0u64, 0u64, 0u64);
+    let (mut computed, mut lost, mut drawn, mut estimated_steps) = (0u64, 0u64, 0u64, 0u64);
     let mut step_nominal: Vec<u64> = Vec::with_capacity(s_trace);
     let mut finish = vec![0.0f64; n];
     let mut mean_lat = vec![0.0f64; n];
-    // Per rank: its recorded latencies of every step (the draws beyond M and beyond S).
-    let pools: Vec<Vec<f64>> = (0..n)
-        .map(|r| (0..s_trace).flat_map(|si| trace.step_matrix(si)[r * m..(r + 1) * m].iter().copied()).collect())
-        .collect();
+    // Rank r's pool for the draws beyond M and beyond S: its recorded latencies of every step,
+    // k = step index · M + micro-batch (not copied: read from the trace).
+    let pool_len = s_trace * m;
+    let pool = |r: usize, k: usize| trace.step_matrix(k / m)[r * m + k % m];
     let mean = |v: &mut dyn Iterator<Item = f64>| {
         let (sum, k) = v.fold((0.0, 0usize), |(s, k), x| (s + x, k + 1));
         if k > 0 { sum / k as f64 } else { 0.0 }
@@ -293,10 +306,12 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         let assignment = assigner.assignment().to_vec();
         let recorded = si < s_trace;
         let step = if recorded { trace.steps()[si] } else { last_step + (si - s_trace + 1) as u64 };
-        let (mat, offsets): (&[f64], &[f64]) = if recorded {
-            (trace.step_matrix(si), &offsets_all[si * n..(si + 1) * n])
-        } else {
-            (&no_row, &mean_offsets)
+        let known_times = if recorded { None } else { data.step_times(si) };
+        estimated_steps += u64::from(!recorded && known_times.is_none());
+        let (mat, offsets): (&[f64], &[f64]) = match (&known_times, recorded) {
+            (_, true) => (trace.step_matrix(si), &offsets_all[si * n..(si + 1) * n]),
+            (Some((off, _)), false) if off.len() == n => (&no_row, off),
+            _ => (&no_row, &mean_offsets),
         };
         let mut step_started = vec![0u32; n];
         for r in 0..n {
@@ -307,7 +322,6 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
             // Beyond the record (i >= M, or a step beyond S): one of the rank's recorded
             // latencies of any step (module doc).
-            let pool = &pools[r];
             let known = &*data;
             let mut lat = |i: usize| {
                 if i < row.len() {
@@ -316,11 +330,11 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                     v
                 } else {
                     drawn += 1;
-                    pool[extra.random_range(0..pool.len())]
+                    pool(r, extra.random_range(0..pool_len))
                 }
             };
-            let walker = RankWalk::new(deadline, step, cap, tail, exec.sync_lag);
-            let w = walk(walker, &tail, t0, &mut est[r], &mut lat, &mut ends);
+            walker.restart(step, cap);
+            let w = walk(&mut walker, &tail, t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
             step_started[r] = w.parts as u32;
             finish[r] = w.end;
             mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
@@ -350,7 +364,11 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             // in the scheduler.
             assigner.observe(step, &mean_lat);
         }
-        let o = if recorded { trace.overhead_ns()[si] } else { mean_overhead };
+        let o = match (&known_times, recorded) {
+            (_, true) => trace.overhead_ns()[si],
+            (Some((_, o)), false) => *o,
+            (None, false) => mean_overhead,
+        };
         compute_ns.push(pol);
         per_step.push((base + o, pol + o, aggregated));
     }
@@ -372,7 +390,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         min_step_micro_batches: per_step.iter().map(|x| x.2).min().unwrap_or(0),
         max_step_micro_batches: per_step.iter().map(|x| x.2).max().unwrap_or(0),
         split: split as u32,
-        estimated_steps: per_step.len().saturating_sub(s_trace) as u64,
+        estimated_steps,
         drawn_latencies: drawn,
         per_step,
         started: started_cells,

@@ -256,6 +256,8 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         let scfg = SchedulerConfig {
             micro_batches: cfg.micro_batches,
             max_micro_batches: shares.then(|| job.slots_of(kind)),
+            // Both runs' count rows as wide as the second run's (paired collectives).
+            count_row_slots: Some(job.slots_of(RunKind::DropCompute) * cfg.tail.parts()),
             micro_batch_size: cfg.micro_batch_size,
             policy: PolicyConfig { threshold, check: cfg.check, warmup_steps: cfg.warmup_steps, min_micro_batches: 1 },
             sync_lag: cfg.sync_lag,

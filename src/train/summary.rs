@@ -118,18 +118,43 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     let steps = trace.steps();
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
     let baseline_samples: u64 = reports.iter().map(StepReport::global_samples).sum();
+    // The baseline's steps the trace could not hold (an epoch's short last step: a rank
+    // without data has no latency), recorded all the same: the replay takes their latencies
+    // and times from the record.
+    let (n, m) = (trace.world_size(), trace.micro_batches());
+    let partial: Vec<(usize, RecordedStep)> = if covered {
+        reports
+            .iter()
+            .filter(|r| steps.binary_search(&r.step).is_err() && r.latencies_ns.len() == n * m && r.ranks.len() == n)
+            .map(|r| {
+                let max_compute = r.ranks.iter().map(|x| x.compute_ns).max().unwrap_or(0);
+                let offsets = r
+                    .ranks
+                    .iter()
+                    .zip(r.latencies_ns.chunks_exact(m))
+                    .map(|(x, lat)| (x.compute_ns as f64 - lat.iter().filter(|v| v.is_finite()).sum::<f64>()).max(0.0))
+                    .collect();
+                let overhead = r.step_ns.saturating_sub(max_compute) as f64 + host_gap;
+                (r.step as usize, RecordedStep { latencies_ns: r.latencies_ns.clone(), m, offsets, overhead })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // One replay with the draws of `seed` (beyond the record): the replay, its stream, its
     // speedup.
     let one = |seed: u64| {
-        let mut stream = ReplayStream::new(
+        let stream = ReplayStream::new(
             job.train.len() as u64,
             cfg.seed,
             (cfg.micro_batch_size / cfg.tail.parts()) as usize,
             max_epochs,
             job.steps(),
         );
+        let mut data = WithRecorded { stream, steps: &partial };
         let run = crate::sim::policies::PolicyRun { seed, ..job.policy_run(threshold) };
-        let replay = replay_policy_on(&trace, &run, &mut stream);
+        let replay = replay_policy_on(&trace, &run, &mut data);
+        let stream = data.stream;
         // The baseline's time: its recorded steps as replayed (the synchronous policy
         // reproduces them bit for bit), plus the steps the trace skipped (an epoch's short
         // last step) as measured.
@@ -164,6 +189,50 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
         step_samples: stream.step_samples().to_vec(),
         baseline_samples,
     })
+}
+
+/// A recorded baseline step outside the trace ([`prediction`]): its N x M latencies (NaN where
+/// a rank computed nothing), start offsets and overhead, ns.
+struct RecordedStep {
+    latencies_ns: Vec<f64>,
+    m: usize,
+    offsets: Vec<f64>,
+    overhead: f64,
+}
+
+/// The run's stream ([`ReplayStream`]) with the baseline's recorded steps outside the trace
+/// (by replay step index), as one `ReplayData`.
+struct WithRecorded<'a> {
+    stream: ReplayStream,
+    steps: &'a [(usize, RecordedStep)],
+}
+
+impl WithRecorded<'_> {
+    fn step(&self, index: usize) -> Option<&RecordedStep> {
+        self.steps.iter().find(|(i, _)| *i == index).map(|(_, s)| s)
+    }
+}
+
+impl crate::sim::policies::ReplayData for WithRecorded<'_> {
+    fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
+        self.stream.deal(index, assignment)
+    }
+
+    fn settle(&mut self, started: &[u32]) {
+        self.stream.settle(started);
+    }
+
+    fn latency(&self, index: usize, rank: usize, micro_batch: usize) -> Option<f64> {
+        let s = self.step(index)?;
+        (micro_batch < s.m)
+            .then(|| s.latencies_ns.get(rank * s.m + micro_batch).copied())
+            .flatten()
+            .filter(|v| v.is_finite())
+    }
+
+    fn step_times(&self, index: usize) -> Option<(Vec<f64>, f64)> {
+        self.step(index).map(|s| (s.offsets.clone(), s.overhead))
+    }
 }
 
 /// Replays averaged by an estimated prediction ([`Prediction::draws`]): the draws of latencies

@@ -311,6 +311,13 @@ impl Workload for MlpWorkload {
         self.graphs.launch_sgd(stream, &self.params, &self.velocity, grad)?;
         Ok(())
     }
+
+    fn compute_done(&mut self, stream: &Stream, step: u64) -> std::result::Result<(), WorkloadError> {
+        // The step's end launches (non-finite check, rescale, update) draw under one key,
+        // whichever micro-batch this run launched last.
+        set_latency_key(stream.device().module_id(), step, STEP_END)?;
+        Ok(())
+    }
 }
 
 /// Test hook: `$DROPCOMPUTE_TEST_SIGKILL_AT=STEP[:RANK]` makes the process SIGKILL itself
@@ -320,6 +327,10 @@ impl Workload for MlpWorkload {
 /// `micro_batch` value of the latency key that covers a step's launches before its first
 /// micro-batch (gradient zeroing).
 pub const STEP_START: u32 = u32::MAX;
+
+/// `micro_batch` value of the latency key that covers a step's launches after its last
+/// micro-batch (non-finite check, rescale, optimizer update: `Workload::compute_done`).
+pub const STEP_END: u32 = u32::MAX - 1;
 
 /// Where [`set_latency_key`] sends the keys: the emulated device `train::run::runtime`
 /// selected. One backend per process (every rank of a process shares it).

@@ -3,7 +3,7 @@
 //! the same guardrails as the threshold recommendation, beside the ideal (the exact search, not
 //! realizable) and the straggler-free bound.
 //!
-//! Owns: [`compare`], [`PolicyOutcome`], [`PolicyComparison`], [`ESTIMATOR_QUANTILES`]. Must not
+//! Owns: [`compare`] (and [`compare_with_progress`]), [`PolicyOutcome`], [`PolicyComparison`], [`ESTIMATOR_QUANTILES`]. Must not
 //! touch: I/O, clocks, devices. Pure and deterministic for a seed.
 //!
 //! Parameters searched (the best admissible effective speedup wins; ties keep the first):
@@ -153,6 +153,141 @@ fn threshold_grid(ideal: &TuneReport, fine: bool) -> Vec<f64> {
 /// ([`threshold_grid`]).
 pub const FINE_POINTS: usize = 100;
 
+/// Micro-batch walks one policy's parameter search may replay (each replay walks N·M·S·split
+/// of them); a parameter space larger than that allows is searched coordinate by coordinate,
+/// coarse to fine ([`search`]). Chosen so that `simulate --policy all` over the default
+/// `--workers` (16 to 10000) finishes in about a minute on 2 cores (ARCHITECTURE.md).
+pub const SEARCH_BUDGET: u64 = 50_000_000;
+/// Replays every policy's search may make whatever the trace's size.
+pub const MIN_SEARCH_REPLAYS: usize = 32;
+/// Rounds of the coordinate search.
+pub const SEARCH_ROUNDS: usize = 2;
+
+/// A point of a parameter space (one index per axis) and its outcome when admissible.
+type Scored = Option<(f64, PolicyOutcome)>;
+
+/// The best admissible point of the space with axes of `dims` points (indices; `eval` gives a
+/// point's effective speedup and outcome, `None` when not admissible), replaying at most about
+/// `budget` points. When the whole space fits, every point is replayed (in parallel) and the
+/// first best in lexicographic order wins (the exhaustive search). Otherwise a coordinate
+/// search from `start`: [`SEARCH_ROUNDS`] rounds over the axes (the last one, the threshold,
+/// first), each axis searched with the others fixed, exhaustively when its points fit the
+/// round's share of the budget, else on an even coarse grid and then every point between the
+/// coarse best's neighbours; a point is replayed at most once. Between the two, when every
+/// combination of the other axes leaves the last axis (the threshold) at least 24 points, each
+/// combination's threshold is searched coarse to fine. Deterministic. `None` when no point
+/// replayed is admissible.
+fn search(
+    dims: &[usize],
+    start: &[usize],
+    budget: usize,
+    eval: &(dyn Fn(&[usize]) -> Scored + Sync),
+) -> Option<(Vec<usize>, PolicyOutcome)> {
+    use rayon::prelude::*;
+    let total = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+    let point = |mut i: usize| -> Vec<usize> {
+        let mut x = vec![0; dims.len()];
+        for (k, &d) in dims.iter().enumerate().rev() {
+            x[k] = i % d;
+            i /= d;
+        }
+        x
+    };
+    let first_best = |scored: Vec<(Vec<usize>, Scored)>| -> Option<(f64, Vec<usize>, PolicyOutcome)> {
+        scored.into_iter().fold(None, |best, (x, sc)| match (sc, &best) {
+            (Some((v, o)), None) => Some((v, x, o)),
+            (Some((v, o)), Some((b, _, _))) if v > *b => Some((v, x, o)),
+            _ => best,
+        })
+    };
+    if total <= budget {
+        let scored: Vec<(Vec<usize>, Scored)> =
+            (0..total).into_par_iter().map(|i| (point(i), eval(&point(i)))).collect();
+        return first_best(scored).map(|(_, x, o)| (x, o));
+    }
+    let mut memo: std::collections::HashMap<Vec<usize>, Scored> = std::collections::HashMap::new();
+    let replay = |xs: Vec<Vec<usize>>, memo: &mut std::collections::HashMap<Vec<usize>, Scored>| {
+        let todo: Vec<Vec<usize>> = xs.iter().filter(|x| !memo.contains_key(*x)).cloned().collect();
+        let done: Vec<(Vec<usize>, Scored)> = todo
+            .into_par_iter()
+            .map(|x| {
+                let sc = eval(&x);
+                (x, sc)
+            })
+            .collect();
+        memo.extend(done);
+        let mut out: Vec<(Vec<usize>, Scored)> = xs
+            .into_iter()
+            .map(|x| {
+                let sc = memo.get(&x).cloned().flatten();
+                (x, sc)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.dedup_by(|a, b| a.0 == b.0);
+        out
+    };
+    let axes = dims.len();
+    // One axis `d` through `through` (the others fixed), within `share` replays: every point
+    // when they fit, else an even coarse grid (both ends) and then every point between the
+    // coarse best's neighbours.
+    let line = |d: usize, through: &[usize], share: usize, memo: &mut std::collections::HashMap<Vec<usize>, Scored>| {
+        let at = |i: usize| -> Vec<usize> {
+            let mut x = through.to_vec();
+            x[d] = i;
+            x
+        };
+        let len = dims[d];
+        if len <= share {
+            return first_best(replay((0..len).map(at).collect(), memo));
+        }
+        let k = (share / 2).max(2);
+        let coarse: Vec<usize> = (0..k).map(|j| j * (len - 1) / (k - 1)).collect();
+        let (_, x, _) = first_best(replay(coarse.iter().map(|&i| at(i)).collect(), memo))?;
+        let pos = coarse.iter().position(|&i| i == x[d]).unwrap_or(0);
+        let (lo, hi) = (coarse[pos.saturating_sub(1)], coarse[(pos + 1).min(k - 1)]);
+        let stride = (hi - lo).div_ceil(share.saturating_sub(k).max(1)).max(1);
+        first_best(replay((lo..=hi).step_by(stride).chain([x[d]]).map(at).collect(), memo))
+    };
+    let better = |best: &mut Option<(f64, Vec<usize>, PolicyOutcome)>,
+                  found: Option<(f64, Vec<usize>, PolicyOutcome)>| {
+        if let Some((v, x, o)) = found
+            && best.as_ref().is_none_or(|(b, _, _)| v > *b)
+        {
+            *best = Some((v, x, o));
+        }
+    };
+    let mut best: Option<(f64, Vec<usize>, PolicyOutcome)> = None;
+    // Every combination of the other axes, the last (the threshold) coarse to fine, when each
+    // line gets at least MIN_LINE points.
+    let others: usize = dims[..axes - 1].iter().product();
+    const MIN_LINE: usize = 24;
+    if others.saturating_mul(MIN_LINE) <= budget {
+        let share = budget / others;
+        for i in 0..others {
+            let mut through = point(i * dims[axes - 1]);
+            through[axes - 1] = start[axes - 1];
+            let found = line(axes - 1, &through, share, &mut memo);
+            better(&mut best, found);
+        }
+        return best.map(|(_, x, o)| (x, o));
+    }
+    // Otherwise coordinate by coordinate from `start`, the threshold first.
+    let share = (budget / (SEARCH_ROUNDS * axes)).max(4);
+    let mut cur = start.to_vec();
+    let order: Vec<usize> = std::iter::once(axes - 1).chain(0..axes - 1).collect();
+    for _ in 0..SEARCH_ROUNDS {
+        for &d in &order {
+            let found = line(d, &cur, share, &mut memo);
+            if let Some((_, x, _)) = &found {
+                cur = x.clone();
+            }
+            better(&mut best, found);
+        }
+    }
+    best.map(|(_, x, o)| (x, o))
+}
+
 /// The straggler-free bound (module doc).
 pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
     let n = trace.world_size();
@@ -217,6 +352,18 @@ pub fn compare(
     tail: TailShape,
     seed: u64,
 ) -> PolicyComparison {
+    compare_with_progress(trace, how, policies, tail, seed, &mut |_| {})
+}
+
+/// [`compare`], calling `done(policy)` after each policy's row (a caller's progress display).
+pub fn compare_with_progress(
+    trace: &LatencyTrace,
+    how: &Recommend,
+    policies: &[Policy],
+    tail: TailShape,
+    seed: u64,
+    done: &mut dyn FnMut(Policy),
+) -> PolicyComparison {
     let (n, m) = (trace.world_size(), trace.micro_batches());
     let n_m = (n * m) as f64;
     let ideal =
@@ -226,40 +373,62 @@ pub fn compare(
     for &p in Policy::ALL.iter().filter(|p| policies.contains(p)) {
         let base =
             PolicyRun { seed, ..PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(p) }, Threshold::Off, exec) };
-        // Candidate templates of this policy; each one's threshold (or budget) is searched.
+        // The parameter space (module doc), one axis per free parameter in loop order:
+        // compute budget (cap, quantile, budget), drop policies (quantile, threshold), backup
+        // workers (b); a point is replayed once.
         let predictive = (p.drops() || p == Policy::ComputeBudget) && p.check_mode(exec.check) == CheckMode::Predictive;
         let quantiles: &[f64] =
             if predictive { &ESTIMATOR_QUANTILES } else { &[crate::policy::LatencyEstimator::DEFAULT_QUANTILE] };
-        let mut templates: Vec<PolicyRun> = Vec::new();
-        match p {
-            Policy::Synchronous | Policy::Rebalance => templates.push(base),
-            Policy::BackupWorkers => {
-                for b in 0..n as u32 {
-                    templates.push(PolicyRun { params: PolicyParams { backup_workers: b, ..base.params }, ..base });
-                }
+        let q_start =
+            quantiles.iter().position(|&q| q == crate::policy::LatencyEstimator::DEFAULT_QUANTILE).unwrap_or(0);
+        let fine = tail.enabled() || p.rebalances();
+        let grid = match p {
+            Policy::ComputeBudget | Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => {
+                threshold_grid(&ideal, fine)
+            }
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Vec::new(),
+        };
+        let caps: Vec<u32> = (m as u32..=2 * m as u32).collect();
+        let (dims, start): (Vec<usize>, Vec<usize>) = match p {
+            Policy::Synchronous | Policy::Rebalance => (vec![1], vec![0]),
+            Policy::BackupWorkers => (vec![n], vec![1.min(n - 1)]),
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => {
+                (vec![quantiles.len(), grid.len()], vec![q_start, grid.len() / 2])
             }
             Policy::ComputeBudget => {
-                for cap in m as u32..=2 * m as u32 {
-                    for &q in quantiles {
-                        let params = PolicyParams { budget_max_micro_batches: Some(cap), ..base.params };
-                        templates.push(PolicyRun { params, estimator_quantile: q, ..base });
-                    }
+                (vec![caps.len(), quantiles.len(), grid.len()], vec![caps.len() - 1, q_start, grid.len() / 2])
+            }
+        };
+        let run_at = |x: &[usize]| -> PolicyRun {
+            match p {
+                Policy::Synchronous | Policy::Rebalance => base,
+                Policy::BackupWorkers => {
+                    PolicyRun { params: PolicyParams { backup_workers: x[0] as u32, ..base.params }, ..base }
                 }
+                Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => PolicyRun {
+                    estimator_quantile: quantiles[x[0]],
+                    threshold: Threshold::Fixed(Duration::from_nanos(grid[x[1]].round() as u64)),
+                    ..base
+                },
+                Policy::ComputeBudget => PolicyRun {
+                    params: PolicyParams {
+                        budget_max_micro_batches: Some(caps[x[0]]),
+                        budget_ms: Some(grid[x[2]] / 1e6),
+                        ..base.params
+                    },
+                    estimator_quantile: quantiles[x[1]],
+                    ..base
+                },
             }
-            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => {
-                for &q in quantiles {
-                    templates.push(PolicyRun { estimator_quantile: q, ..base });
-                }
-            }
-        }
-        let mut best: Option<(PolicyOutcome, PolicyRun)> = None;
-        for t in templates {
-            if let Some((c, o)) = best_threshold(trace, how, &ideal, t)
-                && best.as_ref().is_none_or(|(b, _)| o.effective_speedup > b.effective_speedup)
-            {
-                best = Some((o, c));
-            }
-        }
+        };
+        let eval = |x: &[usize]| -> Option<(f64, PolicyOutcome)> {
+            let (o, adm) = outcome(&replay_policy(trace, &run_at(x)), n_m, how);
+            adm.then_some((o.effective_speedup, o))
+        };
+        let per_replay = (n * m) as u64 * trace.num_steps() as u64 * u64::from(tail.parts());
+        let budget = (SEARCH_BUDGET / per_replay.max(1)).max(MIN_SEARCH_REPLAYS as u64) as usize;
+        let best =
+            if dims.contains(&0) { None } else { search(&dims, &start, budget, &eval) }.map(|(x, o)| (o, run_at(&x)));
         let row = match best {
             Some((mut o, c)) => {
                 if p.drops() {
@@ -284,6 +453,7 @@ pub fn compare(
             }
         };
         rows.push(row);
+        done(p);
     }
     PolicyComparison {
         trace: trace.source().to_string(),
