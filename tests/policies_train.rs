@@ -305,3 +305,43 @@ fn an_epoch_run_is_predicted_and_its_stragglers_labelled() {
         assert!(rep.stragglers.unlabelled_because.is_none(), "{what}");
     }
 }
+
+/// A deadline that never fires is the synchronous run: for every drop policy, tail shape and
+/// run length (steps or epochs), the measured speedup is exactly 1, every step time equals the
+/// baseline's, and the prediction says exactly 1 too, from recorded latencies only (an epoch's
+/// short last step included). Before, a tail shape's wider count row cost 35 ns per step
+/// (0.99999984x) and an epoch run's short last step was drawn (1.007x predicted).
+#[test]
+fn a_deadline_that_never_fires_is_exactly_the_synchronous_run() {
+    use dropcompute::train::report::Report;
+    let tmp = hermetic::temp_dir("never-fires");
+    let mut runs = 0;
+    for policy in ["drop-before", "drop-predictive"] {
+        for split in ["1", "2"] {
+            for length in [["--steps", "12"], ["--epochs", "3"]] {
+                let what = format!("{policy} split {split} {}", length.join(" "));
+                let out = tmp.path().join(what.replace(' ', "-"));
+                let o = hermetic::output_within(
+                    hermetic::dropcompute()
+                        .args(["train", "--ranks", "4", "--slow-rank", "1:1.5", "--time-mode", "virtual"])
+                        .args(["--policy", policy, "--tail-split", split, "--threshold", "100000"])
+                        .args(length)
+                        .arg("--out")
+                        .arg(&out),
+                    HANG,
+                );
+                assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+                let rep: Report = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+                assert_eq!(rep.speedup, Some(1.0), "{what}");
+                assert_eq!(rep.predicted_speedup, Some(1.0), "{what}");
+                assert!(!rep.prediction_estimate, "{what}");
+                let rows = read_csv(&out.join("steps.csv")).unwrap();
+                let times = |run: &str| rows.iter().filter(|r| r.run == run).map(|r| r.step_ms).collect::<Vec<_>>();
+                assert_eq!(times("dropcompute"), times("baseline"), "{what}: identical step times");
+                assert_eq!(times("predicted"), times("baseline"), "{what}: predicted step by step");
+                runs += 1;
+            }
+        }
+    }
+    assert_eq!(runs, 8);
+}

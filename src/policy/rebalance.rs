@@ -229,6 +229,9 @@ pub struct RankLatencyTracker {
     cfg: TrackerConfig,
     steps: u64,
     slow: Vec<u64>,
+    /// NaN for a rank not seen yet (written as `null` in a checkpoint: a tracker no step fed,
+    /// as the assignment step of a drop policy keeps it, read back failed before).
+    #[serde(with = "crate::serde_nan::vec")]
     ewma: Vec<f64>,
 }
 
@@ -283,6 +286,22 @@ impl RankLatencyTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tracker no step fed (every EWMA NaN) and a fed one both read back from JSON, as a
+    /// checkpoint holds them.
+    #[test]
+    fn a_tracker_reads_back_from_a_checkpoint_fed_or_not() {
+        let fresh = RankLatencyTracker::new(3, Default::default());
+        let json = serde_json::to_string(&fresh).expect("json");
+        let back: RankLatencyTracker = serde_json::from_str(&json).expect("reads back");
+        assert_eq!(back.ewma_latency_ns().len(), 3);
+        assert!(back.ewma_latency_ns().iter().all(|v| v.is_nan()));
+        let mut fed = fresh.clone();
+        fed.observe(&[1.0, f64::NAN, 3.0]);
+        let back: RankLatencyTracker = serde_json::from_str(&serde_json::to_string(&fed).expect("json")).expect("back");
+        assert_eq!(back.ewma_latency_ns()[0], fed.ewma_latency_ns()[0]);
+        assert!(back.ewma_latency_ns()[1].is_nan() && back.ewma_latency_ns()[2] == 3.0);
+    }
     use proptest::prelude::*;
 
     fn cfg(h: f64, min: u32) -> RebalanceConfig {
