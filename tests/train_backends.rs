@@ -68,7 +68,8 @@ fn the_mock_library_through_the_loader_trains_bitwise_like_the_in_process_mock()
         // The slow rank and the 30 ms threshold make the run drop: the emulation settings reached
         // the loaded library (an unconfigured one would run at the cost model's microseconds).
         assert!(ra.iter().map(|r| r.3).sum::<u64>() > 0, "{launch}: nothing dropped: {ra:?}");
-        assert_eq!(ra.len(), 24, "{launch}: 12 steps of two runs");
+        assert_eq!(ra.len(), 36, "{launch}: 12 steps of two runs and of the prediction");
+        assert_eq!(ra.iter().filter(|r| r.0 == "predicted").count(), 12, "{launch}");
         assert_eq!(ra, rb, "{launch}: steps.csv differs");
         let report: serde_json::Value =
             serde_json::from_slice(&std::fs::read(b.path().join("report.json")).expect("report.json"))
