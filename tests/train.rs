@@ -83,8 +83,9 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     let dir = tmp.path().join("out");
     let staged = StagedOut::new(&dir).unwrap();
     let meta = RunMetadata::new(&j.cfg, "cpu-mock (in-process)".into(), std::time::SystemTime::now());
-    let rep = summary::report(&j, &out, meta).unwrap();
-    summary::write_outputs(&staged, &j, &rep, &out).unwrap();
+    let predicted = summary::job_prediction(&j, &out);
+    let rep = summary::report(&j, &out, meta, predicted.as_ref()).unwrap();
+    summary::write_outputs(&staged, &j, &rep, &out, predicted.as_ref()).unwrap();
     staged.commit().unwrap();
     // The parameters files hold each run's final parameters bit for bit, in the model's shape.
     for (i, run) in ["baseline", "dropcompute"].iter().enumerate() {

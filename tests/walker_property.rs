@@ -131,15 +131,7 @@ fn scheduler_and_simulator_decide_alike_on_random_latencies_for_every_policy_tai
                     let threshold = dc
                         .threshold_ns
                         .map_or(Threshold::Off, |t| Threshold::Fixed(std::time::Duration::from_nanos(t)));
-                    let cfg = &job.cfg;
-                    let stream = ReplayStream::new(
-                        job.train.len() as u64,
-                        cfg.seed,
-                        (cfg.micro_batch_size / cfg.tail.parts()) as usize,
-                        None,
-                        job.steps(),
-                    );
-                    let mut data = Scripted { stream, wide };
+                    let mut data = Scripted { stream: ReplayStream::for_job(&job), wide };
                     let r = replay_policy_on(&trace, &job.policy_run(threshold), &mut data);
                     assert_eq!(r.drawn_latencies, 0, "{what}: every latency known");
                     assert_eq!(r.per_step.len(), dc.reports.len(), "{what}");

@@ -404,12 +404,13 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     }
     job_run::check_lockstep(&outcomes)?;
     let meta = RunMetadata::new(&job.cfg, backend_name(rt.api()), start);
-    let rep = summary::report(&job, &outcomes, meta)?;
+    let predicted = summary::job_prediction(&job, &outcomes);
+    let rep = summary::report(&job, &outcomes, meta, predicted.as_ref())?;
     // The outputs are in place before anything is written to the terminal: a closed or full
     // stdout then loses no result.
     let wrote = match out {
         Some(out) => {
-            summary::write_outputs(&out, &job, &rep, &outcomes)?;
+            summary::write_outputs(&out, &job, &rep, &outcomes, predicted.as_ref())?;
             let files = out.commit()?;
             Some(format!(
                 "wrote {} files to {}\n",

@@ -338,10 +338,10 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let outcomes = job_run::run_threads(&job, &rt, false)?;
     job_run::check_lockstep(&outcomes)?;
     let meta = RunMetadata::new(&job.cfg, super::train::backend_name(rt.api()), std::time::SystemTime::now());
-    let rep = summary::report(&job, &outcomes, meta)?;
-    let r0 = &outcomes[0];
-    let (base, dc) = (&r0[0], &r0[1]);
-    let pred = summary::prediction(&job, base, dc.threshold_ns).ok_or(TrainError::Config {
+    let predicted = summary::job_prediction(&job, &outcomes);
+    let rep = summary::report(&job, &outcomes, meta, predicted.as_ref())?;
+    let dc = &outcomes[0][1];
+    let pred = predicted.ok_or(TrainError::Config {
         what: "validate",
         value: format!(
             "no prediction: the baseline run has no complete step, or --policy {} is not replayed by sim::replay",

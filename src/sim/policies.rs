@@ -251,12 +251,13 @@ pub const MAX_STEPS_PER_TRACE_STEP: usize = 100;
 
 /// Replay `trace` under `run` for as many steps as `data` deals (module doc), at most
 /// [`MAX_STEPS_PER_TRACE_STEP`]·S + [`MAX_EXTRA_STEPS`]. A rank's walk is capped by what
-/// `data` deals it (the end of an epoch-bounded stream). Steps beyond the trace's S are an
-/// estimate ([`PolicyReplay::estimated_steps`]): each micro-batch latency is
-/// [`ReplayData::latency`] where the data knows it, else drawn from the rank's recorded
-/// latencies of every step (as beyond M); the start offset is the rank's mean and the overhead
-/// the trace's mean; their baseline time is NaN in
-/// [`PolicyReplay::per_step`] (no recorded step). Deterministic for a seed; never fails.
+/// `data` deals it (the end of an epoch-bounded stream). In a step beyond the trace's S each
+/// micro-batch latency is [`ReplayData::latency`] where the data knows it, else drawn from the
+/// rank's recorded latencies of every step (as beyond M); its start offsets and overhead are
+/// [`ReplayData::step_times`] where the data knows them, else each rank's mean offset and the
+/// trace's mean overhead (the step is then an estimate, [`PolicyReplay::estimated_steps`]); its
+/// baseline time is NaN in [`PolicyReplay::per_step`] (no trace step). Deterministic for a
+/// seed; never fails.
 pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn ReplayData) -> PolicyReplay {
     let (n, m) = (trace.world_size(), trace.micro_batches());
     let s_trace = trace.num_steps();
@@ -317,7 +318,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         for r in 0..n {
             let row: &[f64] = if recorded { &mat[r * m..(r + 1) * m] } else { &no_row };
             let t0 = offsets[r];
-            let assigned = assigner.assignment()[r];
+            let assigned = assignment[r];
             let cap = dealt.get(r).copied().unwrap_or(0).min(assigned) as usize;
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
             // Beyond the record (i >= M, or a step beyond S): one of the rank's recorded

@@ -249,6 +249,14 @@ impl Job {
         }
     }
 
+    /// Epochs after which a run's data stream ends, `None` for a run of `--steps` steps.
+    pub fn max_epochs(&self) -> Option<u64> {
+        match self.cfg.length {
+            RunLength::Epochs(e) => Some(u64::from(e)),
+            RunLength::Steps(_) => None,
+        }
+    }
+
     /// Steps of a run, `None` for an epoch-bounded run.
     pub fn steps(&self) -> Option<u64> {
         match self.cfg.length {

@@ -24,7 +24,7 @@ use crate::synapse::{Backend, BackendChoice, Device, HostBuffer, Runtime};
 use crate::tune::Verdict;
 use crate::tune::retune::{Retuner, RetunerConfig};
 
-use super::config::{RunLength, ThresholdArg};
+use super::config::ThresholdArg;
 use super::error::TrainError;
 use super::job::{Job, JobSpec, RankOutcome, RunKind};
 use super::progress::Progress;
@@ -296,10 +296,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         let mut work =
             MlpWorkload::new(sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
         work.rank = rank;
-        let max_epochs = match cfg.length {
-            RunLength::Epochs(e) => Some(u64::from(e)),
-            RunLength::Steps(_) => None,
-        };
+        let max_epochs = job.max_epochs();
         // Both runs deal from the one global stream (`RunData::global`): paired by
         // construction, and a rank's dropped micro-batches go to the next step's ranks.
         let mut data = RunData::global(

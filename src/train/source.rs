@@ -89,6 +89,14 @@ impl ReplayStream {
         Self { data: global_stream(samples, seed, part_size, 1, max_epochs), steps, step_samples: Vec::new() }
     }
 
+    /// The stream `job`'s second run deals (its samples, seed, parts of b/S, epochs or steps),
+    /// as `train::run` builds it: the data model of the job's prediction.
+    pub fn for_job(job: &super::job::Job) -> Self {
+        let cfg = &job.cfg;
+        let part_size = (cfg.micro_batch_size / cfg.tail.parts()) as usize;
+        Self::new(job.train.len() as u64, cfg.seed, part_size, job.max_epochs(), job.steps())
+    }
+
     /// Samples of every part started so far.
     pub fn samples(&self) -> u64 {
         self.step_samples.iter().sum()

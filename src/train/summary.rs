@@ -111,10 +111,6 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     let trace = trace.with_overhead(overhead).ok()?;
     let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
     let cfg = &job.cfg;
-    let max_epochs = match cfg.length {
-        super::config::RunLength::Epochs(e) => Some(u64::from(e)),
-        super::config::RunLength::Steps(_) => None,
-    };
     let steps = trace.steps();
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
     let baseline_samples: u64 = reports.iter().map(StepReport::global_samples).sum();
@@ -141,26 +137,20 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     } else {
         Vec::new()
     };
+    // The baseline's steps the trace skipped (an epoch's short last step), as measured: part
+    // of the baseline's time.
+    let skipped: f64 =
+        reports.iter().filter(|r| steps.binary_search(&r.step).is_err()).map(|r| r.step_ns as f64 + host_gap).sum();
     // One replay with the draws of `seed` (beyond the record): the replay, its stream, its
     // speedup.
     let one = |seed: u64| {
-        let stream = ReplayStream::new(
-            job.train.len() as u64,
-            cfg.seed,
-            (cfg.micro_batch_size / cfg.tail.parts()) as usize,
-            max_epochs,
-            job.steps(),
-        );
-        let mut data = WithRecorded { stream, steps: &partial };
+        let mut data = WithRecorded { stream: ReplayStream::for_job(job), steps: &partial };
         let run = crate::sim::policies::PolicyRun { seed, ..job.policy_run(threshold) };
         let replay = replay_policy_on(&trace, &run, &mut data);
         let stream = data.stream;
         // The baseline's time: its recorded steps as replayed (the synchronous policy
-        // reproduces them bit for bit), plus the steps the trace skipped (an epoch's short
-        // last step) as measured.
+        // reproduces them bit for bit), plus the skipped ones.
         let recorded: f64 = replay.per_step.iter().take(steps.len()).map(|x| x.0).sum();
-        let skipped: f64 =
-            reports.iter().filter(|r| steps.binary_search(&r.step).is_err()).map(|r| r.step_ns as f64 + host_gap).sum();
         let policy_time: f64 = replay.per_step.iter().map(|x| x.1).sum();
         let speedup = match covered.then(|| stream.samples()) {
             Some(s) if baseline_samples > 0 && policy_time > 0.0 => {
@@ -319,21 +309,36 @@ pub fn stragglers(o: &RankOutcome) -> StragglerReport {
     }
 }
 
+/// The prediction of a job's DropCompute run from rank 0's outcomes (`outcomes[0]`: its
+/// baseline and DropCompute runs): [`prediction`] at the run's threshold; `None` without a
+/// baseline (`--no-compare`) or a complete baseline step. Computed once per job and passed to
+/// [`report`] and [`write_outputs`] (an estimate replays [`ESTIMATE_DRAWS`] times).
+pub fn job_prediction(job: &Job, outcomes: &[Vec<RankOutcome>]) -> Option<Prediction> {
+    let r0 = outcomes.first()?;
+    let base = r0.iter().find(|o| o.kind == RunKind::Baseline)?;
+    let dc = r0.iter().find(|o| o.kind == RunKind::DropCompute)?;
+    prediction(job, base, dc.threshold_ns)
+}
+
 /// The report of a job from the outcomes `[rank][run]` (rank 0 at least), with the run
-/// metadata `meta`.
+/// metadata `meta` and the job's prediction ([`job_prediction`]).
 ///
 /// # Errors
 /// As [`run_report`].
-pub fn report(job: &Job, outcomes: &[Vec<RankOutcome>], meta: RunMetadata) -> Result<Report, TrainError> {
+pub fn report(
+    job: &Job,
+    outcomes: &[Vec<RankOutcome>],
+    meta: RunMetadata,
+    predicted: Option<&Prediction>,
+) -> Result<Report, TrainError> {
     let r0 = &outcomes[0];
     let base = r0.iter().find(|o| o.kind == RunKind::Baseline);
     let dc = r0
         .iter()
         .find(|o| o.kind == RunKind::DropCompute)
         .ok_or(TrainError::Config { what: "runs", value: "no DropCompute run".into() })?;
-    let predicted = base.and_then(|b| prediction(job, b, dc.threshold_ns));
     let baseline = base.map(|b| run_report(job, b)).transpose()?;
-    let speedup = predicted.as_ref().map(|p| p.speedup);
+    let speedup = predicted.map(|p| p.speedup);
     let mut rep =
         Report::new(baseline, run_report(job, dc)?, speedup, ConfigEcho::from(&job.cfg), meta, stragglers(dc));
     rep.prediction_estimate = predicted.is_some_and(|p| p.estimate);
@@ -395,13 +400,13 @@ pub fn write_outputs(
     job: &Job,
     rep: &Report,
     outcomes: &[Vec<RankOutcome>],
+    predicted: Option<&Prediction>,
 ) -> Result<(), TrainError> {
     out.write("report.json", rep.to_json().as_bytes())?;
     let runs = outcomes[0].len();
     let mut all_spans = Vec::new();
     let mut series = Vec::new();
     let mut steps = Vec::new();
-    let baseline = outcomes[0].iter().find(|o| o.kind == RunKind::Baseline);
     for i in 0..runs {
         let per_rank: Vec<&RankOutcome> = outcomes.iter().filter_map(|o| o.get(i)).collect();
         let label = per_rank[0].kind.label();
@@ -428,10 +433,8 @@ pub fn write_outputs(
             super::job::RunKind::DropCompute => job.cfg.policy(),
         };
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
-        if let (super::job::RunKind::DropCompute, Some(base)) = (r0.kind, baseline)
-            && let Some(p) = prediction(job, base, r0.threshold_ns)
-        {
-            steps.extend(super::metrics::predicted_rows(policy.name(), &p, r0.threshold_ns));
+        if let (super::job::RunKind::DropCompute, Some(p)) = (r0.kind, predicted) {
+            steps.extend(super::metrics::predicted_rows(policy.name(), p, r0.threshold_ns));
         }
         all_spans.push((label, spans(&per_rank)));
         series.push(Series {
