@@ -32,7 +32,7 @@
 # 2026-12-01 (one other build at times): checkpoint 73 / 86 viable caught (84.9 %) in 1502 s,
 # search 121 / 147 (82.3 %) in 1363 s (~10-16 s per mutant once the profile is built). Tests
 # were added for every survivor (tests/checkpoint.rs: exact structural errors behind a valid
-# checksum, step_of, valid_steps; src/tune/search.rs: saving, batch fraction, headroom, zero
+# checksum, step_of, valid_steps; core/src/tune/search.rs: saving, batch fraction, headroom, zero
 # steps, verdict boundaries); re-running the mutants of the survivors' lines (MUTANTS_RE):
 # checkpoint 25 + 7 / 25 + 7 caught (219 s + 89 s), search 49 / 49 (283 s): no survivor left.
 set -euo pipefail
@@ -46,16 +46,16 @@ fi
 
 group_files() {
   case "$1" in
-    policy) echo "src/policy/mod.rs" ;; # decide and the estimator (was src/policy.rs)
-    rebalance) echo "src/policy/rebalance.rs src/policy/kind.rs" ;;
-    divisor) echo "src/schedule/divisor.rs" ;;
-    compute_log) echo "src/trace/compute_log.rs" ;;
-    trace) echo "src/trace/mod.rs src/trace/whatif.rs" ;;
-    tune) echo "src/tune/search.rs src/tune/recommend.rs" ;;
-    recommend) echo "src/tune/recommend.rs" ;;
-    search) echo "src/tune/search.rs" ;;
-    tune_more) echo "src/tune/reduce.rs src/tune/retune.rs src/tune/straggler.rs" ;;
-    checkpoint) echo "src/checkpoint.rs" ;;
+    policy) echo "core/src/policy/mod.rs" ;; # decide and the estimator (was core/src/policy.rs)
+    rebalance) echo "core/src/policy/rebalance.rs core/src/policy/kind.rs" ;;
+    divisor) echo "core/src/schedule/divisor.rs" ;;
+    compute_log) echo "core/src/trace/compute_log.rs" ;;
+    trace) echo "core/src/trace/mod.rs core/src/trace/whatif.rs" ;;
+    tune) echo "core/src/tune/search.rs core/src/tune/recommend.rs" ;;
+    recommend) echo "core/src/tune/recommend.rs" ;;
+    search) echo "core/src/tune/search.rs" ;;
+    tune_more) echo "core/src/tune/reduce.rs core/src/tune/retune.rs core/src/tune/straggler.rs" ;;
+    checkpoint) echo "core/src/checkpoint.rs" ;;
     *) echo "unknown group $1" >&2; exit 2 ;;
   esac
 }
@@ -63,7 +63,8 @@ group_files() {
 # (`cargo test --no-run`) and the test run, unlike arguments after `--` (test run only).
 group_tests() {
   case "$1" in
-    checkpoint) echo "--cargo-arg=--lib --cargo-arg=--test=checkpoint" ;;
+    # tests/checkpoint.rs belongs to the root crate (dropcompute-cli), the code to the core.
+    checkpoint) echo "--test-workspace=true --cargo-arg=--lib --cargo-arg=--test=checkpoint" ;;
     *) echo "--cargo-arg=--lib" ;;
   esac
 }

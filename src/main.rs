@@ -1,5 +1,5 @@
 //! The `dropcompute` command line: parses (`cli::Cli`), sets up logging, dispatches to the
-//! library's `dropcompute::commands` and maps errors to exit codes.
+//! library's `dropcompute_cli::commands` and maps errors to exit codes.
 //! Exit codes per failure class: see `cli::exit` (and README.md).
 #![forbid(unsafe_code)]
 

@@ -281,7 +281,7 @@ fn bench_allreduce_refuses_what_train_refuses_at_once() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--ranks: 4 but the launcher's world size is 2 (WORLD_SIZE=2)"), "{err}");
 
-    let over = (dropcompute::commands::bench::MAX_BENCH_BYTES + 1).to_string();
+    let over = (dropcompute_cli::commands::bench::MAX_BENCH_BYTES + 1).to_string();
     let (code, err) = code_and_stderr(&dropcompute(&["bench", "allreduce", "--max-bytes", &over], &[]));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains(&format!("--max-bytes {over}: must be <= 1073741824")), "{err}");

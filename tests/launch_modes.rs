@@ -176,7 +176,7 @@ fn sighup_writes_a_checkpoint_only_when_checkpointing_was_asked_for() {
 /// The final parameters of the DropCompute run as bit patterns (read through the product's
 /// safetensors reader).
 fn params(out: &Path) -> Vec<u32> {
-    let (_, p) = dropcompute::train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
+    let (_, p) = dropcompute_train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
     p.iter().map(|x| x.to_bits()).collect()
 }
 

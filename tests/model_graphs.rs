@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use dropcompute::mock::{MockConfig, MockControl, Noise, TimeMode, api};
 use dropcompute::synapse::{Device, DeviceBuffer, DeviceRepr, Error, Event, HostBuffer, Runtime, Stream};
-use dropcompute::train::data::Dataset;
-use dropcompute::train::mlp::{self, MlpScratch, MlpShape};
-use dropcompute::train::model_graphs::{MlpGraphs, forward_backward_recipe_name, stage_labels};
+use dropcompute_train::data::Dataset;
+use dropcompute_train::mlp::{self, MlpScratch, MlpShape};
+use dropcompute_train::model_graphs::{MlpGraphs, forward_backward_recipe_name, stage_labels};
 
 const SHAPE: MlpShape = MlpShape { input: 64, hidden: 32, classes: 10 };
 

@@ -162,9 +162,9 @@ fn timeline_follows_the_chrome_trace_format_in_real_time_and_processes() {
 /// `--init-params`.
 #[test]
 fn slow_rank_is_chronic_and_every_output_reads_back() {
-    use dropcompute::train::metrics::{StepMetrics, read_csv};
-    use dropcompute::train::report::Report;
     use dropcompute::tune::StragglerClass;
+    use dropcompute_train::metrics::{StepMetrics, read_csv};
+    use dropcompute_train::report::Report;
     let dir = hermetic::temp_dir("stragglers");
     let out = dir.path().join("o");
     let args = ["train", "--ranks", "4", "--steps", "30", "--slow-rank", "3:2", "--time-mode", "virtual"];
@@ -266,7 +266,7 @@ fn slow_rank_is_chronic_and_every_output_reads_back() {
     // The parameters file initialises another run of the same model; a different model is a
     // data error (exit 6) naming the file.
     let p = out.join("params_dropcompute.safetensors");
-    let (shape, trained) = dropcompute::train::params::load(&p).expect("safetensors reads back");
+    let (shape, trained) = dropcompute_train::params::load(&p).expect("safetensors reads back");
     assert_eq!(shape.param_len(), trained.len());
     let init =
         ["train", "--ranks", "2", "--steps", "1", "--time-mode", "virtual", "--no-compare", "--threshold", "off"];

@@ -17,13 +17,13 @@ fn trace(name: &str) -> PathBuf {
 #[derive(clap::Parser)]
 struct Tune {
     #[command(flatten)]
-    args: dropcompute::commands::tune::Args,
+    args: dropcompute_cli::commands::tune::Args,
 }
 
 #[derive(clap::Parser)]
 struct Simulate {
     #[command(flatten)]
-    args: dropcompute::commands::simulate::Args,
+    args: dropcompute_cli::commands::simulate::Args,
 }
 
 fn tune_json(extra: &[&str]) -> Vec<PolicyComparison> {
@@ -31,7 +31,7 @@ fn tune_json(extra: &[&str]) -> Vec<PolicyComparison> {
     v.extend_from_slice(extra);
     let args = <Tune as clap::Parser>::try_parse_from(v).expect("flags").args;
     let mut out = Vec::new();
-    dropcompute::commands::tune::run_to(&args, &mut out).expect("tune");
+    dropcompute_cli::commands::tune::run_to(&args, &mut out).expect("tune");
     serde_json::from_slice(&out).expect("tune --policy --json reads back")
 }
 
@@ -40,7 +40,7 @@ fn simulate_out(extra: &[&str]) -> Vec<u8> {
     v.extend_from_slice(extra);
     let args = <Simulate as clap::Parser>::try_parse_from(v).expect("flags").args;
     let mut out = Vec::new();
-    dropcompute::commands::simulate::run_to(&args, &mut out).expect("simulate");
+    dropcompute_cli::commands::simulate::run_to(&args, &mut out).expect("simulate");
     out
 }
 
@@ -156,7 +156,7 @@ fn simulate_trace_policy_matches_tune_and_prints_the_table() {
     }
     // A bad policy name is refused, naming it.
     let args = <Simulate as clap::Parser>::try_parse_from(["simulate", "--policy", "drop-after"]).unwrap().args;
-    let e = dropcompute::commands::simulate::run_to(&args, &mut Vec::new()).expect_err("bad name").to_string();
+    let e = dropcompute_cli::commands::simulate::run_to(&args, &mut Vec::new()).expect_err("bad name").to_string();
     assert!(e.contains("drop-after") && e.contains("rebalance-drop"), "{e}");
 }
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use dropcompute::policy::Policy;
-use dropcompute::train::metrics::{parse_assignment, read_csv};
+use dropcompute_train::metrics::{parse_assignment, read_csv};
 
 const HANG: Duration = Duration::from_secs(300);
 const N: u32 = 3;
@@ -49,7 +49,7 @@ fn run(policy: Policy, extra: &[&str], mode: &str, base: &Path) -> std::path::Pa
 
 /// The bits of run `run`'s final parameters in `out`, read back by the product's reader.
 fn params(out: &Path, run: &str) -> Vec<u32> {
-    let (_, p) = dropcompute::train::params::load(&out.join(format!("params_{run}.safetensors"))).unwrap();
+    let (_, p) = dropcompute_train::params::load(&out.join(format!("params_{run}.safetensors"))).unwrap();
     p.iter().map(|x| x.to_bits()).collect()
 }
 
@@ -243,7 +243,7 @@ fn the_prediction_equals_the_measurement_for_the_fixed_policy_rows() {
         assert!((predicted / measured - 1.0).abs() <= 0.005, "{what}: predicted {predicted} measured {measured}");
         assert!(measured > 1.05, "{what}: the policy gains ({measured})");
         if what.starts_with("compute-budget") {
-            let rows: Vec<dropcompute::train::metrics::StepMetrics> = read_csv(&out.join("steps.csv")).unwrap();
+            let rows: Vec<dropcompute_train::metrics::StepMetrics> = read_csv(&out.join("steps.csv")).unwrap();
             for r in rows.iter().filter(|r| r.run == "dropcompute" && r.step < 3) {
                 assert_eq!(r.computed + r.dropped, 4 * 4, "{what}: warm-up step {} runs the nominal batch", r.step);
             }
@@ -263,8 +263,8 @@ fn the_prediction_equals_the_measurement_for_the_fixed_policy_rows() {
 ///   rank "unlabelled".
 #[test]
 fn an_epoch_run_is_predicted_and_its_stragglers_labelled() {
-    use dropcompute::train::report::Report;
     use dropcompute::tune::StragglerClass;
+    use dropcompute_train::report::Report;
     let tmp = hermetic::temp_dir("epochs");
     let jobs: [(&str, &[&str], u32); 2] = [
         ("epochs", &["--ranks", "4", "--epochs", "4", "--slow-rank", "1:2"], 1),
@@ -313,7 +313,7 @@ fn an_epoch_run_is_predicted_and_its_stragglers_labelled() {
 /// (0.99999984x) and an epoch run's short last step was drawn (1.007x predicted).
 #[test]
 fn a_deadline_that_never_fires_is_exactly_the_synchronous_run() {
-    use dropcompute::train::report::Report;
+    use dropcompute_train::report::Report;
     let tmp = hermetic::temp_dir("never-fires");
     let mut runs = 0;
     for policy in ["drop-before", "drop-predictive"] {

@@ -45,7 +45,7 @@ fn train(extra: &[&str], env: Option<(&str, String)>) -> Output {
 
 /// The final parameters' bits, read back from the run's parameters file.
 fn params(out: &Path) -> Vec<u32> {
-    let (_, p) = dropcompute::train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
+    let (_, p) = dropcompute_train::params::load(&out.join("params_dropcompute.safetensors")).unwrap();
     p.iter().map(|x| x.to_bits()).collect()
 }
 
@@ -274,7 +274,7 @@ fn a_resumed_auto_run_keeps_its_tuned_threshold() {
     let run = |extra: &[&str]| hermetic::dropcompute().args(common).args(extra).output().unwrap();
     let a = run(&["--steps", "14", "--checkpoint-every", "5", "--checkpoint-dir", s(&ck), "--out", s(&o1)]);
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
-    let rows = |o: &Path| dropcompute::train::metrics::read_csv(&o.join("steps.csv")).unwrap();
+    let rows = |o: &Path| dropcompute_train::metrics::read_csv(&o.join("steps.csv")).unwrap();
     let tuned: Vec<Option<f64>> =
         rows(&o1).into_iter().filter(|r| r.run == "dropcompute").map(|r| r.threshold_ms).collect();
     assert!(tuned[0].is_some() && tuned.iter().all(|t| t == &tuned[0]), "auto enabled a threshold: {tuned:?}");

@@ -715,7 +715,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
         let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> = endless(vec![1]);
         run(&World::new(n, base_cfg(m, 1, 4), 16, data))
     };
-    let trace = dropcompute::train::summary::run_trace(&base[0].reports).unwrap();
+    let trace = dropcompute_train::summary::run_trace(&base[0].reports).unwrap();
     let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow rank: 2 x 25 µs start
     for policy in Policy::ALL {
         let _g = serial(&mock_cfg(n, &scripts));
@@ -768,7 +768,7 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
         let _g = serial(&cfg_mock);
         run(&World::new(n, base_cfg(m, 2, 4), 12, endless(vec![2])))
     };
-    let trace = dropcompute::train::summary::run_trace(&base[0].reports).unwrap();
+    let trace = dropcompute_train::summary::run_trace(&base[0].reports).unwrap();
     let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow: 25 + 12.5 fits, a whole second does not
     let tail = TailShape::split(2);
     for policy in [Policy::DropPredictive, Policy::ComputeBudget, Policy::Rebalance, Policy::RebalanceDrop] {

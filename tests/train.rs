@@ -9,13 +9,13 @@ mod hermetic;
 use std::path::Path;
 
 use clap::Parser;
-use dropcompute::commands::train::Args as TrainArgs;
-use dropcompute::train::job::{Job, RunKind};
-use dropcompute::train::output::StagedOut;
-use dropcompute::train::report::RunMetadata;
-use dropcompute::train::run;
-use dropcompute::train::summary;
-use dropcompute::train::{metrics, params};
+use dropcompute_cli::commands::train::Args as TrainArgs;
+use dropcompute_train::job::{Job, RunKind};
+use dropcompute_train::output::StagedOut;
+use dropcompute_train::report::RunMetadata;
+use dropcompute_train::run;
+use dropcompute_train::summary;
+use dropcompute_train::{metrics, params};
 
 #[derive(Parser)]
 struct Cli {
@@ -158,7 +158,7 @@ const COMPUTE_LOG_COLUMNS: [&str; 11] = [
 /// micro-batch by micro-batch; each value recomputed here from the report's fields (not
 /// through `StepReport::compute_log`): computed_batch is this rank's running sum of computed
 /// samples in the step, iteration_time_ms = duration_ns / 1e6.
-fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute::train::job::RankOutcome>], run: usize) {
+fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute_train::job::RankOutcome>], run: usize) {
     let mut rd = csv::Reader::from_path(path).unwrap();
     let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
     assert_eq!(header, COMPUTE_LOG_COLUMNS, "{}", path.display());
@@ -253,7 +253,7 @@ fn auto_threshold_honours_the_drop_rate_guardrail() {
 #[test]
 fn a_rank_process_receives_the_parents_validated_config() {
     use dropcompute::launch::ChildSpec;
-    use dropcompute::train::job::JobSpec;
+    use dropcompute_train::job::JobSpec;
     hermetic::scrub_process_env();
     let tmp = hermetic::temp_dir("train-spec");
     let dir = tmp.path();

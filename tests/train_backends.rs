@@ -52,14 +52,14 @@ fn the_mock_library_through_the_loader_trains_bitwise_like_the_in_process_mock()
         // The tensors, bit for bit, through the product's reader (the header's metadata order is
         // not part of the comparison).
         let params = |d: &Path| {
-            let (_, p) = dropcompute::train::params::load(&d.join("params_dropcompute.safetensors")).expect("params");
+            let (_, p) = dropcompute_train::params::load(&d.join("params_dropcompute.safetensors")).expect("params");
             p.into_iter().map(f32::to_bits).collect::<Vec<u32>>()
         };
         let pa = params(a.path());
         assert!(pa.len() > 1000, "{launch}: {} parameters", pa.len());
         assert!(pa == params(b.path()), "{launch}: parameters differ");
         let rows = |d: &Path| {
-            let rows = dropcompute::train::metrics::read_csv(&d.join("steps.csv")).expect("steps.csv");
+            let rows = dropcompute_train::metrics::read_csv(&d.join("steps.csv")).expect("steps.csv");
             rows.into_iter()
                 .map(|r| (r.run, r.step, r.computed, r.dropped, r.divisor.to_bits(), r.loss.map(f64::to_bits)))
                 .collect::<Vec<_>>()

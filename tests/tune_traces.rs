@@ -1,13 +1,13 @@
 //! Acceptance on the real what-if traces shipped in data/traces (copies; see its README).
 use std::path::PathBuf;
 
-use dropcompute::commands::tune::{Args as TuneArgs, TuneJson, run_to};
 use dropcompute::policy::CheckMode;
 use dropcompute::sim::replay::ExecutionModel;
 use dropcompute::trace::{LoadOptions, load};
 use dropcompute::tune::Guardrails;
 use dropcompute::tune::recommend::replay_score;
 use dropcompute::tune::{Refusal, TuneConfig, Verdict, tune};
+use dropcompute_cli::commands::tune::{Args as TuneArgs, TuneJson, run_to};
 
 fn trace(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/traces").join(name)

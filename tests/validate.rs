@@ -7,7 +7,7 @@
 mod hermetic;
 
 use clap::Parser;
-use dropcompute::commands::validate::{Args, ValidateJson, run_to};
+use dropcompute_cli::commands::validate::{Args, ValidateJson, run_to};
 
 #[derive(Parser)]
 struct Wrap {

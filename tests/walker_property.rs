@@ -9,25 +9,25 @@
 //! latency of every micro-batch the policy run may launch (its slots are 2·M). The simulator
 //! replays the job's own baseline (its M columns, as `train` predicts) and takes the latencies
 //! beyond M from that record through `ReplayData::latency`, the data dealt by the run's stream
-//! (`train::source::ReplayStream`). A tail part costs the tail cost times its whole
+//! (`dropcompute::deal::ReplayStream`). A tail part costs the tail cost times its whole
 //! micro-batch in the simulator; the mock draws a tail part's noise apart, so the tail-shape
 //! rows run without noise (each rank its own random slowdown and the base latency random).
-#![cfg(all(feature = "mock", feature = "cli", target_os = "linux"))] // the CPU mock device
+#![cfg(all(feature = "mock", target_os = "linux"))] // the CPU mock device
 
 use clap::Parser;
 use rand::Rng;
 
+use dropcompute::deal::ReplayStream;
 use dropcompute::policy::{Policy, Threshold};
 use dropcompute::sim::policies::{ReplayData, replay_policy_on};
 use dropcompute::trace::LatencyTrace;
-use dropcompute::train::job::{Job, RankOutcome};
-use dropcompute::train::source::ReplayStream;
-use dropcompute::train::{run as job_run, summary};
+use dropcompute_train::job::{Job, RankOutcome};
+use dropcompute_train::{run as job_run, summary};
 
 #[derive(clap::Parser)]
 struct Cli {
     #[command(flatten)]
-    train: dropcompute::commands::train::Args,
+    train: dropcompute_cli::commands::train::Args,
 }
 
 /// Runs `train` with `argv` (after the subcommand) in this process: outcomes[rank][run].
@@ -131,7 +131,7 @@ fn scheduler_and_simulator_decide_alike_on_random_latencies_for_every_policy_tai
                     let threshold = dc
                         .threshold_ns
                         .map_or(Threshold::Off, |t| Threshold::Fixed(std::time::Duration::from_nanos(t)));
-                    let mut data = Scripted { stream: ReplayStream::for_job(&job), wide };
+                    let mut data = Scripted { stream: job.replay_stream(), wide };
                     let r = replay_policy_on(&trace, &job.policy_run(threshold), &mut data);
                     assert_eq!(r.drawn_latencies, 0, "{what}: every latency known");
                     assert_eq!(r.per_step.len(), dc.reports.len(), "{what}");

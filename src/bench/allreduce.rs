@@ -6,16 +6,16 @@
 //!
 //! Owns: the per-rank measurement loop ([`measure_rank`]), one rank of any launch mode
 //! ([`join_and_measure`]), the thread driver ([`run_threads`]) and the report. Must not touch:
-//! starting ranks (`crate::launch` does, for threads, processes and launcher ranks alike).
+//! starting ranks (`dropcompute::launch` does, for threads, processes and launcher ranks alike).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp};
-use crate::launch::{self, Join};
-use crate::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
+use dropcompute::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp};
+use dropcompute::launch::{self, Join};
+use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
 
 /// Which collective `bench allreduce --op` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
@@ -333,7 +333,7 @@ pub fn measure_rank(comm: &Comm, stream: &Stream, opts: &AllreduceOptions) -> Re
 }
 
 /// The rank program name of `bench allreduce --launch processes` in a
-/// `crate::launch::ChildSpec` (its config is the [`AllreduceOptions`], its result the rows).
+/// `dropcompute::launch::ChildSpec` (its config is the [`AllreduceOptions`], its result the rows).
 pub const CHILD_PROGRAM: &str = "bench-allreduce";
 
 /// Joins the communicator as `join` says on a fresh device (any free device, or the
@@ -357,7 +357,7 @@ pub fn join_and_measure(
     Ok(rows)
 }
 
-/// Measures with `ranks` threads in this process (`crate::launch::threads`), each on its own
+/// Measures with `ranks` threads in this process (`dropcompute::launch::threads`), each on its own
 /// device of `rt`.
 ///
 /// # Errors

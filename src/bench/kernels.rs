@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use half::bf16;
 
-use crate::mock::kernels::{Isa, Kernels};
+use dropcompute::mock::kernels::{Isa, Kernels};
 
 /// The target of the foundation issue: kernel GB/s ≥ 0.7 × memcpy GB/s beyond the LLC.
 pub const TARGET_RATIO: f64 = 0.7;

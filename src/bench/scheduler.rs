@@ -20,15 +20,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::hccl::{Comm, CommOptions};
-use crate::mock::{MockConfig, MockControl, MockRecipe, TimeMode};
-use crate::mock_recipes;
-use crate::policy::{CheckMode, PolicyConfig, Threshold};
-use crate::schedule::{
+use dropcompute::hccl::{Comm, CommOptions};
+use dropcompute::mock::{MockConfig, MockControl, MockRecipe, TimeMode};
+use dropcompute::mock_recipes;
+use dropcompute::policy::{CheckMode, PolicyConfig, Threshold};
+use dropcompute::schedule::{
     DataSource, GradDtype, GradientScratch, MicroBatch, Scheduler, SchedulerConfig, Workload, WorkloadError,
 };
-use crate::synapse::graph::{DType, GraphArg, GraphBuilder, Op};
-use crate::synapse::{Device, DeviceBuffer, Event, LaunchTensor, Recipe, Runtime, Stream};
+use dropcompute::synapse::graph::{DType, GraphArg, GraphBuilder, Op};
+use dropcompute::synapse::{Device, DeviceBuffer, Event, LaunchTensor, Recipe, Runtime, Stream};
 
 /// The target of the scheduler issue: overhead per micro-batch <= 2 µs.
 pub const TARGET_US: f64 = 2.0;
@@ -137,7 +137,7 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
         time_mode: TimeMode::Virtual,
         ..Default::default()
     })?;
-    let rt = Runtime::new(crate::mock::api())?;
+    let rt = Runtime::new(dropcompute::mock::api())?;
     let dev = Device::acquire(&rt, 0)?;
     let id = Comm::unique_id(&rt)?;
     let comm = Comm::init_rank(&dev, 1, &id, 0, CommOptions::default())?;
@@ -165,7 +165,7 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
     let mut scratch = GradientScratch::F32(DeviceBuffer::alloc(&dev, GRAD_LEN)?);
     let events: Vec<(Event, Event)> = (0..M)
         .map(|_| Ok((Event::new(&dev, true)?, Event::new(&dev, true)?)))
-        .collect::<crate::synapse::Result<_>>()?;
+        .collect::<dropcompute::synapse::Result<_>>()?;
     let mb = MicroBatch::new(vec![0]);
     let mut g = GraphBuilder::new(&rt, dev.info()?.device_type)?;
     let gx = g.persistent("x", DType::F32, &[GRAD_LEN as u64])?;

@@ -27,13 +27,13 @@ use std::error::Error;
 use std::process::ExitCode;
 
 use dropcompute::checkpoint::CheckpointError;
-use dropcompute::commands::CommandError;
 use dropcompute::hccl::HcclError;
 use dropcompute::hccl::bootstrap::ConfigError as LaunchConfigError;
 use dropcompute::hccl::rendezvous::RendezvousError;
 use dropcompute::schedule::ScheduleError;
 use dropcompute::sim::SimError;
 use dropcompute::trace::TraceError;
+use dropcompute_cli::commands::CommandError;
 use habana_sys::LoadError;
 
 /// A failure class and its process exit code (see the module table).
@@ -135,7 +135,7 @@ fn schedule(e: &ScheduleError) -> ExitClass {
 fn mock_only(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     use dropcompute::mock::RecipeFileError;
     use dropcompute::mock::config::ConfigError as MockConfigError;
-    use dropcompute::train::error::TrainError;
+    use dropcompute_train::error::TrainError;
     if let Some(t) = e.downcast_ref::<TrainError>() {
         return Some(train(t));
     }
@@ -151,8 +151,8 @@ fn mock_only(_: &(dyn Error + 'static)) -> Option<ExitClass> {
 }
 
 #[cfg(feature = "mock")]
-fn train(e: &dropcompute::train::error::TrainError) -> ExitClass {
-    use dropcompute::train::error::TrainError;
+fn train(e: &dropcompute_train::error::TrainError) -> ExitClass {
+    use dropcompute_train::error::TrainError;
     match e {
         TrainError::Args(_) | TrainError::Model(_) | TrainError::Config { .. } | TrainError::Bootstrap(_) => {
             ExitClass::Usage

@@ -1,9 +1,9 @@
 //! Argument parsing and dispatch for the `dropcompute` binary: the top-level parser ([`Cli`]),
 //! logging setup ([`init_logging`]), dispatch to the library's per-subcommand modules
-//! (`dropcompute::commands::{info, train, validate, tune, simulate, bench}`, each with its `Args` and
+//! (`dropcompute_cli::commands::{info, train, validate, tune, simulate, bench}`, each with its `Args` and
 //! `run`) and the hidden rank-process entry of `--launch processes`. Exit codes per failure
 //! class are [`exit`]. Must not touch: flags of a subcommand or what a command does (both live
-//! in `dropcompute::commands`).
+//! in `dropcompute_cli::commands`).
 
 pub mod exit;
 
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use dropcompute::commands::{self, BoxError};
+use dropcompute_cli::commands::{self, BoxError};
 
 /// Errors of the command line, rendered with their causes by `main`: the library's typed errors,
 /// boxed (classified by [`exit::classify`]).
@@ -132,9 +132,9 @@ fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     dropcompute::launch::bind_to_parent(&spec);
     match spec.program.as_str() {
         #[cfg(feature = "mock")]
-        dropcompute::train::run::CHILD_PROGRAM => Ok(commands::train::child(&spec)?),
+        dropcompute_train::run::CHILD_PROGRAM => Ok(commands::train::child(&spec)?),
         #[cfg(feature = "mock")]
-        dropcompute::bench::allreduce::CHILD_PROGRAM => commands::bench::allreduce_child(&spec),
+        dropcompute_cli::bench::allreduce::CHILD_PROGRAM => commands::bench::allreduce_child(&spec),
         other => Err(UnknownProgram { path: path.to_path_buf(), program: other.to_owned() }.into()),
     }
 }
@@ -200,8 +200,8 @@ mod tests {
     /// `bench allreduce --launch` takes `launch::Launch`'s names.
     #[test]
     fn bench_allreduce_launch_is_the_core_launch_type() {
-        use dropcompute::commands::bench::Args;
         use dropcompute::launch::Launch;
+        use dropcompute_cli::commands::bench::Args;
         for (name, want) in [("threads", Launch::Threads), ("processes", Launch::Processes), ("env", Launch::Env)] {
             let cli = parse(&["bench", "allreduce", "--launch", name]).expect("parses");
             let super::Command::Bench(Args::Allreduce(a)) = cli.command else { panic!("not bench allreduce") };

@@ -3,7 +3,7 @@
 //!
 //! Owns: [`Args`] (the `bench` subcommands and their flags), [`run`], and the rank-process side
 //! of `bench allreduce --launch processes` ([`allreduce_child`]). Must not touch: the
-//! measurements themselves (`crate::bench`, `crate::sim::montecarlo::bench_simulator`).
+//! measurements themselves (`crate::bench`, `dropcompute::sim::montecarlo::bench_simulator`).
 #![forbid(unsafe_code)]
 
 use super::{BackendArgs, BoxError, CommandError};
@@ -13,16 +13,16 @@ use crate::bench::allreduce::{
 };
 #[cfg(feature = "mock")]
 use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
-use crate::hccl::Comm;
+use dropcompute::hccl::Comm;
 #[cfg(feature = "mock")]
-use crate::launch::ChildSpec;
-use crate::launch::{self, Join, Launch};
+use dropcompute::launch::ChildSpec;
+use dropcompute::launch::{self, Join, Launch};
 #[cfg(feature = "mock")]
-use crate::mock::{MockConfig, MockControl};
-use crate::sim::montecarlo::bench_simulator;
-use crate::synapse::Runtime;
+use dropcompute::mock::{MockConfig, MockControl};
+use dropcompute::sim::montecarlo::bench_simulator;
+use dropcompute::synapse::Runtime;
 #[cfg(feature = "mock")]
-use crate::synapse::{Backend, BackendChoice};
+use dropcompute::synapse::{Backend, BackendChoice};
 
 /// The `bench` subcommands (`kernels` and `scheduler` need the cargo feature `mock`).
 #[derive(Debug, clap::Subcommand)]
@@ -205,7 +205,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     let report = match a.launch {
         Launch::Threads => run_threads(&rt, ranks, &opts)?,
         Launch::Env => {
-            let boot = crate::hccl::bootstrap::Bootstrap::from_env()?;
+            let boot = dropcompute::hccl::bootstrap::Bootstrap::from_env()?;
             if ranks_given && ranks != boot.world_size {
                 return Err(CommandError::Args(format!(
                     "--ranks: {} but the launcher's world size is {} ({})",

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use super::{BackendArgs, BoxError, CommandError};
 #[cfg(feature = "mock")]
-use crate::mock::MockControl;
-use crate::synapse::graph::{DType, GraphArg, GraphBuilder, Op, RecipeCache, RecipeOrigin, TensorId};
-use crate::synapse::{Device, DeviceBuffer, Event, HostBuffer, Runtime, Stream};
+use dropcompute::mock::MockControl;
+use dropcompute::synapse::graph::{DType, GraphArg, GraphBuilder, Op, RecipeCache, RecipeOrigin, TensorId};
+use dropcompute::synapse::{Device, DeviceBuffer, Event, HostBuffer, Runtime, Stream};
 
 /// Arguments of `dropcompute info`.
 #[derive(Debug, clap::Args)]
@@ -39,7 +39,7 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
     // value is a usage error naming the variable (exit 2), not a failed synInitialize.
     #[cfg(feature = "mock")]
     if backend.is_mock() || backend.library_path().is_some_and(|p| MockControl::from_library(p).is_ok()) {
-        crate::mock::MockConfig::from_env()?;
+        dropcompute::mock::MockConfig::from_env()?;
     }
     super::say(&format!("backend:  {}\n", backend.describe()))?;
     if let Some(note) = &backend.note {
@@ -108,7 +108,7 @@ fn self_check(rt: &std::sync::Arc<Runtime>, dev: &Device) -> Result<String, BoxE
     let cache_dir = std::env::temp_dir().join(format!("dropcompute-info-cache-{}", std::process::id()));
     let cache = RecipeCache::new(&cache_dir);
     let device_type = dev.info()?.device_type;
-    let build = || -> Result<(GraphBuilder, TensorId, TensorId), crate::synapse::Error> {
+    let build = || -> Result<(GraphBuilder, TensorId, TensorId), dropcompute::synapse::Error> {
         let mut g = GraphBuilder::new(rt, device_type)?;
         let x = g.persistent("src", DType::F32, &[n as u64])?;
         let y = g.persistent("dst", DType::F32, &[n as u64])?;

@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 
-use crate::synapse::{Backend, BackendChoice};
+use dropcompute::synapse::{Backend, BackendChoice};
 
 pub mod bench;
 pub mod info;
@@ -34,10 +34,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum CommandError {
     /// Reading or validating a trace failed.
     #[error(transparent)]
-    Trace(#[from] crate::trace::TraceError),
+    Trace(#[from] dropcompute::trace::TraceError),
     /// A model or simulation parameter was invalid.
     #[error(transparent)]
-    Sim(#[from] crate::sim::SimError),
+    Sim(#[from] dropcompute::sim::SimError),
     /// Writing output failed; `what` names the file or stream.
     #[error("writing {what}: {source}")]
     Io {
@@ -115,17 +115,17 @@ impl BackendArgs {
 
 /// The guardrail flags of every command that recommends a threshold (`tune`, `train
 /// --threshold auto`): one definition, so both have the same names and defaults
-/// ([`crate::tune::Guardrails::default`]).
+/// ([`dropcompute::tune::Guardrails::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
 pub struct GuardrailArgs {
     /// Guardrail: maximum mean drop rate of the replayed run (fraction in [0, 1]).
-    #[arg(long, default_value_t = crate::tune::Guardrails::default().max_drop_rate, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = dropcompute::tune::Guardrails::default().max_drop_rate, allow_negative_numbers = true)]
     pub max_drop_rate: f64,
     /// Guardrail: minimum fraction of the global batch computed in every replayed step.
-    #[arg(long, default_value_t = crate::tune::Guardrails::default().min_batch_fraction, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = dropcompute::tune::Guardrails::default().min_batch_fraction, allow_negative_numbers = true)]
     pub min_batch_fraction: f64,
     /// Guardrail: minimum replayed effective speedup to enable dropping (0.02 = +2 %).
-    #[arg(long, default_value_t = crate::tune::Guardrails::default().min_gain, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = dropcompute::tune::Guardrails::default().min_gain, allow_negative_numbers = true)]
     pub min_gain: f64,
 }
 
@@ -134,9 +134,9 @@ impl GuardrailArgs {
     ///
     /// # Errors
     /// `"--FLAG VALUE: must be a fraction in [0, 1]"` for the first flag out of range
-    /// ([`crate::tune::Guardrails::validate`]).
-    pub fn guardrails(&self) -> Result<crate::tune::Guardrails, String> {
-        let g = crate::tune::Guardrails {
+    /// ([`dropcompute::tune::Guardrails::validate`]).
+    pub fn guardrails(&self) -> Result<dropcompute::tune::Guardrails, String> {
+        let g = dropcompute::tune::Guardrails {
             max_drop_rate: self.max_drop_rate,
             min_batch_fraction: self.min_batch_fraction,
             min_gain: self.min_gain,
@@ -163,7 +163,7 @@ impl TailArgError {
     }
 }
 
-/// The second compiled shape ([`crate::policy::TailShape`]) of `simulate`/`tune --policy` and
+/// The second compiled shape ([`dropcompute::policy::TailShape`]) of `simulate`/`tune --policy` and
 /// `train`: one definition, so all three spell and check it alike.
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
 pub struct TailArgs {
@@ -190,7 +190,7 @@ impl TailArgs {
     /// # Errors
     /// `"--FLAG VALUE: why"` as [`TailArgs::tail`]; `"--tail-split ...: needs --policy"` when
     /// a tail flag is given without a policy comparison.
-    pub fn for_policy(&self, policy: Option<&str>) -> Result<crate::policy::TailShape, CommandError> {
+    pub fn for_policy(&self, policy: Option<&str>) -> Result<dropcompute::policy::TailShape, CommandError> {
         if policy.is_none() && self.given() {
             let (flag, value) = if self.tail_split != 1 {
                 ("tail-split", self.tail_split.to_string())
@@ -209,7 +209,7 @@ impl TailArgs {
     /// # Errors
     /// [`TailArgError`] naming `tail-split` when the split is 0 or above 64, `tail-cost` when
     /// the cost is not a finite number in (0, 1] or is given with split 1.
-    pub fn tail(&self) -> Result<crate::policy::TailShape, TailArgError> {
+    pub fn tail(&self) -> Result<dropcompute::policy::TailShape, TailArgError> {
         use TailArgError as ArgError;
         if self.tail_split == 0 || self.tail_split > 64 {
             return Err(ArgError::new(
@@ -230,7 +230,7 @@ impl TailArgs {
                 return Err(ArgError::new("tail-cost", c, "needs --tail-split >= 2 (there is no tail shape)"));
             }
         }
-        Ok(crate::policy::TailShape { split: self.tail_split, cost: self.tail_cost })
+        Ok(dropcompute::policy::TailShape { split: self.tail_split, cost: self.tail_cost })
     }
 }
 
@@ -258,12 +258,12 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// Parses `--policy`: `all` or a comma-separated list of policy names
-/// ([`crate::policy::Policy::name`]), returned in [`crate::policy::Policy::ALL`] order.
+/// ([`dropcompute::policy::Policy::name`]), returned in [`dropcompute::policy::Policy::ALL`] order.
 ///
 /// # Errors
 /// [`CommandError::Args`] naming the unknown name and the accepted ones.
-pub fn parse_policies(spec: &str) -> Result<Vec<crate::policy::Policy>, CommandError> {
-    use crate::policy::Policy;
+pub fn parse_policies(spec: &str) -> Result<Vec<dropcompute::policy::Policy>, CommandError> {
+    use dropcompute::policy::Policy;
     if spec.trim() == "all" {
         return Ok(Policy::ALL.to_vec());
     }
@@ -281,7 +281,7 @@ pub fn parse_policies(spec: &str) -> Result<Vec<crate::policy::Policy>, CommandE
 /// The text table of `simulate`/`tune --policy`: one row per policy (its tuned parameter,
 /// effective speedup, drop rate, batch-size spread, samples lost), then the ideal and the
 /// straggler-free bound.
-pub fn policy_table(c: &crate::tune::policies::PolicyComparison) -> String {
+pub fn policy_table(c: &dropcompute::tune::policies::PolicyComparison) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let nm = (c.ranks * c.micro_batches) as f64;
@@ -338,7 +338,7 @@ pub fn policy_table(c: &crate::tune::policies::PolicyComparison) -> String {
             param.join(", ")
         );
     }
-    let ideal = |name: &str, x: &crate::tune::CandidateScore| {
+    let ideal = |name: &str, x: &dropcompute::tune::CandidateScore| {
         format!(
             "  {name:<16} {:>+8.2}% {:>7.2}% {:>7.1}%        {:>10}  {:<8} threshold {:.3} ms (not realizable)\n",
             x.objective * 100.0,

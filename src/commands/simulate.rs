@@ -2,7 +2,7 @@
 //! over the analytic curve.
 //!
 //! Owns: [`Args`], [`run`], [`run_to`], [`parse_workers`]. Must not touch the models
-//! (`crate::sim`). The analytic curve is exact for `--noise normal`; for other noise models it is
+//! (`dropcompute::sim`). The analytic curve is exact for `--noise normal`; for other noise models it is
 //! the normal model with the same per-micro-batch mean and variance (CLT approximation, labelled
 //! as such). It is not shown (CSV `NaN`, the reason printed) where it does not model the
 //! simulation: a worker's compute time skewed beyond [`MAX_ANALYTIC_SKEWNESS`] (heavy tails:
@@ -13,14 +13,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CommandError, GuardrailArgs, io_err};
-use crate::plot::{Series, line_chart};
-use crate::policy::{CheckMode, Policy, PolicyConfig, Threshold};
-use crate::sim::analytic::NormalModel;
-use crate::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
-use crate::sim::noise::{LatencyModel, Noise};
-use crate::sim::replay::ExecutionModel;
-use crate::trace::whatif::PipelineAggregation;
-use crate::tune::Recommend;
+use dropcompute::policy::{CheckMode, Policy, PolicyConfig, Threshold};
+use dropcompute::sim::analytic::NormalModel;
+use dropcompute::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
+use dropcompute::sim::noise::{LatencyModel, Noise};
+use dropcompute::sim::replay::ExecutionModel;
+use dropcompute::trace::whatif::PipelineAggregation;
+use dropcompute::tune::Recommend;
+use dropcompute_plot::{Series, line_chart};
 
 /// Arguments of `dropcompute simulate`.
 #[derive(Clone, Debug, clap::Args)]
@@ -356,7 +356,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// `--policy` / `--trace`: the per-policy tables (module [`crate::tune::policies`]).
+/// `--policy` / `--trace`: the per-policy tables (module [`dropcompute::tune::policies`]).
 /// Errors: bad flags, trace errors, model parameters, output I/O.
 fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
@@ -381,19 +381,20 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         let bar = policy_bar(&workers, policies.len());
         for n in workers {
             bar.set_message(format!("{n} workers: sampling"));
-            let t = crate::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
+            let t = dropcompute::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
             let mut done = |p: Policy| {
                 bar.inc(u64::from(n));
                 bar.set_message(format!("{n} workers: {p} done"));
             };
-            comparisons
-                .push(crate::tune::policies::compare_with_progress(&t, &how, &policies, tail, args.seed, &mut done));
+            comparisons.push(dropcompute::tune::policies::compare_with_progress(
+                &t, &how, &policies, tail, args.seed, &mut done,
+            ));
         }
         bar.finish_and_clear();
     } else {
-        let opts = crate::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
-        for loaded in crate::trace::load(&args.traces, &opts)? {
-            comparisons.push(crate::tune::policies::compare(&loaded.trace, &how, &policies, tail, args.seed));
+        let opts = dropcompute::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
+        for loaded in dropcompute::trace::load(&args.traces, &opts)? {
+            comparisons.push(dropcompute::tune::policies::compare(&loaded.trace, &how, &policies, tail, args.seed));
         }
     }
     let text = if args.json {

@@ -4,7 +4,7 @@
 //! Owns: [`Args`] (flag names, defaults, and every range check, each reported as an
 //! [`ArgError`] naming the flag and the offending value), [`run`] (the command: validate, run the
 //! job, print, write `--out`) and [`child`] (one rank process of `--launch processes`). Must not
-//! touch: the job itself (`crate::train`). [`Args::validate`] is pure (no device, network, file
+//! touch: the job itself (`dropcompute_train`). [`Args::validate`] is pure (no device, network, file
 //! system or clock), so a bad flag fails before any device is opened. `-v/--verbose` is not
 //! declared here: it is the global flag of the `dropcompute` parser, accepted after `train` too.
 #![forbid(unsafe_code)]
@@ -14,21 +14,21 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::launch::{ChildSpec, Launch};
-use crate::mock::config::{MAX_SLOWDOWN, TimeMode};
-use crate::policy::CheckMode;
-use crate::schedule::Normalization;
-use crate::sim::noise::Noise;
-use crate::train::config::{
+use dropcompute::launch::{ChildSpec, Launch};
+use dropcompute::mock::config::{MAX_SLOWDOWN, TimeMode};
+use dropcompute::policy::CheckMode;
+use dropcompute::schedule::Normalization;
+use dropcompute::sim::noise::Noise;
+use dropcompute_train::config::{
     ArgError, BYTES_PER_MB, DEFAULT_RANKS, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MICRO_BATCH_SIZE,
     MAX_MICRO_BATCHES, MAX_MS, MAX_RANKS, RunLength, SlowRank, ThresholdArg, TrainConfig,
 };
-use crate::train::error::TrainError;
-use crate::train::job::Job;
-use crate::train::output::StagedOut;
-use crate::train::report::{RunMetadata, comparison_table};
-use crate::train::run as job_run;
-use crate::train::summary;
+use dropcompute_train::error::TrainError;
+use dropcompute_train::job::Job;
+use dropcompute_train::output::StagedOut;
+use dropcompute_train::report::{RunMetadata, comparison_table};
+use dropcompute_train::run as job_run;
+use dropcompute_train::summary;
 
 /// Arguments of `dropcompute train` (flag names are a stable interface).
 #[derive(Clone, Debug, clap::Args)]
@@ -81,13 +81,13 @@ pub struct Args {
     /// Latency noise (the factor on --base-latency-ms per micro-batch): none,
     /// reference[:DELAY_FACTOR] (the reference's --delay_factor, default 1), lognormal:SIGMA,
     /// normal:CV, exponential:MEAN or seqlen:SAMPLES (the syntax of `simulate --noise`).
-    #[arg(long, default_value = crate::train::config::DEFAULT_NOISE, allow_hyphen_values = true)]
+    #[arg(long, default_value = dropcompute_train::config::DEFAULT_NOISE, allow_hyphen_values = true)]
     pub noise: Noise,
     /// Persistently slow rank, RANK:FACTOR (repeatable).
     #[arg(long, value_name = "RANK:FACTOR", allow_hyphen_values = true)]
     pub slow_rank: Vec<String>,
     /// Emulated latency of one micro-batch before noise, ms.
-    #[arg(long, default_value_t = crate::train::config::DEFAULT_BASE_LATENCY_MS, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = dropcompute_train::config::DEFAULT_BASE_LATENCY_MS, allow_negative_numbers = true)]
     pub base_latency_ms: f64,
     /// Deadline check semantics.
     #[arg(long, value_enum, default_value_t = CheckMode::Predictive)]
@@ -98,7 +98,7 @@ pub struct Args {
     /// predicted slowest skip each step; rebalance(-drop): chronic stragglers get fewer
     /// micro-batches, the global batch kept (-drop: with the deadline).
     #[arg(long, value_enum)]
-    pub policy: Option<crate::policy::Policy>,
+    pub policy: Option<dropcompute::policy::Policy>,
     /// b of --policy backup-workers: ranks predicted slowest that skip each step (< --ranks).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub backup_workers: u32,
@@ -126,7 +126,7 @@ pub struct Args {
     /// Classes of --data: labels must be integers in 0..CLASSES (an out-of-range, negative or
     /// non-integer label is an error naming file, line and column; exit 6). Without --data
     /// (the built-in digits, 10 classes) any other value is refused (exit 2).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=i64::from(crate::train::data::MAX_CLASSES)))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(2..=i64::from(dropcompute_train::data::MAX_CLASSES)))]
     pub classes: u32,
     /// Held-out fraction of the data for accuracy.
     #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
@@ -195,7 +195,7 @@ impl Args {
             return Ok(a);
         }
         // from_lookup, not from_env: the rank's own join logs the bootstrap's warnings once.
-        let b = crate::hccl::bootstrap::Bootstrap::from_lookup(Default::default(), |k| std::env::var(k).ok())?;
+        let b = dropcompute::hccl::bootstrap::Bootstrap::from_lookup(Default::default(), |k| std::env::var(k).ok())?;
         match a.ranks {
             None => a.ranks = Some(b.world_size),
             Some(r) if r != b.world_size => {
@@ -259,23 +259,23 @@ impl Args {
         // needs as many as `dropcompute tune` (tune::MIN_STEPS).
         // Only the policies with a deadline use the threshold (`synchronous`, `rebalance` and
         // `backup-workers` run with it off).
-        let policy = self.policy.unwrap_or(crate::policy::Policy::DropPredictive);
-        let uses_threshold = policy.drops() || policy == crate::policy::Policy::ComputeBudget;
-        if policy == crate::policy::Policy::ComputeBudget && threshold == ThresholdArg::Off {
+        let policy = self.policy.unwrap_or(dropcompute::policy::Policy::DropPredictive);
+        let uses_threshold = policy.drops() || policy == dropcompute::policy::Policy::ComputeBudget;
+        if policy == dropcompute::policy::Policy::ComputeBudget && threshold == ThresholdArg::Off {
             return Err(bad("threshold", "off", "--policy compute-budget needs a budget: auto or a value in ms"));
         }
         if let (ThresholdArg::Auto, RunLength::Steps(s), false, true) =
             (threshold, length, self.no_compare, uses_threshold)
         {
             let tuned = s.saturating_sub(self.warmup_steps);
-            if tuned < crate::tune::MIN_STEPS as u64 {
+            if tuned < dropcompute::tune::MIN_STEPS as u64 {
                 return Err(bad(
                     "steps",
                     s,
                     format!(
                         "--threshold auto tunes on the baseline's steps after the {} warm-up steps: {tuned} < the minimum {} (insufficient data); run more steps or give a threshold",
                         self.warmup_steps,
-                        crate::tune::MIN_STEPS
+                        dropcompute::tune::MIN_STEPS
                     ),
                 ));
             }
@@ -292,7 +292,7 @@ impl Args {
         if base_ms > MAX_MS {
             return Err(bad("base-latency-ms", show(base_ms), format!("must be <= {MAX_MS} ms (one hour)")));
         }
-        if self.policy == Some(crate::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
+        if self.policy == Some(dropcompute::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
             return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
         }
         let tail = self.tail.tail().map_err(|e| bad(e.flag, e.value, e.why))?;
@@ -321,13 +321,13 @@ impl Args {
         let hidden = at_least_one("hidden", self.hidden)?;
         // --classes describes --data; the built-in digits have their own (refused rather than
         // silently ignored).
-        if self.data.is_none() && self.classes != crate::train::data::DIGITS_CLASSES {
+        if self.data.is_none() && self.classes != dropcompute_train::data::DIGITS_CLASSES {
             return Err(bad(
                 "classes",
                 self.classes,
                 format!(
                     "applies to --data only; the built-in digits have {} classes",
-                    crate::train::data::DIGITS_CLASSES
+                    dropcompute_train::data::DIGITS_CLASSES
                 ),
             ));
         }
@@ -391,10 +391,10 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     let start = std::time::SystemTime::now();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.with_launcher_world_size()?.validate()?;
-    crate::environment::check()?;
+    dropcompute::environment::check()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
-    crate::signals::install();
+    dropcompute::signals::install();
     let job = Job::prepare(cfg)?;
     let rt = job_run::runtime(&job)?;
     let show = std::io::stderr().is_terminal();
@@ -442,16 +442,20 @@ pub(crate) fn backend_name(api: &habana_sys::SynapseApi) -> String {
     }
 }
 
-/// One rank process of `train --launch processes` (see `crate::launch`): runs the rank its
+/// One rank process of `train --launch processes` (see `dropcompute::launch`): runs the rank its
 /// parent's spec describes.
 ///
 /// # Errors
 /// [`TrainError`] of the rank: a spec that is not a train job, and the job's own errors.
 pub fn child(spec: &ChildSpec) -> Result<(), TrainError> {
-    crate::signals::install();
+    dropcompute::signals::install();
     job_run::run_child(spec)
 }
 
 #[cfg(test)]
 #[path = "train_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "train_report_tests.rs"]
+mod report_tests;

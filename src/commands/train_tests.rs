@@ -52,8 +52,11 @@ fn defaults_match_the_documented_surface() {
     assert_eq!(c.time_mode, TimeMode::Real);
     assert_eq!((c.data, c.out, c.resume), (None, None, None));
     // One set of guardrail defaults for `train --threshold auto` and `tune`.
-    assert_eq!(c.guardrails, crate::tune::Guardrails::default());
-    assert_eq!(c.guardrails, crate::tune::Guardrails { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02 });
+    assert_eq!(c.guardrails, dropcompute::tune::Guardrails::default());
+    assert_eq!(
+        c.guardrails,
+        dropcompute::tune::Guardrails { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02 }
+    );
 }
 
 /// The guardrail flags are one definition (`commands::GuardrailArgs`) in `train` and `tune`: the
@@ -138,11 +141,11 @@ fn good_values_are_parsed_into_the_config() {
         (&["--checkpoint-every", "10"], |c| c.checkpoint_every.map(NonZeroU64::get) == Some(10)),
         (&["--time-mode", "virtual"], |c| c.time_mode == TimeMode::Virtual),
         (&["--time-mode", "real"], |c| c.time_mode == TimeMode::Real),
-        (&["--tail-split", "4"], |c| c.tail == crate::policy::TailShape::split(4)),
+        (&["--tail-split", "4"], |c| c.tail == dropcompute::policy::TailShape::split(4)),
         (&["--tail-split", "2", "--tail-cost", "0.6"], |c| {
-            c.tail == crate::policy::TailShape { split: 2, cost: Some(0.6) }
+            c.tail == dropcompute::policy::TailShape { split: 2, cost: Some(0.6) }
         }),
-        (&[], |c| c.tail == crate::policy::TailShape::default()),
+        (&[], |c| c.tail == dropcompute::policy::TailShape::default()),
     ];
     for (argv, check) in table {
         assert!(check(&config(argv)), "{argv:?}");
@@ -299,7 +302,7 @@ fn enum_flags_accept_exactly_their_documented_names() {
 /// `--noise reference:2.5` (the former `--delay-factor 2.5`) reaches the mock device unchanged.
 #[test]
 fn reference_noise_with_a_delay_factor_reaches_the_jobs_mock_config() {
-    let job = crate::train::job::Job::prepare(config(&["--ranks", "2", "--noise", "reference:2.5"])).expect("job");
+    let job = dropcompute_train::job::Job::prepare(config(&["--ranks", "2", "--noise", "reference:2.5"])).expect("job");
     assert_eq!(job.mock_config().expect("mock config").noise, Noise::Reference { delay_factor: 2.5 });
 }
 
@@ -320,7 +323,7 @@ fn classes_without_data_is_refused_unless_it_matches_the_digits() {
 
 #[test]
 fn a_real_device_refuses_every_emulation_flag_given_and_accepts_their_defaults() {
-    use crate::train::job::Job;
+    use dropcompute_train::job::Job;
     let lib = "Synapse at /opt/habanalabs/libSynapse.so";
     let job = |extra: &[&str]| Job::prepare(config(extra)).expect("job");
     assert!(job(&[]).check_real_device(lib).is_ok(), "defaults are inert on a real device");
@@ -340,7 +343,7 @@ fn a_real_device_refuses_every_emulation_flag_given_and_accepts_their_defaults()
 
 #[test]
 fn the_checkpoint_fingerprint_names_the_step_policy_and_b() {
-    use crate::train::job::Job;
+    use dropcompute_train::job::Job;
     let fp = |extra: &[&str]| Job::prepare(config(extra)).expect("job").fingerprint();
     // DropCompute of the configured check: the check names it (old checkpoints still resume).
     assert_eq!(fp(&[]), fp(&["--policy", "drop-predictive"]));
@@ -368,7 +371,11 @@ fn only_the_policies_with_a_deadline_need_a_threshold() {
     // baseline steps for them (12 steps after 3 warm-up steps is below the minimum of 10).
     for p in ["synchronous", "rebalance", "backup-workers"] {
         let c = config(&["--steps", "12", "--policy", p, "--ranks", "4"]);
-        assert_eq!(c.policy(), <crate::policy::Policy as clap::ValueEnum>::from_str(p, false).expect("policy"), "{p}");
+        assert_eq!(
+            c.policy(),
+            <dropcompute::policy::Policy as clap::ValueEnum>::from_str(p, false).expect("policy"),
+            "{p}"
+        );
     }
     for p in ["drop-before", "drop-predictive", "compute-budget", "rebalance-drop"] {
         let e = parse(&["--steps", "12", "--policy", p]).1.validate().expect_err(p).to_string();

@@ -1,7 +1,7 @@
 //! `dropcompute tune --trace FILE...`: recommend a threshold from traces.
 //!
 //! Owns: [`Args`], [`run`], [`run_to`] (flags and printing) and [`TuneJson`] (the `--json`
-//! form). Must not touch: the search and the recommendation (`crate::tune::recommend`, shared
+//! form). Must not touch: the search and the recommendation (`dropcompute::tune::recommend`, shared
 //! with `train --threshold auto`, with the same guardrail flags, [`super::GuardrailArgs`]).
 //! Output per trace: shape and notes, the straggler headroom, the verdict (the replay of the
 //! recommended threshold under the check mode and sync lag that will run, judged by the
@@ -13,14 +13,14 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::{CommandError, GuardrailArgs, io_err};
-use crate::plot::{Series, line_chart};
-use crate::policy::CheckMode;
-use crate::sim::replay::ExecutionModel;
-use crate::trace::whatif::PipelineAggregation;
-use crate::trace::{LoadOptions, load};
-use crate::tune::recommend::replay_score;
-use crate::tune::straggler::{StragglerClass, StragglerConfig, attribute};
-use crate::tune::{CandidateScore, Guardrails, Recommend, Recommendation, Verdict, recommend};
+use dropcompute::policy::CheckMode;
+use dropcompute::sim::replay::ExecutionModel;
+use dropcompute::trace::whatif::PipelineAggregation;
+use dropcompute::trace::{LoadOptions, load};
+use dropcompute::tune::recommend::replay_score;
+use dropcompute::tune::straggler::{StragglerClass, StragglerConfig, attribute};
+use dropcompute::tune::{CandidateScore, Guardrails, Recommend, Recommendation, Verdict, recommend};
+use dropcompute_plot::{Series, line_chart};
 
 /// Arguments of `dropcompute tune`.
 #[derive(Clone, Debug, clap::Args)]
@@ -165,12 +165,12 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         let t = &loaded.trace;
         // As `train --threshold auto`: the warm-up steps are replayed but not tuned on.
         let tuned = t.steps().iter().filter(|&&s| s >= args.warmup_steps).count();
-        if tuned < crate::tune::MIN_STEPS || t.world_size() < 2 {
-            return Err(CommandError::Trace(crate::trace::TraceError::InsufficientData {
+        if tuned < dropcompute::tune::MIN_STEPS || t.world_size() < 2 {
+            return Err(CommandError::Trace(dropcompute::trace::TraceError::InsufficientData {
                 source_name: t.source().to_string(),
                 steps: tuned,
                 ranks: t.world_size(),
-                min_steps: crate::tune::MIN_STEPS,
+                min_steps: dropcompute::tune::MIN_STEPS,
             }));
         }
         if args.sync_lag as usize >= t.micro_batches() {
@@ -190,7 +190,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             )));
         }
         if let Some(ps) = &policies {
-            let c = crate::tune::policies::compare(t, &how, ps, tail, args.seed);
+            let c = dropcompute::tune::policies::compare(t, &how, ps, tail, args.seed);
             if !args.json {
                 out.write_all(super::policy_table(&c).as_bytes()).map_err(io_err("stdout"))?;
             }
@@ -446,7 +446,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                CommandError::Trace(crate::trace::TraceError::InsufficientData {
+                CommandError::Trace(dropcompute::trace::TraceError::InsufficientData {
                     steps: 1,
                     ranks: 2,
                     min_steps: 10,

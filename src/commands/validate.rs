@@ -3,7 +3,7 @@
 //!
 //! Owns: [`Args`] (the grid's flags), [`run`] / [`run_to`], the per-configuration row
 //! ([`ConfigRow`]), the summary ([`Summary`]) and the `--json` form ([`ValidateJson`]). Must not
-//! touch: the job (`crate::train`: each configuration is `train` itself, built from the same
+//! touch: the job (`dropcompute_train`: each configuration is `train` itself, built from the same
 //! flags and validated by `commands::train::Args::validate`) or the prediction
 //! (`train::summary::prediction`, the replay `train` prints as "effective speedup, predicted").
 //!
@@ -22,12 +22,12 @@ use std::io::Write;
 use clap::Parser;
 
 use super::{CommandError, io_err};
-use crate::mock::config::TimeMode;
-use crate::policy::{CheckMode, Policy};
-use crate::train::error::TrainError;
-use crate::train::job::Job;
-use crate::train::report::RunMetadata;
-use crate::train::{run as job_run, summary};
+use dropcompute::mock::config::TimeMode;
+use dropcompute::policy::{CheckMode, Policy};
+use dropcompute_train::error::TrainError;
+use dropcompute_train::job::Job;
+use dropcompute_train::report::RunMetadata;
+use dropcompute_train::{run as job_run, summary};
 
 /// Target of `validate` in virtual time: the largest |relative error| of any configuration.
 pub const VIRTUAL_MAX_ERROR: f64 = 0.005;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// `grep -rn 'env::var\|var_os\|ENV_' src habana-mock/src habana-sys/src` (constants
 /// `ENV_BACKEND`, `ENV_CONFIG`, `ENV_DEVICES`, `ENV_TIMEOUT_MS`,
 /// `ENV_VERSION`, `ENV_LOCK_DIR`, `ENV_COMM_ID`, `ENV_LIBRARY`; the launcher table in
-/// `src/hccl/bootstrap.rs`; `src/synapse/runtime.rs` and `src/cli/info.rs` for the module
+/// `core/src/hccl/bootstrap.rs`; `core/src/synapse/runtime.rs` and `src/cli/info.rs` for the module
 /// pinning; `RUST_LOG` through `EnvFilter::try_from_default_env` in `src/cli/mod.rs`).
 /// The names under [`PRODUCT_PREFIXES`] are listed too so the list documents them; any other
 /// variable under those prefixes is removed as well.

@@ -1,0 +1,410 @@
+//! The step policies: what each rank computes in a step and whose work enters the gradient.
+//! One enum, [`Policy`], shared by the scheduler (`train --policy`) and the simulator
+//! (`simulate`/`tune --policy`), with its parameters in [`PolicyParams`], and the one pure
+//! aggregation rule of backup workers, [`backup_aggregated`].
+//!
+//! Owns: [`Policy`], [`PolicyParams`], [`TailShape`], [`backup_aggregated`]. Must not touch: clocks, I/O,
+//! devices. The per-micro-batch stop decision stays [`super::decide`] (drop policies and the
+//! compute budget call it with their own threshold); the per-rank micro-batch counts of
+//! rebalancing stay [`super::Rebalancer`].
+//!
+//! Sources: DropCompute (Giladi et al., NeurIPS 2023; `../shared/reference/dropcompute.md` §2);
+//! backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016: aggregate the
+//! first N - b gradients, drop the b slowest whole); compute budget (Ferdinand et al.,
+//! "Anytime Minibatch", ICLR 2020: every rank computes for a fixed time, the gradient is
+//! weighted by the samples computed); rebalance (Cannikin, per-node batch sizes with
+//! sample-weighted aggregation; the What-if study's data-parallel rebalancing, OSDI '25).
+//!
+//! `PolicyConfig` (the deadline of [`super::decide`]) keeps its name and fields; the parameters
+//! of the step policy are [`PolicyParams`] (the brief's name `PolicyConfig` was already taken).
+
+use super::CheckMode;
+use super::rebalance::RebalanceConfig;
+
+/// A step policy. Command-line and JSON names (kebab-case): `synchronous`, `drop-before`,
+/// `drop-predictive`, `backup-workers`, `compute-budget`, `rebalance`, `rebalance-drop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Every rank computes its M micro-batches; the step waits for the slowest rank.
+    #[cfg_attr(feature = "clap", value(help = "Every rank computes all M micro-batches (baseline)"))]
+    Synchronous,
+    /// DropCompute, deadline checked before each micro-batch ([`CheckMode::BeforeMicroBatch`]).
+    #[cfg_attr(feature = "clap", value(help = "DropCompute: start a micro-batch iff elapsed < threshold"))]
+    DropBefore,
+    /// DropCompute, predictive check ([`CheckMode::Predictive`]).
+    #[cfg_attr(feature = "clap", value(help = "DropCompute: start iff elapsed + estimated latency <= threshold"))]
+    DropPredictive,
+    /// Backup workers: every rank computes its M micro-batches; the gradient aggregates the
+    /// first N - b ranks to finish; the b slowest are dropped whole ([`backup_aggregated`]).
+    #[cfg_attr(feature = "clap", value(help = "Aggregate the first N-b ranks to finish, drop the b slowest whole"))]
+    BackupWorkers,
+    /// Compute budget (Anytime-Minibatch): every rank starts micro-batches while the deadline
+    /// check at the budget allows (the configured check: before, or predictive), up to
+    /// [`PolicyParams::budget_max_micro_batches`]
+    /// (so a fast rank computes more than M, a slow one fewer).
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Each rank computes micro-batches while elapsed < budget (Anytime-Minibatch)")
+    )]
+    ComputeBudget,
+    /// Rebalance: chronic stragglers get fewer micro-batches, the others more, the global
+    /// batch constant ([`super::Rebalancer`]); no deadline.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Give chronic stragglers fewer micro-batches, the others more (global batch kept)")
+    )]
+    Rebalance,
+    /// Rebalance the chronic part and drop the transient tail with the DropCompute deadline (the
+    /// configured check mode).
+    #[cfg_attr(feature = "clap", value(help = "Rebalance, then DropCompute on the transient tail"))]
+    RebalanceDrop,
+}
+
+impl Policy {
+    /// Every policy, in the order of the tables of `simulate`/`tune --policy all`.
+    pub const ALL: [Policy; 7] = [
+        Policy::Synchronous,
+        Policy::DropBefore,
+        Policy::DropPredictive,
+        Policy::BackupWorkers,
+        Policy::ComputeBudget,
+        Policy::Rebalance,
+        Policy::RebalanceDrop,
+    ];
+
+    /// The command-line / JSON name (kebab-case).
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Synchronous => "synchronous",
+            Policy::DropBefore => "drop-before",
+            Policy::DropPredictive => "drop-predictive",
+            Policy::BackupWorkers => "backup-workers",
+            Policy::ComputeBudget => "compute-budget",
+            Policy::Rebalance => "rebalance",
+            Policy::RebalanceDrop => "rebalance-drop",
+        }
+    }
+
+    /// True when the DropCompute deadline (a threshold, [`super::decide`]) applies.
+    pub fn drops(self) -> bool {
+        match self {
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => true,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::ComputeBudget | Policy::Rebalance => false,
+        }
+    }
+
+    /// True when the walk runs under a deadline: the DropCompute threshold ([`Policy::drops`])
+    /// or the compute budget (whose budget is the threshold).
+    pub fn has_deadline(self) -> bool {
+        match self {
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop | Policy::ComputeBudget => true,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => false,
+        }
+    }
+
+    /// True when the per-rank micro-batch counts follow a [`super::Rebalancer`].
+    pub fn rebalances(self) -> bool {
+        match self {
+            Policy::Rebalance | Policy::RebalanceDrop => true,
+            Policy::Synchronous
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::BackupWorkers
+            | Policy::ComputeBudget => false,
+        }
+    }
+
+    /// True when the per-rank counts of a step are not M each (the assignment moves work
+    /// between ranks or beyond M): the rank needs more than M slots, and its run deals the one
+    /// global stream by the assignment (`deal::RunData::global`).
+    pub fn moves_work(self) -> bool {
+        match self {
+            Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => false,
+        }
+    }
+
+    /// The check mode the deadline runs with: the policy's own for `drop-before` /
+    /// `drop-predictive`, `configured` otherwise (`rebalance-drop`, and the compute budget,
+    /// whose budget is the threshold: with the predictive check a rank starts a micro-batch
+    /// only if it is predicted to end within the budget).
+    pub fn check_mode(self, configured: CheckMode) -> CheckMode {
+        match self {
+            Policy::DropBefore => CheckMode::BeforeMicroBatch,
+            Policy::DropPredictive => CheckMode::Predictive,
+            Policy::Synchronous
+            | Policy::BackupWorkers
+            | Policy::ComputeBudget
+            | Policy::Rebalance
+            | Policy::RebalanceDrop => configured,
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The parameters of a [`Policy`] (identical on every rank). The DropCompute threshold itself
+/// is not here: it is [`super::PolicyConfig::threshold`] (set by the user or `tune`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PolicyParams {
+    /// The policy.
+    pub policy: Policy,
+    /// Backup workers: b, the number of slowest ranks whose gradient is dropped whole each step
+    /// (0 = synchronous; clamped to N - 1 so that at least one rank is aggregated).
+    pub backup_workers: u32,
+    /// Compute budget per step (ms of compute time, measured as the deadline is: from the
+    /// step's compute clock start). `None`: not set (the tuner chooses it in `tune` and
+    /// `simulate`; `train` refuses `compute-budget` without it).
+    pub budget_ms: Option<f64>,
+    /// Compute budget: the most micro-batches a rank starts in one step. `None` = 2·M (our
+    /// choice: a fast rank may compute at most twice its nominal share, which bounds what the
+    /// data source must hand out and a zero-latency trace's loop).
+    pub budget_max_micro_batches: Option<u32>,
+    /// Rebalancing limits (`rebalance`, `rebalance-drop`).
+    pub rebalance: RebalanceConfig,
+    /// The second compiled shape, [`TailShape`]: a micro-batch of 1/`split` of the samples
+    /// used near the deadline and for the remainder of a rebalanced assignment (`split` = 1,
+    /// the default: whole micro-batches only).
+    pub tail: TailShape,
+}
+
+/// A second compiled shape of the forward/backward recipe: a *tail micro-batch* of B/`split`
+/// samples (B the micro-batch size), launched instead of a whole micro-batch when the
+/// predictive check says the whole one would end after the deadline but the tail one would
+/// not (`policy::decide` with the tail's estimate, [`TailShape::estimate_ns`]), and to run the
+/// remainder of a rebalanced assignment counted in tail parts. A launched graph cannot be
+/// aborted on the device, so a finer shape is the only way to stop closer to the deadline
+/// (issue 16's "shorter final micro-batch near the deadline").
+///
+/// Work is then counted in *parts*: one part = B/`split` samples, a whole micro-batch =
+/// `split` parts. `split` = 1 is the whole-micro-batch behaviour, bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TailShape {
+    /// Parts per micro-batch (>= 1; 0 reads as 1): the tail micro-batch holds B/`split`
+    /// samples. B must be divisible by it where samples are dealt (`train` checks).
+    pub split: u32,
+    /// Device time of a tail micro-batch as a fraction of a whole micro-batch's (in (0, 1]);
+    /// `None`: 1/`split` (linear in samples, an assumption: a smaller graph usually runs at
+    /// lower utilisation, so measure the two recipes' device times and pass the ratio; `train`
+    /// runs the mock's tail recipe at this cost).
+    pub cost: Option<f64>,
+}
+
+impl Default for TailShape {
+    /// `split` 1 (no tail shape), cost `None`.
+    fn default() -> Self {
+        Self { split: 1, cost: None }
+    }
+}
+
+impl TailShape {
+    /// A tail shape of B/`split` samples with the default (linear) cost.
+    pub fn split(split: u32) -> Self {
+        Self { split, cost: None }
+    }
+
+    /// Parts per micro-batch, at least 1.
+    pub fn parts(&self) -> u32 {
+        self.split.max(1)
+    }
+
+    /// True when a tail shape exists (`split` > 1).
+    pub fn enabled(&self) -> bool {
+        self.parts() > 1
+    }
+
+    /// The tail micro-batch's device time over a whole one's: [`TailShape::cost`] when finite
+    /// and in (0, 1], else 1/`split`.
+    pub fn cost_fraction(&self) -> f64 {
+        match self.cost {
+            Some(c) if c.is_finite() && c > 0.0 && c <= 1.0 => c,
+            _ => 1.0 / f64::from(self.parts()),
+        }
+    }
+
+    /// The estimated latency (ns) of a tail micro-batch from a whole micro-batch's estimate
+    /// `whole_ns` (rounded up: the estimate must not shrink below the cost model).
+    pub fn estimate_ns(&self, whole_ns: u64) -> u64 {
+        (whole_ns as f64 * self.cost_fraction()).ceil() as u64
+    }
+}
+
+impl PolicyParams {
+    /// `policy` with the default parameters (b = 1, no budget, default rebalancing).
+    pub fn new(policy: Policy) -> Self {
+        Self { policy, ..Self::default() }
+    }
+
+    /// The deadline the walk of this policy runs under, given the DropCompute `threshold`:
+    /// the budget for `compute-budget` ([`PolicyParams::budget_ms`]; off when unset or not a
+    /// finite, non-negative number of ms), `threshold` for the drop policies, off for the
+    /// policies without a deadline ([`Policy::has_deadline`]).
+    pub fn deadline(&self, threshold: super::Threshold) -> super::Threshold {
+        use super::Threshold;
+        match self.policy {
+            Policy::ComputeBudget => match self.budget_ms {
+                Some(ms) if ms.is_finite() && ms >= 0.0 => {
+                    Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3))
+                }
+                _ => Threshold::Off,
+            },
+            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold,
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Threshold::Off,
+        }
+    }
+
+    /// The per-rank cap of micro-batches under the compute budget for a nominal `m`
+    /// micro-batches per rank: [`PolicyParams::budget_max_micro_batches`] (at least 1) or, when
+    /// unset, 2·m (saturating, at least 1).
+    pub fn budget_cap(&self, m: u32) -> u32 {
+        match self.budget_max_micro_batches {
+            Some(c) => c.max(1),
+            None => m.saturating_mul(2).max(1),
+        }
+    }
+}
+
+impl Default for PolicyParams {
+    /// `drop-predictive` (the scheduler's default check), b = 1, no budget, the default cap,
+    /// default rebalancing.
+    fn default() -> Self {
+        Self {
+            policy: Policy::DropPredictive,
+            backup_workers: 1,
+            budget_ms: None,
+            budget_max_micro_batches: None,
+            rebalance: RebalanceConfig::default(),
+            tail: TailShape::default(),
+        }
+    }
+}
+
+/// Backup workers' aggregation: which ranks' gradients enter the step, given each rank's
+/// compute finish time (ns from the step's compute clock start, one per rank) and `b`.
+///
+/// Returns one flag per rank: true for the first N - b' ranks to finish, b' = min(b, N - 1)
+/// (at least one rank is aggregated). Ties are broken by rank id (the lower id finishes
+/// "first"); a NaN finish time counts as the latest. With b = 0 every flag is true. Empty input
+/// gives an empty output. Never panics.
+pub fn backup_aggregated(finish_ns: &[f64], b: u32) -> Vec<bool> {
+    let n = finish_ns.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let b = (b as usize).min(n - 1);
+    let mut keep = vec![true; n];
+    if b == 0 {
+        return keep;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    // NaN last: map it to +inf for ordering, then rank id.
+    let key = |i: usize| if finish_ns[i].is_nan() { f64::INFINITY } else { finish_ns[i] };
+    order.sort_by(|&a, &c| key(a).total_cmp(&key(c)).then(a.cmp(&c)));
+    for &r in &order[n - b..] {
+        keep[r] = false;
+    }
+    keep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[cfg(feature = "clap")]
+    #[test]
+    fn names_are_kebab_case_in_clap_serde_and_display() {
+        use clap::ValueEnum;
+        for p in Policy::ALL {
+            let json = serde_json::to_string(&p).expect("serialize");
+            assert_eq!(json, format!("\"{}\"", p.name()));
+            assert_eq!(serde_json::from_str::<Policy>(&json).expect("read back"), p);
+            assert_eq!(Policy::from_str(p.name(), false).expect("clap name"), p);
+            assert_eq!(p.to_string(), p.name());
+        }
+        assert_eq!(Policy::value_variants().len(), Policy::ALL.len());
+        assert_eq!(Policy::RebalanceDrop.name(), "rebalance-drop");
+    }
+
+    #[test]
+    fn check_modes_and_flags() {
+        use CheckMode::*;
+        assert_eq!(Policy::DropBefore.check_mode(Predictive), BeforeMicroBatch);
+        assert_eq!(Policy::DropPredictive.check_mode(BeforeMicroBatch), Predictive);
+        assert_eq!(Policy::RebalanceDrop.check_mode(Predictive), Predictive);
+        assert_eq!(Policy::RebalanceDrop.check_mode(BeforeMicroBatch), BeforeMicroBatch);
+        assert_eq!(Policy::ComputeBudget.check_mode(Predictive), Predictive);
+        assert_eq!(Policy::ComputeBudget.check_mode(BeforeMicroBatch), BeforeMicroBatch);
+        let drops: Vec<_> = Policy::ALL.into_iter().filter(|p| p.drops()).collect();
+        assert_eq!(drops, vec![Policy::DropBefore, Policy::DropPredictive, Policy::RebalanceDrop]);
+        let reb: Vec<_> = Policy::ALL.into_iter().filter(|p| p.rebalances()).collect();
+        assert_eq!(reb, vec![Policy::Rebalance, Policy::RebalanceDrop]);
+    }
+
+    #[test]
+    fn params_read_back_and_cap() {
+        let p = PolicyParams { budget_ms: Some(12.5), backup_workers: 2, ..PolicyParams::new(Policy::ComputeBudget) };
+        let s = serde_json::to_string(&p).expect("serialize");
+        assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
+        assert_eq!(p.budget_cap(12), 24);
+        assert_eq!(PolicyParams { budget_max_micro_batches: Some(0), ..p }.budget_cap(12), 1);
+        assert_eq!(PolicyParams { budget_max_micro_batches: Some(30), ..p }.budget_cap(12), 30);
+        // Missing fields take the defaults.
+        let d: PolicyParams = serde_json::from_str(r#"{"policy":"rebalance"}"#).expect("partial");
+        assert_eq!(d, PolicyParams::new(Policy::Rebalance));
+    }
+
+    #[test]
+    fn tail_shape_cost_and_estimate() {
+        let d = TailShape::default();
+        assert_eq!((d.parts(), d.enabled(), d.cost_fraction()), (1, false, 1.0));
+        assert_eq!(TailShape::split(0).parts(), 1, "0 reads as 1");
+        let h = TailShape::split(2);
+        assert_eq!((h.parts(), h.enabled(), h.cost_fraction()), (2, true, 0.5));
+        assert_eq!(h.estimate_ns(11), 6, "rounded up");
+        let q = TailShape { split: 4, cost: Some(0.3) };
+        assert_eq!(q.cost_fraction(), 0.3);
+        assert_eq!(q.estimate_ns(100), 30);
+        // An out-of-range cost falls back to 1/split.
+        for bad in [0.0, -1.0, 1.5, f64::NAN, f64::INFINITY] {
+            assert_eq!(TailShape { split: 4, cost: Some(bad) }.cost_fraction(), 0.25, "{bad}");
+        }
+        let p = PolicyParams { tail: q, ..PolicyParams::new(Policy::RebalanceDrop) };
+        let s = serde_json::to_string(&p).expect("serialize");
+        assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
+    }
+
+    #[test]
+    fn backup_drops_the_b_latest_with_ties_by_rank_and_nan_last() {
+        assert_eq!(backup_aggregated(&[5.0, 9.0, 1.0, 7.0], 2), vec![true, false, true, false]);
+        assert_eq!(backup_aggregated(&[5.0, 5.0, 5.0], 1), vec![true, true, false]);
+        assert_eq!(backup_aggregated(&[f64::NAN, 1.0, 2.0], 1), vec![false, true, true]);
+        // b >= N keeps the fastest rank.
+        assert_eq!(backup_aggregated(&[3.0, 1.0, 2.0], 9), vec![false, true, false]);
+        assert!(backup_aggregated(&[], 3).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn backup_keeps_exactly_n_minus_b_and_no_dropped_rank_beats_a_kept_one(
+            t in proptest::collection::vec(0.0f64..100.0, 1..20), b in 0u32..25) {
+            let keep = backup_aggregated(&t, b);
+            let n = t.len();
+            let kept = keep.iter().filter(|&&k| k).count();
+            prop_assert_eq!(kept, n - (b as usize).min(n - 1));
+            let max_kept = t.iter().zip(&keep).filter(|(_, k)| **k).map(|(x, _)| *x).fold(f64::MIN, f64::max);
+            for (x, k) in t.iter().zip(&keep) {
+                if !k { prop_assert!(*x >= max_kept); }
+            }
+            if b == 0 { prop_assert!(keep.iter().all(|&k| k)); }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The validated configuration of a `dropcompute train` job: [`TrainConfig`] (what the job,
+//! its rank processes and its checkpoints see), its parts ([`ThresholdArg`], [`RunLength`],
+//! [`SlowRank`]), the flags' limits, and [`ArgError`], the error of a flag out of range.
+//!
+//! Owns: the configuration's types, limits and JSON form (a rank process of `--launch
+//! processes` receives it as JSON from its parent). Must not touch: clap or flag parsing (that
+//! is `dropcompute_cli::commands::train`, whose `Args::validate` builds a [`TrainConfig`]), devices, the
+//! network, the file system or the clock.
+#![forbid(unsafe_code)]
+
+use std::num::NonZeroU64;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dropcompute::launch::Launch;
+use dropcompute::mock::config::TimeMode;
+use dropcompute::policy::CheckMode;
+use dropcompute::schedule::Normalization;
+use dropcompute::sim::noise::Noise;
+
+/// Default number of steps when neither `--steps` nor `--epochs` is given.
+pub const DEFAULT_STEPS: u64 = 60;
+/// Largest accepted `--bucket-mb` (1 TiB, above any device memory).
+pub const MAX_BUCKET_MB: f64 = 1_048_576.0;
+/// Bytes per MB for `--bucket-mb`: MiB, as PyTorch DDP's `bucket_cap_mb` (`mb * 1024 * 1024`).
+pub const BYTES_PER_MB: f64 = 1_048_576.0;
+/// Largest accepted `--threshold` and `--base-latency-ms`, ms: one hour (the mock's
+/// `MAX_SCRIPT_NS`); longer would put a single step hours away on the device timeline.
+pub const MAX_MS: f64 = 3_600_000.0;
+/// Largest `--ranks`: every rank of `train` runs on this host (a thread or a process, each with
+/// its mock device and stream workers).
+pub const MAX_RANKS: u32 = 1024;
+/// `--ranks` when absent (`--launch threads|processes`; under `--launch env` the launcher's
+/// world size).
+pub const DEFAULT_RANKS: u32 = 32;
+
+/// Default `--base-latency-ms`: the emulated device time of one micro-batch's forward and
+/// backward before noise and slowdown, ms (mock only; see `Job::check_real_device`).
+pub const DEFAULT_BASE_LATENCY_MS: f64 = 12.0;
+
+/// Default `--noise` (the mock's injected latency noise; syntax of `Noise::from_str`).
+pub const DEFAULT_NOISE: &str = "reference";
+/// Largest `--micro-batches` (gradient accumulation steps per rank per step): the count row
+/// and the per-step latency records are O(M) per rank, and a larger M would only allocate.
+pub const MAX_MICRO_BATCHES: u32 = 65_536;
+/// Largest `--micro-batch-size` (samples per micro-batch; the device buffers hold one
+/// micro-batch, so a larger one would only allocate).
+pub const MAX_MICRO_BATCH_SIZE: u32 = 65_536;
+/// Largest `--hidden` (parameters and per-rank buffers grow linearly with it).
+pub const MAX_HIDDEN: u32 = 16_384;
+/// A flag whose value is out of range. Display: `--FLAG VALUE: why`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("--{flag} {value}: {why}")]
+pub struct ArgError {
+    /// Flag name without the leading dashes, e.g. `"ranks"`.
+    pub flag: &'static str,
+    /// The value as given (or as parsed, for numbers).
+    pub value: String,
+    /// What is required.
+    pub why: String,
+}
+
+impl ArgError {
+    /// The error of flag `--flag` (name without dashes) given `value`: `why` says what is
+    /// required.
+    pub fn new(flag: &'static str, value: impl ToString, why: impl Into<String>) -> Self {
+        Self { flag, value: value.to_string(), why: why.into() }
+    }
+}
+
+fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
+    ArgError::new(flag, value, why)
+}
+
+/// The `--threshold` value: tune it automatically, no deadline (baseline), or fixed.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum ThresholdArg {
+    /// Tune the threshold from the baseline's latencies (`dropcompute::tune`).
+    Auto,
+    /// No deadline: DropCompute degenerates to the synchronous baseline.
+    Off,
+    /// Fixed compute deadline per step, ms (in (0, [`MAX_MS`]] when built by [`Self::parse`]).
+    Ms(f64),
+}
+
+impl ThresholdArg {
+    /// Parse `auto`, `off` or a number of ms in (0, [`MAX_MS`]] (case-insensitive keywords).
+    /// Errors: [`ArgError`] for `--threshold` on anything else (0, negative, NaN, inf, text, or
+    /// above one hour).
+    pub fn parse(s: &str) -> Result<Self, ArgError> {
+        let why = "must be a positive number of ms, \"off\" or \"auto\"";
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            t => match t.parse::<f64>() {
+                Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => Ok(Self::Ms(ms)),
+                Ok(ms) if ms.is_finite() && ms > MAX_MS => {
+                    Err(bad("threshold", s, format!("must be <= {MAX_MS} ms (one hour)")))
+                }
+                _ => Err(bad("threshold", s, why)),
+            },
+        }
+    }
+
+    /// The fixed deadline as a [`Duration`] rounded to the nearest ns (so report.json's
+    /// `threshold_ms`, ns / 1e6 as f64, gives back the same ns), `None` for `Auto` and `Off`.
+    pub fn fixed(&self) -> Option<Duration> {
+        match *self {
+            // `parse` bounds ms to (0, MAX_MS]; a hand-built out-of-range value gives None.
+            Self::Ms(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => {
+                Some(Duration::from_nanos((ms * 1e6).round() as u64))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One `--slow-rank RANK:FACTOR`: every micro-batch of `rank` takes `factor` times longer.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SlowRank {
+    /// Rank index (< `--ranks`).
+    pub rank: u32,
+    /// Persistent latency multiplier (finite, > 0, <= [`MAX_SLOWDOWN`]).
+    pub factor: f64,
+}
+
+/// How long to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RunLength {
+    /// Optimizer steps (>= 1).
+    Steps(u64),
+    /// Passes over the training split (>= 1).
+    Epochs(u32),
+}
+
+/// A validated `train` configuration (every range already checked; built by `dropcompute_cli::commands::train::Args::validate`). JSON
+/// (serde) is how a rank process of `--launch processes` receives it from its parent.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainConfig {
+    /// World size (1..=[`MAX_RANKS`]).
+    pub ranks: u32,
+    /// Micro-batches per rank per step (>= 1).
+    pub micro_batches: u32,
+    /// Samples per micro-batch (>= 1).
+    pub micro_batch_size: u32,
+    /// Nominal global batch, samples per step: ranks × micro_batches × micro_batch_size.
+    pub global_batch: u64,
+    /// Deadline of the DropCompute run.
+    pub threshold: ThresholdArg,
+    /// Training length.
+    pub length: RunLength,
+    /// Seed shared by both runs.
+    pub seed: u64,
+    /// Data file, `None` for the built-in data set.
+    pub data: Option<PathBuf>,
+    /// `--init-params`: initial parameters from a parameters file (`train::params`, the
+    /// `params_<run>.safetensors` of an earlier `--out`) instead of the seeded He
+    /// initialisation; `None` for the latter.
+    #[serde(default)]
+    pub init_params: Option<PathBuf>,
+    /// How ranks are started.
+    pub launch: Launch,
+    /// Output directory (see `output::StagedOut`).
+    pub out: Option<PathBuf>,
+    /// Checkpoint directory to resume from.
+    pub resume: Option<PathBuf>,
+    /// Run the baseline too and compare.
+    pub compare: bool,
+    /// Injected latency noise, as the mock device takes it (parameters in the ranges of
+    /// [`Noise::from_str`](std::str::FromStr::from_str)).
+    pub noise: Noise,
+    /// Persistently slow ranks, each rank at most once, in command-line order.
+    pub slow_ranks: Vec<SlowRank>,
+    /// Emulated micro-batch latency before noise and slowdown (> 0, <= [`MAX_MS`] ms).
+    pub base_latency: Duration,
+    /// Deadline check semantics (the effective one: `--policy drop-before` / `drop-predictive`
+    /// / `compute-budget` force theirs, `policy::Policy::check_mode`).
+    pub check: CheckMode,
+    /// `--policy`: the step policy of the second run; `None` (the default, and configurations
+    /// written before the flag) is DropCompute with `check` ([`TrainConfig::policy`]).
+    #[serde(default)]
+    pub policy: Option<dropcompute::policy::Policy>,
+    /// `--backup-workers`: b of `--policy backup-workers` (ranks predicted slowest that skip
+    /// the step; 0 = synchronous).
+    #[serde(default = "one")]
+    pub backup_workers: u32,
+    /// `--tail-split` / `--tail-cost`: the second compiled shape of the second run
+    /// (`policy::TailShape`; split 1, the default, is whole micro-batches only). With split S
+    /// the run's data source deals parts of b/S samples and its counts (steps.csv `computed`,
+    /// `dropped`) are in parts.
+    #[serde(default)]
+    pub tail: dropcompute::policy::TailShape,
+    /// Micro-batches the deadline check may lag behind the device (< micro_batches).
+    pub sync_lag: u32,
+    /// Gradient normalisation.
+    pub normalization: Normalization,
+    /// All-reduce bucket size, bytes (>= 4: one f32; `--bucket-mb` × [`BYTES_PER_MB`], rounded).
+    pub bucket_bytes: u64,
+    /// SGD learning rate (finite, > 0).
+    pub lr: f64,
+    /// SGD momentum (0 <= momentum < 1).
+    pub momentum: f64,
+    /// Hidden units (>= 1).
+    pub hidden: u32,
+    /// Classes of `--data` (2..=`data::MAX_CLASSES`): labels outside `0..classes` are an error
+    /// naming line and column; the model has this many outputs.
+    #[serde(default = "ten")]
+    pub classes: u32,
+    /// Held-out fraction (0 < holdout < 1).
+    pub holdout: f64,
+    /// Steps `0..warmup_steps` never drop.
+    pub warmup_steps: u64,
+    /// Checkpoint period in steps, `None` = no checkpoints.
+    pub checkpoint_every: Option<NonZeroU64>,
+    /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.
+    pub checkpoint_dir: PathBuf,
+    /// Checkpointing was asked for (`--checkpoint-every`, `--checkpoint-dir` or `--resume`
+    /// given): a SIGHUP stop then writes a checkpoint too (`dropcompute::signals::StopSignal`).
+    #[serde(default)]
+    pub checkpoint_asked: bool,
+    /// Mock device time mode.
+    pub time_mode: TimeMode,
+    /// Guardrails of `--threshold auto` (`--max-drop-rate`, `--min-batch-fraction`,
+    /// `--min-gain`: the same flags and defaults as `dropcompute tune`), each in [0, 1].
+    pub guardrails: dropcompute::tune::Guardrails,
+}
+
+/// Serde default of [`TrainConfig::backup_workers`].
+fn one() -> u32 {
+    1
+}
+
+impl TrainConfig {
+    /// The step policy of the second run: `--policy`, else DropCompute with the configured
+    /// check (`drop-before` or `drop-predictive`), today's default.
+    pub fn policy(&self) -> dropcompute::policy::Policy {
+        use dropcompute::policy::Policy;
+        self.policy.unwrap_or(match self.check {
+            CheckMode::BeforeMicroBatch => Policy::DropBefore,
+            CheckMode::Predictive => Policy::DropPredictive,
+        })
+    }
+}
+
+/// Serde default of [`TrainConfig::classes`] (configurations written before the flag existed).
+fn ten() -> u32 {
+    10
+}

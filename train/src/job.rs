@@ -1,0 +1,410 @@
+//! The job description of `train`: the validated inputs every rank shares ([`Job`]), the runs
+//! it plans ([`RunKind`]) and what a rank measured in one run ([`RankOutcome`], also the JSON
+//! result of a rank process).
+//!
+//! Owns: loading and splitting the data, the initial parameters, the resume step, the mock
+//! configuration of a job, the checkpoint fingerprint and how `--threshold auto` recommends
+//! ([`Job::auto_recommend`]). Must not touch: devices, collectives, the step loop or outputs.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use dropcompute::mock::config::TimeMode;
+use dropcompute::mock::{DeviceOverride, MockConfig};
+use dropcompute::policy::Threshold;
+use dropcompute::schedule::{DropLedger, StepReport, StragglerTracker};
+use dropcompute::sim::replay::ExecutionModel;
+use dropcompute::tune::Recommend;
+
+use super::config::{RunLength, TrainConfig};
+use super::data::Dataset;
+use super::error::TrainError;
+use super::mlp::{self, MlpShape};
+
+/// Validated inputs shared by every rank: the configuration, the train/held-out split, the
+/// model shape and the initial parameters (identical on every rank: seeded).
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The validated configuration.
+    pub cfg: TrainConfig,
+    /// Training samples.
+    pub train: Arc<Dataset>,
+    /// Held-out samples (accuracy).
+    pub holdout: Arc<Dataset>,
+    /// input x hidden x classes.
+    pub shape: MlpShape,
+    /// Initial parameters (He init from the seed).
+    pub init: Vec<f32>,
+    /// `--resume`: the step every rank resumes the DropCompute run from.
+    pub resume_step: Option<u64>,
+}
+
+/// The serialized form of a [`Job`] handed to a rank process (JSON inside the
+/// `dropcompute::launch::ChildSpec`): the parent's validated configuration and its choices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The parent's validated configuration (every flag, `--resume` and `--checkpoint-dir`
+    /// included).
+    pub cfg: TrainConfig,
+    /// The step the parent chose to resume from ([`Job::resume_step`]).
+    pub resume_step: Option<u64>,
+}
+
+impl Job {
+    /// Loads and splits the data (embedded digits or `cfg.data`), initializes the model and,
+    /// with `--resume`, picks the checkpoint step every rank has. No device or network call.
+    ///
+    /// # Errors
+    /// [`TrainError::Data`] for an unreadable or malformed file (file and line);
+    /// [`TrainError::Model`] for an impossible shape; [`TrainError::Checkpoint`] when `--resume`
+    /// finds no step readable for every rank.
+    pub fn prepare(cfg: TrainConfig) -> Result<Self, TrainError> {
+        let mut job = Self::load(cfg)?;
+        if let Some(dir) = job.cfg.resume.clone() {
+            let s0 = super::ckpt::common_step(&dir, job.cfg.ranks)?;
+            if let RunLength::Steps(s) = job.cfg.length
+                && s <= s0
+            {
+                return Err(TrainError::Config {
+                    what: "--steps",
+                    value: format!("{s}: the checkpoint in {} is already at step {s0}; nothing to do", dir.display()),
+                });
+            }
+            job.resume_step = Some(s0);
+        }
+        Ok(job)
+    }
+
+    /// What a rank process needs to rebuild this job exactly: the validated configuration and
+    /// the choice the parent made from its disk (the resume step).
+    pub fn spec(&self) -> JobSpec {
+        JobSpec { cfg: self.cfg.clone(), resume_step: self.resume_step }
+    }
+
+    /// The job of a rank process: [`Job::prepare`]'s data and model from `spec.cfg`, with the
+    /// parent's resume step (not re-read from this process's disk).
+    ///
+    /// # Errors
+    /// As [`Job::prepare`], except that no checkpoint directory is read here;
+    /// [`TrainError::Config`] for guardrails outside [0, 1] or a resume step with no
+    /// `--resume` directory.
+    pub fn from_spec(spec: JobSpec) -> Result<Self, TrainError> {
+        if let Err(value) = spec.cfg.guardrails.validate() {
+            return Err(TrainError::Config { what: "guardrails", value: format!("{value} (parent job spec)") });
+        }
+        if spec.resume_step.is_some() && spec.cfg.resume.is_none() {
+            return Err(TrainError::Config {
+                what: "--resume",
+                value: "a resume step without a directory (parent job spec)".into(),
+            });
+        }
+        let mut job = Self::load(spec.cfg)?;
+        job.resume_step = spec.resume_step;
+        Ok(job)
+    }
+
+    /// Data, split, shape and initial parameters of `cfg`; no checkpoint read.
+    fn load(cfg: TrainConfig) -> Result<Self, TrainError> {
+        let all = match &cfg.data {
+            Some(p) => Dataset::load(p, cfg.classes)?,
+            None => Dataset::embedded_digits()?,
+        };
+        let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
+        let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
+        let init = match &cfg.init_params {
+            Some(p) => super::params::load_for(p, shape)?,
+            None => mlp::init_params(shape, cfg.seed)?,
+        };
+        let job = Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init, resume_step: None };
+        if job.holdout.is_empty() || job.train.len() < job.cfg.ranks as usize {
+            return Err(TrainError::Config {
+                what: "--holdout",
+                value: format!(
+                    "{}: leaves {} training and {} held-out samples of {} for {} ranks",
+                    job.cfg.holdout,
+                    job.train.len(),
+                    job.holdout.len(),
+                    all.len(),
+                    job.cfg.ranks
+                ),
+            });
+        }
+        Ok(job)
+    }
+
+    /// The runs of this job in order: the baseline (threshold off) when comparing, then
+    /// DropCompute. A resumed job continues the DropCompute run only.
+    pub fn plan(&self) -> Vec<RunKind> {
+        let mut v = Vec::new();
+        if self.cfg.compare && self.resume_step.is_none() {
+            v.push(RunKind::Baseline);
+        }
+        v.push(RunKind::DropCompute);
+        v
+    }
+
+    /// The settings a checkpoint of this job is only valid for (stored in every checkpoint and
+    /// compared on `--resume`).
+    pub fn fingerprint(&self) -> String {
+        use dropcompute::policy::Policy;
+        let c = &self.cfg;
+        // The step policy when it is not the DropCompute of `check` (which `check` already
+        // names, so checkpoints written before `--policy` existed still resume).
+        let policy = match c.policy() {
+            Policy::DropBefore | Policy::DropPredictive => String::new(),
+            Policy::BackupWorkers => format!(" policy=backup-workers:{}", c.backup_workers),
+            p => format!(" policy={}", p.name()),
+        };
+        let tail = match c.tail {
+            t if !t.enabled() => String::new(),
+            t => format!(" tail={}:{}", t.parts(), t.cost_fraction()),
+        };
+        format!(
+            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}{tail}",
+            c.ranks,
+            c.micro_batches,
+            c.micro_batch_size,
+            c.seed,
+            self.shape.param_len(),
+            c.hidden,
+            c.check,
+            c.sync_lag,
+            c.normalization,
+            c.lr,
+            c.momentum,
+            self.train.len()
+        )
+    }
+
+    /// How the DropCompute run executes the deadline: this job's check mode, sync lag and
+    /// warm-up, one micro-batch always computed (the scheduler's policy in `run`).
+    pub fn execution(&self) -> ExecutionModel {
+        ExecutionModel {
+            check: self.cfg.check,
+            sync_lag: self.cfg.sync_lag,
+            warmup_steps: self.cfg.warmup_steps,
+            min_micro_batches: 1,
+        }
+    }
+
+    /// True when the second run is replayed by the policy replay (`sim::policies`: its
+    /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
+    /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`
+    /// (the replay runs the scheduler's predicted variant: the one assignment step), and any
+    /// policy with a tail shape.
+    pub fn replays_policy(&self) -> bool {
+        use dropcompute::policy::Policy;
+        match self.cfg.policy() {
+            Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => self.cfg.tail.enabled(),
+        }
+    }
+
+    /// The second run as `sim::policies::replay_policy` replays it at `threshold` (the budget
+    /// of `compute-budget`: off, as a declined `--threshold auto`, runs M per rank, which the
+    /// replay's assignment step does too): the job's policy, b, tail shape, default
+    /// rebalancing and cap (2·M), the scheduler's default estimator quantile,
+    /// [`Job::execution`], the job's seed. Also the search template of `--threshold auto`.
+    pub fn policy_run(&self, threshold: Threshold) -> dropcompute::sim::policies::PolicyRun {
+        use dropcompute::policy::{Policy, PolicyParams};
+        let p = self.cfg.policy();
+        let budget_ms = threshold.as_ns().filter(|_| p == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
+        let params = PolicyParams {
+            backup_workers: self.cfg.backup_workers,
+            tail: self.cfg.tail,
+            budget_ms,
+            ..PolicyParams::new(p)
+        };
+        dropcompute::sim::policies::PolicyRun {
+            seed: self.cfg.seed,
+            ..dropcompute::sim::policies::PolicyRun::new(params, threshold, self.execution())
+        }
+    }
+
+    /// How `--threshold auto` recommends a threshold on the baseline run's trace (all its steps,
+    /// warm-up included): replayed as the DropCompute run will execute ([`Job::execution`]),
+    /// judged by the job's guardrails (`--max-drop-rate`, `--min-batch-fraction`,
+    /// `--min-gain`).
+    pub fn auto_recommend(&self) -> Recommend {
+        Recommend { execution: self.execution(), guardrails: self.cfg.guardrails }
+    }
+
+    /// Micro-batch slots per rank of the second run when its policy moves micro-batches
+    /// between ranks (`Policy::moves_work`): `policy::PolicyParams::budget_cap(M)` = 2·M,
+    /// the most one rank may be handed (a rebalanced assignment above it is not applied).
+    pub fn slots(&self) -> u32 {
+        dropcompute::policy::PolicyParams::new(self.cfg.policy()).budget_cap(self.cfg.micro_batches)
+    }
+
+    /// Micro-batch slots per rank of a run of `kind` (the width of its latency matrix): M for
+    /// the baseline and the policies that keep M per rank, else [`Job::slots`].
+    pub fn slots_of(&self, kind: RunKind) -> u32 {
+        if kind == RunKind::DropCompute && self.cfg.policy().moves_work() {
+            self.slots()
+        } else {
+            self.cfg.micro_batches
+        }
+    }
+
+    /// The stream this job's second run deals (its samples, seed, parts of b/S, epochs or
+    /// steps), as `run` builds it: the data model of the job's prediction
+    /// (`dropcompute::deal::ReplayStream`).
+    pub fn replay_stream(&self) -> dropcompute::deal::ReplayStream {
+        let part_size = (self.cfg.micro_batch_size / self.cfg.tail.parts()) as usize;
+        dropcompute::deal::ReplayStream::new(
+            self.train.len() as u64,
+            self.cfg.seed,
+            part_size,
+            self.max_epochs(),
+            self.steps(),
+        )
+    }
+
+    /// Epochs after which a run's data stream ends, `None` for a run of `--steps` steps.
+    pub fn max_epochs(&self) -> Option<u64> {
+        match self.cfg.length {
+            RunLength::Epochs(e) => Some(u64::from(e)),
+            RunLength::Steps(_) => None,
+        }
+    }
+
+    /// Steps of a run, `None` for an epoch-bounded run.
+    pub fn steps(&self) -> Option<u64> {
+        match self.cfg.length {
+            RunLength::Steps(s) => Some(s),
+            RunLength::Epochs(_) => None,
+        }
+    }
+
+    /// The mock configuration of this job for a process whose ranks acquire modules
+    /// `0..ranks`: `$DROPCOMPUTE_MOCK_CONFIG`/`$DROPCOMPUTE_MOCK_DEVICES` as a base (devices
+    /// raised to the world size unless `$DROPCOMPUTE_MOCK_DEVICES` fixes it), the chosen time
+    /// mode, seed, noise and slow ranks, and `--base-latency-ms` as the base latency of the
+    /// forward/backward graph recipe (`MockConfig::graph_base_latency_ns`, keyed by
+    /// [`super::model_graphs::forward_backward_recipe_name`]): one micro-batch costs that much
+    /// emulated device time before noise and slowdown, as before the model became a graph. Every
+    /// other graph (the SGD step, the scheduler's gradient graphs) keeps the mock's per-node
+    /// cost model (microseconds). This is the only place the flag acts: it describes the
+    /// emulated device and has no meaning on a real one.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
+    /// the mock environment is invalid.
+    pub fn mock_config(&self) -> Result<MockConfig, TrainError> {
+        let mut m = MockConfig::from_env_for_ranks(self.cfg.ranks)
+            .map_err(|e| TrainError::Config { what: "mock environment", value: e.why })?;
+        m.time_mode = self.cfg.time_mode;
+        m.seed = self.cfg.seed;
+        m.noise = self.cfg.noise.clone();
+        let b = self.cfg.micro_batch_size as usize;
+        let fwd = super::model_graphs::forward_backward_recipe_name(self.shape, b);
+        let base_ns = u64::try_from(self.cfg.base_latency.as_nanos()).unwrap_or(u64::MAX);
+        let tail = self.cfg.tail;
+        if tail.enabled() {
+            // The tail shape's recipe: cost × the whole one's device time, drawing the noise of
+            // the whole micro-batch it is cut from (common random numbers with the replay,
+            // which models a tail as cost × that micro-batch's latency).
+            let name = super::model_graphs::forward_backward_recipe_name(self.shape, b / tail.parts() as usize);
+            m.graph_base_latency_ns.insert(name.clone(), (base_ns as f64 * tail.cost_fraction()).round() as u64);
+            m.graph_noise_alias.insert(name, fwd.clone());
+        }
+        m.graph_base_latency_ns.insert(fwd, base_ns);
+        for s in &self.cfg.slow_ranks {
+            m.per_device.retain(|o| o.module_id != s.rank);
+            m.per_device.push(DeviceOverride {
+                module_id: s.rank,
+                slowdown: s.factor,
+                noise: None,
+                script_ns: vec![],
+                script_recipe: None,
+            });
+        }
+        Ok(m)
+    }
+    /// Checks that none of the emulation settings is given for a real device: `--base-latency-ms`
+    /// and `--noise` at their defaults ([`super::config::DEFAULT_BASE_LATENCY_MS`],
+    /// [`super::config::DEFAULT_NOISE`]), no `--slow-rank`, `--time-mode real`. They configure
+    /// the CPU mock ([`Job::mock_config`]) and mean nothing on `library` (a description of the
+    /// real libSynapse, for the message), so they are refused rather than silently ignored; at
+    /// their defaults they are inert.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming every such flag given and the library.
+    pub fn check_real_device(&self, library: &str) -> Result<(), TrainError> {
+        let c = &self.cfg;
+        let mut given = Vec::new();
+        if c.base_latency != Duration::from_secs_f64(super::config::DEFAULT_BASE_LATENCY_MS / 1e3) {
+            given.push("--base-latency-ms");
+        }
+        if super::config::DEFAULT_NOISE.parse::<dropcompute::sim::noise::Noise>().ok().as_ref() != Some(&c.noise) {
+            given.push("--noise");
+        }
+        if !c.slow_ranks.is_empty() {
+            given.push("--slow-rank");
+        }
+        if c.time_mode != TimeMode::Real {
+            given.push("--time-mode virtual");
+        }
+        if given.is_empty() {
+            return Ok(());
+        }
+        Err(TrainError::Config {
+            what: "emulation flags",
+            value: format!(
+                "{} configure the emulated device (the CPU mock) and have no meaning on {library}; remove them, \
+                 or run on the mock (DROPCOMPUTE_BACKEND=mock)",
+                given.join(", ")
+            ),
+        })
+    }
+}
+
+/// Which run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunKind {
+    /// Threshold off.
+    Baseline,
+    /// The configured threshold.
+    DropCompute,
+}
+
+impl RunKind {
+    /// "baseline" or "dropcompute".
+    pub fn label(self) -> &'static str {
+        match self {
+            RunKind::Baseline => "baseline",
+            RunKind::DropCompute => "dropcompute",
+        }
+    }
+}
+
+/// What one rank measured in one run (JSON: the result file of a rank process).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankOutcome {
+    /// Which run.
+    pub kind: RunKind,
+    /// Rank.
+    pub rank: u32,
+    /// One report per step.
+    pub reports: Vec<StepReport>,
+    /// Global mean training loss per step (loss summed over every rank's computed samples /
+    /// their count; NaN for a step with none).
+    #[serde(with = "dropcompute::serde_nan::vec")]
+    pub loss: Vec<f64>,
+    /// Wall time of the run's step loop (ns): host time in real time mode, the sum of the steps'
+    /// device time in virtual time mode.
+    pub wall_ns: u64,
+    /// Final parameters.
+    pub params: Vec<f32>,
+    /// This rank's drop ledger.
+    pub ledger: DropLedger,
+    /// The scheduler's straggler statistics at the end of the run (identical on every rank).
+    pub stragglers: StragglerTracker,
+    /// Threshold in force at the end (ns), `None` for off.
+    pub threshold_ns: Option<u64>,
+    /// How the threshold was chosen.
+    pub threshold_source: String,
+}

@@ -1,0 +1,42 @@
+//! `dropcompute-train`, the crate of `dropcompute train`: the example workload (an MLP classifier on the UCI handwritten digits
+//! over N ranks) that runs the synchronous baseline and DropCompute with the same seed through
+//! the step scheduler and compares them.
+//!
+//! Owns: the data set ([`data`]), the model math ([`mlp`], host-side and deterministic: the
+//! reference, and the evaluation of held-out accuracy), the model as device graphs
+//! ([`model_graphs`]: forward/backward and SGD, built with `synapse::graph`), the
+//! workload that binds it to the scheduler ([`workload`]), the job description ([`job`]:
+//! validated inputs, planned runs, per-rank outcomes), the one error type ([`error`]),
+//! checkpoints ([`ckpt`]), the run driver ([`run`]: one rank's loop; ranks are started by
+//! `dropcompute::launch` as threads, processes or one launcher rank), the validated configuration
+//! ([`config`]; its flags and `run` are `dropcompute_cli::commands::train`), and the outputs
+//! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`], [`metrics`],
+//! [`params`]; `params` is also the reader of `--init-params`). A run's data is dealt by the
+//! core's `dropcompute::deal` (one global stream dealt by the policy's assignment).
+//! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
+//! `workload`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
+//! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`}; `params` -> `mlp` only;
+//! `ckpt` -> `error`; `error` -> leaf error types only (and `config`'s
+//! `ArgError`); `config` -> no other file of `train`. The threshold of
+//! `--threshold auto` is `dropcompute::tune::recommend`, shared with `dropcompute tune`.
+//! Must not touch: the deadline rule (`policy`), the step loop (`schedule`), or raw FFI; the only
+//! `unsafe` here is the bounds-checked gemm call in the private `gemm` module.
+
+pub mod ckpt;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod figure;
+mod gemm;
+pub mod job;
+pub mod metrics;
+pub mod mlp;
+pub mod model_graphs;
+pub mod output;
+pub mod params;
+pub mod progress;
+pub mod report;
+pub mod run;
+pub mod summary;
+pub mod timeline;
+pub mod workload;

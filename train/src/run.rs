@@ -1,0 +1,638 @@
+//! The training driver: one rank's loop over the planned runs (synchronous baseline, then
+//! DropCompute), one rank of any launch mode ([`run_rank`]), and [`run`], which starts the
+//! ranks through `dropcompute::launch` (threads, child processes given the parent's [`JobSpec`], or
+//! one rank under a launcher).
+//!
+//! Owns: [`rank_main`], [`run_rank`], [`run`], [`run_child`], the threshold resolution of a run
+//! (fixed, auto via `tune::recommend`, in-run re-tuning). Must not touch: how ranks are started
+//! or children spawned (`dropcompute::launch`), the job description (`job`), the error type
+//! (`error`), the step loop (`schedule::Scheduler::step` is the only training loop), the
+//! deadline rule, or output formats (`summary`).
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dropcompute::hccl::{Comm, CommOptions, ReduceOp};
+use dropcompute::launch::{self, ChildSpec, Join, Launch};
+use dropcompute::mock::MockControl;
+use dropcompute::policy::{Policy, PolicyConfig, Threshold};
+use dropcompute::schedule::{
+    DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
+};
+use dropcompute::synapse::{Backend, BackendChoice, Device, HostBuffer, Runtime};
+use dropcompute::tune::Verdict;
+use dropcompute::tune::retune::{Retuner, RetunerConfig};
+
+use super::config::ThresholdArg;
+use super::error::TrainError;
+use super::job::{Job, JobSpec, RankOutcome, RunKind};
+use super::progress::Progress;
+use super::workload::LatencyKeys;
+use super::workload::{MlpHyper, MlpWorkload};
+use dropcompute::deal::RunData;
+
+/// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
+/// rank dies), 5 s abort deadline, a flight recorder of the last 15 collectives (5 steps).
+pub fn comm_options() -> CommOptions {
+    CommOptions {
+        timeout: Duration::from_secs(60),
+        abort_deadline: Duration::from_secs(5),
+        flight_recorder_len: 15,
+        ..CommOptions::default()
+    }
+}
+
+/// Resolves the DropCompute run's threshold: off, fixed, tuned on the baseline's trace (auto
+/// with a baseline), or re-tuned in the run (auto without a baseline: a probe window with the
+/// threshold off, then the tuned value). Rank 0 tunes and broadcasts the result, so every rank
+/// enforces the same threshold and the search runs once. Returns (threshold, retuner,
+/// description).
+///
+/// # Errors
+/// [`TrainError::Collective`] / [`TrainError::Device`] from the broadcast.
+fn resolve_threshold(
+    job: &Job,
+    comm: &Comm,
+    kind: RunKind,
+    baseline: Option<&[StepReport]>,
+) -> Result<(Threshold, Option<Retuner>, String), TrainError> {
+    if kind == RunKind::Baseline {
+        return Ok((Threshold::Off, None, "off (baseline)".into()));
+    }
+    Ok(match (job.cfg.threshold, baseline) {
+        (ThresholdArg::Off, _) => (Threshold::Off, None, "off".into()),
+        (ThresholdArg::Ms(_), _) => {
+            let t = job.cfg.threshold.fixed().map_or(Threshold::Off, Threshold::Fixed);
+            (t, None, "fixed".into())
+        }
+        (ThresholdArg::Auto, Some(reports)) => {
+            let rank = comm.rank();
+            // Every rank holds the same gathered latencies: all check the minimum alike.
+            let tuned = reports.iter().filter(|r| r.step >= job.cfg.warmup_steps).count();
+            if tuned < dropcompute::tune::MIN_STEPS {
+                return Err(TrainError::Config {
+                    what: "--threshold auto",
+                    value: format!(
+                        "insufficient data: the baseline ran {tuned} step(s) after the {} warm-up steps; tuning needs at least {} (run more steps or epochs, or give a threshold)",
+                        job.cfg.warmup_steps,
+                        dropcompute::tune::MIN_STEPS
+                    ),
+                });
+            }
+            if job.replays_policy() {
+                return auto_for_policy(job, comm, reports);
+            }
+            let mut found = None;
+            if rank == 0 {
+                let trace = super::summary::run_trace(reports);
+                found = trace.map(|t| dropcompute::tune::recommend(&t, &job.auto_recommend()).verdict);
+            }
+            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |v| v.threshold().as_ns().unwrap_or(u64::MAX)))?;
+            let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
+            let g = job.cfg.guardrails;
+            let why = match (found, rank) {
+                (Some(Verdict::Enable(c)), _) => format!(
+                    "auto: best replayed speedup {:.3}x of the baseline run's latencies as this run executes (drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %)",
+                    1.0 + c.objective,
+                    c.drop_rate * 100.0,
+                    g.max_drop_rate * 100.0,
+                    g.min_batch_fraction * 100.0,
+                    g.min_gain * 100.0
+                ),
+                (Some(Verdict::Decline(why)), 0) => format!("auto: off: {why}"),
+                (_, 0) => "auto: no baseline step to tune on; off".into(),
+                (_, _) => "auto: chosen by rank 0".into(),
+            };
+            (t, None, why)
+        }
+        // A resumed run keeps the threshold its checkpoint holds (restored with the scheduler
+        // state): re-tuning in-run would run the resumed steps at another threshold.
+        (ThresholdArg::Auto, None) if job.resume_step.is_some() => {
+            (Threshold::Off, None, "auto: the checkpoint's threshold (resumed run)".into())
+        }
+        (ThresholdArg::Auto, None) if job.replays_policy() => {
+            return Err(TrainError::Config {
+                what: "--threshold auto",
+                value: format!(
+                    "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
+                    job.cfg.policy(),
+                    if job.cfg.tail.enabled() {
+                        format!(" --tail-split {}", job.cfg.tail.parts())
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
+        (ThresholdArg::Auto, None) => {
+            let steps = job.steps().unwrap_or(200).max(4) as usize;
+            let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
+            // Scored on the probe window replayed as this run executes it (check mode, sync lag).
+            let cfg = RetunerConfig {
+                period: steps + 1,
+                probe_steps: probe,
+                tune: dropcompute::tune::TuneConfig { guardrails: job.cfg.guardrails, min_micro_batches: 1 },
+                execution: Some(job.execution()),
+                ..RetunerConfig::default()
+            };
+            let n = job.cfg.ranks as usize;
+            match Retuner::new(cfg, n, job.slots_of(kind) as usize) {
+                Ok(r) => (Threshold::Off, Some(r), format!("auto: tuned in-run after a {probe}-step probe")),
+                Err(e) => (Threshold::Off, None, format!("auto: {e}; threshold off")),
+            }
+        }
+    })
+}
+
+/// `--threshold auto` for a policy the policy replay runs ([`Job::replays_policy`]): rank 0
+/// searches the threshold (the budget of `compute-budget`) that maximises the replayed
+/// effective speedup of the job's policy on the baseline run's trace within the guardrails
+/// (`tune::policies::best_threshold`, every other parameter as the run executes:
+/// [`Job::policy_run`]) and broadcasts it; off when none is admissible. Tuning on the replay of
+/// the policy itself (not DropCompute's) matters once work moves: a threshold tuned on the
+/// unbalanced baseline over-drops after rebalancing.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`] from the broadcast.
+fn auto_for_policy(
+    job: &Job,
+    comm: &Comm,
+    reports: &[StepReport],
+) -> Result<(Threshold, Option<Retuner>, String), TrainError> {
+    let rank = comm.rank();
+    let p = job.cfg.policy();
+    let mut found = None;
+    if rank == 0
+        && let Some(trace) = super::summary::run_trace(reports)
+    {
+        let how = job.auto_recommend();
+        let ideal = dropcompute::tune::tune(
+            &trace,
+            &dropcompute::tune::TuneConfig {
+                guardrails: how.guardrails,
+                min_micro_batches: how.execution.min_micro_batches,
+            },
+        );
+        found = dropcompute::tune::policies::best_threshold(&trace, &how, &ideal, job.policy_run(Threshold::Off))
+            .filter(|(_, o)| o.enabled);
+    }
+    let chosen = found.as_ref().and_then(|(c, _)| match p {
+        Policy::ComputeBudget => c.params.budget_ms.map(|ms| (ms * 1e6).round() as u64),
+        _ => c.threshold.as_ns(),
+    });
+    let ns = broadcast_u64(comm, chosen.unwrap_or(u64::MAX))?;
+    let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
+    let g = job.cfg.guardrails;
+    let why = match (&found, rank) {
+        (Some((_, o)), _) => format!(
+            "auto ({p}): best replayed speedup {:.3}x of the baseline run's latencies under {p} as this run executes (drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %)",
+            1.0 + o.effective_speedup,
+            o.drop_rate * 100.0,
+            g.max_drop_rate * 100.0,
+            g.min_batch_fraction * 100.0,
+            g.min_gain * 100.0
+        ),
+        (None, 0) => format!("auto ({p}): off: no threshold within the guardrails on the replay of {p}"),
+        (None, _) => "auto: chosen by rank 0".into(),
+    };
+    Ok((t, None, why))
+}
+
+/// Broadcasts `v` from rank 0 (two u32 halves on a temporary stream) and returns it.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`].
+fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
+    let rank = comm.rank();
+    let dev_err = |source| TrainError::Device { rank, source };
+    let coll_err = |source| TrainError::Collective { rank, call: "threshold broadcast", source };
+    let dev = comm.device();
+    let s = dropcompute::synapse::Stream::new(dev).map_err(dev_err)?;
+    let host = HostBuffer::from_slice(dev, &[v as u32, (v >> 32) as u32]).map_err(dev_err)?;
+    let mut send = dropcompute::synapse::DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
+    let mut recv = dropcompute::synapse::DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
+    s.copy_h2d(&host, &mut send).map_err(dev_err)?;
+    comm.broadcast(&send, &mut recv, 0, &s).map_err(coll_err)?;
+    let mut back = HostBuffer::<u32>::zeroed(dev, 2).map_err(dev_err)?;
+    s.copy_d2h(&recv, &mut back).map_err(dev_err)?;
+    comm.synchronize(&s).map_err(coll_err)?;
+    let b = back.as_slice().map_err(dev_err)?;
+    Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
+}
+
+/// Prints the communicator's flight recorder (last collectives, with FAILED/PENDING marks) to
+/// stderr: the first thing to read when a collective fails.
+fn dump_flight_recorder(c: &Comm) {
+    eprintln!("rank {} flight recorder (last collectives):\n{}", c.rank(), c.flight_recorder().dump());
+}
+
+/// Latency-key step of a run's setup launches (before step 0); no real step has this number.
+const RUN_SETUP_STEP: u64 = u64::MAX;
+
+/// Runs every planned run on this rank with `comm` and gives the communicator back.
+/// `progress` (rank 0 only) is called once per run with the run's label and step count.
+///
+/// # Errors
+/// Any [`TrainError`] of this rank (a failed step names the step and call).
+pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
+    let rank = comm.rank();
+    let cfg = &job.cfg;
+    let dev_err = |source| TrainError::Device { rank, source };
+    let mut outcomes: Vec<RankOutcome> = Vec::new();
+    for kind in job.plan() {
+        // Every launch of this run, its setup included, draws keyed latencies: both runs start
+        // from the same mock state (common random numbers).
+        super::workload::set_latency_key(comm.device().module_id(), RUN_SETUP_STEP, super::workload::STEP_START)
+            .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
+        let baseline = outcomes.iter().find(|o| o.kind == RunKind::Baseline).map(|o| o.reports.as_slice());
+        // The step policy of this run: the baseline is synchronous; the second run follows
+        // `--policy` (default: DropCompute with the configured check).
+        let policy = (kind == RunKind::DropCompute).then(|| cfg.policy());
+        let (threshold, retuner, source) = match policy {
+            Some(p) if !p.drops() && p != Policy::ComputeBudget => (Threshold::Off, None, format!("off ({p})")),
+            _ => resolve_threshold(job, &comm, kind, baseline)?,
+        };
+        let shares = policy.is_some_and(Policy::moves_work);
+        // The tail shape is the second run's; the baseline runs whole micro-batches.
+        let tail = if kind == RunKind::DropCompute { cfg.tail } else { dropcompute::policy::TailShape::default() };
+        let scfg = SchedulerConfig {
+            micro_batches: cfg.micro_batches,
+            max_micro_batches: shares.then(|| job.slots_of(kind)),
+            // Both runs' count rows as wide as the second run's (paired collectives).
+            count_row_slots: Some(job.slots_of(RunKind::DropCompute) * cfg.tail.parts()),
+            micro_batch_size: cfg.micro_batch_size,
+            policy: PolicyConfig { threshold, check: cfg.check, warmup_steps: cfg.warmup_steps, min_micro_batches: 1 },
+            sync_lag: cfg.sync_lag,
+            normalization: cfg.normalization,
+            weighting: Weighting::Samples,
+            drop_handling: DropHandling::Requeue,
+            grad_dtype: GradDtype::F32,
+            gradient_len: job.shape.param_len(),
+            bucket_bytes: usize::try_from(cfg.bucket_bytes).unwrap_or(usize::MAX),
+            tail,
+            ..SchedulerConfig::default()
+        };
+        let ops = GradientOps::graphs(comm.device(), job.shape.param_len(), GradDtype::F32).map_err(dev_err)?;
+        let mut sched = Scheduler::new(comm, scfg, ops)?;
+        if let Some(r) = retuner {
+            sched.set_retuner(r);
+        }
+        // The one assignment step and walk of the policy (a compute budget declined by a
+        // guardrail runs M per rank: the threshold is off).
+        if let Some(p) = policy {
+            sched.set_policy(dropcompute::policy::PolicyParams {
+                backup_workers: cfg.backup_workers,
+                tail,
+                ..dropcompute::policy::PolicyParams::new(p)
+            });
+        }
+        let hyper = MlpHyper {
+            shape: job.shape,
+            micro_batch_size: cfg.micro_batch_size as usize,
+            lr: cfg.lr as f32,
+            momentum: cfg.momentum as f32,
+            weight_decay: 0.0,
+            tail_split: tail.parts() as usize,
+        };
+        let zeros = vec![0f32; job.init.len()];
+        let mut work =
+            MlpWorkload::new(sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
+        work.rank = rank;
+        let max_epochs = job.max_epochs();
+        // Both runs deal from the one global stream (`RunData::global`): paired by
+        // construction, and a rank's dropped micro-batches go to the next step's ranks.
+        let mut data = RunData::global(
+            job.train.len() as u64,
+            cfg.seed,
+            // Both runs deal the second run's parts; the baseline merges S of them (paired).
+            (cfg.micro_batch_size / cfg.tail.parts()) as usize,
+            (cfg.tail.parts() / tail.parts()) as usize,
+            max_epochs,
+        );
+        let (mut reports, mut losses): (Vec<StepReport>, Vec<f64>) = (Vec::new(), Vec::new());
+        let dev = sched.stream().device().clone();
+        let checkpointed = kind == RunKind::DropCompute;
+        let every = cfg.checkpoint_every.map(|k| k.get()).filter(|_| checkpointed);
+        let mut step = 0u64;
+        if let (Some(s0), true) = (job.resume_step, checkpointed) {
+            let (meta, params, velocity) =
+                super::ckpt::load(&job.fingerprint(), job.shape.param_len(), &cfg.checkpoint_dir, rank, s0)?;
+            work.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?;
+            sched.restore(meta.scheduler);
+            data = meta.data;
+            data.set_max_epochs(max_epochs); // the run length may change on resume
+            losses = meta.losses.iter().map(|l| l.unwrap_or(f64::NAN)).collect();
+            step = s0;
+        }
+        let progress = Progress::new(job.steps().unwrap_or(0), step, kind.label(), show_progress);
+        let zero = HostBuffer::from_slice(&dev, &[0f32, 0f32]).map_err(dev_err)?;
+        // The global loss of step s is all-reduced right after it and read after step s+1
+        // (the stream has passed it by then): no extra host synchronization per step.
+        let mut pending: Option<HostBuffer<f32>> = None;
+        let read = |h: &HostBuffer<f32>| -> Result<f64, TrainError> {
+            let l = h.as_slice().map_err(dev_err)?;
+            Ok(if l[1] > 0.0 { f64::from(l[0]) / f64::from(l[1]) } else { f64::NAN })
+        };
+        let coll_err = |source| TrainError::Collective { rank, call: "loss all-reduce", source };
+        let coll_err = |c: &Comm| {
+            dump_flight_recorder(c);
+            coll_err
+        };
+        let t = Instant::now();
+        while job.steps().is_none_or(|s| step < s) {
+            super::workload::set_latency_key(dev.module_id(), step, super::workload::STEP_START)
+                .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
+            if dropcompute::signals::received().is_some() {
+                sched.request_stop();
+            }
+            let (rep, _) = match sched.step(step, &mut data, &mut work) {
+                Ok(v) => v,
+                Err(e) => {
+                    if matches!(e, ScheduleError::Collective { .. }) {
+                        dump_flight_recorder(sched.comm());
+                    }
+                    return Err(e.into());
+                }
+            };
+            if let Some(h) = pending.take() {
+                losses.push(read(&h)?);
+            }
+            let s = sched.stream();
+            sched
+                .comm()
+                .all_reduce_in_place(&mut work.loss, ReduceOp::Sum, s)
+                .map_err(|e| coll_err(sched.comm())(e))?;
+            let mut h = HostBuffer::<f32>::zeroed(&dev, 2).map_err(dev_err)?;
+            s.copy_d2h(&work.loss, &mut h).map_err(dev_err)?;
+            s.copy_h2d(&zero, &mut work.loss).map_err(dev_err)?;
+            pending = Some(h);
+            if rep.global_computed() + rep.global_dropped() == 0 {
+                pending = None; // every rank's epochs are done (identical view on every rank)
+                break;
+            }
+            let last_loss = losses.last().copied().unwrap_or(f64::NAN);
+            progress.step_done(step, rep.step_ns as f64 / 1e6, rep.drop_rate(), last_loss);
+            let stop = rep.stop_requested;
+            reports.push(rep);
+            step += 1;
+            if stop || every.is_some_and(|k| step.is_multiple_of(k)) {
+                sched.comm().synchronize(sched.stream()).map_err(|e| coll_err(sched.comm())(e))?;
+                if let Some(h) = pending.take() {
+                    losses.push(read(&h)?);
+                }
+                // A stop writes a checkpoint on SIGINT/SIGTERM, on SIGHUP only when asked for;
+                // a rank stopped by a peer's request (no signal here) follows the same rule.
+                let signal = dropcompute::signals::received();
+                let save = every.is_some_and(|k| step.is_multiple_of(k))
+                    || (stop && (cfg.checkpoint_asked || signal.is_none_or(|s| s.always_checkpoints())));
+                let saved = if checkpointed && save {
+                    let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
+                    let meta = super::ckpt::RankMeta {
+                        fingerprint: job.fingerprint(),
+                        scheduler: sched.state(),
+                        data: data.clone(),
+                        losses: losses.iter().map(|l| l.is_finite().then_some(*l)).collect(),
+                    };
+                    let path = super::ckpt::save(&cfg.checkpoint_dir, rank, step, &meta, params, velocity)?;
+                    format!("checkpoint {}", path.display())
+                } else if checkpointed {
+                    "no checkpoint (none asked for: --checkpoint-every, --checkpoint-dir or --resume)".into()
+                } else {
+                    "no checkpoint (baseline run)".into()
+                };
+                if stop {
+                    progress.finish();
+                    let signal = signal.map_or_else(|| "a peer's stop request".into(), |s| s.name().to_string());
+                    return Err(TrainError::Interrupted { step, signal, saved });
+                }
+            }
+        }
+        sched.comm().synchronize(sched.stream()).map_err(|e| coll_err(sched.comm())(e))?;
+        if let Some(h) = pending.take() {
+            losses.push(read(&h)?);
+        }
+        // Virtual time: host time says nothing about the emulated cluster; use device time.
+        let wall_ns = match cfg.time_mode {
+            dropcompute::mock::TimeMode::Virtual => reports.iter().map(|r| r.step_ns).sum::<u64>(),
+            dropcompute::mock::TimeMode::Real => u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        };
+        progress.finish();
+        let (params, _) = work.state(sched.stream()).map_err(dev_err)?;
+        let threshold_ns = sched.threshold().as_ns();
+        let ledger = sched.ledger().clone();
+        let stragglers = sched.stragglers().clone();
+        drop(work);
+        comm = sched.into_comm();
+        outcomes.push(RankOutcome {
+            kind,
+            rank,
+            reports,
+            loss: losses,
+            wall_ns,
+            params,
+            ledger,
+            stragglers,
+            threshold_ns,
+            threshold_source: source,
+        });
+    }
+    Ok((outcomes, comm))
+}
+
+fn destroy(comm: Comm, rank: u32) -> Result<(), TrainError> {
+    comm.destroy().map_err(|b| TrainError::Collective { rank, call: "hcclCommDestroy", source: b.0 })
+}
+
+/// The in-process mock configured for `job` ([`Job::mock_config`]): the device of `validate`,
+/// which compares a prediction with an emulated measurement and so needs the emulated device.
+///
+/// # Errors
+/// [`TrainError::Config`] / [`TrainError::Mock`] for a bad mock environment or configuration;
+/// [`TrainError::Device`] when the runtime cannot start.
+pub fn mock_runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
+    MockControl::in_process().configure(&job.mock_config()?)?;
+    super::workload::route_latency_keys(LatencyKeys::InProcess);
+    Runtime::new(dropcompute::mock::api()).map_err(|source| TrainError::Device { rank: 0, source })
+}
+
+/// The runtime `train` runs on, chosen as by every subcommand (`DROPCOMPUTE_BACKEND`,
+/// `DROPCOMPUTE_SYNAPSE_LIB`; `synapse::Backend::select`): the in-process mock, the mock shared
+/// library loaded as libSynapse, or a real libSynapse. An emulated device (either mock: the
+/// library exports the `dcmock_*` control symbols) is configured with the job's emulation
+/// settings ([`Job::mock_config`]); on a real library those settings must be at their defaults
+/// ([`Job::check_real_device`]).
+///
+/// # Errors
+/// [`TrainError::Config`] for a `DROPCOMPUTE_BACKEND` that is not a backend name, or emulation
+/// flags given for a real device; [`TrainError::Device`] (rank 0) with `synapse::Error::Load`
+/// when the library cannot be loaded (exit 3, naming the paths tried) or the runtime cannot
+/// start; [`TrainError::Mock`] when a mock rejects its configuration.
+pub fn runtime(job: &Job) -> Result<Arc<Runtime>, TrainError> {
+    let device = |source| TrainError::Device { rank: 0, source };
+    let choice = BackendChoice::from_env()
+        .map_err(|e| TrainError::Config { what: dropcompute::synapse::backend::ENV_BACKEND, value: e.to_string() })?;
+    let backend = Backend::select(&choice).map_err(|e| device(e.into()))?;
+    if backend.is_mock() {
+        return mock_runtime(job);
+    }
+    let keys = match backend.library_path().and_then(|p| MockControl::from_library(p).ok()) {
+        Some(c) => {
+            c.configure(&job.mock_config()?)?;
+            LatencyKeys::Library(c)
+        }
+        None => {
+            job.check_real_device(&backend.describe())?;
+            LatencyKeys::Off
+        }
+    };
+    super::workload::route_latency_keys(keys);
+    Runtime::new(backend.api).map_err(device)
+}
+
+/// One rank of `job`: acquires its device (module `rank`, or the launcher's local rank under
+/// [`Join::Env`]), joins the communicator, runs the plan ([`rank_main`]) and destroys it.
+///
+/// # Errors
+/// [`TrainError::Device`] / [`TrainError::Collective`] naming the rank; any error of
+/// [`rank_main`].
+pub fn run_rank(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    join: &Join,
+    show_progress: bool,
+) -> Result<Vec<RankOutcome>, TrainError> {
+    let rank = join.rank();
+    if join.world_size() != job.cfg.ranks {
+        return Err(TrainError::Config {
+            what: "--ranks",
+            value: match join {
+                Join::Env(b) => {
+                    format!(
+                        "{} but the launcher's world size is {} ({})",
+                        job.cfg.ranks,
+                        b.world_size,
+                        b.world_size_source()
+                    )
+                }
+                Join::UniqueId { world_size, .. } => format!("{} but the communicator has {world_size}", job.cfg.ranks),
+            },
+        });
+    }
+    let dev = match join {
+        Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank),
+        Join::UniqueId { .. } => Device::acquire(rt, rank),
+    }
+    .map_err(|source| TrainError::Device { rank, source })?;
+    let call = if matches!(join, Join::Env(_)) { "join" } else { "hcclCommInitRank" };
+    let comm = join.comm(&dev, comm_options()).map_err(|source| TrainError::Collective { rank, call, source })?;
+    let (out, comm) = rank_main(job, comm, show_progress && rank == 0)?;
+    destroy(comm, rank)?;
+    Ok(out)
+}
+
+/// Runs the ranks of `job` as `launch` says (`dropcompute::launch`) and returns the outcomes indexed
+/// `[rank][run]`; under [`Launch::Env`] only this process's rank: `(rank, [outcomes])`.
+/// Threads run rank r on mock module r of `rt`; processes are children of this executable, each
+/// given `job.spec()` (the validated configuration, resume step and guardrail) and its own
+/// mock.
+///
+/// # Errors
+/// The first rank's error that is not a consequence of another rank's failure (a collective
+/// error is reported only when no rank has a more specific one); [`TrainError::Child`] naming a
+/// failed rank process with its exit status and stderr tail; [`TrainError::Bootstrap`] for a
+/// bad launcher environment.
+pub fn run(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    launch: Launch,
+    show_progress: bool,
+) -> Result<(u32, Vec<Vec<RankOutcome>>), TrainError> {
+    let n = job.cfg.ranks;
+    let unique_id =
+        || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
+    match launch {
+        Launch::Threads => {
+            let id = unique_id()?;
+            let results = launch::threads(n, |rank| {
+                run_rank(job, rt, &Join::UniqueId { id, rank, world_size: n }, show_progress)
+            });
+            Ok((0, collect(results.into_iter().map(|r| r.map_err(TrainError::from).and_then(|x| x)).collect())?))
+        }
+        Launch::Processes => {
+            let id = unique_id()?;
+            let results = launch::processes::<JobSpec, Vec<RankOutcome>>(CHILD_PROGRAM, n, &id, &job.spec())?;
+            let mut ok = Vec::with_capacity(results.len());
+            for r in results {
+                ok.push(r?);
+            }
+            Ok((0, ok))
+        }
+        Launch::Env => {
+            let join = Join::from_env()?;
+            Ok((join.rank(), vec![run_rank(job, rt, &join, show_progress)?]))
+        }
+    }
+}
+
+/// Runs every rank as a thread of this process (rank r on mock module r). Returns the
+/// outcomes indexed `[rank][run]`. Same as [`run`] with [`Launch::Threads`].
+///
+/// # Errors
+/// As [`run`].
+pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    Ok(run(job, rt, Launch::Threads, show_progress)?.1)
+}
+
+/// The rank program name of `train` in a `dropcompute::launch::ChildSpec`.
+pub const CHILD_PROGRAM: &str = "train";
+
+/// The body of a `train` rank process (`dropcompute rank-process SPEC` with program
+/// [`CHILD_PROGRAM`]): rebuilds the parent's job from the spec's [`JobSpec`], configures this
+/// process's mock for it, runs the rank and writes its outcomes to the spec's result file.
+///
+/// # Errors
+/// [`TrainError::Config`] for a spec that is not a `train` job; any rank error.
+pub fn run_child(spec: &ChildSpec) -> Result<(), TrainError> {
+    let job = Job::from_spec(spec.config()?)?;
+    let rt = runtime(&job)?;
+    let out = run_rank(&job, &rt, &spec.join()?, false)?;
+    Ok(spec.write_result(&out)?)
+}
+
+/// Picks the most specific error of a set of rank results.
+fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    let secondary = |e: &TrainError| {
+        matches!(e, TrainError::Collective { .. } | TrainError::Step(ScheduleError::Collective { .. }))
+    };
+    let mut first_secondary = None;
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) if secondary(&e) => {
+                first_secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match first_secondary {
+        Some(e) => Err(e),
+        None => Ok(ok),
+    }
+}
+
+/// Checks that every rank ended each run with the same parameters.
+///
+/// # Errors
+/// [`TrainError::Diverged`] naming the first rank that differs.
+pub fn check_lockstep(outcomes: &[Vec<RankOutcome>]) -> Result<(), TrainError> {
+    for (r, o) in outcomes.iter().enumerate().skip(1) {
+        for (a, b) in o.iter().zip(&outcomes[0]) {
+            if a.params.iter().map(|x| x.to_bits()).ne(b.params.iter().map(|x| x.to_bits())) {
+                return Err(TrainError::Diverged { rank: r as u32 });
+            }
+        }
+    }
+    Ok(())
+}
