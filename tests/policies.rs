@@ -1,7 +1,6 @@
 //! `tune --policy` and `simulate --policy`: the per-policy tables on the shipped what-if traces
 //! (copies in data/traces), read back from `--json` and checked against direct replays.
 use std::path::PathBuf;
-use std::time::Duration;
 
 use dropcompute::policy::{CheckMode, Policy, PolicyParams, TailShape, Threshold};
 use dropcompute::sim::policies::{PolicyRun, replay_policy};
@@ -88,12 +87,10 @@ fn rows_are_replays(cs: &[PolicyComparison], loaded: &[dropcompute::trace::Loade
                 assert!(r.drop_rate <= 0.10 && r.min_batch_fraction >= 0.75 && r.effective_speedup >= 0.02, "{r:?}");
                 assert!(r.max_batch_fraction <= 1.0, "{r:?}");
             }
-            let th = r
-                .threshold_ms
-                .map_or(Threshold::Off, |ms| Threshold::Fixed(Duration::from_nanos((ms * 1e6).round() as u64)));
+            let th = r.threshold_ms.and_then(Threshold::from_ms).unwrap_or(Threshold::Off);
             let params = PolicyParams {
                 backup_workers: r.backup_workers.unwrap_or(1),
-                budget_ms: r.budget_ms,
+                budget: r.budget_ms.and_then(Threshold::from_ms).unwrap_or(Threshold::Off),
                 budget_max_micro_batches: r.budget_max_micro_batches,
                 tail: c.tail,
                 ..PolicyParams::new(r.policy)

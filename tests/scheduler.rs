@@ -699,7 +699,7 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
 
 /// The scheduler and the simulator make the same decisions for every policy the scheduler
 /// runs as the simulator does: a synchronous run's reports become a trace
-/// (`train::summary::run_trace`), `sim::policies::replay_policy` replays it under the policy,
+/// (`dropcompute::schedule::auto::trace_of_reports`), `sim::policies::replay_policy` replays it under the policy,
 /// and its per-step, per-rank assignment and started micro-batches equal the scheduler's on
 /// the same scripted latencies (each rank at a constant latency, so a micro-batch beyond the
 /// trace's M takes the same latency in both). Both drive the one walker and assignment step.
@@ -715,7 +715,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
         let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> = endless(vec![1]);
         run(&World::new(n, base_cfg(m, 1, 4), 16, data))
     };
-    let trace = dropcompute_train::summary::run_trace(&base[0].reports).unwrap();
+    let trace = dropcompute::schedule::auto::trace_of_reports(&base[0].reports).unwrap();
     let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow rank: 2 x 25 µs start
     for policy in Policy::ALL {
         let _g = serial(&mock_cfg(n, &scripts));
@@ -732,7 +732,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
         let exec = ExecutionModel { check: CheckMode::BeforeMicroBatch, warmup_steps: 0, ..ExecutionModel::default() };
         let threshold = cfg.policy.threshold;
         // The simulator takes the compute budget from the policy's parameters (ms).
-        let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), ..PolicyParams::new(policy) };
+        let params = PolicyParams { budget: Threshold::Fixed(Duration::from_nanos(t)), ..PolicyParams::new(policy) };
         let sim = replay_policy(&trace, &PolicyRun::new(params, threshold, exec));
         let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
         let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
@@ -768,7 +768,7 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
         let _g = serial(&cfg_mock);
         run(&World::new(n, base_cfg(m, 2, 4), 12, endless(vec![2])))
     };
-    let trace = dropcompute_train::summary::run_trace(&base[0].reports).unwrap();
+    let trace = dropcompute::schedule::auto::trace_of_reports(&base[0].reports).unwrap();
     let t = 45_000u64; // fast ranks: 4 x 10 µs fit; slow: 25 + 12.5 fits, a whole second does not
     let tail = TailShape::split(2);
     for policy in [Policy::DropPredictive, Policy::ComputeBudget, Policy::Rebalance, Policy::RebalanceDrop] {
@@ -789,7 +789,8 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
             Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams { tail, ..PolicyParams::new(policy) })));
         let runs = run(&w);
         let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
-        let params = PolicyParams { budget_ms: Some(t as f64 / 1e6), tail, ..PolicyParams::new(policy) };
+        let params =
+            PolicyParams { budget: Threshold::Fixed(Duration::from_nanos(t)), tail, ..PolicyParams::new(policy) };
         let sim = replay_policy(&trace, &PolicyRun::new(params, cfg.policy.threshold, exec));
         let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
         let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();

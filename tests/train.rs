@@ -229,7 +229,7 @@ fn auto_threshold_honours_the_drop_rate_guardrail() {
         let out = run::run_threads(&j, &rt, false).unwrap();
         let (base, dc) = (&out[0][0], &out[0][1]);
         assert_eq!((base.kind, dc.kind), (RunKind::Baseline, RunKind::DropCompute));
-        let trace = summary::run_trace(&base.reports).unwrap();
+        let trace = dropcompute::schedule::auto::trace_of_reports(&base.reports).unwrap();
         let verdict = recommend(&trace, &j.auto_recommend()).verdict;
         // Every rank runs with rank 0's recommendation.
         for runs in &out {

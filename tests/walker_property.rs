@@ -22,7 +22,7 @@ use dropcompute::policy::{Policy, Threshold};
 use dropcompute::sim::policies::{ReplayData, replay_policy_on};
 use dropcompute::trace::LatencyTrace;
 use dropcompute_train::job::{Job, RankOutcome};
-use dropcompute_train::{run as job_run, summary};
+use dropcompute_train::run as job_run;
 
 #[derive(clap::Parser)]
 struct Cli {
@@ -124,10 +124,11 @@ fn scheduler_and_simulator_decide_alike_on_random_latencies_for_every_policy_tai
                     let mut wide_argv = common(2 * m);
                     wide_argv.extend(["--no-compare", "--threshold", "off"].map(String::from));
                     let (_, wide_out) = run_job(&wide_argv);
-                    let wide = summary::run_trace(&wide_out[0][0].reports).expect("wide trace");
+                    let wide =
+                        dropcompute::schedule::auto::trace_of_reports(&wide_out[0][0].reports).expect("wide trace");
                     assert_eq!(wide.num_steps(), steps as usize, "{what}");
 
-                    let trace = summary::run_trace(&base.reports).expect("baseline trace");
+                    let trace = dropcompute::schedule::auto::trace_of_reports(&base.reports).expect("baseline trace");
                     let threshold = dc
                         .threshold_ns
                         .map_or(Threshold::Off, |t| Threshold::Fixed(std::time::Duration::from_nanos(t)));

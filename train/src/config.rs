@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use dropcompute::launch::Launch;
 use dropcompute::mock::config::TimeMode;
-use dropcompute::policy::CheckMode;
+use dropcompute::policy::{CheckMode, Threshold};
 use dropcompute::schedule::Normalization;
 use dropcompute::sim::noise::Noise;
 
@@ -102,14 +102,15 @@ impl ThresholdArg {
         }
     }
 
-    /// The fixed deadline as a [`Duration`] rounded to the nearest ns (so report.json's
-    /// `threshold_ms`, ns / 1e6 as f64, gives back the same ns), `None` for `Auto` and `Off`.
+    /// The fixed deadline as a [`Duration`] rounded to the nearest ns (`Threshold::from_ms`, so
+    /// report.json's `threshold_ms`, ns / 1e6 as f64, gives back the same ns), `None` for `Auto` and `Off`.
     pub fn fixed(&self) -> Option<Duration> {
         match *self {
             // `parse` bounds ms to (0, MAX_MS]; a hand-built out-of-range value gives None.
-            Self::Ms(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => {
-                Some(Duration::from_nanos((ms * 1e6).round() as u64))
-            }
+            Self::Ms(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_MS => match Threshold::from_ms(ms) {
+                Some(Threshold::Fixed(d)) => Some(d),
+                _ => None,
+            },
             _ => None,
         }
     }

@@ -211,11 +211,11 @@ impl Job {
     pub fn policy_run(&self, threshold: Threshold) -> dropcompute::sim::policies::PolicyRun {
         use dropcompute::policy::{Policy, PolicyParams};
         let p = self.cfg.policy();
-        let budget_ms = threshold.as_ns().filter(|_| p == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
+        let budget = if p == Policy::ComputeBudget { threshold } else { Threshold::Off };
         let params = PolicyParams {
             backup_workers: self.cfg.backup_workers,
             tail: self.cfg.tail,
-            budget_ms,
+            budget,
             ..PolicyParams::new(p)
         };
         dropcompute::sim::policies::PolicyRun {

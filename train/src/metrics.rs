@@ -90,10 +90,15 @@ pub fn rows(run: &str, policy: &str, reports: &[StepReport], loss: &[f64]) -> Ve
 }
 
 /// The "predicted" rows of the DropCompute run under `policy` at `threshold_ns` (module doc):
-/// one per replayed step of `p.replay`, numbered from 0 (steps beyond the baseline's are the
-/// replay's estimate, `Prediction::estimate`).
-pub fn predicted_rows(policy: &str, p: &super::summary::Prediction, threshold_ns: Option<u64>) -> Vec<StepMetrics> {
-    let r = &p.replay;
+/// one per replayed step of `r` (a `summary::Prediction`'s replay), numbered from 0 (steps
+/// beyond the baseline's are the replay's estimate), with the samples it predicts per step,
+/// `step_samples` (the divisor column; 0 where unknown).
+pub fn predicted_rows(
+    policy: &str,
+    r: &dropcompute::sim::policies::PolicyReplay,
+    step_samples: &[u64],
+    threshold_ns: Option<u64>,
+) -> Vec<StepMetrics> {
     let n = r.started.len() / r.per_step.len().max(1);
     r.per_step
         .iter()
@@ -110,7 +115,7 @@ pub fn predicted_rows(policy: &str, p: &super::summary::Prediction, threshold_ns
                 collective_ms: (step_ns - compute_ns) / 1e6,
                 computed,
                 dropped: handed.saturating_sub(computed),
-                divisor: p.step_samples.get(s).copied().unwrap_or(0) as f64,
+                divisor: step_samples.get(s).copied().unwrap_or(0) as f64,
                 loss: None,
                 threshold_ms: threshold_ns.map(|ns| ns as f64 / 1e6),
                 policy: policy.to_owned(),

@@ -4,7 +4,7 @@
 //! one rank under a launcher).
 //!
 //! Owns: [`rank_main`], [`run_rank`], [`run`], [`run_child`], the threshold resolution of a run
-//! (fixed, auto via `tune::recommend`, in-run re-tuning). Must not touch: how ranks are started
+//! (fixed, auto via the core's `schedule::auto` on the baseline's reports, in-run re-tuning). Must not touch: how ranks are started
 //! or children spawned (`dropcompute::launch`), the job description (`job`), the error type
 //! (`error`), the step loop (`schedule::Scheduler::step` is the only training loop), the
 //! deadline rule, or output formats (`summary`).
@@ -17,6 +17,7 @@ use dropcompute::hccl::{Comm, CommOptions, ReduceOp};
 use dropcompute::launch::{self, ChildSpec, Join, Launch};
 use dropcompute::mock::MockControl;
 use dropcompute::policy::{Policy, PolicyConfig, Threshold};
+use dropcompute::schedule::auto::{self, AutoChoice};
 use dropcompute::schedule::{
     DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
@@ -80,28 +81,37 @@ fn resolve_threshold(
                     ),
                 });
             }
-            if job.replays_policy() {
-                return auto_for_policy(job, comm, reports);
-            }
-            let mut found = None;
-            if rank == 0 {
-                let trace = super::summary::run_trace(reports);
-                found = trace.map(|t| dropcompute::tune::recommend(&t, &job.auto_recommend()).verdict);
-            }
-            let ns = broadcast_u64(comm, found.map_or(u64::MAX, |v| v.threshold().as_ns().unwrap_or(u64::MAX)))?;
-            let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
+            let template = job.replays_policy().then(|| job.policy_run(Threshold::Off));
+            let p = job.cfg.policy();
+            let found =
+                if rank == 0 { auto::choose(reports, &job.auto_recommend(), template) } else { AutoChoice::NoTrace };
+            let t = auto::broadcast_threshold(comm, found.threshold())?;
             let g = job.cfg.guardrails;
-            let why = match (found, rank) {
-                (Some(Verdict::Enable(c)), _) => format!(
-                    "auto: best replayed speedup {:.3}x of the baseline run's latencies as this run executes (drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %)",
-                    1.0 + c.objective,
-                    c.drop_rate * 100.0,
+            let limits = |drop_rate: f64| {
+                format!(
+                    "drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %",
+                    drop_rate * 100.0,
                     g.max_drop_rate * 100.0,
                     g.min_batch_fraction * 100.0,
                     g.min_gain * 100.0
+                )
+            };
+            let why = match (&found, rank) {
+                (AutoChoice::DropCompute(Verdict::Enable(c)), _) => format!(
+                    "auto: best replayed speedup {:.3}x of the baseline run's latencies as this run executes ({})",
+                    1.0 + c.objective,
+                    limits(c.drop_rate)
                 ),
-                (Some(Verdict::Decline(why)), 0) => format!("auto: off: {why}"),
-                (_, 0) => "auto: no baseline step to tune on; off".into(),
+                (AutoChoice::Policy(Some(found)), _) => format!(
+                    "auto ({p}): best replayed speedup {:.3}x of the baseline run's latencies under {p} as this run executes ({})",
+                    1.0 + found.1.effective_speedup,
+                    limits(found.1.drop_rate)
+                ),
+                (AutoChoice::DropCompute(Verdict::Decline(why)), 0) => format!("auto: off: {why}"),
+                (AutoChoice::Policy(None), 0) => {
+                    format!("auto ({p}): off: no threshold within the guardrails on the replay of {p}")
+                }
+                (AutoChoice::NoTrace, 0) => "auto: no baseline step to tune on; off".into(),
                 (_, _) => "auto: chosen by rank 0".into(),
             };
             (t, None, why)
@@ -143,82 +153,6 @@ fn resolve_threshold(
             }
         }
     })
-}
-
-/// `--threshold auto` for a policy the policy replay runs ([`Job::replays_policy`]): rank 0
-/// searches the threshold (the budget of `compute-budget`) that maximises the replayed
-/// effective speedup of the job's policy on the baseline run's trace within the guardrails
-/// (`tune::policies::best_threshold`, every other parameter as the run executes:
-/// [`Job::policy_run`]) and broadcasts it; off when none is admissible. Tuning on the replay of
-/// the policy itself (not DropCompute's) matters once work moves: a threshold tuned on the
-/// unbalanced baseline over-drops after rebalancing.
-///
-/// # Errors
-/// [`TrainError::Device`] / [`TrainError::Collective`] from the broadcast.
-fn auto_for_policy(
-    job: &Job,
-    comm: &Comm,
-    reports: &[StepReport],
-) -> Result<(Threshold, Option<Retuner>, String), TrainError> {
-    let rank = comm.rank();
-    let p = job.cfg.policy();
-    let mut found = None;
-    if rank == 0
-        && let Some(trace) = super::summary::run_trace(reports)
-    {
-        let how = job.auto_recommend();
-        let ideal = dropcompute::tune::tune(
-            &trace,
-            &dropcompute::tune::TuneConfig {
-                guardrails: how.guardrails,
-                min_micro_batches: how.execution.min_micro_batches,
-            },
-        );
-        found = dropcompute::tune::policies::best_threshold(&trace, &how, &ideal, job.policy_run(Threshold::Off))
-            .filter(|(_, o)| o.enabled);
-    }
-    let chosen = found.as_ref().and_then(|(c, _)| match p {
-        Policy::ComputeBudget => c.params.budget_ms.map(|ms| (ms * 1e6).round() as u64),
-        _ => c.threshold.as_ns(),
-    });
-    let ns = broadcast_u64(comm, chosen.unwrap_or(u64::MAX))?;
-    let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
-    let g = job.cfg.guardrails;
-    let why = match (&found, rank) {
-        (Some((_, o)), _) => format!(
-            "auto ({p}): best replayed speedup {:.3}x of the baseline run's latencies under {p} as this run executes (drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %)",
-            1.0 + o.effective_speedup,
-            o.drop_rate * 100.0,
-            g.max_drop_rate * 100.0,
-            g.min_batch_fraction * 100.0,
-            g.min_gain * 100.0
-        ),
-        (None, 0) => format!("auto ({p}): off: no threshold within the guardrails on the replay of {p}"),
-        (None, _) => "auto: chosen by rank 0".into(),
-    };
-    Ok((t, None, why))
-}
-
-/// Broadcasts `v` from rank 0 (two u32 halves on a temporary stream) and returns it.
-///
-/// # Errors
-/// [`TrainError::Device`] / [`TrainError::Collective`].
-fn broadcast_u64(comm: &Comm, v: u64) -> Result<u64, TrainError> {
-    let rank = comm.rank();
-    let dev_err = |source| TrainError::Device { rank, source };
-    let coll_err = |source| TrainError::Collective { rank, call: "threshold broadcast", source };
-    let dev = comm.device();
-    let s = dropcompute::synapse::Stream::new(dev).map_err(dev_err)?;
-    let host = HostBuffer::from_slice(dev, &[v as u32, (v >> 32) as u32]).map_err(dev_err)?;
-    let mut send = dropcompute::synapse::DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
-    let mut recv = dropcompute::synapse::DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
-    s.copy_h2d(&host, &mut send).map_err(dev_err)?;
-    comm.broadcast(&send, &mut recv, 0, &s).map_err(coll_err)?;
-    let mut back = HostBuffer::<u32>::zeroed(dev, 2).map_err(dev_err)?;
-    s.copy_d2h(&recv, &mut back).map_err(dev_err)?;
-    comm.synchronize(&s).map_err(coll_err)?;
-    let b = back.as_slice().map_err(dev_err)?;
-    Ok(u64::from(b[0]) | (u64::from(b[1]) << 32))
 }
 
 /// Prints the communicator's flight recorder (last collectives, with FAILED/PENDING marks) to

@@ -10,7 +10,6 @@ use std::time::Duration;
 use dropcompute::policy::Threshold;
 use dropcompute::schedule::StepReport;
 use dropcompute::sim::policies::{PolicyReplay, replay_policy_on};
-use dropcompute::trace::LatencyTrace;
 use dropcompute::trace::compute_log::ComputeLogWriter;
 
 use super::error::TrainError;
@@ -21,43 +20,6 @@ use super::output::StagedOut;
 use super::report::{ConfigEcho, RankStraggler, Report, RunMeasurements, RunMetadata, RunReport, StragglerReport};
 use super::timeline::{RunSpans, Span, SpanKind, chrome_trace};
 use dropcompute::deal::ReplayStream;
-
-/// The N x M latency trace of a whole run from one rank's reports (every rank holds the same
-/// gathered matrix), warm-up steps included, skipping any step with a micro-batch not computed
-/// (a baseline run computes all). Per step: overhead = this rank's step time minus the slowest
-/// rank's compute phase (collective, rescale, optimizer: what the step spends after the last
-/// rank's compute, without the wait for it); per rank, the start offset = its compute phase
-/// minus the sum of its micro-batch latencies (device work before the first micro-batch, e.g.
-/// the previous step's loss all-reduce, and gaps between micro-batches). `None` when no step
-/// remains.
-pub fn run_trace(reports: &[StepReport]) -> Option<LatencyTrace> {
-    let used: Vec<&StepReport> =
-        reports.iter().filter(|r| !r.latencies_ns.is_empty() && r.latencies_ns.iter().all(|v| v.is_finite())).collect();
-    let first = used.first()?;
-    let n = first.world_size as usize;
-    let m = first.latencies_ns.len() / n.max(1);
-    let used: Vec<&&StepReport> = used.iter().filter(|r| r.latencies_ns.len() == n * m && r.ranks.len() == n).collect();
-    let max_compute = |r: &StepReport| r.ranks.iter().map(|x| x.compute_ns).max().unwrap_or(0);
-    let offsets: Vec<f64> = used
-        .iter()
-        .flat_map(|r| {
-            r.ranks.iter().zip(r.latencies_ns.chunks_exact(m.max(1))).map(|(x, lat)| {
-                let sum: f64 = lat.iter().sum();
-                (x.compute_ns as f64 - sum).max(0.0)
-            })
-        })
-        .collect();
-    LatencyTrace::new(
-        "baseline run",
-        (0..n as u32).collect(),
-        used.iter().map(|r| r.step).collect(),
-        m,
-        used.iter().flat_map(|r| r.latencies_ns.iter().copied()).collect(),
-        used.iter().map(|r| r.step_ns.saturating_sub(max_compute(r)) as f64).collect(),
-    )
-    .and_then(|t| t.with_start_offsets(offsets))
-    .ok()
-}
 
 /// The simulator's prediction of the DropCompute run (`train` prints `speedup` as "effective
 /// speedup, predicted").
@@ -96,7 +58,7 @@ pub struct Prediction {
 /// dealing the run's own data stream (`dropcompute::deal::ReplayStream`): an `--epochs` run is replayed
 /// to its stream's end, also beyond the baseline's steps (an estimate: the replay draws those
 /// steps' latencies from each rank's recorded ones). The per-step overhead is the baseline's
-/// ([`run_trace`]) plus its host time outside the device steps (wall time minus the sum of
+/// (`dropcompute::schedule::auto::trace_of_reports`) plus its host time outside the device steps (wall time minus the sum of
 /// step times, over the steps; 0 in virtual time). The speedup counts samples, as the
 /// measurement does (an epoch's last micro-batch may be short): predicted samples over the
 /// predicted time (the replayed steps) against the baseline's samples over its time (its
@@ -104,7 +66,7 @@ pub struct Prediction {
 /// a complete baseline step.
 pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
     let reports = &baseline.reports;
-    let trace = run_trace(reports)?;
+    let trace = dropcompute::schedule::auto::trace_of_reports(reports)?;
     let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();
     let host_gap = baseline.wall_ns.saturating_sub(device_ns) as f64 / reports.len().max(1) as f64;
     let overhead: Vec<f64> = trace.overhead_ns().iter().map(|o| o + host_gap).collect();
@@ -434,7 +396,7 @@ pub fn write_outputs(
         };
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
         if let (super::job::RunKind::DropCompute, Some(p)) = (r0.kind, predicted) {
-            steps.extend(super::metrics::predicted_rows(policy.name(), p, r0.threshold_ns));
+            steps.extend(super::metrics::predicted_rows(policy.name(), &p.replay, &p.step_samples, r0.threshold_ns));
         }
         all_spans.push((label, spans(&per_rank)));
         series.push(Series {

@@ -159,10 +159,12 @@ pub struct PolicyParams {
     /// Backup workers: b, the number of slowest ranks whose gradient is dropped whole each step
     /// (0 = synchronous; clamped to N - 1 so that at least one rank is aggregated).
     pub backup_workers: u32,
-    /// Compute budget per step (ms of compute time, measured as the deadline is: from the
-    /// step's compute clock start). `None`: not set (the tuner chooses it in `tune` and
-    /// `simulate`; `train` refuses `compute-budget` without it).
-    pub budget_ms: Option<f64>,
+    /// Compute budget per step (compute time, measured as the deadline is: from the step's
+    /// compute clock start). [`super::Threshold::Off`]: not set (the tuner chooses it in
+    /// `tune` and `simulate`; `train` refuses `compute-budget` without it). JSON: `budget_ms`,
+    /// milliseconds or `null`.
+    #[serde(rename = "budget_ms", with = "super::threshold_ms")]
+    pub budget: super::Threshold,
     /// Compute budget: the most micro-batches a rank starts in one step. `None` = 2·M (our
     /// choice: a fast rank may compute at most twice its nominal share, which bounds what the
     /// data source must hand out and a zero-latency trace's loop).
@@ -244,18 +246,12 @@ impl PolicyParams {
     }
 
     /// The deadline the walk of this policy runs under, given the DropCompute `threshold`:
-    /// the budget for `compute-budget` ([`PolicyParams::budget_ms`]; off when unset or not a
-    /// finite, non-negative number of ms), `threshold` for the drop policies, off for the
+    /// the budget for `compute-budget` ([`PolicyParams::budget`]; off when unset), `threshold` for the drop policies, off for the
     /// policies without a deadline ([`Policy::has_deadline`]).
     pub fn deadline(&self, threshold: super::Threshold) -> super::Threshold {
         use super::Threshold;
         match self.policy {
-            Policy::ComputeBudget => match self.budget_ms {
-                Some(ms) if ms.is_finite() && ms >= 0.0 => {
-                    Threshold::Fixed(std::time::Duration::from_secs_f64(ms / 1e3))
-                }
-                _ => Threshold::Off,
-            },
+            Policy::ComputeBudget => self.budget,
             Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold,
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Threshold::Off,
         }
@@ -279,7 +275,7 @@ impl Default for PolicyParams {
         Self {
             policy: Policy::DropPredictive,
             backup_workers: 1,
-            budget_ms: None,
+            budget: super::Threshold::Off,
             budget_max_micro_batches: None,
             rebalance: RebalanceConfig::default(),
             tail: TailShape::default(),
@@ -351,7 +347,11 @@ mod tests {
 
     #[test]
     fn params_read_back_and_cap() {
-        let p = PolicyParams { budget_ms: Some(12.5), backup_workers: 2, ..PolicyParams::new(Policy::ComputeBudget) };
+        let p = PolicyParams {
+            budget: crate::policy::Threshold::from_ms(12.5).expect("ms"),
+            backup_workers: 2,
+            ..PolicyParams::new(Policy::ComputeBudget)
+        };
         let s = serde_json::to_string(&p).expect("serialize");
         assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
         assert_eq!(p.budget_cap(12), 24);

@@ -47,6 +47,51 @@ impl Threshold {
             Threshold::Fixed(d) => Some(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         }
     }
+
+    /// The deadline in milliseconds (ns / 1e6), `None` for [`Threshold::Off`]: the unit of
+    /// flags and files (report.json, steps.csv, `tune --json`).
+    pub fn as_ms(&self) -> Option<f64> {
+        self.as_ns().map(|ns| ns as f64 / 1e6)
+    }
+
+    /// The deadline of `ms` milliseconds rounded to the nearest ns, the one conversion from a
+    /// flag's or a file's ms (so [`Threshold::as_ms`] gives back the same ns); `None` when `ms`
+    /// is not finite, negative, or beyond `u64::MAX` ns.
+    pub fn from_ms(ms: f64) -> Option<Threshold> {
+        let ns = (ms * 1e6).round();
+        (ns.is_finite() && ns >= 0.0 && ns < u64::MAX as f64).then(|| Threshold::Fixed(Duration::from_nanos(ns as u64)))
+    }
+}
+
+/// Serde of a [`Threshold`] as milliseconds at a file edge: `null` (or absent, with
+/// `#[serde(default)]`) is [`Threshold::Off`], a number is [`Threshold::from_ms`]. Use with
+/// `#[serde(with = "crate::policy::threshold_ms")]`.
+pub mod threshold_ms {
+    use super::Threshold;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes [`Threshold::as_ms`] (`null` when off).
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(t: &Threshold, s: S) -> Result<S::Ok, S::Error> {
+        match t.as_ms() {
+            Some(ms) => s.serialize_f64(ms),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads `null` as off and a number of ms as [`Threshold::from_ms`].
+    ///
+    /// # Errors
+    /// A value that is neither `null` nor a finite, non-negative number of ms.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Threshold, D::Error> {
+        match Option::<f64>::deserialize(d)? {
+            None => Ok(Threshold::Off),
+            Some(ms) => Threshold::from_ms(ms)
+                .ok_or_else(|| serde::de::Error::custom(format!("{ms} ms is not a deadline (finite, >= 0)"))),
+        }
+    }
 }
 
 /// Where and how the deadline is checked. Command-line and JSON names (one spelling):

@@ -10,6 +10,7 @@
 //! [`Scheduler::set_threshold`] / [`Scheduler::set_retuner`]).
 #![forbid(unsafe_code)]
 
+pub mod auto;
 mod config;
 mod count_row;
 mod data;

@@ -44,9 +44,41 @@ use rand::Rng;
 use super::rng;
 use crate::policy::assign::Assigner;
 use crate::policy::walk::{Next, RankWalk};
-use crate::policy::{LatencyEstimator, Policy, PolicyConfig, PolicyParams, TailShape, Threshold};
-use crate::sim::replay::ExecutionModel;
+use crate::policy::{CheckMode, LatencyEstimator, Policy, PolicyConfig, PolicyParams, TailShape, Threshold};
 use crate::trace::LatencyTrace;
+
+/// How the scheduler executes the deadline (everything but the threshold): the check mode, the
+/// sync lag, the warm-up steps and the micro-batches always computed. Defaults are `train`'s:
+/// predictive check, sync lag 0, 3 warm-up steps, 1 micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecutionModel {
+    /// The check point semantics.
+    pub check: CheckMode,
+    /// Micro-batches the check lags behind the device (`train --sync-lag`).
+    pub sync_lag: u32,
+    /// Steps with a step id below this never drop.
+    pub warmup_steps: u64,
+    /// Micro-batches every rank always starts.
+    pub min_micro_batches: u32,
+}
+
+impl Default for ExecutionModel {
+    fn default() -> Self {
+        Self { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1 }
+    }
+}
+
+impl ExecutionModel {
+    /// The deadline policy of this execution at `threshold`.
+    pub fn policy(&self, threshold: Threshold) -> PolicyConfig {
+        PolicyConfig {
+            threshold,
+            check: self.check,
+            warmup_steps: self.warmup_steps,
+            min_micro_batches: self.min_micro_batches,
+        }
+    }
+}
 
 /// One policy replay's inputs besides the trace.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -404,7 +436,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{CheckMode, RebalanceConfig};
+    use crate::policy::RebalanceConfig;
     use std::time::Duration;
 
     fn exec(check: CheckMode) -> ExecutionModel {
@@ -536,7 +568,7 @@ mod tests {
         // starts while elapsed < 4: 1 + 1, then extras drawn from its own four recorded values
         // of both steps.
         let p = PolicyParams {
-            budget_ms: Some(4e-6),
+            budget: Threshold::Fixed(Duration::from_nanos(4)),
             budget_max_micro_batches: Some(4),
             ..PolicyParams::new(Policy::ComputeBudget)
         };

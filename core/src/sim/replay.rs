@@ -23,42 +23,10 @@
 //! Assumes a dropped micro-batch's cost would not have shifted later ones (latencies replayed
 //! as recorded), which is exact when the latencies are common random numbers (`train`).
 
+pub use super::policies::ExecutionModel;
 use super::policies::{PolicyRun, replay_policy};
-use crate::policy::{CheckMode, Policy, PolicyConfig, PolicyParams, Threshold};
+use crate::policy::{CheckMode, Policy, PolicyParams, Threshold};
 use crate::trace::LatencyTrace;
-
-/// How the scheduler executes the deadline (everything but the threshold): the check mode, the
-/// sync lag, the warm-up steps and the micro-batches always computed. Defaults are `train`'s:
-/// predictive check, sync lag 0, 3 warm-up steps, 1 micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ExecutionModel {
-    /// The check point semantics.
-    pub check: CheckMode,
-    /// Micro-batches the check lags behind the device (`train --sync-lag`).
-    pub sync_lag: u32,
-    /// Steps with a step id below this never drop.
-    pub warmup_steps: u64,
-    /// Micro-batches every rank always starts.
-    pub min_micro_batches: u32,
-}
-
-impl Default for ExecutionModel {
-    fn default() -> Self {
-        Self { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1 }
-    }
-}
-
-impl ExecutionModel {
-    /// The deadline policy of this execution at `threshold`.
-    pub fn policy(&self, threshold: Threshold) -> PolicyConfig {
-        PolicyConfig {
-            threshold,
-            check: self.check,
-            warmup_steps: self.warmup_steps,
-            min_micro_batches: self.min_micro_batches,
-        }
-    }
-}
 
 /// Outcome of [`replay`].
 #[derive(Clone, Debug, PartialEq)]

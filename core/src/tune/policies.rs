@@ -324,7 +324,13 @@ pub fn best_threshold(
     let cands: Vec<PolicyRun> = match p {
         Policy::ComputeBudget => threshold_grid(ideal, fine)
             .into_iter()
-            .map(|t| PolicyRun { params: PolicyParams { budget_ms: Some(t / 1e6), ..template.params }, ..template })
+            .map(|t| PolicyRun {
+                params: PolicyParams {
+                    budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off),
+                    ..template.params
+                },
+                ..template
+            })
             .collect(),
         Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold_grid(ideal, fine)
             .into_iter()
@@ -413,7 +419,7 @@ pub fn compare_with_progress(
                 Policy::ComputeBudget => PolicyRun {
                     params: PolicyParams {
                         budget_max_micro_batches: Some(caps[x[0]]),
-                        budget_ms: Some(grid[x[2]] / 1e6),
+                        budget: Threshold::from_ms(grid[x[2]] / 1e6).unwrap_or(Threshold::Off),
                         ..base.params
                     },
                     estimator_quantile: quantiles[x[1]],
@@ -432,7 +438,7 @@ pub fn compare_with_progress(
         let row = match best {
             Some((mut o, c)) => {
                 if p.drops() {
-                    o.threshold_ms = c.threshold.as_ns().map(|ns| ns as f64 / 1e6);
+                    o.threshold_ms = c.threshold.as_ms();
                 }
                 if predictive {
                     o.estimator_quantile = Some(c.estimator_quantile);
@@ -441,7 +447,7 @@ pub fn compare_with_progress(
                     o.backup_workers = Some(c.params.backup_workers);
                 }
                 if p == Policy::ComputeBudget {
-                    o.budget_ms = c.params.budget_ms;
+                    o.budget_ms = c.params.budget.as_ms();
                     o.budget_max_micro_batches = c.params.budget_max_micro_batches;
                 }
                 o

@@ -54,7 +54,7 @@ pub(crate) struct Comm {
     pub meet: Option<Arc<super::meet::Meet>>,
     /// The shared-memory region of a communicator of processes on this host
     /// (`shm_procs.rs`), mapped at its first shared-memory all-reduce.
-    pub shm: Mutex<Option<super::shm_procs::Region>>,
+    pub shm: Mutex<Option<super::shm_region::Region>>,
 }
 
 /// Context of one running operation, for messages and the failure rules.

@@ -67,6 +67,7 @@ mod meet;
 mod reduce;
 mod shm;
 mod shm_procs;
+mod shm_region;
 mod transport;
 
 use std::ffi::{CStr, c_char, c_int, c_void};

@@ -3,7 +3,8 @@
 //! communicator, the data copied through it, the small synchronisation frames still on the
 //! TCP links, so a dead rank is detected (end of stream) and relayed as before.
 //!
-//! Owns: [`Region`] (the mapping: 2 parities × n slots × [`SLOT_BYTES`]) and the algorithm.
+//! Owns: the algorithm over a [`Region`] (`shm_region.rs`: the mapping, 2 parities × n slots ×
+//! [`SLOT_BYTES`]).
 //! Must not touch: the lockstep header (`algo.rs` decides, from every rank's header, that all
 //! ranks take this path), the in-process direct path (`shm.rs`), device memory.
 //!
@@ -27,11 +28,9 @@ use habana_sys::hcclResult_t;
 
 use super::comm::{Comm, OpCtx};
 use super::reduce::{Dtype, RedOp, reduce_into, seg};
+use super::shm_region::{Region, SLOT_BYTES};
 use super::transport::{Kind, Rx};
 use crate::error::HErr;
-
-/// Bytes of one rank's slot: the largest chunk reduced per round.
-pub(crate) const SLOT_BYTES: usize = 4 << 20;
 
 /// Where the mappings are created (a RAM file system on Linux).
 const SHM_DIR: &str = "/dev/shm";
@@ -39,24 +38,6 @@ const SHM_DIR: &str = "/dev/shm";
 /// Whether this host offers the shared-memory path (the directory of the mappings exists).
 pub(crate) fn available() -> bool {
     std::path::Path::new(SHM_DIR).is_dir()
-}
-
-/// The mapping of one communicator, shared by its ranks' processes.
-#[derive(Debug)]
-pub(crate) struct Region {
-    map: memmap2::MmapMut,
-    n: usize,
-    /// Rounds run so far (the parity of the next one selects the slots).
-    rounds: u64,
-}
-
-impl Region {
-    fn slot(&mut self, parity: u64, rank: usize) -> *mut u8 {
-        let at = (parity as usize * self.n + rank) * SLOT_BYTES;
-        // SAFETY: at + SLOT_BYTES <= 2 · n · SLOT_BYTES = the mapping's length (parity < 2,
-        // rank < n), so the offset stays inside the mapping.
-        unsafe { self.map.as_mut_ptr().add(at) }
-    }
 }
 
 /// Sends an empty frame to every peer, then waits for one from every peer: no rank leaves

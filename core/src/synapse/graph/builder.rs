@@ -23,13 +23,9 @@ use super::super::recipe::Recipe;
 use super::super::result::{self, check};
 use super::super::runtime::Runtime;
 use super::cache::RecipeCache;
-use super::compiled::{CompiledTensor, GraphRecipe, RecipeOrigin};
+use super::compiled::{CompiledTensor, GraphRecipe, RecipeOrigin, TensorId};
 use super::layout::{DType, device_sizes};
 use super::op::{Op, Operand};
-
-/// A tensor of a [`GraphBuilder`] (and of the [`GraphRecipe`] compiled from it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TensorId(pub(super) usize);
 
 /// A node of a [`GraphBuilder`] (its `synNodeCreateWithId` id is kept inside), for
 /// [`GraphBuilder::depend`].

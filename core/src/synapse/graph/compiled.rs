@@ -18,8 +18,11 @@ use super::super::memory::{DeviceBuffer, DeviceRepr};
 use super::super::recipe::Recipe;
 use super::super::result;
 use super::super::stream::{Event, Stream};
-use super::builder::TensorId;
 use super::layout::DType;
+
+/// A tensor of a `GraphBuilder` (and of the [`GraphRecipe`] compiled from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TensorId(pub(super) usize);
 
 /// One tensor of a compiled graph.
 #[derive(Debug, Clone, PartialEq, Eq)]

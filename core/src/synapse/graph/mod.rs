@@ -21,8 +21,8 @@ pub mod fuzzing;
 pub(in crate::synapse) mod layout;
 mod op;
 
-pub use builder::{GraphBuilder, NodeId, SectionId, TensorId};
+pub use builder::{GraphBuilder, NodeId, SectionId};
 pub use cache::RecipeCache;
-pub use compiled::{CompiledTensor, GraphArg, GraphRecipe, RecipeOrigin};
+pub use compiled::{CompiledTensor, GraphArg, GraphRecipe, RecipeOrigin, TensorId};
 pub use layout::{DType, device_axis, device_axis_mask, device_sizes};
 pub use op::{CastRounding, Op, Operand, Reduction};

@@ -1,0 +1,141 @@
+//! `--threshold auto` from a baseline run: the run's step reports as a latency trace, the
+//! deadline chosen on that trace for the step policy that will run, and its broadcast from
+//! rank 0, so that any trainer driving the [`super::Scheduler`] tunes as `dropcompute train`
+//! does.
+//!
+//! Owns: [`trace_of_reports`] (the report-to-trace conversion), [`choose`] / [`AutoChoice`]
+//! (DropCompute's `tune::recommend`, or the policy replay's `tune::policies::best_threshold`
+//! for a policy that moves work or has a tail shape) and [`broadcast_threshold`]. Must not
+//! touch: the search itself (`tune`), the replay (`sim`), the in-run retuner
+//! (`tune::Retuner`), flags or printing.
+
+use std::time::Duration;
+
+use super::{ScheduleError, StepReport};
+use crate::hccl::Comm;
+use crate::policy::Threshold;
+use crate::sim::policies::PolicyRun;
+use crate::synapse::{DeviceBuffer, HostBuffer, Stream};
+use crate::trace::LatencyTrace;
+use crate::tune::policies::PolicyOutcome;
+use crate::tune::{Recommend, TuneConfig, Verdict};
+
+/// The N x M latency trace of a whole run from one rank's reports (every rank holds the same
+/// gathered matrix), warm-up steps included, skipping any step with a micro-batch not computed
+/// (a baseline run computes all). Per step: overhead = this rank's step time minus the slowest
+/// rank's compute phase (collective, rescale, optimizer: what the step spends after the last
+/// rank's compute, without the wait for it); per rank, the start offset = its compute phase
+/// minus the sum of its micro-batch latencies (device work before the first micro-batch, e.g.
+/// the previous step's loss all-reduce, and gaps between micro-batches). All in ns. `None` when
+/// no step remains or the values do not make a valid trace.
+pub fn trace_of_reports(reports: &[StepReport]) -> Option<LatencyTrace> {
+    let used: Vec<&StepReport> =
+        reports.iter().filter(|r| !r.latencies_ns.is_empty() && r.latencies_ns.iter().all(|v| v.is_finite())).collect();
+    let first = used.first()?;
+    let n = first.world_size as usize;
+    let m = first.latencies_ns.len() / n.max(1);
+    let used: Vec<&&StepReport> = used.iter().filter(|r| r.latencies_ns.len() == n * m && r.ranks.len() == n).collect();
+    let max_compute = |r: &StepReport| r.ranks.iter().map(|x| x.compute_ns).max().unwrap_or(0);
+    let offsets: Vec<f64> = used
+        .iter()
+        .flat_map(|r| {
+            r.ranks.iter().zip(r.latencies_ns.chunks_exact(m.max(1))).map(|(x, lat)| {
+                let sum: f64 = lat.iter().sum();
+                (x.compute_ns as f64 - sum).max(0.0)
+            })
+        })
+        .collect();
+    LatencyTrace::new(
+        "baseline run",
+        (0..n as u32).collect(),
+        used.iter().map(|r| r.step).collect(),
+        m,
+        used.iter().flat_map(|r| r.latencies_ns.iter().copied()).collect(),
+        used.iter().map(|r| r.step_ns.saturating_sub(max_compute(r)) as f64).collect(),
+    )
+    .and_then(|t| t.with_start_offsets(offsets))
+    .ok()
+}
+
+/// What [`choose`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AutoChoice {
+    /// The reports hold no complete step: nothing to tune on (the deadline stays off).
+    NoTrace,
+    /// DropCompute (no policy template): `tune::recommend`'s verdict, replayed as the run
+    /// executes ([`Recommend::execution`]) and judged by [`Recommend::guardrails`].
+    DropCompute(Verdict),
+    /// A step policy replayed by `sim::policies`: its best run and outcome within the
+    /// guardrails, `None` when no candidate is admissible.
+    Policy(Option<Box<(PolicyRun, PolicyOutcome)>>),
+}
+
+impl AutoChoice {
+    /// The deadline the run uses: the enabled threshold of DropCompute, the policy's deadline
+    /// (`PolicyParams::deadline`: the budget of `compute-budget`) for a policy, else
+    /// [`Threshold::Off`].
+    pub fn threshold(&self) -> Threshold {
+        match self {
+            AutoChoice::NoTrace | AutoChoice::Policy(None) => Threshold::Off,
+            AutoChoice::DropCompute(v) => v.threshold(),
+            AutoChoice::Policy(Some(found)) => found.0.params.deadline(found.0.threshold),
+        }
+    }
+}
+
+/// Chooses the deadline of `--threshold auto` on the baseline run's `reports`
+/// ([`trace_of_reports`]): with `template` = `None`, DropCompute's `tune::recommend` under
+/// `how`; with a policy run (every parameter as the run executes it, the threshold ignored),
+/// the threshold (or budget) that maximises the policy replay's effective speedup within
+/// `how.guardrails` (`tune::policies::best_threshold`). Tuning on the replay of the policy
+/// itself matters once work moves: a threshold tuned on the unbalanced baseline over-drops
+/// after rebalancing. Pure (no device, no collective); every rank gets the same answer from
+/// the same reports, but [`broadcast_threshold`] makes rank 0's the one used.
+pub fn choose(reports: &[StepReport], how: &Recommend, template: Option<PolicyRun>) -> AutoChoice {
+    let Some(trace) = trace_of_reports(reports) else {
+        return AutoChoice::NoTrace;
+    };
+    match template {
+        None => AutoChoice::DropCompute(crate::tune::recommend(&trace, how).verdict),
+        Some(template) => {
+            let tune = TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches };
+            let ideal = crate::tune::tune(&trace, &tune);
+            AutoChoice::Policy(
+                crate::tune::policies::best_threshold(&trace, how, &ideal, template)
+                    .filter(|(_, o)| o.enabled)
+                    .map(Box::new),
+            )
+        }
+    }
+}
+
+/// The wire value of "no deadline" in [`broadcast_threshold`] (a deadline of `u64::MAX` ns,
+/// 584 years, is no deadline either).
+const OFF_NS: u64 = u64::MAX;
+
+/// Broadcasts rank 0's `threshold` over `comm` (two u32 halves of its ns on a temporary
+/// stream) and returns it on every rank; `threshold` is ignored on the other ranks.
+///
+/// # Errors
+/// [`ScheduleError::Device`] (stream, buffers, copies) or [`ScheduleError::Collective`] (the
+/// broadcast, e.g. a timed-out peer), both naming this rank, step 0 and the call.
+pub fn broadcast_threshold(comm: &Comm, threshold: Threshold) -> Result<Threshold, ScheduleError> {
+    let rank = comm.rank();
+    let call = "threshold broadcast";
+    let dev_err = |source| ScheduleError::Device { rank, step: 0, call, source };
+    let coll_err = |source| ScheduleError::Collective { rank, step: 0, call, source };
+    let v = threshold.as_ns().unwrap_or(OFF_NS);
+    let dev = comm.device();
+    let s = Stream::new(dev).map_err(dev_err)?;
+    let host = HostBuffer::from_slice(dev, &[v as u32, (v >> 32) as u32]).map_err(dev_err)?;
+    let mut send = DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
+    let mut recv = DeviceBuffer::<u32>::alloc(dev, 2).map_err(dev_err)?;
+    s.copy_h2d(&host, &mut send).map_err(dev_err)?;
+    comm.broadcast(&send, &mut recv, 0, &s).map_err(coll_err)?;
+    let mut back = HostBuffer::<u32>::zeroed(dev, 2).map_err(dev_err)?;
+    s.copy_d2h(&recv, &mut back).map_err(dev_err)?;
+    comm.synchronize(&s).map_err(coll_err)?;
+    let b = back.as_slice().map_err(dev_err)?;
+    let ns = u64::from(b[0]) | (u64::from(b[1]) << 32);
+    Ok(if ns == OFF_NS { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) })
+}
