@@ -2,7 +2,7 @@
 //! (copies in data/traces), read back from `--json` and checked against direct replays.
 use std::path::PathBuf;
 
-use dropcompute::policy::{CheckMode, Policy, PolicyParams, TailShape, Threshold};
+use dropcompute::policy::{CheckMode, Policy, StepPolicy, TailShape, Threshold};
 use dropcompute::sim::policies::{PolicyRun, replay_policy};
 use dropcompute::sim::replay::ExecutionModel;
 use dropcompute::trace::whatif::PipelineAggregation;
@@ -67,13 +67,13 @@ fn every_row_is_the_replay_of_its_printed_parameter() {
     let b0 = replay_policy(
         &loaded[0].trace,
         &PolicyRun::new(
-            PolicyParams { backup_workers: 0, ..PolicyParams::new(Policy::BackupWorkers) },
+            StepPolicy { backup_workers: 0, ..StepPolicy::new(Policy::BackupWorkers) },
             Threshold::Off,
             exec,
         ),
     );
     let sync =
-        replay_policy(&loaded[0].trace, &PolicyRun::new(PolicyParams::new(Policy::Synchronous), Threshold::Off, exec));
+        replay_policy(&loaded[0].trace, &PolicyRun::new(StepPolicy::new(Policy::Synchronous), Threshold::Off, exec));
     assert_eq!(b0.per_step, sync.per_step);
     assert_eq!(b0.effective_speedup.to_bits(), sync.effective_speedup.to_bits());
 }
@@ -88,12 +88,12 @@ fn rows_are_replays(cs: &[PolicyComparison], loaded: &[dropcompute::trace::Loade
                 assert!(r.max_batch_fraction <= 1.0, "{r:?}");
             }
             let th = r.threshold_ms.and_then(Threshold::from_ms).unwrap_or(Threshold::Off);
-            let params = PolicyParams {
+            let params = StepPolicy {
                 backup_workers: r.backup_workers.unwrap_or(1),
                 budget: r.budget_ms.and_then(Threshold::from_ms).unwrap_or(Threshold::Off),
                 budget_max_micro_batches: r.budget_max_micro_batches,
                 tail: c.tail,
-                ..PolicyParams::new(r.policy)
+                ..StepPolicy::new(r.policy)
             };
             let mut run = PolicyRun::new(params, th, exec);
             if let Some(q) = r.estimator_quantile {

@@ -12,7 +12,7 @@ use dropcompute::hccl::{Comm, CommOptions};
 use dropcompute::mock::{self, DeviceOverride, Fault, MockConfig, MockControl, MockRecipe, Noise, TimeMode};
 use dropcompute::mock_recipes;
 use dropcompute::policy::rebalance::RankLatencyTracker;
-use dropcompute::policy::{CheckMode, PolicyConfig, RebalanceConfig, Rebalancer, Threshold, backup_aggregated};
+use dropcompute::policy::{CheckMode, DeadlineConfig, RebalanceConfig, Rebalancer, Threshold, backup_aggregated};
 use dropcompute::schedule::{
     DataSource, DropHandling, EpochQueue, GradDtype, GradientScratch, MicroBatch, Normalization, Scheduler,
     SchedulerConfig, SharedSource, SkipReason, StepReport, Weighting, Workload, WorkloadError, per_micro_batch_ns,
@@ -350,7 +350,7 @@ fn base_cfg(m: u32, b: u32, p: usize) -> SchedulerConfig {
         micro_batch_size: b,
         gradient_len: p,
         bucket_bytes: 4 * 5, // several buckets even for tiny gradients
-        policy: PolicyConfig {
+        policy: DeadlineConfig {
             threshold: Threshold::Off,
             check: CheckMode::BeforeMicroBatch,
             warmup_steps: 0,
@@ -435,7 +435,7 @@ proptest! {
         let scripts: Vec<Vec<u64>> = c.iter().map(|&c| vec![latency_for(c, t); 2 * m as usize]).collect();
         let _g = serial(&mock_cfg(n, &scripts));
         let mut cfg = base_cfg(m, 2, 7);
-        cfg.policy = PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
+        cfg.policy = DeadlineConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
         cfg.normalization = if nominal { Normalization::Nominal } else { Normalization::Realized };
         cfg.weighting = if tokens { Weighting::Tokens } else { Weighting::Samples };
         cfg.grad_dtype = if bf { GradDtype::Bf16 } else { GradDtype::F32 };
@@ -514,7 +514,7 @@ fn scripted_latencies_give_the_exact_decisions_for_each_check_mode_and_sync_lag(
         let mut cfg = base_cfg(m, 1, 8);
         cfg.sync_lag = k;
         cfg.policy =
-            PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 1 };
+            DeadlineConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 1 };
         let w = World::new(2, cfg, 2, endless(vec![1]));
         let runs = run(&w);
         for r in 0..2 {
@@ -530,7 +530,7 @@ fn scripted_latencies_give_the_exact_decisions_for_each_check_mode_and_sync_lag(
 fn warm_up_steps_never_drop_and_the_minimum_is_kept() {
     let _g = serial(&mock_cfg(2, &[vec![1000; 40], vec![1000; 40]]));
     let mut cfg = base_cfg(4, 1, 4);
-    cfg.policy = PolicyConfig {
+    cfg.policy = DeadlineConfig {
         threshold: fixed(100),
         check: CheckMode::BeforeMicroBatch,
         warmup_steps: 2,
@@ -581,7 +581,7 @@ fn lockstep_holds_with_a_rank_that_computes_nothing_and_a_non_finite_gradient() 
     let _g = serial(&mock_cfg(4, &scripts));
     let mut cfg = base_cfg(m, 1, 9);
     cfg.policy =
-        PolicyConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
+        DeadlineConfig { threshold: fixed(t), check: CheckMode::Predictive, warmup_steps: 1, min_micro_batches: 0 };
     let w = World { nan: Some((1, 1)), ..World::new(4, cfg, 3, endless(vec![2])) };
     let runs = run(&w);
     assert_lockstep(&runs);
@@ -662,9 +662,9 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..samples).collect(), 2))));
         let mut w = World::new(n, cfg.clone(), 30, data);
         // With a threshold the policy is rebalance-drop (rebalance alone has no deadline).
-        use dropcompute::policy::{Policy, PolicyParams};
+        use dropcompute::policy::{Policy, StepPolicy};
         let policy = if threshold == Threshold::Off { Policy::Rebalance } else { Policy::RebalanceDrop };
-        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams::new(policy))));
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(StepPolicy::new(policy))));
         let runs = run(&w);
         for step in 0..30usize {
             let a = &runs[0].reports[step].assignment;
@@ -705,7 +705,7 @@ fn rebalancing_over_an_epoch_keeps_the_global_batch_and_every_sample_exactly_onc
 /// trace's M takes the same latency in both). Both drive the one walker and assignment step.
 #[test]
 fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
-    use dropcompute::policy::{Policy, PolicyParams};
+    use dropcompute::policy::{Policy, StepPolicy};
     use dropcompute::sim::policies::{PolicyRun, replay_policy};
     use dropcompute::sim::replay::ExecutionModel;
     let (n, m) = (4u32, 4u32);
@@ -727,12 +727,12 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
         let data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> =
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))));
         let mut w = World::new(n, cfg.clone(), 16, data);
-        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams::new(policy))));
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(StepPolicy::new(policy))));
         let runs = run(&w);
         let exec = ExecutionModel { check: CheckMode::BeforeMicroBatch, warmup_steps: 0, ..ExecutionModel::default() };
         let threshold = cfg.policy.threshold;
         // The simulator takes the compute budget from the policy's parameters (ms).
-        let params = PolicyParams { budget: Threshold::Fixed(Duration::from_nanos(t)), ..PolicyParams::new(policy) };
+        let params = StepPolicy { budget: Threshold::Fixed(Duration::from_nanos(t)), ..StepPolicy::new(policy) };
         let sim = replay_policy(&trace, &PolicyRun::new(params, threshold, exec));
         let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
         let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
@@ -750,7 +750,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
 /// carry exactly the samples the counts say.
 #[test]
 fn scheduler_and_simulator_agree_with_a_tail_shape() {
-    use dropcompute::policy::{Policy, PolicyParams, TailShape};
+    use dropcompute::policy::{Policy, StepPolicy, TailShape};
     use dropcompute::sim::policies::{PolicyRun, replay_policy};
     use dropcompute::sim::replay::ExecutionModel;
     let (n, m) = (4u32, 4u32);
@@ -786,11 +786,10 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
         w.tail = (5_000, 1);
         // Rebalancing in parts: at least S = 2 parts per rank (the default minimum, in parts).
         w.prepare =
-            Some(Box::new(move |s: &mut Scheduler| s.set_policy(PolicyParams { tail, ..PolicyParams::new(policy) })));
+            Some(Box::new(move |s: &mut Scheduler| s.set_policy(StepPolicy { tail, ..StepPolicy::new(policy) })));
         let runs = run(&w);
         let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
-        let params =
-            PolicyParams { budget: Threshold::Fixed(Duration::from_nanos(t)), tail, ..PolicyParams::new(policy) };
+        let params = StepPolicy { budget: Threshold::Fixed(Duration::from_nanos(t)), tail, ..StepPolicy::new(policy) };
         let sim = replay_policy(&trace, &PolicyRun::new(params, cfg.policy.threshold, exec));
         let assigned: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.assignment.iter().copied()).collect();
         let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
@@ -835,8 +834,8 @@ fn backup_workers_skip_the_rank_predicted_slowest_and_b_zero_is_synchronous() {
             Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..300).collect(), 1))));
         let mut w = World::new(n, cfg, 6, data);
         if let Some(b) = b {
-            use dropcompute::policy::{Policy, PolicyParams};
-            let params = PolicyParams { backup_workers: b, ..PolicyParams::new(Policy::BackupWorkers) };
+            use dropcompute::policy::{Policy, StepPolicy};
+            let params = StepPolicy { backup_workers: b, ..StepPolicy::new(Policy::BackupWorkers) };
             w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(params)));
         }
         let runs = run(&w);
@@ -883,7 +882,7 @@ fn deadline_overshoot_under_the_reference_noise_is_bounded() {
         mc.seed = 11;
         let _g = serial(&mc);
         let mut cfg = base_cfg(m, 1, 16);
-        cfg.policy = PolicyConfig { threshold: fixed(t), check, warmup_steps: 3, min_micro_batches: 1 };
+        cfg.policy = DeadlineConfig { threshold: fixed(t), check, warmup_steps: 3, min_micro_batches: 1 };
         let w = World { fwd_base_ns: base, ..World::new(n, cfg, 40, endless(vec![1])) };
         let runs = run(&w);
         let compute: Vec<u64> = runs.iter().flat_map(|r| r.reports[3..].iter().map(|rep| rep.compute_ns)).collect();

@@ -22,7 +22,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dropcompute::policy::{self, CheckMode, PolicyConfig, Threshold};
+use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold};
 use dropcompute::schedule::{CountRow, Normalization, SchedulerConfig, SkipReason, Weighting};
 use dropcompute::sim::replay::ExecutionModel;
 use dropcompute::trace::{LatencyTrace, LoadOptions, TraceError};
@@ -79,7 +79,7 @@ pub const DC_REASON_LEN: usize = 256;
 /// The deadline policy of one job (opaque; create with [`dc_policy_new`], free with
 /// [`dc_policy_free`]). Immutable, so one handle may be shared by threads.
 pub struct DcPolicy {
-    cfg: PolicyConfig,
+    cfg: DeadlineConfig,
 }
 
 /// Limits on a recommendation (fractions in [0, 1]; see `tune::Guardrails`).
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn dc_policy_new(
         }
         let threshold =
             if threshold_ns < 0 { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(threshold_ns as u64)) };
-        let cfg = PolicyConfig { threshold, check: check_mode(check_mode_code)?, warmup_steps, min_micro_batches };
+        let cfg = DeadlineConfig { threshold, check: check_mode(check_mode_code)?, warmup_steps, min_micro_batches };
         // SAFETY: `out` is non-null and, by the caller's contract, valid for one write.
         unsafe { *out = Box::into_raw(Box::new(DcPolicy { cfg })) };
         Ok(())
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn dc_policy_should_start(
 pub unsafe extern "C" fn dc_policy_free(policy: *mut DcPolicy) {
     if !policy.is_null() {
         // SAFETY: by the caller's contract the handle came from Box::into_raw and is freed once.
-        // Dropping a PolicyConfig cannot panic.
+        // Dropping a DeadlineConfig cannot panic.
         drop(unsafe { Box::from_raw(policy) });
     }
 }

@@ -22,7 +22,7 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use dropcompute::policy::{self, CheckMode, PolicyConfig, Threshold};
+use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold};
 use dropcompute::schedule::RankStepStats;
 use dropcompute::sim::replay::{ExecutionModel, replay};
 use dropcompute::trace::compute_log::{ComputeLogRecord, ComputeLogWriter as RsWriter};
@@ -63,7 +63,7 @@ fn fraction(field: &str, v: f64) -> PyResult<f64> {
 #[pyclass(module = "dropcompute._core", frozen)]
 #[derive(Clone)]
 pub struct Policy {
-    cfg: PolicyConfig,
+    cfg: DeadlineConfig,
 }
 
 #[pymethods]
@@ -72,7 +72,7 @@ impl Policy {
     #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1))]
     fn new(threshold_ns: Option<u64>, check: &str, warmup_steps: u64, min_micro_batches: u32) -> PyResult<Self> {
         let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
-        Ok(Self { cfg: PolicyConfig { threshold, check: parse_check(check)?, warmup_steps, min_micro_batches } })
+        Ok(Self { cfg: DeadlineConfig { threshold, check: parse_check(check)?, warmup_steps, min_micro_batches } })
     }
 
     /// Whether to start micro-batch `started` of step `step` after `elapsed_ns` of compute.

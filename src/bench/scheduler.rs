@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use dropcompute::hccl::{Comm, CommOptions};
 use dropcompute::mock::{MockConfig, MockControl, MockRecipe, TimeMode};
 use dropcompute::mock_recipes;
-use dropcompute::policy::{CheckMode, PolicyConfig, Threshold};
+use dropcompute::policy::{CheckMode, DeadlineConfig, Threshold};
 use dropcompute::schedule::{
     DataSource, GradDtype, GradientScratch, MicroBatch, Scheduler, SchedulerConfig, Workload, WorkloadError,
 };
@@ -148,7 +148,7 @@ pub fn run_scheduler_bench(reps: usize) -> Result<SchedulerBenchReport, BenchErr
         micro_batches: m,
         sync_lag: m - 1,
         gradient_len: GRAD_LEN,
-        policy: PolicyConfig {
+        policy: DeadlineConfig {
             threshold: Threshold::Fixed(Duration::from_secs(3600)),
             check: CheckMode::Predictive,
             warmup_steps: 0,

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{CommandError, GuardrailArgs, io_err};
-use dropcompute::policy::{CheckMode, Policy, PolicyConfig, Threshold};
+use dropcompute::policy::{CheckMode, DeadlineConfig, Policy, Threshold};
 use dropcompute::sim::analytic::NormalModel;
 use dropcompute::sim::montecarlo::{MonteCarloConfig, Scenario, run as run_mc};
 use dropcompute::sim::noise::{LatencyModel, Noise};
@@ -261,10 +261,10 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         pause_ns: args.pause_ms * 1e6,
         ..Scenario::iid(noise.clone(), m, args.overhead_ms * 1e6)
     };
-    let policy = PolicyConfig {
+    let policy = DeadlineConfig {
         threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)),
         check: args.check,
-        ..PolicyConfig::default()
+        ..DeadlineConfig::default()
     };
     let model = NormalModel::new(noise.mean_ns(), noise.std_ns(), m, args.overhead_ms * 1e6)?;
     let analytic_label =

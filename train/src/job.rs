@@ -209,15 +209,11 @@ impl Job {
     /// rebalancing and cap (2·M), the scheduler's default estimator quantile,
     /// [`Job::execution`], the job's seed. Also the search template of `--threshold auto`.
     pub fn policy_run(&self, threshold: Threshold) -> dropcompute::sim::policies::PolicyRun {
-        use dropcompute::policy::{Policy, PolicyParams};
+        use dropcompute::policy::{Policy, StepPolicy};
         let p = self.cfg.policy();
         let budget = if p == Policy::ComputeBudget { threshold } else { Threshold::Off };
-        let params = PolicyParams {
-            backup_workers: self.cfg.backup_workers,
-            tail: self.cfg.tail,
-            budget,
-            ..PolicyParams::new(p)
-        };
+        let params =
+            StepPolicy { backup_workers: self.cfg.backup_workers, tail: self.cfg.tail, budget, ..StepPolicy::new(p) };
         dropcompute::sim::policies::PolicyRun {
             seed: self.cfg.seed,
             ..dropcompute::sim::policies::PolicyRun::new(params, threshold, self.execution())
@@ -233,10 +229,10 @@ impl Job {
     }
 
     /// Micro-batch slots per rank of the second run when its policy moves micro-batches
-    /// between ranks (`Policy::moves_work`): `policy::PolicyParams::budget_cap(M)` = 2·M,
+    /// between ranks (`Policy::moves_work`): `policy::StepPolicy::budget_cap(M)` = 2·M,
     /// the most one rank may be handed (a rebalanced assignment above it is not applied).
     pub fn slots(&self) -> u32 {
-        dropcompute::policy::PolicyParams::new(self.cfg.policy()).budget_cap(self.cfg.micro_batches)
+        dropcompute::policy::StepPolicy::new(self.cfg.policy()).budget_cap(self.cfg.micro_batches)
     }
 
     /// Micro-batch slots per rank of a run of `kind` (the width of its latency matrix): M for

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use dropcompute::hccl::{Comm, CommOptions, ReduceOp};
 use dropcompute::launch::{self, ChildSpec, Join, Launch};
 use dropcompute::mock::MockControl;
-use dropcompute::policy::{Policy, PolicyConfig, Threshold};
+use dropcompute::policy::{DeadlineConfig, Policy, Threshold};
 use dropcompute::schedule::auto::{self, AutoChoice};
 use dropcompute::schedule::{
     DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
@@ -196,7 +196,12 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             // Both runs' count rows as wide as the second run's (paired collectives).
             count_row_slots: Some(job.slots_of(RunKind::DropCompute) * cfg.tail.parts()),
             micro_batch_size: cfg.micro_batch_size,
-            policy: PolicyConfig { threshold, check: cfg.check, warmup_steps: cfg.warmup_steps, min_micro_batches: 1 },
+            policy: DeadlineConfig {
+                threshold,
+                check: cfg.check,
+                warmup_steps: cfg.warmup_steps,
+                min_micro_batches: 1,
+            },
             sync_lag: cfg.sync_lag,
             normalization: cfg.normalization,
             weighting: Weighting::Samples,
@@ -215,10 +220,10 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         // The one assignment step and walk of the policy (a compute budget declined by a
         // guardrail runs M per rank: the threshold is off).
         if let Some(p) = policy {
-            sched.set_policy(dropcompute::policy::PolicyParams {
+            sched.set_policy(dropcompute::policy::StepPolicy {
                 backup_workers: cfg.backup_workers,
                 tail,
-                ..dropcompute::policy::PolicyParams::new(p)
+                ..dropcompute::policy::StepPolicy::new(p)
             });
         }
         let hyper = MlpHyper {

@@ -8,7 +8,7 @@
 //!
 //! Per policy (every match exhaustive), counts in parts (a whole micro-batch = S parts):
 //! - `synchronous`, `drop-before`, `drop-predictive`: M·S for every rank, always.
-//! - `compute-budget`: the cap ([`super::PolicyParams::budget_cap`], at most the slots) · S
+//! - `compute-budget`: the cap ([`super::StepPolicy::budget_cap`], at most the slots) · S
 //!   for every rank while a budget is set, M·S without one; M·S in the warm-up steps too
 //!   (warm-up runs the nominal batch for every policy: with the budget's check off there,
 //!   a cap of 2·M would double the global batch).
@@ -25,12 +25,12 @@
 //!   global batch).
 
 use super::rebalance::{RankLatencyTracker, Rebalancer};
-use super::{Policy, PolicyParams, Threshold, backup_aggregated};
+use super::{Policy, StepPolicy, Threshold, backup_aggregated};
 
 /// The per-rank part counts of the next step under one policy (module doc).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Assigner {
-    params: PolicyParams,
+    params: StepPolicy,
     micro_batches: u32,
     split: u32,
     slots: u32,
@@ -49,7 +49,7 @@ impl Assigner {
     /// one assigns M·S). The assignment of the first step, `first_step` (0-based step index,
     /// compared with the warm-up), is [`Assigner::assignment`].
     pub fn new(
-        params: PolicyParams,
+        params: StepPolicy,
         world_size: usize,
         micro_batches: u32,
         slots: u32,
@@ -100,7 +100,7 @@ impl Assigner {
     }
 
     /// The policy parameters.
-    pub fn params(&self) -> &PolicyParams {
+    pub fn params(&self) -> &StepPolicy {
         &self.params
     }
 
@@ -197,12 +197,12 @@ mod tests {
     #[test]
     fn fixed_policies_and_the_compute_budget_keep_the_nominal_batch_in_warm_up() {
         for p in [Policy::Synchronous, Policy::DropBefore, Policy::DropPredictive] {
-            let mut a = Assigner::new(PolicyParams::new(p), 3, 4, 8, 2, budget(), 0);
+            let mut a = Assigner::new(StepPolicy::new(p), 3, 4, 8, 2, budget(), 0);
             assert_eq!(a.assignment(), &[4, 4, 4], "{p}");
             a.observe(0, &[1.0, 2.0, 3.0]);
             assert_eq!(a.assignment(), &[4, 4, 4], "{p}");
         }
-        let p = PolicyParams { tail: crate::policy::TailShape::split(2), ..PolicyParams::new(Policy::ComputeBudget) };
+        let p = StepPolicy { tail: crate::policy::TailShape::split(2), ..StepPolicy::new(Policy::ComputeBudget) };
         let mut a = Assigner::new(p, 2, 4, 16, 2, budget(), 0);
         assert_eq!(a.assignment(), &[8, 8], "warm-up step 0: M·S");
         a.observe(0, &[1.0, 1.0]);
@@ -219,14 +219,14 @@ mod tests {
 
     #[test]
     fn backup_workers_skip_the_rank_predicted_last_after_warm_up() {
-        let p = PolicyParams { backup_workers: 1, ..PolicyParams::new(Policy::BackupWorkers) };
+        let p = StepPolicy { backup_workers: 1, ..StepPolicy::new(Policy::BackupWorkers) };
         let mut a = Assigner::new(p, 3, 3, 3, 1, Threshold::Off, 0);
         assert_eq!(a.assignment(), &[3, 3, 3]);
         a.observe(0, &[1.0, 5.0, f64::NAN]);
         assert_eq!(a.assignment(), &[3, 3, 3], "rank 2 has no latency yet");
         a.observe(1, &[1.0, 5.0, 2.0]);
         assert_eq!(a.assignment(), &[3, 0, 3]);
-        let b0 = PolicyParams { backup_workers: 0, ..p };
+        let b0 = StepPolicy { backup_workers: 0, ..p };
         let mut z = Assigner::new(b0, 3, 3, 3, 0, Threshold::Off, 0);
         z.observe(0, &[1.0, 5.0, 2.0]);
         assert_eq!(z.assignment(), &[3, 3, 3], "b = 0 is synchronous");
@@ -238,7 +238,7 @@ mod tests {
 
     #[test]
     fn rebalancing_moves_work_within_the_slots() {
-        let p = PolicyParams::new(Policy::Rebalance);
+        let p = StepPolicy::new(Policy::Rebalance);
         let mut a = Assigner::new(p, 4, 8, 16, 3, Threshold::Off, 0);
         a.observe(0, &[1.0, 2.0, 1.0, 1.0]);
         assert_eq!(a.assignment(), &[9, 5, 9, 9], "in warm-up too");

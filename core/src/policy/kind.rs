@@ -1,9 +1,9 @@
 //! The step policies: what each rank computes in a step and whose work enters the gradient.
 //! One enum, [`Policy`], shared by the scheduler (`train --policy`) and the simulator
-//! (`simulate`/`tune --policy`), with its parameters in [`PolicyParams`], and the one pure
+//! (`simulate`/`tune --policy`), with its parameters in [`StepPolicy`], and the one pure
 //! aggregation rule of backup workers, [`backup_aggregated`].
 //!
-//! Owns: [`Policy`], [`PolicyParams`], [`TailShape`], [`backup_aggregated`]. Must not touch: clocks, I/O,
+//! Owns: [`Policy`], [`StepPolicy`], [`TailShape`], [`backup_aggregated`]. Must not touch: clocks, I/O,
 //! devices. The per-micro-batch stop decision stays [`super::decide`] (drop policies and the
 //! compute budget call it with their own threshold); the per-rank micro-batch counts of
 //! rebalancing stay [`super::Rebalancer`].
@@ -15,8 +15,8 @@
 //! weighted by the samples computed); rebalance (Cannikin, per-node batch sizes with
 //! sample-weighted aggregation; the What-if study's data-parallel rebalancing, OSDI '25).
 //!
-//! `PolicyConfig` (the deadline of [`super::decide`]) keeps its name and fields; the parameters
-//! of the step policy are [`PolicyParams`] (the brief's name `PolicyConfig` was already taken).
+//! `DeadlineConfig` (the deadline of [`super::decide`]) keeps its name and fields; the parameters
+//! of the step policy are [`StepPolicy`] (the brief's name `DeadlineConfig` was already taken).
 
 use super::CheckMode;
 use super::rebalance::RebalanceConfig;
@@ -42,7 +42,7 @@ pub enum Policy {
     BackupWorkers,
     /// Compute budget (Anytime-Minibatch): every rank starts micro-batches while the deadline
     /// check at the budget allows (the configured check: before, or predictive), up to
-    /// [`PolicyParams::budget_max_micro_batches`]
+    /// [`StepPolicy::budget_max_micro_batches`]
     /// (so a fast rank computes more than M, a slow one fewer).
     #[cfg_attr(
         feature = "clap",
@@ -149,11 +149,11 @@ impl std::fmt::Display for Policy {
     }
 }
 
-/// The parameters of a [`Policy`] (identical on every rank). The DropCompute threshold itself
-/// is not here: it is [`super::PolicyConfig::threshold`] (set by the user or `tune`).
+/// A step policy as one value: the [`Policy`] (its kind) with every parameter it takes
+/// (identical on every rank). The DropCompute threshold itself is not here: it is [`super::DeadlineConfig::threshold`] (set by the user or `tune`).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
-pub struct PolicyParams {
+pub struct StepPolicy {
     /// The policy.
     pub policy: Policy,
     /// Backup workers: b, the number of slowest ranks whose gradient is dropped whole each step
@@ -239,14 +239,14 @@ impl TailShape {
     }
 }
 
-impl PolicyParams {
+impl StepPolicy {
     /// `policy` with the default parameters (b = 1, no budget, default rebalancing).
     pub fn new(policy: Policy) -> Self {
         Self { policy, ..Self::default() }
     }
 
     /// The deadline the walk of this policy runs under, given the DropCompute `threshold`:
-    /// the budget for `compute-budget` ([`PolicyParams::budget`]; off when unset), `threshold` for the drop policies, off for the
+    /// the budget for `compute-budget` ([`StepPolicy::budget`]; off when unset), `threshold` for the drop policies, off for the
     /// policies without a deadline ([`Policy::has_deadline`]).
     pub fn deadline(&self, threshold: super::Threshold) -> super::Threshold {
         use super::Threshold;
@@ -258,7 +258,7 @@ impl PolicyParams {
     }
 
     /// The per-rank cap of micro-batches under the compute budget for a nominal `m`
-    /// micro-batches per rank: [`PolicyParams::budget_max_micro_batches`] (at least 1) or, when
+    /// micro-batches per rank: [`StepPolicy::budget_max_micro_batches`] (at least 1) or, when
     /// unset, 2·m (saturating, at least 1).
     pub fn budget_cap(&self, m: u32) -> u32 {
         match self.budget_max_micro_batches {
@@ -268,7 +268,7 @@ impl PolicyParams {
     }
 }
 
-impl Default for PolicyParams {
+impl Default for StepPolicy {
     /// `drop-predictive` (the scheduler's default check), b = 1, no budget, the default cap,
     /// default rebalancing.
     fn default() -> Self {
@@ -347,19 +347,19 @@ mod tests {
 
     #[test]
     fn params_read_back_and_cap() {
-        let p = PolicyParams {
+        let p = StepPolicy {
             budget: crate::policy::Threshold::from_ms(12.5).expect("ms"),
             backup_workers: 2,
-            ..PolicyParams::new(Policy::ComputeBudget)
+            ..StepPolicy::new(Policy::ComputeBudget)
         };
         let s = serde_json::to_string(&p).expect("serialize");
-        assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
+        assert_eq!(serde_json::from_str::<StepPolicy>(&s).expect("read back"), p);
         assert_eq!(p.budget_cap(12), 24);
-        assert_eq!(PolicyParams { budget_max_micro_batches: Some(0), ..p }.budget_cap(12), 1);
-        assert_eq!(PolicyParams { budget_max_micro_batches: Some(30), ..p }.budget_cap(12), 30);
+        assert_eq!(StepPolicy { budget_max_micro_batches: Some(0), ..p }.budget_cap(12), 1);
+        assert_eq!(StepPolicy { budget_max_micro_batches: Some(30), ..p }.budget_cap(12), 30);
         // Missing fields take the defaults.
-        let d: PolicyParams = serde_json::from_str(r#"{"policy":"rebalance"}"#).expect("partial");
-        assert_eq!(d, PolicyParams::new(Policy::Rebalance));
+        let d: StepPolicy = serde_json::from_str(r#"{"policy":"rebalance"}"#).expect("partial");
+        assert_eq!(d, StepPolicy::new(Policy::Rebalance));
     }
 
     #[test]
@@ -377,9 +377,9 @@ mod tests {
         for bad in [0.0, -1.0, 1.5, f64::NAN, f64::INFINITY] {
             assert_eq!(TailShape { split: 4, cost: Some(bad) }.cost_fraction(), 0.25, "{bad}");
         }
-        let p = PolicyParams { tail: q, ..PolicyParams::new(Policy::RebalanceDrop) };
+        let p = StepPolicy { tail: q, ..StepPolicy::new(Policy::RebalanceDrop) };
         let s = serde_json::to_string(&p).expect("serialize");
-        assert_eq!(serde_json::from_str::<PolicyParams>(&s).expect("read back"), p);
+        assert_eq!(serde_json::from_str::<StepPolicy>(&s).expect("read back"), p);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! (`schedule`, real execution) and the simulator (`sim`), so that simulation and execution
 //! cannot disagree about when a micro-batch is started.
 //!
-//! Owns: [`Threshold`], [`CheckMode`], [`PolicyConfig`], [`decide`] and the per-rank online
-//! [`LatencyEstimator`]; the step policies beyond dropping ([`kind`]: [`Policy`], [`PolicyParams`],
+//! Owns: [`Threshold`], [`CheckMode`], [`DeadlineConfig`], [`decide`] and the per-rank online
+//! [`LatencyEstimator`]; the step policies beyond dropping ([`kind`]: [`Policy`], [`StepPolicy`],
 //! backup workers' aggregation), the micro-batch assignment of rebalancing ([`rebalance`]), the
 //! one per-rank step walk ([`walk`]: what to launch next) and the one assignment step
 //! ([`assign`]: how many parts each rank gets next step). The scheduler, the simulator and the
@@ -22,7 +22,7 @@ pub mod kind;
 pub mod rebalance;
 pub mod walk;
 
-pub use kind::{Policy, PolicyParams, TailShape, backup_aggregated};
+pub use kind::{Policy, StepPolicy, TailShape, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 
 use std::time::Duration;
@@ -117,9 +117,11 @@ pub enum CheckMode {
     Predictive,
 }
 
-/// Configuration of the deadline policy of one job (identical on every rank).
+/// How the deadline is checked in one job (identical on every rank): the threshold, the check
+/// mode, the warm-up steps and the micro-batches always started; the input of [`decide`]. The
+/// step policy itself (which policy, its parameters) is a [`StepPolicy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PolicyConfig {
+pub struct DeadlineConfig {
     /// The deadline in force.
     pub threshold: Threshold,
     /// The check point semantics.
@@ -132,7 +134,7 @@ pub struct PolicyConfig {
     pub min_micro_batches: u32,
 }
 
-impl Default for PolicyConfig {
+impl Default for DeadlineConfig {
     /// Threshold off, check before each micro-batch, 3 warm-up steps (reference BERT-Large
     /// `MIN_DROP_STEP`), at least 1 micro-batch per rank per step.
     fn default() -> Self {
@@ -190,7 +192,7 @@ impl Decision {
 /// Guarantees (property-tested): warm-up steps always start; the first
 /// `cfg.min_micro_batches` always start; for fixed other arguments the decision is monotone in
 /// `elapsed_ns` (once it stops, any larger elapsed time stops too). Never panics.
-pub fn decide(cfg: &PolicyConfig, step: u64, started: u32, elapsed_ns: u64, estimate_ns: Option<u64>) -> Decision {
+pub fn decide(cfg: &DeadlineConfig, step: u64, started: u32, elapsed_ns: u64, estimate_ns: Option<u64>) -> Decision {
     let Some(threshold_ns) = cfg.threshold.as_ns() else {
         return Decision::Start;
     };
@@ -389,8 +391,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn cfg(th: Option<u64>, check: CheckMode, warmup: u64, min_mb: u32) -> PolicyConfig {
-        PolicyConfig {
+    fn cfg(th: Option<u64>, check: CheckMode, warmup: u64, min_mb: u32) -> DeadlineConfig {
+        DeadlineConfig {
             threshold: th.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t))),
             check,
             warmup_steps: warmup,

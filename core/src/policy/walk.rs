@@ -20,7 +20,7 @@
 //!   only (it estimates a whole one), in launch order; before [`Next::Done`] the walker asks for
 //!   every end not yet reported, so the estimator has seen the whole step.
 
-use super::{Decision, LatencyEstimator, PolicyConfig, StopReason, TailShape, decide};
+use super::{DeadlineConfig, Decision, LatencyEstimator, StopReason, TailShape, decide};
 
 /// One launch the walker asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub enum Next {
 /// One rank's walk through one step (module doc). Create one per rank and step.
 #[derive(Clone, Debug)]
 pub struct RankWalk {
-    deadline: PolicyConfig,
+    deadline: DeadlineConfig,
     step: u64,
     cap: usize,
     tail: TailShape,
@@ -84,7 +84,7 @@ impl RankWalk {
     /// The walk of step `step` (0-based, compared with the deadline's warm-up) for a rank
     /// handed `cap` parts, under `deadline`, with tail shape `tail` and sync lag `sync_lag`
     /// (micro-batches the check lags behind the device).
-    pub fn new(deadline: PolicyConfig, step: u64, cap: usize, tail: TailShape, sync_lag: u32) -> Self {
+    pub fn new(deadline: DeadlineConfig, step: u64, cap: usize, tail: TailShape, sync_lag: u32) -> Self {
         Self {
             deadline,
             step,
@@ -249,8 +249,8 @@ mod tests {
     use crate::policy::{CheckMode, Threshold};
     use std::time::Duration;
 
-    fn deadline(th: u64, check: CheckMode) -> PolicyConfig {
-        PolicyConfig {
+    fn deadline(th: u64, check: CheckMode) -> DeadlineConfig {
+        DeadlineConfig {
             threshold: Threshold::Fixed(Duration::from_nanos(th)),
             check,
             warmup_steps: 0,
@@ -320,7 +320,7 @@ mod tests {
         assert_eq!((w.parts(), w.end_ns()), (7, 35));
         assert_eq!(w.equivalents(), 3.5);
         // An odd assignment without a deadline ends in a tail part.
-        let off = PolicyConfig::default();
+        let off = DeadlineConfig::default();
         let mut w = RankWalk::new(off, 0, 5, TailShape::split(2), 0);
         let (l, _) = drive(&mut w, &mut est, &[10; 3], 0.5);
         assert_eq!(l.iter().map(|x| x.parts).collect::<Vec<_>>(), vec![2, 2, 1]);

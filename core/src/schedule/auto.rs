@@ -72,7 +72,7 @@ pub enum AutoChoice {
 
 impl AutoChoice {
     /// The deadline the run uses: the enabled threshold of DropCompute, the policy's deadline
-    /// (`PolicyParams::deadline`: the budget of `compute-budget`) for a policy, else
+    /// (`StepPolicy::deadline`: the budget of `compute-budget`) for a policy, else
     /// [`Threshold::Off`].
     pub fn threshold(&self) -> Threshold {
         match self {

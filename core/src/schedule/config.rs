@@ -4,7 +4,7 @@
 //! Owns: [`SchedulerConfig`], [`Normalization`], [`Weighting`], [`DropHandling`],
 //! [`GradDtype`] and their validation. Must not touch: devices, clocks or collectives.
 
-use crate::policy::PolicyConfig;
+use crate::policy::DeadlineConfig;
 
 use super::ScheduleError;
 
@@ -86,7 +86,7 @@ pub struct SchedulerConfig {
     /// Nominal samples per micro-batch (b), >= 1; used by [`Normalization::Nominal`].
     pub micro_batch_size: u32,
     /// The deadline policy (threshold, check mode, warm-up, minimum micro-batches).
-    pub policy: PolicyConfig,
+    pub policy: DeadlineConfig,
     /// Sync lag k: before deciding micro-batch i, the host waits on the completion event of
     /// micro-batch i-1-k (k = 0: exact, the device pipeline drains at every check; larger k lets
     /// k micro-batches queue on the device, and the decision uses device time k micro-batches
@@ -134,7 +134,7 @@ impl Default for SchedulerConfig {
             max_micro_batches: None,
             count_row_slots: None,
             micro_batch_size: 1,
-            policy: PolicyConfig::default(),
+            policy: DeadlineConfig::default(),
             sync_lag: 0,
             normalization: Normalization::Realized,
             weighting: Weighting::Samples,

@@ -39,7 +39,7 @@ use tracing::{debug, debug_span, info_span};
 use crate::hccl::{Comm, HcclError, ReduceOp};
 use crate::policy::assign::Assigner;
 use crate::policy::walk::{Next, RankWalk, WalkEnd};
-use crate::policy::{LatencyEstimator, Policy, PolicyParams, RankLatencyTracker, Rebalancer, Threshold};
+use crate::policy::{LatencyEstimator, Policy, RankLatencyTracker, Rebalancer, StepPolicy, Threshold};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
@@ -291,7 +291,7 @@ impl Scheduler {
             retuner: None,
             last_overhead_ns: 0,
             stop_requested: false,
-            assigner: Self::assigner_of(&cfg, PolicyParams::new(Policy::DropPredictive), n),
+            assigner: Self::assigner_of(&cfg, StepPolicy::new(Policy::DropPredictive), n),
             cfg,
             comm,
             stream,
@@ -383,8 +383,8 @@ impl Scheduler {
 
     /// The one assigner of `params` for this configuration: its tail shape is the
     /// configuration's, its slots the part slots, its deadline the threshold in force.
-    fn assigner_of(cfg: &SchedulerConfig, params: PolicyParams, n: usize) -> Assigner {
-        let params = PolicyParams { tail: cfg.tail, ..params };
+    fn assigner_of(cfg: &SchedulerConfig, params: StepPolicy, n: usize) -> Assigner {
+        let params = StepPolicy { tail: cfg.tail, ..params };
         let (m, slots, warmup) = (cfg.micro_batches, cfg.part_slots(), cfg.policy.warmup_steps);
         Assigner::new(params, n, m, slots, warmup, cfg.policy.threshold, 0)
     }
@@ -400,7 +400,7 @@ impl Scheduler {
     /// its budget (off: M per rank). Call it on every rank alike, after setting the threshold.
     /// An assignment needing more than [`SchedulerConfig::part_slots`] parts on a rank is not
     /// applied (the previous one stays; logged).
-    pub fn set_policy(&mut self, params: PolicyParams) {
+    pub fn set_policy(&mut self, params: StepPolicy) {
         let p = params.policy;
         self.cfg.policy.check = p.check_mode(self.cfg.policy.check);
         if !p.has_deadline() {

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::SimError;
 use super::noise::{LatencyModel, LatencySampler};
 use super::rng;
-use crate::policy::{CheckMode, PolicyConfig, decide};
+use crate::policy::{CheckMode, DeadlineConfig, decide};
 use crate::trace::LatencyTrace;
 
 /// Workers per work unit.
@@ -59,7 +59,7 @@ pub struct MonteCarloConfig {
     /// Seed of all random streams.
     pub seed: u64,
     /// The deadline policy in force (warm-up is skipped, see module doc).
-    pub policy: PolicyConfig,
+    pub policy: DeadlineConfig,
     /// Predictive mode: the estimate given to `decide` is this quantile of the worker's
     /// latency distribution (the stationary value of [`crate::policy::LatencyEstimator`] for
     /// i.i.d. latencies), computed once from 20 000 draws per worker class.
@@ -217,7 +217,7 @@ fn run_valid(scenario: &Scenario, cfg: &MonteCarloConfig) -> Result<MonteCarloRe
 /// numbers). Errors: as [`run`]'s parameter checks, and [`SimError::InvalidParameter`]
 /// (`trace`) if the trace cannot be built (e.g. a non-finite draw).
 pub fn sample_trace(scenario: &Scenario, workers: u32, steps: u64, seed: u64) -> Result<LatencyTrace, SimError> {
-    let cfg = MonteCarloConfig { workers, steps, seed, policy: PolicyConfig::default(), estimator_quantile: 0.9 };
+    let cfg = MonteCarloConfig { workers, steps, seed, policy: DeadlineConfig::default(), estimator_quantile: 0.9 };
     validate(scenario, &cfg)?;
     let sampler = scenario.noise.sampler()?;
     let blocks = u64::from(workers.div_ceil(BLOCK));
@@ -299,9 +299,9 @@ pub fn bench_simulator(workers: u32, steps: u64, threads: usize) -> Result<Bench
         workers,
         steps,
         seed: 1,
-        policy: PolicyConfig {
+        policy: DeadlineConfig {
             threshold: crate::policy::Threshold::Fixed(std::time::Duration::from_nanos(tau)),
-            ..PolicyConfig::default()
+            ..DeadlineConfig::default()
         },
         estimator_quantile: 0.9,
     };
@@ -327,11 +327,11 @@ mod tests {
     use crate::sim::analytic::NormalModel;
     use std::time::Duration;
 
-    fn fixed(tau: f64) -> PolicyConfig {
-        PolicyConfig { threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)), ..PolicyConfig::default() }
+    fn fixed(tau: f64) -> DeadlineConfig {
+        DeadlineConfig { threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)), ..DeadlineConfig::default() }
     }
 
-    fn cfg(workers: u32, steps: u64, policy: PolicyConfig) -> MonteCarloConfig {
+    fn cfg(workers: u32, steps: u64, policy: DeadlineConfig) -> MonteCarloConfig {
         MonteCarloConfig { workers, steps, seed: 42, policy, estimator_quantile: 0.9 }
     }
 
@@ -380,16 +380,16 @@ mod tests {
     #[test]
     fn slow_worker_and_pauses_lengthen_the_baseline() {
         let noise = LatencyModel::new(100.0, latency_noise::Noise::Normal { cv: 0.01 });
-        let plain = run(&Scenario::iid(noise.clone(), 10, 0.0), &cfg(16, 50, PolicyConfig::default())).expect("run");
+        let plain = run(&Scenario::iid(noise.clone(), 10, 0.0), &cfg(16, 50, DeadlineConfig::default())).expect("run");
         let slow = Scenario { slow_workers: 1, slow_factor: 2.0, ..Scenario::iid(noise.clone(), 10, 0.0) };
-        let s = run(&slow, &cfg(16, 50, PolicyConfig::default())).expect("run");
+        let s = run(&slow, &cfg(16, 50, DeadlineConfig::default())).expect("run");
         // One worker at 2x: step ≈ 2000 instead of ≈ 1000.
         assert!((s.baseline_step_ns.mean / plain.baseline_step_ns.mean - 2.0).abs() < 0.05);
         let paused = Scenario { pause_every: 1, pause_ns: 300.0, ..Scenario::iid(noise, 10, 0.0) };
-        let p = run(&paused, &cfg(16, 50, PolicyConfig::default())).expect("run");
+        let p = run(&paused, &cfg(16, 50, DeadlineConfig::default())).expect("run");
         assert!((p.baseline_step_ns.mean - plain.baseline_step_ns.mean - 300.0).abs() < 15.0);
         assert_eq!(plain.drop_rate, 0.0);
-        assert!(run(&slow, &cfg(0, 5, PolicyConfig::default())).is_err());
+        assert!(run(&slow, &cfg(0, 5, DeadlineConfig::default())).is_err());
     }
 
     /// The sampled trace holds exactly the Monte Carlo's draws: replayed with the check before

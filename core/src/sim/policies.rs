@@ -19,7 +19,7 @@
 //!   nothing, as the scheduler runs it (a launched graph cannot be aborted, so the choice is
 //!   made before the step). With b = 0 this is the synchronous step, bit for bit.
 //! - `compute-budget`: the deadline at the budget (the configured check), up to
-//!   [`crate::policy::PolicyParams::budget_cap`] micro-batches after warm-up, M in warm-up.
+//!   [`crate::policy::StepPolicy::budget_cap`] micro-batches after warm-up, M in warm-up.
 //! - `rebalance` / `rebalance-drop`: the assignment of a [`crate::policy::Rebalancer`], updated
 //!   after every step from each rank's mean latency per computed micro-batch (what the
 //!   scheduler learns from the all-reduced counts and times).
@@ -44,7 +44,7 @@ use rand::Rng;
 use super::rng;
 use crate::policy::assign::Assigner;
 use crate::policy::walk::{Next, RankWalk};
-use crate::policy::{CheckMode, LatencyEstimator, Policy, PolicyConfig, PolicyParams, TailShape, Threshold};
+use crate::policy::{CheckMode, DeadlineConfig, LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
 use crate::trace::LatencyTrace;
 
 /// How the scheduler executes the deadline (everything but the threshold): the check mode, the
@@ -70,8 +70,8 @@ impl Default for ExecutionModel {
 
 impl ExecutionModel {
     /// The deadline policy of this execution at `threshold`.
-    pub fn policy(&self, threshold: Threshold) -> PolicyConfig {
-        PolicyConfig {
+    pub fn policy(&self, threshold: Threshold) -> DeadlineConfig {
+        DeadlineConfig {
             threshold,
             check: self.check,
             warmup_steps: self.warmup_steps,
@@ -84,7 +84,7 @@ impl ExecutionModel {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PolicyRun {
     /// The policy and its parameters (b, budget, rebalancing).
-    pub params: PolicyParams,
+    pub params: StepPolicy,
     /// The DropCompute threshold (drop policies only; ignored otherwise).
     pub threshold: Threshold,
     /// How the scheduler executes the deadline (check mode for `rebalance-drop`, sync lag,
@@ -100,11 +100,11 @@ pub struct PolicyRun {
 impl PolicyRun {
     /// `params` with the threshold and execution given, the default estimator quantile and
     /// seed 1.
-    pub fn new(params: PolicyParams, threshold: Threshold, execution: ExecutionModel) -> Self {
+    pub fn new(params: StepPolicy, threshold: Threshold, execution: ExecutionModel) -> Self {
         Self { params, threshold, execution, estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE, seed: 1 }
     }
 
-    /// The deadline the walk runs under ([`PolicyParams::deadline`] of this run's threshold).
+    /// The deadline the walk runs under ([`StepPolicy::deadline`] of this run's threshold).
     pub fn deadline(&self) -> Threshold {
         self.params.deadline(self.threshold)
     }
@@ -270,7 +270,7 @@ impl ReplayData for TraceSteps {
 
 /// Replay `trace` under `run` (module doc) for the trace's steps ([`TraceSteps`]). Pure and
 /// deterministic for a seed; never fails (the trace is validated at construction;
-/// out-of-range parameters are clamped as [`PolicyParams`] documents).
+/// out-of-range parameters are clamped as [`StepPolicy`] documents).
 pub fn replay_policy(trace: &LatencyTrace, run: &PolicyRun) -> PolicyReplay {
     replay_policy_on(trace, run, &mut TraceSteps(trace.num_steps()))
 }
@@ -295,7 +295,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let s_trace = trace.num_steps();
     let p = run.params.policy;
     let exec = &run.execution;
-    let deadline = PolicyConfig {
+    let deadline = DeadlineConfig {
         threshold: run.deadline(),
         check: p.check_mode(exec.check),
         warmup_steps: exec.warmup_steps,
@@ -443,7 +443,7 @@ mod tests {
         ExecutionModel { check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
     }
 
-    fn run(params: PolicyParams, th: Option<u64>) -> PolicyRun {
+    fn run(params: StepPolicy, th: Option<u64>) -> PolicyRun {
         let t = th.map_or(Threshold::Off, |ns| Threshold::Fixed(Duration::from_nanos(ns)));
         PolicyRun::new(params, t, exec(CheckMode::BeforeMicroBatch))
     }
@@ -464,10 +464,10 @@ mod tests {
 
     #[test]
     fn backup_workers_with_b_zero_is_the_synchronous_run_bit_for_bit() {
-        let sync = replay_policy(&trace(), &run(PolicyParams::new(Policy::Synchronous), None));
+        let sync = replay_policy(&trace(), &run(StepPolicy::new(Policy::Synchronous), None));
         let b0 = replay_policy(
             &trace(),
-            &run(PolicyParams { backup_workers: 0, ..PolicyParams::new(Policy::BackupWorkers) }, None),
+            &run(StepPolicy { backup_workers: 0, ..StepPolicy::new(Policy::BackupWorkers) }, None),
         );
         assert_eq!(sync.per_step, b0.per_step);
         assert_eq!(sync.policy_step_ns.to_bits(), b0.policy_step_ns.to_bits());
@@ -503,7 +503,7 @@ mod tests {
     /// trace drawn from each rank's recorded latencies, its short batch not counted as dropped.
     #[test]
     fn a_bounded_stream_is_replayed_to_its_end_beyond_the_trace() {
-        let sync = run(PolicyParams::new(Policy::Synchronous), None);
+        let sync = run(StepPolicy::new(Policy::Synchronous), None);
         assert_eq!(replay_policy(&trace(), &sync), replay_policy_on(&trace(), &sync, &mut TraceSteps(2)));
         let r = replay_policy_on(&trace(), &sync, &mut Parts(15));
         assert_eq!(r.started, vec![2, 2, 2, 2, 2, 2, 2, 1, 0]);
@@ -533,7 +533,7 @@ mod tests {
     /// step 1 the rank predicted slowest (EWMA per micro-batch × M) computes nothing.
     #[test]
     fn backup_workers_skip_the_rank_predicted_slowest() {
-        let b1 = replay_policy(&trace(), &run(PolicyParams::new(Policy::BackupWorkers), None));
+        let b1 = replay_policy(&trace(), &run(StepPolicy::new(Policy::BackupWorkers), None));
         // Step 0: mean latencies 1.5, 2, 5.5: rank 2 is predicted last for step 1; step 1 then
         // ends at max(2, 4, 0.25) + 1.
         assert_eq!(b1.assigned, vec![2, 2, 2, 2, 2, 0]);
@@ -550,14 +550,14 @@ mod tests {
         {
             let r = replay_policy(
                 &trace(),
-                &PolicyRun::new(PolicyParams::new(p), Threshold::Fixed(Duration::from_nanos(3)), exec(check)),
+                &PolicyRun::new(StepPolicy::new(p), Threshold::Fixed(Duration::from_nanos(3)), exec(check)),
             );
             let d = super::super::replay::replay(&trace(), Threshold::Fixed(Duration::from_nanos(3)), &exec(check));
             assert_eq!(r.per_step, d.per_step);
             assert_eq!(r.started, d.started);
         }
         // Before-check at 3: step 0 ranks start (2, 2, 1): rank 2 sees 5 >= 3 after mb 0.
-        let r = replay_policy(&trace(), &run(PolicyParams::new(Policy::DropBefore), Some(3)));
+        let r = replay_policy(&trace(), &run(StepPolicy::new(Policy::DropBefore), Some(3)));
         assert_eq!(&r.started[..3], &[2, 2, 1]);
         assert_eq!(r.per_step[0], (12.0, 6.0, 5));
     }
@@ -567,10 +567,10 @@ mod tests {
         // Budget 4 ns, cap 4. Rank 0's recorded latencies are (1, 2) and (1, 1): in step 1 it
         // starts while elapsed < 4: 1 + 1, then extras drawn from its own four recorded values
         // of both steps.
-        let p = PolicyParams {
+        let p = StepPolicy {
             budget: Threshold::Fixed(Duration::from_nanos(4)),
             budget_max_micro_batches: Some(4),
-            ..PolicyParams::new(Policy::ComputeBudget)
+            ..StepPolicy::new(Policy::ComputeBudget)
         };
         let r = replay_policy(&trace(), &run(p, None));
         // The extras of (step 1, rank 0): the seeded stream over rank 0's pool [1, 2, 1, 1].
@@ -608,10 +608,7 @@ mod tests {
         let mut ex = exec(CheckMode::Predictive);
         ex.warmup_steps = 1;
         let with = |tail: TailShape| {
-            replay_policy(
-                &t,
-                &PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(Policy::DropPredictive) }, th, ex),
-            )
+            replay_policy(&t, &PolicyRun::new(StepPolicy { tail, ..StepPolicy::new(Policy::DropPredictive) }, th, ex))
         };
         let whole = with(TailShape::default());
         // Step 1: 3 whole (30), the 4th predicted to end at 40 > 35: stop.
@@ -629,11 +626,7 @@ mod tests {
         // The before-check has no estimate: no tail, as whole micro-batches.
         let before = replay_policy(
             &t,
-            &PolicyRun::new(
-                PolicyParams { tail: TailShape::split(2), ..PolicyParams::new(Policy::DropBefore) },
-                th,
-                ex,
-            ),
+            &PolicyRun::new(StepPolicy { tail: TailShape::split(2), ..StepPolicy::new(Policy::DropBefore) }, th, ex),
         );
         assert_eq!(before.per_step[1], (40.0, 40.0, 8));
     }
@@ -656,7 +649,7 @@ mod tests {
     fn rebalancing_in_parts_runs_the_remainder_as_a_tail_micro_batch() {
         let (n, m, steps) = (4usize, 8usize, 20usize);
         let t = chronic_trace(n, m, steps);
-        let p = PolicyParams { tail: TailShape::split(2), ..PolicyParams::new(Policy::Rebalance) };
+        let p = StepPolicy { tail: TailShape::split(2), ..StepPolicy::new(Policy::Rebalance) };
         let r = replay_policy(&t, &run(p, None));
         assert!(r.per_step.iter().all(|x| x.2 == (n * m * 2) as u64), "global batch constant in parts");
         assert_eq!(r.lost, 0);
@@ -674,7 +667,7 @@ mod tests {
     fn rebalance_moves_work_off_a_chronic_rank_and_keeps_the_global_batch() {
         let (n, m, steps) = (4usize, 8usize, 20usize);
         let t = chronic_trace(n, m, steps);
-        let p = PolicyParams { rebalance: RebalanceConfig::default(), ..PolicyParams::new(Policy::Rebalance) };
+        let p = StepPolicy { rebalance: RebalanceConfig::default(), ..StepPolicy::new(Policy::Rebalance) };
         let r = replay_policy(&t, &run(p, None));
         assert!(r.per_step.iter().all(|x| x.2 == (n * m) as u64), "global batch constant");
         assert_eq!(r.lost, 0);

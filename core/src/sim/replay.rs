@@ -25,7 +25,7 @@
 
 pub use super::policies::ExecutionModel;
 use super::policies::{PolicyRun, replay_policy};
-use crate::policy::{CheckMode, Policy, PolicyParams, Threshold};
+use crate::policy::{CheckMode, Policy, StepPolicy, Threshold};
 use crate::trace::LatencyTrace;
 
 /// Outcome of [`replay`].
@@ -52,7 +52,7 @@ pub fn replay(trace: &LatencyTrace, threshold: Threshold, exec: &ExecutionModel)
         CheckMode::BeforeMicroBatch => Policy::DropBefore,
         CheckMode::Predictive => Policy::DropPredictive,
     };
-    let r = replay_policy(trace, &PolicyRun::new(PolicyParams::new(policy), threshold, *exec));
+    let r = replay_policy(trace, &PolicyRun::new(StepPolicy::new(policy), threshold, *exec));
     let (n, m) = (trace.world_size(), trace.micro_batches());
     let (per_step, started_cells) = (r.per_step, r.started);
     let s = per_step.len() as f64;

@@ -29,7 +29,7 @@
 
 use std::time::Duration;
 
-use crate::policy::{CheckMode, Policy, PolicyParams, TailShape, Threshold};
+use crate::policy::{CheckMode, Policy, StepPolicy, TailShape, Threshold};
 use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
 use crate::trace::LatencyTrace;
 
@@ -325,10 +325,7 @@ pub fn best_threshold(
         Policy::ComputeBudget => threshold_grid(ideal, fine)
             .into_iter()
             .map(|t| PolicyRun {
-                params: PolicyParams {
-                    budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off),
-                    ..template.params
-                },
+                params: StepPolicy { budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off), ..template.params },
                 ..template
             })
             .collect(),
@@ -378,7 +375,7 @@ pub fn compare_with_progress(
     let mut rows = Vec::new();
     for &p in Policy::ALL.iter().filter(|p| policies.contains(p)) {
         let base =
-            PolicyRun { seed, ..PolicyRun::new(PolicyParams { tail, ..PolicyParams::new(p) }, Threshold::Off, exec) };
+            PolicyRun { seed, ..PolicyRun::new(StepPolicy { tail, ..StepPolicy::new(p) }, Threshold::Off, exec) };
         // The parameter space (module doc), one axis per free parameter in loop order:
         // compute budget (cap, quantile, budget), drop policies (quantile, threshold), backup
         // workers (b); a point is replayed once.
@@ -409,7 +406,7 @@ pub fn compare_with_progress(
             match p {
                 Policy::Synchronous | Policy::Rebalance => base,
                 Policy::BackupWorkers => {
-                    PolicyRun { params: PolicyParams { backup_workers: x[0] as u32, ..base.params }, ..base }
+                    PolicyRun { params: StepPolicy { backup_workers: x[0] as u32, ..base.params }, ..base }
                 }
                 Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => PolicyRun {
                     estimator_quantile: quantiles[x[0]],
@@ -417,7 +414,7 @@ pub fn compare_with_progress(
                     ..base
                 },
                 Policy::ComputeBudget => PolicyRun {
-                    params: PolicyParams {
+                    params: StepPolicy {
                         budget_max_micro_batches: Some(caps[x[0]]),
                         budget: Threshold::from_ms(grid[x[2]] / 1e6).unwrap_or(Threshold::Off),
                         ..base.params
@@ -453,7 +450,7 @@ pub fn compare_with_progress(
                 o
             }
             None => {
-                let sync = PolicyRun { params: PolicyParams::new(Policy::Synchronous), ..base };
+                let sync = PolicyRun { params: StepPolicy::new(Policy::Synchronous), ..base };
                 let (o, _) = outcome(&replay_policy(trace, &sync), n_m, how);
                 PolicyOutcome { policy: p, enabled: false, ..o }
             }

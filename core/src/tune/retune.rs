@@ -252,7 +252,7 @@ impl Retuner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{PolicyConfig, decide};
+    use crate::policy::{DeadlineConfig, decide};
     use crate::sim::noise::{LatencyModel, Noise};
     use crate::sim::rng::{self, StableRng};
 
@@ -270,7 +270,7 @@ mod tests {
         let mut thresholds_after_probe = Vec::new();
         for step in 0..180u64 {
             let th = rt.threshold_for_next_step();
-            let policy = PolicyConfig { threshold: th, warmup_steps: 0, ..PolicyConfig::default() };
+            let policy = DeadlineConfig { threshold: th, warmup_steps: 0, ..DeadlineConfig::default() };
             let mut rng = rng::stream(5, step);
             let mut mat = vec![f64::NAN; n * m];
             let mut max_c = 0.0f64;
