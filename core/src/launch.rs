@@ -2,7 +2,8 @@
 //! loopback, or as one rank of a job started by an external launcher (mpirun, Slurm,
 //! torchrun). Used by `train` (`train::run`), `bench allreduce` and the tests.
 //!
-//! Owns: [`Launch`], the thread driver [`threads`], the process driver [`processes`], the
+//! Owns: [`Launch`], the one dispatcher [`dispatch`] (over the three modes), the thread driver
+//! [`threads`], the process driver [`processes`], the
 //! child side ([`ChildSpec`], read by the hidden `rank-process` subcommand), and [`Join`] (how
 //! a rank joins the communicator in each mode). Must not touch: what a rank does (the caller's
 //! closure or program), devices (the caller acquires its own) or argv filtering: a child never
@@ -168,6 +169,65 @@ impl Join {
         match self {
             Self::UniqueId { id, rank, world_size } => Comm::init_rank(device, *world_size, id, *rank, opts),
             Self::Env(b) => crate::hccl::join(device, b, ENV_JOIN_TIMEOUT, opts),
+        }
+    }
+}
+
+/// What the ranks of one [`dispatch`] returned.
+#[derive(Debug)]
+pub enum Ranks<R> {
+    /// [`Launch::Threads`] and [`Launch::Processes`]: every rank's result, in rank order.
+    All(Vec<R>),
+    /// [`Launch::Env`]: this process's rank of `world_size` and its result.
+    This {
+        /// This process's rank.
+        rank: u32,
+        /// The launcher's world size.
+        world_size: u32,
+        /// Its result.
+        result: R,
+    },
+}
+
+/// The one launch dispatcher of `train` and `bench allreduce`: runs `rank(join)` for every rank
+/// as `mode` says. [`Launch::Threads`]: `n` scoped threads of this process joining the
+/// communicator of `unique_id()`; [`Launch::Processes`]: `n` child processes running the rank
+/// program `program` with `config` ([`processes`]; the child side calls its own rank function
+/// from the hidden `rank-process` subcommand); [`Launch::Env`]: this process is the one rank the
+/// launcher's environment names ([`Join::from_env`]). A panicked thread and a failed child
+/// become the caller's error through `E: From<LaunchError>`.
+///
+/// # Errors
+/// The outer error: `unique_id`'s, a bad launcher environment ([`LaunchError::Bootstrap`]), or
+/// the process driver's (temporary directory, spec files, spawning). The ranks' own errors are
+/// inside [`Ranks`].
+pub fn dispatch<C, R, E>(
+    mode: Launch,
+    n: u32,
+    unique_id: impl FnOnce() -> Result<UniqueId, E>,
+    program: &str,
+    config: &C,
+    rank: impl Fn(&Join) -> Result<R, E> + Sync,
+) -> Result<Ranks<Result<R, E>>, E>
+where
+    C: Serialize,
+    R: Send + DeserializeOwned,
+    E: Send + From<LaunchError>,
+{
+    match mode {
+        Launch::Threads => {
+            let id = unique_id()?;
+            let results = threads(n, |r| rank(&Join::UniqueId { id, rank: r, world_size: n }));
+            Ok(Ranks::All(results.into_iter().map(|r| r.map_err(E::from).and_then(|x| x)).collect()))
+        }
+        Launch::Processes => {
+            let id = unique_id()?;
+            let results = processes::<C, R>(program, n, &id, config).map_err(E::from)?;
+            Ok(Ranks::All(results.into_iter().map(|r| r.map_err(E::from)).collect()))
+        }
+        Launch::Env => {
+            let join = Join::from_env().map_err(E::from)?;
+            Ok(Ranks::This { rank: join.rank(), world_size: join.world_size(), result: rank(&join) })
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use dropcompute::hccl::{Comm, CommOptions, HcclError, HcclType, ReduceOp};
-use dropcompute::launch::{self, Join};
+use dropcompute::launch::Join;
 use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
 
 /// Which collective `bench allreduce --op` measures.
@@ -355,23 +355,6 @@ pub fn join_and_measure(
     let rows = measure_rank(&comm, &stream, opts)?;
     comm.destroy().map_err(|b| b.0)?;
     Ok(rows)
-}
-
-/// Measures with `ranks` threads in this process (`dropcompute::launch::threads`), each on its own
-/// device of `rt`.
-///
-/// # Errors
-/// The first rank's error (a panicked rank thread: [`HcclError::InvalidArgument`] naming it).
-pub fn run_threads(rt: &Arc<Runtime>, ranks: u32, opts: &AllreduceOptions) -> Result<AllreduceReport, HcclError> {
-    let id = Comm::unique_id(rt)?;
-    let results =
-        launch::threads(ranks, |rank| join_and_measure(rt, &Join::UniqueId { id, rank, world_size: ranks }, opts));
-    let mut rows = None;
-    for r in results {
-        let r = r.map_err(|e| HcclError::InvalidArgument { what: "rank thread", value: e.to_string() })??;
-        rows.get_or_insert(r);
-    }
-    Ok(AllreduceReport { mode: "threads".into(), ranks, op: opts.op, rows: rows.unwrap_or_default() })
 }
 
 #[cfg(test)]

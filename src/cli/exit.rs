@@ -201,6 +201,10 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if e.is::<LaunchConfigError>() || e.is::<SimError>() || e.is::<dropcompute::environment::EnvError>() {
         return Some(ExitClass::Usage);
     }
+    // `launch::dispatch` wraps a bad launcher environment (its source is transparent).
+    if let Some(dropcompute::launch::LaunchError::Bootstrap(_)) = e.downcast_ref() {
+        return Some(ExitClass::Usage);
+    }
     if let Some(c) = e.downcast_ref::<CommandError>() {
         return Some(match c {
             // A plot fails when its SVG cannot be written (the drawing itself has no other
@@ -289,6 +293,14 @@ mod tests {
             (Box::new(CommandError::SelfCheck("data came back different".into())), 1),
             (Box::new(Context(Box::new(CheckpointError::BadMagic { path: p() }))), 7),
             (Box::new(Context(Box::new(Context(Box::new(LoadError::NotFound { tried: vec![] }))))), 3),
+            (
+                Box::new(dropcompute::launch::LaunchError::Bootstrap(LaunchConfigError::Invalid {
+                    variable: "RANK".into(),
+                    value: "x".into(),
+                    reason: "not a number".into(),
+                })),
+                2,
+            ),
             ("a plain message".into(), 1),
         ];
         for (e, code) in cases {

@@ -8,15 +8,15 @@
 
 use super::{BackendArgs, BoxError, CommandError};
 use crate::bench::allreduce::{
-    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, run_threads,
-    sizes_between,
+    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, sizes_between,
 };
 #[cfg(feature = "mock")]
 use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
 use dropcompute::hccl::Comm;
+use dropcompute::hccl::bootstrap::Bootstrap;
 #[cfg(feature = "mock")]
 use dropcompute::launch::ChildSpec;
-use dropcompute::launch::{self, Join, Launch};
+use dropcompute::launch::{self, Join, Launch, Ranks};
 #[cfg(feature = "mock")]
 use dropcompute::mock::{MockConfig, MockControl};
 use dropcompute::sim::montecarlo::bench_simulator;
@@ -202,42 +202,45 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         .into());
     }
     let rt = Runtime::new(backend.api.clone())?;
-    let report = match a.launch {
-        Launch::Threads => run_threads(&rt, ranks, &opts)?,
-        Launch::Env => {
-            let boot = dropcompute::hccl::bootstrap::Bootstrap::from_env()?;
-            if ranks_given && ranks != boot.world_size {
-                return Err(CommandError::Args(format!(
-                    "--ranks: {} but the launcher's world size is {} ({})",
-                    ranks,
-                    boot.world_size,
-                    boot.world_size_source()
-                ))
-                .into());
-            }
-            let rows = join_and_measure(&rt, &Join::Env(boot.clone()), &opts)?;
-            if boot.rank != 0 {
-                return Ok(());
-            }
-            AllreduceReport {
-                mode: format!("{:?}, one process per rank", boot.launcher),
-                ranks: boot.world_size,
-                op: a.op,
-                rows,
-            }
+    let unique_id = || Comm::unique_id(&rt).map_err(BoxError::from);
+    // Every rank checks the launcher's world size against an explicit --ranks before joining.
+    let rank = |join: &Join| -> Result<Vec<AllreduceRow>, BoxError> {
+        if let Join::Env(boot) = join
+            && ranks_given
+            && ranks != boot.world_size
+        {
+            return Err(CommandError::Args(format!(
+                "--ranks: {} but the launcher's world size is {} ({})",
+                ranks,
+                boot.world_size,
+                boot.world_size_source()
+            ))
+            .into());
         }
-        Launch::Processes => {
-            // The coordinator behind the unique id lives in this process, which waits for the
-            // children; each child runs its own mock device.
-            let id = Comm::unique_id(&rt)?;
-            let results = launch::processes::<_, Vec<AllreduceRow>>(CHILD_PROGRAM, ranks, &id, &opts)?;
+        Ok(join_and_measure(&rt, join, &opts)?)
+    };
+    let mode = match a.launch {
+        Launch::Threads => "threads".to_owned(),
+        Launch::Processes => "processes".to_owned(),
+        Launch::Env => format!("{:?}, one process per rank", Bootstrap::from_env()?.launcher),
+    };
+    let (world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
+        Ranks::All(results) => {
             let mut rows = None;
             for r in results {
                 rows.get_or_insert(r?);
             }
-            AllreduceReport { mode: "processes".into(), ranks, op: a.op, rows: rows.unwrap_or_default() }
+            (ranks, rows.unwrap_or_default())
+        }
+        Ranks::This { rank, world_size, result } => {
+            let rows = result?;
+            if rank != 0 {
+                return Ok(());
+            }
+            (world_size, rows)
         }
     };
+    let report = AllreduceReport { mode, ranks: world_size, op: a.op, rows };
     super::say(&format!("{report}\n"))?;
     Ok(())
 }

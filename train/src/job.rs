@@ -193,13 +193,18 @@ impl Job {
     /// True when the second run is replayed by the policy replay (`sim::policies`: its
     /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
     /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`
-    /// (the replay runs the scheduler's predicted variant: the one assignment step), and any
-    /// policy with a tail shape.
+    /// (the replay runs the scheduler's predicted variant: the one assignment step): the
+    /// policies that move work (`Policy::moves_work`), and any policy with a tail shape.
     pub fn replays_policy(&self) -> bool {
-        use dropcompute::policy::Policy;
-        match self.cfg.policy() {
-            Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
-            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => self.cfg.tail.enabled(),
+        self.cfg.policy().moves_work() || self.cfg.tail.enabled()
+    }
+
+    /// The step policy a run of `kind` runs: synchronous for the baseline, the job's policy
+    /// for the second run.
+    pub fn policy_of(&self, kind: RunKind) -> dropcompute::policy::Policy {
+        match kind {
+            RunKind::Baseline => dropcompute::policy::Policy::Synchronous,
+            RunKind::DropCompute => self.cfg.policy(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The training driver: one rank's loop over the planned runs (synchronous baseline, then
 //! DropCompute), one rank of any launch mode ([`run_rank`]), and [`run`], which starts the
-//! ranks through `dropcompute::launch` (threads, child processes given the parent's [`JobSpec`], or
+//! ranks through `dropcompute::launch` (threads, child processes given the parent's [`JobSpec`](super::job::JobSpec), or
 //! one rank under a launcher).
 //!
 //! Owns: [`rank_main`], [`run_rank`], [`run`], [`run_child`], the threshold resolution of a run
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dropcompute::hccl::{Comm, CommOptions, ReduceOp};
-use dropcompute::launch::{self, ChildSpec, Join, Launch};
+use dropcompute::launch::{self, ChildSpec, Join, Launch, Ranks};
 use dropcompute::mock::MockControl;
 use dropcompute::policy::{DeadlineConfig, Policy, Threshold};
 use dropcompute::schedule::auto::{self, AutoChoice};
@@ -27,7 +27,7 @@ use dropcompute::tune::retune::{Retuner, RetunerConfig};
 
 use super::config::ThresholdArg;
 use super::error::TrainError;
-use super::job::{Job, JobSpec, RankOutcome, RunKind};
+use super::job::{Job, RankOutcome, RunKind};
 use super::progress::Progress;
 use super::workload::LatencyKeys;
 use super::workload::{MlpHyper, MlpWorkload};
@@ -487,30 +487,14 @@ pub fn run(
     launch: Launch,
     show_progress: bool,
 ) -> Result<(u32, Vec<Vec<RankOutcome>>), TrainError> {
-    let n = job.cfg.ranks;
     let unique_id =
         || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
-    match launch {
-        Launch::Threads => {
-            let id = unique_id()?;
-            let results = launch::threads(n, |rank| {
-                run_rank(job, rt, &Join::UniqueId { id, rank, world_size: n }, show_progress)
-            });
-            Ok((0, collect(results.into_iter().map(|r| r.map_err(TrainError::from).and_then(|x| x)).collect())?))
-        }
-        Launch::Processes => {
-            let id = unique_id()?;
-            let results = launch::processes::<JobSpec, Vec<RankOutcome>>(CHILD_PROGRAM, n, &id, &job.spec())?;
-            let mut ok = Vec::with_capacity(results.len());
-            for r in results {
-                ok.push(r?);
-            }
-            Ok((0, ok))
-        }
-        Launch::Env => {
-            let join = Join::from_env()?;
-            Ok((join.rank(), vec![run_rank(job, rt, &join, show_progress)?]))
-        }
+    let ranks = launch::dispatch(launch, job.cfg.ranks, unique_id, CHILD_PROGRAM, &job.spec(), |join| {
+        run_rank(job, rt, join, show_progress)
+    })?;
+    match ranks {
+        Ranks::All(results) => Ok((0, collect(results)?)),
+        Ranks::This { rank, result, .. } => Ok((rank, vec![result?])),
     }
 }
 
@@ -527,7 +511,7 @@ pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<
 pub const CHILD_PROGRAM: &str = "train";
 
 /// The body of a `train` rank process (`dropcompute rank-process SPEC` with program
-/// [`CHILD_PROGRAM`]): rebuilds the parent's job from the spec's [`JobSpec`], configures this
+/// [`CHILD_PROGRAM`]): rebuilds the parent's job from the spec's [`JobSpec`](super::job::JobSpec), configures this
 /// process's mock for it, runs the rank and writes its outcomes to the spec's result file.
 ///
 /// # Errors

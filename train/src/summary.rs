@@ -223,12 +223,7 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
         threshold: o.threshold_ns.map(Duration::from_nanos),
     };
     let mut r = RunReport::from_measurements(&m)?;
-    r.policy = match o.kind {
-        super::job::RunKind::Baseline => dropcompute::policy::Policy::Synchronous,
-        super::job::RunKind::DropCompute => job.cfg.policy(),
-    }
-    .name()
-    .to_owned();
+    r.policy = job.policy_of(o.kind).name().to_owned();
     r.assignment = o.reports.last().map(|x| x.assignment.clone()).unwrap_or_default();
     Ok(r)
 }
@@ -390,10 +385,7 @@ pub fn write_outputs(
         let steps_taken = r0.reports.last().map_or(0, |r| r.step + 1);
         let params = super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?;
         out.write(&format!("params_{label}.safetensors"), &params)?;
-        let policy = match per_rank[0].kind {
-            super::job::RunKind::Baseline => dropcompute::policy::Policy::Synchronous,
-            super::job::RunKind::DropCompute => job.cfg.policy(),
-        };
+        let policy = job.policy_of(per_rank[0].kind);
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
         if let (super::job::RunKind::DropCompute, Some(p)) = (r0.kind, predicted) {
             steps.extend(super::metrics::predicted_rows(policy.name(), &p.replay, &p.step_samples, r0.threshold_ns));
