@@ -20,7 +20,6 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold};
 use dropcompute::schedule::{CountRow, Normalization, SchedulerConfig, SkipReason, Weighting};
@@ -186,8 +185,7 @@ pub unsafe extern "C" fn dc_policy_new(
         if out.is_null() {
             return Err(invalid("out: null pointer"));
         }
-        let threshold =
-            if threshold_ns < 0 { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(threshold_ns as u64)) };
+        let threshold = Threshold::from_ns(u64::try_from(threshold_ns).ok());
         let cfg = DeadlineConfig { threshold, check: check_mode(check_mode_code)?, warmup_steps, min_micro_batches };
         // SAFETY: `out` is non-null and, by the caller's contract, valid for one write.
         unsafe { *out = Box::into_raw(Box::new(DcPolicy { cfg })) };

@@ -14,7 +14,6 @@
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use numpy::ndarray::{Array3, ArrayView3};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
@@ -71,7 +70,7 @@ impl Policy {
     #[new]
     #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1))]
     fn new(threshold_ns: Option<u64>, check: &str, warmup_steps: u64, min_micro_batches: u32) -> PyResult<Self> {
-        let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
+        let threshold = Threshold::from_ns(threshold_ns);
         Ok(Self { cfg: DeadlineConfig { threshold, check: parse_check(check)?, warmup_steps, min_micro_batches } })
     }
 

@@ -10,7 +10,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::{CommandError, GuardrailArgs, io_err};
 use dropcompute::policy::{CheckMode, DeadlineConfig, Policy, Threshold};
@@ -261,11 +260,8 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         pause_ns: args.pause_ms * 1e6,
         ..Scenario::iid(noise.clone(), m, args.overhead_ms * 1e6)
     };
-    let policy = DeadlineConfig {
-        threshold: Threshold::Fixed(Duration::from_nanos(tau as u64)),
-        check: args.check,
-        ..DeadlineConfig::default()
-    };
+    let policy =
+        DeadlineConfig { threshold: Threshold::from_ns_f64(tau), check: args.check, ..DeadlineConfig::default() };
     let model = NormalModel::new(noise.mean_ns(), noise.std_ns(), m, args.overhead_ms * 1e6)?;
     let analytic_label =
         if matches!(args.noise, Noise::Normal { .. }) { "analytic" } else { "analytic (normal approx.)" };

@@ -71,7 +71,7 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     let host_gap = baseline.wall_ns.saturating_sub(device_ns) as f64 / reports.len().max(1) as f64;
     let overhead: Vec<f64> = trace.overhead_ns().iter().map(|o| o + host_gap).collect();
     let trace = trace.with_overhead(overhead).ok()?;
-    let threshold = threshold_ns.map_or(Threshold::Off, |t| Threshold::Fixed(Duration::from_nanos(t)));
+    let threshold = Threshold::from_ns(threshold_ns);
     let cfg = &job.cfg;
     let steps = trace.steps();
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);

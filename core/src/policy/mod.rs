@@ -48,6 +48,24 @@ impl Threshold {
         }
     }
 
+    /// The deadline of `ns` nanoseconds, [`Threshold::Off`] for `None`: the `Option<u64>` of
+    /// reports, checkpoints and the faces.
+    pub fn from_ns(ns: Option<u64>) -> Threshold {
+        ns.map_or(Threshold::Off, |ns| Threshold::Fixed(Duration::from_nanos(ns)))
+    }
+
+    /// The deadline at a search candidate of `ns` nanoseconds (f64: the tuner's grid), rounded
+    /// to the nearest ns; [`Threshold::Off`] when `ns` is negative, not finite or beyond
+    /// `u64::MAX`.
+    pub fn from_ns_f64(ns: f64) -> Threshold {
+        let ns = ns.round();
+        if ns.is_finite() && ns >= 0.0 && ns < u64::MAX as f64 {
+            Threshold::Fixed(Duration::from_nanos(ns as u64))
+        } else {
+            Threshold::Off
+        }
+    }
+
     /// The deadline in milliseconds (ns / 1e6), `None` for [`Threshold::Off`]: the unit of
     /// flags and files (report.json, steps.csv, `tune --json`).
     pub fn as_ms(&self) -> Option<f64> {
@@ -58,8 +76,8 @@ impl Threshold {
     /// flag's or a file's ms (so [`Threshold::as_ms`] gives back the same ns); `None` when `ms`
     /// is not finite, negative, or beyond `u64::MAX` ns.
     pub fn from_ms(ms: f64) -> Option<Threshold> {
-        let ns = (ms * 1e6).round();
-        (ns.is_finite() && ns >= 0.0 && ns < u64::MAX as f64).then(|| Threshold::Fixed(Duration::from_nanos(ns as u64)))
+        let ns = ms * 1e6;
+        (ns.is_finite() && ns >= 0.0 && ns.round() < u64::MAX as f64).then(|| Threshold::from_ns_f64(ns))
     }
 }
 

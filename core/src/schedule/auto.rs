@@ -9,8 +9,6 @@
 //! touch: the search itself (`tune`), the replay (`sim`), the in-run retuner
 //! (`tune::Retuner`), flags or printing.
 
-use std::time::Duration;
-
 use super::{ScheduleError, StepReport};
 use crate::hccl::Comm;
 use crate::policy::Threshold;
@@ -137,5 +135,5 @@ pub fn broadcast_threshold(comm: &Comm, threshold: Threshold) -> Result<Threshol
     comm.synchronize(&s).map_err(coll_err)?;
     let b = back.as_slice().map_err(dev_err)?;
     let ns = u64::from(b[0]) | (u64::from(b[1]) << 32);
-    Ok(if ns == OFF_NS { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) })
+    Ok(Threshold::from_ns(Some(ns).filter(|&ns| ns != OFF_NS)))
 }

@@ -6,7 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::Threshold;
 use crate::trace::compute_log::ComputeLogRecord;
 
 /// One rank's counts for one step, as gathered from every rank (all ranks see the same values).
@@ -296,11 +295,6 @@ impl StragglerTracker {
             Some(_) => C::Normal,
         }
     }
-}
-
-/// The threshold as an optional ns value for reports.
-pub(crate) fn threshold_ns(t: Threshold) -> Option<u64> {
-    t.as_ns()
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ use super::count_row::CountRow;
 use super::data::{DataSource, DropFate, DropLedger, DropRecord, MicroBatch};
 use super::divisor::divisor;
 use super::ops::{GradientOps, GradientScratch};
-use super::report::{MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker, threshold_ns};
+use super::report::{MicroBatchRecord, RankStepStats, SkipReason, StepReport, StragglerTracker};
 use super::{ScheduleError, WorkloadError};
 
 /// The user's model as the scheduler drives it. Both methods only enqueue work on `stream`.
@@ -372,8 +372,7 @@ impl Scheduler {
 
     /// Restores a checkpointed state (the retuner, if any, is not part of it and restarts).
     pub fn restore(&mut self, s: SchedulerState) {
-        self.cfg.policy.threshold =
-            s.threshold_ns.map_or(Threshold::Off, |ns| Threshold::Fixed(std::time::Duration::from_nanos(ns)));
+        self.cfg.policy.threshold = Threshold::from_ns(s.threshold_ns);
         self.estimator = s.estimator;
         self.stragglers = s.stragglers;
         self.ledger = s.ledger;
@@ -795,7 +794,7 @@ impl Scheduler {
             step,
             rank: self.comm.rank(),
             world_size: self.comm.world_size(),
-            threshold_ns: threshold_ns(self.cfg.policy.threshold),
+            threshold_ns: self.cfg.policy.threshold.as_ns(),
             divisor,
             skip,
             compute_ns: compute.compute_ns,

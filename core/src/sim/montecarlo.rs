@@ -299,10 +299,7 @@ pub fn bench_simulator(workers: u32, steps: u64, threads: usize) -> Result<Bench
         workers,
         steps,
         seed: 1,
-        policy: DeadlineConfig {
-            threshold: crate::policy::Threshold::Fixed(std::time::Duration::from_nanos(tau)),
-            ..DeadlineConfig::default()
-        },
+        policy: DeadlineConfig { threshold: crate::policy::Threshold::from_ns(Some(tau)), ..DeadlineConfig::default() },
         estimator_quantile: 0.9,
     };
     let pool = rayon::ThreadPoolBuilder::new()

@@ -27,8 +27,6 @@
 //! of start offset + compute time), nothing dropped: mean recorded step / mean (median compute
 //! + overhead) - 1. Not a policy: what removing all imbalance would give.
 
-use std::time::Duration;
-
 use crate::policy::{CheckMode, Policy, StepPolicy, TailShape, Threshold};
 use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
 use crate::trace::LatencyTrace;
@@ -331,7 +329,7 @@ pub fn best_threshold(
             .collect(),
         Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold_grid(ideal, fine)
             .into_iter()
-            .map(|t| PolicyRun { threshold: Threshold::Fixed(Duration::from_nanos(t.round() as u64)), ..template })
+            .map(|t| PolicyRun { threshold: Threshold::from_ns_f64(t), ..template })
             .collect(),
         Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => vec![template],
     };
@@ -410,7 +408,7 @@ pub fn compare_with_progress(
                 }
                 Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => PolicyRun {
                     estimator_quantile: quantiles[x[0]],
-                    threshold: Threshold::Fixed(Duration::from_nanos(grid[x[1]].round() as u64)),
+                    threshold: Threshold::from_ns_f64(grid[x[1]]),
                     ..base
                 },
                 Policy::ComputeBudget => PolicyRun {

@@ -17,8 +17,6 @@
 //! mid-micro-batch).
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
-
 use crate::policy::Threshold;
 use crate::sim::replay::{ExecutionModel, ReplayReport, replay};
 use crate::trace::LatencyTrace;
@@ -68,7 +66,7 @@ pub fn recommend(trace: &LatencyTrace, how: &Recommend) -> Recommendation {
 /// The score of `threshold_ns` replayed on `trace` under `exec`.
 pub fn replay_score(trace: &LatencyTrace, threshold_ns: f64, exec: &ExecutionModel) -> CandidateScore {
     let cells = (trace.world_size() * trace.micro_batches()) as f64;
-    let th = Threshold::Fixed(Duration::from_nanos(threshold_ns.round() as u64));
+    let th = Threshold::from_ns_f64(threshold_ns);
     let r = replay(trace, th, exec);
     CandidateScore {
         threshold_ns,
@@ -129,6 +127,7 @@ fn replay_verdict(trace: &LatencyTrace, ideal: &TuneReport, how: &Recommend) -> 
 mod tests {
     use super::*;
     use crate::policy::CheckMode;
+    use std::time::Duration;
 
     /// 2 ranks, M = 4, one step, no overhead. Rank 0 [1, 1, 1, 3] (completion 1, 2, 3, 6),
     /// rank 1 [1, 2, 1, 10] (completion 1, 3, 4, 14); recorded step 14.

@@ -93,7 +93,7 @@ pub struct CandidateScore {
 impl CandidateScore {
     /// The threshold as a policy value (rounded to whole ns).
     pub fn threshold(&self) -> Threshold {
-        Threshold::Fixed(std::time::Duration::from_nanos(self.threshold_ns.round() as u64))
+        Threshold::from_ns_f64(self.threshold_ns)
     }
 }
 
