@@ -178,7 +178,7 @@ impl StepReport {
         let parts_done = self.ranks.get(self.rank as usize).map_or(launched, |r| u64::from(r.computed));
         // Launches w whole then u tail: w·split + u = parts, w + u = launched.
         let whole = if split > 1 { parts_done.saturating_sub(launched) / u64::from(split - 1) } else { launched };
-        let t0 = match self.micro_batches.iter().filter(|x| !x.dropped).next_back() {
+        let t0 = match self.micro_batches.iter().rfind(|x| !x.dropped) {
             Some(last) => (last.start_ns + last.duration_ns)
                 .saturating_sub(self.ranks.get(self.rank as usize).map_or(0, |r| r.compute_ns)),
             None => self.micro_batches.first().map_or(0, |x| x.start_ns),
