@@ -249,6 +249,12 @@ pub fn load_log_bytes(name: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<L
     load_logs_with(&[name.to_path_buf()], opts, |_| Ok(Box::new(bytes)))
 }
 
+/// Most cells (steps x ranks x M) the reader builds for a log with M recorded, whose rank-steps
+/// without a row are filled (a skipped backup worker): 2^28 (2 GiB of latencies), far above a
+/// real run's (10 000 ranks x 64 micro-batches x 400 steps), so that a file declaring many
+/// ranks and steps is refused instead of exhausting memory.
+pub const MAX_FILLED_CELLS: usize = 1 << 28;
+
 /// One parsed row of a compute log (ours or the reference's).
 #[derive(Clone, Copy, Debug)]
 struct Row {
@@ -466,13 +472,14 @@ fn load_logs_with<'a>(
         let (sum, eq) = v.filter(|r| !r.dropped).fold((0.0, 0.0), |(s, e), r| (s + r.latency_ns, e + r.cost));
         (eq > 0.0).then(|| sum / eq)
     };
-    let mut log_mean: BTreeMap<u32, f64> = BTreeMap::new();
-    let ranks: std::collections::BTreeSet<u32> = rows.keys().map(|k| k.1).collect();
-    for &r in &ranks {
-        if let Some(x) = mean_of(&mut rows.iter().filter(|(k, _)| k.1 == r).flat_map(|(_, v)| v.iter())) {
-            log_mean.insert(r, x);
-        }
+    let mut by_rank: BTreeMap<u32, Vec<Row>> = BTreeMap::new();
+    for (&(_, r), v) in &rows {
+        by_rank.entry(r).or_default().extend_from_slice(v);
     }
+    let log_mean: BTreeMap<u32, f64> =
+        by_rank.iter().filter_map(|(&r, v)| Some((r, mean_of(&mut v.iter())?))).collect();
+    let ranks: std::collections::BTreeSet<u32> = by_rank.keys().copied().collect();
+    drop(by_rank);
     let steps: std::collections::BTreeSet<u64> = rows.keys().map(|k| k.0).collect();
     let mut b = TraceBuilder::new();
     b.expect_micro_batches(m);
@@ -481,108 +488,121 @@ fn load_logs_with<'a>(
     let mut measured: BTreeMap<(u32, u64), f64> = BTreeMap::new();
     let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut offsets: BTreeMap<(u32, u64), f64> = BTreeMap::new();
-    for &s in &steps {
-        for &r in &ranks {
-            let v: &[Row] = rows.get(&(s, r)).map_or(&[], Vec::as_slice);
-            let launched = v.iter().filter(|x| !x.dropped);
-            let busy: f64 = launched.clone().map(|x| x.latency_ns).sum();
-            // With the clock start recorded: compute = end of the last launch - clock start
-            // (as the scheduler's), the offset = the compute time not spent in a launch; else
-            // the launches' sum, offset 0, and the first start stands for the clock start.
-            let clock = v.iter().find_map(|x| x.clock_start_ns);
-            let last_end =
-                launched.clone().filter_map(|x| x.start_ns.map(|t| t as f64 + x.latency_ns)).reduce(f64::max);
-            match (clock, last_end) {
-                (Some(c), Some(end)) => {
-                    let compute = (end - c as f64).max(busy);
-                    measured.insert((r, s), compute);
-                    offsets.insert((r, s), compute - busy);
-                }
-                _ => {
-                    measured.insert((r, s), busy);
-                }
+    // The rank-steps to build: every one when M is recorded (a rank with no row in a step, a
+    // skipped backup worker, is filled: bounded by MAX_FILLED_CELLS), else those with rows (a
+    // missing one is ragged, found by the builder without materializing its cells).
+    let pairs: Vec<(u64, u32)> = if declared_m.is_some() {
+        let cells = steps.len().saturating_mul(ranks.len()).saturating_mul(m);
+        if cells > MAX_FILLED_CELLS {
+            return Err(TraceError::Shape(format!(
+                "{source}: {} steps x {} ranks x {m} micro-batches = {cells} cells, above the {MAX_FILLED_CELLS} a filled compute log may have",
+                steps.len(),
+                ranks.len()
+            )));
+        }
+        steps.iter().flat_map(|&s| ranks.iter().map(move |&r| (s, r))).collect()
+    } else {
+        rows.keys().copied().collect()
+    };
+    for (s, r) in pairs {
+        let v: &[Row] = rows.get(&(s, r)).map_or(&[], Vec::as_slice);
+        let launched = v.iter().filter(|x| !x.dropped);
+        let busy: f64 = launched.clone().map(|x| x.latency_ns).sum();
+        // With the clock start recorded: compute = end of the last launch - clock start
+        // (as the scheduler's), the offset = the compute time not spent in a launch; else
+        // the launches' sum, offset 0, and the first start stands for the clock start.
+        let clock = v.iter().find_map(|x| x.clock_start_ns);
+        let last_end = launched.clone().filter_map(|x| x.start_ns.map(|t| t as f64 + x.latency_ns)).reduce(f64::max);
+        match (clock, last_end) {
+            (Some(c), Some(end)) => {
+                let compute = (end - c as f64).max(busy);
+                measured.insert((r, s), compute);
+                offsets.insert((r, s), compute - busy);
             }
-            if let Some(t) = clock.or_else(|| launched.clone().filter_map(|x| x.start_ns).min()) {
-                starts.insert((r, s), t);
+            _ => {
+                measured.insert((r, s), busy);
             }
-            counts.tail_launches += launched.filter(|x| x.fraction < 1.0).count();
-            let contiguous = v.iter().enumerate().all(|(i, x)| x.mb as usize == i);
-            // The fill estimate: the rank's mean in the step, else over the log.
-            let step_mean = mean_of(&mut v.iter());
-            let estimate = || -> Result<(f64, bool), TraceError> {
-                match (step_mean, log_mean.get(&r)) {
-                    (Some(x), _) => Ok((x, false)),
-                    (None, Some(&x)) => Ok((x, true)),
-                    (None, None) => Err(TraceError::Unmeasured { source_name: source.clone(), rank: r }),
-                }
-            };
-            if declared_m.is_none() || !contiguous {
-                // One row, one cell at its index (the reference's layout, and a ragged
-                // rank-step of ours); cells without a row are missing (ragged).
-                let mut first = true;
-                for x in v {
-                    let path = &paths[x.file];
-                    let value = if x.dropped {
-                        let (e, from_log) = estimate()?;
-                        counts.censored += 1;
-                        counts.censored_steps.insert(s);
-                        counts.from_log_mean += usize::from(from_log);
-                        let bound = bound(x.deadline_ns, x.start_ns, first);
-                        counts.bounded += usize::from(bound > e);
-                        first = false;
-                        (e * x.fraction).max(bound)
-                    } else {
-                        x.latency_ns / x.cost * x.fraction
-                    };
-                    if (x.mb as usize) < m {
-                        b.insert(path, x.line, s, r, x.mb, value)?;
-                    } else if !x.dropped {
-                        counts.beyond_m += 1;
-                    }
-                }
-                continue;
+        }
+        if let Some(t) = clock.or_else(|| launched.clone().filter_map(|x| x.start_ns).min()) {
+            starts.insert((r, s), t);
+        }
+        counts.tail_launches += launched.filter(|x| x.fraction < 1.0).count();
+        let contiguous = v.iter().enumerate().all(|(i, x)| x.mb as usize == i);
+        // The fill estimate: the rank's mean in the step, else over the log.
+        let step_mean = mean_of(&mut v.iter());
+        let estimate = || -> Result<(f64, bool), TraceError> {
+            match (step_mean, log_mean.get(&r)) {
+                (Some(x), _) => Ok((x, false)),
+                (None, Some(&x)) => Ok((x, true)),
+                (None, None) => Err(TraceError::Unmeasured { source_name: source.clone(), rank: r }),
             }
-            // Our log with M recorded and a contiguous rank-step: rows grouped, in launch
-            // order, into whole micro-batches (a whole launch is one; `split` parts make one).
-            let mut cells: Vec<Cell> = Vec::new();
+        };
+        if declared_m.is_none() || !contiguous {
+            // One row, one cell at its index (the reference's layout, and a ragged
+            // rank-step of ours); cells without a row are missing (ragged).
+            let mut first = true;
             for x in v {
-                match cells.last_mut() {
-                    Some(c) if c.covered < 1.0 - 1e-9 => c.add(x),
-                    _ => cells.push(Cell::start(x)),
+                let path = &paths[x.file];
+                let value = if x.dropped {
+                    let (e, from_log) = estimate()?;
+                    counts.censored += 1;
+                    counts.censored_steps.insert(s);
+                    counts.from_log_mean += usize::from(from_log);
+                    let bound = bound(x.deadline_ns, x.start_ns, first);
+                    counts.bounded += usize::from(bound > e);
+                    first = false;
+                    (e * x.fraction).max(bound)
+                } else {
+                    x.latency_ns / x.cost * x.fraction
+                };
+                if (x.mb as usize) < m {
+                    b.insert(path, x.line, s, r, x.mb, value)?;
+                } else if !x.dropped {
+                    counts.beyond_m += 1;
                 }
             }
-            let mut first_censored = true;
-            for (i, c) in cells.iter().enumerate().take(m) {
-                let filled = c.censored + (1.0 - c.covered).max(0.0);
-                let value = if filled > 1e-9 {
-                    let (e, from_log) = estimate()?;
-                    counts.from_log_mean += usize::from(from_log);
-                    let mut value = c.measured_ns + filled * e;
-                    if c.censored > 0.0 {
-                        counts.censored += 1;
-                        counts.censored_steps.insert(s);
-                        let bound = bound(c.deadline_ns, c.start_ns, first_censored);
-                        counts.bounded += usize::from(bound > value);
-                        value = value.max(bound);
-                        first_censored = false;
-                    } else {
-                        counts.unassigned += 1;
-                    }
-                    value
-                } else {
-                    c.measured_ns
-                };
-                b.insert(&paths[c.file], c.line, s, r, i as u32, value)?;
+            continue;
+        }
+        // Our log with M recorded and a contiguous rank-step: rows grouped, in launch
+        // order, into whole micro-batches (a whole launch is one; `split` parts make one).
+        let mut cells: Vec<Cell> = Vec::new();
+        for x in v {
+            match cells.last_mut() {
+                Some(c) if c.covered < 1.0 - 1e-9 => c.add(x),
+                _ => cells.push(Cell::start(x)),
             }
-            counts.beyond_m += cells.iter().skip(m).filter(|c| c.measured_ns > 0.0).count();
-            // Cells the policy did not hand this rank (rebalanced, or a skipped backup worker).
-            for i in cells.len()..m {
+        }
+        let mut first_censored = true;
+        for (i, c) in cells.iter().enumerate().take(m) {
+            let filled = c.censored + (1.0 - c.covered).max(0.0);
+            let value = if filled > 1e-9 {
                 let (e, from_log) = estimate()?;
-                counts.unassigned += 1;
                 counts.from_log_mean += usize::from(from_log);
-                let (file, line) = v.first().map_or((0, 0), |x| (x.file, x.line));
-                b.insert(&paths[file], line, s, r, i as u32, e)?;
-            }
+                let mut value = c.measured_ns + filled * e;
+                if c.censored > 0.0 {
+                    counts.censored += 1;
+                    counts.censored_steps.insert(s);
+                    let bound = bound(c.deadline_ns, c.start_ns, first_censored);
+                    counts.bounded += usize::from(bound > value);
+                    value = value.max(bound);
+                    first_censored = false;
+                } else {
+                    counts.unassigned += 1;
+                }
+                value
+            } else {
+                c.measured_ns
+            };
+            b.insert(&paths[c.file], c.line, s, r, i as u32, value)?;
+        }
+        counts.beyond_m += cells.iter().skip(m).filter(|c| c.measured_ns > 0.0).count();
+        // Cells the policy did not hand this rank (rebalanced, or a skipped backup worker).
+        for i in cells.len()..m {
+            let (e, from_log) = estimate()?;
+            counts.unassigned += 1;
+            counts.from_log_mean += usize::from(from_log);
+            let (file, line) = v.first().map_or((0, 0), |x| (x.file, x.line));
+            b.insert(&paths[file], line, s, r, i as u32, e)?;
         }
     }
     if any_reference {
@@ -1021,6 +1041,30 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(&e, TraceError::Malformed { line: 2, column: c, .. } if c == column), "{e:?}");
         }
+    }
+
+    /// A log with M recorded whose steps x ranks x M exceeds [`MAX_FILLED_CELLS`] (every
+    /// rank-step without a row would be filled) is refused with the numbers, quickly.
+    #[test]
+    fn a_filled_log_is_bounded() {
+        let mut text = String::from(
+            "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns,micro_batches\n",
+        );
+        // Rank 0 holds M = 2 in step 0; 16 385 more ranks in step 0, 8 193 more steps on rank 0.
+        text += "0,0,1,8,0,8,false,0,0,0,10,2\n0,1,1,8,0,8,false,0,0,10,10,2\n";
+        for r in 1..=16_385u32 {
+            text += &format!("0,0,1,8,0,8,false,0,{r},0,10,2\n");
+        }
+        for step in 1..=8_193u64 {
+            text += &format!("{step},0,1,8,0,8,false,0,0,0,10,2\n");
+        }
+        let t0 = std::time::Instant::now();
+        let e = load_log_bytes(Path::new("log.csv"), text.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(
+            matches!(&e, TraceError::Shape(m) if m.contains("8194 steps x 16386 ranks x 2 micro-batches = 268533768 cells")),
+            "{e}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{:?}", t0.elapsed());
     }
 
     /// Overhead of step s = max over ranks of the start-to-start period - max over ranks of
