@@ -315,3 +315,76 @@ fn tune_on_trains_compute_log_with_its_warm_up_gives_trains_auto_threshold() {
     assert_eq!(t.status.code(), Some(6), "{}", String::from_utf8_lossy(&t.stderr));
     assert!(String::from_utf8_lossy(&t.stderr).contains("insufficient data: 9 complete step(s)"));
 }
+
+/// Issue 23 item 7, for every policy x tail shape (`--tail-split` 1 and 2): the DropCompute
+/// run's compute log loads in `tune --trace` (exit 0) with every step and the nominal shape
+/// (4 ranks x 4 micro-batches x 20 steps), its dropped micro-batches counted as censored cells
+/// and the work its policy moved as unassigned ones (`trace::compute_log`), and the baseline's
+/// compute log given to `tune --auto-for POLICY` with train's `--warmup-steps`, `--check`,
+/// `--seed`, `--backup-workers` and tail shape gives the threshold the run used (report.json):
+/// the log's trace is the one `train --threshold auto` tuned on (`train::summary::run_trace`:
+/// the same latencies, start offsets and overheads from the recorded clock starts) and the rule
+/// is the same function (`tune::policies::auto_policy_threshold`, or `tune::recommend`).
+#[test]
+fn every_policys_logs_load_and_the_baseline_tunes_to_the_runs_threshold() {
+    use dropcompute::commands::tune::{AutoJson, TuneJson};
+    use dropcompute::policy::Policy;
+    let dir = hermetic::temp_dir("tune-every-policy");
+    let mut enabled = 0;
+    for policy in Policy::ALL {
+        for split in ["1", "2"] {
+            let what = format!("{policy} --tail-split {split}");
+            let out = dir.path().join(format!("{policy}-{split}"));
+            let mut args = vec!["train", "--ranks", "4", "--micro-batches", "4", "--steps", "20"];
+            args.extend(["--slow-rank", "1:2", "--time-mode", "virtual", "--warmup-steps", "3"]);
+            args.extend(["--policy", policy.name(), "--tail-split", split]);
+            let o = dropcompute(&args, Some(&out));
+            assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+            let report: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+            let used = report["dropcompute"]["threshold_ms"].as_f64();
+            let cfg = &report["config"];
+            assert_eq!(cfg["warmup_steps"], 3, "{what}");
+            // The baseline's log tunes to the run's threshold.
+            let base = out.join("compute_log_baseline.csv");
+            let (seed, b) = (cfg["seed"].to_string(), cfg["backup_workers"].to_string());
+            let check = cfg["check"].as_str().unwrap().to_string();
+            let mut tune = vec!["tune", "--trace", base.to_str().unwrap(), "--warmup-steps", "3", "--json"];
+            tune.extend(["--auto-for", policy.name(), "--tail-split", split, "--seed", &seed]);
+            tune.extend(["--backup-workers", &b, "--check", &check]);
+            let t = dropcompute(&tune, None);
+            assert!(t.status.success(), "{what}: tune --auto-for: {}", String::from_utf8_lossy(&t.stderr));
+            let auto: Vec<AutoJson> = serde_json::from_slice(&t.stdout).unwrap();
+            assert_eq!(auto[0].threshold_ms, used, "{what}: the baseline's log tunes to the run's threshold");
+            // The drop policies enable a threshold here (a 2x slow rank): the equality is not
+            // only "off = off".
+            if policy.drops() {
+                assert!(used.is_some(), "{what}: a drop policy enables a threshold with a 2x slow rank");
+                enabled += 1;
+            }
+            // The DropCompute run's log loads, every step kept, the fill counted.
+            let dc = out.join("compute_log_dropcompute.csv");
+            let t = dropcompute(&["tune", "--trace", dc.to_str().unwrap(), "--warmup-steps", "3", "--json"], None);
+            assert!(
+                t.status.success(),
+                "{what}: tune --trace (DropCompute log): {}",
+                String::from_utf8_lossy(&t.stderr)
+            );
+            let v: Vec<TuneJson> = serde_json::from_slice(&t.stdout).unwrap();
+            assert_eq!((v[0].ranks, v[0].micro_batches, v[0].steps), (4, 4, 20), "{what}: every step kept");
+            let text = std::fs::read_to_string(&dc).unwrap();
+            let dropped = text.lines().any(|l| l.contains(",true,"));
+            let notes = &v[0].notes;
+            let says = |start: &str| notes.iter().any(|n| n.contains(start));
+            assert_eq!(says("censored cell(s)"), dropped, "{what}: censored cells iff a row was dropped: {notes:?}");
+            // Moved work: a rebalanced slow rank or a skipped backup worker holds fewer than M.
+            let moves = matches!(policy, Policy::Rebalance | Policy::RebalanceDrop | Policy::BackupWorkers);
+            assert_eq!(says("the policy did not assign"), moves, "{what}: unassigned cells: {notes:?}");
+            // Tail launches are grouped into whole micro-batches (never with split 1).
+            if split == "1" {
+                assert!(!says("tail launch(es)"), "{what}: {notes:?}");
+            }
+        }
+    }
+    assert_eq!(enabled, 6, "drop-before, drop-predictive, rebalance-drop x 2 tail shapes");
+}

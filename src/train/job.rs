@@ -196,32 +196,24 @@ impl Job {
     /// (the replay runs the scheduler's predicted variant: the one assignment step), and any
     /// policy with a tail shape.
     pub fn replays_policy(&self) -> bool {
-        use crate::policy::Policy;
-        match self.cfg.policy() {
-            Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
-            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => self.cfg.tail.enabled(),
-        }
+        crate::tune::policies::tunes_on_policy_replay(&crate::policy::PolicyParams {
+            tail: self.cfg.tail,
+            ..crate::policy::PolicyParams::new(self.cfg.policy())
+        })
     }
 
-    /// The second run as `sim::policies::replay_policy` replays it at `threshold` (the budget
-    /// of `compute-budget`: off, as a declined `--threshold auto`, runs M per rank, which the
-    /// replay's assignment step does too): the job's policy, b, tail shape, default
-    /// rebalancing and cap (2·M), the scheduler's default estimator quantile,
-    /// [`Job::execution`], the job's seed. Also the search template of `--threshold auto`.
+    /// The second run as `sim::policies::replay_policy` replays it at `threshold`
+    /// (`tune::policies::train_run` with this job's policy, b, tail shape, seed and
+    /// [`Job::execution`]). Also the search template of `--threshold auto`.
     pub fn policy_run(&self, threshold: Threshold) -> crate::sim::policies::PolicyRun {
-        use crate::policy::{Policy, PolicyParams};
-        let p = self.cfg.policy();
-        let budget_ms = threshold.as_ns().filter(|_| p == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
-        let params = PolicyParams {
-            backup_workers: self.cfg.backup_workers,
-            tail: self.cfg.tail,
-            budget_ms,
-            ..PolicyParams::new(p)
-        };
-        crate::sim::policies::PolicyRun {
-            seed: self.cfg.seed,
-            ..crate::sim::policies::PolicyRun::new(params, threshold, self.execution())
-        }
+        crate::tune::policies::train_run(
+            self.cfg.policy(),
+            self.cfg.backup_workers,
+            self.cfg.tail,
+            self.cfg.seed,
+            threshold,
+            self.execution(),
+        )
     }
 
     /// How `--threshold auto` recommends a threshold on the baseline run's trace (all its steps,

@@ -166,18 +166,10 @@ fn auto_for_policy(
     if rank == 0
         && let Some(trace) = super::summary::run_trace(reports)
     {
-        let how = job.auto_recommend();
-        let ideal = crate::tune::tune(
-            &trace,
-            &crate::tune::TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches },
-        );
-        found = crate::tune::policies::best_threshold(&trace, &how, &ideal, job.policy_run(Threshold::Off))
-            .filter(|(_, o)| o.enabled);
+        found =
+            crate::tune::policies::auto_policy_threshold(&trace, &job.auto_recommend(), job.policy_run(Threshold::Off));
     }
-    let chosen = found.as_ref().and_then(|(c, _)| match p {
-        Policy::ComputeBudget => c.params.budget_ms.map(|ms| (ms * 1e6).round() as u64),
-        _ => c.threshold.as_ns(),
-    });
+    let chosen = found.as_ref().and_then(|(ns, _)| *ns);
     let ns = broadcast_u64(comm, chosen.unwrap_or(u64::MAX))?;
     let t = if ns == u64::MAX { Threshold::Off } else { Threshold::Fixed(Duration::from_nanos(ns)) };
     let g = job.cfg.guardrails;

@@ -470,3 +470,54 @@ pub fn compare_with_progress(
         tail,
     }
 }
+
+/// True when `train --threshold auto` tunes the second run of `params` on the policy replay
+/// ([`auto_policy_threshold`]) rather than DropCompute's recommendation
+/// ([`super::recommend`]): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`
+/// (the replay runs the scheduler's predicted variant: the one assignment step), and any
+/// policy with a tail shape.
+pub fn tunes_on_policy_replay(params: &PolicyParams) -> bool {
+    match params.policy {
+        Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
+        Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => params.tail.enabled(),
+    }
+}
+
+/// The second run as `train` replays it at `threshold` (the budget of `compute-budget`: off,
+/// as a declined `--threshold auto`, runs M per rank, which the replay's assignment step does
+/// too): `policy` with b = `backup_workers`, the tail shape `tail`, default rebalancing and
+/// cap (2·M), the scheduler's default estimator quantile, `execution`, `seed`. The search
+/// template of [`auto_policy_threshold`] (with [`Threshold::Off`]).
+pub fn train_run(
+    policy: Policy,
+    backup_workers: u32,
+    tail: TailShape,
+    seed: u64,
+    threshold: Threshold,
+    execution: crate::sim::replay::ExecutionModel,
+) -> PolicyRun {
+    let budget_ms = threshold.as_ns().filter(|_| policy == Policy::ComputeBudget).map(|ns| ns as f64 / 1e6);
+    let params = PolicyParams { backup_workers, tail, budget_ms, ..PolicyParams::new(policy) };
+    PolicyRun { seed, ..PolicyRun::new(params, threshold, execution) }
+}
+
+/// `train --threshold auto`'s choice for a policy it tunes on the policy replay
+/// ([`tunes_on_policy_replay`]) on the baseline `trace`: the threshold (the budget of
+/// `compute-budget`, ns) maximising the replayed effective speedup of `template`
+/// ([`train_run`] at [`Threshold::Off`]) within `how`'s guardrails ([`best_threshold`] over the
+/// exact search's candidates), with its outcome; `None` (off) when no candidate is enabled. A
+/// policy without a deadline replays once and returns `None` for the threshold.
+pub fn auto_policy_threshold(
+    trace: &LatencyTrace,
+    how: &Recommend,
+    template: PolicyRun,
+) -> Option<(Option<u64>, PolicyOutcome)> {
+    let ideal =
+        tune(trace, &TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches });
+    let (c, o) = best_threshold(trace, how, &ideal, template).filter(|(_, o)| o.enabled)?;
+    let ns = match c.params.policy {
+        Policy::ComputeBudget => c.params.budget_ms.map(|ms| (ms * 1e6).round() as u64),
+        _ => c.threshold.as_ns(),
+    };
+    Some((ns, o))
+}
