@@ -388,3 +388,62 @@ fn every_policys_logs_load_and_the_baseline_tunes_to_the_runs_threshold() {
     }
     assert_eq!(enabled, 6, "drop-before, drop-predictive, rebalance-drop x 2 tail shapes");
 }
+
+/// Why a censored cell takes the rank's mean over the log, not over its step: in virtual time
+/// the DropCompute run draws the baseline's latencies (the same keyed draws), so the baseline's
+/// log holds the true latency of every micro-batch the DropCompute run dropped. For both drop
+/// policies, the DropCompute log's trace equals the baseline's on every measured cell, and its
+/// censored cells (the log mean) are closer to the truth, by mean absolute error, than the
+/// rank's mean in the step would be (the steps that drop are those whose measured
+/// micro-batches were slow: a selected, upward-biased mean).
+#[test]
+fn censored_cells_take_the_ranks_log_mean_which_is_closer_to_the_truth_than_the_steps() {
+    use dropcompute::trace::compute_log::ComputeLogRecord;
+    let dir = hermetic::temp_dir("censored-fill");
+    for policy in ["drop-predictive", "drop-before"] {
+        let out = dir.path().join(policy);
+        let mut args = vec!["train", "--ranks", "4", "--micro-batches", "4", "--steps", "20"];
+        args.extend(["--slow-rank", "1:2", "--time-mode", "virtual", "--warmup-steps", "3", "--policy", policy]);
+        let o = dropcompute(&args, Some(&out));
+        assert!(o.status.success(), "{policy}: {}", String::from_utf8_lossy(&o.stderr));
+        let trace = |run: &str| {
+            let log = out.join(format!("compute_log_{run}.csv"));
+            load(std::slice::from_ref(&log), &LoadOptions::default()).unwrap().remove(0).trace
+        };
+        let (base, dc) = (trace("baseline"), trace("dropcompute"));
+        assert_eq!((dc.steps(), dc.ranks(), dc.micro_batches()), (base.steps(), base.ranks(), 4), "{policy}");
+        let rows: Vec<ComputeLogRecord> = csv::Reader::from_path(out.join("compute_log_dropcompute.csv"))
+            .unwrap()
+            .deserialize()
+            .map(Result::unwrap)
+            .collect();
+        let cell = |r: &ComputeLogRecord| {
+            let s = dc.steps().iter().position(|&s| s == r.global_step).unwrap();
+            (s * 4 + r.rank as usize) * 4 + r.local_step as usize
+        };
+        let (mut log_err, mut step_err, mut censored) = (0.0, 0.0, 0);
+        for r in &rows {
+            let i = cell(r);
+            if !r.compute_dropped {
+                assert_eq!(dc.latencies_ns()[i], base.latencies_ns()[i], "{policy}: a measured cell is the draw");
+                continue;
+            }
+            let same: Vec<f64> = rows
+                .iter()
+                .filter(|x| (x.global_step, x.rank, x.compute_dropped) == (r.global_step, r.rank, false))
+                .map(|x| x.duration_ns as f64)
+                .collect();
+            let truth = base.latencies_ns()[i];
+            log_err += (dc.latencies_ns()[i] - truth).abs();
+            step_err += (same.iter().sum::<f64>() / same.len() as f64 - truth).abs();
+            censored += 1;
+        }
+        assert!(censored > 0, "{policy}: the run dropped");
+        assert!(log_err < step_err, "{policy}: log mean MAE {} ms vs step mean {} ms", log_err / 1e6, step_err / 1e6);
+        eprintln!(
+            "{policy}: {censored} censored cells, MAE {:.2} ms (log mean) vs {:.2} ms (step mean)",
+            log_err / censored as f64 / 1e6,
+            step_err / censored as f64 / 1e6
+        );
+    }
+}
