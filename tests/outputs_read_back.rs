@@ -58,14 +58,16 @@ fn compute_logs_with_drops_load_and_report_threshold_runs() {
         );
         let loaded = load(std::slice::from_ref(&log), &LoadOptions::default()).expect("the library loads the log");
         let trace = &loaded[0].trace;
-        // The DropCompute log keeps the shape (M from every row) but not the steps with drops.
-        let steps = if run == "baseline" { 14 } else { 14 - steps_with_drops(&log) };
-        assert_eq!((trace.world_size(), trace.micro_batches(), trace.num_steps()), (3, 3, steps), "{run}");
+        // The DropCompute log keeps the shape and every step: each dropped micro-batch is a
+        // censored cell, filled and counted (trace::compute_log), never a removed step.
+        assert_eq!((trace.world_size(), trace.micro_batches(), trace.num_steps()), (3, 3, 14), "{run}");
+        let dropped = std::fs::read_to_string(&log).unwrap().lines().filter(|l| l.contains(",true,")).count();
+        let said = format!("{dropped} censored cell(s) in {} step(s)", steps_with_drops(&log));
+        assert_eq!(loaded[0].notes.iter().any(|n| n.starts_with(&said)), dropped > 0, "{run}: {:?}", loaded[0].notes);
     }
     // The DropCompute run dropped on the slow rank: its log marks them, the trace keeps the shape.
     let log = std::fs::read_to_string(out.join("compute_log_dropcompute.csv")).unwrap();
     assert!(log.lines().skip(1).any(|l| l.contains(",true,")), "some micro-batch was dropped:\n{log}");
-    assert!(steps_with_drops(&out.join("compute_log_dropcompute.csv")) <= 14 - dropcompute::tune::MIN_STEPS);
     // report.json's threshold is a valid --threshold.
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     let ms = report["dropcompute"]["threshold_ms"].as_f64().expect("a threshold in ms");
@@ -312,4 +314,136 @@ fn tune_on_trains_compute_log_with_its_warm_up_gives_trains_auto_threshold() {
     let t = dropcompute(&["tune", "--trace", log.to_str().unwrap(), "--warmup-steps", "7"], None);
     assert_eq!(t.status.code(), Some(6), "{}", String::from_utf8_lossy(&t.stderr));
     assert!(String::from_utf8_lossy(&t.stderr).contains("insufficient data: 9 complete step(s)"));
+}
+
+/// Issue 23 item 7, for every policy x tail shape (`--tail-split` 1 and 2): the DropCompute
+/// run's compute log loads in `tune --trace` (exit 0) with every step and the nominal shape
+/// (4 ranks x 4 micro-batches x 20 steps), its dropped micro-batches counted as censored cells
+/// and the work its policy moved as unassigned ones (`trace::compute_log`), and the baseline's
+/// compute log given to `tune --auto-for POLICY` with train's `--warmup-steps`, `--check`,
+/// `--seed`, `--backup-workers` and tail shape gives the threshold the run used (report.json):
+/// the log's trace is the one `train --threshold auto` tuned on (`schedule::auto::trace_of_reports`:
+/// the same latencies, start offsets and overheads from the recorded clock starts) and the rule
+/// is the same function (`tune::policies::auto_policy_threshold`, or `tune::recommend`).
+#[test]
+fn every_policys_logs_load_and_the_baseline_tunes_to_the_runs_threshold() {
+    use dropcompute::policy::Policy;
+    use dropcompute_cli::commands::tune::{AutoJson, TuneJson};
+    let dir = hermetic::temp_dir("tune-every-policy");
+    let mut enabled = 0;
+    for policy in Policy::ALL {
+        for split in ["1", "2"] {
+            let what = format!("{policy} --tail-split {split}");
+            let out = dir.path().join(format!("{policy}-{split}"));
+            let mut args = vec!["train", "--ranks", "4", "--micro-batches", "4", "--steps", "20"];
+            args.extend(["--slow-rank", "1:2", "--time-mode", "virtual", "--warmup-steps", "3"]);
+            args.extend(["--policy", policy.name(), "--tail-split", split]);
+            let o = dropcompute(&args, Some(&out));
+            assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+            let report: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+            let used = report["dropcompute"]["threshold_ms"].as_f64();
+            let cfg = &report["config"];
+            assert_eq!(cfg["warmup_steps"], 3, "{what}");
+            // The baseline's log tunes to the run's threshold.
+            let base = out.join("compute_log_baseline.csv");
+            let (seed, b) = (cfg["seed"].to_string(), cfg["backup_workers"].to_string());
+            let check = cfg["check"].as_str().unwrap().to_string();
+            let mut tune = vec!["tune", "--trace", base.to_str().unwrap(), "--warmup-steps", "3", "--json"];
+            tune.extend(["--auto-for", policy.name(), "--tail-split", split, "--seed", &seed]);
+            tune.extend(["--backup-workers", &b, "--check", &check]);
+            let t = dropcompute(&tune, None);
+            assert!(t.status.success(), "{what}: tune --auto-for: {}", String::from_utf8_lossy(&t.stderr));
+            let auto: Vec<AutoJson> = serde_json::from_slice(&t.stdout).unwrap();
+            assert_eq!(auto[0].threshold_ms, used, "{what}: the baseline's log tunes to the run's threshold");
+            // The drop policies enable a threshold here (a 2x slow rank): the equality is not
+            // only "off = off".
+            if policy.drops() {
+                assert!(used.is_some(), "{what}: a drop policy enables a threshold with a 2x slow rank");
+                enabled += 1;
+            }
+            // The DropCompute run's log loads, every step kept, the fill counted.
+            let dc = out.join("compute_log_dropcompute.csv");
+            let t = dropcompute(&["tune", "--trace", dc.to_str().unwrap(), "--warmup-steps", "3", "--json"], None);
+            assert!(
+                t.status.success(),
+                "{what}: tune --trace (DropCompute log): {}",
+                String::from_utf8_lossy(&t.stderr)
+            );
+            let v: Vec<TuneJson> = serde_json::from_slice(&t.stdout).unwrap();
+            assert_eq!((v[0].ranks, v[0].micro_batches, v[0].steps), (4, 4, 20), "{what}: every step kept");
+            let text = std::fs::read_to_string(&dc).unwrap();
+            let dropped = text.lines().any(|l| l.contains(",true,"));
+            let notes = &v[0].notes;
+            let says = |start: &str| notes.iter().any(|n| n.contains(start));
+            assert_eq!(says("censored cell(s)"), dropped, "{what}: censored cells iff a row was dropped: {notes:?}");
+            // Moved work: a rebalanced slow rank or a skipped backup worker holds fewer than M.
+            let moves = matches!(policy, Policy::Rebalance | Policy::RebalanceDrop | Policy::BackupWorkers);
+            assert_eq!(says("the policy did not assign"), moves, "{what}: unassigned cells: {notes:?}");
+            // Tail launches are grouped into whole micro-batches (never with split 1).
+            if split == "1" {
+                assert!(!says("tail launch(es)"), "{what}: {notes:?}");
+            }
+        }
+    }
+    assert_eq!(enabled, 6, "drop-before, drop-predictive, rebalance-drop x 2 tail shapes");
+}
+
+/// Why a censored cell takes the rank's mean over the log, not over its step: in virtual time
+/// the DropCompute run draws the baseline's latencies (the same keyed draws), so the baseline's
+/// log holds the true latency of every micro-batch the DropCompute run dropped. For both drop
+/// policies, the DropCompute log's trace equals the baseline's on every measured cell, and its
+/// censored cells (the log mean) are closer to the truth, by mean absolute error, than the
+/// rank's mean in the step would be (the steps that drop are those whose measured
+/// micro-batches were slow: a selected, upward-biased mean).
+#[test]
+fn censored_cells_take_the_ranks_log_mean_which_is_closer_to_the_truth_than_the_steps() {
+    use dropcompute::trace::compute_log::ComputeLogRecord;
+    let dir = hermetic::temp_dir("censored-fill");
+    for policy in ["drop-predictive", "drop-before"] {
+        let out = dir.path().join(policy);
+        let mut args = vec!["train", "--ranks", "4", "--micro-batches", "4", "--steps", "20"];
+        args.extend(["--slow-rank", "1:2", "--time-mode", "virtual", "--warmup-steps", "3", "--policy", policy]);
+        let o = dropcompute(&args, Some(&out));
+        assert!(o.status.success(), "{policy}: {}", String::from_utf8_lossy(&o.stderr));
+        let trace = |run: &str| {
+            let log = out.join(format!("compute_log_{run}.csv"));
+            load(std::slice::from_ref(&log), &LoadOptions::default()).unwrap().remove(0).trace
+        };
+        let (base, dc) = (trace("baseline"), trace("dropcompute"));
+        assert_eq!((dc.steps(), dc.ranks(), dc.micro_batches()), (base.steps(), base.ranks(), 4), "{policy}");
+        let rows: Vec<ComputeLogRecord> = csv::Reader::from_path(out.join("compute_log_dropcompute.csv"))
+            .unwrap()
+            .deserialize()
+            .map(Result::unwrap)
+            .collect();
+        let cell = |r: &ComputeLogRecord| {
+            let s = dc.steps().iter().position(|&s| s == r.global_step).unwrap();
+            (s * 4 + r.rank as usize) * 4 + r.local_step as usize
+        };
+        let (mut log_err, mut step_err, mut censored) = (0.0, 0.0, 0);
+        for r in &rows {
+            let i = cell(r);
+            if !r.compute_dropped {
+                assert_eq!(dc.latencies_ns()[i], base.latencies_ns()[i], "{policy}: a measured cell is the draw");
+                continue;
+            }
+            let same: Vec<f64> = rows
+                .iter()
+                .filter(|x| (x.global_step, x.rank, x.compute_dropped) == (r.global_step, r.rank, false))
+                .map(|x| x.duration_ns as f64)
+                .collect();
+            let truth = base.latencies_ns()[i];
+            log_err += (dc.latencies_ns()[i] - truth).abs();
+            step_err += (same.iter().sum::<f64>() / same.len() as f64 - truth).abs();
+            censored += 1;
+        }
+        assert!(censored > 0, "{policy}: the run dropped");
+        assert!(log_err < step_err, "{policy}: log mean MAE {} ms vs step mean {} ms", log_err / 1e6, step_err / 1e6);
+        eprintln!(
+            "{policy}: {censored} censored cells, MAE {:.2} ms (log mean) vs {:.2} ms (step mean)",
+            log_err / censored as f64 / 1e6,
+            step_err / censored as f64 / 1e6
+        );
+    }
 }

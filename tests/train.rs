@@ -134,12 +134,12 @@ fn a_small_job_learns_and_its_reports_are_consistent() {
     assert_eq!(log.lines().count() - 1, 4 * 16 * m as usize, "one row per scheduled micro-batch");
     // Every column of both compute logs, against the StepReports they were written from.
     assert_ne!(j.cfg.micro_batch_size, 4, "world size and batch must differ to tell their columns apart");
-    assert_compute_log_matches(&dir.join("compute_log_baseline.csv"), &out, 0);
-    assert_compute_log_matches(&dir.join("compute_log_dropcompute.csv"), &out, 1);
+    assert_compute_log_matches(&dir.join("compute_log_baseline.csv"), &out, 0, m);
+    assert_compute_log_matches(&dir.join("compute_log_dropcompute.csv"), &out, 1, m);
 }
 
 /// The columns of our compute log, in order (the reference's eight, then ours).
-const COMPUTE_LOG_COLUMNS: [&str; 11] = [
+const COMPUTE_LOG_COLUMNS: [&str; 17] = [
     "global_step",
     "local_step",
     "world_size",
@@ -151,14 +151,23 @@ const COMPUTE_LOG_COLUMNS: [&str; 11] = [
     "rank",
     "start_ns",
     "duration_ns",
+    "micro_batches",
+    "split",
+    "parts",
+    "cost",
+    "deadline_ns",
+    "clock_start_ns",
 ];
 
 /// Checks every row and column of the compute log at `path` (written by `train` for run
 /// `run` of `outcomes`) against the `StepReport`s of that run: rows rank by rank, step by step,
 /// micro-batch by micro-batch; each value recomputed here from the report's fields (not
 /// through `StepReport::compute_log`): computed_batch is this rank's running sum of computed
-/// samples in the step, iteration_time_ms = duration_ns / 1e6.
-fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute_train::job::RankOutcome>], run: usize) {
+/// samples in the step, iteration_time_ms = duration_ns / 1e6; micro_batches = `m`, whole
+/// micro-batches only (split, parts and cost 1), clock_start_ns = the end of the rank's last
+/// computed micro-batch minus its compute time (or the drop time when none was computed),
+/// deadline_ns = that plus the step's threshold (0 without one).
+fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute_train::job::RankOutcome>], run: usize, m: u32) {
     let mut rd = csv::Reader::from_path(path).unwrap();
     let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
     assert_eq!(header, COMPUTE_LOG_COLUMNS, "{}", path.display());
@@ -169,12 +178,21 @@ fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute_train::jo
         let o = &runs[run];
         for rep in &o.reports {
             let mut computed = 0u64;
+            let t0 = match rep.micro_batches.iter().rfind(|mb| !mb.dropped) {
+                Some(last) => last.start_ns + last.duration_ns - rep.ranks[o.rank as usize].compute_ns,
+                None => rep.micro_batches[0].start_ns,
+            };
+            // The clock start is the end of the previous step's update (`step_end_ns`).
+            if let Some(prev) = o.reports.iter().find(|r| r.step + 1 == rep.step) {
+                assert_eq!(t0, prev.step_end_ns, "{} step {} rank {}: clock start", path.display(), rep.step, o.rank);
+            }
+            let deadline = rep.threshold_ns.map_or(0, |t| t0 + t);
             for mb in &rep.micro_batches {
                 if !mb.dropped {
                     computed += mb.samples;
                 }
                 let row = rows.get(i).unwrap_or_else(|| panic!("{}: only {} rows", path.display(), rows.len()));
-                let want: [String; 11] = [
+                let want: [String; 17] = [
                     rep.step.to_string(),
                     mb.micro_batch.to_string(),
                     rep.world_size.to_string(),
@@ -186,6 +204,12 @@ fn assert_compute_log_matches(path: &Path, outcomes: &[Vec<dropcompute_train::jo
                     o.rank.to_string(),
                     mb.start_ns.to_string(),
                     mb.duration_ns.to_string(),
+                    m.to_string(),
+                    "1".into(),
+                    "1".into(),
+                    "1.0".into(),
+                    deadline.to_string(),
+                    t0.to_string(),
                 ];
                 for (c, w) in COMPUTE_LOG_COLUMNS.iter().zip(&want) {
                     let got = &row[header.iter().position(|h| h == c).unwrap()];

@@ -31,6 +31,7 @@ fn write_trace(path: &Path) {
                     rank,
                     start_ns: start,
                     duration_ns: dur,
+                    ..ComputeLogRecord::default()
                 })
                 .unwrap();
                 start += dur;

@@ -464,6 +464,8 @@ impl ComputeLogWriter {
             rank,
             start_ns,
             duration_ns,
+            // M, the tail shape and the clock are not known here: the reader's defaults.
+            ..ComputeLogRecord::default()
         };
         w.write(&rec).map_err(|e| PyOSError::new_err(format!("{}: {e}", self.path.display())))
     }

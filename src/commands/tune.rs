@@ -1,13 +1,16 @@
 //! `dropcompute tune --trace FILE...`: recommend a threshold from traces.
 //!
-//! Owns: [`Args`], [`run`], [`run_to`] (flags and printing) and [`TuneJson`] (the `--json`
-//! form). Must not touch: the search and the recommendation (`dropcompute::tune::recommend`, shared
+//! Owns: [`Args`], [`run`], [`run_to`] (flags and printing), [`TuneJson`] and [`AutoJson`] (the
+//! `--json` forms). Must not touch: the search and the recommendation (`dropcompute::tune::recommend`, shared
 //! with `train --threshold auto`, with the same guardrail flags, [`super::GuardrailArgs`]).
 //! Output per trace: shape and notes, the straggler headroom, the verdict (the replay of the
 //! recommended threshold under the check mode and sync lag that will run, judged by the
 //! guardrails), beside it the ideal (the reference objective: a micro-batch counts iff it ends
 //! by the threshold; not realizable on the device), per-rank straggler attribution, and an SVG
-//! of the ideal and replayed effective speedup vs threshold.
+//! of the ideal and replayed effective speedup vs threshold. `--auto-for POLICY` instead prints
+//! the threshold `train --policy POLICY --threshold auto` runs with on the trace ([`AutoJson`]):
+//! train's rule, the same functions (`tune::policies::tunes_on_policy_replay`,
+//! `auto_policy_threshold`, `train_run`, or `tune::recommend`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -77,9 +80,43 @@ pub struct Args {
     #[arg(long)]
     pub policy: Option<String>,
     /// Seed of the micro-batches drawn beyond the trace's M (`--policy` with rebalancing or a
-    /// compute budget).
+    /// compute budget; `--auto-for`: give train's `--seed`, default 0 there).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Print the threshold `train --policy POLICY --threshold auto` runs with when this trace
+    /// is its baseline (the baseline run's compute log), by train's own rule
+    /// (`tune::policies::tunes_on_policy_replay`): DropCompute's recommendation for
+    /// `drop-before`/`drop-predictive` without a tail shape, else the best threshold (the
+    /// budget of `compute-budget`) on the replay of POLICY with `--tail-split`/`--tail-cost`,
+    /// `--backup-workers` and `--seed` as given to train; off for a policy without a deadline.
+    /// Give train's `--warmup-steps` and `--check` too (the check of drop-before and
+    /// drop-predictive is their own, as in train). `--json`: an array of `AutoJson`.
+    #[arg(long, value_enum, conflicts_with = "policy")]
+    pub auto_for: Option<dropcompute::policy::Policy>,
+    /// b of `--auto-for backup-workers` (train's `--backup-workers`).
+    #[arg(long, default_value_t = 1)]
+    pub backup_workers: u32,
+}
+
+/// `tune --auto-for POLICY --json`: one element per trace.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AutoJson {
+    /// The trace (file names).
+    pub trace: String,
+    /// The policy of the run (`--auto-for`).
+    pub policy: dropcompute::policy::Policy,
+    /// Its tail shape.
+    pub tail: dropcompute::policy::TailShape,
+    /// True when train tunes it on the policy replay, false for DropCompute's recommendation.
+    pub policy_replay: bool,
+    /// The threshold the run uses (the budget of `compute-budget`), ms; `null` for off.
+    pub threshold_ms: Option<f64>,
+    /// The replayed effective speedup at it (0.05 = +5 %); `null` when off.
+    pub effective_speedup: Option<f64>,
+    /// The replayed drop rate at it; `null` when off.
+    pub drop_rate: Option<f64>,
+    /// What the loader assumed or filled (the trace's notes).
+    pub notes: Vec<String>,
 }
 
 /// The replayed run at one threshold (times in ms).
@@ -124,6 +161,10 @@ pub struct TuneJson {
     pub ideal_best: CandidateScore,
     /// Share of the step spent waiting for slower ranks.
     pub straggler_headroom: f64,
+    /// What the loader assumed or filled (e.g. a DropCompute run's dropped micro-batches:
+    /// `trace::compute_log`).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// Run and print to stdout. Errors: see [`run_to`].
@@ -142,7 +183,7 @@ fn ideal_at(curve: &[CandidateScore], threshold_ns: f64) -> Option<CandidateScor
 /// insufficient data), output I/O, plotting.
 pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
-    let tail = args.tail.for_policy(args.policy.as_deref())?;
+    let tail = args.tail.for_policy(args.policy.as_deref().or(args.auto_for.map(dropcompute::policy::Policy::name)))?;
     if !(args.overhead_ms.is_finite() && args.overhead_ms >= 0.0) {
         return Err(CommandError::Args(format!("--overhead-ms {}: must be finite and >= 0", args.overhead_ms)));
     }
@@ -161,6 +202,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
     let mut comparisons = Vec::new();
     let mut json = Vec::new();
+    let mut autos = Vec::new();
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
         // As `train --threshold auto`: the warm-up steps are replayed but not tuned on.
@@ -188,6 +230,29 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 t.source(),
                 t.micro_batches()
             )));
+        }
+        if let Some(p) = args.auto_for {
+            let a = auto_for(t, &how, p, tail, args, &loaded.notes);
+            if args.json {
+                autos.push(a);
+            } else {
+                let mut s = format!("trace: {}\n", t.source());
+                for note in &loaded.notes {
+                    s += &format!("  note: {note}\n");
+                }
+                s += &format!(
+                    "  train --policy {p}{} --threshold auto ({}) runs with threshold {}\n",
+                    if tail.enabled() { format!(" --tail-split {}", tail.parts()) } else { String::new() },
+                    if a.policy_replay { "best on the policy replay" } else { "DropCompute's recommendation" },
+                    a.threshold_ms.map_or("off".to_string(), |ms| format!(
+                        "{ms:.6} ms: replayed drop rate {:.2}%, effective speedup {:+.2}%",
+                        a.drop_rate.unwrap_or(0.0) * 100.0,
+                        a.effective_speedup.unwrap_or(0.0) * 100.0
+                    ))
+                );
+                out.write_all(s.as_bytes()).map_err(io_err("stdout"))?;
+            }
+            continue;
         }
         if let Some(ps) = &policies {
             let c = dropcompute::tune::policies::compare(t, &how, ps, tail, args.seed);
@@ -221,6 +286,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 ideal_at_threshold: ideal_here,
                 ideal_best: r.best,
                 straggler_headroom: r.straggler_headroom,
+                notes: loaded.notes.clone(),
             });
             continue;
         }
@@ -387,7 +453,10 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         }
         out.write_all(s.as_bytes()).map_err(io_err("stdout"))?;
     }
-    if args.json && policies.is_some() {
+    if args.json && args.auto_for.is_some() {
+        let text = serde_json::to_string_pretty(&autos).map_err(|e| CommandError::Args(format!("--json: {e}")))?;
+        out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
+    } else if args.json && policies.is_some() {
         let text =
             serde_json::to_string_pretty(&comparisons).map_err(|e| CommandError::Args(format!("--json: {e}")))?;
         out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
@@ -396,6 +465,43 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
     }
     Ok(())
+}
+
+/// `--auto-for p` on trace `t` (see the flag): train's rule, one implementation
+/// (`tune::policies::auto_threshold` over `train_run`: the policy replay for
+/// `tunes_on_policy_replay`, `tune::recommend` otherwise), the threshold off for a policy without a deadline (as the
+/// scheduler's `set_policy`).
+fn auto_for(
+    t: &dropcompute::trace::LatencyTrace,
+    how: &Recommend,
+    p: dropcompute::policy::Policy,
+    tail: dropcompute::policy::TailShape,
+    args: &Args,
+    notes: &[String],
+) -> AutoJson {
+    use dropcompute::tune::policies::{auto_threshold, train_run, tunes_on_policy_replay};
+    // The check the run executes: the policy's own (drop-before, drop-predictive), as train's
+    // configuration sets it, else `--check`.
+    let execution = ExecutionModel { check: p.check_mode(how.execution.check), ..how.execution };
+    let how = &Recommend { execution, ..*how };
+    let policy_replay =
+        tunes_on_policy_replay(&dropcompute::policy::StepPolicy { tail, ..dropcompute::policy::StepPolicy::new(p) });
+    let template = policy_replay
+        .then(|| train_run(p, args.backup_workers, tail, args.seed, dropcompute::policy::Threshold::Off, execution));
+    let choice = auto_threshold(t, how, template);
+    let (ns, outcome) = (choice.threshold().as_ns(), choice.outcome());
+    let (speedup, drop_rate) = (outcome.map(|o| o.0), outcome.map(|o| o.1));
+    let ns = ns.filter(|_| p.has_deadline());
+    AutoJson {
+        trace: t.source().to_string(),
+        policy: p,
+        tail,
+        policy_replay,
+        threshold_ms: ns.map(|ns| ns as f64 / 1e6),
+        effective_speedup: ns.and(speedup),
+        drop_rate: ns.and(drop_rate),
+        notes: notes.to_vec(),
+    }
 }
 
 #[cfg(test)]

@@ -196,7 +196,10 @@ impl Job {
     /// (the replay runs the scheduler's predicted variant: the one assignment step): the
     /// policies that move work (`Policy::moves_work`), and any policy with a tail shape.
     pub fn replays_policy(&self) -> bool {
-        self.cfg.policy().moves_work() || self.cfg.tail.enabled()
+        dropcompute::tune::policies::tunes_on_policy_replay(&dropcompute::policy::StepPolicy {
+            tail: self.cfg.tail,
+            ..dropcompute::policy::StepPolicy::new(self.cfg.policy())
+        })
     }
 
     /// The step policy a run of `kind` runs: synchronous for the baseline, the job's policy
@@ -208,21 +211,18 @@ impl Job {
         }
     }
 
-    /// The second run as `sim::policies::replay_policy` replays it at `threshold` (the budget
-    /// of `compute-budget`: off, as a declined `--threshold auto`, runs M per rank, which the
-    /// replay's assignment step does too): the job's policy, b, tail shape, default
-    /// rebalancing and cap (2·M), the scheduler's default estimator quantile,
-    /// [`Job::execution`], the job's seed. Also the search template of `--threshold auto`.
+    /// The second run as `sim::policies::replay_policy` replays it at `threshold`
+    /// (`tune::policies::train_run` with this job's policy, b, tail shape, seed and
+    /// [`Job::execution`]). Also the search template of `--threshold auto`.
     pub fn policy_run(&self, threshold: Threshold) -> dropcompute::sim::policies::PolicyRun {
-        use dropcompute::policy::{Policy, StepPolicy};
-        let p = self.cfg.policy();
-        let budget = if p == Policy::ComputeBudget { threshold } else { Threshold::Off };
-        let params =
-            StepPolicy { backup_workers: self.cfg.backup_workers, tail: self.cfg.tail, budget, ..StepPolicy::new(p) };
-        dropcompute::sim::policies::PolicyRun {
-            seed: self.cfg.seed,
-            ..dropcompute::sim::policies::PolicyRun::new(params, threshold, self.execution())
-        }
+        dropcompute::tune::policies::train_run(
+            self.cfg.policy(),
+            self.cfg.backup_workers,
+            self.cfg.tail,
+            self.cfg.seed,
+            threshold,
+            self.execution(),
+        )
     }
 
     /// How `--threshold auto` recommends a threshold on the baseline run's trace (all its steps,

@@ -17,12 +17,13 @@ use dropcompute::hccl::{Comm, CommOptions, ReduceOp};
 use dropcompute::launch::{self, ChildSpec, Join, Launch, Ranks};
 use dropcompute::mock::MockControl;
 use dropcompute::policy::{DeadlineConfig, Policy, Threshold};
-use dropcompute::schedule::auto::{self, AutoChoice};
+use dropcompute::schedule::auto;
 use dropcompute::schedule::{
     DropHandling, GradDtype, GradientOps, ScheduleError, Scheduler, SchedulerConfig, StepReport, Weighting,
 };
 use dropcompute::synapse::{Backend, BackendChoice, Device, HostBuffer, Runtime};
 use dropcompute::tune::Verdict;
+use dropcompute::tune::policies::AutoChoice;
 use dropcompute::tune::retune::{Retuner, RetunerConfig};
 
 use super::config::ThresholdArg;
@@ -83,9 +84,8 @@ fn resolve_threshold(
             }
             let template = job.replays_policy().then(|| job.policy_run(Threshold::Off));
             let p = job.cfg.policy();
-            let found =
-                if rank == 0 { auto::choose(reports, &job.auto_recommend(), template) } else { AutoChoice::NoTrace };
-            let t = auto::broadcast_threshold(comm, found.threshold())?;
+            let found = if rank == 0 { auto::choose(reports, &job.auto_recommend(), template) } else { None };
+            let t = auto::broadcast_threshold(comm, found.as_ref().map_or(Threshold::Off, AutoChoice::threshold))?;
             let g = job.cfg.guardrails;
             let limits = |drop_rate: f64| {
                 format!(
@@ -96,23 +96,23 @@ fn resolve_threshold(
                     g.min_gain * 100.0
                 )
             };
-            let why = match (&found, rank) {
-                (AutoChoice::DropCompute(Verdict::Enable(c)), _) => format!(
+            let why = match (&found, found.as_ref().and_then(AutoChoice::outcome), rank) {
+                (Some(AutoChoice::DropCompute(_)), Some((speedup, drop)), _) => format!(
                     "auto: best replayed speedup {:.3}x of the baseline run's latencies as this run executes ({})",
-                    1.0 + c.objective,
-                    limits(c.drop_rate)
+                    1.0 + speedup,
+                    limits(drop)
                 ),
-                (AutoChoice::Policy(Some(found)), _) => format!(
+                (Some(AutoChoice::Policy(_)), Some((speedup, drop)), _) => format!(
                     "auto ({p}): best replayed speedup {:.3}x of the baseline run's latencies under {p} as this run executes ({})",
-                    1.0 + found.1.effective_speedup,
-                    limits(found.1.drop_rate)
+                    1.0 + speedup,
+                    limits(drop)
                 ),
-                (AutoChoice::DropCompute(Verdict::Decline(why)), 0) => format!("auto: off: {why}"),
-                (AutoChoice::Policy(None), 0) => {
+                (Some(AutoChoice::DropCompute(Verdict::Decline(why))), None, 0) => format!("auto: off: {why}"),
+                (Some(_), None, 0) => {
                     format!("auto ({p}): off: no threshold within the guardrails on the replay of {p}")
                 }
-                (AutoChoice::NoTrace, 0) => "auto: no baseline step to tune on; off".into(),
-                (_, _) => "auto: chosen by rank 0".into(),
+                (None, _, 0) => "auto: no baseline step to tune on; off".into(),
+                (_, _, _) => "auto: chosen by rank 0".into(),
             };
             (t, None, why)
         }

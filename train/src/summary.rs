@@ -368,9 +368,14 @@ pub fn write_outputs(
         let per_rank: Vec<&RankOutcome> = outcomes.iter().filter_map(|o| o.get(i)).collect();
         let label = per_rank[0].kind.label();
         let mut w = ComputeLogWriter::new(Vec::new());
+        // The baseline runs whole micro-batches only; the second run its tail shape.
+        let tail = match per_rank[0].kind {
+            super::job::RunKind::Baseline => dropcompute::policy::TailShape::default(),
+            super::job::RunKind::DropCompute => job.cfg.tail,
+        };
         for o in &per_rank {
             for r in &o.reports {
-                for row in r.compute_log() {
+                for row in r.compute_log(job.cfg.micro_batches, tail) {
                     w.write(&row).map_err(|e| TrainError::Io { what: "compute log".into(), source: e.into() })?;
                 }
             }

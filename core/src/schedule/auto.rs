@@ -3,9 +3,8 @@
 //! rank 0, so that any trainer driving the [`super::Scheduler`] tunes as `dropcompute train`
 //! does.
 //!
-//! Owns: [`trace_of_reports`] (the report-to-trace conversion), [`choose`] / [`AutoChoice`]
-//! (DropCompute's `tune::recommend`, or the policy replay's `tune::policies::best_threshold`
-//! for a policy that moves work or has a tail shape) and [`broadcast_threshold`]. Must not
+//! Owns: [`trace_of_reports`] (the report-to-trace conversion), [`choose`] (the one rule,
+//! `tune::policies::auto_threshold`, on those reports) and [`broadcast_threshold`]. Must not
 //! touch: the search itself (`tune`), the replay (`sim`), the in-run retuner
 //! (`tune::Retuner`), flags or printing.
 
@@ -15,8 +14,8 @@ use crate::policy::Threshold;
 use crate::sim::policies::PolicyRun;
 use crate::synapse::{DeviceBuffer, HostBuffer, Stream};
 use crate::trace::LatencyTrace;
-use crate::tune::policies::PolicyOutcome;
-use crate::tune::{Recommend, TuneConfig, Verdict};
+use crate::tune::Recommend;
+use crate::tune::policies::AutoChoice;
 
 /// The N x M latency trace of a whole run from one rank's reports (every rank holds the same
 /// gathered matrix), warm-up steps included, skipping any step with a micro-batch not computed
@@ -55,56 +54,16 @@ pub fn trace_of_reports(reports: &[StepReport]) -> Option<LatencyTrace> {
     .ok()
 }
 
-/// What [`choose`] found.
-#[derive(Clone, Debug, PartialEq)]
-pub enum AutoChoice {
-    /// The reports hold no complete step: nothing to tune on (the deadline stays off).
-    NoTrace,
-    /// DropCompute (no policy template): `tune::recommend`'s verdict, replayed as the run
-    /// executes ([`Recommend::execution`]) and judged by [`Recommend::guardrails`].
-    DropCompute(Verdict),
-    /// A step policy replayed by `sim::policies`: its best run and outcome within the
-    /// guardrails, `None` when no candidate is admissible.
-    Policy(Option<Box<(PolicyRun, PolicyOutcome)>>),
-}
-
-impl AutoChoice {
-    /// The deadline the run uses: the enabled threshold of DropCompute, the policy's deadline
-    /// (`StepPolicy::deadline`: the budget of `compute-budget`) for a policy, else
-    /// [`Threshold::Off`].
-    pub fn threshold(&self) -> Threshold {
-        match self {
-            AutoChoice::NoTrace | AutoChoice::Policy(None) => Threshold::Off,
-            AutoChoice::DropCompute(v) => v.threshold(),
-            AutoChoice::Policy(Some(found)) => found.0.params.deadline(found.0.threshold),
-        }
-    }
-}
-
 /// Chooses the deadline of `--threshold auto` on the baseline run's `reports`
-/// ([`trace_of_reports`]): with `template` = `None`, DropCompute's `tune::recommend` under
-/// `how`; with a policy run (every parameter as the run executes it, the threshold ignored),
-/// the threshold (or budget) that maximises the policy replay's effective speedup within
-/// `how.guardrails` (`tune::policies::best_threshold`). Tuning on the replay of the policy
-/// itself matters once work moves: a threshold tuned on the unbalanced baseline over-drops
-/// after rebalancing. Pure (no device, no collective); every rank gets the same answer from
-/// the same reports, but [`broadcast_threshold`] makes rank 0's the one used.
-pub fn choose(reports: &[StepReport], how: &Recommend, template: Option<PolicyRun>) -> AutoChoice {
-    let Some(trace) = trace_of_reports(reports) else {
-        return AutoChoice::NoTrace;
-    };
-    match template {
-        None => AutoChoice::DropCompute(crate::tune::recommend(&trace, how).verdict),
-        Some(template) => {
-            let tune = TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches };
-            let ideal = crate::tune::tune(&trace, &tune);
-            AutoChoice::Policy(
-                crate::tune::policies::best_threshold(&trace, how, &ideal, template)
-                    .filter(|(_, o)| o.enabled)
-                    .map(Box::new),
-            )
-        }
-    }
+/// ([`trace_of_reports`]) by the one rule of `train` and `tune --auto-for`
+/// ([`crate::tune::policies::auto_threshold`]: DropCompute's recommendation with `template` =
+/// `None`, else the policy replay's best threshold). `None` when the reports hold no complete
+/// step (nothing to tune on: the deadline stays off). Pure (no device, no collective); every
+/// rank gets the same answer from the same reports, but [`broadcast_threshold`] makes rank 0's
+/// the one used.
+pub fn choose(reports: &[StepReport], how: &Recommend, template: Option<PolicyRun>) -> Option<AutoChoice> {
+    let trace = trace_of_reports(reports)?;
+    Some(crate::tune::policies::auto_threshold(&trace, how, template))
 }
 
 /// The wire value of "no deadline" in [`broadcast_threshold`] (a deadline of `u64::MAX` ns,

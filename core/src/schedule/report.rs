@@ -160,31 +160,57 @@ impl StepReport {
         self.ranks.get(rank as usize).is_some_and(|r| r.dropped > 0)
     }
 
-    /// This rank's micro-batches as compute-log rows (reference columns + rank, start, duration):
-    /// `global_step` = the step, `local_step` = the micro-batch index within the step (the
-    /// reference's gradient-accumulation counter), `batch` = samples, `sentence_length` = 0 (not
-    /// a sequence workload), `computed_batch` = samples computed in this step so far,
-    /// `iteration_time_ms` = duration.
-    pub fn compute_log(&self) -> Vec<ComputeLogRecord> {
+    /// This rank's micro-batches as compute-log rows (reference columns + rank, start, duration,
+    /// and what the reader needs to rebuild the N x M matrix): `global_step` = the step,
+    /// `local_step` = the launch index within the step, `batch` = samples, `sentence_length` =
+    /// 0 (not a sequence workload), `computed_batch` = samples computed in this step so far,
+    /// `iteration_time_ms` = duration; `micro_batches` = `m` (the run's nominal M), `split` =
+    /// `tail.parts()`, `parts` = `split` for a whole launch (they come first) and 1 for a tail
+    /// launch or a dropped part, `cost` = 1 for a whole launch and `tail.cost_fraction()` for a
+    /// part (a dropped micro-batch without a tail shape is a whole one), `deadline_ns` = this
+    /// rank's compute clock start plus the threshold in force (0 without one), `clock_start_ns`
+    /// = that clock start (the end of its last computed launch minus its compute time, or the
+    /// drop time when it computed none).
+    pub fn compute_log(&self, m: u32, tail: crate::policy::TailShape) -> Vec<ComputeLogRecord> {
+        let split = tail.parts();
+        let launched = self.micro_batches.iter().filter(|x| !x.dropped).count() as u64;
+        let parts_done = self.ranks.get(self.rank as usize).map_or(launched, |r| u64::from(r.computed));
+        // Launches w whole then u tail: w·split + u = parts, w + u = launched.
+        let whole = if split > 1 { parts_done.saturating_sub(launched) / u64::from(split - 1) } else { launched };
+        let t0 = match self.micro_batches.iter().rfind(|x| !x.dropped) {
+            Some(last) => (last.start_ns + last.duration_ns)
+                .saturating_sub(self.ranks.get(self.rank as usize).map_or(0, |r| r.compute_ns)),
+            None => self.micro_batches.first().map_or(0, |x| x.start_ns),
+        };
+        let deadline_ns = self.threshold_ns.map_or(0, |t| t0 + t);
         let mut computed = 0u64;
+        let mut launch = 0u64;
         self.micro_batches
             .iter()
-            .map(|m| {
-                if !m.dropped {
-                    computed += m.samples;
+            .map(|mb| {
+                let is_whole = !mb.dropped && launch < whole || split == 1;
+                if !mb.dropped {
+                    computed += mb.samples;
+                    launch += 1;
                 }
                 ComputeLogRecord {
                     global_step: self.step,
-                    local_step: m.micro_batch,
+                    local_step: mb.micro_batch,
                     world_size: self.world_size,
-                    batch: m.samples as u32,
+                    batch: mb.samples as u32,
                     sentence_length: 0,
                     computed_batch: computed,
-                    compute_dropped: m.dropped,
-                    iteration_time_ms: m.duration_ns as f64 / 1e6,
+                    compute_dropped: mb.dropped,
+                    iteration_time_ms: mb.duration_ns as f64 / 1e6,
                     rank: self.rank,
-                    start_ns: m.start_ns,
-                    duration_ns: m.duration_ns,
+                    start_ns: mb.start_ns,
+                    duration_ns: mb.duration_ns,
+                    micro_batches: m,
+                    split,
+                    parts: if is_whole { split } else { 1 },
+                    cost: if is_whole { 1.0 } else { tail.cost_fraction() },
+                    deadline_ns,
+                    clock_start_ns: Some(t0),
                 }
             })
             .collect()
@@ -402,7 +428,7 @@ mod tests {
             micro_batches: vec![mb(0, false), mb(1, false), mb(2, true)],
             ..Default::default()
         };
-        let rows = r.compute_log();
+        let rows = r.compute_log(3, crate::policy::TailShape::default());
         assert_eq!(
             rows.iter().map(|r| (r.global_step, r.local_step)).collect::<Vec<_>>(),
             vec![(5, 0), (5, 1), (5, 2)]

@@ -8,11 +8,57 @@
 //! global_step, local_step (micro-batch index within the step), world_size, batch (micro-batch
 //! size, samples), sentence_length (tokens per sample), computed_batch (samples computed so far in
 //! the step), compute_dropped (true once the deadline stopped this step), iteration_time_ms
-//! (wall time of this micro-batch). Ours adds rank, start_ns (device time of the micro-batch start,
-//! ns on a per-rank monotonic clock) and duration_ns.
+//! (wall time of this micro-batch). Ours adds rank, start_ns (device time of the launch start,
+//! ns on a per-rank monotonic clock), duration_ns, and what a run whose policy moves or drops
+//! work needs to be read back: micro_batches (the run's nominal M), split, parts and cost (the
+//! tail shape: a row holds parts/split of a micro-batch and is expected to take cost of a whole
+//! one's device time), deadline_ns and clock_start_ns (the step's deadline and compute clock
+//! start on the row's clock). Those columns are optional for the reader (empty or 0: not
+//! recorded), so older logs, the Python writer's and the reference's load as before.
 //!
-//! Rows flagged compute_dropped carry no complete latency: they are not used as latencies, so a
-//! step with drops shows up as incomplete (reported, never filled in).
+//! # The trace of a log: N x M per step, every step kept
+//!
+//! The trace holds per step and rank M whole micro-batch latencies. Each (step, rank)'s rows,
+//! in launch order, are grouped into whole micro-batches (a whole launch is one; `split` tail
+//! launches or dropped parts make one); a launched row counts duration / cost (its
+//! whole-micro-batch equivalent) times its share. A cell the log does not measure is filled,
+//! never a reason to remove the step (removing the steps with drops biases the trace towards
+//! steps without stragglers, the ones dropping is for):
+//!
+//! - *censored* (a dropped micro-batch or part): the scheduler never started it (a launched
+//!   graph cannot be stopped), so nothing about its own latency was measured: not even a lower
+//!   bound. The drop depends on the rank's earlier latencies in the step (the before check:
+//!   elapsed >= threshold, so its would-be start is at or after the deadline, a bound of 0) and,
+//!   with the predictive check, on the scheduler's estimate (deadline - would-be start is what
+//!   it predicted the latency to exceed: a prediction, counted in the note, not applied). The
+//!   cell takes the rank's mean whole-micro-batch latency over the log (its measured launches'
+//!   device time over their whole-micro-batch equivalents, as the scheduler's
+//!   `per_micro_batch_ns`): unbiased for draws independent of the drop decision, where the
+//!   rank's mean in the step is not (the steps that drop are those whose measured micro-batches
+//!   were slow). Measured on `train --ranks 4 --micro-batches 4 --steps 20 --slow-rank 1:2
+//!   --time-mode virtual --warmup-steps 3` against the baseline's latency of the same draw
+//!   (virtual time keys the draws alike): drop-predictive, 31 censored cells, true mean
+//!   33.3 ms; the log mean fills 35.4 ms (mean absolute error 8.4 ms; the step mean's error:
+//!   24.9 ms), the log mean raised to the predicted bound 37.0 ms (9.5 ms); drop-before 30
+//!   cells, 31.0 ms true, 33.8 ms (7.0 ms; the step mean's: 25.9 ms). The comparison with the
+//!   step mean is asserted by `tests/outputs_read_back.rs`.
+//! - *unassigned* (M recorded, the rank was handed fewer than M: a rebalanced slow rank, the
+//!   remainder of a tail part, a skipped backup worker with no row at all): the same mean.
+//! - launches past the first M (a rebalanced fast rank, a compute budget's refill) are not in
+//!   the trace; they count in the rank's means.
+//!
+//! A rank that measured nothing in the whole log is an error ([`TraceError::Unmeasured`]). Only
+//! a cell with no row that M and the rows do not explain (old logs and the reference's: M is
+//! the largest local_step + 1, a row missing below it; ours: a gap in local_step) makes a step
+//! ragged: an error unless allowed, then the step is removed. Notes count every filled cell by
+//! rule. The fill is an estimate: tune from the baseline run's log to see every latency.
+//!
+//! Overhead and start offsets (ours): with clock_start_ns, a rank's compute = end of its last
+//! launch - clock start (the scheduler's), its start offset = that compute not spent in a launch,
+//! the step period = the next step's clock start - this one's: the trace `train` builds from its
+//! reports (`schedule::auto::trace_of_reports`) but for the last step's overhead (the median of the
+//! others: the log records no end of the last update). Without it, offset 0, the first start
+//! stands for the clock start and compute is the sum of the launches.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -20,7 +66,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Completeness, LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
+use super::{LoadOptions, Loaded, TraceBuilder, TraceError, open_maybe_gz};
 
 /// The reference's eight columns, in order.
 pub const REFERENCE_COLUMNS: [&str; 8] = [
@@ -34,16 +80,20 @@ pub const REFERENCE_COLUMNS: [&str; 8] = [
     "iteration_time_ms",
 ];
 
-/// One scheduled micro-batch as the scheduler logs it (one CSV row; header = field names).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One scheduled micro-batch (or tail part) as the scheduler logs it (one CSV row; header =
+/// field names). The last five columns say what the reader needs to rebuild the N x M matrix
+/// of a run whose policy moves or drops work (module doc); each reads as "not recorded" when
+/// absent or 0 (logs written before them, the Python writer).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ComputeLogRecord {
     /// Global step index (0-based).
     pub global_step: u64,
-    /// Micro-batch index within the step (0..M).
+    /// Launch index within the step on this rank (0-based; the micro-batch index when every
+    /// launch is a whole micro-batch).
     pub local_step: u32,
     /// World size N.
     pub world_size: u32,
-    /// Micro-batch size (samples).
+    /// Samples in this row (micro-batch size, or a tail part's).
     pub batch: u32,
     /// Tokens per sample (0 when not applicable).
     pub sentence_length: u32,
@@ -55,10 +105,37 @@ pub struct ComputeLogRecord {
     pub iteration_time_ms: f64,
     /// Rank that ran it.
     pub rank: u32,
-    /// Device time at start (ns, per-rank monotonic clock; 0 if dropped).
+    /// Device time at start (ns, per-rank monotonic clock); for a dropped row, when it was
+    /// dropped (the end of the last started launch, or the step's compute clock start).
     pub start_ns: u64,
     /// Device latency (ns; 0 if dropped).
     pub duration_ns: u64,
+    /// Nominal micro-batches per rank per step M of the run (0: not recorded).
+    #[serde(default)]
+    pub micro_batches: u32,
+    /// Parts per micro-batch of the run's tail shape (`policy::TailShape::parts`; 0 or 1:
+    /// whole micro-batches only).
+    #[serde(default)]
+    pub split: u32,
+    /// Parts of a micro-batch this row holds: `split` for a whole micro-batch, 1 for a tail
+    /// micro-batch or a dropped part (0: not recorded, read as `split`).
+    #[serde(default)]
+    pub parts: u32,
+    /// This row's expected device time as a fraction of a whole micro-batch's: 1 for a whole
+    /// one, the tail cost (`policy::TailShape::cost_fraction`) for a tail micro-batch or a
+    /// dropped part (0: not recorded, read as parts / split).
+    #[serde(default)]
+    pub cost: f64,
+    /// Device time (ns, the `start_ns` clock) of this step's deadline on this rank: its
+    /// compute clock start plus the threshold in force (0: none, or not recorded).
+    #[serde(default)]
+    pub deadline_ns: u64,
+    /// Device time (ns, the `start_ns` clock) of this step's compute clock start on this rank
+    /// (the end of the previous update): with it the reader derives the step's start offsets
+    /// and overhead as `train` does from its reports (module doc). `None` (an empty field):
+    /// not recorded.
+    #[serde(default)]
+    pub clock_start_ns: Option<u64>,
 }
 
 /// Writes [`ComputeLogRecord`]s as CSV with a header.
@@ -156,15 +233,19 @@ fn parse_bool(s: &str, path: &Path, line: u64) -> Result<bool, TraceError> {
 
 /// Load and merge compute logs (ours and/or the reference's) into one trace keyed by rank.
 /// Ours: latency = duration_ns; overhead of step s = max over ranks of (start of step s+1 -
-/// start of step s) - max over ranks of compute(s); the last step gets the median of the others
-/// (noted). Reference: latency = iteration_time_ms · 1e6, rank from the file name, overhead =
-/// `opts.reference_overhead_ns` (noted). Errors: malformed fields with file, line and column;
-/// a reference file whose name carries no rank; duplicates; ragged steps unless allowed.
+/// start of step s) - max over ranks of the compute measured in step s (the launched rows'
+/// durations); the last step gets the median of the others (noted). Reference: latency =
+/// iteration_time_ms · 1e6, rank from the file name, overhead = `opts.reference_overhead_ns`
+/// (noted). Every cell the log does not measure (a dropped micro-batch, a part of one, or one
+/// the policy did not assign) is filled by the module's rule and counted in a note; no step is
+/// removed for it.
 ///
-/// Dropped micro-batches (`compute_dropped` = true, as in a DropCompute run's log) count for the
-/// shape (M is the largest `local_step` + 1 over every row) but their latency is unknown
-/// (censored): a step with a dropped micro-batch is removed from the trace and the removal is
-/// noted, never filled in. Only cells missing without a dropped row make a step ragged.
+/// # Errors
+/// Malformed fields with file, line and column (`micro_batches` larger than any rank's rows in
+/// any step, `parts` above `split`, `cost` outside (0, 1]); a reference file whose name
+/// carries no rank; duplicates; ragged steps unless allowed ([`TraceError::Ragged`],
+/// [`TraceError::NoCompleteStep`]); a rank with no measured latency in the whole log
+/// ([`TraceError::Unmeasured`]); no row at all ([`TraceError::Empty`]).
 pub fn load_logs(paths: &[PathBuf], opts: &LoadOptions) -> Result<Loaded, TraceError> {
     load_logs_with(paths, opts, open_maybe_gz)
 }
@@ -176,20 +257,108 @@ pub fn load_log_bytes(name: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<L
     load_logs_with(&[name.to_path_buf()], opts, |_| Ok(Box::new(bytes)))
 }
 
+/// Most cells (steps x ranks x M) the reader builds for a log with M recorded, whose rank-steps
+/// without a row are filled (a skipped backup worker): 2^28 (2 GiB of latencies), far above a
+/// real run's (10 000 ranks x 64 micro-batches x 400 steps), so that a file declaring many
+/// ranks and steps is refused instead of exhausting memory.
+pub const MAX_FILLED_CELLS: usize = 1 << 28;
+
+/// One parsed row of a compute log (ours or the reference's).
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    /// Index of its file in the inputs, and its physical line.
+    file: usize,
+    line: u64,
+    /// `local_step`.
+    mb: u32,
+    dropped: bool,
+    /// Device latency (ns; 0 when dropped).
+    latency_ns: f64,
+    /// Start (ns; ours only).
+    start_ns: Option<u64>,
+    /// Fraction of a whole micro-batch the row holds (parts / split).
+    fraction: f64,
+    /// Expected device time as a fraction of a whole micro-batch's.
+    cost: f64,
+    /// The step's deadline on the row's clock (ns; 0: none or not recorded).
+    deadline_ns: u64,
+    /// The step's compute clock start on the row's clock (ns; `None`: not recorded).
+    clock_start_ns: Option<u64>,
+}
+
+/// One whole micro-batch of a rank-step built from its rows in launch order (a whole launch,
+/// or `split` parts: tail launches and dropped parts).
+#[derive(Clone, Copy, Debug)]
+struct Cell {
+    /// Measured whole-micro-batch-equivalent time of its launched rows (ns: duration / cost x
+    /// share).
+    measured_ns: f64,
+    /// Share of the micro-batch dropped (censored).
+    censored: f64,
+    /// Share covered by rows (below 1 for the last cell of a partly assigned micro-batch).
+    covered: f64,
+    /// Start of its first row (ns), the deadline of its step (ns; 0: none).
+    start_ns: Option<u64>,
+    deadline_ns: u64,
+    /// File index and line of its first row.
+    file: usize,
+    line: u64,
+}
+
+impl Cell {
+    fn start(x: &Row) -> Self {
+        let mut c = Cell {
+            measured_ns: 0.0,
+            censored: 0.0,
+            covered: 0.0,
+            start_ns: x.start_ns,
+            deadline_ns: x.deadline_ns,
+            file: x.file,
+            line: x.line,
+        };
+        c.add(x);
+        c
+    }
+
+    fn add(&mut self, x: &Row) {
+        self.covered += x.fraction;
+        if x.dropped {
+            self.censored += x.fraction;
+        } else {
+            self.measured_ns += x.latency_ns / x.cost * x.fraction;
+        }
+    }
+}
+
+/// What the fill rule did, for the note.
+#[derive(Debug, Default)]
+struct FillCounts {
+    /// Cells holding a dropped micro-batch or part (censored), and the steps they are in.
+    censored: usize,
+    censored_steps: std::collections::BTreeSet<u64>,
+    /// Censored cells whose scheduler's prediction (deadline - start) exceeds the fill.
+    predicted_above: usize,
+    /// Cells (or the rest of a partly assigned one) the policy did not assign.
+    unassigned: usize,
+    /// Measured micro-batches past the nominal M (not in the trace; in the rank's means).
+    beyond_m: usize,
+    /// Tail launches grouped into whole micro-batches.
+    tail_launches: usize,
+}
+
 fn load_logs_with<'a>(
     paths: &[PathBuf],
     opts: &LoadOptions,
     open: impl Fn(&Path) -> Result<Box<dyn std::io::Read + 'a>, TraceError> + 'a,
 ) -> Result<Loaded, TraceError> {
-    let mut b = TraceBuilder::new();
+    let mut seen = TraceBuilder::new();
     let mut notes = Vec::new();
-    // (rank, step) -> first start_ns, for our logs.
-    let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let mut rows: BTreeMap<(u64, u32), Vec<Row>> = BTreeMap::new();
     let mut any_reference = false;
-    // step -> dropped rows (censored cells), and the largest micro-batch index of any row.
-    let mut dropped_per_step: BTreeMap<u64, usize> = BTreeMap::new();
+    // The largest declared M (ours, recorded) and the largest micro-batch index of any row.
+    let mut declared_m: Option<(u32, usize, u64)> = None;
     let mut max_mb: Option<u32> = None;
-    for path in paths {
+    for (file, path) in paths.iter().enumerate() {
         let header = header_of(open(path)?, path)?;
         let has_header = header.first().is_some_and(|h| h == "global_step");
         let ours = has_header && header.len() >= 11 && header[8..11] == ["rank", "start_ns", "duration_ns"];
@@ -203,6 +372,9 @@ fn load_logs_with<'a>(
             });
         }
         any_reference |= !ours;
+        let col = |name: &str| if ours { header.iter().position(|h| h == name) } else { None };
+        let (m_col, split_col, parts_col, cost_col, deadline_col, clock_col) =
+            (col("micro_batches"), col("split"), col("parts"), col("cost"), col("deadline_ns"), col("clock_start_ns"));
         let (src, lines) = crate::csv_lines::LineIndex::new(open(path)?);
         let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(src);
         super::for_each_record(&mut r, &lines, path, |line, rec| {
@@ -216,104 +388,254 @@ fn load_logs_with<'a>(
             }
             parse::<u64>(field(rec, 5, path, line, "computed_batch")?, path, line, "computed_batch")?;
             let ms: f64 = parse(field(rec, 7, path, line, "iteration_time_ms")?, path, line, "iteration_time_ms")?;
+            let bad = |column: &str, message: String| TraceError::Malformed {
+                path: path.into(),
+                line,
+                column: column.into(),
+                message,
+            };
             if !(ms.is_finite() && ms >= 0.0) {
-                return Err(TraceError::Malformed {
-                    path: path.into(),
-                    line,
-                    column: "iteration_time_ms".into(),
-                    message: format!("{ms} ms is negative or not finite"),
-                });
+                return Err(bad("iteration_time_ms", format!("{ms} ms is negative or not finite")));
             }
             max_mb = max_mb.max(Some(mb));
-            if dropped {
-                *dropped_per_step.entry(step).or_insert(0) += 1;
+            let opt = |c: Option<usize>, name: &str| -> Result<Option<&str>, TraceError> {
+                c.map(|i| field(rec, i, path, line, name)).transpose()
+            };
+            let m: u32 = opt(m_col, "micro_batches")?.map_or(Ok(0), |v| parse(v, path, line, "micro_batches"))?;
+            let split: u32 = opt(split_col, "split")?.map_or(Ok(0), |v| parse(v, path, line, "split"))?.max(1);
+            let parts: u32 = opt(parts_col, "parts")?.map_or(Ok(0), |v| parse(v, path, line, "parts"))?;
+            let parts = if parts == 0 { split } else { parts };
+            if parts > split {
+                return Err(bad("parts", format!("{parts} parts in a row of a micro-batch of split {split}")));
             }
-            if ours {
+            let fraction = f64::from(parts) / f64::from(split);
+            let cost: f64 = opt(cost_col, "cost")?.map_or(Ok(0.0), |v| parse(v, path, line, "cost"))?;
+            let cost = if cost == 0.0 { fraction } else { cost };
+            if !(cost.is_finite() && cost > 0.0 && cost <= 1.0) {
+                return Err(bad("cost", format!("{cost} is not in (0, 1]")));
+            }
+            let deadline_ns: u64 =
+                opt(deadline_col, "deadline_ns")?.map_or(Ok(0), |v| parse(v, path, line, "deadline_ns"))?;
+            let clock_start_ns: Option<u64> = opt(clock_col, "clock_start_ns")?
+                .filter(|v| !v.is_empty())
+                .map(|v| parse(v, path, line, "clock_start_ns"))
+                .transpose()?;
+            if m > 0 && declared_m.is_none_or(|(d, _, _)| m > d) {
+                declared_m = Some((m, file, line));
+            }
+            let (rank, start_ns, latency_ns) = if ours {
                 let rank: u32 = parse(field(rec, 8, path, line, "rank")?, path, line, "rank")?;
                 let start: u64 = parse(field(rec, 9, path, line, "start_ns")?, path, line, "start_ns")?;
                 let dur: u64 = parse(field(rec, 10, path, line, "duration_ns")?, path, line, "duration_ns")?;
-                if !dropped {
-                    let e = starts.entry((rank, step)).or_insert(start);
-                    *e = (*e).min(start);
-                    b.insert(path, line, step, rank, mb, dur as f64)?;
-                }
+                (rank, Some(start), dur as f64)
             } else {
-                if !dropped {
-                    b.insert(path, line, step, file_rank.unwrap_or(0), mb, ms * 1e6)?;
-                }
-            }
+                (file_rank.unwrap_or(0), None, ms * 1e6)
+            };
+            // Duplicates (step, rank, local_step) are found once, by the builder.
+            seen.insert(path, line, step, rank, mb, 0.0)?;
+            let latency_ns = if dropped { 0.0 } else { latency_ns };
+            rows.entry((step, rank)).or_default().push(Row {
+                file,
+                line,
+                mb,
+                dropped,
+                latency_ns,
+                start_ns,
+                fraction,
+                cost,
+                deadline_ns,
+                clock_start_ns,
+            });
             Ok(())
         })?;
     }
     let source = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",");
+    if rows.is_empty() {
+        return Err(TraceError::Empty(source));
+    }
+    for v in rows.values_mut() {
+        v.sort_by_key(|r| r.mb);
+    }
+    // Whole micro-batches a rank-step's rows cover (each row parts / split of one).
+    let covered = |v: &[Row]| v.iter().map(|r| r.fraction).sum::<f64>();
+    // A declared M larger than what any rank was handed in any step is no M of this log (every
+    // policy hands some rank at least M in every step); refusing it also bounds the fill.
+    if let Some((m, file, line)) = declared_m {
+        let most = rows.values().map(|v| covered(v)).fold(0.0, f64::max);
+        if f64::from(m) > most + 1e-9 {
+            return Err(TraceError::Malformed {
+                path: paths[file].clone(),
+                line,
+                column: "micro_batches".into(),
+                message: format!("{m} micro-batches, but no rank holds more than {most} in any step"),
+            });
+        }
+    }
+    let m = declared_m.map_or_else(|| max_mb.map_or(0, |x| x as usize + 1), |(m, _, _)| m as usize);
+    // Per rank: measured device time and whole-micro-batch equivalents over the whole log
+    // (sum of latencies / sum of costs: as `schedule::per_micro_batch_ns`).
+    let mean_of = |v: &mut dyn Iterator<Item = &Row>| -> Option<f64> {
+        let (sum, eq) = v.filter(|r| !r.dropped).fold((0.0, 0.0), |(s, e), r| (s + r.latency_ns, e + r.cost));
+        (eq > 0.0).then(|| sum / eq)
+    };
+    let mut by_rank: BTreeMap<u32, Vec<Row>> = BTreeMap::new();
+    for (&(_, r), v) in &rows {
+        by_rank.entry(r).or_default().extend_from_slice(v);
+    }
+    let log_mean: BTreeMap<u32, f64> =
+        by_rank.iter().filter_map(|(&r, v)| Some((r, mean_of(&mut v.iter())?))).collect();
+    let ranks: std::collections::BTreeSet<u32> = by_rank.keys().copied().collect();
+    drop(by_rank);
+    let steps: std::collections::BTreeSet<u64> = rows.keys().map(|k| k.0).collect();
+    let mut b = TraceBuilder::new();
+    b.expect_micro_batches(m);
+    let mut counts = FillCounts::default();
+    // Measured compute per (rank, step) (ns) and first start, for the overhead.
+    let mut measured: BTreeMap<(u32, u64), f64> = BTreeMap::new();
+    let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let mut offsets: BTreeMap<(u32, u64), f64> = BTreeMap::new();
+    // The rank-steps to build: every one when M is recorded (a rank with no row in a step, a
+    // skipped backup worker, is filled: bounded by MAX_FILLED_CELLS), else those with rows (a
+    // missing one is ragged, found by the builder without materializing its cells).
+    let pairs: Vec<(u64, u32)> = if declared_m.is_some() {
+        let cells = steps.len().saturating_mul(ranks.len()).saturating_mul(m);
+        if cells > MAX_FILLED_CELLS {
+            return Err(TraceError::Shape(format!(
+                "{source}: {} steps x {} ranks x {m} micro-batches = {cells} cells, above the {MAX_FILLED_CELLS} a filled compute log may have",
+                steps.len(),
+                ranks.len()
+            )));
+        }
+        steps.iter().flat_map(|&s| ranks.iter().map(move |&r| (s, r))).collect()
+    } else {
+        rows.keys().copied().collect()
+    };
+    for (s, r) in pairs {
+        let v: &[Row] = rows.get(&(s, r)).map_or(&[], Vec::as_slice);
+        let launched = v.iter().filter(|x| !x.dropped);
+        let busy: f64 = launched.clone().map(|x| x.latency_ns).sum();
+        // With the clock start recorded: compute = end of the last launch - clock start
+        // (as the scheduler's), the offset = the compute time not spent in a launch; else
+        // the launches' sum, offset 0, and the first start stands for the clock start.
+        let clock = v.iter().find_map(|x| x.clock_start_ns);
+        let last_end = launched.clone().filter_map(|x| x.start_ns.map(|t| t as f64 + x.latency_ns)).reduce(f64::max);
+        match (clock, last_end) {
+            (Some(c), Some(end)) => {
+                let compute = (end - c as f64).max(busy);
+                measured.insert((r, s), compute);
+                offsets.insert((r, s), compute - busy);
+            }
+            _ => {
+                measured.insert((r, s), busy);
+            }
+        }
+        if let Some(t) = clock.or_else(|| launched.clone().filter_map(|x| x.start_ns).min()) {
+            starts.insert((r, s), t);
+        }
+        counts.tail_launches += launched.filter(|x| x.fraction < 1.0).count();
+        let contiguous = v.iter().enumerate().all(|(i, x)| x.mb as usize == i);
+        // The fill: the rank's mean over the log (module doc: not the step's, which the drop
+        // decision selected).
+        let estimate = || -> Result<f64, TraceError> {
+            log_mean.get(&r).copied().ok_or_else(|| TraceError::Unmeasured { source_name: source.clone(), rank: r })
+        };
+        if declared_m.is_none() || !contiguous {
+            // One row, one cell at its index (the reference's layout, and a ragged
+            // rank-step of ours); cells without a row are missing (ragged).
+            let mut first = true;
+            for x in v {
+                let path = &paths[x.file];
+                let value = if x.dropped {
+                    let e = estimate()? * x.fraction;
+                    counts.censored += 1;
+                    counts.censored_steps.insert(s);
+                    counts.predicted_above += usize::from(predicted(x.deadline_ns, x.start_ns, first) > e);
+                    first = false;
+                    e
+                } else {
+                    x.latency_ns / x.cost * x.fraction
+                };
+                if (x.mb as usize) < m {
+                    b.insert(path, x.line, s, r, x.mb, value)?;
+                } else if !x.dropped {
+                    counts.beyond_m += 1;
+                }
+            }
+            continue;
+        }
+        // Our log with M recorded and a contiguous rank-step: rows grouped, in launch
+        // order, into whole micro-batches (a whole launch is one; `split` parts make one).
+        let mut cells: Vec<Cell> = Vec::new();
+        for x in v {
+            match cells.last_mut() {
+                Some(c) if c.covered < 1.0 - 1e-9 => c.add(x),
+                _ => cells.push(Cell::start(x)),
+            }
+        }
+        let mut first_censored = true;
+        for (i, c) in cells.iter().enumerate().take(m) {
+            let filled = c.censored + (1.0 - c.covered).max(0.0);
+            let value = if filled > 1e-9 {
+                let value = c.measured_ns + filled * estimate()?;
+                if c.censored > 0.0 {
+                    counts.censored += 1;
+                    counts.censored_steps.insert(s);
+                    counts.predicted_above += usize::from(predicted(c.deadline_ns, c.start_ns, first_censored) > value);
+                    first_censored = false;
+                } else {
+                    counts.unassigned += 1;
+                }
+                value
+            } else {
+                c.measured_ns
+            };
+            b.insert(&paths[c.file], c.line, s, r, i as u32, value)?;
+        }
+        counts.beyond_m += cells.iter().skip(m).filter(|c| c.measured_ns > 0.0).count();
+        // Cells the policy did not hand this rank (rebalanced, or a skipped backup worker).
+        for i in cells.len()..m {
+            let e = estimate()?;
+            counts.unassigned += 1;
+            let (file, line) = v.first().map_or((0, 0), |x| (x.file, x.line));
+            b.insert(&paths[file], line, s, r, i as u32, e)?;
+        }
+    }
     if any_reference {
         notes.push(format!(
             "reference compute logs record no step wall time: assuming overhead {:.3} ms per step",
             opts.reference_overhead_ns / 1e6
         ));
-        let steps: Vec<u64> = b.cells().keys().map(|k| k.0).collect();
-        for s in steps {
+        for &s in &steps {
             b.set_overhead(s, opts.reference_overhead_ns);
         }
     }
-    if let Some(m) = max_mb {
-        b.expect_micro_batches(m as usize + 1);
-    }
-    // Steps whose only missing cells are dropped micro-batches are removed (censored), not
-    // ragged; a step with a cell missing that no dropped row explains is ragged (an error
-    // unless allowed). When no step is left, the error gives every reason with its count.
+    notes.extend(fill_notes(&counts, m));
+    // Steps with a cell that no row explains are ragged: an error unless allowed, then removed.
     let split = b.split(&source)?;
-    let censored_step = |&(s, n): &(u64, usize)| dropped_per_step.get(&s) == Some(&n);
-    let ragged: Vec<(u64, usize)> = split.report.dropped_steps.iter().copied().filter(|c| !censored_step(c)).collect();
-    let missing_cells =
-        ragged.iter().map(|&(s, n)| n.saturating_sub(dropped_per_step.get(&s).copied().unwrap_or(0))).sum::<usize>();
-    let ragged_examples = |c: &Completeness| -> Vec<(u64, u32, u32)> {
-        c.missing_examples.iter().copied().filter(|e| ragged.iter().any(|&(s, _)| s == e.0)).collect()
-    };
-    // Every step: the removed ones plus any made only of dropped rows (no cell at all).
-    let mut all_steps: Vec<u64> = split.report.dropped_steps.iter().map(|&(s, _)| s).collect();
-    all_steps.extend(dropped_per_step.keys().copied());
-    all_steps.sort_unstable();
-    all_steps.dedup();
-    let censored_any = all_steps.len() > ragged.len();
+    let ragged = &split.report.dropped_steps;
+    let missing_cells = ragged.iter().map(|&(_, n)| n).fold(0, usize::saturating_add);
     let (mut trace, completeness) = match split.trace {
-        None if split.steps == 0 && dropped_per_step.is_empty() => return Err(TraceError::Empty(source)),
-        None if ragged.is_empty() => {
-            return Err(TraceError::AllStepsDropped { source_name: source, steps: dropped_per_step.len() });
-        }
-        // Ragged steps are the only reason, not allowed: as the other loaders.
-        None if !opts.allow_incomplete_steps && !censored_any => {
-            let missing = ragged_examples(&split.report);
-            return Err(TraceError::Ragged { source_name: source, count: missing_cells, missing });
+        Some(_) | None if !ragged.is_empty() && !opts.allow_incomplete_steps => {
+            return Err(TraceError::Ragged {
+                source_name: source,
+                count: missing_cells,
+                missing: split.report.missing_examples,
+            });
         }
         None => {
             return Err(TraceError::NoCompleteStep {
                 source_name: source,
-                steps: all_steps.len(),
-                censored_steps: all_steps.len() - ragged.len(),
+                steps: steps.len(),
                 ragged_steps: ragged.len(),
                 missing_cells,
-                missing: ragged_examples(&split.report),
+                missing: split.report.missing_examples,
             });
-        }
-        Some(_) if !ragged.is_empty() && !opts.allow_incomplete_steps => {
-            let missing = ragged_examples(&split.report);
-            return Err(TraceError::Ragged { source_name: source, count: missing_cells, missing });
         }
         Some(t) => (t, split.report),
     };
-    let censored = completeness.dropped_steps.iter().filter(|(s, _)| dropped_per_step.contains_key(s)).count();
-    if censored > 0 {
-        notes.push(format!(
-            "{censored} step(s) with dropped micro-batches removed: a dropped micro-batch's latency is unknown \
-             (tune from the baseline run's log to see every latency)"
-        ));
-    }
     if !any_reference && trace.num_steps() >= 2 {
-        let compute = trace.rank_compute_ns();
-        let n = trace.world_size();
         let mut overhead = Vec::with_capacity(trace.num_steps());
-        for (si, &s) in trace.steps().iter().enumerate() {
+        for &s in trace.steps() {
             let period = trace
                 .ranks()
                 .iter()
@@ -323,7 +645,7 @@ fn load_logs_with<'a>(
                     Some(z.saturating_sub(*a) as f64)
                 })
                 .fold(f64::NAN, f64::max);
-            let max_c = compute[si * n..(si + 1) * n].iter().copied().fold(0.0, f64::max);
+            let max_c = trace.ranks().iter().filter_map(|&r| measured.get(&(r, s))).copied().fold(0.0, f64::max);
             overhead.push(if period.is_nan() { f64::NAN } else { (period - max_c).max(0.0) });
         }
         let known: Vec<f64> = overhead.iter().copied().filter(|v| !v.is_nan()).collect();
@@ -340,7 +662,63 @@ fn load_logs_with<'a>(
         let overhead: Vec<f64> = overhead.into_iter().map(|v| if v.is_nan() { median } else { v }).collect();
         trace = trace.with_overhead(overhead)?;
     }
+    if !offsets.is_empty() {
+        let off: Vec<f64> = trace
+            .steps()
+            .iter()
+            .flat_map(|&s| trace.ranks().iter().map(move |&r| (r, s)))
+            .map(|k| offsets.get(&k).copied().unwrap_or(0.0))
+            .collect();
+        trace = trace.with_start_offsets(off)?;
+    }
     Ok(Loaded { trace, completeness, notes })
+}
+
+/// What the drop of a rank-step's first censored cell says about its latency (ns): the time
+/// from its would-be start to the step's deadline, which the scheduler expected it to exceed
+/// (the predictive check's estimate; with the before check it would start at or after the
+/// deadline: 0). A prediction, not a measurement (module doc): reported, not applied. 0 for
+/// the later censored cells and when the deadline or the start is not recorded.
+fn predicted(deadline_ns: u64, start_ns: Option<u64>, first: bool) -> f64 {
+    match start_ns {
+        Some(t) if first && deadline_ns > 0 => deadline_ns.saturating_sub(t) as f64,
+        _ => 0.0,
+    }
+}
+
+/// The notes saying what the fill rule did (none when every cell was measured).
+fn fill_notes(c: &FillCounts, m: usize) -> Vec<String> {
+    let mut notes = Vec::new();
+    if c.censored > 0 {
+        notes.push(format!(
+            "{} censored cell(s) in {} step(s) (a dropped micro-batch or part: never started, its latency is unknown) kept, not removed: \
+             filled with the rank's mean micro-batch latency over the log; in {} of them the scheduler had predicted more \
+             (deadline - start, not applied: a prediction, not a measurement)",
+            c.censored,
+            c.censored_steps.len(),
+            c.predicted_above
+        ));
+    }
+    if c.unassigned > 0 {
+        notes.push(format!(
+            "{} cell(s) of the nominal {m} micro-batches per rank the policy did not assign (rebalanced or skipped ranks) \
+             filled with the rank's mean micro-batch latency over the log",
+            c.unassigned
+        ));
+    }
+    if c.beyond_m > 0 {
+        notes.push(format!(
+            "{} measured micro-batch(es) past the nominal {m} per rank not in the trace (they count in the rank's means)",
+            c.beyond_m
+        ));
+    }
+    if c.tail_launches > 0 {
+        notes.push(format!(
+            "{} tail launch(es) grouped into whole micro-batches (each counts duration / cost x its share of one)",
+            c.tail_launches
+        ));
+    }
+    notes
 }
 
 #[cfg(test)]
@@ -375,6 +753,7 @@ mod tests {
                         rank,
                         start_ns: t,
                         duration_ns: dur,
+                        ..ComputeLogRecord::default()
                     })
                     .expect("write");
                     t += dur;
@@ -409,13 +788,20 @@ mod tests {
             rank: 1,
             start_ns: 9_000,
             duration_ns: 250_000,
+            micro_batches: 4,
+            split: 2,
+            parts: 1,
+            cost: 0.5,
+            deadline_ns: 99_000,
+            clock_start_ns: Some(8_000),
         };
         w.write(&rec).expect("write");
         let text = String::from_utf8(w.into_inner().expect("flush")).expect("utf8");
         let mut lines = text.lines();
         let header = lines.next().expect("header");
-        assert_eq!(header, [&REFERENCE_COLUMNS[..], &["rank", "start_ns", "duration_ns"]].concat().join(","));
-        assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000"));
+        let ours = ["rank", "start_ns", "duration_ns", "micro_batches", "split", "parts", "cost", "deadline_ns"];
+        assert_eq!(header, [&REFERENCE_COLUMNS[..], &ours, &["clock_start_ns"]].concat().join(","));
+        assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000,4,2,1,0.5,99000,8000"));
         assert_eq!(lines.next(), None);
         let h = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
         assert!(is_compute_log_header(&h(header)));
@@ -449,13 +835,14 @@ mod tests {
             rank: 0,
             start_ns: 10,
             duration_ns: 500_000,
+            ..ComputeLogRecord::default()
         };
         w.write(&rec).expect("write");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), "", "buffered until flushed");
         w.flush().expect("flush");
         assert_eq!(
             std::fs::read_to_string(&path).expect("read").lines().nth(1),
-            Some("1,0,2,4,0,4,false,0.5,0,10,500000")
+            Some("1,0,2,4,0,4,false,0.5,0,10,500000,0,0,0,0.0,0,")
         );
         drop(w);
     }
@@ -501,10 +888,11 @@ mod tests {
         assert_eq!(rank_from_file_name(Path::new("a/compute_logs_12.csv.gz")), Some(12));
     }
 
-    /// When no step is left, the error names every reason with its count, in both formats
-    /// (ours and the reference's, whose rank comes from the file name), allowed or not.
+    /// Ragged steps (a cell without a row) are removed only when allowed; when none is left the
+    /// error counts them, in both formats (ours and the reference's, whose rank comes from the
+    /// file name). A step with a dropped row is kept (filled), never a reason.
     #[test]
-    fn no_step_left_reports_every_reason_with_its_count() {
+    fn no_step_left_reports_the_ragged_steps_with_their_count() {
         let ours = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n\
                     0,0,1,4,0,4,false,0.01,0,0,10\n0,1,1,4,0,4,true,0.0,0,10,0\n\
                     1,0,1,4,0,4,false,0.01,0,100,10\n\
@@ -513,89 +901,159 @@ mod tests {
                     0,0,1,4,0,4,false,0.01\n0,1,1,4,0,4,true,0.0\n1,0,1,4,0,4,false,0.01\n2,0,1,4,0,4,false,0.01\n";
         let allow = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
         for (name, body) in [("log.csv", ours), ("compute_logs_0.csv", reference)] {
-            for opts in [&LoadOptions::default(), &allow] {
-                let e = load_log_bytes(Path::new(name), body.as_bytes(), opts).unwrap_err();
-                let text = e.to_string();
-                match e {
-                    TraceError::NoCompleteStep {
-                        steps, censored_steps, ragged_steps, missing_cells, missing, ..
-                    } => assert_eq!(
-                        (steps, censored_steps, ragged_steps, missing_cells, missing),
-                        (3, 1, 2, 2, vec![(1, 0, 1), (2, 0, 1)]),
-                        "{name}"
-                    ),
-                    e => panic!("{name}: expected NoCompleteStep, got {e:?}"),
+            let e = load_log_bytes(Path::new(name), body.as_bytes(), &LoadOptions::default()).unwrap_err();
+            match e {
+                TraceError::Ragged { count, missing, .. } => {
+                    assert_eq!((count, missing), (2, vec![(1, 0, 1), (2, 0, 1)]), "{name}")
                 }
-                assert!(
-                    text.contains("no complete step left of 3: 1 step(s) with dropped micro-batches")
-                        && text.contains("2 ragged step(s) with 2 missing"),
-                    "{text}"
-                );
+                e => panic!("{name}: expected Ragged, got {e:?}"),
             }
+            // Allowed: the ragged steps go, the censored one stays (its cell filled).
+            let l = load_log_bytes(Path::new(name), body.as_bytes(), &allow).unwrap();
+            assert_eq!(l.trace.steps(), &[0], "{name}");
+            assert_eq!(l.completeness.dropped_steps, vec![(1, 1), (2, 1)], "{name}");
+            // Only ragged steps (M = 2 from step 5's row 1): no complete step left, the counts.
+            let rest = if name == "log.csv" { [",0,100,10", ",0,200,10", ",0,500,10"] } else { ["", "", ""] };
+            let with_m1 = format!(
+                "{}\n1,0,1,4,0,4,false,0.01{}\n2,0,1,4,0,4,false,0.01{}\n5,1,1,4,0,4,false,0.01{}\n",
+                body.lines().next().unwrap(),
+                rest[0],
+                rest[1],
+                rest[2]
+            );
+            let e = load_log_bytes(Path::new(name), with_m1.as_bytes(), &allow).unwrap_err();
+            let text = e.to_string();
+            match e {
+                TraceError::NoCompleteStep { steps, ragged_steps, missing_cells, .. } => {
+                    assert_eq!((steps, ragged_steps, missing_cells), (3, 3, 3), "{name}")
+                }
+                e => panic!("{name}: expected NoCompleteStep, got {e:?}"),
+            }
+            assert!(text.contains("no complete step left of 3: 3 ragged step(s) with 3 missing"), "{text}");
         }
     }
 
+    /// The reference's layout (and ours without M): one row, one cell; a dropped row is a
+    /// censored cell filled with the rank's mean over the log, the step kept, the fill counted
+    /// in a note.
     #[test]
-    fn dropped_micro_batches_are_censored_not_ragged() {
+    fn dropped_micro_batches_are_censored_and_filled_not_removed() {
         let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns\n";
-        // 2 ranks, M = 2, steps 0 and 1; rank 1 drops micro-batch 1 of step 1.
+        // 2 ranks, M = 2, steps 0 and 1; rank 1 drops micro-batch 1 of step 1 after a 30 ns one.
         let rows = "0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n\
                     0,0,2,4,0,4,false,0.01,1,0,12\n0,1,2,4,0,8,false,0.01,1,12,12\n\
                     1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n\
                     1,0,2,4,0,4,false,0.01,1,100,30\n1,1,2,4,0,4,true,0.0,1,130,0\n";
         let name = Path::new("log.csv");
         let l = load_log_bytes(name, format!("{head}{rows}").as_bytes(), &LoadOptions::default()).unwrap();
-        assert_eq!((l.trace.micro_batches(), l.trace.steps()), (2, &[0u64][..]));
-        assert!(l.notes.iter().any(|n| n.contains("1 step(s) with dropped micro-batches removed")), "{:?}", l.notes);
-        // Every step censored: a typed error saying so.
+        assert_eq!((l.trace.micro_batches(), l.trace.steps()), (2, &[0u64, 1][..]));
+        // Rank 1's mean over the log, (12 + 12 + 30) / 3 ns, in the censored cell (not its
+        // step-1 mean, 30).
+        assert_eq!(l.trace.step_matrix(1), &[10.0, 10.0, 30.0, 18.0]);
+        assert!(l.notes.iter().any(|n| n.starts_with("1 censored cell(s) in 1 step(s)")), "{:?}", l.notes);
+        // A rank with no launch in the step: the same (rank 0: (10 + 20) / 2).
+        let skipped = format!(
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,20\n0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n\
+             1,0,2,4,0,0,true,0.0,0,100,0\n1,1,2,4,0,0,true,0.0,0,100,0\n1,0,2,4,0,4,false,0.01,1,100,10\n1,1,2,4,0,8,false,0.01,1,110,10\n"
+        );
+        let l = load_log_bytes(name, skipped.as_bytes(), &LoadOptions::default()).unwrap();
+        assert_eq!(l.trace.step_matrix(1), &[15.0, 15.0, 10.0, 10.0]);
+        assert!(l.notes.iter().any(|n| n.starts_with("2 censored cell(s) in 1 step(s)")), "{:?}", l.notes);
+        // A rank that measured nothing in the whole log: a typed error naming it.
         let all = format!(
-            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,4,true,0.0,0,10,0\n0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n"
+            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,4,false,0.0,0,10,10\n0,0,2,4,0,0,true,0.0,1,0,0\n0,1,2,4,0,0,true,0.0,1,0,0\n"
         );
         let e = load_log_bytes(name, all.as_bytes(), &LoadOptions::default()).unwrap_err();
-        assert!(matches!(e, TraceError::AllStepsDropped { steps: 1, .. }), "{e:?}");
+        assert!(matches!(e, TraceError::Unmeasured { rank: 1, .. }), "{e:?}");
         // A cell missing without a dropped row is still ragged.
         let ragged = format!(
             "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n0,0,2,4,0,4,false,0.01,1,0,10\n"
         );
         let e = load_log_bytes(name, ragged.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
-        // M counts dropped rows too: micro-batch 2 appears only dropped (step 0, every rank), so
-        // step 1, which has no row for it at all, is incomplete (M = 3), not complete with M = 2:
-        // no step is left: one step removed for its dropped rows, one ragged, both counted.
-        let only_dropped = format!(
-            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,8,false,0.01,0,10,10\n0,2,2,4,0,8,true,0.0,0,20,0\n\
-             0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n0,2,2,4,0,8,true,0.0,1,20,0\n\
-             1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n\
-             1,0,2,4,0,4,false,0.01,1,100,10\n1,1,2,4,0,8,false,0.01,1,110,10\n"
-        );
-        let allow = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
-        for opts in [&LoadOptions::default(), &allow] {
-            match load_log_bytes(name, only_dropped.as_bytes(), opts).unwrap_err() {
-                TraceError::NoCompleteStep { steps, censored_steps, ragged_steps, missing_cells, missing, .. } => {
-                    assert_eq!(
-                        (steps, censored_steps, ragged_steps, missing_cells, missing),
-                        (2, 1, 1, 2, vec![(1, 0, 2), (1, 1, 2)])
-                    )
-                }
-                e => panic!("expected NoCompleteStep, got {e:?}"),
-            }
-        }
-        // A censored step does not excuse a ragged one: step 0 has a dropped row, step 1 misses
-        // a cell without one, step 2 is complete.
-        let mixed = format!(
-            "{head}0,0,2,4,0,4,false,0.01,0,0,10\n0,1,2,4,0,4,true,0.0,0,10,0\n\
-             0,0,2,4,0,4,false,0.01,1,0,10\n0,1,2,4,0,8,false,0.01,1,10,10\n\
-             1,0,2,4,0,4,false,0.01,0,100,10\n1,1,2,4,0,8,false,0.01,0,110,10\n1,0,2,4,0,4,false,0.01,1,100,10\n\
-             2,0,2,4,0,4,false,0.01,0,200,10\n2,1,2,4,0,8,false,0.01,0,210,10\n\
-             2,0,2,4,0,4,false,0.01,1,200,10\n2,1,2,4,0,8,false,0.01,1,210,10\n"
-        );
-        let e = load_log_bytes(name, mixed.as_bytes(), &LoadOptions::default()).unwrap_err();
-        assert!(matches!(e, TraceError::Ragged { count: 1, .. }), "{e:?}");
-        let opts = LoadOptions { allow_incomplete_steps: true, ..LoadOptions::default() };
-        assert_eq!(load_log_bytes(name, mixed.as_bytes(), &opts).unwrap().trace.steps(), &[2]);
-        // A log with no row at all is empty, not "every step dropped".
+        // A log with no row at all is empty.
         let e = load_log_bytes(name, head.as_bytes(), &LoadOptions::default()).unwrap_err();
         assert!(matches!(e, TraceError::Empty(_)), "{e:?}");
+    }
+
+    /// Our log with M recorded: a rebalanced fast rank's launches past M are left out (in its
+    /// mean), a rebalanced slow rank's and a skipped backup worker's unassigned cells take the
+    /// rank's mean over the log, tail parts group into whole micro-batches (duration / cost x
+    /// share), a censored cell takes the same mean (the scheduler's prediction, deadline -
+    /// start, above it is counted, not applied), and the clock start gives the start offsets.
+    /// Each value computed by hand below.
+    #[test]
+    fn a_log_with_m_recorded_rebuilds_every_policys_matrix() {
+        let head = "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns,micro_batches,split,parts,cost,deadline_ns,clock_start_ns\n";
+        // M = 2, split 2, tail cost 0.5; 3 ranks, steps 0 and 1 (clock starts 0 and 1000).
+        // Step 0: rank 0 (fast) runs 3 whole (10, 20, 30); rank 1 (slow) one whole (40) then a
+        // tail part (24: a whole-equivalent 48, half a micro-batch) and nothing else (the rest
+        // unassigned); rank 2 is skipped (no row).
+        // Step 1: every rank 2 whole, but rank 2 drops its second in two parts, deadline 1050,
+        // its first launch 1005..1025 (offset 5).
+        let rows = "0,0,3,8,0,8,false,0,0,0,10,2,2,2,1,0,\n0,1,3,8,0,16,false,0,0,10,20,2,2,2,1,0,\n0,2,3,8,0,24,false,0,0,30,30,2,2,2,1,0,\n\
+                    0,0,3,8,0,8,false,0,1,0,40,2,2,2,1,0,\n0,1,3,4,0,12,false,0,1,40,24,2,2,1,0.5,0,\n\
+                    1,0,3,8,0,8,false,0,0,1000,10,2,2,2,1,0,1000\n1,1,3,8,0,16,false,0,0,1010,10,2,2,2,1,0,1000\n\
+                    1,0,3,8,0,8,false,0,1,1000,40,2,2,2,1,0,1000\n1,1,3,8,0,16,false,0,1,1040,40,2,2,2,1,0,1000\n\
+                    1,0,3,8,0,8,false,0,2,1005,20,2,2,2,1,1050,1000\n1,1,3,4,0,8,true,0,2,1025,0,2,2,1,0.5,1050,1000\n1,2,3,4,0,8,true,0,2,1025,0,2,2,1,0.5,1050,1000\n";
+        // Step 0 has no clock start recorded: the first start stands for it.
+        let l =
+            load_log_bytes(Path::new("log.csv"), format!("{head}{rows}").as_bytes(), &LoadOptions::default()).unwrap();
+        assert_eq!((l.trace.world_size(), l.trace.micro_batches(), l.trace.steps()), (3, 2, &[0u64, 1][..]));
+        // Rank 1's mean over the log: (40 + 24 + 40 + 40) / (1 + 0.5 + 1 + 1) ns per whole
+        // micro-batch; its step-0 cell 1 = 24 / 0.5 x 0.5 measured + 0.5 unassigned x the mean.
+        // Rank 2 (skipped in step 0): its log mean, 20.
+        let m1 = 144.0 / 3.5;
+        assert_eq!(l.trace.step_matrix(0), &[10.0, 20.0, 40.0, 24.0 + 0.5 * m1, 20.0, 20.0]);
+        // Step 1: rank 2's censored cell: its log mean 20 (the prediction, 1050 - 1025 = 25,
+        // is above it: counted, not applied).
+        assert_eq!(l.trace.step_matrix(1), &[10.0, 10.0, 40.0, 40.0, 20.0, 20.0]);
+        assert_eq!(l.trace.start_offsets_ns(), &[0.0, 0.0, 0.0, 0.0, 0.0, 5.0]);
+        for (note, start) in [
+            ("1 censored cell(s) in 1 step(s)", "censored"),
+            ("3 cell(s) of the nominal 2 micro-batches per rank the policy did not assign", "unassigned"),
+            ("1 measured micro-batch(es) past the nominal 2", "beyond M"),
+            ("1 tail launch(es) grouped", "tail"),
+        ] {
+            assert!(l.notes.iter().any(|n| n.starts_with(note)), "{start}: {:?}", l.notes);
+        }
+        assert!(l.notes.iter().any(|n| n.contains("in 1 of them the scheduler had predicted more")), "{:?}", l.notes);
+        // A recorded M no rank ever held is refused at its line, before any fill.
+        let bad = format!("{head}0,0,1,8,0,8,false,0,0,0,10,9,1,1,1,0,\n");
+        let e = load_log_bytes(Path::new("log.csv"), bad.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(matches!(&e, TraceError::Malformed { line: 2, column, .. } if column == "micro_batches"), "{e:?}");
+        // parts above split, cost outside (0, 1]: errors at their column.
+        for (row, column) in
+            [("0,0,1,8,0,8,false,0,0,0,10,1,1,2,1,0,", "parts"), ("0,0,1,8,0,8,false,0,0,0,10,1,1,1,1.5,0,", "cost")]
+        {
+            let e = load_log_bytes(Path::new("log.csv"), format!("{head}{row}\n").as_bytes(), &LoadOptions::default())
+                .unwrap_err();
+            assert!(matches!(&e, TraceError::Malformed { line: 2, column: c, .. } if c == column), "{e:?}");
+        }
+    }
+
+    /// A log with M recorded whose steps x ranks x M exceeds [`MAX_FILLED_CELLS`] (every
+    /// rank-step without a row would be filled) is refused with the numbers, quickly.
+    #[test]
+    fn a_filled_log_is_bounded() {
+        let mut text = String::from(
+            "global_step,local_step,world_size,batch,sentence_length,computed_batch,compute_dropped,iteration_time_ms,rank,start_ns,duration_ns,micro_batches\n",
+        );
+        // Rank 0 holds M = 2 in step 0; 16 385 more ranks in step 0, 8 193 more steps on rank 0.
+        text += "0,0,1,8,0,8,false,0,0,0,10,2\n0,1,1,8,0,8,false,0,0,10,10,2\n";
+        for r in 1..=16_385u32 {
+            text += &format!("0,0,1,8,0,8,false,0,{r},0,10,2\n");
+        }
+        for step in 1..=8_193u64 {
+            text += &format!("{step},0,1,8,0,8,false,0,0,0,10,2\n");
+        }
+        let t0 = std::time::Instant::now();
+        let e = load_log_bytes(Path::new("log.csv"), text.as_bytes(), &LoadOptions::default()).unwrap_err();
+        assert!(
+            matches!(&e, TraceError::Shape(m) if m.contains("8194 steps x 16386 ranks x 2 micro-batches = 268533768 cells")),
+            "{e}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{:?}", t0.elapsed());
     }
 
     /// Overhead of step s = max over ranks of the start-to-start period - max over ranks of

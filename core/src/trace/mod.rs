@@ -85,36 +85,32 @@ pub enum TraceError {
     #[error("trace shape: {0}")]
     Shape(String),
     /// The input holds no latency at all (no step to remove). When steps were removed, the
-    /// error is [`TraceError::Ragged`], [`TraceError::NoCompleteStep`] or
-    /// [`TraceError::AllStepsDropped`], with the reason.
+    /// error is [`TraceError::Ragged`] or [`TraceError::NoCompleteStep`], with the reason.
     #[error("{0}: no complete step in trace")]
     Empty(String),
-    /// Every step of a compute log has dropped micro-batches (a DropCompute run's log), whose
-    /// latency is unknown: nothing complete is left to tune from.
+    /// A rank of a compute log measured no micro-batch in the whole log (every row of it
+    /// dropped): its dropped or unassigned cells have no latency to be estimated from.
     #[error(
-        "{source_name}: all {steps} steps have dropped micro-batches, whose latency is unknown; tune from a log of a run without drops (the baseline run's)"
+        "{source_name}: rank {rank} computed no micro-batch in the whole log: its dropped micro-batches' latency cannot be estimated; tune from a log of a run without drops (the baseline run's)"
     )]
-    AllStepsDropped {
+    Unmeasured {
         /// The log(s).
         source_name: String,
-        /// Steps in the log.
-        steps: usize,
+        /// The rank.
+        rank: u32,
     },
-    /// No step is left after removing the incomplete ones, and some were removed for missing
-    /// cells without a dropped row (ragged, possibly beside steps with dropped micro-batches):
-    /// every reason with its count, so the user knows which remedy applies (the baseline run's
-    /// log for dropped micro-batches, the missing rows for ragged steps).
+    /// No step is left after removing the ragged ones (cells missing without a row: a
+    /// dropped micro-batch has a row and is filled, never a reason to remove a step): the
+    /// counts, so the user knows which rows are missing.
     #[error(
-        "{source_name}: no complete step left of {steps}: {censored_steps} step(s) with dropped micro-batches (latency unknown), {ragged_steps} ragged step(s) with {missing_cells} missing micro-batch latencies, e.g. (step, rank, micro-batch) {missing:?}"
+        "{source_name}: no complete step left of {steps}: {ragged_steps} ragged step(s) with {missing_cells} missing micro-batch latencies, e.g. (step, rank, micro-batch) {missing:?}"
     )]
     NoCompleteStep {
         /// Where the data came from.
         source_name: String,
         /// Steps in the input.
         steps: usize,
-        /// Steps removed only for dropped micro-batches (a DropCompute run's log).
-        censored_steps: usize,
-        /// Steps removed for missing cells that no dropped row explains.
+        /// Steps removed for missing cells.
         ragged_steps: usize,
         /// Missing cells over the ragged steps.
         missing_cells: usize,
@@ -478,7 +474,6 @@ impl TraceBuilder {
             None => Err(TraceError::NoCompleteStep {
                 source_name: source.into(),
                 steps: split.steps,
-                censored_steps: 0,
                 ragged_steps: split.report.dropped_steps.len(),
                 missing_cells: total_missing,
                 missing: split.report.missing_examples,

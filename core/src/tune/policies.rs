@@ -471,3 +471,80 @@ pub fn compare_with_progress(
         tail,
     }
 }
+
+/// True when `train --threshold auto` tunes the second run of `params` on the policy replay
+/// rather than DropCompute's recommendation ([`super::recommend`]): the policies that move work
+/// (`Policy::moves_work`: the replay runs the scheduler's assignment step) and any policy
+/// with a tail shape.
+pub fn tunes_on_policy_replay(params: &StepPolicy) -> bool {
+    params.policy.moves_work() || params.tail.enabled()
+}
+
+/// The second run as `train` replays it at `threshold` (the budget of `compute-budget`: off,
+/// as a declined `--threshold auto`, runs M per rank, which the replay's assignment step does
+/// too): `policy` with b = `backup_workers`, the tail shape `tail`, default rebalancing and
+/// cap (2·M), the scheduler's default estimator quantile, `execution`, `seed`. The search
+/// template of [`auto_threshold`] (with [`Threshold::Off`]).
+pub fn train_run(
+    policy: Policy,
+    backup_workers: u32,
+    tail: TailShape,
+    seed: u64,
+    threshold: Threshold,
+    execution: crate::sim::replay::ExecutionModel,
+) -> PolicyRun {
+    let budget = if policy == Policy::ComputeBudget { threshold } else { Threshold::Off };
+    let params = StepPolicy { backup_workers, tail, budget, ..StepPolicy::new(policy) };
+    PolicyRun { seed, ..PolicyRun::new(params, threshold, execution) }
+}
+
+/// What `--threshold auto` chose on a baseline trace ([`auto_threshold`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum AutoChoice {
+    /// DropCompute (no policy template): `tune::recommend`'s verdict, replayed as the run
+    /// executes ([`Recommend::execution`]) and judged by [`Recommend::guardrails`].
+    DropCompute(Verdict),
+    /// A step policy tuned on its own replay ([`tunes_on_policy_replay`]): its best run and
+    /// outcome within the guardrails, `None` when no candidate is admissible.
+    Policy(Option<Box<(PolicyRun, PolicyOutcome)>>),
+}
+
+impl AutoChoice {
+    /// The deadline the run uses: the enabled threshold of DropCompute, the chosen run's
+    /// deadline for a policy (`StepPolicy::deadline`: the budget of `compute-budget`, off for
+    /// a policy without a deadline), else [`Threshold::Off`].
+    pub fn threshold(&self) -> Threshold {
+        match self {
+            AutoChoice::DropCompute(v) => v.threshold(),
+            AutoChoice::Policy(Some(found)) => found.0.params.deadline(found.0.threshold),
+            AutoChoice::Policy(None) => Threshold::Off,
+        }
+    }
+
+    /// (effective speedup, drop rate) replayed at the chosen deadline, `None` when declined.
+    pub fn outcome(&self) -> Option<(f64, f64)> {
+        match self {
+            AutoChoice::DropCompute(Verdict::Enable(c)) => Some((c.objective, c.drop_rate)),
+            AutoChoice::Policy(Some(found)) => Some((found.1.effective_speedup, found.1.drop_rate)),
+            AutoChoice::DropCompute(Verdict::Decline(_)) | AutoChoice::Policy(None) => None,
+        }
+    }
+}
+
+/// `--threshold auto` on the baseline `trace`, the one rule of `train` and `tune --auto-for`:
+/// with `template` = `None`, DropCompute's [`super::recommend`] under `how`; with a policy run
+/// ([`train_run`] at [`Threshold::Off`]: every parameter as the run executes it), the threshold
+/// (the budget of `compute-budget`) maximising the policy replay's effective speedup within
+/// `how`'s guardrails ([`best_threshold`] over the exact search's candidates). Tuning on the
+/// replay of the policy itself matters once work moves: a threshold tuned on the unbalanced
+/// baseline over-drops after rebalancing. Pure and deterministic.
+pub fn auto_threshold(trace: &LatencyTrace, how: &Recommend, template: Option<PolicyRun>) -> AutoChoice {
+    match template {
+        None => AutoChoice::DropCompute(super::recommend(trace, how).verdict),
+        Some(template) => {
+            let cfg = TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches };
+            let ideal = tune(trace, &cfg);
+            AutoChoice::Policy(best_threshold(trace, how, &ideal, template).filter(|(_, o)| o.enabled).map(Box::new))
+        }
+    }
+}
