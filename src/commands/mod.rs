@@ -157,12 +157,6 @@ pub struct TailArgError {
     pub why: String,
 }
 
-impl TailArgError {
-    fn new(flag: &'static str, value: impl ToString, why: &str) -> Self {
-        Self { flag, value: value.to_string(), why: why.into() }
-    }
-}
-
 /// The second compiled shape ([`dropcompute::policy::TailShape`]) of `simulate`/`tune --policy` and
 /// `train`: one definition, so all three spell and check it alike.
 #[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
@@ -208,29 +202,25 @@ impl TailArgs {
     ///
     /// # Errors
     /// [`TailArgError`] naming `tail-split` when the split is 0 or above 64, `tail-cost` when
-    /// the cost is not a finite number in (0, 1] or is given with split 1.
+    /// the cost is not a finite number in (0, 1] or is given with split 1
+    /// (`TailShape::checked`).
     pub fn tail(&self) -> Result<dropcompute::policy::TailShape, TailArgError> {
-        use TailArgError as ArgError;
-        if self.tail_split == 0 || self.tail_split > 64 {
-            return Err(ArgError::new(
-                "tail-split",
-                self.tail_split,
-                "must be in 1..=64 (1 = whole micro-batches only)",
-            ));
-        }
-        if let Some(c) = self.tail_cost {
-            if !(c.is_finite() && c > 0.0 && c <= 1.0) {
-                return Err(ArgError::new(
-                    "tail-cost",
-                    c,
-                    "must be a fraction in (0, 1] of a whole micro-batch's time",
-                ));
+        self.tail_for(None)
+    }
+
+    /// The tail shape, checked by the core's one rule (`TailShape::checked`), for micro-batches
+    /// of `micro_batch_size` samples when given (the split must divide it).
+    ///
+    /// # Errors
+    /// [`TailArgError`] naming the flag (`tail-split` or `tail-cost`), its value and the rule.
+    pub fn tail_for(&self, micro_batch_size: Option<u32>) -> Result<dropcompute::policy::TailShape, TailArgError> {
+        dropcompute::policy::TailShape::checked(self.tail_split, self.tail_cost, micro_batch_size).map_err(|e| {
+            TailArgError {
+                flag: if e.field == "cost" { "tail-cost" } else { "tail-split" },
+                value: e.value,
+                why: e.why.replace("the micro-batch size", "--micro-batch-size"),
             }
-            if self.tail_split == 1 {
-                return Err(ArgError::new("tail-cost", c, "needs --tail-split >= 2 (there is no tail shape)"));
-            }
-        }
-        Ok(dropcompute::policy::TailShape { split: self.tail_split, cost: self.tail_cost })
+        })
     }
 }
 

@@ -295,17 +295,7 @@ impl Args {
         if self.policy == Some(dropcompute::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
             return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
         }
-        let tail = self.tail.tail().map_err(|e| bad(e.flag, e.value, e.why))?;
-        if !self.micro_batch_size.is_multiple_of(tail.parts()) {
-            return Err(bad(
-                "tail-split",
-                tail.parts(),
-                format!(
-                    "must divide --micro-batch-size {} (a tail micro-batch holds b/S samples)",
-                    self.micro_batch_size
-                ),
-            ));
-        }
+        let tail = self.tail.tail_for(Some(self.micro_batch_size)).map_err(|e| bad(e.flag, e.value, e.why))?;
         if self.sync_lag >= micro_batches {
             return Err(bad("sync-lag", self.sync_lag, format!("must be < --micro-batches {micro_batches}")));
         }

@@ -207,7 +207,60 @@ impl Default for TailShape {
     }
 }
 
+/// Why a tail shape is refused ([`TailShape::checked`]): the field (`split` or `cost`), its
+/// value and the rule it breaks.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("tail shape {field} {value}: {why}")]
+pub struct TailShapeError {
+    /// `split` or `cost` (the flags `--tail-split` / `--tail-cost`).
+    pub field: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is required.
+    pub why: String,
+}
+
+/// The largest split [`TailShape::checked`] accepts (a tail micro-batch of B/64 samples).
+pub const MAX_TAIL_SPLIT: u32 = 64;
+
 impl TailShape {
+    /// The tail shape of `split` parts per micro-batch of `micro_batch_size` samples with the
+    /// tail cost `cost` (a fraction of a whole micro-batch's device time; `None`: linear), every
+    /// rule checked once for every caller (`train`, `tune`, `simulate`).
+    ///
+    /// # Errors
+    /// [`TailShapeError`] naming `split` when it is 0, above [`MAX_TAIL_SPLIT`], or does not
+    /// divide `micro_batch_size` (when given: a tail micro-batch holds b/S samples); naming
+    /// `cost` when it is not a finite number in (0, 1] or is given with split 1.
+    pub fn checked(split: u32, cost: Option<f64>, micro_batch_size: Option<u32>) -> Result<Self, TailShapeError> {
+        let bad = |field, value: String, why: String| Err(TailShapeError { field, value, why });
+        if split == 0 || split > MAX_TAIL_SPLIT {
+            return bad(
+                "split",
+                split.to_string(),
+                format!("must be in 1..={MAX_TAIL_SPLIT} (1 = whole micro-batches only)"),
+            );
+        }
+        if let Some(c) = cost {
+            if !(c.is_finite() && c > 0.0 && c <= 1.0) {
+                return bad("cost", c.to_string(), "must be a fraction in (0, 1] of a whole micro-batch's time".into());
+            }
+            if split == 1 {
+                return bad("cost", c.to_string(), "needs a split >= 2 (there is no tail shape)".into());
+            }
+        }
+        if let Some(b) = micro_batch_size
+            && !b.is_multiple_of(split)
+        {
+            return bad(
+                "split",
+                split.to_string(),
+                format!("must divide the micro-batch size {b} (a tail micro-batch holds b/S samples)"),
+            );
+        }
+        Ok(Self { split, cost })
+    }
+
     /// A tail shape of B/`split` samples with the default (linear) cost.
     pub fn split(split: u32) -> Self {
         Self { split, cost: None }
@@ -360,6 +413,33 @@ mod tests {
         // Missing fields take the defaults.
         let d: StepPolicy = serde_json::from_str(r#"{"policy":"rebalance"}"#).expect("partial");
         assert_eq!(d, StepPolicy::new(Policy::Rebalance));
+    }
+
+    /// The one tail-shape check: each rule names its field and value; a valid shape passes.
+    #[test]
+    fn tail_shapes_are_checked_once_naming_the_field() {
+        let cases: [(u32, Option<f64>, Option<u32>, Option<&str>); 9] = [
+            (1, None, Some(16), None),
+            (2, Some(0.6), Some(16), None),
+            (64, None, None, None),
+            (0, None, None, Some("split")),
+            (65, None, None, Some("split")),
+            (3, None, Some(16), Some("split")),
+            (2, Some(0.0), None, Some("cost")),
+            (2, Some(f64::NAN), None, Some("cost")),
+            (1, Some(0.5), None, Some("cost")),
+        ];
+        for (split, cost, b, want) in cases {
+            let got = TailShape::checked(split, cost, b);
+            match (want, &got) {
+                (None, Ok(t)) => assert_eq!((t.split, t.cost.map(f64::to_bits)), (split, cost.map(f64::to_bits))),
+                (Some(field), Err(e)) => {
+                    assert_eq!(e.field, field, "{split} {cost:?} {b:?}");
+                    assert!(!e.why.is_empty() && !e.value.is_empty());
+                }
+                _ => panic!("{split} {cost:?} {b:?}: {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

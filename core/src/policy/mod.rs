@@ -22,7 +22,7 @@ pub mod kind;
 pub mod rebalance;
 pub mod walk;
 
-pub use kind::{Policy, StepPolicy, TailShape, backup_aggregated};
+pub use kind::{MAX_TAIL_SPLIT, Policy, StepPolicy, TailShape, TailShapeError, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 
 use std::time::Duration;
