@@ -218,7 +218,10 @@ impl TailArgs {
             TailArgError {
                 flag: if e.field == "cost" { "tail-cost" } else { "tail-split" },
                 value: e.value,
-                why: e.why.replace("the micro-batch size", "--micro-batch-size"),
+                why: e
+                    .why
+                    .replace("the micro-batch size", "--micro-batch-size")
+                    .replace("a split >= 2", "--tail-split >= 2"),
             }
         })
     }

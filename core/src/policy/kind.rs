@@ -418,7 +418,9 @@ mod tests {
     /// The one tail-shape check: each rule names its field and value; a valid shape passes.
     #[test]
     fn tail_shapes_are_checked_once_naming_the_field() {
-        let cases: [(u32, Option<f64>, Option<u32>, Option<&str>); 9] = [
+        // (split, cost, micro-batch size, the field refused or None)
+        type Case = (u32, Option<f64>, Option<u32>, Option<&'static str>);
+        let cases: [Case; 9] = [
             (1, None, Some(16), None),
             (2, Some(0.6), Some(16), None),
             (64, None, None, None),
