@@ -382,7 +382,7 @@ pub enum NoiseSampler {
 
 impl NoiseSampler {
     /// One factor (> 0, finite).
-    #[inline]
+    #[inline(always)]
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
         match self {
             NoiseSampler::One => 1.0,
