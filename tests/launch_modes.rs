@@ -11,7 +11,8 @@
 //! - `kill -9` of a process-mode parent takes its rank processes with it, and its temporary
 //!   directory is removed by the next run; its ranks all-reduced through one shared-memory
 //!   mapping (same host), already unlinked;
-//! - exit codes per failure class (bad data 6, a killed rank 5, bad flag 2) in every mode.
+//! - exit codes per failure class (bad data 6, a killed rank 5, bad flag 2) in every mode;
+//! - a rank process stopped with SIGSTOP ends the job (the parent kills it and names it).
 //!
 //! Readiness is read from `/proc` (every rank process exists and has its stop-signal handler
 //! installed: `SigCgt`), never from a fixed sleep.
@@ -354,4 +355,52 @@ fn env_ranks_take_the_launchers_world_size_and_match_thread_ranks() {
         let var = hermetic::launcher_env(launcher, 0, 2, addr)[1].0.clone();
         assert!(err.contains("--ranks: 4") && err.contains(&format!("{var}=2")), "{launcher}: both values: {err}");
     }
+}
+
+/// A rank process stopped with SIGSTOP mid-run no longer hangs the job (issue 24: the parent
+/// waited for every child forever): its peers' collectives time out (the mock's timeout, 2 s
+/// here), the parent kills the stopped rank `launch::SUPERVISION_GRACE` after their failure,
+/// says which rank and what happened, exits with an error and leaves no rank process behind.
+#[test]
+fn a_stopped_rank_process_ends_the_job_naming_it() {
+    let m = Mode { launch: "processes", ranks: 3 };
+    let mut parent = train(m, &["--steps", "100000", "--threshold", "off", "--base-latency-ms", "1"])
+        .env("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "2000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = parent.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let kids = ready(&mut parent, m);
+    let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let rank1 = *kids
+        .iter()
+        .find(|&&k| String::from_utf8_lossy(&cmdline(k)).contains("rank-1.spec.json"))
+        .expect("rank 1's process");
+    kill("-STOP", rank1);
+    let t = Instant::now();
+    let bound = Duration::from_secs(2) + dropcompute::launch::SUPERVISION_GRACE + Duration::from_secs(30);
+    let status = hermetic::wait_until(bound, || parent.try_wait().unwrap());
+    let took = t.elapsed();
+    if status.is_none() {
+        let _ = parent.kill();
+        kids.iter().for_each(|&k| kill("-KILL", k));
+        panic!("the job still runs {took:?} after rank 1 was stopped");
+    }
+    let err = drain.join().unwrap();
+    eprintln!("the job ended {took:?} after rank 1 was stopped");
+    let code = status.unwrap().code();
+    assert!(code.is_some_and(|c| c != 0 && c != 101), "{code:?}: {err}");
+    assert!(
+        err.contains(&format!("rank 1 process (pid {rank1}) was stopped")) && err.contains("killed by the parent"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let gone = hermetic::wait_until(Duration::from_secs(10), || kids.iter().all(|&k| !alive(k)).then_some(()));
+    assert!(gone.is_some(), "rank processes {kids:?} left behind");
 }

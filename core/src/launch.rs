@@ -16,6 +16,11 @@
 //! The child dispatches on [`ChildSpec::program`], runs its rank and writes its result as JSON
 //! to [`ChildSpec::result`]; stdout is discarded, stderr kept for the error message.
 //!
+//! Supervision: the parent watches its rank processes. Once one fails, or once every one still
+//! running is stopped (SIGSTOP) while another has ended, the ones still running
+//! [`SUPERVISION_GRACE`] later are SIGKILLed and named on stderr (a stopped or hung rank
+//! otherwise kept the parent waiting forever after its peers' collectives had timed out).
+//!
 //! Lifetime: a child ends with its parent. [`bind_to_parent`] (the first thing a rank process
 //! does) asks the kernel for SIGKILL when the parent thread that spawned it exits
 //! (`PR_SET_PDEATHSIG`, Linux) and exits at once if the parent is already gone, so `kill -9` of
@@ -382,12 +387,33 @@ pub fn processes<C: Serialize, R: DeserializeOwned>(
     }
 }
 
+/// How long the parent of [`processes`] lets its remaining rank processes run once a rank has
+/// failed (or once every rank still running is stopped, e.g. by SIGSTOP, while another has
+/// ended): their peers' collectives fail within the collective timeout, so a rank still there
+/// after that margin is hung or stopped; it is SIGKILLed and named (the job then ends within
+/// the collective timeout plus this margin instead of never).
+pub const SUPERVISION_GRACE: Duration = Duration::from_secs(10);
+
+/// The scheduler state of process `pid` from `/proc/<pid>/stat` (`'R'`, `'S'`, `'T'` stopped,
+/// `'t'` traced, `'Z'` zombie...), `None` where it cannot be read (not Linux, already reaped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// Waits for every child, polling every 10 ms; a stop signal this process received
-/// (`crate::signals`) is forwarded to every child still running, once per signal.
+/// (`crate::signals`) is forwarded to every child still running, once per signal. Supervision:
+/// once a child has failed, or once every child still running is stopped while another has
+/// ended, the children still running [`SUPERVISION_GRACE`] later are SIGKILLed; why is said
+/// on this process's stderr and appended to the child's stderr file (so its
+/// [`LaunchError::Child`] names it).
 fn wait_forwarding_signals(children: &mut [Spawned]) -> Vec<Result<std::process::ExitStatus, LaunchError>> {
     let mut done: Vec<Option<Result<std::process::ExitStatus, LaunchError>>> =
         (0..children.len()).map(|_| None).collect();
     let mut forwarded = None;
+    // Since when, and why, the remaining children are on notice.
+    let mut notice: Option<(std::time::Instant, String)> = None;
     loop {
         if let Some(s) = crate::signals::received()
             && forwarded != Some(s)
@@ -402,7 +428,12 @@ fn wait_forwarding_signals(children: &mut [Spawned]) -> Vec<Result<std::process:
         for (i, (rank, child, _, _)) in children.iter_mut().enumerate() {
             if done[i].is_none() {
                 match child.try_wait() {
-                    Ok(Some(st)) => done[i] = Some(Ok(st)),
+                    Ok(Some(st)) => {
+                        if !st.success() && notice.is_none() {
+                            notice = Some((std::time::Instant::now(), format!("rank {rank} failed ({st})")));
+                        }
+                        done[i] = Some(Ok(st));
+                    }
                     Ok(None) => {}
                     Err(source) => {
                         done[i] = Some(Err(LaunchError::Io { what: format!("wait for rank {rank}"), source }))
@@ -412,6 +443,35 @@ fn wait_forwarding_signals(children: &mut [Spawned]) -> Vec<Result<std::process:
         }
         if done.iter().all(Option::is_some) {
             return done.into_iter().flatten().collect();
+        }
+        let running: Vec<usize> = (0..children.len()).filter(|&i| done[i].is_none()).collect();
+        let stopped = |i: &usize| matches!(process_state(children[*i].1.id()), Some('T' | 't'));
+        if notice.is_none() && running.len() < children.len() && running.iter().all(stopped) {
+            notice = Some((std::time::Instant::now(), "every other rank ended".into()));
+        }
+        if let Some((since, why)) = &notice
+            && since.elapsed() >= SUPERVISION_GRACE
+        {
+            for i in running {
+                let (rank, child, _, err) = &mut children[i];
+                let state = match process_state(child.id()) {
+                    Some('T' | 't') => "stopped",
+                    Some('D') => "in an uninterruptible wait",
+                    _ => "still running",
+                };
+                let line = format!(
+                    "dropcompute: rank {rank} process (pid {}) was {state} {} s after {why}: killed by the parent",
+                    child.id(),
+                    SUPERVISION_GRACE.as_secs()
+                );
+                eprintln!("{line}");
+                let _ = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&*err)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+                let _ = child.kill();
+            }
+            notice = None;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
