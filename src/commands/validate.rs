@@ -126,7 +126,8 @@ pub struct ConfigRow {
     pub dropped_of_handed_out: f64,
     /// Predicted drop rate.
     pub drop_rate_predicted: f64,
-    /// Measured mean step time of the DropCompute run, ms.
+    /// Measured mean step time of the DropCompute run over the steps the data filled (an
+    /// epoch's short last step left out: `StepReport::filled`) plus its host time per step, ms.
     pub step_ms_measured: f64,
     /// Predicted mean step time, ms.
     pub step_ms_predicted: f64,
@@ -348,14 +349,24 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
             job.cfg.policy()
         ),
     })?;
-    let measured_step = dc.wall_ns as f64 / dc.reports.len().max(1) as f64;
+    // Mean step time over the steps the data filled (an epoch's short last step left out on
+    // both sides: `StepReport::filled`, `PolicyReplay::filled_step_ns`), plus the run's host
+    // time per step outside the device steps.
+    let steps = dc.reports.len().max(1) as f64;
+    let host_gap = (dc.wall_ns as f64 - dc.reports.iter().map(|r| r.step_ns as f64).sum::<f64>()) / steps;
+    let filled: Vec<f64> = dc.reports.iter().filter(|r| r.filled()).map(|r| r.step_ns as f64).collect();
+    let measured_step = if filled.is_empty() {
+        dc.wall_ns as f64 / steps
+    } else {
+        filled.iter().sum::<f64>() / filled.len() as f64 + host_gap
+    };
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
     let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
     // The replay's definition: parts missing from the nominal N·M·S batch per step.
     let drop_measured = summary::drop_rate(&job, dc);
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;
-    let (estimate, step_ns) = (pred.estimate, pred.step_ns);
+    let (estimate, step_ns) = (pred.estimate, pred.filled_step_ns);
     let pred = pred.replay;
     Ok(ConfigRow {
         ranks: p.ranks,

@@ -43,6 +43,9 @@ pub struct Prediction {
     pub speedup: f64,
     /// Predicted mean step time, ns (the mean over [`Prediction::draws`] replays).
     pub step_ns: f64,
+    /// Predicted mean time of the steps the data fills, ns (`PolicyReplay::filled_step_ns`:
+    /// an epoch's short last step left out; the mean over [`Prediction::draws`] replays).
+    pub filled_step_ns: f64,
     /// Replays averaged: 1 when every latency was recorded, [`ESTIMATE_DRAWS`] for an
     /// estimate (each with its own draws; [`Prediction::replay`] is the first).
     pub draws: u32,
@@ -125,16 +128,18 @@ pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) 
     let (replay, stream, first) = one(job.policy_run(threshold).seed);
     // An estimate is the mean over ESTIMATE_DRAWS draws of what the trace did not record.
     let draws = if replay.is_estimate() { ESTIMATE_DRAWS } else { 1 };
-    let (mut speedup, mut step_ns) = (first, replay.policy_step_ns);
+    let (mut speedup, mut step_ns, mut filled_ns) = (first, replay.policy_step_ns, replay.filled_step_ns());
     for k in 1..draws {
         let (r, _, s) = one(dropcompute::sim::rng::splitmix64(cfg.seed ^ u64::from(k)));
         speedup += s;
         step_ns += r.policy_step_ns;
+        filled_ns += r.filled_step_ns();
     }
     Some(Prediction {
         estimate: replay.is_estimate(),
         speedup: speedup / f64::from(draws),
         step_ns: step_ns / f64::from(draws),
+        filled_step_ns: filled_ns / f64::from(draws),
         draws,
         replay,
         samples_computed: covered.then(|| stream.samples()),

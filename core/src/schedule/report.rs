@@ -120,6 +120,16 @@ pub struct StepReport {
 }
 
 impl StepReport {
+    /// True when the data filled this step: every part assigned was handed out (computed or
+    /// dropped). False for an epoch's short last step, when the stream ran dry (and true for
+    /// a report without assignments). The step-time comparison of `validate` counts filled
+    /// steps only (`sim::policies::PolicyReplay::filled_step_ns`).
+    pub fn filled(&self) -> bool {
+        self.assignment.is_empty()
+            || self.global_computed() + self.global_dropped()
+                == self.assignment.iter().map(|&x| u64::from(x)).sum::<u64>()
+    }
+
     /// Micro-batches computed over all ranks.
     pub fn global_computed(&self) -> u64 {
         self.ranks.iter().map(|r| u64::from(r.computed)).sum()
@@ -408,6 +418,19 @@ mod tests {
         assert!(back.latencies_ns[1].is_nan());
         assert_eq!(back.skip, r.skip);
         assert_eq!((back.step_ns, back.stop_requested), (9, true));
+    }
+
+    /// A step is filled when every assigned part was handed out (computed or dropped); an
+    /// epoch's short last step, dealt less than assigned, is not.
+    #[test]
+    fn a_step_is_filled_when_every_assigned_part_was_handed_out() {
+        let rank = |computed, dropped| RankStepStats { computed, dropped, ..Default::default() };
+        let step =
+            |ranks: Vec<RankStepStats>, assignment: Vec<u32>| StepReport { ranks, assignment, ..Default::default() };
+        assert!(step(vec![rank(3, 1), rank(4, 0)], vec![4, 4]).filled(), "drops count as handed out");
+        assert!(step(vec![rank(0, 0), rank(8, 0)], vec![0, 8]).filled(), "a backup worker's 0");
+        assert!(!step(vec![rank(4, 0), rank(1, 0)], vec![4, 4]).filled(), "the stream ran dry");
+        assert!(step(vec![rank(1, 0)], vec![]).filled(), "no assignment recorded");
     }
 
     #[test]

@@ -168,6 +168,27 @@ impl PolicyReplay {
     pub fn is_estimate(&self) -> bool {
         self.drawn_latencies > 0 || self.estimated_steps > 0
     }
+
+    /// Mean step time under the policy (ns) over the steps the data filled: every rank was
+    /// handed its whole assignment. An epoch's short last step (the stream ran dry: dealt less
+    /// than assigned) is left out, as `StepReport::filled` leaves it out of a run: whether the
+    /// last few parts end one step or make another is the quantization of the step count, not a
+    /// step time. [`PolicyReplay::policy_step_ns`] when no step is filled.
+    pub fn filled_step_ns(&self) -> f64 {
+        let n = self.handed.len() / self.per_step.len().max(1);
+        let filled: Vec<f64> = self
+            .per_step
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| {
+                let cells = s * n..(s + 1) * n;
+                let sum = |v: &[u32]| v.iter().map(|&x| u64::from(x)).sum::<u64>();
+                sum(&self.handed[cells.clone()]) == sum(&self.assigned[cells])
+            })
+            .map(|(_, x)| x.1)
+            .collect();
+        if filled.is_empty() { self.policy_step_ns } else { filled.iter().sum::<f64>() / filled.len() as f64 }
+    }
 }
 
 /// One rank's step as the walker ran it on the replay's latencies.
@@ -524,6 +545,13 @@ mod tests {
         // Recorded steps replay as before; the means run over every replayed step.
         assert_eq!(&r.per_step[..2], &replay_policy(&trace(), &sync).per_step[..]);
         assert_eq!(r.baseline_step_ns, (12.0 + 5.25) / 2.0);
+        // The short last step (the stream dealt 3 of the 6 parts assigned) is left out of the
+        // filled steps' mean; a replay whose steps are all filled has it equal to the mean.
+        assert_eq!(r.assigned[6..], [2, 2, 2]);
+        assert_eq!(r.filled_step_ns(), (r.per_step[0].1 + r.per_step[1].1) / 2.0);
+        assert_ne!(r.filled_step_ns(), r.policy_step_ns);
+        let full = replay_policy(&trace(), &sync);
+        assert_eq!(full.filled_step_ns(), full.policy_step_ns);
         // A stream shorter than the trace ends the replay early.
         let short = replay_policy_on(&trace(), &sync, &mut Parts(4));
         assert_eq!((short.started, short.estimated_steps), (vec![2, 2, 0], 0));
