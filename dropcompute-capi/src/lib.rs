@@ -1052,61 +1052,99 @@ mod tests {
         let cases: Vec<(&str, Call, DcStatus, &str)> = vec![
             (
                 "policy_new null out",
-                Box::new(|_| unsafe { dc_policy_new(1, 0, 0, 1, std::ptr::null_mut()) }),
+                Box::new(|_| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_policy_new(1, 0, 0, 1, std::ptr::null_mut()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "out: null pointer",
             ),
             (
                 "policy_new check_mode",
-                Box::new(|o| unsafe { dc_policy_new(1, 7, 0, 1, o.cast()) }),
+                Box::new(|o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_policy_new(1, 7, 0, 1, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "check_mode 7: must be DC_CHECK_BEFORE (0) or DC_CHECK_PREDICTIVE (1)",
             ),
             (
                 "estimator_new null out",
-                Box::new(|_| unsafe { dc_estimator_new(4, 0.9, std::ptr::null_mut()) }),
+                Box::new(|_| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_estimator_new(4, 0.9, std::ptr::null_mut()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "out: null pointer",
             ),
             (
                 "estimator_new window 0",
-                Box::new(|o| unsafe { dc_estimator_new(0, 0.9, o.cast()) }),
+                Box::new(|o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_estimator_new(0, 0.9, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "window 0: must be >= 1",
             ),
             (
                 "estimator_new window SIZE_MAX",
-                Box::new(|o| unsafe { dc_estimator_new(usize::MAX, 0.9, o.cast()) }),
+                Box::new(|o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_estimator_new(usize::MAX, 0.9, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "window 18446744073709551615: exceeds DC_MAX_ESTIMATOR_WINDOW (1048576)",
             ),
             (
                 "estimator_new window cap + 1",
-                Box::new(|o| unsafe { dc_estimator_new(DC_MAX_ESTIMATOR_WINDOW + 1, 0.9, o.cast()) }),
+                Box::new(|o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_estimator_new(DC_MAX_ESTIMATOR_WINDOW + 1, 0.9, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "window 1048577: exceeds DC_MAX_ESTIMATOR_WINDOW (1048576)",
             ),
             (
                 "estimator_new quantile NaN",
-                Box::new(|o| unsafe { dc_estimator_new(4, f64::NAN, o.cast()) }),
+                Box::new(|o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_estimator_new(4, f64::NAN, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "quantile NaN: must be in [0, 1]",
             ),
             (
                 "walk_new null out",
-                Box::new(move |_| unsafe { dc_walk_new(p, 0, 4, 0, std::ptr::null_mut()) }),
+                Box::new(move |_| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+                    unsafe { dc_walk_new(p, 0, 4, 0, std::ptr::null_mut()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "out: null pointer",
             ),
             (
                 "walk_new null policy",
-                Box::new(|o| unsafe { dc_walk_new(std::ptr::null(), 0, 4, 0, o.cast()) }),
+                Box::new(|o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+
+                    unsafe { dc_walk_new(std::ptr::null(), 0, 4, 0, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "policy: null pointer",
             ),
             (
                 "walk_new micro_batches UINT32_MAX",
-                Box::new(move |o| unsafe { dc_walk_new(p, 0, u32::MAX, 0, o.cast()) }),
+                Box::new(move |o| {
+                    // SAFETY: the out-pointer is null or a valid handle slot; `p` is live (see above).
+                    unsafe { dc_walk_new(p, 0, u32::MAX, 0, o.cast()) }
+                }),
                 DC_INVALID_ARGUMENT,
                 "micro_batches 4294967295: exceeds DC_MAX_MICRO_BATCHES (1048576)",
             ),
@@ -1155,23 +1193,21 @@ mod tests {
 
         let (mut kind, mut value) = (DC_WALK_LAUNCH, 99u64);
         // SAFETY: null walk; kind and value writable.
-        assert_eq!(
-            unsafe { dc_walk_next(std::ptr::null_mut(), std::ptr::null_mut(), &mut kind, &mut value) },
-            DC_INVALID_ARGUMENT
-        );
+        let s = unsafe { dc_walk_next(std::ptr::null_mut(), std::ptr::null_mut(), &mut kind, &mut value) };
+        assert_eq!(s, DC_INVALID_ARGUMENT);
         assert_eq!((last().as_str(), kind, value), ("walk: null pointer", DC_WALK_DONE, 0));
         let mut value = 99u64;
         // SAFETY: live walk, null kind, value writable.
-        assert_eq!(
-            unsafe { dc_walk_next(walk, std::ptr::null_mut(), std::ptr::null_mut(), &mut value) },
-            DC_INVALID_ARGUMENT
-        );
+        let s = unsafe { dc_walk_next(walk, std::ptr::null_mut(), std::ptr::null_mut(), &mut value) };
+        assert_eq!(s, DC_INVALID_ARGUMENT);
         assert_eq!((last().as_str(), value), ("kind: null pointer", 0));
-        let misaligned = 1usize as *mut DcEstimator;
+        // Real memory, one byte past an 8-byte boundary: misaligned for every handle type.
+        let mut words = [0u64; 8];
+        let misaligned = words.as_mut_ptr().cast::<u8>().wrapping_add(1).cast::<DcEstimator>();
         let (mut kind, mut value) = (DC_WALK_LAUNCH, 99u64);
         // SAFETY: the misaligned estimator is refused before any dereference.
         assert_eq!(unsafe { dc_walk_next(walk, misaligned, &mut kind, &mut value) }, DC_INVALID_ARGUMENT);
-        assert!(last().starts_with("estimator 0x1: not aligned to"), "{}", last());
+        assert!(last().starts_with("estimator 0x") && last().contains(": not aligned to 8 bytes"), "{}", last());
         assert_eq!((kind, value), (DC_WALK_DONE, 0));
         // SAFETY: as above.
         assert_eq!(unsafe { dc_walk_ended(walk, misaligned, 0, 1, 1) }, DC_INVALID_ARGUMENT);
@@ -1187,7 +1223,7 @@ mod tests {
         // SAFETY: null and misaligned walks are refused without a dereference.
         assert_eq!(unsafe { dc_walk_reported(std::ptr::null()) }, 0);
         // SAFETY: as above.
-        assert_eq!(unsafe { dc_walk_reported(1usize as *const DcWalk) }, 0);
+        assert_eq!(unsafe { dc_walk_reported(misaligned.cast::<DcWalk>()) }, 0);
         // SAFETY: handles from above, freed once; null frees are no-ops.
         unsafe {
             dc_walk_free(walk);
@@ -1210,6 +1246,7 @@ mod tests {
         // before the pointer is read; `out` is writable.
         let call = |p: *const u64, n: usize, norm: u32, m: u32, b: u32| {
             let mut out = 7.0;
+            // SAFETY: as said above the closure.
             let s = unsafe { dc_divisor(p, n, norm, m, b, &mut out) };
             (s, out, last())
         };
@@ -1302,6 +1339,7 @@ mod tests {
         let call = |path: *const c_char, g: *const DcGuardrails, kmin: u32, null_out: bool| {
             let mut out = stale_rec();
             let o: *mut DcRecommendation = if null_out { std::ptr::null_mut() } else { &mut out };
+            // SAFETY: as said above the closure.
             let s = unsafe { dc_recommend_file(path, u32::MAX, g, kmin, o) };
             (s, out, last())
         };
