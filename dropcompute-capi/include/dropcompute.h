@@ -37,6 +37,19 @@
 // Length of [`DcRecommendation::reason`] including the terminating NUL.
 #define DC_REASON_LEN 256
 
+// Most ranks a call takes (`world_size` of [`dc_divisor`]; Python: `divisor`'s counts,
+// `StragglerTracker`, `Retuner`, a latency array's N): 2^20, far above a real job's, so that a
+// garbage length is refused before anything is allocated or read.
+#define DC_MAX_WORLD_SIZE (1 << 20)
+
+// Most micro-batches per rank and step a call takes (`micro_batches` of [`dc_walk_new`];
+// Python: `StepWalk`, `Retuner`): 2^20.
+#define DC_MAX_MICRO_BATCHES (1 << 20)
+
+// Largest estimator window ([`dc_estimator_new`]; Python: `LatencyEstimator`): 2^20
+// latencies (16 MiB).
+#define DC_MAX_ESTIMATOR_WINDOW (1 << 20)
+
 // [`dc_walk_next`]: report the ends of launches `dc_walk_reported()..value` with
 // [`dc_walk_ended`] (value 0: the step's compute clock; optionally [`dc_walk_clock_at`]).
 #define DC_WALK_WAIT 0
@@ -127,7 +140,8 @@ const char *dc_last_error(void);
 // deadline per step (ns); `check_mode` is `DC_CHECK_*`; steps `0..warmup_steps` never drop;
 // the first `min_micro_batches` micro-batches of a step always start.
 //
-// Errors: `DC_INVALID_ARGUMENT` for a null `out` or an unknown `check_mode`.
+// Errors: `DC_INVALID_ARGUMENT` for a null `out` or an unknown `check_mode` (`*out` is then
+// null).
 //
 // # Safety
 // `out` must be null or valid for one pointer write.
@@ -143,7 +157,7 @@ DcStatus dc_policy_new(int64_t threshold_ns,
 // estimated latency of the next micro-batch (ns; 0 = no estimate). Writes true to `out` to
 // start.
 //
-// Errors: `DC_INVALID_ARGUMENT` for a null `policy` or `out`.
+// Errors: `DC_INVALID_ARGUMENT` for a null `policy` or `out` (`*out` is then false).
 //
 // # Safety
 // `policy` must be null or a live handle from [`dc_policy_new`]; `out` null or writable.
@@ -160,11 +174,11 @@ DcStatus dc_policy_should_start(const struct DcPolicy *policy,
 // `policy` must be null or a handle from [`dc_policy_new`] not freed before.
 void dc_policy_free(struct DcPolicy *policy);
 
-// Creates an estimator over the last `window` (>= 1) latencies returning their `quantile`
-// (in [0, 1]; the scheduler's default: window 32, quantile 0.9).
+// Creates an estimator over the last `window` (1..=`DC_MAX_ESTIMATOR_WINDOW`) latencies
+// returning their `quantile` (in [0, 1]; the scheduler's default: window 32, quantile 0.9).
 //
-// Errors: `DC_INVALID_ARGUMENT` for a null `out`, `window` 0 or a quantile outside [0, 1]
-// (`*out` is then set to null).
+// Errors: `DC_INVALID_ARGUMENT` for a null `out`, `window` 0 or above
+// `DC_MAX_ESTIMATOR_WINDOW`, or a quantile outside [0, 1] or NaN (`*out` is then null).
 //
 // # Safety
 // `out` must be null or valid for one pointer write.
@@ -176,10 +190,12 @@ DcStatus dc_estimator_new(size_t window, double quantile, struct DcEstimator **o
 // `estimator` must be null or a handle from [`dc_estimator_new`] not freed before.
 void dc_estimator_free(struct DcEstimator *estimator);
 
-// Starts the walk of step `step` (0-based) for a rank handed `micro_batches` micro-batches
-// under `policy`, the check lagging `sync_lag` micro-batches behind the device.
+// Starts the walk of step `step` (0-based) for a rank handed `micro_batches` (at most
+// `DC_MAX_MICRO_BATCHES`) micro-batches under `policy`, the check lagging `sync_lag`
+// micro-batches behind the device.
 //
-// Errors: `DC_INVALID_ARGUMENT` for a null `policy` or `out` (`*out` null then).
+// Errors: `DC_INVALID_ARGUMENT` for a null `policy` or `out`, or `micro_batches` above
+// `DC_MAX_MICRO_BATCHES` (`*out` null then).
 //
 // # Safety
 // `policy` must be null or a live handle from [`dc_policy_new`]; `out` null or valid for one
@@ -194,7 +210,9 @@ DcStatus dc_walk_new(const struct DcPolicy *policy,
 // `*kind` and its value to `*value` (see those constants). `estimator` may be null (no
 // predictive estimate).
 //
-// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, `kind` or `value`.
+// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, `kind` or `value`, or a misaligned
+// `estimator`; each non-null `kind` and `value` then holds the neutral `DC_WALK_DONE` and 0
+// (a loop that ignores the status ends the step instead of waiting forever).
 //
 // # Safety
 // `walk` must be null or a live handle from [`dc_walk_new`]; `estimator` null or a live
@@ -208,8 +226,8 @@ DcStatus dc_walk_next(struct DcWalk *walk,
 // (`end_ns`) and its duration (`duration_ns`, fed to `estimator` when non-null). Launches are
 // reported in order.
 //
-// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, or a launch out of order, repeated or not
-// started (nothing recorded).
+// Errors: `DC_INVALID_ARGUMENT` for a null `walk`, a misaligned `estimator`, or a launch out
+// of order, repeated or not started (nothing recorded).
 //
 // # Safety
 // As [`dc_walk_next`].
@@ -228,7 +246,7 @@ DcStatus dc_walk_ended(struct DcWalk *walk,
 // `walk` must be null or a live handle from [`dc_walk_new`], not used by another thread.
 DcStatus dc_walk_clock_at(struct DcWalk *walk, uint64_t elapsed_ns);
 
-// Launches reported so far (0 for a null `walk`).
+// Launches reported so far (0 for a null or misaligned `walk`).
 //
 // # Safety
 // `walk` must be null or a live handle from [`dc_walk_new`].
@@ -250,9 +268,13 @@ struct DcGuardrails dc_guardrails_default(void);
 // (the reference objective, a micro-batch counts iff it ends by the threshold; not realizable
 // on the device). `guardrails` null = defaults; `min_micro_batches` as for the policy.
 //
-// Errors: `DC_INVALID_ARGUMENT` (null path/out, non-UTF-8 path, guardrail outside [0, 1],
-// unknown mode), `DC_IO` (unreadable file), `DC_TRACE` (malformed, ragged, several traces in
-// one file), `DC_INSUFFICIENT_DATA` (fewer than `DC_MIN_STEPS` steps or 2 ranks).
+// Errors (`*out` is then all zero: not enabled, threshold 0, refusal `DC_REFUSAL_NONE`,
+// empty reason): `DC_INVALID_ARGUMENT` (null path/out, non-UTF-8 path, guardrail outside
+// [0, 1] or NaN, unknown mode, `min_micro_batches` above the trace's micro-batches per step:
+// the rule of `dropcompute tune --min-micro-batches`), `DC_IO` (a missing or unreadable file,
+// a directory), `DC_TRACE` (malformed, empty, ragged, several traces in one file),
+// `DC_INSUFFICIENT_DATA` (fewer than `DC_MIN_STEPS` steps or 2 ranks). A FIFO is read as a
+// file: the call blocks until a writer opens it, as `dropcompute tune` does.
 //
 // # Safety
 // `path` must be null or a NUL-terminated string; `guardrails` null or readable; `out` null or
@@ -266,10 +288,13 @@ DcStatus dc_recommend_file(const char *path,
 // The divisor of the summed gradient of one step (`schedule::divisor`): `counts` holds each
 // rank's computed samples (or tokens) for `world_size` ranks; `normalization` is
 // `DC_NORMALIZATION_*`; `micro_batches` (M) and `micro_batch_size` (b) are used by the nominal
-// normalization (N·M·b). Writes the divisor to `out`.
+// normalization (N·M·b, both >= 1 there). Writes the divisor to `out`.
 //
-// Errors: `DC_INVALID_ARGUMENT` (null pointers with `world_size` > 0, unknown normalization),
-// `DC_SKIP_STEP` when the global count is zero (every rank skips the optimizer step).
+// Errors (`*out` is then 0): `DC_INVALID_ARGUMENT` (null `out`, null or misaligned `counts`
+// with `world_size` > 0, `world_size` above `DC_MAX_WORLD_SIZE` (checked before `counts` is
+// read), unknown normalization, nominal normalization with `micro_batches` or
+// `micro_batch_size` 0), `DC_SKIP_STEP` when the global count is zero (every rank skips the
+// optimizer step; also for `world_size` 0).
 //
 // # Safety
 // `counts` must be null (only with `world_size` 0) or readable for `world_size` values; `out`

@@ -52,26 +52,68 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     if key == "reason" { rest } else { rest.split(' ').next().unwrap() }
 }
 
-#[test]
-fn c_program_uses_policy_recommend_and_divisor() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("compute_log.csv");
-    write_trace(&trace);
+/// Compiles `tests/c/{source}` against the header and the static library into `dir`.
+fn compile(dir: &Path, source: &str) -> PathBuf {
     let lib = target_dir().join("libdropcompute_capi.a");
     assert!(lib.exists(), "{} not built", lib.display());
-    let exe = dir.path().join("program");
+    let exe = dir.join(source.trim_end_matches(".c"));
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-std=c99", "-Wall", "-Werror", "-I"])
         .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/program.c"))
+        .arg(manifest.join("tests/c").join(source))
         .arg(&lib)
         .args(["-lpthread", "-ldl", "-lm", "-o"])
         .arg(&exe)
         .status()
         .expect("a C compiler (cc)");
-    assert!(status.success(), "compiling the C program failed");
+    assert!(status.success(), "compiling {source} failed");
+    exe
+}
+
+/// A real C host calls every entry point with hostile input (tests/c/hostile.c: null
+/// pointers, zero, SIZE_MAX and above-cap lengths, a directory, a missing file, an empty file,
+/// `min_micro_batches` above M): each returns its status with the out-pointer reset, and
+/// nothing at all reaches the host's stderr (no panic message, no backtrace), even with
+/// `RUST_BACKTRACE=1`.
+#[test]
+fn hostile_inputs_from_a_c_host_get_statuses_reset_outs_and_a_silent_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("compute_log.csv");
+    write_trace(&trace);
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, b"").unwrap();
+    let sub = dir.path().join("a_directory.csv");
+    std::fs::create_dir(&sub).unwrap();
+    let exe = compile(dir.path(), "hostile.c");
+    let out = Command::new(&exe)
+        .arg(&sub)
+        .arg(dir.path().join("missing.csv"))
+        .arg(&empty)
+        .arg(&trace)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "hostile cases failed:\n{stderr}\n{stdout}");
+    assert_eq!(stderr, "", "the library wrote to the host's stderr");
+    let source = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/hostile.c")).unwrap();
+    let cases = source.matches("  CASE(\"").count();
+    assert!(cases >= 35, "{cases} cases");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), cases, "{stdout}");
+    for name in ["divisor SIZE_MAX", "recommend directory", "recommend min_micro_batches > M", "divisor nominal M 0"] {
+        assert!(stdout.lines().any(|l| l == format!("ok {name}")), "{name} missing: {stdout}");
+    }
+}
+
+#[test]
+fn c_program_uses_policy_recommend_and_divisor() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("compute_log.csv");
+    write_trace(&trace);
+    let exe = compile(dir.path(), "program.c");
     let out = Command::new(&exe).arg(&trace).output().unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "C program failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));

@@ -7,10 +7,16 @@ straggler tracker and the compute-log writer. ``dropcompute.torch`` (plain Pytho
 demand) runs one DDP gradient-accumulation step under a deadline.
 
 Units: nanoseconds for times, samples (or tokens) for counts. Errors: ``ValueError`` naming the
-field for bad input or malformed traces, ``OSError`` for files.
+field and value for bad input (a size above its ``MAX_*`` cap too) or malformed traces,
+``OverflowError`` for a negative or too wide integer, ``OSError`` (``FileNotFoundError``,
+``IsADirectoryError``, ``PermissionError``) for files.
 """
 
 from ._core import (
+    MAX_ESTIMATOR_WINDOW,
+    MAX_MICRO_BATCHES,
+    MAX_TRACE_CELLS,
+    MAX_WORLD_SIZE,
     MIN_STEPS,
     ComputeLogWriter,
     LatencyEstimator,
@@ -26,6 +32,10 @@ from ._core import (
 )
 
 __all__ = [
+    "MAX_ESTIMATOR_WINDOW",
+    "MAX_MICRO_BATCHES",
+    "MAX_TRACE_CELLS",
+    "MAX_WORLD_SIZE",
     "MIN_STEPS",
     "ComputeLogWriter",
     "LatencyEstimator",

@@ -1,4 +1,9 @@
-"""Typed stubs of the extension module ``dropcompute._core`` (python/src/lib.rs)."""
+"""Typed stubs of the extension module ``dropcompute._core`` (python/src/lib.rs).
+
+Errors of every function: ``ValueError`` naming the argument and its value (a size above its
+``MAX_*`` cap is refused before anything is allocated), ``OverflowError`` for an integer that
+is negative or wider than its argument, ``FileNotFoundError`` / ``IsADirectoryError`` /
+``PermissionError`` (else ``OSError``) for a file. Nothing is printed to stderr."""
 
 import os
 from types import TracebackType
@@ -9,6 +14,14 @@ import numpy.typing as npt
 
 #: Fewest complete steps (and 2 ranks) a trace needs for ``recommend``.
 MIN_STEPS: int
+#: Most ranks: ``divisor``'s counts, ``StragglerTracker``, ``Retuner``, a latency array's N (2**20).
+MAX_WORLD_SIZE: int
+#: Most micro-batches per rank and step: ``StepWalk``, ``Retuner`` (2**20).
+MAX_MICRO_BATCHES: int
+#: Largest ``LatencyEstimator`` window (2**20).
+MAX_ESTIMATOR_WINDOW: int
+#: Most cells N*M*steps of a latency array (2**28, the trace readers' cap).
+MAX_TRACE_CELLS: int
 
 CheckMode = Literal["before", "predictive"]
 Source = Union[str, "os.PathLike[str]", npt.NDArray[np.float64]]
@@ -43,7 +56,8 @@ class Policy:
     def min_micro_batches(self) -> int: ...
 
 class LatencyEstimator:
-    """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns)."""
+    """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns). Raises
+    ValueError for ``window`` 0 or above ``MAX_ESTIMATOR_WINDOW``, a quantile outside [0, 1]."""
 
     def __init__(self, window: int = 32, quantile: float = 0.9) -> None: ...
     def observe(self, latency_ns: int) -> None: ...
@@ -55,7 +69,8 @@ class StepWalk:
     decides exactly as the scheduler does. Drive it with ``next``: ``("wait", upto)`` report
     the ends of launches ``reported()..upto`` with ``ended`` (compute time from the clock start
     to each end, and its duration, ns; ``upto`` 0: pass the clock's reading to ``clock_at``); ``("launch", i)`` run micro-batch ``i``;
-    ``("done", stopped)`` the step is over (``stopped`` 1: the deadline stopped it)."""
+    ``("done", stopped)`` the step is over (``stopped`` 1: the deadline stopped it). Raises
+    ValueError for ``micro_batches`` above ``MAX_MICRO_BATCHES``."""
 
     def __init__(self, policy: Policy, *, step: int, micro_batches: int, sync_lag: int = 0) -> None: ...
     def next(self, estimator: Optional[LatencyEstimator] = None) -> Tuple[str, int]: ...
@@ -95,7 +110,10 @@ def recommend(
 ) -> Verdict:
     """Recommend a threshold from a trace file or an (N, M, steps) float64 array of latencies
     (ns); ``overhead_ns`` per step for arrays and the reference's logs. Raises ValueError
-    (bad field, malformed trace, fewer than MIN_STEPS steps or 2 ranks), OSError (file)."""
+    (bad field, malformed or empty trace, fewer than MIN_STEPS steps or 2 ranks,
+    ``min_micro_batches`` above the trace's micro-batches per step: the validation of
+    ``dropcompute tune``, an array above ``MAX_WORLD_SIZE`` ranks or ``MAX_TRACE_CELLS`` cells),
+    FileNotFoundError / IsADirectoryError / PermissionError / OSError (file)."""
 
 class SimulateResult(TypedDict):
     baseline_step_ns: float
@@ -127,11 +145,14 @@ def divisor(
     micro_batch_size: int = 1,
 ) -> Optional[float]:
     """What the summed gradient is divided by: the global computed count ("realized") or
-    N*M*b ("nominal"); None when the global count is zero (every rank skips the step)."""
+    N*M*b ("nominal"); None when the global count is zero (every rank skips the step, also for
+    no counts). Raises ValueError for more than ``MAX_WORLD_SIZE`` counts, a non-contiguous
+    array, or ``micro_batches`` / ``micro_batch_size`` 0 under "nominal"."""
 
 class ComputeLogWriter:
     """Writes the compute log (CSV, the reference's columns plus rank/start_ns/duration_ns);
-    ``dropcompute tune`` reads it. Raises OSError for file errors."""
+    ``dropcompute tune`` reads it. Raises OSError for file errors (FileNotFoundError for a
+    missing directory, IsADirectoryError for a directory)."""
 
     def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None: ...
     def write(
@@ -159,7 +180,8 @@ class ComputeLogWriter:
     ) -> bool: ...
 
 class StragglerTracker:
-    """Per-rank straggler statistics (``schedule::StragglerTracker``)."""
+    """Per-rank straggler statistics (``schedule::StragglerTracker``). Raises ValueError for
+    ``world_size`` 0 or above ``MAX_WORLD_SIZE``."""
 
     def __init__(self, world_size: int, alpha: float = 0.1, chronic_fraction: float = 0.5) -> None: ...
     def observe(
@@ -179,7 +201,9 @@ class StragglerTracker:
 
 class Retuner:
     """Closed-loop re-tuning: probe windows with the threshold off, enforce windows with the
-    tuned threshold (``tune::retune::Retuner``)."""
+    tuned threshold (``tune::retune::Retuner``). Raises ValueError for ``world_size`` above
+    ``MAX_WORLD_SIZE``, ``micro_batches`` above ``MAX_MICRO_BATCHES``, a negative or non-finite
+    ``hysteresis``; ``on_step`` for a matrix not of shape (world_size, micro_batches)."""
 
     def __init__(
         self,

@@ -3,9 +3,15 @@
 //! `dropcompute/_core.pyi` holds the typed stubs.
 //!
 //! Owns: argument conversion and validation (a bad argument is a `ValueError` naming the
-//! field), the mapping of crate errors to Python exceptions (`OSError` for files, `ValueError`
-//! for malformed traces and insufficient data), and releasing the interpreter lock around
-//! every call that reads files or searches (`Python::detach`). Must not touch: decision logic
+//! field; a size above its cap, `MAX_*`, is a `ValueError` raised before anything is
+//! allocated, a negative or too wide integer pyo3's `OverflowError`), the mapping of crate
+//! errors to Python exceptions (`OSError` for files, with the subclass of the OS error:
+//! `FileNotFoundError`, `IsADirectoryError`, `PermissionError`; `ValueError` for malformed
+//! traces and insufficient data), and releasing the interpreter lock around every call that
+//! reads files or searches (`Python::detach`). The size checks and trace loading are the C
+//! API crate's (`dropcompute_capi::{check_size, estimator, walk, divisor, load_trace}`), so both
+//! faces validate alike. A panic (a bug) prints nothing: the module installs the C API's
+//! quiet panic hook, and pyo3 raises it as `PanicException` with its message. Must not touch: decision logic
 //! (every function forwards to the crate's one implementation: `policy::decide`,
 //! `policy::walk::RankWalk` (the scheduler's step walk),
 //! `tune::recommend`, `sim::replay`, `schedule::divisor`, `tune::retune::Retuner`,
@@ -17,22 +23,59 @@ use std::path::PathBuf;
 
 use numpy::ndarray::{Array3, ArrayView3};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3};
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError, PyRuntimeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold};
 use dropcompute::schedule::RankStepStats;
 use dropcompute::sim::replay::{ExecutionModel, replay};
+use dropcompute::trace::compute_log::MAX_FILLED_CELLS;
 use dropcompute::trace::compute_log::{ComputeLogRecord, ComputeLogWriter as RsWriter};
 use dropcompute::trace::{LatencyTrace, LoadOptions};
 use dropcompute::tune::retune::{RetuneEvent, RetunerConfig};
 use dropcompute::tune::{self, Guardrails, Refusal, TuneConfig, Verdict as RsVerdict};
-use dropcompute_capi::{DC_IO, DcStatus};
+use dropcompute_capi::{DC_MAX_ESTIMATOR_WINDOW, DC_MAX_MICRO_BATCHES, DC_MAX_WORLD_SIZE, FaceError, check_size};
 
-/// A (status, message) of the C API layer as a Python exception.
-fn py_err((status, msg): (DcStatus, String)) -> PyErr {
-    if status == DC_IO { PyOSError::new_err(msg) } else { PyValueError::new_err(msg) }
+/// An OS error as the exception Python itself raises for it (an `OSError` subclass; a path
+/// with a NUL byte: `ValueError`), with `msg`.
+fn os_err(e: &std::io::Error, msg: String) -> PyErr {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound => PyFileNotFoundError::new_err(msg),
+        ErrorKind::IsADirectory => PyIsADirectoryError::new_err(msg),
+        ErrorKind::PermissionDenied => PyPermissionError::new_err(msg),
+        // A path the OS cannot take (an embedded NUL): Python's own `open` raises ValueError.
+        ErrorKind::InvalidInput => PyValueError::new_err(msg),
+        _ => PyOSError::new_err(msg),
+    }
+}
+
+/// An error of the C API layer as a Python exception: an unreadable file as its `OSError`
+/// subclass, a panic as `RuntimeError`, anything else as `ValueError`.
+fn py_err(e: FaceError) -> PyErr {
+    let msg = e.to_string();
+    match &e {
+        FaceError::Panic(_) => PyRuntimeError::new_err(msg),
+        _ => match e.io_error() {
+            Some(io) => os_err(io, msg),
+            None => PyValueError::new_err(msg),
+        },
+    }
+}
+
+/// `value` of the world-size argument `field`, at most `MAX_WORLD_SIZE`.
+fn world_size(field: &'static str, value: usize) -> PyResult<usize> {
+    check_size(field, value as u128, DC_MAX_WORLD_SIZE as u128, "MAX_WORLD_SIZE").map_err(py_err)?;
+    Ok(value)
+}
+
+/// `value` of the micro-batch-count argument `field`, at most `MAX_MICRO_BATCHES`.
+fn micro_batches(field: &'static str, value: usize) -> PyResult<usize> {
+    check_size(field, value as u128, DC_MAX_MICRO_BATCHES.into(), "MAX_MICRO_BATCHES").map_err(py_err)?;
+    Ok(value)
 }
 
 fn value_err(field: &str, msg: impl std::fmt::Display) -> PyErr {
@@ -117,11 +160,10 @@ pub struct LatencyEstimator {
 impl LatencyEstimator {
     #[new]
     #[pyo3(signature = (window=32, quantile=0.9))]
-    fn new(window: usize, quantile: f64) -> PyResult<Self> {
-        if window == 0 {
-            return Err(value_err("window", "0: must be >= 1"));
-        }
-        Ok(Self { inner: policy::LatencyEstimator::new(window, fraction("quantile", quantile)?) })
+    fn new(window: u64, quantile: f64) -> PyResult<Self> {
+        // The C API's check (window 1..=MAX_ESTIMATOR_WINDOW, quantile in [0, 1]) before the
+        // window is allocated.
+        Ok(Self { inner: dropcompute_capi::estimator(window, quantile).map_err(py_err)? })
     }
     fn observe(&mut self, latency_ns: u64) {
         self.inner.observe(latency_ns)
@@ -159,10 +201,9 @@ fn with_estimator<R>(
 impl StepWalk {
     #[new]
     #[pyo3(signature = (policy, *, step, micro_batches, sync_lag=0))]
-    fn new(policy: &Policy, step: u64, micro_batches: usize, sync_lag: u32) -> Self {
-        Self {
-            inner: policy::walk::RankWalk::new(policy.cfg, step, micro_batches, policy::TailShape::default(), sync_lag),
-        }
+    fn new(policy: &Policy, step: u64, micro_batches: u64, sync_lag: u32) -> PyResult<Self> {
+        // The C API's check (at most MAX_MICRO_BATCHES) before the walk's buffers are allocated.
+        Ok(Self { inner: dropcompute_capi::walk(policy.cfg, step, micro_batches, sync_lag).map_err(py_err)? })
     }
 
     /// The next action: `("wait", upto)` (report the ends of launches `reported..upto` with
@@ -254,6 +295,10 @@ fn trace_from(py: Python<'_>, source: &Bound<'_, PyAny>, overhead_ns: f64) -> Py
         if n == 0 || m == 0 || s == 0 {
             return Err(value_err("latencies_ns", format!("shape ({n}, {m}, {s}): every dimension must be >= 1")));
         }
+        // Before the step-major copy: a broadcast array may have a huge shape and no memory.
+        world_size("latencies_ns N", n)?;
+        let cells = n as u128 * m as u128 * s as u128;
+        check_size("latencies_ns N*M*steps", cells, MAX_FILLED_CELLS as u128, "MAX_TRACE_CELLS").map_err(py_err)?;
         let lat = to_step_major(view);
         return LatencyTrace::new(
             "array",
@@ -315,8 +360,11 @@ fn recommend(
     };
     let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
     let trace = trace_from(py, source, overhead_ns)?;
-    dropcompute_capi::check_sufficient(&trace).map_err(py_err)?;
-    let rec = py.detach(|| dropcompute_capi::recommend_trace(&trace, mode, guardrails, min_micro_batches));
+    // tune::check_inputs (as `dropcompute tune`: enough steps and ranks, min_micro_batches
+    // <= M), then the recommendation.
+    let rec = py
+        .detach(|| dropcompute_capi::recommend_checked(&trace, mode, guardrails, min_micro_batches))
+        .map_err(py_err)?;
     // The oracle's best admissible candidate: what an ideal (oracle-truncation) policy reaches.
     let (ideal_speedup, ideal_threshold_ns) =
         rec.ideal.best_admissible.map_or((0.0, 0.0), |c| (c.objective, c.threshold_ns));
@@ -414,7 +462,7 @@ fn divisor(
     let counts = counts.as_slice().map_err(|e| value_err("counts", e))?;
     match dropcompute_capi::divisor(counts, code, micro_batches, micro_batch_size) {
         Ok(d) => Ok(Some(d)),
-        Err((s, _)) if s == dropcompute_capi::DC_SKIP_STEP => Ok(None),
+        Err(FaceError::SkipStep(_)) => Ok(None),
         Err(e) => Err(py_err(e)),
     }
 }
@@ -430,8 +478,7 @@ pub struct ComputeLogWriter {
 impl ComputeLogWriter {
     #[new]
     fn new(path: PathBuf) -> PyResult<Self> {
-        let f =
-            File::create(&path).map_err(|e| PyOSError::new_err(format!("{}: cannot create: {e}", path.display())))?;
+        let f = File::create(&path).map_err(|e| os_err(&e, format!("{}: cannot create: {e}", path.display())))?;
         Ok(Self { path, inner: Some(RsWriter::new(BufWriter::new(f))) })
     }
 
@@ -508,6 +555,7 @@ impl StragglerTracker {
         if world_size == 0 {
             return Err(value_err("world_size", "0: must be >= 1"));
         }
+        let world_size = self::world_size("world_size", world_size)?;
         if !(alpha > 0.0 && alpha <= 1.0) {
             return Err(value_err("alpha", format!("{alpha}: must be in (0, 1]")));
         }
@@ -572,6 +620,8 @@ impl StragglerTracker {
 #[pyclass(module = "dropcompute._core")]
 pub struct Retuner {
     inner: tune::retune::Retuner,
+    /// N and M, the shape `on_step` takes.
+    shape: (usize, usize),
 }
 
 #[pymethods]
@@ -590,6 +640,8 @@ impl Retuner {
         min_gain: f64,
         min_micro_batches: u32,
     ) -> PyResult<Self> {
+        let world_size = self::world_size("world_size", world_size)?;
+        let micro_batches = self::micro_batches("micro_batches", micro_batches)?;
         let cfg = RetunerConfig {
             period,
             probe_steps,
@@ -606,7 +658,7 @@ impl Retuner {
         };
         let inner = tune::retune::Retuner::new(cfg, world_size, micro_batches)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { inner })
+        Ok(Self { inner, shape: (world_size, micro_batches) })
     }
 
     /// Feed one step's (N, M) latency matrix (ns; NaN for dropped) and step time (ns).
@@ -616,7 +668,15 @@ impl Retuner {
         latencies_ns: PyReadonlyArray2<'py, f64>,
         step_time_ns: f64,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let lat: Vec<f64> = latencies_ns.as_array().iter().copied().collect();
+        // The shape before the copy: a broadcast array may be huge and hold no memory.
+        let view = latencies_ns.as_array();
+        if view.dim() != self.shape {
+            return Err(value_err(
+                "latencies_ns",
+                format!("shape {:?}: must be (world_size, micro_batches) = {:?}", view.dim(), self.shape),
+            ));
+        }
+        let lat: Vec<f64> = view.iter().copied().collect();
         let inner = &mut self.inner;
         let ev = py.detach(|| inner.on_step(&lat, step_time_ns)).map_err(|e| value_err("latencies_ns", e))?;
         let Some(ev) = ev else { return Ok(None) };
@@ -652,6 +712,8 @@ impl Retuner {
 /// The extension module.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A panic (a bug) becomes pyo3's PanicException with its message; nothing is printed.
+    dropcompute_capi::quiet_panics_everywhere();
     m.add_class::<Policy>()?;
     m.add_class::<LatencyEstimator>()?;
     m.add_class::<StepWalk>()?;
@@ -664,6 +726,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
     m.add_function(wrap_pyfunction!(divisor, m)?)?;
     m.add("MIN_STEPS", tune::MIN_STEPS)?;
+    m.add("MAX_WORLD_SIZE", DC_MAX_WORLD_SIZE)?;
+    m.add("MAX_MICRO_BATCHES", DC_MAX_MICRO_BATCHES)?;
+    m.add("MAX_ESTIMATOR_WINDOW", DC_MAX_ESTIMATOR_WINDOW)?;
+    m.add("MAX_TRACE_CELLS", MAX_FILLED_CELLS)?;
 
     Ok(())
 }

@@ -22,7 +22,7 @@ use dropcompute::trace::whatif::PipelineAggregation;
 use dropcompute::trace::{LoadOptions, load};
 use dropcompute::tune::recommend::replay_score;
 use dropcompute::tune::straggler::{StragglerClass, StragglerConfig, attribute};
-use dropcompute::tune::{CandidateScore, Guardrails, Recommend, Recommendation, Verdict, recommend};
+use dropcompute::tune::{CandidateScore, Guardrails, Recommend, Recommendation, TuneInputError, Verdict, recommend};
 use dropcompute_plot::{Series, line_chart};
 
 /// Arguments of `dropcompute tune`.
@@ -205,32 +205,19 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let mut autos = Vec::new();
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
-        // As `train --threshold auto`: the warm-up steps are replayed but not tuned on.
-        let tuned = t.steps().iter().filter(|&&s| s >= args.warmup_steps).count();
-        if tuned < dropcompute::tune::MIN_STEPS || t.world_size() < 2 {
-            return Err(CommandError::Trace(dropcompute::trace::TraceError::InsufficientData {
-                source_name: t.source().to_string(),
-                steps: tuned,
-                ranks: t.world_size(),
-                min_steps: dropcompute::tune::MIN_STEPS,
-            }));
-        }
-        if args.sync_lag as usize >= t.micro_batches() {
-            return Err(CommandError::Args(format!(
-                "--sync-lag {}: must be < the micro-batches of {} ({})",
-                args.sync_lag,
-                t.source(),
-                t.micro_batches()
-            )));
-        }
-        if args.min_micro_batches as usize > t.micro_batches() {
-            return Err(CommandError::Args(format!(
-                "--min-micro-batches {}: must be <= the micro-batches of {} ({})",
-                args.min_micro_batches,
-                t.source(),
-                t.micro_batches()
-            )));
-        }
+        // The one validation of every face that tunes (C API and Python too); the messages
+        // name the flags.
+        dropcompute::tune::check_inputs(t, &execution).map_err(|e| match e {
+            TuneInputError::InsufficientData(e) => CommandError::Trace(e),
+            TuneInputError::SyncLag { sync_lag, source_name, micro_batches } => CommandError::Args(format!(
+                "--sync-lag {sync_lag}: must be < the micro-batches of {source_name} ({micro_batches})"
+            )),
+            TuneInputError::MinMicroBatches { min_micro_batches, source_name, micro_batches } => {
+                CommandError::Args(format!(
+                    "--min-micro-batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})"
+                ))
+            }
+        })?;
         if let Some(p) = args.auto_for {
             let a = auto_for(t, &how, p, tail, args, &loaded.notes);
             if args.json {

@@ -600,10 +600,23 @@ pub fn load(paths: &[PathBuf], opts: &LoadOptions) -> Result<Vec<Loaded>, TraceE
     Ok(out)
 }
 
+/// Opens a trace file for reading. A directory is refused here as the I/O error it is
+/// ([`std::io::ErrorKind::IsADirectory`]): `File::open` accepts one on Unix and only the
+/// first read fails, which a parser would report as a malformed file.
+/// Errors: [`TraceError::Io`] (missing file, permission, directory).
+pub fn open_file(path: &Path) -> Result<std::fs::File, TraceError> {
+    let io = |source| TraceError::Io { path: path.into(), source };
+    let f = std::fs::File::open(path).map_err(io)?;
+    if f.metadata().map_err(io)?.is_dir() {
+        return Err(io(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory")));
+    }
+    Ok(f)
+}
+
 /// Open a file for reading, transparently gunzipping names ending in `.gz`.
-/// Errors: [`TraceError::Io`].
+/// Errors: [`TraceError::Io`] (as [`open_file`]).
 pub fn open_maybe_gz(path: &Path) -> Result<Box<dyn std::io::Read>, TraceError> {
-    let f = std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.into(), source })?;
+    let f = open_file(path)?;
     let r = std::io::BufReader::new(f);
     if path.extension().is_some_and(|e| e == "gz") {
         Ok(Box::new(Bounded::new(flate2::read::GzDecoder::new(r))))
@@ -684,6 +697,29 @@ mod tests {
         let mut ok = Bounded::new(std::io::Cursor::new("a,b\n".repeat(MAX_LINE_BYTES)));
         let mut sink = Vec::new();
         assert_eq!(std::io::Read::read_to_end(&mut ok, &mut sink).expect("short lines pass"), 4 * MAX_LINE_BYTES);
+    }
+
+    /// A directory and a missing file are I/O errors naming the path (the C API's `DC_IO`,
+    /// Python's `IsADirectoryError` / `FileNotFoundError`), not malformed traces.
+    #[test]
+    fn a_directory_or_a_missing_file_is_an_io_error() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sub = dir.path().join("trace.csv.gz");
+        std::fs::create_dir(&sub).expect("mkdir");
+        let cases = [
+            (dir.path().to_path_buf(), std::io::ErrorKind::IsADirectory),
+            (sub, std::io::ErrorKind::IsADirectory),
+            (dir.path().join("missing.csv"), std::io::ErrorKind::NotFound),
+        ];
+        for (p, kind) in cases {
+            match load(std::slice::from_ref(&p), &LoadOptions::default()) {
+                Err(TraceError::Io { path, source }) => {
+                    assert_eq!(path, p);
+                    assert_eq!(source.kind(), kind, "{}", p.display());
+                }
+                other => panic!("{}: expected Io, got {other:?}", p.display()),
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod retune;
 pub mod search;
 pub mod straggler;
 
-pub use recommend::{Recommend, Recommendation, recommend};
+pub use recommend::{Recommend, Recommendation, TuneInputError, check_inputs, recommend};
 pub use straggler::StragglerClass;
 
 /// The fewest complete steps (and ranks: 2) a trace needs before `dropcompute tune` gives a

@@ -19,7 +19,7 @@
 
 use crate::policy::Threshold;
 use crate::sim::replay::{ExecutionModel, ReplayReport, replay};
-use crate::trace::LatencyTrace;
+use crate::trace::{LatencyTrace, TraceError};
 
 use super::search::{CandidateScore, Guardrails, Refusal, TuneConfig, TuneReport, Verdict, tune};
 
@@ -50,6 +50,72 @@ pub struct Recommendation {
     /// ends by the threshold): its curve, unconstrained best and verdict. Not realizable on the
     /// device; printed beside the verdict as the ideal.
     pub ideal: TuneReport,
+}
+
+/// Why a trace and an execution model cannot be tuned: the one validation of `dropcompute
+/// tune`, the C API's `dc_recommend_file` and the Python `recommend` ([`check_inputs`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TuneInputError {
+    /// Fewer than [`super::MIN_STEPS`] steps at or after the warm-up, or fewer than 2 ranks
+    /// (always [`TraceError::InsufficientData`]).
+    #[error(transparent)]
+    InsufficientData(TraceError),
+    /// The sync lag is not below the trace's micro-batches per step (the check would never
+    /// see a micro-batch end before the step's last launch).
+    #[error("sync_lag {sync_lag}: must be < the micro-batches of {source_name} ({micro_batches})")]
+    SyncLag {
+        /// The execution model's sync lag (micro-batches).
+        sync_lag: u32,
+        /// The trace.
+        source_name: String,
+        /// Its micro-batches per rank and step (M).
+        micro_batches: usize,
+    },
+    /// More micro-batches always computed than the trace has per step.
+    #[error("min_micro_batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})")]
+    MinMicroBatches {
+        /// The execution model's minimum micro-batches per step.
+        min_micro_batches: u32,
+        /// The trace.
+        source_name: String,
+        /// Its micro-batches per rank and step (M).
+        micro_batches: usize,
+    },
+}
+
+/// Checks that `trace` can be tuned under `execution`: at least [`super::MIN_STEPS`] steps
+/// at or after `execution.warmup_steps` (the warm-up steps are replayed but not tuned on, as
+/// in `train --threshold auto`) and 2 ranks, a sync lag below the trace's micro-batches M and
+/// `min_micro_batches` <= M. The one validation of every face that tunes (CLI, C, Python).
+///
+/// # Errors
+/// The first failed rule, in that order, as a [`TuneInputError`].
+pub fn check_inputs(trace: &LatencyTrace, execution: &ExecutionModel) -> Result<(), TuneInputError> {
+    let tuned = trace.steps().iter().filter(|&&s| s >= execution.warmup_steps).count();
+    if tuned < super::MIN_STEPS || trace.world_size() < 2 {
+        return Err(TuneInputError::InsufficientData(TraceError::InsufficientData {
+            source_name: trace.source().to_string(),
+            steps: tuned,
+            ranks: trace.world_size(),
+            min_steps: super::MIN_STEPS,
+        }));
+    }
+    let m = trace.micro_batches();
+    if execution.sync_lag as usize >= m {
+        return Err(TuneInputError::SyncLag {
+            sync_lag: execution.sync_lag,
+            source_name: trace.source().to_string(),
+            micro_batches: m,
+        });
+    }
+    if execution.min_micro_batches as usize > m {
+        return Err(TuneInputError::MinMicroBatches {
+            min_micro_batches: execution.min_micro_batches,
+            source_name: trace.source().to_string(),
+            micro_batches: m,
+        });
+    }
+    Ok(())
 }
 
 /// Recommends a threshold for `trace` under `how` (see the module doc). Pure and
@@ -143,6 +209,34 @@ mod tests {
 
     fn before() -> ExecutionModel {
         ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
+    }
+
+    #[test]
+    fn check_inputs_refuses_short_traces_a_long_sync_lag_and_too_many_minimum_micro_batches() {
+        // 2 ranks x M = 4 x 12 steps.
+        let t = LatencyTrace::new("t12", vec![0, 1], (0..12).collect(), 4, vec![1.0; 96], vec![0.0; 12]).unwrap();
+        let exec = |sync_lag, warmup_steps, min_micro_batches| ExecutionModel {
+            check: CheckMode::Predictive,
+            sync_lag,
+            warmup_steps,
+            min_micro_batches,
+        };
+        assert!(check_inputs(&t, &exec(3, 2, 4)).is_ok());
+        // 12 steps, warm-up 3: 9 tuned < 10.
+        match check_inputs(&t, &exec(0, 3, 1)) {
+            Err(TuneInputError::InsufficientData(TraceError::InsufficientData { steps, ranks, min_steps, .. })) => {
+                assert_eq!((steps, ranks, min_steps), (9, 2, 10));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = check_inputs(&t, &exec(4, 0, 1)).unwrap_err();
+        assert_eq!(e.to_string(), "sync_lag 4: must be < the micro-batches of t12 (4)");
+        let e = check_inputs(&t, &exec(0, 0, 5)).unwrap_err();
+        assert!(matches!(e, TuneInputError::MinMicroBatches { min_micro_batches: 5, micro_batches: 4, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "min_micro_batches 5: must be <= the micro-batches of t12 (4)");
+        // One rank.
+        let one = LatencyTrace::new("one", vec![0], (0..12).collect(), 4, vec![1.0; 48], vec![0.0; 12]).unwrap();
+        assert!(matches!(check_inputs(&one, &exec(0, 0, 1)), Err(TuneInputError::InsufficientData(_))));
     }
 
     fn replay_with(max_drop_rate: f64) -> Verdict {

@@ -111,13 +111,20 @@ pub struct Retuner {
 
 impl Retuner {
     /// New retuner for N ranks and M micro-batches; starts in a probe with the threshold off.
-    /// Errors: [`RetuneError::Config`] if N, M or probe_steps is 0 or period <= probe_steps.
+    /// Errors: [`RetuneError::Config`] if N, M or probe_steps is 0, period <= probe_steps, N·M
+    /// overflows `usize` or the hysteresis is negative or not finite.
     pub fn new(cfg: RetunerConfig, world_size: usize, micro_batches: usize) -> Result<Self, RetuneError> {
         if world_size == 0 || micro_batches == 0 || cfg.probe_steps == 0 || cfg.period <= cfg.probe_steps {
             return Err(RetuneError::Config(format!(
                 "N={world_size}, M={micro_batches}, period {} must exceed probe_steps {} >= 1",
                 cfg.period, cfg.probe_steps
             )));
+        }
+        if world_size.checked_mul(micro_batches).is_none() {
+            return Err(RetuneError::Config(format!("N={world_size} x M={micro_batches} overflows")));
+        }
+        if !(cfg.hysteresis.is_finite() && cfg.hysteresis >= 0.0) {
+            return Err(RetuneError::Config(format!("hysteresis {}: must be finite and >= 0", cfg.hysteresis)));
         }
         Ok(Self {
             cfg,
@@ -309,6 +316,12 @@ mod tests {
         }
         assert!(thresholds_after_probe.iter().all(|t| t.as_ns().is_some()));
         assert!(Retuner::new(RetunerConfig { period: 5, probe_steps: 5, ..cfg }, n, m).is_err());
+        let e = Retuner::new(cfg, usize::MAX, 2).expect_err("N x M overflows");
+        assert_eq!(e.to_string(), format!("retuner config: N={} x M=2 overflows", usize::MAX));
+        for h in [f64::NAN, -0.01, f64::INFINITY] {
+            let e = Retuner::new(RetunerConfig { hysteresis: h, ..cfg }, n, m).expect_err("bad hysteresis");
+            assert!(e.to_string().contains(&format!("hysteresis {h}")), "{e}");
+        }
         assert!(rt.on_step(&[0.0; 3], 1.0).is_err());
     }
 

@@ -132,7 +132,7 @@ impl WhatifRecord for ParquetRecord<'_> {
 /// column for null or out-of-range values; then every error of the shared derivation
 /// (duplicates, ragged steps unless `opts.allow_incomplete_steps`, no complete step).
 pub fn load_parquet(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
-    let file = std::fs::File::open(path).map_err(|source| TraceError::Io { path: path.into(), source })?;
+    let file = crate::trace::open_file(path)?;
     let reader = SerializedFileReader::new(file).map_err(|e| malformed(path, 0, "(file)", e.to_string()))?;
     let (proj, pos) = project(path, reader.metadata().file_metadata().schema())?;
     let rows = reader.get_row_iter(Some(proj)).map_err(|e| malformed(path, 0, "(file)", e.to_string()))?;
