@@ -640,7 +640,7 @@ pub fn to_recommendation(v: &Verdict) -> DcRecommendation {
 
 /// (status, message) of a trace error: `DC_IO` for unreadable files, else `DC_TRACE`.
 pub fn trace_error(e: TraceError) -> (DcStatus, String) {
-    let status = if matches!(e, TraceError::Io { .. }) { DC_IO } else { DC_TRACE };
+    let status = if matches!(e, TraceError::Io { .. } | TraceError::Input(_)) { DC_IO } else { DC_TRACE };
     (status, e.to_string())
 }
 

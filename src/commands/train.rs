@@ -431,7 +431,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
         text += "predicted speedup: needs the baseline run's latencies (--compare)\n";
     }
     text += wrote.as_deref().unwrap_or_default();
-    super::write_stdout(&text).map_err(|source| TrainError::Io { what: "writing stdout".into(), source })
+    Ok(dropcompute::console::out(&text)?)
 }
 
 /// The backend of report.json's metadata: "cpu-mock (in-process)" or "Synapse at PATH".
