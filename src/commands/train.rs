@@ -411,12 +411,24 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     let wrote = match out {
         Some(out) => {
             summary::write_outputs(&out, &job, &rep, &outcomes, predicted.as_ref())?;
-            let files = out.commit()?;
-            Some(format!(
-                "wrote {} files to {}\n",
-                files.len(),
-                job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
-            ))
+            let done = out.commit()?;
+            let dir = job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+            let mut said = String::new();
+            if !done.removed.is_empty() {
+                let names: Vec<String> = done
+                    .removed
+                    .iter()
+                    .filter_map(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .collect();
+                said += &format!(
+                    "removed {} files of an earlier run from {dir}: {}\n",
+                    done.removed.len(),
+                    names.join(", ")
+                );
+            }
+            said += &format!("wrote {} files to {dir}\n", done.files.len());
+            Some(said)
         }
         None => None,
     };
