@@ -2,7 +2,8 @@
 //! the first device or network call: `HCCL_COMM_ID` (the vendor library's parser,
 //! `habana_sys::comm_id`), `DROPCOMPUTE_MOCK_VERSION` (`habana_sys::parse_version`),
 //! `DROPCOMPUTE_MOCK_LOCK_DIR` and `TMPDIR` (existing directories), `RUST_LOG` (a tracing
-//! filter), the input caps `DROPCOMPUTE_MAX_*_BYTES` (`crate::input`) and the test hook `DROPCOMPUTE_TEST_SIGKILL_AT` (`STEP[:RANK]`). The other variables
+//! filter), the input caps `DROPCOMPUTE_MAX_*_BYTES` (`crate::input`) and the test hook
+//! `DROPCOMPUTE_TEST_SIGKILL_AT` (`STEP[:RANK]`). The other variables
 //! are checked where they are parsed: the launcher's (`hccl::bootstrap`), device pinning
 //! (`synapse::module_id_from_env`), the mock's configuration (`mock::MockConfig::from_env`),
 //! `DROPCOMPUTE_BACKEND` (`commands::train`).

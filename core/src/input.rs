@@ -226,7 +226,8 @@ impl InputError {
     fn into_io(self) -> io::Error {
         let kind = match &self {
             Self::Io { source, .. } => source.kind(),
-            Self::Interrupted { .. } => io::ErrorKind::Interrupted,
+            // Not `ErrorKind::Interrupted`: `read_to_end` and friends retry that one.
+            Self::Interrupted { .. } => io::ErrorKind::Other,
             _ => io::ErrorKind::InvalidData,
         };
         io::Error::new(kind, self)

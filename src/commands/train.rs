@@ -389,12 +389,14 @@ impl Args {
 /// collective, checkpoint, output and interrupt errors.
 pub fn run(a: &Args) -> Result<(), TrainError> {
     let start = std::time::SystemTime::now();
+    // Stop signals are recorded from the start: a read of an input FIFO no one writes (in the
+    // validation below) then ends on SIGINT/SIGTERM with exit 130 (`dropcompute::input`).
+    dropcompute::signals::install();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.with_launcher_world_size()?.validate()?;
     dropcompute::environment::check()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
-    dropcompute::signals::install();
     let job = Job::prepare(cfg)?;
     let rt = job_run::runtime(&job)?;
     let show = std::io::stderr().is_terminal();
