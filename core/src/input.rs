@@ -25,8 +25,8 @@
 //! optionally with a binary suffix `K`, `M`, `G` (or `KiB`, `MiB`, `GiB`); a bad value is exit 2
 //! before any command runs (`crate::environment::check`).
 //!
-//! Owns: the caps, opening (regular or not), gzip detection of the text kinds (by the gzip magic
-//! or a `.gz` name), the counting. Must not touch: what the bytes mean (each parser), exit codes.
+//! Owns: the caps, opening (regular or not), gzip detection of the text kinds (by the gzip
+//! magic, not the name), the counting. Must not touch: what the bytes mean (each parser), exit codes.
 #![forbid(unsafe_code)]
 
 use std::fs::File;
@@ -387,7 +387,7 @@ fn too_large(path: &Path, kind: InputKind, cap: u64) -> InputError {
 
 /// Opens `path` as an input of `kind`: refuses a directory, a regular file above the size cap,
 /// and (while reading) more decoded bytes than the cap or a line above the line cap. A data or
-/// trace file starting with the gzip magic (or named `*.gz`) is decompressed (every member).
+/// trace file starting with the gzip magic is decompressed (every member), whatever its name.
 ///
 /// # Errors
 /// [`InputError::Io`], [`InputError::Directory`], [`InputError::TooLarge`],
@@ -400,7 +400,7 @@ pub fn open(path: &Path, kind: InputKind) -> Result<Input, InputError> {
     let inner: Box<dyn Read + Send> = if kind.gunzips() {
         let mut buffered = BufReader::new(raw);
         let head = buffered.fill_buf().map_err(|e| read_error(path, kind, e))?;
-        gzip = head.starts_with(&[0x1f, 0x8b]) || path.extension().is_some_and(|e| e == "gz");
+        gzip = head.starts_with(&[0x1f, 0x8b]);
         if gzip { Box::new(flate2::bufread::MultiGzDecoder::new(buffered)) } else { Box::new(buffered) }
     } else {
         raw
