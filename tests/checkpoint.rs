@@ -170,7 +170,7 @@ fn retention_keeps_the_newest_two_and_removes_stale_temp_files() {
 fn io_errors_name_the_path() {
     let (_tmp, missing) = hermetic::missing_path("checkpoint-0000000001.dcc");
     let e = checkpoint::read(&missing).unwrap_err();
-    assert!(matches!(&e, CheckpointError::Io { op: "open", .. }), "{e:?}");
+    assert!(matches!(&e, CheckpointError::Input(dropcompute::input::InputError::Io { op: "open", .. })), "{e:?}");
     assert!(e.to_string().contains(missing.to_str().unwrap()), "{e}");
     let missing_dir = missing.parent().unwrap();
     assert!(matches!(checkpoint::load_latest(missing_dir), Err(CheckpointError::Io { .. })));

@@ -376,5 +376,8 @@ fn a_full_stdout_and_an_endless_input_are_typed_errors() {
     assert!(out.join("report.json").is_file(), "train's outputs survive a full stdout");
     let (code, err) = code_and_stderr(&dropcompute(&["tune", "--trace", "/dev/zero"], &[]));
     assert_eq!(code, Some(6), "{err}");
-    assert!(err.contains("/dev/zero") && err.contains("cap of a trace line") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("/dev/zero") && err.contains("DROPCOMPUTE_MAX_LINE_BYTES") && !err.contains("panicked"),
+        "{err}"
+    );
 }

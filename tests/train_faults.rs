@@ -143,6 +143,14 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
             // A secret is never echoed, only its length.
             "<4 characters, not shown>",
         ),
+        // The input caps (core/src/input.rs): bytes with an optional K/M/G suffix, at least 1.
+        (vec![("DROPCOMPUTE_MAX_DATA_BYTES", "lots")], &[], "DROPCOMPUTE_MAX_DATA_BYTES", "lots"),
+        (vec![("DROPCOMPUTE_MAX_PARAMS_BYTES", "0")], &[], "DROPCOMPUTE_MAX_PARAMS_BYTES", "at least 1 byte"),
+        (vec![("DROPCOMPUTE_MAX_TRACE_BYTES", "1T")], &[], "DROPCOMPUTE_MAX_TRACE_BYTES", "1T"),
+        (vec![("DROPCOMPUTE_MAX_CHECKPOINT_BYTES", "-1")], &[], "DROPCOMPUTE_MAX_CHECKPOINT_BYTES", "-1"),
+        (vec![("DROPCOMPUTE_MAX_SPEC_BYTES", "99999999999G")], &[], "DROPCOMPUTE_MAX_SPEC_BYTES", "64 bits"),
+        (vec![("DROPCOMPUTE_MAX_SYSTEM_BYTES", "")], &[], "DROPCOMPUTE_MAX_SYSTEM_BYTES", "bytes"),
+        (vec![("DROPCOMPUTE_MAX_LINE_BYTES", "1.5M")], &[], "DROPCOMPUTE_MAX_LINE_BYTES", "1.5M"),
     ];
     // Every variable the product reads has a row, except DROPCOMPUTE_SYNAPSE_LIB: train runs
     // the mock and never loads a library (`info` and `bench` exit 3 naming a missing path).

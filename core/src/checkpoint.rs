@@ -31,7 +31,7 @@
 #![forbid(unsafe_code)]
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -68,6 +68,10 @@ pub struct Checkpoint {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
+    /// The bounded reader refused the file (`crate::input`, kind checkpoint: a directory, the
+    /// size cap, a stop signal while waiting for a FIFO) or could not open it.
+    #[error("{0}")]
+    Input(#[from] crate::input::InputError),
     /// A file system call failed.
     #[error("checkpoint {path}: {op}: {source}")]
     Io {
@@ -298,13 +302,10 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> 
 /// Reads and verifies one checkpoint file.
 ///
 /// # Errors
-/// [`CheckpointError::Io`] when the file cannot be opened or read; otherwise as [`decode`].
+/// [`CheckpointError::Input`] when the file cannot be opened or read through the bounded
+/// reader (`crate::input`, kind checkpoint); otherwise as [`decode`].
 pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
-    let io = |op: &'static str| move |source| CheckpointError::Io { path: path.to_path_buf(), op, source };
-    let mut f = File::open(path).map_err(io("open"))?;
-    let len = f.metadata().map_err(io("stat"))?.len();
-    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    f.read_to_end(&mut bytes).map_err(io("read"))?;
+    let bytes = crate::input::read(path, crate::input::InputKind::Checkpoint)?;
     decode(&bytes, path)
 }
 
@@ -393,12 +394,15 @@ pub type Skipped = Vec<(PathBuf, CheckpointError)>;
 /// errors (left on disk). Reads each file in full (checksum verified).
 ///
 /// # Errors
-/// [`CheckpointError::Io`] when `dir` cannot be listed.
+/// [`CheckpointError::Io`] when `dir` cannot be listed; [`CheckpointError::Input`] with
+/// `InputError::Interrupted` when a stop signal arrived while waiting for a file (a FIFO): the
+/// stop ends the search instead of skipping the file.
 pub fn valid_steps(dir: &Path) -> Result<(Vec<u64>, Skipped), CheckpointError> {
     let (mut ok, mut bad) = (Vec::new(), Vec::new());
     for (step, path) in list_checkpoints(dir)? {
         match read_named(&path, step) {
             Ok(_) => ok.push(step),
+            Err(e @ CheckpointError::Input(crate::input::InputError::Interrupted { .. })) => return Err(e),
             Err(e) => bad.push((path, e)),
         }
     }

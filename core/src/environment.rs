@@ -2,7 +2,8 @@
 //! the first device or network call: `HCCL_COMM_ID` (the vendor library's parser,
 //! `habana_sys::comm_id`), `DROPCOMPUTE_MOCK_VERSION` (`habana_sys::parse_version`),
 //! `DROPCOMPUTE_MOCK_LOCK_DIR` and `TMPDIR` (existing directories), `RUST_LOG` (a tracing
-//! filter) and the test hook `DROPCOMPUTE_TEST_SIGKILL_AT` (`STEP[:RANK]`). The other variables
+//! filter), the input caps `DROPCOMPUTE_MAX_*_BYTES` (`crate::input`) and the test hook
+//! `DROPCOMPUTE_TEST_SIGKILL_AT` (`STEP[:RANK]`). The other variables
 //! are checked where they are parsed: the launcher's (`hccl::bootstrap`), device pinning
 //! (`synapse::module_id_from_env`), the mock's configuration (`mock::MockConfig::from_env`),
 //! `DROPCOMPUTE_BACKEND` (`commands::train`).
@@ -64,6 +65,9 @@ pub fn check_with(lookup: impl Fn(&str) -> Option<String>) -> Result<(), EnvErro
         && let Err(e) = tracing_subscriber::EnvFilter::try_new(&v)
     {
         return Err(bad("RUST_LOG", &v, format!("not a tracing filter: {e}")));
+    }
+    if let Err(crate::input::InputError::BadCap { variable, value, reason }) = crate::input::check_env(&lookup) {
+        return Err(bad(variable, &value, reason));
     }
     if let Some(v) = lookup(ENV_TEST_SIGKILL_AT) {
         parse_sigkill_at(&v).map_err(|why| bad(ENV_TEST_SIGKILL_AT, &v, why))?;

@@ -120,6 +120,10 @@ pub enum LaunchError {
     /// The launcher environment of [`Launch::Env`].
     #[error(transparent)]
     Bootstrap(#[from] ConfigError),
+    /// A spec or result file was refused by the bounded reader (`crate::input`, kind launch
+    /// spec) or could not be read.
+    #[error("{0}")]
+    Input(#[from] crate::input::InputError),
 }
 
 /// How one rank joins the communicator of its job.
@@ -276,7 +280,7 @@ pub fn bind_to_parent(spec: &ChildSpec) {
         tracing::warn!(error = %e, "PR_SET_PDEATHSIG failed: this rank may outlive a killed parent");
     }
     if spec.parent_pid != 0 && nix::unistd::getppid().as_raw() as u32 != spec.parent_pid {
-        eprintln!("rank {}: parent process {} is gone; exiting", spec.rank, spec.parent_pid);
+        crate::console::err(&format!("rank {}: parent process {} is gone; exiting", spec.rank, spec.parent_pid));
         std::process::exit(137);
     }
 }
@@ -287,8 +291,7 @@ impl ChildSpec {
     /// # Errors
     /// [`LaunchError::Io`] when unreadable; [`LaunchError::Spec`] when it is not a spec.
     pub fn read(path: &Path) -> Result<Self, LaunchError> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| LaunchError::Io { what: format!("read {}", path.display()), source })?;
+        let bytes = crate::input::read(path, crate::input::InputKind::Spec)?;
         serde_json::from_slice(&bytes).map_err(|e| LaunchError::Spec { path: path.to_path_buf(), why: e.to_string() })
     }
 
@@ -359,10 +362,12 @@ pub fn processes<C: Serialize, R: DeserializeOwned>(
     for ((rank, _, spec, err), status) in children.into_iter().zip(statuses) {
         results.push(status.and_then(|status| {
             if status.success() {
-                let bytes = std::fs::read(&spec.result).map_err(|e| LaunchError::Child {
-                    rank,
-                    code: status.code(),
-                    why: format!("no result in {}: {e}", spec.result.display()),
+                let bytes = crate::input::read(&spec.result, crate::input::InputKind::Spec).map_err(|e| {
+                    LaunchError::Child {
+                        rank,
+                        code: status.code(),
+                        why: format!("no result in {}: {e}", spec.result.display()),
+                    }
                 })?;
                 serde_json::from_slice(&bytes).map_err(|e| LaunchError::Child {
                     rank,
@@ -370,7 +375,7 @@ pub fn processes<C: Serialize, R: DeserializeOwned>(
                     why: format!("bad result file: {e}"),
                 })
             } else {
-                let tail = std::fs::read_to_string(&err).unwrap_or_default();
+                let tail = crate::input::tail(&err, 64 << 10);
                 let tail: Vec<&str> = tail.lines().rev().take(40).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
                 Err(LaunchError::Child {
@@ -522,7 +527,9 @@ fn remove_orphans(root: &Path) {
         if !e.file_name().to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX)) {
             continue;
         }
-        let owner = std::fs::read_to_string(e.path().join(OWNER_FILE)).ok().and_then(|s| s.trim().parse::<i32>().ok());
+        let owner = crate::input::read_to_string(&e.path().join(OWNER_FILE), crate::input::InputKind::Spec)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
         let Some(pid) = owner.filter(|&p| p > 0) else { continue };
         let gone =
             matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));

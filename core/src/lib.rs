@@ -16,10 +16,12 @@
 //! clap unless the `clap` feature derives flag values; never plotters or indicatif).
 
 pub mod checkpoint;
+pub mod console;
 pub mod csv_lines;
 pub mod deal;
 pub mod environment;
 pub mod hccl;
+pub mod input;
 pub mod launch;
 #[cfg(feature = "mock")]
 pub mod mock_recipes;

@@ -169,7 +169,8 @@ pub enum FaceError {
         /// The cap's name (`DC_MAX_WORLD_SIZE`, ...).
         cap_name: &'static str,
     },
-    /// Reading a trace failed: `DC_IO` for [`TraceError::Io`] (Python `OSError`, with the
+    /// Reading a trace failed: `DC_IO` for [`TraceError::Io`] and [`TraceError::Input`] (the
+    /// bounded reader: unreadable, a directory, over a cap) (Python `OSError`, with the
     /// subclass of the OS error: `FileNotFoundError`, `IsADirectoryError`, `PermissionError`),
     /// `DC_INSUFFICIENT_DATA` for [`TraceError::InsufficientData`], else `DC_TRACE`.
     #[error(transparent)]
@@ -206,7 +207,7 @@ impl FaceError {
     pub fn status(&self) -> DcStatus {
         match self {
             Self::NullPointer { .. } | Self::InvalidArgument { .. } | Self::TooLarge { .. } => DC_INVALID_ARGUMENT,
-            Self::Trace(TraceError::Io { .. }) => DC_IO,
+            Self::Trace(TraceError::Io { .. } | TraceError::Input(_)) => DC_IO,
             Self::Trace(TraceError::InsufficientData { .. }) => DC_INSUFFICIENT_DATA,
             Self::Trace(_) | Self::SeveralTraces { .. } => DC_TRACE,
             Self::Tune(TuneInputError::InsufficientData(_)) => DC_INSUFFICIENT_DATA,
@@ -216,10 +217,17 @@ impl FaceError {
         }
     }
 
-    /// The OS error of a file that could not be read, if this is one.
-    pub fn io_error(&self) -> Option<&std::io::Error> {
+    /// The kind of OS error of a file that could not be read (or of an input the bounded
+    /// reader refused: a directory is `IsADirectory`, a cap or a stop `Other`), if this is one.
+    pub fn io_error(&self) -> Option<std::io::ErrorKind> {
+        use dropcompute::input::InputError as I;
+        use std::io::ErrorKind as K;
         match self {
-            Self::Trace(TraceError::Io { source, .. }) => Some(source),
+            Self::Trace(TraceError::Io { source, .. }) | Self::Trace(TraceError::Input(I::Io { source, .. })) => {
+                Some(source.kind())
+            }
+            Self::Trace(TraceError::Input(I::Directory { .. })) => Some(K::IsADirectory),
+            Self::Trace(TraceError::Input(_)) => Some(K::Other),
             _ => None,
         }
     }
@@ -1351,13 +1359,13 @@ mod tests {
                 "missing",
                 call(missing_c.as_ptr(), null, 1, false),
                 DC_IO,
-                format!("{}: cannot read: No such file or directory (os error 2)", missing.display()),
+                format!("trace file {}: cannot open: No such file or directory (os error 2)", missing.display()),
             ),
             (
                 "directory",
                 call(dir_c.as_ptr(), null, 1, false),
                 DC_IO,
-                format!("{}: cannot read: is a directory", dir.path().display()),
+                format!("trace file {}: is a directory, not a file", dir.path().display()),
             ),
             (
                 "empty",

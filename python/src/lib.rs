@@ -41,9 +41,9 @@ use dropcompute_capi::{DC_MAX_ESTIMATOR_WINDOW, DC_MAX_MICRO_BATCHES, DC_MAX_WOR
 
 /// An OS error as the exception Python itself raises for it (an `OSError` subclass; a path
 /// with a NUL byte: `ValueError`), with `msg`.
-fn os_err(e: &std::io::Error, msg: String) -> PyErr {
+fn os_err(kind: std::io::ErrorKind, msg: String) -> PyErr {
     use std::io::ErrorKind;
-    match e.kind() {
+    match kind {
         ErrorKind::NotFound => PyFileNotFoundError::new_err(msg),
         ErrorKind::IsADirectory => PyIsADirectoryError::new_err(msg),
         ErrorKind::PermissionDenied => PyPermissionError::new_err(msg),
@@ -478,7 +478,7 @@ pub struct ComputeLogWriter {
 impl ComputeLogWriter {
     #[new]
     fn new(path: PathBuf) -> PyResult<Self> {
-        let f = File::create(&path).map_err(|e| os_err(&e, format!("{}: cannot create: {e}", path.display())))?;
+        let f = File::create(&path).map_err(|e| os_err(e.kind(), format!("{}: cannot create: {e}", path.display())))?;
         Ok(Self { path, inner: Some(RsWriter::new(BufWriter::new(f))) })
     }
 

@@ -205,7 +205,9 @@ pub fn last_level_cache() -> (usize, String) {
     let mut best: Option<(u32, usize, String)> = None;
     for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
         let dir = entry.path();
-        let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        let read = |name: &str| {
+            dropcompute::input::read_to_string(&dir.join(name), dropcompute::input::InputKind::System).ok()
+        };
         let level = read("level").and_then(|s| s.trim().parse::<u32>().ok());
         let size = read("size").and_then(|s| parse_cache_size(s.trim()));
         if let (Some(level), Some(size)) = (level, size)
@@ -240,7 +242,11 @@ pub fn automatic_sizes(llc_bytes: usize) -> Vec<usize> {
 
 /// `MemAvailable` from /proc/meminfo in bytes, if readable.
 fn mem_available() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let info = dropcompute::input::read_to_string(
+        std::path::Path::new("/proc/meminfo"),
+        dropcompute::input::InputKind::System,
+    )
+    .ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)

@@ -15,21 +15,26 @@
 //! | 3 | runtime library | `libSynapse.so` missing, too old, not loadable, a missing symbol |
 //! | 4 | device | acquire failed or the device is held by another process, a device/stream error, a device timeout |
 //! | 5 | collective | HCCL call failed, collective timeout (watchdog), peer lost, asynchronous HCCL error, rendezvous failure |
-//! | 6 | data file | trace or recipe file unreadable or malformed; output file not writable |
+//! | 6 | data file | an input file (data, parameters, trace, recipe) unreadable, malformed, a directory or above its cap (`dropcompute::input`); output file not writable; stdout or stderr full (`ENOSPC`) |
 //! | 7 | checkpoint | checkpoint truncated, corrupt, wrong version, unwritable, none found |
 //!
 //! `train --launch processes` maps a failed rank process to its own exit code's class, and a
 //! rank killed by a signal to the collective class (its peers lost it).
-//! | 130 | interrupted | SIGINT/SIGTERM (128 + SIGINT, the shell convention) |
+//! | 130 | interrupted | SIGINT/SIGTERM (128 + SIGINT, the shell convention), also while waiting for an input FIFO |
+//!
+//! A stdout closed by its reader (`EPIPE`, `| head -1`) is not a failure: `main` exits 0 without
+//! a message, as ripgrep and fd do.
 #![forbid(unsafe_code)]
 
 use std::error::Error;
 use std::process::ExitCode;
 
 use dropcompute::checkpoint::CheckpointError;
+use dropcompute::console::StreamError;
 use dropcompute::hccl::HcclError;
 use dropcompute::hccl::bootstrap::ConfigError as LaunchConfigError;
 use dropcompute::hccl::rendezvous::RendezvousError;
+use dropcompute::input::InputError;
 use dropcompute::schedule::ScheduleError;
 use dropcompute::sim::SimError;
 use dropcompute::trace::TraceError;
@@ -159,6 +164,7 @@ fn train(e: &dropcompute_train::error::TrainError) -> ExitClass {
         }
         TrainError::Mock(_) | TrainError::Env(_) => ExitClass::Usage,
         TrainError::Data(_)
+        | TrainError::Stream(_)
         | TrainError::Output(_)
         | TrainError::Figure(_)
         | TrainError::Io { .. }
@@ -195,7 +201,7 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if e.is::<CheckpointError>() {
         return Some(ExitClass::Checkpoint);
     }
-    if e.is::<TraceError>() {
+    if e.is::<TraceError>() || e.is::<InputError>() || e.is::<StreamError>() {
         return Some(ExitClass::DataFile);
     }
     if e.is::<LaunchConfigError>() || e.is::<SimError>() || e.is::<dropcompute::environment::EnvError>() {
@@ -209,7 +215,9 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
         return Some(match c {
             // A plot fails when its SVG cannot be written (the drawing itself has no other
             // failure on valid data): an output file, like `Io`.
-            CommandError::Trace(_) | CommandError::Io { .. } | CommandError::Plot(_) => ExitClass::DataFile,
+            CommandError::Trace(_) | CommandError::Io { .. } | CommandError::Plot(_) | CommandError::Stream(_) => {
+                ExitClass::DataFile
+            }
             CommandError::Sim(_) | CommandError::Args(_) | CommandError::Env { .. } => ExitClass::Usage,
             _ => ExitClass::Internal,
         });
@@ -222,6 +230,17 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
 /// `synapse::Error::Load`, `CommandError::Trace`) are looked through explicitly, since they do
 /// not appear as sources.
 pub fn classify(e: &(dyn Error + 'static)) -> ExitClass {
+    // The bounded reader's stop and cap-variable errors keep their class whichever file kind
+    // (data, trace, checkpoint) wraps them.
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        match err.downcast_ref::<InputError>() {
+            Some(InputError::Interrupted { .. }) => return ExitClass::Interrupted,
+            Some(InputError::BadCap { .. }) => return ExitClass::Usage,
+            _ => {}
+        }
+        cur = err.source();
+    }
     let mut cur = Some(e);
     while let Some(err) = cur {
         if let Some(c) = one(err) {

@@ -111,6 +111,9 @@ pub struct KernelArgs {
     /// Interleaved repetitions per size (the median is reported).
     #[arg(long, default_value_t = 7)]
     pub reps: usize,
+    /// Working-set sizes in bytes, comma-separated (default: 64 KiB x 4^k up to 4 x the LLC).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
 }
 
 /// Runs one benchmark and prints its table.
@@ -122,7 +125,11 @@ pub fn run(cmd: &Args) -> Result<(), BoxError> {
     match cmd {
         #[cfg(feature = "mock")]
         Args::Kernels(a) => {
-            let opts = KernelBenchOptions { reps: a.reps.max(1), ..KernelBenchOptions::default() };
+            if a.sizes.contains(&0) {
+                return Err(super::CommandError::Args("--sizes: every size must be at least 1 byte".into()).into());
+            }
+            let opts =
+                KernelBenchOptions { reps: a.reps.max(1), sizes: a.sizes.clone(), ..KernelBenchOptions::default() };
             let report = run_kernel_bench(&opts);
             super::say(&format!("{report}\n"))?;
             Ok(())

@@ -47,6 +47,9 @@ pub enum CommandError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing standard output failed (`EPIPE`: the reader went away; `ENOSPC`, ...).
+    #[error("{0}")]
+    Stream(#[from] dropcompute::console::StreamError),
     /// Drawing the SVG failed.
     #[error("plot: {0}")]
     Plot(String),
@@ -227,27 +230,26 @@ impl TailArgs {
     }
 }
 
-/// Writes `text` to standard output and flushes it: the one stdout path of the subcommands
-/// that print (`info`, `train`, `bench`; `tune`, `simulate` and `validate` write to a given
-/// writer with the same error). A closed or full stdout is [`CommandError::Io`] naming
-/// "stdout" (exit 6), never a panic.
+/// Writes `text` to standard output and flushes it through the one writer
+/// (`dropcompute::console`): the stdout path of the subcommands that print (`info`, `bench`;
+/// `tune`, `simulate` and `validate` write to `dropcompute::console::Stdout`). A closed stdout
+/// is [`CommandError::Stream`] the binary turns into a quiet exit 0, a full one exit 6 naming
+/// "stdout"; never a panic.
 ///
 /// # Errors
-/// [`CommandError::Io`] when the write or the flush fails.
+/// [`CommandError::Stream`] when the write or the flush fails.
 pub(crate) fn say(text: &str) -> Result<(), CommandError> {
-    write_stdout(text).map_err(io_err("stdout"))
+    Ok(dropcompute::console::out(text)?)
 }
 
-/// [`say`]'s write and flush, for a caller with its own error type (`train`).
-pub(crate) fn write_stdout(text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes()).and_then(|()| out.flush())
-}
-
+/// The error of a failed write to `what`: [`CommandError::Stream`] when the writer was
+/// standard output (`dropcompute::console::Stdout`), else [`CommandError::Io`] naming `what`.
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CommandError {
     let what = what.into();
-    move |source| CommandError::Io { what, source }
+    move |source| match dropcompute::console::StreamError::from_io(source) {
+        Ok(stream) => CommandError::Stream(stream),
+        Err(source) => CommandError::Io { what, source },
+    }
 }
 
 /// Parses `--policy`: `all` or a comma-separated list of policy names

@@ -218,7 +218,7 @@ impl Args {
 
 /// Run and print the CSV to stdout (or `--csv`). Errors: see [`run_to`].
 pub fn run(args: &Args) -> Result<(), CommandError> {
-    run_to(args, &mut std::io::stdout().lock())
+    run_to(args, &mut dropcompute::console::Stdout)
 }
 
 /// Run; the CSV goes to `--csv` or else to `out`, and a one-line summary per N to `out` when

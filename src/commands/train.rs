@@ -379,12 +379,14 @@ impl Args {
 /// collective, checkpoint, output and interrupt errors.
 pub fn run(a: &Args) -> Result<(), TrainError> {
     let start = std::time::SystemTime::now();
+    // Stop signals are recorded from the start: a read of an input FIFO no one writes (in the
+    // validation below) then ends on SIGINT/SIGTERM with exit 130 (`dropcompute::input`).
+    dropcompute::signals::install();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.with_launcher_world_size()?.validate()?;
     dropcompute::environment::check()?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
-    dropcompute::signals::install();
     let job = Job::prepare(cfg)?;
     let rt = job_run::runtime(&job)?;
     let show = std::io::stderr().is_terminal();
@@ -401,12 +403,24 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     let wrote = match out {
         Some(out) => {
             summary::write_outputs(&out, &job, &rep, &outcomes, predicted.as_ref())?;
-            let files = out.commit()?;
-            Some(format!(
-                "wrote {} files to {}\n",
-                files.len(),
-                job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
-            ))
+            let done = out.commit()?;
+            let dir = job.cfg.out.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+            let mut said = String::new();
+            if !done.removed.is_empty() {
+                let names: Vec<String> = done
+                    .removed
+                    .iter()
+                    .filter_map(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .collect();
+                said += &format!(
+                    "removed {} files of an earlier run from {dir}: {}\n",
+                    done.removed.len(),
+                    names.join(", ")
+                );
+            }
+            said += &format!("wrote {} files to {dir}\n", done.files.len());
+            Some(said)
         }
         None => None,
     };
@@ -421,7 +435,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
         text += "predicted speedup: needs the baseline run's latencies (--compare)\n";
     }
     text += wrote.as_deref().unwrap_or_default();
-    super::write_stdout(&text).map_err(|source| TrainError::Io { what: "writing stdout".into(), source })
+    Ok(dropcompute::console::out(&text)?)
 }
 
 /// The backend of report.json's metadata: "cpu-mock (in-process)" or "Synapse at PATH".

@@ -169,7 +169,7 @@ pub struct TuneJson {
 
 /// Run and print to stdout. Errors: see [`run_to`].
 pub fn run(args: &Args) -> Result<(), CommandError> {
-    run_to(args, &mut std::io::stdout().lock())
+    run_to(args, &mut dropcompute::console::Stdout)
 }
 
 /// The ideal (reference objective) at `threshold_ns`: the curve's candidate with the largest

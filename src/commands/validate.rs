@@ -439,7 +439,7 @@ pub fn summarize(rows: &[ConfigRow], time_mode: TimeMode) -> Summary {
 
 /// Run and print to stdout. Errors: see [`run_to`].
 pub fn run(args: &Args) -> Result<(), crate::commands::BoxError> {
-    run_to(args, &mut std::io::stdout().lock())
+    run_to(args, &mut dropcompute::console::Stdout)
 }
 
 /// The table header of the text output.

@@ -106,7 +106,7 @@ pub fn common_step(dir: &Path, world_size: u32) -> Result<u64, TrainError> {
         let (ok, bad) = if d.is_dir() { checkpoint::valid_steps(&d)? } else { (vec![], vec![]) };
         for (path, e) in bad {
             tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable checkpoint (kept on disk)");
-            eprintln!("warning: skipping {}: {e}", path.display());
+            dropcompute::console::err(&format!("warning: skipping {}: {e}", path.display()));
             corrupt.push(path);
         }
         let set: std::collections::BTreeSet<u64> = ok.into_iter().collect();

@@ -46,6 +46,10 @@ const DIGITS_NAME: &str = "<embedded data/digits.csv.gz>";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DataError {
+    /// The bounded reader refused the file (`dropcompute::input`, kind data: absent, a
+    /// directory, a size or line cap, a stop signal while waiting for a FIFO).
+    #[error("{0}")]
+    Input(#[from] dropcompute::input::InputError),
     /// Reading the file failed.
     #[error("data {path}: {source}")]
     Io {
@@ -177,20 +181,22 @@ impl Dataset {
     /// # Errors
     /// None in practice (the embedded file is valid); the same errors as [`Dataset::from_bytes`].
     pub fn embedded_digits() -> Result<Self, DataError> {
-        Self::parse(DIGITS_GZ, Path::new(DIGITS_NAME), Some(DIGITS_CLASSES))
+        Self::parse_bytes(DIGITS_GZ, Path::new(DIGITS_NAME), Some(DIGITS_CLASSES))
     }
 
     /// Reads a CSV or gzip CSV file (format in the module docs) whose labels are classes
     /// `0..classes` (`train --classes`, 2..=[`MAX_CLASSES`]).
     ///
     /// # Errors
-    /// [`DataError::Io`] when the file cannot be read; [`DataError::LabelOutOfRange`] naming the
-    /// line and column of the first label outside `0..classes`; otherwise as
-    /// [`Dataset::from_bytes`].
+    /// [`DataError::Input`] when the bounded reader (`dropcompute::input`, kind data) refuses
+    /// the file (absent, a directory, a size or line cap, a stop signal while waiting for a
+    /// FIFO); [`DataError::LabelOutOfRange`] naming the line and column of the first label
+    /// outside `0..classes`; otherwise as [`Dataset::from_bytes`].
     pub fn load(path: impl AsRef<Path>, classes: u32) -> Result<Self, DataError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
-        Self::parse(&bytes, path, Some(classes))
+        let input = dropcompute::input::open(path, dropcompute::input::InputKind::Data)?;
+        let gzip = input.is_gzip();
+        Self::parse(input, gzip, path, Some(classes))
     }
 
     /// Parses CSV or gzip CSV content; `source` names it in errors.
@@ -200,15 +206,22 @@ impl Dataset {
     /// [`DataError::LabelOutOfRange`], [`DataError::NonFinite`], [`DataError::Empty`],
     /// [`DataError::TooFewClasses`], each naming `source` and the 1-based line.
     pub fn from_bytes(bytes: &[u8], source: impl AsRef<Path>) -> Result<Self, DataError> {
-        Self::parse(bytes, source.as_ref(), None)
+        Self::parse_bytes(bytes, source.as_ref(), None)
     }
 
-    /// [`Dataset::from_bytes`] with labels checked against `classes` when given (and the class
-    /// count set to it), else inferred as the largest label plus one.
-    fn parse(bytes: &[u8], path: &Path, classes: Option<u32>) -> Result<Self, DataError> {
+    /// [`Dataset::parse`] of content held in memory, gunzipped when it starts with the gzip
+    /// magic.
+    fn parse_bytes(bytes: &[u8], path: &Path, classes: Option<u32>) -> Result<Self, DataError> {
         let gzip = bytes.starts_with(&[0x1f, 0x8b]);
         let input: Box<dyn Read + '_> =
             if gzip { Box::new(flate2::read::MultiGzDecoder::new(bytes)) } else { Box::new(bytes) };
+        Self::parse(input, gzip, path, classes)
+    }
+
+    /// Parses decoded CSV from `input` (`gzip`: read through a gzip decoder, whose I/O errors
+    /// are a truncated or corrupt stream), labels checked against `classes` when given (and the
+    /// class count set to it), else inferred as the largest label plus one.
+    fn parse(input: impl Read, gzip: bool, path: &Path, classes: Option<u32>) -> Result<Self, DataError> {
         let (input, lines) = dropcompute::csv_lines::LineIndex::new(input);
         let mut reader =
             csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(input);
@@ -381,8 +394,11 @@ impl Parser<'_> {
         let line = e.position().map_or(self.last_line + 1, |p| self.lines.line_of(p.byte()));
         let path = self.path.to_path_buf();
         match e.into_kind() {
-            csv::ErrorKind::Io(source) if gzip => DataError::Decompress { path, line, source },
-            csv::ErrorKind::Io(source) => DataError::Io { path, source },
+            csv::ErrorKind::Io(source) => match dropcompute::input::InputError::from_io(source) {
+                Ok(refused) => DataError::Input(refused),
+                Err(source) if gzip => DataError::Decompress { path, line, source },
+                Err(source) => DataError::Io { path, source },
+            },
             csv::ErrorKind::Utf8 { .. } => {
                 DataError::Malformed { path, line, column: 0, value: String::new(), reason: "invalid UTF-8" }
             }
@@ -470,7 +486,10 @@ mod tests {
         // The class count is the one given (--classes), not the largest label + 1.
         assert_eq!((a.dim, a.classes, a.labels.clone()), (3, 10, vec![0, 1]));
         let e = Dataset::load(dir.join("missing.csv"), 10).unwrap_err();
-        assert!(matches!(&e, DataError::Io { path, .. } if path.ends_with("missing.csv")), "{e:?}");
+        assert!(
+            matches!(&e, DataError::Input(dropcompute::input::InputError::Io { path, op: "open", .. }) if path.ends_with("missing.csv")),
+            "{e:?}"
+        );
     }
 
     #[test]

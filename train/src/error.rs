@@ -22,6 +22,9 @@ pub enum TrainError {
     /// The data file.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// Writing standard output failed (`dropcompute::console`).
+    #[error("{0}")]
+    Stream(#[from] dropcompute::console::StreamError),
     /// The model shape does not fit the data.
     #[error("model: {0}")]
     Model(#[from] MlpError),

@@ -8,8 +8,12 @@
 //! in the staging directory (same parent, so the same file system as DIR), then renamed into DIR
 //! (rename(2) is atomic per file), then DIR is fsynced. The set of files is not switched
 //! atomically: a crash during `commit` can leave some new files beside older ones
-//! ("atomically-ish"). Files already in DIR with other names are left alone; same names are
-//! replaced.
+//! ("atomically-ish"). Same names are replaced. A reused DIR is emptied of the product's own
+//! earlier files that this run does not write ([`is_own_output`]: e.g. a `--compare` run's
+//! `compute_log_baseline.csv` under a later `--no-compare` run), so DIR never mixes two runs;
+//! `train` says on stdout which it removed. Files of other names (the user's) are left alone.
+//! (Emptied rather than refused: re-running into the same DIR is the common workflow, and
+//! only names this product writes are ever removed.)
 #![forbid(unsafe_code)]
 
 use std::fs::{self, File};
@@ -53,6 +57,31 @@ pub enum OutputError {
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + use<> {
     let path = path.to_path_buf();
     move |source| OutputError::Io { op, path, source }
+}
+
+/// Whether `name` is a file `train --out` writes (`summary::write_outputs`): `report.json`,
+/// `timeline.json`, `steps.csv`, `figure.svg`, `compute_log_<run>.csv`, `ledger_<run>.json`,
+/// `params_<run>.safetensors`.
+pub fn is_own_output(name: &str) -> bool {
+    let run = |prefix: &str, suffix: &str| {
+        name.strip_prefix(prefix).and_then(|r| r.strip_suffix(suffix)).is_some_and(|label| {
+            !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+        })
+    };
+    matches!(name, "report.json" | "timeline.json" | "steps.csv" | "figure.svg")
+        || run("compute_log_", ".csv")
+        || run("ledger_", ".json")
+        || run("params_", ".safetensors")
+}
+
+/// What [`StagedOut::commit`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The files of this run, in DIR, sorted.
+    pub files: Vec<PathBuf>,
+    /// The product's earlier files removed from DIR ([`is_own_output`] names this run did not
+    /// write), sorted.
+    pub removed: Vec<PathBuf>,
 }
 
 /// Output files staged in `.NAME.tmp-<pid>` beside `--out NAME`, moved into NAME by
@@ -130,12 +159,14 @@ impl StagedOut {
         f.sync_all().map_err(io("fsync", &path))
     }
 
-    /// Move every staged file into the output directory (creating it), fsync the files and the
-    /// directory, and remove the staging directory. Returns the final paths, sorted.
+    /// Move every staged file into the output directory (creating it), remove the product's
+    /// earlier files this run did not write ([`is_own_output`]), fsync the files and the
+    /// directory, and remove the staging directory. Returns the final paths and the removed
+    /// ones, sorted.
     /// Errors: [`OutputError::NotADirectory`] if `--out` became a non-directory meanwhile,
     /// [`OutputError::Io`] (create, read, fsync, rename). On error the staging directory is
     /// removed; files already renamed stay in DIR (each complete).
-    pub fn commit(mut self) -> Result<Vec<PathBuf>, OutputError> {
+    pub fn commit(mut self) -> Result<Committed, OutputError> {
         if self.dir.exists() && !self.dir.is_dir() {
             return Err(OutputError::NotADirectory { path: self.dir.clone() });
         }
@@ -155,11 +186,23 @@ impl StagedOut {
             fs::rename(&from, &to).map_err(io("rename", &from))?;
             done.push(to);
         }
+        let mut stale: Vec<PathBuf> = fs::read_dir(&self.dir)
+            .map_err(io("read", &self.dir))?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| e.file_name().to_str().is_some_and(is_own_output))
+            .map(|e| e.path())
+            .filter(|p| !done.contains(p))
+            .collect();
+        stale.sort();
+        for p in &stale {
+            fs::remove_file(p).map_err(io("remove the earlier", p))?;
+        }
         // Directory fsync makes the renames durable (POSIX; a no-op error on some platforms).
         File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io("fsync", &self.dir))?;
         fs::remove_dir(&self.staging).map_err(io("remove", &self.staging))?;
         self.committed = true;
-        Ok(done)
+        Ok(Committed { files: done, removed: stale })
     }
 }
 
@@ -203,7 +246,7 @@ mod tests {
         staged.write("report.json", b"{\"a\":1}").expect("write");
         fs::write(staged.path("figure.svg").expect("path"), "<svg/>").expect("external writer");
         assert!(!out.exists(), "nothing visible before commit");
-        let files = staged.commit().expect("commit");
+        let files = staged.commit().expect("commit").files;
         assert_eq!(files, vec![out.join("figure.svg"), out.join("report.json")]);
         assert_eq!(fs::read_to_string(out.join("report.json")).expect("read"), "{\"a\":1}");
         assert_eq!(fs::read_to_string(out.join("figure.svg")).expect("read"), "<svg/>");
@@ -217,12 +260,36 @@ mod tests {
         fs::create_dir(&out).expect("mkdir");
         fs::write(out.join("report.json"), "old").expect("w");
         fs::write(out.join("notes.txt"), "keep").expect("w");
+        fs::write(out.join("compute_log_baseline.csv"), "earlier run").expect("w");
+        fs::write(out.join("params_baseline.safetensors"), "earlier run").expect("w");
         let staged = StagedOut::new(&out).expect("stage");
         staged.write("report.json", b"new").expect("write");
-        staged.commit().expect("commit");
+        let done = staged.commit().expect("commit");
         assert_eq!(fs::read_to_string(out.join("report.json")).expect("r"), "new");
         assert_eq!(fs::read_to_string(out.join("notes.txt")).expect("r"), "keep");
+        assert_eq!(done.files, vec![out.join("report.json")]);
+        assert_eq!(done.removed, vec![out.join("compute_log_baseline.csv"), out.join("params_baseline.safetensors")]);
+        assert_eq!(entries(&out), vec!["notes.txt".to_owned(), "report.json".to_owned()]);
         assert_eq!(entries(&s.0), vec!["out".to_owned()]);
+    }
+
+    #[test]
+    fn own_outputs_are_the_names_train_writes() {
+        for name in [
+            "report.json",
+            "timeline.json",
+            "steps.csv",
+            "figure.svg",
+            "compute_log_baseline.csv",
+            "compute_log_dropcompute.csv",
+            "ledger_dropcompute.json",
+            "params_baseline.safetensors",
+        ] {
+            assert!(is_own_output(name), "{name}");
+        }
+        for name in ["notes.txt", "compute_log_.csv", "report.json.bak", "params_x/y.safetensors", "steps.tsv"] {
+            assert!(!is_own_output(name), "{name}");
+        }
     }
 
     #[test]

@@ -29,6 +29,10 @@ pub const TENSORS: [&str; 4] = ["w1", "b1", "w2", "b2"];
 /// Errors of writing or reading a parameters file; each names the file (or `<memory>`).
 #[derive(Debug, thiserror::Error)]
 pub enum ParamsError {
+    /// The bounded reader refused the file (`dropcompute::input`, kind parameters: absent, a
+    /// directory, the size cap, a stop signal while waiting for a FIFO).
+    #[error("{0}")]
+    Input(#[from] dropcompute::input::InputError),
     /// The file cannot be read.
     #[error("{}: {source}", path.display())]
     Io {
@@ -136,9 +140,10 @@ pub fn read_safetensors(path: &Path, bytes: &[u8]) -> Result<(MlpShape, Vec<f32>
 /// Reads the parameters file at `path` ([`read_safetensors`]).
 ///
 /// # Errors
-/// [`ParamsError::Io`] when the file cannot be read; as [`read_safetensors`].
+/// [`ParamsError::Input`] when the bounded reader (`dropcompute::input`, kind parameters)
+/// refuses the file or cannot read it; as [`read_safetensors`].
 pub fn load(path: &Path) -> Result<(MlpShape, Vec<f32>), ParamsError> {
-    let bytes = std::fs::read(path).map_err(|source| ParamsError::Io { path: path.into(), source })?;
+    let bytes = dropcompute::input::read(path, dropcompute::input::InputKind::Params)?;
     read_safetensors(path, &bytes)
 }
 
@@ -207,6 +212,9 @@ mod tests {
         let e = read_safetensors(p, &safetensors::serialize(views, None).expect("ser")).expect_err("f16");
         assert!(e.to_string().contains("F16"), "{e}");
         assert!(to_safetensors(SHAPE, &[1.0], "r", 0).is_err(), "wrong length");
-        assert!(matches!(load(&dir.path().join("missing")), Err(ParamsError::Io { .. })));
+        assert!(matches!(
+            load(&dir.path().join("missing")),
+            Err(ParamsError::Input(dropcompute::input::InputError::Io { .. }))
+        ));
     }
 }

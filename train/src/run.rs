@@ -158,7 +158,11 @@ fn resolve_threshold(
 /// Prints the communicator's flight recorder (last collectives, with FAILED/PENDING marks) to
 /// stderr: the first thing to read when a collective fails.
 fn dump_flight_recorder(c: &Comm) {
-    eprintln!("rank {} flight recorder (last collectives):\n{}", c.rank(), c.flight_recorder().dump());
+    dropcompute::console::err(&format!(
+        "rank {} flight recorder (last collectives):\n{}",
+        c.rank(),
+        c.flight_recorder().dump()
+    ));
 }
 
 /// Latency-key step of a run's setup launches (before step 0); no real step has this number.

@@ -167,7 +167,7 @@ impl<W: Write> ComputeLogWriter<W> {
 }
 
 /// First CSV record of a file (header, or first data row if headerless).
-/// Errors: [`TraceError::Io`] / [`TraceError::Malformed`] (line 1).
+/// Errors: [`TraceError::Input`] / [`TraceError::Malformed`] (line 1).
 pub fn read_header(path: &Path) -> Result<Vec<String>, TraceError> {
     header_of(open_maybe_gz(path)?, path)
 }
@@ -178,9 +178,7 @@ fn header_of(src: impl std::io::Read, path: &Path) -> Result<Vec<String>, TraceE
     let mut rec = csv::StringRecord::new();
     match r.read_record(&mut rec) {
         Ok(_) => Ok(rec.iter().map(|s| s.trim().to_string()).collect()),
-        Err(e) => {
-            Err(TraceError::Malformed { path: path.into(), line: 1, column: "(header)".into(), message: e.to_string() })
-        }
+        Err(e) => Err(super::csv_error(path, 1, "(header)", e)),
     }
 }
 

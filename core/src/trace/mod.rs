@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 /// and the column.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// The bounded reader refused the file or could not open it (`crate::input`: absent, a
+    /// directory, a size or line cap, a stop signal while waiting for a FIFO).
+    #[error("{0}")]
+    Input(#[from] crate::input::InputError),
     /// The file could not be opened or read.
     #[error("{path}: cannot read: {source}")]
     Io {
@@ -343,11 +347,9 @@ pub(crate) fn for_each_record<R: std::io::Read>(
 ) -> Result<(), TraceError> {
     let mut rec = csv::StringRecord::new();
     loop {
-        let more = r.read_record(&mut rec).map_err(|e| TraceError::Malformed {
-            path: path.into(),
-            line: lines.line_of_position(e.position()),
-            column: "(record)".into(),
-            message: e.to_string(),
+        let more = r.read_record(&mut rec).map_err(|e| {
+            let line = lines.line_of_position(e.position());
+            csv_error(path, line, "(record)", e)
         })?;
         if !more {
             return Ok(());
@@ -600,73 +602,23 @@ pub fn load(paths: &[PathBuf], opts: &LoadOptions) -> Result<Vec<Loaded>, TraceE
     Ok(out)
 }
 
-/// Opens a trace file for reading. A directory is refused here as the I/O error it is
-/// ([`std::io::ErrorKind::IsADirectory`]): `File::open` accepts one on Unix and only the
-/// first read fails, which a parser would report as a malformed file.
-/// Errors: [`TraceError::Io`] (missing file, permission, directory).
-pub fn open_file(path: &Path) -> Result<std::fs::File, TraceError> {
-    let io = |source| TraceError::Io { path: path.into(), source };
-    let f = std::fs::File::open(path).map_err(io)?;
-    if f.metadata().map_err(io)?.is_dir() {
-        return Err(io(std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory")));
-    }
-    Ok(f)
-}
-
-/// Open a file for reading, transparently gunzipping names ending in `.gz`.
-/// Errors: [`TraceError::Io`] (as [`open_file`]).
+/// Open a trace file through the one bounded reader (`crate::input`, kind trace: its size and
+/// line caps), transparently gunzipping a gzip file.
+/// Errors: [`TraceError::Input`] (absent, a directory, a cap, a stop signal while waiting).
 pub fn open_maybe_gz(path: &Path) -> Result<Box<dyn std::io::Read>, TraceError> {
-    let f = open_file(path)?;
-    let r = std::io::BufReader::new(f);
-    if path.extension().is_some_and(|e| e == "gz") {
-        Ok(Box::new(Bounded::new(flate2::read::GzDecoder::new(r))))
-    } else {
-        Ok(Box::new(Bounded::new(r)))
-    }
+    Ok(Box::new(crate::input::open(path, crate::input::InputKind::Trace)?))
 }
 
-/// Longest line a trace file may hold, in bytes (decoded): a trace row is under 200 bytes,
-/// so 1 MiB only refuses what is no trace (e.g. `/dev/zero`) before a parser buffers it.
-pub const MAX_LINE_BYTES: usize = 1 << 20;
-/// Largest decoded size of one trace file, in bytes (4 GiB; a gzip bomb ends here).
-pub const MAX_TRACE_BYTES: u64 = 4 << 30;
-
-/// A reader of at most [`MAX_TRACE_BYTES`] bytes whose lines are at most [`MAX_LINE_BYTES`]:
-/// past either cap `read` fails with `InvalidData` naming the cap (the loaders report it as
-/// a malformed file with its path: exit 6), instead of the parser growing a buffer until
-/// the allocation aborts the process.
-struct Bounded<R> {
-    inner: R,
-    total: u64,
-    line: usize,
-}
-
-impl<R> Bounded<R> {
-    fn new(inner: R) -> Self {
-        Self { inner, total: 0, line: 0 }
+/// A CSV error at `line`/`column` of `path`: [`TraceError::Input`] when the bounded reader
+/// refused the file (a cap, a stop signal), else [`TraceError::Malformed`].
+pub(crate) fn csv_error(path: &Path, line: u64, column: &str, e: csv::Error) -> TraceError {
+    let message = e.to_string();
+    if let csv::ErrorKind::Io(io) = e.into_kind()
+        && let Ok(input) = crate::input::InputError::from_io(io)
+    {
+        return TraceError::Input(input);
     }
-}
-
-impl<R: std::io::Read> std::io::Read for Bounded<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        let got = &buf[..n];
-        self.line = match got.iter().rposition(|&b| b == b'\n') {
-            Some(last) => n - 1 - last,
-            None => self.line + n,
-        };
-        self.total += n as u64;
-        let too_big = |what: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidData, what));
-        if self.line > MAX_LINE_BYTES {
-            return too_big(format!(
-                "a line longer than {MAX_LINE_BYTES} bytes (the cap of a trace line): not a trace"
-            ));
-        }
-        if self.total > MAX_TRACE_BYTES {
-            return too_big(format!("more than {MAX_TRACE_BYTES} bytes decoded (the cap of a trace file)"));
-        }
-        Ok(n)
-    }
+    TraceError::Malformed { path: path.into(), line, column: column.into(), message }
 }
 
 #[cfg(test)]
@@ -674,12 +626,13 @@ mod tests {
     use super::*;
 
     /// Every trace format read through the one opener refuses an endless line (`/dev/zero`,
-    /// and a file of 2 MiB without a newline) with a typed error naming the file, without
-    /// buffering it; a file of many short lines passes the cap.
+    /// and a file of 1.5 MiB without a newline) with a typed error naming the file, the cap and
+    /// its variable, without buffering it.
     #[test]
     fn an_endless_line_is_refused_by_every_trace_loader() {
+        use crate::input::{DEFAULT_LINE_CAP, InputError, LINE_VARIABLE};
         let dir = tempfile::tempdir().expect("temp dir");
-        let long = vec![b'1'; MAX_LINE_BYTES + MAX_LINE_BYTES / 2];
+        let long = vec![b'1'; (DEFAULT_LINE_CAP + DEFAULT_LINE_CAP / 2) as usize];
         let mut inputs: Vec<PathBuf> = Vec::new();
         for name in ["compute_logs_0.csv", "whatif.csv"] {
             let p = dir.path().join(name);
@@ -691,34 +644,33 @@ mod tests {
         }
         for p in &inputs {
             let e = load(std::slice::from_ref(p), &LoadOptions::default()).expect_err("refused");
+            assert!(matches!(e, TraceError::Input(InputError::LineTooLong { .. })), "{e:?}");
             let text = e.to_string();
-            assert!(text.contains("the cap of a trace line") && text.contains(&p.display().to_string()), "{text}");
+            assert!(text.contains(LINE_VARIABLE) && text.contains(&p.display().to_string()), "{text}");
         }
-        let mut ok = Bounded::new(std::io::Cursor::new("a,b\n".repeat(MAX_LINE_BYTES)));
-        let mut sink = Vec::new();
-        assert_eq!(std::io::Read::read_to_end(&mut ok, &mut sink).expect("short lines pass"), 4 * MAX_LINE_BYTES);
     }
 
     /// A directory and a missing file are I/O errors naming the path (the C API's `DC_IO`,
     /// Python's `IsADirectoryError` / `FileNotFoundError`), not malformed traces.
     #[test]
     fn a_directory_or_a_missing_file_is_an_io_error() {
+        use crate::input::InputError;
         let dir = tempfile::tempdir().expect("temp dir");
         let sub = dir.path().join("trace.csv.gz");
         std::fs::create_dir(&sub).expect("mkdir");
-        let cases = [
-            (dir.path().to_path_buf(), std::io::ErrorKind::IsADirectory),
-            (sub, std::io::ErrorKind::IsADirectory),
-            (dir.path().join("missing.csv"), std::io::ErrorKind::NotFound),
-        ];
-        for (p, kind) in cases {
+        for p in [dir.path().to_path_buf(), sub] {
             match load(std::slice::from_ref(&p), &LoadOptions::default()) {
-                Err(TraceError::Io { path, source }) => {
-                    assert_eq!(path, p);
-                    assert_eq!(source.kind(), kind, "{}", p.display());
-                }
-                other => panic!("{}: expected Io, got {other:?}", p.display()),
+                Err(TraceError::Input(InputError::Directory { path, .. })) => assert_eq!(path, p),
+                other => panic!("{}: expected a directory error, got {other:?}", p.display()),
             }
+        }
+        let missing = dir.path().join("missing.csv");
+        match load(std::slice::from_ref(&missing), &LoadOptions::default()) {
+            Err(TraceError::Input(InputError::Io { path, source, .. })) => {
+                assert_eq!(path, missing);
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("expected NotFound, got {other:?}"),
         }
     }
 

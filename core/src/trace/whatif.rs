@@ -291,17 +291,8 @@ pub fn load_csv_bytes(name: &Path, bytes: &[u8], opts: &LoadOptions) -> Result<L
 fn load_csv_from(src: impl std::io::Read, path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
     let (src, lines) = crate::csv_lines::LineIndex::new(src);
     let mut r = csv::ReaderBuilder::new().from_reader(src);
-    let headers: Vec<String> = r
-        .headers()
-        .map_err(|e| TraceError::Malformed {
-            path: path.into(),
-            line: 1,
-            column: "(header)".into(),
-            message: e.to_string(),
-        })?
-        .iter()
-        .map(str::to_string)
-        .collect();
+    let headers: Vec<String> =
+        r.headers().map_err(|e| super::csv_error(path, 1, "(header)", e))?.iter().map(str::to_string).collect();
     if !is_whatif_header(&headers) {
         return Err(TraceError::UnknownFormat { path: path.into(), header: headers });
     }

@@ -125,14 +125,15 @@ impl WhatifRecord for ParquetRecord<'_> {
 }
 
 /// Load one what-if Parquet file into the same trace [`super::load_csv`] builds from the same
-/// rows. Errors: [`TraceError::Io`] if the file cannot be opened; [`TraceError::Malformed`]
+/// rows. Errors: [`TraceError::Input`] if the file cannot be opened, is not a regular file or is above
+/// the trace size cap (`crate::input`); [`TraceError::Malformed`]
 /// with line 0 and the column's name for a missing column or an unaccepted physical type, with
 /// line 0 and column `(file)` for unreadable metadata, with the 1-based row and column
 /// `(row)` when a row cannot be decoded (corrupt page, disabled codec), and with the row and
 /// column for null or out-of-range values; then every error of the shared derivation
 /// (duplicates, ragged steps unless `opts.allow_incomplete_steps`, no complete step).
 pub fn load_parquet(path: &Path, opts: &LoadOptions) -> Result<Loaded, TraceError> {
-    let file = crate::trace::open_file(path)?;
+    let file = crate::input::open_regular(path, crate::input::InputKind::Trace)?;
     let reader = SerializedFileReader::new(file).map_err(|e| malformed(path, 0, "(file)", e.to_string()))?;
     let (proj, pos) = project(path, reader.metadata().file_metadata().schema())?;
     let rows = reader.get_row_iter(Some(proj)).map_err(|e| malformed(path, 0, "(file)", e.to_string()))?;
