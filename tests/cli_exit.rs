@@ -381,3 +381,32 @@ fn a_full_stdout_and_an_endless_input_are_typed_errors() {
         "{err}"
     );
 }
+
+/// Issue 24 (found 8 and 9): a flag value without an effect, or a flag the subcommand sets
+/// itself, is refused at once (exit 2, naming the flag and the value) instead of being run
+/// silently (one iteration for `--iters 0`, an empty table for `--max-bytes 1`, guardrails of
+/// NaN accepted, `--backup-workers` under another policy, `validate -- --resume` panicked).
+#[test]
+fn flags_without_an_effect_are_refused_naming_flag_and_value() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["bench", "allreduce", "--iters", "0", "--ranks", "2", "--max-bytes", "4096"], "--iters 0"),
+        (&["bench", "allreduce", "--min-bytes", "1", "--max-bytes", "1", "--ranks", "2"], "--max-bytes 1"),
+        (&["simulate", "--workers", "16", "--max-drop-rate", "NaN"], "NaN"),
+        (&["simulate", "--workers", "16", "--max-drop-rate", "1.5"], "1.5"),
+        (&["simulate", "--workers", "16", "--min-gain", "-1"], "-1"),
+        (
+            &["train", "--policy", "drop-before", "--backup-workers", "99", "--steps", "2", "--no-compare"],
+            "--backup-workers 99",
+        ),
+        (&["train", "--backup-workers", "2", "--steps", "2", "--no-compare"], "--backup-workers 2"),
+        (&["validate", "--ranks", "4", "--seeds", "0", "--", "--resume", "d"], "--resume"),
+        (&["validate", "--ranks", "4", "--seeds", "0", "--", "--resume=d"], "--resume"),
+    ];
+    for (argv, named) in cases {
+        let o = hermetic::output_within(hermetic::dropcompute().args(argv), std::time::Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{argv:?}: {err}");
+        assert!(err.contains(named), "{argv:?} must name {named:?}: {err}");
+        assert!(!err.contains("panicked"), "{argv:?}: {err}");
+    }
+}

@@ -179,11 +179,21 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         ))
         .into());
     }
+    if a.iters == 0 {
+        return Err(CommandError::Args("--iters 0: must be >= 1 (timed iterations per size)".into()).into());
+    }
+    if a.max_bytes < 4 {
+        return Err(CommandError::Args(format!(
+            "--max-bytes {}: below one element (4 bytes of f32, the smallest size timed)",
+            a.max_bytes
+        ))
+        .into());
+    }
     let ranks_given = a.ranks.is_some();
     let ranks = a.ranks.unwrap_or(DEFAULT_BENCH_RANKS);
     let opts = AllreduceOptions {
         sizes: sizes_between(a.min_bytes, a.max_bytes),
-        iters: a.iters.max(1),
+        iters: a.iters,
         warmup: a.warmup,
         dtype: a.dtype.clone(),
         op: a.op,

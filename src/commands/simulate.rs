@@ -188,6 +188,9 @@ impl Args {
     /// is checked by its parser.)
     pub fn validate(&self) -> Result<(), CommandError> {
         let bad = |flag: &str, v: String, why: &str| Err(CommandError::Args(format!("--{flag} {v}: {why}")));
+        // The guardrails are checked whether or not the run uses them (they were accepted as
+        // NaN, 1.5 or -1 without --policy, exit 0: issue 24).
+        self.guardrails.guardrails().map_err(CommandError::Args)?;
         let positive = [("base-ms", self.base_ms), ("slow-factor", self.slow_factor)];
         let non_negative =
             [("overhead-ms", self.overhead_ms), ("threshold-frac", self.threshold_frac), ("pause-ms", self.pause_ms)];

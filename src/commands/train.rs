@@ -99,9 +99,10 @@ pub struct Args {
     /// micro-batches, the global batch kept (-drop: with the deadline).
     #[arg(long, value_enum)]
     pub policy: Option<dropcompute::policy::Policy>,
-    /// b of --policy backup-workers: ranks predicted slowest that skip each step (< --ranks).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
-    pub backup_workers: u32,
+    /// b of --policy backup-workers: ranks predicted slowest that skip each step (< --ranks;
+    /// default 1). Refused with any other policy.
+    #[arg(long, allow_negative_numbers = true)]
+    pub backup_workers: Option<u32>,
     /// The second compiled shape of the second run (`policy::TailShape`).
     #[command(flatten)]
     pub tail: super::TailArgs,
@@ -292,8 +293,16 @@ impl Args {
         if base_ms > MAX_MS {
             return Err(bad("base-latency-ms", show(base_ms), format!("must be <= {MAX_MS} ms (one hour)")));
         }
-        if self.policy == Some(dropcompute::policy::Policy::BackupWorkers) && self.backup_workers >= ranks {
-            return Err(bad("backup-workers", self.backup_workers, format!("must be < --ranks {ranks}")));
+        let backup_workers = self.backup_workers.unwrap_or(1);
+        match (self.policy, self.backup_workers) {
+            (Some(dropcompute::policy::Policy::BackupWorkers), _) if backup_workers >= ranks => {
+                return Err(bad("backup-workers", backup_workers, format!("must be < --ranks {ranks}")));
+            }
+            (Some(dropcompute::policy::Policy::BackupWorkers), _) | (_, None) => {}
+            (p, Some(b)) => {
+                let p = p.map_or("the default (drop-predictive)".to_owned(), |p| p.name().to_owned());
+                return Err(bad("backup-workers", b, format!("only with --policy backup-workers (the policy is {p})")));
+            }
         }
         let tail = self.tail.tail_for(Some(self.micro_batch_size)).map_err(|e| bad(e.flag, e.value, e.why))?;
         if self.sync_lag >= micro_batches {
@@ -347,7 +356,7 @@ impl Args {
             base_latency: Duration::from_secs_f64(base_ms / 1e3),
             check: self.policy.map_or(self.check, |p| p.check_mode(self.check)),
             policy: self.policy,
-            backup_workers: self.backup_workers,
+            backup_workers,
             tail,
             sync_lag: self.sync_lag,
             normalization: self.normalization,

@@ -97,8 +97,9 @@ pub struct Args {
     pub train_args: Vec<String>,
 }
 
-/// `train` flags that `validate` sets itself and refuses after `--`.
-pub const OVERRIDDEN_TRAIN_FLAGS: [&str; 4] = ["--out", "--launch", "--no-compare", "--compare"];
+/// `train` flags that `validate` sets itself and refuses after `--` (`--resume`: every
+/// configuration is a fresh pair of runs; it panicked, issue 24).
+pub const OVERRIDDEN_TRAIN_FLAGS: [&str; 5] = ["--out", "--launch", "--no-compare", "--compare", "--resume"];
 
 /// One configuration of the grid, predicted and measured.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -659,7 +660,9 @@ mod tests {
     /// they are refused, naming the flag, in both spellings.
     #[test]
     fn flags_validate_sets_itself_are_refused_after_the_separator() {
-        for extra in [&["--", "--out", "o"][..], &["--", "--launch=env"], &["--", "--no-compare"]] {
+        for extra in
+            [&["--", "--out", "o"][..], &["--", "--launch=env"], &["--", "--no-compare"], &["--", "--resume", "d"]]
+        {
             let mut v = vec!["--ranks", "4", "--seeds", "0"];
             v.extend_from_slice(extra);
             let e = run_to(&args(&v), &mut Vec::new()).expect_err("refused").to_string();
