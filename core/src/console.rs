@@ -56,15 +56,7 @@ impl StreamError {
     /// # Errors
     /// The original error when it carries no [`StreamError`].
     pub fn from_io(e: io::Error) -> Result<Self, io::Error> {
-        if !e.get_ref().is_some_and(|inner| inner.is::<Self>()) {
-            return Err(e);
-        }
-        let kind = e.kind();
-        match e.into_inner().map(|inner| inner.downcast::<Self>()) {
-            Some(Ok(me)) => Ok(*me),
-            Some(Err(other)) => Err(io::Error::new(kind, other)),
-            None => Err(io::Error::from(kind)),
-        }
+        crate::input::carried(e)
     }
 
     /// The stream error an error chain carries, directly or inside an [`io::Error`] (the

@@ -212,15 +212,7 @@ impl InputError {
     /// # Errors
     /// The original error when it does not carry an [`InputError`].
     pub fn from_io(e: io::Error) -> Result<Self, io::Error> {
-        if !e.get_ref().is_some_and(|inner| inner.is::<Self>()) {
-            return Err(e);
-        }
-        let kind = e.kind();
-        match e.into_inner().map(|inner| inner.downcast::<Self>()) {
-            Some(Ok(me)) => Ok(*me),
-            Some(Err(other)) => Err(io::Error::new(kind, other)),
-            None => Err(io::Error::from(kind)),
-        }
+        carried(e)
     }
 
     fn into_io(self) -> io::Error {
@@ -518,6 +510,24 @@ pub fn tail(path: &Path, max: u64) -> String {
     let mut bytes = Vec::new();
     let _ = f.take(max).read_to_end(&mut bytes);
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The typed error `E` an [`io::Error`] carries (a reader that can only return `io::Error`
+/// wraps its own typed error in one: [`InputError`], `console::StreamError`), or the original
+/// error when it carries none. The one unwrapping of both.
+///
+/// # Errors
+/// The original error when it does not carry an `E`.
+pub(crate) fn carried<E: std::error::Error + Send + Sync + 'static>(e: io::Error) -> Result<E, io::Error> {
+    if !e.get_ref().is_some_and(|inner| inner.is::<E>()) {
+        return Err(e);
+    }
+    let kind = e.kind();
+    match e.into_inner().map(|inner| inner.downcast::<E>()) {
+        Some(Ok(me)) => Ok(*me),
+        Some(Err(other)) => Err(io::Error::new(kind, other)),
+        None => Err(io::Error::from(kind)),
+    }
 }
 
 #[cfg(test)]
