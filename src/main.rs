@@ -11,7 +11,25 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(a) => a,
+        // `--help` and `--version` go through the one stdout writer (a full stdout is exit 6
+        // naming it, a closed one a quiet exit 0); a usage error through stderr, exit 2.
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+            return match dropcompute::console::out(&e.render().to_string()) {
+                Ok(()) => cli::exit::ExitClass::Success.exit_code(),
+                Err(s) if s.is_closed() => cli::exit::ExitClass::Success.exit_code(),
+                Err(s) => {
+                    dropcompute::console::err(&format!("error: {s}\n"));
+                    cli::exit::ExitClass::DataFile.exit_code()
+                }
+            };
+        }
+        Err(e) => {
+            dropcompute::console::err(&e.render().to_string());
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     cli::init_logging(args.verbose);
     match cli::run(args) {
         Ok(()) => cli::exit::ExitClass::Success.exit_code(),

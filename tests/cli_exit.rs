@@ -382,13 +382,15 @@ fn a_full_stdout_and_an_endless_input_are_typed_errors() {
     );
 }
 
+const TRACE_SE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/traces/trace-SE.csv.gz");
+
 /// Issue 24 (found 8 and 9): a flag value without an effect, or a flag the subcommand sets
 /// itself, is refused at once (exit 2, naming the flag and the value) instead of being run
 /// silently (one iteration for `--iters 0`, an empty table for `--max-bytes 1`, guardrails of
 /// NaN accepted, `--backup-workers` under another policy, `validate -- --resume` panicked).
 #[test]
 fn flags_without_an_effect_are_refused_naming_flag_and_value() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["bench", "allreduce", "--iters", "0", "--ranks", "2", "--max-bytes", "4096"], "--iters 0"),
         (&["bench", "allreduce", "--min-bytes", "1", "--max-bytes", "1", "--ranks", "2"], "--max-bytes 1"),
         (&["simulate", "--workers", "16", "--max-drop-rate", "NaN"], "NaN"),
@@ -401,6 +403,11 @@ fn flags_without_an_effect_are_refused_naming_flag_and_value() {
         (&["train", "--backup-workers", "2", "--steps", "2", "--no-compare"], "--backup-workers 2"),
         (&["validate", "--ranks", "4", "--seeds", "0", "--", "--resume", "d"], "--resume"),
         (&["validate", "--ranks", "4", "--seeds", "0", "--", "--resume=d"], "--resume"),
+        (&["validate", "--ranks", "4", "--seeds", "0", "--", "--threshold", "NaN"], "`--threshold`"),
+        (
+            &["tune", "--trace", TRACE_SE, "--auto-for", "backup-workers", "--backup-workers", "1000"],
+            "--backup-workers 1000",
+        ),
     ];
     for (argv, named) in cases {
         let o = hermetic::output_within(hermetic::dropcompute().args(argv), std::time::Duration::from_secs(60));

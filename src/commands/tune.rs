@@ -219,6 +219,14 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             }
         })?;
         if let Some(p) = args.auto_for {
+            let ranks = t.ranks().len();
+            if p == dropcompute::policy::Policy::BackupWorkers && args.backup_workers as usize >= ranks {
+                return Err(CommandError::Args(format!(
+                    "--backup-workers {}: must be < the ranks of {} ({ranks}), as train's",
+                    args.backup_workers,
+                    t.source()
+                )));
+            }
             let a = auto_for(t, &how, p, tail, args, &loaded.notes);
             if args.json {
                 autos.push(a);

@@ -523,6 +523,25 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::B
         ))
         .into());
     }
+    // The flags of the grid itself go through validate's own flags (a second one after `--`
+    // failed in clap with "cannot be used multiple times" and the whole argv).
+    if let Some(first) = grid.first() {
+        let argv = args.train_argv(first);
+        // The grid's own flags: the argv before the flags passed after `--` (appended last).
+        let own: Vec<&String> =
+            argv[1..argv.len() - args.train_args.len()].iter().filter(|a| a.starts_with("--")).collect();
+        if let Some(f) = args
+            .train_args
+            .iter()
+            .find(|a| own.iter().any(|o| a.as_str() == o.as_str() || a.starts_with(&format!("{o}="))))
+        {
+            let name = f.split('=').next().unwrap_or(f);
+            return Err(CommandError::Args(format!(
+                "validate: `{name}` after -- is not accepted: it is a flag of the grid; give it to validate itself ({name} of `dropcompute validate --help`)"
+            ))
+            .into());
+        }
+    }
     // Every configuration's flags are checked before the first one runs.
     for p in &grid {
         let argv = args.train_argv(p);
@@ -668,6 +687,19 @@ mod tests {
             let e = run_to(&args(&v), &mut Vec::new()).expect_err("refused").to_string();
             let flag = extra[1].split('=').next().unwrap();
             assert!(e.contains(&format!("`{}", flag)) && e.contains("not accepted"), "{e}");
+        }
+        // The grid's own flags go to validate itself: refused after `--`, naming the flag.
+        for extra in [
+            &["--", "--threshold", "NaN"][..],
+            &["--", "--seed=3"],
+            &["--", "--steps", "30"],
+            &["--", "--check", "before"],
+        ] {
+            let mut v = vec!["--ranks", "4", "--seeds", "0"];
+            v.extend_from_slice(extra);
+            let e = run_to(&args(&v), &mut Vec::new()).expect_err("refused").to_string();
+            let flag = extra[1].split('=').next().unwrap();
+            assert!(e.contains(&format!("`{flag}` after -- is not accepted: it is a flag of the grid")), "{e}");
         }
         // A train flag validate does not set is still passed on (checked, not refused).
         let e = run_to(&args(&["--ranks", "4", "--seeds", "0", "--", "--max-drop-rate", "2"]), &mut Vec::new())
