@@ -284,3 +284,37 @@ fn a_resumed_auto_run_keeps_its_tuned_threshold() {
     assert_eq!(resumed.iter().map(|r| r.step).collect::<Vec<_>>(), (10..18).collect::<Vec<_>>());
     assert!(resumed.iter().all(|r| r.threshold_ms == tuned[0]), "{resumed:?} vs {:?}", tuned[0]);
 }
+
+/// Issue 24 (found 9): a resumed run keeps its checkpoint's threshold, so `--threshold off` or
+/// another value is refused naming both (it printed "threshold: off" and ran the checkpoint's);
+/// the same value and `auto` resume.
+#[test]
+fn a_resumed_threshold_other_than_the_checkpoints_is_refused() {
+    let root = hermetic::temp_dir("resume-threshold");
+    let ck = tmp(&root, "ck");
+    let first = hermetic::output_within(
+        hermetic::dropcompute()
+            .args(["train", "--ranks", "2", "--steps", "4", "--no-compare", "--threshold", "25"])
+            .args(["--time-mode", "virtual", "--checkpoint-every", "2", "--checkpoint-dir", s(&ck)]),
+        Duration::from_secs(300),
+    );
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let resume = |threshold: &str| {
+        hermetic::output_within(
+            hermetic::dropcompute()
+                .args(["train", "--ranks", "2", "--steps", "6", "--no-compare", "--threshold", threshold])
+                .args(["--time-mode", "virtual", "--resume", s(&ck)]),
+            Duration::from_secs(300),
+        )
+    };
+    for (given, shown) in [("off", "off"), ("30", "30 ms")] {
+        let o = resume(given);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--threshold {given}: {err}");
+        assert!(err.contains(&format!("--threshold: {shown}:")) && err.contains("runs at 25 ms"), "{err}");
+    }
+    for ok in ["25", "auto"] {
+        let o = resume(ok);
+        assert!(o.status.success(), "--threshold {ok}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}

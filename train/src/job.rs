@@ -74,8 +74,40 @@ impl Job {
                 });
             }
             job.resume_step = Some(s0);
+            job.check_resumed_threshold(&dir, s0)?;
         }
         Ok(job)
+    }
+
+    /// A resumed run continues at its checkpoint's threshold (the scheduler's state), so a
+    /// `--threshold` given as `off` or in ms must be that one: refused when it differs (it
+    /// printed "threshold: off" and ran the checkpoint's 120 ms: issue 24). `auto` keeps the
+    /// checkpoint's and says so.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming `--threshold`, both values and the directory; the
+    /// checkpoint's own errors (rank 0's file at `step`).
+    fn check_resumed_threshold(&self, dir: &std::path::Path, step: u64) -> Result<(), TrainError> {
+        if self.cfg.threshold == super::config::ThresholdArg::Auto {
+            return Ok(());
+        }
+        let (meta, _, _) = super::ckpt::load(&self.fingerprint(), self.shape.param_len(), dir, 0, step)?;
+        let saved = Threshold::from_ns(meta.scheduler.threshold_ns);
+        let given = self.cfg.threshold.fixed().map_or(Threshold::Off, Threshold::Fixed);
+        let show = |t: Threshold| t.as_ms().map_or("off".to_owned(), |ms| format!("{ms} ms"));
+        if saved != given {
+            return Err(TrainError::Config {
+                what: "--threshold",
+                value: format!(
+                    "{}: the checkpoint in {} (step {step}) runs at {}, and a resumed run keeps its threshold; give --threshold auto (the checkpoint's) or {}",
+                    show(given),
+                    dir.display(),
+                    show(saved),
+                    show(saved).replace(" ms", "")
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// What a rank process needs to rebuild this job exactly: the validated configuration and
