@@ -409,6 +409,23 @@ fn flags_without_an_effect_are_refused_naming_flag_and_value() {
             "--backup-workers 1000",
         ),
     ];
+    // One environment check in every subcommand (issue 24, found 7): `bench` with thread ranks
+    // accepted a bad module pin that `info` refused.
+    for argv in [
+        &["bench", "allreduce", "--ranks", "2", "--max-bytes", "4096"][..],
+        &["info", "--no-check"],
+        &["bench", "sim", "--workers", "4"],
+    ] {
+        for (var, value) in [("HLS_MODULE_ID", "abc"), ("HABANA_VISIBLE_MODULES", "-1")] {
+            let o = hermetic::output_within(
+                hermetic::dropcompute().args(argv).env(var, value),
+                std::time::Duration::from_secs(60),
+            );
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{var}={value} {argv:?}: {err}");
+            assert!(err.contains(var) && err.contains(value), "{var}={value} {argv:?}: {err}");
+        }
+    }
     for (argv, named) in cases {
         let o = hermetic::output_within(hermetic::dropcompute().args(argv), std::time::Duration::from_secs(60));
         let err = String::from_utf8_lossy(&o.stderr);

@@ -65,6 +65,11 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
             "HABANA_VISIBLE_MODULES",
             "0,a",
         ),
+        // Issue 24: thread ranks accepted these (exit 0) where `info` refused them.
+        (vec![("HLS_MODULE_ID", "abc")], &[], "HLS_MODULE_ID", "abc"),
+        (vec![("HLS_MODULE_ID", "-1")], &[], "HLS_MODULE_ID", "-1"),
+        (vec![("HABANA_VISIBLE_MODULES", "abc")], &[], "HABANA_VISIBLE_MODULES", "abc"),
+        (vec![("HABANA_VISIBLE_MODULES", "-1")], &["--launch", "processes"], "HABANA_VISIBLE_MODULES", "-1"),
         (vec![("HCCL_COMM_ID", "[::1]:29575")], &[], "HCCL_COMM_ID", "::1:29575"),
         (vec![("HCCL_COMM_ID", "nohost")], &[], "HCCL_COMM_ID", "nohost"),
         (vec![("DROPCOMPUTE_MOCK_VERSION", "latest")], &[], "DROPCOMPUTE_MOCK_VERSION", "latest"),

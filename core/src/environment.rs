@@ -2,10 +2,10 @@
 //! the first device or network call: `HCCL_COMM_ID` (the vendor library's parser,
 //! `habana_sys::comm_id`), `DROPCOMPUTE_MOCK_VERSION` (`habana_sys::parse_version`),
 //! `DROPCOMPUTE_MOCK_LOCK_DIR` and `TMPDIR` (existing directories), `RUST_LOG` (a tracing
-//! filter), the input caps `DROPCOMPUTE_MAX_*_BYTES` (`crate::input`) and the test hook
+//! filter), the input caps `DROPCOMPUTE_MAX_*_BYTES` (`crate::input`), device pinning
+//! `HLS_MODULE_ID` / `HABANA_VISIBLE_MODULES` (syntax, by `synapse::module_id_from_env`) and the test hook
 //! `DROPCOMPUTE_TEST_SIGKILL_AT` (`STEP[:RANK]`). The other variables
-//! are checked where they are parsed: the launcher's (`hccl::bootstrap`), device pinning
-//! (`synapse::module_id_from_env`), the mock's configuration (`mock::MockConfig::from_env`),
+//! are checked where they are parsed: the launcher's (`hccl::bootstrap`), the mock's configuration (`mock::MockConfig::from_env`),
 //! `DROPCOMPUTE_BACKEND` (`commands::train`).
 //!
 //! Owns: [`check`] and [`EnvError`] (exit 2, naming the variable and the value). Must not
@@ -71,6 +71,19 @@ pub fn check_with(lookup: impl Fn(&str) -> Option<String>) -> Result<(), EnvErro
     }
     if let Some(v) = lookup(ENV_TEST_SIGKILL_AT) {
         parse_sigkill_at(&v).map_err(|why| bad(ENV_TEST_SIGKILL_AT, &v, why))?;
+    }
+    // Device pinning, by its one parser (`synapse::module_id_from_env`), in every subcommand and
+    // launch mode: `train` and `bench` with thread ranks accepted `HLS_MODULE_ID=abc` that
+    // `info` refused (issue 24). Each variable on its own (the parser stops at the first set);
+    // local rank 0, so only the syntax is judged here (the entry of a higher local rank is
+    // checked where the rank picks its device).
+    for var in ["HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"] {
+        let only = |k: &str| if k == var { lookup(k) } else { None };
+        if let Err(crate::synapse::Error::Config { variable, value, reason }) =
+            crate::synapse::module_id_from_env(0, only)
+        {
+            return Err(bad(variable, &value, reason));
+        }
     }
     Ok(())
 }
