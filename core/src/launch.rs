@@ -187,12 +187,11 @@ impl Join {
 pub enum Ranks<R> {
     /// [`Launch::Threads`] and [`Launch::Processes`]: every rank's result, in rank order.
     All(Vec<R>),
-    /// [`Launch::Env`]: this process's rank of `world_size` and its result.
+    /// [`Launch::Env`]: this process's join (its rank, the world size and the launcher's
+    /// bootstrap, read once) and its result.
     This {
-        /// This process's rank.
-        rank: u32,
-        /// The launcher's world size.
-        world_size: u32,
+        /// How this rank joined ([`Join::Env`]; boxed: a `Join` holds a 1 KiB unique id).
+        join: Box<Join>,
         /// Its result.
         result: R,
     },
@@ -236,7 +235,8 @@ where
         }
         Launch::Env => {
             let join = Join::from_env().map_err(E::from)?;
-            Ok(Ranks::This { rank: join.rank(), world_size: join.world_size(), result: rank(&join) })
+            let result = rank(&join);
+            Ok(Ranks::This { join: Box::new(join), result })
         }
     }
 }

@@ -13,7 +13,6 @@ use crate::bench::allreduce::{
 #[cfg(feature = "mock")]
 use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
 use dropcompute::hccl::Comm;
-use dropcompute::hccl::bootstrap::Bootstrap;
 #[cfg(feature = "mock")]
 use dropcompute::launch::ChildSpec;
 use dropcompute::launch::{self, Join, Launch, Ranks};
@@ -236,25 +235,25 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         }
         Ok(join_and_measure(&rt, join, &opts)?)
     };
-    let mode = match a.launch {
-        Launch::Threads => "threads".to_owned(),
-        Launch::Processes => "processes".to_owned(),
-        Launch::Env => format!("{:?}, one process per rank", Bootstrap::from_env()?.launcher),
-    };
-    let (world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
+    let (mode, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
         Ranks::All(results) => {
             let mut rows = None;
             for r in results {
                 rows.get_or_insert(r?);
             }
-            (ranks, rows.unwrap_or_default())
+            let mode = if a.launch == Launch::Threads { "threads" } else { "processes" };
+            (mode.to_owned(), ranks, rows.unwrap_or_default())
         }
-        Ranks::This { rank, world_size, result } => {
+        Ranks::This { join, result } => {
             let rows = result?;
-            if rank != 0 {
+            if join.rank() != 0 {
                 return Ok(());
             }
-            (world_size, rows)
+            let launcher = match join.as_ref() {
+                Join::Env(boot) => format!("{:?}, one process per rank", boot.launcher),
+                Join::UniqueId { .. } => "one process per rank".to_owned(),
+            };
+            (launcher, join.world_size(), rows)
         }
     };
     let report = AllreduceReport { mode, ranks: world_size, op: a.op, rows };

@@ -220,11 +220,8 @@ impl TailArgs {
         dropcompute::policy::TailShape::checked(self.tail_split, self.tail_cost, micro_batch_size).map_err(|e| {
             TailArgError {
                 flag: if e.field == "cost" { "tail-cost" } else { "tail-split" },
+                why: e.why("--tail-split", "--micro-batch-size"),
                 value: e.value,
-                why: e
-                    .why
-                    .replace("the micro-batch size", "--micro-batch-size")
-                    .replace("a split >= 2", "--tail-split >= 2"),
             }
         })
     }

@@ -498,7 +498,7 @@ pub fn run(
     })?;
     match ranks {
         Ranks::All(results) => Ok((0, collect(results)?)),
-        Ranks::This { rank, result, .. } => Ok((rank, vec![result?])),
+        Ranks::This { join, result } => Ok((join.rank(), vec![result?])),
     }
 }
 

@@ -210,14 +210,42 @@ impl Default for TailShape {
 /// Why a tail shape is refused ([`TailShape::checked`]): the field (`split` or `cost`), its
 /// value and the rule it breaks.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("tail shape {field} {value}: {why}")]
+#[error("tail shape {field} {value}: {}", self.why("a split", "the micro-batch size"))]
 pub struct TailShapeError {
     /// `split` or `cost` (the flags `--tail-split` / `--tail-cost`).
     pub field: &'static str,
     /// The value given.
     pub value: String,
-    /// What is required.
-    pub why: String,
+    /// The rule it breaks.
+    pub rule: TailRule,
+}
+
+/// The rules of [`TailShape::checked`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailRule {
+    /// The split is 0 or above [`MAX_TAIL_SPLIT`].
+    SplitRange,
+    /// The split does not divide this micro-batch size (samples).
+    SplitDivides(u32),
+    /// The cost is not a finite number in (0, 1].
+    CostRange,
+    /// A cost is given without a tail shape (split 1).
+    CostNeedsSplit,
+}
+
+impl TailShapeError {
+    /// What is required, naming the split and the micro-batch size as the caller names them
+    /// (`--tail-split` and `--micro-batch-size` on the command line).
+    pub fn why(&self, split: &str, micro_batch_size: &str) -> String {
+        match self.rule {
+            TailRule::SplitRange => format!("must be in 1..={MAX_TAIL_SPLIT} (1 = whole micro-batches only)"),
+            TailRule::SplitDivides(b) => {
+                format!("must divide {micro_batch_size} {b} (a tail micro-batch holds b/S samples)")
+            }
+            TailRule::CostRange => "must be a fraction in (0, 1] of a whole micro-batch's time".into(),
+            TailRule::CostNeedsSplit => format!("needs {split} >= 2 (there is no tail shape)"),
+        }
+    }
 }
 
 /// The largest split [`TailShape::checked`] accepts (a tail micro-batch of B/64 samples).
@@ -233,30 +261,22 @@ impl TailShape {
     /// divide `micro_batch_size` (when given: a tail micro-batch holds b/S samples); naming
     /// `cost` when it is not a finite number in (0, 1] or is given with split 1.
     pub fn checked(split: u32, cost: Option<f64>, micro_batch_size: Option<u32>) -> Result<Self, TailShapeError> {
-        let bad = |field, value: String, why: String| Err(TailShapeError { field, value, why });
+        let bad = |field, value: String, rule| Err(TailShapeError { field, value, rule });
         if split == 0 || split > MAX_TAIL_SPLIT {
-            return bad(
-                "split",
-                split.to_string(),
-                format!("must be in 1..={MAX_TAIL_SPLIT} (1 = whole micro-batches only)"),
-            );
+            return bad("split", split.to_string(), TailRule::SplitRange);
         }
         if let Some(c) = cost {
             if !(c.is_finite() && c > 0.0 && c <= 1.0) {
-                return bad("cost", c.to_string(), "must be a fraction in (0, 1] of a whole micro-batch's time".into());
+                return bad("cost", c.to_string(), TailRule::CostRange);
             }
             if split == 1 {
-                return bad("cost", c.to_string(), "needs a split >= 2 (there is no tail shape)".into());
+                return bad("cost", c.to_string(), TailRule::CostNeedsSplit);
             }
         }
         if let Some(b) = micro_batch_size
             && !b.is_multiple_of(split)
         {
-            return bad(
-                "split",
-                split.to_string(),
-                format!("must divide the micro-batch size {b} (a tail micro-batch holds b/S samples)"),
-            );
+            return bad("split", split.to_string(), TailRule::SplitDivides(b));
         }
         Ok(Self { split, cost })
     }
@@ -437,7 +457,7 @@ mod tests {
                 (None, Ok(t)) => assert_eq!((t.split, t.cost.map(f64::to_bits)), (split, cost.map(f64::to_bits))),
                 (Some(field), Err(e)) => {
                     assert_eq!(e.field, field, "{split} {cost:?} {b:?}");
-                    assert!(!e.why.is_empty() && !e.value.is_empty());
+                    assert!(!e.why("a split", "b").is_empty() && !e.value.is_empty());
                 }
                 _ => panic!("{split} {cost:?} {b:?}: {got:?}, want {want:?}"),
             }

@@ -22,7 +22,7 @@ pub mod kind;
 pub mod rebalance;
 pub mod walk;
 
-pub use kind::{MAX_TAIL_SPLIT, Policy, StepPolicy, TailShape, TailShapeError, backup_aggregated};
+pub use kind::{MAX_TAIL_SPLIT, Policy, StepPolicy, TailRule, TailShape, TailShapeError, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 
 use std::time::Duration;
@@ -76,8 +76,11 @@ impl Threshold {
     /// flag's or a file's ms (so [`Threshold::as_ms`] gives back the same ns); `None` when `ms`
     /// is not finite, negative, or beyond `u64::MAX` ns.
     pub fn from_ms(ms: f64) -> Option<Threshold> {
-        let ns = ms * 1e6;
-        (ns.is_finite() && ns >= 0.0 && ns.round() < u64::MAX as f64).then(|| Threshold::from_ns_f64(ns))
+        // `from_ns_f64` is off exactly for what is not a deadline (0 ms is `Fixed(0)`).
+        match Threshold::from_ns_f64(ms * 1e6) {
+            Threshold::Off => None,
+            t => Some(t),
+        }
     }
 }
 
