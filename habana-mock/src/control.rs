@@ -177,6 +177,8 @@ impl MockControl {
     /// # Errors
     /// [`MockControlError::Load`] when the library cannot be opened or lacks a `dcmock_*` symbol.
     pub fn from_library(path: &Path) -> Result<Self, MockControlError> {
+        // The one rule of a named library: no `/` = relative to the current directory.
+        let path = &habana_sys::library_path(path);
         let load = |source| MockControlError::Load { path: path.to_path_buf(), source };
         // SAFETY: loading the mock library runs only Rust static initialisers of the mock.
         let lib = unsafe { libloading::Library::new(path) }.map_err(load)?;

@@ -2,14 +2,17 @@
 //! as the library parses it: the value is split at its **last** `:`; the right part is the port,
 //! the left part a bare address (IPv4, IPv6 without brackets, or a host name, resolved). So
 //! `::1:29576` is IPv6 loopback port 29576, and the bracketed URL form `[::1]:29575` is refused
-//! (the library would read `[::1]` as a host name); the refusal gives the accepted form.
+//! (the library would read `[::1]` as a host name); the refusal gives the accepted form. The
+//! grammar is the one of every address variable ([`crate::addr`], [`crate::addr::Convention::Vendor`]).
 //!
 //! Owns: the one parser of the variable, used by the product (`dropcompute::hccl::bootstrap`)
 //! and by the mock (`habana-mock`'s `hcclGetUniqueId` and `hcclCommInitRank`), so a CPU test
 //! sees what the vendor library would. Must not touch: sockets (only the resolver for host
 //! names).
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
+
+use crate::addr::{Convention, parse_port, resolve, split_host_port};
 
 /// The variable's name.
 pub const ENV_COMM_ID: &str = "HCCL_COMM_ID";
@@ -24,60 +27,31 @@ pub struct CommIdError {
     pub reason: String,
 }
 
-/// Splits `value` as the library does: `(address or host, port)`, split at the last `:`.
+/// Splits `value` as the library does: `(address or host, port)`, split at the last `:`
+/// (the one grammar, [`crate::addr::split_host_port`] under [`Convention::Vendor`]).
 ///
 /// # Errors
 /// [`CommIdError`] when there is no `:`, the address part is empty or bracketed (`[::1]`: the
 /// message gives the bare form, `::1:PORT`), or the port is not an integer in 1..=65535.
 pub fn split_comm_id(value: &str) -> Result<(&str, u16), CommIdError> {
     let bad = |reason: String| CommIdError { value: value.to_string(), reason };
-    let Some((host, port)) = value.rsplit_once(':') else {
+    let hp = split_host_port(value, Convention::Vendor).map_err(bad)?;
+    let Some(port) = hp.port else {
         return Err(bad("expected ADDRESS:PORT (the port after the last ':')".into()));
     };
-    if host.starts_with('[') || host.ends_with(']') {
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        return Err(bad(format!(
-            "the bracketed form is not accepted by the HCCL library (it splits at the last ':' and \
-             takes the left part as a bare address): write HCCL_COMM_ID={bare}:{port}"
-        )));
-    }
-    if host.is_empty() {
-        return Err(bad("no address before the last ':'".into()));
-    }
-    match port.parse::<u16>() {
-        Ok(0) => Err(bad("port 0 cannot be reached by other ranks".into())),
-        Ok(p) => Ok((host, p)),
-        Err(_) => Err(bad(format!("port {port:?} (after the last ':') is not an integer in 1..=65535"))),
-    }
+    Ok((hp.host, parse_port(port).map_err(bad)?))
 }
 
-/// Parses and resolves `value` ([`split_comm_id`]): an IP literal as is, a host name through
-/// the system resolver (IPv4 results preferred, as a host's first address).
+/// Parses and resolves `value` ([`split_comm_id`], then [`crate::addr::resolve`]): an IP
+/// literal as is, a host name through the system resolver (IPv4 results preferred, as a
+/// host's first address; wider than the vendor, which documents `IP:PORT`).
 ///
 /// # Errors
 /// As [`split_comm_id`]; a host that does not resolve; an unspecified address (`0.0.0.0`,
 /// `::`), which other ranks cannot connect to.
 pub fn parse_comm_id(value: &str) -> Result<SocketAddr, CommIdError> {
-    let bad = |reason: String| CommIdError { value: value.to_string(), reason };
     let (host, port) = split_comm_id(value)?;
-    let addr = match host.parse::<IpAddr>() {
-        Ok(ip) => SocketAddr::new(ip, port),
-        Err(_) => {
-            let all: Vec<SocketAddr> = (host, port)
-                .to_socket_addrs()
-                .map_err(|e| bad(format!("host {host:?} does not resolve: {e}")))?
-                .collect();
-            all.iter()
-                .find(|a| a.is_ipv4())
-                .or(all.first())
-                .copied()
-                .ok_or_else(|| bad(format!("host {host:?} resolves to no address")))?
-        }
-    };
-    if addr.ip().is_unspecified() {
-        return Err(bad("an unspecified address cannot be reached: give rank 0's host address".into()));
-    }
-    Ok(addr)
+    resolve(host, port).map_err(|reason| CommIdError { value: value.to_string(), reason })
 }
 
 #[cfg(test)]
@@ -103,7 +77,7 @@ mod tests {
         assert!(e.to_string().contains("HCCL_COMM_ID=::1:29575") && e.value == "[::1]:29575", "{e}");
         for (v, why) in [
             ("10.0.0.1", "last ':'"),
-            (":29500", "no address"),
+            (":29500", "no host"),
             ("10.0.0.1:0", "port 0"),
             ("10.0.0.1:http", "not an integer"),
             ("10.0.0.1:70000", "not an integer"),

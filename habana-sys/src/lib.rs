@@ -13,6 +13,7 @@
 //! always loaded at run time (never linked), so a host without Gaudi builds and runs.
 #![allow(non_camel_case_types)]
 
+pub mod addr;
 pub mod comm_id;
 mod functions;
 mod load;
@@ -20,7 +21,7 @@ pub mod types;
 
 pub use load::{
     ApiOrigin, DEFAULT_LIBRARY_PATH, ENV_LIBRARY, LoadError, MIN_VERSION, OPTIONAL_SYMBOLS, REQUIRED_SYMBOLS,
-    SynapseApi, SynapseFns, is_supported_version, parse_version,
+    SynapseApi, SynapseFns, is_supported_version, library_path, parse_version,
 };
 pub use types::*;
 

@@ -55,6 +55,16 @@ pub enum LoadError {
     },
 }
 
+/// The path `dlopen` is given for a library the user named (`--library`,
+/// `$DROPCOMPUTE_SYNAPSE_LIB`, any other): a path without `/` is taken relative to the current
+/// directory (`libmock_synapse.so` becomes `./libmock_synapse.so`), never looked up on the
+/// system search path as `dlopen` would; a path with a `/` is unchanged. The one rule of every
+/// flag and variable that names a library ([`SynapseApi::candidates`], [`SynapseApi::load_path`]).
+pub fn library_path(path: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().contains(&b'/') { path.to_path_buf() } else { Path::new(".").join(path) }
+}
+
 fn display_paths(paths: &[PathBuf]) -> String {
     paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
 }
@@ -199,13 +209,14 @@ impl SynapseApi {
     /// The paths [`SynapseApi::load`] tries, in order: `explicit`, then `$DROPCOMPUTE_SYNAPSE_LIB`
     /// (when set and non-empty), then [`DEFAULT_LIBRARY_PATH`]. When an explicit path or the
     /// variable is given, only that one is tried: a user who names a library gets that library
-    /// or an error, never a silent fallback.
+    /// or an error, never a silent fallback. A path without `/` is relative to the current
+    /// directory ([`library_path`]).
     pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
         if let Some(p) = explicit {
-            return vec![p.to_path_buf()];
+            return vec![library_path(p)];
         }
         match std::env::var_os(ENV_LIBRARY) {
-            Some(v) if !v.is_empty() => vec![PathBuf::from(v)],
+            Some(v) if !v.is_empty() => vec![library_path(Path::new(&v))],
             _ => vec![PathBuf::from(DEFAULT_LIBRARY_PATH)],
         }
     }
@@ -223,13 +234,15 @@ impl SynapseApi {
         }
     }
 
-    /// Loads the runtime from exactly `path`, resolving every required symbol.
+    /// Loads the runtime from exactly `path` (a path without `/` relative to the current
+    /// directory, [`library_path`]), resolving every required symbol.
     ///
     /// # Errors
     /// [`LoadError::Open`] when `dlopen` fails; [`LoadError::UnsupportedVersion`] when
     /// `synDriverGetVersion` reports a release older than [`MIN_VERSION`];
     /// [`LoadError::MissingSymbol`] when a required function is absent.
     pub fn load_path(path: &Path) -> Result<Self, LoadError> {
+        let path = &library_path(path);
         // SAFETY: loading a shared library runs its initialisers. That is the point of this
         // function: the caller asked for this library. Nothing else is assumed about it yet.
         let lib = unsafe { libloading::Library::new(path) }

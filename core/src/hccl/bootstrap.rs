@@ -21,6 +21,10 @@
 //! to read only that one.
 //!
 //! # Rendezvous (world size > 1)
+//! Every address variable goes through the one grammar (`habana_sys::addr`): `MASTER_ADDR` is a
+//! host, IPv4 or IPv6 (bare or bracketed) address; `DROPCOMPUTE_RENDEZVOUS` is `HOST:PORT` with
+//! brackets around an IPv6 address; `HCCL_COMM_ID` follows the vendor (split at the last `:`).
+//!
 //! `HCCL_COMM_ID=IP:PORT` (the vendor's variable, `habana_api.md` §1 and §6): the library
 //! bootstraps itself and every rank passes a zeroed unique id. Otherwise our TCP rendezvous at,
 //! in order: [`Explicit::addr`], `DROPCOMPUTE_RENDEZVOUS=HOST:PORT`, `MASTER_ADDR:MASTER_PORT`;
@@ -29,8 +33,9 @@
 //! what to set. Variables that are set are validated even when a single rank does not use them.
 #![forbid(unsafe_code)]
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 
+use habana_sys::addr::{Convention, parse_port, split_host_port};
 use habana_sys::comm_id::ENV_COMM_ID;
 
 use super::rendezvous::JobSecret;
@@ -215,8 +220,30 @@ fn get(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
     lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
+/// Parses a launcher's rank, world size, local rank or local world size (`RANK`,
+/// `OMPI_COMM_WORLD_SIZE`, `SLURM_LOCALID`, ...): a non-negative integer (the one parser, also
+/// `crate::environment`'s and `info`'s for `LOCAL_RANK`).
+///
+/// # Errors
+/// The rule broken.
+pub fn parse_count(v: &str) -> std::result::Result<u32, String> {
+    v.trim().parse::<u32>().map_err(|_| "not a non-negative integer".to_string())
+}
+
 fn number(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<u32>> {
-    get(lookup, name).map(|v| v.parse::<u32>().map_err(|_| invalid(name, &v, "not a non-negative integer"))).transpose()
+    get(lookup, name).map(|v| parse_count(&v).map_err(|why| invalid(name, &v, why))).transpose()
+}
+
+/// Parses `DROPCOMPUTE_LAUNCHER`: `torchrun`, `openmpi` or `slurm` (any case).
+///
+/// # Errors
+/// The rule broken.
+pub fn parse_launcher(v: &str) -> std::result::Result<(), String> {
+    if SPECS.iter().any(|s| s.key.eq_ignore_ascii_case(v.trim())) {
+        Ok(())
+    } else {
+        Err("expected torchrun, openmpi or slurm".into())
+    }
 }
 
 fn read_launcher(spec: &'static Spec, lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
@@ -236,10 +263,8 @@ fn read_launcher(spec: &'static Spec, lookup: &impl Fn(&str) -> Option<String>) 
 /// The launchers present, in order, after `DROPCOMPUTE_LAUNCHER` filtering; checked to agree.
 fn launchers(lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
     let only = get(lookup, "DROPCOMPUTE_LAUNCHER");
-    if let Some(v) = &only
-        && !SPECS.iter().any(|s| s.key.eq_ignore_ascii_case(v))
-    {
-        return Err(invalid("DROPCOMPUTE_LAUNCHER", v, "expected torchrun, openmpi or slurm"));
+    if let Some(v) = &only {
+        parse_launcher(v).map_err(|why| invalid("DROPCOMPUTE_LAUNCHER", v, why))?;
     }
     let mut seen = Vec::new();
     for spec in SPECS.iter().filter(|s| only.as_ref().is_none_or(|v| s.key.eq_ignore_ascii_case(v))) {
@@ -269,29 +294,37 @@ fn launchers(lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
     Ok(Some(first))
 }
 
-/// Splits `HOST:PORT` (`[v6]:PORT` for IPv6); the port must be 1..=65535.
-fn host_port(variable: &str, value: &str) -> Result<(String, u16)> {
-    let (host, port) = if let Some(rest) = value.strip_prefix('[') {
-        rest.split_once("]:").ok_or_else(|| invalid(variable, value, "expected [IPv6]:PORT"))?
-    } else {
-        let (h, p) = value.rsplit_once(':').ok_or_else(|| invalid(variable, value, "expected HOST:PORT"))?;
-        if h.contains(':') {
-            return Err(invalid(variable, value, "an IPv6 address needs brackets: [ADDR]:PORT"));
-        }
-        (h, p)
-    };
-    if host.is_empty() {
-        return Err(invalid(variable, value, "empty host"));
+/// Parses `DROPCOMPUTE_RENDEZVOUS`: `HOST:PORT`, `IPv4:PORT` or `[IPv6]:PORT` (the one address
+/// grammar, `habana_sys::addr` under its URI convention; a bare IPv6 address has no port), the
+/// port in 1..=65535. Syntax only: the host is resolved where the rendezvous is used.
+///
+/// # Errors
+/// The rule broken (for a bare IPv6 address followed by a port, the bracketed spelling).
+pub fn parse_rendezvous(value: &str) -> std::result::Result<(String, u16), String> {
+    let hp = split_host_port(value, Convention::Uri)?;
+    let port = hp.port.ok_or("expected HOST:PORT ([IPv6]:PORT for an IPv6 address)")?;
+    Ok((hp.host.to_string(), parse_port(port)?))
+}
+
+/// Parses `MASTER_ADDR` (torchrun's): a host name, an IPv4 address or an IPv6 address with or
+/// without brackets (`::1`, `[::1]`), no port (that is `MASTER_PORT`). Syntax only.
+///
+/// # Errors
+/// The rule broken.
+pub fn parse_master_addr(value: &str) -> std::result::Result<String, String> {
+    let hp = split_host_port(value, Convention::Uri)?;
+    match hp.port {
+        None => Ok(hp.host.to_string()),
+        Some(_) => Err("a host only: the port goes in MASTER_PORT".into()),
     }
-    Ok((host.to_string(), port_number(variable, value, port)?))
+}
+
+fn host_port(variable: &str, value: &str) -> Result<(String, u16)> {
+    parse_rendezvous(value).map_err(|why| invalid(variable, value, why))
 }
 
 fn port_number(variable: &str, value: &str, port: &str) -> Result<u16> {
-    match port.parse::<u16>() {
-        Ok(0) => Err(invalid(variable, value, "port 0 cannot be reached by other ranks")),
-        Ok(p) => Ok(p),
-        Err(_) => Err(invalid(variable, value, "port is not an integer in 1..=65535")),
-    }
+    parse_port(port).map_err(|why| invalid(variable, value, why))
 }
 
 /// An address the other ranks can connect to (not `0.0.0.0`/`::`, port not 0).
@@ -305,22 +338,10 @@ fn connectable(variable: &str, value: &str, addr: SocketAddr) -> Result<SocketAd
     Ok(addr)
 }
 
-/// Resolves a host name (IP literals need no lookup); IPv4 results are preferred.
+/// Resolves a host name (IP literals need no lookup; IPv4 results preferred; unspecified
+/// refused): the one resolver, `habana_sys::addr::resolve`.
 fn resolve(variable: &str, value: &str, host: &str, port: u16) -> Result<SocketAddr> {
-    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => (host, port)
-            .to_socket_addrs()
-            .map_err(|e| invalid(variable, value, format!("host does not resolve: {e}")))?
-            .collect(),
-    };
-    let addr = addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .copied()
-        .ok_or_else(|| invalid(variable, value, "host resolves to no address"))?;
-    connectable(variable, value, addr)
+    habana_sys::addr::resolve(host, port).map_err(|why| invalid(variable, value, why))
 }
 
 const SECRET_HINT: &str = "every rank must share one job secret (hex, >= 128 bits): e.g. \
@@ -473,7 +494,9 @@ fn rendezvous(
     let ours = get(lookup, "DROPCOMPUTE_RENDEZVOUS")
         .map(|v| host_port("DROPCOMPUTE_RENDEZVOUS", &v).map(|hp| (v, hp)))
         .transpose()?;
-    let master_addr = get(lookup, "MASTER_ADDR");
+    let master_addr = get(lookup, "MASTER_ADDR")
+        .map(|v| parse_master_addr(&v).map(|host| (v.clone(), host)).map_err(|why| invalid("MASTER_ADDR", &v, why)))
+        .transpose()?;
     let master_port = get(lookup, "MASTER_PORT").map(|v| port_number("MASTER_PORT", &v, &v)).transpose()?;
     let env_secret = get(lookup, "DROPCOMPUTE_JOB_SECRET")
         .map(|v| {
@@ -495,7 +518,7 @@ fn rendezvous(
         if let Some((o, _)) = &ours {
             overridden.push(format!("DROPCOMPUTE_RENDEZVOUS={o}"));
         }
-        if let Some(a) = &master_addr {
+        if let Some((a, _)) = &master_addr {
             overridden.push(format!("MASTER_ADDR={a}"));
         }
         if let Some(p) = get(lookup, "MASTER_PORT") {
@@ -519,10 +542,10 @@ fn rendezvous(
         addr
     } else if let Some((v, (host, port))) = ours {
         resolve("DROPCOMPUTE_RENDEZVOUS", &v, &host, port)?
-    } else if let Some(host) = master_addr {
+    } else if let Some((v, host)) = master_addr {
         let port =
-            master_port.ok_or_else(|| missing("MASTER_PORT", format!("MASTER_ADDR={host} is set but not its port")))?;
-        resolve("MASTER_ADDR", &host, &host, port)?
+            master_port.ok_or_else(|| missing("MASTER_PORT", format!("MASTER_ADDR={v} is set but not its port")))?;
+        resolve("MASTER_ADDR", &v, &host, port)?
     } else {
         let how = match launcher {
             Launcher::Slurm => {
