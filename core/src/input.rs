@@ -23,7 +23,7 @@
 //!
 //! The line cap of every line-based kind is `DROPCOMPUTE_MAX_LINE_BYTES`. Values are bytes,
 //! optionally with a binary suffix `K`, `M`, `G` (or `KiB`, `MiB`, `GiB`); a bad value is exit 2
-//! before any command runs (`crate::environment::check`).
+//! before any command that reads the kind runs (a row each of `crate::environment`'s table).
 //!
 //! Owns: the caps, opening (regular or not), gzip detection of the text kinds (by the gzip
 //! magic, not the name), the counting. Must not touch: what the bytes mean (each parser), exit codes.
@@ -248,19 +248,6 @@ pub fn parse_bytes(v: &str) -> Result<u64, String> {
         return Err("must be at least 1 byte".into());
     }
     Ok(bytes)
-}
-
-/// Checks every cap variable that is set, through `lookup` (for `crate::environment`).
-///
-/// # Errors
-/// [`InputError::BadCap`] for the first bad value.
-pub fn check_env(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), InputError> {
-    for var in InputKind::ALL.iter().map(|k| k.variable()).chain([LINE_VARIABLE]) {
-        if let Some(v) = lookup(var) {
-            parse_bytes(&v).map_err(|reason| InputError::BadCap { variable: var, value: v, reason })?;
-        }
-    }
-    Ok(())
 }
 
 /// The caps in force for one kind, in bytes.
@@ -544,9 +531,6 @@ mod tests {
         assert!(parse_bytes("1T").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("99999999999G").is_err());
-        let bad = check_env(&|k| (k == "DROPCOMPUTE_MAX_DATA_BYTES").then(|| "lots".to_string()));
-        assert!(matches!(bad, Err(InputError::BadCap { variable: "DROPCOMPUTE_MAX_DATA_BYTES", .. })));
-        assert!(check_env(&|_| Some("1M".into())).is_ok());
     }
 
     /// An endless line is refused at the line cap with the file, the cap and the variable

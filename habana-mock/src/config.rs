@@ -223,6 +223,32 @@ pub fn check_version_env() -> Result<(), ConfigError> {
     }
 }
 
+/// Parses `$DROPCOMPUTE_MOCK_DEVICES`: a device count in 1..=[`MAX_DEVICES`] (the one parser,
+/// used by [`MockConfig::from_env`] and `dropcompute::environment`'s table).
+///
+/// # Errors
+/// The rule broken.
+pub fn parse_devices(v: &str) -> Result<u32, String> {
+    v.trim()
+        .parse()
+        .ok()
+        .filter(|d| (1..=MAX_DEVICES).contains(d))
+        .ok_or_else(|| format!("not a device count in 1..={MAX_DEVICES}"))
+}
+
+/// Parses `$DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS`: milliseconds in 1..=3600000 (the one parser,
+/// used by [`MockConfig::from_env`], the collectives' init and `dropcompute::environment`'s table).
+///
+/// # Errors
+/// The rule broken.
+pub fn parse_timeout_ms(v: &str) -> Result<u64, String> {
+    v.trim()
+        .parse()
+        .ok()
+        .filter(|ms| (1..=3_600_000).contains(ms))
+        .ok_or_else(|| "not a timeout in ms (1..=3600000)".to_string())
+}
+
 fn validate_noise(n: &Noise) -> Result<(), ConfigError> {
     if n.is_valid() { Ok(()) } else { Err(bad("config", format!("noise parameters out of range: {n:?}"))) }
 }
@@ -244,21 +270,14 @@ impl MockConfig {
             _ => {
                 let mut cfg = Self::default();
                 if let Ok(n) = std::env::var(ENV_DEVICES) {
-                    cfg.devices = n.trim().parse().ok().filter(|d| (1..=MAX_DEVICES).contains(d)).ok_or_else(|| {
-                        bad("config", format!("{ENV_DEVICES}={n:?} is not a device count in 1..={MAX_DEVICES}"))
-                    })?;
+                    cfg.devices = parse_devices(&n).map_err(|why| bad("config", format!("{ENV_DEVICES}={n:?}: {why}")))?;
                 }
                 cfg
             }
         };
-        let timeout = ENV_TIMEOUT_MS;
-        if let Ok(v) = std::env::var(timeout) {
-            cfg.hccl_timeout_ms = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|ms| (1..=3_600_000).contains(ms))
-                .ok_or_else(|| bad("config", format!("{timeout}={v:?} is not a timeout in ms (1..=3600000)")))?;
+        if let Ok(v) = std::env::var(ENV_TIMEOUT_MS) {
+            cfg.hccl_timeout_ms =
+                parse_timeout_ms(&v).map_err(|why| bad("config", format!("{ENV_TIMEOUT_MS}={v:?}: {why}")))?;
         }
         cfg.validate()?;
         Ok(cfg)

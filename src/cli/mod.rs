@@ -93,11 +93,35 @@ pub fn init_logging(verbose: u8) {
         .try_init();
 }
 
-/// Runs the parsed command. Errors: a bad value of an environment variable the product reads
-/// ([`dropcompute::environment::EnvError`], exit 2, checked before any command so every
-/// subcommand refuses it alike), then the command's own (see each `commands::*::run`).
+/// The environment table's name of a parsed command (`dropcompute::environment::Subcommand`).
+fn subcommand(command: &Command) -> dropcompute::environment::Subcommand {
+    use dropcompute::environment::Subcommand as S;
+    match command {
+        Command::Info(_) => S::Info,
+        Command::Tune(_) => S::Tune,
+        Command::Simulate(_) => S::Simulate,
+        Command::Bench(b) => match b {
+            #[cfg(feature = "mock")]
+            commands::bench::Args::Kernels(_) => S::BenchKernels,
+            commands::bench::Args::Allreduce(_) => S::BenchAllreduce,
+            commands::bench::Args::Sim(_) => S::BenchSim,
+            #[cfg(feature = "mock")]
+            commands::bench::Args::Scheduler(_) => S::BenchScheduler,
+        },
+        #[cfg(feature = "mock")]
+        Command::Train(_) => S::Train,
+        #[cfg(feature = "mock")]
+        Command::Validate(_) => S::Validate,
+        Command::RankProcess { .. } => S::RankProcess,
+    }
+}
+
+/// Runs the parsed command. Errors: a bad value of an environment variable the command reads
+/// ([`dropcompute::environment::EnvError`], exit 2, checked through the one environment table
+/// before any device or network call, so every subcommand that reads a variable refuses it
+/// alike), then the command's own (see each `commands::*::run`).
 pub fn run(cli: Cli) -> Result<(), CliError> {
-    dropcompute::environment::check()?;
+    dropcompute::environment::check(subcommand(&cli.command))?;
     match cli.command {
         Command::Info(a) => commands::info::run(&a),
         Command::Tune(a) => Ok(commands::tune::run(&a)?),

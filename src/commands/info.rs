@@ -58,7 +58,8 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
     let pinned = ["HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"].iter().any(|v| std::env::var_os(v).is_some());
     let dev = if pinned {
         let local_rank = match std::env::var("LOCAL_RANK") {
-            Ok(v) => v.trim().parse::<u32>().map_err(|_| CommandError::Env {
+            // The launcher's one parser (the environment table checked it before this call).
+            Ok(v) => dropcompute::hccl::bootstrap::parse_count(&v).map_err(|_| CommandError::Env {
                 variable: "LOCAL_RANK",
                 value: v.clone(),
                 why: "not a rank",

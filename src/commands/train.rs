@@ -393,7 +393,7 @@ pub fn run(a: &Args) -> Result<(), TrainError> {
     dropcompute::signals::install();
     // Pure validation first: bad flags, environment, data and --out fail before any device call.
     let cfg = a.with_launcher_world_size()?.validate()?;
-    dropcompute::environment::check()?;
+    dropcompute::environment::check(dropcompute::environment::Subcommand::Train)?;
     let out = cfg.out.as_ref().map(|d| StagedOut::new(d)).transpose()?;
     let launch = cfg.launch;
     let job = Job::prepare(cfg)?;

@@ -26,31 +26,37 @@ pub enum BackendChoice {
 }
 
 impl BackendChoice {
-    /// Reads [`ENV_BACKEND`] (`auto`, `mock`, `synapse`; unset or empty = `auto`).
+    /// Reads [`ENV_BACKEND`] (unset = `auto`; a value by [`BackendChoice::parse`]). An empty
+    /// value is refused like every product variable's (`crate::environment`: unset it instead).
     ///
     /// # Errors
-    /// [`super::Error::Config`] naming the variable and value when it is something else, or
-    /// `mock` in a build without the cargo feature `mock`.
+    /// [`super::Error::Config`] naming the variable and value when it is empty or something
+    /// else than `auto`, `mock`, `synapse`, or `mock` in a build without the cargo feature `mock`.
     pub fn from_env() -> super::Result<Self> {
-        match std::env::var(ENV_BACKEND) {
-            Err(_) => Ok(Self::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(Self::Auto),
-                #[cfg(feature = "mock")]
-                "mock" => Ok(Self::Mock),
-                #[cfg(not(feature = "mock"))]
-                "mock" => Err(super::Error::Config {
-                    variable: ENV_BACKEND,
-                    value: v.clone(),
-                    reason: "this build has no CPU mock (built without the cargo feature `mock`)".into(),
-                }),
-                "synapse" => Ok(Self::Synapse(None)),
-                _ => Err(super::Error::Config {
-                    variable: ENV_BACKEND,
-                    value: v.clone(),
-                    reason: "expected auto, mock or synapse".into(),
-                }),
-            },
+        let Some(v) = std::env::var_os(ENV_BACKEND).map(|v| v.to_string_lossy().into_owned()) else {
+            return Ok(Self::Auto);
+        };
+        let bad = |reason: String| super::Error::Config { variable: ENV_BACKEND, value: v.clone(), reason };
+        if v.trim().is_empty() {
+            return Err(bad(crate::environment::EMPTY_REFUSED.into()));
+        }
+        Self::parse(&v).map_err(bad)
+    }
+
+    /// Parses a value of [`ENV_BACKEND`]: `auto`, `mock` or `synapse` (surrounding whitespace
+    /// ignored); the one parser (`crate::environment`'s table calls it).
+    ///
+    /// # Errors
+    /// The rule broken: another word, or `mock` in a build without the cargo feature `mock`.
+    pub fn parse(v: &str) -> Result<Self, String> {
+        match v.trim() {
+            "auto" => Ok(Self::Auto),
+            #[cfg(feature = "mock")]
+            "mock" => Ok(Self::Mock),
+            #[cfg(not(feature = "mock"))]
+            "mock" => Err("this build has no CPU mock (built without the cargo feature `mock`)".into()),
+            "synapse" => Ok(Self::Synapse(None)),
+            _ => Err("expected auto, mock or synapse".into()),
         }
     }
 }
@@ -68,8 +74,11 @@ pub struct Backend {
 impl Backend {
     /// Selects a backend.
     ///
-    /// `Auto` falls back to the mock only when no library file exists; a library that exists but
-    /// fails to load is an error (a broken Gaudi install must not silently become a mock run).
+    /// `Auto` falls back to the mock only when the default install path
+    /// ([`habana_sys::DEFAULT_LIBRARY_PATH`]) does not exist; a library that exists but fails to
+    /// load is an error (a broken Gaudi install must not silently become a mock run), and so is
+    /// a `$DROPCOMPUTE_SYNAPSE_LIB` naming a missing file (the user named a library: that one or
+    /// an error, issue 24).
     /// Without the cargo feature `mock` there is no fallback: a missing library is
     /// [`LoadError::NotFound`] naming every path tried.
     ///
@@ -83,7 +92,7 @@ impl Backend {
             BackendChoice::Auto => match SynapseApi::load(None) {
                 Ok(api) => Ok(Self { api, note: None }),
                 #[cfg(feature = "mock")]
-                Err(LoadError::NotFound { tried }) => {
+                Err(LoadError::NotFound { tried }) if tried == [PathBuf::from(habana_sys::DEFAULT_LIBRARY_PATH)] => {
                     let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
                     Ok(Self {
                         api: crate::mock::api(),

@@ -107,8 +107,7 @@ pub(crate) fn settings() -> (Duration, f64) {
     let bw = r.config.hccl_bandwidth_gbps;
     drop(r);
     if let Ok(v) = std::env::var(crate::config::ENV_TIMEOUT_MS)
-        && let Ok(v) = v.trim().parse::<u64>()
-        && v > 0
+        && let Ok(v) = crate::config::parse_timeout_ms(&v)
     {
         ms = v;
     }
