@@ -29,16 +29,26 @@ fn code_and_stderr(o: &Output) -> (Option<i32>, String) {
     (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
+/// A missing library: exit 3 naming the path through `--library` (the loader's not found);
+/// through `$DROPCOMPUTE_SYNAPSE_LIB` it is a bad value of the environment table (exit 2 naming
+/// the variable and the path, before the backend is chosen), under every backend.
 #[test]
-fn missing_runtime_library_exits_3_naming_the_path() {
+fn missing_runtime_library_is_named_with_its_path() {
     let _g = serial();
     let (_d, lib) = hermetic::missing_path("libSynapse.so");
     let lib = lib.to_str().unwrap();
-    let o =
-        dropcompute(&["info", "--no-check"], &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", lib)]);
-    let (code, err) = code_and_stderr(&o);
+    let (code, err) = code_and_stderr(&dropcompute(&["info", "--no-check", "--library", lib], &[]));
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains(lib), "{err}");
+    for backend in ["synapse", "auto"] {
+        let o = dropcompute(
+            &["info", "--no-check"],
+            &[("DROPCOMPUTE_BACKEND", backend), ("DROPCOMPUTE_SYNAPSE_LIB", lib)],
+        );
+        let (code, err) = code_and_stderr(&o);
+        assert_eq!(code, Some(2), "{backend}: {err}");
+        assert!(err.contains(lib) && err.contains("DROPCOMPUTE_SYNAPSE_LIB"), "{backend}: {err}");
+    }
 }
 
 #[test]
@@ -164,13 +174,14 @@ fn every_subcommand_refuses_a_bad_environment_value_with_exit_2() {
     let file = tmp.path().join("plain-file");
     std::fs::write(&file, b"x").unwrap();
     let file = file.to_str().unwrap();
-    let commands: [&[&str]; 6] = [
-        &["info", "--backend", "mock", "--no-check"],
-        &["tune", "--trace", file],
-        &["simulate", "--workers", "4"],
-        &["bench", "allreduce", "--ranks", "2"],
-        &["validate", "--ranks", "4"],
-        &["train", "--ranks", "2", "--steps", "1", "--threshold", "off"],
+    use dropcompute::environment::{Subcommand, lookup_row};
+    let commands: [(&[&str], Subcommand); 6] = [
+        (&["info", "--backend", "mock", "--no-check"], Subcommand::Info),
+        (&["tune", "--trace", file], Subcommand::Tune),
+        (&["simulate", "--workers", "4"], Subcommand::Simulate),
+        (&["bench", "allreduce", "--ranks", "2"], Subcommand::BenchAllreduce),
+        (&["validate", "--ranks", "4"], Subcommand::Validate),
+        (&["train", "--ranks", "2", "--steps", "1", "--threshold", "off"], Subcommand::Train),
     ];
     let bad = [
         ("RUST_LOG", "[[["),
@@ -179,8 +190,10 @@ fn every_subcommand_refuses_a_bad_environment_value_with_exit_2() {
         ("DROPCOMPUTE_MOCK_LOCK_DIR", file),
         ("TMPDIR", file),
     ];
-    for args in commands {
-        for (var, value) in bad {
+    // Each in every subcommand that reads it (the environment table's readers; the others
+    // leave it alone, tests/environment_table.rs).
+    for (args, sub) in commands {
+        for (var, value) in bad.into_iter().filter(|(var, _)| lookup_row(var).is_some_and(|r| r.read_by(sub))) {
             let (code, err) = code_and_stderr(&dropcompute(args, &[(var, value)]));
             assert_eq!(code, Some(2), "{args:?} {var}={value}: {err}");
             assert!(err.contains(var), "{args:?}: names {var}: {err}");
@@ -409,12 +422,13 @@ fn flags_without_an_effect_are_refused_naming_flag_and_value() {
             "--backup-workers 1000",
         ),
     ];
-    // One environment check in every subcommand (issue 24, found 7): `bench` with thread ranks
-    // accepted a bad module pin that `info` refused.
-    for argv in [
-        &["bench", "allreduce", "--ranks", "2", "--max-bytes", "4096"][..],
-        &["info", "--no-check"],
-        &["bench", "sim", "--workers", "4"],
+    // One environment check in every subcommand that opens a device (issue 24, found 7): `bench`
+    // with thread ranks accepted a bad module pin that `info` refused; `bench sim` opens none
+    // and leaves the pinning alone.
+    for (argv, reads) in [
+        (&["bench", "allreduce", "--ranks", "2", "--max-bytes", "4096"][..], true),
+        (&["info", "--no-check"], true),
+        (&["bench", "sim", "--workers", "4", "--steps", "10"], false),
     ] {
         for (var, value) in [("HLS_MODULE_ID", "abc"), ("HABANA_VISIBLE_MODULES", "-1")] {
             let o = hermetic::output_within(
@@ -422,8 +436,8 @@ fn flags_without_an_effect_are_refused_naming_flag_and_value() {
                 std::time::Duration::from_secs(60),
             );
             let err = String::from_utf8_lossy(&o.stderr);
-            assert_eq!(o.status.code(), Some(2), "{var}={value} {argv:?}: {err}");
-            assert!(err.contains(var) && err.contains(value), "{var}={value} {argv:?}: {err}");
+            assert_eq!(o.status.code(), Some(if reads { 2 } else { 0 }), "{var}={value} {argv:?}: {err}");
+            assert_eq!(err.contains(var) && err.contains(value), reads, "{var}={value} {argv:?}: {err}");
         }
     }
     for (argv, named) in cases {

@@ -79,14 +79,19 @@ fn the_mock_library_through_the_loader_trains_bitwise_like_the_in_process_mock()
     }
 }
 
+/// `$DROPCOMPUTE_SYNAPSE_LIB` naming a missing file: exit 2 naming the variable and the path
+/// (the environment table), under the synapse and the automatic backend alike (auto used to
+/// fall back to the mock silently, issue 24).
 #[test]
-fn a_missing_synapse_library_is_exit_3_naming_the_path() {
+fn a_missing_synapse_library_is_exit_2_naming_the_variable_and_path() {
     let (dir, missing) = hermetic::missing_path("libSynapse.so");
     let out = hermetic::temp_dir("out");
     let m = missing.to_str().expect("utf-8 path");
-    let (code, err) = train(out.path(), &[("DROPCOMPUTE_BACKEND", "synapse"), ("DROPCOMPUTE_SYNAPSE_LIB", m)], &[]);
-    assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains(m), "{err}");
+    for backend in ["synapse", "auto"] {
+        let (code, err) = train(out.path(), &[("DROPCOMPUTE_BACKEND", backend), ("DROPCOMPUTE_SYNAPSE_LIB", m)], &[]);
+        assert_eq!(code, Some(2), "{backend}: {err}");
+        assert!(err.contains(m) && err.contains("DROPCOMPUTE_SYNAPSE_LIB"), "{backend}: {err}");
+    }
     assert_eq!(std::fs::read_dir(out.path()).expect("out dir").count(), 0, "nothing written to --out");
     drop(dir);
 }

@@ -13,6 +13,7 @@
 //! | `[::1]` | `::1`, no port | refused |
 //! | `::1`, `fe80::1:2:3` (bare IPv6) | the whole value is the address, no port | split at the last `:`: `fe80::1:2:3` is `fe80::1:2` port 3 (`::1` leaves the address `:`, which does not resolve) |
 //! | `::1:29500` | refused: not an IPv6 address; the message gives `[::1]:29500` | `::1`, port 29500 |
+//! | `::1:4000` (also a valid IPv6 address) | the address `::1:4000`, no port (`DROPCOMPUTE_RENDEZVOUS`, which needs a port, names both `[::1]:4000` and `[::1:4000]:PORT`) | `::1`, port 4000 |
 //!
 //! The vendor convention is the HCCL library's own (it splits `HCCL_COMM_ID` at its last `:`
 //! and reads the left part as a bare address: `/work/shared/reference/habana_api.md` §1, §6), so

@@ -12,7 +12,7 @@
 //! | 0 | success | |
 //! | 1 | internal / other | a bug, an invariant, an error this table does not know |
 //! | 2 | usage / bad input | clap's own code for bad flags; bad environment variables (`DROPCOMPUTE_BACKEND`, `HLS_MODULE_ID`, launcher variables, mock config), invalid parameters |
-//! | 3 | runtime library | `libSynapse.so` missing, too old, not loadable, a missing symbol |
+//! | 3 | runtime library | `libSynapse.so` missing (`--library`, the default path), too old, not loadable, a missing symbol (a `DROPCOMPUTE_SYNAPSE_LIB` naming a missing file is exit 2: a bad environment value) |
 //! | 4 | device | acquire failed or the device is held by another process, a device/stream error, a device timeout |
 //! | 5 | collective | HCCL call failed, collective timeout (watchdog), peer lost, asynchronous HCCL error, rendezvous failure |
 //! | 6 | data file | an input file (data, parameters, trace, recipe) unreadable, malformed, a directory or above its cap (`dropcompute::input`); output file not writable; stdout or stderr full (`ENOSPC`) |

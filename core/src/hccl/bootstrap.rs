@@ -302,7 +302,18 @@ fn launchers(lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Seen>> {
 /// The rule broken (for a bare IPv6 address followed by a port, the bracketed spelling).
 pub fn parse_rendezvous(value: &str) -> std::result::Result<(String, u16), String> {
     let hp = split_host_port(value, Convention::Uri)?;
-    let port = hp.port.ok_or("expected HOST:PORT ([IPv6]:PORT for an IPv6 address)")?;
+    let Some(port) = hp.port else {
+        // A bare IPv6 address has no port (`::1:4000` is the address ::1:4000): say both
+        // bracketed spellings, the one that reads its last group as the port first.
+        if hp.host.contains(':') && !value.starts_with('[') {
+            let port_first = value
+                .rsplit_once(':')
+                .filter(|(a, p)| a.parse::<std::net::Ipv6Addr>().is_ok() && parse_port(p).is_ok())
+                .map_or(String::new(), |(a, p)| format!("[{a}]:{p} if {p} is the port, else "));
+            return Err(format!("a bare IPv6 address has no port: write {port_first}[{value}]:PORT"));
+        }
+        return Err("expected HOST:PORT ([IPv6]:PORT for an IPv6 address)".into());
+    };
     Ok((hp.host.to_string(), parse_port(port)?))
 }
 
