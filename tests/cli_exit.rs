@@ -41,10 +41,8 @@ fn missing_runtime_library_is_named_with_its_path() {
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains(lib), "{err}");
     for backend in ["synapse", "auto"] {
-        let o = dropcompute(
-            &["info", "--no-check"],
-            &[("DROPCOMPUTE_BACKEND", backend), ("DROPCOMPUTE_SYNAPSE_LIB", lib)],
-        );
+        let o =
+            dropcompute(&["info", "--no-check"], &[("DROPCOMPUTE_BACKEND", backend), ("DROPCOMPUTE_SYNAPSE_LIB", lib)]);
         let (code, err) = code_and_stderr(&o);
         assert_eq!(code, Some(2), "{backend}: {err}");
         assert!(err.contains(lib) && err.contains("DROPCOMPUTE_SYNAPSE_LIB"), "{backend}: {err}");

@@ -81,7 +81,11 @@ fn every_variable_empty_and_garbage_in_every_subcommand_that_reads_it() {
                         let why_empty = !value.is_empty() || err.contains("unset it instead");
                         let leaked = var.secret && !value.is_empty() && err.contains(value);
                         if code != Some(2) || !named || !why_empty || leaked || !no_backtrace(&err) || secs > 30.0 {
-                            bad.push(format!("{}={value:?} in {}: exit {code:?} in {secs:.1}s: {err}", var.name, sub.name()));
+                            bad.push(format!(
+                                "{}={value:?} in {}: exit {code:?} in {secs:.1}s: {err}",
+                                var.name,
+                                sub.name()
+                            ));
                         }
                     }
                     bad
@@ -123,7 +127,8 @@ fn exceptions_and_non_readers_pass_the_check() {
 fn readme_table_matches_the_rust_table() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&path).unwrap();
-    let (begin, end) = ("<!-- environment table: generated from core/src/environment.rs -->\n", "<!-- end of environment table -->");
+    let (begin, end) =
+        ("<!-- environment table: generated from core/src/environment.rs -->\n", "<!-- end of environment table -->");
     let start = readme.find(begin).expect("README lacks the environment table's begin marker") + begin.len();
     let stop = start + readme[start..].find(end).expect("end marker");
     let want = environment::markdown();
@@ -131,7 +136,11 @@ fn readme_table_matches_the_rust_table() {
         std::fs::write(&path, format!("{}{want}{}", &readme[..start], &readme[stop..])).unwrap();
         return;
     }
-    assert_eq!(&readme[start..stop], want, "README's environment table is stale: DROPCOMPUTE_BLESS=1 cargo test --test environment_table");
+    assert_eq!(
+        &readme[start..stop],
+        want,
+        "README's environment table is stale: DROPCOMPUTE_BLESS=1 cargo test --test environment_table"
+    );
 }
 
 /// The hermetic helpers scrub every variable of the table (else a test's verdict would depend
@@ -154,7 +163,8 @@ fn a_library_without_a_slash_is_relative_to_the_current_directory() {
     std::fs::write(dir.path().join("libfake.so"), b"not an ELF file").unwrap();
     let info: Vec<String> = ["info", "--no-check"].map(String::from).to_vec();
     let with_flag: Vec<String> = info.iter().cloned().chain(["--library".into(), "libfake.so".into()]).collect();
-    let cases: [(&[String], &[(&str, &str)]); 2] =
+    type Case<'a> = (&'a [String], &'a [(&'a str, &'a str)]);
+    let cases: [Case; 2] =
         [(&with_flag, &[]), (&info, &[("DROPCOMPUTE_SYNAPSE_LIB", "libfake.so"), ("DROPCOMPUTE_BACKEND", "synapse")])];
     for (args, vars) in cases {
         let (code, err, _) = run(args, vars, Some(dir.path()));
@@ -165,7 +175,8 @@ fn a_library_without_a_slash_is_relative_to_the_current_directory() {
     // Missing under the automatic backend: refused naming the variable and the path (it used to
     // fall back to the mock silently in `train` and `bench`), exit 2, before any device call.
     for sub in [Subcommand::Train, Subcommand::BenchAllreduce, Subcommand::Info] {
-        let (code, err, _) = run(&argv(sub, dir.path()), &[("DROPCOMPUTE_SYNAPSE_LIB", "libnone.so")], Some(dir.path()));
+        let (code, err, _) =
+            run(&argv(sub, dir.path()), &[("DROPCOMPUTE_SYNAPSE_LIB", "libnone.so")], Some(dir.path()));
         assert_eq!(code, Some(2), "{}: {err}", sub.name());
         assert!(err.contains("DROPCOMPUTE_SYNAPSE_LIB") && err.contains("./libnone.so"), "{err}");
     }

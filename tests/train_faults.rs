@@ -162,7 +162,8 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
     // Only the variables `train` reads (the environment table's readers; the others are left
     // alone by `train` and covered per reader in tests/environment_table.rs).
     let reads = |var: &str| {
-        dropcompute::environment::lookup_row(var).is_some_and(|r| r.read_by(dropcompute::environment::Subcommand::Train))
+        dropcompute::environment::lookup_row(var)
+            .is_some_and(|r| r.read_by(dropcompute::environment::Subcommand::Train))
     };
     for var in hermetic::PRODUCT_VARS.iter().filter(|v| **v != "DROPCOMPUTE_SYNAPSE_LIB" && reads(v)) {
         assert!(cases.iter().any(|(_, _, named, _)| named == var), "no bad-value row for {var}");

@@ -180,9 +180,7 @@ impl Variable {
     }
 }
 
-use Subcommand::{
-    BenchAllreduce, BenchKernels, BenchScheduler, Info, RankProcess, Simulate, Train, Tune, Validate,
-};
+use Subcommand::{BenchAllreduce, BenchKernels, BenchScheduler, Info, RankProcess, Simulate, Train, Tune, Validate};
 
 /// Every subcommand.
 const ALL: &[Subcommand] = &Subcommand::ALL;
@@ -252,7 +250,7 @@ const LAUNCHER_NUMBERS: [(&str, &str); 10] = [
 
 /// A default cap for the docs: `4 GiB`, `64 MiB`, else bytes.
 fn binary_size(bytes: u64) -> String {
-    match [(30, "GiB"), (20, "MiB"), (10, "KiB")].into_iter().find(|(shift, _)| bytes % (1 << shift) == 0) {
+    match [(30, "GiB"), (20, "MiB"), (10, "KiB")].into_iter().find(|(shift, _)| bytes.is_multiple_of(1 << shift)) {
         Some((shift, unit)) => format!("{} {unit}", bytes >> shift),
         None => format!("{bytes} bytes"),
     }
@@ -292,14 +290,9 @@ fn build() -> Vec<Variable> {
             "no-such-libSynapse.so",
             synapse_lib,
         ),
-        row(
-            crate::synapse::backend::ENV_BACKEND,
-            "`auto`, `mock` or `synapse`",
-            "auto",
-            DEVICE,
-            "gpu",
-            |v| crate::synapse::BackendChoice::parse(v).map(drop),
-        ),
+        row(crate::synapse::backend::ENV_BACKEND, "`auto`, `mock` or `synapse`", "auto", DEVICE, "gpu", |v| {
+            crate::synapse::BackendChoice::parse(v).map(drop)
+        }),
         row(
             "HLS_MODULE_ID",
             "module id (non-negative integer), the vendor's device pinning",
@@ -409,7 +402,14 @@ fn build() -> Vec<Variable> {
                 |v| crate::hccl::rendezvous::JobSecret::from_hex(v).map(drop).map_err(|e| e.to_string()),
             )
         },
-        row("LOCAL_RANK", "torchrun's local rank (non-negative integer)", "0 for one rank", LOCAL_RANK_READERS, "x", count),
+        row(
+            "LOCAL_RANK",
+            "torchrun's local rank (non-negative integer)",
+            "0 for one rank",
+            LOCAL_RANK_READERS,
+            "x",
+            count,
+        ),
     ];
     for (name, what) in LAUNCHER_NUMBERS {
         let syntax: &'static str = Box::leak(format!("{what} (non-negative integer)").into_boxed_str());

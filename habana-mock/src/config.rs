@@ -270,7 +270,8 @@ impl MockConfig {
             _ => {
                 let mut cfg = Self::default();
                 if let Ok(n) = std::env::var(ENV_DEVICES) {
-                    cfg.devices = parse_devices(&n).map_err(|why| bad("config", format!("{ENV_DEVICES}={n:?}: {why}")))?;
+                    cfg.devices =
+                        parse_devices(&n).map_err(|why| bad("config", format!("{ENV_DEVICES}={n:?}: {why}")))?;
                 }
                 cfg
             }

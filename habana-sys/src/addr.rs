@@ -126,9 +126,7 @@ pub fn parse_port(text: &str) -> Result<u16, String> {
 pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
     let all: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => {
-            (host, port).to_socket_addrs().map_err(|e| format!("host {host:?} does not resolve: {e}"))?.collect()
-        }
+        Err(_) => (host, port).to_socket_addrs().map_err(|e| format!("host {host:?} does not resolve: {e}"))?.collect(),
     };
     let addr = all
         .iter()

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 /// pinning; `RUST_LOG` through `EnvFilter::try_from_default_env` in `src/cli/mod.rs`).
 /// The names under [`PRODUCT_PREFIXES`] are listed too so the list documents them; any other
 /// variable under those prefixes is removed as well.
+/// `tests/environment_table.rs` keeps this list equal to the environment table
+/// (`dropcompute::environment::table`, less `TMPDIR`, which the tests' own processes need).
 pub const PRODUCT_VARS: &[&str] = &[
     // Root crate.
     "DROPCOMPUTE_BACKEND",
