@@ -39,8 +39,9 @@ pub struct EnvError {
     pub reason: String,
 }
 
-/// The reason given for an empty value of a variable whose row is [`Empty::Refused`].
-pub const EMPTY_REFUSED: &str = "empty: unset it instead (an empty value is not taken as unset)";
+/// The reason given for an empty value of a variable whose row is [`Empty::Refused`] (the
+/// mock library words it alike: defined in `habana_sys`, which both depend on).
+pub const EMPTY_REFUSED: &str = habana_sys::EMPTY_REFUSED;
 
 /// The test hook of `train` (`train::workload`): `STEP[:RANK]`.
 pub const ENV_TEST_SIGKILL_AT: &str = "DROPCOMPUTE_TEST_SIGKILL_AT";

@@ -254,7 +254,7 @@ fn validate_noise(n: &Noise) -> Result<(), ConfigError> {
 }
 
 impl MockConfig {
-    /// The default configuration with `$DROPCOMPUTE_MOCK_CONFIG` (JSON) or, failing that,
+    /// The default configuration with `$DROPCOMPUTE_MOCK_CONFIG` (JSON; empty is refused) or, when unset,
     /// `$DROPCOMPUTE_MOCK_DEVICES` applied, then `$DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS` (checked
     /// here so a bad value is reported up front; the collectives read it again at init).
     /// `$DROPCOMPUTE_MOCK_VERSION` is checked first ([`check_version_env`]).
@@ -264,7 +264,11 @@ impl MockConfig {
     pub fn from_env() -> Result<Self, ConfigError> {
         check_version_env()?;
         let mut cfg = match std::env::var(ENV_CONFIG) {
-            Ok(json) if !json.trim().is_empty() => {
+            // The product's one rule for empty values (`dropcompute::environment`): refused.
+            Ok(json) if json.trim().is_empty() => {
+                return Err(bad("config", format!("{ENV_CONFIG}={json:?}: {}", habana_sys::EMPTY_REFUSED)));
+            }
+            Ok(json) => {
                 Self::from_json(&json).map_err(|e| bad("config", format!("{ENV_CONFIG}={json:?}: {}", e.why)))?
             }
             _ => {
