@@ -235,7 +235,7 @@ fn synapse_lib(v: &str) -> Result<(), String> {
     }
 }
 
-/// The launcher's numeric variables: (name, syntax, garbage).
+/// The launcher's numeric variables besides `LOCAL_RANK`: (name, what it is).
 const LAUNCHER_NUMBERS: [(&str, &str); 10] = [
     ("RANK", "torchrun's rank"),
     ("WORLD_SIZE", "torchrun's world size"),
