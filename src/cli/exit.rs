@@ -11,7 +11,7 @@
 //! |---:|---|---|
 //! | 0 | success | |
 //! | 1 | internal / other | a bug, an invariant, an error this table does not know |
-//! | 2 | usage / bad input | clap's own code for bad flags; bad environment variables (`DROPCOMPUTE_BACKEND`, `HLS_MODULE_ID`, launcher variables, mock config), invalid parameters |
+//! | 2 | usage / bad input | clap's own code for bad flags; bad environment variables (`DROPCOMPUTE_BACKEND`, `HLS_MODULE_ID`, launcher variables, mock config), invalid parameters; more ranks on a host than devices (`launch::check_devices`) |
 //! | 3 | runtime library | `libSynapse.so` missing, too old, not loadable, a missing symbol |
 //! | 4 | device | acquire failed or the device is held by another process, a device/stream error, a device timeout |
 //! | 5 | collective | HCCL call failed, collective timeout (watchdog), peer lost, asynchronous HCCL error, rendezvous failure |
@@ -173,13 +173,26 @@ fn train(e: &dropcompute_train::error::TrainError) -> ExitClass {
         TrainError::Collective { source, .. } => hccl(source),
         TrainError::Step(s) => schedule(s),
         TrainError::Child { code, .. } => from_code(*code),
+        TrainError::Infeasible(i) => infeasible(i),
         TrainError::Checkpoint(_) | TrainError::WorldSizeMismatch { .. } => ExitClass::Checkpoint,
         TrainError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Internal,
     }
 }
 
+/// More ranks than devices is a usage error (exit 2); a runtime that cannot count its devices
+/// is classed as its error.
+fn infeasible(e: &dropcompute::launch::Infeasible) -> ExitClass {
+    match e {
+        dropcompute::launch::Infeasible::Count(s) => synapse(s),
+        _ => ExitClass::Usage,
+    }
+}
+
 fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
+    if let Some(i) = e.downcast_ref::<dropcompute::launch::Infeasible>() {
+        return Some(infeasible(i));
+    }
     if let Some(c) = mock_only(e) {
         return Some(c);
     }

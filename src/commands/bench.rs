@@ -160,9 +160,9 @@ pub fn run(cmd: &Args) -> Result<(), BoxError> {
 /// [`CommandError::Args`] for `--min-bytes` 0 or above `--max-bytes`, `--max-bytes` above
 /// [`MAX_BENCH_BYTES`], an explicit `--ranks` other than the launcher's world size under
 /// `--launch env` (naming both and the variable), or `--launch processes` on a backend other
-/// than the CPU mock; the mock's `ConfigError` (a bad mock variable, fewer
-/// `$DROPCOMPUTE_MOCK_DEVICES` than thread ranks); backend selection, runtime, launcher-environment,
-/// launch and HCCL errors of the ranks.
+/// than the CPU mock; the mock's `ConfigError` (a bad mock variable); backend selection, runtime, launcher-environment,
+/// launch and HCCL errors of the ranks; `launch::Infeasible` for more ranks on this host than
+/// devices (before any rank starts).
 pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     if a.min_bytes == 0 || a.min_bytes > a.max_bytes {
         return Err(CommandError::Args(format!(
@@ -199,25 +199,24 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     };
     let backend = a.backend.select()?;
     // The mock's environment is checked up front (exit 2 naming the variable), as `train`
-    // does; threads need a device per rank in this process, refused at once when
-    // $DROPCOMPUTE_MOCK_DEVICES fixes fewer (not an HCCL init timeout).
+    // does, and an emulated device (the in-process mock or the mock library) gets a device
+    // per rank of this host unless the user fixed the count (`MockConfig::from_env_for_ranks`).
     #[cfg(feature = "mock")]
-    if backend.is_mock() {
-        let ranks_here = if a.launch == Launch::Threads { ranks } else { 1 };
+    {
+        let ranks_here = if a.launch == Launch::Env { 1 } else { ranks };
         let cfg = MockConfig::from_env_for_ranks(ranks_here)?;
-        if ranks_here > 8 {
+        if backend.is_mock() {
             MockControl::in_process().configure(&cfg)?;
+        } else if let Some(control) = backend.library_path().and_then(|p| MockControl::from_library(p).ok()) {
+            control.configure(&cfg)?;
         }
     }
-    if a.launch == Launch::Processes && !backend.is_mock() {
-        return Err(CommandError::Args(
-            "--launch processes spawns CPU-mock ranks; on Gaudi run one process per device under \
-             mpirun/torchrun instead"
-                .into(),
-        )
-        .into());
-    }
     let rt = Runtime::new(backend.api.clone())?;
+    // Feasibility before any rank starts (`launch::check_devices`, as `train`): threads and
+    // processes put every rank on this host; a launcher rank judges its host in `rank`.
+    if a.launch != Launch::Env {
+        launch::check_devices(&rt, ranks)?;
+    }
     let unique_id = || Comm::unique_id(&rt).map_err(BoxError::from);
     // Every rank checks the launcher's world size against an explicit --ranks before joining.
     let rank = |join: &Join| -> Result<Vec<AllreduceRow>, BoxError> {
@@ -232,6 +231,9 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
                 boot.world_size_source()
             ))
             .into());
+        }
+        if let Join::Env(boot) = join {
+            launch::check_devices(&rt, boot.local_world_size.unwrap_or(boot.local_rank + 1))?;
         }
         Ok(join_and_measure(&rt, join, &opts)?)
     };

@@ -462,6 +462,11 @@ pub fn run_rank(
             },
         });
     }
+    if let Join::Env(b) = join {
+        // Every launcher rank judges its host alike, so all of them refuse at once (a rank
+        // without a device used to leave its peers waiting for the HCCL init timeout).
+        launch::check_devices(rt, b.local_world_size.unwrap_or(b.local_rank + 1))?;
+    }
     let dev = match join {
         Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank),
         Join::UniqueId { .. } => Device::acquire(rt, rank),
@@ -493,6 +498,10 @@ pub fn run(
 ) -> Result<(u32, Vec<Vec<RankOutcome>>), TrainError> {
     let unique_id =
         || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
+    // Feasibility before any rank starts: threads and processes put every rank on this host.
+    if launch != Launch::Env {
+        launch::check_devices(rt, job.cfg.ranks)?;
+    }
     let ranks = launch::dispatch(launch, job.cfg.ranks, unique_id, CHILD_PROGRAM, &job.spec(), |join| {
         run_rank(job, rt, join, show_progress)
     })?;
