@@ -8,7 +8,7 @@
 
 use super::{BackendArgs, BoxError, CommandError};
 use crate::bench::allreduce::{
-    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, sizes_between,
+    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, plan_sizes,
 };
 #[cfg(feature = "mock")]
 use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
@@ -181,17 +181,12 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     if a.iters == 0 {
         return Err(CommandError::Args("--iters 0: must be >= 1 (timed iterations per size)".into()).into());
     }
-    if a.max_bytes < 4 {
-        return Err(CommandError::Args(format!(
-            "--max-bytes {}: below one element (4 bytes of f32, the smallest size timed)",
-            a.max_bytes
-        ))
-        .into());
-    }
     let ranks_given = a.ranks.is_some();
     let ranks = a.ranks.unwrap_or(DEFAULT_BENCH_RANKS);
+    // One size rule for every op (`plan_sizes`), judged here for threads and processes and
+    // again by every launcher rank on the launcher's world size.
     let opts = AllreduceOptions {
-        sizes: sizes_between(a.min_bytes, a.max_bytes),
+        sizes: plan_sizes(a.min_bytes, a.max_bytes, a.op, &a.dtype, ranks).map_err(size_error)?,
         iters: a.iters,
         warmup: a.warmup,
         dtype: a.dtype.clone(),
@@ -235,32 +230,67 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         if let Join::Env(boot) = join {
             launch::check_devices(&rt, boot.local_world_size.unwrap_or(boot.local_rank + 1))?;
         }
-        Ok(join_and_measure(&rt, join, &opts)?)
-    };
-    let (mode, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
-        Ranks::All(results) => {
-            let mut rows = None;
-            for r in results {
-                rows.get_or_insert(r?);
+        let sized;
+        let opts = match join {
+            Join::Env(boot) => {
+                sized = AllreduceOptions {
+                    sizes: plan_sizes(a.min_bytes, a.max_bytes, a.op, &a.dtype, boot.world_size)
+                        .map_err(size_error)?,
+                    ..opts.clone()
+                };
+                &sized
             }
-            let mode = if a.launch == Launch::Threads { "threads" } else { "processes" };
-            (mode.to_owned(), ranks, rows.unwrap_or_default())
+            Join::UniqueId { .. } => &opts,
+        };
+        // Rank 0 prints each row as it is measured, through the one stdout writer: a long run
+        // shows progress and an interrupted one keeps the rows it printed.
+        if join.rank() != 0 {
+            return join_and_measure(&rt, join, opts, &mut |_| Ok(()));
         }
-        Ranks::This { join, result } => {
-            let rows = result?;
-            if join.rank() != 0 {
-                return Ok(());
-            }
-            let launcher = match join.as_ref() {
-                Join::Env(boot) => format!("{:?}, one process per rank", boot.launcher),
-                Join::UniqueId { .. } => "one process per rank".to_owned(),
-            };
-            (launcher, join.world_size(), rows)
-        }
+        super::say(&AllreduceReport::header(a.op, join.world_size(), &mode_of(join)))?;
+        join_and_measure(&rt, join, opts, &mut |row| Ok(super::say(&AllreduceReport::row_line(row))?))
     };
+    let (printed, world_size, rows) =
+        match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
+            Ranks::All(results) => {
+                let mut rows = None;
+                for r in results {
+                    rows.get_or_insert(r?);
+                }
+                // Thread rank 0 printed its rows; rank processes cannot (their stdout is not
+                // the terminal's), so their table is printed whole here.
+                (a.launch == Launch::Threads, ranks, rows.unwrap_or_default())
+            }
+            Ranks::This { join, result } => {
+                let rows = result?;
+                if join.rank() != 0 {
+                    return Ok(());
+                }
+                (true, join.world_size(), rows)
+            }
+        };
+    let mode = if a.launch == Launch::Processes { "processes".to_owned() } else { "threads".to_owned() };
     let report = AllreduceReport { mode, ranks: world_size, op: a.op, rows };
-    super::say(&format!("{report}\n"))?;
+    if printed {
+        super::say(&format!("{}\n", report.footer()))?;
+    } else {
+        super::say(&format!("{report}\n"))?;
+    }
     Ok(())
+}
+
+/// No size fits the op: a usage error (exit 2) naming the flags.
+fn size_error(e: crate::bench::allreduce::NoSizeFits) -> CommandError {
+    CommandError::Args(e.to_string())
+}
+
+/// How the table names the launch mode of `join`'s job: "threads", or the launcher's name
+/// with "one process per rank".
+fn mode_of(join: &Join) -> String {
+    match join {
+        Join::Env(boot) => format!("{:?}, one process per rank", boot.launcher),
+        Join::UniqueId { .. } => "threads".to_owned(),
+    }
 }
 
 /// One rank process of `bench allreduce --launch processes` (see `dropcompute::launch`): joins
@@ -273,7 +303,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
 pub fn allreduce_child(spec: &ChildSpec) -> Result<(), BoxError> {
     let opts: AllreduceOptions = spec.config()?;
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
-    let rows = join_and_measure(&rt, &spec.join()?, &opts)?;
+    let rows = join_and_measure(&rt, &spec.join()?, &opts, &mut |_| Ok(()))?;
     spec.write_result(&rows)?;
     Ok(())
 }
