@@ -393,6 +393,9 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     } else {
         let opts = dropcompute::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
         for loaded in dropcompute::trace::load(&args.traces, &opts)? {
+            // Enough data as `tune` judges it, by the same one check (a one-step trace got
+            // ENABLE verdicts here while `tune` refused it).
+            super::tune::check_trace(&loaded.trace, &execution)?;
             comparisons.push(dropcompute::tune::policies::compare(&loaded.trace, &how, &policies, tail, args.seed));
         }
     }
