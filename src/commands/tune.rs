@@ -47,9 +47,11 @@ pub struct Args {
     /// The tail shape of `--policy` (`policy::TailShape`).
     #[command(flatten)]
     pub tail: super::TailArgs,
-    /// Deadline check the run will use (train's default: predictive); the verdict replays it.
-    #[arg(long, value_enum, default_value_t = ExecutionModel::default().check)]
-    pub check: CheckMode,
+    /// Deadline check the run will use (default predictive, train's); the verdict replays it.
+    /// With `--auto-for drop-before` or `drop-predictive` (which fix their own check) a
+    /// different value is refused; in a `--policy` list it applies to the policies that take it.
+    #[arg(long, value_enum)]
+    pub check: Option<CheckMode>,
     /// Micro-batches the run's deadline check lags behind the device (train's `--sync-lag`,
     /// default 0); must be below the trace's micro-batches.
     #[arg(long, default_value_t = ExecutionModel::default().sync_lag)]
@@ -194,7 +196,15 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         pipeline: args.pipeline,
     };
     let base = ExecutionModel {
-        check: args.check,
+        check: match args.auto_for {
+            Some(p) => p.resolve_check(args.check, ExecutionModel::default().check).map_err(|own| {
+                CommandError::Args(format!(
+                    "--check {}: --auto-for {p} runs the {own} check; give --check {own} or leave --check out",
+                    args.check.map_or("", CheckMode::name)
+                ))
+            })?,
+            None => args.check.unwrap_or(ExecutionModel::default().check),
+        },
         sync_lag: args.sync_lag,
         warmup_steps: 0,
         min_micro_batches: args.min_micro_batches,
@@ -309,8 +319,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             "  straggler headroom: {:.2}% of the step is spent waiting for slower ranks",
             r.straggler_headroom * 100.0
         );
-        let check =
-            clap::ValueEnum::to_possible_value(&args.check).map(|v| v.get_name().to_owned()).unwrap_or_default();
+        let check = execution.check.name();
         let _ = writeln!(
             s,
             "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%",

@@ -143,6 +143,24 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The check mode this policy runs with when `--check` is `given` (`None`: not given, so
+    /// `default`): [`Policy::check_mode`], except that a given check contradicting the
+    /// policy's own (drop-before runs the before check, drop-predictive the predictive one)
+    /// is refused instead of silently replaced. The one rule of `train --policy` and `tune
+    /// --auto-for`.
+    ///
+    /// # Errors
+    /// The policy's own check mode when `given` differs from it.
+    pub fn resolve_check(self, given: Option<CheckMode>, default: CheckMode) -> Result<CheckMode, CheckMode> {
+        let runs = self.check_mode(given.unwrap_or(default));
+        match given {
+            Some(g) if g != runs => Err(runs),
+            _ => Ok(runs),
+        }
+    }
+}
+
 impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
