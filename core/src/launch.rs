@@ -5,9 +5,10 @@
 //! Owns: [`Launch`], the one dispatcher [`dispatch`] (over the three modes), the thread driver
 //! [`threads`], the process driver [`processes`], the
 //! child side ([`ChildSpec`], read by the hidden `rank-process` subcommand), and [`Join`] (how
-//! a rank joins the communicator in each mode). Must not touch: what a rank does (the caller's
-//! closure or program), devices (the caller acquires its own) or argv filtering: a child never
-//! re-parses the parent's command line.
+//! a rank joins the communicator in each mode), and the one feasibility check of ranks against
+//! devices ([`check_devices`], [`Infeasible`]: it only counts them). Must not touch: what a rank
+//! does (the caller's closure or program), devices beyond counting them (the caller acquires its
+//! own) or argv filtering: a child never re-parses the parent's command line.
 //!
 //! Process mode, the whole hidden mechanism: the parent writes one JSON [`ChildSpec`] per rank
 //! (program name, rank, world size, the unique id of the communicator whose coordinator lives
