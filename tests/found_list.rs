@@ -4,8 +4,8 @@
 //! - feasibility: {threads, processes, env (torchrun, 4 rank processes)} x {in-process mock,
 //!   the mock library through `DROPCOMPUTE_SYNAPSE_LIB`} x {`DROPCOMPUTE_MOCK_CONFIG`'s
 //!   `"devices"`, `DROPCOMPUTE_MOCK_DEVICES`} x {`train`, `bench allreduce`}: 4 ranks on 2
-//!   devices, exit 2 at once naming ranks, devices and the variable (24 rows), and the
-//!   controls that run (an unfixed count is raised, as before);
+//!   devices, exit 2 at once naming ranks, devices and the variable (24 rows), the controls
+//!   that run (an unfixed count is raised, as before), and the sizes against device memory;
 //! - `bench allreduce`: one size rule for every op, each row printed as it is measured;
 //! - `tune` / `simulate`: `--warmup-steps` counts steps and is named; one "enough data" check;
 //!   a dropping compute log is tuned (no step is removed for dropping);
@@ -178,6 +178,20 @@ fn more_ranks_than_devices_is_refused_at_once_on_every_path() {
         rows += 1;
         let (o, _) = dc(args, env);
         if let Err(e) = code_is(row, &o, 0) {
+            failures.push(e);
+        }
+    }
+    // Sizes: the largest size's buffers against the device's free memory, judged by every
+    // rank before it joins (it failed one allocation mid-table, exit 4).
+    for launch in ["threads", "processes"] {
+        rows += 1;
+        let row = format!("bench --launch {launch}, 1 MB of device memory, --max-bytes 1 MiB");
+        let args = ["bench", "allreduce", "--ranks", "2", "--max-bytes", "1048576", "--launch", launch];
+        let (o, took) = dc(&args, &[("DROPCOMPUTE_MOCK_CONFIG", r#"{"hbm_bytes":1000000}"#)]);
+        let checked = code_is(&row, &o, 2)
+            .and_then(|()| contains_all(&row, &text(&o.stderr), &["--max-bytes", "1000000 free", "device memory"]))
+            .and_then(|()| if took < REFUSE_BOUND { Ok(()) } else { Err(format!("{row}: took {took:?}")) });
+        if let Err(e) = checked {
             failures.push(e);
         }
     }

@@ -203,6 +203,21 @@ pub enum Infeasible {
         /// Where the count came from: the mock's variable that fixes it, or the library asked.
         counted_by: String,
     },
+    /// A rank's buffers do not fit its device's free memory.
+    #[error(
+        "{what} needs {need} bytes of device memory per rank but the device has {free} free (synDeviceGetMemoryInfo): \
+         lower {flag}"
+    )]
+    TooLittleMemory {
+        /// What needs the memory (e.g. "the largest size of bench allreduce").
+        what: String,
+        /// Bytes needed per rank.
+        need: u64,
+        /// Bytes free on the device.
+        free: u64,
+        /// The flag that sizes it.
+        flag: &'static str,
+    },
     /// The runtime could not say how many devices it has.
     #[error("counting the devices (synDeviceGetCount): {0}")]
     Count(#[source] crate::synapse::Error),

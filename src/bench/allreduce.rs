@@ -463,6 +463,31 @@ pub fn join_and_measure(
         Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank)?,
         Join::UniqueId { .. } => Device::acquire_any(rt)?,
     };
+    // Feasibility of the sizes before any rank joins: every rank's device holds the largest
+    // size's send and receive buffers (each rank judges its own device; ranks of one device
+    // type refuse alike instead of failing one allocation mid-table).
+    let esz = element_bytes(&opts.dtype).unwrap_or(4);
+    let n = join.world_size();
+    let need = opts.sizes.iter().map(|&b| {
+        let c = b / opts.op.unit_bytes(esz, n);
+        let per_rank = match opts.op {
+            BenchOp::AllReduce | BenchOp::Broadcast => 2 * c,
+            BenchOp::AllGather | BenchOp::ReduceScatter => c * (n as usize + 1),
+        };
+        (per_rank * esz) as u64
+    });
+    if let Some(need) = need.max() {
+        let (free, _) = dev.memory_info()?;
+        if need > free {
+            return Err(dropcompute::launch::Infeasible::TooLittleMemory {
+                what: format!("the largest size ({} bytes of {} on {n} ranks)", opts.sizes.last().copied().unwrap_or(0), opts.op.name()),
+                need,
+                free,
+                flag: "--max-bytes",
+            }
+            .into());
+        }
+    }
     let stream = Stream::new(&dev)?;
     let comm = join.comm(&dev, CommOptions::default())?;
     let rows = measure_rank(&comm, &stream, opts, on_row)?;

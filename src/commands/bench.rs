@@ -65,7 +65,9 @@ pub struct AllreduceArgs {
     /// Element type.
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
-    /// Smallest message, bytes per rank.
+    /// Smallest message, bytes per rank. Sizes are the powers of four from here to
+    /// --max-bytes, each rounded down to what the op moves (one element; one per rank for
+    /// all_gather and reduce_scatter); every row lies within --min-bytes..=--max-bytes.
     #[arg(long, default_value_t = 4 << 10)]
     pub min_bytes: usize,
     /// Largest message, bytes per rank (at most [`MAX_BENCH_BYTES`]).
