@@ -419,6 +419,34 @@ mod tests {
         }
         assert_eq!(Policy::value_variants().len(), Policy::ALL.len());
         assert_eq!(Policy::RebalanceDrop.name(), "rebalance-drop");
+        // The check modes' one spelling is clap's and serde's too.
+        for c in [CheckMode::BeforeMicroBatch, CheckMode::Predictive] {
+            assert_eq!(CheckMode::from_str(c.name(), false).expect("clap name"), c);
+            assert_eq!(serde_json::to_string(&c).expect("serialize"), format!("\"{}\"", c.name()));
+            assert_eq!(c.to_string(), c.name());
+        }
+    }
+
+    /// Every policy x `--check` (given or not): drop-before and drop-predictive refuse the
+    /// other check, naming their own; the rest run the given one, else the default.
+    #[test]
+    fn resolve_check_applies_or_refuses_every_combination() {
+        use CheckMode::{BeforeMicroBatch as B, Predictive as P};
+        for p in Policy::ALL {
+            for given in [None, Some(B), Some(P)] {
+                for default in [B, P] {
+                    let got = p.resolve_check(given, default);
+                    let want = match (p, given) {
+                        (Policy::DropBefore, Some(P)) => Err(B),
+                        (Policy::DropPredictive, Some(B)) => Err(P),
+                        (Policy::DropBefore, _) => Ok(B),
+                        (Policy::DropPredictive, _) => Ok(P),
+                        (_, g) => Ok(g.unwrap_or(default)),
+                    };
+                    assert_eq!(got, want, "{p} {given:?} default {default:?}");
+                }
+            }
+        }
     }
 
     #[test]
