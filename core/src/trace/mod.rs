@@ -646,6 +646,18 @@ pub(crate) fn csv_error(path: &Path, line: u64, column: &str, e: csv::Error) -> 
 mod tests {
     use super::*;
 
+    /// A warm-up counts steps, whatever their ids (trace-SE's start at 16), with gaps.
+    #[test]
+    fn warmup_end_counts_steps_not_ids() {
+        let t = LatencyTrace::new("t", vec![0, 1], vec![16, 17, 19, 40], 1, vec![1.0; 8], vec![0.0; 4]).expect("trace");
+        let table = [(0, 16), (1, 17), (2, 19), (3, 40), (4, 41), (900, 41), (u64::MAX, 41)];
+        for (steps, end) in table {
+            assert_eq!(t.warmup_end(steps), end, "{steps}");
+            let left = t.steps().iter().filter(|&&s| s >= end).count() as u64;
+            assert_eq!(left, 4u64.saturating_sub(steps), "{steps}");
+        }
+    }
+
     /// Every trace format read through the one opener refuses an endless line (`/dev/zero`,
     /// and a file of 1.5 MiB without a newline) with a typed error naming the file, the cap and
     /// its variable, without buffering it.
