@@ -341,6 +341,22 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
     {
         failures.push(e);
     }
+    // --threshold auto --no-compare with a policy the replay runs: found by the ranks after
+    // the devices and the communicator were up; now before any of it.
+    for policy in ["compute-budget", "rebalance-drop"] {
+        rows += 1;
+        let row = format!("--policy {policy} --threshold auto --no-compare");
+        let (o, took) = dc(
+            &["train", "--ranks", "2", "--time-mode", "virtual", "--no-compare", "--steps", "20", "--policy", policy, "--threshold", "auto"],
+            &[],
+        );
+        if let Err(e) = code_is(&row, &o, 2)
+            .and_then(|()| contains_all(&row, &text(&o.stderr), &["--threshold auto", "--no-compare", policy]))
+            .and_then(|()| if took < REFUSE_BOUND { Ok(()) } else { Err(format!("{row}: took {took:?}")) })
+        {
+            failures.push(e);
+        }
+    }
     for policy in ["synchronous", "drop-before", "drop-predictive", "backup-workers", "compute-budget", "rebalance", "rebalance-drop"] {
         for check in ["before", "predictive"] {
             rows += 1;

@@ -77,8 +77,25 @@ impl Job {
             job.check_resumed_threshold(&dir, s0)?;
         } else {
             job.check_auto_epochs()?;
+            if job.cfg.threshold == super::config::ThresholdArg::Auto && !job.cfg.compare && job.replays_policy() {
+                return Err(job.auto_without_baseline_error());
+            }
         }
         Ok(job)
+    }
+
+    /// `--threshold auto --no-compare` with a policy the replay runs: refused before any
+    /// device call by [`Job::prepare`] (it was found by the ranks after the devices and the
+    /// communicator were up), and by the run itself for a job built otherwise.
+    pub fn auto_without_baseline_error(&self) -> TrainError {
+        TrainError::Config {
+            what: "--threshold auto",
+            value: format!(
+                "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
+                self.cfg.policy(),
+                if self.cfg.tail.enabled() { format!(" --tail-split {}", self.cfg.tail.parts()) } else { String::new() }
+            ),
+        }
     }
 
     /// `--threshold auto` tunes on the baseline's steps after warm-up and needs

@@ -121,20 +121,8 @@ fn resolve_threshold(
         (ThresholdArg::Auto, None) if job.resume_step.is_some() => {
             (Threshold::Off, None, "auto: the checkpoint's threshold (resumed run)".into())
         }
-        (ThresholdArg::Auto, None) if job.replays_policy() => {
-            return Err(TrainError::Config {
-                what: "--threshold auto",
-                value: format!(
-                    "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
-                    job.cfg.policy(),
-                    if job.cfg.tail.enabled() {
-                        format!(" --tail-split {}", job.cfg.tail.parts())
-                    } else {
-                        String::new()
-                    }
-                ),
-            });
-        }
+        // Refused up front by `Job::prepare` (the same error); kept for a job built otherwise.
+        (ThresholdArg::Auto, None) if job.replays_policy() => return Err(job.auto_without_baseline_error()),
         (ThresholdArg::Auto, None) => {
             let steps = job.steps().unwrap_or(200).max(4) as usize;
             let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
