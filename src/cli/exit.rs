@@ -108,7 +108,6 @@ fn hccl(e: &HcclError) -> ExitClass {
 }
 
 /// The class of one error, ignoring its sources; `None` for types this table does not know.
-#[cfg_attr(not(feature = "mock"), allow(dead_code))]
 fn from_code(code: Option<i32>) -> ExitClass {
     match code {
         Some(2) => ExitClass::Usage,
@@ -223,6 +222,11 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     // `launch::dispatch` wraps a bad launcher environment (its source is transparent).
     if let Some(dropcompute::launch::LaunchError::Bootstrap(_)) = e.downcast_ref() {
         return Some(ExitClass::Usage);
+    }
+    // A failed rank process of `bench allreduce --launch processes` has its own exit code's
+    // class, as `train`'s (`TrainError::Child`): a rank that refused an infeasible size exits 2.
+    if let Some(dropcompute::launch::LaunchError::Child { code, .. }) = e.downcast_ref() {
+        return Some(from_code(*code));
     }
     if let Some(c) = e.downcast_ref::<CommandError>() {
         return Some(match c {
