@@ -101,7 +101,8 @@ impl Devices {
     }
 }
 
-const TRAIN: &[&str] = &["train", "--ranks", "4", "--steps", "3", "--threshold", "20", "--time-mode", "virtual", "--no-compare"];
+const TRAIN: &[&str] =
+    &["train", "--ranks", "4", "--steps", "3", "--threshold", "20", "--time-mode", "virtual", "--no-compare"];
 const BENCH: &[&str] = &["bench", "allreduce", "--ranks", "4", "--max-bytes", "4096"];
 
 /// Item 5: 4 ranks on a host of 2 devices, every launch mode x backend x variable x subcommand:
@@ -152,9 +153,11 @@ fn more_ranks_than_devices_is_refused_at_once_on_every_path() {
                             .and_then(|()| {
                                 contains_all(&row, &err, &["4 ranks on this host", "only 2 devices", var, "--ranks"])
                             })
-                            .and_then(|()| {
-                                if took > REFUSE_BOUND { Err(format!("{row}: took {took:?}")) } else { Ok(()) }
-                            });
+                            .and_then(
+                                |()| {
+                                    if took > REFUSE_BOUND { Err(format!("{row}: took {took:?}")) } else { Ok(()) }
+                                },
+                            );
                         if let Err(e) = checked {
                             failures.push(e);
                         }
@@ -166,13 +169,17 @@ fn more_ranks_than_devices_is_refused_at_once_on_every_path() {
     // Controls: an unfixed device count is raised to the ranks of the host (the in-process
     // mock and the mock library alike, in train and bench), and a fixed one that suffices runs.
     let controls: &[(&str, &[&str], &[(&str, &str)])] = &[
-        ("bench, mock library, 9 ranks, default count", &["bench", "allreduce", "--ranks", "9", "--max-bytes", "4096"], &[
-            ("DROPCOMPUTE_SYNAPSE_LIB", lib),
-        ]),
+        (
+            "bench, mock library, 9 ranks, default count",
+            &["bench", "allreduce", "--ranks", "9", "--max-bytes", "4096"],
+            &[("DROPCOMPUTE_SYNAPSE_LIB", lib)],
+        ),
         ("train, 4 ranks, devices 4 in the JSON", TRAIN, &[("DROPCOMPUTE_MOCK_CONFIG", r#"{"devices":4}"#)]),
-        ("bench processes, DEVICES=4", &["bench", "allreduce", "--ranks", "4", "--max-bytes", "4096", "--launch", "processes"], &[
-            ("DROPCOMPUTE_MOCK_DEVICES", "4"),
-        ]),
+        (
+            "bench processes, DEVICES=4",
+            &["bench", "allreduce", "--ranks", "4", "--max-bytes", "4096", "--launch", "processes"],
+            &[("DROPCOMPUTE_MOCK_DEVICES", "4")],
+        ),
     ];
     for (row, args, env) in controls {
         rows += 1;
@@ -216,7 +223,22 @@ fn every_bench_op_keeps_its_rows_within_the_size_flags() {
     let mut failures = Vec::new();
     for &(op, ranks, min, max, want) in table {
         let row = format!("{op} --ranks {ranks} --min-bytes {min} --max-bytes {max}");
-        let args = ["bench", "allreduce", "--op", op, "--ranks", ranks, "--min-bytes", min, "--max-bytes", max, "--iters", "1", "--warmup", "0"];
+        let args = [
+            "bench",
+            "allreduce",
+            "--op",
+            op,
+            "--ranks",
+            ranks,
+            "--min-bytes",
+            min,
+            "--max-bytes",
+            max,
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ];
         let (o, _) = dc(&args, &[]);
         let checked = match want {
             Some(sizes) => code_is(&row, &o, 0).and_then(|()| {
@@ -275,7 +297,20 @@ fn tune_and_simulate_judge_enough_data_alike_and_name_the_warm_up() {
     let out = dir.path().join("out");
     let out_s = out.to_str().expect("utf-8");
     let (o, _) = dc(
-        &["train", "--ranks", "4", "--steps", "14", "--threshold", "5", "--time-mode", "virtual", "--no-compare", "--out", out_s],
+        &[
+            "train",
+            "--ranks",
+            "4",
+            "--steps",
+            "14",
+            "--threshold",
+            "5",
+            "--time-mode",
+            "virtual",
+            "--no-compare",
+            "--out",
+            out_s,
+        ],
         &[],
     );
     code_is("train --out", &o, 0).expect("train --out");
@@ -288,22 +323,28 @@ fn tune_and_simulate_judge_enough_data_alike_and_name_the_warm_up() {
     let log = log.to_str().expect("utf-8");
     // (row, args, exit code, stderr needles)
     let table: &[(&str, &[&str], i32, &[&str])] = &[
-        ("warm-up removes every step", &["tune", "--trace", se, "--warmup-steps", "900"], 6, &[
-            "--warmup-steps",
-            "0 complete step(s)",
-            "43 step(s)",
-        ]),
+        (
+            "warm-up removes every step",
+            &["tune", "--trace", se, "--warmup-steps", "900"],
+            6,
+            &["--warmup-steps", "0 complete step(s)", "43 step(s)"],
+        ),
         // 43 steps, ids 16..=58: 34 counted steps leave 9 (< 10); as ids they left 25.
-        ("warm-up of 34 steps leaves 9", &["tune", "--trace", se, "--warmup-steps", "34"], 6, &[
-            "--warmup-steps",
-            "9 complete step(s)",
-        ]),
+        (
+            "warm-up of 34 steps leaves 9",
+            &["tune", "--trace", se, "--warmup-steps", "34"],
+            6,
+            &["--warmup-steps", "9 complete step(s)"],
+        ),
         ("warm-up of 33 steps leaves 10", &["tune", "--trace", se, "--warmup-steps", "33"], 0, &[]),
         ("tune, one step", &["tune", "--trace", one], 6, &["insufficient data", "1 complete step(s)"]),
         ("simulate, one step", &["simulate", "--trace", one], 6, &["insufficient data", "1 complete step(s)"]),
-        ("simulate, one step, one policy", &["simulate", "--trace", one, "--policy", "drop-before"], 6, &[
-            "insufficient data",
-        ]),
+        (
+            "simulate, one step, one policy",
+            &["simulate", "--trace", one, "--policy", "drop-before"],
+            6,
+            &["insufficient data"],
+        ),
         ("tune, a log that dropped", &["tune", "--trace", log], 0, &[]),
     ];
     let mut failures = Vec::new();
@@ -330,7 +371,19 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
     // --epochs: 1 epoch of 1438 samples at 1024 per step is 2 baseline steps.
     rows += 1;
     let (o, took) = dc(
-        &["train", "--ranks", "2", "--micro-batches", "8", "--micro-batch-size", "64", "--epochs", "1", "--time-mode", "virtual"],
+        &[
+            "train",
+            "--ranks",
+            "2",
+            "--micro-batches",
+            "8",
+            "--micro-batch-size",
+            "64",
+            "--epochs",
+            "1",
+            "--time-mode",
+            "virtual",
+        ],
         &[],
     );
     let row = "--epochs 1 with --threshold auto";
@@ -347,7 +400,20 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
         rows += 1;
         let row = format!("--policy {policy} --threshold auto --no-compare");
         let (o, took) = dc(
-            &["train", "--ranks", "2", "--time-mode", "virtual", "--no-compare", "--steps", "20", "--policy", policy, "--threshold", "auto"],
+            &[
+                "train",
+                "--ranks",
+                "2",
+                "--time-mode",
+                "virtual",
+                "--no-compare",
+                "--steps",
+                "20",
+                "--policy",
+                policy,
+                "--threshold",
+                "auto",
+            ],
             &[],
         );
         if let Err(e) = code_is(&row, &o, 2)
@@ -357,7 +423,15 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
             failures.push(e);
         }
     }
-    for policy in ["synchronous", "drop-before", "drop-predictive", "backup-workers", "compute-budget", "rebalance", "rebalance-drop"] {
+    for policy in [
+        "synchronous",
+        "drop-before",
+        "drop-predictive",
+        "backup-workers",
+        "compute-budget",
+        "rebalance",
+        "rebalance-drop",
+    ] {
         for check in ["before", "predictive"] {
             rows += 1;
             let row = format!("--policy {policy} --check {check}");
@@ -377,7 +451,10 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
         }
     }
     rows += 1;
-    let (o, _) = dc(&["tune", "--trace", trace_se().to_str().expect("utf-8"), "--auto-for", "drop-before", "--check", "predictive"], &[]);
+    let (o, _) = dc(
+        &["tune", "--trace", trace_se().to_str().expect("utf-8"), "--auto-for", "drop-before", "--check", "predictive"],
+        &[],
+    );
     if let Err(e) = code_is("tune --auto-for drop-before --check predictive", &o, 2) {
         failures.push(e);
     }

@@ -242,7 +242,9 @@ pub fn check_devices(rt: &crate::synapse::Runtime, ranks_here: u32) -> Result<()
     let (origin, emulated) = match rt.api().origin() {
         habana_sys::ApiOrigin::InProcess(name) => (format!("the in-process {name}"), true),
         #[cfg(feature = "mock")]
-        habana_sys::ApiOrigin::Library(p) => (p.display().to_string(), crate::mock::MockControl::from_library(p).is_ok()),
+        habana_sys::ApiOrigin::Library(p) => {
+            (p.display().to_string(), crate::mock::MockControl::from_library(p).is_ok())
+        }
         #[cfg(not(feature = "mock"))]
         habana_sys::ApiOrigin::Library(p) => (p.display().to_string(), false),
     };

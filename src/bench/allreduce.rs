@@ -480,7 +480,11 @@ pub fn join_and_measure(
         let (free, _) = dev.memory_info()?;
         if need > free {
             return Err(dropcompute::launch::Infeasible::TooLittleMemory {
-                what: format!("the largest size ({} bytes of {} on {n} ranks)", opts.sizes.last().copied().unwrap_or(0), opts.op.name()),
+                what: format!(
+                    "the largest size ({} bytes of {} on {n} ranks)",
+                    opts.sizes.last().copied().unwrap_or(0),
+                    opts.op.name()
+                ),
                 need,
                 free,
                 flag: "--max-bytes",

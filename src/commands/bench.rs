@@ -236,8 +236,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         let opts = match join {
             Join::Env(boot) => {
                 sized = AllreduceOptions {
-                    sizes: plan_sizes(a.min_bytes, a.max_bytes, a.op, &a.dtype, boot.world_size)
-                        .map_err(size_error)?,
+                    sizes: plan_sizes(a.min_bytes, a.max_bytes, a.op, &a.dtype, boot.world_size).map_err(size_error)?,
                     ..opts.clone()
                 };
                 &sized
@@ -252,25 +251,24 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
         super::say(&AllreduceReport::header(a.op, join.world_size(), &mode_of(join)))?;
         join_and_measure(&rt, join, opts, &mut |row| Ok(super::say(&AllreduceReport::row_line(row))?))
     };
-    let (printed, world_size, rows) =
-        match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
-            Ranks::All(results) => {
-                let mut rows = None;
-                for r in results {
-                    rows.get_or_insert(r?);
-                }
-                // Thread rank 0 printed its rows; rank processes cannot (their stdout is not
-                // the terminal's), so their table is printed whole here.
-                (a.launch == Launch::Threads, ranks, rows.unwrap_or_default())
+    let (printed, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
+        Ranks::All(results) => {
+            let mut rows = None;
+            for r in results {
+                rows.get_or_insert(r?);
             }
-            Ranks::This { join, result } => {
-                let rows = result?;
-                if join.rank() != 0 {
-                    return Ok(());
-                }
-                (true, join.world_size(), rows)
+            // Thread rank 0 printed its rows; rank processes cannot (their stdout is not
+            // the terminal's), so their table is printed whole here.
+            (a.launch == Launch::Threads, ranks, rows.unwrap_or_default())
+        }
+        Ranks::This { join, result } => {
+            let rows = result?;
+            if join.rank() != 0 {
+                return Ok(());
             }
-        };
+            (true, join.world_size(), rows)
+        }
+    };
     let mode = if a.launch == Launch::Processes { "processes".to_owned() } else { "threads".to_owned() };
     let report = AllreduceReport { mode, ranks: world_size, op: a.op, rows };
     if printed {

@@ -469,7 +469,10 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
 /// # Errors
 /// [`CommandError::Trace`] for too few steps or ranks, [`CommandError::Args`] for
 /// `--sync-lag` or `--min-micro-batches` beyond the trace's micro-batches.
-pub(crate) fn check_trace(t: &dropcompute::trace::LatencyTrace, execution: &ExecutionModel) -> Result<(), CommandError> {
+pub(crate) fn check_trace(
+    t: &dropcompute::trace::LatencyTrace,
+    execution: &ExecutionModel,
+) -> Result<(), CommandError> {
     dropcompute::tune::check_inputs(t, execution).map_err(|e| match e {
         TuneInputError::InsufficientData(e) => CommandError::Trace(e),
         TuneInputError::SyncLag { sync_lag, source_name, micro_batches } => CommandError::Args(format!(

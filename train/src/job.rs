@@ -93,7 +93,11 @@ impl Job {
             value: format!(
                 "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
                 self.cfg.policy(),
-                if self.cfg.tail.enabled() { format!(" --tail-split {}", self.cfg.tail.parts()) } else { String::new() }
+                if self.cfg.tail.enabled() {
+                    format!(" --tail-split {}", self.cfg.tail.parts())
+                } else {
+                    String::new()
+                }
             ),
         }
     }
