@@ -101,6 +101,12 @@ impl Devices {
     }
 }
 
+/// A control row: (name, arguments, environment).
+type Control<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, &'a str)]);
+
+/// A size row: (op, ranks, min, max, `Some(sizes printed)` or `None`: exit 2).
+type SizeRow = (&'static str, &'static str, &'static str, &'static str, Option<&'static [u64]>);
+
 const TRAIN: &[&str] =
     &["train", "--ranks", "4", "--steps", "3", "--threshold", "20", "--time-mode", "virtual", "--no-compare"];
 const BENCH: &[&str] = &["bench", "allreduce", "--ranks", "4", "--max-bytes", "4096"];
@@ -168,7 +174,7 @@ fn more_ranks_than_devices_is_refused_at_once_on_every_path() {
     }
     // Controls: an unfixed device count is raised to the ranks of the host (the in-process
     // mock and the mock library alike, in train and bench), and a fixed one that suffices runs.
-    let controls: &[(&str, &[&str], &[(&str, &str)])] = &[
+    let controls: &[Control] = &[
         (
             "bench, mock library, 9 ranks, default count",
             &["bench", "allreduce", "--ranks", "9", "--max-bytes", "4096"],
@@ -210,7 +216,7 @@ fn more_ranks_than_devices_is_refused_at_once_on_every_path() {
 #[test]
 fn every_bench_op_keeps_its_rows_within_the_size_flags() {
     // (op, ranks, min, max, Some(sizes printed) or None: exit 2)
-    let table: &[(&str, &str, &str, &str, Option<&[u64]>)] = &[
+    let table: &[SizeRow] = &[
         ("all_reduce", "3", "1", "7", Some(&[4])),
         ("broadcast", "3", "1", "7", Some(&[4])),
         ("reduce_scatter", "3", "1", "7", None),

@@ -509,7 +509,8 @@ mod tests {
     fn every_op_rounds_down_within_the_flags() {
         let ops = [BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter, BenchOp::Broadcast];
         // (min, max, dtype, ranks, op) -> sizes or None (refused)
-        let table: &[(usize, usize, &str, u32, BenchOp, Option<&[usize]>)] = &[
+        type Row = (usize, usize, &'static str, u32, BenchOp, Option<&'static [usize]>);
+        let table: &[Row] = &[
             (1, 7, "f32", 3, BenchOp::AllReduce, Some(&[4])),
             (1, 7, "f32", 3, BenchOp::Broadcast, Some(&[4])),
             (1, 7, "f32", 3, BenchOp::ReduceScatter, None),
