@@ -136,17 +136,25 @@ pub struct NoSizeFits {
 
 /// The one size rule of every op of `bench allreduce`: each power-of-four size of
 /// `min..=max` ([`sizes_between`]) rounded down to a multiple of the op's granule
-/// ([`BenchOp::unit_bytes`]); sizes that fall below `min` are left out and duplicates
-/// merged, so every row lies within `--min-bytes..=--max-bytes` (reduce_scatter on 3 ranks
-/// reported a 12-byte row for `--max-bytes 7` while all_reduce rounded down).
+/// ([`BenchOp::unit_bytes`]), or, where that falls below `min`, the smallest multiple at
+/// least `min` if it is within `max`; duplicates merged. Every row lies within
+/// `--min-bytes..=--max-bytes` (reduce_scatter on 3 ranks reported a 12-byte row for
+/// `--max-bytes 7` while all_reduce rounded down).
 ///
 /// # Errors
 /// [`NoSizeFits`] naming both flags, the op, the granule and the smallest `--max-bytes` that
 /// gives a row; an unknown `dtype` counts as f32 here (it is refused by the flag parser).
 pub fn plan_sizes(min: usize, max: usize, op: BenchOp, dtype: &str, n: u32) -> Result<Vec<usize>, NoSizeFits> {
     let unit = op.unit_bytes(element_bytes(dtype).unwrap_or(4), n);
-    let mut sizes: Vec<usize> =
-        sizes_between(min, max).into_iter().map(|s| s / unit * unit).filter(|&s| s > 0 && s >= min).collect();
+    // The smallest size the op can move within the flags.
+    let least = min.max(1).div_ceil(unit) * unit;
+    let mut sizes: Vec<usize> = sizes_between(min, max)
+        .into_iter()
+        .filter_map(|s| {
+            let down = s / unit * unit;
+            if down >= least { Some(down) } else { (least <= max).then_some(least) }
+        })
+        .collect();
     sizes.dedup();
     if sizes.is_empty() {
         return Err(NoSizeFits {
@@ -157,7 +165,7 @@ pub fn plan_sizes(min: usize, max: usize, op: BenchOp, dtype: &str, n: u32) -> R
             ranks: n,
             unit,
             per_rank: if unit == element_bytes(dtype).unwrap_or(4) { "" } else { ", one element per rank" },
-            at_least: min.max(1).div_ceil(unit) * unit,
+            at_least: least,
         });
     }
     Ok(sizes)
@@ -521,7 +529,7 @@ mod tests {
             (2, 3, "bf16", 1, BenchOp::AllReduce, Some(&[2])),
             (5, 7, "f32", 2, BenchOp::AllReduce, None),
             (4096, 4096, "f32", 3, BenchOp::ReduceScatter, None),
-            (4096, 16384, "f32", 3, BenchOp::ReduceScatter, Some(&[16380])),
+            (4096, 16384, "f32", 3, BenchOp::ReduceScatter, Some(&[4104, 16380])),
             (4096, 16384, "f32", 4, BenchOp::ReduceScatter, Some(&[4096, 16384])),
         ];
         for &(min, max, dtype, n, op, want) in table {
@@ -537,8 +545,22 @@ mod tests {
         for op in ops {
             for n in 1..=9 {
                 for max in 1..=200 {
-                    for size in plan_sizes(1, max, op, "f32", n).unwrap_or_default() {
-                        assert!(size <= max && size % op.unit_bytes(4, n) == 0, "{op:?} {n} {max}: {size}");
+                    for min in [1, 3, 5, 12, 13] {
+                        match plan_sizes(min, max, op, "f32", n) {
+                            Ok(sizes) => {
+                                for size in sizes {
+                                    assert!(
+                                        (min..=max).contains(&size) && size % op.unit_bytes(4, n) == 0,
+                                        "{op:?} {n} {min}..={max}: {size}"
+                                    );
+                                }
+                            }
+                            // The message's advice works.
+                            Err(e) => assert!(
+                                e.at_least > max && plan_sizes(min, e.at_least, op, "f32", n).is_ok(),
+                                "{op:?} {n} {min}..={max}: {e}"
+                            ),
+                        }
                     }
                 }
             }

@@ -216,6 +216,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     }
     let unique_id = || Comm::unique_id(&rt).map_err(BoxError::from);
     // Every rank checks the launcher's world size against an explicit --ranks before joining.
+    let stdout_failed = std::sync::Mutex::new(None);
     let rank = |join: &Join| -> Result<Vec<AllreduceRow>, BoxError> {
         if let Join::Env(boot) = join
             && ranks_given
@@ -244,12 +245,25 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             Join::UniqueId { .. } => &opts,
         };
         // Rank 0 prints each row as it is measured, through the one stdout writer: a long run
-        // shows progress and an interrupted one keeps the rows it printed.
+        // shows progress and an interrupted one keeps the rows it printed. A failing stdout
+        // never takes rank 0 out of the collectives (its peers would wait for the HCCL
+        // timeout): the first error is kept, printing stops, and it is returned at the end.
         if join.rank() != 0 {
             return join_and_measure(&rt, join, opts, &mut |_| Ok(()));
         }
-        super::say(&AllreduceReport::header(a.op, join.world_size(), &mode_of(join)))?;
-        join_and_measure(&rt, join, opts, &mut |row| Ok(super::say(&AllreduceReport::row_line(row))?))
+        let print = |text: &str| {
+            let mut failed = stdout_failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if failed.is_none()
+                && let Err(e) = super::say(text)
+            {
+                *failed = Some(e);
+            }
+        };
+        print(&AllreduceReport::header(a.op, join.world_size(), &mode_of(join)));
+        join_and_measure(&rt, join, opts, &mut |row| {
+            print(&AllreduceReport::row_line(row));
+            Ok(())
+        })
     };
     let (printed, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
         Ranks::All(results) => {
@@ -269,6 +283,9 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             (true, join.world_size(), rows)
         }
     };
+    if let Some(e) = stdout_failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        return Err(e.into());
+    }
     let mode = if a.launch == Launch::Processes { "processes".to_owned() } else { "threads".to_owned() };
     let report = AllreduceReport { mode, ranks: world_size, op: a.op, rows };
     if printed {
