@@ -148,7 +148,8 @@ pub struct TuneJson {
     pub micro_batches: usize,
     /// Complete steps.
     pub steps: usize,
-    /// The execution replayed (check mode, sync lag, warm-up steps, minimum micro-batches).
+    /// The execution replayed (check mode, sync lag, warm-up steps as `--warmup-steps` counts
+    /// them: the trace's first steps, whatever their ids; minimum micro-batches).
     pub execution: ExecutionModel,
     /// The guardrails that judged the replay.
     pub guardrails: Guardrails,
@@ -269,7 +270,8 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 ranks: t.world_size(),
                 micro_batches: t.micro_batches(),
                 steps: t.num_steps(),
-                execution,
+                // The warm-up as given (steps counted), not the step id it ends at.
+                execution: ExecutionModel { warmup_steps: args.warmup_steps, ..execution },
                 guardrails,
                 verdict,
                 replay: ReplayJson {
