@@ -6,12 +6,22 @@
 # `dropcompute` binary (the compute-log test runs `dropcompute tune`), then pytest (real torch,
 # gloo, 2 and 4 processes under torch.distributed.run) and mypy --strict on the typed example.
 # Local use: bash ci/python_tests.sh   (DROPCOMPUTE_VENV overrides the venv location)
+# Each phase says what it is doing on stderr, one line, before it starts (the first run spends
+# minutes installing torch and building the module with nothing else on screen).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+say() { echo "python_tests: $*" >&2; }
+say "preparing the virtual environment (ci/python_venv.sh)..."
 VENV=$(bash ci/python_venv.sh)
 PY="$VENV/bin/python"
+say "building the dropcompute binary (cargo build --bin dropcompute)..."
 cargo build --locked --bin dropcompute
+say "building the module (maturin develop, dev profile)..."
 VIRTUAL_ENV="$VENV" "$VENV/bin/maturin" develop --locked -q -m python/Cargo.toml
+say "running pytest (python/tests)..."
 "$PY" -m pytest -q python/tests
+say "type-checking examples/python_api.py (mypy --strict)..."
 "$PY" -m mypy --strict examples/python_api.py
+say "checking examples/pytorch_ddp.py --help..."
 "$PY" examples/pytorch_ddp.py --help >/dev/null
+say "done"

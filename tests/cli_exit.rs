@@ -265,7 +265,7 @@ fn bench_allreduce_refuses_what_train_refuses_at_once() {
     let o = dropcompute(&args, &[("DROPCOMPUTE_MOCK_DEVICES", "1"), ("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "600000")]);
     let (code, err) = code_and_stderr(&o);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("2 ranks but only 1 mock devices ($DROPCOMPUTE_MOCK_DEVICES)"), "{err}");
+    assert!(err.contains("2 ranks on this host but only 1 devices (counted by $DROPCOMPUTE_MOCK_DEVICES=1"), "{err}");
     // Refused before any rank waited: far below the 600 s HCCL timeout set above.
     assert!(t0.elapsed() < std::time::Duration::from_secs(300), "took {:?}", t0.elapsed());
     // The same count with train (one shared rule).
@@ -275,7 +275,7 @@ fn bench_allreduce_refuses_what_train_refuses_at_once() {
     );
     let (code, err) = code_and_stderr(&o);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("2 ranks but only 1 mock devices ($DROPCOMPUTE_MOCK_DEVICES)"), "{err}");
+    assert!(err.contains("2 ranks on this host but only 1 devices (counted by $DROPCOMPUTE_MOCK_DEVICES=1"), "{err}");
 
     let torchrun = [
         ("RANK", "0"),

@@ -154,7 +154,7 @@ fn a_run_killed_between_checkpoints_resumes_to_the_same_parameters() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(7), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("another configuration"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("written by a run with a different configuration"));
     let empty = tmp(&root, "empty");
     std::fs::create_dir_all(&empty).unwrap();
     let o = train(&["--resume", s(&empty)], None);

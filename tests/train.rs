@@ -445,19 +445,21 @@ fn bad_inputs_fail_before_anything_is_written() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("9 ranks but only 8 mock devices"), "{err}");
+    assert!(err.contains("9 ranks on this host but only 8 devices"), "{err}");
 }
 
 /// `--threshold auto` on an epoch-bounded run whose baseline has fewer than `tune::MIN_STEPS`
 /// steps after warm-up (4 ranks x 8 x 8 samples a step: one epoch of the digits is 6 steps) is
-/// refused with "insufficient data" instead of a threshold fitted to noise.
+/// refused with "insufficient data" instead of a threshold fitted to noise, by `Job::prepare`
+/// once the data is loaded (before any device call; the ranks found it after the baseline).
 #[test]
 fn auto_threshold_refuses_a_baseline_shorter_than_the_minimum() {
-    let _mock = in_process_mock();
-    let j = job(&["--ranks", "4", "--epochs", "1", "--time-mode", "virtual", "--threshold", "auto"]);
-    let rt = run::mock_runtime(&j).unwrap();
-    let e = run::run_threads(&j, &rt, false).expect_err("too few steps to tune").to_string();
+    hermetic::scrub_process_env();
+    let args = ["train", "--ranks", "4", "--epochs", "1", "--time-mode", "virtual", "--threshold", "auto"];
+    let cfg = Cli::parse_from(args).train.validate().unwrap();
+    let e = Job::prepare(cfg).map(|_| ()).expect_err("too few steps to tune").to_string();
     assert!(e.contains("insufficient data") && e.contains("at least 10"), "{e}");
+    assert!(e.contains("--epochs") && e.contains("the baseline runs 6 step(s)"), "{e}");
 }
 
 /// The progress bar with stdout redirected to a file and stderr a terminal (a pty): drawn on

@@ -124,6 +124,16 @@ pub enum CheckpointError {
         /// What is wrong, with the offending values.
         reason: String,
     },
+    /// A sound checkpoint written by a job of another configuration (e.g. another `--check`):
+    /// not malformed, and not resumable by this one.
+    #[error("checkpoint {path} was written by a run with a different configuration: {differences}")]
+    OtherConfiguration {
+        /// The file.
+        path: PathBuf,
+        /// Each differing setting as "FLAG was X, this run has Y", in the caller's flag
+        /// spellings, joined by "; ".
+        differences: String,
+    },
     /// [`load_latest`] found no readable checkpoint in the directory.
     #[error("no valid checkpoint in {dir} ({} corrupt file(s) skipped{})", corrupt.len(), list(corrupt))]
     NoCheckpoint {

@@ -5,9 +5,10 @@
 //! Owns: [`Launch`], the one dispatcher [`dispatch`] (over the three modes), the thread driver
 //! [`threads`], the process driver [`processes`], the
 //! child side ([`ChildSpec`], read by the hidden `rank-process` subcommand), and [`Join`] (how
-//! a rank joins the communicator in each mode). Must not touch: what a rank does (the caller's
-//! closure or program), devices (the caller acquires its own) or argv filtering: a child never
-//! re-parses the parent's command line.
+//! a rank joins the communicator in each mode), and the one feasibility check of ranks against
+//! devices ([`check_devices`], [`Infeasible`]: it only counts them). Must not touch: what a rank
+//! does (the caller's closure or program), devices beyond counting them (the caller acquires its
+//! own) or argv filtering: a child never re-parses the parent's command line.
 //!
 //! Process mode, the whole hidden mechanism: the parent writes one JSON [`ChildSpec`] per rank
 //! (program name, rank, world size, the unique id of the communicator whose coordinator lives
@@ -180,6 +181,85 @@ impl Join {
             Self::Env(b) => crate::hccl::join(device, b, ENV_JOIN_TIMEOUT, opts),
         }
     }
+}
+
+/// A job that cannot run on the devices this host has: refused before any rank acquires a
+/// device or opens a socket (exit 2). Before this check such a job waited for the HCCL init
+/// timeout (about 30 s) and ended with a collective error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Infeasible {
+    /// Fewer devices than the ranks that need one on this host.
+    #[error(
+        "{ranks} ranks on this host but only {devices} devices (counted by {counted_by}): lower --ranks \
+         or give the host more devices"
+    )]
+    TooFewDevices {
+        /// Ranks of this host that each acquire a device (threads and processes: the world
+        /// size; `--launch env`: the launcher's local world size).
+        ranks: u32,
+        /// Devices the runtime reports (`synDeviceGetCount`).
+        devices: u32,
+        /// Where the count came from: the mock's variable that fixes it, or the library asked.
+        counted_by: String,
+    },
+    /// A rank's buffers do not fit its device's free memory.
+    #[error(
+        "{what} needs {need} bytes of device memory per rank but the device has {free} free (synDeviceGetMemoryInfo): \
+         lower {flag}"
+    )]
+    TooLittleMemory {
+        /// What needs the memory (e.g. "the largest size of bench allreduce").
+        what: String,
+        /// Bytes needed per rank.
+        need: u64,
+        /// Bytes free on the device.
+        free: u64,
+        /// The flag that sizes it.
+        flag: &'static str,
+    },
+    /// The runtime could not say how many devices it has.
+    #[error("counting the devices (synDeviceGetCount): {0}")]
+    Count(#[source] crate::synapse::Error),
+}
+
+/// The one feasibility check of ranks against devices, for every launch mode and backend:
+/// `ranks_here` ranks of this host each acquire their own device of `rt`, so the runtime
+/// (the in-process mock, the mock library, or a real libSynapse) is asked its device count
+/// (`synDeviceGetCount`) before any rank starts. When `rt` is a CPU mock (in-process, or the
+/// mock library: it exports `dcmock_configure`) the message names the variable that fixed
+/// the count (`$DROPCOMPUTE_MOCK_CONFIG`'s `"devices"` or `$DROPCOMPUTE_MOCK_DEVICES`), else
+/// the library asked.
+///
+/// # Errors
+/// [`Infeasible::TooFewDevices`] naming the ranks, the devices and where the count came from;
+/// [`Infeasible::Count`] when the runtime fails to answer.
+pub fn check_devices(rt: &crate::synapse::Runtime, ranks_here: u32) -> Result<(), Infeasible> {
+    let devices = rt.device_count().map_err(Infeasible::Count)?;
+    if ranks_here <= devices {
+        return Ok(());
+    }
+    let (origin, emulated) = match rt.api().origin() {
+        habana_sys::ApiOrigin::InProcess(name) => (format!("the in-process {name}"), true),
+        #[cfg(feature = "mock")]
+        habana_sys::ApiOrigin::Library(p) => {
+            (p.display().to_string(), crate::mock::MockControl::from_library(p).is_ok())
+        }
+        #[cfg(not(feature = "mock"))]
+        habana_sys::ApiOrigin::Library(p) => (p.display().to_string(), false),
+    };
+    #[cfg(feature = "mock")]
+    let fixed = emulated.then(crate::mock::MockConfig::devices_fixed_by).flatten();
+    #[cfg(not(feature = "mock"))]
+    let fixed: Option<String> = {
+        let _ = emulated; // no emulator in this build
+        None
+    };
+    let counted_by = match fixed {
+        Some(var) => format!("{var}, for {origin}"),
+        None => format!("synDeviceGetCount of {origin}"),
+    };
+    Err(Infeasible::TooFewDevices { ranks: ranks_here, devices, counted_by })
 }
 
 /// What the ranks of one [`dispatch`] returned.

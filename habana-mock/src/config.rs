@@ -288,26 +288,37 @@ impl MockConfig {
         Ok(cfg)
     }
 
-    /// [`MockConfig::from_env`] for one process whose ranks acquire modules `0..ranks`
-    /// (threads of `train` or `bench allreduce`): the device count is raised to `ranks` unless
-    /// `$DROPCOMPUTE_MOCK_DEVICES` fixes it.
+    /// [`MockConfig::from_env`] for one host whose ranks acquire modules `0..ranks` (threads
+    /// or processes of `train` and `bench allreduce`): the device count is raised to `ranks`
+    /// unless the user fixed it ([`MockConfig::devices_fixed_by`]). Whether the count then
+    /// suffices is judged in one place, after the runtime is up and before any rank starts:
+    /// `dropcompute::launch::check_devices` (exit 2 naming ranks, devices and this source).
     ///
     /// # Errors
-    /// As [`MockConfig::from_env`]; [`ConfigError`] naming both counts and the variable when
-    /// `$DROPCOMPUTE_MOCK_DEVICES` gives fewer devices than `ranks` (refused at once: the
-    /// missing ranks would otherwise only show as an HCCL init timeout).
+    /// As [`MockConfig::from_env`].
     pub fn from_env_for_ranks(ranks: u32) -> Result<Self, ConfigError> {
         let mut cfg = Self::from_env()?;
-        if cfg.devices < ranks {
-            if std::env::var_os(ENV_DEVICES).is_some() {
-                return Err(bad(
-                    "config",
-                    format!("{ranks} ranks but only {} mock devices (${ENV_DEVICES})", cfg.devices),
-                ));
-            }
+        if cfg.devices < ranks && Self::devices_fixed_by().is_none() {
             cfg.devices = ranks;
         }
         Ok(cfg)
+    }
+
+    /// Which variable fixes the mock's device count, worded for a message, or `None` when
+    /// it is the default ([`MockConfig::from_env_for_ranks`] may then raise it):
+    /// `$DROPCOMPUTE_MOCK_CONFIG` when its JSON has a `"devices"` field (it wins over
+    /// `$DROPCOMPUTE_MOCK_DEVICES`, as in [`MockConfig::from_env`]), else
+    /// `$DROPCOMPUTE_MOCK_DEVICES` when set. Before this, `{"devices":2}` in the JSON was
+    /// raised silently by `train` and left to an HCCL init timeout by `bench allreduce`.
+    pub fn devices_fixed_by() -> Option<String> {
+        match std::env::var(ENV_CONFIG) {
+            Ok(json) if !json.trim().is_empty() => {
+                let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+                let n = v.get("devices")?;
+                Some(format!("${ENV_CONFIG} \"devices\": {n}"))
+            }
+            _ => std::env::var(ENV_DEVICES).ok().map(|n| format!("${ENV_DEVICES}={}", n.trim())),
+        }
     }
 
     /// Parses and validates the JSON form.

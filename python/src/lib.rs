@@ -91,10 +91,7 @@ fn parse_check(check: &str) -> PyResult<CheckMode> {
 }
 
 fn check_name(c: CheckMode) -> &'static str {
-    match c {
-        CheckMode::BeforeMicroBatch => "before",
-        CheckMode::Predictive => "predictive",
-    }
+    c.name() // the core's one spelling of the check modes
 }
 
 fn fraction(field: &str, v: f64) -> PyResult<f64> {

@@ -11,7 +11,7 @@
 //! |---:|---|---|
 //! | 0 | success | |
 //! | 1 | internal / other | a bug, an invariant, an error this table does not know |
-//! | 2 | usage / bad input | clap's own code for bad flags; bad environment variables (`DROPCOMPUTE_BACKEND`, `HLS_MODULE_ID`, launcher variables, mock config), invalid parameters |
+//! | 2 | usage / bad input | clap's own code for bad flags; bad environment variables (`DROPCOMPUTE_BACKEND`, `HLS_MODULE_ID`, launcher variables, mock config), invalid parameters; more ranks on a host than devices (`launch::check_devices`) |
 //! | 3 | runtime library | `libSynapse.so` missing (`--library`, the default path), too old, not loadable, a missing symbol (a `DROPCOMPUTE_SYNAPSE_LIB` naming a missing file is exit 2: a bad environment value) |
 //! | 4 | device | acquire failed or the device is held by another process, a device/stream error, a device timeout |
 //! | 5 | collective | HCCL call failed, collective timeout (watchdog), peer lost, asynchronous HCCL error, rendezvous failure |
@@ -108,7 +108,6 @@ fn hccl(e: &HcclError) -> ExitClass {
 }
 
 /// The class of one error, ignoring its sources; `None` for types this table does not know.
-#[cfg_attr(not(feature = "mock"), allow(dead_code))]
 fn from_code(code: Option<i32>) -> ExitClass {
     match code {
         Some(2) => ExitClass::Usage,
@@ -173,13 +172,26 @@ fn train(e: &dropcompute_train::error::TrainError) -> ExitClass {
         TrainError::Collective { source, .. } => hccl(source),
         TrainError::Step(s) => schedule(s),
         TrainError::Child { code, .. } => from_code(*code),
+        TrainError::Infeasible(i) => infeasible(i),
         TrainError::Checkpoint(_) | TrainError::WorldSizeMismatch { .. } => ExitClass::Checkpoint,
         TrainError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Internal,
     }
 }
 
+/// More ranks than devices is a usage error (exit 2); a runtime that cannot count its devices
+/// is classed as its error.
+fn infeasible(e: &dropcompute::launch::Infeasible) -> ExitClass {
+    match e {
+        dropcompute::launch::Infeasible::Count(s) => synapse(s),
+        _ => ExitClass::Usage,
+    }
+}
+
 fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
+    if let Some(i) = e.downcast_ref::<dropcompute::launch::Infeasible>() {
+        return Some(infeasible(i));
+    }
     if let Some(c) = mock_only(e) {
         return Some(c);
     }
@@ -210,6 +222,11 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     // `launch::dispatch` wraps a bad launcher environment (its source is transparent).
     if let Some(dropcompute::launch::LaunchError::Bootstrap(_)) = e.downcast_ref() {
         return Some(ExitClass::Usage);
+    }
+    // A failed rank process of `bench allreduce --launch processes` has its own exit code's
+    // class, as `train`'s (`TrainError::Child`): a rank that refused an infeasible size exits 2.
+    if let Some(dropcompute::launch::LaunchError::Child { code, .. }) = e.downcast_ref() {
+        return Some(from_code(*code));
     }
     if let Some(c) = e.downcast_ref::<CommandError>() {
         return Some(match c {

@@ -8,7 +8,7 @@
 
 use super::{BackendArgs, BoxError, CommandError};
 use crate::bench::allreduce::{
-    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, sizes_between,
+    AllreduceOptions, AllreduceReport, AllreduceRow, BenchOp, CHILD_PROGRAM, join_and_measure, plan_sizes,
 };
 #[cfg(feature = "mock")]
 use crate::bench::kernels::{KernelBenchOptions, run_kernel_bench};
@@ -65,7 +65,9 @@ pub struct AllreduceArgs {
     /// Element type.
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
-    /// Smallest message, bytes per rank.
+    /// Smallest message, bytes per rank. Sizes are the powers of four from here to
+    /// --max-bytes, each rounded down to what the op moves (one element; one per rank for
+    /// all_gather and reduce_scatter); every row lies within --min-bytes..=--max-bytes.
     #[arg(long, default_value_t = 4 << 10)]
     pub min_bytes: usize,
     /// Largest message, bytes per rank (at most [`MAX_BENCH_BYTES`]).
@@ -160,9 +162,9 @@ pub fn run(cmd: &Args) -> Result<(), BoxError> {
 /// [`CommandError::Args`] for `--min-bytes` 0 or above `--max-bytes`, `--max-bytes` above
 /// [`MAX_BENCH_BYTES`], an explicit `--ranks` other than the launcher's world size under
 /// `--launch env` (naming both and the variable), or `--launch processes` on a backend other
-/// than the CPU mock; the mock's `ConfigError` (a bad mock variable, fewer
-/// `$DROPCOMPUTE_MOCK_DEVICES` than thread ranks); backend selection, runtime, launcher-environment,
-/// launch and HCCL errors of the ranks.
+/// than the CPU mock; the mock's `ConfigError` (a bad mock variable); backend selection, runtime, launcher-environment,
+/// launch and HCCL errors of the ranks; `launch::Infeasible` for more ranks on this host than
+/// devices (before any rank starts).
 pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     if a.min_bytes == 0 || a.min_bytes > a.max_bytes {
         return Err(CommandError::Args(format!(
@@ -181,17 +183,12 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     if a.iters == 0 {
         return Err(CommandError::Args("--iters 0: must be >= 1 (timed iterations per size)".into()).into());
     }
-    if a.max_bytes < 4 {
-        return Err(CommandError::Args(format!(
-            "--max-bytes {}: below one element (4 bytes of f32, the smallest size timed)",
-            a.max_bytes
-        ))
-        .into());
-    }
     let ranks_given = a.ranks.is_some();
     let ranks = a.ranks.unwrap_or(DEFAULT_BENCH_RANKS);
+    // One size rule for every op (`plan_sizes`), judged here for threads and processes and
+    // again by every launcher rank on the launcher's world size.
     let opts = AllreduceOptions {
-        sizes: sizes_between(a.min_bytes, a.max_bytes),
+        sizes: plan_sizes(a.min_bytes, a.max_bytes, a.op, &a.dtype, ranks).map_err(size_error)?,
         iters: a.iters,
         warmup: a.warmup,
         dtype: a.dtype.clone(),
@@ -199,27 +196,27 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     };
     let backend = a.backend.select()?;
     // The mock's environment is checked up front (exit 2 naming the variable), as `train`
-    // does; threads need a device per rank in this process, refused at once when
-    // $DROPCOMPUTE_MOCK_DEVICES fixes fewer (not an HCCL init timeout).
+    // does, and an emulated device (the in-process mock or the mock library) gets a device
+    // per rank of this host unless the user fixed the count (`MockConfig::from_env_for_ranks`).
     #[cfg(feature = "mock")]
-    if backend.is_mock() {
-        let ranks_here = if a.launch == Launch::Threads { ranks } else { 1 };
+    {
+        let ranks_here = if a.launch == Launch::Env { 1 } else { ranks };
         let cfg = MockConfig::from_env_for_ranks(ranks_here)?;
-        if ranks_here > 8 {
+        if backend.is_mock() {
             MockControl::in_process().configure(&cfg)?;
+        } else if let Some(control) = backend.library_path().and_then(|p| MockControl::from_library(p).ok()) {
+            control.configure(&cfg)?;
         }
     }
-    if a.launch == Launch::Processes && !backend.is_mock() {
-        return Err(CommandError::Args(
-            "--launch processes spawns CPU-mock ranks; on Gaudi run one process per device under \
-             mpirun/torchrun instead"
-                .into(),
-        )
-        .into());
-    }
     let rt = Runtime::new(backend.api.clone())?;
+    // Feasibility before any rank starts (`launch::check_devices`, as `train`): threads and
+    // processes put every rank on this host; a launcher rank judges its host in `rank`.
+    if a.launch != Launch::Env {
+        launch::check_devices(&rt, ranks)?;
+    }
     let unique_id = || Comm::unique_id(&rt).map_err(BoxError::from);
     // Every rank checks the launcher's world size against an explicit --ranks before joining.
+    let stdout_failed = std::sync::Mutex::new(None);
     let rank = |join: &Join| -> Result<Vec<AllreduceRow>, BoxError> {
         if let Join::Env(boot) = join
             && ranks_given
@@ -233,32 +230,84 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
             ))
             .into());
         }
-        Ok(join_and_measure(&rt, join, &opts)?)
+        if let Join::Env(boot) = join {
+            launch::check_devices(&rt, boot.local_world_size.unwrap_or(boot.local_rank + 1))?;
+        }
+        let sized;
+        let opts = match join {
+            Join::Env(boot) => {
+                sized = AllreduceOptions {
+                    sizes: plan_sizes(a.min_bytes, a.max_bytes, a.op, &a.dtype, boot.world_size).map_err(size_error)?,
+                    ..opts.clone()
+                };
+                &sized
+            }
+            Join::UniqueId { .. } => &opts,
+        };
+        // Rank 0 prints each row as it is measured, through the one stdout writer: a long run
+        // shows progress and an interrupted one keeps the rows it printed. A failing stdout
+        // never takes rank 0 out of the collectives (its peers would wait for the HCCL
+        // timeout): the first error is kept, printing stops, and it is returned at the end.
+        if join.rank() != 0 {
+            return join_and_measure(&rt, join, opts, &mut |_| Ok(()));
+        }
+        let print = |text: &str| {
+            let mut failed = stdout_failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if failed.is_none()
+                && let Err(e) = super::say(text)
+            {
+                *failed = Some(e);
+            }
+        };
+        print(&AllreduceReport::header(a.op, join.world_size(), &mode_of(join)));
+        join_and_measure(&rt, join, opts, &mut |row| {
+            print(&AllreduceReport::row_line(row));
+            Ok(())
+        })
     };
-    let (mode, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
+    let (printed, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
         Ranks::All(results) => {
             let mut rows = None;
             for r in results {
                 rows.get_or_insert(r?);
             }
-            let mode = if a.launch == Launch::Threads { "threads" } else { "processes" };
-            (mode.to_owned(), ranks, rows.unwrap_or_default())
+            // Thread rank 0 printed its rows; rank processes cannot (their stdout is not
+            // the terminal's), so their table is printed whole here.
+            (a.launch == Launch::Threads, ranks, rows.unwrap_or_default())
         }
         Ranks::This { join, result } => {
             let rows = result?;
             if join.rank() != 0 {
                 return Ok(());
             }
-            let launcher = match join.as_ref() {
-                Join::Env(boot) => format!("{:?}, one process per rank", boot.launcher),
-                Join::UniqueId { .. } => "one process per rank".to_owned(),
-            };
-            (launcher, join.world_size(), rows)
+            (true, join.world_size(), rows)
         }
     };
+    if let Some(e) = stdout_failed.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        return Err(e.into());
+    }
+    let mode = if a.launch == Launch::Processes { "processes".to_owned() } else { "threads".to_owned() };
     let report = AllreduceReport { mode, ranks: world_size, op: a.op, rows };
-    super::say(&format!("{report}\n"))?;
+    if printed {
+        super::say(&format!("{}\n", report.footer()))?;
+    } else {
+        super::say(&format!("{report}\n"))?;
+    }
     Ok(())
+}
+
+/// No size fits the op: a usage error (exit 2) naming the flags.
+fn size_error(e: crate::bench::allreduce::NoSizeFits) -> CommandError {
+    CommandError::Args(e.to_string())
+}
+
+/// How the table names the launch mode of `join`'s job: "threads", or the launcher's name
+/// with "one process per rank".
+fn mode_of(join: &Join) -> String {
+    match join {
+        Join::Env(boot) => format!("{:?}, one process per rank", boot.launcher),
+        Join::UniqueId { .. } => "threads".to_owned(),
+    }
 }
 
 /// One rank process of `bench allreduce --launch processes` (see `dropcompute::launch`): joins
@@ -271,7 +320,7 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
 pub fn allreduce_child(spec: &ChildSpec) -> Result<(), BoxError> {
     let opts: AllreduceOptions = spec.config()?;
     let rt = Runtime::new(Backend::select(&BackendChoice::Mock)?.api)?;
-    let rows = join_and_measure(&rt, &spec.join()?, &opts)?;
+    let rows = join_and_measure(&rt, &spec.join()?, &opts, &mut |_| Ok(()))?;
     spec.write_result(&rows)?;
     Ok(())
 }

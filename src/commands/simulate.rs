@@ -378,12 +378,21 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             return Err(CommandError::Args(format!("--workers {n}: --policy needs at least 2 workers")));
         }
         let bar = policy_bar(&workers, policies.len());
+        // Long work shows progress: the bar on a terminal, else one line per policy finished
+        // (a log or a pipe otherwise saw nothing for minutes with the default --workers).
+        let lines = bar.is_hidden();
+        let total = workers.len() * policies.len();
+        let mut finished = 0usize;
         for n in workers {
             bar.set_message(format!("{n} workers: sampling"));
             let t = dropcompute::sim::montecarlo::sample_trace(&scenario, n, MIN_STEPS, args.seed)?;
             let mut done = |p: Policy| {
                 bar.inc(u64::from(n));
                 bar.set_message(format!("{n} workers: {p} done"));
+                finished += 1;
+                if lines {
+                    dropcompute::console::err(&format!("simulate: {n} workers: {p} done ({finished}/{total})"));
+                }
             };
             comparisons.push(dropcompute::tune::policies::compare_with_progress(
                 &t, &how, &policies, tail, args.seed, &mut done,
@@ -393,6 +402,9 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     } else {
         let opts = dropcompute::trace::LoadOptions { pipeline: args.pipeline, ..Default::default() };
         for loaded in dropcompute::trace::load(&args.traces, &opts)? {
+            // Enough data as `tune` judges it, by the same one check (a one-step trace got
+            // ENABLE verdicts here while `tune` refused it).
+            super::tune::check_trace(&loaded.trace, &execution)?;
             comparisons.push(dropcompute::tune::policies::compare(&loaded.trace, &how, &policies, tail, args.seed));
         }
     }

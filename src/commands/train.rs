@@ -89,9 +89,10 @@ pub struct Args {
     /// Emulated latency of one micro-batch before noise, ms.
     #[arg(long, default_value_t = dropcompute_train::config::DEFAULT_BASE_LATENCY_MS, allow_negative_numbers = true)]
     pub base_latency_ms: f64,
-    /// Deadline check semantics.
-    #[arg(long, value_enum, default_value_t = CheckMode::Predictive)]
-    pub check: CheckMode,
+    /// Deadline check semantics (default predictive). drop-before and drop-predictive fix
+    /// their own check: a different --check with them is refused.
+    #[arg(long, value_enum)]
+    pub check: Option<CheckMode>,
     /// Step policy of the second run [default: drop-before or drop-predictive, following
     /// --check]. synchronous: threshold off; compute-budget: the threshold is the per-step
     /// budget, up to 2 x --micro-batches per rank; backup-workers: the --backup-workers ranks
@@ -281,6 +282,18 @@ impl Args {
                 ));
             }
         }
+        // Every policy x check combination has an effect or is refused (`--check before
+        // --policy drop-predictive` ran the predictive check silently).
+        let check = match self.policy {
+            Some(p) => p.resolve_check(self.check, CheckMode::Predictive).map_err(|own| {
+                bad(
+                    "check",
+                    self.check.map_or("", CheckMode::name),
+                    format!("--policy {p} runs the {own} check; give --check {own} or leave --check out"),
+                )
+            })?,
+            None => self.check.unwrap_or(CheckMode::Predictive),
+        };
         let mut slow_ranks: Vec<SlowRank> = Vec::with_capacity(self.slow_rank.len());
         for s in &self.slow_rank {
             let sr = parse_slow_rank(s, ranks)?;
@@ -354,7 +367,7 @@ impl Args {
             slow_ranks,
             // In (0, 1 h] by the check above, so the conversion cannot overflow.
             base_latency: Duration::from_secs_f64(base_ms / 1e3),
-            check: self.policy.map_or(self.check, |p| p.check_mode(self.check)),
+            check,
             policy: self.policy,
             backup_workers,
             tail,

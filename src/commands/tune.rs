@@ -47,9 +47,11 @@ pub struct Args {
     /// The tail shape of `--policy` (`policy::TailShape`).
     #[command(flatten)]
     pub tail: super::TailArgs,
-    /// Deadline check the run will use (train's default: predictive); the verdict replays it.
-    #[arg(long, value_enum, default_value_t = ExecutionModel::default().check)]
-    pub check: CheckMode,
+    /// Deadline check the run will use (default predictive, train's); the verdict replays it.
+    /// With `--auto-for drop-before` or `drop-predictive` (which fix their own check) a
+    /// different value is refused; in a `--policy` list it applies to the policies that take it.
+    #[arg(long, value_enum)]
+    pub check: Option<CheckMode>,
     /// Micro-batches the run's deadline check lags behind the device (train's `--sync-lag`,
     /// default 0); must be below the trace's micro-batches.
     #[arg(long, default_value_t = ExecutionModel::default().sync_lag)]
@@ -57,10 +59,11 @@ pub struct Args {
     /// Micro-batches every rank always computes; must be at most the trace's micro-batches.
     #[arg(long, default_value_t = 1)]
     pub min_micro_batches: u32,
-    /// Steps with id below this never drop in the replay, and do not count towards the
-    /// minimum of steps to tune on: give `train`'s `--warmup-steps` (default 3) to judge its
-    /// compute log exactly as `train --threshold auto` judges its baseline. Default 0 (every
-    /// step of a trace from elsewhere is tuned on).
+    /// The first this many steps of each trace (counted, whatever their ids: trace-SE's start
+    /// at 16) never drop in the replay and do not count towards the minimum of steps to tune
+    /// on: give `train`'s `--warmup-steps` (default 3) to judge its compute log as `train
+    /// --threshold auto` judges its baseline. Default 0 (every step of a trace from elsewhere
+    /// is tuned on). A warm-up that leaves too few steps is refused naming this flag.
     #[arg(long, default_value_t = 0)]
     pub warmup_steps: u64,
     /// Print the verdict of every trace as JSON (an array of `TuneJson`) instead of text.
@@ -145,7 +148,8 @@ pub struct TuneJson {
     pub micro_batches: usize,
     /// Complete steps.
     pub steps: usize,
-    /// The execution replayed (check mode, sync lag, warm-up steps, minimum micro-batches).
+    /// The execution replayed (check mode, sync lag, warm-up steps as `--warmup-steps` counts
+    /// them: the trace's first steps, whatever their ids; minimum micro-batches).
     pub execution: ExecutionModel,
     /// The guardrails that judged the replay.
     pub guardrails: Guardrails,
@@ -192,32 +196,30 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         reference_overhead_ns: args.overhead_ms * 1e6,
         pipeline: args.pipeline,
     };
-    let execution = ExecutionModel {
-        check: args.check,
+    let base = ExecutionModel {
+        check: match args.auto_for {
+            Some(p) => p.resolve_check(args.check, ExecutionModel::default().check).map_err(|own| {
+                CommandError::Args(format!(
+                    "--check {}: --auto-for {p} runs the {own} check; give --check {own} or leave --check out",
+                    args.check.map_or("", CheckMode::name)
+                ))
+            })?,
+            None => args.check.unwrap_or(ExecutionModel::default().check),
+        },
         sync_lag: args.sync_lag,
-        warmup_steps: args.warmup_steps,
+        warmup_steps: 0,
         min_micro_batches: args.min_micro_batches,
     };
-    let how = Recommend { execution, guardrails };
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
     let mut comparisons = Vec::new();
     let mut json = Vec::new();
     let mut autos = Vec::new();
     for loaded in load(&args.traces, &opts)? {
         let t = &loaded.trace;
-        // The one validation of every face that tunes (C API and Python too); the messages
-        // name the flags.
-        dropcompute::tune::check_inputs(t, &execution).map_err(|e| match e {
-            TuneInputError::InsufficientData(e) => CommandError::Trace(e),
-            TuneInputError::SyncLag { sync_lag, source_name, micro_batches } => CommandError::Args(format!(
-                "--sync-lag {sync_lag}: must be < the micro-batches of {source_name} ({micro_batches})"
-            )),
-            TuneInputError::MinMicroBatches { min_micro_batches, source_name, micro_batches } => {
-                CommandError::Args(format!(
-                    "--min-micro-batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})"
-                ))
-            }
-        })?;
+        // --warmup-steps counts this trace's steps; the replay compares step ids.
+        let execution = ExecutionModel { warmup_steps: t.warmup_end(args.warmup_steps), ..base };
+        let how = Recommend { execution, guardrails };
+        check_trace(t, &execution)?;
         if let Some(p) = args.auto_for {
             let ranks = t.ranks().len();
             if p == dropcompute::policy::Policy::BackupWorkers && args.backup_workers as usize >= ranks {
@@ -268,7 +270,8 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 ranks: t.world_size(),
                 micro_batches: t.micro_batches(),
                 steps: t.num_steps(),
-                execution,
+                // The warm-up as given (steps counted), not the step id it ends at.
+                execution: ExecutionModel { warmup_steps: args.warmup_steps, ..execution },
                 guardrails,
                 verdict,
                 replay: ReplayJson {
@@ -318,8 +321,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             "  straggler headroom: {:.2}% of the step is spent waiting for slower ranks",
             r.straggler_headroom * 100.0
         );
-        let check =
-            clap::ValueEnum::to_possible_value(&args.check).map(|v| v.get_name().to_owned()).unwrap_or_default();
+        let check = execution.check.name();
         let _ = writeln!(
             s,
             "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%",
@@ -460,6 +462,28 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         out.write_all(text.as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(io_err("stdout"))?;
     }
     Ok(())
+}
+
+/// The one validation of every face that tunes (`tune::check_inputs`; the C API and Python
+/// call it too), for `tune` and `simulate --trace` alike, its messages naming the flags
+/// (`--warmup-steps` in the insufficient-data message when the warm-up removed steps).
+///
+/// # Errors
+/// [`CommandError::Trace`] for too few steps or ranks, [`CommandError::Args`] for
+/// `--sync-lag` or `--min-micro-batches` beyond the trace's micro-batches.
+pub(crate) fn check_trace(
+    t: &dropcompute::trace::LatencyTrace,
+    execution: &ExecutionModel,
+) -> Result<(), CommandError> {
+    dropcompute::tune::check_inputs(t, execution).map_err(|e| match e {
+        TuneInputError::InsufficientData(e) => CommandError::Trace(e),
+        TuneInputError::SyncLag { sync_lag, source_name, micro_batches } => CommandError::Args(format!(
+            "--sync-lag {sync_lag}: must be < the micro-batches of {source_name} ({micro_batches})"
+        )),
+        TuneInputError::MinMicroBatches { min_micro_batches, source_name, micro_batches } => CommandError::Args(format!(
+            "--min-micro-batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})"
+        )),
+    })
 }
 
 /// `--auto-for p` on trace `t` (see the flag): train's rule, one implementation

@@ -235,7 +235,7 @@ struct Point {
 }
 
 fn check_name(c: CheckMode) -> String {
-    clap::ValueEnum::to_possible_value(&c).map(|v| v.get_name().to_owned()).unwrap_or_default()
+    c.name().to_owned()
 }
 
 impl Args {

@@ -139,10 +139,10 @@ pub fn load(
     let malformed = |reason: String| TrainError::Checkpoint(CheckpointError::Malformed { path: path.clone(), reason });
     let meta: RankMeta = serde_json::from_value(c.meta).map_err(|e| malformed(format!("meta: {e}")))?;
     if meta.fingerprint != want {
-        return Err(malformed(format!(
-            "written by another configuration ({}), this run is ({want})",
-            meta.fingerprint
-        )));
+        return Err(TrainError::Checkpoint(CheckpointError::OtherConfiguration {
+            path: path.clone(),
+            differences: differences(&meta.fingerprint, want),
+        }));
     }
     let mut tensors = c.tensors.into_iter();
     match (tensors.next(), tensors.next()) {
@@ -152,5 +152,93 @@ pub fn load(
             Ok((meta, params, vel))
         }
         _ => Err(malformed(format!("expected tensors params and velocity of {p} values"))),
+    }
+}
+
+/// The flag (or what sets it) of each field of a fingerprint (`Job::fingerprint`), and its
+/// value in the flag's spelling: the fingerprint keeps Rust debug names (`check=Predictive`,
+/// `norm=Realized`) so that existing checkpoints still resume; messages never show them.
+fn field_as_flag(key: &str, value: &str) -> (String, String) {
+    let flag = match key {
+        "ranks" => "--ranks",
+        "m" => "--micro-batches",
+        "b" => "--micro-batch-size",
+        "seed" => "--seed",
+        "params" => "the parameter count (--hidden and the data's features and classes)",
+        "hidden" => "--hidden",
+        "check" => "--check",
+        "lag" => "--sync-lag",
+        "norm" => "--normalization",
+        "lr" => "--lr",
+        "momentum" => "--momentum",
+        "train" => "the training samples (--data, --holdout)",
+        "policy" => "--policy",
+        "tail" => "--tail-split:--tail-cost",
+        other => other,
+    };
+    let value = match (key, value) {
+        ("check", "Predictive") => "predictive".to_owned(),
+        ("check", "BeforeMicroBatch") => "before".to_owned(),
+        ("norm", v) => v.to_lowercase(),
+        (_, v) => v.to_owned(),
+    };
+    (flag.to_owned(), value)
+}
+
+/// Each field in which fingerprint `saved` (the checkpoint's) differs from `want` (this run's)
+/// as "FLAG was X, this run has Y" ([`field_as_flag`]), joined by "; ". A field only one of them
+/// has (`policy`, `tail`: absent means the drop policy of `--check`, no tail shape) reads so
+/// on the other side.
+pub fn differences(saved: &str, want: &str) -> String {
+    let fields = |f: &str| -> Vec<(String, String)> {
+        f.split_whitespace()
+            .map(|kv| kv.split_once('=').map_or((kv.to_owned(), String::new()), |(k, v)| (k.to_owned(), v.to_owned())))
+            .collect()
+    };
+    let (a, b) = (fields(saved), fields(want));
+    let mut keys: Vec<&String> = a.iter().map(|(k, _)| k).collect();
+    for (k, _) in &b {
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let get = |f: &[(String, String)], k: &str| f.iter().find(|(x, _)| x == k).map(|(_, v)| v.clone());
+    let mut out = Vec::new();
+    for k in keys {
+        let (x, y) = (get(&a, k), get(&b, k));
+        if x == y {
+            continue;
+        }
+        let flag = field_as_flag(k, "").0;
+        let absent = match k.as_str() {
+            "policy" => "the drop policy of --check",
+            "tail" => "off",
+            _ => "(not recorded)",
+        };
+        let shown = |v: Option<String>| v.map_or_else(|| absent.to_owned(), |v| field_as_flag(k, &v).1);
+        let (was, has) = (shown(x), shown(y));
+        out.push(format!("{flag} was {was}, this run has {has}"));
+    }
+    if out.is_empty() { format!("fingerprint {saved:?}, this run {want:?}") } else { out.join("; ") }
+}
+
+#[cfg(test)]
+mod difference_tests {
+    /// Every field reads in the CLI's spelling, never a Rust debug name.
+    #[test]
+    fn differences_name_flags_and_cli_values() {
+        let base = "ranks=2 m=4 b=16 seed=0 params=10 hidden=32 check=Predictive lag=0 norm=Realized lr=0.1 momentum=0.9 train=1438";
+        let table = [
+            ("check=Predictive", "check=BeforeMicroBatch", "--check was predictive, this run has before"),
+            ("ranks=2", "ranks=4", "--ranks was 2, this run has 4"),
+            ("norm=Realized", "norm=Nominal", "--normalization was realized, this run has nominal"),
+            ("lag=0", "lag=2", "--sync-lag was 0, this run has 2"),
+        ];
+        for (from, to, want) in table {
+            let got = super::differences(base, &base.replace(from, to));
+            assert_eq!(got, want);
+        }
+        let got = super::differences(base, &format!("{base} policy=rebalance"));
+        assert_eq!(got, "--policy was the drop policy of --check, this run has rebalance");
     }
 }

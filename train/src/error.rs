@@ -99,6 +99,10 @@ pub enum TrainError {
     /// A bad environment variable (`dropcompute::environment`).
     #[error(transparent)]
     Env(#[from] dropcompute::environment::EnvError),
+    /// More ranks on this host than devices (`dropcompute::launch::check_devices`), refused
+    /// before any rank starts.
+    #[error(transparent)]
+    Infeasible(#[from] dropcompute::launch::Infeasible),
     /// A checkpoint could not be written or read (file and reason).
     #[error(transparent)]
     Checkpoint(#[from] dropcompute::checkpoint::CheckpointError),

@@ -75,8 +75,87 @@ impl Job {
             }
             job.resume_step = Some(s0);
             job.check_resumed_threshold(&dir, s0)?;
+        } else {
+            job.check_auto_epochs()?;
+            if job.cfg.threshold == super::config::ThresholdArg::Auto && !job.cfg.compare && job.replays_policy() {
+                return Err(job.auto_without_baseline_error());
+            }
         }
         Ok(job)
+    }
+
+    /// `--threshold auto --no-compare` with a policy the replay runs: refused before any
+    /// device call by [`Job::prepare`] (it was found by the ranks after the devices and the
+    /// communicator were up), and by the run itself for a job built otherwise.
+    pub fn auto_without_baseline_error(&self) -> TrainError {
+        TrainError::Config {
+            what: "--threshold auto",
+            value: format!(
+                "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
+                self.cfg.policy(),
+                if self.cfg.tail.enabled() {
+                    format!(" --tail-split {}", self.cfg.tail.parts())
+                } else {
+                    String::new()
+                }
+            ),
+        }
+    }
+
+    /// `--threshold auto` tunes on the baseline's steps after warm-up and needs
+    /// `tune::MIN_STEPS` of them. For `--steps` the flags say so (checked in the CLI's
+    /// validation); for `--epochs` the count depends on the data, so it is checked here, once
+    /// the data is loaded and before any device call (it was found only after the baseline
+    /// ran). The same conditions as the run's own check: a baseline (`--compare`), a policy
+    /// that uses the threshold.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming `--epochs`, the baseline's steps and the warm-up.
+    fn check_auto_epochs(&self) -> Result<(), TrainError> {
+        let c = &self.cfg;
+        let p = c.policy();
+        let uses_threshold = p.drops() || p == dropcompute::policy::Policy::ComputeBudget;
+        let (RunLength::Epochs(e), super::config::ThresholdArg::Auto, true, true) =
+            (c.length, c.threshold, c.compare, uses_threshold)
+        else {
+            return Ok(());
+        };
+        let steps = self.baseline_epoch_steps();
+        let tuned = steps.saturating_sub(c.warmup_steps);
+        if tuned < dropcompute::tune::MIN_STEPS as u64 {
+            return Err(TrainError::Config {
+                what: "--epochs",
+                value: format!(
+                    "{e}: the baseline runs {steps} step(s) ({} training samples x {e} epoch(s), {} per step), {tuned} after the {} warm-up steps; --threshold auto needs at least {} (insufficient data): run more epochs, a smaller global batch, or give a threshold",
+                    self.train.len(),
+                    u64::from(c.ranks) * u64::from(c.micro_batches) * u64::from(c.micro_batch_size),
+                    c.warmup_steps,
+                    dropcompute::tune::MIN_STEPS
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Steps of the synchronous baseline of an `--epochs` run: its one global stream
+    /// (`deal::ReplayStream`, as the run deals it) dealt M whole micro-batches per rank per
+    /// step, every one started, until a step deals nothing.
+    fn baseline_epoch_steps(&self) -> u64 {
+        use dropcompute::sim::policies::ReplayData;
+        let mut stream = dropcompute::deal::ReplayStream::new(
+            self.train.len() as u64,
+            self.cfg.seed,
+            self.cfg.micro_batch_size as usize,
+            self.max_epochs(),
+            None,
+        );
+        let assignment = vec![self.cfg.micro_batches; self.cfg.ranks as usize];
+        let mut steps = 0;
+        while let Some(counts) = stream.deal(steps, &assignment) {
+            stream.settle(&counts);
+            steps += 1;
+        }
+        steps as u64
     }
 
     /// A resumed run continues at its checkpoint's threshold (the scheduler's state), so a

@@ -121,20 +121,8 @@ fn resolve_threshold(
         (ThresholdArg::Auto, None) if job.resume_step.is_some() => {
             (Threshold::Off, None, "auto: the checkpoint's threshold (resumed run)".into())
         }
-        (ThresholdArg::Auto, None) if job.replays_policy() => {
-            return Err(TrainError::Config {
-                what: "--threshold auto",
-                value: format!(
-                    "without a baseline run (--no-compare) it tunes in-run on whole micro-batch latencies as DropCompute, not on the replay of --policy {}{}; give a threshold in ms, or run the baseline",
-                    job.cfg.policy(),
-                    if job.cfg.tail.enabled() {
-                        format!(" --tail-split {}", job.cfg.tail.parts())
-                    } else {
-                        String::new()
-                    }
-                ),
-            });
-        }
+        // Refused up front by `Job::prepare` (the same error); kept for a job built otherwise.
+        (ThresholdArg::Auto, None) if job.replays_policy() => return Err(job.auto_without_baseline_error()),
         (ThresholdArg::Auto, None) => {
             let steps = job.steps().unwrap_or(200).max(4) as usize;
             let probe = (job.cfg.warmup_steps as usize + 10).min(steps - 1).max(1);
@@ -462,6 +450,11 @@ pub fn run_rank(
             },
         });
     }
+    if let Join::Env(b) = join {
+        // Every launcher rank judges its host alike, so all of them refuse at once (a rank
+        // without a device used to leave its peers waiting for the HCCL init timeout).
+        launch::check_devices(rt, b.local_world_size.unwrap_or(b.local_rank + 1))?;
+    }
     let dev = match join {
         Join::Env(b) => Device::acquire_for_local_rank(rt, b.local_rank),
         Join::UniqueId { .. } => Device::acquire(rt, rank),
@@ -493,6 +486,10 @@ pub fn run(
 ) -> Result<(u32, Vec<Vec<RankOutcome>>), TrainError> {
     let unique_id =
         || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
+    // Feasibility before any rank starts: threads and processes put every rank on this host.
+    if launch != Launch::Env {
+        launch::check_devices(rt, job.cfg.ranks)?;
+    }
     let ranks = launch::dispatch(launch, job.cfg.ranks, unique_id, CHILD_PROGRAM, &job.spec(), |join| {
         run_rank(job, rt, join, show_progress)
     })?;

@@ -143,6 +143,24 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// The check mode this policy runs with when `--check` is `given` (`None`: not given, so
+    /// `default`): [`Policy::check_mode`], except that a given check contradicting the
+    /// policy's own (drop-before runs the before check, drop-predictive the predictive one)
+    /// is refused instead of silently replaced. The one rule of `train --policy` and `tune
+    /// --auto-for`.
+    ///
+    /// # Errors
+    /// The policy's own check mode when `given` differs from it.
+    pub fn resolve_check(self, given: Option<CheckMode>, default: CheckMode) -> Result<CheckMode, CheckMode> {
+        let runs = self.check_mode(given.unwrap_or(default));
+        match given {
+            Some(g) if g != runs => Err(runs),
+            _ => Ok(runs),
+        }
+    }
+}
+
 impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -401,6 +419,34 @@ mod tests {
         }
         assert_eq!(Policy::value_variants().len(), Policy::ALL.len());
         assert_eq!(Policy::RebalanceDrop.name(), "rebalance-drop");
+        // The check modes' one spelling is clap's and serde's too.
+        for c in [CheckMode::BeforeMicroBatch, CheckMode::Predictive] {
+            assert_eq!(CheckMode::from_str(c.name(), false).expect("clap name"), c);
+            assert_eq!(serde_json::to_string(&c).expect("serialize"), format!("\"{}\"", c.name()));
+            assert_eq!(c.to_string(), c.name());
+        }
+    }
+
+    /// Every policy x `--check` (given or not): drop-before and drop-predictive refuse the
+    /// other check, naming their own; the rest run the given one, else the default.
+    #[test]
+    fn resolve_check_applies_or_refuses_every_combination() {
+        use CheckMode::{BeforeMicroBatch as B, Predictive as P};
+        for p in Policy::ALL {
+            for given in [None, Some(B), Some(P)] {
+                for default in [B, P] {
+                    let got = p.resolve_check(given, default);
+                    let want = match (p, given) {
+                        (Policy::DropBefore, Some(P)) => Err(B),
+                        (Policy::DropPredictive, Some(B)) => Err(P),
+                        (Policy::DropBefore, _) => Ok(B),
+                        (Policy::DropPredictive, _) => Ok(P),
+                        (_, g) => Ok(g.unwrap_or(default)),
+                    };
+                    assert_eq!(got, want, "{p} {given:?} default {default:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -138,6 +138,23 @@ pub enum CheckMode {
     Predictive,
 }
 
+impl CheckMode {
+    /// The command-line and JSON name (`--check before`, `--check predictive`), for messages
+    /// (never the Rust variant name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::BeforeMicroBatch => "before",
+            Self::Predictive => "predictive",
+        }
+    }
+}
+
+impl std::fmt::Display for CheckMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How the deadline is checked in one job (identical on every rank): the threshold, the check
 /// mode, the warm-up steps and the micro-batches always started; the input of [`decide`]. The
 /// step policy itself (which policy, its parameters) is a [`StepPolicy`].

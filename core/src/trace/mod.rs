@@ -124,13 +124,16 @@ pub enum TraceError {
     /// Too little data for an answer (`dropcompute tune`): fewer than `min_steps` complete
     /// steps or fewer than 2 ranks.
     #[error(
-        "{source_name}: insufficient data: {steps} complete step(s) x {ranks} rank(s); a verdict needs at least {min_steps} steps and 2 ranks"
+        "{source_name}: insufficient data: {steps} complete step(s) x {ranks} rank(s){}; a verdict needs at least {min_steps} steps and 2 ranks",
+        warmup_note(*warmup_removed)
     )]
     InsufficientData {
         /// The trace.
         source_name: String,
-        /// Complete steps in it.
+        /// Complete steps in it that count (after the warm-up).
         steps: usize,
+        /// Steps of the trace left out as warm-up (`--warmup-steps`), not in `steps`.
+        warmup_removed: usize,
         /// Ranks in it.
         ranks: usize,
         /// The minimum (`tune::MIN_STEPS`).
@@ -144,6 +147,15 @@ pub enum TraceError {
         /// Why.
         reason: &'static str,
     },
+}
+
+/// The part of [`TraceError::InsufficientData`]'s message that names the warm-up.
+fn warmup_note(removed: usize) -> String {
+    if removed == 0 {
+        String::new()
+    } else {
+        format!(" after the first {removed} step(s), left out as warm-up (--warmup-steps)")
+    }
 }
 
 /// Per step an N x M matrix of micro-batch latencies plus the per-step overhead, and per step
@@ -257,6 +269,15 @@ impl LatencyTrace {
     /// S.
     pub fn num_steps(&self) -> usize {
         self.steps.len()
+    }
+    /// The step id at which a warm-up of `steps` steps of this trace ends: the id of its
+    /// `steps`-th step (0-based), or one past the last step when the warm-up covers them all.
+    /// `--warmup-steps` of `tune` and `simulate` counts steps, while the replay
+    /// ([`crate::sim::replay::ExecutionModel::warmup_steps`]) compares step ids, and a trace's
+    /// ids need not start at 0 (the What-if trace-SE starts at 16).
+    pub fn warmup_end(&self, steps: u64) -> u64 {
+        let last = self.steps.last().copied().unwrap_or(0);
+        usize::try_from(steps).ok().and_then(|i| self.steps.get(i).copied()).unwrap_or(last.saturating_add(1))
     }
     /// M.
     pub fn micro_batches(&self) -> usize {
@@ -624,6 +645,18 @@ pub(crate) fn csv_error(path: &Path, line: u64, column: &str, e: csv::Error) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A warm-up counts steps, whatever their ids (trace-SE's start at 16), with gaps.
+    #[test]
+    fn warmup_end_counts_steps_not_ids() {
+        let t = LatencyTrace::new("t", vec![0, 1], vec![16, 17, 19, 40], 1, vec![1.0; 8], vec![0.0; 4]).expect("trace");
+        let table = [(0, 16), (1, 17), (2, 19), (3, 40), (4, 41), (900, 41), (u64::MAX, 41)];
+        for (steps, end) in table {
+            assert_eq!(t.warmup_end(steps), end, "{steps}");
+            let left = t.steps().iter().filter(|&&s| s >= end).count() as u64;
+            assert_eq!(left, 4u64.saturating_sub(steps), "{steps}");
+        }
+    }
 
     /// Every trace format read through the one opener refuses an endless line (`/dev/zero`,
     /// and a file of 1.5 MiB without a newline) with a typed error naming the file, the cap and

@@ -96,6 +96,7 @@ pub fn check_inputs(trace: &LatencyTrace, execution: &ExecutionModel) -> Result<
         return Err(TuneInputError::InsufficientData(TraceError::InsufficientData {
             source_name: trace.source().to_string(),
             steps: tuned,
+            warmup_removed: trace.num_steps() - tuned,
             ranks: trace.world_size(),
             min_steps: super::MIN_STEPS,
         }));
