@@ -38,7 +38,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::hccl::bootstrap::{Bootstrap, ConfigError};
+use crate::hccl::bootstrap::{Bootstrap, ConfigError, Launcher};
 use crate::hccl::{Comm, CommOptions, HcclError, UniqueId};
 use crate::synapse::Device;
 
@@ -235,6 +235,11 @@ where
         }
         Launch::Env => {
             let join = Join::from_env().map_err(E::from)?;
+            if let Join::Env(b) = &join
+                && matches!(b.launcher, Launcher::Torchrun | Launcher::OpenMpi | Launcher::Slurm)
+            {
+                watch_launcher(b.rank);
+            }
             let result = rank(&join);
             Ok(Ranks::This { join: Box::new(join), result })
         }
@@ -282,6 +287,44 @@ pub fn bind_to_parent(spec: &ChildSpec) {
     if spec.parent_pid != 0 && nix::unistd::getppid().as_raw() as u32 != spec.parent_pid {
         crate::console::err(&format!("rank {}: parent process {} is gone; exiting", spec.rank, spec.parent_pid));
         std::process::exit(137);
+    }
+}
+
+/// How long a rank of [`Launch::Env`] whose launcher died keeps running to stop at a step
+/// boundary (as on SIGTERM) before it exits on its own (a rank blocked in a collective).
+pub const LAUNCHER_GONE_GRACE: Duration = SUPERVISION_GRACE;
+
+/// Ends a [`Launch::Env`] rank with its launcher (mpirun, torchrun's agent, slurmstepd: this
+/// process's parent): a thread polls the parent process id every 100 ms; once this process is
+/// re-parented (the launcher was SIGKILLed) it says so on stderr, records SIGTERM
+/// (`crate::signals::raise`: the rank stops at the next step boundary, with its checkpoint,
+/// exit 130) and, still running [`LAUNCHER_GONE_GRACE`] later, exits with status 137. Nothing
+/// is watched when this process is already an orphan (parent pid 1).
+pub fn watch_launcher(rank: u32) {
+    let launcher = nix::unistd::getppid();
+    if launcher.as_raw() <= 1 {
+        return;
+    }
+    let watch = move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            if nix::unistd::getppid() != launcher {
+                break;
+            }
+        }
+        crate::console::err(&format!(
+            "dropcompute: rank {rank}: its launcher (pid {launcher}) is gone; stopping as on SIGTERM"
+        ));
+        crate::signals::raise(crate::signals::StopSignal::Terminate);
+        std::thread::sleep(LAUNCHER_GONE_GRACE);
+        crate::console::err(&format!(
+            "dropcompute: rank {rank}: still running {} s after its launcher (pid {launcher}) died; exiting",
+            LAUNCHER_GONE_GRACE.as_secs()
+        ));
+        std::process::exit(137);
+    };
+    if let Err(e) = std::thread::Builder::new().name("dc-launcher-watch".into()).spawn(watch) {
+        tracing::warn!(error = %e, "no launcher watch: this rank may outlive a killed launcher");
     }
 }
 

@@ -103,6 +103,15 @@ fn hccl(e: &HcclError) -> ExitClass {
     match e {
         HcclError::Synapse(inner) => synapse(inner),
         HcclError::InvalidArgument { .. } => ExitClass::Internal,
+        HcclError::Bootstrap(r) => rendezvous(r),
+        _ => ExitClass::Collective,
+    }
+}
+
+/// A rendezvous failure is a collective one, except a stop signal while waiting (130).
+fn rendezvous(e: &RendezvousError) -> ExitClass {
+    match e {
+        RendezvousError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Collective,
     }
 }
@@ -195,8 +204,8 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if let Some(h) = e.downcast_ref::<HcclError>() {
         return Some(hccl(h));
     }
-    if e.is::<RendezvousError>() {
-        return Some(ExitClass::Collective);
+    if let Some(r) = e.downcast_ref::<RendezvousError>() {
+        return Some(rendezvous(r));
     }
     if e.is::<CheckpointError>() {
         return Some(ExitClass::Checkpoint);
