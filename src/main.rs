@@ -40,7 +40,12 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             dropcompute::console::err(&cli::error_report(&*e));
-            let class = cli::exit::classify(&*e);
+            // A failure after a stop signal (a collective broken by a stopped peer, a rank
+            // killed by its launcher's stop) is the stop's consequence: 130 on every rank alike.
+            let class = match dropcompute::signals::received() {
+                Some(_) => cli::exit::ExitClass::Interrupted,
+                None => cli::exit::classify(&*e),
+            };
             tracing::debug!(?class, code = class.code(), "exiting");
             class.exit_code()
         }

@@ -65,6 +65,23 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The subcommand's name, for messages (`tune`, `bench`...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Info(_) => "info",
+            Self::Tune(_) => "tune",
+            Self::Simulate(_) => "simulate",
+            Self::Bench(_) => "bench",
+            #[cfg(feature = "mock")]
+            Self::Train(_) => "train",
+            #[cfg(feature = "mock")]
+            Self::Validate(_) => "validate",
+            Self::RankProcess { .. } => dropcompute::launch::CHILD_SUBCOMMAND,
+        }
+    }
+}
+
 /// The rank program named in a spec file is not one this build runs.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: unknown rank program {program:?}")]
@@ -97,6 +114,16 @@ pub fn init_logging(verbose: u8) {
 /// ([`dropcompute::environment::EnvError`], exit 2, checked before any command so every
 /// subcommand refuses it alike), then the command's own (see each `commands::*::run`).
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    // Stop signals are honoured in every phase of every subcommand: `train` stops at a step
+    // boundary (its rank processes too: `rank_process`), the rest end within a second (exit
+    // 130); `dropcompute::signals::exit_on_stop` is the backstop of both.
+    dropcompute::signals::install();
+    match &cli.command {
+        Command::RankProcess { .. } => {}
+        #[cfg(feature = "mock")]
+        Command::Train(_) => dropcompute::signals::exit_on_stop(dropcompute::signals::COOPERATIVE_GRACE, "train"),
+        other => dropcompute::signals::exit_on_stop(dropcompute::signals::PROMPT_GRACE, other.name()),
+    }
     dropcompute::environment::check()?;
     match cli.command {
         Command::Info(a) => commands::info::run(&a),
@@ -134,6 +161,12 @@ pub fn error_report(e: &(dyn std::error::Error + 'static)) -> String {
 fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     let spec = dropcompute::launch::ChildSpec::read(path)?;
     dropcompute::launch::bind_to_parent(&spec);
+    let grace = match spec.program.as_str() {
+        #[cfg(feature = "mock")]
+        dropcompute_train::run::CHILD_PROGRAM => dropcompute::signals::COOPERATIVE_GRACE,
+        _ => dropcompute::signals::PROMPT_GRACE,
+    };
+    dropcompute::signals::exit_on_stop(grace, "a rank process");
     match spec.program.as_str() {
         #[cfg(feature = "mock")]
         dropcompute_train::run::CHILD_PROGRAM => Ok(commands::train::child(&spec)?),
