@@ -246,6 +246,44 @@ where
     }
 }
 
+/// The exit code of a rank process that failed only because a peer did: its collective
+/// timed out or broke (the CLI's collective class, 5).
+pub const PEER_FAILED_CODE: i32 = 5;
+
+impl LaunchError {
+    /// Whether this rank only followed another's failure: a rank process that exited with
+    /// [`PEER_FAILED_CODE`] (its collective lost a peer). A rank killed by a signal, or failed
+    /// otherwise, is a root cause.
+    pub fn is_secondary(&self) -> bool {
+        matches!(self, Self::Child { code: Some(PEER_FAILED_CODE), .. })
+    }
+}
+
+/// The ranks' results in rank order, or the error that caused the job's failure: the first
+/// error (in rank order) that is not `secondary`, else the first secondary one. A killed or
+/// stopped rank is then named instead of the peer whose collective timed out waiting for it;
+/// the one rule of `train` and `bench allreduce`.
+///
+/// # Errors
+/// The root-cause error as described.
+pub fn root_cause<R, E>(results: Vec<Result<R, E>>, secondary: impl Fn(&E) -> bool) -> Result<Vec<R>, E> {
+    let mut first_secondary = None;
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) if secondary(&e) => {
+                first_secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match first_secondary {
+        Some(e) => Err(e),
+        None => Ok(ok),
+    }
+}
+
 /// Runs `f(rank)` for `rank` in `0..n`, each on its own scoped thread, and returns the results
 /// indexed by rank (a panicking rank gives [`LaunchError::Panicked`]).
 pub fn threads<R: Send>(n: u32, f: impl Fn(u32) -> R + Sync) -> Vec<Result<R, LaunchError>> {

@@ -216,6 +216,10 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if e.is::<LaunchConfigError>() || e.is::<SimError>() || e.is::<dropcompute::environment::EnvError>() {
         return Some(ExitClass::Usage);
     }
+    // A failed rank process keeps its exit code's class (killed by a signal: collective).
+    if let Some(dropcompute::launch::LaunchError::Child { code, .. }) = e.downcast_ref() {
+        return Some(from_code(*code));
+    }
     // `launch::dispatch` wraps a bad launcher environment (its source is transparent).
     if let Some(dropcompute::launch::LaunchError::Bootstrap(_)) = e.downcast_ref() {
         return Some(ExitClass::Usage);
