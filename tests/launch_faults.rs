@@ -19,8 +19,8 @@
 //! killed or stopped alone (the signal takes the whole process: that is the parent row).
 //! `mpirun` or torch absent: the row prints `skipped: mpirun not installed` (or torch) and
 //! passes; `.ci/run` installs both, so CI runs every row. The rows of one mode run in one test
-//! function (cargo runs the modes in parallel); each row's measured times are printed (`cargo
-//! test --test launch_faults -- --nocapture`).
+//! function (cargo runs the modes in parallel; `train` and `bench` rows side by side); each
+//! row's measured times are printed (`cargo test --test launch_faults -- --nocapture`).
 #![cfg(all(feature = "mock", target_os = "linux"))] // the CPU mock; /proc
 
 #[path = "support/hermetic.rs"]
@@ -83,7 +83,12 @@ fn torch_python() -> Option<PathBuf> {
 }
 
 fn mpirun_present() -> bool {
-    Command::new("mpirun").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Why `mode` cannot run here, if it cannot.
@@ -103,7 +108,9 @@ fn program_args(p: Program, fault: Fault, dir: &Path) -> Vec<String> {
         (Program::Train, Fault::Clean) => {
             vec!["train", "--no-compare", "--steps", "4", "--threshold", "off", "--time-mode", "virtual"]
         }
-        (Program::Train, _) => vec!["train", "--no-compare", "--steps", "1000000", "--threshold", "off", "--base-latency-ms", "1"],
+        (Program::Train, _) => {
+            vec!["train", "--no-compare", "--steps", "1000000", "--threshold", "off", "--base-latency-ms", "1"]
+        }
         (Program::Bench, Fault::Clean) => vec!["bench", "allreduce", "--max-bytes", "4096", "--iters", "5"],
         (Program::Bench, _) => vec!["bench", "allreduce", "--max-bytes", "4096", "--iters", "100000000"],
     };
@@ -255,8 +262,7 @@ fn ready(mode: Mode, child: &mut Child, tmp: &Path) -> Result<u32, String> {
             return Some(Err(format!("ended before it was ready: {st}")));
         }
         let rs = ranks(mode, top, tmp);
-        let up = rs.len() == want
-            && rs.iter().all(|p| catches_term(p.pid) && (mode == Mode::Threads || joined(p.pid)));
+        let up = rs.len() == want && rs.iter().all(|p| catches_term(p.pid) && (mode == Mode::Threads || joined(p.pid)));
         if !up {
             return None;
         }
@@ -410,39 +416,49 @@ fn check(mode: Mode, p: Program, fault: Fault, tmp: &Path, o: &Outcome) -> Resul
     if bad.is_empty() { Ok(()) } else { Err(bad.join("; ")) }
 }
 
-/// Runs every (program, fault) row of `mode`; failures are listed together.
+/// Runs the fault rows of `mode` x `p` in order; returns (rows run, failures).
+fn program_rows(mode: Mode, p: Program) -> (usize, Vec<String>) {
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for fault in FAULTS {
+        if mode == Mode::Threads && matches!(fault, Fault::RankKill | Fault::RankStop) {
+            eprintln!("{mode:?} {p:?} {fault:?}: not a fault of this mode (a thread rank cannot be signalled alone)");
+            continue;
+        }
+        let tmp = hermetic::temp_dir("launch-fault");
+        ran += 1;
+        match run_row(mode, p, fault, tmp.path()) {
+            Err(e) => failures.push(format!("{mode:?} {p:?} {fault:?}: {e}")),
+            Ok(o) => {
+                eprintln!(
+                    "{mode:?} {p:?} {fault:?}: exit {:?}, ended {:.2} s after the fault, every process {:.2} s",
+                    o.code,
+                    o.to_end.as_secs_f64(),
+                    o.to_all_gone.as_secs_f64()
+                );
+                if let Err(e) = check(mode, p, fault, tmp.path(), &o) {
+                    failures.push(format!("{mode:?} {p:?} {fault:?}: {e}; stderr:\n{}", o.stderr));
+                }
+            }
+        }
+    }
+    (ran, failures)
+}
+
+/// Runs every (program, fault) row of `mode`, the two programs side by side (each row has its
+/// own directory, job id and processes); failures are listed together.
 fn rows(mode: Mode) {
     if let Some(why) = missing(mode) {
         eprintln!("skipped: {why} ({mode:?}: {} rows)", PROGRAMS.len() * FAULTS.len());
         return;
     }
     let started = Instant::now();
-    let mut failures = Vec::new();
-    let mut ran = 0;
-    for p in PROGRAMS {
-        for fault in FAULTS {
-            if mode == Mode::Threads && matches!(fault, Fault::RankKill | Fault::RankStop) {
-                eprintln!("{mode:?} {p:?} {fault:?}: not a fault of this mode (a thread rank cannot be signalled alone)");
-                continue;
-            }
-            let tmp = hermetic::temp_dir("launch-fault");
-            ran += 1;
-            match run_row(mode, p, fault, tmp.path()) {
-                Err(e) => failures.push(format!("{mode:?} {p:?} {fault:?}: {e}")),
-                Ok(o) => {
-                    eprintln!(
-                        "{mode:?} {p:?} {fault:?}: exit {:?}, ended {:.2} s after the fault, every process {:.2} s",
-                        o.code,
-                        o.to_end.as_secs_f64(),
-                        o.to_all_gone.as_secs_f64()
-                    );
-                    if let Err(e) = check(mode, p, fault, tmp.path(), &o) {
-                        failures.push(format!("{mode:?} {p:?} {fault:?}: {e}; stderr:\n{}", o.stderr));
-                    }
-                }
-            }
-        }
-    }
+    let results: Vec<(usize, Vec<String>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = PROGRAMS.iter().map(|&p| s.spawn(move || program_rows(mode, p))).collect();
+        hs.into_iter().map(|h| h.join().expect("a row thread panicked")).collect()
+    });
+    let ran: usize = results.iter().map(|r| r.0).sum();
+    let failures: Vec<String> = results.into_iter().flat_map(|r| r.1).collect();
     eprintln!("{mode:?}: {ran} rows in {:.1} s", started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{} of {ran} rows failed:\n{}", failures.len(), failures.join("\n\n"));
 }

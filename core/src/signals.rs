@@ -87,8 +87,9 @@ pub fn received() -> Option<StopSignal> {
 /// the process itself.
 pub const COOPERATIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How long [`exit_on_stop`] gives every other command (`tune`, `simulate`, `bench`, `info`,
-/// `validate`): long enough for the bounded reader's own stop (which names the input).
+/// How long [`exit_on_stop`] gives the commands that read input files (`tune`, `simulate`,
+/// `info`, `validate`): long enough for the bounded reader's own stop (which names the input).
+/// `bench` reads none and gets no grace.
 pub const PROMPT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The backstop that makes a stop signal end the process in every phase (input, tuning,

@@ -115,13 +115,16 @@ pub fn init_logging(verbose: u8) {
 /// subcommand refuses it alike), then the command's own (see each `commands::*::run`).
 pub fn run(cli: Cli) -> Result<(), CliError> {
     // Stop signals are honoured in every phase of every subcommand: `train` stops at a step
-    // boundary (its rank processes too: `rank_process`), the rest end within a second (exit
-    // 130); `dropcompute::signals::exit_on_stop` is the backstop of both.
+    // boundary (its rank processes too: `rank_process`), `bench` at once, the rest within a
+    // second (exit 130); `dropcompute::signals::exit_on_stop` is the backstop of all.
     dropcompute::signals::install();
     match &cli.command {
         Command::RankProcess { .. } => {}
         #[cfg(feature = "mock")]
         Command::Train(_) => dropcompute::signals::exit_on_stop(dropcompute::signals::COOPERATIVE_GRACE, "train"),
+        // Reads no file that can block: a rank ends at once (a launcher such as mpirun
+        // SIGKILLs its ranks about a second after its SIGTERM).
+        Command::Bench(_) => dropcompute::signals::exit_on_stop(std::time::Duration::ZERO, "bench"),
         other => dropcompute::signals::exit_on_stop(dropcompute::signals::PROMPT_GRACE, other.name()),
     }
     dropcompute::environment::check()?;
@@ -164,7 +167,7 @@ fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     let grace = match spec.program.as_str() {
         #[cfg(feature = "mock")]
         dropcompute_train::run::CHILD_PROGRAM => dropcompute::signals::COOPERATIVE_GRACE,
-        _ => dropcompute::signals::PROMPT_GRACE,
+        _ => std::time::Duration::ZERO,
     };
     dropcompute::signals::exit_on_stop(grace, "a rank process");
     match spec.program.as_str() {

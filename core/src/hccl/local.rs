@@ -65,9 +65,8 @@ pub fn one_host(lookup: &impl Fn(&str) -> Option<String>, launcher: Launcher, wo
             ("openmpi", get(lookup, "PMIX_NAMESPACE").or_else(|| get(lookup, "OMPI_MCA_ess_base_jobid"))?)
         }
         Launcher::Slurm => {
-            let nodes = ["SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"]
-                .iter()
-                .find_map(|v| get(lookup, v))?;
+            let nodes =
+                ["SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"].iter().find_map(|v| get(lookup, v))?;
             (nodes == "1").then_some(())?;
             ("slurm", format!("{}.{}", get(lookup, "SLURM_JOB_ID")?, get(lookup, "SLURM_STEP_ID")?))
         }
@@ -210,13 +209,33 @@ mod tests {
     fn one_host_needs_every_rank_local_and_a_job_id_per_launcher() {
         let t = [("TMPDIR", "/t")];
         let rows: [(Launcher, Vec<(&str, &str)>, u32, Option<&str>); 9] = [
-            (Launcher::OpenMpi, vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("PMIX_NAMESPACE", "prterun-h-1@1")], 4, Some("openmpi-prterun-h-1_1")),
-            (Launcher::OpenMpi, vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("OMPI_MCA_ess_base_jobid", "77")], 4, Some("openmpi-77")),
+            (
+                Launcher::OpenMpi,
+                vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("PMIX_NAMESPACE", "prterun-h-1@1")],
+                4,
+                Some("openmpi-prterun-h-1_1"),
+            ),
+            (
+                Launcher::OpenMpi,
+                vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("OMPI_MCA_ess_base_jobid", "77")],
+                4,
+                Some("openmpi-77"),
+            ),
             (Launcher::OpenMpi, vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "2"), ("PMIX_NAMESPACE", "9")], 4, None),
             (Launcher::OpenMpi, vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "4")], 4, None),
-            (Launcher::Slurm, vec![("SLURM_NNODES", "1"), ("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0")], 4, Some("slurm-5.0")),
+            (
+                Launcher::Slurm,
+                vec![("SLURM_NNODES", "1"), ("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0")],
+                4,
+                Some("slurm-5.0"),
+            ),
             (Launcher::Slurm, vec![("SLURM_NNODES", "2"), ("SLURM_JOB_ID", "5"), ("SLURM_STEP_ID", "0")], 4, None),
-            (Launcher::Torchrun, vec![("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "u-1"), ("MASTER_PORT", "29500")], 2, Some("torchrun-u-1-29500")),
+            (
+                Launcher::Torchrun,
+                vec![("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "u-1"), ("MASTER_PORT", "29500")],
+                2,
+                Some("torchrun-u-1-29500"),
+            ),
             (Launcher::Torchrun, vec![("LOCAL_WORLD_SIZE", "1"), ("TORCHELASTIC_RUN_ID", "u-1")], 2, None),
             (Launcher::Single, vec![], 1, None),
         ];
@@ -229,7 +248,11 @@ mod tests {
             });
             assert_eq!(got, want, "{launcher:?} {vars:?} n={n}");
         }
-        let xdg = one_host(&env(&[("XDG_RUNTIME_DIR", "/run/user/1"), ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "r")]), Launcher::Torchrun, 2);
+        let xdg = one_host(
+            &env(&[("XDG_RUNTIME_DIR", "/run/user/1"), ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "r")]),
+            Launcher::Torchrun,
+            2,
+        );
         assert_eq!(xdg, Some(PathBuf::from("/run/user/1/dropcompute/torchrun-r-.rendezvous")));
     }
 
