@@ -246,23 +246,11 @@ where
     }
 }
 
-/// The exit code of a rank process that failed only because a peer did: its collective
-/// timed out or broke (the CLI's collective class, 5).
-pub const PEER_FAILED_CODE: i32 = 5;
-
-impl LaunchError {
-    /// Whether this rank only followed another's failure: a rank process that exited with
-    /// [`PEER_FAILED_CODE`] (its collective lost a peer). A rank killed by a signal, or failed
-    /// otherwise, is a root cause.
-    pub fn is_secondary(&self) -> bool {
-        matches!(self, Self::Child { code: Some(PEER_FAILED_CODE), .. })
-    }
-}
-
 /// The ranks' results in rank order, or the error that caused the job's failure: the first
-/// error (in rank order) that is not `secondary`, else the first secondary one. A killed or
-/// stopped rank is then named instead of the peer whose collective timed out waiting for it;
-/// the one rule of `train` and `bench allreduce`.
+/// error (in rank order) that is not `secondary` (e.g. a thread rank's collective timeout,
+/// which follows another rank's failure), else the first secondary one; the one rule of
+/// `train` and `bench allreduce`. A failed rank process is never secondary: its error carries
+/// its exit status and stderr (a survivor's names the lost peer and dumps its flight recorder).
 ///
 /// # Errors
 /// The root-cause error as described.

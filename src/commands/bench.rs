@@ -237,10 +237,8 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     };
     let (mode, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
         Ranks::All(results) => {
-            let secondary = |e: &BoxError| {
-                e.downcast_ref::<launch::LaunchError>().is_some_and(launch::LaunchError::is_secondary)
-                    || e.downcast_ref::<dropcompute::hccl::HcclError>().is_some()
-            };
+            // A thread rank's collective error follows another rank's failure (as in train).
+            let secondary = |e: &BoxError| e.downcast_ref::<dropcompute::hccl::HcclError>().is_some();
             let rows = launch::root_cause(results, secondary)?.into_iter().next().unwrap_or_default();
             let mode = if a.launch == Launch::Threads { "threads" } else { "processes" };
             (mode.to_owned(), ranks, rows)

@@ -531,7 +531,6 @@ pub fn run_child(spec: &ChildSpec) -> Result<(), TrainError> {
 fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
     dropcompute::launch::root_cause(results, |e| {
         matches!(e, TrainError::Collective { .. } | TrainError::Step(ScheduleError::Collective { .. }))
-            || matches!(e, TrainError::Child { code: Some(dropcompute::launch::PEER_FAILED_CODE), .. })
     })
 }
 
