@@ -349,7 +349,8 @@ fn one_host_jobs_meet_through_a_private_file_and_multi_host_jobs_need_an_address
     }
     // torchrun without its agent store (an older torchrun, or variables set by hand): its
     // MASTER_ADDR:MASTER_PORT is ours, as before.
-    let mut own: Vec<(&str, &str)> = torchrun("2").into_iter().filter(|(k, _)| *k != "TORCHELASTIC_USE_AGENT_STORE").collect();
+    let mut own: Vec<(&str, &str)> =
+        torchrun("2").into_iter().filter(|(k, _)| *k != "TORCHELASTIC_USE_AGENT_STORE").collect();
     own.extend([("MASTER_ADDR", "127.0.0.1"), ("DROPCOMPUTE_JOB_SECRET", SECRET)]);
     own.retain(|(k, v)| *k != "MASTER_ADDR" || *v == "127.0.0.1");
     assert_eq!(run(Explicit::default(), &own).unwrap().rendezvous, tcp("127.0.0.1:29511"));
