@@ -318,7 +318,8 @@ fn one_host_jobs_meet_through_a_private_file_and_multi_host_jobs_need_an_address
         ]
     };
     // (environment, the private file's name, or None: refused naming DROPCOMPUTE_RENDEZVOUS)
-    let rows: Vec<(Vec<(&str, &str)>, Option<&str>)> = vec![
+    type Row = (Vec<(&'static str, &'static str)>, Option<&'static str>);
+    let rows: Vec<Row> = vec![
         (mpi("4"), Some("openmpi-prterun-host-77_1.rendezvous")),
         (mpi("2"), None),
         (slurm("1"), Some("slurm-812.3.rendezvous")),

@@ -204,7 +204,7 @@ fn procs() -> Vec<Proc> {
 /// and the top process included.
 fn row_procs(tmp: &Path) -> Vec<Proc> {
     let mark = format!("TMPDIR={}", tmp.display());
-    procs().into_iter().filter(|p| p.environ.iter().any(|e| *e == mark)).collect()
+    procs().into_iter().filter(|p| p.environ.contains(&mark)).collect()
 }
 
 /// The row's rank processes: `dropcompute` processes of the row other than a process-mode

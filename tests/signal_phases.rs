@@ -190,6 +190,7 @@ fn run_row(row: &Row, tmp: &Path) -> Result<Duration, String> {
     });
     let Some(ps) = ready else {
         let _ = child.kill();
+        let _ = child.wait();
         return Err(format!("not ready; stderr:\n{}", read_err()));
     };
     if row.stop_rank1 {
@@ -199,8 +200,12 @@ fn run_row(row: &Row, tmp: &Path) -> Result<Duration, String> {
         };
         let kids: Vec<u32> = ps.iter().map(|(p, _)| *p).filter(|p| *p != top).collect();
         hermetic::wait_until(Duration::from_secs(60), || kids.iter().all(joined).then_some(()));
-        let r1 = ps.iter().find(|(_, c)| c.contains("rank-1.spec.json")).map(|(p, _)| *p);
-        kill("STOP", r1.ok_or("no rank 1 process")?);
+        let Some(r1) = ps.iter().find(|(_, c)| c.contains("rank-1.spec.json")).map(|(p, _)| *p) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("no rank 1 process".into());
+        };
+        kill("STOP", r1);
     }
     std::thread::sleep(SETTLE);
     if let Ok(Some(st)) = child.try_wait() {
@@ -220,6 +225,7 @@ fn run_row(row: &Row, tmp: &Path) -> Result<Duration, String> {
     leftovers.iter().for_each(|(p, _)| kill("KILL", *p));
     let Some(status) = status else {
         let _ = child.kill();
+        let _ = child.wait();
         return Err(format!("still running {took:?} after SIG{}; stderr:\n{}", row.signal, read_err()));
     };
     let err = read_err();

@@ -208,7 +208,8 @@ mod tests {
     #[test]
     fn one_host_needs_every_rank_local_and_a_job_id_per_launcher() {
         let t = [("TMPDIR", "/t")];
-        let rows: [(Launcher, Vec<(&str, &str)>, u32, Option<&str>); 9] = [
+        type Row = (Launcher, Vec<(&'static str, &'static str)>, u32, Option<&'static str>);
+        let rows: [Row; 9] = [
             (
                 Launcher::OpenMpi,
                 vec![("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("PMIX_NAMESPACE", "prterun-h-1@1")],
