@@ -26,7 +26,9 @@
 //! (`PR_SET_PDEATHSIG`, Linux) and exits at once if the parent is already gone, so `kill -9` of
 //! the parent leaves no rank training. A stop signal the parent receives (SIGINT, SIGTERM,
 //! SIGHUP: `crate::signals`) is forwarded to every child, which stops at the next step like a
-//! thread rank. The temporary directory is removed when [`processes`] returns; one left by a
+//! thread rank. A rank of [`Launch::Env`] under a launcher ends with it too
+//! ([`watch_launcher`]: re-parented, it stops as on SIGTERM, and exits after
+//! [`LAUNCHER_GONE_GRACE`]). The temporary directory is removed when [`processes`] returns; one left by a
 //! parent that was SIGKILLed (it holds an `owner.pid` file naming a process that no longer
 //! exists) is removed by the next [`processes`] call of any `dropcompute` using the same
 //! temporary directory.

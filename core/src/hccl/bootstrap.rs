@@ -25,8 +25,12 @@
 //! bootstraps itself and every rank passes a zeroed unique id. Otherwise our TCP rendezvous at,
 //! in order: [`Explicit::addr`], `DROPCOMPUTE_RENDEZVOUS=HOST:PORT`, `MASTER_ADDR:MASTER_PORT`;
 //! with the job secret from [`Explicit::secret`] or `DROPCOMPUTE_JOB_SECRET` (hex, >= 128 bits).
-//! No address is ever guessed (never `0.0.0.0`): without one, a [`ConfigError::Missing`] says
-//! what to set. Variables that are set are validated even when a single rank does not use them.
+//! No address is ever guessed (never `0.0.0.0`): without one, a job whose every rank is on this
+//! host (and whose launcher gives a job id) meets through a private file
+//! ([`Rendezvous::Local`], `super::local`); any other gets a [`ConfigError::Missing`] saying
+//! what to set. torchrun's `MASTER_ADDR:MASTER_PORT` counts as no address when its agent serves
+//! its own store there (`TORCHELASTIC_USE_AGENT_STORE=True`). Variables that are set are
+//! validated even when a single rank does not use them.
 #![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
