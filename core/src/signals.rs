@@ -85,7 +85,9 @@ pub fn received() -> Option<StopSignal> {
 /// How long [`exit_on_stop`] gives a command that stops at its own boundaries (`train`: the
 /// next step, with its checkpoint; the bounded reader: its next 100 ms tick) before it ends
 /// the process itself.
-pub const COOPERATIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Generous: a step, its checkpoint and a rank process's start can take seconds on a loaded
+/// machine, and the backstop's exit loses the step-boundary stop's checkpoint.
+pub const COOPERATIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// How long [`exit_on_stop`] gives the commands that read input files (`tune`, `simulate`,
 /// `info`, `validate`): long enough for the bounded reader's own stop (which names the input).

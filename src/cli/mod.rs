@@ -121,7 +121,14 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match &cli.command {
         Command::RankProcess { .. } => {}
         #[cfg(feature = "mock")]
-        Command::Train(_) => dropcompute::signals::exit_on_stop(dropcompute::signals::COOPERATIVE_GRACE, "train"),
+        // The parent of rank processes outlasts its ranks' own backstops, so they report.
+        Command::Train(a) => dropcompute::signals::exit_on_stop(
+            match a.launch {
+                dropcompute::launch::Launch::Processes => 2 * dropcompute::signals::COOPERATIVE_GRACE,
+                _ => dropcompute::signals::COOPERATIVE_GRACE,
+            },
+            "train",
+        ),
         // Reads no file that can block: a rank ends at once (a launcher such as mpirun
         // SIGKILLs its ranks about a second after its SIGTERM).
         Command::Bench(_) => dropcompute::signals::exit_on_stop(std::time::Duration::ZERO, "bench"),
