@@ -40,7 +40,19 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             dropcompute::console::err(&cli::error_report(&*e));
+            // A failure after a stop signal (a collective broken by a stopped peer, a rank
+            // killed by its launcher's stop) is the stop's consequence: 130 on every rank alike.
             let class = cli::exit::classify(&*e);
+            let class = match dropcompute::signals::received() {
+                Some(s) if class != cli::exit::ExitClass::Interrupted => {
+                    dropcompute::console::err(&format!(
+                        "dropcompute: interrupted by {}: the failure above followed the stop",
+                        s.name()
+                    ));
+                    cli::exit::ExitClass::Interrupted
+                }
+                _ => class,
+            };
             tracing::debug!(?class, code = class.code(), "exiting");
             class.exit_code()
         }

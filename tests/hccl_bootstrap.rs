@@ -323,7 +323,7 @@ fn every_address_form_in_each_address_variable() {
             (Ok(b), Ok(addr)) => {
                 let at = match b.rendezvous {
                     Rendezvous::Tcp { addr, .. } | Rendezvous::HcclCommId(addr) => addr,
-                    Rendezvous::None => panic!("{extra:?}: no rendezvous"),
+                    Rendezvous::None | Rendezvous::Local { .. } => panic!("{extra:?}: no TCP rendezvous"),
                 };
                 assert_eq!(at, sa(addr), "{extra:?}");
             }
@@ -334,4 +334,85 @@ fn every_address_form_in_each_address_variable() {
             (got, want) => panic!("{extra:?}: got {got:?}, want {want:?}"),
         }
     }
+}
+
+/// The one-host rendezvous (`hccl::local`): chosen only when every rank is local, the launcher
+/// gives a job id and no address is set; an address given wins; torchrun's MASTER_PORT (its
+/// agent's store) is never bound; a multi-host job without an address is refused naming
+/// `DROPCOMPUTE_RENDEZVOUS`, never given a guessed address.
+#[test]
+fn one_host_jobs_meet_through_a_private_file_and_multi_host_jobs_need_an_address() {
+    let uid_dir = |tmp: &str| format!("{tmp}/dropcompute-rendezvous-");
+    let mpi = |local: &'static str| -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", local),
+            ("PMIX_NAMESPACE", "prterun-host-77@1"),
+            ("TMPDIR", "/t"),
+        ]
+    };
+    let slurm = |nodes: &'static str| -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NNODES", nodes),
+            ("SLURM_JOB_ID", "812"),
+            ("SLURM_STEP_ID", "3"),
+            ("TMPDIR", "/t"),
+        ]
+    };
+    let torchrun = |local: &'static str| -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", local),
+            ("MASTER_ADDR", "localhost"),
+            ("MASTER_PORT", "29511"),
+            ("TORCHELASTIC_RUN_ID", "abc"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TMPDIR", "/t"),
+        ]
+    };
+    // (environment, the private file's name, or None: refused naming DROPCOMPUTE_RENDEZVOUS)
+    type Row = (Vec<(&'static str, &'static str)>, Option<&'static str>);
+    let rows: Vec<Row> = vec![
+        (mpi("4"), Some("openmpi-prterun-host-77_1.rendezvous")),
+        (mpi("2"), None),
+        (slurm("1"), Some("slurm-812.3.rendezvous")),
+        (slurm("2"), None),
+        (torchrun("2"), Some("torchrun-abc-29511.rendezvous")),
+        (torchrun("1"), None),
+    ];
+    for (vars, want) in rows {
+        match (run(Explicit::default(), &vars), want) {
+            (Ok(b), Some(name)) => match &b.rendezvous {
+                Rendezvous::Local { file } => {
+                    let f = file.display().to_string();
+                    assert!(f.starts_with(&uid_dir("/t")) && f.ends_with(&format!("/{name}")), "{vars:?}: {f}");
+                }
+                other => panic!("{vars:?}: {other:?}"),
+            },
+            (Err(e), None) => {
+                assert_eq!(e.variable(), "DROPCOMPUTE_RENDEZVOUS", "{vars:?}: {e}");
+                assert!(matches!(e, ConfigError::Missing { .. }), "{vars:?}: {e}");
+            }
+            (got, want) => panic!("{vars:?}: got {got:?}, want {want:?}"),
+        }
+        // An address given wins over the private file (with the secret it needs).
+        let mut given = vars.clone();
+        given.extend([("DROPCOMPUTE_RENDEZVOUS", "127.0.0.1:4100"), ("DROPCOMPUTE_JOB_SECRET", SECRET)]);
+        let b = run(Explicit::default(), &given).unwrap();
+        assert_eq!(b.rendezvous, tcp("127.0.0.1:4100"), "{given:?}");
+    }
+    // torchrun without its agent store (an older torchrun, or variables set by hand): its
+    // MASTER_ADDR:MASTER_PORT is ours, as before.
+    let mut own: Vec<(&str, &str)> =
+        torchrun("2").into_iter().filter(|(k, _)| *k != "TORCHELASTIC_USE_AGENT_STORE").collect();
+    own.extend([("MASTER_ADDR", "127.0.0.1"), ("DROPCOMPUTE_JOB_SECRET", SECRET)]);
+    own.retain(|(k, v)| *k != "MASTER_ADDR" || *v == "127.0.0.1");
+    assert_eq!(run(Explicit::default(), &own).unwrap().rendezvous, tcp("127.0.0.1:29511"));
 }

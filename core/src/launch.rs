@@ -27,7 +27,9 @@
 //! (`PR_SET_PDEATHSIG`, Linux) and exits at once if the parent is already gone, so `kill -9` of
 //! the parent leaves no rank training. A stop signal the parent receives (SIGINT, SIGTERM,
 //! SIGHUP: `crate::signals`) is forwarded to every child, which stops at the next step like a
-//! thread rank. The temporary directory is removed when [`processes`] returns; one left by a
+//! thread rank. A rank of [`Launch::Env`] under a launcher ends with it too
+//! ([`watch_launcher`]: re-parented, it stops as on SIGTERM, and exits after
+//! [`LAUNCHER_GONE_GRACE`]). The temporary directory is removed when [`processes`] returns; one left by a
 //! parent that was SIGKILLed (it holds an `owner.pid` file naming a process that no longer
 //! exists) is removed by the next [`processes`] call of any `dropcompute` using the same
 //! temporary directory.
@@ -39,7 +41,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::hccl::bootstrap::{Bootstrap, ConfigError};
+use crate::hccl::bootstrap::{Bootstrap, ConfigError, Launcher};
 use crate::hccl::{Comm, CommOptions, HcclError, UniqueId};
 use crate::synapse::Device;
 
@@ -315,9 +317,40 @@ where
         }
         Launch::Env => {
             let join = Join::from_env().map_err(E::from)?;
+            if let Join::Env(b) = &join
+                && matches!(b.launcher, Launcher::Torchrun | Launcher::OpenMpi | Launcher::Slurm)
+            {
+                watch_launcher(b.rank);
+            }
             let result = rank(&join);
             Ok(Ranks::This { join: Box::new(join), result })
         }
+    }
+}
+
+/// The ranks' results in rank order, or the error that caused the job's failure: the first
+/// error (in rank order) that is not `secondary` (e.g. a thread rank's collective timeout,
+/// which follows another rank's failure), else the first secondary one; the one rule of
+/// `train` and `bench allreduce`. A failed rank process is never secondary: its error carries
+/// its exit status and stderr (a survivor's names the lost peer and dumps its flight recorder).
+///
+/// # Errors
+/// The root-cause error as described.
+pub fn root_cause<R, E>(results: Vec<Result<R, E>>, secondary: impl Fn(&E) -> bool) -> Result<Vec<R>, E> {
+    let mut first_secondary = None;
+    let mut ok = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Ok(v) => ok.push(v),
+            Err(e) if secondary(&e) => {
+                first_secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match first_secondary {
+        Some(e) => Err(e),
+        None => Ok(ok),
     }
 }
 
@@ -362,6 +395,44 @@ pub fn bind_to_parent(spec: &ChildSpec) {
     if spec.parent_pid != 0 && nix::unistd::getppid().as_raw() as u32 != spec.parent_pid {
         crate::console::err(&format!("rank {}: parent process {} is gone; exiting", spec.rank, spec.parent_pid));
         std::process::exit(137);
+    }
+}
+
+/// How long a rank of [`Launch::Env`] whose launcher died keeps running to stop at a step
+/// boundary (as on SIGTERM) before it exits on its own (a rank blocked in a collective).
+pub const LAUNCHER_GONE_GRACE: Duration = SUPERVISION_GRACE;
+
+/// Ends a [`Launch::Env`] rank with its launcher (mpirun, torchrun's agent, slurmstepd: this
+/// process's parent): a thread polls the parent process id every 100 ms; once this process is
+/// re-parented (the launcher was SIGKILLed) it says so on stderr, records SIGTERM
+/// (`crate::signals::raise`: the rank stops at the next step boundary, with its checkpoint,
+/// exit 130) and, still running [`LAUNCHER_GONE_GRACE`] later, exits with status 137. Nothing
+/// is watched when this process is already an orphan (parent pid 1).
+pub fn watch_launcher(rank: u32) {
+    let launcher = nix::unistd::getppid();
+    if launcher.as_raw() <= 1 {
+        return;
+    }
+    let watch = move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            if nix::unistd::getppid() != launcher {
+                break;
+            }
+        }
+        crate::console::err(&format!(
+            "dropcompute: rank {rank}: its launcher (pid {launcher}) is gone; stopping as on SIGTERM"
+        ));
+        crate::signals::raise(crate::signals::StopSignal::Terminate);
+        std::thread::sleep(LAUNCHER_GONE_GRACE);
+        crate::console::err(&format!(
+            "dropcompute: rank {rank}: still running {} s after its launcher (pid {launcher}) died; exiting",
+            LAUNCHER_GONE_GRACE.as_secs()
+        ));
+        std::process::exit(137);
+    };
+    if let Err(e) = std::thread::Builder::new().name("dc-launcher-watch".into()).spawn(watch) {
+        tracing::warn!(error = %e, "no launcher watch: this rank may outlive a killed launcher");
     }
 }
 

@@ -82,6 +82,42 @@ pub fn received() -> Option<StopSignal> {
     StopSignal::from_number(slot().load(Ordering::SeqCst))
 }
 
+/// How long [`exit_on_stop`] gives a command that stops at its own boundaries (`train`: the
+/// next step, with its checkpoint; the bounded reader: its next 100 ms tick) before it ends
+/// the process itself.
+/// Generous: a step, its checkpoint and a rank process's start can take seconds on a loaded
+/// machine, and the backstop's exit loses the step-boundary stop's checkpoint.
+pub const COOPERATIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// How long [`exit_on_stop`] gives the commands that read input files (`tune`, `simulate`,
+/// `info`, `validate`): long enough for the bounded reader's own stop (which names the input).
+/// `bench` reads none and gets no grace.
+pub const PROMPT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The backstop that makes a stop signal end the process in every phase (input, tuning,
+/// collectives, output): a thread polls [`received`] every 20 ms; `grace` after the first stop
+/// signal, if the process still runs, it writes `dropcompute: interrupted by SIGTERM during
+/// <what>; exiting` to stderr and exits with status 130 (128 + SIGINT, the shell's
+/// "interrupted", for every stop signal alike). Outputs are written to a staging place and
+/// moved into place whole, so an exit here leaves them complete or absent. Call once per
+/// process, after [`install`]; a thread that cannot be started is reported (warn).
+pub fn exit_on_stop(grace: std::time::Duration, what: &'static str) {
+    let watch = move || {
+        let s = loop {
+            if let Some(s) = received() {
+                break s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        std::thread::sleep(grace);
+        crate::console::err(&format!("dropcompute: interrupted by {} during {what}; exiting", s.name()));
+        std::process::exit(130);
+    };
+    if let Err(e) = std::thread::Builder::new().name("dc-stop-backstop".into()).spawn(watch) {
+        tracing::warn!(error = %e, "no stop backstop: a stop signal is honoured only at step boundaries");
+    }
+}
+
 /// Records `s` as if it had been received (tests; an embedding program's own stop request).
 pub fn raise(s: StopSignal) {
     slot().store(s.number() as usize, Ordering::SeqCst);

@@ -103,6 +103,15 @@ fn hccl(e: &HcclError) -> ExitClass {
     match e {
         HcclError::Synapse(inner) => synapse(inner),
         HcclError::InvalidArgument { .. } => ExitClass::Internal,
+        HcclError::Bootstrap(r) => rendezvous(r),
+        _ => ExitClass::Collective,
+    }
+}
+
+/// A rendezvous failure is a collective one, except a stop signal while waiting (130).
+fn rendezvous(e: &RendezvousError) -> ExitClass {
+    match e {
+        RendezvousError::Interrupted { .. } => ExitClass::Interrupted,
         _ => ExitClass::Collective,
     }
 }
@@ -207,8 +216,8 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     if let Some(h) = e.downcast_ref::<HcclError>() {
         return Some(hccl(h));
     }
-    if e.is::<RendezvousError>() {
-        return Some(ExitClass::Collective);
+    if let Some(r) = e.downcast_ref::<RendezvousError>() {
+        return Some(rendezvous(r));
     }
     if e.is::<CheckpointError>() {
         return Some(ExitClass::Checkpoint);
@@ -218,6 +227,10 @@ fn one(e: &(dyn Error + 'static)) -> Option<ExitClass> {
     }
     if e.is::<LaunchConfigError>() || e.is::<SimError>() || e.is::<dropcompute::environment::EnvError>() {
         return Some(ExitClass::Usage);
+    }
+    // A failed rank process keeps its exit code's class (killed by a signal: collective).
+    if let Some(dropcompute::launch::LaunchError::Child { code, .. }) = e.downcast_ref() {
+        return Some(from_code(*code));
     }
     // `launch::dispatch` wraps a bad launcher environment (its source is transparent).
     if let Some(dropcompute::launch::LaunchError::Bootstrap(_)) = e.downcast_ref() {

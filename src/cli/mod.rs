@@ -65,6 +65,23 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The subcommand's name, for messages (`tune`, `bench`...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Info(_) => "info",
+            Self::Tune(_) => "tune",
+            Self::Simulate(_) => "simulate",
+            Self::Bench(_) => "bench",
+            #[cfg(feature = "mock")]
+            Self::Train(_) => "train",
+            #[cfg(feature = "mock")]
+            Self::Validate(_) => "validate",
+            Self::RankProcess { .. } => dropcompute::launch::CHILD_SUBCOMMAND,
+        }
+    }
+}
+
 /// The rank program named in a spec file is not one this build runs.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: unknown rank program {program:?}")]
@@ -121,6 +138,26 @@ fn subcommand(command: &Command) -> dropcompute::environment::Subcommand {
 /// before any device or network call, so every subcommand that reads a variable refuses it
 /// alike), then the command's own (see each `commands::*::run`).
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    // Stop signals are honoured in every phase of every subcommand: `train` stops at a step
+    // boundary (its rank processes too: `rank_process`), `bench` at once, the rest within a
+    // second (exit 130); `dropcompute::signals::exit_on_stop` is the backstop of all.
+    dropcompute::signals::install();
+    match &cli.command {
+        Command::RankProcess { .. } => {}
+        #[cfg(feature = "mock")]
+        // The parent of rank processes outlasts its ranks' own backstops, so they report.
+        Command::Train(a) => dropcompute::signals::exit_on_stop(
+            match a.launch {
+                dropcompute::launch::Launch::Processes => 2 * dropcompute::signals::COOPERATIVE_GRACE,
+                _ => dropcompute::signals::COOPERATIVE_GRACE,
+            },
+            "train",
+        ),
+        // Reads no file that can block: a rank ends at once (a launcher such as mpirun
+        // SIGKILLs its ranks about a second after its SIGTERM).
+        Command::Bench(_) => dropcompute::signals::exit_on_stop(std::time::Duration::ZERO, "bench"),
+        other => dropcompute::signals::exit_on_stop(dropcompute::signals::PROMPT_GRACE, other.name()),
+    }
     dropcompute::environment::check(subcommand(&cli.command))?;
     match cli.command {
         Command::Info(a) => commands::info::run(&a),
@@ -158,6 +195,12 @@ pub fn error_report(e: &(dyn std::error::Error + 'static)) -> String {
 fn rank_process(path: &std::path::Path) -> Result<(), CliError> {
     let spec = dropcompute::launch::ChildSpec::read(path)?;
     dropcompute::launch::bind_to_parent(&spec);
+    let grace = match spec.program.as_str() {
+        #[cfg(feature = "mock")]
+        dropcompute_train::run::CHILD_PROGRAM => dropcompute::signals::COOPERATIVE_GRACE,
+        _ => std::time::Duration::ZERO,
+    };
+    dropcompute::signals::exit_on_stop(grace, "a rank process");
     match spec.program.as_str() {
         #[cfg(feature = "mock")]
         dropcompute_train::run::CHILD_PROGRAM => Ok(commands::train::child(&spec)?),

@@ -267,13 +267,12 @@ pub fn allreduce(a: &AllreduceArgs) -> Result<(), BoxError> {
     };
     let (printed, world_size, rows) = match launch::dispatch(a.launch, ranks, unique_id, CHILD_PROGRAM, &opts, rank)? {
         Ranks::All(results) => {
-            let mut rows = None;
-            for r in results {
-                rows.get_or_insert(r?);
-            }
+            // A thread rank's collective error follows another rank's failure (as in train).
+            let secondary = |e: &BoxError| e.downcast_ref::<dropcompute::hccl::HcclError>().is_some();
+            let rows = launch::root_cause(results, secondary)?.into_iter().next().unwrap_or_default();
             // Thread rank 0 printed its rows; rank processes cannot (their stdout is not
             // the terminal's), so their table is printed whole here.
-            (a.launch == Launch::Threads, ranks, rows.unwrap_or_default())
+            (a.launch == Launch::Threads, ranks, rows)
         }
         Ranks::This { join, result } => {
             let rows = result?;

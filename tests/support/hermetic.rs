@@ -76,8 +76,12 @@ pub const PRODUCT_VARS: &[&str] = &[
 ];
 
 /// Prefixes of variable families the product or its launchers use (MPI's PMI, Slurm, Open MPI,
-/// HCCL, the product's own): every variable starting with one of them is removed too.
-pub const PRODUCT_PREFIXES: &[&str] = &["DROPCOMPUTE_", "HCCL_", "OMPI_", "SLURM_", "PMI_", "PMIX_"];
+/// HCCL, torchrun's agent, the product's own): every variable starting with one of them is
+/// removed too. The one-host rendezvous (`core/src/hccl/local.rs`) reads job ids under them
+/// (`PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`, `SLURM_JOB_ID`, `SLURM_STEP_ID`,
+/// `SLURM_*NODES`, `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_USE_AGENT_STORE`); any value is valid
+/// (an id; a node count that is not 1 means several hosts), so they have no bad-value rows.
+pub const PRODUCT_PREFIXES: &[&str] = &["DROPCOMPUTE_", "HCCL_", "OMPI_", "SLURM_", "PMI_", "PMIX_", "TORCHELASTIC_"];
 
 /// Prefix of the test files' own child-process protocol (`DC_FAULT_CHILD`, `DC_HCCL_CHILD`,
 /// `DC_RANK`, `DC_ID`...): removed from [`dropcompute`] / [`test_child`] commands (a stray

@@ -526,24 +526,9 @@ pub fn run_child(spec: &ChildSpec) -> Result<(), TrainError> {
 
 /// Picks the most specific error of a set of rank results.
 fn collect(results: Vec<Result<Vec<RankOutcome>, TrainError>>) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
-    let secondary = |e: &TrainError| {
+    dropcompute::launch::root_cause(results, |e| {
         matches!(e, TrainError::Collective { .. } | TrainError::Step(ScheduleError::Collective { .. }))
-    };
-    let mut first_secondary = None;
-    let mut ok = Vec::with_capacity(results.len());
-    for r in results {
-        match r {
-            Ok(v) => ok.push(v),
-            Err(e) if secondary(&e) => {
-                first_secondary.get_or_insert(e);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    match first_secondary {
-        Some(e) => Err(e),
-        None => Ok(ok),
-    }
+    })
 }
 
 /// Checks that every rank ended each run with the same parameters.

@@ -29,8 +29,12 @@
 //! bootstraps itself and every rank passes a zeroed unique id. Otherwise our TCP rendezvous at,
 //! in order: [`Explicit::addr`], `DROPCOMPUTE_RENDEZVOUS=HOST:PORT`, `MASTER_ADDR:MASTER_PORT`;
 //! with the job secret from [`Explicit::secret`] or `DROPCOMPUTE_JOB_SECRET` (hex, >= 128 bits).
-//! No address is ever guessed (never `0.0.0.0`): without one, a [`ConfigError::Missing`] says
-//! what to set. Variables that are set are validated even when a single rank does not use them.
+//! No address is ever guessed (never `0.0.0.0`): without one, a job whose every rank is on this
+//! host (and whose launcher gives a job id) meets through a private file
+//! ([`Rendezvous::Local`], `super::local`); any other gets a [`ConfigError::Missing`] saying
+//! what to set. torchrun's `MASTER_ADDR:MASTER_PORT` counts as no address when its agent serves
+//! its own store there (`TORCHELASTIC_USE_AGENT_STORE=True`). Variables that are set are
+//! validated even when a single rank does not use them.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -69,6 +73,13 @@ pub enum Rendezvous {
     /// `HCCL_COMM_ID=IP:PORT` is set: the library bootstraps itself from it; every rank passes
     /// a zeroed unique id.
     HcclCommId(SocketAddr),
+    /// Every rank on this host and no address given: rank 0 binds `127.0.0.1:0` and publishes
+    /// its address and a fresh secret in this private file; the others read it
+    /// (`hccl::local`, which also says when a job counts as one-host).
+    Local {
+        /// The private file.
+        file: std::path::PathBuf,
+    },
     /// World size 1: nothing to exchange.
     None,
 }
@@ -549,6 +560,10 @@ fn rendezvous(
             .collect();
         return Ok((Rendezvous::HcclCommId(addr), warnings));
     }
+    // torchrun's agent serves its own store at MASTER_ADDR:MASTER_PORT (it exports
+    // TORCHELASTIC_USE_AGENT_STORE=True): rank 0 could not bind it, so torchrun's address
+    // counts as no address.
+    let master_addr = master_addr.filter(|_| !(launcher == Launcher::Torchrun && torchrun_agent_store(lookup)));
     let addr = if let Some(addr) = explicit.addr {
         addr
     } else if let Some((v, (host, port))) = ours {
@@ -557,8 +572,15 @@ fn rendezvous(
         let port =
             master_port.ok_or_else(|| missing("MASTER_PORT", format!("MASTER_ADDR={v} is set but not its port")))?;
         resolve("MASTER_ADDR", &v, &host, port)?
+    } else if let Some(file) = one_host_rendezvous(lookup, launcher, world_size) {
+        return Ok((Rendezvous::Local { file }, Vec::new()));
     } else {
         let how = match launcher {
+            Launcher::Torchrun if torchrun_agent_store(lookup) => {
+                "torchrun's agent serves its own store at MASTER_ADDR:MASTER_PORT, so a job on \
+                 several hosts needs rank 0's host and another free port here (one host needs \
+                 nothing: LOCAL_WORLD_SIZE = WORLD_SIZE)"
+            }
             Launcher::Slurm => {
                 "Slurm does not say where rank 0 runs: set it to the first host of SLURM_JOB_NODELIST \
                  (`scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -1`) and a free port"
@@ -578,4 +600,21 @@ fn rendezvous(
         missing("DROPCOMPUTE_JOB_SECRET", format!("the TCP rendezvous at {addr} needs it; {SECRET_HINT}"))
     })?;
     Ok((Rendezvous::Tcp { addr, secret }, Vec::new()))
+}
+
+/// Whether torchrun's agent holds MASTER_ADDR:MASTER_PORT for its own store
+/// (`TORCHELASTIC_USE_AGENT_STORE` true, which torchrun exports to every worker).
+fn torchrun_agent_store(lookup: &impl Fn(&str) -> Option<String>) -> bool {
+    get(lookup, "TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// The "no address" case: a job whose every rank is on this host, with a job id from its
+/// launcher, meets through a private file (`super::local::one_host`); `None` otherwise (a
+/// multi-host job never gets a guessed address).
+fn one_host_rendezvous(
+    lookup: &impl Fn(&str) -> Option<String>,
+    launcher: Launcher,
+    world_size: u32,
+) -> Option<std::path::PathBuf> {
+    super::local::one_host(lookup, launcher, world_size)
 }

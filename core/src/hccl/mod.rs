@@ -11,6 +11,7 @@ mod comm;
 mod error;
 mod flight;
 mod join;
+pub mod local;
 pub mod rendezvous;
 pub mod result;
 mod types;

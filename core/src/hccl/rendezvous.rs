@@ -199,6 +199,24 @@ pub enum RendezvousError {
         /// What was wrong.
         reason: String,
     },
+    /// The one-host rendezvous file (`hccl::local`): its private directory cannot be made or
+    /// is not private, it cannot be written, or rank 0 did not publish it in time.
+    #[error("one-host rendezvous file {}: {why}", path.display())]
+    LocalFile {
+        /// The file (or its directory).
+        path: std::path::PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+    /// A stop signal (SIGINT, SIGTERM, SIGHUP) arrived while this rank waited for the
+    /// rendezvous (exit 130, as every interrupted phase).
+    #[error("interrupted by {signal} while waiting for {waiting_for}")]
+    Interrupted {
+        /// The signal's name.
+        signal: &'static str,
+        /// What was awaited (the rendezvous file or address).
+        waiting_for: String,
+    },
     /// A bad argument to [`serve`] or [`fetch`].
     #[error("rendezvous argument {what} = {value} is invalid")]
     InvalidArgument {
