@@ -255,6 +255,28 @@ impl StepWalk {
         with_estimator(estimator, |e| self.inner.ended(launch, end_ns, duration_ns, e))
     }
 
+    /// Whether another launch follows the one `next` last returned, asked before it runs
+    /// (`policy::walk::RankWalk::peek`): `("again", 0)`, `("last", 0)`, or `("wait", upto)`
+    /// (report the ends of launches `reported()..upto` first, then ask again). With
+    /// `sync_lag` >= 1 it never needs the end of the launch about to run.
+    #[pyo3(signature = (estimator=None))]
+    fn peek(&self, estimator: Option<PyRef<'_, LatencyEstimator>>) -> (&'static str, usize) {
+        use policy::walk::Peek;
+        let fresh;
+        let est = match &estimator {
+            Some(e) => &e.inner,
+            None => {
+                fresh = policy::LatencyEstimator::new(1, 1.0);
+                &fresh
+            }
+        };
+        match self.inner.peek(est) {
+            Peek::Again => ("again", 0),
+            Peek::Last => ("last", 0),
+            Peek::Wait { upto } => ("wait", upto),
+        }
+    }
+
     /// Answers `("wait", 0)` with the compute time already elapsed (ns since the clock
     /// start): time before the first micro-batch counts against the deadline.
     fn clock_at(&mut self, elapsed_ns: u64) {

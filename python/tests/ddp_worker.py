@@ -108,9 +108,10 @@ def scenario_off(rank: int, n: int, out: Dict[str, Any]) -> None:
     m, steps = 4, 3
     net = model()
     ddp = DDP(copy.deepcopy(net))
-    hook_calls = no_ddp_hook(ddp)
+    overlap = mode() == "overlap"
+    hook_calls = [0] if overlap else no_ddp_hook(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    ctl = DropComputeStep(ddp, dropcompute.Policy())
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode())
     plain = DDP(copy.deepcopy(net))
     popt = torch.optim.SGD(plain.parameters(), lr=0.1)
     calls = []
@@ -129,38 +130,82 @@ def scenario_off(rank: int, n: int, out: Dict[str, Any]) -> None:
         assert res.counts == [m * B] * n and res.started == [m] * n and res.divisor == n * m * B, res
     diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
     moved = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), net.parameters()))
-    out.update(all_reduce_calls=calls, max_param_diff=diff, moved=moved, ddp_hook_calls=hook_calls[0])
+    out.update(all_reduce_calls=calls, max_param_diff=diff, moved=moved, ddp_hook_calls=hook_calls[0],
+               buckets=ctl.hook.buckets if ctl.hook is not None else 0)
+
+
+def scenario_hook(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Overlap mode composes with the user's comm hook (bf16 compression): at threshold off the
+    same parameters as plain DDP with the same hook; with a slowed rank the gradient is the
+    mean over computed samples within bf16's rounding."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    m, steps = 4, 3
+    net = model(torch.float32)
+    ddp = DDP(copy.deepcopy(net))
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), mode="overlap", micro_batch_size=B, micro_batches_per_step=m,
+                          comm_hook=default_hooks.bf16_compress_hook, comm_state=None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    plain = DDP(copy.deepcopy(net))
+    plain.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    popt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for s in range(steps):
+        mbs = data(rank, s, m, dtype=torch.float32)
+        ctl.run(mbs, sum_loss).apply(opt)
+        popt.zero_grad()
+        for i, (x, y) in enumerate(mbs):
+            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
+            with ctx:
+                (torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
+        popt.step()
+    diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
+    out.update(max_param_diff=diff, buckets=ctl.hook.buckets if ctl.hook is not None else 0)
+
+
+def mode() -> str:
+    return os.environ.get("DC_MODE", "flat")
 
 
 def scenario_k(rank: int, n: int, out: Dict[str, Any]) -> None:
-    """k in {0, 1, M} on different ranks (rank r computes DC_KS[r] micro-batches, "M" = all):
-    equal accumulated gradients on every rank, equal to the f64 reference."""
+    """k in {0, 1, M} on different ranks (rank r computes DC_KS[r] micro-batches, "M" = all), in
+    mode DC_MODE: equal accumulated gradients on every rank, equal to the f64 reference.
+
+    Steps 0 and 1 are warm-up steps (every rank computes everything, not applied; DDP rebuilds
+    its buckets in the first forward after its first synced backward, a collective that would
+    stall the fast ranks' first micro-batch); step 2 is measured.
+    Flat (sync lag 0): k = 0: the rank is 150 ms late before its first micro-batch; k = 1: its
+    first micro-batch takes 150 ms. Overlap (sync lag 1: the first launch never waits): k = 0:
+    the rank is dealt nothing; k = 1: it is 150 ms late. k = M: four fast micro-batches."""
     m = 4
     want = [m if k == "M" else int(k) for k in os.environ["DC_KS"].split(",")][rank]
     net = model()
     ddp = DDP(copy.deepcopy(net))
-    hook_calls = no_ddp_hook(ddp)
-    # Identical on every rank: 100 ms deadline, no warm-up, no minimum. k = 0: the rank is
-    # 150 ms late before its first micro-batch; k = 1: its first micro-batch takes 150 ms;
-    # k = M: four fast micro-batches (about 1 ms each).
-    ctl = DropComputeStep(ddp, dropcompute.Policy(100_000_000, warmup_steps=0, min_micro_batches=0))
+    overlap = mode() == "overlap"
+    hook_calls = [0] if overlap else no_ddp_hook(ddp)
+    # Identical on every rank: 100 ms deadline, two warm-up steps, no minimum.
+    ctl = DropComputeStep(ddp, dropcompute.Policy(100_000_000, warmup_steps=2, min_micro_batches=0), mode=mode())
+    ctl.run(data(rank, 0, m), sum_loss)
+    ctl.run(data(rank, 0, m), sum_loss)
+    late = (want == 0 and not overlap) or (want == 1 and overlap)
 
     def loss_fn(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
-        if want == 1:
+        if want == 1 and not overlap:
             time.sleep(0.15)
         return sum_loss(mod, mb)
 
     ctl.start_clock()
-    if want == 0:
+    if late:
         time.sleep(0.15)
+    mbs = [] if (overlap and want == 0) else data(rank, 2, m)
     with CountCollectives() as cc:
-        res = ctl.run(data(rank, 0, m), loss_fn)
+        res = ctl.run(mbs, loss_fn)
     assert res.computed_micro_batches == want, (rank, res)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ddp.module.parameters()]
     ks = res.started
-    ref = reference_grad(net, [data(r, 0, m)[: ks[r]] for r in range(n)])
+    ref = reference_grad(net, [data(r, 2, m)[: ks[r]] for r in range(n)])
     out.update(started=ks, counts=res.counts, divisor=res.divisor, grad_rel_err=rel_err(grads, ref),
-               same_everywhere=same_on_every_rank(grads), all_reduce_calls=cc.calls, ddp_hook_calls=hook_calls[0])
+               same_everywhere=same_on_every_rank(grads), all_reduce_calls=cc.calls, ddp_hook_calls=hook_calls[0],
+               buckets=ctl.hook.buckets if ctl.hook is not None else 0)
 
 
 def scenario_allidle(rank: int, n: int, out: Dict[str, Any]) -> None:
@@ -185,7 +230,7 @@ def scenario_scaler(rank: int, n: int, out: Dict[str, Any]) -> None:
     m, steps = 2, 6
     net = model(torch.float32)
     ddp = DDP(copy.deepcopy(net))
-    ctl = DropComputeStep(ddp, dropcompute.Policy(), micro_batch_size=B)
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), micro_batch_size=B, micro_batches_per_step=m, mode=mode())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=1000)
@@ -342,7 +387,7 @@ def scenario_sampler(rank: int, n: int, out: Dict[str, Any]) -> None:
     net = model()
     ddp = DDP(net)
     ctl = DropComputeStep(ddp, dropcompute.Policy(60_000_000, warmup_steps=0, min_micro_batches=1),
-                          micro_batches_per_step=m)
+                          micro_batches_per_step=m, mode=mode())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(0)
     xs, ys = torch.randn(samples, D_IN, generator=g, dtype=torch.float64), torch.randint(0, D_OUT, (samples,), generator=g)
@@ -373,9 +418,15 @@ def scenario_sampler(rank: int, n: int, out: Dict[str, Any]) -> None:
 
 
 def scenario_static(rank: int, n: int, out: Dict[str, Any]) -> None:
-    """DDP(static_graph=True) (needed with reentrant activation checkpointing) runs steps."""
+    """DDP(static_graph=True) (needed with reentrant activation checkpointing): the flat path runs
+    steps; overlap mode is refused, naming static_graph (DDP's own no_sync accumulation asserts
+    under a static graph, pytorch #143580)."""
     ddp = DDP(model(), static_graph=True)
-    ctl = DropComputeStep(ddp, dropcompute.Policy())
+    try:
+        ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode())
+    except ValueError as e:
+        out["refused"] = str(e)
+        return
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for s in range(3):
         res = ctl.run(data(rank, s, 3), sum_loss)
@@ -396,7 +447,7 @@ def scenario_log(rank: int, n: int, outdir: str, out: Dict[str, Any]) -> None:
 
 
 def scenario_timeout(rank: int, outdir: str, out: Dict[str, Any]) -> None:
-    ctl = DropComputeStep(DDP(model()), dropcompute.Policy())
+    ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode())
     if rank != 0:
         time.sleep(15)  # never joins the step's collectives
         os._exit(0)
@@ -416,7 +467,7 @@ def scenario_timeout(rank: int, outdir: str, out: Dict[str, Any]) -> None:
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
     "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,
-    "iterable": scenario_iterable, "sampler": scenario_sampler, "static": scenario_static,
+    "iterable": scenario_iterable, "sampler": scenario_sampler, "static": scenario_static, "hook": scenario_hook,
 }
 
 

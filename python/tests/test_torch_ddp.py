@@ -21,28 +21,36 @@ def torchrun(scenario: str, nproc: int, outdir: Path, **env_extra: str) -> List[
     env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(HERE / "ddp_worker.py"), scenario, str(outdir)]
+    outdir.mkdir(parents=True, exist_ok=True)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"{cmd} failed:\n{p.stdout}\n{p.stderr}"
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
+MODES = ["flat", "overlap"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_threshold_off_equals_plain_ddp_accumulation(nproc: int, tmp_path: Path) -> None:
-    for r in torchrun("off", nproc, tmp_path):
+def test_threshold_off_equals_plain_ddp_accumulation(nproc: int, mode: str, tmp_path: Path) -> None:
+    for r in torchrun("off", nproc, tmp_path, DC_MODE=mode):
         assert r["max_param_diff"] <= 1e-12, r
         assert r["moved"] > 1e-3, r  # the parameters did change
-        assert r["all_reduce_calls"] == [2, 2, 2], r  # counts + one gradient buffer per step
-        assert r["ddp_hook_calls"] == 0, r  # DDP's own all-reduce never ran
+        # counts + one gradient buffer (flat) or DDP's one bucket (overlap) per step
+        assert r["all_reduce_calls"] == [2, 2, 2], r
+        assert r["ddp_hook_calls"] == 0, r  # flat: DDP's own all-reduce never ran
+        assert r["buckets"] == (3 if mode == "overlap" else 0), r
 
 
 # Micro-batches computed per rank (M = 4): k in {0, 1, M}, different on different ranks.
 K_CASES = ["0,1", "1,M", "M,0", "0,0,1,M", "M,1,0,M", "1,1,1,0"]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("ks", K_CASES)
-def test_any_k_per_rank_gives_the_f64_mean_on_every_rank(ks: str, tmp_path: Path) -> None:
+def test_any_k_per_rank_gives_the_f64_mean_on_every_rank(ks: str, mode: str, tmp_path: Path) -> None:
     want = [4 if k == "M" else int(k) for k in ks.split(",")]
-    res = torchrun("k", len(want), tmp_path, DC_KS=ks)
+    res = torchrun("k", len(want), tmp_path, DC_KS=ks, DC_MODE=mode)
     for r in res:
         assert r["started"] == want, r
         assert r["counts"] == [4 * k for k in want], r
@@ -50,6 +58,7 @@ def test_any_k_per_rank_gives_the_f64_mean_on_every_rank(ks: str, tmp_path: Path
         assert r["grad_rel_err"] <= 1e-12, r
         assert r["same_everywhere"], r
         assert r["all_reduce_calls"] == 2 and r["ddp_hook_calls"] == 0, r
+        assert r["buckets"] == (1 if mode == "overlap" else 0), r
 
 
 def test_every_rank_computing_nothing_skips_the_step_on_every_rank(tmp_path: Path) -> None:
@@ -59,8 +68,9 @@ def test_every_rank_computing_nothing_skips_the_step_on_every_rank(tmp_path: Pat
     assert dropcompute.divisor(np.zeros(2, dtype=np.uint64)) is None
 
 
-def test_grad_scaler_backs_off_exactly_as_plain_ddp(tmp_path: Path) -> None:
-    for r in torchrun("scaler", 2, tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_grad_scaler_backs_off_exactly_as_plain_ddp(mode: str, tmp_path: Path) -> None:
+    for r in torchrun("scaler", 2, tmp_path, DC_MODE=mode):
         assert r["stepped"] == r["plain_stepped"] == [True, True, False, False, True, True], r
         assert r["scales"] == r["plain_scales"], r
         assert r["scales"][-1] == 2.0**18, r  # backed off twice
@@ -96,8 +106,9 @@ def test_any_iterable_is_pulled_lazily(tmp_path: Path) -> None:
         assert "micro_batches_per_step" in r["no_len_error"], r
 
 
-def test_sampler_computes_every_sample_once_per_epoch(tmp_path: Path) -> None:
-    res = torchrun("sampler", 2, tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_sampler_computes_every_sample_once_per_epoch(mode: str, tmp_path: Path) -> None:
+    res = torchrun("sampler", 2, tmp_path, DC_MODE=mode)
     assert res[0]["steps"] == res[1]["steps"], res  # every rank ends at the same step
     states = [json.loads(r["state"]) for r in res]
     assert states[0][0] == states[1][0], states  # the replicas agree (they differ only in their rank)
@@ -112,19 +123,29 @@ def test_sampler_computes_every_sample_once_per_epoch(tmp_path: Path) -> None:
     assert set(seen.values()) == {2}, seen  # 2 epochs: each sample exactly twice
 
 
-def test_static_graph_ddp_runs(tmp_path: Path) -> None:
-    for r in torchrun("static", 2, tmp_path):
+def test_static_graph_ddp_runs_flat_and_is_refused_in_overlap_mode(tmp_path: Path) -> None:
+    for r in torchrun("static", 2, tmp_path / "flat", DC_MODE="flat"):
         assert r["steps"] == 3, r
+    for r in torchrun("static", 2, tmp_path / "overlap", DC_MODE="overlap"):
+        assert "model.static_graph: True" in r["refused"] and "mode='flat'" in r["refused"], r
 
 
-def test_collective_timeout_is_a_python_timeout_error(tmp_path: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def test_overlap_composes_with_the_users_comm_hook(tmp_path: Path) -> None:
+    for r in torchrun("hook", 2, tmp_path):
+        assert r["max_param_diff"] <= 1e-7, r  # plain DDP with the same bf16 compression hook
+        assert r["buckets"] == 3, r
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_collective_timeout_is_a_python_timeout_error(mode: str, tmp_path: Path) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DC_MODE=mode)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(HERE / "ddp_worker.py"), "timeout", str(tmp_path)]
     subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     r = json.loads((tmp_path / "rank0.json").read_text())
     assert r["raised"] == "TimeoutError", r
-    assert r["message"].startswith("rank 0: step 0: the count all-reduce did not finish within"), r
+    assert r["message"].startswith("rank 0: step 0: the "), r
+    assert "all-reduce did not finish within the process group's timeout (5 s)" in r["message"], r
     assert r["waited_s"] < 14.0, r  # the process group's 5 s timeout, not the peer's 15 s sleep
 
 

@@ -112,7 +112,7 @@ class FlatGradients:
 
 class Reduced:
     """What the count collective said: every rank's samples and started micro-batches, and
-    the parameters no rank used."""
+    the parameters no rank used (flat path only)."""
 
     def __init__(self, samples: List[int], started: List[int], unused: List[int]) -> None:
         self.samples = samples
@@ -120,66 +120,111 @@ class Reduced:
         self.unused = unused
 
 
-def reduce_step(
+class Counts:
+    """The step's count collective, issued at construction (async; every rank issues it before
+    its gradient collectives): one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
+    fingerprint(1) | used(P)]``, each rank writing its own slots. ``used``: per parameter
+    whether this rank's backward reached it (the flat path; empty in overlap mode, where DDP
+    tracks unused parameters itself)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        samples: int,
+        started: int,
+        fingerprint: int,
+        used: Sequence[bool],
+        device: torch.device,
+        group: Optional[dist.ProcessGroup],
+        step: int,
+    ) -> None:
+        n = world_size
+        self.rank, self.n, self.fingerprint, self.step = rank, n, fingerprint, step
+        self.tensor = torch.zeros(2 * n + 1 + len(used), dtype=torch.int64, device=device)
+        self.tensor[rank] = samples
+        self.tensor[n + rank] = started
+        self.tensor[2 * n] = fingerprint
+        if used:
+            self.tensor[2 * n + 1 :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
+        self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True) if n > 1 else None
+        self._result: Optional[Reduced] = None
+
+    def result(self, timeout: Optional[datetime.timedelta]) -> Reduced:
+        """Waits for the collective (once). Raises CollectiveTimeout; ValueError when the ranks'
+        fingerprints (policy, normalization, b, M, N) differ."""
+        if self._result is not None:
+            return self._result
+        if self.work is not None:
+            wait(self.work, self.rank, self.step, "count", timeout)
+        host = self.tensor.tolist()
+        n = self.n
+        if host[2 * n] != n * self.fingerprint:
+            raise ValueError(
+                f"rank {self.rank}: step {self.step}: the ranks run different step configurations (policy, "
+                f"normalization, micro-batch size or micro-batches per step differ; this rank's fingerprint "
+                f"{self.fingerprint}, the sum over {n} ranks {host[2 * n]})"
+            )
+        self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[2 * n + 1 :]) if u == 0])
+        return self._result
+
+
+def rescale_factor(world_sum_scale: float, loss_scale: float, d: Optional[float]) -> Optional[float]:
+    """What turns the all-reduced gradient into the sum of gradients over ``d``: the reduced
+    tensor holds ``world_sum_scale`` x the sum of the ranks' ``loss_scale``-scaled gradients,
+    so the factor is 1 / (world_sum_scale x loss_scale x d); None when ``d`` is None."""
+    return None if d is None else 1.0 / (world_sum_scale * loss_scale * d)
+
+
+def scale_(t: torch.Tensor, factor: float) -> None:
+    """Multiplies ``t`` in place by ``factor`` (skipped when exactly 1), the factor a 0-d device
+    tensor in float32 (float64 for float64 ``t``): a device input, not a graph constant."""
+    if factor != 1.0:
+        wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+        t.mul_(torch.tensor(factor, dtype=wide, device=t.device))
+
+
+def reduce_flat(
     grads: FlatGradients,
+    counts: Counts,
     *,
-    rank: int,
-    world_size: int,
-    samples: int,
-    started: int,
-    fingerprint: int,
     divisor_of: Any,
     loss_scale: float,
     group: Optional[dist.ProcessGroup],
     timeout: Optional[datetime.timedelta],
-    step: int,
 ) -> Tuple[Reduced, Optional[float]]:
-    """The step's collectives: counts (int64), then one all-reduce per buffer; then rescales
-    every buffer from the sum of ``loss_scale``-scaled gradients to the sum divided by
-    ``divisor_of(samples per rank)``, i.e. multiplies by ``1 / (loss_scale * divisor)`` (skipped
-    when that is exactly 1; None divisor: the global count is zero, every ``.grad`` is None).
-    Returns the counts and the divisor.
+    """The flat path after the count collective: one in-place all-reduce per buffer (issued
+    before waiting for the counts), then every buffer rescaled to the sum over
+    ``divisor_of(samples per rank)`` (None: the global count is zero, every ``.grad`` is None;
+    a parameter no rank used: ``.grad`` None). Returns the counts and the divisor.
 
-    Raises CollectiveTimeout naming the rank and step when a collective does not finish within
-    ``timeout``; ValueError when the ranks' fingerprints (policy, normalization, micro-batches
-    per step) differ."""
-    n, p = world_size, len(grads.params)
-    dev = grads.buffers[0][0].device
-    counts = torch.zeros(2 * n + 1 + p, dtype=torch.int64, device=dev)
-    counts[rank] = samples
-    counts[n + rank] = started
-    counts[2 * n] = fingerprint
-    if p:
-        counts[2 * n + 1 :] = torch.tensor(grads.used, dtype=torch.int64, device=dev)
-    works: List[Any] = []
-    if n > 1:
-        works.append(dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group, async_op=True))
-        for flat, _ in grads.buffers:
-            works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True))
-        _wait(works[0], rank, step, "count", timeout)
-    host = counts.tolist()
-    if host[2 * n] != n * fingerprint:
-        for w in works[1:]:
-            _wait(w, rank, step, "gradient", timeout)
-        raise ValueError(
-            f"rank {rank}: step {step}: the ranks run different step configurations (policy, "
-            f"normalization or micro-batches per step differ; this rank's fingerprint {fingerprint}, "
-            f"the sum over {n} ranks {host[2 * n]})"
-        )
-    reduced = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[2 * n + 1 :]) if u == 0])
+    Raises CollectiveTimeout naming the rank and step; ValueError as ``Counts.result``."""
+    works = []
+    if counts.n > 1:
+        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True) for flat, _ in grads.buffers]
+    try:
+        reduced = counts.result(timeout)
+    except ValueError:
+        for w in works:  # every rank completes the step's collectives, then every rank raises
+            wait(w, counts.rank, counts.step, "gradient", timeout)
+        raise
+    for w in works:
+        wait(w, counts.rank, counts.step, "gradient", timeout)
     d = divisor_of(reduced.samples)
-    for w in works[1:]:
-        _wait(w, rank, step, "gradient", timeout)
-    if d is not None and loss_scale * d != 1.0:
+    factor = rescale_factor(1.0, loss_scale, d)
+    if factor is not None:
         for flat, _ in grads.buffers:
-            wide = torch.float64 if flat.dtype == torch.float64 else torch.float32
-            flat.div_(torch.tensor(loss_scale * d, dtype=wide, device=flat.device))
-    for i in reduced.unused if d is not None else range(p):
+            scale_(flat, factor)
+    for i in reduced.unused if d is not None else range(len(grads.params)):
         grads.params[i].grad = None
     return reduced, d
 
 
-def _wait(work: Any, rank: int, step: int, what: str, timeout: Optional[datetime.timedelta]) -> None:
+def wait(work: Any, rank: int, step: int, what: str, timeout: Optional[datetime.timedelta]) -> None:
+    """Waits for ``work``; an error raised after waiting at least 90 % of ``timeout`` is a
+    CollectiveTimeout naming the rank, the step and the collective (no backend's message text
+    is parsed), any other error propagates."""
     t0 = time.monotonic()
     try:
         if timeout is not None:

@@ -24,6 +24,7 @@ divisor already turns the summed gradient into the mean over computed samples.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import zlib
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ import torch.distributed as dist
 from .. import ComputeLogWriter, LatencyEstimator, Policy, StepWalk, divisor
 from .clock import DeviceClock
 from .data import batch_size
-from .reduce import FlatGradients, group_timeout, reduce_step
+from .overlap import OverlapHook, zero_grads
+from .reduce import Counts, FlatGradients, group_timeout, reduce_flat
 
 
 @dataclass
@@ -110,6 +112,11 @@ class DropComputeStep:
     whose execution is synchronous, 1 on a device). ``compute_log``: this rank's compute log
     (read by ``dropcompute tune``). ``estimator``: the latency estimate of the predictive check.
     ``timeout``: how long a collective may wait (default: the process group's own).
+    ``mode``: "flat" (one in-place all-reduce per gradient dtype after the compute phase;
+    ``reduce``) or "overlap" (DDP's own bucketed all-reduce during the last micro-batch's
+    backward, through a comm hook that rescales by the global count: ``overlap``; needs a DDP
+    module and ``sync_lag`` >= 1, its default there). ``comm_hook``/``comm_state``: the user's
+    DDP comm hook in overlap mode (e.g. ``bf16_compress_hook``), composed with the rescale.
 
     Raises ValueError naming the argument for a bad value."""
 
@@ -127,6 +134,9 @@ class DropComputeStep:
         compute_log: Optional[str] = None,
         estimator: Optional[LatencyEstimator] = None,
         timeout: Optional[datetime.timedelta] = None,
+        mode: str = "flat",
+        comm_hook: Optional[Callable[..., Any]] = None,
+        comm_state: Any = None,
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
@@ -136,11 +146,23 @@ class DropComputeStep:
             raise ValueError(f"micro_batches_per_step: {micro_batches_per_step}: must be >= 1")
         if sync_lag is not None and sync_lag < 0:
             raise ValueError(f"sync_lag: {sync_lag}: must be >= 0")
+        if mode not in ("flat", "overlap"):
+            raise ValueError(f"mode: {mode!r}: must be 'flat' or 'overlap'")
+        if mode == "overlap" and sync_lag == 0:
+            raise ValueError("sync_lag: 0: mode='overlap' must know the last micro-batch before launching it (>= 1)")
+        if mode == "flat" and comm_hook is not None:
+            raise ValueError("comm_hook: only mode='overlap' runs DDP's reducer (the flat path has its own all-reduce)")
         inner = getattr(model, "module", model)
         if getattr(model, "broadcast_buffers", False) and any(True for _ in inner.buffers()):
             raise ValueError("model.broadcast_buffers: must be False (ranks run different numbers of forwards)")
         self.model = model
-        self.grads = FlatGradients([p for p in inner.parameters() if p.requires_grad])
+        self.params = [p for p in inner.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("model: no parameter requires a gradient")
+        self.mode = mode
+        self.grads = FlatGradients(self.params) if mode == "flat" else None
+        self.hook = OverlapHook(model, comm_hook, comm_state, group) if mode == "overlap" else None
+        self._recent: Any = None
         self.policy = policy
         self.normalization = normalization
         self.micro_batch_size = micro_batch_size
@@ -148,13 +170,14 @@ class DropComputeStep:
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        dev = device if device is not None else self.grads.params[0].device
+        dev = device if device is not None else self.params[0].device
         self.clock = DeviceClock(dev)
-        self.sync_lag = sync_lag if sync_lag is not None else (0 if dev.type == "cpu" else 1)
+        self.sync_lag = sync_lag if sync_lag is not None else (0 if dev.type == "cpu" and mode == "flat" else 1)
         self.estimator = estimator
         self.timeout = timeout if timeout is not None else group_timeout(group)
         self.step = 0
         self._observed_b = 0.0
+        self._observed_m = 0
         self._clock_started = False
         self._log = ComputeLogWriter(compute_log) if compute_log else None
 
@@ -167,7 +190,8 @@ class DropComputeStep:
     def state_dict(self) -> Dict[str, Any]:
         """The step counter (the warm-up counts steps) and the observed micro-batch count (the
         loss scale's b) for a checkpoint."""
-        return {"step": self.step, "observed_micro_batch_count": self._observed_b}
+        return {"step": self.step, "observed_micro_batch_count": self._observed_b,
+                "observed_micro_batches": self._observed_m}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores ``state_dict()``'s state. Raises ValueError for a malformed one."""
@@ -177,8 +201,12 @@ class DropComputeStep:
         b = state.get("observed_micro_batch_count", 0.0)
         if not isinstance(b, (int, float)) or not b >= 0:
             raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be a number >= 0")
+        mm = state.get("observed_micro_batches", 0)
+        if not isinstance(mm, int) or mm < 0:
+            raise ValueError(f"state['observed_micro_batches']: {mm!r}: must be an int >= 0")
         self.step = step
         self._observed_b = float(b)
+        self._observed_m = mm
 
     def _fingerprint(self) -> int:
         """What every rank must share: the policy, the normalization, b, M and N (a rank's own
@@ -215,23 +243,35 @@ class DropComputeStep:
         if not self._clock_started:
             self.clock.start()
         self._clock_started = False
-        self.grads.attach()
-        # Backward of loss * loss_scale, identical on every rank: 1 / (N·M·b) with b the
-        # nominal micro-batch count (micro_batch_size, else the mean of the last step that
-        # computed anything: both known to every rank), so the accumulated gradients have DDP's
-        # magnitude (mean loss / M, averaged over N).
+        overlap = self.hook is not None
+        # Backward of loss * loss_scale, identical on every rank, so the accumulated gradients
+        # have DDP's magnitude (mean loss / M, averaged over N): 1 / (N·M·b) on the flat path,
+        # 1 / (M·b) in overlap mode (DDP's hook divides by N itself). b and M are the nominal
+        # ones (micro_batch_size and micro_batches_per_step; else the previous step's mean
+        # micro-batch count and most micro-batches started by a rank, from its count collective:
+        # known to every rank alike; 1 before the first step).
         b_nominal = self.micro_batch_size or self._observed_b or 1.0
-        loss_scale = 1.0 / (self.world_size * (self.micro_batches_per_step or m) * b_nominal)
+        m_nominal = self.micro_batches_per_step or self._observed_m or 1
+        loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
+        if overlap:
+            zero_grads(self.params)
+        else:
+            assert self.grads is not None
+            self.grads.attach()
         # The flat path runs the inner module: DDP's reducer never runs (under static_graph it
-        # asserts when backward passes run under no_sync only).
-        module = getattr(self.model, "module", self.model)
+        # asserts when backward passes run under no_sync only). Overlap runs the DDP module.
+        module = self.model if overlap else getattr(self.model, "module", self.model)
         source = iter(micro_batches)
         samples = 0
         marks: List[Any] = []
         ends: List[int] = []
         batch: List[int] = []
+        counts: Optional[Counts] = None
+        divisor_of = self._divisor(m)
         walk = StepWalk(self.policy, step=self.step, micro_batches=m, sync_lag=self.sync_lag)
-        with self._no_sync():
+        with contextlib.ExitStack() as flat_no_sync:
+            if not overlap:
+                flat_no_sync.enter_context(self._no_sync())
             while True:
                 kind, value = walk.next(self.estimator)
                 if kind == "done":
@@ -243,26 +283,58 @@ class DropComputeStep:
                     for i in range(walk.reported(), value):
                         self._report(walk, i, marks, ends)
                     continue
+                last = overlap and self._peek_last(walk, marks, ends)
                 try:
                     mb = next(source)
                 except StopIteration:
                     raise ValueError(f"micro_batches: ended after {value} of {m} micro-batches") from None
-                loss = loss_fn(module, mb)
-                (_sum_checked(loss, self.rank, self.step, value) * loss_scale).backward()  # type: ignore[no-untyped-call]
-                c = int(count_fn(mb)) if count_fn is not None else (int(loss.shape[0]) if loss.dim() else batch_size(mb))
-                batch.append(c)
-                samples += c
+                if overlap:
+                    self._recent = mb
+                with self._no_sync() if overlap and not last else contextlib.nullcontext():
+                    loss = loss_fn(module, mb)
+                    scaled = _sum_checked(loss, self.rank, self.step, value) * loss_scale
+                    c = int(count_fn(mb)) if count_fn is not None else (int(loss.shape[0]) if loss.dim() else batch_size(mb))
+                    batch.append(c)
+                    samples += c
+                    if last:
+                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale)
+                    self._backward(scaled)
                 marks.append(self.clock.mark())
         started = len(marks)
+        if overlap and started == 0:
+            # Every rank issues DDP's bucket all-reduces: a zero-weighted backward.
+            if self._recent is None:
+                raise RuntimeError(
+                    f"rank {self.rank}: step {self.step}: mode='overlap': this rank launched no micro-batch and has "
+                    "none from an earlier step for the zero-weighted backward that joins DDP's all-reduce "
+                    "(use min_micro_batches >= 1, or mode='flat')"
+                )
+            # The same order as a computing rank: DDP's forward (it may run its own collective,
+            # e.g. rebuilding buckets), the count collective, the backward.
+            zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
+            counts = self._arm(0, 0, divisor_of, loss_scale)
+            self._backward(zero)
         for i in range(len(ends), started):
             ends.append(self.clock.read(marks[i]))
-        fp = self._fingerprint()
-        reduced, d = reduce_step(
-            self.grads, rank=self.rank, world_size=self.world_size, samples=samples, started=started,
-            fingerprint=fp, divisor_of=self._divisor(m), loss_scale=loss_scale, group=self.group, timeout=self.timeout, step=self.step,
-        )
+        if overlap:
+            assert counts is not None
+            reduced = counts.result(self.timeout)
+            d = divisor_of(reduced.samples)
+            if d is None:
+                for p in self.params:
+                    p.grad = None
+            buffers = [p.grad for p in self.params if p.grad is not None]
+        else:
+            assert self.grads is not None
+            counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
+                            fingerprint=self._fingerprint(), used=self.grads.used, device=self.params[0].device,
+                            group=self.group, step=self.step)
+            reduced, d = reduce_flat(self.grads, counts, divisor_of=divisor_of, loss_scale=loss_scale,
+                                     group=self.group, timeout=self.timeout)
+            buffers = [f for f, _ in self.grads.buffers]
         if sum(reduced.started) > 0:
             self._observed_b = sum(reduced.samples) / sum(reduced.started)
+            self._observed_m = max(reduced.started)
         latencies = [e - (ends[i - 1] if i else 0) for i, e in enumerate(ends)]
         if self._log is not None:
             rest = micro_batches[started:] if isinstance(micro_batches, Sequence) else []
@@ -271,10 +343,41 @@ class DropComputeStep:
         result = StepResult(
             step=self.step, computed_micro_batches=started, dropped_micro_batches=m - started, samples=samples,
             counts=reduced.samples, started=reduced.started, divisor=d, compute_ns=ends[-1] if ends else 0,
-            latencies_ns=latencies, _buffers=[f for f, _ in self.grads.buffers],
+            latencies_ns=latencies, _buffers=buffers,
         )
         self.step += 1
         return result
+
+    def _peek_last(self, walk: StepWalk, marks: List[Any], ends: List[int]) -> bool:
+        """Whether the launch the walker just returned is this rank's last (``StepWalk.peek``,
+        reporting the older ends it needs; never the launch about to run: sync lag >= 1)."""
+        while True:
+            kind, upto = walk.peek(self.estimator)
+            if kind != "wait":
+                return kind == "last"
+            if upto == 0:
+                walk.clock_at(self.clock.read(self.clock.mark()))
+            for i in range(walk.reported(), upto):
+                self._report(walk, i, marks, ends)
+
+    def _arm(self, samples: int, started: int, divisor_of: Any, loss_scale: float) -> Counts:
+        """Issues the count collective before the last backward and arms the hook's rescale."""
+        assert self.hook is not None
+        counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
+                        fingerprint=self._fingerprint(), used=[], device=self.params[0].device, group=self.group,
+                        step=self.step)
+        self.hook.arm(counts, divisor_of, loss_scale, self.timeout)
+        return counts
+
+    def _backward(self, scaled: torch.Tensor) -> None:
+        """``scaled.backward()``; an error raised in the comm hook (a timeout, differing
+        configurations) is re-raised as itself."""
+        try:
+            scaled.backward()  # type: ignore[no-untyped-call]
+        except Exception as e:
+            if self.hook is not None and self.hook.error is not None:
+                raise self.hook.error from e
+            raise
 
     def _report(self, walk: StepWalk, i: int, marks: List[Any], ends: List[int]) -> None:
         end = self.clock.read(marks[i])
@@ -311,7 +414,8 @@ class DropComputeStep:
         if self._log is not None:
             self._log.close()
             self._log = None
-        self.grads.remove_hooks()
+        if self.grads is not None:
+            self.grads.remove_hooks()
 
 
 def _sum_checked(loss: torch.Tensor, rank: int, step: int, i: int) -> torch.Tensor:
