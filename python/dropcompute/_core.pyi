@@ -28,7 +28,8 @@ MAX_DEALER_SAMPLES: int
 __version__: str
 
 CheckMode = Literal["before", "predictive"]
-Source = Union[str, "os.PathLike[str]", npt.NDArray[np.float64]]
+#: A trace file, every rank's compute log of one job (a list), or an (N, M, steps) array.
+Source = Union[str, "os.PathLike[str]", List[Union[str, "os.PathLike[str]"]], npt.NDArray[np.float64]]
 
 class Policy:
     """The deadline policy of a job (``policy::decide``).
@@ -136,7 +137,8 @@ class Verdict:
     "max_drop_rate", "min_batch_fraction"), ``reason`` gives the numbers."""
 
     enabled: bool
-    threshold_ns: Optional[float]
+    #: Whole ns, as ``Policy(threshold_ns=...)`` takes it; None when not enabled.
+    threshold_ns: Optional[int]
     predicted_drop_rate: float
     predicted_speedup: float
     ideal_speedup: float
@@ -215,7 +217,14 @@ class ComputeLogWriter:
         start_ns: int,
         duration_ns: int,
         sentence_length: int = 0,
-    ) -> None: ...
+        micro_batches: int = 0,
+        clock_start_ns: Optional[int] = None,
+        deadline_ns: int = 0,
+    ) -> None:
+        """One micro-batch row. Times are ns on one monotonic clock per rank: ``start_ns``, the
+        step's compute clock start ``clock_start_ns`` (the reader derives the step overhead
+        from it; None: not recorded) and its deadline ``deadline_ns`` (0: none). ``micro_batches``:
+        the run's M (0: not recorded)."""
     def flush(self) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> "ComputeLogWriter": ...

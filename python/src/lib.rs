@@ -458,7 +458,7 @@ fn world_size_arg(n: usize) -> PyResult<usize> {
 #[pyclass(module = "dropcompute._core", frozen, get_all)]
 pub struct Verdict {
     enabled: bool,
-    threshold_ns: Option<f64>,
+    threshold_ns: Option<u64>,
     predicted_drop_rate: f64,
     predicted_speedup: f64,
     ideal_speedup: f64,
@@ -474,7 +474,7 @@ impl Verdict {
         match &self.reason {
             None => format!(
                 "Verdict(enabled=True, threshold_ns={:.0}, predicted_drop_rate={:.4}, predicted_speedup={:+.4}, scoring={:?})",
-                self.threshold_ns.unwrap_or(0.0),
+                self.threshold_ns.unwrap_or(0),
                 self.predicted_drop_rate,
                 self.predicted_speedup,
                 self.scoring
@@ -512,11 +512,20 @@ fn trace_from(py: Python<'_>, source: &Bound<'_, PyAny>, overhead_ns: f64) -> Py
         )
         .map_err(|e| value_err("latencies_ns", e));
     }
-    let path: PathBuf = source.extract().map_err(|_| {
-        value_err("source", "must be a path (str or os.PathLike) or a float64 array of shape (N, M, steps)")
-    })?;
+    // One path, or a list of them (every rank's compute log of one job, as `dropcompute tune
+    // --trace A B ...` takes them).
+    let paths: Vec<PathBuf> = match source.extract::<PathBuf>() {
+        Ok(p) => vec![p],
+        Err(_) => source.extract::<Vec<PathBuf>>().ok().filter(|v| !v.is_empty()).ok_or_else(|| {
+            value_err(
+                "source",
+                "must be a path (str or os.PathLike), a non-empty list of paths (every rank's compute log) or a \
+                 float64 array of shape (N, M, steps)",
+            )
+        })?,
+    };
     let opts = LoadOptions { reference_overhead_ns: overhead_ns, ..Default::default() };
-    py.detach(|| dropcompute_capi::load_trace(&path, &opts)).map_err(py_err)
+    py.detach(|| dropcompute_capi::load_trace_files(&paths, &opts)).map_err(py_err)
 }
 
 /// (N, M, S) -> the trace's layout `[(s * N + n) * M + m]`.
@@ -584,7 +593,8 @@ fn recommend(
     Ok(match *dropcompute_capi::chosen_verdict(&rec, mode) {
         RsVerdict::Enable(c) => Verdict {
             enabled: true,
-            threshold_ns: Some(c.threshold_ns),
+            // Whole ns, as `Policy(threshold_ns=...)` takes it (`Threshold::from_ns_f64`).
+            threshold_ns: Threshold::from_ns_f64(c.threshold_ns).as_ns(),
             predicted_drop_rate: c.drop_rate,
             predicted_speedup: c.objective,
             ..base
@@ -684,8 +694,9 @@ impl ComputeLogWriter {
         Ok(Self { path, inner: Some(RsWriter::new(BufWriter::new(f))) })
     }
 
-    /// Append one micro-batch row.
-    #[pyo3(signature = (*, global_step, local_step, world_size, batch, computed_batch, compute_dropped, rank, start_ns, duration_ns, sentence_length=0))]
+    /// Append one micro-batch row (`trace::compute_log::ComputeLogRecord`; times in ns on one
+    /// monotonic clock per rank: `start_ns`, `clock_start_ns`, `deadline_ns`).
+    #[pyo3(signature = (*, global_step, local_step, world_size, batch, computed_batch, compute_dropped, rank, start_ns, duration_ns, sentence_length=0, micro_batches=0, clock_start_ns=None, deadline_ns=0))]
     #[allow(clippy::too_many_arguments)]
     fn write(
         &mut self,
@@ -699,6 +710,9 @@ impl ComputeLogWriter {
         start_ns: u64,
         duration_ns: u64,
         sentence_length: u32,
+        micro_batches: u32,
+        clock_start_ns: Option<u64>,
+        deadline_ns: u64,
     ) -> PyResult<()> {
         let w = self.inner.as_mut().ok_or_else(|| value_err("ComputeLogWriter", "closed"))?;
         let rec = ComputeLogRecord {
@@ -713,7 +727,12 @@ impl ComputeLogWriter {
             rank,
             start_ns,
             duration_ns,
-            // M, the tail shape and the clock are not known here: the reader's defaults.
+            // M (0: not recorded), the step's compute clock start on the start_ns clock (the
+            // reader derives the step overhead from it) and its deadline (0: none); the tail
+            // shape: whole micro-batches (the reader's default).
+            micro_batches,
+            clock_start_ns,
+            deadline_ns,
             ..ComputeLogRecord::default()
         };
         w.write(&rec).map_err(|e| PyOSError::new_err(format!("{}: {e}", self.path.display())))

@@ -163,6 +163,22 @@ def test_controller_compute_log_loads_with_dropcompute_tune(tmp_path: Path) -> N
         t = dropcompute.read_trace(path)
         assert t["latencies_ns"].shape == (1, 4, 12)
         assert (t["latencies_ns"] > 0).all()
-    p = subprocess.run([str(dropcompute_bin()), "tune", "--trace", *logs], capture_output=True, text=True, timeout=120)
+        # The step overhead (the reduce, the optimizer, the loop) is derived from the recorded
+        # clock starts, not assumed 0.
+        assert (t["overhead_ns"] > 0).all(), t["overhead_ns"]
+    p = subprocess.run([str(dropcompute_bin()), "tune", "--json", "--trace", *logs], capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "shape: 2 ranks x 4 micro-batches x 12 steps" in p.stdout, p.stdout
+    cli = json.loads(p.stdout)
+    assert len(cli) == 1, cli
+    # Every rank's log in one call, as the CLI takes them: the CLI's verdict (its default check
+    # is the predictive one), the threshold in whole ns.
+    v = dropcompute.recommend(logs, check="predictive")
+    verdict = cli[0]["verdict"]
+    assert v.enabled == ("enable" in verdict), (v, verdict)
+    if v.enabled:
+        assert isinstance(v.threshold_ns, int) and v.threshold_ns == round(verdict["enable"]["threshold_ns"]), v
+    else:
+        assert v.threshold_ns is None, v
+    with pytest.raises(ValueError, match="non-empty list"):
+        dropcompute.recommend([])

@@ -32,6 +32,9 @@ class DeviceClock:
     def __init__(self, device: torch.device, *, on_sync: Optional[Callable[[Mark], None]] = None) -> None:
         self.kind = device.type
         self._t0 = 0
+        #: The host's monotonic time (ns) at ``start()``: the origin the compute log writes times
+        #: against (on a device, the host time the start event was queued).
+        self.origin_ns = 0
         self._start: Any = None
         self._event_cls: Any = None
         self.on_sync = on_sync
@@ -42,11 +45,22 @@ class DeviceClock:
 
     def start(self) -> None:
         """Starts the step's compute clock (right after the previous optimizer step)."""
+        self.origin_ns = time.perf_counter_ns()
         if self._event_cls is None:
-            self._t0 = time.perf_counter_ns()
+            self._t0 = self.origin_ns
         else:
             self._start = self._event_cls(enable_timing=True)
             self._start.record()
+
+    def elapsed_at_start(self) -> int:
+        """The answer to the walker's clock question (``StepWalk.clock_at``): on the CPU the
+        host clock's reading (time before the first micro-batch counts); on a device 0, without
+        waiting: the device's ends are measured from the start event, recorded right after the
+        previous optimizer step was queued, so what ran before the first micro-batch is already
+        inside them (the Rust scheduler answers the same)."""
+        if self._event_cls is None:
+            return time.perf_counter_ns() - self._t0
+        return 0
 
     def mark(self) -> Mark:
         """Records now on the device's queue; does not wait (on the CPU: the host time)."""

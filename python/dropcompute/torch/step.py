@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from .. import ComputeLogWriter, LatencyEstimator, Policy, StepWalk, divisor
 from .clock import DeviceClock
+from .gaudi import bridge_for
 from .data import batch_size
 from .overlap import OverlapHook, zero_grads
 from .reduce import Counts, FlatGradients, group_timeout, reduce_flat
@@ -62,6 +63,8 @@ class StepResult:
     latencies_ns: List[int] = field(default_factory=list)
     #: The flat gradient buffers (for the finiteness check of ``apply``).
     _buffers: List[torch.Tensor] = field(default_factory=list, repr=False)
+    #: Intel Gaudi's bridge (lazy mode: a step marker after the optimizer step).
+    _bridge: Any = field(default=None, repr=False)
 
     @property
     def skipped(self) -> bool:
@@ -95,6 +98,8 @@ class StepResult:
                 optimizer.step()
         if stepped and scheduler is not None:
             scheduler.step()
+        if self._bridge is not None:
+            self._bridge.boundary()  # lazy mode: the optimizer step's graph ends here
         return stepped
 
 
@@ -171,6 +176,7 @@ class DropComputeStep:
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         dev = device if device is not None else self.params[0].device
+        self.bridge = bridge_for(dev)
         self.clock = DeviceClock(dev)
         self.sync_lag = sync_lag if sync_lag is not None else (0 if dev.type == "cpu" and mode == "flat" else 1)
         self.estimator = estimator
@@ -279,7 +285,7 @@ class DropComputeStep:
                 if kind == "wait":
                     if value == 0:
                         # Time before the first micro-batch counts against the deadline.
-                        walk.clock_at(self.clock.read(self.clock.mark()))
+                        walk.clock_at(self.clock.elapsed_at_start())
                     for i in range(walk.reported(), value):
                         self._report(walk, i, marks, ends)
                     continue
@@ -299,6 +305,8 @@ class DropComputeStep:
                     if last:
                         counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale)
                     self._backward(scaled)
+                if self.bridge is not None:
+                    self.bridge.boundary()
                 marks.append(self.clock.mark())
         started = len(marks)
         if overlap and started == 0:
@@ -314,8 +322,6 @@ class DropComputeStep:
             zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
             counts = self._arm(0, 0, divisor_of, loss_scale)
             self._backward(zero)
-        for i in range(len(ends), started):
-            ends.append(self.clock.read(marks[i]))
         if overlap:
             assert counts is not None
             reduced = counts.result(self.timeout)
@@ -332,6 +338,10 @@ class DropComputeStep:
             reduced, d = reduce_flat(self.grads, counts, divisor_of=divisor_of, loss_scale=loss_scale,
                                      group=self.group, timeout=self.timeout)
             buffers = [f for f, _ in self.grads.buffers]
+        # The ends not yet read, after the collectives are issued: the host waits for the last
+        # micro-batch only at the step's end.
+        for i in range(len(ends), started):
+            ends.append(self.clock.read(marks[i]))
         if sum(reduced.started) > 0:
             self._observed_b = sum(reduced.samples) / sum(reduced.started)
             self._observed_m = max(reduced.started)
@@ -343,7 +353,7 @@ class DropComputeStep:
         result = StepResult(
             step=self.step, computed_micro_batches=started, dropped_micro_batches=m - started, samples=samples,
             counts=reduced.samples, started=reduced.started, divisor=d, compute_ns=ends[-1] if ends else 0,
-            latencies_ns=latencies, _buffers=buffers,
+            latencies_ns=latencies, _buffers=buffers, _bridge=self.bridge,
         )
         self.step += 1
         return result
@@ -356,7 +366,7 @@ class DropComputeStep:
             if kind != "wait":
                 return kind == "last"
             if upto == 0:
-                walk.clock_at(self.clock.read(self.clock.mark()))
+                walk.clock_at(self.clock.elapsed_at_start())
             for i in range(walk.reported(), upto):
                 self._report(walk, i, marks, ends)
 
@@ -394,19 +404,25 @@ class DropComputeStep:
 
     def _write_log(self, m: int, batch: List[int], dropped: List[int], ends: List[int], latencies: List[int]) -> None:
         """This step's rows: one per micro-batch, the not-started ones marked dropped (their size:
-        counted when the input is a sequence, else ``micro_batch_size``)."""
+        counted when the input is a sequence, else ``micro_batch_size``). Times are on the
+        host's monotonic clock (the clock start's host time plus device offsets), with the
+        step's clock start and deadline, so ``dropcompute tune`` derives the step overhead."""
         assert self._log is not None
+        origin = self.clock.origin_ns
+        th = self.policy.threshold_ns
+        deadline = origin + th if th is not None and self.step >= self.policy.warmup_steps else 0
+        common = dict(global_step=self.step, world_size=self.world_size, rank=self.rank,
+                      micro_batches=self.micro_batches_per_step or m, clock_start_ns=origin, deadline_ns=deadline)
         done = 0
         for i, (e, lat) in enumerate(zip(ends, latencies)):
             done += batch[i]
-            self._log.write(global_step=self.step, local_step=i, world_size=self.world_size, batch=batch[i],
-                            computed_batch=done, compute_dropped=False, rank=self.rank, start_ns=e - lat,
-                            duration_ns=lat)
+            self._log.write(local_step=i, batch=batch[i], computed_batch=done, compute_dropped=False,
+                            start_ns=origin + e - lat, duration_ns=lat, **common)
+        at = origin + (ends[-1] if ends else 0)
         for j in range(len(ends), m):
-            self._log.write(global_step=self.step, local_step=j, world_size=self.world_size,
-                            batch=dropped[j - len(ends)] if j - len(ends) < len(dropped) else max(self.micro_batch_size, 1),
-                            computed_batch=done, compute_dropped=True,
-                            rank=self.rank, start_ns=0, duration_ns=0)
+            b = dropped[j - len(ends)] if j - len(ends) < len(dropped) else max(self.micro_batch_size, 1)
+            self._log.write(local_step=j, batch=b, computed_batch=done, compute_dropped=True, start_ns=at,
+                            duration_ns=0, **common)
         self._log.flush()
 
     def close(self) -> None:
