@@ -404,7 +404,7 @@ def scenario_sampler(rank: int, n: int, out: Dict[str, Any]) -> None:
 
         def loss_fn(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
             if rank == 1:
-                time.sleep(0.04)
+                time.sleep(0.07)  # past the 60 ms deadline after 1 (sync lag 0) or 2 (lag 1) micro-batches
             return sum_loss(mod, mb)
 
         res = ctl.run([load(ids) for ids in mbs], loss_fn)

@@ -79,7 +79,7 @@ class OverlapHook:
         if time.monotonic() - self.armed_at < 0.9 * self.timeout.total_seconds():
             return None
         return CollectiveTimeout(
-            f"rank {self.counts.rank}: step {self.counts.step}: the gradient all-reduce (a DDP bucket) did not "
+            f"rank {self.counts.rank}: step {self.counts.step}: a DDP bucket's gradient all-reduce did not "
             f"finish within the process group's timeout ({self.timeout.total_seconds():g} s): a rank died, stopped "
             f"or never reached the step ({e})"
         )
