@@ -73,8 +73,10 @@ class StepResult:
 
     def finite(self) -> bool:
         """Whether the reduced gradient is finite (identical on every rank: the all-reduce sums
-        every rank's gradient). One pass over the gradients."""
-        return all(bool(torch.isfinite(b).all()) for b in self._buffers)
+        every rank's gradient). One reduction pass, no mask: the sum, accumulated in float64
+        (so finite float32 or narrower values cannot overflow it), is finite exactly when every
+        element is."""
+        return all(bool(torch.isfinite(b.sum(dtype=torch.float64))) for b in self._buffers)
 
     def apply(self, optimizer: torch.optim.Optimizer, scaler: Any = None, scheduler: Any = None) -> bool:
         """Steps ``optimizer`` (through ``scaler``, a ``torch.amp.GradScaler``, when given) and
