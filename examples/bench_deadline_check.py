@@ -47,7 +47,7 @@ def main() -> None:
         return policy.should_start(123_456, None, step=10, started=3)
 
     def check() -> bool:
-        return policy.should_start(clock.elapsed_ns(), None, step=10, started=3)
+        return policy.should_start(clock.read(clock.mark()), None, step=10, started=3)
 
     med = {name: statistics.median(per_call_ns(fn, args.calls)) for name, fn in
            [("empty", empty), ("decide", decide), ("check", check)]}

@@ -94,8 +94,7 @@ def run(args: argparse.Namespace, threshold_ns: "int | None", x: torch.Tensor, y
             t0 = time.perf_counter_ns()
             ctl.start_clock()
             res = ctl.run(mbs, loss_fn)
-            if not res.skipped:
-                opt.step()
+            res.apply(opt)  # steps unless no rank computed anything or the gradient is not finite
             step_ns.append(time.perf_counter_ns() - t0)
             computed += sum(res.counts)
             dropped += res.dropped_micro_batches

@@ -180,7 +180,7 @@ pub enum FaceError {
     #[error(transparent)]
     Tune(#[from] TuneInputError),
     /// A file holds several traces (`DC_TRACE`).
-    #[error("{}: {count} traces in one input; pass one", .path.display())]
+    #[error("{}: {count} traces in one input; pass one (or every rank's log of one job)", .path.display())]
     SeveralTraces {
         /// The file.
         path: PathBuf,
@@ -844,15 +844,26 @@ pub fn chosen_verdict(rec: &Recommendation, check: Option<CheckMode>) -> &Verdic
     if check.is_some() { &rec.verdict } else { &rec.ideal.verdict }
 }
 
-/// Loads the one trace held by `path` (shared with the Python extension).
+/// Loads the one trace held by `path` ([`load_trace_files`] of one file).
+///
+/// # Errors
+/// As [`load_trace_files`].
+pub fn load_trace(path: &Path, opts: &LoadOptions) -> Result<LatencyTrace, FaceError> {
+    load_trace_files(&[path.to_path_buf()], opts)
+}
+
+/// Loads the one trace held by `paths` together: one file, or every rank's compute log of one
+/// job (merged by `trace::load` as `dropcompute tune --trace A B ...` merges them). Shared with
+/// the Python extension.
 ///
 /// # Errors
 /// [`FaceError::Trace`] (`DC_IO`: missing, unreadable, a directory; `DC_TRACE`: malformed,
-/// empty), [`FaceError::SeveralTraces`].
-pub fn load_trace(path: &Path, opts: &LoadOptions) -> Result<LatencyTrace, FaceError> {
-    let mut loaded = dropcompute::trace::load(&[path.to_path_buf()], opts)?;
+/// empty, logs of different jobs), [`FaceError::SeveralTraces`] (naming the first file).
+pub fn load_trace_files(paths: &[PathBuf], opts: &LoadOptions) -> Result<LatencyTrace, FaceError> {
+    let mut loaded = dropcompute::trace::load(paths, opts)?;
     if loaded.len() != 1 {
-        return Err(FaceError::SeveralTraces { path: path.to_path_buf(), count: loaded.len() });
+        let path = paths.first().cloned().unwrap_or_default();
+        return Err(FaceError::SeveralTraces { path, count: loaded.len() });
     }
     Ok(loaded.remove(0).trace)
 }

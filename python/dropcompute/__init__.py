@@ -18,7 +18,9 @@ from ._core import (
     MAX_TRACE_CELLS,
     MAX_WORLD_SIZE,
     MIN_STEPS,
+    MAX_DEALER_SAMPLES,
     ComputeLogWriter,
+    Dealer,
     LatencyEstimator,
     Policy,
     Retuner,
@@ -29,6 +31,7 @@ from ._core import (
     read_trace,
     recommend,
     simulate,
+    __version__,
 )
 
 __all__ = [
@@ -37,7 +40,9 @@ __all__ = [
     "MAX_TRACE_CELLS",
     "MAX_WORLD_SIZE",
     "MIN_STEPS",
+    "MAX_DEALER_SAMPLES",
     "ComputeLogWriter",
+    "Dealer",
     "LatencyEstimator",
     "Policy",
     "Retuner",
@@ -48,4 +53,5 @@ __all__ = [
     "read_trace",
     "recommend",
     "simulate",
+    "__version__",
 ]

@@ -22,9 +22,14 @@ MAX_MICRO_BATCHES: int
 MAX_ESTIMATOR_WINDOW: int
 #: Most cells N*M*steps of a latency array (2**28, the trace readers' cap).
 MAX_TRACE_CELLS: int
+#: Most samples a ``Dealer``'s epoch holds (2**28: its shuffle holds every id, 8 bytes each).
+MAX_DEALER_SAMPLES: int
+#: The package's version (the crate's).
+__version__: str
 
 CheckMode = Literal["before", "predictive"]
-Source = Union[str, "os.PathLike[str]", npt.NDArray[np.float64]]
+#: A trace file, every rank's compute log of one job (a list), or an (N, M, steps) array.
+Source = Union[str, "os.PathLike[str]", List[Union[str, "os.PathLike[str]"]], npt.NDArray[np.float64]]
 
 class Policy:
     """The deadline policy of a job (``policy::decide``).
@@ -54,6 +59,10 @@ class Policy:
     def warmup_steps(self) -> int: ...
     @property
     def min_micro_batches(self) -> int: ...
+    def __reduce__(self) -> Tuple[type, Tuple[Optional[int], str, int, int]]:
+        """Pickling: the constructor's arguments (a policy travels to workers and checkpoints)."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
 
 class LatencyEstimator:
     """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns). Raises
@@ -77,9 +86,48 @@ class StepWalk:
     def ended(
         self, launch: int, end_ns: int, duration_ns: int, estimator: Optional[LatencyEstimator] = None
     ) -> bool: ...
+    def peek(self, estimator: Optional[LatencyEstimator] = None) -> Tuple[str, int]:
+        """Whether another launch follows the one ``next`` last returned, asked before it runs:
+        ``("again", 0)``, ``("last", 0)`` or ``("wait", upto)`` (report those ends, ask again).
+        With ``sync_lag`` >= 1 it never needs the end of the launch about to run."""
     def clock_at(self, elapsed_ns: int) -> None: ...
     def reported(self) -> int: ...
     def started(self) -> int: ...
+
+class Dealer:
+    """One rank's replica of the job's one global epoch stream (the crate's
+    ``deal::RunData::global``, what ``dropcompute train`` deals by): each epoch the sample ids
+    ``0..samples`` shuffled by (seed, epoch), cut into micro-batches of ``micro_batch_size``,
+    dealt per step by an assignment (micro-batches per rank), every rank's not-started
+    micro-batches back at the front in rank order. ``epochs`` None: the stream never ends.
+    Raises ValueError for ``samples`` 0 or above ``MAX_DEALER_SAMPLES``, ``micro_batch_size``
+    0 or above ``samples``, ``rank`` not below ``world_size``, ``world_size`` 0 or above
+    ``MAX_WORLD_SIZE``, ``epochs`` 0."""
+
+    def __init__(
+        self, samples: int, micro_batch_size: int, *, rank: int, world_size: int, seed: int = 0,
+        epochs: Optional[int] = None,
+    ) -> None: ...
+    def take(self, assignment: List[int]) -> List[List[int]]:
+        """This rank's micro-batches of the next step (sample-id lists). Raises ValueError for an
+        assignment without one entry per rank, RuntimeError when the last step is not settled."""
+    def settle(self, started: List[int]) -> None:
+        """Ends the step with every rank's started micro-batches. Raises ValueError for a wrong
+        length or more started than dealt to this rank, RuntimeError without a pending take."""
+    @property
+    def dealt_total(self) -> int:
+        """Micro-batches the pending ``take`` dealt to all ranks together; 0 between steps."""
+    @property
+    def ended(self) -> bool:
+        """Whether the last ``take`` dealt nothing to any rank: the stream has ended (known to
+        every replica at the same step). Such a take needs no ``settle``."""
+    @property
+    def epoch(self) -> int: ...
+    def state(self) -> str:
+        """The replica's state as JSON (between steps)."""
+    @staticmethod
+    def from_state(state: str) -> "Dealer":
+        """A replica from ``state()``'s JSON. Raises ValueError for a malformed one."""
 
 class Verdict:
     """The tuner's decision. ``predicted_*`` come from the scoring named by ``scoring``
@@ -89,7 +137,8 @@ class Verdict:
     "max_drop_rate", "min_batch_fraction"), ``reason`` gives the numbers."""
 
     enabled: bool
-    threshold_ns: Optional[float]
+    #: Whole ns, as ``Policy(threshold_ns=...)`` takes it; None when not enabled.
+    threshold_ns: Optional[int]
     predicted_drop_rate: float
     predicted_speedup: float
     ideal_speedup: float
@@ -168,7 +217,14 @@ class ComputeLogWriter:
         start_ns: int,
         duration_ns: int,
         sentence_length: int = 0,
-    ) -> None: ...
+        micro_batches: int = 0,
+        clock_start_ns: Optional[int] = None,
+        deadline_ns: int = 0,
+    ) -> None:
+        """One micro-batch row. Times are ns on one monotonic clock per rank: ``start_ns``, the
+        step's compute clock start ``clock_start_ns`` (the reader derives the step overhead
+        from it; None: not recorded) and its deadline ``deadline_ns`` (0: none). ``micro_batches``:
+        the run's M (0: not recorded)."""
     def flush(self) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> "ComputeLogWriter": ...

@@ -136,6 +136,26 @@ impl Policy {
     fn min_micro_batches(&self) -> u32 {
         self.cfg.min_micro_batches
     }
+    /// Pickling (a policy travels to spawned workers and into checkpoints): the constructor's
+    /// arguments.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Option<u64>, &'static str, u64, u32))> {
+        let c = slf.get().cfg;
+        Ok((
+            slf.get_type().into_any().unbind(),
+            (c.threshold.as_ns(), check_name(c.check), c.warmup_steps, c.min_micro_batches),
+        ))
+    }
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<Policy>().is_ok_and(|o| o.get().cfg == self.cfg)
+    }
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.cfg.threshold.as_ns(), check_name(self.cfg.check), self.cfg.warmup_steps, self.cfg.min_micro_batches)
+            .hash(&mut h);
+        h.finish()
+    }
     fn __repr__(&self) -> String {
         format!(
             "Policy(threshold_ns={}, check={:?}, warmup_steps={}, min_micro_batches={})",
@@ -232,6 +252,28 @@ impl StepWalk {
         with_estimator(estimator, |e| self.inner.ended(launch, end_ns, duration_ns, e))
     }
 
+    /// Whether another launch follows the one `next` last returned, asked before it runs
+    /// (`policy::walk::RankWalk::peek`): `("again", 0)`, `("last", 0)`, or `("wait", upto)`
+    /// (report the ends of launches `reported()..upto` first, then ask again). With
+    /// `sync_lag` >= 1 it never needs the end of the launch about to run.
+    #[pyo3(signature = (estimator=None))]
+    fn peek(&self, estimator: Option<PyRef<'_, LatencyEstimator>>) -> (&'static str, usize) {
+        use policy::walk::Peek;
+        let fresh;
+        let est = match &estimator {
+            Some(e) => &e.inner,
+            None => {
+                fresh = policy::LatencyEstimator::new(1, 1.0);
+                &fresh
+            }
+        };
+        match self.inner.peek(est) {
+            Peek::Again => ("again", 0),
+            Peek::Last => ("last", 0),
+            Peek::Wait { upto } => ("wait", upto),
+        }
+    }
+
     /// Answers `("wait", 0)` with the compute time already elapsed (ns since the clock
     /// start): time before the first micro-batch counts against the deadline.
     fn clock_at(&mut self, elapsed_ns: u64) {
@@ -249,11 +291,171 @@ impl StepWalk {
     }
 }
 
+/// Most samples a [`Dealer`]'s epoch holds: its shuffle materializes every sample id (8 bytes
+/// each), so 2**28 samples are 2 GiB.
+pub const MAX_DEALER_SAMPLES: u64 = 1 << 28;
+
+/// One rank's replica of the job's one global epoch stream (`deal::RunData::global`, what
+/// `train` and its replay deal by): each epoch the sample ids `0..samples` shuffled by
+/// (seed, epoch), cut into micro-batches of `micro_batch_size`, dealt per step by an
+/// assignment, every rank's not-started micro-batches back at the front in rank order. Every
+/// rank holds a replica and settles it with the same gathered counts, so all replicas agree
+/// without communicating. See `dropcompute/_core.pyi`.
+#[pyclass(module = "dropcompute._core")]
+pub struct Dealer {
+    data: dropcompute::deal::RunData,
+    rank: u32,
+    world_size: usize,
+    /// This rank's micro-batch count dealt by the pending [`Dealer::take`] (None between steps).
+    dealt: Option<usize>,
+    /// The last `take` dealt nothing to any rank.
+    ended: bool,
+}
+
+#[pymethods]
+impl Dealer {
+    #[new]
+    #[pyo3(signature = (samples, micro_batch_size, *, rank, world_size, seed=0, epochs=None))]
+    fn new(
+        samples: u64,
+        micro_batch_size: usize,
+        rank: u32,
+        world_size: usize,
+        seed: u64,
+        epochs: Option<u64>,
+    ) -> PyResult<Self> {
+        let world_size = world_size_arg(world_size)?;
+        if samples == 0 || samples > MAX_DEALER_SAMPLES {
+            return Err(value_err(
+                "samples",
+                format!("{samples}: must be in 1..={MAX_DEALER_SAMPLES} (MAX_DEALER_SAMPLES)"),
+            ));
+        }
+        if micro_batch_size == 0 || micro_batch_size as u64 > samples {
+            return Err(value_err(
+                "micro_batch_size",
+                format!("{micro_batch_size}: must be in 1..={samples} (samples)"),
+            ));
+        }
+        if rank as usize >= world_size {
+            return Err(value_err("rank", format!("{rank}: must be below world_size {world_size}")));
+        }
+        if epochs == Some(0) {
+            return Err(value_err("epochs", "0: must be >= 1 (None: never ends)"));
+        }
+        let data = dropcompute::deal::RunData::global(samples, seed, micro_batch_size, 1, epochs);
+        Ok(Self { data, rank, world_size, dealt: None, ended: false })
+    }
+
+    /// This rank's micro-batches of the next step, each a list of sample ids, dealt by
+    /// `assignment` (micro-batches per rank, one entry per rank); fewer (or none) at the end of
+    /// the stream. Call `settle` before the next `take`.
+    fn take(&mut self, assignment: Vec<u32>) -> PyResult<Vec<Vec<u64>>> {
+        use dropcompute::schedule::DataSource;
+        if self.dealt.is_some() {
+            return Err(PyRuntimeError::new_err("Dealer.take: the previous step is not settled (call settle first)"));
+        }
+        if assignment.len() != self.world_size {
+            return Err(value_err(
+                "assignment",
+                format!("{} entries: must have one per rank ({})", assignment.len(), self.world_size),
+            ));
+        }
+        for &a in &assignment {
+            micro_batches("assignment", a as usize)?;
+        }
+        let mine = self.data.take_assigned(self.rank, &assignment);
+        self.dealt = Some(mine.len());
+        if self.dealt_total() == 0 {
+            // The stream has ended: nothing to settle, the replica stays between steps.
+            self.data.settle(self.rank, &vec![0; self.world_size], Vec::new(), true);
+            self.dealt = None;
+            self.ended = true;
+        }
+        Ok(mine.into_iter().map(|mb| mb.sample_ids).collect())
+    }
+
+    /// Whether the last `take` dealt nothing to any rank: the stream has ended (every replica
+    /// knows it at the same step, so every rank stops there).
+    #[getter]
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Micro-batches the pending `take` dealt to all ranks together; 0 between steps.
+    #[getter]
+    fn dealt_total(&self) -> usize {
+        match (&self.data, self.dealt) {
+            (dropcompute::deal::RunData::Shared(s), Some(_)) => s.dealt().iter().map(Vec::len).sum(),
+            _ => 0,
+        }
+    }
+
+    /// Ends the step: `started[r]` is the number of micro-batches rank r started (identical on
+    /// every rank, from the gathered counts); every rank's not-started ones go back to the
+    /// front of the stream, rank 0's first.
+    fn settle(&mut self, started: Vec<u32>) -> PyResult<()> {
+        use dropcompute::schedule::DataSource;
+        let Some(dealt) = self.dealt else {
+            return Err(PyRuntimeError::new_err("Dealer.settle: no step was taken"));
+        };
+        if started.len() != self.world_size {
+            return Err(value_err(
+                "started",
+                format!("{} entries: must have one per rank ({})", started.len(), self.world_size),
+            ));
+        }
+        let mine = started[self.rank as usize] as usize;
+        if mine > dealt {
+            return Err(value_err("started", format!("rank {}: {mine} started of {dealt} dealt", self.rank)));
+        }
+        self.data.settle(self.rank, &started, Vec::new(), true);
+        self.dealt = None;
+        Ok(())
+    }
+
+    /// The current epoch (0-based).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        match &self.data {
+            dropcompute::deal::RunData::Shared(s) => s.inner.epoch,
+            dropcompute::deal::RunData::PerRank(s) => s.epoch,
+        }
+    }
+
+    /// The replica's state as JSON (for a checkpoint; `Dealer.from_state` reads it back).
+    fn state(&self) -> PyResult<String> {
+        if self.dealt.is_some() {
+            return Err(PyRuntimeError::new_err("Dealer.state: a step is taken but not settled"));
+        }
+        serde_json::to_string(&(&self.data, self.rank, self.world_size)).map_err(|e| value_err("state", e))
+    }
+
+    /// A replica from `state` (what `state` returned).
+    #[staticmethod]
+    fn from_state(state: &str) -> PyResult<Self> {
+        let (data, rank, world_size): (dropcompute::deal::RunData, u32, usize) =
+            serde_json::from_str(state).map_err(|e| value_err("state", format!("not a Dealer state: {e}")))?;
+        let world_size = world_size_arg(world_size)?;
+        if rank as usize >= world_size {
+            return Err(value_err("state", format!("rank {rank} not below world_size {world_size}")));
+        }
+        Ok(Self { data, rank, world_size, dealt: None, ended: false })
+    }
+}
+
+fn world_size_arg(n: usize) -> PyResult<usize> {
+    if n == 0 {
+        return Err(value_err("world_size", "0: must be >= 1"));
+    }
+    world_size("world_size", n)
+}
+
 /// The tuner's decision (see `dropcompute/_core.pyi`).
 #[pyclass(module = "dropcompute._core", frozen, get_all)]
 pub struct Verdict {
     enabled: bool,
-    threshold_ns: Option<f64>,
+    threshold_ns: Option<u64>,
     predicted_drop_rate: f64,
     predicted_speedup: f64,
     ideal_speedup: f64,
@@ -269,7 +471,7 @@ impl Verdict {
         match &self.reason {
             None => format!(
                 "Verdict(enabled=True, threshold_ns={:.0}, predicted_drop_rate={:.4}, predicted_speedup={:+.4}, scoring={:?})",
-                self.threshold_ns.unwrap_or(0.0),
+                self.threshold_ns.unwrap_or(0),
                 self.predicted_drop_rate,
                 self.predicted_speedup,
                 self.scoring
@@ -307,11 +509,20 @@ fn trace_from(py: Python<'_>, source: &Bound<'_, PyAny>, overhead_ns: f64) -> Py
         )
         .map_err(|e| value_err("latencies_ns", e));
     }
-    let path: PathBuf = source.extract().map_err(|_| {
-        value_err("source", "must be a path (str or os.PathLike) or a float64 array of shape (N, M, steps)")
-    })?;
+    // One path, or a list of them (every rank's compute log of one job, as `dropcompute tune
+    // --trace A B ...` takes them).
+    let paths: Vec<PathBuf> = match source.extract::<PathBuf>() {
+        Ok(p) => vec![p],
+        Err(_) => source.extract::<Vec<PathBuf>>().ok().filter(|v| !v.is_empty()).ok_or_else(|| {
+            value_err(
+                "source",
+                "must be a path (str or os.PathLike), a non-empty list of paths (every rank's compute log) or a \
+                 float64 array of shape (N, M, steps)",
+            )
+        })?,
+    };
     let opts = LoadOptions { reference_overhead_ns: overhead_ns, ..Default::default() };
-    py.detach(|| dropcompute_capi::load_trace(&path, &opts)).map_err(py_err)
+    py.detach(|| dropcompute_capi::load_trace_files(&paths, &opts)).map_err(py_err)
 }
 
 /// (N, M, S) -> the trace's layout `[(s * N + n) * M + m]`.
@@ -379,7 +590,8 @@ fn recommend(
     Ok(match *dropcompute_capi::chosen_verdict(&rec, mode) {
         RsVerdict::Enable(c) => Verdict {
             enabled: true,
-            threshold_ns: Some(c.threshold_ns),
+            // Whole ns, as `Policy(threshold_ns=...)` takes it (`Threshold::from_ns_f64`).
+            threshold_ns: Threshold::from_ns_f64(c.threshold_ns).as_ns(),
             predicted_drop_rate: c.drop_rate,
             predicted_speedup: c.objective,
             ..base
@@ -479,8 +691,9 @@ impl ComputeLogWriter {
         Ok(Self { path, inner: Some(RsWriter::new(BufWriter::new(f))) })
     }
 
-    /// Append one micro-batch row.
-    #[pyo3(signature = (*, global_step, local_step, world_size, batch, computed_batch, compute_dropped, rank, start_ns, duration_ns, sentence_length=0))]
+    /// Append one micro-batch row (`trace::compute_log::ComputeLogRecord`; times in ns on one
+    /// monotonic clock per rank: `start_ns`, `clock_start_ns`, `deadline_ns`).
+    #[pyo3(signature = (*, global_step, local_step, world_size, batch, computed_batch, compute_dropped, rank, start_ns, duration_ns, sentence_length=0, micro_batches=0, clock_start_ns=None, deadline_ns=0))]
     #[allow(clippy::too_many_arguments)]
     fn write(
         &mut self,
@@ -494,6 +707,9 @@ impl ComputeLogWriter {
         start_ns: u64,
         duration_ns: u64,
         sentence_length: u32,
+        micro_batches: u32,
+        clock_start_ns: Option<u64>,
+        deadline_ns: u64,
     ) -> PyResult<()> {
         let w = self.inner.as_mut().ok_or_else(|| value_err("ComputeLogWriter", "closed"))?;
         let rec = ComputeLogRecord {
@@ -508,7 +724,12 @@ impl ComputeLogWriter {
             rank,
             start_ns,
             duration_ns,
-            // M, the tail shape and the clock are not known here: the reader's defaults.
+            // M (0: not recorded), the step's compute clock start on the start_ns clock (the
+            // reader derives the step overhead from it) and its deadline (0: none); the tail
+            // shape: whole micro-batches (the reader's default).
+            micro_batches,
+            clock_start_ns,
+            deadline_ns,
             ..ComputeLogRecord::default()
         };
         w.write(&rec).map_err(|e| PyOSError::new_err(format!("{}: {e}", self.path.display())))
@@ -718,6 +939,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ComputeLogWriter>()?;
     m.add_class::<StragglerTracker>()?;
     m.add_class::<Retuner>()?;
+    m.add_class::<Dealer>()?;
     m.add_function(wrap_pyfunction!(recommend, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
@@ -727,6 +949,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_MICRO_BATCHES", DC_MAX_MICRO_BATCHES)?;
     m.add("MAX_ESTIMATOR_WINDOW", DC_MAX_ESTIMATOR_WINDOW)?;
     m.add("MAX_TRACE_CELLS", MAX_FILLED_CELLS)?;
+    m.add("MAX_DEALER_SAMPLES", MAX_DEALER_SAMPLES)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
 
     Ok(())
 }

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -19,42 +19,56 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
-from dropcompute.torch import DropComputeStep
+from dropcompute.torch import DropComputeSampler, DropComputeStep
 
 B = 4  # micro-batch size (samples)
 D_IN, D_H, D_OUT = 8, 16, 3
+Batch = Tuple[torch.Tensor, torch.Tensor]
 
 
-def model() -> torch.nn.Module:
+def model(dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(D_IN, D_H), torch.nn.Tanh(), torch.nn.Linear(D_H, D_OUT)).double()
+    return torch.nn.Sequential(torch.nn.Linear(D_IN, D_H), torch.nn.Tanh(), torch.nn.Linear(D_H, D_OUT)).to(dtype)
 
 
-def data(rank: int, step: int, m: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+def data(rank: int, step: int, m: int, b: int = B, dtype: torch.dtype = torch.float64) -> List[Batch]:
     g = torch.Generator().manual_seed(1000 * rank + step)
-    return [(torch.randn(B, D_IN, generator=g, dtype=torch.float64), torch.randint(0, D_OUT, (B,), generator=g))
+    return [(torch.randn(b, D_IN, generator=g, dtype=torch.float64).to(dtype), torch.randint(0, D_OUT, (b,), generator=g))
             for _ in range(m)]
 
 
-def sum_loss(mod: torch.nn.Module, mb: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def sum_loss(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
     x, y = mb
     return torch.nn.functional.cross_entropy(mod(x), y, reduction="sum")
 
 
-def reference_grad(params0: torch.nn.Module, counts: List[int], step: int, m: int) -> List[torch.Tensor]:
-    """f64 sum of per-sample gradients over every rank's computed micro-batches (the first
-    counts[r] / B of rank r's), divided by the global computed count."""
-    ref = copy.deepcopy(params0)
+def reference_grad(net0: torch.nn.Module, batches: List[List[Batch]]) -> List[torch.Tensor]:
+    """f64 mean of per-sample gradients over every rank's computed micro-batches
+    (``batches[r]``), computed sample by sample on a float64 copy."""
+    ref = copy.deepcopy(net0).double()
     acc = [torch.zeros_like(p) for p in ref.parameters()]
-    for r, c in enumerate(counts):
-        for x, y in data(r, step, m)[: c // B]:
-            for i in range(B):
+    total = 0
+    for mbs in batches:
+        for x, y in mbs:
+            for i in range(x.shape[0]):
                 ref.zero_grad()
-                sum_loss(ref, (x[i : i + 1], y[i : i + 1])).backward()
+                sum_loss(ref, (x[i : i + 1].double(), y[i : i + 1])).backward()
                 for a, p in zip(acc, ref.parameters()):
                     a += p.grad
-    total = float(sum(counts))
+                total += 1
     return [a / total for a in acc]
+
+
+def rel_err(got: List[torch.Tensor], ref: List[torch.Tensor]) -> float:
+    return max(float((g.double() - r).abs().max() / max(float(r.abs().max()), 1e-300)) for g, r in zip(got, ref))
+
+
+def same_on_every_rank(ts: List[torch.Tensor]) -> bool:
+    """Whether these tensors are bitwise identical on every rank (gathered and compared)."""
+    flat = torch.cat([t.detach().double().reshape(-1) for t in ts])
+    out = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return all(bool(torch.equal(o, out[0])) for o in out)
 
 
 class CountCollectives:
@@ -76,107 +90,401 @@ class CountCollectives:
         dist.all_reduce = self._orig
 
 
+def no_ddp_hook(ddp: DDP) -> List[int]:
+    calls = [0]
+
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        calls[0] += 1
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, hook)  # DDP's own bucketed all-reduce must never run
+    return calls
+
+
+def scenario_off(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Threshold off: the same parameters as plain DDP no_sync accumulation (mean loss / M)."""
+    m, steps = 4, 3
+    net = model()
+    ddp = DDP(copy.deepcopy(net))
+    overlap = mode() == "overlap"
+    hook_calls = [0] if overlap else no_ddp_hook(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode())
+    plain = DDP(copy.deepcopy(net))
+    popt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    calls = []
+    for s in range(steps):
+        mbs = data(rank, s, m)
+        with CountCollectives() as cc:
+            res = ctl.run(mbs, sum_loss)
+        calls.append(cc.calls)
+        assert res.apply(opt)
+        popt.zero_grad()
+        for i, (x, y) in enumerate(mbs):
+            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
+            with ctx:
+                (torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
+        popt.step()
+        assert res.counts == [m * B] * n and res.started == [m] * n and res.divisor == n * m * B, res
+    diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
+    moved = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), net.parameters()))
+    out.update(all_reduce_calls=calls, max_param_diff=diff, moved=moved, ddp_hook_calls=hook_calls[0],
+               buckets=ctl.hook.buckets if ctl.hook is not None else 0)
+
+
+def scenario_hook(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Overlap mode composes with the user's comm hook (bf16 compression): at threshold off the
+    same parameters as plain DDP with the same hook; with a slowed rank the gradient is the
+    mean over computed samples within bf16's rounding."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    m, steps = 4, 3
+    net = model(torch.float32)
+    ddp = DDP(copy.deepcopy(net))
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), mode="overlap", micro_batch_size=B, micro_batches_per_step=m,
+                          comm_hook=default_hooks.bf16_compress_hook, comm_state=None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    plain = DDP(copy.deepcopy(net))
+    plain.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    popt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for s in range(steps):
+        mbs = data(rank, s, m, dtype=torch.float32)
+        ctl.run(mbs, sum_loss).apply(opt)
+        popt.zero_grad()
+        for i, (x, y) in enumerate(mbs):
+            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
+            with ctx:
+                (torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
+        popt.step()
+    diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
+    out.update(max_param_diff=diff, buckets=ctl.hook.buckets if ctl.hook is not None else 0)
+
+
+def mode() -> str:
+    return os.environ.get("DC_MODE", "flat")
+
+
+def scenario_k(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """k in {0, 1, M} on different ranks (rank r computes DC_KS[r] micro-batches, "M" = all), in
+    mode DC_MODE: equal accumulated gradients on every rank, equal to the f64 reference.
+
+    Steps 0 and 1 are warm-up steps (every rank computes everything, not applied; DDP rebuilds
+    its buckets in the first forward after its first synced backward, a collective that would
+    stall the fast ranks' first micro-batch); step 2 is measured.
+    Flat (sync lag 0): k = 0: the rank is 150 ms late before its first micro-batch; k = 1: its
+    first micro-batch takes 150 ms. Overlap (sync lag 1: the first launch never waits): k = 0:
+    the rank is dealt nothing; k = 1: it is 150 ms late. k = M: four fast micro-batches."""
+    m = 4
+    want = [m if k == "M" else int(k) for k in os.environ["DC_KS"].split(",")][rank]
+    net = model()
+    ddp = DDP(copy.deepcopy(net))
+    overlap = mode() == "overlap"
+    hook_calls = [0] if overlap else no_ddp_hook(ddp)
+    # Identical on every rank: 100 ms deadline, two warm-up steps, no minimum.
+    ctl = DropComputeStep(ddp, dropcompute.Policy(100_000_000, warmup_steps=2, min_micro_batches=0), mode=mode())
+    ctl.run(data(rank, 0, m), sum_loss)
+    ctl.run(data(rank, 0, m), sum_loss)
+    late = (want == 0 and not overlap) or (want == 1 and overlap)
+
+    def loss_fn(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
+        if want == 1 and not overlap:
+            time.sleep(0.15)
+        return sum_loss(mod, mb)
+
+    ctl.start_clock()
+    if late:
+        time.sleep(0.15)
+    mbs = [] if (overlap and want == 0) else data(rank, 2, m)
+    with CountCollectives() as cc:
+        res = ctl.run(mbs, loss_fn)
+    assert res.computed_micro_batches == want, (rank, res)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ddp.module.parameters()]
+    ks = res.started
+    ref = reference_grad(net, [data(r, 2, m)[: ks[r]] for r in range(n)])
+    out.update(started=ks, counts=res.counts, divisor=res.divisor, grad_rel_err=rel_err(grads, ref),
+               same_everywhere=same_on_every_rank(grads), all_reduce_calls=cc.calls, ddp_hook_calls=hook_calls[0],
+               buckets=ctl.hook.buckets if ctl.hook is not None else 0)
+
+
+def scenario_allidle(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """No rank computes anything: every rank skips the step, the scaler is untouched."""
+    ddp = DDP(model())
+    ctl = DropComputeStep(ddp, dropcompute.Policy(100_000_000, warmup_steps=0, min_micro_batches=0))
+    opt = torch.optim.AdamW(ddp.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in ddp.parameters()]
+    ctl.start_clock()
+    time.sleep(0.15)
+    res = ctl.run(data(rank, 0, 4), sum_loss)
+    stepped = res.apply(opt)
+    moved = max(float((p - b).abs().max()) for p, b in zip(ddp.parameters(), before))
+    out.update(counts=res.counts, skipped=res.skipped, divisor=res.divisor, stepped=stepped, moved=moved,
+               grads_none=all(p.grad is None for p in ddp.parameters()))
+
+
+def scenario_scaler(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """GradScaler: rank 1's loss overflows at steps 2 and 3; the scaler backs off and skips
+    exactly as under plain DDP (the same scales, the same skipped steps, the LR scheduler
+    stepped only with the optimizer, the same parameters after 6 steps)."""
+    m, steps = 2, 6
+    net = model(torch.float32)
+    ddp = DDP(copy.deepcopy(net))
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), micro_batch_size=B, micro_batches_per_step=m, mode=mode())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=1000)
+    plain = DDP(copy.deepcopy(net))
+    popt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    psched = torch.optim.lr_scheduler.StepLR(popt, step_size=1, gamma=0.5)
+    pscaler = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=1000)
+    scales, pscales, stepped, pstepped = [], [], [], []
+    for s in range(steps):
+        blow = 1e36 if rank == 1 and s in (2, 3) else 1.0
+        mbs = data(rank, s, m, dtype=torch.float32)
+        res = ctl.run(mbs, lambda mod, mb: scaler.scale(sum_loss(mod, mb) * blow))
+        stepped.append(res.apply(opt, scaler, sched))
+        scales.append(scaler.get_scale())
+        popt.zero_grad()
+        for i, (x, y) in enumerate(mbs):
+            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
+            with ctx:
+                pscaler.scale(torch.nn.functional.cross_entropy(plain(x), y) * blow / m).backward()
+        before = pscaler.get_scale()
+        pscaler.step(popt)
+        pscaler.update()
+        pstepped.append(pscaler.get_scale() >= before)
+        if pstepped[-1]:
+            psched.step()
+        pscales.append(pscaler.get_scale())
+    diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
+    out.update(scales=scales, plain_scales=pscales, stepped=stepped, plain_stepped=pstepped, max_param_diff=diff,
+               lr=sched.get_last_lr(), plain_lr=psched.get_last_lr())
+
+
+def scenario_dtypes(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Exact counts in bf16 (micro-batches of 257 and 1001 samples) and a mixed-dtype model
+    (a float32 layer and a bfloat16 layer: each keeps its own buffer)."""
+    torch.manual_seed(0)
+    l1 = torch.nn.Linear(D_IN, D_H).float()
+    l2 = torch.nn.Linear(D_H, D_OUT).bfloat16()
+
+    class Mixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.l2 = l1, l2
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.l2(torch.tanh(self.l1(x.float())).bfloat16()).float()
+
+    net = Mixed()
+    ctl = DropComputeStep(DDP(copy.deepcopy(net)), dropcompute.Policy())
+    sizes = [257, 1001]
+    g = torch.Generator().manual_seed(rank)
+    mbs = [(torch.randn(b, D_IN, generator=g), torch.randint(0, D_OUT, (b,), generator=g)) for b in sizes]
+    res = ctl.run(mbs, sum_loss)
+    mod = ctl.model.module
+    # Reference for the float32 layer: float64 arithmetic on the same (bf16) forward, summed over
+    # every rank's samples and divided by the exact count.
+    gath = [None] * n
+    dist.all_gather_object(gath, [(x.tolist(), y.tolist()) for x, y in mbs])
+    ref = copy.deepcopy(net)
+    ref.zero_grad()
+    total = 0
+    for r_mbs in gath:
+        for x, y in r_mbs:
+            xt, yt = torch.tensor(x), torch.tensor(y)
+            sum_loss(ref, (xt, yt)).backward()
+            total += len(y)
+    want = ref.l1.weight.grad.double() / total
+    err = float((mod.l1.weight.grad.double() - want).abs().max() / want.abs().max())
+    out.update(counts=res.counts, divisor=res.divisor, total=total, f32_rel_err=err,
+               dtypes=sorted(str(b.dtype) for b in res._buffers))
+
+
+def scenario_unused(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """A parameter no rank uses keeps grad None and AdamW does not move it; one used on one
+    rank only is averaged over every rank's samples."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.body = torch.nn.Linear(D_IN, D_OUT).double()
+            self.never = torch.nn.Linear(D_IN, D_OUT).double()
+            self.rank0 = torch.nn.Linear(D_IN, D_OUT).double()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.body(x)
+            return y + self.rank0(x) if dist.get_rank() == 0 else y
+
+    net = Net()
+    ddp = DDP(copy.deepcopy(net), find_unused_parameters=True)
+    ctl = DropComputeStep(ddp, dropcompute.Policy())
+    opt = torch.optim.AdamW(ddp.parameters(), lr=0.1, weight_decay=0.1)
+    res = ctl.run(data(rank, 0, 2), sum_loss)
+    never = [p.grad is None for p in ddp.module.never.parameters()]
+    rank0 = [p.grad is not None for p in ddp.module.rank0.parameters()]
+    assert res.apply(opt)
+    moved_never = max(float((a - b).abs().max()) for a, b in zip(ddp.module.never.parameters(), net.never.parameters()))
+    out.update(never_none=never, rank0_has_grad=rank0, moved_never=moved_never,
+               rank0_same=same_on_every_rank([p.grad for p in ddp.module.rank0.parameters()]))
+
+
+def scenario_refusals(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """A mean loss and ranks with different policies are refused on every rank."""
+    ddp = DDP(model())
+    ctl = DropComputeStep(ddp, dropcompute.Policy())
+    errors = {}
+    for name, fn in [
+        ("mean", lambda mod, mb: torch.nn.functional.cross_entropy(mod(mb[0]), mb[1])),
+        ("dot_mean", lambda mod, mb: mod(mb[0]).mean()),
+    ]:
+        try:
+            ctl.run(data(rank, 0, 1), fn)
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    other = DropComputeStep(DDP(model()), dropcompute.Policy(threshold_ns=None if rank == 0 else 5_000_000_000))
+    try:
+        other.run(data(rank, 0, 1), sum_loss)
+        errors["policy"] = None
+    except ValueError as e:
+        errors["policy"] = str(e)
+    out["errors"] = errors
+
+
+def scenario_iterable(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """A generator of micro-batches (no len()) with micro_batches_per_step: pulled lazily (the
+    not-started ones never leave the generator); the same gradient as the list."""
+    m = 4
+    net = model()
+    a = DropComputeStep(DDP(copy.deepcopy(net)), dropcompute.Policy(), micro_batches_per_step=m)
+    b = DropComputeStep(DDP(copy.deepcopy(net)), dropcompute.Policy())
+    pulled = []
+
+    def gen() -> Any:
+        for i, mb in enumerate(data(rank, 0, m)):
+            pulled.append(i)
+            yield mb
+
+    ra = a.run(gen(), sum_loss)
+    rb = b.run(data(rank, 0, m), sum_loss)
+    same = all(torch.equal(p.grad, q.grad) for p, q in zip(a.model.module.parameters(), b.model.module.parameters()))
+    try:
+        DropComputeStep(DDP(copy.deepcopy(net)), dropcompute.Policy()).run(gen(), sum_loss)
+        err = None
+    except ValueError as e:
+        err = str(e)
+    out.update(pulled=pulled, same_as_list=same, counts=ra.counts, list_counts=rb.counts, no_len_error=err)
+
+
+def scenario_sampler(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """DropComputeSampler over 2 epochs with rank 1 slowed: every sample computed exactly once
+    per epoch, every rank stops at the same step, the replicas stay equal."""
+    samples, b, m = 96, 4, 3
+    sampler = DropComputeSampler(samples, b, m, rank=rank, world_size=n, seed=7, epochs=2)
+    net = model()
+    ddp = DDP(net)
+    ctl = DropComputeStep(ddp, dropcompute.Policy(60_000_000, warmup_steps=0, min_micro_batches=1),
+                          micro_batches_per_step=m, mode=mode())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.randn(samples, D_IN, generator=g, dtype=torch.float64), torch.randint(0, D_OUT, (samples,), generator=g)
+    computed: List[Tuple[int, List[int]]] = []  # (epoch, ids) of every started micro-batch
+    steps, dropped = 0, 0
+    while True:
+        epoch = sampler.epoch
+        mbs = sampler.take()
+        if mbs is None:
+            break
+
+        def load(ids: List[int]) -> Batch:
+            return xs[ids], ys[ids]
+
+        def loss_fn(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
+            if rank == 1:
+                time.sleep(0.07)  # past the 60 ms deadline after 1 (sync lag 0) or 2 (lag 1) micro-batches
+            return sum_loss(mod, mb)
+
+        res = ctl.run([load(ids) for ids in mbs], loss_fn)
+        computed.extend((epoch, ids) for ids in mbs[: res.computed_micro_batches])
+        dropped += res.dropped_micro_batches
+        sampler.settle(res.started)
+        res.apply(opt)
+        steps += 1
+    state = sampler.state_dict()
+    out.update(computed=computed, steps=steps, dropped=dropped, state=state["dealer"])
+
+
+def scenario_static(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """DDP(static_graph=True) (needed with reentrant activation checkpointing): the flat path runs
+    steps; overlap mode is refused, naming static_graph (DDP's own no_sync accumulation asserts
+    under a static graph, pytorch #143580)."""
+    ddp = DDP(model(), static_graph=True)
+    try:
+        ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode())
+    except ValueError as e:
+        out["refused"] = str(e)
+        return
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for s in range(3):
+        res = ctl.run(data(rank, s, 3), sum_loss)
+        res.apply(opt)
+    out["steps"] = 3
+
+
+def scenario_log(rank: int, n: int, outdir: str, out: Dict[str, Any]) -> None:
+    m, steps = 4, 12
+    path = os.path.join(outdir, f"compute_log_rank{rank}.csv")
+    ddp = DDP(model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), compute_log=path)
+    for s in range(steps):
+        ctl.run(data(rank, s, m), sum_loss).apply(opt)
+    ctl.close()
+    out["log"] = path
+
+
+def scenario_timeout(rank: int, outdir: str, out: Dict[str, Any]) -> None:
+    ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode())
+    if rank != 0:
+        time.sleep(15)  # never joins the step's collectives
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        ctl.run(data(rank, 0, 2), sum_loss)
+        out["raised"] = None
+    except TimeoutError as e:
+        out["raised"] = "TimeoutError"
+        out["message"] = str(e)
+    out["waited_s"] = time.monotonic() - t0
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    os._exit(0)
+
+
+SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
+    "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
+    "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,
+    "iterable": scenario_iterable, "sampler": scenario_sampler, "static": scenario_static, "hook": scenario_hook,
+}
+
+
 def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
     timeout = 5 if scenario == "timeout" else 120
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
     rank, n = dist.get_rank(), dist.get_world_size()
     out: Dict[str, Any] = {"rank": rank, "world_size": n}
-    net = model()
-    ddp = DDP(copy.deepcopy(net))
-    hook_calls = [0]
-
-    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        hook_calls[0] += 1
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    ddp.register_comm_hook(None, hook)  # DDP's own bucketed all-reduce must never run
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-
-    if scenario == "off":
-        m, steps = 4, 3
-        ctl = DropComputeStep(ddp, dropcompute.Policy())
-        plain = DDP(copy.deepcopy(net))
-        popt = torch.optim.SGD(plain.parameters(), lr=0.1)
-        calls = []
-        for s in range(steps):
-            mbs = data(rank, s, m)
-            with CountCollectives() as cc:
-                res = ctl.run(mbs, sum_loss)
-            calls.append(cc.calls)
-            opt.step()
-            popt.zero_grad()
-            for i, (x, y) in enumerate(mbs):
-                ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
-                with ctx:
-                    (torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
-            popt.step()
-            assert res.counts == [m * B] * n and res.divisor == n * m * B, res
-        diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
-        moved = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), net.parameters()))
-        out.update(all_reduce_calls=calls, max_param_diff=diff, moved=moved)
-    elif scenario in ("slow", "idle", "allidle"):
-        m = 8
-        if scenario == "slow":
-            policy = dropcompute.Policy(200_000_000, warmup_steps=0, min_micro_batches=1)
-        else:
-            policy = dropcompute.Policy(100_000_000, warmup_steps=0, min_micro_batches=0)
-        ctl = DropComputeStep(ddp, policy)
-        slow = 1
-
-        def loss_fn(mod: torch.nn.Module, mb: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            if scenario == "slow" and rank == slow:
-                time.sleep(0.06)
-            return sum_loss(mod, mb)
-
-        ctl.start_clock()
-        if (scenario == "idle" and rank == slow) or scenario == "allidle":
-            time.sleep(0.15)
-        p0 = copy.deepcopy(ddp.module)
-        with CountCollectives() as cc:
-            res = ctl.run(data(rank, 0, m), loss_fn)
-        grads = [p.grad.detach().clone() for p in ddp.module.parameters()]
-        if res.skipped:
-            err = max(float(g.abs().max()) for g in grads)
-            expected = dropcompute.divisor(np.asarray(res.counts, dtype=np.uint64))
-            assert expected is None
-        else:
-            ref = reference_grad(p0, res.counts, 0, m)
-            err = max(float((g - r).abs().max() / max(float(r.abs().max()), 1e-300)) for g, r in zip(grads, ref))
-            assert res.divisor == dropcompute.divisor(np.asarray(res.counts, dtype=np.uint64)) == sum(res.counts)
-        opt.step()
-        out.update(counts=res.counts, computed=res.computed_micro_batches, dropped=res.dropped_micro_batches,
-                   skipped=res.skipped, divisor=res.divisor, grad_rel_err=err, all_reduce_calls=[cc.calls])
+    if scenario == "timeout":
+        scenario_timeout(rank, outdir, out)
     elif scenario == "log":
-        m, steps = 4, 12
-        path = os.path.join(outdir, f"compute_log_rank{rank}.csv")
-        ctl = DropComputeStep(ddp, dropcompute.Policy(), compute_log=path)
-        for s in range(steps):
-            ctl.run(data(rank, s, m), sum_loss)
-            opt.step()
-        ctl.close()
-        out["log"] = path
-    elif scenario == "timeout":
-        ctl = DropComputeStep(ddp, dropcompute.Policy())
-        if rank != 0:
-            time.sleep(15)  # never joins the step's all-reduce
-            os._exit(0)
-        t0 = time.monotonic()
-        try:
-            ctl.run(data(rank, 0, 2), sum_loss)
-            out["raised"] = None
-        except TimeoutError as e:
-            out["raised"] = "TimeoutError"
-            out["message"] = str(e)
-        out["waited_s"] = time.monotonic() - t0
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(out, f)
-        os._exit(0)
+        scenario_log(rank, n, outdir, out)
+    elif scenario in SCENARIOS:
+        SCENARIOS[scenario](rank, n, out)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    out["ddp_hook_calls"] = hook_calls[0]
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
     dist.barrier()

@@ -1,11 +1,13 @@
 """The extension module against values computed here by hand or by a second route."""
 
 import os
+from typing import Any, Dict, List
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import dropcompute
 import dropcompute as dc
 
 
@@ -168,3 +170,69 @@ def test_straggler_tracker_and_retuner() -> None:
         ev = rt.on_step(np.ascontiguousarray(lat[:, :, s]), float(lat[:, :, s].sum(axis=1).max()))
     assert ev is not None and ev["event"] == "tuned"
     assert rt.threshold_ns == 4_000_000
+
+
+def test_policy_pickles_and_compares() -> None:
+    import pickle
+
+    p = dropcompute.Policy(25_000_000, "predictive", warmup_steps=2, min_micro_batches=3)
+    q = pickle.loads(pickle.dumps(p))
+    assert q == p and hash(q) == hash(p) and repr(q) == repr(p)
+    assert q != dropcompute.Policy(25_000_001, "predictive", warmup_steps=2, min_micro_batches=3)
+
+
+def test_dealer_deals_every_sample_once_per_epoch_with_drops() -> None:
+    n, m, b, samples = 3, 2, 4, 40
+    dealers = [dropcompute.Dealer(samples, b, rank=r, world_size=n, seed=5, epochs=1) for r in range(n)]
+    seen: List[int] = []
+    steps = 0
+    while True:
+        taken = [d.take([m] * n) for d in dealers]
+        if dealers[0].ended:
+            assert all(not t for t in taken) and all(d.ended for d in dealers)
+            break
+        assert dealers[0].dealt_total == sum(len(t) for t in taken) > 0
+        started = [len(t) // (2 if r == 1 else 1) for r, t in enumerate(taken)]  # rank 1 drops half
+        for r, t in enumerate(taken):
+            for ids in t[: started[r]]:
+                seen.extend(ids)
+        for d in dealers:
+            d.settle(started)
+        steps += 1
+    assert sorted(seen) == list(range(samples)), seen
+    assert steps > samples // (n * m * b)  # the drops cost steps, no samples
+    state = dealers[2].state()
+    assert dropcompute.Dealer.from_state(state).state() == state
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(samples=0, micro_batch_size=1, rank=0, world_size=1), "samples"),
+        (dict(samples=2**28 + 1, micro_batch_size=1, rank=0, world_size=1), "samples"),
+        (dict(samples=4, micro_batch_size=0, rank=0, world_size=1), "micro_batch_size"),
+        (dict(samples=4, micro_batch_size=5, rank=0, world_size=1), "micro_batch_size"),
+        (dict(samples=4, micro_batch_size=1, rank=2, world_size=2), "rank"),
+        (dict(samples=4, micro_batch_size=1, rank=0, world_size=0), "world_size"),
+        (dict(samples=4, micro_batch_size=1, rank=0, world_size=2**21), "world_size"),
+        (dict(samples=4, micro_batch_size=1, rank=0, world_size=1, epochs=0), "epochs"),
+    ],
+)
+def test_dealer_refuses_bad_arguments_naming_them(kwargs: Dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        dropcompute.Dealer(**kwargs)
+
+
+def test_dealer_refuses_misuse() -> None:
+    d = dropcompute.Dealer(8, 2, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="assignment"):
+        d.take([1])
+    with pytest.raises(RuntimeError, match="no step was taken"):
+        d.settle([0, 0])
+    d.take([1, 1])
+    with pytest.raises(RuntimeError, match="not settled"):
+        d.take([1, 1])
+    with pytest.raises(ValueError, match="started"):
+        d.settle([2, 0])  # rank 0 was dealt 1
+    with pytest.raises(ValueError, match="not a Dealer state"):
+        dropcompute.Dealer.from_state("{")

@@ -62,6 +62,20 @@ pub enum Next {
     Done(WalkEnd),
 }
 
+/// The answer of [`RankWalk::peek`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peek {
+    /// Another launch follows.
+    Again,
+    /// The launch last returned is the rank's last of the step.
+    Last,
+    /// The decision needs the ends of launches `RankWalk::reported()..upto`.
+    Wait {
+        /// As in [`Next::Wait`].
+        upto: usize,
+    },
+}
+
 /// One rank's walk through one step (module doc). Create one per rank and step.
 #[derive(Clone, Debug)]
 pub struct RankWalk {
@@ -185,6 +199,28 @@ impl RankWalk {
         Next::Launch(l)
     }
 
+    /// Whether another launch follows the one [`RankWalk::next`] last returned, asked before
+    /// that launch runs: the decision [`RankWalk::next`] will make, taken now on a copy of the
+    /// walk and of `est` (nothing here changes). A driver that reduces gradients during the
+    /// last micro-batch's backward (the Python face's overlap mode) must know it before
+    /// launching it. With sync lag k >= 1 the check before launch i+1 reads the end of launch
+    /// i-k, so the answer never needs the end of the launch about to run; with k = 0 it does.
+    ///
+    /// Returns [`Peek::Again`], [`Peek::Last`], or [`Peek::Wait`] with the launches whose ends
+    /// the decision needs (report them with [`RankWalk::ended`] and ask again; `upto` 0: the
+    /// clock's reading, answered with [`RankWalk::clock_at`]).
+    pub fn peek(&self, est: &LatencyEstimator) -> Peek {
+        let mut walk = self.clone();
+        let mut est = est.clone();
+        match walk.next(&mut est) {
+            Next::Launch(_) => Peek::Again,
+            Next::Done(_) => Peek::Last,
+            // The copy has decided to end and gathers the ends for the estimator.
+            Next::Wait { .. } if walk.end.is_some() => Peek::Last,
+            Next::Wait { upto } => Peek::Wait { upto },
+        }
+    }
+
     /// Reports the end of launch `launch`: the device time from the step's compute clock start
     /// to its end (`end_ns`) and its own duration (`duration_ns`, fed to `est` for a whole
     /// micro-batch). Launches must be reported in order; a launch reported out of order, twice,
@@ -207,6 +243,8 @@ impl RankWalk {
     /// deadline's clock starts at the previous optimizer step (reference §2).
     pub fn clock_at(&mut self, elapsed_ns: u64) {
         self.clock_ns = elapsed_ns;
+        // Answered: a [`RankWalk::peek`] that asked for the clock does not ask again.
+        self.clock_read = true;
     }
 
     /// Launches reported so far (the next one to report).
@@ -325,6 +363,64 @@ mod tests {
         let (l, _) = drive(&mut w, &mut est, &[10; 3], 0.5);
         assert_eq!(l.iter().map(|x| x.parts).collect::<Vec<_>>(), vec![2, 2, 1]);
         assert!(matches!(w.next(&mut est), Next::Done(WalkEnd::Assignment)));
+    }
+
+    /// `peek` before each launch runs answers what `next` then does, for every sync lag >= 1,
+    /// both checks and an assignment run out; with lag 0 it asks for the launch's own end.
+    #[test]
+    fn peek_tells_the_last_launch_before_it_runs() {
+        for (lag, check, cap) in [
+            (1, CheckMode::BeforeMicroBatch, 8),
+            (2, CheckMode::BeforeMicroBatch, 8),
+            (1, CheckMode::Predictive, 8),
+            (1, CheckMode::BeforeMicroBatch, 2),
+            (3, CheckMode::Predictive, 3),
+        ] {
+            let mut est = LatencyEstimator::new(8, 0.9);
+            est.observe(10);
+            let mut w = RankWalk::new(deadline(45, check), 5, cap, TailShape::default(), lag);
+            let (mut ends, mut acc, mut peeks) = (Vec::new(), 0u64, Vec::new());
+            loop {
+                match w.next(&mut est) {
+                    Next::Launch(l) => {
+                        let mut asked = 0;
+                        let p = loop {
+                            asked += 1;
+                            assert!(asked < 10, "lag {lag}: the peek keeps asking");
+                            match w.peek(&est) {
+                                Peek::Wait { upto: 0 } => w.clock_at(0),
+                                Peek::Wait { upto } => {
+                                    assert!(upto <= l.index, "lag {lag}: the peek needs launch {l:?}'s own end");
+                                    for (i, &e) in ends.iter().enumerate().take(upto).skip(w.reported()) {
+                                        assert!(w.ended(i, e, 10, &mut est));
+                                    }
+                                }
+                                p => break p,
+                            }
+                        };
+                        peeks.push(p);
+                        acc += 10;
+                        ends.push(acc);
+                    }
+                    Next::Wait { upto } => {
+                        for (i, &e) in ends.iter().enumerate().take(upto).skip(w.reported()) {
+                            assert!(w.ended(i, e, 10, &mut est));
+                        }
+                    }
+                    Next::Done(_) => break,
+                }
+            }
+            let n = peeks.len();
+            assert!(n >= 1 && n <= cap);
+            assert_eq!(peeks[..n - 1], vec![Peek::Again; n - 1], "lag {lag} {check:?} cap {cap}");
+            assert_eq!(peeks[n - 1], Peek::Last, "lag {lag} {check:?} cap {cap}");
+        }
+        // Lag 0: the decision after launch 0 needs launch 0's end.
+        let mut est = LatencyEstimator::default();
+        let mut w = RankWalk::new(deadline(45, CheckMode::BeforeMicroBatch), 5, 4, TailShape::default(), 0);
+        assert_eq!(w.next(&mut est), Next::Wait { upto: 0 });
+        assert!(matches!(w.next(&mut est), Next::Launch(_)));
+        assert_eq!(w.peek(&est), Peek::Wait { upto: 1 });
     }
 
     /// Time already elapsed at the first check (a host-clocked driver) counts.

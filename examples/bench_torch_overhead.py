@@ -1,0 +1,97 @@
+"""Overhead of dropcompute.torch at threshold off against plain DDP ``no_sync`` accumulation:
+step time and peak memory, paired in one sitting (issue 25's targets: overhead <= 2 % of step
+time, peak memory <= DDP + 5 % of the gradients' size).
+
+usage (one configuration per launch, so that each peak RSS is its own):
+    python -m torch.distributed.run --standalone --nproc_per_node=2 examples/bench_torch_overhead.py \
+        --params 1e6 --mode ddp|flat|overlap [--steps 20] [--out FILE.json]
+
+Each rank builds an MLP of about ``--params`` parameters (float32), runs ``--steps`` steps of
+M = 4 micro-batches (b = 16), the first 3 not timed; rank 0 prints (and writes with --out) the
+median step time (ms) and the peak resident set growth over the model's own setup (MiB, from
+``resource.getrusage``: ru_maxrss, the process's peak; the gradients' size is printed beside
+it). The CPU, gloo; host load is printed with the numbers.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import time
+from typing import List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dropcompute
+from dropcompute.torch import DropComputeStep
+
+M, B = 4, 16
+
+
+def mlp(params: float) -> torch.nn.Module:
+    # 3 square layers of width w: about 3 w^2 parameters.
+    w = max(int((params / 3) ** 0.5), 8)
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
+                               torch.nn.Linear(w, w))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=float, default=1e6)
+    ap.add_argument("--mode", choices=["ddp", "flat", "overlap"], required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    net = mlp(args.params)
+    w = net[0].in_features
+    n_params = sum(p.numel() for p in net.parameters())
+    ddp = DDP(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(rank)
+    batches: List[Tuple[torch.Tensor, torch.Tensor]] = [
+        (torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)) for _ in range(M)
+    ]
+    dist.barrier()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ctl = None if args.mode == "ddp" else DropComputeStep(ddp, dropcompute.Policy(), mode=args.mode, micro_batch_size=B)
+    times = []
+    for s in range(args.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if ctl is None:
+            opt.zero_grad()
+            for i, (x, y) in enumerate(batches):
+                if i < M - 1:
+                    with ddp.no_sync():
+                        (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
+                else:
+                    (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
+            opt.step()
+        else:
+            ctl.run(batches, lambda mod, mb: torch.nn.functional.mse_loss(mod(mb[0]), mb[1], reduction="sum")).apply(opt)
+        t1 = time.perf_counter()
+        if s >= 3:
+            times.append(t1 - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    res = {
+        "mode": args.mode, "params": n_params, "grad_mib": n_params * 4 / 2**20,
+        "step_ms": statistics.median(times) * 1e3, "peak_growth_mib": (peak - base) / 1024,
+        "load": os.getloadavg()[0],
+    }
+    if rank == 0:
+        print(json.dumps(res))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

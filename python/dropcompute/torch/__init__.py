@@ -1,0 +1,21 @@
+"""DropCompute for PyTorch training loops (``pip install ./python[torch]``).
+
+What this package owns: running one gradient-accumulation step's micro-batches under the
+crate's one step walker (``dropcompute.StepWalk``: the Rust scheduler's own decisions), timing
+them on the device's timeline with a sync lag, the exact sample counts and the rescaled
+gradient reduce, the optimizer / GradScaler / LR-scheduler step that follows, and dealing an
+epoch's micro-batches to ranks so that no sample is lost. What it must not touch: the
+decisions themselves (the deadline, the warm-up, the minimum, the predictive estimate, the
+divisor and the dealing order are the crate's, called through ``dropcompute._core``).
+
+Modules: ``clock`` (device time, marks read with a lag), ``reduce`` (flat gradient buffers, the
+exact count collective, the rescale), ``step`` (``DropComputeStep``, ``StepResult``), ``data``
+(``DropComputeSampler``: the crate's global dealer over a dataset's indices).
+"""
+
+from .clock import DeviceClock
+from .data import DropComputeSampler, batch_size
+from .reduce import FlatGradients
+from .step import DropComputeStep, StepResult
+
+__all__ = ["DeviceClock", "DropComputeSampler", "DropComputeStep", "FlatGradients", "StepResult", "batch_size"]

@@ -1,0 +1,124 @@
+"""The overlap path: DDP's own bucketed all-reduce runs during the backward of the rank's last
+micro-batch, through a comm hook that rescales each bucket by the global count.
+
+Owns: ``OverlapHook`` (registered once on the DDP module; wraps the user's comm hook, DDP's
+default all-reduce when none) and the step's pending rescale. Must not touch: the decision of
+which micro-batch is the last (the crate's walker, ``StepWalk.peek``), the divisor's rule.
+
+How a step runs (``step.DropComputeStep`` with ``mode="overlap"``): every micro-batch but the
+last runs under ``no_sync``; before launching one, ``StepWalk.peek`` says whether another will
+follow (with ``sync_lag`` >= 1 this never needs the end of the micro-batch about to run). The
+last runs with DDP's sync on: after its forward the rank issues the count collective
+(``reduce.Counts``), then its backward fires DDP's bucket all-reduces; each bucket's future
+waits for the counts (long done) and multiplies the bucket by N / (loss_scale x divisor). Every
+rank issues the same sequence (counts, then DDP's buckets) whatever it computed: a rank whose
+walk launches nothing runs a zero-weighted backward of its most recent micro-batch (one
+micro-batch of compute; only with ``min_micro_batches`` 0 or a rank dealt nothing).
+
+The user's hook sees the bucket as DDP would give it (its own division by N included, e.g.
+``allreduce_hook``, ``bf16_compress_hook``); the rescale composes after it: DDP's hooks return
+the mean over N ranks of the loss-scaled gradients, so the factor is N / (loss_scale x d).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from .reduce import CollectiveTimeout, Counts, rescale_factor, scale_
+
+
+class OverlapHook:
+    """The comm hook state registered on the DDP module (``register_comm_hook(self, self.hook)``).
+
+    ``user_hook``/``user_state``: the user's comm hook (DDP's default all-reduce, dividing by N,
+    when None). Raises ValueError when the model is not a DDP module."""
+
+    def __init__(self, ddp: torch.nn.Module, user_hook: Optional[Callable[..., Any]], user_state: Any,
+                 group: Optional[dist.ProcessGroup]) -> None:
+        if not hasattr(ddp, "register_comm_hook"):
+            raise ValueError("model: mode='overlap' needs a DistributedDataParallel module (its reducer overlaps)")
+        if getattr(ddp, "static_graph", False):
+            # DDP's own no_sync accumulation asserts under static_graph (pytorch #143580; the
+            # test shows plain DDP failing the same way): the flat path never runs DDP's reducer.
+            raise ValueError(
+                "model.static_graph: True: DDP cannot accumulate under no_sync with a static graph "
+                "(pytorch #143580); use mode='flat'"
+            )
+        self.user_hook: Callable[..., Any] = user_hook if user_hook is not None else default_hooks.allreduce_hook
+        self.user_state = user_state if user_hook is not None else group
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.counts: Optional[Counts] = None
+        self.divisor_of: Any = None
+        self.loss_scale = 1.0
+        self.timeout: Optional[datetime.timedelta] = None
+        self.divisor: Optional[float] = None
+        self.error: Optional[BaseException] = None
+        self.buckets = 0
+        self.armed_at = 0.0
+        # A lambda: DDP checks a hook's annotations against its own types, and this module's
+        # annotations are strings (``from __future__ import annotations``).
+        ddp.register_comm_hook(self, lambda state, bucket: OverlapHook.hook(state, bucket))  # type: ignore[operator]
+
+    def arm(self, counts: Counts, divisor_of: Any, loss_scale: float, timeout: Optional[datetime.timedelta]) -> None:
+        """The step's pending rescale (before the last micro-batch's backward)."""
+        self.counts, self.divisor_of, self.loss_scale, self.timeout = counts, divisor_of, loss_scale, timeout
+        self.divisor, self.error, self.buckets = None, None, 0
+        self.armed_at = time.monotonic()
+
+    def timeout_error(self, e: RuntimeError) -> Optional[BaseException]:
+        """A bucket's all-reduce failed: a CollectiveTimeout when it failed after 90 % of the
+        timeout since the step's count collective was issued (no backend's text is parsed)."""
+        if self.timeout is None or self.counts is None:
+            return None
+        if time.monotonic() - self.armed_at < 0.9 * self.timeout.total_seconds():
+            return None
+        return CollectiveTimeout(
+            f"rank {self.counts.rank}: step {self.counts.step}: a DDP bucket's gradient all-reduce did not "
+            f"finish within the process group's timeout ({self.timeout.total_seconds():g} s): a rank died, stopped "
+            f"or never reached the step ({e})"
+        )
+
+    def _factor(self) -> Optional[float]:
+        assert self.counts is not None, "a bucket was reduced outside a DropCompute step"
+        reduced = self.counts.result(self.timeout)
+        self.divisor = self.divisor_of(reduced.samples)
+        return rescale_factor(1.0 / self.world_size, self.loss_scale, self.divisor)
+
+    @staticmethod
+    def hook(state: "OverlapHook", bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        """DDP's comm hook: the user's hook, then the rescale."""
+        state.buckets += 1
+        fut: torch.futures.Future[Any] = state.user_hook(state.user_state, bucket)
+
+        def rescale(f: torch.futures.Future[Any]) -> torch.Tensor:
+            try:
+                v = f.value()
+            except RuntimeError as e:
+                state.error = state.timeout_error(e)
+                raise
+            t: torch.Tensor = v[0] if isinstance(v, list) else v
+            try:
+                factor = state._factor()
+            except BaseException as e:  # noqa: BLE001 (re-raised by the step after backward)
+                state.error = e
+                raise
+            if factor is None:
+                t.zero_()
+            else:
+                scale_(t, factor)
+            return t
+
+        return fut.then(rescale)
+
+
+def zero_grads(params: List[torch.nn.Parameter]) -> None:
+    """Zeroes existing gradients in place (DDP's bucket views stay valid)."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.zero_()

@@ -1,0 +1,241 @@
+"""The flat gradient path: one buffer per (dtype, device) that the parameters' ``.grad`` are
+views of, so backward accumulates straight into it and the all-reduce runs in place (no
+copies; what optimum-habana's ``fast_ddp`` does on Gaudi with a flat buffer).
+
+Owns: the buffers, the used-parameter record, the exact count collective and the rescale.
+Must not touch: the divisor's rule (``dropcompute.divisor``, the crate's ``schedule::divisor``)
+or the step's decisions.
+
+The count collective is one int64 all-reduce (SUM) of ``[samples(N) | started(N) | policy
+fingerprint(1) | used(P)]`` (N ranks, P parameters): each rank writes its own slots, so every
+rank learns every rank's sample count and started micro-batches exactly (the gradients' dtype
+never carries a count: bf16 rounded 257 to 256), whether the ranks run the same policy, and
+which parameters no rank used (their ``.grad`` is then ``None``, as DDP leaves it, so an
+optimizer such as AdamW does not move them). It is issued before the gradient all-reduces, so
+the gradients' collectives never wait for the host; every rank issues the same sequence
+(counts, then one all-reduce per buffer) whatever it computed, zero micro-batches included.
+
+Each dtype keeps its own buffer and collective: fp32 gradients never travel through bf16.
+Backward runs on the loss times a loss scale common to every rank (``step``: 1 / (N·M·b), with
+b the nominal micro-batch count), so the accumulated gradients have plain DDP's magnitude
+(an fp16 ``GradScaler`` overflows exactly when it would under DDP); the rescale divides by
+loss scale x divisor as a 0-d device tensor (float32, float64 for float64
+gradients; pytorch_gaudi.md G5: a device input, not a constant of a captured graph).
+A non-finite gradient on any rank makes the summed gradient non-finite on every rank (the
+all-reduce adds it), so ``GradScaler`` sees it and backs off exactly as under plain DDP.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+
+def group_timeout(group: Optional[dist.ProcessGroup]) -> Optional[datetime.timedelta]:
+    """The process group's collective timeout, when its backend exposes it (gloo, nccl);
+    None otherwise (e.g. the Gaudi bridge's hccl, not verified)."""
+    if not dist.is_initialized():
+        return None
+    pg = group if group is not None else dist.group.WORLD
+    for dev in ("cpu", "cuda", "hpu"):
+        try:
+            backend = pg._get_backend(torch.device(dev))  # type: ignore[union-attr]
+            t = backend.options._timeout
+            if isinstance(t, datetime.timedelta):
+                return t
+        except Exception:  # noqa: BLE001 (a backend without this device or options)
+            continue
+    return None
+
+
+class CollectiveTimeout(TimeoutError):
+    """A collective did not complete within the process group's timeout: a rank died, stopped
+    or never reached the step."""
+
+
+class FlatGradients:
+    """The parameters' gradients as views of one flat buffer per (dtype, device).
+
+    ``params``: the trainable parameters (contiguous). Raises ValueError for none, or for a
+    parameter that is not contiguous (its gradient cannot be a view of a flat buffer)."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
+        if not params:
+            raise ValueError("model: no parameter requires a gradient")
+        groups: Dict[Tuple[torch.dtype, torch.device], List[int]] = {}
+        for i, p in enumerate(params):
+            if not p.is_contiguous():
+                raise ValueError(f"parameter {i} (shape {tuple(p.shape)}): not contiguous")
+            groups.setdefault((p.dtype, p.device), []).append(i)
+        self.params = list(params)
+        #: (buffer, [(param index, offset, numel)]) per (dtype, device), in first-seen order.
+        self.buffers: List[Tuple[torch.Tensor, List[Tuple[int, int, int]]]] = []
+        for (dtype, device), idx in groups.items():
+            total = sum(self.params[i].numel() for i in idx)
+            flat = torch.zeros(total, dtype=dtype, device=device)
+            members, off = [], 0
+            for i in idx:
+                k = self.params[i].numel()
+                members.append((i, off, k))
+                off += k
+            self.buffers.append((flat, members))
+        self.used = [False] * len(self.params)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._marker(i))  # type: ignore[no-untyped-call]
+            for i, p in enumerate(self.params)
+        ]
+
+    def _marker(self, i: int) -> Any:
+        def mark(_p: torch.Tensor) -> None:
+            self.used[i] = True
+
+        return mark
+
+    def attach(self) -> None:
+        """Zeroes the buffers and points every ``.grad`` at its view (start of a step)."""
+        for flat, members in self.buffers:
+            flat.zero_()
+            for i, off, k in members:
+                self.params[i].grad = flat[off : off + k].view_as(self.params[i])
+        self.used = [False] * len(self.params)
+
+    def remove_hooks(self) -> None:
+        """Removes the used-parameter hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+class Reduced:
+    """What the count collective said: every rank's samples and started micro-batches, and
+    the parameters no rank used (flat path only)."""
+
+    def __init__(self, samples: List[int], started: List[int], unused: List[int]) -> None:
+        self.samples = samples
+        self.started = started
+        self.unused = unused
+
+
+class Counts:
+    """The step's count collective, issued at construction (async; every rank issues it before
+    its gradient collectives): one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
+    fingerprint(1) | used(P)]``, each rank writing its own slots. ``used``: per parameter
+    whether this rank's backward reached it (the flat path; empty in overlap mode, where DDP
+    tracks unused parameters itself)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        samples: int,
+        started: int,
+        fingerprint: int,
+        used: Sequence[bool],
+        device: torch.device,
+        group: Optional[dist.ProcessGroup],
+        step: int,
+    ) -> None:
+        n = world_size
+        self.rank, self.n, self.fingerprint, self.step = rank, n, fingerprint, step
+        self.tensor = torch.zeros(2 * n + 1 + len(used), dtype=torch.int64, device=device)
+        self.tensor[rank] = samples
+        self.tensor[n + rank] = started
+        self.tensor[2 * n] = fingerprint
+        if used:
+            self.tensor[2 * n + 1 :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
+        self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True) if n > 1 else None
+        self._result: Optional[Reduced] = None
+
+    def result(self, timeout: Optional[datetime.timedelta]) -> Reduced:
+        """Waits for the collective (once). Raises CollectiveTimeout; ValueError when the ranks'
+        fingerprints (policy, normalization, b, M, N) differ."""
+        if self._result is not None:
+            return self._result
+        if self.work is not None:
+            wait(self.work, self.rank, self.step, "count", timeout)
+        host = self.tensor.tolist()
+        n = self.n
+        if host[2 * n] != n * self.fingerprint:
+            raise ValueError(
+                f"rank {self.rank}: step {self.step}: the ranks run different step configurations (policy, "
+                f"normalization, micro-batch size or micro-batches per step differ; this rank's fingerprint "
+                f"{self.fingerprint}, the sum over {n} ranks {host[2 * n]})"
+            )
+        self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[2 * n + 1 :]) if u == 0])
+        return self._result
+
+
+def rescale_factor(world_sum_scale: float, loss_scale: float, d: Optional[float]) -> Optional[float]:
+    """What turns the all-reduced gradient into the sum of gradients over ``d``: the reduced
+    tensor holds ``world_sum_scale`` x the sum of the ranks' ``loss_scale``-scaled gradients,
+    so the factor is 1 / (world_sum_scale x loss_scale x d); None when ``d`` is None."""
+    return None if d is None else 1.0 / (world_sum_scale * loss_scale * d)
+
+
+def scale_(t: torch.Tensor, factor: float) -> None:
+    """Multiplies ``t`` in place by ``factor`` (skipped when exactly 1), the factor a 0-d device
+    tensor in float32 (float64 for float64 ``t``): a device input, not a graph constant."""
+    if factor != 1.0:
+        wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+        t.mul_(torch.tensor(factor, dtype=wide, device=t.device))
+
+
+def reduce_flat(
+    grads: FlatGradients,
+    counts: Counts,
+    *,
+    divisor_of: Any,
+    loss_scale: float,
+    group: Optional[dist.ProcessGroup],
+    timeout: Optional[datetime.timedelta],
+) -> Tuple[Reduced, Optional[float]]:
+    """The flat path after the count collective: one in-place all-reduce per buffer (issued
+    before waiting for the counts), then every buffer rescaled to the sum over
+    ``divisor_of(samples per rank)`` (None: the global count is zero, every ``.grad`` is None;
+    a parameter no rank used: ``.grad`` None). Returns the counts and the divisor.
+
+    Raises CollectiveTimeout naming the rank and step; ValueError as ``Counts.result``."""
+    works = []
+    if counts.n > 1:
+        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True) for flat, _ in grads.buffers]
+    try:
+        reduced = counts.result(timeout)
+    except ValueError:
+        for w in works:  # every rank completes the step's collectives, then every rank raises
+            wait(w, counts.rank, counts.step, "gradient", timeout)
+        raise
+    for w in works:
+        wait(w, counts.rank, counts.step, "gradient", timeout)
+    d = divisor_of(reduced.samples)
+    factor = rescale_factor(1.0, loss_scale, d)
+    if factor is not None:
+        for flat, _ in grads.buffers:
+            scale_(flat, factor)
+    for i in reduced.unused if d is not None else range(len(grads.params)):
+        grads.params[i].grad = None
+    return reduced, d
+
+
+def wait(work: Any, rank: int, step: int, what: str, timeout: Optional[datetime.timedelta]) -> None:
+    """Waits for ``work``; an error raised after waiting at least 90 % of ``timeout`` is a
+    CollectiveTimeout naming the rank, the step and the collective (no backend's message text
+    is parsed), any other error propagates."""
+    t0 = time.monotonic()
+    try:
+        if timeout is not None:
+            work.wait(timeout)
+        else:
+            work.wait()
+    except RuntimeError as e:
+        waited = time.monotonic() - t0
+        if timeout is not None and waited >= 0.9 * timeout.total_seconds():
+            raise CollectiveTimeout(
+                f"rank {rank}: step {step}: the {what} all-reduce did not finish within the process group's "
+                f"timeout ({timeout.total_seconds():g} s): a rank died, stopped or never reached the step ({e})"
+            ) from e
+        raise

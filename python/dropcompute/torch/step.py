@@ -1,0 +1,460 @@
+"""One data-parallel gradient-accumulation step under a compute deadline.
+
+Owns: the micro-batch loop (``DropComputeStep.run``) and what a step's result offers the
+caller (``StepResult.apply``: the optimizer, ``GradScaler`` and LR-scheduler step). Must not
+touch: decisions (the crate's step walker decides every launch: ``dropcompute.StepWalk``, the
+same ``policy::walk::RankWalk`` the Rust scheduler and the simulator drive), the divisor
+(``dropcompute.divisor``) or the collectives (``reduce``).
+
+A step: the gradients are zeroed views of flat buffers (``reduce.FlatGradients``); the walker
+says which micro-batch to launch or which ends to report (with ``sync_lag`` L it asks for the
+end of micro-batch i-L before launching i: the host never waits for the micro-batch just
+launched); each launched micro-batch runs ``loss_fn`` and ``backward`` under DDP's
+``no_sync`` (when the model is a DDP module); then the count collective and the gradient
+all-reduces (``reduce.reduce_step``) and the rescale. Micro-batches are pulled from the
+iterable only when launched: the ones not started were never taken (with
+``DropComputeSampler`` they are dealt again next step).
+
+The loss: ``loss_fn(module, micro_batch)`` (``module``: the DDP module's inner module; use it, not a
+closure over the DDP wrapper) returns per-sample losses (shape ``(b,)`` or
+``(b, ...)``: summed here, the count defaults to ``b``) or their SUM as a scalar. A scalar
+mean (``.mean()``, or a loss module with ``reduction="mean"``) is refused with ValueError: the
+divisor already turns the summed gradient into the mean over computed samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import ComputeLogWriter, LatencyEstimator, Policy, StepWalk, divisor
+from .clock import DeviceClock
+from .gaudi import bridge_for
+from .data import batch_size
+from .overlap import OverlapHook, zero_grads
+from .reduce import Counts, FlatGradients, group_timeout, reduce_flat
+
+
+@dataclass
+class StepResult:
+    """What one step did. Counts are samples (or what ``count_fn`` returns)."""
+
+    step: int
+    #: Micro-batches this rank started / did not start.
+    computed_micro_batches: int
+    dropped_micro_batches: int
+    #: Samples this rank computed.
+    samples: int
+    #: Every rank's computed samples, by rank (exact: int64).
+    counts: List[int]
+    #: Every rank's started micro-batches, by rank.
+    started: List[int]
+    #: What the summed gradient was divided by; None when no rank computed anything.
+    divisor: Optional[float]
+    #: This rank's compute phase (ns from the clock start to the end of its last micro-batch).
+    compute_ns: int
+    latencies_ns: List[int] = field(default_factory=list)
+    #: The flat gradient buffers (for the finiteness check of ``apply``).
+    _buffers: List[torch.Tensor] = field(default_factory=list, repr=False)
+    #: Intel Gaudi's bridge (lazy mode: a step marker after the optimizer step).
+    _bridge: Any = field(default=None, repr=False)
+
+    @property
+    def skipped(self) -> bool:
+        """True when no rank computed anything: there is no gradient to step with."""
+        return self.divisor is None
+
+    def finite(self) -> bool:
+        """Whether the reduced gradient is finite (identical on every rank: the all-reduce sums
+        every rank's gradient). One reduction pass, no mask: the sum, accumulated in float64
+        (so finite float32 or narrower values cannot overflow it), is finite exactly when every
+        element is."""
+        return all(bool(torch.isfinite(b.sum(dtype=torch.float64))) for b in self._buffers)
+
+    def apply(self, optimizer: torch.optim.Optimizer, scaler: Any = None, scheduler: Any = None) -> bool:
+        """Steps ``optimizer`` (through ``scaler``, a ``torch.amp.GradScaler``, when given) and
+        then ``scheduler`` only when the optimizer stepped. Returns whether it stepped.
+
+        Not stepped: when no rank computed anything (the scaler is left untouched: it saw no
+        gradient), or when the gradient is not finite (with a scaler: the scaler skips the
+        optimizer and backs off its scale exactly as under plain DDP; without one: checked
+        here). With a scaler, "stepped" is read as the scale not decreasing across
+        ``update()`` (the scaler's own signal; Hugging Face's Trainer reads it the same way)."""
+        if self.skipped:
+            return False
+        if scaler is not None:
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            stepped = bool(scaler.get_scale() >= before)
+        else:
+            stepped = self.finite()
+            if stepped:
+                optimizer.step()
+        if stepped and scheduler is not None:
+            scheduler.step()
+        if self._bridge is not None:
+            self._bridge.boundary()  # lazy mode: the optimizer step's graph ends here
+        return stepped
+
+
+class DropComputeStep:
+    """Runs gradient-accumulation steps under a compute deadline (see the module doc).
+
+    ``model``: a ``DistributedDataParallel`` module, or the plain module (the flat path needs
+    no DDP reducer; DDP is only run under ``no_sync``). Its trainable parameters must be
+    contiguous. ``policy``: the job's ``dropcompute.Policy``, identical on every rank (checked
+    at every step through the count collective). ``normalization``: "realized" (divide by the
+    global computed count) or "nominal" (N·M·b; ``micro_batch_size`` needed).
+    ``micro_batches_per_step``: M, the micro-batches per rank and step (needed when ``run`` is
+    given an iterable without ``len()``; the "nominal" divisor uses it, else this rank's count).
+    ``sync_lag``: how many micro-batches the deadline check reads behind (default 0 on the CPU,
+    whose execution is synchronous, 1 on a device). ``compute_log``: this rank's compute log
+    (read by ``dropcompute tune``). ``estimator``: the latency estimate of the predictive check.
+    ``timeout``: how long a collective may wait (default: the process group's own).
+    ``mode``: "flat" (one in-place all-reduce per gradient dtype after the compute phase;
+    ``reduce``) or "overlap" (DDP's own bucketed all-reduce during the last micro-batch's
+    backward, through a comm hook that rescales by the global count: ``overlap``; needs a DDP
+    module and ``sync_lag`` >= 1, its default there). ``comm_hook``/``comm_state``: the user's
+    DDP comm hook in overlap mode (e.g. ``bf16_compress_hook``), composed with the rescale.
+
+    Raises ValueError naming the argument for a bad value."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        policy: Policy,
+        *,
+        normalization: str = "realized",
+        micro_batch_size: int = 0,
+        micro_batches_per_step: Optional[int] = None,
+        device: Optional[torch.device] = None,
+        group: Optional[dist.ProcessGroup] = None,
+        sync_lag: Optional[int] = None,
+        compute_log: Optional[str] = None,
+        estimator: Optional[LatencyEstimator] = None,
+        timeout: Optional[datetime.timedelta] = None,
+        mode: str = "flat",
+        comm_hook: Optional[Callable[..., Any]] = None,
+        comm_state: Any = None,
+    ) -> None:
+        if normalization not in ("realized", "nominal"):
+            raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
+        if normalization == "nominal" and micro_batch_size <= 0:
+            raise ValueError("micro_batch_size: must be > 0 with normalization='nominal'")
+        if micro_batches_per_step is not None and micro_batches_per_step < 1:
+            raise ValueError(f"micro_batches_per_step: {micro_batches_per_step}: must be >= 1")
+        if sync_lag is not None and sync_lag < 0:
+            raise ValueError(f"sync_lag: {sync_lag}: must be >= 0")
+        if mode not in ("flat", "overlap"):
+            raise ValueError(f"mode: {mode!r}: must be 'flat' or 'overlap'")
+        if mode == "overlap" and sync_lag == 0:
+            raise ValueError("sync_lag: 0: mode='overlap' must know the last micro-batch before launching it (>= 1)")
+        if mode == "flat" and comm_hook is not None:
+            raise ValueError("comm_hook: only mode='overlap' runs DDP's reducer (the flat path has its own all-reduce)")
+        inner = getattr(model, "module", model)
+        if getattr(model, "broadcast_buffers", False) and any(True for _ in inner.buffers()):
+            raise ValueError("model.broadcast_buffers: must be False (ranks run different numbers of forwards)")
+        self.model = model
+        self.params = [p for p in inner.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("model: no parameter requires a gradient")
+        self.mode = mode
+        self.grads = FlatGradients(self.params) if mode == "flat" else None
+        self.hook = OverlapHook(model, comm_hook, comm_state, group) if mode == "overlap" else None
+        self._recent: Any = None
+        self.policy = policy
+        self.normalization = normalization
+        self.micro_batch_size = micro_batch_size
+        self.micro_batches_per_step = micro_batches_per_step
+        self.group = group
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        dev = device if device is not None else self.params[0].device
+        self.bridge = bridge_for(dev)
+        self.clock = DeviceClock(dev)
+        self.sync_lag = sync_lag if sync_lag is not None else (0 if dev.type == "cpu" and mode == "flat" else 1)
+        self.estimator = estimator
+        self.timeout = timeout if timeout is not None else group_timeout(group)
+        self.step = 0
+        self._observed_b = 0.0
+        self._observed_m = 0
+        self._clock_started = False
+        self._log = ComputeLogWriter(compute_log) if compute_log else None
+
+    def start_clock(self) -> None:
+        """Starts the compute clock now (right after ``optimizer.step()``); otherwise ``run``
+        starts it on entry."""
+        self.clock.start()
+        self._clock_started = True
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The step counter (the warm-up counts steps) and the observed micro-batch count (the
+        loss scale's b) for a checkpoint."""
+        return {"step": self.step, "observed_micro_batch_count": self._observed_b,
+                "observed_micro_batches": self._observed_m}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores ``state_dict()``'s state. Raises ValueError for a malformed one."""
+        step = state.get("step")
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"state['step']: {step!r}: must be an int >= 0")
+        b = state.get("observed_micro_batch_count", 0.0)
+        if not isinstance(b, (int, float)) or not b >= 0:
+            raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be a number >= 0")
+        mm = state.get("observed_micro_batches", 0)
+        if not isinstance(mm, int) or mm < 0:
+            raise ValueError(f"state['observed_micro_batches']: {mm!r}: must be an int >= 0")
+        self.step = step
+        self._observed_b = float(b)
+        self._observed_m = mm
+
+    def _fingerprint(self) -> int:
+        """What every rank must share: the policy, the normalization, b, M and N (a rank's own
+        micro-batch count may differ, e.g. at the end of an epoch)."""
+        key = (f"{self.policy!r}|{self.normalization}|{self.micro_batch_size}|{self.micro_batches_per_step}|"
+               f"{self.world_size}")
+        return zlib.crc32(key.encode()) & 0x7FFFFFFF
+
+    def _no_sync(self) -> Any:
+        ns = getattr(self.model, "no_sync", None)
+        return ns() if ns is not None else _Null()
+
+    def run(
+        self,
+        micro_batches: Iterable[Any],
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        count_fn: Optional[Callable[[Any], int]] = None,
+    ) -> StepResult:
+        """One step over ``micro_batches`` (a sequence, or any iterable with
+        ``micro_batches_per_step`` set); see the module doc for ``loss_fn``. ``count_fn(mb)``:
+        the micro-batch's sample (or token) count (default: the per-sample loss vector's length,
+        else ``batch_size(mb)``). Afterwards the parameters' ``.grad`` hold the rescaled mean
+        gradient (``None`` for a parameter no rank used); call ``result.apply(optimizer, ...)``.
+
+        Raises ValueError for an iterable without ``len()`` and no ``micro_batches_per_step``,
+        one that ends early, a mean loss, ranks with different configurations;
+        ``reduce.CollectiveTimeout`` (a ``TimeoutError``) when a collective times out."""
+        if hasattr(micro_batches, "__len__"):
+            m = len(micro_batches)  # type: ignore[arg-type]
+        elif self.micro_batches_per_step is not None:
+            m = self.micro_batches_per_step
+        else:
+            raise ValueError("micro_batches: an iterable without len(); set micro_batches_per_step")
+        if not self._clock_started:
+            self.clock.start()
+        self._clock_started = False
+        overlap = self.hook is not None
+        # Backward of loss * loss_scale, identical on every rank, so the accumulated gradients
+        # have DDP's magnitude (mean loss / M, averaged over N): 1 / (N·M·b) on the flat path,
+        # 1 / (M·b) in overlap mode (DDP's hook divides by N itself). b and M are the nominal
+        # ones (micro_batch_size and micro_batches_per_step; else the previous step's mean
+        # micro-batch count and most micro-batches started by a rank, from its count collective:
+        # known to every rank alike; 1 before the first step).
+        b_nominal = self.micro_batch_size or self._observed_b or 1.0
+        m_nominal = self.micro_batches_per_step or self._observed_m or 1
+        loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
+        if overlap:
+            zero_grads(self.params)
+        else:
+            assert self.grads is not None
+            self.grads.attach()
+        # The flat path runs the inner module: DDP's reducer never runs (under static_graph it
+        # asserts when backward passes run under no_sync only). Overlap runs the DDP module.
+        module = self.model if overlap else getattr(self.model, "module", self.model)
+        source = iter(micro_batches)
+        samples = 0
+        marks: List[Any] = []
+        ends: List[int] = []
+        batch: List[int] = []
+        counts: Optional[Counts] = None
+        divisor_of = self._divisor(m)
+        walk = StepWalk(self.policy, step=self.step, micro_batches=m, sync_lag=self.sync_lag)
+        with contextlib.ExitStack() as flat_no_sync:
+            if not overlap:
+                flat_no_sync.enter_context(self._no_sync())
+            while True:
+                kind, value = walk.next(self.estimator)
+                if kind == "done":
+                    break
+                if kind == "wait":
+                    if value == 0:
+                        # Time before the first micro-batch counts against the deadline.
+                        walk.clock_at(self.clock.elapsed_at_start())
+                    for i in range(walk.reported(), value):
+                        self._report(walk, i, marks, ends)
+                    continue
+                last = overlap and self._peek_last(walk, marks, ends)
+                try:
+                    mb = next(source)
+                except StopIteration:
+                    raise ValueError(f"micro_batches: ended after {value} of {m} micro-batches") from None
+                if overlap:
+                    self._recent = mb
+                with self._no_sync() if overlap and not last else contextlib.nullcontext():
+                    loss = loss_fn(module, mb)
+                    scaled = _sum_checked(loss, self.rank, self.step, value) * loss_scale
+                    c = int(count_fn(mb)) if count_fn is not None else (int(loss.shape[0]) if loss.dim() else batch_size(mb))
+                    batch.append(c)
+                    samples += c
+                    if last:
+                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale)
+                    self._backward(scaled)
+                if self.bridge is not None:
+                    self.bridge.boundary()
+                marks.append(self.clock.mark())
+        started = len(marks)
+        if overlap and started == 0:
+            # Every rank issues DDP's bucket all-reduces: a zero-weighted backward.
+            if self._recent is None:
+                raise RuntimeError(
+                    f"rank {self.rank}: step {self.step}: mode='overlap': this rank launched no micro-batch and has "
+                    "none from an earlier step for the zero-weighted backward that joins DDP's all-reduce "
+                    "(use min_micro_batches >= 1, or mode='flat')"
+                )
+            # The same order as a computing rank: DDP's forward (it may run its own collective,
+            # e.g. rebuilding buckets), the count collective, the backward.
+            zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
+            counts = self._arm(0, 0, divisor_of, loss_scale)
+            self._backward(zero)
+        if overlap:
+            assert counts is not None
+            reduced = counts.result(self.timeout)
+            d = divisor_of(reduced.samples)
+            if d is None:
+                for p in self.params:
+                    p.grad = None
+            buffers = [p.grad for p in self.params if p.grad is not None]
+        else:
+            assert self.grads is not None
+            counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
+                            fingerprint=self._fingerprint(), used=self.grads.used, device=self.params[0].device,
+                            group=self.group, step=self.step)
+            reduced, d = reduce_flat(self.grads, counts, divisor_of=divisor_of, loss_scale=loss_scale,
+                                     group=self.group, timeout=self.timeout)
+            buffers = [f for f, _ in self.grads.buffers]
+        # The ends not yet read, after the collectives are issued: the host waits for the last
+        # micro-batch only at the step's end.
+        for i in range(len(ends), started):
+            ends.append(self.clock.read(marks[i]))
+        if sum(reduced.started) > 0:
+            self._observed_b = sum(reduced.samples) / sum(reduced.started)
+            self._observed_m = max(reduced.started)
+        latencies = [e - (ends[i - 1] if i else 0) for i, e in enumerate(ends)]
+        if self._log is not None:
+            rest = micro_batches[started:] if isinstance(micro_batches, Sequence) else []
+            dropped = [int(count_fn(x)) if count_fn is not None else batch_size(x) for x in rest]
+            self._write_log(m, batch, dropped, ends, latencies)
+        result = StepResult(
+            step=self.step, computed_micro_batches=started, dropped_micro_batches=m - started, samples=samples,
+            counts=reduced.samples, started=reduced.started, divisor=d, compute_ns=ends[-1] if ends else 0,
+            latencies_ns=latencies, _buffers=buffers, _bridge=self.bridge,
+        )
+        self.step += 1
+        return result
+
+    def _peek_last(self, walk: StepWalk, marks: List[Any], ends: List[int]) -> bool:
+        """Whether the launch the walker just returned is this rank's last (``StepWalk.peek``,
+        reporting the older ends it needs; never the launch about to run: sync lag >= 1)."""
+        while True:
+            kind, upto = walk.peek(self.estimator)
+            if kind != "wait":
+                return kind == "last"
+            if upto == 0:
+                walk.clock_at(self.clock.elapsed_at_start())
+            for i in range(walk.reported(), upto):
+                self._report(walk, i, marks, ends)
+
+    def _arm(self, samples: int, started: int, divisor_of: Any, loss_scale: float) -> Counts:
+        """Issues the count collective before the last backward and arms the hook's rescale."""
+        assert self.hook is not None
+        counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
+                        fingerprint=self._fingerprint(), used=[], device=self.params[0].device, group=self.group,
+                        step=self.step)
+        self.hook.arm(counts, divisor_of, loss_scale, self.timeout)
+        return counts
+
+    def _backward(self, scaled: torch.Tensor) -> None:
+        """``scaled.backward()``; an error raised in the comm hook (a timeout, differing
+        configurations) is re-raised as itself."""
+        try:
+            scaled.backward()  # type: ignore[no-untyped-call]
+        except Exception as e:
+            if self.hook is not None and self.hook.error is not None:
+                raise self.hook.error from e
+            raise
+
+    def _report(self, walk: StepWalk, i: int, marks: List[Any], ends: List[int]) -> None:
+        end = self.clock.read(marks[i])
+        ends.append(end)
+        walk.ended(i, end, max(end - (ends[i - 1] if i else 0), 0), self.estimator)
+
+    def _divisor(self, m: int) -> Callable[[List[int]], Optional[float]]:
+        def of(counts: List[int]) -> Optional[float]:
+            return divisor(np.asarray(counts, dtype=np.uint64), self.normalization,  # type: ignore[arg-type]
+                           micro_batches=self.micro_batches_per_step or m,
+                           micro_batch_size=max(self.micro_batch_size, 1))
+
+        return of
+
+    def _write_log(self, m: int, batch: List[int], dropped: List[int], ends: List[int], latencies: List[int]) -> None:
+        """This step's rows: one per micro-batch, the not-started ones marked dropped (their size:
+        counted when the input is a sequence, else ``micro_batch_size``). Times are on the
+        host's monotonic clock (the clock start's host time plus device offsets), with the
+        step's clock start and deadline, so ``dropcompute tune`` derives the step overhead."""
+        assert self._log is not None
+        origin = self.clock.origin_ns
+        th = self.policy.threshold_ns
+        deadline = origin + th if th is not None and self.step >= self.policy.warmup_steps else 0
+        common = dict(global_step=self.step, world_size=self.world_size, rank=self.rank,
+                      micro_batches=self.micro_batches_per_step or m, clock_start_ns=origin, deadline_ns=deadline)
+        done = 0
+        for i, (e, lat) in enumerate(zip(ends, latencies)):
+            done += batch[i]
+            self._log.write(local_step=i, batch=batch[i], computed_batch=done, compute_dropped=False,
+                            start_ns=origin + e - lat, duration_ns=lat, **common)
+        at = origin + (ends[-1] if ends else 0)
+        for j in range(len(ends), m):
+            b = dropped[j - len(ends)] if j - len(ends) < len(dropped) else max(self.micro_batch_size, 1)
+            self._log.write(local_step=j, batch=b, computed_batch=done, compute_dropped=True, start_ns=at,
+                            duration_ns=0, **common)
+        self._log.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the compute log and removes the gradient hooks."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self.grads is not None:
+            self.grads.remove_hooks()
+
+
+def _sum_checked(loss: torch.Tensor, rank: int, step: int, i: int) -> torch.Tensor:
+    """The scalar to backward: the sum of per-sample losses; refuses a scalar mean."""
+    if loss.dim() > 0:
+        return loss.sum()
+    fn = loss.grad_fn
+    if fn is None:
+        raise ValueError(f"rank {rank}: step {step}: micro-batch {i}: loss_fn returned a tensor without a graph")
+    name = type(fn).__name__
+    if name.startswith("Mean") or getattr(fn, "_saved_reduction", None) == 1:
+        raise ValueError(
+            f"rank {rank}: step {step}: micro-batch {i}: loss_fn returned a mean ({name}); return the per-sample "
+            "losses or their sum (reduction='sum'): the divisor makes the mean over the computed samples"
+        )
+    return loss
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
