@@ -249,6 +249,26 @@ const LAUNCHER_NUMBERS: [(&str, &str); 10] = [
     ("SLURM_LOCALID", "Slurm's local rank"),
 ];
 
+/// The launchers' job ids the one-host rendezvous keys its file by (`hccl::local`).
+const ONE_HOST_JOB_IDS: [(&str, &str); 5] = [
+    ("PMIX_NAMESPACE", "Open MPI's job id (PMIx namespace)"),
+    ("OMPI_MCA_ess_base_jobid", "Open MPI's job id (older Open MPI)"),
+    ("SLURM_JOB_ID", "Slurm's job id"),
+    ("SLURM_STEP_ID", "Slurm's step id"),
+    ("TORCHELASTIC_RUN_ID", "torchrun's run id"),
+];
+
+/// A job id: printable, no whitespace, at most 255 bytes (it becomes part of a file name).
+fn job_id(v: &str) -> Result<(), String> {
+    if v.len() > 255 {
+        return Err(format!("{} bytes: at most 255", v.len()));
+    }
+    match v.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        Some(c) => Err(format!("contains {c:?}: a job id has no whitespace or control characters")),
+        None => Ok(()),
+    }
+}
+
 /// A default cap for the docs: `4 GiB`, `64 MiB`, else bytes.
 fn binary_size(bytes: u64) -> String {
     match [(30, "GiB"), (20, "MiB"), (10, "KiB")].into_iter().find(|(shift, _)| bytes.is_multiple_of(1 << shift)) {
@@ -416,6 +436,38 @@ fn build() -> Vec<Variable> {
         let syntax: &'static str = Box::leak(format!("{what} (non-negative integer)").into_boxed_str());
         t.push(row(name, syntax, "not this launcher", LAUNCHER, "-1", count));
     }
+    // The one-host rendezvous (`hccl::local`): the launchers' job ids (part of the private
+    // file's name: an empty one would be shared by every job) and node counts.
+    for (name, what) in ONE_HOST_JOB_IDS {
+        let syntax: &'static str =
+            Box::leak(format!("{what} (printable, no whitespace; at most 255 bytes)").into_boxed_str());
+        t.push(row(name, syntax, "no one-host rendezvous for this launcher", LAUNCHER, "job 1", job_id));
+    }
+    for name in ["SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"] {
+        t.push(row(name, "Slurm's node count (non-negative integer)", "not one host", LAUNCHER, "-1", count));
+    }
+    t.push(row(
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "`True`/`true`/`1` or `False`/`false`/`0`: torchrun's agent serves MASTER_ADDR:MASTER_PORT",
+        "False",
+        LAUNCHER,
+        "maybe",
+        |v| match v {
+            "True" | "true" | "1" | "False" | "false" | "0" => Ok(()),
+            _ => Err("expected True, true, 1, False, false or 0".into()),
+        },
+    ));
+    t.push(Variable {
+        empty: Empty::Unset("the XDG base directory convention: empty means unset"),
+        ..row(
+            "XDG_RUNTIME_DIR",
+            "absolute path; the one-host rendezvous file's directory when it exists (else TMPDIR)",
+            "TMPDIR",
+            LAUNCHER,
+            "run/user",
+            |v| if v.starts_with('/') { Ok(()) } else { Err("not an absolute path (the XDG convention)".into()) },
+        )
+    });
     for kind in InputKind::ALL {
         t.push(row(
             kind.variable(),

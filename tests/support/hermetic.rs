@@ -73,14 +73,22 @@ pub const PRODUCT_VARS: &[&str] = &[
     "SLURM_PROCID",
     "SLURM_NTASKS",
     "SLURM_LOCALID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "XDG_RUNTIME_DIR",
 ];
 
 /// Prefixes of variable families the product or its launchers use (MPI's PMI, Slurm, Open MPI,
 /// HCCL, torchrun's agent, the product's own): every variable starting with one of them is
-/// removed too. The one-host rendezvous (`core/src/hccl/local.rs`) reads job ids under them
-/// (`PMIX_NAMESPACE`, `OMPI_MCA_ess_base_jobid`, `SLURM_JOB_ID`, `SLURM_STEP_ID`,
-/// `SLURM_*NODES`, `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_USE_AGENT_STORE`); any value is valid
-/// (an id; a node count that is not 1 means several hosts), so they have no bad-value rows.
+/// removed too (the one-host rendezvous's job ids and node counts are also rows of the
+/// environment table, listed above).
 pub const PRODUCT_PREFIXES: &[&str] = &["DROPCOMPUTE_", "HCCL_", "OMPI_", "SLURM_", "PMI_", "PMIX_", "TORCHELASTIC_"];
 
 /// Prefix of the test files' own child-process protocol (`DC_FAULT_CHILD`, `DC_HCCL_CHILD`,

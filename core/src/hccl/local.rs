@@ -77,7 +77,9 @@ pub fn one_host(lookup: &impl Fn(&str) -> Option<String>, launcher: Launcher, wo
         }
         Launcher::Explicit | Launcher::Single => return None,
     };
-    let dir = match get(lookup, "XDG_RUNTIME_DIR") {
+    // XDG_RUNTIME_DIR only when it names an existing directory (containers and su sessions
+    // often export one that does not exist): else TMPDIR.
+    let dir = match get(lookup, "XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_dir()) {
         Some(d) => Path::new(&d).join("dropcompute"),
         None => {
             let tmp = get(lookup, "TMPDIR").unwrap_or_else(|| "/tmp".into());
@@ -249,12 +251,20 @@ mod tests {
             });
             assert_eq!(got, want, "{launcher:?} {vars:?} n={n}");
         }
-        let xdg = one_host(
-            &env(&[("XDG_RUNTIME_DIR", "/run/user/1"), ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "r")]),
-            Launcher::Torchrun,
-            2,
+        let xdg = |dir: &'static str| {
+            one_host(
+                &env(&[("XDG_RUNTIME_DIR", dir), ("LOCAL_WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "r")]),
+                Launcher::Torchrun,
+                2,
+            )
+        };
+        assert_eq!(xdg("/"), Some(PathBuf::from("/dropcompute/torchrun-r-.rendezvous")));
+        // An XDG_RUNTIME_DIR that does not exist: TMPDIR's (here unset: /tmp) directory.
+        let uid = nix::unistd::getuid().as_raw();
+        assert_eq!(
+            xdg("/no/such/run/user/1"),
+            Some(PathBuf::from(format!("/tmp/dropcompute-rendezvous-{uid}/torchrun-r-.rendezvous")))
         );
-        assert_eq!(xdg, Some(PathBuf::from("/run/user/1/dropcompute/torchrun-r-.rendezvous")));
     }
 
     #[test]
