@@ -111,6 +111,17 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
         (vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "n")], &env_mode, "SLURM_NTASKS", "n"),
         (vec![("SLURM_PROCID", "p"), ("SLURM_NTASKS", "1")], &env_mode, "SLURM_PROCID", "p"),
         (vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_LOCALID", "l")], &env_mode, "SLURM_LOCALID", "l"),
+        // The one-host rendezvous's job ids, node counts and directory (core/src/hccl/local.rs).
+        (vec![("PMIX_NAMESPACE", "job 1")], &env_mode, "PMIX_NAMESPACE", "job 1"),
+        (vec![("OMPI_MCA_ess_base_jobid", "job\t2")], &env_mode, "OMPI_MCA_ess_base_jobid", "job\\t2"),
+        (vec![("SLURM_JOB_ID", "7 8")], &env_mode, "SLURM_JOB_ID", "7 8"),
+        (vec![("SLURM_STEP_ID", "")], &env_mode, "SLURM_STEP_ID", "unset it instead"),
+        (vec![("TORCHELASTIC_RUN_ID", "run id")], &env_mode, "TORCHELASTIC_RUN_ID", "run id"),
+        (vec![("SLURM_STEP_NUM_NODES", "-1")], &env_mode, "SLURM_STEP_NUM_NODES", "-1"),
+        (vec![("SLURM_NNODES", "two")], &env_mode, "SLURM_NNODES", "two"),
+        (vec![("SLURM_JOB_NUM_NODES", "1.5")], &env_mode, "SLURM_JOB_NUM_NODES", "1.5"),
+        (vec![("TORCHELASTIC_USE_AGENT_STORE", "maybe")], &env_mode, "TORCHELASTIC_USE_AGENT_STORE", "maybe"),
+        (vec![("XDG_RUNTIME_DIR", "run/user")], &env_mode, "XDG_RUNTIME_DIR", "run/user"),
         (
             {
                 let mut v = launcher.to_vec();
