@@ -167,7 +167,11 @@ fn command(mode: Mode, p: Program, fault: Fault, tmp: &Path) -> Command {
         Mode::Mpirun => {
             let mut c = Command::new("mpirun");
             hermetic::clear_product_env(&mut c);
-            c.args(["--oversubscribe", "-np", &n, exe]).args(&args).args(["--launch", "env"]);
+            // Open MPI SIGKILLs its ranks 1 s after its SIGTERM by default: too short, on a loaded
+            // machine, for every rank to write its checkpoint (README's recipe gives them 30 s).
+            c.args(["--oversubscribe", "--mca", "odls_base_sigkill_timeout", "30", "-np", &n, exe])
+                .args(&args)
+                .args(["--launch", "env"]);
             // Open MPI refuses root without these (CI containers run as root).
             c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
             c
