@@ -137,19 +137,6 @@ fn program_args(p: Program, fault: Fault, dir: &Path) -> Vec<String> {
     v
 }
 
-/// The checkpoint file names of each rank under `ck` (a stop writes one per rank).
-fn checkpoints(ck: &Path) -> Vec<Vec<String>> {
-    (0..RANKS)
-        .map(|r| {
-            let mut v: Vec<String> = std::fs::read_dir(ck.join(format!("rank-{r}")))
-                .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-                .unwrap_or_default();
-            v.sort();
-            v
-        })
-        .collect()
-}
-
 /// The row's command; every process of the row inherits `TMPDIR=tmp` (the row's marker).
 fn command(mode: Mode, p: Program, fault: Fault, tmp: &Path) -> Command {
     let exe = env!("CARGO_BIN_EXE_dropcompute");
@@ -404,13 +391,13 @@ fn check(mode: Mode, p: Program, fault: Fault, tmp: &Path, o: &Outcome) -> Resul
             // be killed before or while writing it: then it has no complete checkpoint (a `.tmp`
             // at most, which resume ignores), and every complete one is at the same step.
             if p == Program::Train && mode == Mode::Mpirun {
-                let steps = checkpoints(&tmp.join("ck"));
+                let steps = hermetic::checkpoints(&tmp.join("ck"), RANKS);
                 let complete: Vec<&String> = steps.iter().flatten().filter(|f| f.ends_with(".dcc")).collect();
                 if complete.iter().any(|f| *f != complete[0]) {
                     bad.push(format!("the ranks' complete checkpoints are not of one step: {steps:?}"));
                 }
             } else if p == Program::Train {
-                let steps = checkpoints(&tmp.join("ck"));
+                let steps = hermetic::checkpoints(&tmp.join("ck"), RANKS);
                 if steps[0].len() != 1 || steps.iter().any(|s| *s != steps[0]) {
                     bad.push(format!("not every rank stopped at one step with its checkpoint: {steps:?}"));
                 }

@@ -73,15 +73,6 @@ fn alive(pid: u32) -> bool {
     processes().iter().any(|&(p, _)| p == pid)
 }
 
-/// Whether `pid` has a handler for signal `sig` installed (`SigCgt` of `/proc/pid/status`).
-fn catches(pid: u32, sig: u32) -> bool {
-    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
-    st.lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
-}
-
 /// Waits until `parent` (and, in process mode, its `m.ranks` rank processes) catch SIGINT,
 /// SIGTERM and SIGHUP; returns the rank processes' pids.
 fn ready(child: &mut Child, m: Mode) -> Vec<u32> {
@@ -90,7 +81,8 @@ fn ready(child: &mut Child, m: Mode) -> Vec<u32> {
     let kids = hermetic::wait_until(HANG, || {
         let kids: Vec<u32> = processes().into_iter().filter(|&(_, pp)| pp == parent).map(|(p, _)| p).collect();
         let all = std::iter::once(parent).chain(kids.iter().copied());
-        (kids.len() == want && all.into_iter().all(|p| [1, 2, 15].iter().all(|&sig| catches(p, sig)))).then_some(kids)
+        (kids.len() == want && all.into_iter().all(|p| [1, 2, 15].iter().all(|&sig| hermetic::catches(p, sig))))
+            .then_some(kids)
     });
     match kids {
         Some(k) => k,
@@ -103,19 +95,6 @@ fn ready(child: &mut Child, m: Mode) -> Vec<u32> {
 
 fn kill(sig: &str, pid: u32) {
     assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
-}
-
-/// Sorted checkpoint file names of every rank under `ck`.
-fn checkpoints(ck: &Path, ranks: u32) -> Vec<Vec<String>> {
-    (0..ranks)
-        .map(|r| {
-            let mut v: Vec<String> = std::fs::read_dir(ck.join(format!("rank-{r}")))
-                .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-                .unwrap_or_default();
-            v.sort();
-            v
-        })
-        .collect()
 }
 
 /// Sends `sig` to a running job and returns (exit code, stderr).
@@ -148,7 +127,7 @@ fn sigterm_and_sigint_stop_every_rank_at_one_step_with_a_checkpoint_in_every_mod
             let (code, err) = stop_with(m, sig, tmp.path(), &["--checkpoint-dir", s(&ck)]);
             assert_eq!(code, Some(130), "{m:?} {name}: {err}");
             assert!(err.contains("interrupted: stopped after step") && err.contains(name), "{m:?}: {err}");
-            let steps = checkpoints(&ck, m.ranks);
+            let steps = hermetic::checkpoints(&ck, m.ranks);
             assert_eq!(steps[0].len(), 1, "{m:?} {name}: one checkpoint (the stop's) in --checkpoint-dir: {steps:?}");
             assert!(steps.iter().all(|s| *s == steps[0]), "{m:?} {name}: every rank at the same step: {steps:?}");
             assert!(!tmp.path().join("dropcompute-checkpoints").exists(), "{m:?}: the default directory is unused");
@@ -169,7 +148,7 @@ fn sighup_writes_a_checkpoint_only_when_checkpointing_was_asked_for() {
         let ck = tmp.path().join("ck");
         let (code, err) = stop_with(m, "-HUP", tmp.path(), &["--checkpoint-dir", s(&ck)]);
         assert_eq!(code, Some(130), "{m:?}: {err}");
-        let steps = checkpoints(&ck, m.ranks);
+        let steps = hermetic::checkpoints(&ck, m.ranks);
         assert!(steps[0].len() == 1 && steps.iter().all(|s| *s == steps[0]), "{m:?}: asked for: {steps:?}");
     }
 }

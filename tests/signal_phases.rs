@@ -143,14 +143,6 @@ fn marked(mark: &str) -> Vec<(u32, String)> {
     v
 }
 
-fn catches(pid: u32, sig: u32) -> bool {
-    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
-    st.lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
-}
-
 fn kill(sig: &str, pid: u32) {
     let _ = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status();
 }
@@ -186,7 +178,7 @@ fn run_row(row: &Row, tmp: &Path) -> Result<Duration, String> {
     let ready = hermetic::wait_until(Duration::from_secs(60), || {
         let ps = marked(&mark);
         let want = if row.stop_rank1 { 4 } else { 1 };
-        (ps.len() >= want && ps.iter().all(|(p, _)| catches(*p, sig))).then_some(ps)
+        (ps.len() >= want && ps.iter().all(|(p, _)| hermetic::catches(*p, sig))).then_some(ps)
     });
     let Some(ps) = ready else {
         let _ = child.kill();

@@ -347,3 +347,25 @@ pub fn train_env_ranks<S: AsRef<std::ffi::OsStr>>(launcher: &str, n: u32, args: 
         |outs| outs.iter().any(|o| String::from_utf8_lossy(&o.stderr).contains("in use")),
     )
 }
+
+/// Sorted checkpoint file names of ranks `0..ranks` under `ck` (`ck/rank-R/`; none: empty).
+pub fn checkpoints(ck: &Path, ranks: u32) -> Vec<Vec<String>> {
+    (0..ranks)
+        .map(|r| {
+            let mut v: Vec<String> = std::fs::read_dir(ck.join(format!("rank-{r}")))
+                .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            v.sort();
+            v
+        })
+        .collect()
+}
+
+/// Whether `pid` has a handler for signal `sig` installed (`SigCgt` of `/proc/pid/status`).
+pub fn catches(pid: u32, sig: u32) -> bool {
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    st.lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
