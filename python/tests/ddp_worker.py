@@ -103,6 +103,17 @@ def no_ddp_hook(ddp: DDP) -> List[int]:
     return calls
 
 
+def plain_accumulate(plain: DDP, mbs: List[Batch], scale: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> None:
+    """Plain DDP gradient accumulation over ``mbs`` (the reference): zeroed gradients, mean loss
+    / M per micro-batch under ``no_sync`` but the last; ``scale`` wraps each loss (a GradScaler)."""
+    m = len(mbs)
+    for p in plain.parameters():
+        p.grad = None
+    for i, (x, y) in enumerate(mbs):
+        with plain.no_sync() if i < m - 1 else contextlib.nullcontext():
+            scale(torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
+
+
 def scenario_off(rank: int, n: int, out: Dict[str, Any]) -> None:
     """Threshold off: the same parameters as plain DDP no_sync accumulation (mean loss / M)."""
     m, steps = 4, 3
@@ -121,11 +132,7 @@ def scenario_off(rank: int, n: int, out: Dict[str, Any]) -> None:
             res = ctl.run(mbs, sum_loss)
         calls.append(cc.calls)
         assert res.apply(opt)
-        popt.zero_grad()
-        for i, (x, y) in enumerate(mbs):
-            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
-            with ctx:
-                (torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
+        plain_accumulate(plain, mbs)
         popt.step()
         assert res.counts == [m * B] * n and res.started == [m] * n and res.divisor == n * m * B, res
     diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
@@ -152,11 +159,7 @@ def scenario_hook(rank: int, n: int, out: Dict[str, Any]) -> None:
     for s in range(steps):
         mbs = data(rank, s, m, dtype=torch.float32)
         ctl.run(mbs, sum_loss).apply(opt)
-        popt.zero_grad()
-        for i, (x, y) in enumerate(mbs):
-            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
-            with ctx:
-                (torch.nn.functional.cross_entropy(plain(x), y) / m).backward()
+        plain_accumulate(plain, mbs)
         popt.step()
     diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
     out.update(max_param_diff=diff, buckets=ctl.hook.buckets if ctl.hook is not None else 0)
@@ -245,11 +248,7 @@ def scenario_scaler(rank: int, n: int, out: Dict[str, Any]) -> None:
         res = ctl.run(mbs, lambda mod, mb: scaler.scale(sum_loss(mod, mb) * blow))
         stepped.append(res.apply(opt, scaler, sched))
         scales.append(scaler.get_scale())
-        popt.zero_grad()
-        for i, (x, y) in enumerate(mbs):
-            ctx = plain.no_sync() if i < m - 1 else contextlib.nullcontext()
-            with ctx:
-                pscaler.scale(torch.nn.functional.cross_entropy(plain(x), y) * blow / m).backward()
+        plain_accumulate(plain, mbs, lambda t: pscaler.scale(t * blow))
         before = pscaler.get_scale()
         pscaler.step(popt)
         pscaler.update()
