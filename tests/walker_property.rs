@@ -2,7 +2,7 @@
 //! in-process ranks) and the simulator (`sim::policies::replay_policy_on`) fed the same random
 //! latencies make the same per-step, per-rank decisions (assignment, parts handed out, parts
 //! started) and the same step times (within 0.5 %: the overhead after the compute phase is the
-//! baseline's), for every step policy x tail shape x check x sync lag.
+//! baseline's), for every step policy x tail shape x check it accepts x sync lag.
 //!
 //! The same latencies: the mock draws every micro-batch's latency from its key (seed, module,
 //! step, micro-batch index), so a synchronous job with 2·M micro-batches per rank records the
@@ -18,7 +18,7 @@ use clap::Parser;
 use rand::Rng;
 
 use dropcompute::deal::ReplayStream;
-use dropcompute::policy::{Policy, Threshold};
+use dropcompute::policy::{CheckMode, Policy, Threshold};
 use dropcompute::sim::policies::{ReplayData, replay_policy_on};
 use dropcompute::trace::LatencyTrace;
 use dropcompute_train::job::{Job, RankOutcome};
@@ -74,6 +74,10 @@ fn scheduler_and_simulator_decide_alike_on_random_latencies_for_every_policy_tai
         for split in [1u32, 2] {
             for check in ["before", "predictive"] {
                 for lag in [0u32, 1] {
+                    let given = if check == "before" { CheckMode::BeforeMicroBatch } else { CheckMode::Predictive };
+                    if policy.resolve_check(Some(given), given).is_err() {
+                        continue; // drop-before / drop-predictive refuse the other check
+                    }
                     let (n, m, steps) = (rng.random_range(3..=4u32), 4u32, 10u32);
                     let seed: u64 = rng.random_range(0..1_000_000);
                     let slow = rng.random_range(1..n);
@@ -157,7 +161,8 @@ fn scheduler_and_simulator_decide_alike_on_random_latencies_for_every_policy_tai
             }
         }
     }
-    assert_eq!(rows, 7 * 2 * 2 * 2);
+    // drop-before and drop-predictive each run one check: 5 policies x both checks + 2 x one.
+    assert_eq!(rows, (5 * 2 + 2) * 2 * 2);
     eprintln!(
         "{rows} configurations: {dropping} steps dropping, {moved} with work moved, worst step time error {:.4} %",
         worst * 100.0
