@@ -276,10 +276,15 @@ fn a_peer_that_dies_mid_collective_is_reported_on_every_survivor() {
 #[test]
 fn an_asynchronous_error_mid_step_fails_the_communicator_with_its_code() {
     let _g = serial();
+    let gate = std::sync::Barrier::new(2);
     let errs = with_ranks(2, quick(), |rank, comm, s| {
         let mut buf = upload(s, &[1.0f32; 32]);
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
-        comm.synchronize(s).unwrap();
+        let first = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).and_then(|_seq| comm.synchronize(s));
+        // The injected error reaches every communicator of the process: both ranks must have
+        // finished collective #1 before rank 0 injects it (no unwrap before the gate: a rank
+        // that fails still passes it, and the assert below names its error).
+        gate.wait();
+        first.unwrap_or_else(|e| panic!("rank {rank}: collective #1: {e}"));
         if rank == 0 {
             MockControl::in_process()
                 .inject_fault(&Fault::HcclAsyncError { code: habana_sys::hcclResult_t::PORT_DOWN.0 })
