@@ -2,27 +2,39 @@
 
     python -m torch.distributed.run --standalone --nproc_per_node=4 examples/pytorch_ddp.py
 
-Both runs start from the same parameters and see the same data order and the same injected
-delays (common random numbers). The baseline is the threshold off (identical to a plain DDP
-accumulation loop: python/tests/test_torch_ddp.py). The DropCompute threshold is recommended by
-`dropcompute.recommend` from the baseline's measured micro-batch latencies (all-gathered, so
-every rank gets the same threshold), replaying the check before each micro-batch. Prints
-throughput (samples computed per second), mean step time, drop rate and test accuracy of both.
+A paired comparison:
+- both runs start from the same parameters and deal the data the same way (``DropComputeSampler``,
+  the crate's global dealer: one shuffled stream per epoch, micro-batches not started dealt again,
+  so every sample is computed once per epoch in both runs);
+- both see the same injected delays: the delay of micro-batch i of step s on rank r is drawn from
+  a generator keyed by (seed, r, s, i), whatever ran before it (the mock device's keyed draws);
+- the baseline is the threshold off (identical to a plain DDP accumulation loop:
+  python/tests/test_torch_ddp.py) and writes one compute log per rank, with each step's clock
+  start, so the step overhead outside the compute phase is recorded;
+- the threshold is ``dropcompute.recommend`` over every rank's log (the before-check replayed on
+  the recorded latencies and overhead, guardrail: ``--max-drop-rate``); its predicted effective
+  speedup and drop rate are printed beside the measured ones.
 
-Gaudi: `--backend hccl --device hpu` imports habana_frameworks.torch and times micro-batches
+Measured: samples computed per second (throughput; the ratio minus 1 is the effective speedup,
+the quantity the prediction names), mean step time, drop rate (micro-batches not started over
+those handed out) and test accuracy. ``--out FILE`` writes rank 0's numbers as JSON.
+
+Gaudi: ``--backend hccl --device hpu`` imports habana_frameworks.torch and times micro-batches
 with torch.hpu.Event. NOT VERIFIED here (no Gaudi on the machines this was written on).
 
-Data: data/digits.csv.gz (UCI digits, see data/README.md): 1437 training rows sharded by rank,
-360 held out.
+Data: data/digits.csv.gz (UCI digits, see data/README.md): 1437 training rows, 360 held out.
 """
 
 import argparse
 import gzip
+import json
 import os
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -30,7 +42,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
-from dropcompute.torch import DropComputeStep
+from dropcompute.torch import DropComputeSampler, DropComputeStep
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "digits.csv.gz"
 
@@ -43,11 +55,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--micro-batches", type=int, default=8, help="M micro-batches per step and rank")
     p.add_argument("--micro-batch-size", type=int, default=4, help="b samples per micro-batch")
     p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0, help="keys the injected delays and the data order")
     p.add_argument("--slow-rank", type=int, default=1, help="the rank that is slowed")
     p.add_argument("--slow-ms", type=float, default=20.0, help="delay added to a slowed micro-batch (ms)")
     p.add_argument("--slow-prob", type=float, default=0.25, help="probability a micro-batch of the slow rank is slowed")
+    p.add_argument("--max-drop-rate", type=float, default=0.10, help="the tuner's drop-rate guardrail")
     p.add_argument("--threshold-ms", type=float, default=None, help="override the recommended threshold (ms)")
     p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--out", type=Path, default=None, help="write rank 0's numbers as JSON")
     return p.parse_args()
 
 
@@ -62,54 +77,62 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 
 
-def run(args: argparse.Namespace, threshold_ns: "int | None", x: torch.Tensor, y: torch.Tensor,
-        device: torch.device) -> Tuple[torch.nn.Module, dict, np.ndarray]:
+def delay_s(args: argparse.Namespace, rank: int, step: int, i: int) -> float:
+    """The injected delay of micro-batch ``i`` of ``step`` on ``rank`` (seconds): keyed, so both
+    runs see the same delay in the same slot whatever ran before."""
+    if rank != args.slow_rank:
+        return 0.0
+    r = random.Random(f"{args.seed}/{rank}/{step}/{i}")
+    return args.slow_ms / 1e3 if r.random() < args.slow_prob else 0.0
+
+
+def run(args: argparse.Namespace, policy: "dropcompute.Policy", x: torch.Tensor, y: torch.Tensor,
+        device: torch.device, log: Optional[str]) -> Tuple[torch.nn.Module, Dict[str, float]]:
     rank, n = dist.get_rank(), dist.get_world_size()
+    m, b = args.micro_batches, args.micro_batch_size
     model = make_model().to(device)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
-    ctl = DropComputeStep(ddp, dropcompute.Policy(threshold_ns, "before", warmup_steps=0, min_micro_batches=1))
-    m, b = args.micro_batches, args.micro_batch_size
-    shard = torch.arange(rank, x.shape[0], n)
-    per_step = m * b
-    steps_per_epoch = shard.numel() // per_step
-    delays = random.Random(1234 + rank)  # same delays in both runs (common random numbers)
-    lat: List[List[int]] = []
-    computed = 0
-    dropped = 0
-    step_ns: List[int] = []
+    step = DropComputeStep(ddp, policy, micro_batch_size=b, micro_batches_per_step=m, compute_log=log)
+    sampler = DropComputeSampler(x.shape[0], b, m, rank=rank, world_size=n, seed=args.seed, epochs=args.epochs)
+    at = {"step": 0, "i": 0}
 
     def loss_fn(mod: torch.nn.Module, mb: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if rank == args.slow_rank and delays.random() < args.slow_prob:
-            time.sleep(args.slow_ms / 1e3)
+        d = delay_s(args, rank, at["step"], at["i"])
+        at["i"] += 1
+        if d:
+            time.sleep(d)
         xb, yb = mb
         return torch.nn.functional.cross_entropy(mod(xb), yb, reduction="sum")
 
-    for epoch in range(args.epochs):
-        g = torch.Generator().manual_seed(epoch)
-        order = shard[torch.randperm(shard.numel(), generator=g)]
-        for s in range(steps_per_epoch):
-            idx = order[s * per_step : (s + 1) * per_step].view(m, b)
-            mbs = [(x[i].to(device), y[i].to(device)) for i in idx]
-            t0 = time.perf_counter_ns()
-            ctl.start_clock()
-            res = ctl.run(mbs, loss_fn)
-            res.apply(opt)  # steps unless no rank computed anything or the gradient is not finite
-            step_ns.append(time.perf_counter_ns() - t0)
-            computed += sum(res.counts)
-            dropped += res.dropped_micro_batches
-            # Measured latencies of the M micro-batches (0 for a dropped one; only the baseline,
-            # which drops nothing, is tuned from).
-            lat.append(res.latencies_ns + [0] * (m - len(res.latencies_ns)))
-    total_s = sum(step_ns) / 1e9
-    drop = torch.tensor([float(dropped)])
-    dist.all_reduce(drop)
+    computed = dropped = handed = steps = 0
+    dist.barrier()
+    t0 = time.perf_counter_ns()
+    while (ids := sampler.take()) is not None:
+        at["i"] = 0
+        step.start_clock()
+        res = step.run([(x[i].to(device), y[i].to(device)) for i in ids], loss_fn)
+        sampler.settle(res.started)
+        res.apply(opt)  # steps unless no rank computed anything or the gradient is not finite
+        computed += sum(res.counts)
+        dropped += res.dropped_micro_batches
+        handed += len(ids)
+        steps += 1
+        at["step"] += 1
+    total_ns = time.perf_counter_ns() - t0
+    step.close()
+    # Micro-batches handed out and not started, every rank's (the last steps of the stream hand
+    # out fewer than M).
+    mine = torch.tensor([float(dropped), float(handed)], dtype=torch.float64)
+    dist.all_reduce(mine)
     stats = {
-        "throughput": computed / total_s,
-        "step_ms": sum(step_ns) / len(step_ns) / 1e6,
-        "drop_rate": float(drop) / (n * m * len(step_ns)),
+        "throughput": computed / (total_ns / 1e9),
+        "step_ms": total_ns / steps / 1e6,
+        "drop_rate": float(mine[0] / mine[1]),
+        "steps": float(steps),
+        "samples": float(computed),
     }
-    return ddp.module, stats, np.asarray(lat, dtype=np.float64)  # (steps, M)
+    return ddp.module, stats
 
 
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> float:
@@ -128,30 +151,44 @@ def main() -> None:
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(42))
     train, test = perm[:1437], perm[1437:]
 
-    base_model, base, lat = run(args, None, x[train], y[train], device)
-    # Every rank's (steps, M) latencies -> one (N, M, steps) array, identical on every rank.
-    t = torch.from_numpy(lat)
-    gathered = [torch.zeros_like(t) for _ in range(n)]
-    dist.all_gather(gathered, t)
-    trace = np.stack([g.numpy().T for g in gathered])
+    where: List[Optional[str]] = [tempfile.mkdtemp(prefix="dropcompute-ddp-") if rank == 0 else None]
+    dist.broadcast_object_list(where)
+    logs = [os.path.join(str(where[0]), f"rank{r}.csv") for r in range(n)]
+    base_model, base = run(args, dropcompute.Policy(), x[train], y[train], device, logs[rank])
+    dist.barrier()  # every log is complete: every rank reads them all and decides alike
+    verdict = None
     if args.threshold_ms is not None:
-        threshold_ns = int(args.threshold_ms * 1e6)
+        threshold_ns: Optional[int] = int(args.threshold_ms * 1e6)
         how = f"--threshold-ms {args.threshold_ms}"
     else:
-        v = dropcompute.recommend(trace, check="before", max_drop_rate=0.10)
-        threshold_ns = int(v.threshold_ns) if v.threshold_ns is not None else None
-        how = repr(v)
-    dc_model, dc, _ = run(args, threshold_ns, x[train], y[train], device)
+        verdict = dropcompute.recommend(logs, check="before", max_drop_rate=args.max_drop_rate)
+        threshold_ns = verdict.threshold_ns
+        how = repr(verdict)
+    policy = dropcompute.Policy(threshold_ns, "before", warmup_steps=0, min_micro_batches=1)
+    dc_model, dc = run(args, policy, x[train], y[train], device, None)
     if rank == 0:
         acc_b = accuracy(base_model, x[test], y[test], device)
         acc_d = accuracy(dc_model, x[test], y[test], device)
+        ratio = dc["throughput"] / base["throughput"]
         print(f"world size {n}, M={args.micro_batches}, b={args.micro_batch_size}, rank {args.slow_rank} slowed "
-              f"{args.slow_ms} ms with probability {args.slow_prob}")
+              f"{args.slow_ms} ms with probability {args.slow_prob}, seed {args.seed}")
         print(f"threshold: {how}")
         print(f"{'run':<12} {'samples/s':>10} {'step ms':>9} {'drop rate':>10} {'test acc':>9}")
         print(f"{'baseline':<12} {base['throughput']:>10.1f} {base['step_ms']:>9.2f} {base['drop_rate']:>10.3f} {acc_b:>9.3f}")
         print(f"{'dropcompute':<12} {dc['throughput']:>10.1f} {dc['step_ms']:>9.2f} {dc['drop_rate']:>10.3f} {acc_d:>9.3f}")
-        print(f"throughput ratio {dc['throughput'] / base['throughput']:.3f} (samples computed per second, same run)")
+        print(f"throughput ratio {ratio:.3f} (samples computed per second, same sitting)")
+        out = {"world_size": n, "seed": args.seed, "threshold_ns": threshold_ns, "baseline": base, "dropcompute": dc,
+               "ratio": ratio, "accuracy": {"baseline": acc_b, "dropcompute": acc_d}, "load": os.getloadavg()[0]}
+        if verdict is not None and verdict.enabled:
+            predicted = 1.0 + verdict.predicted_speedup
+            print(f"predicted: ratio {predicted:.3f}, drop rate {verdict.predicted_drop_rate:.3f} "
+                  f"(measured {ratio:.3f}, {dc['drop_rate']:.3f}: ratio error {predicted / ratio - 1:+.1%})")
+            out["predicted"] = {"ratio": predicted, "drop_rate": verdict.predicted_drop_rate}
+        if args.out is not None:
+            args.out.write_text(json.dumps(out, indent=1))
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(str(where[0]), ignore_errors=True)
     dist.destroy_process_group()
 
 
