@@ -63,6 +63,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threshold-ms", type=float, default=None, help="override the recommended threshold (ms)")
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--out", type=Path, default=None, help="write rank 0's numbers as JSON")
+    p.add_argument("--log-dir", type=Path, default=None,
+                   help="keep the baseline's compute logs here (rank{r}.csv; default: a temporary directory, removed)")
     return p.parse_args()
 
 
@@ -151,7 +153,11 @@ def main() -> None:
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(42))
     train, test = perm[:1437], perm[1437:]
 
-    where: List[Optional[str]] = [tempfile.mkdtemp(prefix="dropcompute-ddp-") if rank == 0 else None]
+    keep = args.log_dir is not None
+    if keep and rank == 0:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+    where: List[Optional[str]] = [str(args.log_dir) if keep else tempfile.mkdtemp(prefix="dropcompute-ddp-")
+                                  if rank == 0 else None]
     dist.broadcast_object_list(where)
     logs = [os.path.join(str(where[0]), f"rank{r}.csv") for r in range(n)]
     base_model, base = run(args, dropcompute.Policy(), x[train], y[train], device, logs[rank])
@@ -187,7 +193,7 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(json.dumps(out, indent=1))
     dist.barrier()
-    if rank == 0:
+    if rank == 0 and not keep:
         shutil.rmtree(str(where[0]), ignore_errors=True)
     dist.destroy_process_group()
 

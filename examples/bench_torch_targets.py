@@ -1,0 +1,98 @@
+"""Issue 25's measured targets for dropcompute.torch, in one sitting (README's Python table).
+
+    python examples/bench_torch_targets.py [--nproc 4] [--repeats 5] [--params 1e6,5e7] [--out FILE.json]
+
+1. Threshold off against plain DDP ``no_sync`` accumulation (examples/bench_torch_overhead.py,
+   2 processes): median step time and peak memory growth of "ddp", "flat" and "overlap" at each
+   ``--params``, launched alternately (ddp, flat, overlap, ddp, ...) ``--overhead-rounds`` times so
+   that a load change hits every mode alike; per mode the median over rounds. Targets: overhead
+   <= 2 % of the step time, peak <= DDP's + 5 % of the gradients' size.
+2. One rank slowed (examples/pytorch_ddp.py, ``--nproc`` processes, seeds 0..repeats-1, each a
+   paired baseline/DropCompute run): the median throughput ratio (target >= 1.30), the drop rate
+   in every run (within the guardrail, 10 %), the predicted ratio against the measured one
+   (target: within 3 %).
+Prints a Markdown table and the host load (1-minute load average) before and after.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+
+
+def torchrun(nproc: int, script: str, *args: str) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(HERE / script), *args, "--out", str(out)]
+        p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{cmd} failed:\n{p.stdout}\n{p.stderr}")
+        result: Dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--params", default="1e6,5e7")
+    ap.add_argument("--overhead-rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--skip-example", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    report: Dict[str, Any] = {"load_before": os.getloadavg()[0]}
+    if not args.skip_overhead:
+        rows: List[Dict[str, Any]] = []
+        for params in args.params.split(","):
+            runs: Dict[str, List[Dict[str, Any]]] = {"ddp": [], "flat": [], "overlap": []}
+            for _ in range(args.overhead_rounds):
+                for mode in runs:
+                    runs[mode].append(torchrun(2, "bench_torch_overhead.py", "--params", params, "--mode", mode,
+                                               "--steps", str(args.steps)))
+            med = {m: {k: statistics.median(r[k] for r in rs) for k in ("step_ms", "peak_growth_mib")}
+                   for m, rs in runs.items()}
+            grad_mib = runs["ddp"][0]["grad_mib"]
+            for mode in ("flat", "overlap"):
+                rows.append({
+                    "params": runs["ddp"][0]["params"], "mode": mode, "grad_mib": grad_mib,
+                    "ddp_step_ms": med["ddp"]["step_ms"], "step_ms": med[mode]["step_ms"],
+                    "overhead": med[mode]["step_ms"] / med["ddp"]["step_ms"] - 1,
+                    "ddp_peak_mib": med["ddp"]["peak_growth_mib"], "peak_mib": med[mode]["peak_growth_mib"],
+                    "extra_peak_of_grads": (med[mode]["peak_growth_mib"] - med["ddp"]["peak_growth_mib"]) / grad_mib,
+                })
+        report["overhead"] = rows
+        print("| params | mode | DDP step ms | step ms | overhead | DDP peak MiB | peak MiB | extra peak / grads |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['params']:,} | {r['mode']} | {r['ddp_step_ms']:.2f} | {r['step_ms']:.2f} | {r['overhead']:+.1%} "
+                  f"| {r['ddp_peak_mib']:.1f} | {r['peak_mib']:.1f} | {r['extra_peak_of_grads']:+.1%} |")
+    if not args.skip_example:
+        ex = [torchrun(args.nproc, "pytorch_ddp.py", "--seed", str(s)) for s in range(args.repeats)]
+        report["example"] = ex
+        print()
+        print("| seed | baseline samples/s | DropCompute samples/s | ratio | predicted | error | drop rate | predicted drop |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in ex:
+            p = r.get("predicted", {"ratio": float("nan"), "drop_rate": float("nan")})
+            print(f"| {r['seed']} | {r['baseline']['throughput']:.0f} | {r['dropcompute']['throughput']:.0f} "
+                  f"| {r['ratio']:.3f} | {p['ratio']:.3f} | {p['ratio'] / r['ratio'] - 1:+.1%} "
+                  f"| {r['dropcompute']['drop_rate']:.3f} | {p['drop_rate']:.3f} |")
+        print(f"median ratio {statistics.median(r['ratio'] for r in ex):.3f} over {len(ex)} runs")
+    report["load_after"] = os.getloadavg()[0]
+    print(f"host load (1 min): {report['load_before']:.2f} before, {report['load_after']:.2f} after")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
