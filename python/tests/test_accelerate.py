@@ -1,0 +1,58 @@
+"""dropcompute.torch.accelerate with the real Accelerate (``Accelerator(cpu=True)``, DDP over
+gloo) under ``python -m torch.distributed.run``, 2 processes (issue 25, "Integrations")."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+HERE = Path(__file__).resolve().parent
+
+
+def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(HERE / "accelerate_worker.py"), scenario, str(outdir)]
+    outdir.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout}\n{p.stderr}"
+    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(tmp_path: Path) -> None:
+    """Paired with Accelerate's own accumulation (gradient_accumulation_steps=M, accumulate(),
+    mean loss) over the same dealt micro-batches: the same loss curve, parameters and LR."""
+    for r in torchrun("off", tmp_path):
+        assert r["distributed_type"] == "MULTI_CPU" and r["model_type"] == "DistributedDataParallel", r
+        assert r["same_deal"], r  # DropCompute ran the micro-batches the plain loop ran, step by step
+        assert len(r["dc_losses"]) == len(r["plain_losses"]) == 4, r
+        assert max(abs(a - b) for a, b in zip(r["dc_losses"], r["plain_losses"])) <= 1e-6, r
+        assert r["max_param_diff"] <= 1e-6, r
+        assert r["moved"] > 1e-2, r
+        assert r["dc_lr"] == r["plain_lr"] < 0.2, r  # the prepared scheduler stepped alike
+        assert r["stepped"] == [True] * 4, r
+        # every micro-batch's backward went through accelerator.backward
+        assert r["backward_calls"] == r["micro_batches"] == 4 * 3, r
+        assert "gradient_accumulation_steps: 2" in r["refusal"], r
+
+
+def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(tmp_path: Path) -> None:
+    res = torchrun("slow", tmp_path)
+    for r in res:
+        assert r["grad_rel_err"] <= 1e-10, r  # float64: the started micro-batches / global count
+        assert r["divisors"] == [float(t) for t in r["totals"]], r
+        assert r["started"] == res[0]["started"], r
+    started = res[0]["started"]
+    assert started[0] == [3, 1], started  # rank 1: one micro-batch (0.3 s) passes the 0.25 s deadline
+    dealt = [r["dealt"] for r in res]
+    assert all(s[0] == d for s, d in zip(started, dealt[0])), (started, dealt)  # rank 0 never dropped
+    assert sum(d - s[1] for s, d in zip(started, dealt[1])) >= len(started) - 1, (started, dealt)
+    seen = Counter(i for r in res for mb in r["computed"] for i in mb)
+    assert sorted(seen) == list(range(res[0]["samples"])) and set(seen.values()) == {1}, seen
