@@ -1,7 +1,7 @@
 """One rank of an Accelerate scenario, run by test_accelerate.py under torch.distributed.run (CPU,
 gloo, the real ``accelerate.Accelerator``). Writes ``rank<r>.json`` to the output folder.
 
-Scenarios:
+Scenarios (``all``: both, in one launch; the output has one entry per scenario):
 - ``off``: threshold off. The reference is the plain Accelerate loop with its own accumulation
   (``gradient_accumulation_steps`` = M, ``accumulate()``, mean loss, ``accelerator.backward``,
   prepared optimizer and scheduler) over the SAME micro-batches, step by step, that
@@ -31,6 +31,10 @@ import dropcompute
 from dropcompute.torch import DropComputeSampler
 from dropcompute.torch.accelerate import AcceleratedDropCompute
 from dropcompute.torch.loader import DropComputeLoader
+import dropcompute.torch.lightning  # noqa: F401 (imported for the lazy-import check)
+
+#: Integration packages loaded by importing dropcompute.torch and both integration modules.
+LAZY = sorted(m for m in ("accelerate", "lightning", "pytorch_lightning") if m in sys.modules)
 
 D_IN, D_H, D_OUT = 8, 16, 3
 B, M = 4, 3  # micro-batch size, micro-batches per rank and step
@@ -197,8 +201,11 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     accelerator = Accelerator(cpu=True)
     rank, n = accelerator.process_index, accelerator.num_processes
-    out: Dict[str, Any] = {"rank": rank, "world_size": n}
-    {"off": scenario_off, "slow": scenario_slow}[scenario](accelerator, rank, n, out)
+    scenarios = {"off": scenario_off, "slow": scenario_slow}
+    out: Dict[str, Any] = {"lazy_imports": LAZY}
+    for name in scenarios if scenario == "all" else [scenario]:  # "all": one launch, one import
+        out[name] = {"rank": rank, "world_size": n}
+        scenarios[name](accelerator, rank, n, out[name])
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
     dist.barrier()

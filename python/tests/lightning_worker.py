@@ -2,7 +2,7 @@
 gloo; the real ``lightning.Trainer`` with ``strategy="ddp"``, which reads torchrun's
 environment and initializes the process group). Writes ``rank<r>.json`` to the output folder.
 
-Scenarios:
+Scenarios (``all``: both, in one launch; the output has one entry per scenario):
 - ``off``: threshold off, three fits in one process from the same initial weights:
   (1) plain Lightning, automatic optimization, ``accumulate_grad_batches`` = M, mean loss, over
   the SAME micro-batches in the same steps that ``DropComputeSampler`` deals at threshold off
@@ -210,8 +210,11 @@ def scenario_slow(rank: int, n: int, out: Dict[str, Any]) -> None:
 def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    out: Dict[str, Any] = {"rank": rank, "world_size": n}
-    {"off": scenario_off, "slow": scenario_slow}[scenario](rank, n, out)
+    scenarios = {"off": scenario_off, "slow": scenario_slow}
+    out: Dict[str, Any] = {}
+    for name in scenarios if scenario == "all" else [scenario]:  # "all": one launch, one import
+        out[name] = {"rank": rank, "world_size": n}
+        scenarios[name](rank, n, out[name])
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
 

@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
+    """Runs the worker's ``scenario`` on ``nproc`` ranks; every rank's output, by rank."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(HERE / "accelerate_worker.py"), scenario, str(outdir)]
@@ -26,10 +27,16 @@ def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """Both scenarios in one launch (the imports and process start dominate on a loaded CPU)."""
+    return torchrun("all", tmp_path_factory.mktemp("accelerate"))
+
+
+def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(runs: List[Dict[str, Any]]) -> None:
     """Paired with Accelerate's own accumulation (gradient_accumulation_steps=M, accumulate(),
     mean loss) over the same dealt micro-batches: the same loss curve, parameters and LR."""
-    for r in torchrun("off", tmp_path):
+    for r in [run["off"] for run in runs]:
         assert r["distributed_type"] == "MULTI_CPU" and r["model_type"] == "DistributedDataParallel", r
         assert r["same_deal"], r  # DropCompute ran the micro-batches the plain loop ran, step by step
         assert len(r["dc_losses"]) == len(r["plain_losses"]) == 4, r
@@ -43,8 +50,8 @@ def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(tmp_path: P
         assert "gradient_accumulation_steps: 2" in r["refusal"], r
 
 
-def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(tmp_path: Path) -> None:
-    res = torchrun("slow", tmp_path)
+def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(runs: List[Dict[str, Any]]) -> None:
+    res = [run["slow"] for run in runs]
     for r in res:
         assert r["grad_rel_err"] <= 1e-10, r  # float64: the started micro-batches / global count
         assert r["divisors"] == [float(t) for t in r["totals"]], r
@@ -56,3 +63,10 @@ def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(tmp_pa
     assert sum(d - s[1] for s, d in zip(started, dealt[1])) >= len(started) - 1, (started, dealt)
     seen = Counter(i for r in res for mb in r["computed"] for i in mb)
     assert sorted(seen) == list(range(res[0]["samples"])) and set(seen.values()) == {1}, seen
+
+
+def test_dropcompute_torch_imports_neither_accelerate_nor_lightning(runs: List[Dict[str, Any]]) -> None:
+    """The integrations import their package lazily: ``dropcompute.torch`` and both integration
+    modules imported (the worker, before it imports accelerate) loaded neither package."""
+    for r in runs:
+        assert r["lazy_imports"] == [], r["lazy_imports"]

@@ -17,6 +17,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
+    """Runs the worker's ``scenario`` on ``nproc`` ranks; every rank's output, by rank."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(HERE / "lightning_worker.py"), scenario, str(outdir)]
@@ -26,12 +27,18 @@ def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """Both scenarios in one launch (the imports and process start dominate on a loaded CPU)."""
+    return torchrun("all", tmp_path_factory.mktemp("lightning"))
+
+
 def global_means(steps_by_rank: List[List[List[float]]]) -> List[float]:
     return [sum(s[i][0] for s in steps_by_rank) / sum(s[i][1] for s in steps_by_rank)
             for i in range(len(steps_by_rank[0]))]
 
 
-def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never_runs(tmp_path: Path) -> None:
+def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never_runs(runs: List[Dict[str, Any]]) -> None:
     """Paired with plain Lightning (automatic optimization, accumulate_grad_batches=M, mean loss)
     over the same dealt micro-batches: the same loss curve, parameters and LR; DDP's reducer
     never ran under DropComputeModule. The control (the step over the LightningModule, not the
@@ -39,7 +46,7 @@ def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never
     reducer at every micro-batch (its values still agree here only because averaging is linear
     and every rank ran the same micro-batches; ranks computing different counts would issue
     different numbers of those all-reduces)."""
-    res = torchrun("off", tmp_path)
+    res = [run["off"] for run in runs]
     plain = global_means([r["plain_steps"] for r in res])
     dc = global_means([r["dc"]["steps"] for r in res])
     assert len(plain) == len(dc) == 4, (plain, dc)
@@ -55,8 +62,8 @@ def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never
         assert r["unguarded"]["hook_calls"] == 4 * 3, r  # one DDP all-reduce per micro-batch
 
 
-def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(tmp_path: Path) -> None:
-    res = torchrun("slow", tmp_path)
+def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(runs: List[Dict[str, Any]]) -> None:
+    res = [run["slow"] for run in runs]
     for r in res:
         assert r["grad_rel_err"] <= 1e-10, r
         assert r["divisors"] == [float(t) for t in r["totals"]], r

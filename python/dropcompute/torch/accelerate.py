@@ -36,7 +36,8 @@ gradients).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+import importlib
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
 
@@ -66,10 +67,10 @@ class AcceleratedDropCompute:
 
     def __init__(self, accelerator: Any, model: torch.nn.Module, policy: Policy, **step_kwargs: Any) -> None:
         try:
-            from accelerate import Accelerator
+            accelerator_cls = importlib.import_module("accelerate").Accelerator  # lazy; untyped package
         except ImportError as e:  # pragma: no cover (the tests run with accelerate)
             raise ImportError("dropcompute.torch.accelerate needs the accelerate package (pip install accelerate)") from e
-        if not isinstance(accelerator, Accelerator):
+        if not isinstance(accelerator, accelerator_cls):
             raise TypeError(f"accelerator: {type(accelerator).__name__}: must be an accelerate.Accelerator")
         for k in ("backward_fn", "device"):
             if k in step_kwargs:
@@ -130,11 +131,11 @@ class AcceleratedDropCompute:
         scaler = getattr(self.accelerator, "scaler", None)
         return result.apply(optimizer, scaler=scaler, scheduler=scheduler, optimizer_owns_scaler=scaler is not None)
 
-    def state_dict(self) -> dict:  # type: ignore[type-arg]
+    def state_dict(self) -> Dict[str, Any]:
         """The step's state (``DropComputeStep.state_dict``), for a checkpoint."""
         return self.step.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:  # type: ignore[type-arg]
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores ``state_dict()``'s state (``DropComputeStep.load_state_dict``)."""
         self.step.load_state_dict(state)
 
