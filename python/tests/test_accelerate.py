@@ -70,3 +70,34 @@ def test_dropcompute_torch_imports_neither_accelerate_nor_lightning(runs: List[D
     modules imported (the worker, before it imports accelerate) loaded neither package."""
     for r in runs:
         assert r["lazy_imports"] == [], r["lazy_imports"]
+
+
+@pytest.mark.parametrize("grad, stepped", [(1.0, True), (float("inf"), False)])
+def test_apply_lets_the_accelerated_optimizer_run_its_scaler(grad: float, stepped: bool) -> None:
+    """``StepResult.apply(optimizer_owns_scaler=True)`` with Accelerate's own AcceleratedOptimizer
+    and AcceleratedScheduler holding a real GradScaler (what ``AcceleratedDropCompute.apply`` does
+    under fp16; Accelerate gives no scaler on the CPU, so they are built directly, in one
+    process): a finite gradient is unscaled and stepped once, the scheduler follows; an inf one
+    is skipped, the scale backs off, the scheduler does not step."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+
+    from dropcompute.torch import StepResult
+
+    Accelerator(cpu=True)  # the process's AcceleratorState
+    p = torch.nn.Parameter(torch.zeros(3))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    opt = AcceleratedOptimizer(torch.optim.SGD([p], lr=0.5), device_placement=False, scaler=scaler)
+    sched = AcceleratedScheduler(torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=1, gamma=0.1), opt,
+                                 step_with_optimizer=True, split_batches=True)
+    scaler.scale((p * torch.full((3,), grad)).sum()).backward()  # the gradient, scaled by 1024
+    res = StepResult(step=0, computed_micro_batches=1, dropped_micro_batches=0, samples=1, counts=[1], started=[1],
+                     divisor=1.0, compute_ns=0, _buffers=[p.grad])  # type: ignore[list-item]
+    assert res.apply(opt, scaler=scaler, scheduler=sched, optimizer_owns_scaler=True) is stepped
+    assert p.detach().tolist() == ([-0.5] * 3 if stepped else [0.0] * 3)
+    assert scaler.get_scale() == (1024.0 if stepped else 512.0)
+    assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.05 if stepped else 0.5)
+    with pytest.raises(ValueError, match="scaler: None"):
+        res.apply(opt, optimizer_owns_scaler=True)
