@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the virtual environment the Python tests need and prints its path.
 # Location: $DROPCOMPUTE_VENV, default ~/.cache/dropcompute-venv (cached across runs).
-# torch: the CPU wheel from download.pytorch.org when reachable, else plain PyPI `torch`.
+# torch: the CPU wheel from download.pytorch.org when reachable, else plain PyPI `torch`;
+# accelerate and lightning for the integration tests (test_accelerate.py, test_lightning.py).
 # Says what it is doing on stderr, one line per phase (stdout carries only the path).
 set -euo pipefail
 VENV=${DROPCOMPUTE_VENV:-$HOME/.cache/dropcompute-venv}
