@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the virtual environment the Python tests need and prints its path.
 # Location: $DROPCOMPUTE_VENV, default ~/.cache/dropcompute-venv (cached across runs).
-# torch: the CPU wheel from download.pytorch.org when reachable, else plain PyPI `torch`.
+# torch: the CPU wheel from download.pytorch.org when reachable, else plain PyPI `torch`;
+# accelerate and lightning for the integration tests (test_accelerate.py, test_lightning.py).
 # Says what it is doing on stderr, one line per phase (stdout carries only the path).
 set -euo pipefail
 VENV=${DROPCOMPUTE_VENV:-$HOME/.cache/dropcompute-venv}
@@ -13,7 +14,7 @@ else
   say "reusing venv at $VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c 'import torch, numpy, pytest, maturin, mypy' >/dev/null 2>&1; then
+if ! "$PY" -c 'import torch, numpy, pytest, maturin, mypy, accelerate, lightning' >/dev/null 2>&1; then
   say "upgrading pip..."
   "$PY" -m pip install -q --upgrade pip >&2
   if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
@@ -21,9 +22,9 @@ if ! "$PY" -c 'import torch, numpy, pytest, maturin, mypy' >/dev/null 2>&1; then
     "$PY" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu >&2 \
       || { say "CPU wheel index unreachable; installing torch from PyPI (several minutes)..."; "$PY" -m pip install -q torch >&2; }
   fi
-  say "installing maturin, pytest, numpy, mypy..."
-  "$PY" -m pip install -q 'maturin>=1.5,<2' pytest numpy mypy >&2
+  say "installing maturin, pytest, numpy, mypy, accelerate, lightning..."
+  "$PY" -m pip install -q 'maturin>=1.5,<2' pytest numpy mypy 'accelerate>=1.0,<2' 'lightning>=2.0,<3' >&2
 else
-  say "torch, numpy, pytest, maturin and mypy already installed"
+  say "torch, numpy, pytest, maturin, mypy, accelerate and lightning already installed"
 fi
 echo "$VENV"

@@ -78,21 +78,32 @@ class StepResult:
         element is."""
         return all(bool(torch.isfinite(b.sum(dtype=torch.float64))) for b in self._buffers)
 
-    def apply(self, optimizer: torch.optim.Optimizer, scaler: Any = None, scheduler: Any = None) -> bool:
+    def apply(self, optimizer: torch.optim.Optimizer, scaler: Any = None, scheduler: Any = None, *,
+              optimizer_owns_scaler: bool = False) -> bool:
         """Steps ``optimizer`` (through ``scaler``, a ``torch.amp.GradScaler``, when given) and
         then ``scheduler`` only when the optimizer stepped. Returns whether it stepped.
+        ``optimizer_owns_scaler``: the optimizer's own ``step()`` runs ``scaler.step`` and
+        ``scaler.update`` (Accelerate's ``AcceleratedOptimizer``, Lightning's mixed-precision
+        plugin behind ``LightningOptimizer``): only ``optimizer.step()`` is called here, and
+        "stepped" is read from ``scaler``'s scale as below. Raises ValueError when it is set
+        without a ``scaler``.
 
         Not stepped: when no rank computed anything (the scaler is left untouched: it saw no
         gradient), or when the gradient is not finite (with a scaler: the scaler skips the
         optimizer and backs off its scale exactly as under plain DDP; without one: checked
         here). With a scaler, "stepped" is read as the scale not decreasing across
         ``update()`` (the scaler's own signal; Hugging Face's Trainer reads it the same way)."""
+        if optimizer_owns_scaler and scaler is None:
+            raise ValueError("scaler: None: optimizer_owns_scaler=True reads the scaler's scale; pass it")
         if self.skipped:
             return False
         if scaler is not None:
             before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
+            if optimizer_owns_scaler:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+                scaler.update()
             stepped = bool(scaler.get_scale() >= before)
         else:
             stepped = self.finite()
@@ -124,6 +135,11 @@ class DropComputeStep:
     backward, through a comm hook that rescales by the global count: ``overlap``; needs a DDP
     module and ``sync_lag`` >= 1, its default there). ``comm_hook``/``comm_state``: the user's
     DDP comm hook in overlap mode (e.g. ``bf16_compress_hook``), composed with the rescale.
+    ``backward_fn(scaled_loss)``: runs the backward of each micro-batch's scaled loss (default
+    ``scaled_loss.backward()``); an integration passes its stack's own, e.g.
+    ``accelerator.backward`` (its GradScaler) or Lightning's ``manual_backward``. It must call
+    backward exactly once on the tensor it is given (scaling it by a constant, e.g. a
+    GradScaler's scale, is fine: ``apply`` unscales through the scaler).
 
     Raises ValueError naming the argument for a bad value."""
 
@@ -144,6 +160,7 @@ class DropComputeStep:
         mode: str = "flat",
         comm_hook: Optional[Callable[..., Any]] = None,
         comm_state: Any = None,
+        backward_fn: Optional[Callable[[torch.Tensor], Any]] = None,
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
@@ -166,6 +183,9 @@ class DropComputeStep:
         self.params = [p for p in inner.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("model: no parameter requires a gradient")
+        if backward_fn is not None and not callable(backward_fn):
+            raise TypeError(f"backward_fn: {backward_fn!r}: must be callable")
+        self.backward_fn = backward_fn
         self.mode = mode
         self.grads = FlatGradients(self.params) if mode == "flat" else None
         self.hook = OverlapHook(model, comm_hook, comm_state, group) if mode == "overlap" else None
@@ -382,10 +402,13 @@ class DropComputeStep:
         return counts
 
     def _backward(self, scaled: torch.Tensor) -> None:
-        """``scaled.backward()``; an error raised in the comm hook (a timeout, differing
-        configurations) is re-raised as itself."""
+        """``scaled.backward()`` (or ``backward_fn(scaled)``); an error raised in the comm hook (a
+        timeout, differing configurations) is re-raised as itself."""
         try:
-            scaled.backward()  # type: ignore[no-untyped-call]
+            if self.backward_fn is not None:
+                self.backward_fn(scaled)
+            else:
+                scaled.backward()  # type: ignore[no-untyped-call]
         except Exception as e:
             if self.hook is not None and self.hook.error is not None:
                 raise self.hook.error from e

@@ -1,0 +1,78 @@
+"""dropcompute.torch.lightning with the real Lightning Trainer (``strategy="ddp"``, CPU, gloo)
+under ``python -m torch.distributed.run``, 2 processes (issue 25, "Integrations")."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+pytest.importorskip("lightning")
+
+HERE = Path(__file__).resolve().parent
+
+
+def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
+    """Runs the worker's ``scenario`` on ``nproc`` ranks; every rank's output, by rank."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(HERE / "lightning_worker.py"), scenario, str(outdir)]
+    outdir.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout}\n{p.stderr}"
+    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """Both scenarios in one launch (the imports and process start dominate on a loaded CPU)."""
+    return torchrun("all", tmp_path_factory.mktemp("lightning"))
+
+
+def global_means(steps_by_rank: List[List[List[float]]]) -> List[float]:
+    return [sum(s[i][0] for s in steps_by_rank) / sum(s[i][1] for s in steps_by_rank)
+            for i in range(len(steps_by_rank[0]))]
+
+
+def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never_runs(runs: List[Dict[str, Any]]) -> None:
+    """Paired with plain Lightning (automatic optimization, accumulate_grad_batches=M, mean loss)
+    over the same dealt micro-batches: the same loss curve, parameters and LR; DDP's reducer
+    never ran under DropComputeModule. The control (the step over the LightningModule, not the
+    strategy's DDP module) shows the hazard the mixin avoids: ``manual_backward`` armed DDP's
+    reducer at every micro-batch (its values still agree here only because averaging is linear
+    and every rank ran the same micro-batches; ranks computing different counts would issue
+    different numbers of those all-reduces)."""
+    res = [run["off"] for run in runs]
+    plain = global_means([r["plain_steps"] for r in res])
+    dc = global_means([r["dc"]["steps"] for r in res])
+    assert len(plain) == len(dc) == 4, (plain, dc)
+    assert max(abs(a - b) for a, b in zip(plain, dc)) <= 1e-6, (plain, dc)
+    for r in res:
+        assert r["dc"]["same_deal"], r
+        assert r["dc"]["max_param_diff"] <= 1e-6, r
+        assert r["moved"] > 1e-2, r
+        assert r["dc"]["lr"] == r["plain_lr"] < 0.2, r
+        assert r["dc"]["started"] == [[3, 3]] * 4, r
+        assert r["plain_hook_calls"] >= 4, r  # the counting hook sees plain DDP's reducer
+        assert r["dc"]["hook_calls"] == 0, r  # DropCompute's step: DDP's reducer never ran
+        assert r["unguarded"]["hook_calls"] == 4 * 3, r  # one DDP all-reduce per micro-batch
+
+
+def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(runs: List[Dict[str, Any]]) -> None:
+    res = [run["slow"] for run in runs]
+    for r in res:
+        assert r["grad_rel_err"] <= 1e-10, r
+        assert r["divisors"] == [float(t) for t in r["totals"]], r
+        assert r["started"] == res[0]["started"], r
+        assert r["hook_calls"] == 0, r
+    started = res[0]["started"]
+    assert started[0] == [3, 1], started  # rank 1: one micro-batch (0.3 s) passes the 0.25 s deadline
+    dealt = [r["dealt"] for r in res]
+    assert all(s[0] == d for s, d in zip(started, dealt[0])), (started, dealt)  # rank 0 never dropped
+    assert sum(d - s[1] for s, d in zip(started, dealt[1])) >= len(started) - 1, (started, dealt)
+    seen = Counter(i for r in res for mb in r["computed"] for i in mb)
+    assert sorted(seen) == list(range(res[0]["samples"])) and set(seen.values()) == {1}, seen
