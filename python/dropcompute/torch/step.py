@@ -78,6 +78,15 @@ class StepResult:
         element is."""
         return all(bool(torch.isfinite(b.sum(dtype=torch.float64))) for b in self._buffers)
 
+    def optimizer_may_step(self, scaler: Any = None) -> bool:
+        """Whether the optimizer may step on this gradient: False when no rank computed anything,
+        or, without ``scaler``, when the gradient is not finite; with a scaler True otherwise (the
+        scaler then decides: it skips a non-finite gradient and backs off). What ``apply`` and a
+        loop that steps the optimizer itself (the Hugging Face ``Trainer``) both go by."""
+        if self.skipped:
+            return False
+        return scaler is not None or self.finite()
+
     def apply(self, optimizer: torch.optim.Optimizer, scaler: Any = None, scheduler: Any = None) -> bool:
         """Steps ``optimizer`` (through ``scaler``, a ``torch.amp.GradScaler``, when given) and
         then ``scheduler`` only when the optimizer stepped. Returns whether it stepped.
@@ -95,7 +104,7 @@ class StepResult:
             scaler.update()
             stepped = bool(scaler.get_scale() >= before)
         else:
-            stepped = self.finite()
+            stepped = self.optimizer_may_step()
             if stepped:
                 optimizer.step()
         if stepped and scheduler is not None:
@@ -124,6 +133,8 @@ class DropComputeStep:
     backward, through a comm hook that rescales by the global count: ``overlap``; needs a DDP
     module and ``sync_lag`` >= 1, its default there). ``comm_hook``/``comm_state``: the user's
     DDP comm hook in overlap mode (e.g. ``bf16_compress_hook``), composed with the rescale.
+    ``backward_fn(loss)``: runs each micro-batch's backward (default ``loss.backward()``; e.g.
+    ``accelerator.backward``, which scales the loss by the GradScaler under fp16).
 
     Raises ValueError naming the argument for a bad value."""
 
@@ -144,6 +155,7 @@ class DropComputeStep:
         mode: str = "flat",
         comm_hook: Optional[Callable[..., Any]] = None,
         comm_state: Any = None,
+        backward_fn: Optional[Callable[[torch.Tensor], Any]] = None,
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
@@ -167,6 +179,7 @@ class DropComputeStep:
         if not self.params:
             raise ValueError("model: no parameter requires a gradient")
         self.mode = mode
+        self.backward_fn = backward_fn
         self.grads = FlatGradients(self.params) if mode == "flat" else None
         self.hook = OverlapHook(model, comm_hook, comm_state, group) if mode == "overlap" else None
         self._recent: Any = None
@@ -385,7 +398,10 @@ class DropComputeStep:
         """``scaled.backward()``; an error raised in the comm hook (a timeout, differing
         configurations) is re-raised as itself."""
         try:
-            scaled.backward()  # type: ignore[no-untyped-call]
+            if self.backward_fn is not None:
+                self.backward_fn(scaled)
+            else:
+                scaled.backward()  # type: ignore[no-untyped-call]
         except Exception as e:
             if self.hook is not None and self.hook.error is not None:
                 raise self.hook.error from e

@@ -1,0 +1,127 @@
+"""dropcompute.torch.transformers with the real Hugging Face Trainer (transformers, accelerate,
+DDP on gloo, CPU, 2 processes under `python -m torch.distributed.run`; issue 25, HF Trainer).
+The model: a BertForSequenceClassification built from a 2-layer, 32-hidden config (no download)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+HERE = Path(__file__).resolve().parent
+SAMPLES, B = 64, 4
+
+
+def torchrun(scenario: str, outdir: Path, nproc: int = 2, **env_extra: str) -> List[Dict[str, Any]]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env_extra)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(HERE / "hf_worker.py"), scenario, str(outdir)]
+    outdir.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}"
+    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def off_and_compose(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+    """The threshold-off and the composition scenarios in one launch (one start-up of two processes)."""
+    return torchrun("off,compose", tmp_path_factory.mktemp("hf"))
+
+
+def test_threshold_off_equals_the_plain_trainer_on_the_same_micro_batches(off_and_compose: List[Dict[str, Any]]) -> None:
+    """The plain Trainer (gradient_accumulation_steps = M = 2, DDP no_sync accumulation, clipping
+    at 1.0, AdamW, linear LR schedule) fed exactly the micro-batches the DropCompute sampler dealt
+    to each rank, in the same order: the same loss curve and the same final parameters."""
+    res = [r["off"] for r in off_and_compose]
+    for r in res:
+        assert r["steps"] == 8 and r["global_step"] == [8, 8], r  # 64 samples / (2 ranks x 2 x 4), 2 epochs
+        assert r["epoch"] == [2.0, 2.0], r
+        assert r["dealt_sizes"] == [[B, B]] * 8, r
+        assert len(r["dc_loss"]) == len(r["plain_loss"]) == 8, r
+        assert max(abs(a - b) for a, b in zip(r["dc_loss"], r["plain_loss"])) <= 1e-6, r
+        assert r["dc_loss"][0] != r["dc_loss"][-1], r  # it learned something: the curve is not flat
+        assert r["max_param_diff"] <= 1e-6, r
+        assert r["moved"] > 1e-3, r
+        assert abs(r["lr"][0] - r["lr"][1]) <= 1e-15, r
+        # The clipping saw the same gradient norm (logged by the Trainer).
+        assert max(abs(a - b) for a, b in zip(*r["grad_norm"])) <= 1e-6, r
+        assert r["drop_rate"] == [0.0] * 8 and r["computed"] == [4.0] * 8, r
+    # Both ranks logged the same (rank-averaged) loss; the ranks saw different data.
+    assert res[0]["dc_loss"] == res[1]["dc_loss"]
+
+
+def test_slowed_rank_drops_with_exact_counts_and_every_sample_once_per_epoch(tmp_path: Path) -> None:
+    res = [r["slow"] for r in torchrun("slow", tmp_path)]
+    r0, r1 = res
+    steps0, steps1 = r0["steps"], r1["steps"]
+    assert len(steps0) == len(steps1) == r0["global_step"] == 6, r0["global_step"]  # 2 steps/epoch x 3
+    for s0, s1 in zip(steps0, steps1):
+        assert s0["started"] == s1["started"] and s0["counts"] == s1["counts"], (s0, s1)
+        started = s0["started"]
+        # Each rank started what it says, from the front of what it was dealt.
+        for r, s in enumerate((s0, s1)):
+            assert len(s["started_ids"]) == started[r], s
+            assert s["started_ids"] == s["dealt"][: started[r]], s
+        # Exact normalization: the divisor is every rank's computed samples.
+        assert s0["counts"] == [B * k for k in started], s0
+        assert s0["divisor"] == s1["divisor"] == float(B * sum(started)), s0
+        assert s0["loss"] + s1["loss"] > 0
+    assert all(s["started"][1] < 4 for s in steps1), steps1  # the slowed rank dropped every step
+    assert sum(4 - s["started"][1] for s in steps1) > 0
+    # The gradient of every step is the f64 mean over exactly the started micro-batches.
+    for r in res:
+        assert max(r["grad_rel_err"]) <= 1e-9, r["grad_rel_err"]
+    # Logged: the drop rate (every rank, since the last log) and the computed micro-batches.
+    for i, s in enumerate(steps0):
+        assert r0["computed"][i] == sum(s["started"]), (r0["computed"], s)
+        assert abs(r0["drop_rate"][i] - (8 - sum(s["started"])) / 8) <= 1e-12, (r0["drop_rate"], s)
+    # No sample lost: what every rank computed plus what the dealer still holds of its current
+    # epoch is every sample exactly once per dealer epoch (0..end_epoch).
+    seen: Dict[int, int] = {}
+    for steps in (steps0, steps1):
+        for s in steps:
+            for mb in s["started_ids"]:
+                for i in mb:
+                    seen[i] = seen.get(i, 0) + 1
+    for i in r0["drained"]:
+        seen[i] = seen.get(i, 0) + 1
+    want = r0["end_epoch"] + 1
+    assert sorted(seen) == list(range(SAMPLES)), sorted(seen)
+    assert set(seen.values()) == {want}, (want, seen)
+    assert len(r0["drained"]) > 0  # the drops moved the dealer's epoch boundary later
+    assert json.loads(r0["state"])[0] == json.loads(r1["state"])[0]  # the replicas agree
+
+
+def test_the_mixin_composes_with_another_trainer_subclass(off_and_compose: List[Dict[str, Any]]) -> None:
+    """``class DC(DropComputeTrainerMixin, Subclassed)`` where ``Subclassed(Trainer)`` overrides
+    compute_loss, create_optimizer and log (GaudiTrainer's shape): its overrides run, the step is
+    DropCompute's."""
+    for r in (x["compose"] for x in off_and_compose):
+        assert r["mro"] == ["DC", "DropComputeTrainerMixin", "Subclassed", "Trainer"], r
+        assert r["optimizer"] == "SGD", r
+        assert r["own_loss_calls"] == 8, r  # 32 samples per rank / 4: every micro-batch through its compute_loss
+        assert r["steps"] == r["global_step"] == 4, r
+        assert r["args_ga"] == 1 and r["m"] == 2, r
+        assert r["subclass_field"] == [1.0] * 4 and r["dc_fields"] == [True] * 4, r
+        assert all(g is not None and g > 0 for g in r["grad_norm"]), r
+
+
+def test_import_without_transformers_and_config_refusals() -> None:
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import dropcompute.torch.transformers as m\n"
+        "try:\n    m.DropComputeTrainer\nexcept ImportError:\n    print('lazy ImportError')\n"
+        "for kw in ({'mode': 'x'}, {'sync_lag': -1}, {'policy': 5}):\n"
+        "    try:\n        m.DropComputeConfig(**kw)\n    except (ValueError, TypeError) as e:\n        print(e)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "lazy ImportError", lines
+    assert lines[1].startswith("mode: 'x'") and lines[2].startswith("sync_lag: -1") and lines[3].startswith("policy: int"), lines
