@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python side (issue 15): a cached virtual environment (ci/python_venv.sh: torch CPU,
-# maturin, pytest, numpy, mypy), the package built and installed with `maturin develop` (dev
+# maturin, pytest, numpy, mypy, transformers, accelerate), the package built and installed with `maturin develop` (dev
 # profile, reusing the workspace's target/; `pip install ./python` builds the same package in
 # release mode for users), the
 # `dropcompute` binary (the compute-log test runs `dropcompute tune`), then pytest (real torch,

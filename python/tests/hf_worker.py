@@ -123,8 +123,9 @@ def scenario_off(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
     gradient_accumulation_steps (M), optimizer, LR schedule, clipping and DDP."""
     m, epochs = 2, 2
     data = Tokens()
+    mode = os.path.basename(outdir).split("-")[1] if "-" in os.path.basename(outdir) else "flat"
     dc = Recording(model=make_model(), args=targs(os.path.join(outdir, "dc"), m, epochs), train_dataset=data,
-                   data_collator=collate, dropcompute=DropComputeConfig(policy=dropcompute.Policy(None)))
+                   data_collator=collate, dropcompute=DropComputeConfig(policy=dropcompute.Policy(None), mode=mode))
     dc.train()
     dealt = [s["dealt"] for s in dc.steps]  # per step: this rank's micro-batches (index lists)
     per_epoch = len(dealt) // epochs
@@ -169,7 +170,7 @@ def scenario_off(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
                computed=[h["dropcompute/computed_micro_batches"] for h in dc_logs],
                grad_norm=[[h.get("grad_norm") for h in dc_logs], [h.get("grad_norm") for h in plain.state.log_history
                                                                   if "loss" in h]],
-               steps=len(dealt), dealt_sizes=[[len(mb) for mb in s] for s in dealt])
+               steps=len(dealt), dealt_sizes=[[len(mb) for mb in s] for s in dealt], mode=dc.dropcompute_step.mode)
 
 
 def scenario_slow(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
@@ -257,6 +258,43 @@ def scenario_compose(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> Non
                m=t.dropcompute_micro_batches, grad_norm=[h.get("grad_norm") for h in logs])
 
 
+def scenario_skip(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
+    """Steps the optimizer must not take, and the Trainer's loop around them: (a) a non-finite
+    gradient at step 1 (no GradScaler): that step's optimizer and LR scheduler are skipped, the
+    others run; (b) a policy under which no rank starts anything: every step skipped, the
+    parameters untouched. The Trainer still counts and logs each step."""
+
+    class NaNAtStep1(DropComputeTrainerMixin, Trainer):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Dict[str, Any], *a: Any, **k: Any) -> Any:
+            loss = super().compute_loss(model, strip_index(inputs), *a, **k)
+            return loss * float("nan") if self.state.global_step == 1 else loss
+
+    class Plain(DropComputeTrainerMixin, Trainer):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Dict[str, Any], *a: Any, **k: Any) -> Any:
+            return super().compute_loss(model, strip_index(inputs), *a, **k)
+
+    def summary(t: Any) -> Dict[str, Any]:
+        opt = t.optimizer.optimizer
+        adam_steps = sorted({int(st["step"]) for st in opt.state.values()}) if opt.state else []
+        logs = [h for h in t.state.log_history if "loss" in h]
+        return {"global_step": t.state.global_step, "adam_steps": adam_steps,
+                "sched_steps": t.lr_scheduler.last_epoch, "skipped": [h["dropcompute/skipped_steps"] for h in logs],
+                "finite": all(bool(torch.isfinite(p).all()) for p in t.model.parameters()),
+                "stepped": [h["stepped"] for h in t.dropcompute_history],
+                "unchanged": max(float((a - b).abs().max()) for a, b in zip(t.model.parameters(),
+                                                                            make_model().parameters()))}
+
+    data = Tokens()
+    a = NaNAtStep1(model=make_model(), args=targs(os.path.join(outdir, "nan"), 2, 1, max_steps=3), train_dataset=data,
+                   data_collator=collate, dropcompute=DropComputeConfig(policy=dropcompute.Policy(None)))
+    a.train()
+    nothing = dropcompute.Policy(1, warmup_steps=0, min_micro_batches=0)  # 1 ns: no micro-batch starts
+    b = Plain(model=make_model(), args=targs(os.path.join(outdir, "none"), 2, 1, max_steps=2), train_dataset=data,
+              data_collator=collate, dropcompute=DropComputeConfig(policy=nothing))
+    b.train()
+    res.update(nan=summary(a), none=summary(b), none_started=[h["started"] for h in b.dropcompute_history])
+
+
 def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
     transformers.logging.set_verbosity_error()
@@ -264,7 +302,8 @@ def main() -> None:
     res: Dict[str, Any] = {}
     for name in scenario.split(","):  # several scenarios in one launch: one process start-up
         res[name] = {}
-        {"off": scenario_off, "slow": scenario_slow, "compose": scenario_compose}[name](
+        {"off": scenario_off, "off-overlap": scenario_off, "slow": scenario_slow, "compose": scenario_compose,
+         "skip": scenario_skip}[name](
             rank, n, os.path.join(outdir, name), res[name])
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)

@@ -11,9 +11,6 @@ from typing import Any, Dict, List
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-
 HERE = Path(__file__).resolve().parent
 SAMPLES, B = 64, 4
 
@@ -30,16 +27,21 @@ def torchrun(scenario: str, outdir: Path, nproc: int = 2, **env_extra: str) -> L
 
 @pytest.fixture(scope="module")
 def off_and_compose(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
-    """The threshold-off and the composition scenarios in one launch (one start-up of two processes)."""
-    return torchrun("off,compose", tmp_path_factory.mktemp("hf"))
+    """The threshold-off (both modes), composition and skip scenarios in one launch (one
+    start-up of two processes)."""
+    return torchrun("off,off-overlap,compose,skip", tmp_path_factory.mktemp("hf"))
 
 
-def test_threshold_off_equals_the_plain_trainer_on_the_same_micro_batches(off_and_compose: List[Dict[str, Any]]) -> None:
+@pytest.mark.parametrize("mode", ["flat", "overlap"])
+def test_threshold_off_equals_the_plain_trainer_on_the_same_micro_batches(
+    mode: str, off_and_compose: List[Dict[str, Any]]
+) -> None:
     """The plain Trainer (gradient_accumulation_steps = M = 2, DDP no_sync accumulation, clipping
     at 1.0, AdamW, linear LR schedule) fed exactly the micro-batches the DropCompute sampler dealt
     to each rank, in the same order: the same loss curve and the same final parameters."""
-    res = [r["off"] for r in off_and_compose]
+    res = [r["off" if mode == "flat" else "off-overlap"] for r in off_and_compose]
     for r in res:
+        assert r["mode"] == mode, r
         assert r["steps"] == 8 and r["global_step"] == [8, 8], r  # 64 samples / (2 ranks x 2 x 4), 2 epochs
         assert r["epoch"] == [2.0, 2.0], r
         assert r["dealt_sizes"] == [[B, B]] * 8, r
@@ -110,6 +112,21 @@ def test_the_mixin_composes_with_another_trainer_subclass(off_and_compose: List[
         assert r["args_ga"] == 1 and r["m"] == 2, r
         assert r["subclass_field"] == [1.0] * 4 and r["dc_fields"] == [True] * 4, r
         assert all(g is not None and g > 0 for g in r["grad_norm"]), r
+
+
+def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(off_and_compose: List[Dict[str, Any]]) -> None:
+    """A non-finite gradient (no GradScaler) at step 1 of 3, and a policy under which no rank
+    starts anything (2 steps): the optimizer (AdamW's per-parameter step count) and the LR
+    scheduler skip exactly those steps; the Trainer still counts and logs every step."""
+    for r in (x["skip"] for x in off_and_compose):
+        nan, none = r["nan"], r["none"]
+        assert nan["stepped"] == [True, False, True] and nan["skipped"] == [0.0, 1.0, 0.0], nan
+        assert nan["global_step"] == 3 and nan["adam_steps"] == [2] and nan["sched_steps"] == 2, nan
+        assert nan["finite"] and nan["unchanged"] > 0, nan  # no NaN reached the parameters
+        assert r["none_started"] == [[0, 0], [0, 0]], r
+        assert none["stepped"] == [False, False] and none["skipped"] == [1.0, 1.0], none
+        assert none["global_step"] == 2 and none["adam_steps"] == [] and none["sched_steps"] == 0, none
+        assert none["unchanged"] == 0.0, none
 
 
 def test_import_without_transformers_and_config_refusals() -> None:

@@ -208,7 +208,7 @@ class DropComputeTrainerMixin:
             pos[1] = targs
         else:
             kwargs["args"] = targs
-        super().__init__(*pos, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*pos, **kwargs)
         self.dropcompute_config = cfg
         self.dropcompute_micro_batches = m
         self.dropcompute_step: Optional[DropComputeStep] = None
@@ -297,21 +297,19 @@ class DropComputeTrainerMixin:
         _gate(t.optimizer, self)
         _gate(t.lr_scheduler, self)
         count_of = self.dropcompute_config.count_fn or batch_size
-        sums: List[torch.Tensor] = []
-        flops = [0.0]
-        inputs.computed = []
+        # (micro-batch, its loss sum) per loss_fn call; the first computed_micro_batches are this
+        # step's (overlap mode may call loss_fn once more for a zero-weighted backward).
+        calls: List[Any] = []
 
         def loss_fn(module: torch.nn.Module, mb: Any) -> torch.Tensor:
             mb = t._prepare_inputs(mb)
-            inputs.computed.append(mb)
-            flops[0] += float(super(DropComputeTrainerMixin, self).floating_point_ops(mb))  # type: ignore[misc]
             with t.compute_loss_context_manager():
                 loss = t.compute_loss(module, mb)
             if loss.dim() != 0:
                 raise ValueError(f"rank {step.rank}: step {step.step}: compute_loss returned shape "
                                  f"{tuple(loss.shape)}: must be the model's scalar mean loss")
-            total = loss * int(count_of(mb))
-            sums.append(total.detach())
+            total: torch.Tensor = loss * int(count_of(mb))
+            calls.append((mb, total.detach()))
             return total
 
         def count_fn(mb: Any) -> int:
@@ -321,10 +319,13 @@ class DropComputeTrainerMixin:
         res = step.run(inputs, loss_fn, count_fn)
         if self.dropcompute_sampler is not None:
             self.dropcompute_sampler.settle(res.started)
+        done = calls[: res.computed_micro_batches]
+        inputs.computed = [mb for mb, _ in done]
+        base: Any = super(DropComputeTrainerMixin, self)
+        self._dc_flops = sum(float(base.floating_point_ops(mb)) for mb in inputs.computed)
         scaler = getattr(t.accelerator, "scaler", None)
         may_step = res.optimizer_may_step(scaler)
         self._dc_skip = not may_step
-        self._dc_flops = flops[0]
         rec = {"step": res.step, "started": list(res.started), "counts": list(res.counts), "divisor": res.divisor,
                "dealt": int(dealt), "stepped": may_step, "computed_micro_batches": res.computed_micro_batches}
         self.dropcompute_history.append(rec)
@@ -332,7 +333,7 @@ class DropComputeTrainerMixin:
         dev = t.args.device
         if res.divisor is None:
             return torch.tensor(float("nan"), device=dev)
-        local = torch.stack(sums).sum().double() if sums else torch.zeros((), dtype=torch.float64)
+        local = torch.stack([x for _, x in done]).sum().double() if done else torch.zeros((), dtype=torch.float64)
         return (local * step.world_size / res.divisor).to(device=dev, dtype=torch.float32)
 
     def floating_point_ops(self, inputs: Any) -> float:
