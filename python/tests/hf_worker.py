@@ -183,7 +183,8 @@ def scenario_slow(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
     threshold_ns = int(float(os.environ.get("DC_THRESHOLD_S", "0.45")) * 1e9)
     policy = dropcompute.Policy(threshold_ns, warmup_steps=0, min_micro_batches=1)
     dc = Recording(model=make_model(), args=targs(os.path.join(outdir, "dc"), m, epochs), train_dataset=data,
-                   data_collator=collate, dropcompute=DropComputeConfig(policy=policy), delay_rank=1, delay_s=delay)
+                   data_collator=collate, delay_rank=1, delay_s=delay,
+                   dropcompute=DropComputeConfig(policy=policy, compute_log=os.path.join(outdir, "log_{rank}.csv")))
     dc.train()
     net0 = make_model()
     errs: List[float] = []
@@ -216,7 +217,8 @@ def scenario_slow(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
                grad_rel_err=errs, end_epoch=end_epoch, drained=drained, state=state,
                drop_rate=[h["dropcompute/drop_rate"] for h in logs],
                computed=[h["dropcompute/computed_micro_batches"] for h in logs],
-               global_step=dc.state.global_step, epoch=dc.state.epoch, logged_loss=[h["loss"] for h in logs])
+               global_step=dc.state.global_step, epoch=dc.state.epoch, logged_loss=[h["loss"] for h in logs],
+               log=dc.dropcompute_log_path)
 
 
 class Subclassed(Trainer):  # type: ignore[misc]
@@ -247,15 +249,24 @@ def scenario_compose(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> Non
         pass
 
     data = Tokens()
-    t = DC(model=make_model(), args=targs(os.path.join(outdir, "c"), 2, 1, max_grad_norm=0.5), train_dataset=data,
-           data_collator=collate, dropcompute=DropComputeConfig(policy=dropcompute.Policy(None)))
+    args = targs(os.path.join(outdir, "c"), 2, 1, max_grad_norm=0.5)
+    args.dropcompute = DropComputeConfig(policy=dropcompute.Policy(None))  # the knobs from the args
+    t = DC(model=make_model(), args=args, train_dataset=data, data_collator=collate)
     t.train()
+    errors: Dict[str, str] = {}
+    for name, kw in {"broadcast": {"args": targs(os.path.join(outdir, "x"), 2, 1, ddp_broadcast_buffers=True)},
+                     "config": {"args": targs(os.path.join(outdir, "x"), 2, 1), "dropcompute": {"mode": "flat"}}}.items():
+        try:
+            DC(model=make_model(), train_dataset=data, data_collator=collate, **kw)
+        except (ValueError, TypeError) as e:
+            errors[name] = f"{type(e).__name__}: {e}"
     logs = [h for h in t.state.log_history if "loss" in h]
-    res.update(mro=[c.__name__ for c in type(t).__mro__][:4], own_loss_calls=t.own_loss_calls,
+    res.update(errors=errors, mro=[c.__name__ for c in type(t).__mro__][:4], own_loss_calls=t.own_loss_calls,
                optimizer=type(t.optimizer.optimizer).__name__, subclass_field=[h.get("subclass") for h in logs],
                dc_fields=["dropcompute/drop_rate" in h for h in logs], global_step=t.state.global_step,
                steps=len(t.dropcompute_history), args_ga=t.args.gradient_accumulation_steps,
-               m=t.dropcompute_micro_batches, grad_norm=[h.get("grad_norm") for h in logs])
+               m=t.dropcompute_micro_batches, grad_norm=[h.get("grad_norm") for h in logs],
+               user_args_ga=args.gradient_accumulation_steps, config_from_args=t.dropcompute_config is args.dropcompute)
 
 
 def scenario_skip(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:

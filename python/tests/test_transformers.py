@@ -2,14 +2,18 @@
 DDP on gloo, CPU, 2 processes under `python -m torch.distributed.run`; issue 25, HF Trainer).
 The model: a BertForSequenceClassification built from a 2-layer, 32-hidden config (no download)."""
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+
+import dropcompute
 
 HERE = Path(__file__).resolve().parent
 SAMPLES, B = 64, 4
@@ -98,6 +102,11 @@ def test_slowed_rank_drops_with_exact_counts_and_every_sample_once_per_epoch(tmp
     assert set(seen.values()) == {want}, (want, seen)
     assert len(r0["drained"]) > 0  # the drops moved the dealer's epoch boundary later
     assert json.loads(r0["state"])[0] == json.loads(r1["state"])[0]  # the replicas agree
+    # Each rank's compute log (config compute_log "log_{rank}.csv"), as dropcompute tune reads it.
+    for r, res_r in enumerate(res):
+        assert res_r["log"].endswith(f"log_{r}.csv"), res_r["log"]
+        t = dropcompute.read_trace(res_r["log"])
+        assert t["latencies_ns"].shape == (1, 4, 6), t["latencies_ns"].shape  # rank, M, steps
 
 
 def test_the_mixin_composes_with_another_trainer_subclass(off_and_compose: List[Dict[str, Any]]) -> None:
@@ -109,7 +118,12 @@ def test_the_mixin_composes_with_another_trainer_subclass(off_and_compose: List[
         assert r["optimizer"] == "SGD", r
         assert r["own_loss_calls"] == 8, r  # 32 samples per rank / 4: every micro-batch through its compute_loss
         assert r["steps"] == r["global_step"] == 4, r
-        assert r["args_ga"] == 1 and r["m"] == 2, r
+        assert r["args_ga"] == 1 and r["m"] == 2 and r["user_args_ga"] == 2, r  # the user's args untouched
+        assert r["config_from_args"], r
+        assert r["errors"] == {
+            "broadcast": "ValueError: args.ddp_broadcast_buffers: True: must be False or None (ranks run different "
+                         "numbers of forwards, DDP's buffer broadcast would desynchronize them)",
+            "config": "TypeError: dropcompute: dict: must be a DropComputeConfig"}, r
         assert r["subclass_field"] == [1.0] * 4 and r["dc_fields"] == [True] * 4, r
         assert all(g is not None and g > 0 for g in r["grad_norm"]), r
 
@@ -129,16 +143,25 @@ def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(off_an
         assert none["unchanged"] == 0.0, none
 
 
-def test_import_without_transformers_and_config_refusals() -> None:
-    code = (
-        "import sys; sys.modules['transformers'] = None\n"
-        "import dropcompute.torch.transformers as m\n"
-        "try:\n    m.DropComputeTrainer\nexcept ImportError:\n    print('lazy ImportError')\n"
-        "for kw in ({'mode': 'x'}, {'sync_lag': -1}, {'policy': 5}):\n"
-        "    try:\n        m.DropComputeConfig(**kw)\n    except (ValueError, TypeError) as e:\n        print(e)\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
-    assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert lines[0] == "lazy ImportError", lines
-    assert lines[1].startswith("mode: 'x'") and lines[2].startswith("sync_lag: -1") and lines[3].startswith("policy: int"), lines
+def test_the_module_imports_without_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing the module needs no transformers; DropComputeTrainer needs it (ImportError)."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # "not installed"
+    monkeypatch.delitem(sys.modules, "dropcompute.torch.transformers", raising=False)
+    mod = importlib.import_module("dropcompute.torch.transformers")
+    assert mod.DropComputeConfig().mode == "flat"
+    with pytest.raises(ImportError):
+        mod.DropComputeTrainer
+    monkeypatch.delitem(sys.modules, "dropcompute.torch.transformers")
+
+
+@pytest.mark.parametrize("kw,error,message", [
+    ({"mode": "x"}, ValueError, "mode: 'x': must be 'flat' or 'overlap'"),
+    ({"sync_lag": -1}, ValueError, "sync_lag: -1: must be an int >= 0"),
+    ({"policy": 5}, TypeError, "policy: int: must be a dropcompute.Policy"),
+    ({"count_fn": 3}, TypeError, "count_fn: 3: must be callable"),
+])
+def test_config_refuses_bad_values_naming_them(kw: Dict[str, Any], error: type, message: str) -> None:
+    from dropcompute.torch.transformers import DropComputeConfig
+
+    with pytest.raises(error, match=re.escape(message)):
+        DropComputeConfig(**kw)

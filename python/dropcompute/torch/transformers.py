@@ -48,7 +48,11 @@ state). The Trainer's ``global_step``, ``epoch`` fraction and LR schedule count 
 
 Not covered: resuming mid-epoch from a checkpoint (the sampler's and the step's
 ``state_dict`` are not saved with the Trainer's checkpoint), ``IterableDataset`` train sets,
-DeepSpeed / FSDP (their engines own the gradient reduce).
+DeepSpeed / FSDP (their engines own the gradient reduce), data-loader worker processes (the
+micro-batches are collated in the training process, when launched; ``dataloader_num_workers``
+is not used), optimum-habana's ``GaudiTrainer`` itself (its loop is expected to call
+``training_step`` once per item and ``optimizer.step()`` / ``lr_scheduler.step()`` as the
+Trainer does; not installed here, so not tested).
 """
 
 from __future__ import annotations
@@ -175,7 +179,8 @@ class DropComputeTrainerMixin:
     default: ``args.dropcompute`` if present, else ``DropComputeConfig()``). Attributes after
     ``train()``: ``dropcompute_step`` (the ``DropComputeStep``), ``dropcompute_sampler``,
     ``dropcompute_history`` (one dict per step: ``started``, ``counts``, ``divisor``,
-    ``dealt``, ``stepped``), ``dropcompute_micro_batches`` (M). Logged with each training
+    ``dealt``, ``stepped``), ``dropcompute_micro_batches`` (M), ``dropcompute_log_path`` (this
+    rank's compute log, when one is written). Logged with each training
     loss: ``dropcompute/drop_rate`` (not-started / dealt micro-batches, every rank, since the
     last log), ``dropcompute/computed_micro_batches`` (started per step, every rank summed,
     averaged since the last log), ``dropcompute/skipped_steps``.
@@ -214,10 +219,19 @@ class DropComputeTrainerMixin:
         self.dropcompute_step: Optional[DropComputeStep] = None
         self.dropcompute_sampler: Optional[DropComputeSampler] = None
         self.dropcompute_history: List[Dict[str, Any]] = []
+        self.dropcompute_log_path: Optional[str] = None
         self._dc_skip = False
         self._dc_model: Any = None
         self._dc_window: List[Dict[str, Any]] = []
         self._dc_flops = 0.0
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's ``train``; afterwards the optimizer's and scheduler's ``step`` are no
+        longer gated (a last skipped step does not leave them disabled)."""
+        try:
+            return super().train(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._dc_skip = False
 
     # -- data -------------------------------------------------------------------------------
 
@@ -272,6 +286,7 @@ class DropComputeTrainerMixin:
                     log = log.replace("{rank}", str(rank))
                 elif int(t.args.world_size) > 1:
                     log = f"{log}.rank{rank}"
+            self.dropcompute_log_path = log
             self.dropcompute_step = DropComputeStep(
                 model, cfg.policy if cfg.policy is not None else Policy(None),
                 micro_batches_per_step=self.dropcompute_micro_batches,
