@@ -165,3 +165,22 @@ def test_config_refuses_bad_values_naming_them(kw: Dict[str, Any], error: type, 
 
     with pytest.raises(error, match=re.escape(message)):
         DropComputeConfig(**kw)
+
+
+@pytest.mark.parametrize("divisor,value,scaler,want", [
+    (None, 1.0, False, False),  # no rank computed anything: never, scaler or not
+    (None, 1.0, True, False),
+    (8.0, 1.0, False, True),
+    (8.0, float("nan"), False, False),  # non-finite, no scaler: skipped here
+    (8.0, float("inf"), False, False),
+    (8.0, float("nan"), True, True),  # with a scaler, the scaler decides (it skips and backs off)
+])
+def test_optimizer_may_step_is_what_the_trainer_gates_on(divisor: Any, value: float, scaler: bool, want: bool) -> None:
+    import torch
+
+    from dropcompute.torch import StepResult
+
+    res = StepResult(step=0, computed_micro_batches=1, dropped_micro_batches=0, samples=4, counts=[4, 4],
+                     started=[1, 1], divisor=divisor, compute_ns=0,
+                     _buffers=[torch.tensor([1.0, value]), torch.ones(3, dtype=torch.bfloat16)])
+    assert res.optimizer_may_step(object() if scaler else None) is want
