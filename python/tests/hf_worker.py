@@ -260,6 +260,10 @@ def scenario_compose(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> Non
             DC(model=make_model(), train_dataset=data, data_collator=collate, **kw)
         except (ValueError, TypeError) as e:
             errors[name] = f"{type(e).__name__}: {e}"
+    try:
+        t.train(resume_from_checkpoint=os.path.join(outdir, "nowhere"))
+    except ValueError as e:
+        errors["resume"] = str(e).split(":")[0]
     logs = [h for h in t.state.log_history if "loss" in h]
     res.update(errors=errors, mro=[c.__name__ for c in type(t).__mro__][:4], own_loss_calls=t.own_loss_calls,
                optimizer=type(t.optimizer.optimizer).__name__, subclass_field=[h.get("subclass") for h in logs],

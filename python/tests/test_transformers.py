@@ -123,7 +123,8 @@ def test_the_mixin_composes_with_another_trainer_subclass(off_and_compose: List[
         assert r["errors"] == {
             "broadcast": "ValueError: args.ddp_broadcast_buffers: True: must be False or None (ranks run different "
                          "numbers of forwards, DDP's buffer broadcast would desynchronize them)",
-            "config": "TypeError: dropcompute: dict: must be a DropComputeConfig"}, r
+            "config": "TypeError: dropcompute: dict: must be a DropComputeConfig",
+            "resume": "resume_from_checkpoint"}, r
         assert r["subclass_field"] == [1.0] * 4 and r["dc_fields"] == [True] * 4, r
         assert all(g is not None and g > 0 for g in r["grad_norm"]), r
 

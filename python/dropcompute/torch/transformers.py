@@ -46,8 +46,9 @@ boundary moves later by the micro-batches dropped; the ones still queued when th
 step budget (``max_steps``) ends are not computed (``trainer.dropcompute_sampler`` holds the
 state). The Trainer's ``global_step``, ``epoch`` fraction and LR schedule count its own steps.
 
-Not covered: resuming mid-epoch from a checkpoint (the sampler's and the step's
-``state_dict`` are not saved with the Trainer's checkpoint), ``IterableDataset`` train sets,
+Not covered: resuming from a checkpoint (the sampler's and the step's ``state_dict`` are not
+saved with the Trainer's checkpoint: ``train(resume_from_checkpoint=...)`` is refused unless
+``args.ignore_data_skip``, which restarts the data stream at epoch 0), ``IterableDataset`` train sets,
 DeepSpeed / FSDP (their engines own the gradient reduce), data-loader worker processes (the
 micro-batches are collated in the training process, when launched; ``dataloader_num_workers``
 is not used), optimum-habana's ``GaudiTrainer`` itself (its loop is expected to call
@@ -227,7 +228,15 @@ class DropComputeTrainerMixin:
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """The Trainer's ``train``; afterwards the optimizer's and scheduler's ``step`` are no
-        longer gated (a last skipped step does not leave them disabled)."""
+        longer gated (a last skipped step does not leave them disabled). Raises ValueError for
+        ``resume_from_checkpoint`` unless ``args.ignore_data_skip`` (the sampler's position is
+        not in the Trainer's checkpoint: the stream would restart at epoch 0)."""
+        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        t: Any = self
+        if resume and not t.args.ignore_data_skip:
+            raise ValueError(f"resume_from_checkpoint: {resume!r}: not supported with DropCompute's sampler (its "
+                             "position is not checkpointed); set args.ignore_data_skip=True to restart the data "
+                             "stream at epoch 0")
         try:
             return super().train(*args, **kwargs)  # type: ignore[misc]
         finally:
