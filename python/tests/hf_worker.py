@@ -64,10 +64,11 @@ def strip_index(inputs: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def targs(out: str, m: int, epochs: int, **kw: Any) -> TrainingArguments:
-    return TrainingArguments(output_dir=out, per_device_train_batch_size=B, gradient_accumulation_steps=m,
-                             num_train_epochs=epochs, learning_rate=1e-3, logging_steps=1, save_strategy="no",
-                             report_to=[], use_cpu=True, seed=3, remove_unused_columns=False,
-                             disable_tqdm=True, ddp_timeout=300, **kw)
+    base: Dict[str, Any] = dict(output_dir=out, per_device_train_batch_size=B, gradient_accumulation_steps=m,
+                                num_train_epochs=epochs, learning_rate=1e-3, logging_steps=1, save_strategy="no",
+                                report_to=[], use_cpu=True, seed=3, remove_unused_columns=False, disable_tqdm=True,
+                                ddp_timeout=300)
+    return TrainingArguments(**{**base, **kw})
 
 
 class Recording(DropComputeTrainerMixin, Trainer):  # type: ignore[misc]
@@ -310,6 +311,31 @@ def scenario_skip(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
     res.update(nan=summary(a), none=summary(b), none_started=[h["started"] for h in b.dropcompute_history])
 
 
+def scenario_resume(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
+    """A run checkpointed at step 3 and resumed from there equals the uninterrupted run: the
+    sampler's stream (drops re-queued), the step's warm-up count and the optimizer / scheduler
+    come back. Drops without timing: a 1 ns deadline with min_micro_batches 1 starts exactly 1
+    of M = 2 micro-batches per rank after the 2 warm-up steps."""
+    m, epochs = 2, 2
+    data = Tokens()
+    cfg = DropComputeConfig(policy=dropcompute.Policy(1, warmup_steps=2, min_micro_batches=1))
+    full = Recording(model=make_model(), args=targs(os.path.join(outdir, "full"), m, epochs, save_strategy="steps",
+                                                    save_steps=3), train_dataset=data, data_collator=collate,
+                     dropcompute=cfg)
+    full.train()
+    ckpt = os.path.join(outdir, "full", "checkpoint-3")
+    again = Recording(model=make_model(), args=targs(os.path.join(outdir, "again"), m, epochs), train_dataset=data,
+                      data_collator=collate, dropcompute=cfg)
+    again.train(resume_from_checkpoint=ckpt)
+    diff = max(float((a - b).abs().max()) for a, b in zip(full.model.parameters(), again.model.parameters()))
+    res.update(full_started=[s["started_ids"] for s in full.steps], again_started=[s["started_ids"] for s in again.steps],
+               full_loss=[h["loss"] for h in full.state.log_history if "loss" in h],
+               again_loss=[h["loss"] for h in again.state.log_history if "loss" in h],
+               full_counts=[s["started"] for s in full.steps], max_param_diff=diff,
+               global_step=[full.state.global_step, again.state.global_step],
+               files=sorted(f for f in os.listdir(ckpt) if f.startswith("dropcompute")))
+
+
 def main() -> None:
     scenario, outdir = sys.argv[1], sys.argv[2]
     transformers.logging.set_verbosity_error()
@@ -318,7 +344,7 @@ def main() -> None:
     for name in scenario.split(","):  # several scenarios in one launch: one process start-up
         res[name] = {}
         {"off": scenario_off, "off-overlap": scenario_off, "slow": scenario_slow, "compose": scenario_compose,
-         "skip": scenario_skip}[name](
+         "skip": scenario_skip, "resume": scenario_resume}[name](
             rank, n, os.path.join(outdir, name), res[name])
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)

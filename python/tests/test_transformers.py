@@ -31,9 +31,9 @@ def torchrun(scenario: str, outdir: Path, nproc: int = 2, **env_extra: str) -> L
 
 @pytest.fixture(scope="module")
 def off_and_compose(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
-    """The threshold-off (both modes), composition and skip scenarios in one launch (one
+    """The threshold-off (both modes), composition, skip and resume scenarios in one launch (one
     start-up of two processes)."""
-    return torchrun("off,off-overlap,compose,skip", tmp_path_factory.mktemp("hf"))
+    return torchrun("off,off-overlap,compose,skip,resume", tmp_path_factory.mktemp("hf"))
 
 
 @pytest.mark.parametrize("mode", ["flat", "overlap"])
@@ -142,6 +142,19 @@ def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(off_an
         assert none["stepped"] == [False, False] and none["skipped"] == [1.0, 1.0], none
         assert none["global_step"] == 2 and none["adam_steps"] == [] and none["sched_steps"] == 0, none
         assert none["unchanged"] == 0.0, none
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(off_and_compose: List[Dict[str, Any]]) -> None:
+    """Checkpoint at step 3 of 8 (drops from step 2 on: 1 of M = 2 started per rank, re-queued),
+    resume a fresh trainer from it: the same micro-batches started at steps 4..8, the same loss
+    curve, the same final parameters (the sampler's stream, the step's warm-up count, the
+    optimizer and the gated scheduler all come back)."""
+    for r in (x["resume"] for x in off_and_compose):
+        assert r["files"] == ["dropcompute_rank0.json", "dropcompute_rank1.json"], r
+        assert r["full_counts"] == [[2, 2]] * 2 + [[1, 1]] * 6, r  # warm-up 2 steps, then 1 of 2
+        assert r["again_started"] == r["full_started"][3:], r
+        assert r["again_loss"] == r["full_loss"] and len(r["full_loss"]) == 8, r
+        assert r["global_step"] == [8, 8] and r["max_param_diff"] == 0.0, r
 
 
 def test_the_module_imports_without_transformers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,9 +46,15 @@ boundary moves later by the micro-batches dropped; the ones still queued when th
 step budget (``max_steps``) ends are not computed (``trainer.dropcompute_sampler`` holds the
 state). The Trainer's ``global_step``, ``epoch`` fraction and LR schedule count its own steps.
 
-Not covered: resuming from a checkpoint (the sampler's and the step's ``state_dict`` are not
-saved with the Trainer's checkpoint: ``train(resume_from_checkpoint=...)`` is refused unless
-``args.ignore_data_skip``, which restarts the data stream at epoch 0), ``IterableDataset`` train sets,
+Checkpoints. Each rank writes ``dropcompute_rank{r}.json`` (the sampler's and the step's
+``state_dict``) into every Trainer checkpoint directory (a callback's ``on_save``);
+``train(resume_from_checkpoint=...)`` reads it back, so the run continues with the same data
+stream, warm-up count and loss scale as if never stopped (the mixin positions the stream
+itself: the Trainer's batch skipping is turned off for that call; the resumed epoch's
+``state.epoch`` fraction counts from the resume). A checkpoint without the file is refused
+unless ``args.ignore_data_skip`` (then the stream restarts at epoch 0).
+
+Not covered: ``IterableDataset`` train sets,
 DeepSpeed / FSDP (their engines own the gradient reduce), data-loader worker processes (the
 micro-batches are collated in the training process, when launched; ``dataloader_num_workers``
 is not used), optimum-habana's ``GaudiTrainer`` itself (its loop is expected to call
@@ -59,7 +65,10 @@ Trainer does; not installed here, so not tested).
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -137,38 +146,74 @@ class _StepLoader:
     from the sampler (settled by ``training_step``). Ends early only when the stream ends."""
 
     def __init__(self, sampler: DropComputeSampler, dataset: Any, collate: Callable[[List[Any]], Any],
-                 steps_per_epoch: int, batch_size: int) -> None:
+                 steps_per_epoch: int, batch_size: int, done_in_first_epoch: int = 0) -> None:
         self.sampler = sampler
         self.dataset = dataset
         self.collate = collate
         self.steps_per_epoch = steps_per_epoch
         self.batch_size = batch_size
+        #: Steps of the first epoch iterated already done (a resumed run: the checkpoint's).
+        self.done_in_first_epoch = done_in_first_epoch
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
     def __iter__(self) -> Iterator[StepBatch]:
-        for _ in range(self.steps_per_epoch):
+        skip, self.done_in_first_epoch = self.done_in_first_epoch, 0
+        for _ in range(self.steps_per_epoch - skip):
             ids = self.sampler.take()
             if ids is None:
                 return
             yield StepBatch(ids, self.dataset, self.collate)
 
 
+def _state_file(rank: int) -> str:
+    """The name of a rank's DropCompute state in a Trainer checkpoint directory."""
+    return f"dropcompute_rank{rank}.json"
+
+
+#: The trainer gating each optimizer / scheduler (weakly held: nothing is kept alive).
+_GATED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_GATED_CLASSES: Dict[type, type] = {}
+
+
 def _gate(obj: Any, trainer: Any) -> None:
-    """Wraps ``obj.step`` (an instance attribute) so that it does nothing while
-    ``trainer._dc_skip`` is True. Idempotent per object."""
-    if obj is None or getattr(obj, "_dropcompute_gate", None) is trainer:
+    """Makes ``obj.step`` do nothing while ``trainer._dc_skip`` is True. Idempotent.
+
+    The optimizer (an ``AcceleratedOptimizer``) gets an instance-level wrapper over its current
+    ``step`` (an LR scheduler has already wrapped that attribute to count calls). A scheduler's
+    class is swapped for a subclass overriding ``step``: nothing is added to its ``__dict__``,
+    which its ``state_dict()`` (saved in checkpoints) returns."""
+    if obj is None or _GATED.get(obj) is trainer:
+        return
+    first = obj not in _GATED
+    _GATED[obj] = trainer
+    if not first:
+        return
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        cls = type(obj)
+        if cls not in _GATED_CLASSES:
+            base_step = cls.step
+
+            def gated_step(self: Any, *a: Any, **k: Any) -> Any:
+                t = _GATED.get(self)
+                if t is not None and t._dc_skip:
+                    return None
+                return base_step(self, *a, **k)
+
+            _GATED_CLASSES[cls] = type(cls.__name__, (cls,), {"step": gated_step, "__module__": cls.__module__,
+                                                              "__qualname__": cls.__qualname__})
+        obj.__class__ = _GATED_CLASSES[cls]
         return
     original = obj.step
 
     def step(*a: Any, **k: Any) -> Any:
-        if trainer._dc_skip:
+        t = _GATED.get(obj)
+        if t is not None and t._dc_skip:
             return None
         return original(*a, **k)
 
     obj.step = step
-    obj._dropcompute_gate = trainer
 
 
 class DropComputeTrainerMixin:
@@ -225,22 +270,67 @@ class DropComputeTrainerMixin:
         self._dc_model: Any = None
         self._dc_window: List[Dict[str, Any]] = []
         self._dc_flops = 0.0
+        self._dc_resume: Optional[Dict[str, Any]] = None
+        from transformers import TrainerCallback
+
+        mixin = self
+
+        class _SaveDropComputeState(TrainerCallback):
+            def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                mixin._dropcompute_save(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
+                                        int(state.global_step))
+
+        getattr(self, "add_callback")(_SaveDropComputeState())
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """The Trainer's ``train``; afterwards the optimizer's and scheduler's ``step`` are no
-        longer gated (a last skipped step does not leave them disabled). Raises ValueError for
-        ``resume_from_checkpoint`` unless ``args.ignore_data_skip`` (the sampler's position is
-        not in the Trainer's checkpoint: the stream would restart at epoch 0)."""
-        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        """The Trainer's ``train``, resuming the DropCompute state from ``resume_from_checkpoint``
+        (module doc); afterwards the optimizer's and scheduler's ``step`` are no longer gated
+        (a last skipped step does not leave them disabled). Raises ValueError for a checkpoint
+        without this rank's DropCompute state unless ``args.ignore_data_skip``."""
         t: Any = self
-        if resume and not t.args.ignore_data_skip:
-            raise ValueError(f"resume_from_checkpoint: {resume!r}: not supported with DropCompute's sampler (its "
-                             "position is not checkpointed); set args.ignore_data_skip=True to restart the data "
-                             "stream at epoch 0")
+        pos = list(args)
+        resume = kwargs.get("resume_from_checkpoint", pos[0] if pos else None)
+        ignore = t.args.ignore_data_skip
+        self._dc_resume = None
+        if resume is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            resume = get_last_checkpoint(t.args.output_dir)  # type: ignore[no-untyped-call]
+            if resume is None:
+                raise ValueError(f"resume_from_checkpoint: True: no checkpoint in {t.args.output_dir!r}")
+        if resume and not ignore:
+            path = os.path.join(str(resume), _state_file(self._dc_rank()))
+            if not os.path.isfile(path):
+                raise ValueError(f"resume_from_checkpoint: {resume!r}: no {_state_file(self._dc_rank())} (a "
+                                 "checkpoint written without DropCompute); set args.ignore_data_skip=True to "
+                                 "restart the data stream at epoch 0")
+            with open(path) as f:
+                self._dc_resume = json.load(f)
+            if pos:
+                pos[0] = resume
+            else:
+                kwargs["resume_from_checkpoint"] = resume
+            # The mixin positions the data stream itself: the Trainer must not skip batches.
+            t.args.ignore_data_skip = True
         try:
-            return super().train(*args, **kwargs)  # type: ignore[misc]
+            return super().train(*pos, **kwargs)  # type: ignore[misc]
         finally:
             self._dc_skip = False
+            self._dc_resume = None
+            t.args.ignore_data_skip = ignore
+
+    def _dc_rank(self) -> int:
+        return int(getattr(self, "args").process_index)
+
+    def _dropcompute_save(self, checkpoint_dir: str, global_step: int) -> None:
+        """Writes this rank's sampler and step state into a Trainer checkpoint directory."""
+        if self.dropcompute_sampler is None:
+            return
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        state = {"global_step": global_step, "sampler": self.dropcompute_sampler.state_dict(),
+                 "step": self.dropcompute_step.state_dict() if self.dropcompute_step is not None else None}
+        with open(os.path.join(checkpoint_dir, _state_file(self._dc_rank())), "w") as f:
+            json.dump(state, f)
 
     # -- data -------------------------------------------------------------------------------
 
@@ -276,7 +366,11 @@ class DropComputeTrainerMixin:
         self.dropcompute_sampler = DropComputeSampler(len(ds), b, m, rank=int(args.process_index), world_size=n,
                                                       seed=int(seed))
         steps = max(math.ceil(math.ceil(len(ds) / b) / (n * m)), 1)
-        return _StepLoader(self.dropcompute_sampler, ds, collate, steps, b)
+        done = 0
+        if self._dc_resume is not None:
+            self.dropcompute_sampler.load_state_dict(self._dc_resume["sampler"])
+            done = int(self._dc_resume["global_step"]) % steps
+        return _StepLoader(self.dropcompute_sampler, ds, collate, steps, b, done)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -303,6 +397,8 @@ class DropComputeTrainerMixin:
                 mode=cfg.mode, backward_fn=t.accelerator.backward,
             )
             self._dc_model = model
+            if self._dc_resume is not None and self._dc_resume.get("step") is not None:
+                self.dropcompute_step.load_state_dict(self._dc_resume["step"])
         return self.dropcompute_step
 
     def training_step(self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
