@@ -1,8 +1,9 @@
 """One rank of the HF Trainer tests (run by test_transformers.py under `python -m torch.distributed.run`).
 
-usage: hf_worker.py SCENARIO[,SCENARIO...] OUTDIR. Writes OUTDIR/rank{r}.json: {scenario: what it measured}. The model is
-a tiny BertForSequenceClassification built from a config (2 layers, hidden 32, no dropout, float64)
-on synthetic token data; the real transformers.Trainer, accelerate, DDP on gloo.
+usage: hf_worker.py SCENARIO[,SCENARIO...] OUTDIR. Writes OUTDIR/rank{r}.json: {scenario: what it
+measured}. The model is a tiny BertForSequenceClassification built from a config (2 layers, hidden
+32, no dropout, float64) on synthetic token data; the real transformers.Trainer, accelerate, DDP on
+gloo.
 """
 
 import copy
@@ -94,12 +95,14 @@ class Recording(DropComputeTrainerMixin, Trainer):  # type: ignore[misc]
         h = self.dropcompute_history[-1]
         self.steps.append({"dealt": inputs.ids, "started_ids": self.started_ids, "started": h["started"],
                            "counts": h["counts"], "divisor": h["divisor"], "loss": float(loss),
-                           "grad": [None if p.grad is None else p.grad.detach().clone() for p in self.model.parameters()],
+                           "grad": [None if p.grad is None else p.grad.detach().clone()
+                                    for p in self.model.parameters()],
                            "before": before})
         return loss
 
 
-def reference_grad(net0: torch.nn.Module, before: List[torch.Tensor], ids: List[int], data: Tokens) -> List[torch.Tensor]:
+def reference_grad(net0: torch.nn.Module, before: List[torch.Tensor], ids: List[int],
+                   data: Tokens) -> List[torch.Tensor]:
     """The mean over the samples ``ids`` of the per-sample loss gradient at parameters ``before`` (f64, one pass)."""
     ref = copy.deepcopy(net0)
     with torch.no_grad():
@@ -213,7 +216,8 @@ def scenario_slow(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
         drained.extend(i for mb in got for i in mb)
         sampler.settle(one)
     logs = [h for h in dc.state.log_history if "loss" in h]
-    res.update(steps=[{k: v for k, v in s.items() if k in ("dealt", "started_ids", "started", "counts", "divisor", "loss")}
+    keep = ("dealt", "started_ids", "started", "counts", "divisor", "loss")
+    res.update(steps=[{k: v for k, v in s.items() if k in keep}
                       for s in dc.steps],
                grad_rel_err=errs, end_epoch=end_epoch, drained=drained, state=state,
                drop_rate=[h["dropcompute/drop_rate"] for h in logs],
@@ -256,7 +260,8 @@ def scenario_compose(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> Non
     t.train()
     errors: Dict[str, str] = {}
     for name, kw in {"broadcast": {"args": targs(os.path.join(outdir, "x"), 2, 1, ddp_broadcast_buffers=True)},
-                     "config": {"args": targs(os.path.join(outdir, "x"), 2, 1), "dropcompute": {"mode": "flat"}}}.items():
+                     "config": {"args": targs(os.path.join(outdir, "x"), 2, 1),
+                                "dropcompute": {"mode": "flat"}}}.items():
         try:
             DC(model=make_model(), train_dataset=data, data_collator=collate, **kw)
         except (ValueError, TypeError) as e:
@@ -328,7 +333,8 @@ def scenario_resume(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None
                       data_collator=collate, dropcompute=cfg)
     again.train(resume_from_checkpoint=ckpt)
     diff = max(float((a - b).abs().max()) for a, b in zip(full.model.parameters(), again.model.parameters()))
-    res.update(full_started=[s["started_ids"] for s in full.steps], again_started=[s["started_ids"] for s in again.steps],
+    res.update(full_started=[s["started_ids"] for s in full.steps],
+               again_started=[s["started_ids"] for s in again.steps],
                full_loss=[h["loss"] for h in full.state.log_history if "loss" in h],
                again_loss=[h["loss"] for h in again.state.log_history if "loss" in h],
                full_counts=[s["started"] for s in full.steps], max_param_diff=diff,

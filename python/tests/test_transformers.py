@@ -129,7 +129,9 @@ def test_the_mixin_composes_with_another_trainer_subclass(off_and_compose: List[
         assert all(g is not None and g > 0 for g in r["grad_norm"]), r
 
 
-def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(off_and_compose: List[Dict[str, Any]]) -> None:
+def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(
+    off_and_compose: List[Dict[str, Any]]
+) -> None:
     """A non-finite gradient (no GradScaler) at step 1 of 3, and a policy under which no rank
     starts anything (2 steps): the optimizer (AdamW's per-parameter step count) and the LR
     scheduler skip exactly those steps; the Trainer still counts and logs every step."""

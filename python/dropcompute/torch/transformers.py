@@ -393,7 +393,8 @@ class DropComputeTrainerMixin:
             self.dropcompute_step = DropComputeStep(
                 model, cfg.policy if cfg.policy is not None else Policy(None),
                 micro_batches_per_step=self.dropcompute_micro_batches,
-                micro_batch_size=int(t.args.per_device_train_batch_size) if cfg.count_fn is None else 0, sync_lag=cfg.sync_lag, compute_log=log,
+                micro_batch_size=int(t.args.per_device_train_batch_size) if cfg.count_fn is None else 0,
+                sync_lag=cfg.sync_lag, compute_log=log,
                 mode=cfg.mode, backward_fn=t.accelerator.backward,
             )
             self._dc_model = model
