@@ -174,7 +174,8 @@ def scenario_off(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
                computed=[h["dropcompute/computed_micro_batches"] for h in dc_logs],
                grad_norm=[[h.get("grad_norm") for h in dc_logs], [h.get("grad_norm") for h in plain.state.log_history
                                                                   if "loss" in h]],
-               steps=len(dealt), dealt_sizes=[[len(mb) for mb in s] for s in dealt], mode=dc.dropcompute_step.mode)
+               steps=len(dealt), dealt_sizes=[[len(mb) for mb in s] for s in dealt], mode=dc.dropcompute_step.mode,
+               total_batch=[dc.get_total_train_batch_size(dc.args), plain.get_total_train_batch_size(plain.args)])
 
 
 def scenario_slow(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:

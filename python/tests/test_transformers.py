@@ -48,6 +48,7 @@ def test_threshold_off_equals_the_plain_trainer_on_the_same_micro_batches(
         assert r["mode"] == mode, r
         assert r["steps"] == 8 and r["global_step"] == [8, 8], r  # 64 samples / (2 ranks x 2 x 4), 2 epochs
         assert r["epoch"] == [2.0, 2.0], r
+        assert r["total_batch"] == [16, 16], r  # samples per step: 2 ranks x M 2 x 4
         assert r["dealt_sizes"] == [[B, B]] * 8, r
         assert len(r["dc_loss"]) == len(r["plain_loss"]) == 8, r
         assert max(abs(a - b) for a, b in zip(r["dc_loss"], r["plain_loss"])) <= 1e-6, r

@@ -7,9 +7,10 @@ Owns: ``DropComputeTrainerMixin`` (put it first in the bases of any ``Trainer`` 
 knobs), ``StepBatch`` (one step's micro-batches, what the train dataloader yields). Must not
 touch: the step's decisions, the divisor, the collectives (``DropComputeStep``), the dealing
 order (``DropComputeSampler``), or the Trainer's own loop: this module overrides only public
-``Trainer`` methods (``get_train_dataloader``, ``training_step``, ``floating_point_ops``,
-``log``) plus ``_track_num_input_tokens``, and gates the ``step`` of the Trainer's optimizer
-and LR scheduler instances.
+``Trainer`` methods (``train``, ``get_train_dataloader``, ``training_step``,
+``floating_point_ops``, ``get_total_train_batch_size``, ``log``) plus
+``_track_num_input_tokens``, adds a checkpoint callback, and gates the ``step`` of the
+Trainer's optimizer and LR scheduler instances.
 
 How it fits the Trainer's loop. ``M = args.gradient_accumulation_steps`` as the user set it;
 the mixin hands the Trainer a copy of ``args`` with ``gradient_accumulation_steps = 1`` (the
@@ -456,6 +457,11 @@ class DropComputeTrainerMixin:
             return torch.tensor(float("nan"), device=dev)
         local = torch.stack([x for _, x in done]).sum().double() if done else torch.zeros((), dtype=torch.float64)
         return (local * step.world_size / res.divisor).to(device=dev, dtype=torch.float32)
+
+    def get_total_train_batch_size(self, args: Any) -> int:
+        """Samples per optimizer step without drops: the Trainer's count (its accumulation is 1
+        here) times M."""
+        return int(super().get_total_train_batch_size(args)) * self.dropcompute_micro_batches  # type: ignore[misc]
 
     def floating_point_ops(self, inputs: Any) -> float:
         """The step's floating point operations: the Trainer's estimate summed over the
