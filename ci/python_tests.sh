@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Python side (issue 15): a cached virtual environment (ci/python_venv.sh: torch CPU,
-# maturin, pytest, numpy, mypy, accelerate, lightning), the package built and installed with `maturin develop` (dev
-# profile, reusing the workspace's target/; `pip install ./python` builds the same package in
-# release mode for users), the
+# maturin, pytest, numpy, mypy, transformers, accelerate, lightning), the package built and
+# installed with `maturin develop` (dev profile, reusing the workspace's target/; `pip install
+# ./python` builds the same package in release mode for users), the
 # `dropcompute` binary (the compute-log test runs `dropcompute tune`), then pytest (real torch,
-# gloo, 2 and 4 processes under torch.distributed.run) and mypy --strict on the typed example.
+# gloo, 2 and 4 processes under torch.distributed.run) and mypy --strict on the typed example
+# and the Trainer integration.
 # Local use: bash ci/python_tests.sh   (DROPCOMPUTE_VENV overrides the venv location)
 # Each phase says what it is doing on stderr, one line, before it starts (the first run spends
 # minutes installing torch and building the module with nothing else on screen).
@@ -22,6 +23,8 @@ say "running pytest (python/tests)..."
 "$PY" -m pytest -q python/tests
 say "type-checking examples/python_api.py (mypy --strict)..."
 "$PY" -m mypy --strict examples/python_api.py
+say "type-checking dropcompute/torch/transformers.py (mypy --strict)..."
+"$PY" -m mypy --strict python/dropcompute/torch/transformers.py
 say "checking examples/pytorch_ddp.py --help..."
 "$PY" examples/pytorch_ddp.py --help >/dev/null
 say "done"

@@ -14,7 +14,7 @@ else
   say "reusing venv at $VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c 'import torch, numpy, pytest, maturin, mypy, accelerate, lightning' >/dev/null 2>&1; then
+if ! "$PY" -c 'import torch, numpy, pytest, maturin, mypy, transformers, accelerate, lightning' >/dev/null 2>&1; then
   say "upgrading pip..."
   "$PY" -m pip install -q --upgrade pip >&2
   if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
@@ -22,9 +22,9 @@ if ! "$PY" -c 'import torch, numpy, pytest, maturin, mypy, accelerate, lightning
     "$PY" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu >&2 \
       || { say "CPU wheel index unreachable; installing torch from PyPI (several minutes)..."; "$PY" -m pip install -q torch >&2; }
   fi
-  say "installing maturin, pytest, numpy, mypy, accelerate, lightning..."
-  "$PY" -m pip install -q 'maturin>=1.5,<2' pytest numpy mypy 'accelerate>=1.0,<2' 'lightning>=2.0,<3' >&2
+  say "installing maturin, pytest, numpy, mypy, transformers, accelerate, lightning..."
+  "$PY" -m pip install -q 'maturin>=1.5,<2' pytest numpy mypy 'transformers>=5,<6' 'accelerate>=1,<2' 'lightning>=2,<3' >&2
 else
-  say "torch, numpy, pytest, maturin, mypy, accelerate and lightning already installed"
+  say "torch, numpy, pytest, maturin, mypy, transformers, accelerate and lightning already installed"
 fi
 echo "$VENV"

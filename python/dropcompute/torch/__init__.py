@@ -10,7 +10,8 @@ divisor and the dealing order are the crate's, called through ``dropcompute._cor
 
 Modules: ``clock`` (device time, marks read with a lag), ``reduce`` (flat gradient buffers, the
 exact count collective, the rescale), ``step`` (``DropComputeStep``, ``StepResult``), ``data``
-(``DropComputeSampler``: the crate's global dealer over a dataset's indices).
+(``DropComputeSampler``: the crate's global dealer over a dataset's indices), ``transformers``
+(the Hugging Face ``Trainer`` mixin; not imported here: ``import dropcompute.torch.transformers``).
 """
 
 from .clock import DeviceClock

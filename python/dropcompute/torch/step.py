@@ -78,6 +78,15 @@ class StepResult:
         element is."""
         return all(bool(torch.isfinite(b.sum(dtype=torch.float64))) for b in self._buffers)
 
+    def optimizer_may_step(self, scaler: Any = None) -> bool:
+        """Whether the optimizer may step on this gradient: False when no rank computed anything,
+        or, without ``scaler``, when the gradient is not finite; with a scaler True otherwise (the
+        scaler then decides: it skips a non-finite gradient and backs off). What ``apply`` and a
+        loop that steps the optimizer itself (the Hugging Face ``Trainer``) both go by."""
+        if self.skipped:
+            return False
+        return scaler is not None or self.finite()
+
     def apply(self, optimizer: torch.optim.Optimizer, scaler: Any = None, scheduler: Any = None, *,
               optimizer_owns_scaler: bool = False) -> bool:
         """Steps ``optimizer`` (through ``scaler``, a ``torch.amp.GradScaler``, when given) and
@@ -106,7 +115,7 @@ class StepResult:
                 scaler.update()
             stepped = bool(scaler.get_scale() >= before)
         else:
-            stepped = self.finite()
+            stepped = self.optimizer_may_step()
             if stepped:
                 optimizer.step()
         if stepped and scheduler is not None:
