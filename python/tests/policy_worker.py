@@ -2,9 +2,10 @@
 `python -m torch.distributed.run`).
 
 usage: policy_worker.py SCENARIO OUTDIR (SCENARIO: "policies" (every step policy, and in flat
-mode the retuner too) or "retune"; DC_MODE: flat or overlap). Writes OUTDIR/rank{r}.json with what it measured and the reference computations made
-here (a reference Assigner / Retuner fed latencies gathered independently of the step, the f64
-reference gradient of every rank's computed micro-batches); asserts what one rank can check.
+mode the retuner too) or "retune"; DC_MODE: flat or overlap). Writes OUTDIR/rank{r}.json with
+what it measured and the reference computations made here (a reference Assigner / Retuner fed
+latencies gathered apart from the step, the f64 reference gradient of every rank's computed
+micro-batches); asserts what one rank can check.
 """
 
 import copy
@@ -92,7 +93,7 @@ def run_policy(rank: int, n: int, mode: str, policy: dropcompute.Policy, sp: dro
         mine = ids[: res.computed_micro_batches]
         every = gather([list(map(int, x)) for x in mine])
         computed.extend(i for r in every for mb in r for i in mb)
-        grads = [p.grad.detach().clone() for p in net.parameters()]
+        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in net.parameters()]
         ref_grad = reference_grad(before, [[(xs[i], ys[i]) for i in r] for r in every])
         # The reference latencies: every rank's own latencies, gathered here (not by the step).
         lat = gather(res.latencies_ns)

@@ -25,7 +25,8 @@ def test_step_policy_pickles_compares_and_prints(kind: str) -> None:
     q = pickle.loads(pickle.dumps(p))
     assert q == p and hash(q) == hash(p) and repr(q) == repr(p)
     assert (q.kind, q.backup_workers, q.budget_ns, q.budget_max_micro_batches) == (kind, 2, 7_000_001, 5)
-    assert p != StepPolicy(kind) and p != "x"
+    other: object = "x"
+    assert p != StepPolicy(kind) and p != other
     assert f'"{kind}"' in p.to_json()
 
 
@@ -135,7 +136,8 @@ def test_single_process_step_follows_the_assignment() -> None:
     mbs = [(torch.randn(3, 2), torch.randn(3, 1)) for _ in range(4)]
 
     def loss(mod: torch.nn.Module, mb: Any) -> torch.Tensor:
-        return ((mod(mb[0]) - mb[1]) ** 2).sum(dim=1)
+        out: torch.Tensor = ((mod(mb[0]) - mb[1]) ** 2).sum(dim=1)
+        return out
 
     got = []
     for _ in range(3):

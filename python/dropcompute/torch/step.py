@@ -54,7 +54,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import Assigner, ComputeLogWriter, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk, StragglerTracker, divisor
+from .. import (Assigner, ComputeLogWriter, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk, StragglerTracker,
+               divisor)
 from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
@@ -255,8 +256,8 @@ class DropComputeStep:
                 ("retuner", "Retuner") if rt is not None else \
                 ("stragglers", "StragglerTracker") if self.stragglers is not None else None
             if what is not None:
-                raise ValueError(f"{what[0]}: {what[1]!r} needs every rank's micro-batch latencies, which mode='overlap' "
-                                 "cannot measure (the last micro-batch's time includes DDP's all-reduce, which waits "
+                raise ValueError(f"{what[0]}: {what[1]!r} needs every rank's micro-batch latencies, which "
+                                 "mode='overlap' cannot measure (the last micro-batch's time includes DDP's all-reduce, which waits "
                                  "for the slowest rank); use mode='flat'")
         if (sp is not None or rt is not None or self.stragglers is not None) and m is None:
             raise ValueError("micro_batches_per_step: None: a step policy, retuner or straggler tracker needs M")
@@ -278,7 +279,7 @@ class DropComputeStep:
 
     def assignment(self) -> List[int]:
         """Micro-batches each rank runs in the next step (by rank; identical on every rank):
-        the assigner's with a step policy, else ``micro_batches_per_step`` each (None when
+        the assigner's with a step policy, else ``micro_batches_per_step`` each (0 each when
         unset: the caller's list decides). Pass it to ``DropComputeSampler.take``."""
         if self.assigner is not None:
             return list(self.assigner.assignment())
