@@ -124,6 +124,18 @@ def scenario_policies(rank: int, n: int, out: Dict[str, Any]) -> None:
     if mode == "flat":
         out["retune"] = {}
         scenario_retune(rank, n, out["retune"])
+        # Ranks with different step policies (the same collective shapes) are refused on every rank.
+        sp = dropcompute.StepPolicy("rebalance" if rank == 0 else "backup-workers")
+        ctl = DropComputeStep(DDP(model(), broadcast_buffers=False), dropcompute.Policy(None), micro_batches_per_step=M,
+                              step_policy=sp)
+        g = torch.Generator().manual_seed(rank)
+        mbs = [(torch.randn(B, D_IN, generator=g, dtype=torch.float64), torch.randint(0, D_OUT, (B,), generator=g))
+               for _ in range(M)]
+        try:
+            ctl.run(mbs, sum_loss)
+            out["mismatch"] = "accepted"
+        except ValueError as e:
+            out["mismatch"] = str(e)
 
 
 def scenario_retune(rank: int, n: int, out: Dict[str, Any]) -> None:

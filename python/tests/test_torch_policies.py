@@ -135,3 +135,8 @@ def test_retuner_in_the_step_changes_the_threshold_identically_on_every_rank(fla
     assert a["tracker_steps"] == b["tracker_steps"] == 14
     assert a["hits"] == b["hits"] and a["labels"] == b["labels"]
 
+
+
+def test_ranks_with_different_step_policies_are_refused_on_every_rank(flat_runs: List[Dict[str, Any]]) -> None:
+    for r in flat_runs:
+        assert "different step configurations" in r["mismatch"], r["mismatch"]
