@@ -3,7 +3,8 @@ Rust crate ``dropcompute``.
 
 The core (``dropcompute._core``, a pyo3 extension) holds the one implementation of the deadline
 policy, the threshold recommendation, the trace replay, the gradient divisor, the retuner, the
-straggler tracker and the compute-log writer. ``dropcompute.torch`` (plain Python, imported on
+straggler tracker, the compute-log writer and the step policies (``StepPolicy``, ``Assigner``,
+``backup_aggregated``). ``dropcompute.torch`` (plain Python, imported on
 demand) runs one DDP gradient-accumulation step under a deadline.
 
 Units: nanoseconds for times, samples (or tokens) for counts. Errors: ``ValueError`` naming the

@@ -18,6 +18,8 @@ use crate::{Policy, value_err};
 
 /// The constructor's arguments, in `__reduce__`'s order.
 type StepPolicyArgs = (&'static str, u32, Option<u64>, Option<u32>, f64, u32, u32, Option<f64>);
+/// [`StepPolicyArgs`] as `_restore` reads them back.
+type OwnedStepPolicyArgs = (String, u32, Option<u64>, Option<u32>, f64, u32, u32, Option<f64>);
 
 /// A step policy with its parameters (`policy::StepPolicy`). See `dropcompute/_core.pyi`.
 #[pyclass(module = "dropcompute._core", frozen)]
@@ -172,7 +174,7 @@ impl StepPolicy {
 
     /// `__reduce__`'s constructor (validated again).
     #[staticmethod]
-    fn _restore(a: (String, u32, Option<u64>, Option<u32>, f64, u32, u32, Option<f64>)) -> PyResult<Self> {
+    fn _restore(a: OwnedStepPolicyArgs) -> PyResult<Self> {
         Self::new(&a.0, a.1, a.2, a.3, a.4, a.5, a.6, a.7)
     }
 

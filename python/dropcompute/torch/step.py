@@ -82,8 +82,8 @@ class StepResult:
     #: This rank's compute phase (ns from the clock start to the end of its last micro-batch).
     compute_ns: int
     latencies_ns: List[int] = field(default_factory=list)
-    #: The deadline this step's walk ran with (ns; None: off): the policy's threshold, the
-    #: step policy's (its budget, or off), or the retuner's.
+    #: The deadline this step's walk ran with (ns; None: off; not applied in warm-up steps): the
+    #: policy's threshold, the step policy's (its budget, or off), or the retuner's.
     threshold_ns: Optional[int] = None
     #: The micro-batches each rank was assigned this step (by rank); None without a step policy.
     assignment: Optional[List[int]] = None
