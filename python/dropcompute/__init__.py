@@ -3,7 +3,8 @@ Rust crate ``dropcompute``.
 
 The core (``dropcompute._core``, a pyo3 extension) holds the one implementation of the deadline
 policy, the threshold recommendation, the trace replay, the gradient divisor, the retuner, the
-straggler tracker and the compute-log writer. ``dropcompute.torch`` (plain Python, imported on
+straggler tracker, the compute-log writer and the step policies (``StepPolicy``, ``Assigner``,
+``backup_aggregated``). ``dropcompute.torch`` (plain Python, imported on
 demand) runs one DDP gradient-accumulation step under a deadline.
 
 Units: nanoseconds for times, samples (or tokens) for counts. Errors: ``ValueError`` naming the
@@ -19,14 +20,17 @@ from ._core import (
     MAX_WORLD_SIZE,
     MIN_STEPS,
     MAX_DEALER_SAMPLES,
+    Assigner,
     ComputeLogWriter,
     Dealer,
     LatencyEstimator,
     Policy,
     Retuner,
+    StepPolicy,
     StepWalk,
     StragglerTracker,
     Verdict,
+    backup_aggregated,
     divisor,
     read_trace,
     recommend,
@@ -41,14 +45,17 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "MIN_STEPS",
     "MAX_DEALER_SAMPLES",
+    "Assigner",
     "ComputeLogWriter",
     "Dealer",
     "LatencyEstimator",
     "Policy",
     "Retuner",
+    "StepPolicy",
     "StepWalk",
     "StragglerTracker",
     "Verdict",
+    "backup_aggregated",
     "divisor",
     "read_trace",
     "recommend",

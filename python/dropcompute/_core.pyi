@@ -7,7 +7,7 @@ is negative or wider than its argument, ``FileNotFoundError`` / ``IsADirectoryEr
 
 import os
 from types import TracebackType
-from typing import Dict, List, Literal, Optional, Tuple, Type, TypedDict, Union
+from typing import Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -279,3 +279,106 @@ class Retuner:
     ) -> Optional[Dict[str, Union[str, bool, float, int, None]]]: ...
     @property
     def threshold_ns(self) -> Optional[int]: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def config(self) -> str:
+        """The configuration as text (equal on ranks that retune alike)."""
+        ...
+
+class StepPolicy:
+    """A step policy and its parameters (``policy::StepPolicy``), identical on every rank.
+
+    ``kind``: "synchronous", "drop-before", "drop-predictive", "backup-workers",
+    "compute-budget", "rebalance" or "rebalance-drop". ``backup_workers``: b, the ranks
+    predicted slowest that compute nothing in a step (clamped to N - 1). ``budget_ns``: the
+    compute budget per step (ns, compute-budget; None: unset). ``budget_max_micro_batches``: the
+    most micro-batches a rank starts under the budget (None: 2·M). ``rebalance_hysteresis``,
+    ``rebalance_min_micro_batches``: the rebalancer's limits. ``tail_split``/``tail_cost``: the
+    tail shape (1/None: whole micro-batches only). Validated by the crate (``TailShape::checked``);
+    raises ValueError naming the argument. Picklable; equal when every parameter is."""
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        backup_workers: int = 1,
+        budget_ns: Optional[int] = None,
+        budget_max_micro_batches: Optional[int] = None,
+        rebalance_hysteresis: float = 0.05,
+        rebalance_min_micro_batches: int = 1,
+        tail_split: int = 1,
+        tail_cost: Optional[float] = None,
+    ) -> None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def backup_workers(self) -> int: ...
+    @property
+    def budget_ns(self) -> Optional[int]: ...
+    @property
+    def budget_max_micro_batches(self) -> Optional[int]: ...
+    @property
+    def rebalance_hysteresis(self) -> float: ...
+    @property
+    def rebalance_min_micro_batches(self) -> int: ...
+    @property
+    def tail_split(self) -> int: ...
+    @property
+    def tail_cost(self) -> Optional[float]: ...
+    @property
+    def drops(self) -> bool:
+        """Whether the DropCompute threshold applies."""
+        ...
+    @property
+    def learns(self) -> bool:
+        """Whether the assignment learns from per-rank latencies (backup workers, rebalancing)."""
+        ...
+    def slots(self, micro_batches: int) -> int:
+        """The most micro-batches per rank the assigner hands out for M = ``micro_batches``."""
+        ...
+    def deadline(self, policy: Policy) -> Policy:
+        """The deadline the walk runs under: ``policy`` with the step policy's check mode and
+        threshold (the budget for compute-budget, off for synchronous / backup-workers /
+        rebalance). Raises ValueError for a contradicting ``policy.check`` (drop-before runs
+        "before", drop-predictive "predictive") or compute-budget without ``budget_ns``."""
+        ...
+    def to_json(self) -> str:
+        """The crate's JSON of the parameters (the budget in ms)."""
+        ...
+
+class Assigner:
+    """Each rank's micro-batch count of the next step (``policy::assign::Assigner``: the Rust
+    scheduler's and the simulator's rule). Every rank holds a replica fed the same gathered
+    latencies, so the replicas agree without communicating. ``warmup_steps``: the job's
+    (the nominal batch runs in warm-up); ``first_step``: the index of the first step. Raises
+    ValueError for ``world_size`` or ``micro_batches`` 0 or above their caps."""
+
+    def __init__(
+        self, step_policy: StepPolicy, world_size: int, micro_batches: int, *, warmup_steps: int = 3,
+        first_step: int = 0,
+    ) -> None: ...
+    def assignment(self) -> List[int]:
+        """Micro-batches per rank for the next step (one per rank)."""
+        ...
+    def observe(self, step: int, per_rank_micro_batch_ns: Sequence[float]) -> bool:
+        """Feeds step ``step``'s per-rank mean latency per micro-batch (ns; NaN: none computed)
+        and moves to the next step's assignment. True when a rebalanced assignment needed more
+        than the slots (the previous one stays). Raises ValueError for a length other than N."""
+        ...
+    @property
+    def step_policy(self) -> StepPolicy: ...
+    def state(self) -> str:
+        """The replica's state as JSON (a checkpoint)."""
+        ...
+    @staticmethod
+    def from_state(state: str) -> "Assigner":
+        """A replica from ``state()``. Raises ValueError for a malformed state."""
+        ...
+
+def backup_aggregated(finish_ns: Sequence[float], b: int) -> List[bool]:
+    """Backup workers' aggregation (``policy::backup_aggregated``): per rank, whether it is
+    among the first N - min(b, N - 1) to finish (ties: lower rank first; NaN last)."""
+    ...

@@ -15,7 +15,8 @@
 //! (every function forwards to the crate's one implementation: `policy::decide`,
 //! `policy::walk::RankWalk` (the scheduler's step walk),
 //! `tune::recommend`, `sim::replay`, `schedule::divisor`, `tune::retune::Retuner`,
-//! `schedule::StragglerTracker`, `trace::compute_log`).
+//! `schedule::StragglerTracker`, `trace::compute_log`; the step policies' `policy::StepPolicy`,
+//! `policy::assign::Assigner` and `policy::backup_aggregated` in `steppolicy.rs`).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -38,6 +39,8 @@ use dropcompute::trace::{LatencyTrace, LoadOptions};
 use dropcompute::tune::retune::{RetuneEvent, RetunerConfig};
 use dropcompute::tune::{self, Guardrails, Refusal, TuneConfig, Verdict as RsVerdict};
 use dropcompute_capi::{DC_MAX_ESTIMATOR_WINDOW, DC_MAX_MICRO_BATCHES, DC_MAX_WORLD_SIZE, FaceError, check_size};
+
+mod steppolicy;
 
 /// An OS error as the exception Python itself raises for it (an `OSError` subclass; a path
 /// with a NUL byte: `ValueError`), with `msg`.
@@ -840,6 +843,8 @@ pub struct Retuner {
     inner: tune::retune::Retuner,
     /// N and M, the shape `on_step` takes.
     shape: (usize, usize),
+    /// The configuration as text (`RetunerConfig`'s Debug form): what every rank must share.
+    config: String,
 }
 
 #[pymethods]
@@ -876,7 +881,7 @@ impl Retuner {
         };
         let inner = tune::retune::Retuner::new(cfg, world_size, micro_batches)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { inner, shape: (world_size, micro_batches) })
+        Ok(Self { inner, shape: (world_size, micro_batches), config: format!("{cfg:?}") })
     }
 
     /// Feed one step's (N, M) latency matrix (ns; NaN for dropped) and step time (ns).
@@ -925,6 +930,25 @@ impl Retuner {
     fn threshold_ns(&self) -> Option<u64> {
         self.inner.threshold_for_next_step().as_ns()
     }
+
+    /// N, the rows `on_step` takes.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.shape.0
+    }
+
+    /// M, the columns `on_step` takes.
+    #[getter]
+    fn micro_batches(&self) -> usize {
+        self.shape.1
+    }
+
+    /// The configuration (period, probe steps, hysteresis, guardrails) as text: equal on ranks
+    /// that retune alike.
+    #[getter]
+    fn config(&self) -> &str {
+        &self.config
+    }
 }
 
 /// The extension module.
@@ -940,6 +964,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StragglerTracker>()?;
     m.add_class::<Retuner>()?;
     m.add_class::<Dealer>()?;
+    m.add_class::<steppolicy::StepPolicy>()?;
+    m.add_class::<steppolicy::Assigner>()?;
+    m.add_function(wrap_pyfunction!(steppolicy::backup_aggregated, m)?)?;
     m.add_function(wrap_pyfunction!(recommend, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;

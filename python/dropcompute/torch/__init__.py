@@ -4,9 +4,11 @@ What this package owns: running one gradient-accumulation step's micro-batches u
 crate's one step walker (``dropcompute.StepWalk``: the Rust scheduler's own decisions), timing
 them on the device's timeline with a sync lag, the exact sample counts and the rescaled
 gradient reduce, the optimizer / GradScaler / LR-scheduler step that follows, and dealing an
-epoch's micro-batches to ranks so that no sample is lost. What it must not touch: the
+epoch's micro-batches to ranks so that no sample is lost; with a step policy
+(``dropcompute.StepPolicy``) each rank's micro-batch count comes from the crate's ``Assigner``,
+and the retuner / straggler tracker run in the step. What it must not touch: the
 decisions themselves (the deadline, the warm-up, the minimum, the predictive estimate, the
-divisor and the dealing order are the crate's, called through ``dropcompute._core``).
+divisor, the assignment and the dealing order are the crate's, called through ``dropcompute._core``).
 
 Modules: ``clock`` (device time, marks read with a lag), ``reduce`` (flat gradient buffers, the
 exact count collective, the rescale), ``step`` (``DropComputeStep``, ``StepResult``), ``data``

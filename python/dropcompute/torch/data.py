@@ -54,7 +54,7 @@ class DropComputeSampler:
         the stream: the rank still runs the step, with nothing, to join the collectives), or
         None when the stream dealt nothing to any rank (the run is over on every rank at the
         same step). ``assignment``: micro-batches per rank (default: ``micro_batches_per_step``
-        each)."""
+        each; with a step policy pass ``DropComputeStep.assignment()``, identical on every rank)."""
         a = list(assignment) if assignment is not None else [self.micro_batches_per_step] * self.world_size
         mine = [list(ids) for ids in self._dealer.take(a)]
         return None if self._dealer.ended else mine

@@ -7,7 +7,9 @@ Must not touch: the divisor's rule (``dropcompute.divisor``, the crate's ``sched
 or the step's decisions.
 
 The count collective is one int64 all-reduce (SUM) of ``[samples(N) | started(N) | policy
-fingerprint(1) | used(P)]`` (N ranks, P parameters): each rank writes its own slots, so every
+fingerprint(1) | extra(N·E) | used(P)]`` (N ranks, E extra values per rank, 0 unless a step
+policy, retuner or straggler tracker needs every rank's latencies: ``step``; P parameters):
+each rank writes its own slots, so every
 rank learns every rank's sample count and started micro-batches exactly (the gradients' dtype
 never carries a count: bf16 rounded 257 to 256), whether the ranks run the same policy, and
 which parameters no rank used (their ``.grad`` is then ``None``, as DDP leaves it, so an
@@ -111,21 +113,26 @@ class FlatGradients:
 
 
 class Reduced:
-    """What the count collective said: every rank's samples and started micro-batches, and
-    the parameters no rank used (flat path only)."""
+    """What the count collective said: every rank's samples and started micro-batches, the
+    parameters no rank used (flat path only) and every rank's extra values (``extra[r]``, E
+    int64 each; empty rows when E is 0)."""
 
-    def __init__(self, samples: List[int], started: List[int], unused: List[int]) -> None:
+    def __init__(self, samples: List[int], started: List[int], unused: List[int],
+                 extra: Optional[List[List[int]]] = None) -> None:
         self.samples = samples
         self.started = started
         self.unused = unused
+        self.extra = extra if extra is not None else [[] for _ in samples]
 
 
 class Counts:
     """The step's count collective, issued at construction (async; every rank issues it before
     its gradient collectives): one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
-    fingerprint(1) | used(P)]``, each rank writing its own slots. ``used``: per parameter
-    whether this rank's backward reached it (the flat path; empty in overlap mode, where DDP
-    tracks unused parameters itself)."""
+    fingerprint(1) | extra(N·E) | used(P)]``, each rank writing its own slots. ``used``: per
+    parameter whether this rank's backward reached it (the flat path; empty in overlap mode,
+    where DDP tracks unused parameters itself). ``extra``: this rank's E int64 values
+    (E identical on every rank; the step's latencies when a step policy, retuner or straggler
+    tracker needs them), returned by rank in ``Reduced.extra``."""
 
     def __init__(
         self,
@@ -139,15 +146,20 @@ class Counts:
         device: torch.device,
         group: Optional[dist.ProcessGroup],
         step: int,
+        extra: Sequence[int] = (),
     ) -> None:
         n = world_size
-        self.rank, self.n, self.fingerprint, self.step = rank, n, fingerprint, step
-        self.tensor = torch.zeros(2 * n + 1 + len(used), dtype=torch.int64, device=device)
+        e = len(extra)
+        self.rank, self.n, self.e, self.fingerprint, self.step = rank, n, e, fingerprint, step
+        self.tensor = torch.zeros(2 * n + 1 + n * e + len(used), dtype=torch.int64, device=device)
         self.tensor[rank] = samples
         self.tensor[n + rank] = started
         self.tensor[2 * n] = fingerprint
+        if e:
+            at = 2 * n + 1 + rank * e
+            self.tensor[at : at + e] = torch.tensor(list(extra), dtype=torch.int64, device=device)
         if used:
-            self.tensor[2 * n + 1 :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
+            self.tensor[2 * n + 1 + n * e :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
         self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True) if n > 1 else None
         self._result: Optional[Reduced] = None
 
@@ -166,7 +178,10 @@ class Counts:
                 f"normalization, micro-batch size or micro-batches per step differ; this rank's fingerprint "
                 f"{self.fingerprint}, the sum over {n} ranks {host[2 * n]})"
             )
-        self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[2 * n + 1 :]) if u == 0])
+        e, base = self.e, 2 * n + 1
+        extra = [host[base + r * e : base + (r + 1) * e] for r in range(n)]
+        self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[base + n * e :]) if u == 0],
+                               extra)
         return self._result
 
 

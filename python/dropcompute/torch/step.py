@@ -20,6 +20,26 @@ closure over the DDP wrapper) returns per-sample losses (shape ``(b,)`` or
 ``(b, ...)``: summed here, the count defaults to ``b``) or their SUM as a scalar. A scalar
 mean (``.mean()``, or a loss module with ``reduction="mean"``) is refused with ValueError: the
 divisor already turns the summed gradient into the mean over computed samples.
+
+Step policies (``step_policy=dropcompute.StepPolicy(...)``: synchronous, drop-before,
+drop-predictive, rebalance, rebalance-drop, compute-budget, backup-workers; whole micro-batches
+only): each rank holds a replica of the crate's ``Assigner`` (``policy::assign::Assigner``, the
+Rust scheduler's and the simulator's) and walks at most its own entry of
+``DropComputeStep.assignment()`` with the deadline the policy runs under
+(``StepPolicy.deadline``). Pass ``sampler.take(step.assignment())`` so the data follows the
+assignment. The replicas are fed every rank's per-micro-batch latencies, gathered exactly in
+the count collective, so every rank computes the same next assignment. Policies that learn from
+latencies (backup-workers, rebalance, rebalance-drop), the retuner and the straggler tracker
+need mode="flat": in overlap mode the last micro-batch's measured time includes DDP's
+all-reduce, which waits for the slowest rank (every rank would look as slow as it), so they are
+refused there. Backup workers (b) run the crate's rule: the b ranks predicted slowest are assigned
+0 micro-batches; they compute nothing, contribute a zero gradient, and their samples are not in
+the divisor.
+
+``retuner=dropcompute.Retuner(N, M, ...)`` and ``stragglers=dropcompute.StragglerTracker(N)``
+are fed every step from the same gathered latencies (the retuner with the step time as the
+slowest rank's compute phase), so the retuned threshold is identical on every rank; it is used
+from the next step on (``StepResult.threshold_ns``: the threshold a step ran with).
 """
 
 from __future__ import annotations
@@ -28,13 +48,14 @@ import contextlib
 import datetime
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import ComputeLogWriter, LatencyEstimator, Policy, StepWalk, divisor
+from .. import (Assigner, ComputeLogWriter, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk, StragglerTracker,
+               divisor)
 from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
@@ -61,6 +82,16 @@ class StepResult:
     #: This rank's compute phase (ns from the clock start to the end of its last micro-batch).
     compute_ns: int
     latencies_ns: List[int] = field(default_factory=list)
+    #: The deadline this step's walk ran with (ns; None: off; not applied in warm-up steps): the
+    #: policy's threshold, the step policy's (its budget, or off), or the retuner's.
+    threshold_ns: Optional[int] = None
+    #: The micro-batches each rank was assigned this step (by rank); None without a step policy.
+    assignment: Optional[List[int]] = None
+    #: Every rank's mean latency per computed micro-batch (ns, NaN for none), gathered: what the
+    #: assigner, the straggler tracker and the retuner were fed. None when nothing needed it.
+    rank_latency_ns: Optional[List[float]] = None
+    #: The retuner's event of this step (``Retuner.on_step``'s dict), None otherwise.
+    retune: Optional[Dict[str, Any]] = None
     #: The flat gradient buffers (for the finiteness check of ``apply``).
     _buffers: List[torch.Tensor] = field(default_factory=list, repr=False)
     #: Intel Gaudi's bridge (lazy mode: a step marker after the optimizer step).
@@ -149,8 +180,12 @@ class DropComputeStep:
     ``accelerator.backward`` (its GradScaler) or Lightning's ``manual_backward``. It must call
     backward exactly once on the tensor it is given (scaling it by a constant, e.g. a
     GradScaler's scale, is fine: ``apply`` unscales through the scaler).
+    ``step_policy``: a ``dropcompute.StepPolicy`` (module doc; needs ``micro_batches_per_step``,
+    whole micro-batches: ``tail_split`` 1). ``retuner``: a ``dropcompute.Retuner(N, M)``
+    re-tuning the drop threshold in the step (only without a step policy or with drop-before /
+    drop-predictive). ``stragglers``: a ``dropcompute.StragglerTracker(N)`` fed every step.
 
-    Raises ValueError naming the argument for a bad value."""
+    Raises ValueError naming the argument for a bad value or a combination that cannot work."""
 
     def __init__(
         self,
@@ -170,6 +205,9 @@ class DropComputeStep:
         comm_hook: Optional[Callable[..., Any]] = None,
         comm_state: Any = None,
         backward_fn: Optional[Callable[[torch.Tensor], Any]] = None,
+        step_policy: Optional[StepPolicy] = None,
+        retuner: Optional[Retuner] = None,
+        stragglers: Optional[StragglerTracker] = None,
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
@@ -200,12 +238,27 @@ class DropComputeStep:
         self.hook = OverlapHook(model, comm_hook, comm_state, group) if mode == "overlap" else None
         self._recent: Any = None
         self.policy = policy
+        self.step_policy = step_policy
+        self.retuner = retuner
+        self.stragglers = stragglers
         self.normalization = normalization
         self.micro_batch_size = micro_batch_size
         self.micro_batches_per_step = micro_batches_per_step
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self._check_policies()
+        #: The deadline the walks run under (the step policy's, ``StepPolicy.deadline``).
+        self._walk_policy = step_policy.deadline(policy) if step_policy is not None else policy
+        if retuner is not None:
+            self._walk_policy = self._retuned()  # the retuner's threshold from the first step
+        m_nom = micro_batches_per_step or 1
+        self.assigner = (Assigner(step_policy, self.world_size, m_nom, warmup_steps=policy.warmup_steps)
+                         if step_policy is not None else None)
+        #: Latency slots per rank in the gathered row (the assigner's most micro-batches per rank).
+        self._slots = step_policy.slots(m_nom) if step_policy is not None else m_nom
+        self._gather = (step_policy is not None and step_policy.learns) or retuner is not None \
+            or stragglers is not None
         dev = device if device is not None else self.params[0].device
         self.bridge = bridge_for(dev)
         self.clock = DeviceClock(dev)
@@ -218,6 +271,49 @@ class DropComputeStep:
         self._clock_started = False
         self._log = ComputeLogWriter(compute_log) if compute_log else None
 
+    def _check_policies(self) -> None:
+        """Refuses the step policy / retuner / tracker combinations that cannot work."""
+        sp, rt, n, m = self.step_policy, self.retuner, self.world_size, self.micro_batches_per_step
+        if sp is not None:
+            if not isinstance(sp, StepPolicy):
+                raise TypeError(f"step_policy: {sp!r}: must be a dropcompute.StepPolicy")
+            if sp.tail_split != 1:
+                raise ValueError(f"step_policy.tail_split: {sp.tail_split}: dropcompute.torch runs whole micro-batches "
+                                 "only (tail_split 1)")
+        if self.mode == "overlap":
+            what = ("step_policy", sp.kind) if sp is not None and sp.learns else \
+                ("retuner", "Retuner") if rt is not None else \
+                ("stragglers", "StragglerTracker") if self.stragglers is not None else None
+            if what is not None:
+                raise ValueError(f"{what[0]}: {what[1]!r} needs every rank's micro-batch latencies, which "
+                                 "mode='overlap' cannot measure (the last micro-batch's time includes DDP's all-reduce, which waits "
+                                 "for the slowest rank); use mode='flat'")
+        if (sp is not None or rt is not None or self.stragglers is not None) and m is None:
+            raise ValueError("micro_batches_per_step: None: a step policy, retuner or straggler tracker needs M")
+        if rt is not None:
+            if not isinstance(rt, Retuner):
+                raise TypeError(f"retuner: {rt!r}: must be a dropcompute.Retuner")
+            if sp is not None and sp.kind not in ("drop-before", "drop-predictive"):
+                raise ValueError(f"retuner: step policy {sp.kind!r} does not run the DropCompute threshold the retuner "
+                                 "tunes (use drop-before, drop-predictive or no step policy)")
+            if (rt.world_size, rt.micro_batches) != (n, m):
+                raise ValueError(f"retuner: shape ({rt.world_size}, {rt.micro_batches}): must be (world_size, "
+                                 f"micro_batches_per_step) = ({n}, {m})")
+        st = self.stragglers
+        if st is not None:
+            if not isinstance(st, StragglerTracker):
+                raise TypeError(f"stragglers: {st!r}: must be a dropcompute.StragglerTracker")
+            if len(st.hits) != n:
+                raise ValueError(f"stragglers: world_size {len(st.hits)}: must be {n}")
+
+    def assignment(self) -> List[int]:
+        """Micro-batches each rank runs in the next step (by rank; identical on every rank):
+        the assigner's with a step policy, else ``micro_batches_per_step`` each (0 each when
+        unset: the caller's list decides). Pass it to ``DropComputeSampler.take``."""
+        if self.assigner is not None:
+            return list(self.assigner.assignment())
+        return [self.micro_batches_per_step or 0] * self.world_size
+
     def start_clock(self) -> None:
         """Starts the compute clock now (right after ``optimizer.step()``); otherwise ``run``
         starts it on entry."""
@@ -227,8 +323,11 @@ class DropComputeStep:
     def state_dict(self) -> Dict[str, Any]:
         """The step counter (the warm-up counts steps) and the observed micro-batch count (the
         loss scale's b) for a checkpoint."""
-        return {"step": self.step, "observed_micro_batch_count": self._observed_b,
-                "observed_micro_batches": self._observed_m}
+        state: Dict[str, Any] = {"step": self.step, "observed_micro_batch_count": self._observed_b,
+                                 "observed_micro_batches": self._observed_m}
+        if self.assigner is not None:
+            state["assigner"] = self.assigner.state()
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores ``state_dict()``'s state. Raises ValueError for a malformed one."""
@@ -241,6 +340,16 @@ class DropComputeStep:
         mm = state.get("observed_micro_batches", 0)
         if not isinstance(mm, int) or mm < 0:
             raise ValueError(f"state['observed_micro_batches']: {mm!r}: must be an int >= 0")
+        a = state.get("assigner")
+        if (a is None) != (self.assigner is None):
+            raise ValueError(f"state['assigner']: {'absent' if a is None else 'present'}: this step "
+                             f"{'has' if self.assigner is not None else 'has no'} step policy")
+        if a is not None:
+            restored = Assigner.from_state(a)
+            if restored.step_policy != self.step_policy:
+                raise ValueError(f"state['assigner']: step policy {restored.step_policy!r}: this step runs "
+                                 f"{self.step_policy!r}")
+            self.assigner = restored
         self.step = step
         self._observed_b = float(b)
         self._observed_m = mm
@@ -248,8 +357,10 @@ class DropComputeStep:
     def _fingerprint(self) -> int:
         """What every rank must share: the policy, the normalization, b, M and N (a rank's own
         micro-batch count may differ, e.g. at the end of an epoch)."""
+        rt = self.retuner
         key = (f"{self.policy!r}|{self.normalization}|{self.micro_batch_size}|{self.micro_batches_per_step}|"
-               f"{self.world_size}")
+               f"{self.world_size}|{self.step_policy!r}|{self.mode}|"
+               f"{None if rt is None else (rt.world_size, rt.micro_batches, rt.config)}|{self.stragglers is not None}")
         return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
     def _no_sync(self) -> Any:
@@ -271,8 +382,11 @@ class DropComputeStep:
         Raises ValueError for an iterable without ``len()`` and no ``micro_batches_per_step``,
         one that ends early, a mean loss, ranks with different configurations;
         ``reduce.CollectiveTimeout`` (a ``TimeoutError``) when a collective times out."""
+        mine = self.assignment()[self.rank] if self.assigner is not None else None
         if hasattr(micro_batches, "__len__"):
             m = len(micro_batches)  # type: ignore[arg-type]
+        elif mine is not None:
+            m = mine
         elif self.micro_batches_per_step is not None:
             m = self.micro_batches_per_step
         else:
@@ -305,7 +419,12 @@ class DropComputeStep:
         batch: List[int] = []
         counts: Optional[Counts] = None
         divisor_of = self._divisor(m)
-        walk = StepWalk(self.policy, step=self.step, micro_batches=m, sync_lag=self.sync_lag)
+        # The rank's cap: its assignment (fewer when the data ran out).
+        cap = m if mine is None else min(m, mine)
+        if self._gather and cap > self._slots:
+            raise ValueError(f"micro_batches: {cap}: at most {self._slots} per rank (the gathered latency slots)")
+        walk_policy = self._walk_policy
+        walk = StepWalk(walk_policy, step=self.step, micro_batches=cap, sync_lag=self.sync_lag)
         with contextlib.ExitStack() as flat_no_sync:
             if not overlap:
                 flat_no_sync.enter_context(self._no_sync())
@@ -324,7 +443,7 @@ class DropComputeStep:
                 try:
                     mb = next(source)
                 except StopIteration:
-                    raise ValueError(f"micro_batches: ended after {value} of {m} micro-batches") from None
+                    raise ValueError(f"micro_batches: ended after {value} of {cap} micro-batches") from None
                 if overlap:
                     self._recent = mb
                 with self._no_sync() if overlap and not last else contextlib.nullcontext():
@@ -363,9 +482,15 @@ class DropComputeStep:
             buffers = [p.grad for p in self.params if p.grad is not None]
         else:
             assert self.grads is not None
+            extra: List[int] = []
+            if self._gather:
+                # Every end read before the counts leave: they carry the latencies.
+                for i in range(len(ends), started):
+                    ends.append(self.clock.read(marks[i]))
+                extra = self._extra(cap, ends)
             counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
                             fingerprint=self._fingerprint(), used=self.grads.used, device=self.params[0].device,
-                            group=self.group, step=self.step)
+                            group=self.group, step=self.step, extra=extra)
             reduced, d = reduce_flat(self.grads, counts, divisor_of=divisor_of, loss_scale=loss_scale,
                                      group=self.group, timeout=self.timeout)
             buffers = [f for f, _ in self.grads.buffers]
@@ -381,13 +506,71 @@ class DropComputeStep:
             rest = micro_batches[started:] if isinstance(micro_batches, Sequence) else []
             dropped = [int(count_fn(x)) if count_fn is not None else batch_size(x) for x in rest]
             self._write_log(m, batch, dropped, ends, latencies)
+        assignment = self.assignment() if self.assigner is not None else None
+        rank_latency, event = self._observe(reduced) if self._gather else (None, None)
+        if rank_latency is None and self.assigner is not None:
+            self._observe_fixed(reduced)
         result = StepResult(
             step=self.step, computed_micro_batches=started, dropped_micro_batches=m - started, samples=samples,
             counts=reduced.samples, started=reduced.started, divisor=d, compute_ns=ends[-1] if ends else 0,
-            latencies_ns=latencies, _buffers=buffers, _bridge=self.bridge,
+            latencies_ns=latencies, threshold_ns=walk_policy.threshold_ns, assignment=assignment,
+            rank_latency_ns=rank_latency, retune=event, _buffers=buffers, _bridge=self.bridge,
         )
         self.step += 1
         return result
+
+    def _extra(self, cap: int, ends: List[int]) -> List[int]:
+        """This rank's gathered values: ``[handed, compute_ns, latency_0 .. latency_{W-1}]``
+        (ns; -1 for a slot not started; W the latency slots)."""
+        row = [cap, ends[-1] if ends else 0] + [-1] * self._slots
+        for i, e in enumerate(ends):
+            row[2 + i] = max(e - (ends[i - 1] if i else 0), 0)
+        return row
+
+    def _observe(self, reduced: Any) -> Tuple[List[float], Optional[Dict[str, Any]]]:
+        """Feeds the gathered latencies (identical on every rank) to the assigner, the straggler
+        tracker and the retuner; returns each rank's mean latency per computed micro-batch (NaN
+        for none) and the retuner's event. A step in which no rank was handed anything (the end
+        of the data) is no step of their statistics, as in the Rust scheduler."""
+        rows = reduced.extra
+        n = self.world_size
+        lat = np.full((n, self._slots), np.nan)
+        for r, row in enumerate(rows):
+            for j, v in enumerate(row[2:]):
+                if v >= 0:
+                    lat[r, j] = float(v)
+        per_mb = [float(np.nanmean(x)) if np.isfinite(x).any() else float("nan") for x in lat]
+        handed = [row[0] for row in rows]
+        compute = [row[1] for row in rows]
+        if sum(handed) == 0:
+            return per_mb, None
+        if self.assigner is not None:
+            self.assigner.observe(self.step, per_mb)
+        if self.stragglers is not None:
+            dropped = np.asarray([max(h - s, 0) for h, s in zip(handed, reduced.started)], dtype=np.uint32)
+            self.stragglers.observe(dropped, np.asarray(compute, dtype=np.uint64), np.asarray(per_mb, dtype=np.float64))
+        event = None
+        if self.retuner is not None:
+            m = self.micro_batches_per_step or 1
+            event = self.retuner.on_step(np.ascontiguousarray(lat[:, :m]), float(max(compute)))
+            self._walk_policy = self._retuned()
+        return per_mb, event
+
+    def _retuned(self) -> Policy:
+        """The deadline for the next step with the retuner's threshold (identical on every
+        rank: every replica was fed the same gathered latencies)."""
+        assert self.retuner is not None
+        p = self.policy
+        tuned = Policy(threshold_ns=self.retuner.threshold_ns, check=p.check, warmup_steps=p.warmup_steps,
+                       min_micro_batches=p.min_micro_batches)
+        return self.step_policy.deadline(tuned) if self.step_policy is not None else tuned
+
+    def _observe_fixed(self, reduced: Any) -> None:
+        """Moves a policy whose assignment does not learn from latencies (synchronous, drop-*,
+        compute-budget: a function of the step index and warm-up) to the next step; the NaN
+        latencies are not read by these policies."""
+        assert self.assigner is not None
+        self.assigner.observe(self.step, [float("nan")] * self.world_size)
 
     def _peek_last(self, walk: StepWalk, marks: List[Any], ends: List[int]) -> bool:
         """Whether the launch the walker just returned is this rank's last (``StepWalk.peek``,
@@ -443,7 +626,7 @@ class DropComputeStep:
         step's clock start and deadline, so ``dropcompute tune`` derives the step overhead."""
         assert self._log is not None
         origin = self.clock.origin_ns
-        th = self.policy.threshold_ns
+        th = self._walk_policy.threshold_ns
         deadline = origin + th if th is not None and self.step >= self.policy.warmup_steps else 0
         common = dict(global_step=self.step, world_size=self.world_size, rank=self.rank,
                       micro_batches=self.micro_batches_per_step or m, clock_start_ns=origin, deadline_ns=deadline)
