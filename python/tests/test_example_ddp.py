@@ -1,6 +1,6 @@
-"""examples/pytorch_ddp.py end to end (2 processes, gloo, two epochs; with 2 ranks a 10 % drop rate buys little, so the
-guardrail is 30 %): the paired comparison it
-prints is made of what it claims. Its speed numbers are measured in README's table on a quiet
+"""examples/pytorch_ddp.py end to end (2 processes, gloo, two epochs, a fixed 15 ms threshold:
+the tuner's own choice depends on the machine's timing): the paired comparison it prints is
+made of what it claims. Its speed numbers are measured in README's table on a quiet
 machine, not asserted here (timing goals live in benchmarks)."""
 
 import json
@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parent.parent.parent
 def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(tmp_path: Path) -> None:
     out = tmp_path / "example.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "examples" / "pytorch_ddp.py"), "--epochs", "2", "--max-drop-rate", "0.3", "--out", str(out)]
+           str(REPO / "examples" / "pytorch_ddp.py"), "--epochs", "2", "--threshold-ms", "15",
+           "--log-dir", str(tmp_path / "logs"), "--out", str(out)]
     p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"{cmd}:\n{p.stdout}\n{p.stderr}"
     r = json.loads(out.read_text())
@@ -25,9 +26,12 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(tmp_p
         # per epoch (the last micro-batch of an epoch may be short).
         assert r[run]["samples"] == train_rows * epochs, (run, r)
     assert r["baseline"]["drop_rate"] == 0.0, r
-    assert r["threshold_ns"] is not None and r["threshold_ns"] > 0, r
+    assert r["threshold_ns"] == 15_000_000, r
     # A run that drops needs more steps for the same samples.
     assert r["dropcompute"]["drop_rate"] > 0.0, r
     assert r["dropcompute"]["steps"] > r["baseline"]["steps"], r
-    assert 0.0 < r["predicted"]["drop_rate"] <= 0.3, r  # within the guardrail given
+    # Rank 1 of 2 sleeps 20 ms in a quarter of its micro-batches: past a 15 ms deadline it drops
+    # the rest of its step, so the replay of its compute logs predicts drops too.
+    assert 0.0 < r["predicted"]["drop_rate"] < 0.5, r
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank0.csv", "rank1.csv"}
     assert "predicted: ratio" in p.stdout, p.stdout
