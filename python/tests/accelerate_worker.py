@@ -16,8 +16,6 @@ Scenarios (``all``: both, in one launch; the output has one entry per scenario):
 
 import copy
 import datetime
-import json
-import os
 import sys
 import time
 from typing import Any, Dict, List, Tuple
@@ -32,6 +30,8 @@ from dropcompute.torch import DropComputeSampler
 from dropcompute.torch.accelerate import AcceleratedDropCompute
 from dropcompute.torch.loader import DropComputeLoader
 import dropcompute.torch.lightning  # noqa: F401 (imported for the lazy-import check)
+
+import launch  # python/tests/launch.py: the workers' one ending
 
 #: Integration packages loaded by importing dropcompute.torch and both integration modules.
 LAZY = sorted(m for m in ("accelerate", "lightning", "pytorch_lightning") if m in sys.modules)
@@ -206,10 +206,7 @@ def main() -> None:
     for name in scenarios if scenario == "all" else [scenario]:  # "all": one launch, one import
         out[name] = {"rank": rank, "world_size": n}
         scenarios[name](accelerator, rank, n, out[name])
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    launch.finish(outdir, rank, out)
 
 
 if __name__ == "__main__":

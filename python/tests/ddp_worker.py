@@ -13,13 +13,14 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
 from dropcompute.torch import DropComputeSampler, DropComputeStep
+
+import launch  # python/tests/launch.py: the workers' one ending
 
 B = 4  # micro-batch size (samples)
 D_IN, D_H, D_OUT = 8, 16, 3
@@ -484,16 +485,7 @@ def main() -> None:
         SCENARIOS[scenario](rank, n, out)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Every result is written and the group is gone: leave without the interpreter's teardown,
-    # where gloo's threads once raced static destructors ("terminate called without an active
-    # exception", exit -6, seen once in 4 full runs on a rank that computed nothing).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    launch.finish(outdir, rank, out)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ gloo.
 """
 
 import copy
-import json
 import os
 import sys
 import time
@@ -25,6 +24,8 @@ from transformers import BertConfig, BertForSequenceClassification, Trainer, Tra
 
 import dropcompute  # noqa: E402
 from dropcompute.torch.transformers import DropComputeConfig, DropComputeTrainerMixin, StepBatch  # noqa: E402
+
+import launch  # python/tests/launch.py: the workers' one ending
 
 SAMPLES, SEQ, VOCAB, B = 64, 8, 64, 4
 
@@ -353,8 +354,7 @@ def main() -> None:
         {"off": scenario_off, "off-overlap": scenario_off, "slow": scenario_slow, "compose": scenario_compose,
          "skip": scenario_skip, "resume": scenario_resume}[name](
             rank, n, os.path.join(outdir, name), res[name])
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
+    launch.finish(outdir, rank, res)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Scenarios (``all``: both, in one launch; the output has one entry per scenario):
 """
 
 import copy
-import json
 import os
 import sys
 import time
@@ -33,6 +32,8 @@ import lightning as L
 import dropcompute
 from dropcompute.torch import DropComputeSampler, StepResult
 from dropcompute.torch.lightning import DropComputeModule, dropcompute_steps
+
+import launch  # python/tests/launch.py: the workers' one ending
 
 D_IN, D_H, D_OUT = 8, 16, 3
 B, M = 4, 3  # micro-batch size, micro-batches per rank and step
@@ -215,8 +216,7 @@ def main() -> None:
     for name in scenarios if scenario == "all" else [scenario]:  # "all": one launch, one import
         out[name] = {"rank": rank, "world_size": n}
         scenarios[name](rank, n, out[name])
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
+    launch.finish(outdir, rank, out)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ micro-batches); asserts what one rank can check.
 """
 
 import copy
-import json
 import math
 import os
 import sys
@@ -26,6 +25,8 @@ from dropcompute.torch import DropComputeSampler, DropComputeStep
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_worker import D_IN, D_OUT, Batch, model, reference_grad, rel_err, sum_loss  # noqa: E402
+
+import launch  # python/tests/launch.py: the workers' one ending
 
 B, M = 4, 4
 MS = 1_000_000  # ns
@@ -194,10 +195,7 @@ def main() -> None:
     torch.set_num_threads(1)
     out: Dict[str, Any] = {}
     SCENARIOS[scenario](rank, n, out)
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    launch.finish(outdir, rank, out)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,21 @@
 """dropcompute.torch.accelerate with the real Accelerate (``Accelerator(cpu=True)``, DDP over
 gloo) under ``python -m torch.distributed.run``, 2 processes (issue 25, "Integrations")."""
 
-import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
+import launch  # python/tests/launch.py: the one worker launcher
+
 pytest.importorskip("accelerate")
 
-HERE = Path(__file__).resolve().parent
 
 
 def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
-    """Runs the worker's ``scenario`` on ``nproc`` ranks; every rank's output, by rank."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / "accelerate_worker.py"), scenario, str(outdir)]
-    outdir.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout}\n{p.stderr}"
-    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
+    """Runs the Accelerate worker's ``scenario`` on ``nproc`` ranks; every rank's output."""
+    return launch.torchrun("accelerate_worker.py", scenario, outdir, nproc)
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,18 @@ made of what it claims. Its speed numbers are measured in README's table on a qu
 machine, not asserted here (timing goals live in benchmarks)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+import launch  # python/tests/launch.py: the one worker launcher
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(tmp_path: Path) -> None:
     out = tmp_path / "example.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "examples" / "pytorch_ddp.py"), "--epochs", "2", "--threshold-ms", "15",
-           "--log-dir", str(tmp_path / "logs"), "--out", str(out)]
-    p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"{cmd}:\n{p.stdout}\n{p.stderr}"
+    p = launch.run_workers(REPO / "examples" / "pytorch_ddp.py",
+                           ["--epochs", "2", "--threshold-ms", "15", "--log-dir", str(tmp_path / "logs"), "--out", str(out)])
+    assert p.returncode == 0, f"{p.args}:\n{p.stdout}\n{p.stderr}"
     r = json.loads(out.read_text())
     train_rows, epochs = 1437, 2
     for run in ("baseline", "dropcompute"):

@@ -4,7 +4,6 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -13,18 +12,15 @@ import pytest
 
 import dropcompute
 
+import launch  # python/tests/launch.py: the one worker launcher
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 
 def torchrun(scenario: str, nproc: int, outdir: Path, **env_extra: str) -> List[Dict[str, Any]]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / "ddp_worker.py"), scenario, str(outdir)]
-    outdir.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout}\n{p.stderr}"
-    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
+    """Runs the DDP worker's ``scenario`` on ``nproc`` ranks; every rank's output."""
+    return launch.torchrun("ddp_worker.py", scenario, outdir, nproc, **env_extra)
 
 
 MODES = ["flat", "overlap"]
@@ -138,10 +134,7 @@ def test_overlap_composes_with_the_users_comm_hook(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_collective_timeout_is_a_python_timeout_error(mode: str, tmp_path: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DC_MODE=mode)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(HERE / "ddp_worker.py"), "timeout", str(tmp_path)]
-    subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    launch.run_workers("ddp_worker.py", ["timeout", str(tmp_path)], 2, timeout=300, DC_MODE=mode)
     r = json.loads((tmp_path / "rank0.json").read_text())
     assert r["raised"] == "TimeoutError", r
     assert r["message"].startswith("rank 0: step 0: "), r

@@ -4,17 +4,14 @@ beyond drop in Python" and "the retuner running in the step"), 2 processes under
 policy_worker.py (a reference ``dropcompute.Assigner`` / ``Retuner`` fed latencies gathered
 apart from the step, the float64 gradient of every rank's computed micro-batches)."""
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+import launch  # python/tests/launch.py: the one worker launcher
+
 M = 4
 B = 4
 WARMUP = 1
@@ -24,13 +21,8 @@ POLICIES = ["synchronous", "drop-before", "drop-predictive", "rebalance", "rebal
 
 
 def torchrun(scenario: str, tmp_path: Path, **env: str) -> List[Dict[str, Any]]:
-    e = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(HERE / "policy_worker.py"), scenario, str(tmp_path)]
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout}\n{p.stderr}"
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    """Runs the policy worker's ``scenario`` on 2 ranks; every rank's output."""
+    return launch.torchrun("policy_worker.py", scenario, tmp_path, 2, **env)
 
 
 def same(a: List[float], b: List[float]) -> bool:

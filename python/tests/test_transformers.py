@@ -4,9 +4,7 @@ The model: a BertForSequenceClassification built from a 2-layer, 32-hidden confi
 
 import importlib
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -15,18 +13,14 @@ import pytest
 
 import dropcompute
 
-HERE = Path(__file__).resolve().parent
+import launch  # python/tests/launch.py: the one worker launcher
+
 SAMPLES, B = 64, 4
 
 
 def torchrun(scenario: str, outdir: Path, nproc: int = 2, **env_extra: str) -> List[Dict[str, Any]]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env_extra)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / "hf_worker.py"), scenario, str(outdir)]
-    outdir.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"{cmd} failed:\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}"
-    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(nproc)]
+    """Runs the Trainer worker's ``scenario`` on ``nproc`` ranks; every rank's output."""
+    return launch.torchrun("hf_worker.py", scenario, outdir, nproc, **env_extra)
 
 
 @pytest.fixture(scope="module")
