@@ -1,10 +1,9 @@
 //! The text job's data: a corpus of categorized documents (the embedded fortune cookies of
 //! Debian's `fortunes` package, 15217 of them in 43 topic files; provenance and licence in
-//! data/README.md), byte-level tokens, the
-//! deterministic train/held-out split, and the *bucket plan*: every document padded to the
-//! smallest of a few length buckets that holds it and grouped with documents of its own bucket
-//! into fixed micro-batches, so that every micro-batch has one static shape (rows x bucket
-//! length: one compiled graph per bucket).
+//! data/README.md), byte-level tokens, the deterministic train/held-out split, and the *bucket
+//! plan*: every document padded to the smallest of a few length buckets that holds it and
+//! grouped with documents of its own bucket into fixed micro-batches, so that every micro-batch
+//! has one static shape (rows x bucket length: one compiled graph per bucket).
 //!
 //! Owns: [`Corpus`] and its file format, the token ids ([`CLS`], [`PAD`], [`VOCAB`]),
 //! [`Buckets`], [`BucketPlan`] (which documents form micro-batch unit `u`), [`BatchShape`] (a
@@ -26,9 +25,9 @@
 //! every assignment and every drop, re-queued first) holds for units, hence for documents and
 //! their tokens. No second dealer: only the meaning of an id changes. Under a tail shape of
 //! split S (`policy::TailShape`), the plan's units are the parts (micro-batch size / S
-//! documents each) and the dealer merges S of them for a whole launch; such a merged
-//! micro-batch may hold units of several buckets and is padded to the largest
-//! ([`BucketPlan::shape`] of several ids). A unit's samples are its documents: the dealer's
+//! documents each); a whole launch merges S consecutive parts (the scheduler's `merge_parts`,
+//! the paired baseline's `EpochSource::merged`), and such a micro-batch may hold units of
+//! several buckets: it is padded to the largest ([`BucketPlan::shape`] of several ids). A unit's samples are its documents: the dealer's
 //! `MicroBatch::samples` counts units, so a text run weighs by tokens
 //! (`schedule::Weighting::Tokens`, the counts [`TokenCounted`] attaches).
 //!
@@ -42,8 +41,8 @@
 //! One document per line: `{"category":C,"index":I,"text":T}`, no other field: `category`
 //! the topic (a fortune file's name), `index` the document's position within it, `text` the
 //! document (UTF-8, at most [`MAX_TEXT_BYTES`] bytes). At most [`MAX_CATEGORIES`] distinct
-//! categories. Blank lines are skipped. Gzip is detected from the magic bytes `1f 8b`. Every line is read
-//! through a cap ([`dropcompute::input::DEFAULT_LINE_CAP`] for content in memory, the data
+//! categories. Blank lines are skipped. Gzip is detected from the magic bytes `1f 8b`. Every
+//! line is read through a cap ([`dropcompute::input::DEFAULT_LINE_CAP`] for content in memory, the data
 //! kind's caps of `dropcompute::input` for a file), the whole decoded content through the data
 //! kind's size cap, and at most [`MAX_DOCUMENTS`] documents are kept: no input can make the
 //! parser buffer without bound.

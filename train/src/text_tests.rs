@@ -156,6 +156,22 @@ fn load_reads_files_through_the_bounded_reader() {
     );
 }
 
+/// The embedded file is the one data/README.md describes: its SHA-256 is written there, and
+/// it holds the documented documents and categories.
+#[test]
+fn embedded_corpus_matches_its_provenance() {
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(FORTUNES_GZ).iter().map(|b| format!("{b:02x}")).collect();
+    let readme = include_str!("../../data/README.md");
+    assert!(readme.contains(&digest), "data/README.md does not state the SHA-256 {digest}");
+    let c = Corpus::embedded().unwrap();
+    assert_eq!((c.len(), c.categories.len()), (15217, 43));
+    assert_eq!(c.categories.first().map(String::as_str), Some("art"));
+    assert_eq!(c.categories.last().map(String::as_str), Some("zippy"));
+    assert!(c.docs[1].text.starts_with(b"A \"critic\" is a man who creates nothing"));
+    assert_eq!(c.docs.iter().map(|d| d.text.len()).max(), Some(2434));
+}
+
 #[test]
 fn split_is_deterministic_disjoint_and_complete() {
     let c = Corpus::embedded().unwrap();
