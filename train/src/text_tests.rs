@@ -396,7 +396,8 @@ proptest! {
 
 /// The replay's data: the one dealer over the plan's units (`RunData::global`), recording the
 /// units every rank started; a micro-batch's latency is its bucket's cost (the data knows it
-/// from the micro-batch's shape).
+/// from the micro-batch's shape; under a tail shape, the cost of the part at that index: only
+/// the timing, never the dealing, depends on it).
 struct Ledger<'p> {
     plan: &'p BucketPlan,
     data: RunData,
@@ -474,6 +475,23 @@ fn every_policy_computes_every_token_once_per_epoch() {
         if policy.drops() {
             assert!(ledger.dropped > 0, "{policy:?} dropped nothing: the test would not exercise re-queueing");
         }
+    }
+    // Under a tail shape of split 2 the plan's units are the parts (4 documents each): the
+    // replay deals, launches and re-queues parts, and every part is still started once.
+    let parts = BucketPlan::new(&c, Buckets::default(), 4, 11).unwrap();
+    for policy in Policy::ALL {
+        let mut params = StepPolicy::new(policy);
+        params.backup_workers = 1;
+        params.budget = deadline;
+        params.tail = dropcompute::policy::TailShape::split(2);
+        let run = PolicyRun::new(params, deadline, exec);
+        let data = RunData::global(parts.units(), 5, 1, 1, Some(1));
+        let mut ledger = Ledger { plan: &parts, data, slices: Vec::new(), started: Vec::new(), dropped: 0 };
+        let r = replay_policy_on(&trace, &run, &mut ledger);
+        let mut units = ledger.started.clone();
+        units.sort_unstable();
+        assert_eq!(units, (0..parts.units()).collect::<Vec<_>>(), "{policy:?} split 2: every part once");
+        assert_eq!(r.computed, parts.units(), "{policy:?} split 2");
     }
 }
 
