@@ -258,29 +258,15 @@ impl Dataset {
         self.labels.is_empty()
     }
 
-    /// Splits into `(train, holdout)`: `round(len * holdout_fraction)` samples chosen uniformly
-    /// at random (shuffle with [`StableRng`]`::seed_from_u64(seed)`) go to holdout, the rest to train.
-    /// Both keep the original sample order and this set's `dim`, `classes` and scaling. Not
+    /// Splits into `(train, holdout)` by [`holdout_split`]: `round(len * holdout_fraction)`
+    /// samples chosen uniformly at random go to holdout, the rest to train. Both keep the original sample order and this set's `dim`, `classes` and scaling. Not
     /// stratified. Same inputs and seed give the same split.
     ///
     /// # Errors
     /// [`DataError::InvalidSplit`] when the fraction is not in [0, 1) or leaves train empty.
     pub fn split(&self, holdout_fraction: f64, seed: u64) -> Result<(Dataset, Dataset), DataError> {
-        let n = self.len();
-        let invalid = DataError::InvalidSplit { fraction: holdout_fraction, rows: n };
-        if !(0.0..1.0).contains(&holdout_fraction) {
-            return Err(invalid);
-        }
-        let n_hold = (n as f64 * holdout_fraction).round() as usize;
-        if n_hold >= n {
-            return Err(invalid);
-        }
-        let mut ids: Vec<usize> = (0..n).collect();
-        ids.shuffle(&mut StableRng::seed_from_u64(seed));
-        let (hold, train) = ids.split_at_mut(n_hold);
-        hold.sort_unstable();
-        train.sort_unstable();
-        Ok((self.subset(train), self.subset(hold)))
+        let (train, hold) = holdout_split(self.len(), holdout_fraction, seed)?;
+        Ok((self.subset(&train), self.subset(&hold)))
     }
 
     fn subset(&self, ids: &[usize]) -> Dataset {
@@ -324,6 +310,31 @@ impl Dataset {
         }
         Ok((x, y))
     }
+}
+
+/// The one train/holdout rule of every data set of `train` (the digits' [`Dataset::split`],
+/// the text corpus' `text::Corpus::split`): of `n` items, `round(n * holdout_fraction)` chosen
+/// uniformly at random (shuffle of `0..n` with [`StableRng`]`::seed_from_u64(seed)`) are held
+/// out, the rest train. Returns `(train, holdout)` indices, each ascending. Same inputs, same
+/// split.
+///
+/// # Errors
+/// [`DataError::InvalidSplit`] when the fraction is not in [0, 1) or leaves train empty.
+pub fn holdout_split(n: usize, holdout_fraction: f64, seed: u64) -> Result<(Vec<usize>, Vec<usize>), DataError> {
+    let invalid = DataError::InvalidSplit { fraction: holdout_fraction, rows: n };
+    if !(0.0..1.0).contains(&holdout_fraction) {
+        return Err(invalid);
+    }
+    let n_hold = (n as f64 * holdout_fraction).round() as usize;
+    if n_hold >= n {
+        return Err(invalid);
+    }
+    let mut ids: Vec<usize> = (0..n).collect();
+    ids.shuffle(&mut StableRng::seed_from_u64(seed));
+    let (hold, train) = ids.split_at_mut(n_hold);
+    hold.sort_unstable();
+    train.sort_unstable();
+    Ok((train.to_vec(), hold.to_vec()))
 }
 
 /// Parsing state of [`Dataset::from_bytes`].

@@ -2,7 +2,9 @@
 //! over N ranks) that runs the synchronous baseline and DropCompute with the same seed through
 //! the step scheduler and compares them.
 //!
-//! Owns: the data set ([`data`]), the model math ([`mlp`], host-side and deterministic: the
+//! Owns: the data set ([`data`]), the text job's corpus, byte tokens and length buckets
+//! ([`text`]: the embedded fortunes corpus, the bucket plan whose units the core's one
+//! dealer deals, the token counts of each micro-batch), the model math ([`mlp`], host-side and deterministic: the
 //! reference, and the evaluation of held-out accuracy), the model as device graphs
 //! ([`model_graphs`]: forward/backward and SGD, built with `synapse::graph`), the
 //! workload that binds it to the scheduler ([`workload`]), the job description ([`job`]:
@@ -16,7 +18,7 @@
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
 //! `workload`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
 //! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`}; `params` -> `mlp` only;
-//! `ckpt` -> `error`; `error` -> leaf error types only (and `config`'s
+//! `ckpt` -> `error`; `text` -> `data` (the one train/holdout rule); `error` -> leaf error types only (and `config`'s
 //! `ArgError`); `config` -> no other file of `train`. The threshold of
 //! `--threshold auto` is `dropcompute::tune::recommend`, shared with `dropcompute tune`.
 //! Must not touch: the deadline rule (`policy`), the step loop (`schedule`), or raw FFI; the only
@@ -38,5 +40,6 @@ pub mod progress;
 pub mod report;
 pub mod run;
 pub mod summary;
+pub mod text;
 pub mod timeline;
 pub mod workload;
