@@ -8,7 +8,8 @@
 //! 1.2: P(L > 128) = 0.19, P(L > 256) = 0.08), its device time a·L + b·L² (a = 8000 ns per
 //! token, b = 40 ns per token²: 0.68, 1.68, 4.67 and 14.6 ms), the step overhead 10 ms: all
 //! straggling is the data's. The table printed is what README's length-aware table states
-//! (`cargo test -p dropcompute --test length_policies -- --nocapture`).
+//! (`cargo test -p dropcompute --test length_policies -- --nocapture`; 25 s in the dev
+//! profile on this 2-core machine).
 
 use dropcompute::policy::{CheckMode, Policy, TailShape};
 use dropcompute::sim::replay::ExecutionModel;
@@ -98,13 +99,18 @@ fn length_aware_policies_beat_blind_dropping_and_rebalancing_on_data_stragglers(
         for p in policies {
             assert!(row(&c, p).drop_rate <= 0.10 + 1e-12, "N {n} {p}: the guardrail");
         }
-        // Cost-balanced dealing is the best, by a margin over blind dropping and rebalancing.
-        assert!(s(Policy::CostBalance) > s(Policy::DropPredictive) + 0.05, "N {n}");
-        assert!(s(Policy::CostBalance) > s(Policy::Rebalance) + 0.05, "N {n}");
-        assert!(s(Policy::CostBalance) > s(Policy::RebalanceDrop) + 0.05, "N {n}");
-        // The bucket-aware check is at least as good as the blind one.
-        assert!(s(Policy::LengthPredictive) >= s(Policy::DropPredictive) - 1e-3, "N {n}");
-        // Nothing beats the mean-cost bound without dropping samples.
-        assert!(s(Policy::CostBalance) <= bound * 1.2 + 0.01, "N {n}");
+        // Measured (module doc, 2026-12-02): cost-balance +73.8 % (N 16) and +85.6 % (N 32),
+        // 95 % of the mean-cost bound's gain both; length-predictive +37.2 % / +45.8 %;
+        // drop-predictive +12.4 % / +16.3 %; rebalance -2.2 % / -3.4 %; rebalance-drop
+        // +10.7 % / +14.0 %. Asserted with margins: cost-balance reaches 90 % of the bound's
+        // gain (issue 26's target) and beats blind dropping and rebalancing by 30 points; the
+        // bucket-aware check beats the blind one by 10.
+        assert!(s(Policy::CostBalance) >= 0.9 * bound, "N {n}: {} of {bound}", s(Policy::CostBalance));
+        for blind in [Policy::DropPredictive, Policy::Rebalance, Policy::RebalanceDrop] {
+            assert!(s(Policy::CostBalance) > s(blind) + 0.30, "N {n}: cost-balance vs {blind}");
+        }
+        assert!(s(Policy::LengthPredictive) > s(Policy::DropPredictive) + 0.10, "N {n}");
+        // Balancing without dropping cannot beat the mean-cost bound (a rounding margin).
+        assert!(s(Policy::CostBalance) <= bound + 0.01, "N {n}");
     }
 }

@@ -262,7 +262,13 @@ impl RankWalk {
     /// to its end (`end_ns`) and its own duration (`duration_ns`, fed to `est` for a whole
     /// micro-batch, under its bucket when told). Launches must be reported in order; a launch
     /// reported out of order, twice, or not yet launched is ignored (returns false).
-    pub fn ended<E: WalkEstimator + ?Sized>(&mut self, launch: usize, end_ns: u64, duration_ns: u64, est: &mut E) -> bool {
+    pub fn ended<E: WalkEstimator + ?Sized>(
+        &mut self,
+        launch: usize,
+        end_ns: u64,
+        duration_ns: u64,
+        est: &mut E,
+    ) -> bool {
         if launch != self.ends_ns.len() || launch >= self.whole.len() {
             return false;
         }

@@ -410,9 +410,7 @@ pub fn compare_with_progress(
             | Policy::DropPredictive
             | Policy::RebalanceDrop
             | Policy::LengthPredictive
-            | Policy::CostBalance => {
-                threshold_grid(&ideal, fine)
-            }
+            | Policy::CostBalance => threshold_grid(&ideal, fine),
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Vec::new(),
         };
         let caps: Vec<u32> = (m as u32..=2 * m as u32).collect();
@@ -423,9 +421,7 @@ pub fn compare_with_progress(
             | Policy::DropPredictive
             | Policy::RebalanceDrop
             | Policy::LengthPredictive
-            | Policy::CostBalance => {
-                (vec![quantiles.len(), grid.len()], vec![q_start, grid.len() / 2])
-            }
+            | Policy::CostBalance => (vec![quantiles.len(), grid.len()], vec![q_start, grid.len() / 2]),
             Policy::ComputeBudget => {
                 (vec![caps.len(), quantiles.len(), grid.len()], vec![caps.len() - 1, q_start, grid.len() / 2])
             }
