@@ -770,11 +770,11 @@ mod tests {
     }
 
     /// `n` ranks x `m` micro-batches x `steps` steps of scripted lengths: micro-batch k of the
-    /// run has bucket `k * 7 % 5 == 0` ? 3 : k % 3 (a long bucket every fifth micro-batch) and
+    /// run has bucket 3 when k is a multiple of 5 (a long bucket every fifth micro-batch), else k % 3, and
     /// costs `cost[bucket]`; no noise, no overhead.
     fn length_trace(n: usize, m: usize, steps: usize) -> LatencyTrace {
         let cost = [10.0, 20.0, 40.0, 160.0];
-        let bucket = |k: usize| if (k * 7) % 5 == 0 { 3 } else { (k % 3) as u32 };
+        let bucket = |k: usize| if k.is_multiple_of(5) { 3 } else { (k % 3) as u32 };
         let cells = n * m * steps;
         let b: Vec<u32> = (0..cells).map(bucket).collect();
         let lat: Vec<f64> = b.iter().map(|&x| cost[x as usize]).collect();

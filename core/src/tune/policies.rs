@@ -25,10 +25,10 @@
 //! false).
 //!
 //! The straggler-free bound: every rank as fast as the step's median rank (median over ranks
-//! of start offset + compute time), nothing dropped: mean recorded step / mean (median compute
-//! + overhead) - 1. Not a policy: what removing all imbalance would give. The mean-cost bound
-//! ([`mean_cost_bound_speedup`]: every rank at the step's mean) is what balancing the step's
-//! work can reach (issue 26's bound for data-driven stragglers).
+//! of start offset + compute time), nothing dropped: mean recorded step / mean (median
+//! compute + overhead) - 1. Not a policy: what removing all imbalance would give. The
+//! mean-cost bound ([`mean_cost_bound_speedup`]: every rank at the step's mean) is what
+//! balancing the step's work can reach (issue 26's bound for data-driven stragglers).
 
 use crate::policy::{CheckMode, Policy, StepPolicy, TailShape, Threshold};
 use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
