@@ -9,7 +9,8 @@
 //! token, b = 40 ns per token²: 0.68, 1.68, 4.67 and 14.6 ms), the step overhead 10 ms: all
 //! straggling is the data's. The table printed is what README's length-aware table states
 //! (`cargo test -p dropcompute --test length_policies -- --nocapture`; 25 s in the dev
-//! profile on this 2-core machine).
+//! profile on this 2-core machine). A second test writes such a trace as a compute log with the
+//! `bucket` column and replays it from the file, as `simulate`/`tune --trace` read it.
 
 use dropcompute::policy::{CheckMode, Policy, TailShape};
 use dropcompute::sim::replay::ExecutionModel;
@@ -113,4 +114,61 @@ fn length_aware_policies_beat_blind_dropping_and_rebalancing_on_data_stragglers(
         // Balancing without dropping cannot beat the mean-cost bound (a rounding margin).
         assert!(s(Policy::CostBalance) <= bound + 0.01, "N {n}");
     }
+}
+
+/// The length-carrying trace through a file: the scripted trace written as our compute log
+/// with the `bucket` column loads back (`trace::load`, what `simulate`/`tune --trace` read) with
+/// the same latencies and buckets, and cost-balance deals it as it deals the trace in memory.
+#[test]
+fn a_compute_log_with_buckets_replays_the_length_aware_policies() {
+    use dropcompute::policy::{StepPolicy, Threshold};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::trace::compute_log::{ComputeLogRecord, ComputeLogWriter};
+    let (n, m, steps) = (4usize, 8usize, 10usize);
+    let t = length_trace(n, m, steps, 7);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("compute_log_baseline.csv");
+    let mut w = ComputeLogWriter::new(std::fs::File::create(&path).expect("create"));
+    let buckets = t.buckets().expect("buckets");
+    for s in 0..steps {
+        for r in 0..n {
+            // One second per step: the loader derives the overhead from the period.
+            let mut start = s as u64 * 1_000_000_000;
+            for j in 0..m {
+                let k = (s * n + r) * m + j;
+                let dur = t.latencies_ns()[k] as u64;
+                w.write(&ComputeLogRecord {
+                    global_step: s as u64,
+                    local_step: j as u32,
+                    world_size: n as u32,
+                    batch: 4,
+                    computed_batch: 4 * (j as u64 + 1),
+                    iteration_time_ms: dur as f64 / 1e6,
+                    rank: r as u32,
+                    start_ns: start,
+                    duration_ns: dur,
+                    micro_batches: m as u32,
+                    bucket: Some(buckets[k]),
+                    ..ComputeLogRecord::default()
+                })
+                .expect("write");
+                start += dur;
+            }
+        }
+    }
+    w.flush().expect("flush");
+    drop(w);
+    let loaded = dropcompute::trace::load(&[path], &Default::default()).expect("load");
+    let back = &loaded[0].trace;
+    assert_eq!(back.latencies_ns(), t.latencies_ns());
+    assert_eq!(back.buckets(), t.buckets());
+    let run = PolicyRun::new(
+        StepPolicy::new(Policy::CostBalance),
+        Threshold::Off,
+        ExecutionModel { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 },
+    );
+    let (a, b) = (replay_policy(back, &run), replay_policy(&t, &run));
+    assert_eq!(a.assigned, b.assigned);
+    assert_eq!(a.compute_ns, b.compute_ns);
+    assert!(a.assigned.iter().any(|&x| x != m as u32), "the deal moved micro-batches");
 }
