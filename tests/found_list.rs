@@ -437,12 +437,14 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
         "compute-budget",
         "rebalance",
         "rebalance-drop",
+        "length-predictive",
+        "cost-balance",
     ] {
         for check in ["before", "predictive"] {
             rows += 1;
             let row = format!("--policy {policy} --check {check}");
             let refused = (policy == "drop-before" && check == "predictive")
-                || (policy == "drop-predictive" && check == "before");
+                || (["drop-predictive", "length-predictive", "cost-balance"].contains(&policy) && check == "before");
             let mut args = BASE.to_vec();
             args.extend(["--steps", "3", "--policy", policy, "--check", check]);
             let (o, _) = dc(&args, &[]);
@@ -514,8 +516,9 @@ fn long_work_says_what_it_is_doing() {
     code_is("simulate --policy all", &o, 0).expect("simulate");
     let err = text(&o.stderr);
     let lines = err.lines().filter(|l| l.starts_with("simulate: 16 workers:") && l.contains(" done (")).count();
-    assert_eq!(lines, 7, "one line per policy: {err}");
-    assert!(err.contains("(7/7)"), "{err}");
+    let all = dropcompute::policy::Policy::ALL.len();
+    assert_eq!(lines, all, "one line per policy: {err}");
+    assert!(err.contains(&format!("({all}/{all})")), "{err}");
     // A venv whose python already has every package: the script says it reuses it.
     let venv = hermetic::temp_dir("found-venv");
     let bin = venv.path().join("bin");

@@ -386,7 +386,10 @@ fn every_policys_logs_load_and_the_baseline_tunes_to_the_runs_threshold() {
             }
         }
     }
-    assert_eq!(enabled, 6, "drop-before, drop-predictive, rebalance-drop x 2 tail shapes");
+    assert_eq!(
+        enabled, 10,
+        "drop-before, drop-predictive, rebalance-drop, length-predictive, cost-balance x 2 tail shapes"
+    );
 }
 
 /// Why a censored cell takes the rank's mean over the log, not over its step: in virtual time

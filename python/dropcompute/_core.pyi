@@ -292,7 +292,9 @@ class StepPolicy:
     """A step policy and its parameters (``policy::StepPolicy``), identical on every rank.
 
     ``kind``: "synchronous", "drop-before", "drop-predictive", "backup-workers",
-    "compute-budget", "rebalance" or "rebalance-drop". ``backup_workers``: b, the ranks
+    "compute-budget", "rebalance", "rebalance-drop", "length-predictive" or "cost-balance"
+    (the last two need length buckets, which this face does not pass yet: they run as
+    "drop-predictive"). ``backup_workers``: b, the ranks
     predicted slowest that compute nothing in a step (clamped to N - 1). ``budget_ns``: the
     compute budget per step (ns, compute-budget; None: unset). ``budget_max_micro_batches``: the
     most micro-batches a rank starts under the budget (None: 2·M). ``rebalance_hysteresis``,

@@ -15,7 +15,7 @@ from dropcompute import Assigner, Policy, StepPolicy, backup_aggregated
 from dropcompute.torch import DropComputeStep
 
 KINDS = ["synchronous", "drop-before", "drop-predictive", "backup-workers", "compute-budget", "rebalance",
-         "rebalance-drop"]
+         "rebalance-drop", "length-predictive", "cost-balance"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -85,7 +85,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = PipelineAggregation::Bottleneck)]
     pub pipeline: PipelineAggregation,
     /// Compare step policies (`all` or a comma-separated list of synchronous, drop-before,
-    /// drop-predictive, backup-workers, compute-budget, rebalance, rebalance-drop): one table
+    /// drop-predictive, backup-workers, compute-budget, rebalance, rebalance-drop,
+    /// length-predictive, cost-balance; the last two use a trace's buckets): one table
     /// per trace, or per world size of `--workers` on [`MIN_STEPS`] Monte Carlo steps drawn
     /// from the noise model (`sim::montecarlo::sample_trace`). Each policy's parameter is
     /// tuned on the replay under the guardrails (`tune::policies`).

@@ -77,7 +77,8 @@ pub struct Args {
     pub top_ranks: usize,
     /// Compare step policies instead of recommending a threshold: `all` or a comma-separated
     /// list (synchronous, drop-before, drop-predictive, backup-workers, compute-budget,
-    /// rebalance, rebalance-drop); each policy's parameter is tuned on the replay under the
+    /// rebalance, rebalance-drop, length-predictive, cost-balance: the last two use the trace's
+    /// buckets when it carries them); each policy's parameter is tuned on the replay under the
     /// guardrails and printed beside the ideal and the straggler-free bound (`--json`: an array
     /// of `tune::policies::PolicyComparison`).
     #[arg(long)]

@@ -303,7 +303,8 @@ impl Job {
 
     /// True when the second run is replayed by the policy replay (`sim::policies`: its
     /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
-    /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`
+    /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`,
+    /// `cost-balance`
     /// (the replay runs the scheduler's predicted variant: the one assignment step): the
     /// policies that move work (`Policy::moves_work`), and any policy with a tail shape.
     pub fn replays_policy(&self) -> bool {

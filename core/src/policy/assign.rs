@@ -7,7 +7,12 @@
 //! takes `assignment()[rank]` parts from it), the per-micro-batch walk ([`super::walk`]).
 //!
 //! Per policy (every match exhaustive), counts in parts (a whole micro-batch = S parts):
-//! - `synchronous`, `drop-before`, `drop-predictive`: M·S for every rank, always.
+//! - `synchronous`, `drop-before`, `drop-predictive`, `length-predictive`: M·S for every rank,
+//!   always.
+//! - `cost-balance`: M·S for every rank as counts; a driver that knows the step's micro-batches'
+//!   buckets deals them by predicted cost ([`super::bucket::cost_balance`]) and sets the
+//!   resulting counts with [`Assigner::set`] before dealing (the simulator does; a job without
+//!   buckets deals M·S each).
 //! - `compute-budget`: the cap ([`super::StepPolicy::budget_cap`], at most the slots) · S
 //!   for every rank while a budget is set, M·S without one; M·S in the warm-up steps too
 //!   (warm-up runs the nominal batch for every policy: with the budget's check off there,
@@ -85,7 +90,11 @@ impl Assigner {
         let n = self.assignment.len();
         let nominal = self.micro_batches.saturating_mul(self.split);
         match self.params.policy {
-            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => Some(vec![nominal; n]),
+            Policy::Synchronous
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::LengthPredictive
+            | Policy::CostBalance => Some(vec![nominal; n]),
             Policy::ComputeBudget => {
                 let cap = self.params.budget_cap(self.micro_batches).saturating_mul(self.split).min(self.slots);
                 Some(vec![if self.budget && step >= self.warmup_steps { cap } else { nominal }; n])
@@ -125,7 +134,12 @@ impl Assigner {
             Policy::BackupWorkers | Policy::Rebalance | Policy::RebalanceDrop => {
                 self.tracker.observe(per_micro_batch_ns)
             }
-            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive | Policy::ComputeBudget => {}
+            Policy::Synchronous
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::ComputeBudget
+            | Policy::LengthPredictive
+            | Policy::CostBalance => {}
         }
         let next_step = step.saturating_add(1);
         if let Some(a) = self.fixed_for(next_step) {
@@ -161,7 +175,12 @@ impl Assigner {
                 false
             }
             // Handled by `fixed_for` above.
-            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive | Policy::ComputeBudget => false,
+            Policy::Synchronous
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::ComputeBudget
+            | Policy::LengthPredictive
+            | Policy::CostBalance => false,
         }
     }
 
@@ -196,7 +215,13 @@ mod tests {
 
     #[test]
     fn fixed_policies_and_the_compute_budget_keep_the_nominal_batch_in_warm_up() {
-        for p in [Policy::Synchronous, Policy::DropBefore, Policy::DropPredictive] {
+        for p in [
+            Policy::Synchronous,
+            Policy::DropBefore,
+            Policy::DropPredictive,
+            Policy::LengthPredictive,
+            Policy::CostBalance,
+        ] {
             let mut a = Assigner::new(StepPolicy::new(p), 3, 4, 8, 2, budget(), 0);
             assert_eq!(a.assignment(), &[4, 4, 4], "{p}");
             a.observe(0, &[1.0, 2.0, 3.0]);

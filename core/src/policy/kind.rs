@@ -22,7 +22,8 @@ use super::CheckMode;
 use super::rebalance::RebalanceConfig;
 
 /// A step policy. Command-line and JSON names (kebab-case): `synchronous`, `drop-before`,
-/// `drop-predictive`, `backup-workers`, `compute-budget`, `rebalance`, `rebalance-drop`.
+/// `drop-predictive`, `backup-workers`, `compute-budget`, `rebalance`, `rebalance-drop`,
+/// `length-predictive`, `cost-balance`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
@@ -60,11 +61,30 @@ pub enum Policy {
     /// configured check mode).
     #[cfg_attr(feature = "clap", value(help = "Rebalance, then DropCompute on the transient tail"))]
     RebalanceDrop,
+    /// DropCompute with the length-aware predictive check: the next micro-batch's estimate is
+    /// its length bucket's, learned online from the measured latencies of that bucket
+    /// ([`super::bucket::BucketEstimator`]; the rank-wide estimate for a bucket not measured
+    /// yet, and when the job has no buckets: then it is `drop-predictive`).
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "DropCompute, predictive check with the next micro-batch's length-bucket estimate")
+    )]
+    LengthPredictive,
+    /// Cost-balanced dealing: each step the step's N·M micro-batches are dealt to ranks by
+    /// predicted cost (their buckets' estimates, longest first: [`super::bucket::cost_balance`]),
+    /// the global batch kept, then the length-aware deadline on the residual. Without buckets
+    /// every micro-batch costs the same and each rank is dealt M (then it is
+    /// `length-predictive`).
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Deal each step's micro-batches to ranks by predicted bucket cost, then the deadline")
+    )]
+    CostBalance,
 }
 
 impl Policy {
     /// Every policy, in the order of the tables of `simulate`/`tune --policy all`.
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Synchronous,
         Policy::DropBefore,
         Policy::DropPredictive,
@@ -72,6 +92,8 @@ impl Policy {
         Policy::ComputeBudget,
         Policy::Rebalance,
         Policy::RebalanceDrop,
+        Policy::LengthPredictive,
+        Policy::CostBalance,
     ];
 
     /// The command-line / JSON name (kebab-case).
@@ -84,14 +106,36 @@ impl Policy {
             Policy::ComputeBudget => "compute-budget",
             Policy::Rebalance => "rebalance",
             Policy::RebalanceDrop => "rebalance-drop",
+            Policy::LengthPredictive => "length-predictive",
+            Policy::CostBalance => "cost-balance",
         }
     }
 
     /// True when the DropCompute deadline (a threshold, [`super::decide`]) applies.
     pub fn drops(self) -> bool {
         match self {
-            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => true,
+            Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::RebalanceDrop
+            | Policy::LengthPredictive
+            | Policy::CostBalance => true,
             Policy::Synchronous | Policy::BackupWorkers | Policy::ComputeBudget | Policy::Rebalance => false,
+        }
+    }
+
+    /// True when the walk is told each micro-batch's length bucket and checks the deadline with
+    /// that bucket's estimate ([`super::bucket::BucketEstimator`]): `length-predictive` and
+    /// `cost-balance`. The other policies run blind even on a bucketed job.
+    pub fn length_aware(self) -> bool {
+        match self {
+            Policy::LengthPredictive | Policy::CostBalance => true,
+            Policy::Synchronous
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::BackupWorkers
+            | Policy::ComputeBudget
+            | Policy::Rebalance
+            | Policy::RebalanceDrop => false,
         }
     }
 
@@ -99,7 +143,12 @@ impl Policy {
     /// or the compute budget (whose budget is the threshold).
     pub fn has_deadline(self) -> bool {
         match self {
-            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop | Policy::ComputeBudget => true,
+            Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::RebalanceDrop
+            | Policy::ComputeBudget
+            | Policy::LengthPredictive
+            | Policy::CostBalance => true,
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => false,
         }
     }
@@ -112,7 +161,9 @@ impl Policy {
             | Policy::DropBefore
             | Policy::DropPredictive
             | Policy::BackupWorkers
-            | Policy::ComputeBudget => false,
+            | Policy::ComputeBudget
+            | Policy::LengthPredictive
+            | Policy::CostBalance => false,
         }
     }
 
@@ -121,19 +172,24 @@ impl Policy {
     /// global stream by the assignment (`deal::RunData::global`).
     pub fn moves_work(self) -> bool {
         match self {
-            Policy::Rebalance | Policy::RebalanceDrop | Policy::ComputeBudget | Policy::BackupWorkers => true,
-            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive => false,
+            Policy::Rebalance
+            | Policy::RebalanceDrop
+            | Policy::ComputeBudget
+            | Policy::BackupWorkers
+            | Policy::CostBalance => true,
+            Policy::Synchronous | Policy::DropBefore | Policy::DropPredictive | Policy::LengthPredictive => false,
         }
     }
 
     /// The check mode the deadline runs with: the policy's own for `drop-before` /
-    /// `drop-predictive`, `configured` otherwise (`rebalance-drop`, and the compute budget,
+    /// `drop-predictive` (and the predictive check of the length-aware `length-predictive` and
+    /// `cost-balance`: their point is the bucket's estimate), `configured` otherwise (`rebalance-drop`, and the compute budget,
     /// whose budget is the threshold: with the predictive check a rank starts a micro-batch
     /// only if it is predicted to end within the budget).
     pub fn check_mode(self, configured: CheckMode) -> CheckMode {
         match self {
             Policy::DropBefore => CheckMode::BeforeMicroBatch,
-            Policy::DropPredictive => CheckMode::Predictive,
+            Policy::DropPredictive | Policy::LengthPredictive | Policy::CostBalance => CheckMode::Predictive,
             Policy::Synchronous
             | Policy::BackupWorkers
             | Policy::ComputeBudget
@@ -343,7 +399,11 @@ impl StepPolicy {
         use super::Threshold;
         match self.policy {
             Policy::ComputeBudget => self.budget,
-            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold,
+            Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::RebalanceDrop
+            | Policy::LengthPredictive
+            | Policy::CostBalance => threshold,
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Threshold::Off,
         }
     }
@@ -438,9 +498,9 @@ mod tests {
                     let got = p.resolve_check(given, default);
                     let want = match (p, given) {
                         (Policy::DropBefore, Some(P)) => Err(B),
-                        (Policy::DropPredictive, Some(B)) => Err(P),
+                        (Policy::DropPredictive | Policy::LengthPredictive | Policy::CostBalance, Some(B)) => Err(P),
                         (Policy::DropBefore, _) => Ok(B),
-                        (Policy::DropPredictive, _) => Ok(P),
+                        (Policy::DropPredictive | Policy::LengthPredictive | Policy::CostBalance, _) => Ok(P),
                         (_, g) => Ok(g.unwrap_or(default)),
                     };
                     assert_eq!(got, want, "{p} {given:?} default {default:?}");
@@ -459,7 +519,19 @@ mod tests {
         assert_eq!(Policy::ComputeBudget.check_mode(Predictive), Predictive);
         assert_eq!(Policy::ComputeBudget.check_mode(BeforeMicroBatch), BeforeMicroBatch);
         let drops: Vec<_> = Policy::ALL.into_iter().filter(|p| p.drops()).collect();
-        assert_eq!(drops, vec![Policy::DropBefore, Policy::DropPredictive, Policy::RebalanceDrop]);
+        assert_eq!(
+            drops,
+            vec![
+                Policy::DropBefore,
+                Policy::DropPredictive,
+                Policy::RebalanceDrop,
+                Policy::LengthPredictive,
+                Policy::CostBalance
+            ]
+        );
+        let aware: Vec<_> = Policy::ALL.into_iter().filter(|p| p.length_aware()).collect();
+        assert_eq!(aware, vec![Policy::LengthPredictive, Policy::CostBalance]);
+        assert!(Policy::CostBalance.moves_work() && !Policy::LengthPredictive.moves_work());
         let reb: Vec<_> = Policy::ALL.into_iter().filter(|p| p.rebalances()).collect();
         assert_eq!(reb, vec![Policy::Rebalance, Policy::RebalanceDrop]);
     }

@@ -5,8 +5,9 @@
 //! Owns: [`Threshold`], [`CheckMode`], [`DeadlineConfig`], [`decide`] and the per-rank online
 //! [`LatencyEstimator`]; the step policies beyond dropping ([`kind`]: [`Policy`], [`StepPolicy`],
 //! backup workers' aggregation), the micro-batch assignment of rebalancing ([`rebalance`]), the
-//! one per-rank step walk ([`walk`]: what to launch next) and the one assignment step
-//! ([`assign`]: how many parts each rank gets next step). The scheduler, the simulator and the
+//! one per-rank step walk ([`walk`]: what to launch next), the one assignment step
+//! ([`assign`]: how many parts each rank gets next step) and the length buckets of the
+//! length-aware policies ([`bucket`]: the per-bucket estimator and the cost-balanced deal). The scheduler, the simulator and the
 //! faces drive [`walk::RankWalk`] and [`assign::Assigner`]; none of them holds a copy.
 //! Must not touch: clocks, I/O, devices or collectives. Callers pass the
 //! elapsed compute time (ns, measured from device events by the scheduler, or summed latencies by
@@ -18,10 +19,12 @@
 #![forbid(unsafe_code)]
 
 pub mod assign;
+pub mod bucket;
 pub mod kind;
 pub mod rebalance;
 pub mod walk;
 
+pub use bucket::{BucketEstimator, WalkEstimator, cost_balance};
 pub use kind::{MAX_TAIL_SPLIT, Policy, StepPolicy, TailRule, TailShape, TailShapeError, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 

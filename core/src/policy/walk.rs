@@ -19,8 +19,14 @@
 //! - the estimator is fed a launch's latency when the driver reports its end, whole micro-batches
 //!   only (it estimates a whole one), in launch order; before [`Next::Done`] the walker asks for
 //!   every end not yet reported, so the estimator has seen the whole step.
+//! - length buckets (the length-aware policies, `policy::bucket`): a driver that knows the
+//!   bucket of each micro-batch of the rank's assignment before launching it tells the walker
+//!   with [`RankWalk::set_buckets`]; the check before micro-batch j then asks the estimator for
+//!   j's bucket ([`WalkEstimator::estimate_for`]), and a whole micro-batch's latency is fed under
+//!   its bucket. Without buckets (the default) the estimator is asked blind, as before.
 
-use super::{DeadlineConfig, Decision, LatencyEstimator, StopReason, TailShape, decide};
+use super::bucket::WalkEstimator;
+use super::{DeadlineConfig, Decision, StopReason, TailShape, decide};
 
 /// One launch the walker asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +92,10 @@ pub struct RankWalk {
     split: usize,
     lag: usize,
     whole: Vec<bool>,
+    /// Per launch: the micro-batch it is (or is cut from).
+    micro_batch: Vec<u32>,
+    /// The bucket of each micro-batch of the assignment (empty: not known).
+    buckets: Vec<u32>,
     ends_ns: Vec<u64>,
     parts: usize,
     tail_mode: bool,
@@ -107,6 +117,8 @@ impl RankWalk {
             split: tail.parts() as usize,
             lag: sync_lag as usize,
             whole: Vec::with_capacity(cap),
+            micro_batch: Vec::with_capacity(cap),
+            buckets: Vec::new(),
             ends_ns: Vec::with_capacity(cap),
             parts: 0,
             tail_mode: false,
@@ -123,6 +135,8 @@ impl RankWalk {
         self.step = step;
         self.cap = cap;
         self.whole.clear();
+        self.micro_batch.clear();
+        self.buckets.clear();
         self.ends_ns.clear();
         self.parts = 0;
         self.tail_mode = false;
@@ -131,10 +145,28 @@ impl RankWalk {
         self.end = None;
     }
 
-    /// What to do next. `est` is the rank's latency estimator (persistent across steps).
-    /// Never panics; a driver that answers [`Next::Wait`] without reporting the launches asked
-    /// for is asked again.
-    pub fn next(&mut self, est: &mut LatencyEstimator) -> Next {
+    /// Tells the walk the length bucket of each micro-batch of the rank's assignment, in launch
+    /// order (`buckets[j]`: micro-batch j; call after [`RankWalk::new`] or
+    /// [`RankWalk::restart`], before the first [`RankWalk::next`]; a restart forgets them). The
+    /// check before micro-batch j then asks the estimator for `buckets[j]`'s estimate and its
+    /// latency is fed under that bucket; a micro-batch beyond the slice is asked blind. The
+    /// smallest change for the length-aware policies: the driver, which deals the micro-batches,
+    /// knows their buckets before they run.
+    pub fn set_buckets(&mut self, buckets: &[u32]) {
+        self.buckets.clear();
+        self.buckets.extend_from_slice(buckets);
+    }
+
+    /// The bucket of micro-batch `j`, `None` when not told.
+    fn bucket(&self, j: usize) -> Option<u32> {
+        self.buckets.get(j).copied()
+    }
+
+    /// What to do next. `est` is the rank's latency estimator (persistent across steps): the
+    /// blind [`super::LatencyEstimator`], or a [`super::bucket::BucketEstimator`] asked for the
+    /// next micro-batch's bucket ([`RankWalk::set_buckets`]). Never panics; a driver that
+    /// answers [`Next::Wait`] without reporting the launches asked for is asked again.
+    pub fn next<E: WalkEstimator + ?Sized>(&mut self, est: &mut E) -> Next {
         if let Some(end) = self.end {
             let launched = self.whole.len();
             return if self.ends_ns.len() < launched { Next::Wait { upto: launched } } else { Next::Done(end) };
@@ -164,7 +196,11 @@ impl RankWalk {
         let p = self.parts;
         // Only the predictive check reads an estimate (`decide`); asking in a before-check
         // walk would only cost the estimator its sorted window.
-        let estimate = if self.deadline.check == crate::policy::CheckMode::Predictive { est.estimate() } else { None };
+        let estimate = if self.deadline.check == crate::policy::CheckMode::Predictive {
+            est.estimate_for(self.bucket(p / self.split))
+        } else {
+            None
+        };
         if !self.tail_mode && self.cap - p >= self.split {
             match decide(&self.deadline, self.step, i as u32, elapsed_ns, estimate) {
                 Decision::Start => return self.launch(true),
@@ -195,6 +231,7 @@ impl RankWalk {
             whole,
         };
         self.whole.push(whole);
+        self.micro_batch.push(l.micro_batch);
         self.parts += l.parts;
         Next::Launch(l)
     }
@@ -209,7 +246,7 @@ impl RankWalk {
     /// Returns [`Peek::Again`], [`Peek::Last`], or [`Peek::Wait`] with the launches whose ends
     /// the decision needs (report them with [`RankWalk::ended`] and ask again; `upto` 0: the
     /// clock's reading, answered with [`RankWalk::clock_at`]).
-    pub fn peek(&self, est: &LatencyEstimator) -> Peek {
+    pub fn peek<E: WalkEstimator + Clone>(&self, est: &E) -> Peek {
         let mut walk = self.clone();
         let mut est = est.clone();
         match walk.next(&mut est) {
@@ -223,15 +260,21 @@ impl RankWalk {
 
     /// Reports the end of launch `launch`: the device time from the step's compute clock start
     /// to its end (`end_ns`) and its own duration (`duration_ns`, fed to `est` for a whole
-    /// micro-batch). Launches must be reported in order; a launch reported out of order, twice,
-    /// or not yet launched is ignored (returns false).
-    pub fn ended(&mut self, launch: usize, end_ns: u64, duration_ns: u64, est: &mut LatencyEstimator) -> bool {
+    /// micro-batch, under its bucket when told). Launches must be reported in order; a launch
+    /// reported out of order, twice, or not yet launched is ignored (returns false).
+    pub fn ended<E: WalkEstimator + ?Sized>(
+        &mut self,
+        launch: usize,
+        end_ns: u64,
+        duration_ns: u64,
+        est: &mut E,
+    ) -> bool {
         if launch != self.ends_ns.len() || launch >= self.whole.len() {
             return false;
         }
         self.ends_ns.push(end_ns);
         if self.whole[launch] {
-            est.observe(duration_ns);
+            est.observe_for(self.bucket(self.micro_batch[launch] as usize), duration_ns);
         }
         true
     }
@@ -284,7 +327,8 @@ impl RankWalk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{CheckMode, Threshold};
+    use crate::policy::bucket::BucketEstimator;
+    use crate::policy::{CheckMode, LatencyEstimator, Threshold};
     use std::time::Duration;
 
     fn deadline(th: u64, check: CheckMode) -> DeadlineConfig {
@@ -298,7 +342,7 @@ mod tests {
 
     /// Drives `walk` with per-micro-batch latencies `lat` (a tail costs `cost` of its
     /// micro-batch's): returns the launches and the waits in order.
-    fn drive(walk: &mut RankWalk, est: &mut LatencyEstimator, lat: &[u64], cost: f64) -> (Vec<Launch>, Vec<usize>) {
+    fn drive<E: WalkEstimator>(walk: &mut RankWalk, est: &mut E, lat: &[u64], cost: f64) -> (Vec<Launch>, Vec<usize>) {
         let (mut launches, mut waits, mut ends, mut acc) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
         loop {
             match walk.next(est) {
@@ -457,5 +501,77 @@ mod tests {
         assert!(w.ended(0, 10, 10, &mut est));
         assert!(!w.ended(0, 10, 10, &mut est), "twice");
         assert_eq!(est.len(), 1);
+    }
+
+    /// The bucket-aware check: with a long bucket's estimate overshooting the deadline it is
+    /// not started, while a short one (whose own estimate fits) is; the blind estimate (the
+    /// rank-wide 0.9 quantile, a long micro-batch's) would stop the short one too.
+    #[test]
+    fn a_long_bucket_is_not_started_when_it_overshoots_while_a_short_one_is() {
+        // Learned: bucket 0 (short) 10 ns, bucket 1 (long) 40 ns.
+        let mut est = BucketEstimator::new(32, 0.9);
+        for _ in 0..4 {
+            est.observe_for(Some(0), 10);
+        }
+        for _ in 0..4 {
+            est.observe_for(Some(1), 40);
+        }
+        let d = deadline(55, CheckMode::Predictive);
+        // Assignment: short, short, long, short. Elapsed 20 after two shorts: the long one
+        // (20 + 40 > 55) is not started; the walk stops there (the stream's order is kept).
+        let lat = [10, 10, 40, 10];
+        let mut w = RankWalk::new(d, 5, 4, TailShape::default(), 0);
+        w.set_buckets(&[0, 0, 1, 0]);
+        let (l, _) = drive(&mut w, &mut est.clone(), &lat, 1.0);
+        assert_eq!(l.len(), 2, "the long bucket predicted to end at 60 > 55");
+        // Long first, then shorts: 40, then a short (50 <= 55) is started, the next (60) not.
+        let mut w = RankWalk::new(d, 5, 4, TailShape::default(), 0);
+        w.set_buckets(&[1, 0, 0, 0]);
+        let (l, _) = drive(&mut w, &mut est.clone(), &[40, 10, 10, 10], 1.0);
+        assert_eq!(l.len(), 2, "the short one fits after the long one");
+        assert_eq!(w.end_ns(), 50);
+        // Blind (no buckets told): the rank-wide q 0.9 of 4 x 10 and 4 x 40 is 40: 40 + 40 > 55
+        // stops the short micro-batch the bucket estimate started.
+        let mut w = RankWalk::new(d, 5, 4, TailShape::default(), 0);
+        let (l, _) = drive(&mut w, &mut est.clone(), &[40, 10, 10, 10], 1.0);
+        assert_eq!(l.len(), 1, "blind: the long estimate stops the short micro-batch");
+        // The same walk driven with the blind LatencyEstimator decides alike.
+        let mut blind = est.blind().clone();
+        let mut w = RankWalk::new(d, 5, 4, TailShape::default(), 0);
+        w.set_buckets(&[1, 0, 0, 0]);
+        let (l, _) = drive(&mut w, &mut blind, &[40, 10, 10, 10], 1.0);
+        assert_eq!(l.len(), 1, "a LatencyEstimator ignores the buckets");
+    }
+
+    /// A bucket not measured yet is estimated blind (today's fallback); its whole micro-batch's
+    /// latency is then fed under its bucket, a tail part's is not.
+    #[test]
+    fn an_unmeasured_bucket_falls_back_and_is_learned_from_its_whole_micro_batches() {
+        let mut est = BucketEstimator::new(32, 1.0);
+        est.observe_for(Some(0), 10);
+        // Bucket 2 never seen (its estimate would be the blind 10); the first micro-batch
+        // always starts, and is measured at 30 under bucket 2.
+        let mut w = RankWalk::new(deadline(35, CheckMode::Predictive), 5, 8, TailShape::split(2), 0);
+        w.set_buckets(&[2, 2, 0, 0]);
+        let (l, _) = drive(&mut w, &mut est, &[30, 30, 10, 10], 0.5);
+        // Launch 0 (whole, bucket 2): 30. Before launch 1 the bucket's estimate is 30: 60 > 35,
+        // a tail part (15 ns: 45 > 35) does not fit either: stop.
+        assert_eq!(l.len(), 1);
+        assert_eq!(est.bucket_estimate(2), Some(30));
+        assert_eq!(est.blind().len(), 2);
+        // Buckets 2, 0 at deadline 25: the whole bucket-2 micro-batch (20, fed: blind 3 values);
+        // bucket 0's estimate 10: 20 + 10 > 25, its tail part (5) fits and runs (ends at 25);
+        // the tail part is fed to no estimator.
+        let mut w = RankWalk::new(deadline(25, CheckMode::Predictive), 5, 4, TailShape::split(2), 0);
+        w.set_buckets(&[2, 0]);
+        let (l, _) = drive(&mut w, &mut est, &[20, 10], 0.5);
+        assert_eq!(l.iter().map(|x| (x.whole, x.micro_batch)).collect::<Vec<_>>(), vec![(true, 0), (false, 1)]);
+        assert_eq!(w.end_ns(), 25);
+        assert_eq!(est.blind().len(), 3, "the tail part feeds no estimator");
+        assert_eq!(est.bucket_estimate(0), Some(10));
+        assert_eq!(est.bucket_estimate(2), Some(30), "q 1.0 of 30 and 20");
+        // A restart forgets the buckets.
+        w.restart(6, 4);
+        assert_eq!(w.bucket(0), None);
     }
 }

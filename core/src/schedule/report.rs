@@ -221,6 +221,9 @@ impl StepReport {
                     cost: if is_whole { 1.0 } else { tail.cost_fraction() },
                     deadline_ns,
                     clock_start_ns: Some(t0),
+                    // The scheduler's micro-batches carry no length bucket yet (issue 26: the
+                    // bucketed text job will).
+                    bucket: None,
                 }
             })
             .collect()

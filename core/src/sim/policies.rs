@@ -23,6 +23,22 @@
 //! - `rebalance` / `rebalance-drop`: the assignment of a [`crate::policy::Rebalancer`], updated
 //!   after every step from each rank's mean latency per computed micro-batch (what the
 //!   scheduler learns from the all-reduced counts and times).
+//! - `length-predictive` (a trace with buckets, [`LatencyTrace::buckets`]): the deadline with the
+//!   predictive check, each rank's walk told its micro-batches' buckets
+//!   ([`RankWalk::set_buckets`]) and estimating with a per-rank
+//!   [`crate::policy::BucketEstimator`]. Without buckets (or in a step beyond the trace) it is
+//!   `drop-predictive`.
+//! - `cost-balance` (a trace with buckets): before each recorded step, the step's N·M recorded
+//!   micro-batches are dealt to ranks by [`crate::policy::cost_balance`] over their buckets'
+//!   predicted costs ([`crate::policy::bucket::bucket_cost`] of one job-wide
+//!   [`crate::policy::BucketEstimator`], fed after each step with every rank's whole
+//!   micro-batches' latencies, as the gathered count rows give them to every rank), at most
+//!   the slots (2·M) each; the counts become the step's assignment ([`Assigner::set`]), and each
+//!   rank walks its dealt micro-batches in stream order under the length-aware deadline. A
+//!   micro-batch keeps its recorded latency on whichever rank it is dealt to: the model of
+//!   data-driven stragglers (`--noise none`: a micro-batch's cost is its bucket's), not of a
+//!   slow rank (a rank's own slowdown does not follow the micro-batches it is dealt). Without
+//!   buckets every rank keeps its own M (then it is `length-predictive`).
 //!
 //! Micro-batches beyond the trace's M (a rank given more work by rebalancing or a compute
 //! budget) are an estimate: micro-batch i >= M of rank r in step s takes the latency of one of
@@ -43,6 +59,7 @@ use rand::Rng;
 
 use super::rng;
 use crate::policy::assign::Assigner;
+use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance};
 use crate::policy::walk::{Next, RankWalk};
 use crate::policy::{CheckMode, DeadlineConfig, LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
 use crate::trace::LatencyTrace;
@@ -210,7 +227,7 @@ fn walk(
     w: &mut RankWalk,
     tail: &TailShape,
     t0: f64,
-    est: &mut LatencyEstimator,
+    est: &mut BucketEstimator,
     lat: &mut dyn FnMut(usize) -> f64,
     ends: &mut Vec<(f64, f64)>,
     mb_lat: &mut Vec<f64>,
@@ -329,8 +346,18 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let first_step = trace.steps().first().copied().unwrap_or(0);
     let last_step = trace.steps().last().copied().unwrap_or(0);
     let mut assigner = Assigner::new(run.params, n, m as u32, slots, exec.warmup_steps, deadline.threshold, first_step);
-    let mut est: Vec<LatencyEstimator> =
-        (0..n).map(|_| LatencyEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
+    // Per rank: a blind policy never tells its walk a bucket, so this is its LatencyEstimator
+    // exactly (`BucketEstimator` without buckets).
+    let mut est: Vec<BucketEstimator> =
+        (0..n).map(|_| BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)).collect();
+    // The length-aware policies on a trace with buckets (module doc).
+    let aware = p.length_aware() && trace.buckets().is_some();
+    let balance = aware && p == Policy::CostBalance;
+    // Cost-balance's job-wide estimate of each bucket's cost (the same on every rank).
+    let mut job_est = BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile);
+    let slots_mb = run.params.budget_cap(m as u32) as usize;
+    // Per rank, this step's micro-batches when dealt by cost: (latencies, buckets).
+    let mut dealt_rows: Vec<(Vec<f64>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); n];
     let mut ends = Vec::with_capacity(2 * m * split);
     let mut mb_lat: Vec<f64> = Vec::with_capacity(2 * m);
     let mut walker = RankWalk::new(deadline, first_step, 0, tail, exec.sync_lag);
@@ -356,9 +383,23 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let no_row: Vec<f64> = Vec::new();
     let max_steps = s_trace.saturating_mul(MAX_STEPS_PER_TRACE_STEP).saturating_add(MAX_EXTRA_STEPS);
     for si in 0..max_steps {
+        let recorded = si < s_trace;
+        let step_buckets = if aware && recorded { trace.step_buckets(si) } else { None };
+        let balanced = balance && step_buckets.is_some();
+        if let (true, Some(b)) = (balanced, step_buckets) {
+            // Deal the step's N·M recorded micro-batches by predicted cost (module doc).
+            let deal = cost_balance(&bucket_cost(&mut job_est, b), n, slots_mb);
+            let mat = trace.step_matrix(si);
+            for (row, cells) in dealt_rows.iter_mut().zip(&deal) {
+                row.0.clear();
+                row.1.clear();
+                row.0.extend(cells.iter().map(|&k| mat[k]));
+                row.1.extend(cells.iter().map(|&k| b[k]));
+            }
+            assigner.set(deal.iter().map(|c| (c.len() * split) as u32).collect());
+        }
         let Some(dealt) = data.deal(si, assigner.assignment()) else { break };
         let assignment = assigner.assignment().to_vec();
-        let recorded = si < s_trace;
         let step = if recorded { trace.steps()[si] } else { last_step + (si - s_trace + 1) as u64 };
         let known_times = if recorded { None } else { data.step_times(si) };
         estimated_steps += u64::from(!recorded && known_times.is_none());
@@ -369,7 +410,16 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         };
         let mut step_started = vec![0u32; n];
         for r in 0..n {
-            let row: &[f64] = if recorded { &mat[r * m..(r + 1) * m] } else { &no_row };
+            let row: &[f64] = match (balanced, recorded) {
+                (true, _) => &dealt_rows[r].0,
+                (false, true) => &mat[r * m..(r + 1) * m],
+                (false, false) => &no_row,
+            };
+            let row_buckets: Option<&[u32]> = match (balanced, step_buckets) {
+                (true, _) => Some(&dealt_rows[r].1),
+                (false, Some(b)) => Some(&b[r * m..(r + 1) * m]),
+                (false, None) => None,
+            };
             let t0 = offsets[r];
             let assigned = assignment[r];
             let cap = dealt.get(r).copied().unwrap_or(0).min(assigned) as usize;
@@ -388,7 +438,18 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 }
             };
             walker.restart(step, cap);
+            if let Some(b) = row_buckets {
+                walker.set_buckets(b);
+            }
             let w = walk(&mut walker, &tail, t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
+            if let (true, Some(b)) = (balanced, row_buckets) {
+                // The whole launches come first, launch i being micro-batch i: their latencies
+                // are what the gathered count rows carry to every rank.
+                let whole = walker.whole().iter().take_while(|&&w| w).count();
+                for (j, &l) in mb_lat.iter().enumerate().take(whole) {
+                    job_est.observe_for(b.get(j).copied(), l as u64);
+                }
+            }
             step_started[r] = w.parts as u32;
             finish[r] = w.end;
             mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
@@ -706,5 +767,108 @@ mod tests {
         assert_eq!(r.per_step[1], (16.0, 10.0, 32));
         let want = (20.0 * 16.0) / (16.0 + 19.0 * 10.0) - 1.0;
         assert!((r.effective_speedup - want).abs() < 1e-12, "{}", r.effective_speedup);
+    }
+
+    /// `n` ranks x `m` micro-batches x `steps` steps of scripted lengths: micro-batch k of the
+    /// run has bucket 3 when k is a multiple of 5 (a long bucket every fifth micro-batch), else k % 3, and
+    /// costs `cost[bucket]`; no noise, no overhead.
+    fn length_trace(n: usize, m: usize, steps: usize) -> LatencyTrace {
+        let cost = [10.0, 20.0, 40.0, 160.0];
+        let bucket = |k: usize| if k.is_multiple_of(5) { 3 } else { (k % 3) as u32 };
+        let cells = n * m * steps;
+        let b: Vec<u32> = (0..cells).map(bucket).collect();
+        let lat: Vec<f64> = b.iter().map(|&x| cost[x as usize]).collect();
+        LatencyTrace::new("lengths", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
+            .and_then(|t| t.with_buckets(b))
+            .expect("valid")
+    }
+
+    /// One bucket only: the bucket estimate is the blind one, so `length-predictive` is
+    /// `drop-predictive` bit for bit; and a trace without buckets runs both length-aware
+    /// policies blind (`cost-balance` keeps every rank's own M).
+    #[test]
+    fn length_aware_policies_without_distinct_buckets_are_drop_predictive() {
+        let one = chronic_trace(4, 8, 10);
+        let with_one = one.clone().with_buckets(vec![0; 4 * 8 * 10]).expect("buckets");
+        // The chronic rank's 8 x 2 ns do not fit in 12 ns.
+        let mut ex = exec(CheckMode::Predictive);
+        ex.warmup_steps = 1;
+        let at = |p: Policy, t: &LatencyTrace| {
+            replay_policy(t, &PolicyRun::new(StepPolicy::new(p), Threshold::Fixed(Duration::from_nanos(12)), ex))
+        };
+        let dp = at(Policy::DropPredictive, &one);
+        assert!(dp.lost > 0, "the deadline drops");
+        for t in [&one, &with_one] {
+            for p in [Policy::LengthPredictive, Policy::CostBalance] {
+                let r = at(p, t);
+                assert_eq!((&r.per_step, &r.started, &r.assigned), (&dp.per_step, &dp.started, &dp.assigned), "{p}");
+            }
+        }
+    }
+
+    /// Cost-balance on scripted lengths, no deadline: every step deals all N·M micro-batches
+    /// (the global batch kept, nothing lost), and once every bucket has been measured (no noise:
+    /// the estimates are exact) the step's compute is within one micro-batch's cost of the mean
+    /// load, below the blind deal's.
+    #[test]
+    fn cost_balance_deals_every_micro_batch_and_ends_near_the_mean_load() {
+        let (n, m, steps) = (8usize, 4usize, 12usize);
+        let t = length_trace(n, m, steps);
+        let sync = replay_policy(&t, &run(StepPolicy::new(Policy::Synchronous), None));
+        let cb = replay_policy(&t, &run(StepPolicy::new(Policy::CostBalance), None));
+        assert_eq!((cb.lost, cb.aggregated, cb.nominal), (0, (n * m * steps) as u64, (n * m * steps) as u64));
+        for s in 0..steps {
+            let cells = s * n..(s + 1) * n;
+            assert_eq!(cb.assigned[cells.clone()].iter().sum::<u32>(), (n * m) as u32, "step {s}");
+            assert_eq!(cb.started[cells.clone()], cb.assigned[cells], "step {s}: no deadline");
+            let mat = t.step_matrix(s);
+            let mean = mat.iter().sum::<f64>() / n as f64;
+            let max = mat.iter().copied().fold(0.0, f64::max);
+            if s >= 1 {
+                assert!(cb.compute_ns[s] <= mean + max, "step {s}: {} vs mean {mean}", cb.compute_ns[s]);
+            }
+            assert!(cb.compute_ns[s] <= sync.compute_ns[s], "step {s}");
+        }
+        assert!(cb.effective_speedup > 0.05, "{}", cb.effective_speedup);
+        // In step 0 nothing was measured: equal costs, equal counts.
+        assert_eq!(cb.assigned[..n], vec![m as u32; n][..]);
+    }
+
+    /// A bounded stream under cost-balance with a deadline: every part handed out is started
+    /// exactly once over the run (the dropped ones are dealt again), as the ledger requires.
+    #[test]
+    fn cost_balance_computes_every_part_of_a_bounded_stream_once() {
+        let (n, m, steps) = (4usize, 4usize, 6usize);
+        let t = length_trace(n, m, steps);
+        let mut ex = exec(CheckMode::Predictive);
+        ex.warmup_steps = 1;
+        let r = replay_policy_on(
+            &t,
+            &PolicyRun::new(StepPolicy::new(Policy::CostBalance), Threshold::Fixed(Duration::from_nanos(150)), ex),
+            &mut Parts(70),
+        );
+        assert_eq!(r.started.iter().map(|&x| u64::from(x)).sum::<u64>(), 70);
+        assert!(r.lost > 0, "the deadline dropped some (dealt again later)");
+        assert!(r.handed.iter().zip(&r.started).all(|(h, s)| s <= h));
+    }
+
+    /// The length-aware check on scripted lengths beats the blind one at the same threshold:
+    /// fewer micro-batches dropped (the blind quantile is a long bucket's and stops short ones
+    /// that fit) within the same step time.
+    #[test]
+    fn length_predictive_drops_less_than_blind_at_the_same_threshold() {
+        let (n, m, steps) = (8usize, 8usize, 20usize);
+        let t = length_trace(n, m, steps);
+        let mut ex = exec(CheckMode::Predictive);
+        ex.warmup_steps = 2;
+        let th = Threshold::Fixed(Duration::from_nanos(300));
+        let blind = replay_policy(&t, &PolicyRun::new(StepPolicy::new(Policy::DropPredictive), th, ex));
+        let aware = replay_policy(&t, &PolicyRun::new(StepPolicy::new(Policy::LengthPredictive), th, ex));
+        assert!(aware.lost < blind.lost, "aware {} blind {}", aware.lost, blind.lost);
+        // No noise: a bucket's estimate is exact, so no rank overshoots the deadline after the
+        // warm-up, unless its guaranteed first micro-batch alone does.
+        for s in ex.warmup_steps as usize..steps {
+            assert!(aware.compute_ns[s] <= 300.0 || aware.started[s * n..(s + 1) * n].contains(&1), "step {s}");
+        }
     }
 }

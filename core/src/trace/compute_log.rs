@@ -13,8 +13,15 @@
 //! work needs to be read back: micro_batches (the run's nominal M), split, parts and cost (the
 //! tail shape: a row holds parts/split of a micro-batch and is expected to take cost of a whole
 //! one's device time), deadline_ns and clock_start_ns (the step's deadline and compute clock
-//! start on the row's clock). Those columns are optional for the reader (empty or 0: not
-//! recorded), so older logs, the Python writer's and the reference's load as before.
+//! start on the row's clock), and bucket (the micro-batch's length bucket, for the length-aware
+//! policies). Those columns are optional for the reader (empty or 0: not recorded), so older
+//! logs, the Python writer's and the reference's load as before.
+//!
+//! Buckets: a log whose every cell of the trace has a bucket (its first row's; a baseline run
+//! launches every micro-batch) gives a length-carrying trace ([`super::LatencyTrace::buckets`]);
+//! when some cell has none (a filled, unassigned cell; a log without the column) the trace has
+//! no buckets and, when some were recorded, a note says so (the length-aware policies then
+//! replay blind).
 //!
 //! # The trace of a log: N x M per step, every step kept
 //!
@@ -136,6 +143,10 @@ pub struct ComputeLogRecord {
     /// not recorded.
     #[serde(default)]
     pub clock_start_ns: Option<u64>,
+    /// The micro-batch's length bucket (the job's index of its padded length, ascending in
+    /// length); `None` (an empty field): not a bucketed job, or not recorded.
+    #[serde(default)]
+    pub bucket: Option<u32>,
 }
 
 /// Writes [`ComputeLogRecord`]s as CSV with a header.
@@ -282,6 +293,8 @@ struct Row {
     deadline_ns: u64,
     /// The step's compute clock start on the row's clock (ns; `None`: not recorded).
     clock_start_ns: Option<u64>,
+    /// The micro-batch's length bucket (`None`: not recorded).
+    bucket: Option<u32>,
 }
 
 /// One whole micro-batch of a rank-step built from its rows in launch order (a whole launch,
@@ -301,6 +314,8 @@ struct Cell {
     /// File index and line of its first row.
     file: usize,
     line: u64,
+    /// Its first row's bucket.
+    bucket: Option<u32>,
 }
 
 impl Cell {
@@ -313,6 +328,7 @@ impl Cell {
             deadline_ns: x.deadline_ns,
             file: x.file,
             line: x.line,
+            bucket: x.bucket,
         };
         c.add(x);
         c
@@ -373,6 +389,7 @@ fn load_logs_with<'a>(
         let col = |name: &str| if ours { header.iter().position(|h| h == name) } else { None };
         let (m_col, split_col, parts_col, cost_col, deadline_col, clock_col) =
             (col("micro_batches"), col("split"), col("parts"), col("cost"), col("deadline_ns"), col("clock_start_ns"));
+        let bucket_col = col("bucket");
         let (src, lines) = crate::csv_lines::LineIndex::new(open(path)?);
         let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(src);
         super::for_each_record(&mut r, &lines, path, |line, rec| {
@@ -418,6 +435,10 @@ fn load_logs_with<'a>(
                 .filter(|v| !v.is_empty())
                 .map(|v| parse(v, path, line, "clock_start_ns"))
                 .transpose()?;
+            let bucket: Option<u32> = opt(bucket_col, "bucket")?
+                .filter(|v| !v.is_empty())
+                .map(|v| parse(v, path, line, "bucket"))
+                .transpose()?;
             if m > 0 && declared_m.is_none_or(|(d, _, _)| m > d) {
                 declared_m = Some((m, file, line));
             }
@@ -443,6 +464,7 @@ fn load_logs_with<'a>(
                 cost,
                 deadline_ns,
                 clock_start_ns,
+                bucket,
             });
             Ok(())
         })?;
@@ -492,6 +514,8 @@ fn load_logs_with<'a>(
     let mut measured: BTreeMap<(u32, u64), f64> = BTreeMap::new();
     let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut offsets: BTreeMap<(u32, u64), f64> = BTreeMap::new();
+    // The bucket of each (step, rank, micro-batch) cell that has one.
+    let mut bucket_of: BTreeMap<(u64, u32, u32), u32> = BTreeMap::new();
     // The rank-steps to build: every one when M is recorded (a rank with no row in a step, a
     // skipped backup worker, is filled: bounded by MAX_FILLED_CELLS), else those with rows (a
     // missing one is ragged, found by the builder without materializing its cells).
@@ -555,6 +579,9 @@ fn load_logs_with<'a>(
                 };
                 if (x.mb as usize) < m {
                     b.insert(path, x.line, s, r, x.mb, value)?;
+                    if let Some(k) = x.bucket {
+                        bucket_of.insert((s, r, x.mb), k);
+                    }
                 } else if !x.dropped {
                     counts.beyond_m += 1;
                 }
@@ -588,6 +615,9 @@ fn load_logs_with<'a>(
                 c.measured_ns
             };
             b.insert(&paths[c.file], c.line, s, r, i as u32, value)?;
+            if let Some(k) = c.bucket {
+                bucket_of.insert((s, r, i as u32), k);
+            }
         }
         counts.beyond_m += cells.iter().skip(m).filter(|c| c.measured_ns > 0.0).count();
         // Cells the policy did not hand this rank (rebalanced, or a skipped backup worker).
@@ -668,6 +698,24 @@ fn load_logs_with<'a>(
             .map(|k| offsets.get(&k).copied().unwrap_or(0.0))
             .collect();
         trace = trace.with_start_offsets(off)?;
+    }
+    if !bucket_of.is_empty() {
+        let m = trace.micro_batches() as u32;
+        let cells: Vec<Option<u32>> = trace
+            .steps()
+            .iter()
+            .flat_map(|&s| trace.ranks().iter().flat_map(move |&r| (0..m).map(move |i| (s, r, i))))
+            .map(|k| bucket_of.get(&k).copied())
+            .collect();
+        let missing = cells.iter().filter(|c| c.is_none()).count();
+        if missing == 0 {
+            trace = trace.with_buckets(cells.into_iter().flatten().collect())?;
+        } else {
+            notes.push(format!(
+                "{missing} of {} micro-batches have no bucket: the trace carries none (the length-aware policies replay blind)",
+                cells.len()
+            ));
+        }
     }
     Ok(Loaded { trace, completeness, notes })
 }
@@ -792,14 +840,15 @@ mod tests {
             cost: 0.5,
             deadline_ns: 99_000,
             clock_start_ns: Some(8_000),
+            bucket: Some(3),
         };
         w.write(&rec).expect("write");
         let text = String::from_utf8(w.into_inner().expect("flush")).expect("utf8");
         let mut lines = text.lines();
         let header = lines.next().expect("header");
         let ours = ["rank", "start_ns", "duration_ns", "micro_batches", "split", "parts", "cost", "deadline_ns"];
-        assert_eq!(header, [&REFERENCE_COLUMNS[..], &ours, &["clock_start_ns"]].concat().join(","));
-        assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000,4,2,1,0.5,99000,8000"));
+        assert_eq!(header, [&REFERENCE_COLUMNS[..], &ours, &["clock_start_ns", "bucket"]].concat().join(","));
+        assert_eq!(lines.next(), Some("7,2,3,16,128,48,true,0.25,1,9000,250000,4,2,1,0.5,99000,8000,3"));
         assert_eq!(lines.next(), None);
         let h = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
         assert!(is_compute_log_header(&h(header)));
@@ -840,7 +889,7 @@ mod tests {
         w.flush().expect("flush");
         assert_eq!(
             std::fs::read_to_string(&path).expect("read").lines().nth(1),
-            Some("1,0,2,4,0,4,false,0.5,0,10,500000,0,0,0,0.0,0,")
+            Some("1,0,2,4,0,4,false,0.5,0,10,500000,0,0,0,0.0,0,,")
         );
         drop(w);
     }
@@ -1152,5 +1201,51 @@ mod tests {
                 && msg.ends_with(&format!("first seen at {}:3", a.display())),
             "{msg}"
         );
+    }
+
+    /// The bucket column: a log with a bucket on every row gives a length-carrying trace
+    /// (cells in the trace's layout); a log without the column, or with a cell lacking one,
+    /// gives a trace without buckets (a note says why when some were recorded).
+    #[test]
+    fn buckets_round_trip_and_old_logs_load_without_them() {
+        let write = |bucket: &dyn Fn(u64, u32, u32) -> Option<u32>| -> Vec<u8> {
+            let mut w = ComputeLogWriter::new(Vec::new());
+            for step in 0..2u64 {
+                for rank in 0..2u32 {
+                    for mb in 0..2u32 {
+                        let rec = ComputeLogRecord {
+                            global_step: step,
+                            local_step: mb,
+                            world_size: 2,
+                            batch: 4,
+                            computed_batch: 4 * u64::from(mb + 1),
+                            iteration_time_ms: 0.01,
+                            rank,
+                            start_ns: u64::from(mb) * 10,
+                            duration_ns: 10,
+                            micro_batches: 2,
+                            bucket: bucket(step, rank, mb),
+                            ..ComputeLogRecord::default()
+                        };
+                        w.write(&rec).expect("write");
+                    }
+                }
+            }
+            w.into_inner().expect("flush")
+        };
+        let name = Path::new("log.csv");
+        let key = |s: u64, r: u32, m: u32| (s as u32) * 4 + r * 2 + m;
+        let all = load_log_bytes(name, &write(&|s, r, m| Some(key(s, r, m))), &LoadOptions::default()).expect("load");
+        assert_eq!(all.trace.buckets(), Some(&(0..8).collect::<Vec<u32>>()[..]));
+        assert_eq!(all.trace.step_buckets(1), Some(&[4, 5, 6, 7][..]));
+        let none = load_log_bytes(name, &write(&|_, _, _| None), &LoadOptions::default()).expect("load");
+        assert_eq!(none.trace.buckets(), None);
+        assert!(!none.notes.iter().any(|n| n.contains("bucket")));
+        let some = load_log_bytes(name, &write(&|s, r, m| (r == 0).then(|| key(s, r, m))), &LoadOptions::default())
+            .expect("load");
+        assert_eq!(some.trace.buckets(), None);
+        assert!(some.notes.iter().any(|n| n.contains("4 of 8 micro-batches have no bucket")), "{:?}", some.notes);
+        // The same latencies either way.
+        assert_eq!(all.trace.latencies_ns(), none.trace.latencies_ns());
     }
 }

@@ -165,6 +165,11 @@ fn warmup_note(removed: usize) -> String {
 /// micro-batch m (0..M); `start_ns[s * N + n]`. Invariants (checked by [`LatencyTrace::new`]
 /// and [`LatencyTrace::with_start_offsets`]): every latency, overhead and offset is finite and
 /// >= 0; lengths agree; N, M, S >= 1.
+///
+/// A *length-carrying* trace also holds each micro-batch's length bucket
+/// ([`LatencyTrace::with_buckets`], same layout as the latencies): what the length-aware policies
+/// (`policy::bucket`) replay. A trace without them (every format before the column, the
+/// What-if CSV, the reference's logs) has none, and those policies then run blind.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatencyTrace {
     source: String,
@@ -174,6 +179,7 @@ pub struct LatencyTrace {
     latencies_ns: Vec<f64>,
     overhead_ns: Vec<f64>,
     start_ns: Vec<f64>,
+    buckets: Option<Vec<u32>>,
 }
 
 impl LatencyTrace {
@@ -210,7 +216,7 @@ impl LatencyTrace {
             return Err(TraceError::Shape(format!("{source}: value #{i} is {v} (must be finite and >= 0)")));
         }
         let start_ns = vec![0.0; s * n];
-        Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns, start_ns })
+        Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns, start_ns, buckets: None })
     }
 
     /// The same trace with per step and rank the device time (ns) from the step's compute
@@ -245,9 +251,43 @@ impl LatencyTrace {
     /// The same trace with its per-step overhead replaced by `overhead_ns` (S values), validated
     /// as by [`LatencyTrace::new`]. Used by loaders that derive the overhead after building (the compute log, a run's report). Errors: as [`LatencyTrace::new`] (a negative or non-finite value, a wrong length).
     pub fn with_overhead(self, overhead_ns: Vec<f64>) -> Result<Self, TraceError> {
-        let start_ns = self.start_ns;
-        Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)?
-            .with_start_offsets(start_ns)
+        let (start_ns, buckets) = (self.start_ns, self.buckets);
+        let mut t = Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)?
+            .with_start_offsets(start_ns)?;
+        t.buckets = buckets;
+        Ok(t)
+    }
+
+    /// The same trace carrying each micro-batch's length bucket: S x N x M values in the
+    /// latencies' layout (`buckets[(s * N + n) * M + m]`; a bucket is the job's index of the
+    /// padded length, ascending in length). The length-aware policies replay them.
+    ///
+    /// # Errors
+    /// [`TraceError::Shape`] when `buckets` has not S x N x M values.
+    pub fn with_buckets(mut self, buckets: Vec<u32>) -> Result<Self, TraceError> {
+        if buckets.len() != self.latencies_ns.len() {
+            return Err(TraceError::Shape(format!(
+                "{}: {} buckets for {} micro-batch latencies",
+                self.source,
+                buckets.len(),
+                self.latencies_ns.len()
+            )));
+        }
+        self.buckets = Some(buckets);
+        Ok(self)
+    }
+
+    /// Every micro-batch's bucket (S x N x M, the latencies' layout), `None` for a trace
+    /// without the column.
+    pub fn buckets(&self) -> Option<&[u32]> {
+        self.buckets.as_deref()
+    }
+
+    /// The N x M buckets of step index `s` (row-major by rank), `None` without buckets or for
+    /// an out-of-range `s`.
+    pub fn step_buckets(&self, s: usize) -> Option<&[u32]> {
+        let w = self.ranks.len() * self.micro_batches;
+        self.buckets.as_deref().and_then(|b| b.get(s * w..(s + 1) * w))
     }
 
     /// Where the trace came from (file names).
@@ -307,7 +347,8 @@ impl LatencyTrace {
         self.latencies_ns.chunks_exact(self.micro_batches).map(|c| c.iter().sum()).collect()
     }
 
-    /// Concatenate traces with the same ranks and M along the step axis (e.g. several windows).
+    /// Concatenate traces with the same ranks and M along the step axis (e.g. several windows);
+    /// the result carries buckets when every input does.
     /// Errors: [`TraceError::Shape`] if ranks or M differ, or the list is empty.
     pub fn concat_steps(traces: &[LatencyTrace]) -> Result<LatencyTrace, TraceError> {
         let first = traces.first().ok_or_else(|| TraceError::Shape("no trace to concatenate".into()))?;
@@ -328,6 +369,14 @@ impl LatencyTrace {
             out.latencies_ns.extend_from_slice(&t.latencies_ns);
             out.overhead_ns.extend_from_slice(&t.overhead_ns);
             out.start_ns.extend_from_slice(&t.start_ns);
+            // Buckets survive only when every part carries them.
+            out.buckets = match (out.buckets.take(), &t.buckets) {
+                (Some(mut a), Some(b)) => {
+                    a.extend_from_slice(b);
+                    Some(a)
+                }
+                _ => None,
+            };
             out.source = format!("{} + {}", out.source, t.source);
         }
         Ok(out)

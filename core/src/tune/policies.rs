@@ -7,7 +7,8 @@
 //! touch: I/O, clocks, devices. Pure and deterministic for a seed.
 //!
 //! Parameters searched (the best admissible effective speedup wins; ties keep the first):
-//! - drop policies and `rebalance-drop`: the threshold over the exact search's candidates (at
+//! - drop policies (`length-predictive` and `cost-balance` among them) and `rebalance-drop`:
+//!   the threshold over the exact search's candidates (at
 //!   most [`super::recommend::MAX_REPLAYED`], as [`super::recommend`]); with the predictive
 //!   check also the estimator's quantile over [`ESTIMATOR_QUANTILES`] (a lower quantile stops
 //!   fewer micro-batches that would have fitted, a higher one overshoots less);
@@ -24,8 +25,10 @@
 //! false).
 //!
 //! The straggler-free bound: every rank as fast as the step's median rank (median over ranks
-//! of start offset + compute time), nothing dropped: mean recorded step / mean (median compute
-//! + overhead) - 1. Not a policy: what removing all imbalance would give.
+//! of start offset + compute time), nothing dropped: mean recorded step / mean (median
+//! compute + overhead) - 1. Not a policy: what removing all imbalance would give. The
+//! mean-cost bound ([`mean_cost_bound_speedup`]: every rank at the step's mean) is what
+//! balancing the step's work can reach (issue 26's bound for data-driven stragglers).
 
 use crate::policy::{CheckMode, Policy, StepPolicy, TailShape, Threshold};
 use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
@@ -288,6 +291,20 @@ fn search(
 
 /// The straggler-free bound (module doc).
 pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
+    bound_speedup(trace, |t| crate::policy::rebalance::median(t).unwrap_or(0.0))
+}
+
+/// The mean-cost bound (issue 26's straggler-free bound for data-driven stragglers): every
+/// rank given the step's mean cost (mean over ranks of start offset + compute time), nothing
+/// dropped: mean recorded step / mean (mean compute + overhead) - 1. What a perfect balance of
+/// the step's work would give: on a length-tailed trace the median rank is below the mean, so
+/// [`straggler_free_speedup`] overstates what moving work can reach there.
+pub fn mean_cost_bound_speedup(trace: &LatencyTrace) -> f64 {
+    bound_speedup(trace, |t| t.iter().sum::<f64>() / t.len().max(1) as f64)
+}
+
+/// Mean recorded step over the mean step with every rank at `stat` of the ranks' times, - 1.
+fn bound_speedup(trace: &LatencyTrace, stat: impl Fn(Vec<f64>) -> f64) -> f64 {
     let n = trace.world_size();
     let compute = trace.rank_compute_ns();
     let (mut base, mut free) = (0.0, 0.0);
@@ -295,7 +312,7 @@ pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
         let off = &trace.start_offsets_ns()[si * n..(si + 1) * n];
         let t: Vec<f64> = row.iter().zip(off).map(|(c, o)| c + o).collect();
         let max = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let med = crate::policy::rebalance::median(t).unwrap_or(0.0);
+        let med = stat(t);
         let o = trace.overhead_ns()[si];
         base += max + o;
         free += med + o;
@@ -327,7 +344,11 @@ pub fn best_threshold(
                 ..template
             })
             .collect(),
-        Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => threshold_grid(ideal, fine)
+        Policy::DropBefore
+        | Policy::DropPredictive
+        | Policy::RebalanceDrop
+        | Policy::LengthPredictive
+        | Policy::CostBalance => threshold_grid(ideal, fine)
             .into_iter()
             .map(|t| PolicyRun { threshold: Threshold::from_ns_f64(t), ..template })
             .collect(),
@@ -384,18 +405,23 @@ pub fn compare_with_progress(
             quantiles.iter().position(|&q| q == crate::policy::LatencyEstimator::DEFAULT_QUANTILE).unwrap_or(0);
         let fine = tail.enabled() || p.rebalances();
         let grid = match p {
-            Policy::ComputeBudget | Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => {
-                threshold_grid(&ideal, fine)
-            }
+            Policy::ComputeBudget
+            | Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::RebalanceDrop
+            | Policy::LengthPredictive
+            | Policy::CostBalance => threshold_grid(&ideal, fine),
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Vec::new(),
         };
         let caps: Vec<u32> = (m as u32..=2 * m as u32).collect();
         let (dims, start): (Vec<usize>, Vec<usize>) = match p {
             Policy::Synchronous | Policy::Rebalance => (vec![1], vec![0]),
             Policy::BackupWorkers => (vec![n], vec![1.min(n - 1)]),
-            Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => {
-                (vec![quantiles.len(), grid.len()], vec![q_start, grid.len() / 2])
-            }
+            Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::RebalanceDrop
+            | Policy::LengthPredictive
+            | Policy::CostBalance => (vec![quantiles.len(), grid.len()], vec![q_start, grid.len() / 2]),
             Policy::ComputeBudget => {
                 (vec![caps.len(), quantiles.len(), grid.len()], vec![caps.len() - 1, q_start, grid.len() / 2])
             }
@@ -406,7 +432,11 @@ pub fn compare_with_progress(
                 Policy::BackupWorkers => {
                     PolicyRun { params: StepPolicy { backup_workers: x[0] as u32, ..base.params }, ..base }
                 }
-                Policy::DropBefore | Policy::DropPredictive | Policy::RebalanceDrop => PolicyRun {
+                Policy::DropBefore
+                | Policy::DropPredictive
+                | Policy::RebalanceDrop
+                | Policy::LengthPredictive
+                | Policy::CostBalance => PolicyRun {
                     estimator_quantile: quantiles[x[0]],
                     threshold: Threshold::from_ns_f64(grid[x[1]]),
                     ..base

@@ -1,0 +1,307 @@
+//! Length buckets: what the length-aware policies know before a micro-batch is launched. A job
+//! that pads its sequences to a few length buckets (one compiled graph per bucket) knows each
+//! micro-batch's bucket before launching it, so its device time can be predicted from the
+//! measured times of earlier micro-batches of the same bucket instead of from a rank-wide
+//! average.
+//!
+//! Owns: [`WalkEstimator`] (what the one walker asks of an estimator), [`BucketEstimator`] (the
+//! per-bucket latency estimate, learned online, with the blind [`LatencyEstimator`] as its
+//! fallback), [`bucket_cost`] and [`cost_balance`] (the one cost-balanced deal of a step's
+//! micro-batches to ranks). Must not touch: clocks, devices, I/O, the data source (a driver deals
+//! the micro-batches [`cost_balance`] names), the deadline decision ([`super::decide`]).
+//!
+//! Sources: the issue-26 design (the predictive check of DropCompute,
+//! `../shared/reference/dropcompute.md` §2, fed with the next micro-batch's bucket); the deal is
+//! Graham's longest-processing-time-first list scheduling (R. L. Graham, "Bounds on
+//! multiprocessing timing anomalies", SIAM J. Appl. Math. 17(2), 1969): with the micro-batches
+//! taken in descending predicted cost, each goes to the rank with the least predicted load, so
+//! the most loaded rank ends within one micro-batch's cost of the mean load.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BinaryHeap};
+
+use super::LatencyEstimator;
+
+/// What the one step walker ([`super::walk::RankWalk`]) asks of a latency estimator: an
+/// estimate of the next launch's latency given its bucket (when the driver told the walker the
+/// buckets), and the measured latency of a whole micro-batch of a bucket. The blind
+/// [`LatencyEstimator`] ignores the bucket (today's behaviour, bit for bit); the
+/// [`BucketEstimator`] uses it.
+pub trait WalkEstimator {
+    /// Estimated latency (ns) of the next whole micro-batch, of bucket `bucket` when known;
+    /// `None` when nothing was measured yet (the check then falls back to the before check).
+    fn estimate_for(&mut self, bucket: Option<u32>) -> Option<u64>;
+    /// Records the measured latency (ns) of a completed whole micro-batch of bucket `bucket`
+    /// (`None`: not known).
+    fn observe_for(&mut self, bucket: Option<u32>, latency_ns: u64);
+}
+
+impl WalkEstimator for LatencyEstimator {
+    /// The rank-wide estimate ([`LatencyEstimator::estimate`]); the bucket is ignored.
+    fn estimate_for(&mut self, _bucket: Option<u32>) -> Option<u64> {
+        self.estimate()
+    }
+
+    /// [`LatencyEstimator::observe`]; the bucket is ignored.
+    fn observe_for(&mut self, _bucket: Option<u32>, latency_ns: u64) {
+        self.observe(latency_ns);
+    }
+}
+
+/// Per-bucket online latency estimate of one rank (or, fed with every rank's gathered
+/// latencies, of the job): for each bucket seen, a [`LatencyEstimator`] window of that bucket's
+/// whole micro-batch latencies (the same nearest-rank quantile rule); for a bucket not measured
+/// yet (or an unknown bucket) the blind estimator over every micro-batch, which is fed every
+/// observation (so with no bucket ever given this is the blind estimator exactly).
+///
+/// Why per bucket: a padded micro-batch's device time is its bucket's graph's (static shape), so
+/// within a bucket the latencies differ only by noise, while across buckets they differ by the
+/// attention's quadratic term; a rank-wide quantile is the cost of a long bucket and stops short
+/// micro-batches that would fit (or the cost of a short one and overshoots with a long one).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BucketEstimator {
+    blind: LatencyEstimator,
+    buckets: BTreeMap<u32, LatencyEstimator>,
+    window: usize,
+    quantile: f64,
+}
+
+impl BucketEstimator {
+    /// Most buckets tracked: observations of further buckets feed only the blind estimator (a
+    /// job has a handful of length buckets; the bound keeps hostile input from growing the map).
+    pub const MAX_BUCKETS: usize = 1024;
+
+    /// Windows of `window` latencies (clamped to >= 1) answering their `quantile` (clamped to
+    /// [0, 1], NaN as 1), per bucket and blind, as [`LatencyEstimator::new`].
+    pub fn new(window: usize, quantile: f64) -> Self {
+        let blind = LatencyEstimator::new(window, quantile);
+        Self { blind, buckets: BTreeMap::new(), window, quantile }
+    }
+
+    /// The blind (every micro-batch) estimator, the fallback.
+    pub fn blind(&self) -> &LatencyEstimator {
+        &self.blind
+    }
+
+    /// The estimate (ns) of bucket `bucket` from its own window only; `None` when the bucket
+    /// has no measurement.
+    pub fn bucket_estimate(&mut self, bucket: u32) -> Option<u64> {
+        self.buckets.get_mut(&bucket).and_then(LatencyEstimator::estimate)
+    }
+
+    /// Buckets with at least one measurement, ascending.
+    pub fn buckets(&self) -> impl Iterator<Item = u32> + '_ {
+        self.buckets.keys().copied()
+    }
+}
+
+impl Default for BucketEstimator {
+    /// Window [`LatencyEstimator::DEFAULT_WINDOW`], quantile
+    /// [`LatencyEstimator::DEFAULT_QUANTILE`].
+    fn default() -> Self {
+        Self::new(LatencyEstimator::DEFAULT_WINDOW, LatencyEstimator::DEFAULT_QUANTILE)
+    }
+}
+
+impl WalkEstimator for BucketEstimator {
+    /// The bucket's own estimate when it has a measurement, else the blind one.
+    fn estimate_for(&mut self, bucket: Option<u32>) -> Option<u64> {
+        bucket.and_then(|b| self.bucket_estimate(b)).or_else(|| self.blind.estimate())
+    }
+
+    /// Feeds the blind window and, for a known bucket, the bucket's window (at most
+    /// [`BucketEstimator::MAX_BUCKETS`] buckets).
+    fn observe_for(&mut self, bucket: Option<u32>, latency_ns: u64) {
+        self.blind.observe(latency_ns);
+        if let Some(b) = bucket {
+            let full = self.buckets.len() >= Self::MAX_BUCKETS;
+            let (window, quantile) = (self.window, self.quantile);
+            match self.buckets.get_mut(&b) {
+                Some(e) => e.observe(latency_ns),
+                None if !full => {
+                    let mut e = LatencyEstimator::new(window, quantile);
+                    e.observe(latency_ns);
+                    self.buckets.insert(b, e);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// A rank's predicted load in [`cost_balance`]'s heap, ordered by `f64::total_cmp`.
+#[derive(Clone, Copy, Debug)]
+struct Load(f64);
+impl PartialEq for Load {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Load {}
+impl PartialOrd for Load {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Load {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The predicted cost (ns, f64) of one micro-batch of each bucket in `buckets`, for dealing:
+/// the bucket's estimate in `est` ([`BucketEstimator::bucket_estimate`]), or, for a bucket not
+/// measured yet, the blind estimate; 1.0 for every micro-batch when nothing was measured (equal
+/// costs: [`cost_balance`] then deals equal counts).
+pub fn bucket_cost(est: &mut BucketEstimator, buckets: &[u32]) -> Vec<f64> {
+    let blind = est.blind.estimate();
+    buckets
+        .iter()
+        .map(|&b| match est.bucket_estimate(b).or(blind) {
+            Some(ns) => ns as f64,
+            None => 1.0,
+        })
+        .collect()
+}
+
+/// The cost-balanced deal of one step: which of the step's micro-batches (indices into `costs`,
+/// their predicted costs, ns or any unit; a NaN or negative cost counts as 0) each of
+/// `ranks` ranks computes, at most `cap` each (the rank's slots, in micro-batches; raised to
+/// ceil(len / ranks) when lower, so that everything is dealt). Longest processing time first
+/// (module doc): micro-batches in descending cost (ties: lower index first), each to the rank of
+/// least predicted load among those below the cap (ties: fewer micro-batches, then the lower
+/// rank). Micro-batches of equal cost are interchangeable, so within each group of equal cost
+/// they are then handed out in stream order, lower ranks first, keeping each rank's count of
+/// that group: the loads are Graham's, and with all costs equal (nothing measured yet, one
+/// bucket) the deal is the blind one, rank r the r-th contiguous slice. Each rank's list is in
+/// ascending index order (the order of the global stream).
+///
+/// Guarantees (property-tested): every micro-batch is dealt exactly once; no rank gets more than
+/// the cap; with the cap not binding, the most loaded rank's predicted cost is at most the mean
+/// load plus the largest single cost (Graham's bound). `ranks` = 0 deals nothing (an empty
+/// result). Deterministic; never panics.
+pub fn cost_balance(costs: &[f64], ranks: usize, cap: usize) -> Vec<Vec<usize>> {
+    if ranks == 0 {
+        return Vec::new();
+    }
+    let cap = cap.max(costs.len().div_ceil(ranks)).max(1);
+    let c = |i: usize| if costs[i] > 0.0 { costs[i] } else { 0.0 };
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by(|&a, &b| c(b).total_cmp(&c(a)).then(a.cmp(&b)));
+    let mut count = vec![0usize; ranks];
+    let mut rank_of = vec![0usize; costs.len()];
+    // Min-heap of (load, count, rank) over the ranks below the cap: a rank's entry changes only
+    // when it is chosen, so popping the least and pushing it back updated keeps it exact.
+    let mut heap: BinaryHeap<Reverse<(Load, usize, usize)>> = (0..ranks).map(|r| Reverse((Load(0.0), 0, r))).collect();
+    for &i in &order {
+        let Some(Reverse((Load(l), k, r))) = heap.pop() else { break };
+        count[r] = k + 1;
+        rank_of[i] = r;
+        if k + 1 < cap {
+            heap.push(Reverse((Load(l + c(i)), k + 1, r)));
+        }
+    }
+    // Within each run of equal cost in `order` (its indices ascending), the ranks it went to,
+    // ascending, in stream order.
+    let mut start = 0;
+    while start < order.len() {
+        let end = start + order[start..].iter().take_while(|&&i| c(i).to_bits() == c(order[start]).to_bits()).count();
+        let mut rs: Vec<usize> = order[start..end].iter().map(|&i| rank_of[i]).collect();
+        rs.sort_unstable();
+        for (&i, r) in order[start..end].iter().zip(rs) {
+            rank_of[i] = r;
+        }
+        start = end;
+    }
+    let mut dealt: Vec<Vec<usize>> = count.iter().map(|&k| Vec::with_capacity(k)).collect();
+    for (i, &r) in rank_of.iter().enumerate() {
+        dealt[r].push(i);
+    }
+    dealt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_bucket_is_estimated_from_its_own_window_and_falls_back_to_the_blind_one() {
+        let mut e = BucketEstimator::new(8, 0.9);
+        assert_eq!(e.estimate_for(Some(3)), None, "nothing measured");
+        e.observe_for(Some(0), 10);
+        e.observe_for(Some(0), 12);
+        e.observe_for(Some(2), 100);
+        assert_eq!(e.estimate_for(Some(0)), Some(12));
+        assert_eq!(e.estimate_for(Some(2)), Some(100));
+        // Bucket 1 has no measurement: the blind estimate over 10, 12, 100 (q 0.9: 100).
+        assert_eq!(e.estimate_for(Some(1)), Some(100));
+        assert_eq!(e.estimate_for(None), Some(100));
+        assert_eq!(e.buckets().collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(bucket_cost(&mut e, &[0, 1, 2]), vec![12.0, 100.0, 100.0]);
+        assert_eq!(bucket_cost(&mut BucketEstimator::default(), &[0, 1]), vec![1.0, 1.0]);
+    }
+
+    /// Without buckets the bucket estimator is the blind estimator, estimate for estimate.
+    #[test]
+    fn without_buckets_it_is_the_blind_estimator() {
+        let mut b = BucketEstimator::new(4, 0.75);
+        let mut l = LatencyEstimator::new(4, 0.75);
+        for v in [5u64, 9, 1, 7, 3, 8, 2] {
+            b.observe_for(None, v);
+            l.observe(v);
+            assert_eq!(b.estimate_for(None), l.estimate());
+        }
+        assert_eq!(b.blind(), &l);
+    }
+
+    #[test]
+    fn longest_first_deals_the_long_micro_batches_apart() {
+        // Two ranks, costs 8, 1, 1, 7, 1, 1, 1, 1 (M = 4): 8 -> r0, 7 -> r1, then the ones to
+        // the lighter rank: r1 reaches 8 after one, then they alternate: three ones each,
+        // handed out in stream order (r0 first).
+        let d = cost_balance(&[8.0, 1.0, 1.0, 7.0, 1.0, 1.0, 1.0, 1.0], 2, 8);
+        assert_eq!(d, vec![vec![0, 1, 2, 4], vec![3, 5, 6, 7]]);
+        // A blind deal of four each in stream order: loads 17 and 4 (this one: 11 and 10).
+        // The cap binds: at most 3 each of 6.
+        let d = cost_balance(&[9.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2, 3);
+        assert_eq!(d, vec![vec![0, 1, 2], vec![3, 4, 5]]);
+        // Equal costs: the blind deal, contiguous slices in rank order.
+        let d = cost_balance(&[1.0; 6], 3, 4);
+        assert_eq!(d, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
+        assert!(cost_balance(&[1.0], 0, 4).is_empty());
+        // A cap below the mean count is raised so that every micro-batch is dealt.
+        assert_eq!(cost_balance(&[1.0; 5], 2, 1).iter().map(Vec::len).sum::<usize>(), 5);
+    }
+
+    proptest! {
+        /// Every micro-batch dealt exactly once, the cap held, and the most loaded rank within
+        /// one micro-batch's cost of the mean (cap 2·M over N·M micro-batches, as the
+        /// simulator deals a step).
+        #[test]
+        fn cost_balance_deals_every_micro_batch_once_within_one_cost_of_the_mean(
+            n in 1usize..40, m in 1usize..12, seed in any::<u64>(), tail in 0.0f64..3.0) {
+            use rand::Rng;
+            let mut g = crate::sim::rng::stream(seed, 0);
+            // Long-tailed costs: a·L + b·L² over Pareto-like lengths.
+            let costs: Vec<f64> = (0..n * m)
+                .map(|_| {
+                    let u: f64 = g.random_range(0.0..1.0);
+                    let l = 32.0 * (1.0 - u).powf(-1.0 / (1.0 + tail));
+                    l + l * l / 512.0
+                })
+                .collect();
+            let d = cost_balance(&costs, n, 2 * m);
+            prop_assert_eq!(d.len(), n);
+            let mut all: Vec<usize> = d.iter().flatten().copied().collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..n * m).collect::<Vec<_>>());
+            prop_assert!(d.iter().all(|r| r.len() <= 2 * m));
+            let loads: Vec<f64> = d.iter().map(|r| r.iter().map(|&i| costs[i]).sum()).collect();
+            let mean = loads.iter().sum::<f64>() / n as f64;
+            let max_cost = costs.iter().copied().fold(0.0, f64::max);
+            let max_load = loads.iter().copied().fold(0.0, f64::max);
+            prop_assert!(max_load <= mean + max_cost + 1e-9 * mean, "max {max_load} mean {mean} cost {max_cost}");
+        }
+    }
+}
