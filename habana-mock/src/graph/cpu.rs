@@ -91,22 +91,34 @@ pub(crate) fn binary(op: Binary, a: &[f32], sa: &[u64], b: &[f32], sb: &[u64], o
     if sa == out_sizes && sb == out_sizes {
         return a.iter().zip(b).map(|(&x, &y)| op.apply(x, y)).collect();
     }
+    // A scalar operand (a scale, a step size): one pass over the other.
+    if b.len() == 1 && a.len() == n {
+        return a.iter().map(|&x| op.apply(x, b[0])).collect();
+    }
+    if a.len() == 1 && b.len() == n {
+        return b.iter().map(|&y| op.apply(a[0], y)).collect();
+    }
     let bstride = |s: &[u64]| -> Vec<usize> {
         let st = strides(s);
         (0..out_sizes.len()).map(|i| if s.get(i).copied().unwrap_or(1) == 1 { 0 } else { st[i] }).collect()
     };
     let (ta, tb) = (bstride(sa), bstride(sb));
+    // Walk the output in order; each input offset advances by its stride and rewinds on a
+    // carry (no per-element index arithmetic over the rank).
     let mut idx = vec![0u64; out_sizes.len()];
+    let (mut ia, mut ib) = (0usize, 0usize);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let ia: usize = idx.iter().zip(&ta).map(|(&i, &s)| i as usize * s).sum();
-        let ib: usize = idx.iter().zip(&tb).map(|(&i, &s)| i as usize * s).sum();
         out.push(op.apply(a[ia], b[ib]));
         for (d, i) in idx.iter_mut().enumerate() {
             *i += 1;
+            ia += ta[d];
+            ib += tb[d];
             if *i < out_sizes[d] {
                 break;
             }
+            ia -= ta[d] * out_sizes[d] as usize;
+            ib -= tb[d] * out_sizes[d] as usize;
             *i = 0;
         }
     }
@@ -126,6 +138,11 @@ pub(crate) fn split_at_dim(sizes: &[u64], dim: usize) -> (usize, usize, usize) {
 fn per_line(sizes: &[u64], dim: usize, x: &[f32], mut f: impl FnMut(&mut [f32])) -> Vec<f32> {
     let (outer, n, inner) = split_at_dim(sizes, dim);
     let mut out = x.to_vec();
+    if inner == 1 {
+        // Along the FCD the lines are contiguous: no gather.
+        out.chunks_exact_mut(n.max(1)).for_each(f);
+        return out;
+    }
     let mut buf = vec![0f32; n];
     for o in 0..outer {
         for i in 0..inner {

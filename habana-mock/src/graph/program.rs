@@ -565,7 +565,7 @@ mod tests {
         let b = unsafe { bind(v.as_ptr().cast::<u8>(), synDataType::SINGLE, 3) };
         assert!(matches!(b, Cow::Borrowed(s) if s.as_ptr() == v.as_ptr()), "no copy of an f32 input");
         // An unaligned f32 tensor (offset 1 in its section) is read into a buffer.
-        let mut bytes = vec![0u8; 13];
+        let mut bytes = [0u8; 13];
         bytes[1..].copy_from_slice(&[v[0].to_le_bytes(), v[1].to_le_bytes(), v[2].to_le_bytes()].concat());
         // SAFETY: 12 readable bytes from offset 1.
         let p = unsafe { bytes.as_ptr().add(1) };
