@@ -342,7 +342,7 @@ impl Registry {
         let in_ops =
             ins.iter().map(|i| i.map(|i| Self::operand(g, i, &node_name)).transpose()).collect::<MResult<Vec<_>>>()?;
         let out_ops = outs.iter().map(|&i| Self::operand(g, i, &node_name)).collect::<MResult<Vec<_>>>()?;
-        if let Err((invalid, msg)) = guid::check_create(&node_name, guid, &in_ops, &out_ops) {
+        if let Err((invalid, msg)) = guid::check_create(&node_name, guid, params, &in_ops, &out_ops) {
             let status = if invalid { synStatus::INVALID_ARGUMENT } else { synStatus::FAIL };
             return fail(status, msg);
         }

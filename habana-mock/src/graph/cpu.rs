@@ -56,6 +56,8 @@ pub(crate) enum Binary {
     Max,
     /// min(a, b) (NaN propagates).
     Min,
+    /// a / b (IEEE: x / 0 is ±inf or NaN).
+    Div,
 }
 
 impl Binary {
@@ -78,6 +80,7 @@ impl Binary {
                     a.min(b)
                 }
             }
+            Self::Div => a / b,
         }
     }
 }
@@ -88,22 +91,34 @@ pub(crate) fn binary(op: Binary, a: &[f32], sa: &[u64], b: &[f32], sb: &[u64], o
     if sa == out_sizes && sb == out_sizes {
         return a.iter().zip(b).map(|(&x, &y)| op.apply(x, y)).collect();
     }
+    // A scalar operand (a scale, a step size): one pass over the other.
+    if b.len() == 1 && a.len() == n {
+        return a.iter().map(|&x| op.apply(x, b[0])).collect();
+    }
+    if a.len() == 1 && b.len() == n {
+        return b.iter().map(|&y| op.apply(a[0], y)).collect();
+    }
     let bstride = |s: &[u64]| -> Vec<usize> {
         let st = strides(s);
         (0..out_sizes.len()).map(|i| if s.get(i).copied().unwrap_or(1) == 1 { 0 } else { st[i] }).collect()
     };
     let (ta, tb) = (bstride(sa), bstride(sb));
+    // Walk the output in order; each input offset advances by its stride and rewinds on a
+    // carry (no per-element index arithmetic over the rank).
     let mut idx = vec![0u64; out_sizes.len()];
+    let (mut ia, mut ib) = (0usize, 0usize);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let ia: usize = idx.iter().zip(&ta).map(|(&i, &s)| i as usize * s).sum();
-        let ib: usize = idx.iter().zip(&tb).map(|(&i, &s)| i as usize * s).sum();
         out.push(op.apply(a[ia], b[ib]));
         for (d, i) in idx.iter_mut().enumerate() {
             *i += 1;
+            ia += ta[d];
+            ib += tb[d];
             if *i < out_sizes[d] {
                 break;
             }
+            ia -= ta[d] * out_sizes[d] as usize;
+            ib -= tb[d] * out_sizes[d] as usize;
             *i = 0;
         }
     }
@@ -123,6 +138,11 @@ pub(crate) fn split_at_dim(sizes: &[u64], dim: usize) -> (usize, usize, usize) {
 fn per_line(sizes: &[u64], dim: usize, x: &[f32], mut f: impl FnMut(&mut [f32])) -> Vec<f32> {
     let (outer, n, inner) = split_at_dim(sizes, dim);
     let mut out = x.to_vec();
+    if inner == 1 {
+        // Along the FCD the lines are contiguous: no gather.
+        out.chunks_exact_mut(n.max(1)).for_each(f);
+        return out;
+    }
     let mut buf = vec![0f32; n];
     for o in 0..outer {
         for i in 0..inner {
@@ -286,6 +306,175 @@ pub(crate) fn isfinite(x: &[f32]) -> Vec<f32> {
     x.iter().map(|v| if v.is_finite() { 1.0 } else { 0.0 }).collect()
 }
 
+/// `layer_norm_fwd` over TPC dimension 0 (the FCD, PyTorch's last dimension) of `x`, `c`
+/// values per row: y = (x − mean) · istd · gamma + beta with istd = 1 / sqrt(var + eps) (biased
+/// variance, as `torch.nn.LayerNorm`), accumulated in f64. Returns (y, mean, istd), mean and
+/// istd one value per row. `beta` and `gamma` hold `c` values each.
+pub(crate) fn layer_norm(x: &[f32], c: usize, beta: &[f32], gamma: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len().checked_div(c).unwrap_or(0);
+    let (mut y, mut mean, mut istd) = (Vec::with_capacity(x.len()), Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for row in x.chunks_exact(c.max(1)).take(rows) {
+        let m = row.iter().map(|&v| f64::from(v)).sum::<f64>() / c as f64;
+        let var = row.iter().map(|&v| (f64::from(v) - m).powi(2)).sum::<f64>() / c as f64;
+        let is = 1.0 / (var + f64::from(eps)).sqrt();
+        for ((&v, &g), &b) in row.iter().zip(gamma).zip(beta) {
+            y.push(((f64::from(v) - m) * is * f64::from(g) + f64::from(b)) as f32);
+        }
+        mean.push(m as f32);
+        istd.push(is as f32);
+    }
+    (y, mean, istd)
+}
+
+/// `layer_norm_bwd` with inputs **(x, dy, mean, istd, gamma)** (x first, unlike `relu_bwd`'s
+/// (grad, x)): returns (dx, dbeta, dgamma). With x̂ = (x − mean) · istd and g = dy · gamma per
+/// row of `c` values: dx = istd · (g − mean(g) − x̂ · mean(g · x̂)), dbeta = Σ_rows dy,
+/// dgamma = Σ_rows dy · x̂ (the analytic gradient of [`layer_norm`]; f64 accumulation).
+pub(crate) fn layer_norm_bwd(
+    x: &[f32],
+    dy: &[f32],
+    mean: &[f32],
+    istd: &[f32],
+    gamma: &[f32],
+    c: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len().checked_div(c).unwrap_or(0);
+    let mut dx = Vec::with_capacity(x.len());
+    let (mut dbeta, mut dgamma) = (vec![0f64; c], vec![0f64; c]);
+    let mut xhat = vec![0f64; c];
+    let mut g = vec![0f64; c];
+    for r in 0..rows {
+        let (m, is) = (f64::from(mean[r]), f64::from(istd[r]));
+        let (xr, dyr) = (&x[r * c..(r + 1) * c], &dy[r * c..(r + 1) * c]);
+        for k in 0..c {
+            xhat[k] = (f64::from(xr[k]) - m) * is;
+            g[k] = f64::from(dyr[k]) * f64::from(gamma[k]);
+            dbeta[k] += f64::from(dyr[k]);
+            dgamma[k] += f64::from(dyr[k]) * xhat[k];
+        }
+        let mg = g.iter().sum::<f64>() / c as f64;
+        let mgx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / c as f64;
+        dx.extend((0..c).map(|k| (is * (g[k] - mg - xhat[k] * mgx)) as f32));
+    }
+    let f = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect();
+    (dx, f(dbeta), f(dgamma))
+}
+
+/// sqrt(2 / π), the constant of GELU's tanh approximation.
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
+/// `gelu_fwd`: x · Φ(x) with Φ the standard normal CDF (erf form, `approximation` false), or
+/// 0.5 · x · (1 + tanh(sqrt(2/π) · (x + 0.044715 · x³))) (`approximation` true); PyTorch's
+/// `gelu(approximate="none" | "tanh")`. erf from `libm`.
+pub(crate) fn gelu(x: &[f32], tanh: bool) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            let v = f64::from(v);
+            let y = if tanh {
+                0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v)).tanh())
+            } else {
+                0.5 * v * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))
+            };
+            y as f32
+        })
+        .collect()
+}
+
+/// `gelu_bwd` with inputs **(grad, x)** (x the forward input): grad · d gelu(x) / dx, for the
+/// form selected by `tanh` (see [`gelu`]).
+pub(crate) fn gelu_bwd(grad: &[f32], x: &[f32], tanh: bool) -> Vec<f32> {
+    grad.iter()
+        .zip(x)
+        .map(|(&g, &v)| {
+            let v = f64::from(v);
+            let d = if tanh {
+                let u = SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v);
+                let t = u.tanh();
+                0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044_715 * v * v)
+            } else {
+                let cdf = 0.5 * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2));
+                let pdf = (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
+                cdf + v * pdf
+            };
+            (f64::from(g) * d) as f32
+        })
+        .collect()
+}
+
+/// The row of token `t` (`idx[t]`) in a table of `rows` rows, or an error naming the token.
+fn row_of(idx: &[f32], t: usize, rows: usize) -> Result<usize, String> {
+    let v = idx[t];
+    if v.fract() == 0.0 && v >= 0.0 && (v as usize) < rows {
+        Ok(v as usize)
+    } else {
+        Err(format!("index {v} of token {t} is outside 0..{rows}"))
+    }
+}
+
+/// `embedding_pt_fwd` on (weight `[d, rows]` FCD first, i.e. PyTorch `[rows, d]`, integer
+/// indices, one per token): out `[d, tokens]`, row `idx[t]` of the table for each token t.
+/// Err: an index outside 0..rows.
+pub(crate) fn embedding(weight: &[f32], d: usize, rows: usize, idx: &[f32]) -> Result<Vec<f32>, String> {
+    let mut out = Vec::with_capacity(idx.len() * d);
+    for t in 0..idx.len() {
+        let r = row_of(idx, t, rows)?;
+        out.extend_from_slice(&weight[r * d..(r + 1) * d]);
+    }
+    Ok(out)
+}
+
+/// `embedding_dense_pt_bwd` on (grad `[d, tokens]`, indices): dW `[d, rows]` with the
+/// gradient of every token added into its row (scatter-add in f64, tokens in order), the row
+/// `padding_idx` (when it is in 0..rows; PyTorch's `padding_idx`, −1 for none) left zero.
+/// Err: an index outside 0..rows.
+pub(crate) fn embedding_bwd(
+    grad: &[f32],
+    idx: &[f32],
+    d: usize,
+    rows: usize,
+    padding_idx: i32,
+) -> Result<Vec<f32>, String> {
+    let mut acc = vec![0f64; d * rows];
+    for t in 0..idx.len() {
+        let r = row_of(idx, t, rows)?;
+        if i64::from(padding_idx) == r as i64 {
+            continue;
+        }
+        for (a, &g) in acc[r * d..(r + 1) * d].iter_mut().zip(&grad[t * d..(t + 1) * d]) {
+            *a += f64::from(g);
+        }
+    }
+    Ok(acc.into_iter().map(|v| v as f32).collect())
+}
+
+/// `transpose` of `x` (FCD-first `sizes`) by `perm`: output dimension i is input dimension
+/// `perm[i]` (`synTransposeParams` semantics, checked against the vendor's worked example in
+/// `graph_api.md`'s sources: sizes {96,7,8,7,512} with permutation {0,1,3,2,4} give
+/// {96,7,7,8,512}). `perm` is a permutation of 0..sizes.len() (validated by the caller).
+pub(crate) fn transpose_nd(x: &[f32], sizes: &[u64], perm: &[usize]) -> Vec<f32> {
+    let in_strides = strides(sizes);
+    let out_sizes: Vec<u64> = perm.iter().map(|&p| sizes[p]).collect();
+    // Walking the output in order, the input index advances by the stride of the input
+    // dimension that output dimension i reads.
+    let step: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let mut out = Vec::with_capacity(x.len());
+    let mut idx = vec![0u64; out_sizes.len()];
+    let mut at = 0usize;
+    for _ in 0..x.len() {
+        out.push(x[at]);
+        for (d, i) in idx.iter_mut().enumerate() {
+            *i += 1;
+            at += step[d];
+            if *i < out_sizes[d] {
+                break;
+            }
+            at -= step[d] * out_sizes[d] as usize;
+            *i = 0;
+        }
+    }
+    out
+}
+
 /// One row-major matrix operand: `rows × cols` at `data`, optionally transposed in storage
 /// (then `data` holds `cols × rows` row-major).
 #[derive(Clone, Copy)]
@@ -372,7 +561,7 @@ mod tests {
         // a: [3, 2] (FCD first: 3 columns, 2 rows), b: [1, 2] (one value per row), and a scalar.
         let a = vals(6, 1);
         let b = vec![10.0, -20.0];
-        for op in [Binary::Add, Binary::Sub, Binary::Mult, Binary::Max, Binary::Min] {
+        for op in [Binary::Add, Binary::Sub, Binary::Mult, Binary::Max, Binary::Min, Binary::Div] {
             let got = binary(op, &a, &[3, 2], &b, &[1, 2], &[3, 2]);
             let want: Vec<f64> = (0..6)
                 .map(|i| {
@@ -383,6 +572,7 @@ mod tests {
                         Binary::Mult => x * y,
                         Binary::Max => x.max(y),
                         Binary::Min => x.min(y),
+                        Binary::Div => x / y,
                     }
                 })
                 .collect();
@@ -507,5 +697,212 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// The transformer kernels (issue 26) against f64 references and finite differences.
+#[cfg(test)]
+mod transformer_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn vals(n: usize, seed: u32) -> Vec<f32> {
+        // A xorshift stream in [-2, 2): no two neighbours repeat a pattern.
+        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 4000) as f32 / 1000.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// f64 layer norm of rows of `c`: (y, mean, istd).
+    fn ln64(x: &[f64], c: usize, beta: &[f64], gamma: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (mut y, mut mean, mut istd) = (Vec::new(), Vec::new(), Vec::new());
+        for row in x.chunks(c) {
+            let m = row.iter().sum::<f64>() / c as f64;
+            let v = row.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / c as f64;
+            let is = 1.0 / (v + eps).sqrt();
+            y.extend(row.iter().enumerate().map(|(k, a)| (a - m) * is * gamma[k] + beta[k]));
+            mean.push(m);
+            istd.push(is);
+        }
+        (y, mean, istd)
+    }
+
+    fn f64s(v: &[f32]) -> Vec<f64> {
+        v.iter().map(|&a| f64::from(a)).collect()
+    }
+
+    /// Max |got - want| over max(1, |want|), elementwise.
+    fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+        assert_eq!(got.len(), want.len());
+        got.iter().zip(want).map(|(&g, &w)| (f64::from(g) - w).abs() / w.abs().max(1.0)).fold(0.0, f64::max)
+    }
+
+    /// Central difference of `f` with respect to every element of `at`.
+    fn numeric_grad(at: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+        let h = 1e-6;
+        (0..at.len())
+            .map(|k| {
+                let (mut p, mut m) = (at.to_vec(), at.to_vec());
+                p[k] += h;
+                m[k] -= h;
+                (f(&p) - f(&m)) / (2.0 * h)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn layer_norm_matches_f64_and_its_backward_matches_finite_differences(
+            c in 4usize..10, rows in 1usize..5, seed: u32, eps_exp in 3i32..7,
+        ) {
+            let eps = 10f32.powi(-eps_exp);
+            let x = vals(c * rows, seed);
+            let (beta, gamma) = (vals(c, seed ^ 1), vals(c, seed ^ 2));
+            let dy = vals(c * rows, seed ^ 3);
+            let (y, mean, istd) = layer_norm(&x, c, &beta, &gamma, eps);
+            let (x64, b64, g64, dy64) = (f64s(&x), f64s(&beta), f64s(&gamma), f64s(&dy));
+            let (wy, wm, wi) = ln64(&x64, c, &b64, &g64, f64::from(eps));
+            prop_assert!(rel_err(&y, &wy) < 1e-5, "y {}", rel_err(&y, &wy));
+            prop_assert!(rel_err(&mean, &wm) < 1e-6);
+            prop_assert!(rel_err(&istd, &wi) < 1e-5);
+            // The loss <y, dy>: its gradients by central differences of the f64 forward.
+            let loss = |x: &[f64], b: &[f64], g: &[f64]| {
+                ln64(x, c, b, g, f64::from(eps)).0.iter().zip(&dy64).map(|(a, d)| a * d).sum::<f64>()
+            };
+            let ndx = numeric_grad(&x64, |x| loss(x, &b64, &g64));
+            let ndb = numeric_grad(&b64, |b| loss(&x64, b, &g64));
+            let ndg = numeric_grad(&g64, |g| loss(&x64, &b64, g));
+            let (dx, dbeta, dgamma) = layer_norm_bwd(&x, &dy, &mean, &istd, &gamma, c);
+            // dx is a difference of nearly equal terms times istd (up to 1/sqrt(eps)): scale
+            // the tolerance by it.
+            let scale = wi.iter().cloned().fold(1.0, f64::max);
+            prop_assert!(rel_err(&dx, &ndx) < 2e-5 * scale, "dx {} (istd {scale})", rel_err(&dx, &ndx));
+            prop_assert!(rel_err(&dbeta, &ndb) < 1e-5, "dbeta {}", rel_err(&dbeta, &ndb));
+            prop_assert!(rel_err(&dgamma, &ndg) < 1e-4, "dgamma {}", rel_err(&dgamma, &ndg));
+            // The input-order trap: (dy, x, ...) instead of (x, dy, ...) is a different answer.
+            let (sx, _, _) = layer_norm_bwd(&dy, &x, &mean, &istd, &gamma, c);
+            prop_assert!(rel_err(&sx, &ndx) > 1e-3, "swapped inputs gave the right dx");
+        }
+
+        #[test]
+        fn transpose_matches_the_index_definition(dims in proptest::collection::vec(1u64..5, 1..6), seed: u32, rot in 0usize..5) {
+            let n = numel(&dims);
+            let x = vals(n, seed);
+            // A permutation: reverse, then rotate (covers identity-free and cyclic cases).
+            let r = dims.len();
+            let perm: Vec<usize> = (0..r).map(|i| (r - 1 - i + rot) % r).collect();
+            let out = transpose_nd(&x, &dims, &perm);
+            let out_sizes: Vec<u64> = perm.iter().map(|&p| dims[p]).collect();
+            let ins = strides(&dims);
+            let os = strides(&out_sizes);
+            // Every output index o reads input index i with i[perm[k]] = o[k].
+            for (flat, &v) in out.iter().enumerate() {
+                let mut at = 0;
+                for k in 0..r {
+                    let ok = (flat / os[k]) % out_sizes[k] as usize;
+                    at += ok * ins[perm[k]];
+                }
+                prop_assert_eq!(v, x[at]);
+            }
+            // The inverse permutation restores x.
+            let mut inv = vec![0; r];
+            for (k, &p) in perm.iter().enumerate() {
+                inv[p] = k;
+            }
+            prop_assert_eq!(transpose_nd(&out, &out_sizes, &inv), x);
+        }
+    }
+
+    #[test]
+    fn transpose_agrees_with_the_vendor_example_and_the_2d_transpose() {
+        // G3's worked example: sizes {96,7,8,7,512}, permutation {0,1,3,2,4} -> {96,7,7,8,512};
+        // a smaller tensor of the same pattern keeps the test fast.
+        let sizes = [3u64, 2, 4, 5, 2];
+        let perm = [0usize, 1, 3, 2, 4];
+        let x = vals(numel(&sizes), 9);
+        let y = transpose_nd(&x, &sizes, &perm);
+        let out_sizes: Vec<u64> = perm.iter().map(|&p| sizes[p]).collect();
+        assert_eq!(out_sizes, vec![3, 2, 5, 4, 2]);
+        let at = |s: &[u64], i: [usize; 5]| {
+            i[0] + s[0] as usize * (i[1] + s[1] as usize * (i[2] + s[2] as usize * (i[3] + s[3] as usize * i[4])))
+        };
+        assert_eq!(y[at(&out_sizes, [2, 1, 4, 3, 1])], x[at(&sizes, [2, 1, 3, 4, 1])]);
+        // [1, 0] on FCD-first [cols, rows] is the row-major matrix transpose.
+        let m = vals(12, 4);
+        assert_eq!(transpose_nd(&m, &[4, 3], &[1, 0]), transpose(&m, 3, 4));
+    }
+
+    #[test]
+    fn gelu_matches_known_values_and_its_backward_matches_finite_differences() {
+        // x·Φ(x) at points where Φ is tabulated: Φ(1) = 0.841344746068543,
+        // Φ(-0.5) = 0.308537538725987, Φ(2) = 0.977249868051821.
+        let y = gelu(&[1.0, -0.5, 2.0, 0.0], false);
+        let want = [0.841_344_746_068_543, -0.5 * 0.308_537_538_725_987, 2.0 * 0.977_249_868_051_821, 0.0];
+        assert!(rel_err(&y, &want) < 1e-7, "{y:?}");
+        let t = gelu(&[1.0], true);
+        let w = 0.5 * (1.0 + (0.797_884_560_802_865_4f64 * 1.044_715).tanh());
+        assert!((f64::from(t[0]) - w).abs() < 1e-7);
+        // The two forms differ (by up to about 1e-3): the flag is observable.
+        assert_ne!(gelu(&[1.5], true), gelu(&[1.5], false));
+        let x = vals(64, 5);
+        let grad = vals(64, 6);
+        for tanh in [false, true] {
+            let f = |v: f64| {
+                if tanh {
+                    0.5 * v * (1.0 + (0.797_884_560_802_865_4 * (v + 0.044_715 * v * v * v)).tanh())
+                } else {
+                    0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2))
+                }
+            };
+            let want: Vec<f64> = x
+                .iter()
+                .zip(&grad)
+                .map(|(&v, &g)| f64::from(g) * (f(f64::from(v) + 1e-6) - f(f64::from(v) - 1e-6)) / 2e-6)
+                .collect();
+            let got = gelu_bwd(&grad, &x, tanh);
+            assert!(rel_err(&got, &want) < 1e-6, "tanh {tanh}: {}", rel_err(&got, &want));
+            assert!(rel_err(&gelu_bwd(&x, &grad, tanh), &want) > 1e-2, "swapped (x, grad) gave the right answer");
+        }
+    }
+
+    #[test]
+    fn embedding_gathers_rows_and_its_backward_is_the_adjoint() {
+        let (d, rows) = (3usize, 5usize);
+        let w = vals(d * rows, 11);
+        let idx = [4.0f32, 0.0, 4.0, 2.0, 1.0, 4.0];
+        let out = embedding(&w, d, rows, &idx).unwrap();
+        for (t, &r) in idx.iter().enumerate() {
+            assert_eq!(&out[t * d..(t + 1) * d], &w[r as usize * d..(r as usize + 1) * d]);
+        }
+        let g = vals(d * idx.len(), 12);
+        let dw = embedding_bwd(&g, &idx, d, rows, -1).unwrap();
+        // f64 scatter-add reference; row 3 is never used and stays zero.
+        let mut want = vec![0f64; d * rows];
+        for (t, &r) in idx.iter().enumerate() {
+            for k in 0..d {
+                want[r as usize * d + k] += f64::from(g[t * d + k]);
+            }
+        }
+        assert!(rel_err(&dw, &want) < 1e-6);
+        assert!(dw[3 * d..4 * d].iter().all(|&v| v == 0.0));
+        // Adjoint: <embedding(W), G> = <W, embedding_bwd(G)> for any W and G.
+        let lhs: f64 = out.iter().zip(&g).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+        let rhs: f64 = w.iter().zip(&dw).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+        assert!((lhs - rhs).abs() < 1e-5 * (1.0 + lhs.abs()), "{lhs} vs {rhs}");
+        // padding_idx 4: that row gets no gradient, the others are unchanged.
+        let dp = embedding_bwd(&g, &idx, d, rows, 4).unwrap();
+        assert!(dp[4 * d..].iter().all(|&v| v == 0.0));
+        assert_eq!(&dp[..4 * d], &dw[..4 * d]);
+        let e = embedding(&w, d, rows, &[1.0, 5.0]).unwrap_err();
+        assert!(e.contains("index 5 of token 1"), "{e}");
+        assert!(embedding_bwd(&g[..d], &[-1.0], d, rows, -1).is_err());
     }
 }

@@ -18,6 +18,8 @@
 //! dynamic shapes, tensor types other than DATA_TENSOR, dtypes other than f32, bf16, i32, i8,
 //! and GUIDs outside `guid.rs`. Dead-node elimination is not modelled (every node runs).
 
+#[cfg(test)]
+mod attention_tests;
 pub(crate) mod builder;
 pub(crate) mod cpu;
 pub(crate) mod guid;

@@ -9,6 +9,7 @@
 //! real runtime) and [`Program::execute`]. Must not touch: the registry (callers pass what it
 //! holds), streams.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -418,6 +419,9 @@ impl Program {
 
     /// Runs every node on memory: `regions[s]` is the start of persistent section s (valid for
     /// `self.sections[s]` bytes), `regions[sections.len()]` the workspace when it is nonzero.
+    /// An f32 input at a 4-byte-aligned address is read in place (no copy per node); other
+    /// dtypes are widened into a buffer; each node's outputs are computed into buffers and then
+    /// stored (f32 by one copy), so an in-place node reads its inputs before they change.
     ///
     /// # Safety
     /// Each region pointer is valid for reads and writes of its extent for the duration of the
@@ -434,28 +438,34 @@ impl Program {
             }
         };
         for (n, g) in self.nodes.iter().zip(&self.guids) {
-            let loaded: Vec<Option<Vec<f32>>> = n
-                .inputs
-                .iter()
-                .map(|i| {
-                    i.map(|i| {
-                        let t = &self.tensors[i];
-                        // SAFETY: the tensor's bytes lie inside its region (see `ptr_of`).
-                        unsafe { load(ptr_of(i), t.dtype(), cpu::numel(&t.sizes)) }
+            // Inputs are bound in place (no copy) when they are f32 and 4-byte aligned, which
+            // every tensor of a section or workspace at a multiple-of-4 offset is (allocations
+            // are 128-byte aligned); other dtypes are widened into a buffer.
+            let values = {
+                let loaded: Vec<Option<Cow<'_, [f32]>>> = n
+                    .inputs
+                    .iter()
+                    .map(|i| {
+                        i.map(|i| {
+                            let t = &self.tensors[i];
+                            // SAFETY: the tensor's bytes lie inside its region (see `ptr_of`);
+                            // nothing writes that memory while `loaded` lives (outputs are
+                            // stored after this block).
+                            unsafe { bind(ptr_of(i), t.dtype(), cpu::numel(&t.sizes)) }
+                        })
                     })
-                })
-                .collect();
-            let ins: Vec<Option<(&[f32], &[u64])>> = n
-                .inputs
-                .iter()
-                .zip(&loaded)
-                .map(|(i, v)| i.zip(v.as_deref()).map(|(i, v)| (v, self.tensors[i].sizes.as_slice())))
-                .collect();
-            let outs: Vec<&[u64]> = n.outputs.iter().map(|&o| self.tensors[o].sizes.as_slice()).collect();
-            let values =
-                guid::run(*g, &n.params, &ins, &outs).map_err(|e| format!("node {} ({}): {e}", n.name, n.guid))?;
+                    .collect();
+                let ins: Vec<Option<(&[f32], &[u64])>> = n
+                    .inputs
+                    .iter()
+                    .zip(&loaded)
+                    .map(|(i, v)| i.zip(v.as_deref()).map(|(i, v)| (v, self.tensors[i].sizes.as_slice())))
+                    .collect();
+                let outs: Vec<&[u64]> = n.outputs.iter().map(|&o| self.tensors[o].sizes.as_slice()).collect();
+                guid::run(*g, &n.params, &ins, &outs).map_err(|e| format!("node {} ({}): {e}", n.name, n.guid))?
+            };
             for (&o, v) in n.outputs.iter().zip(values) {
-                // SAFETY: as above, for the output tensor.
+                // SAFETY: as above, for the output tensor; no input borrow is alive.
                 unsafe { store(ptr_of(o), self.tensors[o].dtype(), &v) };
             }
         }
@@ -485,6 +495,22 @@ impl Program {
     }
 }
 
+/// The `n` elements of `dtype` at `p` as f32: borrowed in place for an aligned f32 tensor,
+/// otherwise read into a buffer (bf16 widened, integers converted).
+///
+/// # Safety
+/// `p` is valid for reads of `n` elements of `dtype` (any alignment) for the lifetime `'a`,
+/// and nothing writes that memory during `'a`.
+unsafe fn bind<'a>(p: *const u8, dtype: synDataType, n: usize) -> Cow<'a, [f32]> {
+    if dtype == synDataType::SINGLE && (p as usize).is_multiple_of(std::mem::align_of::<f32>()) {
+        // SAFETY: aligned, valid for n f32 reads and unaliased by writers during 'a (contract);
+        // every bit pattern is a valid f32.
+        return Cow::Borrowed(unsafe { std::slice::from_raw_parts(p.cast::<f32>(), n) });
+    }
+    // SAFETY: same contract.
+    Cow::Owned(unsafe { load(p, dtype, n) })
+}
+
 /// Reads `n` elements of `dtype` at `p` as f32 (bf16 widened, integers converted).
 ///
 /// # Safety
@@ -503,11 +529,19 @@ unsafe fn load(p: *const u8, dtype: synDataType, n: usize) -> Vec<f32> {
     }
 }
 
-/// Writes `v` at `p` as `dtype` (bf16 rounded to nearest even, integers rounded).
+/// Writes `v` at `p` as `dtype` (bf16 rounded to nearest even, integers rounded; f32 copied
+/// directly, without a staging buffer).
 ///
 /// # Safety
 /// `p` is valid for writes of `v.len()` elements of `dtype` (any alignment).
 unsafe fn store(p: *mut u8, dtype: synDataType, v: &[f32]) {
+    if dtype == synDataType::SINGLE {
+        // SAFETY: valid for v.len() * 4 bytes by the contract; `v` is our own buffer, so the
+        // ranges do not overlap; a byte copy needs no alignment. (The host is little-endian,
+        // as the device's layout: x86-64 and aarch64 are.)
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), p, std::mem::size_of_val(v)) };
+        return;
+    }
     let size = guid::elem_size(dtype).unwrap_or(4) as usize;
     let mut bytes = Vec::with_capacity(v.len() * size);
     match dtype {
@@ -518,4 +552,38 @@ unsafe fn store(p: *mut u8, dtype: synDataType, v: &[f32]) {
     }
     // SAFETY: valid for bytes.len() bytes by the contract; `bytes` is our own buffer.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_f32_inputs_are_bound_in_place_and_other_dtypes_are_widened() {
+        let v = [1.5f32, -2.0, 3.25];
+        // SAFETY: `v` is live, aligned and unwritten while the bindings live.
+        let b = unsafe { bind(v.as_ptr().cast::<u8>(), synDataType::SINGLE, 3) };
+        assert!(matches!(b, Cow::Borrowed(s) if s.as_ptr() == v.as_ptr()), "no copy of an f32 input");
+        // An unaligned f32 tensor (offset 1 in its section) is read into a buffer.
+        let mut bytes = [0u8; 13];
+        bytes[1..].copy_from_slice(&[v[0].to_le_bytes(), v[1].to_le_bytes(), v[2].to_le_bytes()].concat());
+        // SAFETY: 12 readable bytes from offset 1.
+        let p = unsafe { bytes.as_ptr().add(1) };
+        if !(p as usize).is_multiple_of(4) {
+            // SAFETY: as above.
+            let u = unsafe { bind(p, synDataType::SINGLE, 3) };
+            assert!(matches!(u, Cow::Owned(_)));
+            assert_eq!(&*u, &v);
+        }
+        let h: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+        // SAFETY: 6 readable bytes.
+        let w = unsafe { bind(h.as_ptr(), synDataType::BF16, 3) };
+        assert!(matches!(w, Cow::Owned(_)));
+        assert_eq!(&*w, &v);
+        // f32 stores are direct and exact.
+        let mut out = [0f32; 3];
+        // SAFETY: 12 writable bytes.
+        unsafe { store(out.as_mut_ptr().cast::<u8>(), synDataType::SINGLE, &v) };
+        assert_eq!(out, v);
+    }
 }
