@@ -12,7 +12,6 @@ import launch  # python/tests/launch.py: the one worker launcher
 pytest.importorskip("accelerate")
 
 
-
 def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
     """Runs the Accelerate worker's ``scenario`` on ``nproc`` ranks; every rank's output."""
     return launch.torchrun("accelerate_worker.py", scenario, outdir, nproc)

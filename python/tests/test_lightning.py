@@ -12,7 +12,6 @@ import launch  # python/tests/launch.py: the one worker launcher
 pytest.importorskip("lightning")
 
 
-
 def torchrun(scenario: str, outdir: Path, nproc: int = 2) -> List[Dict[str, Any]]:
     """Runs the Lightning worker's ``scenario`` on ``nproc`` ranks; every rank's output."""
     return launch.torchrun("lightning_worker.py", scenario, outdir, nproc)

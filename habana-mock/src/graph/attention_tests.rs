@@ -142,15 +142,7 @@ fn attention_graph(m: Dims) -> GraphRec {
 }
 
 fn vals(n: u64, seed: u32, amp: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            ((s % 2000) as f32 / 1000.0 - 1.0) * amp
-        })
-        .collect()
+    super::cpu::transformer_tests::scaled_vals(n as usize, seed, amp)
 }
 
 /// Host buffers for a program's persistent tensors (in launch order) and its workspace.

@@ -702,19 +702,24 @@ mod tests {
 
 /// The transformer kernels (issue 26) against f64 references and finite differences.
 #[cfg(test)]
-mod transformer_tests {
+pub(super) mod transformer_tests {
     use super::*;
     use proptest::prelude::*;
 
     fn vals(n: usize, seed: u32) -> Vec<f32> {
-        // A xorshift stream in [-2, 2): no two neighbours repeat a pattern.
+        scaled_vals(n, seed, 2.0)
+    }
+
+    /// `n` test values in [-amp, amp) from a xorshift stream keyed by `seed` (no two
+    /// neighbours repeat a pattern); the kernel tests' and the attention block's one source.
+    pub(in crate::graph) fn scaled_vals(n: usize, seed: u32, amp: f32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761) | 1;
         (0..n)
             .map(|_| {
                 s ^= s << 13;
                 s ^= s >> 17;
                 s ^= s << 5;
-                (s % 4000) as f32 / 1000.0 - 2.0
+                ((s % 4000) as f32 / 1000.0 - 2.0) * (amp / 2.0)
             })
             .collect()
     }
