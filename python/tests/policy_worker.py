@@ -176,7 +176,8 @@ def scenario_retune(rank: int, n: int, out: Dict[str, Any]) -> None:
             mat[r, : len(row)] = row
         compute = gather(res.compute_ns)
         ref.on_step(mat, float(max(compute)))
-        rows.append(dict(step=s, threshold_ns=res.threshold_ns, started=res.started, retune=res.retune))
+        rows.append(dict(step=s, threshold_ns=res.threshold_ns, started=res.started, retune=res.retune,
+                         compute_ns=compute))
         res.apply(opt)
     out.update(rows=rows, ref_thresholds=ref_thresholds, next_threshold=rt.threshold_ns,
                ref_next=ref.threshold_ns, tracker_steps=tracker.steps, labels=tracker.labels(),
