@@ -276,7 +276,9 @@ pub fn limits(kind: InputKind) -> Result<Limits, InputError> {
 }
 
 /// An open input, read through its caps. Every error of [`Read::read`] carries an
-/// [`InputError`] (recover it with [`InputError::from_io`]) except a gzip decoder's own.
+/// [`InputError`] (recover it with [`InputError::from_io`]) except a gzip decoder's own with a
+/// payload (a corrupt stream); a stream cut short is `InputError::Io { op: "read" }` with
+/// the decoder's `UnexpectedEof`.
 pub struct Input {
     inner: Box<dyn Read + Send>,
     path: PathBuf,
@@ -388,8 +390,8 @@ pub fn open(path: &Path, kind: InputKind) -> Result<Input, InputError> {
 }
 
 impl Input {
-    /// Whether the file is read through the gzip decoder (its errors are then the decoder's:
-    /// a truncated or corrupt stream).
+    /// Whether the file is read through the gzip decoder (a corrupt stream's errors are then
+    /// the decoder's; a truncated one's are `InputError::Io { op: "read" }`).
     pub fn is_gzip(&self) -> bool {
         self.gzip
     }
@@ -404,8 +406,11 @@ impl Read for Input {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = match self.inner.read(buf) {
             Ok(n) => n,
-            // The decoder's own errors (a truncated or corrupt gzip) pass as they are: the
-            // parser names the file and line.
+            // An error without a payload (a failed read of the file, or a gzip stream cut
+            // short: the decoder reports `UnexpectedEof` without one) or one carrying an
+            // [`InputError`] becomes that typed error, naming the file. The decoder's errors
+            // with a payload (a corrupt stream) pass as they are: the parser names the file
+            // and line.
             Err(e) if e.get_ref().is_none() || e.get_ref().is_some_and(|i| i.is::<InputError>()) => {
                 return Err(read_error(&self.path, self.kind, e).into_io());
             }
@@ -566,6 +571,48 @@ mod tests {
             matches!(e, InputError::TooLarge { cap: 1_048_576, variable: "DROPCOMPUTE_MAX_DATA_BYTES", .. }),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_gzip_cut_anywhere_is_an_error_never_a_shorter_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut enc, "1,2,3\n".repeat(200).as_bytes()).expect("gz");
+        let whole = enc.finish().expect("gz");
+        // Two members: a cut at the boundary is a valid file holding the first member only.
+        let two = [whole.clone(), whole.clone()].concat();
+        assert_eq!(
+            read_bytes_of(&dir, "two.csv.gz", &two).expect("two members").len(),
+            2 * 1200,
+            "every member decoded"
+        );
+        // (From 2 bytes: a one-byte file lacks the gzip magic and is read as text.)
+        for cut in (2..two.len()).filter(|&c| c != whole.len()) {
+            match read_bytes_of(&dir, "cut.csv.gz", &two[..cut]) {
+                Ok(got) => panic!("cut at {cut} of {} read as {} bytes", two.len(), got.len()),
+                Err(e) => {
+                    let text = e.to_string();
+                    let typed = InputError::from_io(e);
+                    // A truncation names the file; a cut that leaves a corrupt header is the
+                    // decoder's own error.
+                    if let Ok(t) = typed {
+                        assert!(matches!(t, InputError::Io { op: "read", .. }), "cut {cut}: {t}");
+                        assert!(t.to_string().contains("cut.csv.gz"), "cut {cut}: {t}");
+                    } else {
+                        assert!(!text.is_empty(), "cut {cut}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes `bytes` to `name` in `dir` and reads it whole as training data.
+    fn read_bytes_of(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> io::Result<Vec<u8>> {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).expect("write");
+        let mut out = Vec::new();
+        open(&p, InputKind::Data).map_err(InputError::into_io)?.read_to_end(&mut out)?;
+        Ok(out)
     }
 
     #[test]
