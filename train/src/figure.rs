@@ -1,5 +1,7 @@
-//! The SVG figure of `dropcompute train`: step time and train loss per step, one series per run
-//! (baseline vs DropCompute), two stacked panels.
+//! The SVG figure of `dropcompute train`: step time and train loss per step, and train loss
+//! against time (the running sum of step times), one series per run (baseline vs DropCompute),
+//! three stacked panels. The third panel is the comparison that matters: a run that drops work
+//! makes less progress per step but takes shorter steps.
 //!
 //! Owns: [`Series`], [`figure_svg`], [`write_figure`]. Drawing goes through the shared
 //! `dropcompute_plot::draw_chart` (plotters, SVG backend, no system fonts). Must not touch: the
@@ -12,8 +14,11 @@ use plotters::prelude::*;
 
 use dropcompute_plot::{self as plot, Ranges};
 
-/// Figure size, px (width, height): two 800 x 450 panels.
-pub const SIZE: (u32, u32) = (800, 900);
+/// Figure size, px (width, height): three 800 x 450 panels.
+pub const SIZE: (u32, u32) = (800, 1350);
+
+/// Panels of the figure, top to bottom.
+const PANELS: usize = 3;
 
 /// One run's per-step measurements. Index i is step i (0-based); NaN or infinite entries are
 /// skipped (e.g. a diverged loss), the two vectors may differ in length.
@@ -54,9 +59,25 @@ fn points(v: &[f64]) -> Vec<(f64, f64)> {
     v.iter().enumerate().filter(|(_, y)| y.is_finite()).map(|(i, &y)| (i as f64, y)).collect()
 }
 
-/// Render the figure as an SVG document: top panel step time (ms) vs step, bottom panel train
-/// loss vs step, one coloured line per series with a legend. A panel without finite data is
-/// drawn empty on a unit range.
+/// (time at the end of step i in s, loss of step i): the time is the running sum of the finite
+/// step times (ms / 1000); a step whose time or loss is not finite has no point, and a step
+/// whose time is not finite adds nothing to the sum (the time axis then runs short by it).
+fn loss_over_time(s: &Series) -> Vec<(f64, f64)> {
+    let mut t_s = 0.0;
+    let mut out = Vec::new();
+    for (i, &loss) in s.loss.iter().enumerate() {
+        let Some(&ms) = s.step_ms.get(i).filter(|ms| ms.is_finite()) else { continue };
+        t_s += ms / 1e3;
+        if loss.is_finite() {
+            out.push((t_s, loss));
+        }
+    }
+    out
+}
+
+/// Render the figure as an SVG document: top panel step time (ms) vs step, middle panel train
+/// loss vs step, bottom panel train loss vs time (s, [`loss_over_time`]), one coloured line per
+/// series with a legend. A panel without finite data is drawn empty on a unit range.
 /// Errors: [`FigureError::NoData`] if neither panel has a finite point (including no series),
 /// [`FigureError::Draw`] from plotters.
 pub fn figure_svg(series: &[Series]) -> Result<String, FigureError> {
@@ -64,7 +85,9 @@ pub fn figure_svg(series: &[Series]) -> Result<String, FigureError> {
         series.iter().map(|s| plot::Series { name: &s.label, points: points(&s.step_ms), line: true }).collect();
     let loss: Vec<plot::Series<'_>> =
         series.iter().map(|s| plot::Series { name: &s.label, points: points(&s.loss), line: true }).collect();
-    let (step_r, loss_r) = (plot::data_ranges(&step), plot::data_ranges(&loss));
+    let time: Vec<plot::Series<'_>> =
+        series.iter().map(|s| plot::Series { name: &s.label, points: loss_over_time(s), line: true }).collect();
+    let (step_r, loss_r, time_r) = (plot::data_ranges(&step), plot::data_ranges(&loss), plot::data_ranges(&time));
     if step_r.is_none() && loss_r.is_none() {
         return Err(FigureError::NoData { series: series.len() });
     }
@@ -73,13 +96,14 @@ pub fn figure_svg(series: &[Series]) -> Result<String, FigureError> {
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| FigureError::Draw(e.to_string()))?;
-        let panels = root.split_evenly((2, 1));
-        let draw = |i: usize, title: &str, y: &str, r: Option<Ranges>, s: &[plot::Series<'_>]| {
-            plot::draw_chart(&panels[i], title, ("step", y), false, r.unwrap_or_else(|| unit.clone()), s)
+        let panels = root.split_evenly((PANELS, 1));
+        let draw = |i: usize, title: &str, axes: (&str, &str), r: Option<Ranges>, s: &[plot::Series<'_>]| {
+            plot::draw_chart(&panels[i], title, axes, false, r.unwrap_or_else(|| unit.clone()), s)
                 .map_err(FigureError::Draw)
         };
-        draw(0, "Step time", "step time (ms)", step_r, &step)?;
-        draw(1, "Train loss", "loss", loss_r, &loss)?;
+        draw(0, "Step time", ("step", "step time (ms)"), step_r, &step)?;
+        draw(1, "Train loss", ("step", "loss"), loss_r, &loss)?;
+        draw(2, "Train loss against time", ("time (s, sum of step times)", "loss"), time_r, &time)?;
         root.present().map_err(|e| FigureError::Draw(e.to_string()))?;
     }
     Ok(svg)
@@ -119,13 +143,14 @@ mod tests {
         let svg = std::fs::read_to_string(&path).expect("read");
         assert!(svg.trim_start().starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
         assert!(svg.trim_end().ends_with("</svg>"));
-        for text in ["baseline", "dropcompute", "Step time", "Train loss", "step time (ms)"] {
+        for text in ["baseline", "dropcompute", "Step time", "Train loss", "step time (ms)", "Train loss against time"]
+        {
             assert!(svg.contains(text), "missing {text}");
         }
         // Series 0 is blue, series 1 red (plot::draw_chart's palette), data lines 2 px wide:
         // one per panel, 30 points each.
         for colour in ["#0000FF", "#FF0000"] {
-            assert_eq!(data_lines(&svg, colour), [30, 30], "{colour}");
+            assert_eq!(data_lines(&svg, colour), [30, 30, 30], "{colour}");
         }
     }
 
@@ -141,11 +166,11 @@ mod tests {
             .collect()
     }
 
-    /// Numeric tick labels of panel `panel` (0 = step time, top; 1 = loss, bottom) as
+    /// Numeric tick labels of panel `panel` (0 = step time, top; 1 = loss; 2 = loss vs time) as
     /// (x labels, y labels): a label belongs to the panel its y coordinate falls in; y labels
     /// are right-aligned to the left of the axis (`text-anchor="end"`), x labels are not.
     fn tick_labels(svg: &str, panel: usize) -> (Vec<f64>, Vec<f64>) {
-        let half = f64::from(SIZE.1) / 2.0;
+        let height = f64::from(SIZE.1) / PANELS as f64;
         let (mut xs, mut ys) = (Vec::new(), Vec::new());
         for e in svg.split("<text").skip(1) {
             let attr = |name: &str| e.split(&format!(" {name}=\"")).nth(1).and_then(|v| v.split('"').next());
@@ -154,7 +179,7 @@ mod tests {
                 continue;
             };
             let y: f64 = attr("y").and_then(|y| y.parse().ok()).expect("a text element has a y coordinate");
-            if (y / half) as usize != panel {
+            if (y / height) as usize != panel {
                 continue;
             }
             if attr("text-anchor") == Some("end") { ys.push(v) } else { xs.push(v) }
@@ -162,7 +187,7 @@ mod tests {
         (xs, ys)
     }
 
-    /// The axes of panel `panel` cover `data` (x 0..len-1 and the finite y values, y padded as
+    /// The axes of panel `panel` cover `data` (x 0..=x_max and the finite y values, y padded as
     /// `plot::data_ranges` does) and nothing far beyond: every tick label lies inside the padded
     /// range, and the labels span most of it.
     fn assert_axes_cover(svg: &str, panel: usize, x_max: f64, (y_min, y_max): (f64, f64)) {
@@ -187,13 +212,16 @@ mod tests {
         assert_axes_cover(&svg, 0, 29.0, (30.0, 46.0));
         // Loss: 2.3·exp(-0.1·29) ..= 2.3 (both runs; the DropCompute loss decays more slowly).
         assert_axes_cover(&svg, 1, 29.0, (2.3 * (-0.1f64 * 29.0).exp(), 2.3));
+        // Loss against time: x up to the slower run's total, the baseline's sum of step times.
+        let total_s: f64 = s[0].step_ms.iter().sum::<f64>() / 1e3;
+        assert_axes_cover(&svg, 2, total_s, (2.3 * (-0.1f64 * 29.0).exp(), 2.3));
         // A shorter, higher series moves the step-time axes with it.
         let mut t = s.clone();
         t[0].step_ms = vec![100.0, 140.0, 120.0];
         t[1].step_ms = vec![90.0, 95.0, 110.0];
         let svg = figure_svg(&t).expect("figure");
         assert_axes_cover(&svg, 0, 2.0, (90.0, 140.0));
-        assert_eq!(data_lines(&svg, "#0000FF"), [3, 30]);
+        assert_eq!(data_lines(&svg, "#0000FF"), [3, 30, 3]);
     }
 
     #[test]
@@ -204,9 +232,9 @@ mod tests {
         s[0].step_ms[0] = f64::NAN;
         let svg = figure_svg(&s).expect("figure");
         assert!(!svg.contains("NaN") && !svg.contains("inf"), "non-finite value leaked into the SVG");
-        // Panels in order: step time, then loss.
-        assert_eq!(data_lines(&svg, "#0000FF"), [29, 30]);
-        assert_eq!(data_lines(&svg, "#FF0000"), [30, 28]);
+        // Panels in order: step time, loss, loss against time (a point needs both).
+        assert_eq!(data_lines(&svg, "#0000FF"), [29, 30, 29]);
+        assert_eq!(data_lines(&svg, "#FF0000"), [30, 28, 28]);
     }
 
     #[test]
@@ -237,6 +265,25 @@ mod tests {
         let (xs, ys) = tick_labels(&svg, 0);
         assert!(xs.iter().chain(&ys).all(|v| (0.0..=1.0).contains(v)), "unit range: x {xs:?}, y {ys:?}");
         assert_axes_cover(&svg, 1, 29.0, (2.3 * (-0.1f64 * 29.0).exp(), 2.3));
+    }
+
+    #[test]
+    fn loss_over_time_is_the_running_sum_of_step_times() {
+        let s =
+            Series { label: "x".into(), step_ms: vec![10.0, f64::NAN, 30.0, 5.0], loss: vec![4.0, 3.0, f64::NAN, 1.0] };
+        // Step 1's time is unknown (no point, adds nothing), step 2's loss is (no point, adds
+        // its 30 ms).
+        assert_eq!(loss_over_time(&s), vec![(0.010, 4.0), (0.045, 1.0)]);
+        let r = &two_runs()[1];
+        let pts = loss_over_time(r);
+        let mut sum = 0.0f64;
+        for (i, &(t, l)) in pts.iter().enumerate() {
+            sum += r.step_ms[i];
+            assert!((t - sum / 1e3).abs() < 1e-12 && l == r.loss[i], "step {i}: ({t}, {l})");
+        }
+        // A loss longer than the step times: the steps without a time have no point.
+        let short = Series { label: "y".into(), step_ms: vec![1.0], loss: vec![1.0, 2.0] };
+        assert_eq!(loss_over_time(&short), vec![(0.001, 1.0)]);
     }
 
     #[test]
