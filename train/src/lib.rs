@@ -42,4 +42,7 @@ pub mod run;
 pub mod summary;
 pub mod text;
 pub mod timeline;
+pub mod transformer;
+pub mod transformer_graphs;
+pub mod transformer_train;
 pub mod workload;
