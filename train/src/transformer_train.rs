@@ -214,26 +214,12 @@ impl TextModel {
             adamw,
             step: 0,
         };
-        model.upload(stream, Which::Params, params)?;
+        upload_to(stream, &mut model.params, params)?;
         let zeros = vec![0f32; p];
-        model.upload(stream, Which::M, &zeros)?;
-        model.upload(stream, Which::V, &zeros)?;
-        model.upload(stream, Which::Loss, &[0.0, 0.0])?;
+        upload_to(stream, &mut model.m, &zeros)?;
+        upload_to(stream, &mut model.v, &zeros)?;
+        upload_to(stream, &mut model.loss, &[0.0, 0.0])?;
         Ok(model)
-    }
-
-    fn upload(&mut self, s: &Stream, which: Which, data: &[f32]) -> Result<(), TextTrainError> {
-        let h = HostBuffer::from_slice(s.device(), data).map_err(dev("upload"))?;
-        let to = match which {
-            Which::Params => &mut self.params,
-            Which::M => &mut self.m,
-            Which::V => &mut self.v,
-            Which::Acc => &mut self.acc,
-            Which::Loss => &mut self.loss,
-            Which::Scalars => &mut self.scalars,
-        };
-        s.copy_h2d(&h, to).map_err(dev("upload"))?;
-        s.synchronize().map_err(dev("upload"))
     }
 
     /// The graphs.
@@ -242,31 +228,43 @@ impl TextModel {
     }
 
     /// Uploads `inputs` and enqueues its forward/backward: [`TextModel::grad`] ← its summed
-    /// gradient, [`TextModel::loss`] += its loss and tokens. Waits for the input copies.
+    /// gradient, [`TextModel::loss`] += its loss and tokens. As
+    /// [`TextModel::forward_backward_into`].
     ///
     /// # Errors
-    /// [`TextTrainError::Device`] (a shape no graph has: `InvalidArgument`).
+    /// As [`TextModel::forward_backward_into`].
     pub fn forward_backward(&mut self, s: &Stream, inputs: &LmInputs) -> Result<(), TextTrainError> {
-        let d = s.device();
-        let (ht, hl, hm) = (
-            HostBuffer::from_slice(d, &inputs.tokens).map_err(dev("stage"))?,
-            HostBuffer::from_slice(d, &inputs.labels).map_err(dev("stage"))?,
-            HostBuffer::from_slice(d, &inputs.mask).map_err(dev("stage"))?,
-        );
-        let Some((_, tokens, labels, mask)) = self.staging.iter_mut().find(|b| b.0 == inputs.len) else {
-            return Err(dev("stage")(dropcompute::synapse::Error::InvalidArgument {
-                what: "micro-batch",
-                value: format!("{} tokens per row: no bucket of that length", inputs.len),
-            }));
-        };
-        // A wrong row count is refused by the copies (element counts differ).
-        s.copy_h2d(&ht, tokens).map_err(dev("stage"))?;
-        s.copy_h2d(&hl, labels).map_err(dev("stage"))?;
-        s.copy_h2d(&hm, mask).map_err(dev("stage"))?;
-        self.graphs
-            .launch_forward_backward(s, inputs, &self.params, tokens, labels, mask, &self.grad, &self.loss)
-            .map_err(dev("forward/backward"))?;
-        s.synchronize().map_err(dev("forward/backward"))
+        launch_fb(&self.graphs, &self.params, &self.loss, &mut self.staging, s, inputs, &self.grad)
+    }
+
+    /// Uploads `inputs` (tokens, labels, mask into its bucket's staging buffers) and enqueues
+    /// its forward/backward on `s`: `grad` (param_len f32; e.g. the scheduler's gradient
+    /// scratch) ← its gradient summed over real tokens (overwritten), [`TextModel::loss`] += its
+    /// loss and tokens. Returns once the input copies are done (the host staging is then
+    /// released), not the graph: events recorded after it time the micro-batch.
+    ///
+    /// # Errors
+    /// [`TextTrainError::Device`]: a length no graph has, another row count (the copies'
+    /// element counts differ), or the runtime's error.
+    pub fn forward_backward_into(
+        &mut self,
+        s: &Stream,
+        inputs: &LmInputs,
+        grad: &DeviceBuffer<f32>,
+    ) -> Result<(), TextTrainError> {
+        launch_fb(&self.graphs, &self.params, &self.loss, &mut self.staging, s, inputs, grad)
+    }
+
+    /// Enqueues one AdamW step from `grad` times `grad_scale` (1 for the scheduler's mean
+    /// gradient; 1/tokens for a summed one) and counts the step (bias corrections use it).
+    ///
+    /// # Errors
+    /// [`TextTrainError::Device`].
+    pub fn apply_adamw(&mut self, s: &Stream, grad: &DeviceBuffer<f32>, grad_scale: f64) -> Result<(), TextTrainError> {
+        self.step += 1;
+        let sc = self.adamw.step_scalars(self.step, grad_scale);
+        upload_to(s, &mut self.scalars, &sc)?;
+        self.graphs.launch_adamw(s, &self.params, &self.m, &self.v, grad, &self.scalars).map_err(dev("adamw"))
     }
 
     /// Reads and zeroes the loss accumulator: `(loss sum, tokens)`.
@@ -275,7 +273,7 @@ impl TextModel {
     /// [`TextTrainError::Device`].
     pub fn take_loss(&mut self, s: &Stream) -> Result<(f64, u64), TextTrainError> {
         let v = download(s, &self.loss)?;
-        self.upload(s, Which::Loss, &[0.0, 0.0])?;
+        upload_to(s, &mut self.loss, &[0.0, 0.0])?;
         Ok((f64::from(v[0]), v[1] as u64))
     }
 
@@ -286,7 +284,7 @@ impl TextModel {
     /// [`TextTrainError::Device`].
     pub fn step(&mut self, s: &Stream, batches: &[LmInputs]) -> Result<(f64, u64), TextTrainError> {
         let zeros = vec![0f32; self.acc.len()];
-        self.upload(s, Which::Acc, &zeros)?;
+        upload_to(s, &mut self.acc, &zeros)?;
         self.take_loss(s)?;
         for b in batches {
             self.forward_backward(s, b)?;
@@ -295,10 +293,8 @@ impl TextModel {
         let (sum, tokens) = self.take_loss(s)?;
         self.step += 1;
         let sc = self.adamw.step_scalars(self.step, 1.0 / tokens.max(1) as f64);
-        self.upload(s, Which::Scalars, &sc)?;
-        self.graphs
-            .launch_adamw(s, &self.params, &self.m, &self.v, &self.acc, &self.scalars)
-            .map_err(dev("adamw"))?;
+        upload_to(s, &mut self.scalars, &sc)?;
+        self.graphs.launch_adamw(s, &self.params, &self.m, &self.v, &self.acc, &self.scalars).map_err(dev("adamw"))?;
         s.synchronize().map_err(dev("adamw"))?;
         Ok((sum / tokens.max(1) as f64, tokens))
     }
@@ -333,14 +329,42 @@ impl TextModel {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Which {
-    Params,
-    M,
-    V,
-    Acc,
-    Loss,
-    Scalars,
+/// Copies `data` into `to` and waits.
+fn upload_to(s: &Stream, to: &mut DeviceBuffer<f32>, data: &[f32]) -> Result<(), TextTrainError> {
+    let h = HostBuffer::from_slice(s.device(), data).map_err(dev("upload"))?;
+    s.copy_h2d(&h, to).map_err(dev("upload"))?;
+    s.synchronize().map_err(dev("upload"))
+}
+
+/// [`TextModel::forward_backward_into`] over the model's fields (borrowed apart from `grad`,
+/// which may be the model's own).
+fn launch_fb(
+    graphs: &TransformerGraphs,
+    params: &DeviceBuffer<f32>,
+    loss: &DeviceBuffer<f32>,
+    staging: &mut [(u32, DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<f32>)],
+    s: &Stream,
+    inputs: &LmInputs,
+    grad: &DeviceBuffer<f32>,
+) -> Result<(), TextTrainError> {
+    let d = s.device();
+    let (ht, hl, hm) = (
+        HostBuffer::from_slice(d, &inputs.tokens).map_err(dev("stage"))?,
+        HostBuffer::from_slice(d, &inputs.labels).map_err(dev("stage"))?,
+        HostBuffer::from_slice(d, &inputs.mask).map_err(dev("stage"))?,
+    );
+    let Some((_, tokens, labels, mask)) = staging.iter_mut().find(|b| b.0 == inputs.len) else {
+        return Err(dev("stage")(dropcompute::synapse::Error::InvalidArgument {
+            what: "micro-batch",
+            value: format!("{} tokens per row: no bucket of that length", inputs.len),
+        }));
+    };
+    // A wrong row count is refused by the copies (element counts differ).
+    s.copy_h2d(&ht, tokens).map_err(dev("stage"))?;
+    s.copy_h2d(&hl, labels).map_err(dev("stage"))?;
+    s.copy_h2d(&hm, mask).map_err(dev("stage"))?;
+    graphs.launch_forward_backward(s, inputs, params, tokens, labels, mask, grad, loss).map_err(dev("forward/backward"))
+    // The host buffers drop here: each waits for its own copy only.
 }
 
 fn download(s: &Stream, d: &DeviceBuffer<f32>) -> Result<Vec<f32>, TextTrainError> {
