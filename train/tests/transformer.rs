@@ -10,6 +10,7 @@ use rand::{Rng, SeedableRng};
 
 use dropcompute::mock::{MockConfig, MockControl, TimeMode, api};
 use dropcompute::sim::rng::StableRng;
+use dropcompute::synapse::graph::{RecipeCache, RecipeOrigin};
 use dropcompute::synapse::{Device, DeviceBuffer, HostBuffer, Runtime, Stream};
 use dropcompute_train::text::{BatchShape, CLS, PAD, TextBatch, VOCAB};
 use dropcompute_train::transformer::{AdamW, LmInputs, TransformerConfig, init_params, stage_lm};
@@ -250,6 +251,32 @@ fn whole_model_gradient_and_loss_match_an_f64_finite_difference_reference_in_two
             coords.len()
         );
     }
+}
+
+#[test]
+fn every_recipe_compiles_once_and_a_second_process_loads_it_from_the_recipe_cache() {
+    let (_g, rt) = mock();
+    let dev = Device::acquire_any(rt).unwrap();
+    let s = Stream::new(&dev).unwrap();
+    let cfg = TransformerConfig::TINY;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = RecipeCache::new(dir.path());
+    let params = init_params(&cfg, 0);
+    let origins = |m: &TextModel| {
+        let g = m.graphs();
+        let mut v: Vec<RecipeOrigin> = (0..2).map(|b| g.forward_backward_recipe(b).unwrap().origin()).collect();
+        v.push(g.adamw_recipe().origin());
+        v
+    };
+    let first = TextModel::new(&s, &cfg, &[8, 16], 2, AdamW::default(), &params, Some(&cache)).unwrap();
+    assert!(origins(&first).iter().all(|o| matches!(o, RecipeOrigin::Compiled(_))), "{:?}", origins(&first));
+    // One file per recipe: two buckets, AdamW, the accumulation.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
+    let second = TextModel::new(&s, &cfg, &[8, 16], 2, AdamW::default(), &params, Some(&cache)).unwrap();
+    assert!(origins(&second).iter().all(|o| matches!(o, RecipeOrigin::Cache(_))), "{:?}", origins(&second));
+    // Another row count is another graph: compiled, not confused with the cached ones.
+    let third = TextModel::new(&s, &cfg, &[8], 3, AdamW::default(), &params, Some(&cache)).unwrap();
+    assert!(matches!(third.graphs().forward_backward_recipe(0).unwrap().origin(), RecipeOrigin::Compiled(_)));
 }
 
 #[test]
