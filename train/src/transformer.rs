@@ -248,7 +248,8 @@ pub fn stage_lm(batch: &TextBatch) -> LmInputs {
     let l = len as usize;
     let mut labels = vec![PAD; batch.tokens.len()];
     for (row, out) in batch.tokens.chunks_exact(l.max(1)).zip(labels.chunks_exact_mut(l.max(1))) {
-        out[..l - 1].copy_from_slice(&row[1..]);
+        let k = l.saturating_sub(1);
+        out[..k].copy_from_slice(&row[1..=k]);
     }
     let mask = batch.tokens.iter().map(|&t| if t == PAD { 0.0 } else { 1.0 }).collect();
     LmInputs { rows, len, tokens: batch.tokens.clone(), labels, mask }

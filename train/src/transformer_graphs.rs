@@ -134,7 +134,14 @@ impl G {
     }
 
     /// `gemm` of x `[n, in]` by W `[in, out]` (+ bias).
-    fn linear(&mut self, name: &str, x: TensorId, w: TensorId, bias: Option<TensorId>, shape: &[u64]) -> Result<TensorId> {
+    fn linear(
+        &mut self,
+        name: &str,
+        x: TensorId,
+        w: TensorId,
+        bias: Option<TensorId>,
+        shape: &[u64],
+    ) -> Result<TensorId> {
         let mut ins = vec![x, w];
         ins.extend(bias);
         self.op(name, &Op::Gemm { transpose_a: false, transpose_b: false }, &ins, shape)
@@ -263,9 +270,12 @@ fn build_forward_backward(
     let z = g.linear("head", lnf[0], p("head_w"), Some(p("head_b")), &[n, v])?;
     let loss_t = g.g.workspace("loss_tokens", f, &[n])?;
     let log_sm = g.g.workspace("log_softmax", f, &[n, v])?;
-    g.g.node("cross_entropy", &Op::SoftmaxCrossEntropy { reduction: Reduction::None }, &[z, labels], &[
-        loss_t, log_sm,
-    ])?;
+    g.g.node(
+        "cross_entropy",
+        &Op::SoftmaxCrossEntropy { reduction: Reduction::None },
+        &[z, labels],
+        &[loss_t, log_sm],
+    )?;
     let all = Op::ReduceSumAxes { axes: vec![], keep_dims: false };
     let loss_m = g.op("loss_masked", &Op::Mul, &[loss_t, mask_rows], &[n])?;
     let loss_mb = g.op("loss_micro_batch", &all, &[loss_m], &[1])?;
@@ -274,29 +284,30 @@ fn build_forward_backward(
     g.g.node("count_accumulate", &Op::Add, &[count, count_mb], &[count_out])?;
 
     // Backward.
-    let dz_raw =
-        g.op("cross_entropy_bwd", &Op::SoftmaxCrossEntropyBackward { reduction: Reduction::None }, &[log_sm, labels], &[
-            n, v,
-        ])?;
+    let dz_raw = g.op(
+        "cross_entropy_bwd",
+        &Op::SoftmaxCrossEntropyBackward { reduction: Reduction::None },
+        &[log_sm, labels],
+        &[n, v],
+    )?;
     let dz = g.op("dz", &Op::Mul, &[dz_raw, mask], &[n, v])?;
     let dlnf = g.linear_backward("head", dz, lnf[0], p("head_w"), gr("head_w"), Some(gr("head_b")), &[n, d])?;
     let mut dx = g.g.workspace("lnf_dx", f, &[n, d])?;
-    g.g.node("lnf_bwd", &Op::LayerNormBackward { eps: LN_EPS }, &[x, dlnf, lnf[1], lnf[2], p("lnf_gamma")], &[
-        dx,
-        gr("lnf_beta"),
-        gr("lnf_gamma"),
-    ])?;
+    g.g.node(
+        "lnf_bwd",
+        &Op::LayerNormBackward { eps: LN_EPS },
+        &[x, dlnf, lnf[1], lnf[2], p("lnf_gamma")],
+        &[dx, gr("lnf_beta"), gr("lnf_gamma")],
+    )?;
     for k in (0..cfg.layers).rev() {
         let nm = |s: &str| format!("l{k}_{s}");
         let sv = &saved[k as usize];
         // Feed-forward branch: dx is the gradient of x2 = x1 + ff2(...).
-        let dact = g.linear_backward(&nm("ff2"), dx, sv.act, p(&nm("w2")), gr(&nm("w2")), Some(gr(&nm("b2"))), &[
-            n, ff,
-        ])?;
+        let dact =
+            g.linear_backward(&nm("ff2"), dx, sv.act, p(&nm("w2")), gr(&nm("w2")), Some(gr(&nm("b2"))), &[n, ff])?;
         let dpre = g.op(&nm("gelu_bwd"), &Op::GeluBackward { tanh: false }, &[dact, sv.pre], &[n, ff])?;
-        let dln2 = g.linear_backward(&nm("ff1"), dpre, sv.ln2[0], p(&nm("w1")), gr(&nm("w1")), Some(gr(&nm("b1"))), &[
-            n, d,
-        ])?;
+        let dln2 =
+            g.linear_backward(&nm("ff1"), dpre, sv.ln2[0], p(&nm("w1")), gr(&nm("w1")), Some(gr(&nm("b1"))), &[n, d])?;
         let dx1_ln = g.g.workspace(&nm("ln2_dx"), f, &[n, d])?;
         g.g.node(
             &nm("ln2_bwd"),
@@ -333,12 +344,18 @@ fn build_forward_backward(
         dx = g.op(&nm("dx0"), &Op::Add, &[dx1, dx_ln], &[n, d])?;
     }
     let pad = u32::try_from(PAD).expect("PAD is a small non-negative id");
-    g.g.node("emb_tok_bwd", &Op::EmbeddingBackward { num_weights: VOCAB as u32, padding_idx: Some(pad) }, &[dx, tokens], &[
-        gr("tok_emb"),
-    ])?;
-    g.g.node("emb_pos_bwd", &Op::EmbeddingBackward { num_weights: cfg.max_len, padding_idx: None }, &[dx, positions], &[
-        gr("pos_emb"),
-    ])?;
+    g.g.node(
+        "emb_tok_bwd",
+        &Op::EmbeddingBackward { num_weights: VOCAB as u32, padding_idx: Some(pad) },
+        &[dx, tokens],
+        &[gr("tok_emb")],
+    )?;
+    g.g.node(
+        "emb_pos_bwd",
+        &Op::EmbeddingBackward { num_weights: cfg.max_len, padding_idx: None },
+        &[dx, positions],
+        &[gr("pos_emb")],
+    )?;
     let name = forward_backward_recipe_name(cfg, len, rows);
     let recipe = match cache {
         Some(c) => g.g.compile_cached(&name, c)?,
@@ -358,12 +375,7 @@ fn build_forward_backward(
     Ok((recipe, t))
 }
 
-fn build_adamw(
-    dev: &Device,
-    len: usize,
-    o: &AdamW,
-    cache: Option<&RecipeCache>,
-) -> Result<(GraphRecipe, AdamTensors)> {
+fn build_adamw(dev: &Device, len: usize, o: &AdamW, cache: Option<&RecipeCache>) -> Result<(GraphRecipe, AdamTensors)> {
     let f = DType::F32;
     let sh = [len as u64];
     let mut g = G { g: GraphBuilder::new(dev.runtime(), dev.info()?.device_type)? };

@@ -51,7 +51,7 @@ use dropcompute::sim::rng::StableRng;
 use dropcompute::synapse::graph::RecipeCache;
 use dropcompute::synapse::{DeviceBuffer, HostBuffer, Stream};
 
-use super::text::{Buckets, BucketPlan, Corpus, TextError};
+use super::text::{BucketPlan, Buckets, Corpus, TextError};
 use super::transformer::{AdamW, ConfigError, LmInputs, TransformerConfig, init_params, stage_lm};
 use super::transformer_graphs::TransformerGraphs;
 
@@ -180,7 +180,7 @@ pub struct TextModel {
     acc: DeviceBuffer<f32>,
     /// Per bucket (the graphs' order): its length and the device copies of tokens, labels and
     /// mask (rows·len each).
-    staging: Vec<(u32, DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<f32>)>,
+    staging: Vec<Staging>,
     scalars: DeviceBuffer<f32>,
     /// `[loss sum, tokens]` accumulated since the last [`TextModel::take_loss`].
     pub loss: DeviceBuffer<f32>,
@@ -349,6 +349,10 @@ impl TextModel {
     }
 }
 
+/// One bucket's input buffers on the device: its length, then tokens, labels (i32) and mask
+/// (f32), rows·len each.
+type Staging = (u32, DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<f32>);
+
 /// Copies `data` into `to` and waits.
 fn upload_to(s: &Stream, to: &mut DeviceBuffer<f32>, data: &[f32]) -> Result<(), TextTrainError> {
     let h = HostBuffer::from_slice(s.device(), data).map_err(dev("upload"))?;
@@ -362,7 +366,7 @@ fn launch_fb(
     graphs: &TransformerGraphs,
     params: &DeviceBuffer<f32>,
     loss: &DeviceBuffer<f32>,
-    staging: &mut [(u32, DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<f32>)],
+    staging: &mut [Staging],
     s: &Stream,
     inputs: &LmInputs,
     grad: &DeviceBuffer<f32>,
@@ -427,7 +431,7 @@ pub fn train_steps(stream: &Stream, cfg: &TextTrainConfig, steps: u64) -> Result
     let lens = buckets.lengths().to_vec();
     let mut model =
         TextModel::new(stream, &cfg.model, &lens, cfg.rows, cfg.adamw, &init_params(&cfg.model, cfg.seed), None)?;
-    let mut rng = StableRng::seed_from_u64(cfg.seed ^ 0x5eed_0f_0de5);
+    let mut rng = StableRng::seed_from_u64(cfg.seed ^ 0x005e_ed0f_0de5);
     let mut order: Vec<u64> = Vec::new();
     let mut log = TrainLog { holdout_loss: vec![model.evaluate(stream, &holdout)?], ..TrainLog::default() };
     for step in 0..steps {

@@ -83,7 +83,8 @@ impl<'a> Ref<'a> {
             .map(|r| {
                 (0..out)
                     .map(|j| {
-                        b.map_or(0.0, |b| self.blk(b)[j]) + r.iter().enumerate().map(|(i, v)| v * w[i * out + j]).sum::<f64>()
+                        b.map_or(0.0, |b| self.blk(b)[j])
+                            + r.iter().enumerate().map(|(i, v)| v * w[i * out + j]).sum::<f64>()
                     })
                     .collect()
             })
@@ -117,8 +118,11 @@ impl<'a> Ref<'a> {
             for k in 0..c.layers {
                 let nm = |s: &str| format!("l{k}_{s}");
                 let h = self.layer_norm(&x, &nm("ln1_beta"), &nm("ln1_gamma"));
-                let (q, kk, vv) =
-                    (self.linear(&h, &nm("wq"), None, d), self.linear(&h, &nm("wk"), None, d), self.linear(&h, &nm("wv"), None, d));
+                let (q, kk, vv) = (
+                    self.linear(&h, &nm("wq"), None, d),
+                    self.linear(&h, &nm("wk"), None, d),
+                    self.linear(&h, &nm("wv"), None, d),
+                );
                 let mut ctx = vec![vec![0.0; d]; l];
                 for hd in 0..nh {
                     let f = hd * dh..(hd + 1) * dh;
@@ -140,12 +144,15 @@ impl<'a> Ref<'a> {
                     }
                 }
                 let o = self.linear(&ctx, &nm("wo"), None, d);
-                let x1: Vec<Vec<f64>> = x.iter().zip(&o).map(|(a, b)| a.iter().zip(b).map(|(a, b)| a + b).collect()).collect();
+                let x1: Vec<Vec<f64>> =
+                    x.iter().zip(&o).map(|(a, b)| a.iter().zip(b).map(|(a, b)| a + b).collect()).collect();
                 let h2 = self.layer_norm(&x1, &nm("ln2_beta"), &nm("ln2_gamma"));
                 let u = self.linear(&h2, &nm("w1"), Some(&nm("b1")), ff);
                 let a: Vec<Vec<f64>> = u
                     .iter()
-                    .map(|r| r.iter().map(|&t| 0.5 * t * (1.0 + libm::erf(t * std::f64::consts::FRAC_1_SQRT_2))).collect())
+                    .map(|r| {
+                        r.iter().map(|&t| 0.5 * t * (1.0 + libm::erf(t * std::f64::consts::FRAC_1_SQRT_2))).collect()
+                    })
                     .collect();
                 let m = self.linear(&a, &nm("w2"), Some(&nm("b2")), d);
                 x = x1.iter().zip(&m).map(|(a, b)| a.iter().zip(b).map(|(a, b)| a + b).collect()).collect();

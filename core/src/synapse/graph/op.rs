@@ -777,7 +777,13 @@ mod tests {
                 "layer_norm_bwd_f32",
                 Some(ln(1e-6)),
             ),
-            (Op::Gelu { tanh: false }, vec![t("x", f, &[2, 3])], vec![t("y", f, &[2, 3])], "gelu_fwd_f32", Some(vec![0])),
+            (
+                Op::Gelu { tanh: false },
+                vec![t("x", f, &[2, 3])],
+                vec![t("y", f, &[2, 3])],
+                "gelu_fwd_f32",
+                Some(vec![0]),
+            ),
             (
                 Op::GeluBackward { tanh: true },
                 vec![t("g", f, &[6]), t("x", f, &[6])],
