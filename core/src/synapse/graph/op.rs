@@ -13,7 +13,7 @@
 use habana_sys::synGEMMParams;
 
 use super::super::error::{Error, OperandMismatch, Result};
-use super::layout::{DType, device_axis, device_axis_mask};
+use super::layout::{DType, device_axis, device_axis_mask, device_permutation};
 
 /// Rounding of a float-to-bf16 cast (`ns_CastKernel::Params::round_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -501,12 +501,9 @@ impl Op {
                 expect_dtype(node, o, x.dtype)?;
                 let want: Vec<u64> = perm.iter().map(|&p| x.shape[p]).collect();
                 expect_shape(node, o, &want)?;
-                // Device axis k is row-major axis r-1-k: output device axis k reads input
-                // device axis r-1-perm[r-1-k].
-                let mut dev: Vec<u32> = (0..5u32).collect();
-                for (k, d) in dev.iter_mut().enumerate().take(r) {
-                    *d = (r - 1 - perm[r - 1 - k]) as u32;
-                }
+                // The unused entries of the 5-slot struct hold their own index.
+                let mut dev: Vec<u32> = device_permutation(perm);
+                dev.extend(r as u32..5);
                 let mut p: Vec<u8> = dev.iter().flat_map(|v| v.to_le_bytes()).collect();
                 p.extend((r as u32).to_le_bytes());
                 ("transpose".to_string(), Some(p))
