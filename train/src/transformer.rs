@@ -359,6 +359,36 @@ mod tests {
         assert_eq!(s.tokens_counted(), batch.shape.tokens);
     }
 
+    proptest::proptest! {
+        /// For any rows of any lengths: one loss term per real token, each predicting the next
+        /// token of its row (PAD after the last), nothing for padding.
+        #[test]
+        fn staging_counts_real_tokens_and_shifts_targets(
+            len in 2u32..40,
+            rows in proptest::collection::vec(0u32..40, 1..6),
+        ) {
+            let l = len as usize;
+            let n: Vec<usize> = rows.iter().map(|&r| (r as usize).min(l)).collect();
+            let mut tokens = vec![PAD; n.len() * l];
+            for (r, &k) in n.iter().enumerate() {
+                for i in 0..k {
+                    tokens[r * l + i] = if i == 0 { CLS } else { (r * 31 + i * 7) as i32 % 256 };
+                }
+            }
+            let real: u64 = n.iter().map(|&k| k as u64).sum();
+            let shape = BatchShape { bucket: 0, len, rows: n.len() as u32, samples: 0, tokens: real };
+            let s = stage_lm(&TextBatch { shape, tokens: tokens.clone(), labels: vec![0; n.len()] });
+            proptest::prop_assert_eq!(s.tokens_counted(), real);
+            for (r, &k) in n.iter().enumerate() {
+                for i in 0..l {
+                    let want = if i + 1 < k { tokens[r * l + i + 1] } else { PAD };
+                    proptest::prop_assert_eq!(s.labels[r * l + i], want);
+                    proptest::prop_assert_eq!(s.mask[r * l + i], if i < k { 1.0 } else { 0.0 });
+                }
+            }
+        }
+    }
+
     #[test]
     fn adamw_scalars_follow_the_bias_corrections() {
         let o = AdamW { lr: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.5 };

@@ -287,6 +287,27 @@ fn every_recipe_compiles_once_and_a_second_process_loads_it_from_the_recipe_cach
 }
 
 #[test]
+fn micro_batches_no_graph_takes_are_refused_before_the_launch() {
+    let (_g, rt) = mock();
+    let dev = Device::acquire_any(rt).unwrap();
+    let s = Stream::new(&dev).unwrap();
+    let cfg = TransformerConfig::TINY;
+    let mut model = TextModel::new(&s, &cfg, &[8, 16], 3, AdamW::default(), &init_params(&cfg, 0), None).unwrap();
+    // A length that is no bucket's.
+    let e = model.forward_backward(&s, &batch(12, &[12, 3, 0], 1)).unwrap_err().to_string();
+    assert!(e.contains("12 tokens per row: no bucket"), "{e}");
+    // Another row count: refused by the input copy (element counts differ).
+    let e = model.forward_backward(&s, &batch(8, &[8, 3], 1)).unwrap_err().to_string();
+    assert!(e.contains("stage") && e.contains("element count"), "{e}");
+    // Nothing was launched: the loss accumulator is untouched.
+    assert_eq!(model.take_loss(&s).unwrap(), (0.0, 0));
+    // A model longer than its position table is refused with the field named.
+    let long = TextTrainConfig { buckets: vec![8, 32], ..TextTrainConfig::tiny() };
+    let e = train_steps(&s, &long, 1).unwrap_err().to_string();
+    assert!(e.contains("bucket 32 tokens is longer than the model's max_len 16"), "{e}");
+}
+
+#[test]
 fn adamw_graph_matches_an_f64_host_update_over_three_steps() {
     let (_g, rt) = mock();
     let dev = Device::acquire_any(rt).unwrap();
