@@ -34,11 +34,12 @@
 //! 2 runs × 60 steps × 128 micro-batches × 8.0-16.6 ms / 2 cores = 61-127 s of interpreter
 //! work, inside the ~4 minutes of issue 26 (5 minutes including a fresh release build of about
 //! 2) with room for the scheduler, the collectives and the evaluations; the next size up
-//! (2 layers, or 4 documents per micro-batch) measured 21-34 ms, 160-260 s: no margin. At the
+//! (2 layers, or 4 documents per micro-batch) measured 17-34 ms, 131-259 s: no margin. At the
 //! default size one rank's 60 steps of M = 8 take the held-out loss from 5.558 (ln 258 = 5.553:
 //! uniform) to 2.954 nats per token (3.542 at step 20, 3.229 at 40; `--ignored
-//! default_size_learns`). Attention is most of the cost at L512 (b·H·L² scores through seven
-//! elementwise passes and six batch GEMMs per layer), so the spread between buckets is the
+//! default_size_learns`). Attention is most of the cost at L512 (b·H·L² scores through five
+//! elementwise passes (scale, mask, softmax, its backward, scale) and six batch GEMMs per
+//! layer), so the spread between buckets is the
 //! data's straggling the policies act on.
 #![forbid(unsafe_code)]
 
