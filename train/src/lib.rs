@@ -13,12 +13,17 @@
 //! `dropcompute::launch` as threads, processes or one launcher rank), the validated configuration
 //! ([`config`]; its flags and `run` are `dropcompute_cli::commands::train`), and the outputs
 //! ([`summary`], [`output`], [`report`], [`timeline`], [`figure`], [`progress`], [`metrics`],
-//! [`params`]; `params` is also the reader of `--init-params`). A run's data is dealt by the
+//! [`params`]; `params` is also the reader of `--init-params`), and the text job's model
+//! ([`transformer`]: sizes, parameter layout, LM staging, AdamW scalars; [`transformer_graphs`]:
+//! the per-bucket forward/backward recipes, AdamW and accumulation as device graphs;
+//! [`transformer_train`]: one rank's training loop, not yet driven by the scheduler). A run's data is dealt by the
 //! core's `dropcompute::deal` (one global stream dealt by the policy's assignment).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
 //! `workload`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
 //! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`}; `params` -> `mlp` only;
-//! `ckpt` -> `error`; `text` -> `data` (the one train/holdout rule); `error` -> leaf error types only (and `config`'s
+//! `ckpt` -> `error`; `text` -> `data` (the one train/holdout rule); `transformer_train` ->
+//! {`transformer_graphs`, `transformer`, `text`}; `transformer_graphs` -> {`transformer`,
+//! `text`}; `transformer` -> `text`; `error` -> leaf error types only (and `config`'s
 //! `ArgError`); `config` -> no other file of `train`. The threshold of
 //! `--threshold auto` is `dropcompute::tune::recommend`, shared with `dropcompute tune`.
 //! Must not touch: the deadline rule (`policy`), the step loop (`schedule`), or raw FFI; the only
@@ -42,4 +47,7 @@ pub mod run;
 pub mod summary;
 pub mod text;
 pub mod timeline;
+pub mod transformer;
+pub mod transformer_graphs;
+pub mod transformer_train;
 pub mod workload;

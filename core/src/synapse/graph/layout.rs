@@ -120,6 +120,15 @@ pub fn device_axis_mask(rank: usize, axes: &[usize]) -> u32 {
     axes.iter().fold(0, |m, &a| m | 1 << device_axis(rank, a))
 }
 
+/// The TPC-order permutation of a row-major one (`perm[i]`: the input axis that output axis
+/// i reads, as `torch.permute`): device output axis k reads device input axis
+/// `device_axis(r, perm[r - 1 - k])` (`synTransposeParams::permutation` semantics: output
+/// dimension k is input dimension permutation[k]). `perm` is a permutation of `0..r`.
+pub fn device_permutation(perm: &[usize]) -> Vec<u32> {
+    let r = perm.len();
+    (0..r).map(|k| device_axis(r, perm[r - 1 - k])).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +153,11 @@ mod tests {
         assert_eq!(device_axis(3, 0), 2);
         assert_eq!(device_axis_mask(3, &[0, 2]), 0b101);
         assert_eq!(device_axis_mask(2, &[0]), 0b10);
+        // A matrix transpose is its own device permutation; swapping the middle axes of a
+        // rank-4 tensor too; a rotation [a, b, c] -> [c, a, b] is device {1, 2, 0}.
+        assert_eq!(device_permutation(&[1, 0]), vec![1, 0]);
+        assert_eq!(device_permutation(&[0, 2, 1, 3]), vec![0, 2, 1, 3]);
+        assert_eq!(device_permutation(&[2, 0, 1]), vec![1, 2, 0]);
+        assert_eq!(device_permutation(&[0, 1, 2]), vec![0, 1, 2]);
     }
 }

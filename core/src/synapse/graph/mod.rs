@@ -24,5 +24,5 @@ mod op;
 pub use builder::{GraphBuilder, NodeId, SectionId};
 pub use cache::RecipeCache;
 pub use compiled::{CompiledTensor, GraphArg, GraphRecipe, RecipeOrigin, TensorId};
-pub use layout::{DType, device_axis, device_axis_mask, device_sizes};
+pub use layout::{DType, device_axis, device_axis_mask, device_permutation, device_sizes};
 pub use op::{CastRounding, Op, Operand, Reduction};

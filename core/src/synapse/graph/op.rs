@@ -4,13 +4,16 @@
 //! expected and what was given.
 //!
 //! Owns: [`Op`], [`CastRounding`], [`Reduction`], the GUID names and parameter layouts of
-//! `graph_api.md` §4 (`perf_lib_layer_params.h` ≈1.16 as summarised there), and
+//! `graph_api.md` §4 (`perf_lib_layer_params.h` ≈1.16 as summarised there) and, for the
+//! transformer kernels of issue 26, the names, operand orders and parameter structs the mock's
+//! GUID table cites (`habana_mock` `graph/guid.rs` module docs: PyTorch bridge 1.19 and the
+//! Gaudi3 software sources; `gelu_bwd`, `div_fwd`, `sqrt_fwd` UNVERIFIED there), and
 //! [`Op::check`]. Must not touch: handles or C calls; axis conversion is `layout.rs`'s.
 
 use habana_sys::synGEMMParams;
 
 use super::super::error::{Error, OperandMismatch, Result};
-use super::layout::{DType, device_axis, device_axis_mask};
+use super::layout::{DType, device_axis, device_axis_mask, device_permutation};
 
 /// Rounding of a float-to-bf16 cast (`ns_CastKernel::Params::round_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -149,6 +152,61 @@ pub enum Op {
         /// B's matrices given transposed.
         transpose_b: bool,
     },
+    /// (a, b) -> a / b, size-1 dimensions broadcast as [`Op::Add`] (`div_fwd_<dt>`, no params).
+    Div,
+    /// (x) -> sqrt(x) (`sqrt_fwd_<dt>`, no params).
+    Sqrt,
+    /// **(x [.., C], beta [C], gamma [C])** -> (y [.., C], mean [.., 1], istd [.., 1]): layer
+    /// norm over the last row-major axis (the FCD), y = (x − mean) · istd · gamma + beta with
+    /// istd = 1 / sqrt(biased variance + eps) (`layer_norm_fwd_<dt>`,
+    /// `ns_LayerNormKernel::Params{epsValid bool @0, eps f32 @4}` = 8 bytes, epsValid set);
+    /// beta, gamma, mean and istd are f32. Bias before weight: the vendor's input order.
+    LayerNorm {
+        /// The variance epsilon.
+        eps: f32,
+    },
+    /// **(x, dy, mean, istd, gamma)** -> **(dx, dbeta, dgamma)** (`layer_norm_bwd_<dt>`, the
+    /// forward's 8-byte params); x, dy and dx of one shape `[.., C]`, mean/istd as the forward's
+    /// outputs, gamma, dbeta and dgamma `[C]` f32.
+    LayerNormBackward {
+        /// The forward's variance epsilon.
+        eps: f32,
+    },
+    /// (x) -> gelu(x) (`gelu_fwd_<dt>`, `ns_GeluKernel::Params{approximation bool}` = 1 byte):
+    /// x · Φ(x), or its tanh approximation. One output (the vendor's optional second output is
+    /// not used).
+    Gelu {
+        /// The tanh approximation (PyTorch `approximate="tanh"`) instead of the erf form.
+        tanh: bool,
+    },
+    /// **(grad, x)** -> dx, x the forward input (`gelu_bwd_<dt>`, the forward's 1-byte params).
+    GeluBackward {
+        /// As the forward.
+        tanh: bool,
+    },
+    /// **(weight [V, D], indices i32 [T..])** -> rows [T.., D] (`embedding_pt_fwd_<dt>`, no
+    /// params): row `indices[t]` of the table for each index.
+    Embedding,
+    /// **(grad [T.., D], indices i32 [T..])** -> dW [num_weights, D]: each index's gradient
+    /// added into its row, the row `padding_idx` left zero (`embedding_dense_pt_bwd_<dt>`,
+    /// `ns_EmbeddingDensePtBwdKernel::Params{num_weights i32 @0, padding_idx i32 @4,
+    /// scaleGradByFreq bool @8}` = 12 bytes, scaleGradByFreq false).
+    EmbeddingBackward {
+        /// Rows of the table (V).
+        num_weights: u32,
+        /// PyTorch's `padding_idx`: the row that gets no gradient; `None` for none (−1).
+        padding_idx: Option<u32>,
+    },
+    /// (x) -> x with its axes permuted: row-major output axis i is input axis `perm[i]`
+    /// (`transpose`, `synTransposeParams{permutation [u32; 5] @0, tensorDim u32 @20}` = 24
+    /// bytes, the permutation converted to the device's order by `layout.rs`); rank 1 to 5.
+    Transpose {
+        /// A permutation of `0..rank`, row-major axes.
+        perm: Vec<usize>,
+    },
+    /// (x) -> the same elements under another shape (`reshape`, no params): same dtype and
+    /// element count (row-major order is kept; FCD-first on the device, the same bytes).
+    Reshape,
 }
 
 /// One operand as the checks see it.
@@ -236,6 +294,10 @@ impl Op {
             Op::SoftmaxCrossEntropyBackward { .. } | Op::GemmDx { .. } | Op::GemmDw { .. } | Op::BatchGemm { .. } => {
                 ((2, 2), 1)
             }
+            Op::Div | Op::GeluBackward { .. } | Op::Embedding | Op::EmbeddingBackward { .. } => ((2, 2), 1),
+            Op::Sqrt | Op::Gelu { .. } | Op::Transpose { .. } | Op::Reshape => ((1, 1), 1),
+            Op::LayerNorm { .. } => ((3, 3), 3),
+            Op::LayerNormBackward { .. } => ((5, 5), 3),
             Op::Cast { .. } | Op::Relu | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::IsFinite => ((1, 1), 1),
             Op::ReduceSum { .. } | Op::ReduceSumAxes { .. } => ((1, 1), 1),
             Op::Constant { .. } | Op::Zero => ((0, 0), 1),
@@ -272,7 +334,7 @@ impl Op {
         let tpc = |stem: &str| format!("{stem}_{}", dt.suffix());
         let axis4 = |x: &Operand<'_>, axis: usize| device_axis(x.shape.len(), axis).to_le_bytes().to_vec();
         Ok(match self {
-            Op::Add | Op::Sub | Op::Mul | Op::Max | Op::Min => {
+            Op::Add | Op::Sub | Op::Mul | Op::Max | Op::Min | Op::Div => {
                 float(&ins[0])?;
                 expect_dtype(node, &ins[1], dt)?;
                 expect_dtype(node, o, dt)?;
@@ -299,6 +361,7 @@ impl Op {
                     Op::Sub => "sub_fwd",
                     Op::Mul => "mult_fwd",
                     Op::Max => "max_fwd",
+                    Op::Div => "div_fwd",
                     _ => "min_fwd",
                 };
                 (tpc(stem), None)
@@ -326,6 +389,138 @@ impl Op {
                 (tpc("constant"), Some(value.to_bits().to_le_bytes().to_vec()))
             }
             Op::Zero => ("memset".to_string(), None),
+            Op::Sqrt => {
+                float(&ins[0])?;
+                expect_dtype(node, o, dt)?;
+                expect_shape(node, o, ins[0].shape)?;
+                (tpc("sqrt_fwd"), None)
+            }
+            Op::LayerNorm { eps } | Op::LayerNormBackward { eps } => {
+                let x = &ins[0];
+                float(x)?;
+                let Some(&c) = x.shape.last() else {
+                    return Err(mismatch(node, x.name, "rank >= 1", "rank 0"));
+                };
+                let mut stat = x.shape.to_vec();
+                stat[x.shape.len() - 1] = 1;
+                let f32_of = |t: &Operand<'_>, shape: &[u64]| -> Result<()> {
+                    expect_dtype(node, t, DType::F32)?;
+                    expect_shape(node, t, shape)
+                };
+                let backward = matches!(self, Op::LayerNormBackward { .. });
+                if backward {
+                    expect_dtype(node, &ins[1], dt)?;
+                    expect_shape(node, &ins[1], x.shape)?;
+                    f32_of(&ins[2], &stat)?;
+                    f32_of(&ins[3], &stat)?;
+                    f32_of(&ins[4], &[c])?;
+                    expect_dtype(node, &outs[0], dt)?;
+                    expect_shape(node, &outs[0], x.shape)?;
+                    f32_of(&outs[1], &[c])?;
+                    f32_of(&outs[2], &[c])?;
+                } else {
+                    f32_of(&ins[1], &[c])?;
+                    f32_of(&ins[2], &[c])?;
+                    expect_dtype(node, &outs[0], dt)?;
+                    expect_shape(node, &outs[0], x.shape)?;
+                    f32_of(&outs[1], &stat)?;
+                    f32_of(&outs[2], &stat)?;
+                }
+                let mut p = vec![1u8, 0, 0, 0];
+                p.extend(eps.to_le_bytes());
+                (tpc(if backward { "layer_norm_bwd" } else { "layer_norm_fwd" }), Some(p))
+            }
+            Op::Gelu { tanh } | Op::GeluBackward { tanh } => {
+                for t in ins {
+                    float(t)?;
+                    expect_dtype(node, t, dt)?;
+                    expect_shape(node, t, ins[0].shape)?;
+                }
+                expect_dtype(node, o, dt)?;
+                expect_shape(node, o, ins[0].shape)?;
+                let stem = if matches!(self, Op::Gelu { .. }) { "gelu_fwd" } else { "gelu_bwd" };
+                (tpc(stem), Some(vec![u8::from(*tanh)]))
+            }
+            Op::Embedding => {
+                let (w, idx) = (&ins[0], &ins[1]);
+                float(w)?;
+                if w.shape.len() != 2 {
+                    return Err(mismatch(node, w.name, "shape [rows, dim]", format!("shape {:?}", w.shape)));
+                }
+                expect_dtype(node, idx, DType::I32)?;
+                expect_dtype(node, o, dt)?;
+                let mut want = idx.shape.to_vec();
+                want.push(w.shape[1]);
+                expect_shape(node, o, &want)?;
+                (tpc("embedding_pt_fwd"), None)
+            }
+            Op::EmbeddingBackward { num_weights, padding_idx } => {
+                let (g, idx) = (&ins[0], &ins[1]);
+                float(g)?;
+                expect_dtype(node, idx, DType::I32)?;
+                if g.shape.len() != idx.shape.len() + 1 || g.shape[..idx.shape.len()] != *idx.shape {
+                    return Err(mismatch(
+                        node,
+                        g.name,
+                        format!("shape {:?} + [dim] (from {})", idx.shape, idx.name),
+                        format!("shape {:?}", g.shape),
+                    ));
+                }
+                let rows = i32::try_from(*num_weights).ok().filter(|&r| r > 0);
+                let pad = padding_idx.map_or(Some(-1), |p| i32::try_from(p).ok().filter(|&p| p < rows.unwrap_or(0)));
+                let (Some(rows), Some(pad)) = (rows, pad) else {
+                    return Err(mismatch(
+                        node,
+                        o.name,
+                        "num_weights in 1..=i32::MAX and padding_idx below it",
+                        format!("num_weights {num_weights}, padding_idx {padding_idx:?}"),
+                    ));
+                };
+                expect_dtype(node, o, dt)?;
+                expect_shape(node, o, &[u64::from(*num_weights), g.shape[g.shape.len() - 1]])?;
+                let mut p = rows.to_le_bytes().to_vec();
+                p.extend(pad.to_le_bytes());
+                p.extend([0u8, 0, 0, 0]);
+                (tpc("embedding_dense_pt_bwd"), Some(p))
+            }
+            Op::Transpose { perm } => {
+                let x = &ins[0];
+                let r = x.shape.len();
+                let mut seen = [false; 5];
+                let valid = (1..=5).contains(&r)
+                    && perm.len() == r
+                    && perm.iter().all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
+                if !valid {
+                    return Err(mismatch(
+                        node,
+                        x.name,
+                        format!("a permutation of the {r} axes (rank 1 to 5)"),
+                        format!("permutation {perm:?}"),
+                    ));
+                }
+                expect_dtype(node, o, x.dtype)?;
+                let want: Vec<u64> = perm.iter().map(|&p| x.shape[p]).collect();
+                expect_shape(node, o, &want)?;
+                // The unused entries of the 5-slot struct hold their own index.
+                let mut dev: Vec<u32> = device_permutation(perm);
+                dev.extend(r as u32..5);
+                let mut p: Vec<u8> = dev.iter().flat_map(|v| v.to_le_bytes()).collect();
+                p.extend((r as u32).to_le_bytes());
+                ("transpose".to_string(), Some(p))
+            }
+            Op::Reshape => {
+                let x = &ins[0];
+                expect_dtype(node, o, x.dtype)?;
+                if x.shape.iter().product::<u64>() != o.shape.iter().product::<u64>() {
+                    return Err(mismatch(
+                        node,
+                        o.name,
+                        format!("{} elements (from {} {:?})", x.shape.iter().product::<u64>(), x.name, x.shape),
+                        format!("shape {:?}", o.shape),
+                    ));
+                }
+                ("reshape".to_string(), None)
+            }
             Op::Relu | Op::IsFinite => {
                 float(&ins[0])?;
                 expect_dtype(node, o, if *self == Op::IsFinite { DType::I8 } else { dt })?;
@@ -547,5 +742,150 @@ mod tests {
         assert!(e.to_string().contains("expected 2 inputs, got 1 inputs"), "{e}");
         let e = Op::Softmax { axis: 2 }.check("s", &[t("a", f, &[2, 3])], &[t("c", f, &[2, 3])]).unwrap_err();
         assert!(e.to_string().contains("axis 2"), "{e}");
+    }
+
+    /// The transformer kernels (issue 26): GUID and parameter bytes of each, table-driven.
+    #[test]
+    fn transformer_ops_follow_the_vendor_names_and_param_layouts() {
+        let (f, i) = (DType::F32, DType::I32);
+        let ln = |eps: f32| [vec![1u8, 0, 0, 0], eps.to_le_bytes().to_vec()].concat();
+        let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        type Case<'a> = (Op, Vec<Operand<'a>>, Vec<Operand<'a>>, &'a str, Option<Vec<u8>>);
+        let cases: Vec<Case<'_>> = vec![
+            (Op::Div, vec![t("a", f, &[2, 3]), t("b", f, &[2, 1])], vec![t("c", f, &[2, 3])], "div_fwd_f32", None),
+            (Op::Sqrt, vec![t("a", DType::Bf16, &[4])], vec![t("c", DType::Bf16, &[4])], "sqrt_fwd_bf16", None),
+            (
+                Op::LayerNorm { eps: 1e-5 },
+                vec![t("x", f, &[3, 4, 8]), t("beta", f, &[8]), t("gamma", f, &[8])],
+                vec![t("y", f, &[3, 4, 8]), t("mean", f, &[3, 4, 1]), t("istd", f, &[3, 4, 1])],
+                "layer_norm_fwd_f32",
+                Some(ln(1e-5)),
+            ),
+            (
+                Op::LayerNormBackward { eps: 1e-6 },
+                vec![
+                    t("x", f, &[5, 8]),
+                    t("dy", f, &[5, 8]),
+                    t("mean", f, &[5, 1]),
+                    t("istd", f, &[5, 1]),
+                    t("gamma", f, &[8]),
+                ],
+                vec![t("dx", f, &[5, 8]), t("dbeta", f, &[8]), t("dgamma", f, &[8])],
+                "layer_norm_bwd_f32",
+                Some(ln(1e-6)),
+            ),
+            (
+                Op::Gelu { tanh: false },
+                vec![t("x", f, &[2, 3])],
+                vec![t("y", f, &[2, 3])],
+                "gelu_fwd_f32",
+                Some(vec![0]),
+            ),
+            (
+                Op::GeluBackward { tanh: true },
+                vec![t("g", f, &[6]), t("x", f, &[6])],
+                vec![t("dx", f, &[6])],
+                "gelu_bwd_f32",
+                Some(vec![1]),
+            ),
+            (
+                Op::Embedding,
+                vec![t("w", f, &[258, 16]), t("idx", i, &[2, 5])],
+                vec![t("rows", f, &[2, 5, 16])],
+                "embedding_pt_fwd_f32",
+                None,
+            ),
+            (
+                Op::EmbeddingBackward { num_weights: 258, padding_idx: Some(256) },
+                vec![t("g", f, &[10, 16]), t("idx", i, &[10])],
+                vec![t("dw", f, &[258, 16])],
+                "embedding_dense_pt_bwd_f32",
+                Some([258i32.to_le_bytes(), 256i32.to_le_bytes(), [0; 4]].concat()),
+            ),
+            (
+                Op::EmbeddingBackward { num_weights: 64, padding_idx: None },
+                vec![t("g", f, &[10, 16]), t("idx", i, &[10])],
+                vec![t("dw", f, &[64, 16])],
+                "embedding_dense_pt_bwd_f32",
+                Some([64i32.to_le_bytes(), (-1i32).to_le_bytes(), [0; 4]].concat()),
+            ),
+            // Row-major [b, L, H, Dh] -> [b, H, L, Dh]: device sizes [Dh, H, L, b] -> [Dh, L, H, b],
+            // device permutation {0, 2, 1, 3} (the vendor's worked example swaps the same way).
+            (
+                Op::Transpose { perm: vec![0, 2, 1, 3] },
+                vec![t("x", f, &[2, 7, 4, 3])],
+                vec![t("y", f, &[2, 4, 7, 3])],
+                "transpose",
+                Some(le(&[0, 2, 1, 3, 4, 4])),
+            ),
+            // A row-major matrix transpose is the device's {1, 0} too.
+            (
+                Op::Transpose { perm: vec![1, 0] },
+                vec![t("x", f, &[2, 3])],
+                vec![t("y", f, &[3, 2])],
+                "transpose",
+                Some(le(&[1, 0, 2, 3, 4, 2])),
+            ),
+            // Row-major rotation [a, b, c] -> [c, a, b]: output device axis 0 (row-major 2 =
+            // input row-major 1 = device 1), 1 (rm 1 = in rm 0 = dev 2), 2 (rm 0 = in rm 2 = dev 0).
+            (
+                Op::Transpose { perm: vec![2, 0, 1] },
+                vec![t("x", f, &[2, 3, 4])],
+                vec![t("y", f, &[4, 2, 3])],
+                "transpose",
+                Some(le(&[1, 2, 0, 3, 4, 3])),
+            ),
+            (Op::Reshape, vec![t("x", i, &[4, 6])], vec![t("y", i, &[2, 12])], "reshape", None),
+        ];
+        for (op, ins, outs, guid, params) in cases {
+            let (g, p) = op.check("n", &ins, &outs).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+            assert_eq!((g.as_str(), p), (guid, params), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn transformer_op_mistakes_name_the_tensor() {
+        let (f, i) = (DType::F32, DType::I32);
+        let err = |op: Op, ins: &[Operand<'_>], outs: &[Operand<'_>]| op.check("n", ins, outs).unwrap_err().to_string();
+        // Layer norm statistics keep the normalized axis with size 1.
+        let e = err(
+            Op::LayerNorm { eps: 1e-5 },
+            &[t("x", f, &[3, 8]), t("beta", f, &[8]), t("gamma", f, &[8])],
+            &[t("y", f, &[3, 8]), t("mean", f, &[3]), t("istd", f, &[3, 1])],
+        );
+        assert!(e.contains("tensor mean: expected shape [3, 1], got shape [3]"), "{e}");
+        // gamma in beta's place with another length.
+        let e = err(
+            Op::LayerNorm { eps: 1e-5 },
+            &[t("x", f, &[3, 8]), t("beta", f, &[8]), t("gamma", f, &[4])],
+            &[t("y", f, &[3, 8]), t("mean", f, &[3, 1]), t("istd", f, &[3, 1])],
+        );
+        assert!(e.contains("tensor gamma: expected shape [8]"), "{e}");
+        // Indices must be i32.
+        let e = err(Op::Embedding, &[t("w", f, &[10, 4]), t("idx", f, &[3])], &[t("o", f, &[3, 4])]);
+        assert!(e.contains("tensor idx: expected dtype i32"), "{e}");
+        // The gradient's leading axes are the indices'.
+        let e = err(
+            Op::EmbeddingBackward { num_weights: 10, padding_idx: None },
+            &[t("g", f, &[4, 5]), t("idx", i, &[3])],
+            &[t("dw", f, &[10, 5])],
+        );
+        assert!(e.contains("tensor g: expected shape [3] + [dim]"), "{e}");
+        let e = err(
+            Op::EmbeddingBackward { num_weights: 10, padding_idx: Some(10) },
+            &[t("g", f, &[3, 5]), t("idx", i, &[3])],
+            &[t("dw", f, &[10, 5])],
+        );
+        assert!(e.contains("padding_idx Some(10)"), "{e}");
+        let e = err(Op::Transpose { perm: vec![0, 0] }, &[t("x", f, &[2, 3])], &[t("y", f, &[2, 3])]);
+        assert!(e.contains("permutation [0, 0]"), "{e}");
+        let e = err(Op::Transpose { perm: vec![1, 0] }, &[t("x", f, &[2, 3])], &[t("y", f, &[2, 3])]);
+        assert!(e.contains("tensor y: expected shape [3, 2]"), "{e}");
+        let e = err(Op::Reshape, &[t("x", f, &[2, 3])], &[t("y", f, &[7])]);
+        assert!(e.contains("tensor y: expected 6 elements"), "{e}");
+        let e = err(Op::GeluBackward { tanh: false }, &[t("g", f, &[3]), t("x", f, &[4])], &[t("dx", f, &[3])]);
+        assert!(e.contains("tensor x: expected shape [3]"), "{e}");
+        let e = err(Op::Div, &[t("a", f, &[2, 3])], &[t("c", f, &[2, 3])]);
+        assert!(e.contains("expected 2 inputs"), "{e}");
     }
 }
