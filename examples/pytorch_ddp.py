@@ -65,7 +65,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--out", type=Path, default=None, help="write rank 0's numbers as JSON")
     p.add_argument("--log-dir", type=Path, default=None,
-                   help="keep the baseline's compute logs here (rank{r}.csv; default: a temporary directory, removed)")
+                   help="keep the baseline's compute logs here (rank{r}.csv; default: a temporary directory, "
+                        "removed) and the DropCompute run's (dropcompute_rank{r}.csv)")
     return p.parse_args()
 
 
@@ -175,7 +176,10 @@ def main() -> None:
     # The prediction for the threshold the run uses (recommended or given): the crate's replay of
     # this policy on the baseline's logs (latencies and step overhead), as `dropcompute simulate`.
     predicted = dropcompute.simulate(logs, policy) if threshold_ns is not None else None
-    dc_model, dc = run(args, policy, x[train], y[train], device, None)
+    # With --log-dir the DropCompute run keeps its own logs beside (dropcompute_rank{r}.csv): its
+    # steps against the replay's, step by step (README: the prediction's error, found so).
+    dc_log = os.path.join(str(where[0]), f"dropcompute_rank{rank}.csv") if keep else None
+    dc_model, dc = run(args, policy, x[train], y[train], device, dc_log)
     if rank == 0:
         acc_b = accuracy(base_model, x[test], y[test], device)
         acc_d = accuracy(dc_model, x[test], y[test], device)

@@ -2,7 +2,8 @@
 gloo, the real ``accelerate.Accelerator``). Writes ``rank<r>.json`` to the output folder.
 
 Scenarios (``all``: both, in one launch; the output has one entry per scenario):
-- ``off``: threshold off. The reference is the plain Accelerate loop with its own accumulation
+- ``off``: threshold off, in both reduce paths (``mode="overlap"`` under ``off.overlap``). The
+  reference is the plain Accelerate loop with its own accumulation
   (``gradient_accumulation_steps`` = M, ``accumulate()``, mean loss, ``accelerator.backward``,
   prepared optimizer and scheduler) over the SAME micro-batches, step by step, that
   ``DropComputeSampler`` deals at threshold off (a second sampler replica, every micro-batch
@@ -93,7 +94,17 @@ def scenario_off(accelerator: Any, rank: int, n: int, out: Dict[str, Any]) -> No
     plain_params = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
     plain_lr = opt.param_groups[0]["lr"]
 
-    # The same stack under DropCompute.
+    # The same stack under DropCompute, in each reduce path (overlap: DDP's own bucketed
+    # all-reduce in the last micro-batch's backward, through the rescaling comm hook).
+    for mode in ("flat", "overlap"):
+        dropcompute_off(accelerator, rank, n, net0, parts, data, samples, steps_ids, plain_params, plain_lr,
+                        plain_losses, mode, out if mode == "flat" else out.setdefault("overlap", {}))
+
+
+def dropcompute_off(accelerator: Any, rank: int, n: int, net0: torch.nn.Module, parts: Any, data: TensorDataset,
+                    samples: int, steps_ids: List[List[List[int]]], plain_params: List[torch.Tensor], plain_lr: float,
+                    plain_losses: List[float], mode: str, out: Dict[str, Any]) -> None:
+    """``scenario_off``'s DropCompute run in ``mode`` from the same initial state as the plain loop."""
     accelerator.gradient_accumulation_steps = 1
     model, opt, sch = accelerator.prepare(*parts(net0))
     backward_calls = [0]
@@ -104,7 +115,7 @@ def scenario_off(accelerator: Any, rank: int, n: int, out: Dict[str, Any]) -> No
         original_backward(loss, **kw)
 
     accelerator.backward = counted_backward
-    dc = AcceleratedDropCompute(accelerator, model, dropcompute.Policy())
+    dc = AcceleratedDropCompute(accelerator, model, dropcompute.Policy(), mode=mode)
     sampler = DropComputeSampler(samples, B, M, rank=rank, world_size=n, seed=11, epochs=1)
     loader = DropComputeLoader(data, sampler, collate_fn=lambda rows: tuple(torch.stack(c) for c in zip(*rows)),
                                device=accelerator.device)
@@ -141,7 +152,11 @@ def scenario_off(accelerator: Any, rank: int, n: int, out: Dict[str, Any]) -> No
         plain_lr=plain_lr, dc_lr=opt.param_groups[0]["lr"],
         same_deal=dealt == steps_ids, stepped=stepped, backward_calls=backward_calls[0],
         micro_batches=sum(len(d) for d in dealt), refusal=refusal,
+        # DDP buckets the overlap hook rescaled in the last step (0: DDP's reducer never ran).
+        hook_buckets=dc.step.hook.buckets if dc.step.hook is not None else 0,
     )
+    accelerator.backward = original_backward
+    dc.close()
 
 
 def reference_grad(net: torch.nn.Module, data: TensorDataset, started: List[List[int]]) -> List[torch.Tensor]:

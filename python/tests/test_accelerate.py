@@ -23,10 +23,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
     return torchrun("all", tmp_path_factory.mktemp("accelerate"))
 
 
-def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(runs: List[Dict[str, Any]]) -> None:
+@pytest.mark.parametrize("mode", ["flat", "overlap"])
+def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(runs: List[Dict[str, Any]], mode: str) -> None:
     """Paired with Accelerate's own accumulation (gradient_accumulation_steps=M, accumulate(),
-    mean loss) over the same dealt micro-batches: the same loss curve, parameters and LR."""
-    for r in [run["off"] for run in runs]:
+    mean loss) over the same dealt micro-batches: the same loss curve, parameters and LR, in both
+    reduce paths (``AcceleratedDropCompute(..., mode="overlap")``: DDP's bucketed all-reduce
+    during the last micro-batch's backward, through the prepared DDP module)."""
+    for r in [run["off"] if mode == "flat" else run["off"]["overlap"] for run in runs]:
         assert r["distributed_type"] == "MULTI_CPU" and r["model_type"] == "DistributedDataParallel", r
         assert r["same_deal"], r  # DropCompute ran the micro-batches the plain loop ran, step by step
         assert len(r["dc_losses"]) == len(r["plain_losses"]) == 4, r
@@ -38,6 +41,8 @@ def test_threshold_off_equals_the_plain_accelerate_accumulation_loop(runs: List[
         # every micro-batch's backward went through accelerator.backward
         assert r["backward_calls"] == r["micro_batches"] == 4 * 3, r
         assert "gradient_accumulation_steps: 2" in r["refusal"], r
+        # Overlap ran DDP's own bucketed all-reduce through the hook; flat never ran DDP's reducer.
+        assert (r["hook_buckets"] >= 1) if mode == "overlap" else (r["hook_buckets"] == 0), r
 
 
 def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(runs: List[Dict[str, Any]]) -> None:

@@ -6,6 +6,8 @@ machine, not asserted here (timing goals live in benchmarks)."""
 import json
 from pathlib import Path
 
+import dropcompute
+
 import launch  # python/tests/launch.py: the one worker launcher
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -30,5 +32,10 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(tmp_p
     # Rank 1 of 2 sleeps 20 ms in a quarter of its micro-batches: past a 15 ms deadline it drops
     # the rest of its step, so the replay of its compute logs predicts drops too.
     assert 0.0 < r["predicted"]["drop_rate"] < 0.5, r
-    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank0.csv", "rank1.csv"}
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"rank0.csv", "rank1.csv", "dropcompute_rank0.csv",
+                                                              "dropcompute_rank1.csv"}
+    # The DropCompute run's own logs: its steps and its drops (every rank's rows of a step).
+    dc = dropcompute.simulate([str(tmp_path / "logs" / f"dropcompute_rank{r}.csv") for r in range(2)],
+                              dropcompute.Policy())
+    assert len(dc["baseline_per_step_ns"]) == r["dropcompute"]["steps"], (len(dc["baseline_per_step_ns"]), r)
     assert "predicted: ratio" in p.stdout, p.stdout

@@ -50,6 +50,15 @@ def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never
         assert r["plain_hook_calls"] >= 4, r  # the counting hook sees plain DDP's reducer
         assert r["dc"]["hook_calls"] == 0, r  # DropCompute's step: DDP's reducer never ran
         assert r["unguarded"]["hook_calls"] == 4 * 3, r  # one DDP all-reduce per micro-batch
+    # mode="overlap": DDP's bucketed all-reduce once per step (the last micro-batch's backward),
+    # through DropCompute's rescaling hook; the same curve and parameters as plain Lightning.
+    ov = global_means([r["overlap"]["steps"] for r in res])
+    assert max(abs(a - b) for a, b in zip(plain, ov)) <= 1e-6, (plain, ov)
+    for r in res:
+        o = r["overlap"]
+        assert o["same_deal"] and o["started"] == [[3, 3]] * 4 and o["lr"] == r["plain_lr"], o
+        assert o["max_param_diff"] <= 1e-6, o
+        assert o["hook_calls"] == 4, o  # one DDP bucket (this MLP is under its 1 MiB cap) in each of 4 steps
 
 
 def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(runs: List[Dict[str, Any]]) -> None:

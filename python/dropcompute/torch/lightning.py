@@ -28,6 +28,14 @@ L.LightningModule)``):
   DDP's comm-hook calls: 0). DDP's post-forward does not arm it either: Lightning turns the sync
   off between ``training_step``'s return and DDP's post-forward under manual optimization
   (``_DDPForwardRedirection``, lightning 2.x).
+- ``mode="overlap"`` (in ``dropcompute_step_kwargs``): every micro-batch but the last still runs
+  under that ``no_sync``; the last one's ``manual_backward`` runs with the sync on, so
+  Lightning's ``pre_backward`` arms DDP's reducer (``prepare_for_backward``) and DDP's bucketed
+  all-reduce runs during that backward through the step's rescaling comm hook, once per step
+  (tested: one bucket per step, the same parameters as plain Lightning). The hook is registered
+  on the strategy's DDP module at the first step: DDP takes one comm hook, so pass yours as
+  ``comm_hook`` in ``dropcompute_step_kwargs`` instead of registering it (or Lightning's
+  ``ddp_comm_hook``) yourself.
 - One Lightning epoch runs the sampler's whole stream (a step may straddle a data epoch's
   end): use ``max_epochs=1`` and the sampler's ``epochs``. Lightning fetches one batch ahead,
   so it sees one empty token after the stream ends (no step, no optimizer step).
@@ -68,7 +76,8 @@ class DropComputeModule:
     L.LightningModule)``). Set ``self.dropcompute_policy`` (a ``dropcompute.Policy``, identical
     on every rank) in ``__init__``; optionally ``self.dropcompute_step_kwargs`` (passed to
     ``DropComputeStep``: ``micro_batches_per_step``, ``normalization``, ``sync_lag``,
-    ``compute_log``, ...; not ``backward_fn``, ``device``, ``mode``). Implement
+    ``compute_log``, ``mode`` ("flat" by default, or "overlap": module doc), ``comm_hook``, ...;
+    not ``backward_fn``, ``device``). Implement
     ``dropcompute_loss(micro_batch)``: the micro-batch's per-sample losses (shape ``(b,)``) or
     their SUM (not the mean). ``configure_optimizers`` as usual (one optimizer; a scheduler is
     stepped once per optimizer step, whatever its ``interval``).
@@ -111,15 +120,16 @@ class DropComputeModule:
         if self.dropcompute_policy is None:
             raise ValueError("dropcompute_policy: None: set self.dropcompute_policy = dropcompute.Policy(...) in __init__")
         kw = dict(self.dropcompute_step_kwargs)
-        for k in ("backward_fn", "device", "mode"):
+        for k in ("backward_fn", "device"):
             if k in kw:
                 raise ValueError(f"dropcompute_step_kwargs[{k!r}]: set by DropComputeModule; do not pass it")
         trainer: Any = getattr(self, "trainer")
         accumulate = getattr(trainer, "accumulate_grad_batches", 1)
         if accumulate != 1:
             raise ValueError(f"trainer.accumulate_grad_batches: {accumulate}: must be 1 (DropCompute owns the step)")
+        kw.setdefault("mode", "flat")
         self._dropcompute = DropComputeStep(self._dropcompute_model(), self.dropcompute_policy, backward_fn=self.manual_backward,  # type: ignore[attr-defined]
-                                            device=self.device, mode="flat", **kw)  # type: ignore[attr-defined]
+                                            device=self.device, **kw)  # type: ignore[attr-defined]
         return self._dropcompute
 
     def training_step(self, batch: Any, batch_idx: int = 0) -> None:

@@ -117,8 +117,15 @@ class OverlapHook:
         return fut.then(rescale)
 
 
-def zero_grads(params: List[torch.nn.Parameter]) -> None:
-    """Zeroes existing gradients in place (DDP's bucket views stay valid)."""
+def zero_grads(params: List[torch.nn.Parameter], ddp: torch.nn.Module) -> None:
+    """Clears the gradients at a step's start as plain DDP's ``optimizer.zero_grad()`` does: set
+    to None (the first backward then takes its gradient without a copy), or zeroed in place when
+    ``ddp.gradient_as_bucket_view`` is True (the ``.grad`` are views of DDP's buckets, which must
+    stay valid)."""
+    as_view = bool(getattr(ddp, "gradient_as_bucket_view", False))
     for p in params:
         if p.grad is not None:
-            p.grad.zero_()
+            if as_view:
+                p.grad.zero_()
+            else:
+                p.grad = None

@@ -411,7 +411,7 @@ class DropComputeStep:
         m_nominal = self.micro_batches_per_step or self._observed_m or 1
         loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
         if overlap:
-            zero_grads(self.params)
+            zero_grads(self.params, self.model)
         else:
             assert self.grads is not None
             self.grads.attach()
