@@ -599,13 +599,16 @@ impl BucketPlan {
         Ok(BatchShape { bucket, len: self.buckets.lengths()[bucket], rows, samples, tokens })
     }
 
-    /// Sets `mb.tokens` to its real tokens ([`BucketPlan::shape`]).
+    /// Sets `mb.tokens` to its real tokens and `mb.bucket` to its bucket
+    /// ([`BucketPlan::shape`]): what the scheduler's length-aware policies and token
+    /// normalization read before the launch.
     ///
     /// # Errors
     /// As [`BucketPlan::shape`]; `mb` is then left as it was.
     pub fn count_tokens(&self, mb: &mut MicroBatch) -> Result<BatchShape, TextError> {
         let shape = self.shape(&mb.sample_ids)?;
         mb.tokens = Some(shape.tokens);
+        mb.bucket = u32::try_from(shape.bucket).ok();
         Ok(shape)
     }
 
@@ -795,12 +798,19 @@ pub struct TokenCounted<S> {
 }
 
 impl<S> TokenCounted<S> {
-    fn counted(&self, mut mb: MicroBatch) -> MicroBatch {
-        if self.plan.count_tokens(&mut mb).is_err() {
-            mb.tokens = None;
-        }
-        mb
+    fn counted(&self, mb: MicroBatch) -> MicroBatch {
+        counted_by(&self.plan, mb)
     }
+}
+
+/// `mb` with its tokens and bucket from `plan` ([`BucketPlan::count_tokens`]); neither when
+/// its ids are not the plan's.
+fn counted_by(plan: &BucketPlan, mut mb: MicroBatch) -> MicroBatch {
+    if plan.count_tokens(&mut mb).is_err() {
+        mb.tokens = None;
+        mb.bucket = None;
+    }
+    mb
 }
 
 impl<S: DataSource> DataSource for TokenCounted<S> {
@@ -819,6 +829,23 @@ impl<S: DataSource> DataSource for TokenCounted<S> {
 
     fn settle(&mut self, rank: u32, computed: &[u32], dropped: Vec<MicroBatch>, requeue: bool) {
         self.inner.settle(rank, computed, dropped, requeue);
+    }
+
+    /// `inner`'s deal, `deal` seeing the parts counted (tokens and buckets: the cost-balanced
+    /// deal needs the buckets).
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        let plan = Arc::clone(&self.plan);
+        let mut counted_deal = |raw: &[MicroBatch]| {
+            let c: Vec<MicroBatch> = raw.iter().map(|mb| counted_by(&plan, mb.clone())).collect();
+            deal(&c)
+        };
+        let slices = self.inner.take_dealt(rank, parts, &mut counted_deal)?;
+        Some(slices.into_iter().map(|s| s.into_iter().map(|mb| self.counted(mb)).collect()).collect())
     }
 }
 

@@ -19,14 +19,34 @@ use serde::{Deserialize, Serialize};
 pub struct MicroBatch {
     /// Sample ids (unique within an epoch); `sample_ids.len()` samples, >= 1.
     pub sample_ids: Vec<u64>,
-    /// Token count, when the workload weighs by tokens (`Weighting::Tokens`).
+    /// Token count (real, non-padding tokens), when the workload weighs by tokens
+    /// (`Weighting::Tokens`).
     pub tokens: Option<u64>,
+    /// The micro-batch's length bucket (the job's index of its padded length, ascending in
+    /// length: one compiled graph per bucket), when the job pads to buckets; `None` for a job
+    /// without buckets (the digits MLP). The length-aware policies (`policy::bucket`) read it
+    /// before the launch. Absent from checkpoints written before it (and not written when
+    /// `None`, so a job without buckets checkpoints byte for byte as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
 }
 
 impl MicroBatch {
-    /// A micro-batch of `ids` without a token count.
+    /// A micro-batch of `ids` without a token count or a bucket.
     pub fn new(ids: Vec<u64>) -> Self {
-        Self { sample_ids: ids, tokens: None }
+        Self { sample_ids: ids, tokens: None, bucket: None }
+    }
+
+    /// S consecutive parts as one whole micro-batch (the scheduler's whole launch under a tail
+    /// shape): their sample ids in order, their token counts summed (`None` when any part has
+    /// none), the largest of their buckets (a micro-batch of several buckets is padded to the
+    /// largest; `None` when any part has none).
+    pub fn merged(parts: &[MicroBatch]) -> MicroBatch {
+        MicroBatch {
+            sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
+            tokens: parts.iter().map(|p| p.tokens).sum(),
+            bucket: parts.iter().map(|p| p.bucket).collect::<Option<Vec<u32>>>().and_then(|b| b.into_iter().max()),
+        }
     }
 
     /// Number of samples.
@@ -66,6 +86,38 @@ pub trait DataSource {
             self.requeue(dropped);
         }
     }
+
+    /// Every rank's micro-batches for one step dealt by `deal` instead of by contiguous
+    /// counts (the cost-balanced deal of the `cost-balance` policy): the next `parts` parts of
+    /// the global stream are handed to `deal`, which returns for each rank the indices (into
+    /// that slice) it computes, ascending; the result is every rank's parts in that order
+    /// (rank `rank`'s is this rank's to run), settled as [`DataSource::take_assigned`]'s
+    /// (every rank's not-started tail back to the front, rank 0's first). `None` when the
+    /// source cannot deal a global step (the default: a per-rank source), or when fewer than
+    /// `parts` parts remain (an epoch's end: the caller then deals by counts); nothing is
+    /// taken then. `deal` must name every index exactly once; a deal that does not is refused
+    /// (`None`, the parts given back).
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        let _ = (rank, parts, deal);
+        None
+    }
+}
+
+/// True when `deal` names every index of `0..len` exactly once.
+fn deals_each_once(deal: &[Vec<usize>], len: usize) -> bool {
+    let mut seen = vec![false; len];
+    for &i in deal.iter().flatten() {
+        match seen.get_mut(i) {
+            Some(s) if !*s => *s = true,
+            _ => return false,
+        }
+    }
+    seen.iter().all(|&s| s)
 }
 
 /// Every rank's replica of ONE global stream of micro-batches (the inner source `S`), dealt per
@@ -115,6 +167,25 @@ impl<S: DataSource> DataSource for SharedSource<S> {
         self.slices =
             assignment.iter().map(|&a| (0..a).map_while(|_| self.inner.next_micro_batch()).collect()).collect();
         self.slices.get(rank as usize).cloned().unwrap_or_default()
+    }
+
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        self.settle(rank, &vec![0; self.slices.len()], Vec::new(), true);
+        let step: Vec<MicroBatch> = (0..parts).map_while(|_| self.inner.next_micro_batch()).collect();
+        let dealt = if step.len() == parts { deal(&step) } else { Vec::new() };
+        if step.len() < parts || !deals_each_once(&dealt, step.len()) {
+            if !step.is_empty() {
+                self.inner.requeue(step);
+            }
+            return None;
+        }
+        self.slices = dealt.iter().map(|idx| idx.iter().map(|&i| step[i].clone()).collect()).collect();
+        Some(self.slices.clone())
     }
 
     /// Requeues (when `requeue`) every rank's not-started tail, rank 0's first: the replica's
@@ -200,22 +271,42 @@ pub struct DropRecord {
     pub sample_ids: Vec<u64>,
     /// Where it went.
     pub fate: DropFate,
+    /// Its real tokens, recorded when the job's unit of work is tokens
+    /// (`Weighting::Tokens`; not written otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// The per-rank record of every dropped micro-batch and of every computed sample id, so that
-/// "no sample lost or computed twice" can be checked over an epoch.
+/// "no sample lost or computed twice" can be checked over an epoch; when the job's unit of
+/// work is tokens (`Weighting::Tokens`), also the tokens computed and each dropped
+/// micro-batch's tokens (the token fields are not written otherwise, so a job weighing
+/// samples writes its ledger as before).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DropLedger {
     /// Dropped micro-batches in order.
     pub dropped: Vec<DropRecord>,
     /// Sample ids computed, in order.
     pub computed: Vec<u64>,
+    /// Real tokens computed (`Weighting::Tokens`; 0 and not written under samples).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub computed_tokens: u64,
+}
+
+/// Serde's skip rule of [`DropLedger::computed_tokens`].
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl DropLedger {
     /// Samples discarded for good.
     pub fn discarded_samples(&self) -> u64 {
         self.dropped.iter().filter(|d| d.fate == DropFate::Discarded).map(|d| d.sample_ids.len() as u64).sum()
+    }
+
+    /// Tokens discarded for good (`Weighting::Tokens`; 0 under samples).
+    pub fn discarded_tokens(&self) -> u64 {
+        self.dropped.iter().filter(|d| d.fate == DropFate::Discarded).filter_map(|d| d.tokens).sum()
     }
 }
 

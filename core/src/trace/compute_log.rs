@@ -13,9 +13,10 @@
 //! work needs to be read back: micro_batches (the run's nominal M), split, parts and cost (the
 //! tail shape: a row holds parts/split of a micro-batch and is expected to take cost of a whole
 //! one's device time), deadline_ns and clock_start_ns (the step's deadline and compute clock
-//! start on the row's clock), and bucket (the micro-batch's length bucket, for the length-aware
-//! policies). Those columns are optional for the reader (empty or 0: not recorded), so older
-//! logs, the Python writer's and the reference's load as before.
+//! start on the row's clock), bucket (the micro-batch's length bucket, for the length-aware
+//! policies) and, only in a run whose unit of work is tokens, tokens (the row's real tokens).
+//! Those columns are optional for the reader (empty or 0: not recorded), so older logs, the
+//! Python writer's and the reference's load as before.
 //!
 //! Buckets: a log whose every cell of the trace has a bucket (its first row's; a baseline run
 //! launches every micro-batch) gives a length-carrying trace ([`super::LatencyTrace::buckets`]);
@@ -147,6 +148,12 @@ pub struct ComputeLogRecord {
     /// length); `None` (an empty field): not a bucketed job, or not recorded.
     #[serde(default)]
     pub bucket: Option<u32>,
+    /// Real (non-padding) tokens of the row's micro-batch or part, when the run's unit of work
+    /// is tokens (`schedule::Weighting::Tokens`). `None` is not written at all (no column): a
+    /// run's rows carry it on every row or on none, so a run weighing samples writes the
+    /// columns it wrote before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// Writes [`ComputeLogRecord`]s as CSV with a header.
@@ -389,7 +396,7 @@ fn load_logs_with<'a>(
         let col = |name: &str| if ours { header.iter().position(|h| h == name) } else { None };
         let (m_col, split_col, parts_col, cost_col, deadline_col, clock_col) =
             (col("micro_batches"), col("split"), col("parts"), col("cost"), col("deadline_ns"), col("clock_start_ns"));
-        let bucket_col = col("bucket");
+        let (bucket_col, tokens_col) = (col("bucket"), col("tokens"));
         let (src, lines) = crate::csv_lines::LineIndex::new(open(path)?);
         let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(src);
         super::for_each_record(&mut r, &lines, path, |line, rec| {
@@ -438,6 +445,12 @@ fn load_logs_with<'a>(
             let bucket: Option<u32> = opt(bucket_col, "bucket")?
                 .filter(|v| !v.is_empty())
                 .map(|v| parse(v, path, line, "bucket"))
+                .transpose()?;
+            // The row's real tokens (a run weighing tokens): parsed (a malformed value is an
+            // error at its column); the trace holds latencies and buckets only.
+            opt(tokens_col, "tokens")?
+                .filter(|v| !v.is_empty())
+                .map(|v| parse::<u64>(v, path, line, "tokens"))
                 .transpose()?;
             if m > 0 && declared_m.is_none_or(|(d, _, _)| m > d) {
                 declared_m = Some((m, file, line));
@@ -841,6 +854,7 @@ mod tests {
             deadline_ns: 99_000,
             clock_start_ns: Some(8_000),
             bucket: Some(3),
+            tokens: None,
         };
         w.write(&rec).expect("write");
         let text = String::from_utf8(w.into_inner().expect("flush")).expect("utf8");
