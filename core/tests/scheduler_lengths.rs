@@ -6,7 +6,7 @@
 //!
 //! - the scheduler and the simulator decide alike on the scripted lengths: a synchronous run's
 //!   reports become a length-carrying trace (`schedule::auto::trace_of_reports` +
-//!   `with_report_buckets`), `sim::policies::replay_policy` replays it, and every step's
+//!   `with_report_lengths`), `sim::policies::replay_policy` replays it, and every step's
 //!   assignment and parts started per rank equal the scheduler's, for the blind policies and
 //!   the two length-aware ones (told the buckets: they decide otherwise than blind);
 //! - the compute log the scheduler's reports write carries the bucket and token columns and
@@ -293,10 +293,13 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
     };
     let per_rank: Vec<&[StepReport]> = base.iter().map(|r| &r.reports[..]).collect();
     let blind = dropcompute::schedule::auto::trace_of_reports(&base[0].reports).expect("baseline trace");
-    let trace = dropcompute::schedule::auto::with_report_buckets(blind, &per_rank);
+    let trace = dropcompute::schedule::auto::with_report_lengths(blind, &per_rank);
     let buckets = trace.buckets().expect("a length-carrying trace");
     // Cell (s, r, j) is stream unit s·N·M + r·M + j.
     assert!(buckets.iter().enumerate().all(|(k, &b)| b == bucket_of(k as u64)), "the trace's buckets are the data's");
+    let tokens = trace.tokens().expect("a trace in tokens");
+    assert!(tokens.iter().enumerate().all(|(k, &t)| t == tokens_of(k as u64)), "the trace's tokens are the data's");
+    let all_tokens: u64 = tokens.iter().sum();
 
     // The compute log of the reports carries the buckets and the tokens, and loads back with them.
     let mut w = dropcompute::trace::compute_log::ComputeLogWriter::new(Vec::new());
@@ -321,6 +324,7 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
     )
     .expect("the compute log loads");
     assert_eq!(loaded.trace.buckets(), Some(buckets), "the log's buckets are the run's");
+    assert_eq!(loaded.trace.tokens(), Some(tokens), "the log's tokens are the run's");
 
     let mut decided = Vec::new();
     for policy in
@@ -342,6 +346,15 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
             let tokens: u64 = runs.iter().flat_map(|r| &r.launched).filter(|l| l.0 == s as u64).map(|l| l.2).sum();
             assert_eq!(x.divisor, tokens as f64, "{policy} step {s}: divisor = real tokens");
             assert_eq!(x.ranks.iter().map(|r| r.tokens).sum::<u64>(), tokens);
+        }
+        // The replay counts tokens: the run's computed tokens over the epoch's, and its drop
+        // rate is in tokens (not the micro-batches' when anything dropped).
+        let computed: u64 = rep.iter().map(|x| x.ranks.iter().map(|r| r.tokens).sum::<u64>()).sum();
+        assert_eq!(sim.tokens, Some((computed as f64, all_tokens as f64)), "{policy}: the replay's tokens");
+        let lost = (all_tokens - computed) as f64 / all_tokens as f64;
+        assert!((sim.drop_rate - lost).abs() < 1e-12, "{policy}: drop rate {} in tokens, {lost}", sim.drop_rate);
+        if sim.lost > 0 {
+            assert_ne!(sim.drop_rate, sim.lost as f64 / sim.nominal as f64, "{policy}: in micro-batches");
         }
         decided.push((policy, started(rep), assigned(rep), sim.effective_speedup));
     }

@@ -2,7 +2,9 @@
 //!
 //! Owns: [`MicroBatch`], the [`DataSource`] trait, [`EpochQueue`] (a ready-made source over a
 //! list of sample ids with re-queueing), [`SharedSource`] (every rank's replica of one global
-//! stream of micro-batches, dealt by a per-rank assignment) and [`DropLedger`]. Must not touch:
+//! stream of micro-batches, dealt by a per-rank assignment, or by an explicit deal of the
+//! step's window: [`DataSource::take_dealt`], the cost-balanced deal) and [`DropLedger`] (sample
+//! ids, and tokens when the unit of work is tokens). Must not touch:
 //! devices, sample contents (a micro-batch is a list of sample ids; the workload fetches the
 //! data), the choice of the assignment (`policy::rebalance`).
 //!

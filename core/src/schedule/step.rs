@@ -12,7 +12,11 @@
 //!    optimizer update (at the first step, now).
 //! 2. `take_micro_batches` takes this rank's assigned micro-batches from the data source
 //!    (`assignment[rank]`, M unless a rebalancing policy moved work; `DataSource::take_assigned`);
-//!    `run_micro_batches` runs them under the deadline. Before micro-batch i the host waits
+//!    Under `cost-balance` the step's N·M micro-batches are instead dealt by predicted bucket
+//!    cost (`deal_by_cost`: `policy::cost_balance` over the job-wide `BucketEstimator`, through
+//!    `DataSource::take_dealt`), as `sim::policies` deals a recorded step.
+//!    `run_micro_batches` runs them under the deadline (the length-aware policies tell the
+//!    walk each micro-batch's bucket, `MicroBatch::bucket`). Before micro-batch i the host waits
 //!    for the end event of micro-batch i-1-k (sync lag k) and asks `policy::decide` with the
 //!    device time elapsed since `t0` (and, in predictive mode, the rank's latency estimate). On
 //!    start: the user's recipe writes the micro-batch gradient, the scheduler accumulates it into

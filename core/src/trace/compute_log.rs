@@ -18,6 +18,10 @@
 //! Those columns are optional for the reader (empty or 0: not recorded), so older logs, the
 //! Python writer's and the reference's load as before.
 //!
+//! Tokens likewise: a log whose every cell has its rows' tokens (a whole micro-batch's rows)
+//! gives a trace with tokens ([`super::LatencyTrace::tokens`]), which the replay weighs its work
+//! and drop rate by; else none, with a note when some were recorded.
+//!
 //! Buckets: a log whose every cell of the trace has a bucket (its first row's; a baseline run
 //! launches every micro-batch) gives a length-carrying trace ([`super::LatencyTrace::buckets`]);
 //! when some cell has none (a filled, unassigned cell; a log without the column) the trace has
@@ -302,6 +306,8 @@ struct Row {
     clock_start_ns: Option<u64>,
     /// The micro-batch's length bucket (`None`: not recorded).
     bucket: Option<u32>,
+    /// The row's real tokens (`None`: not recorded).
+    tokens: Option<u64>,
 }
 
 /// One whole micro-batch of a rank-step built from its rows in launch order (a whole launch,
@@ -323,6 +329,8 @@ struct Cell {
     line: u64,
     /// Its first row's bucket.
     bucket: Option<u32>,
+    /// Its rows' real tokens summed (`None` when a row has none).
+    tokens: Option<u64>,
 }
 
 impl Cell {
@@ -336,6 +344,7 @@ impl Cell {
             file: x.file,
             line: x.line,
             bucket: x.bucket,
+            tokens: Some(0),
         };
         c.add(x);
         c
@@ -343,6 +352,7 @@ impl Cell {
 
     fn add(&mut self, x: &Row) {
         self.covered += x.fraction;
+        self.tokens = self.tokens.zip(x.tokens).map(|(a, b)| a.saturating_add(b));
         if x.dropped {
             self.censored += x.fraction;
         } else {
@@ -446,11 +456,9 @@ fn load_logs_with<'a>(
                 .filter(|v| !v.is_empty())
                 .map(|v| parse(v, path, line, "bucket"))
                 .transpose()?;
-            // The row's real tokens (a run weighing tokens): parsed (a malformed value is an
-            // error at its column); the trace holds latencies and buckets only.
-            opt(tokens_col, "tokens")?
+            let tokens: Option<u64> = opt(tokens_col, "tokens")?
                 .filter(|v| !v.is_empty())
-                .map(|v| parse::<u64>(v, path, line, "tokens"))
+                .map(|v| parse(v, path, line, "tokens"))
                 .transpose()?;
             if m > 0 && declared_m.is_none_or(|(d, _, _)| m > d) {
                 declared_m = Some((m, file, line));
@@ -478,6 +486,7 @@ fn load_logs_with<'a>(
                 deadline_ns,
                 clock_start_ns,
                 bucket,
+                tokens,
             });
             Ok(())
         })?;
@@ -527,8 +536,9 @@ fn load_logs_with<'a>(
     let mut measured: BTreeMap<(u32, u64), f64> = BTreeMap::new();
     let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut offsets: BTreeMap<(u32, u64), f64> = BTreeMap::new();
-    // The bucket of each (step, rank, micro-batch) cell that has one.
+    // The bucket (real tokens) of each (step, rank, micro-batch) cell that has one.
     let mut bucket_of: BTreeMap<(u64, u32, u32), u32> = BTreeMap::new();
+    let mut tokens_of: BTreeMap<(u64, u32, u32), u64> = BTreeMap::new();
     // The rank-steps to build: every one when M is recorded (a rank with no row in a step, a
     // skipped backup worker, is filled: bounded by MAX_FILLED_CELLS), else those with rows (a
     // missing one is ragged, found by the builder without materializing its cells).
@@ -595,6 +605,9 @@ fn load_logs_with<'a>(
                     if let Some(k) = x.bucket {
                         bucket_of.insert((s, r, x.mb), k);
                     }
+                    if let (Some(t), true) = (x.tokens, x.fraction >= 1.0) {
+                        tokens_of.insert((s, r, x.mb), t);
+                    }
                 } else if !x.dropped {
                     counts.beyond_m += 1;
                 }
@@ -630,6 +643,9 @@ fn load_logs_with<'a>(
             b.insert(&paths[c.file], c.line, s, r, i as u32, value)?;
             if let Some(k) = c.bucket {
                 bucket_of.insert((s, r, i as u32), k);
+            }
+            if let (Some(t), true) = (c.tokens, c.covered >= 1.0 - 1e-9) {
+                tokens_of.insert((s, r, i as u32), t);
             }
         }
         counts.beyond_m += cells.iter().skip(m).filter(|c| c.measured_ns > 0.0).count();
@@ -726,6 +742,24 @@ fn load_logs_with<'a>(
         } else {
             notes.push(format!(
                 "{missing} of {} micro-batches have no bucket: the trace carries none (the length-aware policies replay blind)",
+                cells.len()
+            ));
+        }
+    }
+    if !tokens_of.is_empty() {
+        let m = trace.micro_batches() as u32;
+        let cells: Vec<Option<u64>> = trace
+            .steps()
+            .iter()
+            .flat_map(|&s| trace.ranks().iter().flat_map(move |&r| (0..m).map(move |i| (s, r, i))))
+            .map(|k| tokens_of.get(&k).copied())
+            .collect();
+        let missing = cells.iter().filter(|c| c.is_none()).count();
+        if missing == 0 {
+            trace = trace.with_tokens(cells.into_iter().flatten().collect())?;
+        } else {
+            notes.push(format!(
+                "{missing} of {} micro-batches have no token count: the trace carries none (the replay counts micro-batches, not tokens)",
                 cells.len()
             ));
         }
