@@ -28,7 +28,7 @@ use dropcompute::checkpoint::{self, Checkpoint};
 use dropcompute::hccl::{Comm, CommOptions};
 use dropcompute::mock::{self, MockConfig, MockControl, MockRecipe, TimeMode};
 use dropcompute::mock_recipes;
-use dropcompute::policy::{CheckMode, DeadlineConfig, Policy, StepPolicy, Threshold};
+use dropcompute::policy::{CheckMode, DeadlineConfig, Policy, StepPolicy, TailShape, Threshold};
 use dropcompute::schedule::{
     DataSource, DropHandling, DropLedger, EpochQueue, GradDtype, GradientScratch, MicroBatch, Scheduler,
     SchedulerConfig, SchedulerState, SharedSource, StepReport, Weighting, Workload, WorkloadError,
@@ -369,19 +369,25 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
     );
 }
 
-/// Every token computed exactly once per epoch under every policy, with token normalization
-/// (module doc).
+/// Every token computed exactly once per epoch under every policy, whole micro-batches and a
+/// tail shape of split 2 (units are parts, two merged in a whole launch), with token
+/// normalization (module doc).
 #[test]
 fn every_token_is_computed_exactly_once_per_epoch_under_every_policy() {
     let (n, m) = (3u32, 4u32);
     let units = u64::from(n * m) * 10;
     let all_tokens: u64 = (0..units).map(tokens_of).sum();
     let mut dropping = 0;
-    for policy in Policy::ALL {
+    for (policy, split) in Policy::ALL.into_iter().flat_map(|p| [(p, 1u32), (p, 2)]) {
         let _g = serial(n);
-        let c = cfg(m, policy, fixed(110_000), DropHandling::Requeue);
+        let c = SchedulerConfig {
+            tail: TailShape::split(split),
+            micro_batch_size: split, // parts of one unit
+            ..cfg(m, policy, fixed(110_000), DropHandling::Requeue)
+        };
         let data = (0..n).map(|_| Lengths::new(units)).collect();
         let runs = run(n, &c, StepPolicy::new(policy), data, None, 0..200, true);
+        let policy = format!("{policy} split {split}");
         let rep = &runs[0].reports;
         assert_eq!(rep.last().map(|r| r.global_computed()), Some(0), "{policy}: the epoch ended within 200 steps");
         let mut ids: Vec<u64> = runs.iter().flat_map(|r| r.ledger.computed.iter().copied()).collect();

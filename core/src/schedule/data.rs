@@ -355,6 +355,67 @@ mod tests {
     }
 
     #[test]
+    fn merged_parts_sum_their_tokens_and_take_the_largest_bucket() {
+        let p = |id: u64, tokens: Option<u64>, bucket: Option<u32>| MicroBatch { sample_ids: vec![id], tokens, bucket };
+        let m = MicroBatch::merged(&[p(1, Some(3), Some(0)), p(2, Some(5), Some(2)), p(3, Some(1), Some(1))]);
+        assert_eq!(m, MicroBatch { sample_ids: vec![1, 2, 3], tokens: Some(9), bucket: Some(2) });
+        assert_eq!(MicroBatch::merged(&[p(1, Some(3), None), p(2, Some(5), Some(2))]).bucket, None);
+        assert_eq!(MicroBatch::merged(&[p(1, None, Some(1)), p(2, Some(5), Some(1))]).tokens, None);
+        // A micro-batch without a bucket is written as before (no `bucket` key).
+        let json = serde_json::to_string(&p(7, None, None)).unwrap();
+        assert_eq!(json, r#"{"sample_ids":[7],"tokens":null}"#);
+        assert_eq!(serde_json::from_str::<MicroBatch>(&json).unwrap(), p(7, None, None));
+    }
+
+    /// An explicit deal (the cost-balanced one): each rank's replica deals the step's window
+    /// alike, rank r its named positions in stream order, and settles as the deal by counts
+    /// (every rank's not-started tail back to the front, rank 0's first). A deal that misses or
+    /// repeats a position, and a stream shorter than the window, deal nothing and take nothing.
+    #[test]
+    fn shared_source_deals_an_explicit_permutation_and_requeues_every_tail_in_rank_order() {
+        let ids = |v: &[MicroBatch]| v.iter().flat_map(|m| m.sample_ids.clone()).collect::<Vec<_>>();
+        let mut replicas: Vec<SharedSource<EpochQueue>> =
+            (0..2).map(|_| SharedSource::new(EpochQueue::new((0..10).collect(), 1))).collect();
+        let mut slices = Vec::new();
+        for (r, s) in replicas.iter_mut().enumerate() {
+            let mut seen = 0;
+            let dealt = s
+                .take_dealt(r as u32, 6, &mut |w: &[MicroBatch]| {
+                    seen = w.len();
+                    vec![vec![0, 3, 5], vec![1, 2, 4]]
+                })
+                .expect("dealt");
+            assert_eq!(seen, 6);
+            assert_eq!(dealt.iter().map(|v| ids(v)).collect::<Vec<_>>(), vec![vec![0, 3, 5], vec![1, 2, 4]]);
+            assert_eq!(s.dealt(), &dealt[..]);
+            slices.push(dealt);
+        }
+        for (r, s) in replicas.iter_mut().enumerate() {
+            let own = slices[r][r][[1, 2][r]..].to_vec();
+            s.settle(r as u32, &[1, 2], own, true);
+        }
+        assert!(replicas[0] == replicas[1], "every replica identical");
+        assert_eq!(ids(&replicas[0].take_assigned(0, &[4, 0])), vec![3, 5, 4, 6], "rank 0's tail, then rank 1's");
+        // Refused: a repeated position, a missing one, a short stream (the deal not asked).
+        let mut s = SharedSource::new(EpochQueue::new((0..4).collect(), 1));
+        assert!(s.take_dealt(0, 3, &mut |_: &[MicroBatch]| vec![vec![0, 0], vec![2]]).is_none());
+        assert!(s.take_dealt(0, 3, &mut |_: &[MicroBatch]| vec![vec![0], vec![2]]).is_none());
+        let mut asked = false;
+        assert!(
+            s.take_dealt(0, 5, &mut |_: &[MicroBatch]| {
+                asked = true;
+                vec![]
+            })
+            .is_none()
+        );
+        assert!(!asked, "a short window is not dealt");
+        assert_eq!(s.inner.remaining_samples(), 4, "nothing taken");
+        assert_eq!(ids(&s.take_assigned(0, &[4])), vec![0, 1, 2, 3], "in order");
+        // A per-rank source cannot deal a global step.
+        assert!(EpochQueue::new(vec![1, 2], 1).take_dealt(0, 1, &mut |_: &[MicroBatch]| vec![vec![0]]).is_none());
+    }
+
+    #[test]
     fn shared_source_discard_forgets_the_tails_and_per_rank_default_deals_assignment_rank() {
         let mut s = SharedSource::new(EpochQueue::new((0..10).collect(), 1));
         let _ = s.take_assigned(1, &[2, 2]);

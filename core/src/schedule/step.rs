@@ -98,6 +98,10 @@ pub trait Workload {
     }
 }
 
+/// Every rank's whole micro-batches' length buckets in one step, rank-major (`[r][j]`: rank
+/// r's j-th whole micro-batch; `None`: no bucket), as a cost-balanced deal handed them out.
+type RankBuckets = Vec<Vec<Option<u32>>>;
+
 /// This rank's compute phase of one step (device times, ns).
 struct ComputePhase {
     /// Device timestamp of the compute clock start `t0` (set after the loop).
@@ -577,14 +581,16 @@ impl Scheduler {
         &mut self,
         step: u64,
         data: &mut dyn DataSource,
-    ) -> Result<(Vec<MicroBatch>, Option<Vec<Vec<Option<u32>>>>), ScheduleError> {
+    ) -> Result<(Vec<MicroBatch>, Option<RankBuckets>), ScheduleError> {
         let rank = self.comm.rank();
         let balanced = match self.assigner.params().policy {
             Policy::CostBalance => self.deal_by_cost(data),
             _ => None,
         };
         let (mut planned, buckets) = match balanced {
-            Some((mine, buckets)) => (mine, Some(buckets)),
+            // Only a deal by buckets feeds the job-wide estimate (a job without buckets is
+            // dealt blind, and its checkpoint stays as before).
+            Some((mine, buckets)) => (mine, buckets.iter().flatten().any(Option::is_some).then_some(buckets)),
             None => (data.take_assigned(rank, self.assigner.assignment()), None),
         };
         planned.truncate(self.cfg.part_slots() as usize);
@@ -607,8 +613,7 @@ impl Scheduler {
     /// the blind one, M·S contiguous parts per rank. Returns this rank's parts and every rank's
     /// whole micro-batches' buckets; `None` when the source cannot deal a global step or the
     /// stream has fewer parts left (the caller deals by counts, the assignment M·S each).
-    #[allow(clippy::type_complexity)]
-    fn deal_by_cost(&mut self, data: &mut dyn DataSource) -> Option<(Vec<MicroBatch>, Vec<Vec<Option<u32>>>)> {
+    fn deal_by_cost(&mut self, data: &mut dyn DataSource) -> Option<(Vec<MicroBatch>, RankBuckets)> {
         let (rank, n) = (self.comm.rank(), self.comm.world_size() as usize);
         let split = self.cfg.parts() as usize;
         let m = self.cfg.micro_batches;

@@ -738,6 +738,38 @@ mod tests {
         assert_eq!(r, replay_policy(&trace(), &run(p, None)));
     }
 
+    /// With a trace in tokens the replay counts real tokens: a started micro-batch its own, a
+    /// tail part 1/S of its micro-batch's; the drop rate and the effective speedup are in
+    /// tokens (the same replay without tokens counts micro-batches).
+    #[test]
+    fn a_trace_in_tokens_weighs_the_work_and_the_drop_rate_in_tokens() {
+        // One rank, M = 4, latencies 10 each; step 1's micro-batches 10, 20, 30, 40 tokens.
+        let plain = LatencyTrace::new("t", vec![0], vec![0, 1], 4, vec![10.0; 8], vec![0.0, 0.0]).expect("valid");
+        let t = plain.clone().with_tokens(vec![1, 2, 3, 4, 10, 20, 30, 40]).expect("tokens");
+        assert!(plain.clone().with_tokens(vec![1; 7]).is_err(), "one count per micro-batch");
+        let th = Threshold::Fixed(Duration::from_nanos(35));
+        let mut ex = exec(CheckMode::Predictive);
+        ex.warmup_steps = 1;
+        let with = |t: &LatencyTrace, tail: TailShape| {
+            replay_policy(t, &PolicyRun::new(StepPolicy { tail, ..StepPolicy::new(Policy::DropPredictive) }, th, ex))
+        };
+        // Step 1 starts 3 whole micro-batches (60 of 100 tokens): 40 of the run's 110 lost.
+        let whole = with(&t, TailShape::default());
+        assert_eq!(whole.tokens, Some((70.0, 110.0)));
+        assert_eq!(whole.drop_rate, 40.0 / 110.0);
+        assert_eq!(whole.lost, 1, "counts stay in parts");
+        // Step times 40 and 30 against the baseline's 40 and 40.
+        assert!((whole.effective_speedup - (70.0 / 110.0 * 40.0 / 35.0 - 1.0)).abs() < 1e-12);
+        // A half micro-batch of the fourth: half its 40 tokens.
+        let half = with(&t, TailShape::split(2));
+        assert_eq!(half.tokens, Some((90.0, 110.0)));
+        assert_eq!(half.drop_rate, 20.0 / 110.0);
+        // Without tokens: micro-batches.
+        let parts = with(&plain, TailShape::default());
+        assert_eq!((parts.tokens, parts.drop_rate), (None, 1.0 / 8.0));
+        assert_eq!(parts.started, whole.started, "the decisions do not depend on the unit");
+    }
+
     /// A tail shape of half a micro-batch: the predictive check stops a whole micro-batch
     /// that would overshoot and starts half of it when that fits; the estimator sees whole
     /// micro-batches only; split 1 is the whole-micro-batch replay.
