@@ -10,7 +10,8 @@
 //!   assignment and parts started per rank equal the scheduler's, for the blind policies and
 //!   the two length-aware ones (told the buckets: they decide otherwise than blind);
 //! - the compute log the scheduler's reports write carries the bucket and token columns and
-//!   loads back (`trace::compute_log::load_log_bytes`) with the buckets of the run;
+//!   loads back (`trace::load`, the loader of `simulate`/`tune --trace`) with the run's buckets
+//!   and tokens, and its replay decides as the run;
 //! - under every policy (`Policy::ALL`) an epoch of the one global stream computes every
 //!   sample, hence every token, exactly once, the divisor of every step is the step's real
 //!   tokens (token normalization), and the ledgers add up to the epoch's tokens;
@@ -132,7 +133,7 @@ impl BucketWork {
             .iter()
             .enumerate()
             .map(|(b, &ns)| {
-                let r = MockRecipe::new(&format!("len_fwd_b{b}"), "copy")
+                let r = MockRecipe::new(format!("len_fwd_b{b}"), "copy")
                     .tensor("src", 4 * P as u64)
                     .tensor("dst", 4 * P as u64)
                     .base_latency_ns(ns);
@@ -301,7 +302,8 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
     assert!(tokens.iter().enumerate().all(|(k, &t)| t == tokens_of(k as u64)), "the trace's tokens are the data's");
     let all_tokens: u64 = tokens.iter().sum();
 
-    // The compute log of the reports carries the buckets and the tokens, and loads back with them.
+    // The compute log of the reports carries the buckets and the tokens, and loads back with
+    // them through the loader of `simulate`/`tune --trace` (`trace::load`).
     let mut w = dropcompute::trace::compute_log::ComputeLogWriter::new(Vec::new());
     for r in &base {
         for rep in &r.reports {
@@ -317,12 +319,12 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
     let bytes = w.into_inner().unwrap();
     let header = String::from_utf8_lossy(&bytes[..bytes.iter().position(|&c| c == b'\n').unwrap()]).into_owned();
     assert!(header.ends_with(",clock_start_ns,bucket,tokens"), "{header}");
-    let loaded = dropcompute::trace::compute_log::load_log_bytes(
-        Path::new("compute_log_baseline.csv"),
-        &bytes,
-        &Default::default(),
-    )
-    .expect("the compute log loads");
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("compute_log_baseline.csv");
+    std::fs::write(&log_path, &bytes).unwrap();
+    let loaded = dropcompute::trace::load(std::slice::from_ref(&log_path), &Default::default())
+        .expect("the log loads")
+        .remove(0);
     assert_eq!(loaded.trace.buckets(), Some(buckets), "the log's buckets are the run's");
     assert_eq!(loaded.trace.tokens(), Some(tokens), "the log's tokens are the run's");
 
@@ -336,6 +338,9 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
         let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
         let sim = replay_policy(&trace, &PolicyRun::new(StepPolicy::new(policy), c.policy.threshold, exec));
         let rep = &runs[0].reports;
+        // The replay of the trace read back from the compute log decides alike.
+        let from_log = replay_policy(&loaded.trace, &PolicyRun::new(StepPolicy::new(policy), c.policy.threshold, exec));
+        assert_eq!((&from_log.assigned, &from_log.started), (&sim.assigned, &sim.started), "{policy}: from the log");
         assert_eq!(sim.assigned, assigned(rep), "{policy}: the same assignment every step");
         assert_eq!(sim.started, started(rep), "{policy}: the same micro-batches started every step");
         for r in &runs {

@@ -8,7 +8,7 @@
 //! Owns: [`Corpus`] and its file format, the token ids ([`CLS`], [`PAD`], [`VOCAB`]),
 //! [`Buckets`], [`BucketPlan`] (which documents form micro-batch unit `u`), [`BatchShape`] (a
 //! micro-batch's bucket length, real tokens and samples), [`TextBatch`] (the tokens and labels
-//! a graph takes), [`TokenCounted`] (the dealt micro-batches with their token counts) and the
+//! a graph takes), [`TokenCounted`] (the dealt micro-batches with their token counts and buckets) and the
 //! length statistics ([`PlanStats`]). Must not touch: how micro-batches are dealt to ranks and
 //! re-queued (the one dealer, `dropcompute::deal`: this module only names what a dealt id
 //! means), the model, devices, the cost model of a graph (the mock's).
@@ -784,10 +784,11 @@ pub struct CostSpread {
     pub pad_to_max_ratio: f64,
 }
 
-/// A data source whose micro-batches carry their real token counts
+/// A data source whose micro-batches carry their real token counts and buckets
 /// ([`BucketPlan::count_tokens`]): the dealt micro-batches of `inner` (the one dealer over the
-/// plan's units) with `tokens` set, for `schedule::Weighting::Tokens`. Dealing, re-queueing and
-/// settling are `inner`'s, unchanged. A micro-batch whose ids are not the plan's keeps
+/// plan's units) with `tokens` and `bucket` set, for `schedule::Weighting::Tokens` and the
+/// scheduler's length-aware policies. Dealing (by counts, or the cost-balanced deal, which sees
+/// the parts counted), re-queueing and settling are `inner`'s, unchanged. A micro-batch whose ids are not the plan's keeps
 /// `tokens: None`, which the scheduler refuses under token weighting (`ScheduleError::Data`).
 #[derive(Clone, Debug)]
 pub struct TokenCounted<S> {

@@ -47,8 +47,15 @@ impl MicroBatch {
         MicroBatch {
             sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
             tokens: parts.iter().map(|p| p.tokens).sum(),
-            bucket: parts.iter().map(|p| p.bucket).collect::<Option<Vec<u32>>>().and_then(|b| b.into_iter().max()),
+            bucket: Self::merged_bucket(parts),
         }
+    }
+
+    /// The bucket of S consecutive parts as one whole micro-batch ([`MicroBatch::merged`]'s,
+    /// without building it): the largest of theirs, `None` when any part has none (or none is
+    /// given).
+    pub fn merged_bucket(parts: &[MicroBatch]) -> Option<u32> {
+        parts.iter().try_fold(None, |acc: Option<u32>, p| p.bucket.map(|b| Some(acc.map_or(b, |a| a.max(b)))))?
     }
 
     /// Number of samples.
@@ -361,6 +368,7 @@ mod tests {
         assert_eq!(m, MicroBatch { sample_ids: vec![1, 2, 3], tokens: Some(9), bucket: Some(2) });
         assert_eq!(MicroBatch::merged(&[p(1, Some(3), None), p(2, Some(5), Some(2))]).bucket, None);
         assert_eq!(MicroBatch::merged(&[p(1, None, Some(1)), p(2, Some(5), Some(1))]).tokens, None);
+        assert_eq!(MicroBatch::merged_bucket(&[]), None);
         // A micro-batch without a bucket is written as before (no `bucket` key).
         let json = serde_json::to_string(&p(7, None, None)).unwrap();
         assert_eq!(json, r#"{"sample_ids":[7],"tokens":null}"#);

@@ -621,7 +621,7 @@ impl Scheduler {
         let per_rank = m as usize * split;
         let est = &mut self.job_estimator;
         let mut deal = |parts: &[MicroBatch]| -> Vec<Vec<usize>> {
-            let buckets: Option<Vec<u32>> = parts.chunks(split).map(|c| MicroBatch::merged(c).bucket).collect();
+            let buckets: Option<Vec<u32>> = parts.chunks(split).map(MicroBatch::merged_bucket).collect();
             match buckets {
                 Some(b) => cost_balance(&bucket_cost(est, &b), n, slots)
                     .into_iter()
@@ -635,7 +635,7 @@ impl Scheduler {
             return None;
         }
         self.assigner.set(slices.iter().map(|s| s.len() as u32).collect());
-        let buckets = slices.iter().map(|s| s.chunks(split).map(|c| MicroBatch::merged(c).bucket).collect()).collect();
+        let buckets = slices.iter().map(|s| s.chunks(split).map(MicroBatch::merged_bucket).collect()).collect();
         let mine = slices.into_iter().nth(rank as usize).unwrap_or_default();
         Some((mine, buckets))
     }
@@ -675,7 +675,7 @@ impl Scheduler {
         // one (S consecutive parts one micro-batch, padded to its largest part's bucket).
         if self.assigner.params().policy.length_aware() {
             let split = self.cfg.parts() as usize;
-            let buckets: Option<Vec<u32>> = planned.chunks(split).map(|c| MicroBatch::merged(c).bucket).collect();
+            let buckets: Option<Vec<u32>> = planned.chunks(split).map(MicroBatch::merged_bucket).collect();
             if let Some(b) = buckets {
                 walk.set_buckets(&b);
             }
