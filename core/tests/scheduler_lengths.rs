@@ -361,6 +361,11 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
         if sim.lost > 0 {
             assert_ne!(sim.drop_rate, sim.lost as f64 / sim.nominal as f64, "{policy}: in micro-batches");
         }
+        if policy == Policy::DropPredictive {
+            // DropCompute's replay (what `tune::recommend` and its guardrail judge) too.
+            let d = dropcompute::sim::replay::replay(&trace, c.policy.threshold, &exec).drop_rate;
+            assert!((d - lost).abs() < 1e-12, "recommend's replay: drop rate {d} in tokens, {lost}");
+        }
         decided.push((policy, started(rep), assigned(rep), sim.effective_speedup));
     }
     let of = |p: Policy| decided.iter().find(|d| d.0 == p).unwrap();
