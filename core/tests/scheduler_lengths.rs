@@ -373,8 +373,10 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
     // cost-balanced deal moves micro-batches between ranks (counts other than M).
     assert_ne!(of(Policy::LengthPredictive).1, of(Policy::DropPredictive).1, "length-predictive runs blind");
     assert!(of(Policy::CostBalance).2.iter().any(|&a| a != m), "cost-balance dealt M each every step");
+    // A deadline chosen to force decisions, not tuned: these are no performance figures.
     eprintln!(
-        "predicted speedups: {}",
+        "replayed speedup in tokens at {} ns: {}",
+        threshold.as_ns().unwrap_or(0),
         decided.iter().map(|d| format!("{} {:+.3}", d.0, d.3)).collect::<Vec<_>>().join(", ")
     );
 }

@@ -53,7 +53,10 @@
 //!
 //! Normalization is exact: a step's gradient is divided by the micro-batches aggregated (global
 //! computed samples); the effective speedup is aggregated/nominal · baseline/policy step time - 1
-//! (samples per second against the synchronous run).
+//! (samples per second against the synchronous run). On a trace in tokens
+//! ([`LatencyTrace::tokens`], a run whose unit of work is tokens) the aggregated and nominal
+//! work, the drop rate and the effective speedup are in real tokens
+//! ([`PolicyReplay::tokens`]; the counts stay in parts).
 
 use rand::Rng;
 
