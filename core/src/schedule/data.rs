@@ -361,6 +361,32 @@ mod tests {
         assert_eq!(flat(&next), vec![2, 3, 10, 11, 12, 13], "rank 0's tail, then rank 1's, in order");
     }
 
+    /// Under samples the ledger is written as before (no token keys); under tokens it carries
+    /// them, and a ledger written before them reads back with none.
+    #[test]
+    fn the_ledger_writes_tokens_only_when_it_has_them() {
+        let rec = |tokens| DropRecord {
+            step: 1,
+            rank: 0,
+            micro_batch: 2,
+            sample_ids: vec![5],
+            fate: DropFate::Discarded,
+            tokens,
+        };
+        let samples = DropLedger { dropped: vec![rec(None)], computed: vec![1, 2], computed_tokens: 0 };
+        let json = serde_json::to_string(&samples).unwrap();
+        assert_eq!(
+            json,
+            r#"{"dropped":[{"step":1,"rank":0,"micro_batch":2,"sample_ids":[5],"fate":"Discarded"}],"computed":[1,2]}"#
+        );
+        assert_eq!(serde_json::from_str::<DropLedger>(&json).unwrap(), samples);
+        let tokens = DropLedger { dropped: vec![rec(Some(40))], computed: vec![1, 2], computed_tokens: 77 };
+        let json = serde_json::to_string(&tokens).unwrap();
+        assert!(json.contains(r#""tokens":40"#) && json.ends_with(r#""computed_tokens":77}"#), "{json}");
+        assert_eq!(serde_json::from_str::<DropLedger>(&json).unwrap(), tokens);
+        assert_eq!((tokens.discarded_tokens(), samples.discarded_tokens()), (40, 0));
+    }
+
     #[test]
     fn merged_parts_sum_their_tokens_and_take_the_largest_bucket() {
         let p = |id: u64, tokens: Option<u64>, bucket: Option<u32>| MicroBatch { sample_ids: vec![id], tokens, bucket };
