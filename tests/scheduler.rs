@@ -333,7 +333,7 @@ impl DataSource for Endless {
         self.k += 1;
         let ids: Vec<u64> = (0..n as u64).map(|i| u64::from(self.rank) * 1_000_000 + self.next + i).collect();
         self.next += n as u64;
-        Some(MicroBatch { tokens: Some(3 * n as u64 + u64::from(self.rank)), sample_ids: ids })
+        Some(MicroBatch { tokens: Some(3 * n as u64 + u64::from(self.rank)), sample_ids: ids, bucket: None })
     }
     fn requeue(&mut self, dropped: Vec<MicroBatch>) {
         self.back.extend(dropped.into_iter().rev());

@@ -16,9 +16,10 @@
 //! The length-aware policies (`length-predictive`, `cost-balance`) run here on the digits job,
 //! which has no length buckets: the walk is told none, the per-bucket estimator falls back to
 //! the blind one and the deal is M each, so these rows check that their blind path is the
-//! scheduler's. Their bucketed path is checked on the simulator side only
-//! (`sim::policies` tests, `core/tests/length_policies.rs`) until a bucketed job exists (issue
-//! 26's text job): then this test gains scripted-length rows.
+//! scheduler's. Their bucketed path (the walk told the buckets, the cost-balanced deal) is
+//! checked scheduler against simulator on scripted lengths in `core/tests/scheduler_lengths.rs`
+//! (a bucketed workload on the mock, one recipe per bucket); the `train` job gains such rows
+//! with its text task.
 #![cfg(all(feature = "mock", target_os = "linux"))] // the CPU mock device
 
 use clap::Parser;

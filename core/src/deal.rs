@@ -137,10 +137,7 @@ impl DataSource for EpochSource {
             return self.next_part();
         }
         let parts: Vec<MicroBatch> = (0..self.merge).map_while(|_| self.next_part()).collect();
-        (!parts.is_empty()).then(|| MicroBatch {
-            sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
-            tokens: parts.iter().map(|p| p.tokens).sum(),
-        })
+        (!parts.is_empty()).then(|| MicroBatch::merged(&parts))
     }
 
     /// Puts `dropped` back at the front; merged micro-batches go back as their parts.
@@ -149,10 +146,8 @@ impl DataSource for EpochSource {
             return self.queue.requeue(dropped);
         }
         let size = self.micro_batch_size.max(1);
-        let parts = dropped
-            .iter()
-            .flat_map(|mb| mb.sample_ids.chunks(size).map(|c| MicroBatch { sample_ids: c.to_vec(), tokens: None }))
-            .collect();
+        let parts =
+            dropped.iter().flat_map(|mb| mb.sample_ids.chunks(size).map(|c| MicroBatch::new(c.to_vec()))).collect();
         self.queue.requeue(parts);
     }
 }
@@ -254,6 +249,19 @@ impl DataSource for RunData {
         match self {
             Self::PerRank(s) => s.settle(rank, computed, dropped, requeue),
             Self::Shared(s) => s.settle(rank, computed, dropped, requeue),
+        }
+    }
+
+    /// The shared stream's deal ([`SharedSource`]); `None` for per-rank shards.
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        match self {
+            Self::PerRank(s) => s.take_dealt(rank, parts, deal),
+            Self::Shared(s) => s.take_dealt(rank, parts, deal),
         }
     }
 }

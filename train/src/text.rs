@@ -8,7 +8,7 @@
 //! Owns: [`Corpus`] and its file format, the token ids ([`CLS`], [`PAD`], [`VOCAB`]),
 //! [`Buckets`], [`BucketPlan`] (which documents form micro-batch unit `u`), [`BatchShape`] (a
 //! micro-batch's bucket length, real tokens and samples), [`TextBatch`] (the tokens and labels
-//! a graph takes), [`TokenCounted`] (the dealt micro-batches with their token counts) and the
+//! a graph takes), [`TokenCounted`] (the dealt micro-batches with their token counts and buckets) and the
 //! length statistics ([`PlanStats`]). Must not touch: how micro-batches are dealt to ranks and
 //! re-queued (the one dealer, `dropcompute::deal`: this module only names what a dealt id
 //! means), the model, devices, the cost model of a graph (the mock's).
@@ -599,13 +599,16 @@ impl BucketPlan {
         Ok(BatchShape { bucket, len: self.buckets.lengths()[bucket], rows, samples, tokens })
     }
 
-    /// Sets `mb.tokens` to its real tokens ([`BucketPlan::shape`]).
+    /// Sets `mb.tokens` to its real tokens and `mb.bucket` to its bucket
+    /// ([`BucketPlan::shape`]): what the scheduler's length-aware policies and token
+    /// normalization read before the launch.
     ///
     /// # Errors
     /// As [`BucketPlan::shape`]; `mb` is then left as it was.
     pub fn count_tokens(&self, mb: &mut MicroBatch) -> Result<BatchShape, TextError> {
         let shape = self.shape(&mb.sample_ids)?;
         mb.tokens = Some(shape.tokens);
+        mb.bucket = u32::try_from(shape.bucket).ok();
         Ok(shape)
     }
 
@@ -781,10 +784,11 @@ pub struct CostSpread {
     pub pad_to_max_ratio: f64,
 }
 
-/// A data source whose micro-batches carry their real token counts
+/// A data source whose micro-batches carry their real token counts and buckets
 /// ([`BucketPlan::count_tokens`]): the dealt micro-batches of `inner` (the one dealer over the
-/// plan's units) with `tokens` set, for `schedule::Weighting::Tokens`. Dealing, re-queueing and
-/// settling are `inner`'s, unchanged. A micro-batch whose ids are not the plan's keeps
+/// plan's units) with `tokens` and `bucket` set, for `schedule::Weighting::Tokens` and the
+/// scheduler's length-aware policies. Dealing (by counts, or the cost-balanced deal, which sees
+/// the parts counted), re-queueing and settling are `inner`'s, unchanged. A micro-batch whose ids are not the plan's keeps
 /// `tokens: None`, which the scheduler refuses under token weighting (`ScheduleError::Data`).
 #[derive(Clone, Debug)]
 pub struct TokenCounted<S> {
@@ -795,12 +799,19 @@ pub struct TokenCounted<S> {
 }
 
 impl<S> TokenCounted<S> {
-    fn counted(&self, mut mb: MicroBatch) -> MicroBatch {
-        if self.plan.count_tokens(&mut mb).is_err() {
-            mb.tokens = None;
-        }
-        mb
+    fn counted(&self, mb: MicroBatch) -> MicroBatch {
+        counted_by(&self.plan, mb)
     }
+}
+
+/// `mb` with its tokens and bucket from `plan` ([`BucketPlan::count_tokens`]); neither when
+/// its ids are not the plan's.
+fn counted_by(plan: &BucketPlan, mut mb: MicroBatch) -> MicroBatch {
+    if plan.count_tokens(&mut mb).is_err() {
+        mb.tokens = None;
+        mb.bucket = None;
+    }
+    mb
 }
 
 impl<S: DataSource> DataSource for TokenCounted<S> {
@@ -819,6 +830,23 @@ impl<S: DataSource> DataSource for TokenCounted<S> {
 
     fn settle(&mut self, rank: u32, computed: &[u32], dropped: Vec<MicroBatch>, requeue: bool) {
         self.inner.settle(rank, computed, dropped, requeue);
+    }
+
+    /// `inner`'s deal, `deal` seeing the parts counted (tokens and buckets: the cost-balanced
+    /// deal needs the buckets).
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        let plan = Arc::clone(&self.plan);
+        let mut counted_deal = |raw: &[MicroBatch]| {
+            let c: Vec<MicroBatch> = raw.iter().map(|mb| counted_by(&plan, mb.clone())).collect();
+            deal(&c)
+        };
+        let slices = self.inner.take_dealt(rank, parts, &mut counted_deal)?;
+        Some(slices.into_iter().map(|s| s.into_iter().map(|mb| self.counted(mb)).collect()).collect())
     }
 }
 

@@ -258,11 +258,25 @@ fn token_counted_sets_the_real_tokens_of_each_dealt_micro_batch() {
     let plan = Arc::new(BucketPlan::new(&c, Buckets::new(vec![4, 8]).unwrap(), 3, 1).unwrap());
     let mut src = TokenCounted { plan: plan.clone(), inner: RunData::global(plan.units(), 3, 1, 1, Some(1)) };
     let mbs = src.take_assigned(0, &[2]);
-    let mut got: Vec<(Vec<u64>, Option<u64>)> = mbs.iter().map(|m| (m.sample_ids.clone(), m.tokens)).collect();
+    let mut got: Vec<(Vec<u64>, Option<u64>, Option<u32>)> =
+        mbs.iter().map(|m| (m.sample_ids.clone(), m.tokens, m.bucket)).collect();
     got.sort();
-    assert_eq!(got, vec![(vec![0], Some(8)), (vec![1], Some(14))]);
+    // Each micro-batch's bucket as its shape's (what the scheduler's length-aware policies read).
+    let bucket = |id: u64| plan.shape(&[id]).map(|s| s.bucket as u32).ok();
+    assert_eq!(got, vec![(vec![0], Some(8), bucket(0)), (vec![1], Some(14), bucket(1))]);
     src.settle(0, &[2], Vec::new(), true);
     assert!(src.take_assigned(0, &[2]).is_empty(), "one epoch");
+    // The cost-balanced deal sees the parts counted (their buckets) and hands them out so.
+    let mut src = TokenCounted { plan: plan.clone(), inner: RunData::global(plan.units(), 3, 1, 1, Some(1)) };
+    let mut seen = Vec::new();
+    let dealt = src
+        .take_dealt(0, 2, &mut |w: &[MicroBatch]| {
+            seen = w.iter().map(|m| m.bucket).collect();
+            vec![vec![1], vec![0]]
+        })
+        .expect("a global stream deals");
+    assert!(seen.iter().all(Option::is_some), "{seen:?}");
+    assert!(dealt.iter().flatten().all(|m| m.bucket.is_some() && m.tokens.is_some()));
     // An id that is not a unit keeps no token count (the scheduler refuses it).
     let mut bad = TokenCounted { plan, inner: dropcompute::schedule::EpochQueue::new(vec![7], 1) };
     assert_eq!(bad.next_micro_batch().unwrap().tokens, None);

@@ -11,8 +11,8 @@
 //!   always.
 //! - `cost-balance`: M·S for every rank as counts; a driver that knows the step's micro-batches'
 //!   buckets deals them by predicted cost ([`super::bucket::cost_balance`]) and sets the
-//!   resulting counts with [`Assigner::set`] before dealing (the simulator does; a job without
-//!   buckets deals M·S each).
+//!   resulting counts with [`Assigner::set`] before dealing (the simulator and the scheduler's
+//!   `Scheduler::deal_by_cost` do; a job without buckets deals M·S each).
 //! - `compute-budget`: the cap ([`super::StepPolicy::budget_cap`], at most the slots) · S
 //!   for every rank while a budget is set, M·S without one; M·S in the warm-up steps too
 //!   (warm-up runs the nominal batch for every policy: with the budget's check off there,

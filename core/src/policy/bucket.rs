@@ -93,6 +93,20 @@ impl BucketEstimator {
     pub fn buckets(&self) -> impl Iterator<Item = u32> + '_ {
         self.buckets.keys().copied()
     }
+
+    /// True when some bucket has a measurement (false: this is the blind estimator alone).
+    pub fn has_buckets(&self) -> bool {
+        !self.buckets.is_empty()
+    }
+
+    /// This estimator with its blind window replaced by `blind` and no bucket measured: what a
+    /// checkpoint written with the blind window alone (before the per-bucket state, or by a
+    /// run that never saw a bucket) restores.
+    pub fn with_blind(mut self, blind: LatencyEstimator) -> Self {
+        self.blind = blind;
+        self.buckets.clear();
+        self
+    }
 }
 
 impl Default for BucketEstimator {

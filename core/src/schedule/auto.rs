@@ -3,7 +3,8 @@
 //! rank 0, so that any trainer driving the [`super::Scheduler`] tunes as `dropcompute train`
 //! does.
 //!
-//! Owns: [`trace_of_reports`] (the report-to-trace conversion), [`choose`] (the one rule,
+//! Owns: [`trace_of_reports`] (the report-to-trace conversion) and [`with_report_lengths`]
+//! (the buckets and tokens every rank's reports add to it), [`choose`] (the one rule,
 //! `tune::policies::auto_threshold`, on those reports) and [`broadcast_threshold`]. Must not
 //! touch: the search itself (`tune`), the replay (`sim`), the in-run retuner
 //! (`tune::Retuner`), flags or printing.
@@ -52,6 +53,49 @@ pub fn trace_of_reports(reports: &[StepReport]) -> Option<LatencyTrace> {
     )
     .and_then(|t| t.with_start_offsets(offsets))
     .ok()
+}
+
+/// `trace` (from [`trace_of_reports`]) carrying each micro-batch's length bucket and real
+/// tokens from every rank's own reports (`ranks[r]`: rank r's reports; a report holds only its
+/// own rank's [`super::MicroBatchRecord`]s, where they are): cell (step s, rank r, micro-batch
+/// j) is rank r's launch j of step s, which in a baseline run (every micro-batch a whole launch,
+/// none dropped) is its micro-batch j. Buckets (tokens) are added only when every cell has one
+/// (a job without buckets, a run weighing samples, a dropped or missing micro-batch: none),
+/// and nothing when `ranks` does not have one entry per rank of the trace: the length-aware
+/// policies then replay blind and the replay counts micro-batches, as on a compute log without
+/// the columns.
+pub fn with_report_lengths(trace: LatencyTrace, ranks: &[&[StepReport]]) -> LatencyTrace {
+    let (n, m) = (trace.world_size(), trace.micro_batches());
+    if ranks.len() != n {
+        return trace;
+    }
+    let mut cells: Vec<&super::MicroBatchRecord> = Vec::with_capacity(trace.latencies_ns().len());
+    for &step in trace.steps() {
+        for reports in ranks {
+            let Some(rep) = reports.iter().find(|r| r.step == step) else { return trace };
+            let mbs = rep.micro_batches.get(..m).unwrap_or_default();
+            if mbs.len() < m || mbs.iter().any(|x| x.dropped) {
+                return trace;
+            }
+            cells.extend(mbs);
+        }
+    }
+    let buckets: Option<Vec<u32>> = cells.iter().map(|x| x.bucket).collect();
+    let tokens: Option<Vec<u64>> = cells.iter().map(|x| x.tokens).collect();
+    let mut out = trace;
+    if let Some(b) = buckets {
+        out = match out.clone().with_buckets(b) {
+            Ok(t) => t,
+            Err(_) => out,
+        };
+    }
+    if let Some(t) = tokens {
+        out = match out.clone().with_tokens(t) {
+            Ok(t) => t,
+            Err(_) => out,
+        };
+    }
+    out
 }
 
 /// Chooses the deadline of `--threshold auto` on the baseline run's `reports`

@@ -2,7 +2,9 @@
 //!
 //! Owns: [`MicroBatch`], the [`DataSource`] trait, [`EpochQueue`] (a ready-made source over a
 //! list of sample ids with re-queueing), [`SharedSource`] (every rank's replica of one global
-//! stream of micro-batches, dealt by a per-rank assignment) and [`DropLedger`]. Must not touch:
+//! stream of micro-batches, dealt by a per-rank assignment, or by an explicit deal of the
+//! step's window: [`DataSource::take_dealt`], the cost-balanced deal) and [`DropLedger`] (sample
+//! ids, and tokens when the unit of work is tokens). Must not touch:
 //! devices, sample contents (a micro-batch is a list of sample ids; the workload fetches the
 //! data), the choice of the assignment (`policy::rebalance`).
 //!
@@ -19,14 +21,41 @@ use serde::{Deserialize, Serialize};
 pub struct MicroBatch {
     /// Sample ids (unique within an epoch); `sample_ids.len()` samples, >= 1.
     pub sample_ids: Vec<u64>,
-    /// Token count, when the workload weighs by tokens (`Weighting::Tokens`).
+    /// Token count (real, non-padding tokens), when the workload weighs by tokens
+    /// (`Weighting::Tokens`).
     pub tokens: Option<u64>,
+    /// The micro-batch's length bucket (the job's index of its padded length, ascending in
+    /// length: one compiled graph per bucket), when the job pads to buckets; `None` for a job
+    /// without buckets (the digits MLP). The length-aware policies (`policy::bucket`) read it
+    /// before the launch. Absent from checkpoints written before it (and not written when
+    /// `None`, so a job without buckets checkpoints byte for byte as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
 }
 
 impl MicroBatch {
-    /// A micro-batch of `ids` without a token count.
+    /// A micro-batch of `ids` without a token count or a bucket.
     pub fn new(ids: Vec<u64>) -> Self {
-        Self { sample_ids: ids, tokens: None }
+        Self { sample_ids: ids, tokens: None, bucket: None }
+    }
+
+    /// S consecutive parts as one whole micro-batch (the scheduler's whole launch under a tail
+    /// shape): their sample ids in order, their token counts summed (`None` when any part has
+    /// none), the largest of their buckets (a micro-batch of several buckets is padded to the
+    /// largest; `None` when any part has none).
+    pub fn merged(parts: &[MicroBatch]) -> MicroBatch {
+        MicroBatch {
+            sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
+            tokens: parts.iter().map(|p| p.tokens).sum(),
+            bucket: Self::merged_bucket(parts),
+        }
+    }
+
+    /// The bucket of S consecutive parts as one whole micro-batch ([`MicroBatch::merged`]'s,
+    /// without building it): the largest of theirs, `None` when any part has none (or none is
+    /// given).
+    pub fn merged_bucket(parts: &[MicroBatch]) -> Option<u32> {
+        parts.iter().try_fold(None, |acc: Option<u32>, p| p.bucket.map(|b| Some(acc.map_or(b, |a| a.max(b)))))?
     }
 
     /// Number of samples.
@@ -66,6 +95,38 @@ pub trait DataSource {
             self.requeue(dropped);
         }
     }
+
+    /// Every rank's micro-batches for one step dealt by `deal` instead of by contiguous
+    /// counts (the cost-balanced deal of the `cost-balance` policy): the next `parts` parts of
+    /// the global stream are handed to `deal`, which returns for each rank the indices (into
+    /// that slice) it computes, ascending; the result is every rank's parts in that order
+    /// (rank `rank`'s is this rank's to run), settled as [`DataSource::take_assigned`]'s
+    /// (every rank's not-started tail back to the front, rank 0's first). `None` when the
+    /// source cannot deal a global step (the default: a per-rank source), or when fewer than
+    /// `parts` parts remain (an epoch's end: the caller then deals by counts); nothing is
+    /// taken then. `deal` must name every index exactly once; a deal that does not is refused
+    /// (`None`, the parts given back).
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        let _ = (rank, parts, deal);
+        None
+    }
+}
+
+/// True when `deal` names every index of `0..len` exactly once.
+fn deals_each_once(deal: &[Vec<usize>], len: usize) -> bool {
+    let mut seen = vec![false; len];
+    for &i in deal.iter().flatten() {
+        match seen.get_mut(i) {
+            Some(s) if !*s => *s = true,
+            _ => return false,
+        }
+    }
+    seen.iter().all(|&s| s)
 }
 
 /// Every rank's replica of ONE global stream of micro-batches (the inner source `S`), dealt per
@@ -115,6 +176,25 @@ impl<S: DataSource> DataSource for SharedSource<S> {
         self.slices =
             assignment.iter().map(|&a| (0..a).map_while(|_| self.inner.next_micro_batch()).collect()).collect();
         self.slices.get(rank as usize).cloned().unwrap_or_default()
+    }
+
+    fn take_dealt(
+        &mut self,
+        rank: u32,
+        parts: usize,
+        deal: &mut dyn FnMut(&[MicroBatch]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<MicroBatch>>> {
+        self.settle(rank, &vec![0; self.slices.len()], Vec::new(), true);
+        let step: Vec<MicroBatch> = (0..parts).map_while(|_| self.inner.next_micro_batch()).collect();
+        let dealt = if step.len() == parts { deal(&step) } else { Vec::new() };
+        if step.len() < parts || !deals_each_once(&dealt, step.len()) {
+            if !step.is_empty() {
+                self.inner.requeue(step);
+            }
+            return None;
+        }
+        self.slices = dealt.iter().map(|idx| idx.iter().map(|&i| step[i].clone()).collect()).collect();
+        Some(self.slices.clone())
     }
 
     /// Requeues (when `requeue`) every rank's not-started tail, rank 0's first: the replica's
@@ -200,22 +280,42 @@ pub struct DropRecord {
     pub sample_ids: Vec<u64>,
     /// Where it went.
     pub fate: DropFate,
+    /// Its real tokens, recorded when the job's unit of work is tokens
+    /// (`Weighting::Tokens`; not written otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// The per-rank record of every dropped micro-batch and of every computed sample id, so that
-/// "no sample lost or computed twice" can be checked over an epoch.
+/// "no sample lost or computed twice" can be checked over an epoch; when the job's unit of
+/// work is tokens (`Weighting::Tokens`), also the tokens computed and each dropped
+/// micro-batch's tokens (the token fields are not written otherwise, so a job weighing
+/// samples writes its ledger as before).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DropLedger {
     /// Dropped micro-batches in order.
     pub dropped: Vec<DropRecord>,
     /// Sample ids computed, in order.
     pub computed: Vec<u64>,
+    /// Real tokens computed (`Weighting::Tokens`; 0 and not written under samples).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub computed_tokens: u64,
+}
+
+/// Serde's skip rule of [`DropLedger::computed_tokens`].
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl DropLedger {
     /// Samples discarded for good.
     pub fn discarded_samples(&self) -> u64 {
         self.dropped.iter().filter(|d| d.fate == DropFate::Discarded).map(|d| d.sample_ids.len() as u64).sum()
+    }
+
+    /// Tokens discarded for good (`Weighting::Tokens`; 0 under samples).
+    pub fn discarded_tokens(&self) -> u64 {
+        self.dropped.iter().filter(|d| d.fate == DropFate::Discarded).filter_map(|d| d.tokens).sum()
     }
 }
 
@@ -259,6 +359,94 @@ mod tests {
         assert!(replicas.windows(2).all(|w| w[0] == w[1]), "every replica identical");
         let next = replicas[0].take_assigned(0, &[3, 0, 0]);
         assert_eq!(flat(&next), vec![2, 3, 10, 11, 12, 13], "rank 0's tail, then rank 1's, in order");
+    }
+
+    /// Under samples the ledger is written as before (no token keys); under tokens it carries
+    /// them, and a ledger written before them reads back with none.
+    #[test]
+    fn the_ledger_writes_tokens_only_when_it_has_them() {
+        let rec = |tokens| DropRecord {
+            step: 1,
+            rank: 0,
+            micro_batch: 2,
+            sample_ids: vec![5],
+            fate: DropFate::Discarded,
+            tokens,
+        };
+        let samples = DropLedger { dropped: vec![rec(None)], computed: vec![1, 2], computed_tokens: 0 };
+        let json = serde_json::to_string(&samples).unwrap();
+        assert_eq!(
+            json,
+            r#"{"dropped":[{"step":1,"rank":0,"micro_batch":2,"sample_ids":[5],"fate":"Discarded"}],"computed":[1,2]}"#
+        );
+        assert_eq!(serde_json::from_str::<DropLedger>(&json).unwrap(), samples);
+        let tokens = DropLedger { dropped: vec![rec(Some(40))], computed: vec![1, 2], computed_tokens: 77 };
+        let json = serde_json::to_string(&tokens).unwrap();
+        assert!(json.contains(r#""tokens":40"#) && json.ends_with(r#""computed_tokens":77}"#), "{json}");
+        assert_eq!(serde_json::from_str::<DropLedger>(&json).unwrap(), tokens);
+        assert_eq!((tokens.discarded_tokens(), samples.discarded_tokens()), (40, 0));
+    }
+
+    #[test]
+    fn merged_parts_sum_their_tokens_and_take_the_largest_bucket() {
+        let p = |id: u64, tokens: Option<u64>, bucket: Option<u32>| MicroBatch { sample_ids: vec![id], tokens, bucket };
+        let m = MicroBatch::merged(&[p(1, Some(3), Some(0)), p(2, Some(5), Some(2)), p(3, Some(1), Some(1))]);
+        assert_eq!(m, MicroBatch { sample_ids: vec![1, 2, 3], tokens: Some(9), bucket: Some(2) });
+        assert_eq!(MicroBatch::merged(&[p(1, Some(3), None), p(2, Some(5), Some(2))]).bucket, None);
+        assert_eq!(MicroBatch::merged(&[p(1, None, Some(1)), p(2, Some(5), Some(1))]).tokens, None);
+        assert_eq!(MicroBatch::merged_bucket(&[]), None);
+        // A micro-batch without a bucket is written as before (no `bucket` key).
+        let json = serde_json::to_string(&p(7, None, None)).unwrap();
+        assert_eq!(json, r#"{"sample_ids":[7],"tokens":null}"#);
+        assert_eq!(serde_json::from_str::<MicroBatch>(&json).unwrap(), p(7, None, None));
+    }
+
+    /// An explicit deal (the cost-balanced one): each rank's replica deals the step's window
+    /// alike, rank r its named positions in stream order, and settles as the deal by counts
+    /// (every rank's not-started tail back to the front, rank 0's first). A deal that misses or
+    /// repeats a position, and a stream shorter than the window, deal nothing and take nothing.
+    #[test]
+    fn shared_source_deals_an_explicit_permutation_and_requeues_every_tail_in_rank_order() {
+        let ids = |v: &[MicroBatch]| v.iter().flat_map(|m| m.sample_ids.clone()).collect::<Vec<_>>();
+        let mut replicas: Vec<SharedSource<EpochQueue>> =
+            (0..2).map(|_| SharedSource::new(EpochQueue::new((0..10).collect(), 1))).collect();
+        let mut slices = Vec::new();
+        for (r, s) in replicas.iter_mut().enumerate() {
+            let mut seen = 0;
+            let dealt = s
+                .take_dealt(r as u32, 6, &mut |w: &[MicroBatch]| {
+                    seen = w.len();
+                    vec![vec![0, 3, 5], vec![1, 2, 4]]
+                })
+                .expect("dealt");
+            assert_eq!(seen, 6);
+            assert_eq!(dealt.iter().map(|v| ids(v)).collect::<Vec<_>>(), vec![vec![0, 3, 5], vec![1, 2, 4]]);
+            assert_eq!(s.dealt(), &dealt[..]);
+            slices.push(dealt);
+        }
+        for (r, s) in replicas.iter_mut().enumerate() {
+            let own = slices[r][r][[1, 2][r]..].to_vec();
+            s.settle(r as u32, &[1, 2], own, true);
+        }
+        assert!(replicas[0] == replicas[1], "every replica identical");
+        assert_eq!(ids(&replicas[0].take_assigned(0, &[4, 0])), vec![3, 5, 4, 6], "rank 0's tail, then rank 1's");
+        // Refused: a repeated position, a missing one, a short stream (the deal not asked).
+        let mut s = SharedSource::new(EpochQueue::new((0..4).collect(), 1));
+        assert!(s.take_dealt(0, 3, &mut |_: &[MicroBatch]| vec![vec![0, 0], vec![2]]).is_none());
+        assert!(s.take_dealt(0, 3, &mut |_: &[MicroBatch]| vec![vec![0], vec![2]]).is_none());
+        let mut asked = false;
+        assert!(
+            s.take_dealt(0, 5, &mut |_: &[MicroBatch]| {
+                asked = true;
+                vec![]
+            })
+            .is_none()
+        );
+        assert!(!asked, "a short window is not dealt");
+        assert_eq!(s.inner.remaining_samples(), 4, "nothing taken");
+        assert_eq!(ids(&s.take_assigned(0, &[4])), vec![0, 1, 2, 3], "in order");
+        // A per-rank source cannot deal a global step.
+        assert!(EpochQueue::new(vec![1, 2], 1).take_dealt(0, 1, &mut |_: &[MicroBatch]| vec![vec![0]]).is_none());
     }
 
     #[test]

@@ -56,6 +56,14 @@ pub struct MicroBatchRecord {
     pub samples: u64,
     /// Not started because of the deadline.
     pub dropped: bool,
+    /// Real tokens in it, recorded when the job's unit of work is tokens
+    /// (`Weighting::Tokens`; `None`, and not written, under samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Its length bucket (`MicroBatch::bucket`; `None`, and not written, for a job without
+    /// buckets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
 }
 
 /// The outcome of one step on one rank.
@@ -221,9 +229,8 @@ impl StepReport {
                     cost: if is_whole { 1.0 } else { tail.cost_fraction() },
                     deadline_ns,
                     clock_start_ns: Some(t0),
-                    // The scheduler's micro-batches carry no length bucket yet (issue 26: the
-                    // bucketed text job will).
-                    bucket: None,
+                    bucket: mb.bucket,
+                    tokens: mb.tokens,
                 }
             })
             .collect()
@@ -445,6 +452,8 @@ mod tests {
             duration_ns: if dropped { 0 } else { 90 },
             samples: 4,
             dropped,
+            tokens: None,
+            bucket: None,
         };
         let r = StepReport {
             step: 5,

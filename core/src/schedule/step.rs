@@ -12,7 +12,11 @@
 //!    optimizer update (at the first step, now).
 //! 2. `take_micro_batches` takes this rank's assigned micro-batches from the data source
 //!    (`assignment[rank]`, M unless a rebalancing policy moved work; `DataSource::take_assigned`);
-//!    `run_micro_batches` runs them under the deadline. Before micro-batch i the host waits
+//!    Under `cost-balance` the step's N·M micro-batches are instead dealt by predicted bucket
+//!    cost (`deal_by_cost`: `policy::cost_balance` over the job-wide `BucketEstimator`, through
+//!    `DataSource::take_dealt`), as `sim::policies` deals a recorded step.
+//!    `run_micro_batches` runs them under the deadline (the length-aware policies tell the
+//!    walk each micro-batch's bucket, `MicroBatch::bucket`). Before micro-batch i the host waits
 //!    for the end event of micro-batch i-1-k (sync lag k) and asks `policy::decide` with the
 //!    device time elapsed since `t0` (and, in predictive mode, the rank's latency estimate). On
 //!    start: the user's recipe writes the micro-batch gradient, the scheduler accumulates it into
@@ -38,6 +42,7 @@ use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
 use crate::policy::assign::Assigner;
+use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance};
 use crate::policy::walk::{Next, RankWalk, WalkEnd};
 use crate::policy::{LatencyEstimator, Policy, RankLatencyTracker, Rebalancer, StepPolicy, Threshold};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
@@ -93,6 +98,10 @@ pub trait Workload {
     }
 }
 
+/// Every rank's whole micro-batches' length buckets in one step, rank-major (`[r][j]`: rank
+/// r's j-th whole micro-batch; `None`: no bucket), as a cost-balanced deal handed them out.
+type RankBuckets = Vec<Vec<Option<u32>>>;
+
 /// This rank's compute phase of one step (device times, ns).
 struct ComputePhase {
     /// Device timestamp of the compute clock start `t0` (set after the loop).
@@ -103,6 +112,10 @@ struct ComputePhase {
     parts: usize,
     /// Per launch: its samples.
     samples: Vec<u64>,
+    /// Per launch: its tokens (recorded under `Weighting::Tokens` only) and its length bucket.
+    tokens: Vec<Option<u64>>,
+    /// See `tokens`.
+    buckets: Vec<Option<u32>>,
     /// Start timestamp of each of the M slots (0 when not started).
     starts_ns: Vec<u64>,
     /// End timestamp of each of the M slots (0 when not started).
@@ -125,6 +138,8 @@ impl ComputePhase {
             started: 0,
             parts: 0,
             samples: Vec::with_capacity(m),
+            tokens: Vec::with_capacity(m),
+            buckets: Vec::with_capacity(m),
             starts_ns: vec![0; m],
             ends_ns: vec![0; m],
             durations: vec![CountRow::NOT_COMPUTED; m],
@@ -196,7 +211,14 @@ pub struct Scheduler {
     ends: Vec<Event>,
     c0: Event,
     c1: Event,
-    estimator: LatencyEstimator,
+    /// This rank's estimate of the predictive check: per length bucket when the policy is
+    /// length-aware and the micro-batches carry buckets, else its blind window alone (exactly
+    /// the `LatencyEstimator` of a job without buckets).
+    estimator: BucketEstimator,
+    /// `cost-balance`'s job-wide per-bucket cost estimate, fed after every cost-balanced step
+    /// with every rank's whole micro-batches' gathered latencies under their buckets (identical
+    /// on every rank, as `sim::policies` feeds it).
+    job_estimator: BucketEstimator,
     stragglers: StragglerTracker,
     ledger: DropLedger,
     retuner: Option<Retuner>,
@@ -211,8 +233,19 @@ pub struct Scheduler {
 pub struct SchedulerState {
     /// Threshold in force (ns), `None` for off.
     pub threshold_ns: Option<u64>,
-    /// This rank's latency estimate window (predictive check).
+    /// This rank's latency estimate window (predictive check): the blind window (every
+    /// micro-batch).
     pub estimator: LatencyEstimator,
+    /// This rank's per-bucket estimate (the length-aware policies), its blind window equal to
+    /// `estimator`; `None` when no bucket was measured (not written then, so a job without
+    /// buckets checkpoints as before; checkpoints written before it restore the blind window
+    /// and no bucket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_estimator: Option<BucketEstimator>,
+    /// `cost-balance`'s job-wide per-bucket cost estimate (identical on every rank); `None`
+    /// when never fed (not written then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_estimator: Option<BucketEstimator>,
     /// Per-rank straggler statistics.
     pub stragglers: StragglerTracker,
     /// This rank's drop ledger.
@@ -285,7 +318,8 @@ impl Scheduler {
             ends,
             c0: timed("event create")?,
             c1: timed("event create")?,
-            estimator: LatencyEstimator::new(cfg.estimator_window, cfg.estimator_quantile),
+            estimator: BucketEstimator::new(cfg.estimator_window, cfg.estimator_quantile),
+            job_estimator: BucketEstimator::new(cfg.estimator_window, cfg.estimator_quantile),
             stragglers: StragglerTracker::new(n, cfg.straggler_ewma_alpha, cfg.chronic_hit_fraction),
             ledger: DropLedger::default(),
             retuner: None,
@@ -344,9 +378,21 @@ impl Scheduler {
         &self.ledger
     }
 
-    /// The latency estimator of the predictive check (for checkpointing or inspection).
+    /// The latency estimator of the predictive check (for checkpointing or inspection): the
+    /// blind window over every whole micro-batch.
     pub fn estimator(&self) -> &LatencyEstimator {
+        self.estimator.blind()
+    }
+
+    /// The per-bucket estimator of the predictive check (the length-aware policies; without
+    /// buckets its blind window is [`Scheduler::estimator`] and it has no bucket).
+    pub fn bucket_estimator(&self) -> &BucketEstimator {
         &self.estimator
+    }
+
+    /// `cost-balance`'s job-wide per-bucket cost estimate (identical on every rank).
+    pub fn job_estimator(&self) -> &BucketEstimator {
+        &self.job_estimator
     }
 
     /// Asks every rank to stop: the request rides in this rank's row of the next step's count
@@ -360,7 +406,9 @@ impl Scheduler {
     pub fn state(&self) -> SchedulerState {
         SchedulerState {
             threshold_ns: self.cfg.policy.threshold.as_ns(),
-            estimator: self.estimator.clone(),
+            estimator: self.estimator.blind().clone(),
+            bucket_estimator: self.estimator.has_buckets().then(|| self.estimator.clone()),
+            job_estimator: (!self.job_estimator.blind().is_empty()).then(|| self.job_estimator.clone()),
             stragglers: self.stragglers.clone(),
             ledger: self.ledger.clone(),
             last_overhead_ns: self.last_overhead_ns,
@@ -373,7 +421,9 @@ impl Scheduler {
     /// Restores a checkpointed state (the retuner, if any, is not part of it and restarts).
     pub fn restore(&mut self, s: SchedulerState) {
         self.cfg.policy.threshold = Threshold::from_ns(s.threshold_ns);
-        self.estimator = s.estimator;
+        let fresh = BucketEstimator::new(self.cfg.estimator_window, self.cfg.estimator_quantile);
+        self.estimator = s.bucket_estimator.unwrap_or_else(|| fresh.clone().with_blind(s.estimator));
+        self.job_estimator = s.job_estimator.unwrap_or(fresh);
         self.stragglers = s.stragglers;
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
@@ -468,7 +518,7 @@ impl Scheduler {
     ) -> Result<(StepReport, Option<RetuneEvent>), ScheduleError> {
         let _span = info_span!("step", step, rank = self.comm.rank()).entered();
         self.start_clock(step)?;
-        let planned = self.take_micro_batches(step, data)?;
+        let (planned, balanced) = self.take_micro_batches(step, data)?;
         let compute = self.run_micro_batches(step, &planned, work)?;
         work.compute_done(&self.stream, step).map_err(|source| ScheduleError::Workload {
             rank: self.comm.rank(),
@@ -480,6 +530,9 @@ impl Scheduler {
         let row = self.local_row(step, &compute, &settled)?;
         let collective = self.issue_collective_group(step, &row)?;
         let global = self.global_view(step)?;
+        if let Some(buckets) = &balanced {
+            self.observe_job_costs(&global, buckets);
+        }
         let computed: Vec<u32> = global.rows.iter().map(|r| r.computed).collect();
         let requeue = self.cfg.drop_handling == DropHandling::Requeue;
         data.settle(self.comm.rank(), &computed, std::mem::take(&mut settled.dropped_mbs), requeue);
@@ -515,14 +568,31 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Takes this rank's assigned micro-batches from `data` (fewer when it runs out).
+    /// Takes this rank's assigned micro-batches from `data` (fewer when it runs out). Under
+    /// `cost-balance` the step's N·M micro-batches (N·M·S parts) are dealt by predicted cost
+    /// instead ([`Scheduler::deal_by_cost`]) when the source can deal a global step; the second
+    /// value is then every rank's whole micro-batches' buckets (rank-major), for the job-wide
+    /// estimate fed after the collective.
     ///
     /// # Errors
     /// [`ScheduleError::Data`] when `Weighting::Tokens` meets a micro-batch without tokens
     /// (nothing is requeued: the step fails).
-    fn take_micro_batches(&mut self, step: u64, data: &mut dyn DataSource) -> Result<Vec<MicroBatch>, ScheduleError> {
+    fn take_micro_batches(
+        &mut self,
+        step: u64,
+        data: &mut dyn DataSource,
+    ) -> Result<(Vec<MicroBatch>, Option<RankBuckets>), ScheduleError> {
         let rank = self.comm.rank();
-        let mut planned = data.take_assigned(rank, self.assigner.assignment());
+        let balanced = match self.assigner.params().policy {
+            Policy::CostBalance => self.deal_by_cost(data),
+            _ => None,
+        };
+        let (mut planned, buckets) = match balanced {
+            // Only a deal by buckets feeds the job-wide estimate (a job without buckets is
+            // dealt blind, and its checkpoint stays as before).
+            Some((mine, buckets)) => (mine, buckets.iter().flatten().any(Option::is_some).then_some(buckets)),
+            None => (data.take_assigned(rank, self.assigner.assignment()), None),
+        };
         planned.truncate(self.cfg.part_slots() as usize);
         if self.cfg.weighting == Weighting::Tokens && planned.iter().any(|mb| mb.tokens.is_none()) {
             return Err(ScheduleError::Data {
@@ -531,7 +601,58 @@ impl Scheduler {
                 what: "token weighting needs a token count on every micro-batch".into(),
             });
         }
-        Ok(planned)
+        Ok((planned, buckets))
+    }
+
+    /// `cost-balance`'s deal of one step, as `sim::policies` deals a recorded step: the next
+    /// N·M micro-batches of the global stream (N·M·S parts, S consecutive parts one whole
+    /// micro-batch) go to ranks by [`cost_balance`] over their buckets' predicted costs
+    /// ([`bucket_cost`] of the job-wide estimate), at most the slots (the policy's cap, 2·M,
+    /// within [`SchedulerConfig::part_slots`]) each; the counts become the step's assignment
+    /// (`Assigner::set`). A micro-batch without a bucket (a job without buckets) makes the deal
+    /// the blind one, M·S contiguous parts per rank. Returns this rank's parts and every rank's
+    /// whole micro-batches' buckets; `None` when the source cannot deal a global step or the
+    /// stream has fewer parts left (the caller deals by counts, the assignment M·S each).
+    fn deal_by_cost(&mut self, data: &mut dyn DataSource) -> Option<(Vec<MicroBatch>, RankBuckets)> {
+        let (rank, n) = (self.comm.rank(), self.comm.world_size() as usize);
+        let split = self.cfg.parts() as usize;
+        let m = self.cfg.micro_batches;
+        let slots = (self.assigner.params().budget_cap(m) as usize).min(self.cfg.part_slots() as usize / split.max(1));
+        let per_rank = m as usize * split;
+        let est = &mut self.job_estimator;
+        let mut deal = |parts: &[MicroBatch]| -> Vec<Vec<usize>> {
+            let buckets: Option<Vec<u32>> = parts.chunks(split).map(MicroBatch::merged_bucket).collect();
+            match buckets {
+                Some(b) => cost_balance(&bucket_cost(est, &b), n, slots)
+                    .into_iter()
+                    .map(|mbs| mbs.into_iter().flat_map(|k| k * split..(k + 1) * split).collect())
+                    .collect(),
+                None => (0..n).map(|r| (r * per_rank..(r + 1) * per_rank).collect()).collect(),
+            }
+        };
+        let slices = data.take_dealt(rank, n * per_rank, &mut deal)?;
+        if slices.len() != n {
+            return None;
+        }
+        self.assigner.set(slices.iter().map(|s| s.len() as u32).collect());
+        let buckets = slices.iter().map(|s| s.chunks(split).map(MicroBatch::merged_bucket).collect()).collect();
+        let mine = slices.into_iter().nth(rank as usize).unwrap_or_default();
+        Some((mine, buckets))
+    }
+
+    /// Feeds `cost-balance`'s job-wide estimate with the step's gathered latencies: rank by
+    /// rank, each whole micro-batch's device time under its bucket (`buckets[r][j]`: rank r's
+    /// j-th whole micro-batch; the whole launches come first), as `sim::policies` feeds it.
+    fn observe_job_costs(&mut self, global: &GlobalView, buckets: &[Vec<Option<u32>>]) {
+        let split = u64::from(self.cfg.parts());
+        for (row, b) in global.rows.iter().zip(buckets) {
+            let launches = row.latencies_ns.iter().filter(|&&l| l != CountRow::NOT_COMPUTED).count() as u64;
+            let whole =
+                if split > 1 { u64::from(row.computed).saturating_sub(launches) / (split - 1) } else { launches };
+            for (j, &l) in row.latencies_ns.iter().enumerate().take(whole as usize) {
+                self.job_estimator.observe_for(b.get(j).copied().flatten(), l);
+            }
+        }
     }
 
     /// Launches a prefix of `planned` (this rank's parts) as the one walker
@@ -550,6 +671,16 @@ impl Scheduler {
         let mut t0_ns: Option<u64> = None;
         let loop_start = std::time::Instant::now();
         let mut walk = RankWalk::new(self.cfg.policy, step, planned.len(), self.cfg.tail, self.cfg.sync_lag);
+        // The length-aware policies tell the walk each micro-batch's bucket when every one has
+        // one (S consecutive parts one micro-batch, padded to its largest part's bucket).
+        if self.assigner.params().policy.length_aware() {
+            let split = self.cfg.parts() as usize;
+            let buckets: Option<Vec<u32>> = planned.chunks(split).map(MicroBatch::merged_bucket).collect();
+            if let Some(b) = buckets {
+                walk.set_buckets(&b);
+            }
+        }
+        let tokens_unit = self.cfg.weighting == Weighting::Tokens;
         loop {
             match walk.next(&mut self.estimator) {
                 Next::Launch(l) => {
@@ -557,11 +688,13 @@ impl Scheduler {
                     let mb = if l.parts == 1 {
                         &planned[l.first_part]
                     } else {
-                        merged = merge_parts(&planned[l.first_part..l.first_part + l.parts]);
+                        merged = MicroBatch::merged(&planned[l.first_part..l.first_part + l.parts]);
                         &merged
                     };
                     self.launch_micro_batch(step, l.index, l.micro_batch, mb, work)?;
                     phase.samples.push(mb.samples());
+                    phase.tokens.push(mb.tokens.filter(|_| tokens_unit));
+                    phase.buckets.push(mb.bucket);
                     phase.started += 1;
                     phase.parts += l.parts;
                 }
@@ -620,13 +753,19 @@ impl Scheduler {
             DropHandling::Requeue => DropFate::Requeued,
             DropHandling::Discard => DropFate::Discarded,
         };
+        let tokens_unit = self.cfg.weighting == Weighting::Tokens;
         for (j, mb) in dropped.iter().enumerate() {
             let micro_batch = (compute.parts + j) as u32;
-            self.ledger.dropped.push(DropRecord { step, rank, micro_batch, sample_ids: mb.sample_ids.clone(), fate });
+            let tokens = mb.tokens.filter(|_| tokens_unit);
+            let sample_ids = mb.sample_ids.clone();
+            self.ledger.dropped.push(DropRecord { step, rank, micro_batch, sample_ids, fate, tokens });
         }
         self.ledger.computed.extend(computed.iter().flat_map(|mb| mb.sample_ids.iter().copied()));
+        if tokens_unit {
+            self.ledger.computed_tokens += computed.iter().filter_map(|mb| mb.tokens).sum::<u64>();
+        }
         Settled {
-            records: micro_batch_records(step, &dropped, compute),
+            records: micro_batch_records(step, &dropped, compute, tokens_unit),
             samples: computed.iter().map(MicroBatch::samples).sum(),
             tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
             dropped: dropped.len() as u32,
@@ -893,31 +1032,36 @@ pub fn per_micro_batch_ns(report: &StepReport, tail: &crate::policy::TailShape) 
         .collect()
 }
 
-/// S consecutive parts as one whole micro-batch: their sample ids in order, their token
-/// counts summed (`None` when any part has none).
-fn merge_parts(parts: &[MicroBatch]) -> MicroBatch {
-    MicroBatch {
-        sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
-        tokens: parts.iter().map(|p| p.tokens).sum(),
-    }
-}
-
 /// This rank's launch records of one step in schedule order: the started launches (whole or
 /// tail micro-batches) with their device start, duration and samples, then the dropped parts
 /// (micro-batches without a tail shape) stamped at the drop time (the end of the last started
 /// launch, or `t0` when none was) with duration 0.
-fn micro_batch_records(step: u64, dropped: &[MicroBatch], compute: &ComputePhase) -> Vec<MicroBatchRecord> {
+fn micro_batch_records(
+    step: u64,
+    dropped: &[MicroBatch],
+    compute: &ComputePhase,
+    tokens_unit: bool,
+) -> Vec<MicroBatchRecord> {
     let drop_at = compute.started.checked_sub(1).map_or(compute.t0_ns, |last| compute.ends_ns[last]);
-    let done = (0..compute.started).map(|i| (i, compute.samples[i], compute.starts_ns[i], compute.durations[i], false));
-    let undone = dropped.iter().enumerate().map(|(j, mb)| (compute.started + j, mb.samples(), drop_at, 0, true));
-    done.chain(undone)
-        .map(|(i, samples, start_ns, duration_ns, dropped)| MicroBatchRecord {
-            step,
-            micro_batch: i as u32,
-            start_ns,
-            duration_ns,
-            samples,
-            dropped,
-        })
-        .collect()
+    let done = (0..compute.started).map(|i| MicroBatchRecord {
+        step,
+        micro_batch: i as u32,
+        start_ns: compute.starts_ns[i],
+        duration_ns: compute.durations[i],
+        samples: compute.samples[i],
+        dropped: false,
+        tokens: compute.tokens[i],
+        bucket: compute.buckets[i],
+    });
+    let undone = dropped.iter().enumerate().map(|(j, mb)| MicroBatchRecord {
+        step,
+        micro_batch: (compute.started + j) as u32,
+        start_ns: drop_at,
+        duration_ns: 0,
+        samples: mb.samples(),
+        dropped: true,
+        tokens: mb.tokens.filter(|_| tokens_unit),
+        bucket: mb.bucket,
+    });
+    done.chain(undone).collect()
 }

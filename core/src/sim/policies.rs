@@ -53,7 +53,10 @@
 //!
 //! Normalization is exact: a step's gradient is divided by the micro-batches aggregated (global
 //! computed samples); the effective speedup is aggregated/nominal · baseline/policy step time - 1
-//! (samples per second against the synchronous run).
+//! (samples per second against the synchronous run). On a trace in tokens
+//! ([`LatencyTrace::tokens`], a run whose unit of work is tokens) the aggregated and nominal
+//! work, the drop rate and the effective speedup are in real tokens
+//! ([`PolicyReplay::tokens`]; the counts stay in parts).
 
 use rand::Rng;
 
@@ -149,10 +152,19 @@ pub struct PolicyReplay {
     /// Micro-batches of the nominal batch missing from the gradient, summed over steps
     /// (Σ_s max(0, N·M - aggregated_s)): the samples lost (re-queued or discarded by the ledger).
     pub lost: u64,
-    /// lost / nominal.
+    /// lost / nominal; in tokens when the trace carries them ([`PolicyReplay::tokens`]).
     pub drop_rate: f64,
-    /// aggregated / nominal · baseline / policy step time - 1.
+    /// aggregated / nominal · baseline / policy step time - 1; in tokens when the trace
+    /// carries them (the aggregated over the nominal real tokens).
     pub effective_speedup: f64,
+    /// The work in real tokens when the trace carries them ([`LatencyTrace::tokens`], a run
+    /// whose unit of work is tokens): (aggregated, nominal) summed over steps. A step's nominal
+    /// tokens are its recorded N·M micro-batches' scaled by its nominal parts over N·M·S (an
+    /// epoch's short step); a started micro-batch counts its recorded tokens, a tail part its
+    /// share 1/S of them, a micro-batch beyond the record (beyond M, or a step beyond the
+    /// trace) the trace's mean per micro-batch (an estimate, as its latency is). `None` for a
+    /// trace without tokens: then every count is in parts.
+    pub tokens: Option<(f64, f64)>,
     /// Fewest micro-batches aggregated in one step.
     pub min_step_micro_batches: u64,
     /// Most micro-batches aggregated in one step.
@@ -356,8 +368,13 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     // Cost-balance's job-wide estimate of each bucket's cost (the same on every rank).
     let mut job_est = BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile);
     let slots_mb = run.params.budget_cap(m as u32) as usize;
-    // Per rank, this step's micro-batches when dealt by cost: (latencies, buckets).
-    let mut dealt_rows: Vec<(Vec<f64>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); n];
+    // Per rank, this step's micro-batches when dealt by cost: (latencies, buckets, tokens).
+    let mut dealt_rows: Vec<(Vec<f64>, Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); n];
+    // Token weights (module doc of `PolicyReplay::tokens`): the mean per micro-batch for the
+    // micro-batches beyond the record, and the running (aggregated, nominal) sums.
+    let tokens = trace.tokens();
+    let mean_tokens = tokens.map(|t| t.iter().map(|&x| x as f64).sum::<f64>() / t.len().max(1) as f64);
+    let (mut tok_aggregated, mut tok_nominal, mut tok_lost) = (0.0f64, 0.0f64, 0.0f64);
     let mut ends = Vec::with_capacity(2 * m * split);
     let mut mb_lat: Vec<f64> = Vec::with_capacity(2 * m);
     let mut walker = RankWalk::new(deadline, first_step, 0, tail, exec.sync_lag);
@@ -390,11 +407,16 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             // Deal the step's N·M recorded micro-batches by predicted cost (module doc).
             let deal = cost_balance(&bucket_cost(&mut job_est, b), n, slots_mb);
             let mat = trace.step_matrix(si);
+            let step_tokens = tokens.and_then(|t| t.get(si * n * m..(si + 1) * n * m));
             for (row, cells) in dealt_rows.iter_mut().zip(&deal) {
                 row.0.clear();
                 row.1.clear();
+                row.2.clear();
                 row.0.extend(cells.iter().map(|&k| mat[k]));
                 row.1.extend(cells.iter().map(|&k| b[k]));
+                if let Some(t) = step_tokens {
+                    row.2.extend(cells.iter().map(|&k| t[k]));
+                }
             }
             assigner.set(deal.iter().map(|c| (c.len() * split) as u32).collect());
         }
@@ -409,6 +431,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             _ => (&no_row, &mean_offsets),
         };
         let mut step_started = vec![0u32; n];
+        let mut step_tokens_started = 0.0f64;
         for r in 0..n {
             let row: &[f64] = match (balanced, recorded) {
                 (true, _) => &dealt_rows[r].0,
@@ -450,6 +473,17 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                     job_est.observe_for(b.get(j).copied(), l as u64);
                 }
             }
+            if let Some(mean) = mean_tokens {
+                // Tokens started: whole micro-batch j its recorded count, a tail part 1/S of it.
+                let row_tokens: &[u64] = match (balanced, recorded, tokens) {
+                    (true, _, _) => &dealt_rows[r].2,
+                    (false, true, Some(t)) => &t[(si * n + r) * m..(si * n + r + 1) * m],
+                    _ => &[],
+                };
+                let of = |j: usize| row_tokens.get(j).map_or(mean, |&x| x as f64);
+                let (whole, rest) = (w.parts / split, w.parts % split);
+                step_tokens_started += (0..whole).map(of).sum::<f64>() + rest as f64 / split as f64 * of(whole);
+            }
             step_started[r] = w.parts as u32;
             finish[r] = w.end;
             mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
@@ -473,6 +507,17 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         computed += aggregated;
         lost += nominal.saturating_sub(aggregated);
         step_nominal.push(nominal);
+        if let Some(mean) = mean_tokens {
+            let full = (n * m * split) as f64;
+            let recorded_tokens = match (recorded, tokens) {
+                (true, Some(t)) => t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum::<f64>(),
+                _ => mean * (n * m) as f64,
+            };
+            let step_tokens_nominal = recorded_tokens * nominal as f64 / full;
+            tok_nominal += step_tokens_nominal;
+            tok_aggregated += step_tokens_started;
+            tok_lost += (step_tokens_nominal - step_tokens_started).max(0.0);
+        }
         started_cells.extend_from_slice(&step_started);
         if aggregated > 0 {
             // An empty step (the stream's end) is no step of the assignment's statistics, as
@@ -492,6 +537,15 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let pt = per_step.iter().map(|x| x.1).sum::<f64>() / per_step.len().max(1) as f64;
     let nominal = (per_step.len() * n * m * split) as u64;
     let aggregated: u64 = per_step.iter().map(|x| x.2).sum();
+    let parts_drop_rate =
+        crate::policy::nominal_drop_rate(step_nominal.iter().zip(&per_step).map(|(&nm, x)| (nm, x.2)));
+    let parts_speedup = aggregated as f64 / nominal.max(1) as f64 * b / pt - 1.0;
+    let token_totals = mean_tokens.map(|_| (tok_aggregated, tok_nominal));
+    let (drop_rate, effective_speedup) = match token_totals {
+        // A step's lost tokens are its nominal less what started, never below 0 (as `lost`).
+        Some((agg, nom)) if nom > 0.0 => (tok_lost / nom, agg / nom * b / pt - 1.0),
+        _ => (parts_drop_rate, parts_speedup),
+    };
     PolicyReplay {
         policy: p,
         baseline_step_ns: b,
@@ -500,8 +554,9 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         aggregated,
         computed,
         lost,
-        drop_rate: crate::policy::nominal_drop_rate(step_nominal.iter().zip(&per_step).map(|(&nm, x)| (nm, x.2))),
-        effective_speedup: aggregated as f64 / nominal.max(1) as f64 * b / pt - 1.0,
+        drop_rate,
+        effective_speedup,
+        tokens: token_totals,
         min_step_micro_batches: per_step.iter().map(|x| x.2).min().unwrap_or(0),
         max_step_micro_batches: per_step.iter().map(|x| x.2).max().unwrap_or(0),
         split: split as u32,
@@ -684,6 +739,38 @@ mod tests {
         assert!(r.max_step_micro_batches >= 7);
         // Common random numbers: the same seed draws the same extra latencies.
         assert_eq!(r, replay_policy(&trace(), &run(p, None)));
+    }
+
+    /// With a trace in tokens the replay counts real tokens: a started micro-batch its own, a
+    /// tail part 1/S of its micro-batch's; the drop rate and the effective speedup are in
+    /// tokens (the same replay without tokens counts micro-batches).
+    #[test]
+    fn a_trace_in_tokens_weighs_the_work_and_the_drop_rate_in_tokens() {
+        // One rank, M = 4, latencies 10 each; step 1's micro-batches 10, 20, 30, 40 tokens.
+        let plain = LatencyTrace::new("t", vec![0], vec![0, 1], 4, vec![10.0; 8], vec![0.0, 0.0]).expect("valid");
+        let t = plain.clone().with_tokens(vec![1, 2, 3, 4, 10, 20, 30, 40]).expect("tokens");
+        assert!(plain.clone().with_tokens(vec![1; 7]).is_err(), "one count per micro-batch");
+        let th = Threshold::Fixed(Duration::from_nanos(35));
+        let mut ex = exec(CheckMode::Predictive);
+        ex.warmup_steps = 1;
+        let with = |t: &LatencyTrace, tail: TailShape| {
+            replay_policy(t, &PolicyRun::new(StepPolicy { tail, ..StepPolicy::new(Policy::DropPredictive) }, th, ex))
+        };
+        // Step 1 starts 3 whole micro-batches (60 of 100 tokens): 40 of the run's 110 lost.
+        let whole = with(&t, TailShape::default());
+        assert_eq!(whole.tokens, Some((70.0, 110.0)));
+        assert_eq!(whole.drop_rate, 40.0 / 110.0);
+        assert_eq!(whole.lost, 1, "counts stay in parts");
+        // Step times 40 and 30 against the baseline's 40 and 40.
+        assert!((whole.effective_speedup - (70.0 / 110.0 * 40.0 / 35.0 - 1.0)).abs() < 1e-12);
+        // A half micro-batch of the fourth: half its 40 tokens.
+        let half = with(&t, TailShape::split(2));
+        assert_eq!(half.tokens, Some((90.0, 110.0)));
+        assert_eq!(half.drop_rate, 20.0 / 110.0);
+        // Without tokens: micro-batches.
+        let parts = with(&plain, TailShape::default());
+        assert_eq!((parts.tokens, parts.drop_rate), (None, 1.0 / 8.0));
+        assert_eq!(parts.started, whole.started, "the decisions do not depend on the unit");
     }
 
     /// A tail shape of half a micro-batch: the predictive check stops a whole micro-batch

@@ -35,7 +35,9 @@ pub struct ReplayReport {
     pub baseline_step_ns: f64,
     /// Mean step time under the policy, ns.
     pub policy_step_ns: f64,
-    /// Fraction of micro-batches not started.
+    /// Fraction of micro-batches not started; of the real tokens when the trace carries them
+    /// (`LatencyTrace::tokens`: the replay's `PolicyReplay::drop_rate`), so the guardrail of
+    /// `tune::recommend` judges tokens.
     pub drop_rate: f64,
     /// (1 - d)·baseline/policy - 1.
     pub effective_speedup: f64,
@@ -59,7 +61,10 @@ pub fn replay(trace: &LatencyTrace, threshold: Threshold, exec: &ExecutionModel)
     let b = per_step.iter().map(|x| x.0).sum::<f64>() / s;
     let p = per_step.iter().map(|x| x.1).sum::<f64>() / s;
     let started: u64 = per_step.iter().map(|x| x.2).sum();
-    let d = 1.0 - started as f64 / (s * (n * m) as f64);
+    let d = match r.tokens {
+        Some((_, nominal)) if nominal > 0.0 => r.drop_rate,
+        _ => 1.0 - started as f64 / (s * (n * m) as f64),
+    };
     ReplayReport {
         baseline_step_ns: b,
         policy_step_ns: p,

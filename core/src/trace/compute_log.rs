@@ -13,9 +13,14 @@
 //! work needs to be read back: micro_batches (the run's nominal M), split, parts and cost (the
 //! tail shape: a row holds parts/split of a micro-batch and is expected to take cost of a whole
 //! one's device time), deadline_ns and clock_start_ns (the step's deadline and compute clock
-//! start on the row's clock), and bucket (the micro-batch's length bucket, for the length-aware
-//! policies). Those columns are optional for the reader (empty or 0: not recorded), so older
-//! logs, the Python writer's and the reference's load as before.
+//! start on the row's clock), bucket (the micro-batch's length bucket, for the length-aware
+//! policies) and, only in a run whose unit of work is tokens, tokens (the row's real tokens).
+//! Those columns are optional for the reader (empty or 0: not recorded), so older logs, the
+//! Python writer's and the reference's load as before.
+//!
+//! Tokens likewise: a log whose every cell has its rows' tokens (a whole micro-batch's rows)
+//! gives a trace with tokens ([`super::LatencyTrace::tokens`]), which the replay weighs its work
+//! and drop rate by; else none, with a note when some were recorded.
 //!
 //! Buckets: a log whose every cell of the trace has a bucket (its first row's; a baseline run
 //! launches every micro-batch) gives a length-carrying trace ([`super::LatencyTrace::buckets`]);
@@ -152,6 +157,12 @@ pub struct ComputeLogRecord {
     /// length); `None` (an empty field): not a bucketed job, or not recorded.
     #[serde(default)]
     pub bucket: Option<u32>,
+    /// Real (non-padding) tokens of the row's micro-batch or part, when the run's unit of work
+    /// is tokens (`schedule::Weighting::Tokens`). `None` is not written at all (no column): a
+    /// run's rows carry it on every row or on none, so a run weighing samples writes the
+    /// columns it wrote before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// Writes [`ComputeLogRecord`]s as CSV with a header.
@@ -302,6 +313,8 @@ struct Row {
     clock_start_ns: Option<u64>,
     /// The micro-batch's length bucket (`None`: not recorded).
     bucket: Option<u32>,
+    /// The row's real tokens (`None`: not recorded).
+    tokens: Option<u64>,
 }
 
 /// One whole micro-batch of a rank-step built from its rows in launch order (a whole launch,
@@ -323,6 +336,8 @@ struct Cell {
     line: u64,
     /// Its first row's bucket.
     bucket: Option<u32>,
+    /// Its rows' real tokens summed (`None` when a row has none).
+    tokens: Option<u64>,
 }
 
 impl Cell {
@@ -336,6 +351,7 @@ impl Cell {
             file: x.file,
             line: x.line,
             bucket: x.bucket,
+            tokens: Some(0),
         };
         c.add(x);
         c
@@ -343,6 +359,7 @@ impl Cell {
 
     fn add(&mut self, x: &Row) {
         self.covered += x.fraction;
+        self.tokens = self.tokens.zip(x.tokens).map(|(a, b)| a.saturating_add(b));
         if x.dropped {
             self.censored += x.fraction;
         } else {
@@ -396,7 +413,7 @@ fn load_logs_with<'a>(
         let col = |name: &str| if ours { header.iter().position(|h| h == name) } else { None };
         let (m_col, split_col, parts_col, cost_col, deadline_col, clock_col) =
             (col("micro_batches"), col("split"), col("parts"), col("cost"), col("deadline_ns"), col("clock_start_ns"));
-        let bucket_col = col("bucket");
+        let (bucket_col, tokens_col) = (col("bucket"), col("tokens"));
         let (src, lines) = crate::csv_lines::LineIndex::new(open(path)?);
         let mut r = csv::ReaderBuilder::new().has_headers(has_header).flexible(true).from_reader(src);
         super::for_each_record(&mut r, &lines, path, |line, rec| {
@@ -446,6 +463,10 @@ fn load_logs_with<'a>(
                 .filter(|v| !v.is_empty())
                 .map(|v| parse(v, path, line, "bucket"))
                 .transpose()?;
+            let tokens: Option<u64> = opt(tokens_col, "tokens")?
+                .filter(|v| !v.is_empty())
+                .map(|v| parse(v, path, line, "tokens"))
+                .transpose()?;
             if m > 0 && declared_m.is_none_or(|(d, _, _)| m > d) {
                 declared_m = Some((m, file, line));
             }
@@ -472,6 +493,7 @@ fn load_logs_with<'a>(
                 deadline_ns,
                 clock_start_ns,
                 bucket,
+                tokens,
             });
             Ok(())
         })?;
@@ -521,8 +543,9 @@ fn load_logs_with<'a>(
     let mut measured: BTreeMap<(u32, u64), f64> = BTreeMap::new();
     let mut starts: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut offsets: BTreeMap<(u32, u64), f64> = BTreeMap::new();
-    // The bucket of each (step, rank, micro-batch) cell that has one.
+    // The bucket (real tokens) of each (step, rank, micro-batch) cell that has one.
     let mut bucket_of: BTreeMap<(u64, u32, u32), u32> = BTreeMap::new();
+    let mut tokens_of: BTreeMap<(u64, u32, u32), u64> = BTreeMap::new();
     // The rank-steps to build: every one when M is recorded (a rank with no row in a step, a
     // skipped backup worker, is filled: bounded by MAX_FILLED_CELLS), else those with rows (a
     // missing one is ragged, found by the builder without materializing its cells).
@@ -589,6 +612,9 @@ fn load_logs_with<'a>(
                     if let Some(k) = x.bucket {
                         bucket_of.insert((s, r, x.mb), k);
                     }
+                    if let (Some(t), true) = (x.tokens, x.fraction >= 1.0) {
+                        tokens_of.insert((s, r, x.mb), t);
+                    }
                 } else if !x.dropped {
                     counts.beyond_m += 1;
                 }
@@ -624,6 +650,9 @@ fn load_logs_with<'a>(
             b.insert(&paths[c.file], c.line, s, r, i as u32, value)?;
             if let Some(k) = c.bucket {
                 bucket_of.insert((s, r, i as u32), k);
+            }
+            if let (Some(t), true) = (c.tokens, c.covered >= 1.0 - 1e-9) {
+                tokens_of.insert((s, r, i as u32), t);
             }
         }
         counts.beyond_m += cells.iter().skip(m).filter(|c| c.measured_ns > 0.0).count();
@@ -726,6 +755,24 @@ fn load_logs_with<'a>(
         } else {
             notes.push(format!(
                 "{missing} of {} micro-batches have no bucket: the trace carries none (the length-aware policies replay blind)",
+                cells.len()
+            ));
+        }
+    }
+    if !tokens_of.is_empty() {
+        let m = trace.micro_batches() as u32;
+        let cells: Vec<Option<u64>> = trace
+            .steps()
+            .iter()
+            .flat_map(|&s| trace.ranks().iter().flat_map(move |&r| (0..m).map(move |i| (s, r, i))))
+            .map(|k| tokens_of.get(&k).copied())
+            .collect();
+        let missing = cells.iter().filter(|c| c.is_none()).count();
+        if missing == 0 {
+            trace = trace.with_tokens(cells.into_iter().flatten().collect())?;
+        } else {
+            notes.push(format!(
+                "{missing} of {} micro-batches have no token count: the trace carries none (the replay counts micro-batches, not tokens)",
                 cells.len()
             ));
         }
@@ -854,6 +901,7 @@ mod tests {
             deadline_ns: 99_000,
             clock_start_ns: Some(8_000),
             bucket: Some(3),
+            tokens: None,
         };
         w.write(&rec).expect("write");
         let text = String::from_utf8(w.into_inner().expect("flush")).expect("utf8");

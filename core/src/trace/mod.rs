@@ -170,6 +170,11 @@ fn warmup_note(removed: usize) -> String {
 /// ([`LatencyTrace::with_buckets`], same layout as the latencies): what the length-aware policies
 /// (`policy::bucket`) replay. A trace without them (every format before the column, the
 /// What-if CSV, the reference's logs) has none, and those policies then run blind.
+///
+/// A trace of a run whose unit of work is tokens may also hold each micro-batch's real token
+/// count ([`LatencyTrace::with_tokens`], same layout): the replay then counts its work, drop
+/// rate and effective speedup in tokens (`sim::policies`), so the tuner's guardrail judges the
+/// drop rate in tokens.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatencyTrace {
     source: String,
@@ -180,6 +185,7 @@ pub struct LatencyTrace {
     overhead_ns: Vec<f64>,
     start_ns: Vec<f64>,
     buckets: Option<Vec<u32>>,
+    tokens: Option<Vec<u64>>,
 }
 
 impl LatencyTrace {
@@ -216,7 +222,17 @@ impl LatencyTrace {
             return Err(TraceError::Shape(format!("{source}: value #{i} is {v} (must be finite and >= 0)")));
         }
         let start_ns = vec![0.0; s * n];
-        Ok(Self { source, ranks, steps, micro_batches, latencies_ns, overhead_ns, start_ns, buckets: None })
+        Ok(Self {
+            source,
+            ranks,
+            steps,
+            micro_batches,
+            latencies_ns,
+            overhead_ns,
+            start_ns,
+            buckets: None,
+            tokens: None,
+        })
     }
 
     /// The same trace with per step and rank the device time (ns) from the step's compute
@@ -251,10 +267,11 @@ impl LatencyTrace {
     /// The same trace with its per-step overhead replaced by `overhead_ns` (S values), validated
     /// as by [`LatencyTrace::new`]. Used by loaders that derive the overhead after building (the compute log, a run's report). Errors: as [`LatencyTrace::new`] (a negative or non-finite value, a wrong length).
     pub fn with_overhead(self, overhead_ns: Vec<f64>) -> Result<Self, TraceError> {
-        let (start_ns, buckets) = (self.start_ns, self.buckets);
+        let (start_ns, buckets, tokens) = (self.start_ns, self.buckets, self.tokens);
         let mut t = Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)?
             .with_start_offsets(start_ns)?;
         t.buckets = buckets;
+        t.tokens = tokens;
         Ok(t)
     }
 
@@ -275,6 +292,30 @@ impl LatencyTrace {
         }
         self.buckets = Some(buckets);
         Ok(self)
+    }
+
+    /// The same trace carrying each micro-batch's real (non-padding) token count: S x N x M
+    /// values in the latencies' layout. The replay then weighs its work in tokens.
+    ///
+    /// # Errors
+    /// [`TraceError::Shape`] when `tokens` has not S x N x M values.
+    pub fn with_tokens(mut self, tokens: Vec<u64>) -> Result<Self, TraceError> {
+        if tokens.len() != self.latencies_ns.len() {
+            return Err(TraceError::Shape(format!(
+                "{}: {} token counts for {} micro-batch latencies",
+                self.source,
+                tokens.len(),
+                self.latencies_ns.len()
+            )));
+        }
+        self.tokens = Some(tokens);
+        Ok(self)
+    }
+
+    /// Every micro-batch's real tokens (S x N x M, the latencies' layout), `None` for a trace
+    /// of a run that weighs samples.
+    pub fn tokens(&self) -> Option<&[u64]> {
+        self.tokens.as_deref()
     }
 
     /// Every micro-batch's bucket (S x N x M, the latencies' layout), `None` for a trace
@@ -348,7 +389,7 @@ impl LatencyTrace {
     }
 
     /// Concatenate traces with the same ranks and M along the step axis (e.g. several windows);
-    /// the result carries buckets when every input does.
+    /// the result carries buckets (tokens) when every input does.
     /// Errors: [`TraceError::Shape`] if ranks or M differ, or the list is empty.
     pub fn concat_steps(traces: &[LatencyTrace]) -> Result<LatencyTrace, TraceError> {
         let first = traces.first().ok_or_else(|| TraceError::Shape("no trace to concatenate".into()))?;
@@ -371,6 +412,13 @@ impl LatencyTrace {
             out.start_ns.extend_from_slice(&t.start_ns);
             // Buckets survive only when every part carries them.
             out.buckets = match (out.buckets.take(), &t.buckets) {
+                (Some(mut a), Some(b)) => {
+                    a.extend_from_slice(b);
+                    Some(a)
+                }
+                _ => None,
+            };
+            out.tokens = match (out.tokens.take(), &t.tokens) {
                 (Some(mut a), Some(b)) => {
                     a.extend_from_slice(b);
                     Some(a)

@@ -62,9 +62,11 @@ pub struct PolicyOutcome {
     pub budget_ms: Option<f64>,
     /// Within the guardrails and above the minimum gain.
     pub enabled: bool,
-    /// Replayed effective speedup (0.05 = +5 %): aggregated/nominal · recorded/policy step - 1.
+    /// Replayed effective speedup (0.05 = +5 %): aggregated/nominal · recorded/policy step - 1
+    /// (in real tokens when the trace carries them: `sim::policies::PolicyReplay::tokens`).
     pub effective_speedup: f64,
-    /// Replayed drop rate (fraction of the nominal micro-batches not aggregated).
+    /// Replayed drop rate (fraction of the nominal micro-batches, or of the nominal real tokens
+    /// when the trace carries them, not aggregated): what the guardrail judges.
     pub drop_rate: f64,
     /// Fewest micro-batches aggregated in a step / N·M.
     pub min_batch_fraction: f64,
