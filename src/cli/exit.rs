@@ -184,6 +184,12 @@ fn train(e: &dropcompute_train::error::TrainError) -> ExitClass {
         TrainError::Infeasible(i) => infeasible(i),
         TrainError::Checkpoint(_) | TrainError::WorldSizeMismatch { .. } => ExitClass::Checkpoint,
         TrainError::Interrupted { .. } => ExitClass::Interrupted,
+        // The text task: a device failure is classed as the runtime's; the corpus, split,
+        // plan and sizes are the job's configuration (embedded data: no user file).
+        TrainError::Text { source, .. } => match source.as_ref() {
+            dropcompute_train::transformer_train::TextTrainError::Device { source, .. } => synapse(source),
+            _ => ExitClass::Usage,
+        },
         _ => ExitClass::Internal,
     }
 }

@@ -21,7 +21,8 @@ use dropcompute::schedule::Normalization;
 use dropcompute::sim::noise::Noise;
 use dropcompute_train::config::{
     ArgError, BYTES_PER_MB, DEFAULT_RANKS, DEFAULT_STEPS, MAX_BUCKET_MB, MAX_HIDDEN, MAX_MICRO_BATCH_SIZE,
-    MAX_MICRO_BATCHES, MAX_MS, MAX_RANKS, RunLength, SlowRank, ThresholdArg, TrainConfig,
+    MAX_MICRO_BATCHES, MAX_MS, MAX_RANKS, RunLength, SlowRank, Task, TextModelSize, TextTask, ThresholdArg,
+    TrainConfig,
 };
 use dropcompute_train::error::TrainError;
 use dropcompute_train::job::Job;
@@ -40,9 +41,9 @@ pub struct Args {
     /// Micro-batches per rank per step (gradient accumulation).
     #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub micro_batches: u32,
-    /// Samples per micro-batch.
-    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
-    pub micro_batch_size: u32,
+    /// Samples per micro-batch [default: 8; --task text: 2 documents].
+    #[arg(long, allow_negative_numbers = true)]
+    pub micro_batch_size: Option<u32>,
     /// Compute deadline per step: auto (tuned), off (baseline only) or a number of ms.
     #[arg(long, default_value = "auto", allow_hyphen_values = true)]
     pub threshold: String,
@@ -116,9 +117,9 @@ pub struct Args {
     /// All-reduce bucket size, MiB.
     #[arg(long, default_value_t = 4.0, allow_negative_numbers = true)]
     pub bucket_mb: f64,
-    /// SGD learning rate.
-    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
-    pub lr: f64,
+    /// Learning rate: SGD's [default: 0.2]; --task text: AdamW's [default: 3e-3].
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f64>,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     pub momentum: f64,
@@ -149,6 +150,19 @@ pub struct Args {
     /// and defaults of `dropcompute tune`).
     #[command(flatten)]
     pub guardrails: super::GuardrailArgs,
+    /// What to train: digits (the MLP on the UCI digits, held-out accuracy) or text (the
+    /// byte-level transformer LM on the embedded corpus, one compiled recipe per length
+    /// bucket, AdamW, held-out loss per token; tokens are the unit of work and a micro-batch's
+    /// device time is its bucket's modelled cost).
+    #[arg(long, value_enum, default_value_t = Task::Digits)]
+    pub task: Task,
+    /// --task text: the model size and buckets (default: 32-wide, 1 layer, buckets 64..512
+    /// tokens; tiny: 8-wide, buckets 8 and 16, for tests).
+    #[arg(long, value_enum)]
+    pub text_model: Option<TextModelSize>,
+    /// --task text: use only the first N documents of the embedded corpus (>= 2).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub text_documents: Option<u32>,
 }
 
 fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgError {
@@ -231,7 +245,12 @@ impl Args {
         if micro_batches > MAX_MICRO_BATCHES {
             return Err(bad("micro-batches", micro_batches, format!("must be <= {MAX_MICRO_BATCHES}")));
         }
-        let micro_batch_size = at_least_one("micro-batch-size", self.micro_batch_size)?;
+        let text = self.task == Task::Text;
+        self.check_task()?;
+        let micro_batch_size = at_least_one(
+            "micro-batch-size",
+            self.micro_batch_size.unwrap_or(if text { DEFAULT_TEXT_MICRO_BATCH_SIZE } else { 8 }),
+        )?;
         if micro_batch_size > MAX_MICRO_BATCH_SIZE {
             return Err(bad("micro-batch-size", micro_batch_size, format!("must be <= {MAX_MICRO_BATCH_SIZE}")));
         }
@@ -317,7 +336,7 @@ impl Args {
                 return Err(bad("backup-workers", b, format!("only with --policy backup-workers (the policy is {p})")));
             }
         }
-        let tail = self.tail.tail_for(Some(self.micro_batch_size)).map_err(|e| bad(e.flag, e.value, e.why))?;
+        let tail = self.tail.tail_for(Some(micro_batch_size)).map_err(|e| bad(e.flag, e.value, e.why))?;
         if self.sync_lag >= micro_batches {
             return Err(bad("sync-lag", self.sync_lag, format!("must be < --micro-batches {micro_batches}")));
         }
@@ -326,7 +345,7 @@ impl Args {
         if !(4.0..=MAX_BUCKET_MB * BYTES_PER_MB).contains(&bucket_bytes) {
             return Err(bad("bucket-mb", show(mb), format!("must hold one f32 (4 bytes) and be <= {MAX_BUCKET_MB}")));
         }
-        let lr = positive("lr", self.lr)?;
+        let lr = positive("lr", self.lr.unwrap_or(if text { DEFAULT_TEXT_LR } else { 0.2 }))?;
         if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
             return Err(bad("momentum", show(self.momentum), "must be in [0, 1)"));
         }
@@ -389,9 +408,76 @@ impl Args {
             checkpoint_asked: self.checkpoint_every > 0 || self.checkpoint_dir.is_some() || self.resume.is_some(),
             time_mode: self.time_mode,
             guardrails,
+            task: self.task,
+            text: TextTask { model: self.text_model.unwrap_or_default(), documents: self.text_documents },
         })
     }
+
+    /// The flags that do not apply to `--task`, refused rather than ignored: with the text
+    /// task, the digits' data and model flags (`--data`, `--classes`, `--hidden`,
+    /// `--momentum`, `--init-params`), `--base-latency-ms` (a text micro-batch costs its
+    /// bucket's modelled time) and the checkpoint flags (the text model's AdamW state is not
+    /// checkpointed yet); with the digits, the text flags. A flag at its default counts as not
+    /// given (as `--classes` without `--data`).
+    fn check_task(&self) -> Result<(), ArgError> {
+        let text = self.task == Task::Text;
+        let not_text = |flag: &'static str, value: String| {
+            Err(bad(flag, value, "does not apply to --task text (the digits MLP's flag)"))
+        };
+        if !text {
+            if let Some(m) = self.text_model {
+                return Err(bad("text-model", m.name(), "applies to --task text only"));
+            }
+            if let Some(n) = self.text_documents {
+                return Err(bad("text-documents", n, "applies to --task text only"));
+            }
+            return Ok(());
+        }
+        if let Some(d) = &self.data {
+            return not_text("data", d.display().to_string());
+        }
+        if let Some(p) = &self.init_params {
+            return not_text("init-params", p.display().to_string());
+        }
+        if self.classes != dropcompute_train::data::DIGITS_CLASSES {
+            return not_text("classes", self.classes.to_string());
+        }
+        if self.hidden != 128 {
+            return not_text("hidden", self.hidden.to_string());
+        }
+        if self.momentum != 0.9 {
+            return not_text("momentum", show(self.momentum));
+        }
+        if self.base_latency_ms != dropcompute_train::config::DEFAULT_BASE_LATENCY_MS {
+            return Err(bad(
+                "base-latency-ms",
+                show(self.base_latency_ms),
+                "does not apply to --task text: a micro-batch costs its length bucket's modelled device time",
+            ));
+        }
+        for (flag, given) in [
+            ("checkpoint-every", (self.checkpoint_every > 0).then(|| self.checkpoint_every.to_string())),
+            ("checkpoint-dir", self.checkpoint_dir.as_ref().map(|p| p.display().to_string())),
+            ("resume", self.resume.as_ref().map(|p| p.display().to_string())),
+        ] {
+            if let Some(v) = given {
+                return Err(bad(flag, v, "--task text has no checkpoints yet (its AdamW state is not saved)"));
+            }
+        }
+        if let Some(n) = self.text_documents
+            && n < 2
+        {
+            return Err(bad("text-documents", n, "must be >= 2 (one to train on, one held out)"));
+        }
+        Ok(())
+    }
 }
+
+/// `--micro-batch-size` of `--task text` when absent: documents per micro-batch (the measured
+/// default size, `transformer_train::TextTrainConfig::default`).
+pub const DEFAULT_TEXT_MICRO_BATCH_SIZE: u32 = 2;
+/// `--lr` of `--task text` when absent: AdamW's (`transformer::AdamW::default`).
+pub const DEFAULT_TEXT_LR: f64 = 3e-3;
 
 /// Runs `dropcompute train`: validates the flags, runs the job (baseline and DropCompute, or
 /// DropCompute only), prints the comparison table on rank 0 and writes `--out` atomically.

@@ -224,6 +224,69 @@ pub struct TrainConfig {
     /// Guardrails of `--threshold auto` (`--max-drop-rate`, `--min-batch-fraction`,
     /// `--min-gain`: the same flags and defaults as `dropcompute tune`), each in [0, 1].
     pub guardrails: dropcompute::tune::Guardrails,
+    /// `--task`: what the job trains (the digits MLP, the default, or the text transformer).
+    /// Configurations written before the flag are digits jobs.
+    #[serde(default)]
+    pub task: Task,
+    /// `--text-model`, `--text-documents`: the text task's size (read only when `task` is
+    /// [`Task::Text`]).
+    #[serde(default)]
+    pub text: TextTask,
+}
+
+/// `--task`: the job's model, data and metric.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Task {
+    /// The MLP on the UCI digits (or `--data`), SGD, held-out accuracy; samples are the unit.
+    #[default]
+    Digits,
+    /// The byte-level transformer LM on the embedded text corpus (`train::text`), one compiled
+    /// forward/backward recipe per length bucket, AdamW, held-out loss per token; tokens are
+    /// the unit (divisor, ledger, compute log) and every micro-batch carries its bucket.
+    Text,
+}
+
+impl Task {
+    /// The command-line name: "digits" or "text".
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Digits => "digits",
+            Task::Text => "text",
+        }
+    }
+}
+
+/// `--text-model`: the text task's transformer and bucket set (`train::text_job` maps each to
+/// its `TransformerConfig` and buckets).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum TextModelSize {
+    /// `TransformerConfig::DEFAULT` with `text::DEFAULT_BUCKETS` (64..512 tokens): the job's
+    /// measured default size.
+    #[default]
+    Default,
+    /// `TransformerConfig::TINY` with buckets of 8 and 16 tokens: the tests' size (seconds).
+    Tiny,
+}
+
+impl TextModelSize {
+    /// The command-line name: "default" or "tiny".
+    pub fn name(self) -> &'static str {
+        match self {
+            TextModelSize::Default => "default",
+            TextModelSize::Tiny => "tiny",
+        }
+    }
+}
+
+/// The text task's size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TextTask {
+    /// Model and buckets.
+    pub model: TextModelSize,
+    /// Use only the first this many documents of the embedded corpus (>= 2; `None`: all).
+    pub documents: Option<u32>,
 }
 
 /// Serde default of [`TrainConfig::backup_workers`].

@@ -131,6 +131,16 @@ pub enum TrainError {
         /// World size of this run.
         run: u32,
     },
+    /// The text task (`--task text`): its corpus, split, plan or model (`rank` `None` while
+    /// the job is prepared), or one rank's device work on the transformer.
+    #[error("{}{source}", rank.map(|r| format!("rank {r}: ")).unwrap_or_default())]
+    Text {
+        /// The rank, when one rank's device work failed.
+        rank: Option<u32>,
+        /// What failed.
+        #[source]
+        source: Box<super::transformer_train::TextTrainError>,
+    },
     /// The ranks finished with different parameters (a lockstep violation; never expected).
     #[error("ranks diverged: rank {rank}'s final parameters differ from rank 0's")]
     Diverged {

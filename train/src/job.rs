@@ -40,6 +40,10 @@ pub struct Job {
     pub init: Vec<f32>,
     /// `--resume`: the step every rank resumes the DropCompute run from.
     pub resume_step: Option<u64>,
+    /// The text task's inputs (`--task text`; `None` for digits). A text job has empty
+    /// [`Job::train`] / [`Job::holdout`] data sets and a zero [`Job::shape`]: its model, data and
+    /// parameters are here.
+    pub text: Option<Arc<super::text_job::TextJob>>,
 }
 
 /// The serialized form of a [`Job`] handed to a rank process (JSON inside the
@@ -219,6 +223,19 @@ impl Job {
 
     /// Data, split, shape and initial parameters of `cfg`; no checkpoint read.
     fn load(cfg: TrainConfig) -> Result<Self, TrainError> {
+        if cfg.task == super::config::Task::Text {
+            let text = super::text_job::TextJob::prepare(&cfg)?;
+            let none = || Arc::new(Dataset { features: Vec::new(), labels: Vec::new(), dim: 0, classes: 0 });
+            return Ok(Self {
+                init: text.init.clone(),
+                train: none(),
+                holdout: none(),
+                shape: MlpShape { input: 0, hidden: 0, classes: 0 },
+                resume_step: None,
+                text: Some(Arc::new(text)),
+                cfg,
+            });
+        }
         let all = match &cfg.data {
             Some(p) => Dataset::load(p, cfg.classes)?,
             None => Dataset::embedded_digits()?,
@@ -229,7 +246,15 @@ impl Job {
             Some(p) => super::params::load_for(p, shape)?,
             None => mlp::init_params(shape, cfg.seed)?,
         };
-        let job = Self { cfg, train: Arc::new(train), holdout: Arc::new(holdout), shape, init, resume_step: None };
+        let job = Self {
+            cfg,
+            train: Arc::new(train),
+            holdout: Arc::new(holdout),
+            shape,
+            init,
+            resume_step: None,
+            text: None,
+        };
         if job.holdout.is_empty() || job.train.len() < job.cfg.ranks as usize {
             return Err(TrainError::Config {
                 what: "--holdout",
@@ -362,15 +387,40 @@ impl Job {
         }
     }
 
+    /// What the job's dealer deals one id per: training samples (digits) or bucket-plan units
+    /// of b/S documents (text, `text_job::TextJob::plan`).
+    pub fn units(&self) -> u64 {
+        match &self.text {
+            Some(t) => t.plan.units(),
+            None => self.train.len() as u64,
+        }
+    }
+
+    /// Ids per dealt part: b/S samples (digits; S the tail split), or one plan unit, itself
+    /// b/S documents (text).
+    pub fn part_size(&self) -> usize {
+        match &self.text {
+            Some(_) => 1,
+            None => (self.cfg.micro_batch_size / self.cfg.tail.parts()) as usize,
+        }
+    }
+
+    /// Length of the flat parameter (and gradient) vector, f32 values.
+    pub fn param_len(&self) -> usize {
+        match &self.text {
+            Some(t) => t.model.param_len(),
+            None => self.shape.param_len(),
+        }
+    }
+
     /// The stream this job's second run deals (its samples, seed, parts of b/S, epochs or
     /// steps), as `run` builds it: the data model of the job's prediction
     /// (`dropcompute::deal::ReplayStream`).
     pub fn replay_stream(&self) -> dropcompute::deal::ReplayStream {
-        let part_size = (self.cfg.micro_batch_size / self.cfg.tail.parts()) as usize;
         dropcompute::deal::ReplayStream::new(
-            self.train.len() as u64,
+            self.units(),
             self.cfg.seed,
-            part_size,
+            self.part_size(),
             self.max_epochs(),
             self.steps(),
         )
@@ -401,7 +451,9 @@ impl Job {
     /// emulated device time before noise and slowdown, as before the model became a graph. Every
     /// other graph (the SGD step, the scheduler's gradient graphs) keeps the mock's per-node
     /// cost model (microseconds). This is the only place the flag acts: it describes the
-    /// emulated device and has no meaning on a real one.
+    /// emulated device and has no meaning on a real one. A text job (`--task text`) sets no
+    /// base latency: each bucket's recipe costs what the per-node model says (its device time
+    /// follows its length), and a tail recipe draws the noise of its whole recipe.
     ///
     /// # Errors
     /// [`TrainError::Config`] when `$DROPCOMPUTE_MOCK_DEVICES` has fewer devices than ranks or
@@ -412,6 +464,20 @@ impl Job {
         m.time_mode = self.cfg.time_mode;
         m.seed = self.cfg.seed;
         m.noise = self.cfg.noise.clone();
+        if let Some(t) = &self.text {
+            // The text task: every bucket recipe keeps the per-node cost model (no base
+            // latency); a tail recipe draws the noise of the whole one it is cut from.
+            let tail = self.cfg.tail;
+            if tail.enabled() {
+                let rows = (t.rows / tail.parts()).max(1);
+                for &len in t.buckets.lengths() {
+                    let name = |r| super::transformer_graphs::forward_backward_recipe_name(&t.model, len, r);
+                    m.graph_noise_alias.insert(name(rows), name(t.rows));
+                }
+            }
+            self.slow_ranks_into(&mut m);
+            return Ok(m);
+        }
         let b = self.cfg.micro_batch_size as usize;
         let fwd = super::model_graphs::forward_backward_recipe_name(self.shape, b);
         let base_ns = u64::try_from(self.cfg.base_latency.as_nanos()).unwrap_or(u64::MAX);
@@ -425,6 +491,12 @@ impl Job {
             m.graph_noise_alias.insert(name, fwd.clone());
         }
         m.graph_base_latency_ns.insert(fwd, base_ns);
+        self.slow_ranks_into(&mut m);
+        Ok(m)
+    }
+
+    /// `--slow-rank`s as the mock's per-device slowdowns.
+    fn slow_ranks_into(&self, m: &mut MockConfig) {
         for s in &self.cfg.slow_ranks {
             m.per_device.retain(|o| o.module_id != s.rank);
             m.per_device.push(DeviceOverride {
@@ -435,7 +507,6 @@ impl Job {
                 script_recipe: None,
             });
         }
-        Ok(m)
     }
     /// Checks that none of the emulation settings is given for a real device: `--base-latency-ms`
     /// and `--noise` at their defaults ([`super::config::DEFAULT_BASE_LATENCY_MS`],
@@ -520,4 +591,9 @@ pub struct RankOutcome {
     pub threshold_ns: Option<u64>,
     /// How the threshold was chosen.
     pub threshold_source: String,
+    /// The text task's metric: held-out loss per real token (nats) of the final parameters,
+    /// measured on rank 0 (`text_workload::TextWorkload::holdout_loss`); `None` for the digits
+    /// task and on the other ranks (their parameters are rank 0's: `run::check_lockstep`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holdout_loss: Option<f64>,
 }

@@ -46,6 +46,8 @@ pub mod report;
 pub mod run;
 pub mod summary;
 pub mod text;
+pub mod text_job;
+pub mod text_workload;
 pub mod timeline;
 pub mod transformer;
 pub mod transformer_graphs;

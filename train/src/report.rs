@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{RunLength, ThresholdArg, TrainConfig};
+use super::config::{RunLength, Task, ThresholdArg, TrainConfig};
 
 /// Errors of building a report from measurements.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -55,7 +55,9 @@ pub struct RunMeasurements {
 /// One run in report.json (`"baseline"` or `"dropcompute"`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct RunReport {
-    /// Held-out accuracy, fraction in [0, 1].
+    /// Held-out accuracy, fraction in [0, 1]; `null` (NaN) for the text task, whose metric is
+    /// [`RunReport::holdout_loss_per_token`].
+    #[serde(with = "dropcompute::serde_nan")]
     pub accuracy: f64,
     /// Computed samples per second of wall time.
     pub samples_per_s: f64,
@@ -91,6 +93,18 @@ pub struct RunReport {
     /// the policy moves work; every step's assignment is in steps.csv).
     #[serde(default)]
     pub assignment: Vec<u32>,
+    /// The text task's metric: held-out loss per real token of the final parameters, nats
+    /// (absent for the digits task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holdout_loss_per_token: Option<f64>,
+    /// Real tokens computed, summed over ranks and steps (the text task's unit of work;
+    /// absent for the digits task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_computed: Option<u64>,
+    /// Real tokens computed per second of wall time (absent for the digits task); the text
+    /// task's [`Report::speedup`] is the ratio of these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
 }
 
 impl RunReport {
@@ -123,6 +137,9 @@ impl RunReport {
             samples_dropped: m.samples_dropped,
             policy: String::new(),
             assignment: Vec::new(),
+            holdout_loss_per_token: None,
+            tokens_computed: None,
+            tokens_per_s: None,
         })
     }
 }
@@ -189,6 +206,15 @@ pub struct ConfigEcho {
     pub checkpoint_every: u64,
     /// "real" or "virtual".
     pub time_mode: String,
+    /// `--task` when it is not the digits (absent for the digits task): "text".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// `--text-model` of the text task ("default" or "tiny"; absent for the digits task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_model: Option<String>,
+    /// `--text-documents` of the text task (absent when the whole corpus is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_documents: Option<u32>,
 }
 
 /// The command-line name of an enum flag's value (`clap::ValueEnum`), e.g. `"before"`.
@@ -236,6 +262,9 @@ impl From<&TrainConfig> for ConfigEcho {
             warmup_steps: c.warmup_steps,
             checkpoint_every: c.checkpoint_every.map_or(0, |k| k.get()),
             time_mode: value_name(c.time_mode),
+            task: (c.task != Task::Digits).then(|| c.task.name().to_owned()),
+            text_model: (c.task == Task::Text).then(|| c.text.model.name().to_owned()),
+            text_documents: c.text.documents.filter(|_| c.task == Task::Text),
         }
     }
 }
@@ -375,8 +404,9 @@ pub struct Report {
     pub baseline: Option<RunReport>,
     /// The DropCompute run.
     pub dropcompute: RunReport,
-    /// Measured effective speedup: dropcompute.samples_per_s / baseline.samples_per_s (ratio);
-    /// `null` without a baseline or when the baseline computed nothing.
+    /// Measured effective speedup: dropcompute.samples_per_s / baseline.samples_per_s (ratio;
+    /// tokens_per_s for the text task, `summary::report`); `null` without a baseline or when
+    /// the baseline computed nothing.
     pub speedup: Option<f64>,
     /// Effective speedup predicted by the simulator (`dropcompute::sim`) for this configuration.
     pub predicted_speedup: Option<f64>,
@@ -432,7 +462,14 @@ pub fn comparison_table(r: &Report) -> String {
         ("drop rate (%)", both(&|x| format!("{:.2}", x.drop_rate * 100.0))),
         ("threshold (ms)", both(&|x| ms(x.threshold_ms))),
         ("final train loss", both(&|x| format!("{:.4}", x.final_loss))),
-        ("held-out accuracy (%)", both(&|x| format!("{:.2}", x.accuracy * 100.0))),
+        match d.holdout_loss_per_token {
+            // The text task's metric (no accuracy).
+            Some(_) => (
+                "held-out loss (nats/token)",
+                both(&|x| x.holdout_loss_per_token.map_or_else(dash, |l| format!("{l:.4}"))),
+            ),
+            None => ("held-out accuracy (%)", both(&|x| format!("{:.2}", x.accuracy * 100.0))),
+        },
         ("effective speedup, measured", [b.map_or_else(dash, |_| "1.000x".to_owned()), ratio(r.speedup)]),
         (
             "effective speedup, predicted",
@@ -442,6 +479,11 @@ pub fn comparison_table(r: &Report) -> String {
             }],
         ),
     ];
+    let mut rows = rows;
+    if d.tokens_per_s.is_some() {
+        // The text task's unit of work (its speedup is in tokens).
+        rows.insert(3, ("tokens/s computed", both(&|x| x.tokens_per_s.map_or_else(dash, |t| format!("{t:.1}")))));
+    }
     let header = ("", ["baseline".to_owned(), "dropcompute".to_owned()]);
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let w = |i: usize| rows.iter().chain([&header]).map(|r| r.1[i].len()).max().unwrap_or(0);

@@ -30,9 +30,36 @@ use super::config::ThresholdArg;
 use super::error::TrainError;
 use super::job::{Job, RankOutcome, RunKind};
 use super::progress::Progress;
+use super::text_workload::TextWorkload;
 use super::workload::LatencyKeys;
 use super::workload::{MlpHyper, MlpWorkload};
 use dropcompute::deal::RunData;
+use dropcompute::schedule::{DataSource, Workload};
+use dropcompute::synapse::DeviceBuffer;
+
+/// The workload of one run: the digits MLP or the text transformer (`--task`).
+enum Model {
+    Mlp(MlpWorkload),
+    Text(TextWorkload),
+}
+
+impl Model {
+    fn workload(&mut self) -> &mut dyn Workload {
+        match self {
+            Model::Mlp(w) => w,
+            Model::Text(w) => w,
+        }
+    }
+
+    /// The `[loss sum, count]` accumulators the driver all-reduces after each step (one for
+    /// the MLP, whose count is samples; one per compiled shape for the text model, tokens).
+    fn loss_buffers(&mut self) -> Vec<&mut DeviceBuffer<f32>> {
+        match self {
+            Model::Mlp(w) => vec![&mut w.loss],
+            Model::Text(w) => w.loss_buffers(),
+        }
+    }
+}
 
 /// The communicator options of `train`: a 60 s collective timeout (bounded failure when a
 /// rank dies), 5 s abort deadline, a flight recorder of the last 15 collectives (5 steps).
@@ -196,15 +223,16 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             },
             sync_lag: cfg.sync_lag,
             normalization: cfg.normalization,
-            weighting: Weighting::Samples,
+            // The text task's unit of work is the real token (divisor, ledger, compute log).
+            weighting: if job.text.is_some() { Weighting::Tokens } else { Weighting::Samples },
             drop_handling: DropHandling::Requeue,
             grad_dtype: GradDtype::F32,
-            gradient_len: job.shape.param_len(),
+            gradient_len: job.param_len(),
             bucket_bytes: usize::try_from(cfg.bucket_bytes).unwrap_or(usize::MAX),
             tail,
             ..SchedulerConfig::default()
         };
-        let ops = GradientOps::graphs(comm.device(), job.shape.param_len(), GradDtype::F32).map_err(dev_err)?;
+        let ops = GradientOps::graphs(comm.device(), job.param_len(), GradDtype::F32).map_err(dev_err)?;
         let mut sched = Scheduler::new(comm, scfg, ops)?;
         if let Some(r) = retuner {
             sched.set_retuner(r);
@@ -226,18 +254,27 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             weight_decay: 0.0,
             tail_split: tail.parts() as usize,
         };
-        let zeros = vec![0f32; job.init.len()];
-        let mut work =
-            MlpWorkload::new(sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
-        work.rank = rank;
+        let mut work = match &job.text {
+            Some(t) => Model::Text(
+                TextWorkload::new(sched.stream(), Arc::clone(t), tail.parts(), None)
+                    .map_err(|e| TrainError::Text { rank: Some(rank), source: Box::new(e) })?,
+            ),
+            None => {
+                let zeros = vec![0f32; job.init.len()];
+                let mut w =
+                    MlpWorkload::new(sched.stream(), hyper, job.train.clone(), &job.init, &zeros).map_err(dev_err)?;
+                w.rank = rank;
+                Model::Mlp(w)
+            }
+        };
         let max_epochs = job.max_epochs();
         // Both runs deal from the one global stream (`RunData::global`): paired by
         // construction, and a rank's dropped micro-batches go to the next step's ranks.
         let mut data = RunData::global(
-            job.train.len() as u64,
+            job.units(),
             cfg.seed,
             // Both runs deal the second run's parts; the baseline merges S of them (paired).
-            (cfg.micro_batch_size / cfg.tail.parts()) as usize,
+            job.part_size(),
             (cfg.tail.parts() / tail.parts()) as usize,
             max_epochs,
         );
@@ -248,8 +285,11 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         let mut step = 0u64;
         if let (Some(s0), true) = (job.resume_step, checkpointed) {
             let (meta, params, velocity) =
-                super::ckpt::load(&job.fingerprint(), job.shape.param_len(), &cfg.checkpoint_dir, rank, s0)?;
-            work.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?;
+                super::ckpt::load(&job.fingerprint(), job.param_len(), &cfg.checkpoint_dir, rank, s0)?;
+            match &mut work {
+                Model::Mlp(w) => w.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?,
+                Model::Text(_) => return Err(text_checkpoint_error()),
+            }
             sched.restore(meta.scheduler);
             data = meta.data;
             data.set_max_epochs(max_epochs); // the run length may change on resume
@@ -260,16 +300,26 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         let zero = HostBuffer::from_slice(&dev, &[0f32, 0f32]).map_err(dev_err)?;
         // The global loss of step s is all-reduced right after it and read after step s+1
         // (the stream has passed it by then): no extra host synchronization per step.
-        let mut pending: Option<HostBuffer<f32>> = None;
-        let read = |h: &HostBuffer<f32>| -> Result<f64, TrainError> {
-            let l = h.as_slice().map_err(dev_err)?;
-            Ok(if l[1] > 0.0 { f64::from(l[0]) / f64::from(l[1]) } else { f64::NAN })
+        let mut pending: Option<Vec<HostBuffer<f32>>> = None;
+        // The step's loss per sample (digits) or per real token (text): the sums over the
+        // model's accumulators (one for the digits: its value as read).
+        let read = |hs: &Vec<HostBuffer<f32>>| -> Result<f64, TrainError> {
+            let (mut sum, mut count) = (0f64, 0f64);
+            for h in hs {
+                let l = h.as_slice().map_err(dev_err)?;
+                sum += f64::from(l[0]);
+                count += f64::from(l[1]);
+            }
+            Ok(if count > 0.0 { sum / count } else { f64::NAN })
         };
         let coll_err = |source| TrainError::Collective { rank, call: "loss all-reduce", source };
         let coll_err = |c: &Comm| {
             dump_flight_recorder(c);
             coll_err
         };
+        // The text task deals plan units whose tokens and buckets the scheduler reads.
+        let mut counted =
+            job.text.as_ref().map(|t| super::text::TokenCounted { plan: Arc::clone(&t.plan), inner: data.clone() });
         let t = Instant::now();
         while job.steps().is_none_or(|s| step < s) {
             super::workload::set_latency_key(dev.module_id(), step, super::workload::STEP_START)
@@ -277,7 +327,11 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             if dropcompute::signals::received().is_some() {
                 sched.request_stop();
             }
-            let (rep, _) = match sched.step(step, &mut data, &mut work) {
+            let source: &mut dyn DataSource = match counted.as_mut() {
+                Some(c) => c,
+                None => &mut data,
+            };
+            let (rep, _) = match sched.step(step, source, work.workload()) {
                 Ok(v) => v,
                 Err(e) => {
                     if matches!(e, ScheduleError::Collective { .. }) {
@@ -290,14 +344,15 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
                 losses.push(read(&h)?);
             }
             let s = sched.stream();
-            sched
-                .comm()
-                .all_reduce_in_place(&mut work.loss, ReduceOp::Sum, s)
-                .map_err(|e| coll_err(sched.comm())(e))?;
-            let mut h = HostBuffer::<f32>::zeroed(&dev, 2).map_err(dev_err)?;
-            s.copy_d2h(&work.loss, &mut h).map_err(dev_err)?;
-            s.copy_h2d(&zero, &mut work.loss).map_err(dev_err)?;
-            pending = Some(h);
+            let mut read_back = Vec::with_capacity(1);
+            for loss in work.loss_buffers() {
+                sched.comm().all_reduce_in_place(loss, ReduceOp::Sum, s).map_err(|e| coll_err(sched.comm())(e))?;
+                let mut h = HostBuffer::<f32>::zeroed(&dev, 2).map_err(dev_err)?;
+                s.copy_d2h(loss, &mut h).map_err(dev_err)?;
+                s.copy_h2d(&zero, loss).map_err(dev_err)?;
+                read_back.push(h);
+            }
+            pending = Some(read_back);
             if rep.global_computed() + rep.global_dropped() == 0 {
                 pending = None; // every rank's epochs are done (identical view on every rank)
                 break;
@@ -318,7 +373,8 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
                 let save = every.is_some_and(|k| step.is_multiple_of(k))
                     || (stop && (cfg.checkpoint_asked || signal.is_none_or(|s| s.always_checkpoints())));
                 let saved = if checkpointed && save {
-                    let (params, velocity) = work.state(sched.stream()).map_err(dev_err)?;
+                    let Model::Mlp(w) = &work else { return Err(text_checkpoint_error()) };
+                    let (params, velocity) = w.state(sched.stream()).map_err(dev_err)?;
                     let meta = super::ckpt::RankMeta {
                         fingerprint: job.fingerprint(),
                         scheduler: sched.state(),
@@ -349,7 +405,22 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             dropcompute::mock::TimeMode::Real => u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX),
         };
         progress.finish();
-        let (params, _) = work.state(sched.stream()).map_err(dev_err)?;
+        let text_err = |e| TrainError::Text { rank: Some(rank), source: Box::new(e) };
+        let (params, holdout_loss) = match &mut work {
+            Model::Mlp(w) => (w.state(sched.stream()).map_err(dev_err)?.0, None),
+            Model::Text(w) => {
+                let params = w.params(sched.stream()).map_err(text_err)?;
+                // Rank 0 measures the metric for the report (every rank holds its parameters).
+                let loss = if rank == 0 {
+                    super::workload::set_latency_key(dev.module_id(), RUN_SETUP_STEP, super::workload::STEP_END)
+                        .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
+                    Some(w.holdout_loss(sched.stream()).map_err(text_err)?)
+                } else {
+                    None
+                };
+                (params, loss)
+            }
+        };
         let threshold_ns = sched.threshold().as_ns();
         let ledger = sched.ledger().clone();
         let stragglers = sched.stragglers().clone();
@@ -366,9 +437,21 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
             stragglers,
             threshold_ns,
             threshold_source: source,
+            holdout_loss,
         });
     }
     Ok((outcomes, comm))
+}
+
+/// The text task has no checkpoints yet (its AdamW moments have no download accessor); the
+/// flags are refused up front (`dropcompute_cli::commands::train`), this guards a job built
+/// otherwise.
+fn text_checkpoint_error() -> TrainError {
+    TrainError::Config {
+        what: "--task text",
+        value: "checkpoints (--checkpoint-every, --checkpoint-dir, --resume) are not supported for the text task yet"
+            .into(),
+    }
 }
 
 fn destroy(comm: Comm, rank: u32) -> Result<(), TrainError> {

@@ -66,10 +66,21 @@ pub struct Prediction {
 /// measurement does (an epoch's last micro-batch may be short): predicted samples over the
 /// predicted time (the replayed steps) against the baseline's samples over its time (its
 /// recorded steps as replayed, plus any step the trace skipped, as measured). `None` without
-/// a complete baseline step.
-pub fn prediction(job: &Job, baseline: &RankOutcome, threshold_ns: Option<u64>) -> Option<Prediction> {
+/// a complete baseline step. `ranks` (every rank's baseline reports, rank order) give the
+/// text task's trace its buckets and tokens (`schedule::auto::with_report_lengths`), so the
+/// length-aware policies replay with them; the digits task's trace has none.
+pub fn prediction(
+    job: &Job,
+    baseline: &RankOutcome,
+    ranks: &[&[StepReport]],
+    threshold_ns: Option<u64>,
+) -> Option<Prediction> {
     let reports = &baseline.reports;
     let trace = dropcompute::schedule::auto::trace_of_reports(reports)?;
+    let trace = match &job.text {
+        Some(_) => dropcompute::schedule::auto::with_report_lengths(trace, ranks),
+        None => trace,
+    };
     let device_ns: u64 = reports.iter().map(|r| r.step_ns).sum();
     let host_gap = baseline.wall_ns.saturating_sub(device_ns) as f64 / reports.len().max(1) as f64;
     let overhead: Vec<f64> = trace.overhead_ns().iter().map(|o| o + host_gap).collect();
@@ -216,7 +227,12 @@ pub fn drop_rate(job: &Job, o: &RankOutcome) -> f64 {
 /// # Errors
 /// [`TrainError::Model`] when evaluation fails; [`TrainError::Report`] for an empty run.
 pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
-    let (_, accuracy) = mlp::evaluate(job.shape, &o.params, &job.holdout)?;
+    // The text task has no accuracy: its metric is the held-out loss per token rank 0
+    // measured on the device (`RankOutcome::holdout_loss`).
+    let accuracy = match &job.text {
+        Some(_) => 0.0,
+        None => mlp::evaluate(job.shape, &o.params, &job.holdout)?.1,
+    };
     let m = RunMeasurements {
         wall: Duration::from_nanos(o.wall_ns.max(1)),
         steps: o.reports.len() as u64,
@@ -230,6 +246,13 @@ pub fn run_report(job: &Job, o: &RankOutcome) -> Result<RunReport, TrainError> {
     let mut r = RunReport::from_measurements(&m)?;
     r.policy = job.policy_of(o.kind).name().to_owned();
     r.assignment = o.reports.last().map(|x| x.assignment.clone()).unwrap_or_default();
+    if job.text.is_some() {
+        let tokens: u64 = o.reports.iter().flat_map(|x| x.ranks.iter().map(|s| s.tokens)).sum();
+        r.accuracy = f64::NAN;
+        r.holdout_loss_per_token = Some(o.holdout_loss.unwrap_or(f64::NAN));
+        r.tokens_computed = Some(tokens);
+        r.tokens_per_s = Some(tokens as f64 / r.wall_s);
+    }
     Ok(r)
 }
 
@@ -279,7 +302,11 @@ pub fn job_prediction(job: &Job, outcomes: &[Vec<RankOutcome>]) -> Option<Predic
     let r0 = outcomes.first()?;
     let base = r0.iter().find(|o| o.kind == RunKind::Baseline)?;
     let dc = r0.iter().find(|o| o.kind == RunKind::DropCompute)?;
-    prediction(job, base, dc.threshold_ns)
+    let ranks: Vec<&[StepReport]> = outcomes
+        .iter()
+        .filter_map(|o| o.iter().find(|x| x.kind == RunKind::Baseline).map(|x| x.reports.as_slice()))
+        .collect();
+    prediction(job, base, &ranks, dc.threshold_ns)
 }
 
 /// The report of a job from the outcomes `[rank][run]` (rank 0 at least), with the run
@@ -303,6 +330,13 @@ pub fn report(
     let speedup = predicted.map(|p| p.speedup);
     let mut rep =
         Report::new(baseline, run_report(job, dc)?, speedup, ConfigEcho::from(&job.cfg), meta, stragglers(dc));
+    if job.text.is_some() {
+        // The text task's unit of work is the token: its speedup is in tokens per second.
+        rep.speedup = match (rep.baseline.as_ref().and_then(|b| b.tokens_per_s), rep.dropcompute.tokens_per_s) {
+            (Some(b), Some(d)) if b > 0.0 => Some(d / b),
+            _ => None,
+        };
+    }
     rep.prediction_estimate = predicted.is_some_and(|p| p.estimate);
     Ok(rep)
 }
@@ -393,8 +427,12 @@ pub fn write_outputs(
         out.write(&format!("ledger_{label}.json"), &ledger)?;
         let r0 = per_rank[0];
         let steps_taken = r0.reports.last().map_or(0, |r| r.step + 1);
-        let params = super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?;
-        out.write(&format!("params_{label}.safetensors"), &params)?;
+        // The digits' parameters file (`--init-params` reads it back); the text task writes
+        // none yet (no reader: its checkpoints and `--init-params` are not supported).
+        if job.text.is_none() {
+            let params = super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?;
+            out.write(&format!("params_{label}.safetensors"), &params)?;
+        }
         let policy = job.policy_of(per_rank[0].kind);
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
         if let (super::job::RunKind::DropCompute, Some(p)) = (r0.kind, predicted) {
