@@ -1,0 +1,201 @@
+//! `train --task text` (issue 26 item 6): the text transformer through the digits job's driver.
+//! A tiny run (`--text-model tiny`, 4 ranks, M = 4, one epoch of 800 documents, virtual time,
+//! `--noise none`) per policy, table-driven, whose outputs the product reads back: both compute
+//! logs through `simulate --trace` and `trace::load` (bucket and tokens columns on every row);
+//! the ledgers in tokens (every unit of the plan computed exactly once in the epoch, on some
+//! rank, under every policy; the ledger's tokens equal the sum of steps.csv's divisors, the
+//! compute log's computed tokens and report.json's); report.json's metric (held-out loss per
+//! token, no accuracy) and its speedup in tokens. The flags that do not apply to the text task
+//! are refused with exit 2 naming the flag; a digits report carries none of the text fields.
+#![cfg(feature = "mock")] // runs on the CPU mock device
+
+#[path = "support/hermetic.rs"]
+mod hermetic;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+
+use dropcompute::trace::{LoadOptions, load};
+
+/// The tiny text job every row runs (`--policy` and `--threshold` added per row).
+const TEXT: [&str; 20] = [
+    "train",
+    "--task",
+    "text",
+    "--text-model",
+    "tiny",
+    "--text-documents",
+    "800",
+    "--ranks",
+    "4",
+    "--micro-batches",
+    "4",
+    "--micro-batch-size",
+    "4",
+    "--epochs",
+    "1",
+    "--noise",
+    "none",
+    "--time-mode",
+    "virtual",
+    "--warmup-steps=0",
+];
+
+fn dropcompute(args: &[&str]) -> Output {
+    hermetic::dropcompute().args(args).output().expect("run dropcompute")
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The rows of a CSV file as header -> value maps.
+fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines.map(|l| header.iter().map(|h| h.to_string()).zip(l.split(',').map(str::to_owned)).collect()).collect()
+}
+
+#[test]
+fn text_job_outputs_read_back_under_every_policy() {
+    // (policy, threshold): the fixed deadline of 0.5 ms drops in most steps of the tiny model
+    // (a micro-batch of bucket 16 costs about 0.16 ms here).
+    let table = [
+        ("drop-predictive", "0.5"),
+        ("drop-before", "0.5"),
+        ("length-predictive", "0.5"),
+        ("cost-balance", "0.5"),
+        ("synchronous", "off"),
+    ];
+    let dir = hermetic::temp_dir("train-text");
+    let mut units_of_run = Vec::new();
+    for (policy, threshold) in table {
+        let out = dir.path().join(policy);
+        let mut args = TEXT.to_vec();
+        args.extend(["--policy", policy, "--threshold", threshold, "--out", out.to_str().unwrap()]);
+        let o = dropcompute(&args);
+        assert!(o.status.success(), "{policy}: {}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(stdout.contains("held-out loss (nats/token)") && stdout.contains("tokens/s computed"), "{stdout}");
+        assert!(!stdout.contains("held-out accuracy"), "{stdout}");
+
+        let report = json(&out.join("report.json"));
+        assert_eq!(report["config"]["task"], "text", "{policy}");
+        assert_eq!(report["config"]["text_model"], "tiny", "{policy}");
+        let steps = csv_rows(&out.join("steps.csv"));
+        for run in ["baseline", "dropcompute"] {
+            let r = &report[run];
+            assert!(r["accuracy"].is_null(), "{policy}/{run}: the text task has no accuracy");
+            let holdout = r["holdout_loss_per_token"].as_f64().expect("the text metric");
+            // Below uniform over the 258 token ids (ln 258 = 5.553) after one epoch, and
+            // positive.
+            assert!(holdout > 0.0 && holdout < 258f64.ln(), "{policy}/{run}: held-out loss {holdout}");
+            let tokens = r["tokens_computed"].as_u64().expect("tokens computed");
+
+            // Ledger: every unit of the epoch computed exactly once over the ranks (dropped
+            // ones re-queued), its tokens those of steps.csv's divisors and the compute log.
+            let ledger = json(&out.join(format!("ledger_{run}.json")));
+            let ranks = ledger.as_array().expect("one ledger per rank");
+            assert_eq!(ranks.len(), 4);
+            let mut ids: Vec<u64> = ranks
+                .iter()
+                .flat_map(|l| l["computed"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
+                .collect();
+            ids.sort_unstable();
+            let n = ids.len() as u64;
+            assert_eq!(ids, (0..n).collect::<Vec<_>>(), "{policy}/{run}: each unit once in the epoch");
+            for l in ranks {
+                for d in l["dropped"].as_array().unwrap() {
+                    assert_eq!(d["fate"], "Requeued", "{policy}/{run}: {d}");
+                }
+            }
+            let ledger_tokens: u64 = ranks.iter().map(|l| l["computed_tokens"].as_u64().unwrap()).sum();
+            let divisors: f64 =
+                steps.iter().filter(|s| s["run"] == run).map(|s| s["divisor"].parse::<f64>().unwrap()).sum();
+            assert_eq!(ledger_tokens as f64, divisors, "{policy}/{run}: ledger tokens vs divisors");
+            assert_eq!(ledger_tokens, tokens, "{policy}/{run}: ledger tokens vs report.json");
+            units_of_run.push((policy, run, n, ledger_tokens));
+
+            // The compute log: bucket and tokens on every row, its computed tokens the ledger's;
+            // read back by the library and by `simulate --trace`.
+            let log = out.join(format!("compute_log_{run}.csv"));
+            let rows = csv_rows(&log);
+            assert!(rows.iter().all(|r| !r["bucket"].is_empty() && !r["tokens"].is_empty()), "{policy}/{run}");
+            let log_tokens: u64 = rows
+                .iter()
+                .filter(|r| r["compute_dropped"] == "false")
+                .map(|r| r["tokens"].parse::<u64>().unwrap())
+                .sum();
+            assert_eq!(log_tokens, ledger_tokens, "{policy}/{run}: compute log tokens");
+            let loaded = load(std::slice::from_ref(&log), &LoadOptions::default()).expect("the library loads the log");
+            assert_eq!(loaded[0].trace.world_size(), 4, "{policy}/{run}");
+            let sim = dropcompute(&["simulate", "--trace", log.to_str().unwrap()]);
+            assert!(sim.status.success(), "simulate --trace {policy}/{run}: {}", String::from_utf8_lossy(&sim.stderr));
+            let said = String::from_utf8_lossy(&sim.stdout);
+            assert!(said.contains("length-predictive") && said.contains("cost-balance"), "{said}");
+        }
+        // The measured speedup is in tokens per second.
+        let (b, d) = (report["baseline"]["tokens_per_s"].as_f64(), report["dropcompute"]["tokens_per_s"].as_f64());
+        let speedup = report["speedup"].as_f64().expect("a measured speedup");
+        assert!((speedup - d.unwrap() / b.unwrap()).abs() < 1e-12, "{policy}: {speedup}");
+    }
+    // Every run of every policy computed the same units and tokens: the whole epoch.
+    let (_, _, n0, t0) = units_of_run[0];
+    for &(policy, run, n, t) in &units_of_run {
+        assert_eq!((n, t), (n0, t0), "{policy}/{run}: the epoch's units and tokens");
+    }
+}
+
+#[test]
+fn text_refuses_the_flags_that_do_not_apply() {
+    // (extra flags, the flag named)
+    let table: [(&[&str], &str); 9] = [
+        (&["--data", "x.csv"], "--data"),
+        (&["--classes", "3"], "--classes"),
+        (&["--hidden", "64"], "--hidden"),
+        (&["--momentum", "0.5"], "--momentum"),
+        (&["--init-params", "p.safetensors"], "--init-params"),
+        (&["--base-latency-ms", "3"], "--base-latency-ms"),
+        (&["--checkpoint-every", "2"], "--checkpoint-every"),
+        (&["--resume", "ck"], "--resume"),
+        (&["--text-documents", "1"], "--text-documents"),
+    ];
+    for (extra, flag) in table {
+        let mut args = TEXT.to_vec();
+        args.extend(extra);
+        let o = dropcompute(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+    // The text flags without the text task.
+    for (extra, flag) in [(&["--text-model", "tiny"], "--text-model"), (&["--text-documents", "9"], "--text-documents")]
+    {
+        let mut args = vec!["train", "--ranks", "2", "--steps", "1", "--threshold", "off"];
+        args.extend(extra);
+        let o = dropcompute(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn a_digits_report_has_no_text_fields() {
+    let dir = hermetic::temp_dir("train-digits-echo");
+    let out = dir.path().join("o");
+    let args = ["train", "--ranks", "2", "--micro-batches", "2", "--steps", "2", "--threshold", "off"];
+    let mut args = args.to_vec();
+    args.extend(["--time-mode", "virtual", "--out", out.to_str().unwrap()]);
+    let o = dropcompute(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(out.join("report.json")).unwrap();
+    for key in ["\"task\"", "text_model", "holdout_loss_per_token", "tokens_computed", "tokens_per_s"] {
+        assert!(!text.contains(key), "{key} in a digits report:\n{text}");
+    }
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(report["dropcompute"]["accuracy"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));
+    assert!(out.join("params_dropcompute.safetensors").exists());
+}
