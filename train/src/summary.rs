@@ -66,7 +66,10 @@ pub struct Prediction {
 /// measurement does (an epoch's last micro-batch may be short): predicted samples over the
 /// predicted time (the replayed steps) against the baseline's samples over its time (its
 /// recorded steps as replayed, plus any step the trace skipped, as measured). `None` without
-/// a complete baseline step. `ranks` (every rank's baseline reports, rank order) give the
+/// a complete baseline step. For the text task the samples are bucket-plan units (b/S
+/// documents each) while its measured speedup counts tokens (`report`): the two agree when the
+/// units' tokens do not differ between what the runs compute (an epoch: the same units); a
+/// replay counting tokens needs the stream's ids (`deal::ReplayStream`, not yet). `ranks` (every rank's baseline reports, rank order) give the
 /// text task's trace its buckets and tokens (`schedule::auto::with_report_lengths`), so the
 /// length-aware policies replay with them; the digits task's trace has none.
 pub fn prediction(
