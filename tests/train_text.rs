@@ -60,21 +60,24 @@ fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
 
 #[test]
 fn text_job_outputs_read_back_under_every_policy() {
-    // (policy, threshold): the fixed deadline of 0.5 ms drops in most steps of the tiny model
-    // (a micro-batch of bucket 16 costs about 0.16 ms here).
-    let table = [
-        ("drop-predictive", "0.5"),
-        ("drop-before", "0.5"),
-        ("length-predictive", "0.5"),
-        ("cost-balance", "0.5"),
-        ("synchronous", "off"),
+    // (policy, threshold, extra flags): the fixed deadline of 0.5 ms drops in most steps of the
+    // tiny model (a micro-batch of bucket 16 costs about 0.16 ms here); the tail split runs the
+    // second model of b/2 documents and its own loss accumulator.
+    let table: [(&str, &str, &[&str]); 6] = [
+        ("drop-predictive", "0.5", &[]),
+        ("drop-before", "0.5", &[]),
+        ("length-predictive", "0.5", &[]),
+        ("cost-balance", "0.5", &[]),
+        ("synchronous", "off", &[]),
+        ("drop-predictive", "0.5", &["--tail-split", "2"]),
     ];
     let dir = hermetic::temp_dir("train-text");
     let mut units_of_run = Vec::new();
-    for (policy, threshold) in table {
-        let out = dir.path().join(policy);
+    for (row, (policy, threshold, extra)) in table.into_iter().enumerate() {
+        let out = dir.path().join(row.to_string());
         let mut args = TEXT.to_vec();
         args.extend(["--policy", policy, "--threshold", threshold, "--out", out.to_str().unwrap()]);
+        args.extend(extra);
         let o = dropcompute(&args);
         assert!(o.status.success(), "{policy}: {}", String::from_utf8_lossy(&o.stderr));
         let stdout = String::from_utf8_lossy(&o.stdout);
@@ -116,7 +119,7 @@ fn text_job_outputs_read_back_under_every_policy() {
                 steps.iter().filter(|s| s["run"] == run).map(|s| s["divisor"].parse::<f64>().unwrap()).sum();
             assert_eq!(ledger_tokens as f64, divisors, "{policy}/{run}: ledger tokens vs divisors");
             assert_eq!(ledger_tokens, tokens, "{policy}/{run}: ledger tokens vs report.json");
-            units_of_run.push((policy, run, n, ledger_tokens));
+            units_of_run.push((row, run, n, ledger_tokens));
 
             // The compute log: bucket and tokens on every row, its computed tokens the ledger's;
             // read back by the library and by `simulate --trace`.
@@ -141,10 +144,15 @@ fn text_job_outputs_read_back_under_every_policy() {
         let speedup = report["speedup"].as_f64().expect("a measured speedup");
         assert!((speedup - d.unwrap() / b.unwrap()).abs() < 1e-12, "{policy}: {speedup}");
     }
-    // Every run of every policy computed the same units and tokens: the whole epoch.
-    let (_, _, n0, t0) = units_of_run[0];
-    for &(policy, run, n, t) in &units_of_run {
-        assert_eq!((n, t), (n0, t0), "{policy}/{run}: the epoch's units and tokens");
+    // Every run of every policy computed the epoch's tokens; both runs of a row its units (a
+    // row with a tail split deals units of b/2 documents).
+    let (_, _, _, t0) = units_of_run[0];
+    for pair in units_of_run.chunks(2) {
+        let [(row, _, n_base, _), (_, _, n, _)] = [pair[0], pair[1]];
+        assert_eq!(n, n_base, "row {row}: both runs compute the epoch's units");
+    }
+    for &(row, run, _, t) in &units_of_run {
+        assert_eq!(t, t0, "row {row}/{run}: the epoch's tokens");
     }
 }
 
@@ -198,4 +206,44 @@ fn a_digits_report_has_no_text_fields() {
     let report: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(report["dropcompute"]["accuracy"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)));
     assert!(out.join("params_dropcompute.safetensors").exists());
+}
+
+#[test]
+fn a_text_job_deals_plan_units_and_keeps_the_per_node_cost_of_its_bucket_recipes() {
+    use dropcompute_train::transformer_graphs::forward_backward_recipe_name;
+    let argv = ["t", "--task", "text", "--text-model", "tiny", "--text-documents", "400", "--ranks", "4"];
+    let mut argv = argv.to_vec();
+    argv.extend(["--micro-batch-size", "4", "--tail-split", "2", "--threshold", "1", "--noise", "none"]);
+    let args = <dropcompute_cli::commands::train::Args as clap::FromArgMatches>::from_arg_matches(
+        &<dropcompute_cli::commands::train::Args as clap::Args>::augment_args(clap::Command::new("t"))
+            .get_matches_from(argv),
+    )
+    .expect("args");
+    let job = dropcompute_train::job::Job::prepare(args.validate().expect("valid")).expect("a text job");
+    let text = job.text.as_ref().expect("the text inputs");
+    // Units of b/S = 2 documents, dealt one id per part; the baseline merges two.
+    assert_eq!((text.rows, text.unit_rows, job.part_size()), (4, 2, 1));
+    assert_eq!(job.units(), text.plan.units());
+    assert_eq!(job.param_len(), text.model.param_len());
+    // The training documents of 400 (`--holdout` 0.2 held out), every one in one unit of at
+    // most 2 documents.
+    let mut docs: Vec<u32> = (0..text.plan.units()).flat_map(|u| text.plan.unit(u).unwrap().docs.clone()).collect();
+    assert!(text.plan.units() >= text.train.len() as u64 / 2);
+    docs.sort_unstable();
+    assert_eq!(docs, (0..text.train.len() as u32).collect::<Vec<_>>());
+    assert_eq!(text.train.len(), 320);
+    assert!(text.holdout_tokens > 0 && !text.holdout.is_empty());
+    let m = job.mock_config().expect("a mock configuration");
+    // No base latency: each bucket's recipe costs its per-node model; the tail recipe of each
+    // bucket draws its whole recipe's noise.
+    assert!(m.graph_base_latency_ns.is_empty(), "{:?}", m.graph_base_latency_ns);
+    let alias: Vec<(String, String)> = m.graph_noise_alias.into_iter().collect();
+    let mut want: Vec<(String, String)> = [8, 16]
+        .into_iter()
+        .map(|len| {
+            (forward_backward_recipe_name(&text.model, len, 2), forward_backward_recipe_name(&text.model, len, 4))
+        })
+        .collect();
+    want.sort();
+    assert_eq!(alias, want);
 }

@@ -1,5 +1,6 @@
-//! `dropcompute train`: trains the MLP on the digits (or `--data`) with N ranks on the CPU mock,
-//! synchronous baseline vs DropCompute, and prints the comparison table.
+//! `dropcompute train`: trains the MLP on the digits (or `--data`), or with `--task text` the
+//! byte-level transformer LM on the embedded corpus, with N ranks on the CPU mock, synchronous
+//! baseline vs DropCompute (or `--policy`), and prints the comparison table.
 //!
 //! Owns: [`Args`] (flag names, defaults, and every range check, each reported as an
 //! [`ArgError`] naming the flag and the offending value), [`run`] (the command: validate, run the

@@ -5,7 +5,8 @@
 //! Owns: the configuration's types, limits and JSON form (a rank process of `--launch
 //! processes` receives it as JSON from its parent). Must not touch: clap or flag parsing (that
 //! is `dropcompute_cli::commands::train`, whose `Args::validate` builds a [`TrainConfig`]), devices, the
-//! network, the file system or the clock.
+//! network, the file system or the clock. ([`Task`] and [`TextModelSize`] derive
+//! `clap::ValueEnum` for their value names only, as the core's flag enums do.)
 #![forbid(unsafe_code)]
 
 use std::num::NonZeroU64;

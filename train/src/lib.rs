@@ -16,12 +16,16 @@
 //! [`params`]; `params` is also the reader of `--init-params`), and the text job's model
 //! ([`transformer`]: sizes, parameter layout, LM staging, AdamW scalars; [`transformer_graphs`]:
 //! the per-bucket forward/backward recipes, AdamW and accumulation as device graphs;
-//! [`transformer_train`]: one rank's training loop, not yet driven by the scheduler). A run's data is dealt by the
+//! [`transformer_train`]: one rank's training loop without the scheduler), and the text job's
+//! N-rank wiring through the same driver ([`text_job`]: the task's shared inputs;
+//! [`text_workload`]: the workload over the transformer; `--task text`). A run's data is dealt by the
 //! core's `dropcompute::deal` (one global stream dealt by the policy's assignment).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
-//! `workload`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
-//! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`}; `params` -> `mlp` only;
-//! `ckpt` -> `error`; `text` -> `data` (the one train/holdout rule); `transformer_train` ->
+//! `workload`, `text_workload`, `text`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
+//! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`, `text_job`,
+//! `transformer_graphs`}; `params` -> `mlp` only;
+//! `ckpt` -> `error`; `text_workload` -> {`text_job`, `transformer_train`, `workload`};
+//! `text_job` -> {`text`, `transformer`, `transformer_train`, `config`, `error`}; `text` -> `data` (the one train/holdout rule); `transformer_train` ->
 //! {`transformer_graphs`, `transformer`, `text`}; `transformer_graphs` -> {`transformer`,
 //! `text`}; `transformer` -> `text`; `error` -> leaf error types only (and `config`'s
 //! `ArgError`); `config` -> no other file of `train`. The threshold of

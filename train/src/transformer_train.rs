@@ -3,7 +3,7 @@
 //! order, their summed gradients accumulated on the device, AdamW with the step's token count
 //! as the divisor, and the held-out loss per token. It is the model's end-to-end check and the
 //! host-cost measurement's harness; the N-rank job (`train --task text`) drives the same
-//! graphs through `schedule::Workload` instead (not wired yet).
+//! [`TextModel`] through `schedule::Workload` instead (`crate::text_workload`).
 //!
 //! Owns: [`TextTrainConfig`], [`train_steps`], [`TextModel`] (one rank's device state and its
 //! launches), [`TrainLog`]. Must not touch: the graphs ([`crate::transformer_graphs`]), the
