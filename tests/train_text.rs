@@ -247,3 +247,57 @@ fn a_text_job_deals_plan_units_and_keeps_the_per_node_cost_of_its_bucket_recipes
     want.sort();
     assert_eq!(alias, want);
 }
+
+#[test]
+fn validate_covers_the_text_task() {
+    // `validate` runs the text job from its `train` flags after `--` (both runs, the
+    // prediction from the baseline's length-carrying trace, the measurement) for the blind and
+    // the two length-aware policies. Without a slow rank the prediction reproduces the run in
+    // virtual time (the error of validate's recorded target, 0.5 %).
+    let o = dropcompute(&[
+        "validate",
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "12",
+        "--threshold",
+        "0.5",
+        "--check",
+        "predictive",
+        "--time-mode",
+        "virtual",
+        "--seeds",
+        "0",
+        "--sync-lag",
+        "0",
+        "--slow-rank",
+        "none",
+        "--policy",
+        "drop-predictive,length-predictive,cost-balance",
+        "--json",
+        "--",
+        "--task",
+        "text",
+        "--text-model",
+        "tiny",
+        "--text-documents",
+        "800",
+        "--micro-batch-size",
+        "4",
+        "--noise",
+        "none",
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 3, "{v}");
+    for r in rows {
+        assert!(r["drop_rate_measured"].as_f64().unwrap() > 0.0, "{r}");
+        for err in ["speedup_error", "step_error"] {
+            let e = r[err].as_f64().unwrap();
+            assert!(e.abs() < 0.005, "{err} {e}: {r}");
+        }
+    }
+}
