@@ -81,7 +81,8 @@ pub struct RunReport {
     pub final_loss: f64,
     /// Optimizer steps completed.
     pub steps: u64,
-    /// Samples computed, summed over ranks and steps.
+    /// Samples computed, summed over ranks and steps (the text task: bucket-plan units, each
+    /// `--micro-batch-size`/S documents; its tokens are [`RunReport::tokens_computed`]).
     pub samples_computed: u64,
     /// Samples dropped, summed over ranks and steps.
     pub samples_dropped: u64,
