@@ -818,6 +818,93 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
     }
 }
 
+/// Clock skew hidden by drops (issue 26): rank 1 is slowed 3x (its forward scripted at 25 µs
+/// per micro-batch, the fast ranks' at 10 µs; its update and every other launch 3x the
+/// others'), so it starts every step late. In the synchronous baseline the slow rank ends last
+/// and its lag is part of the step; under `drop-predictive` at 45 µs it computes one
+/// micro-batch (25 µs, ends before the fast ranks' 40 µs even with its lag), so the lag is
+/// hidden behind the fast ranks. The trace of the baseline's reports carries the skew
+/// (`trace_of_reports`: the clock starts of the gathered count rows), and the replay's step
+/// time, `max_r(skew_r + offset_r + compute_r) + overhead`, equals rank 0's measured step time
+/// in every step, to the nanosecond; the same trace with its skew folded back into the
+/// overhead (the rule before the skew) over-predicts every dropping step by the skew.
+#[test]
+fn the_replay_keeps_a_slow_ranks_clock_skew_where_drops_hide_it() {
+    use dropcompute::policy::{Policy, StepPolicy};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::sim::replay::ExecutionModel;
+    let (n, m, steps) = (4u32, 4u32, 8u64);
+    let slow = |r: u32| if r == 1 { 3.0 } else { 1.0 };
+    let cfg_mock = {
+        let mut c = mock_cfg(n, &(0..n).map(|r| vec![if r == 1 { 25_000 } else { 10_000 }; 400]).collect::<Vec<_>>());
+        for o in &mut c.per_device {
+            o.slowdown = slow(o.module_id);
+        }
+        c
+    };
+    let data = || -> Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync> {
+        Box::new(move |_| Box::new(SharedSource::new(EpochQueue::new((0..100_000).collect(), 1))))
+    };
+    let base = {
+        let _g = serial(&cfg_mock);
+        run(&World::new(n, base_cfg(m, 1, 4), steps, data()))
+    };
+    let trace = dropcompute::schedule::auto::trace_of_reports(&base[0].reports).unwrap();
+    let skews = trace.skews_ns();
+    // From step 1 on, rank 1 starts late (its slower update); rank 0 is never the late one.
+    for s in 1..steps as usize {
+        let row = &skews[s * n as usize..(s + 1) * n as usize];
+        assert!(row[1] > 0.0 && row[1] < 15_000.0, "step {s}: skews {row:?}");
+        assert_eq!(row.iter().copied().fold(f64::INFINITY, f64::min), 0.0, "step {s}: {row:?}");
+        assert_eq!(row[0], 0.0, "step {s}: {row:?}");
+    }
+    let t = 45_000u64;
+    let policy = Policy::DropPredictive;
+    let runs = {
+        let _g = serial(&cfg_mock);
+        let mut cfg = base_cfg(m, 1, 4);
+        cfg.policy.check = CheckMode::Predictive;
+        cfg.policy.threshold = fixed(t);
+        let mut w = World::new(n, cfg, steps, data());
+        w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(StepPolicy::new(policy))));
+        run(&w)
+    };
+    let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
+    let run_of = |tr: &dropcompute::trace::LatencyTrace| replay_policy(tr, &PolicyRun::new(StepPolicy::new(policy), fixed(t), exec));
+    let sim = run_of(&trace);
+    let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
+    assert_eq!(sim.started, started, "same micro-batches started every step");
+    assert!(started.chunks(n as usize).skip(1).all(|s| s == [4, 1, 4, 4]), "the slow rank is cut: {started:?}");
+    // Before the skew: the same trace, the skew left in the overhead (step - max compute).
+    let blind = {
+        let off: Vec<f64> = trace
+            .steps()
+            .iter()
+            .zip(trace.overhead_ns())
+            .enumerate()
+            .map(|(s, (_, o))| {
+                let row = &skews[s * n as usize..(s + 1) * n as usize];
+                let ends: Vec<f64> = (0..n as usize)
+                    .map(|r| trace.start_offsets_ns()[s * n as usize + r] + trace.rank_compute_ns()[s * n as usize + r])
+                    .collect();
+                let with = ends.iter().zip(row).map(|(e, k)| e + k).fold(0.0f64, f64::max);
+                o + with - ends.iter().copied().fold(0.0f64, f64::max)
+            })
+            .collect();
+        trace.clone().with_skews(vec![0.0; skews.len()]).unwrap().with_overhead(off).unwrap()
+    };
+    let old = run_of(&blind);
+    for (s, rep) in runs[0].reports.iter().enumerate() {
+        let measured = rep.step_ns as f64;
+        assert_eq!(sim.per_step[s].1, measured, "step {s}: replayed vs measured step time");
+        assert_eq!(sim.per_step[s].0, base[0].reports[s].step_ns as f64, "step {s}: the baseline replays itself");
+        if s > 0 {
+            let lag = skews[s * n as usize + 1];
+            assert_eq!(old.per_step[s].1 - measured, lag, "step {s}: the rule without skew is long by the lag");
+        }
+    }
+}
+
 /// Backup workers as the device runs them: the rank predicted slowest (per-micro-batch
 /// latency EWMA × M, `policy::backup_aggregated`) computes nothing from step 1 on, the others M;
 /// every rank agrees; b = 0 runs every rank (and equals the synchronous run bitwise).

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dropcompute::policy::Threshold;
 use dropcompute::schedule::StepReport;
-use dropcompute::sim::policies::{PolicyReplay, replay_policy_on};
+use dropcompute::sim::policies::{PolicyReplay, StepTimes, replay_policy_on};
 use dropcompute::trace::compute_log::ComputeLogWriter;
 
 use super::error::TrainError;
@@ -102,15 +102,9 @@ pub fn prediction(
             .iter()
             .filter(|r| steps.binary_search(&r.step).is_err() && r.latencies_ns.len() == n * m && r.ranks.len() == n)
             .map(|r| {
-                let max_compute = r.ranks.iter().map(|x| x.compute_ns).max().unwrap_or(0);
-                let offsets = r
-                    .ranks
-                    .iter()
-                    .zip(r.latencies_ns.chunks_exact(m))
-                    .map(|(x, lat)| (x.compute_ns as f64 - lat.iter().filter(|v| v.is_finite()).sum::<f64>()).max(0.0))
-                    .collect();
-                let overhead = r.step_ns.saturating_sub(max_compute) as f64 + host_gap;
-                (r.step as usize, RecordedStep { latencies_ns: r.latencies_ns.clone(), m, offsets, overhead })
+                let mut times = dropcompute::schedule::auto::step_times(r, m);
+                times.overhead_ns += host_gap;
+                (r.step as usize, RecordedStep { latencies_ns: r.latencies_ns.clone(), m, times })
             })
             .collect()
     } else {
@@ -163,12 +157,11 @@ pub fn prediction(
 }
 
 /// A recorded baseline step outside the trace ([`prediction`]): its N x M latencies (NaN where
-/// a rank computed nothing), start offsets and overhead, ns.
+/// a rank computed nothing), clock skews, start offsets and overhead, ns.
 struct RecordedStep {
     latencies_ns: Vec<f64>,
     m: usize,
-    offsets: Vec<f64>,
-    overhead: f64,
+    times: StepTimes,
 }
 
 /// The run's stream ([`ReplayStream`]) with the baseline's recorded steps outside the trace
@@ -201,8 +194,8 @@ impl dropcompute::sim::policies::ReplayData for WithRecorded<'_> {
             .filter(|v| v.is_finite())
     }
 
-    fn step_times(&self, index: usize) -> Option<(Vec<f64>, f64)> {
-        self.step(index).map(|s| (s.offsets.clone(), s.overhead))
+    fn step_times(&self, index: usize) -> Option<StepTimes> {
+        self.step(index).map(|s| s.times.clone())
     }
 }
 

@@ -3,7 +3,8 @@
 //! rank 0, so that any trainer driving the [`super::Scheduler`] tunes as `dropcompute train`
 //! does.
 //!
-//! Owns: [`trace_of_reports`] (the report-to-trace conversion) and [`with_report_lengths`]
+//! Owns: [`step_times`] and [`trace_of_reports`] (the report-to-trace conversion: per step the
+//! clock skews, start offsets and overhead) and [`with_report_lengths`]
 //! (the buckets and tokens every rank's reports add to it), [`choose`] (the one rule,
 //! `tune::policies::auto_threshold`, on those reports) and [`broadcast_threshold`]. Must not
 //! touch: the search itself (`tune`), the replay (`sim`), the in-run retuner
@@ -12,20 +13,53 @@
 use super::{ScheduleError, StepReport};
 use crate::hccl::Comm;
 use crate::policy::Threshold;
-use crate::sim::policies::PolicyRun;
+use crate::sim::policies::{PolicyRun, StepTimes};
 use crate::synapse::{DeviceBuffer, HostBuffer, Stream};
 use crate::trace::LatencyTrace;
 use crate::tune::Recommend;
 use crate::tune::policies::AutoChoice;
 
+/// One step's times outside its micro-batches from `report` (one rank's view of the gathered
+/// rows; `m` latency slots per rank), ns:
+/// - per rank, the clock skew = its compute clock start ([`super::RankStepStats::clock_start_ns`],
+///   from its count row) minus the step's earliest. Measured where the ranks' device clocks
+///   share an epoch (the mock in virtual time, and in real time with thread ranks); 0 for
+///   every rank in a report written before the field (every clock start 0) and when the
+///   skews do not fit in this rank's step (clocks with different epochs: processes in real
+///   time, ranks on different hosts): then the skew stays in the overhead, as before;
+/// - per rank, the start offset = its compute phase minus the sum of its computed micro-batch
+///   latencies (device work before the first micro-batch, e.g. the previous step's loss
+///   all-reduce, and gaps between micro-batches), at least 0;
+/// - the overhead = this rank's step time minus `max_r(skew_r + compute_r)`: what the step
+///   spends after the last rank's compute end (collective, rescale, update), counted from the
+///   step's earliest clock start, so net of the skews; at least 0.
+///
+/// So `max_r(skew_r + compute_r) + overhead` is this rank's step time, and the replay
+/// (`sim::policies`), which keeps the skews under any policy (they come from the update, not
+/// from the micro-batches), sees a slowed rank start late even where its work is cut.
+pub fn step_times(report: &StepReport, m: usize) -> StepTimes {
+    let ranks = &report.ranks;
+    let offsets_ns = ranks
+        .iter()
+        .zip(report.latencies_ns.chunks(m.max(1)))
+        .map(|(x, lat)| (x.compute_ns as f64 - lat.iter().filter(|v| v.is_finite()).sum::<f64>()).max(0.0))
+        .collect();
+    let earliest = ranks.iter().map(|x| x.clock_start_ns).min().unwrap_or(0);
+    let skews: Vec<u64> = ranks.iter().map(|x| x.clock_start_ns - earliest).collect();
+    let end = |skew: &[u64]| ranks.iter().zip(skew).map(|(x, &k)| x.compute_ns.saturating_add(k)).max().unwrap_or(0);
+    let measured = end(&skews) <= report.step_ns;
+    let skews = if measured { skews } else { vec![0; ranks.len()] };
+    StepTimes {
+        skew_ns: skews.iter().map(|&k| k as f64).collect(),
+        offsets_ns,
+        overhead_ns: report.step_ns.saturating_sub(end(&skews)) as f64,
+    }
+}
+
 /// The N x M latency trace of a whole run from one rank's reports (every rank holds the same
 /// gathered matrix), warm-up steps included, skipping any step with a micro-batch not computed
-/// (a baseline run computes all). Per step: overhead = this rank's step time minus the slowest
-/// rank's compute phase (collective, rescale, optimizer: what the step spends after the last
-/// rank's compute, without the wait for it); per rank, the start offset = its compute phase
-/// minus the sum of its micro-batch latencies (device work before the first micro-batch, e.g.
-/// the previous step's loss all-reduce, and gaps between micro-batches). All in ns. `None` when
-/// no step remains or the values do not make a valid trace.
+/// (a baseline run computes all). Per step, the clock skews, start offsets and overhead of
+/// [`step_times`]. `None` when no step remains or the values do not make a valid trace.
 pub fn trace_of_reports(reports: &[StepReport]) -> Option<LatencyTrace> {
     let used: Vec<&StepReport> =
         reports.iter().filter(|r| !r.latencies_ns.is_empty() && r.latencies_ns.iter().all(|v| v.is_finite())).collect();
@@ -33,25 +67,17 @@ pub fn trace_of_reports(reports: &[StepReport]) -> Option<LatencyTrace> {
     let n = first.world_size as usize;
     let m = first.latencies_ns.len() / n.max(1);
     let used: Vec<&&StepReport> = used.iter().filter(|r| r.latencies_ns.len() == n * m && r.ranks.len() == n).collect();
-    let max_compute = |r: &StepReport| r.ranks.iter().map(|x| x.compute_ns).max().unwrap_or(0);
-    let offsets: Vec<f64> = used
-        .iter()
-        .flat_map(|r| {
-            r.ranks.iter().zip(r.latencies_ns.chunks_exact(m.max(1))).map(|(x, lat)| {
-                let sum: f64 = lat.iter().sum();
-                (x.compute_ns as f64 - sum).max(0.0)
-            })
-        })
-        .collect();
+    let times: Vec<StepTimes> = used.iter().map(|r| step_times(r, m)).collect();
     LatencyTrace::new(
         "baseline run",
         (0..n as u32).collect(),
         used.iter().map(|r| r.step).collect(),
         m,
         used.iter().flat_map(|r| r.latencies_ns.iter().copied()).collect(),
-        used.iter().map(|r| r.step_ns.saturating_sub(max_compute(r)) as f64).collect(),
+        times.iter().map(|t| t.overhead_ns).collect(),
     )
-    .and_then(|t| t.with_start_offsets(offsets))
+    .and_then(|t| t.with_start_offsets(times.iter().flat_map(|x| x.offsets_ns.iter().copied()).collect()))
+    .and_then(|t| t.with_skews(times.iter().flat_map(|x| x.skew_ns.iter().copied()).collect()))
     .ok()
 }
 
@@ -139,4 +165,67 @@ pub fn broadcast_threshold(comm: &Comm, threshold: Threshold) -> Result<Threshol
     let b = back.as_slice().map_err(dev_err)?;
     let ns = u64::from(b[0]) | (u64::from(b[1]) << 32);
     Ok(Threshold::from_ns(Some(ns).filter(|&ns| ns != OFF_NS)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::RankStepStats;
+
+    /// A step of 3 ranks, M = 2, as rank 0 saw it: clock starts 1000, 1300, 1000 (rank 1 starts
+    /// 300 ns late), compute 500 / 400 / 450 with 50 / 0 / 30 ns outside the launches; the
+    /// step 1000 ns on rank 0.
+    fn report(clock: [u64; 3], step_ns: u64) -> StepReport {
+        let compute = [500u64, 400, 450];
+        let lat = [[200.0, 250.0], [150.0, 250.0], [200.0, 220.0]];
+        StepReport {
+            world_size: 3,
+            step_ns,
+            ranks: (0..3)
+                .map(|r| RankStepStats {
+                    computed: 2,
+                    compute_ns: compute[r],
+                    clock_start_ns: clock[r],
+                    ..Default::default()
+                })
+                .collect(),
+            latencies_ns: lat.iter().flatten().copied().collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn step_times_measure_the_skew_and_take_it_out_of_the_overhead() {
+        let t = step_times(&report([1000, 1300, 1000], 1000), 2);
+        assert_eq!(t.skew_ns, vec![0.0, 300.0, 0.0]);
+        assert_eq!(t.offsets_ns, vec![50.0, 0.0, 30.0]);
+        // The latest end from the earliest clock start: rank 1 at 300 + 400 = 700.
+        assert_eq!(t.overhead_ns, 300.0);
+        // What the trace carries and the replay adds back: this rank's step time.
+        let end = (0..3).map(|r| t.skew_ns[r] + [500.0, 400.0, 450.0][r]).fold(0.0f64, f64::max);
+        assert_eq!(end + t.overhead_ns, 1000.0);
+    }
+
+    /// Table: clock starts that carry no skew (a report written before the field: all 0; clocks
+    /// of different epochs: skews beyond the step) leave every skew 0 and the overhead the step
+    /// minus the slowest compute, the rule before the skew.
+    #[test]
+    fn clock_starts_that_cannot_be_compared_leave_the_skew_in_the_overhead() {
+        for (clock, why) in [([0, 0, 0], "no clock starts"), ([5, 9_000_000, 7], "beyond the step")] {
+            let t = step_times(&report(clock, 1000), 2);
+            assert_eq!(t.skew_ns, vec![0.0; 3], "{why}");
+            assert_eq!(t.overhead_ns, 500.0, "{why}");
+        }
+    }
+
+    #[test]
+    fn the_trace_of_reports_carries_every_steps_skews() {
+        let mut a = report([1000, 1300, 1000], 1000);
+        let mut b = report([2000, 2000, 2100], 900);
+        (a.step, b.step) = (0, 1);
+        let tr = trace_of_reports(&[a, b]).unwrap();
+        assert_eq!(tr.skews_ns(), &[0.0, 300.0, 0.0, 0.0, 0.0, 100.0]);
+        assert_eq!(tr.overhead_ns(), &[300.0, 350.0]);
+        assert_eq!(tr.start_offsets_ns(), &[50.0, 0.0, 30.0, 50.0, 0.0, 30.0]);
+    }
 }

@@ -5,7 +5,7 @@
 //! [`CountRow::len`]) and [`CountRowError`]. Must not touch: devices, collectives, the
 //! normalization rule (`divisor.rs`).
 //!
-//! Wire layout of one row for M micro-batches, `14 + 2·M` u32 entries, each 64-bit value as a
+//! Wire layout of one row for M micro-batches, `16 + 2·M` u32 entries, each 64-bit value as a
 //! (low 32 bits, high 32 bits) pair:
 //!
 //! | index        | field                                   |
@@ -19,7 +19,8 @@
 //! | 9, 10        | `overhead_ns` lo, hi                    |
 //! | 11, 12       | `dropped_samples` lo, hi                |
 //! | 13           | `stop_requested` (0 or 1)               |
-//! | 14 + 2i, +1  | `latencies_ns[i]` lo, hi (i < M)        |
+//! | 14, 15       | `clock_start_ns` lo, hi                 |
+//! | 16 + 2i, +1  | `latencies_ns[i]` lo, hi (i < M)        |
 //!
 //! Every rank fills only its own row of an N x `len(M)` zero matrix and the matrix is summed,
 //! so a decoded row is exactly what its rank encoded.
@@ -27,7 +28,7 @@
 use super::report::RankStepStats;
 
 /// Entries of a row before the 2·M latency entries.
-const FIXED: usize = 14;
+const FIXED: usize = 16;
 
 /// One rank's counts and timings for one step, as carried in its row of the gathered count
 /// matrix (identical on every rank after the all-reduce).
@@ -52,6 +53,11 @@ pub struct CountRow {
     pub dropped_samples: u64,
     /// The rank asked every rank to stop after this step.
     pub stop_requested: bool,
+    /// Device timestamp (ns) of this step's compute clock start on the rank (the end of its
+    /// previous update): the other ranks' rows give each rank's clock skew
+    /// (`schedule::auto::trace_of_reports`), meaningful where the ranks' device clocks share an
+    /// epoch (the mock's, real or virtual).
+    pub clock_start_ns: u64,
     /// Device duration (ns) of each of the M micro-batch slots, in schedule order;
     /// [`CountRow::NOT_COMPUTED`] for a slot not computed. Its length is M.
     pub latencies_ns: Vec<u64>,
@@ -62,7 +68,7 @@ pub struct CountRow {
 #[non_exhaustive]
 pub enum CountRowError {
     /// The row (or the output slice) has the wrong number of u32 entries for M micro-batches.
-    #[error("count row: expected {expected} u32 entries (14 + 2·M, M = {micro_batches}), got {got}")]
+    #[error("count row: expected {expected} u32 entries (16 + 2·M, M = {micro_batches}), got {got}")]
     Length {
         /// `CountRow::len(micro_batches)`.
         expected: usize,
@@ -112,7 +118,7 @@ impl CountRow {
     /// because the data ran out).
     pub const NOT_COMPUTED: u64 = u64::MAX;
 
-    /// Entries (u32) of a row for `micro_batches` = M micro-batches: `14 + 2·M`.
+    /// Entries (u32) of a row for `micro_batches` = M micro-batches: `16 + 2·M`.
     pub const fn len(micro_batches: usize) -> usize {
         FIXED + 2 * micro_batches
     }
@@ -137,6 +143,7 @@ impl CountRow {
         out[9..11].copy_from_slice(&split(self.overhead_ns));
         out[11..13].copy_from_slice(&split(self.dropped_samples));
         out[13] = u32::from(self.stop_requested);
+        out[14..16].copy_from_slice(&split(self.clock_start_ns));
         for (pair, d) in out[FIXED..].chunks_exact_mut(2).zip(&self.latencies_ns) {
             pair.copy_from_slice(&split(*d));
         }
@@ -168,11 +175,12 @@ impl CountRow {
             overhead_ns: join(row[9], row[10]),
             dropped_samples: join(row[11], row[12]),
             stop_requested: flag("stop_requested", row[13])?,
+            clock_start_ns: join(row[14], row[15]),
             latencies_ns: row[FIXED..].chunks_exact(2).map(|p| join(p[0], p[1])).collect(),
         })
     }
 
-    /// The report's per-rank counts (everything but the overhead, the stop flag and the
+    /// The report's per-rank counts and clock start (everything but the overhead, the stop flag and the
     /// latencies, which the report carries globally).
     pub fn stats(&self) -> RankStepStats {
         RankStepStats {
@@ -183,6 +191,7 @@ impl CountRow {
             tokens: self.tokens,
             compute_ns: self.compute_ns,
             dropped_samples: self.dropped_samples,
+            clock_start_ns: self.clock_start_ns,
         }
     }
 
@@ -208,6 +217,7 @@ mod tests {
             overhead_ns: 0x9999_aaaa_bbbb_cccc,
             dropped_samples: 0xdddd_eeee_ffff_0001,
             stop_requested: true,
+            clock_start_ns: 0x0abc_def0_1234_5678,
             latencies_ns: vec![0x0102_0304_0506_0708, 7, CountRow::NOT_COMPUTED],
         }
     }
@@ -226,13 +236,14 @@ mod tests {
             0xbbbb_cccc, 0x9999_aaaa,
             0xffff_0001, 0xdddd_eeee,
             1,
+            0x1234_5678, 0x0abc_def0,
             0x0506_0708, 0x0102_0304,
             7, 0,
             u32::MAX, u32::MAX,
         ];
         assert_eq!(out, expected);
-        assert_eq!(CountRow::len(0), 14);
-        assert_eq!(CountRow::len(8), 30);
+        assert_eq!(CountRow::len(0), 16);
+        assert_eq!(CountRow::len(8), 32);
     }
 
     #[test]
@@ -240,20 +251,20 @@ mod tests {
         let r = CountRow { latencies_ns: vec![CountRow::NOT_COMPUTED; 2], ..Default::default() };
         let mut out = vec![9; CountRow::len(2)];
         r.encode(&mut out).unwrap();
-        assert_eq!(&out[..14], &[0; 14]);
-        assert_eq!(&out[14..], &[u32::MAX; 4]);
+        assert_eq!(&out[..16], &[0; 16]);
+        assert_eq!(&out[16..], &[u32::MAX; 4]);
     }
 
     #[test]
     fn wrong_lengths_are_errors_naming_expected_and_got() {
         let r = sample_row();
-        let mut short = vec![0; 19];
-        assert_eq!(r.encode(&mut short), Err(CountRowError::Length { expected: 20, got: 19, micro_batches: 3 }));
-        assert_eq!(short, vec![0; 19], "nothing written on error");
-        let e = CountRow::decode(&[0; 21], 3).unwrap_err();
-        assert_eq!(e, CountRowError::Length { expected: 20, got: 21, micro_batches: 3 });
+        let mut short = vec![0; 21];
+        assert_eq!(r.encode(&mut short), Err(CountRowError::Length { expected: 22, got: 21, micro_batches: 3 }));
+        assert_eq!(short, vec![0; 21], "nothing written on error");
+        let e = CountRow::decode(&[0; 23], 3).unwrap_err();
+        assert_eq!(e, CountRowError::Length { expected: 22, got: 23, micro_batches: 3 });
         let msg = e.to_string();
-        assert!(msg.contains("expected 20") && msg.contains("got 21"), "{msg}");
+        assert!(msg.contains("expected 22") && msg.contains("got 23"), "{msg}");
         assert!(CountRow::decode(&[], 0).is_err());
     }
 
@@ -283,6 +294,7 @@ mod tests {
         assert_eq!((s.nonfinite, s.computed, s.dropped), (true, 2, 1));
         assert_eq!((s.samples, s.tokens), (r.samples, r.tokens));
         assert_eq!((s.compute_ns, s.dropped_samples), (r.compute_ns, r.dropped_samples));
+        assert_eq!(s.clock_start_ns, 0x0abc_def0_1234_5678);
         let l: Vec<f64> = r.latencies_f64().collect();
         assert_eq!(l[0], 0x0102_0304_0506_0708u64 as f64);
         assert_eq!(l[1], 7.0);
@@ -295,11 +307,11 @@ mod tests {
                 let lat = prop_oneof![Just(CountRow::NOT_COMPUTED), any::<u64>()];
                 (
                     (any::<bool>(), 0..=m as u32, any::<bool>()),
-                    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+                    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
                     proptest::collection::vec(lat, m),
                 )
             })
-            .prop_map(|((nonfinite, computed, stop_requested), (s, t, c, o, d), latencies_ns)| {
+            .prop_map(|((nonfinite, computed, stop_requested), (s, t, c, o, d, k), latencies_ns)| {
                 let m = latencies_ns.len() as u32;
                 CountRow {
                     nonfinite,
@@ -311,6 +323,7 @@ mod tests {
                     overhead_ns: o,
                     dropped_samples: d,
                     stop_requested,
+                    clock_start_ns: k,
                     latencies_ns,
                 }
             })

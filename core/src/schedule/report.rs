@@ -26,6 +26,11 @@ pub struct RankStepStats {
     pub compute_ns: u64,
     /// This rank's accumulated gradient had a NaN or infinity.
     pub nonfinite: bool,
+    /// Device timestamp (ns) of the rank's compute clock start in this step (the end of its
+    /// previous update), from its count row; 0 in reports written before the field. Compared
+    /// across ranks it gives the step's clock skew (`schedule::auto::trace_of_reports`).
+    #[serde(default)]
+    pub clock_start_ns: u64,
 }
 
 /// Why every rank skipped the optimizer update of a step (state unchanged).

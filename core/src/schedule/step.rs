@@ -28,7 +28,7 @@
 //!    group: one in-place all-reduce (Sum) per gradient bucket, and an all-reduce (Sum) of an
 //!    N x `CountRow::len(M)` u32 matrix in which each rank fills only its own row (a gather
 //!    through the all-reduce path) with its [`CountRow`] (non-finite flag, counts, compute and
-//!    overhead ns, stop request, M latencies; layout in `count_row.rs`). Gathering rather than
+//!    overhead ns, stop request, compute clock start, M latencies; layout in `count_row.rs`). Gathering rather than
 //!    summing gives every rank every rank's counts (the report), and the sums are formed in
 //!    rank order on every rank, so every rank derives the same divisor.
 //! 5. `global_view` decodes the rows and applies the rescale rule [`divisor`] (realized: global
@@ -776,7 +776,7 @@ impl Scheduler {
 
     /// This rank's count row: runs the non-finite check of the accumulator on the device
     /// (waiting for it) and collects the counts, the previous step's overhead, the stop
-    /// request and the M latencies.
+    /// request, the compute clock start and the M latencies.
     fn local_row(&mut self, step: u64, compute: &ComputePhase, settled: &Settled) -> Result<CountRow, ScheduleError> {
         let e = |call| dev_err(self.comm.rank(), step, call);
         self.ops.nonfinite(&self.stream, &self.flag_dev, &self.acc).map_err(e("non-finite check"))?;
@@ -792,6 +792,7 @@ impl Scheduler {
             overhead_ns: self.last_overhead_ns,
             dropped_samples: settled.dropped_samples,
             stop_requested: self.stop_requested,
+            clock_start_ns: compute.t0_ns,
             latencies_ns: {
                 // Padded to the count row's width (a paired run's; never decoded).
                 let mut l = compute.durations.clone();

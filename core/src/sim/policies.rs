@@ -10,8 +10,9 @@
 //! [`super::replay::replay`] (DropCompute) is this replay with a drop policy. This module only
 //! feeds them the trace's latencies and adds up the step times.
 //!
-//! Per step and rank (see [`super::replay`] for the sync lag, the start offset, warm-up and the
-//! predictive estimator), per policy (the module docs of `policy::assign` and `policy::walk`):
+//! Per step and rank (see [`super::replay`] for the sync lag, the start offset, the clock skew,
+//! warm-up and the predictive estimator; a step's time is `max_r(skew_r + offset_r +
+//! compute_r) + overhead`, [`StepTimes`]), per policy (the module docs of `policy::assign` and `policy::walk`):
 //! - `synchronous`: all M micro-batches; the step waits for the slowest rank.
 //! - `drop-before` / `drop-predictive` / `rebalance-drop`: the deadline at the threshold with
 //!   the policy's check mode ([`Policy::check_mode`]).
@@ -176,7 +177,8 @@ pub struct PolicyReplay {
     /// Micro-batches assigned per step and rank (S x N; M except under rebalancing; the cap
     /// under the compute budget).
     pub assigned: Vec<u32>,
-    /// Compute phase per step (ns): the latest rank's compute end, the step's overhead excluded.
+    /// Compute phase per step (ns): the latest rank's compute end counted from the step's
+    /// earliest clock start (`max_r(skew_r + end_r)`), the step's overhead excluded.
     pub compute_ns: Vec<f64>,
     /// Parts handed to each rank per step (S x N, step-major: its assignment, less what the
     /// [`ReplayData`] could not deal); handed - started were dropped.
@@ -293,14 +295,29 @@ pub trait ReplayData {
         let _ = (index, rank, micro_batch);
         None
     }
-    /// The start offsets (N values, ns) and overhead (ns) of step index `index` >= S when the
-    /// data knows them (e.g. a recorded step the trace could not hold: an epoch's short last
-    /// step). `None` (the default): each rank's mean offset and the trace's mean overhead, and
-    /// the step is an estimate ([`PolicyReplay::estimated_steps`]).
-    fn step_times(&self, index: usize) -> Option<(Vec<f64>, f64)> {
+    /// The clock skews and start offsets (N values each, ns) and overhead (ns) of step index
+    /// `index` >= S when the data knows them (e.g. a recorded step the trace could not hold: an
+    /// epoch's short last step). `None` (the default): each rank's mean skew and offset and the
+    /// trace's mean overhead, and the step is an estimate ([`PolicyReplay::estimated_steps`]).
+    fn step_times(&self, index: usize) -> Option<StepTimes> {
         let _ = index;
         None
     }
+}
+
+/// One step's times outside its micro-batches (ns), as a [`LatencyTrace`] holds them per step:
+/// the step time is `max_r(skew_ns[r] + offsets_ns[r] + compute_r) + overhead_ns`
+/// ([`LatencyTrace::with_skews`], [`LatencyTrace::with_start_offsets`]). Built from a run's
+/// step report by `schedule::auto::step_times`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepTimes {
+    /// Per rank (N values): its compute clock start minus the step's earliest (>= 0).
+    pub skew_ns: Vec<f64>,
+    /// Per rank (N values): device time from its clock start to its first micro-batch.
+    pub offsets_ns: Vec<f64>,
+    /// The rest of the step after the latest rank's compute end (collective, rescale, update),
+    /// net of the skews.
+    pub overhead_ns: f64,
 }
 
 /// The trace's steps, every assignment dealt in full: the run [`replay_policy`] replays.
@@ -396,6 +413,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     };
     let offsets_all = trace.start_offsets_ns();
     let mean_offsets: Vec<f64> = (0..n).map(|r| mean(&mut (0..s_trace).map(|si| offsets_all[si * n + r]))).collect();
+    let skews_all = trace.skews_ns();
+    let mean_skews: Vec<f64> = (0..n).map(|r| mean(&mut (0..s_trace).map(|si| skews_all[si * n + r]))).collect();
     let mean_overhead = mean(&mut trace.overhead_ns().iter().copied());
     let no_row: Vec<f64> = Vec::new();
     let max_steps = s_trace.saturating_mul(MAX_STEPS_PER_TRACE_STEP).saturating_add(MAX_EXTRA_STEPS);
@@ -425,10 +444,10 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         let step = if recorded { trace.steps()[si] } else { last_step + (si - s_trace + 1) as u64 };
         let known_times = if recorded { None } else { data.step_times(si) };
         estimated_steps += u64::from(!recorded && known_times.is_none());
-        let (mat, offsets): (&[f64], &[f64]) = match (&known_times, recorded) {
-            (_, true) => (trace.step_matrix(si), &offsets_all[si * n..(si + 1) * n]),
-            (Some((off, _)), false) if off.len() == n => (&no_row, off),
-            _ => (&no_row, &mean_offsets),
+        let (mat, offsets, skews): (&[f64], &[f64], &[f64]) = match (&known_times, recorded) {
+            (_, true) => (trace.step_matrix(si), &offsets_all[si * n..(si + 1) * n], &skews_all[si * n..(si + 1) * n]),
+            (Some(t), false) if t.offsets_ns.len() == n && t.skew_ns.len() == n => (&no_row, &t.offsets_ns, &t.skew_ns),
+            _ => (&no_row, &mean_offsets, &mean_skews),
         };
         let mut step_started = vec![0u32; n];
         let mut step_tokens_started = 0.0f64;
@@ -485,16 +504,22 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 step_tokens_started += (0..whole).map(of).sum::<f64>() + rest as f64 / split as f64 * of(whole);
             }
             step_started[r] = w.parts as u32;
-            finish[r] = w.end;
+            // The deadline ran on the rank's own clock; the step waits for its end counted from
+            // the step's earliest clock start.
+            finish[r] = skews[r] + w.end;
             mean_lat[r] = if w.parts > 0 { (w.end - t0) / w.equivalents } else { f64::NAN };
             assigned_cells.push(assigned);
             handed_cells.push(cap as u32);
         }
         data.settle(&step_started);
-        // The baseline sums as the walk does (t0, then + each latency in order): the
-        // synchronous policy reproduces it bit for bit.
+        // The baseline sums as the walk does (t0, then + each latency in order, then the skew):
+        // the synchronous policy reproduces it bit for bit.
         let base = if recorded {
-            mat.chunks_exact(m).zip(offsets).map(|(row, &t0)| row.iter().fold(t0, |a, &l| a + l)).fold(0.0f64, f64::max)
+            mat.chunks_exact(m)
+                .zip(offsets)
+                .zip(skews)
+                .map(|((row, &t0), &skew)| skew + row.iter().fold(t0, |a, &l| a + l))
+                .fold(0.0f64, f64::max)
         } else {
             f64::NAN
         };
@@ -526,7 +551,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         }
         let o = match (&known_times, recorded) {
             (_, true) => trace.overhead_ns()[si],
-            (Some((_, o)), false) => *o,
+            (Some(t), false) => t.overhead_ns,
             (None, false) => mean_overhead,
         };
         compute_ns.push(pol);
@@ -685,6 +710,43 @@ mod tests {
         assert_eq!((b1.lost, b1.computed, b1.aggregated, b1.nominal), (2, 10, 10, 12));
         let want = (10.0 / 12.0) * (12.0 + 5.25) / 2.0 / ((12.0 + 5.0) / 2.0) - 1.0;
         assert!((b1.effective_speedup - want).abs() < 1e-12);
+    }
+
+    /// The clock skew (issue 26): a rank that starts late ends late by its skew under every
+    /// policy, while its deadline counts from its own clock start. [`trace`] with rank 2 1.5 late
+    /// in step 0, ranks 1 and 2 2 and 1 late in step 1.
+    #[test]
+    fn a_late_rank_ends_late_by_its_skew_and_its_deadline_runs_on_its_own_clock() {
+        let skewed = trace().with_skews(vec![0.0, 0.0, 1.5, 0.0, 2.0, 1.0]).expect("valid");
+        let sync = replay_policy(&skewed, &run(StepPolicy::new(Policy::Synchronous), None));
+        // Step 0: max(3, 4.5, 1.5 + 11) + 1; step 1: max(2, 2 + 4, 1 + 4.25) + 1.
+        assert_eq!(sync.per_step, vec![(13.5, 13.5, 6), (7.0, 7.0, 6)]);
+        let drop = replay_policy(&skewed, &run(StepPolicy::new(Policy::DropBefore), Some(3)));
+        // Before-check at 3 on each rank's own clock: step 0 as without skew (2, 2, 1), rank 2
+        // ending at 1.5 + 5; step 1 rank 1 stops after its 3 (2 + 3 = 5), rank 2 starts its
+        // second micro-batch at 2.25 < 3 on its clock (3.25 from the step's earliest start).
+        assert_eq!(drop.started, vec![2, 2, 1, 2, 1, 2]);
+        assert_eq!(drop.per_step, vec![(13.5, 7.5, 5), (7.0, 6.25, 5)]);
+        assert_eq!(drop.compute_ns, vec![6.5, 5.25]);
+        // The same trace without skews: the drops' decisions are the same, the times are not.
+        let flat = replay_policy(&trace(), &run(StepPolicy::new(Policy::DropBefore), Some(3)));
+        assert_eq!(flat.started, drop.started);
+        assert_eq!(flat.per_step, vec![(12.0, 6.0, 5), (5.25, 5.25, 5)]);
+    }
+
+    /// Property: skews shift every rank's finish alike under every policy (a skew common to all
+    /// ranks adds to every step time, baseline and policy, and decides nothing).
+    #[test]
+    fn a_common_skew_adds_to_every_step_and_decides_nothing() {
+        for p in Policy::ALL {
+            let th = Some(3);
+            let flat = replay_policy(&trace(), &run(StepPolicy::new(p), th));
+            let shifted = replay_policy(&trace().with_skews(vec![0.5; 6]).expect("valid"), &run(StepPolicy::new(p), th));
+            assert_eq!(shifted.started, flat.started, "{p}");
+            for (a, b) in shifted.per_step.iter().zip(&flat.per_step) {
+                assert_eq!((a.0, a.1, a.2), (b.0 + 0.5, b.1 + 0.5, b.2), "{p}");
+            }
+        }
     }
 
     #[test]

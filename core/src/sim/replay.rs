@@ -18,8 +18,14 @@
 //!   micro-batch's latency when the scheduler reads its end event (lazily under sync lag, all
 //!   started ones at the end of the compute phase), in trace step order.
 //!
-//! Step time = max over ranks of (start offset + computed prefix) + the recorded per-step
-//! overhead (collective, rescale, optimizer: what the step spends outside the compute phase).
+//! Step time = max over ranks of (clock skew + start offset + computed prefix) + the recorded
+//! per-step overhead (collective, rescale, optimizer: what the step spends after the last
+//! rank's compute end, net of the skews). The clock skew ([`LatencyTrace::skews_ns`]) is when
+//! the rank's compute clock started after the step's earliest (a rank whose update runs longer
+//! starts later); the deadline counts from the rank's own clock start, so the skew is added to
+//! the rank's finish, not to the elapsed time its checks see, and it stays under any policy
+//! (it comes from the update, not from the micro-batches: a slowed rank whose work is cut still
+//! starts late).
 //! Assumes a dropped micro-batch's cost would not have shifted later ones (latencies replayed
 //! as recorded), which is exact when the latencies are common random numbers (`train`).
 

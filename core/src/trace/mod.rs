@@ -159,12 +159,20 @@ fn warmup_note(removed: usize) -> String {
 }
 
 /// Per step an N x M matrix of micro-batch latencies plus the per-step overhead, and per step
-/// and rank the compute-clock offset of the first micro-batch.
+/// and rank the compute-clock offset of the first micro-batch and the skew of the rank's
+/// compute clock start.
 ///
 /// Layout: `latencies_ns[(s * N + n) * M + m]` for step index s (0..S), rank index n (0..N),
-/// micro-batch m (0..M); `start_ns[s * N + n]`. Invariants (checked by [`LatencyTrace::new`]
-/// and [`LatencyTrace::with_start_offsets`]): every latency, overhead and offset is finite and
-/// >= 0; lengths agree; N, M, S >= 1.
+/// micro-batch m (0..M); `start_ns[s * N + n]`, `skew_ns[s * N + n]`. Invariants (checked by
+/// [`LatencyTrace::new`], [`LatencyTrace::with_start_offsets`] and
+/// [`LatencyTrace::with_skews`]): every latency, overhead, offset and skew is finite and >= 0;
+/// lengths agree; N, M, S >= 1.
+///
+/// A step's time in the replay is `max_r(skew_r + offset_r + compute_r) + overhead`: the skew
+/// is when rank r's compute clock starts after the step's earliest (a rank whose update runs
+/// longer starts its next step later), the offset and the compute run on the rank's own clock
+/// (its deadline counts from its own clock start), and the overhead is the rest of the step
+/// (collective, rescale, update) net of the skew.
 ///
 /// A *length-carrying* trace also holds each micro-batch's length bucket
 /// ([`LatencyTrace::with_buckets`], same layout as the latencies): what the length-aware policies
@@ -184,6 +192,7 @@ pub struct LatencyTrace {
     latencies_ns: Vec<f64>,
     overhead_ns: Vec<f64>,
     start_ns: Vec<f64>,
+    skew_ns: Vec<f64>,
     buckets: Option<Vec<u32>>,
     tokens: Option<Vec<u64>>,
 }
@@ -222,6 +231,7 @@ impl LatencyTrace {
             return Err(TraceError::Shape(format!("{source}: value #{i} is {v} (must be finite and >= 0)")));
         }
         let start_ns = vec![0.0; s * n];
+        let skew_ns = vec![0.0; s * n];
         Ok(Self {
             source,
             ranks,
@@ -230,6 +240,7 @@ impl LatencyTrace {
             latencies_ns,
             overhead_ns,
             start_ns,
+            skew_ns,
             buckets: None,
             tokens: None,
         })
@@ -264,12 +275,45 @@ impl LatencyTrace {
         Ok(self)
     }
 
+    /// The same trace with per step and rank the skew of the rank's compute clock start (ns):
+    /// its clock start minus the step's earliest clock start over the ranks (S x N values,
+    /// step-major, each >= 0; the earliest rank's is 0). A rank whose update (or anything after
+    /// the collective) runs longer starts its next step that much later; its deadline still
+    /// counts from its own clock start, so the replay adds the skew to the rank's finish time,
+    /// not to the elapsed time its checks see. A trace built by [`LatencyTrace::new`] has skews
+    /// 0 (a compute log, a What-if CSV); `schedule::auto::trace_of_reports` measures them from
+    /// the gathered count rows.
+    ///
+    /// # Errors
+    /// [`TraceError::Shape`] when `skew_ns` has not S x N values or one is negative or not
+    /// finite.
+    pub fn with_skews(mut self, skew_ns: Vec<f64>) -> Result<Self, TraceError> {
+        if skew_ns.len() != self.skew_ns.len() {
+            return Err(TraceError::Shape(format!(
+                "{}: {} clock skews for {} steps x {} ranks",
+                self.source,
+                skew_ns.len(),
+                self.steps.len(),
+                self.ranks.len()
+            )));
+        }
+        if let Some((i, v)) = skew_ns.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v >= 0.0)) {
+            return Err(TraceError::Shape(format!(
+                "{}: clock skew #{i} is {v} (must be finite and >= 0)",
+                self.source
+            )));
+        }
+        self.skew_ns = skew_ns;
+        Ok(self)
+    }
+
     /// The same trace with its per-step overhead replaced by `overhead_ns` (S values), validated
     /// as by [`LatencyTrace::new`]. Used by loaders that derive the overhead after building (the compute log, a run's report). Errors: as [`LatencyTrace::new`] (a negative or non-finite value, a wrong length).
     pub fn with_overhead(self, overhead_ns: Vec<f64>) -> Result<Self, TraceError> {
-        let (start_ns, buckets, tokens) = (self.start_ns, self.buckets, self.tokens);
+        let (start_ns, skew_ns, buckets, tokens) = (self.start_ns, self.skew_ns, self.buckets, self.tokens);
         let mut t = Self::new(self.source, self.ranks, self.steps, self.micro_batches, self.latencies_ns, overhead_ns)?
-            .with_start_offsets(start_ns)?;
+            .with_start_offsets(start_ns)?
+            .with_skews(skew_ns)?;
         t.buckets = buckets;
         t.tokens = tokens;
         Ok(t)
@@ -379,6 +423,11 @@ impl LatencyTrace {
     pub fn start_offsets_ns(&self) -> &[f64] {
         &self.start_ns
     }
+    /// Per step and rank, the skew (ns) of the rank's compute clock start after the step's
+    /// earliest (S x N, step-major; see [`LatencyTrace::with_skews`]).
+    pub fn skews_ns(&self) -> &[f64] {
+        &self.skew_ns
+    }
     /// Per-step overhead (S values, ns).
     pub fn overhead_ns(&self) -> &[f64] {
         &self.overhead_ns
@@ -410,6 +459,7 @@ impl LatencyTrace {
             out.latencies_ns.extend_from_slice(&t.latencies_ns);
             out.overhead_ns.extend_from_slice(&t.overhead_ns);
             out.start_ns.extend_from_slice(&t.start_ns);
+            out.skew_ns.extend_from_slice(&t.skew_ns);
             // Buckets survive only when every part carries them.
             out.buckets = match (out.buckets.take(), &t.buckets) {
                 (Some(mut a), Some(b)) => {

@@ -297,7 +297,8 @@ pub fn straggler_free_speedup(trace: &LatencyTrace) -> f64 {
 }
 
 /// The mean-cost bound (issue 26's straggler-free bound for data-driven stragglers): every
-/// rank given the step's mean cost (mean over ranks of start offset + compute time), nothing
+/// rank given the step's mean cost (mean over ranks of clock skew + start offset + compute
+/// time), nothing
 /// dropped: mean recorded step / mean (mean compute + overhead) - 1. What a perfect balance of
 /// the step's work would give: on a length-tailed trace the median rank is below the mean, so
 /// [`straggler_free_speedup`] overstates what moving work can reach there.
@@ -312,7 +313,8 @@ fn bound_speedup(trace: &LatencyTrace, stat: impl Fn(Vec<f64>) -> f64) -> f64 {
     let (mut base, mut free) = (0.0, 0.0);
     for (si, row) in compute.chunks_exact(n).enumerate() {
         let off = &trace.start_offsets_ns()[si * n..(si + 1) * n];
-        let t: Vec<f64> = row.iter().zip(off).map(|(c, o)| c + o).collect();
+        let skew = &trace.skews_ns()[si * n..(si + 1) * n];
+        let t: Vec<f64> = row.iter().zip(off).zip(skew).map(|((c, o), k)| c + o + k).collect();
         let max = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let med = stat(t);
         let o = trace.overhead_ns()[si];
