@@ -91,7 +91,8 @@ struct TestWork {
 }
 
 impl TestWork {
-    fn new(rt: &Arc<Runtime>, s: &Stream, p: usize, dtype: GradDtype, fwd_base_ns: u64, tail_base_ns: u64) -> Self {
+    fn new(rt: &Arc<Runtime>, s: &Stream, p: usize, dtype: GradDtype, base_ns: (u64, u64, u64)) -> Self {
+        let (fwd_base_ns, tail_base_ns, opt_base_ns) = base_ns;
         let dev = s.device();
         let xb = match dtype {
             GradDtype::F32 => 4 * p,
@@ -107,14 +108,12 @@ impl TestWork {
             MockRecipe::new(FWD_TAIL, "copy").tensor("src", xb).tensor("dst", xb).base_latency_ns(tail_base_ns),
         )
         .unwrap();
-        let opt = mock_recipes::load(
-            rt,
-            MockRecipe::new("test_sgd", "scale_accumulate_f32")
-                .tensor("acc", 4 * p as u64)
-                .tensor("x", 4 * p as u64)
-                .tensor("scale", 4),
-        )
-        .unwrap();
+        let opt = MockRecipe::new("test_sgd", "scale_accumulate_f32")
+            .tensor("acc", 4 * p as u64)
+            .tensor("x", 4 * p as u64)
+            .tensor("scale", 4);
+        let opt = if opt_base_ns > 0 { opt.base_latency_ns(opt_base_ns) } else { opt };
+        let opt = mock_recipes::load(rt, opt).unwrap();
         let mut params = DeviceBuffer::alloc(dev, p).unwrap();
         s.copy_h2d(&HostBuffer::from_slice(dev, &vec![0f32; p]).unwrap(), &mut params).unwrap();
         let mut neg_one = DeviceBuffer::alloc(dev, 1).unwrap();
@@ -225,6 +224,8 @@ struct World {
     cfg: SchedulerConfig,
     steps: u64,
     fwd_base_ns: u64,
+    /// Base latency of the optimizer recipe (0: the mock's default).
+    opt_base_ns: u64,
     /// Base latency of the tail recipe, and the samples up to which a micro-batch runs on it.
     tail: (u64, usize),
     /// Per-rank data source factory.
@@ -246,7 +247,18 @@ impl World {
         steps: u64,
         data: Box<dyn Fn(u32) -> Box<dyn DataSource + Send> + Sync>,
     ) -> Self {
-        Self { n, cfg, steps, fwd_base_ns: 0, tail: (0, 0), data, nan: None, host_delay: Duration::ZERO, prepare: None }
+        Self {
+            n,
+            cfg,
+            steps,
+            fwd_base_ns: 0,
+            opt_base_ns: 0,
+            tail: (0, 0),
+            data,
+            nan: None,
+            host_delay: Duration::ZERO,
+            prepare: None,
+        }
     }
 }
 
@@ -271,8 +283,7 @@ fn run(w: &World) -> Vec<RankRun> {
                         sched.stream(),
                         w.cfg.gradient_len,
                         w.cfg.grad_dtype,
-                        w.fwd_base_ns,
-                        w.tail.0,
+                        (w.fwd_base_ns, w.tail.0, w.opt_base_ns),
                     );
                     work.tail_max_samples = w.tail.1;
                     work.host_delay = w.host_delay;
@@ -819,8 +830,8 @@ fn scheduler_and_simulator_agree_with_a_tail_shape() {
 }
 
 /// Clock skew hidden by drops (issue 26): rank 1 is slowed 3x (its forward scripted at 25 µs
-/// per micro-batch, the fast ranks' at 10 µs; its update and every other launch 3x the
-/// others'), so it starts every step late. In the synchronous baseline the slow rank ends last
+/// per micro-batch, the fast ranks' at 10 µs; its update, 3 µs on the others, and every other
+/// launch 3x the others'), so it starts every step late. In the synchronous baseline the slow rank ends last
 /// and its lag is part of the step; under `drop-predictive` at 45 µs it computes one
 /// micro-batch (25 µs, ends before the fast ranks' 40 µs even with its lag), so the lag is
 /// hidden behind the fast ranks. The trace of the baseline's reports carries the skew
@@ -847,7 +858,7 @@ fn the_replay_keeps_a_slow_ranks_clock_skew_where_drops_hide_it() {
     };
     let base = {
         let _g = serial(&cfg_mock);
-        run(&World::new(n, base_cfg(m, 1, 4), steps, data()))
+        run(&World { opt_base_ns: 3_000, ..World::new(n, base_cfg(m, 1, 4), steps, data()) })
     };
     let trace = dropcompute::schedule::auto::trace_of_reports(&base[0].reports).unwrap();
     let skews = trace.skews_ns();
@@ -865,7 +876,7 @@ fn the_replay_keeps_a_slow_ranks_clock_skew_where_drops_hide_it() {
         let mut cfg = base_cfg(m, 1, 4);
         cfg.policy.check = CheckMode::Predictive;
         cfg.policy.threshold = fixed(t);
-        let mut w = World::new(n, cfg, steps, data());
+        let mut w = World { opt_base_ns: 3_000, ..World::new(n, cfg, steps, data()) };
         w.prepare = Some(Box::new(move |s: &mut Scheduler| s.set_policy(StepPolicy::new(policy))));
         run(&w)
     };
