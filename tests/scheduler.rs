@@ -881,7 +881,9 @@ fn the_replay_keeps_a_slow_ranks_clock_skew_where_drops_hide_it() {
         run(&w)
     };
     let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
-    let run_of = |tr: &dropcompute::trace::LatencyTrace| replay_policy(tr, &PolicyRun::new(StepPolicy::new(policy), fixed(t), exec));
+    let run_of = |tr: &dropcompute::trace::LatencyTrace| {
+        replay_policy(tr, &PolicyRun::new(StepPolicy::new(policy), fixed(t), exec))
+    };
     let sim = run_of(&trace);
     let started: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
     assert_eq!(sim.started, started, "same micro-batches started every step");

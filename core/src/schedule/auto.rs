@@ -25,8 +25,10 @@ use crate::tune::policies::AutoChoice;
 ///   from its count row) minus the step's earliest. Measured where the ranks' device clocks
 ///   share an epoch (the mock in virtual time, and in real time with thread ranks); 0 for
 ///   every rank in a report written before the field (every clock start 0) and when the
-///   skews do not fit in this rank's step (clocks with different epochs: processes in real
-///   time, ranks on different hosts): then the skew stays in the overhead, as before;
+///   skews do not fit in this rank's step (`max_r(skew_r + compute_r)` > its step time: clocks
+///   of different epochs): then the skew stays in the overhead, as before. Not caught: clocks
+///   whose epochs differ by less than a step (rank processes in real time, each timing from
+///   its own mock epoch);
 /// - per rank, the start offset = its compute phase minus the sum of its computed micro-batch
 ///   latencies (device work before the first micro-batch, e.g. the previous step's loss
 ///   all-reduce, and gaps between micro-batches), at least 0;

@@ -28,9 +28,9 @@
 //!    group: one in-place all-reduce (Sum) per gradient bucket, and an all-reduce (Sum) of an
 //!    N x `CountRow::len(M)` u32 matrix in which each rank fills only its own row (a gather
 //!    through the all-reduce path) with its [`CountRow`] (non-finite flag, counts, compute and
-//!    overhead ns, stop request, compute clock start, M latencies; layout in `count_row.rs`). Gathering rather than
-//!    summing gives every rank every rank's counts (the report), and the sums are formed in
-//!    rank order on every rank, so every rank derives the same divisor.
+//!    overhead ns, stop request, compute clock start, M latencies; layout in `count_row.rs`).
+//!    Gathering rather than summing gives every rank every rank's counts (the report), and the
+//!    sums are formed in rank order on every rank, so every rank derives the same divisor.
 //! 5. `global_view` decodes the rows and applies the rescale rule [`divisor`] (realized: global
 //!    samples or tokens; nominal: N·M·b). `rescale_and_update` rescales the gradient on the
 //!    device by 1 / divisor, then the user's optimizer recipe runs once. A zero global count or

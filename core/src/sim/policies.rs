@@ -741,7 +741,8 @@ mod tests {
         for p in Policy::ALL {
             let th = Some(3);
             let flat = replay_policy(&trace(), &run(StepPolicy::new(p), th));
-            let shifted = replay_policy(&trace().with_skews(vec![0.5; 6]).expect("valid"), &run(StepPolicy::new(p), th));
+            let shifted =
+                replay_policy(&trace().with_skews(vec![0.5; 6]).expect("valid"), &run(StepPolicy::new(p), th));
             assert_eq!(shifted.started, flat.started, "{p}");
             for (a, b) in shifted.per_step.iter().zip(&flat.per_step) {
                 assert_eq!((a.0, a.1, a.2), (b.0 + 0.5, b.1 + 0.5, b.2), "{p}");
