@@ -57,8 +57,8 @@ fn params(out: &Path) -> Vec<u32> {
 }
 
 fn holdout_loss(out: &Path) -> f64 {
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).expect("report"))
-        .expect("report.json");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).expect("report")).expect("report.json");
     r["dropcompute"]["holdout_loss_per_token"].as_f64().expect("the text metric")
 }
 
@@ -94,10 +94,22 @@ fn a_resumed_text_run_ends_bitwise_equal_to_an_uninterrupted_one() {
     // within the update's size) and a file of another model size is refused naming both.
     let p = root.path().join("cost-balance/full/params_dropcompute.safetensors");
     let warm = root.path().join("warm");
-    let o = dropcompute(&["--steps", "1", "--threshold", "off", "--lr", "1e-12", "--init-params", s(&p), "--out", s(&warm)]);
+    let o = dropcompute(&[
+        "--steps",
+        "1",
+        "--threshold",
+        "off",
+        "--lr",
+        "1e-12",
+        "--init-params",
+        s(&p),
+        "--out",
+        s(&warm),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (start, after) = (params(&root.path().join("cost-balance/full")), params(&warm));
-    let moved = start.iter().zip(&after).map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs()).fold(0f32, f32::max);
+    let moved =
+        start.iter().zip(&after).map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs()).fold(0f32, f32::max);
     assert!(moved < 1e-6, "the run started from the file: largest change {moved}");
     let o = hermetic::dropcompute()
         .args(["train", "--task", "text", "--ranks", "2", "--steps", "1", "--threshold", "off", "--init-params", s(&p)])

@@ -109,8 +109,8 @@ pub fn save(dir: &Path, rank: u32, step: u64, meta: &RankMeta, state: OptimizerS
             vec![s.params, s.m, s.v]
         }
     };
-    let meta =
-        serde_json::to_value(&meta).map_err(|e| TrainError::Config { what: "checkpoint meta", value: e.to_string() })?;
+    let meta = serde_json::to_value(&meta)
+        .map_err(|e| TrainError::Config { what: "checkpoint meta", value: e.to_string() })?;
     let tensors = names.iter().map(|n| (*n).to_owned()).zip(values).collect();
     let c = Checkpoint { step, meta, tensors };
     Ok(checkpoint::save(&d, &c)?)

@@ -285,8 +285,7 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         let every = cfg.checkpoint_every.map(|k| k.get()).filter(|_| checkpointed);
         let mut step = 0u64;
         if let (Some(s0), true) = (job.resume_step, checkpointed) {
-            let (meta, state) =
-                super::ckpt::load(&job.fingerprint(), job.param_len(), &cfg.checkpoint_dir, rank, s0)?;
+            let (meta, state) = super::ckpt::load(&job.fingerprint(), job.param_len(), &cfg.checkpoint_dir, rank, s0)?;
             match (&mut work, &state) {
                 (Model::Mlp(w), OptimizerState::Momentum { params, velocity }) => {
                     w.set_state(sched.stream(), params, velocity).map_err(dev_err)?;

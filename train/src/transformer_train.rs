@@ -348,7 +348,12 @@ impl TextModel {
     /// # Errors
     /// [`TextTrainError::Device`].
     pub fn optimizer_state(&self, s: &Stream) -> Result<AdamWState, TextTrainError> {
-        Ok(AdamWState { params: download(s, &self.params)?, m: download(s, &self.m)?, v: download(s, &self.v)?, step: self.step })
+        Ok(AdamWState {
+            params: download(s, &self.params)?,
+            m: download(s, &self.m)?,
+            v: download(s, &self.v)?,
+            step: self.step,
+        })
     }
 
     /// Uploads `state` (as [`TextModel::optimizer_state`] returns it) and waits: the next
