@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Initial parameters: a parameters file written by an earlier run's --out
-    /// (params_<run>.safetensors; same model: data set and --hidden) instead of the seeded
+    /// (params_<run>.safetensors; same model: data set and --hidden, or --text-model) instead of the seeded
     /// initialisation.
     #[arg(long, value_name = "FILE")]
     pub init_params: Option<PathBuf>,
@@ -416,9 +416,8 @@ impl Args {
 
     /// The flags that do not apply to `--task`, refused rather than ignored: with the text
     /// task, the digits' data and model flags (`--data`, `--classes`, `--hidden`,
-    /// `--momentum`, `--init-params`), `--base-latency-ms` (a text micro-batch costs its
-    /// bucket's modelled time) and the checkpoint flags (the text model's AdamW state is not
-    /// checkpointed yet); with the digits, the text flags. A flag at its default counts as not
+    /// `--momentum`), `--base-latency-ms` (a text micro-batch costs its
+    /// bucket's modelled time); with the digits, the text flags. A flag at its default counts as not
     /// given (as `--classes` without `--data`).
     fn check_task(&self) -> Result<(), ArgError> {
         let text = self.task == Task::Text;
@@ -437,9 +436,6 @@ impl Args {
         if let Some(d) = &self.data {
             return not_text("data", d.display().to_string());
         }
-        if let Some(p) = &self.init_params {
-            return not_text("init-params", p.display().to_string());
-        }
         if self.classes != dropcompute_train::data::DIGITS_CLASSES {
             return not_text("classes", self.classes.to_string());
         }
@@ -455,15 +451,6 @@ impl Args {
                 show(self.base_latency_ms),
                 "does not apply to --task text: a micro-batch costs its length bucket's modelled device time",
             ));
-        }
-        for (flag, given) in [
-            ("checkpoint-every", (self.checkpoint_every > 0).then(|| self.checkpoint_every.to_string())),
-            ("checkpoint-dir", self.checkpoint_dir.as_ref().map(|p| p.display().to_string())),
-            ("resume", self.resume.as_ref().map(|p| p.display().to_string())),
-        ] {
-            if let Some(v) = given {
-                return Err(bad(flag, v, "--task text has no checkpoints yet (its AdamW state is not saved)"));
-            }
         }
         if let Some(n) = self.text_documents
             && n < 2

@@ -7,7 +7,8 @@
 //! itself or signals (`dropcompute::signals`).
 //!
 //! Exactness: a checkpoint at step s holds everything a rank's future depends on: parameters,
-//! momentum, the data source (epoch, queue, re-queued micro-batches), the scheduler state
+//! the optimizer state ([`OptimizerState`]: the digits' momentum, or the text transformer's
+//! AdamW m, v and step count), the data source (epoch, queue, re-queued micro-batches), the scheduler state
 //! (threshold, latency estimate window, straggler statistics, drop ledger) and the losses so
 //! far. The mock's latencies are a pure function of (seed, module, step, micro-batch) (the
 //! latency key set by `workload::set_latency_key`), so in virtual time a resumed run draws the
@@ -22,6 +23,7 @@ use dropcompute::checkpoint::{self, Checkpoint, CheckpointError};
 use dropcompute::schedule::SchedulerState;
 
 use super::error::TrainError;
+use super::transformer_train::AdamWState;
 use dropcompute::deal::RunData;
 
 /// What a rank's checkpoint carries besides the tensors.
@@ -35,6 +37,10 @@ pub struct RankMeta {
     pub data: RunData,
     /// Global loss per completed step (null = none computed).
     pub losses: Vec<Option<f64>>,
+    /// AdamW steps taken (the text task's [`OptimizerState::AdamW`]; absent for the digits,
+    /// and in checkpoints written before the text task had checkpoints). Set by [`save`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adamw_step: Option<u64>,
 }
 
 /// `dir/rank-<rank>`.
@@ -42,25 +48,71 @@ pub fn rank_dir(dir: &Path, rank: u32) -> PathBuf {
     dir.join(format!("rank-{rank}"))
 }
 
-/// Writes rank `rank`'s checkpoint of `step` (the state before step `step` runs).
+/// The optimizer state of a rank's checkpoint, by task: the tensors of the file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OptimizerState {
+    /// The digits MLP (SGD with momentum): tensors `params` and `velocity`, param_len f32 each.
+    Momentum {
+        /// Flat parameters (`mlp::MlpShape`'s layout).
+        params: Vec<f32>,
+        /// Momentum buffer.
+        velocity: Vec<f32>,
+    },
+    /// The text transformer (AdamW): tensors `params`, `adamw_m`, `adamw_v` (param_len f32
+    /// each, `transformer::TransformerConfig::blocks`' layout), the step count in the meta
+    /// ([`RankMeta::adamw_step`]).
+    AdamW(AdamWState),
+}
+
+impl OptimizerState {
+    /// The parameters.
+    pub fn params(&self) -> &[f32] {
+        match self {
+            Self::Momentum { params, .. } => params,
+            Self::AdamW(s) => &s.params,
+        }
+    }
+
+    /// The tensor names of this state, in file order.
+    fn names(&self) -> &'static [&'static str] {
+        match self {
+            Self::Momentum { .. } => &MOMENTUM_TENSORS,
+            Self::AdamW(_) => &ADAMW_TENSORS,
+        }
+    }
+}
+
+/// Tensor names of a digits checkpoint.
+pub const MOMENTUM_TENSORS: [&str; 2] = ["params", "velocity"];
+/// Tensor names of a text checkpoint.
+pub const ADAMW_TENSORS: [&str; 3] = ["params", "adamw_m", "adamw_v"];
+
+/// Writes rank `rank`'s checkpoint of `step` (the state before step `step` runs): `meta` and
+/// `state`'s tensors (an AdamW state's step count goes into the meta, [`RankMeta::adamw_step`]).
 ///
 /// # Errors
 /// [`TrainError::Checkpoint`] when the directory or file cannot be written.
-pub fn save(
-    dir: &Path,
-    rank: u32,
-    step: u64,
-    meta: &RankMeta,
-    params: Vec<f32>,
-    velocity: Vec<f32>,
-) -> Result<PathBuf, TrainError> {
+pub fn save(dir: &Path, rank: u32, step: u64, meta: &RankMeta, state: OptimizerState) -> Result<PathBuf, TrainError> {
     let d = rank_dir(dir, rank);
     std::fs::create_dir_all(&d).map_err(|source| {
         TrainError::Checkpoint(CheckpointError::Io { path: d.clone(), op: "create_dir_all", source })
     })?;
-    let meta =
-        serde_json::to_value(meta).map_err(|e| TrainError::Config { what: "checkpoint meta", value: e.to_string() })?;
-    let c = Checkpoint { step, meta, tensors: vec![("params".into(), params), ("velocity".into(), velocity)] };
+    let mut meta = meta.clone();
+    let names = state.names();
+    let values = match state {
+        OptimizerState::Momentum { params, velocity } => {
+            meta.adamw_step = None;
+            vec![params, velocity]
+        }
+        OptimizerState::AdamW(s) => {
+            meta.adamw_step = Some(s.step);
+            vec![s.params, s.m, s.v]
+        }
+    };
+    let meta = serde_json::to_value(&meta)
+        .map_err(|e| TrainError::Config { what: "checkpoint meta", value: e.to_string() })?;
+    let tensors = names.iter().map(|n| (*n).to_owned()).zip(values).collect();
+    let c = Checkpoint { step, meta, tensors };
     Ok(checkpoint::save(&d, &c)?)
 }
 
@@ -120,19 +172,14 @@ pub fn common_step(dir: &Path, world_size: u32) -> Result<u64, TrainError> {
         .ok_or(TrainError::Checkpoint(CheckpointError::NoCheckpoint { dir: dir.to_path_buf(), corrupt }))
 }
 
-/// Loads rank `rank`'s checkpoint of `step`: (meta, params, velocity). `want` is the job's
-/// fingerprint (`Job::fingerprint`), `p` its parameter count (`MlpShape::param_len`).
+/// Loads rank `rank`'s checkpoint of `step`: its meta and optimizer state. `want` is the job's
+/// fingerprint (`Job::fingerprint`), `p` its parameter count (`Job::param_len`).
 ///
 /// # Errors
 /// [`TrainError::Checkpoint`] for an unreadable file or one of another configuration (another
-/// fingerprint, or tensors other than params and velocity of `p` values each).
-pub fn load(
-    want: &str,
-    p: usize,
-    dir: &Path,
-    rank: u32,
-    step: u64,
-) -> Result<(RankMeta, Vec<f32>, Vec<f32>), TrainError> {
+/// fingerprint), [`CheckpointError::Malformed`] for tensors other than [`MOMENTUM_TENSORS`] or
+/// [`ADAMW_TENSORS`] of `p` values each (or AdamW tensors without a step count).
+pub fn load(want: &str, p: usize, dir: &Path, rank: u32, step: u64) -> Result<(RankMeta, OptimizerState), TrainError> {
     let d = rank_dir(dir, rank);
     let c = checkpoint::read_step(&d, step)?;
     let path = d.join(checkpoint::file_name(step));
@@ -144,15 +191,24 @@ pub fn load(
             differences: differences(&meta.fingerprint, want),
         }));
     }
-    let mut tensors = c.tensors.into_iter();
-    match (tensors.next(), tensors.next()) {
-        (Some((a, params)), Some((b, vel)))
-            if a == "params" && b == "velocity" && params.len() == p && vel.len() == p =>
-        {
-            Ok((meta, params, vel))
-        }
-        _ => Err(malformed(format!("expected tensors params and velocity of {p} values"))),
+    let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    if let Some((n, t)) = c.tensors.iter().find(|(_, t)| t.len() != p) {
+        return Err(malformed(format!("tensor {n} has {} values, the model has {p}", t.len())));
     }
+    let mut values = c.tensors.iter().map(|(_, t)| t.clone());
+    let mut next = || values.next().unwrap_or_default();
+    let state = match (names.as_slice(), meta.adamw_step) {
+        (n, None) if n == MOMENTUM_TENSORS => OptimizerState::Momentum { params: next(), velocity: next() },
+        (n, Some(step)) if n == ADAMW_TENSORS => {
+            OptimizerState::AdamW(AdamWState { params: next(), m: next(), v: next(), step })
+        }
+        (n, s) => {
+            return Err(malformed(format!(
+                "tensors {n:?} with AdamW step {s:?}: expected {MOMENTUM_TENSORS:?} without a step or {ADAMW_TENSORS:?} with one"
+            )));
+        }
+    };
+    Ok((meta, state))
 }
 
 /// The flag (or what sets it) of each field of a fingerprint (`Job::fingerprint`), and its
@@ -173,6 +229,9 @@ fn field_as_flag(key: &str, value: &str) -> (String, String) {
         "momentum" => "--momentum",
         "train" => "the training samples (--data, --holdout)",
         "policy" => "--policy",
+        "task" => "--task",
+        "model" => "--text-model",
+        "units" => "the training micro-batches (--text-documents, --holdout, --micro-batch-size)",
         "tail" => "--tail-split:--tail-cost",
         other => other,
     };
@@ -213,6 +272,7 @@ pub fn differences(saved: &str, want: &str) -> String {
         let absent = match k.as_str() {
             "policy" => "the drop policy of --check",
             "tail" => "off",
+            "task" => "digits",
             _ => "(not recorded)",
         };
         let shown = |v: Option<String>| v.map_or_else(|| absent.to_owned(), |v| field_as_flag(k, &v).1);

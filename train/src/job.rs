@@ -174,7 +174,7 @@ impl Job {
         if self.cfg.threshold == super::config::ThresholdArg::Auto {
             return Ok(());
         }
-        let (meta, _, _) = super::ckpt::load(&self.fingerprint(), self.shape.param_len(), dir, 0, step)?;
+        let (meta, _) = super::ckpt::load(&self.fingerprint(), self.param_len(), dir, 0, step)?;
         let saved = Threshold::from_ns(meta.scheduler.threshold_ns);
         let given = self.cfg.threshold.fixed().map_or(Threshold::Off, Threshold::Fixed);
         let show = |t: Threshold| t.as_ms().map_or("off".to_owned(), |ms| format!("{ms} ms"));
@@ -298,13 +298,24 @@ impl Job {
             t if !t.enabled() => String::new(),
             t => format!(" tail={}:{}", t.parts(), t.cost_fraction()),
         };
+        // The text task: its model's sizes and buckets, and the training units it deals (the
+        // digits' fields `hidden`, `momentum` and `train` are its defaults and 0 there).
+        let text = match &self.text {
+            Some(t) => format!(
+                " task=text model={}:{} units={}",
+                t.model.tag(),
+                t.buckets.lengths().iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+                t.plan.units()
+            ),
+            None => String::new(),
+        };
         format!(
-            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}{tail}",
+            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}{tail}{text}",
             c.ranks,
             c.micro_batches,
             c.micro_batch_size,
             c.seed,
-            self.shape.param_len(),
+            self.param_len(),
             c.hidden,
             c.check,
             c.sync_lag,

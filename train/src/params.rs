@@ -1,15 +1,23 @@
 //! The parameters file of `train --out` (`params_<run>.safetensors`) and `train --init-params`:
-//! the MLP's parameters in the safetensors format (crate `safetensors`; the format of Hugging
+//! the MLP's (digits) or the transformer's (`--task text`) parameters in the safetensors format (crate `safetensors`; the format of Hugging
 //! Face's `safetensors` library, loadable from Python with `safetensors.numpy.load_file`).
 //!
-//! Owns: [`to_safetensors`] and [`read_safetensors`] / [`load`]. Must not touch: the model math
-//! or the flat layout (`mlp::MlpShape` owns it), checkpoints (`ckpt`: a separate, crash-safe
+//! Owns: [`to_safetensors`] and [`read_safetensors`] / [`load`] (digits), [`text_to_safetensors`]
+//! and [`read_text_safetensors`] / [`load_text`] / [`load_text_for`] (text). Must not touch: the
+//! model math or the flat layouts (`mlp::MlpShape` and `transformer::TransformerConfig::blocks`
+//! own them), checkpoints (`ckpt`: a separate, crash-safe
 //! format with optimizer state).
 //!
 //! File layout: four little-endian `F32` tensors named after [`mlp::MlpShape`]'s blocks,
 //! `w1` `[input, hidden]`, `b1` `[hidden]`, `w2` `[hidden, classes]`, `b2` `[classes]` (row-major,
 //! the same bits as the flat vector), and the string metadata `format` = [`FORMAT`], `run` (the
 //! run label) and `steps` (optimizer steps taken, a resumed run's earlier steps included).
+//!
+//! Text layout: one little-endian `F32` tensor per block of `TransformerConfig::blocks`, named
+//! and shaped as the block (`tok_emb [258, D]`, `pos_emb [max_len, D]`, `l0_wq [D, D]`, ...,
+//! `head_b [258]`; the same bits as the flat vector), and the string metadata `format` =
+//! [`TEXT_FORMAT`], `run`, `steps` and the model's sizes `d_model`, `heads`, `layers`, `d_ff`,
+//! `max_len` (the reader rebuilds the model from them and checks every block's shape).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -19,6 +27,13 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::mlp::MlpShape;
+use super::transformer::TransformerConfig;
+
+/// The `format` metadata value of a text parameters file.
+pub const TEXT_FORMAT: &str = "dropcompute-transformer-v1";
+
+/// The size fields of a text parameters file's metadata, in [`TransformerConfig`]'s order.
+const TEXT_SIZES: [&str; 5] = ["d_model", "heads", "layers", "d_ff", "max_len"];
 
 /// The `format` metadata value of a parameters file.
 pub const FORMAT: &str = "dropcompute-mlp-v1";
@@ -159,6 +174,113 @@ pub fn load_for(path: &Path, expected: MlpShape) -> Result<Vec<f32>, ParamsError
     Ok(params)
 }
 
+/// The safetensors bytes of the transformer's `params` (flat layout of `cfg.blocks()`) with
+/// metadata `run`, `steps` and the sizes of `cfg` (the module's text layout).
+///
+/// # Errors
+/// [`ParamsError::Layout`] when `params.len() != cfg.param_len()`; [`ParamsError::Format`] if
+/// the crate refuses to encode.
+pub fn text_to_safetensors(
+    cfg: &TransformerConfig,
+    params: &[f32],
+    run: &str,
+    steps: u64,
+) -> Result<Vec<u8>, ParamsError> {
+    let mem = || PathBuf::from("<memory>");
+    if params.len() != cfg.param_len() {
+        return Err(ParamsError::Layout {
+            path: mem(),
+            message: format!("{} parameters for a transformer {} of {}", params.len(), cfg.tag(), cfg.param_len()),
+        });
+    }
+    let bytes: Vec<u8> = params.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let fmt = |e: safetensors::SafeTensorError| ParamsError::Format { path: mem(), message: e.to_string() };
+    let blocks = cfg.blocks();
+    let mut views = Vec::with_capacity(blocks.len());
+    for b in &blocks {
+        let r = b.range();
+        let dims = b.shape.iter().map(|&x| x as usize).collect();
+        views.push((b.name.as_str(), TensorView::new(Dtype::F32, dims, &bytes[r.start * 4..r.end * 4]).map_err(fmt)?));
+    }
+    let sizes = [cfg.d_model, cfg.heads, cfg.layers, cfg.d_ff, cfg.max_len];
+    let mut meta = HashMap::from([
+        ("format".to_owned(), TEXT_FORMAT.to_owned()),
+        ("run".to_owned(), run.to_owned()),
+        ("steps".to_owned(), steps.to_string()),
+    ]);
+    meta.extend(TEXT_SIZES.iter().zip(sizes).map(|(k, v)| ((*k).to_owned(), v.to_string())));
+    safetensors::serialize(views, Some(meta)).map_err(fmt)
+}
+
+/// Parses a text parameters file's bytes (`path` labels errors): the transformer's sizes (from
+/// the metadata, validated) and the flat parameters (bit for bit the stored values).
+///
+/// # Errors
+/// [`ParamsError::Format`] for bytes that are not safetensors; [`ParamsError::Layout`] for a
+/// `format` other than [`TEXT_FORMAT`], a missing or invalid size, a missing block tensor, a
+/// dtype other than F32 or a block of another shape than the sizes give.
+pub fn read_text_safetensors(path: &Path, bytes: &[u8]) -> Result<(TransformerConfig, Vec<f32>), ParamsError> {
+    let layout = |message: String| ParamsError::Layout { path: path.into(), message };
+    let format = |e: safetensors::SafeTensorError| ParamsError::Format { path: path.into(), message: e.to_string() };
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(format)?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    match meta.get("format") {
+        Some(f) if f == TEXT_FORMAT => {}
+        f => return Err(layout(format!("format {f:?}, expected {TEXT_FORMAT:?} (a text model's parameters)"))),
+    }
+    let mut sizes = [0u32; 5];
+    for (k, v) in TEXT_SIZES.iter().zip(sizes.iter_mut()) {
+        let raw = meta.get(*k).ok_or_else(|| layout(format!("metadata {k} missing")))?;
+        *v = raw.parse().map_err(|e| layout(format!("metadata {k} = {raw:?}: {e}")))?;
+    }
+    let [d_model, heads, layers, d_ff, max_len] = sizes;
+    let cfg = TransformerConfig { d_model, heads, layers, d_ff, max_len };
+    cfg.validate().map_err(|e| layout(e.to_string()))?;
+    let st = SafeTensors::deserialize(bytes).map_err(format)?;
+    let mut params = Vec::with_capacity(cfg.param_len());
+    for b in cfg.blocks() {
+        let v = st.tensor(&b.name).map_err(|e| layout(format!("tensor {}: {e}", b.name)))?;
+        let want: Vec<usize> = b.shape.iter().map(|&x| x as usize).collect();
+        if v.dtype() != Dtype::F32 || v.shape() != want.as_slice() {
+            return Err(layout(format!(
+                "tensor {}: {:?} {:?}, expected F32 {want:?} (model {})",
+                b.name,
+                v.dtype(),
+                v.shape(),
+                cfg.tag()
+            )));
+        }
+        params.extend(v.data().chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])));
+    }
+    Ok((cfg, params))
+}
+
+/// Reads the text parameters file at `path` ([`read_text_safetensors`]).
+///
+/// # Errors
+/// [`ParamsError::Input`] when the bounded reader refuses the file; as
+/// [`read_text_safetensors`].
+pub fn load_text(path: &Path) -> Result<(TransformerConfig, Vec<f32>), ParamsError> {
+    let bytes = dropcompute::input::read(path, dropcompute::input::InputKind::Params)?;
+    read_text_safetensors(path, &bytes)
+}
+
+/// Reads `path` for a text job of model `expected` (`train --task text --init-params`).
+///
+/// # Errors
+/// As [`load_text`]; [`ParamsError::Layout`] naming both models' sizes when the file holds
+/// another one (`--text-model`).
+pub fn load_text_for(path: &Path, expected: &TransformerConfig) -> Result<Vec<f32>, ParamsError> {
+    let (found, params) = load_text(path)?;
+    if found != *expected {
+        return Err(ParamsError::Layout {
+            path: path.into(),
+            message: format!("parameters of a transformer {}, the job needs {}", found.tag(), expected.tag()),
+        });
+    }
+    Ok(params)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +314,37 @@ mod tests {
         let (_, meta) = SafeTensors::read_metadata(&bytes).expect("header");
         let m = meta.metadata().clone().expect("metadata");
         assert_eq!((m["format"].as_str(), m["run"].as_str(), m["steps"].as_str()), (FORMAT, "dropcompute", "7"));
+    }
+
+    #[test]
+    fn text_round_trip_is_bitwise_with_block_shapes_and_sizes() {
+        let cfg = TransformerConfig::TINY;
+        let mut p: Vec<f32> = (0..cfg.param_len()).map(|i| (i as f32).mul_add(1e-3, -0.5)).collect();
+        p[0] = -0.0;
+        p[1] = f32::from_bits(0x7fc0_0042);
+        let bytes = text_to_safetensors(&cfg, &p, "baseline", 9).expect("encode");
+        let (back_cfg, back) = read_text_safetensors(Path::new("t.safetensors"), &bytes).expect("decode");
+        assert_eq!(back_cfg, cfg);
+        assert!(back.iter().map(|x| x.to_bits()).eq(p.iter().map(|x| x.to_bits())));
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        // pos_emb follows tok_emb (258 x 8): its first value is p[2064].
+        assert_eq!(st.tensor("tok_emb").expect("tok_emb").shape(), [258, 8]);
+        assert_eq!(st.tensor("pos_emb").expect("pos_emb").data()[..4], p[258 * 8].to_le_bytes());
+        assert_eq!(st.tensor("l0_w1").expect("w1").shape(), [8, 16]);
+        let (_, meta) = SafeTensors::read_metadata(&bytes).expect("header");
+        let m = meta.metadata().clone().expect("metadata");
+        assert_eq!((m["format"].as_str(), m["steps"].as_str(), m["max_len"].as_str()), (TEXT_FORMAT, "9", "16"));
+        // A digits file is not a text file, and another model size is refused by name.
+        let digits = to_safetensors(SHAPE, &params(), "r", 1).expect("digits");
+        let e = read_text_safetensors(Path::new("d.safetensors"), &digits).expect_err("digits");
+        assert!(e.to_string().contains(TEXT_FORMAT), "{e}");
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("t.safetensors");
+        std::fs::write(&f, &bytes).expect("write");
+        assert!(load_text_for(&f, &cfg).is_ok());
+        let e = load_text_for(&f, &TransformerConfig::DEFAULT).expect_err("other size");
+        assert!(e.to_string().contains(&cfg.tag()) && e.to_string().contains(&TransformerConfig::DEFAULT.tag()), "{e}");
+        assert!(text_to_safetensors(&cfg, &[1.0], "r", 0).is_err(), "wrong length");
     }
 
     #[test]

@@ -26,6 +26,7 @@ use dropcompute::tune::Verdict;
 use dropcompute::tune::policies::AutoChoice;
 use dropcompute::tune::retune::{Retuner, RetunerConfig};
 
+use super::ckpt::OptimizerState;
 use super::config::ThresholdArg;
 use super::error::TrainError;
 use super::job::{Job, RankOutcome, RunKind};
@@ -284,11 +285,16 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
         let every = cfg.checkpoint_every.map(|k| k.get()).filter(|_| checkpointed);
         let mut step = 0u64;
         if let (Some(s0), true) = (job.resume_step, checkpointed) {
-            let (meta, params, velocity) =
-                super::ckpt::load(&job.fingerprint(), job.param_len(), &cfg.checkpoint_dir, rank, s0)?;
-            match &mut work {
-                Model::Mlp(w) => w.set_state(sched.stream(), &params, &velocity).map_err(dev_err)?,
-                Model::Text(_) => return Err(text_checkpoint_error()),
+            let (meta, state) = super::ckpt::load(&job.fingerprint(), job.param_len(), &cfg.checkpoint_dir, rank, s0)?;
+            match (&mut work, &state) {
+                (Model::Mlp(w), OptimizerState::Momentum { params, velocity }) => {
+                    w.set_state(sched.stream(), params, velocity).map_err(dev_err)?;
+                }
+                (Model::Text(w), OptimizerState::AdamW(s)) => w
+                    .set_state(sched.stream(), s)
+                    .map_err(|e| TrainError::Text { rank: Some(rank), source: Box::new(e) })?,
+                // The fingerprint names the task, so a sound file of this job has its task's state.
+                _ => return Err(optimizer_mismatch(&cfg.checkpoint_dir, rank, s0, &state)),
             }
             sched.restore(meta.scheduler);
             data = meta.data;
@@ -373,15 +379,25 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
                 let save = every.is_some_and(|k| step.is_multiple_of(k))
                     || (stop && (cfg.checkpoint_asked || signal.is_none_or(|s| s.always_checkpoints())));
                 let saved = if checkpointed && save {
-                    let Model::Mlp(w) = &work else { return Err(text_checkpoint_error()) };
-                    let (params, velocity) = w.state(sched.stream()).map_err(dev_err)?;
+                    let state = match &work {
+                        Model::Mlp(w) => {
+                            let (params, velocity) = w.state(sched.stream()).map_err(dev_err)?;
+                            OptimizerState::Momentum { params, velocity }
+                        }
+                        Model::Text(w) => OptimizerState::AdamW(
+                            w.state(sched.stream())
+                                .map_err(|e| TrainError::Text { rank: Some(rank), source: Box::new(e) })?,
+                        ),
+                    };
                     let meta = super::ckpt::RankMeta {
                         fingerprint: job.fingerprint(),
                         scheduler: sched.state(),
-                        data: data.clone(),
+                        // The text task deals through `counted` (its own copy of the stream).
+                        data: counted.as_ref().map_or_else(|| data.clone(), |c| c.inner.clone()),
                         losses: losses.iter().map(|l| l.is_finite().then_some(*l)).collect(),
+                        adamw_step: None,
                     };
-                    let path = super::ckpt::save(&cfg.checkpoint_dir, rank, step, &meta, params, velocity)?;
+                    let path = super::ckpt::save(&cfg.checkpoint_dir, rank, step, &meta, state)?;
                     format!("checkpoint {}", path.display())
                 } else if checkpointed {
                     "no checkpoint (none asked for: --checkpoint-every, --checkpoint-dir or --resume)".into()
@@ -443,15 +459,17 @@ pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<
     Ok((outcomes, comm))
 }
 
-/// The text task has no checkpoints yet (its AdamW moments have no download accessor); the
-/// flags are refused up front (`dropcompute_cli::commands::train`), this guards a job built
-/// otherwise.
-fn text_checkpoint_error() -> TrainError {
-    TrainError::Config {
-        what: "--task text",
-        value: "checkpoints (--checkpoint-every, --checkpoint-dir, --resume) are not supported for the text task yet"
-            .into(),
-    }
+/// A checkpoint whose optimizer state is not this job's model's (momentum for the text task, or
+/// AdamW for the digits): refused as malformed, naming the file and what it holds.
+fn optimizer_mismatch(dir: &std::path::Path, rank: u32, step: u64, state: &OptimizerState) -> TrainError {
+    let held = match state {
+        OptimizerState::Momentum { .. } => "the digits MLP's momentum",
+        OptimizerState::AdamW(_) => "the text transformer's AdamW state",
+    };
+    TrainError::Checkpoint(dropcompute::checkpoint::CheckpointError::Malformed {
+        path: super::ckpt::rank_dir(dir, rank).join(dropcompute::checkpoint::file_name(step)),
+        reason: format!("it holds {held}, which is not this job's model's"),
+    })
 }
 
 fn destroy(comm: Comm, rank: u32) -> Result<(), TrainError> {

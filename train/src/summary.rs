@@ -423,12 +423,12 @@ pub fn write_outputs(
         out.write(&format!("ledger_{label}.json"), &ledger)?;
         let r0 = per_rank[0];
         let steps_taken = r0.reports.last().map_or(0, |r| r.step + 1);
-        // The digits' parameters file (`--init-params` reads it back); the text task writes
-        // none yet (no reader: its checkpoints and `--init-params` are not supported).
-        if job.text.is_none() {
-            let params = super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?;
-            out.write(&format!("params_{label}.safetensors"), &params)?;
-        }
+        // The parameters file (`--init-params` reads it back): the MLP's or the transformer's.
+        let params = match &job.text {
+            Some(t) => super::params::text_to_safetensors(&t.model, &r0.params, label, steps_taken)?,
+            None => super::params::to_safetensors(job.shape, &r0.params, label, steps_taken)?,
+        };
+        out.write(&format!("params_{label}.safetensors"), &params)?;
         let policy = job.policy_of(per_rank[0].kind);
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
         if let (super::job::RunKind::DropCompute, Some(p)) = (r0.kind, predicted) {

@@ -64,7 +64,8 @@ impl TextJob {
     ///
     /// # Errors
     /// [`TrainError::Text`] for the corpus, the split, a bucket longer than the model, the
-    /// plan; [`TrainError::Config`] when the plan has fewer units than ranks.
+    /// plan; [`TrainError::Config`] when the plan has fewer units than ranks;
+    /// [`TrainError::Params`] for an `--init-params` file that is not this model's.
     pub fn prepare(cfg: &TrainConfig) -> Result<Self, TrainError> {
         let text = |e: TextTrainError| TrainError::Text { rank: None, source: Box::new(e) };
         let (model, lens) = Self::model_of(cfg.text.model);
@@ -100,7 +101,11 @@ impl TextJob {
             .map_err(|e| text(e.into()))?;
         let holdout_tokens = holdout.iter().map(LmInputs::tokens_counted).sum();
         Ok(Self {
-            init: init_params(&model, cfg.seed),
+            // `--init-params`: a text parameters file of this model (`params::load_text_for`).
+            init: match &cfg.init_params {
+                Some(p) => super::params::load_text_for(p, &model)?,
+                None => init_params(&model, cfg.seed),
+            },
             adamw: AdamW { lr: cfg.lr as f32, ..AdamW::default() },
             model,
             buckets,

@@ -24,7 +24,7 @@ use dropcompute::synapse::{DeviceBuffer, Stream};
 
 use super::text_job::TextJob;
 use super::transformer::stage_lm;
-use super::transformer_train::{TextModel, TextTrainError};
+use super::transformer_train::{AdamWState, TextModel, TextTrainError};
 use super::workload::{STEP_END, set_latency_key};
 
 /// One rank's text model on its device.
@@ -77,6 +77,27 @@ impl TextWorkload {
     /// [`TextTrainError::Device`].
     pub fn params(&self, stream: &Stream) -> Result<Vec<f32>, TextTrainError> {
         self.whole.params(stream)
+    }
+
+    /// The whole model's optimizer state ([`TextModel::optimizer_state`]; the tail model's
+    /// parameters are copies of it and its own AdamW state is never used). Waits for the stream.
+    ///
+    /// # Errors
+    /// [`TextTrainError::Device`].
+    pub fn state(&self, stream: &Stream) -> Result<AdamWState, TextTrainError> {
+        self.whole.optimizer_state(stream)
+    }
+
+    /// Restores `state` into the whole model and copies its parameters into the tail model.
+    ///
+    /// # Errors
+    /// As [`TextModel::set_optimizer_state`].
+    pub fn set_state(&mut self, stream: &Stream, state: &AdamWState) -> Result<(), TextTrainError> {
+        self.whole.set_optimizer_state(stream, state)?;
+        if let Some((t, _)) = self.tail.as_mut() {
+            t.set_optimizer_state(stream, &AdamWState { step: 0, ..state.clone() })?;
+        }
+        Ok(())
     }
 
     /// The held-out loss per real token of the current parameters over the job's held-out

@@ -341,6 +341,44 @@ impl TextModel {
         download(s, &self.params)
     }
 
+    /// Downloads the optimizer state: the parameters, AdamW's first and second moments
+    /// (param_len f32 each, the flat layout of `TransformerConfig::blocks`) and the AdamW steps
+    /// taken (the bias corrections' t). Waits for the stream.
+    ///
+    /// # Errors
+    /// [`TextTrainError::Device`].
+    pub fn optimizer_state(&self, s: &Stream) -> Result<AdamWState, TextTrainError> {
+        Ok(AdamWState {
+            params: download(s, &self.params)?,
+            m: download(s, &self.m)?,
+            v: download(s, &self.v)?,
+            step: self.step,
+        })
+    }
+
+    /// Uploads `state` (as [`TextModel::optimizer_state`] returns it) and waits: the next
+    /// [`TextModel::apply_adamw`] continues exactly where the run that saved it stopped.
+    ///
+    /// # Errors
+    /// [`TextTrainError::Device`]: a vector of another length than the model's parameters
+    /// (`InvalidArgument`, naming it), or the runtime's error.
+    pub fn set_optimizer_state(&mut self, s: &Stream, state: &AdamWState) -> Result<(), TextTrainError> {
+        let p = self.params.len();
+        for (name, x) in [("parameters", &state.params), ("AdamW m", &state.m), ("AdamW v", &state.v)] {
+            if x.len() != p {
+                return Err(dev("upload")(dropcompute::synapse::Error::InvalidArgument {
+                    what: "transformer optimizer state",
+                    value: format!("{name}: {} values, the model has {p}", x.len()),
+                }));
+            }
+        }
+        upload_to(s, &mut self.params, &state.params)?;
+        upload_to(s, &mut self.m, &state.m)?;
+        upload_to(s, &mut self.v, &state.v)?;
+        self.step = state.step;
+        Ok(())
+    }
+
     /// Downloads the last micro-batch's gradient.
     ///
     /// # Errors
@@ -348,6 +386,20 @@ impl TextModel {
     pub fn grad(&self, s: &Stream) -> Result<Vec<f32>, TextTrainError> {
         download(s, &self.grad)
     }
+}
+
+/// One rank's AdamW state on the host ([`TextModel::optimizer_state`]): what a checkpoint of
+/// the text job holds besides the scheduler's and the data's state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamWState {
+    /// Flat parameters (param_len f32).
+    pub params: Vec<f32>,
+    /// First moment m (param_len f32).
+    pub m: Vec<f32>,
+    /// Second moment v (param_len f32).
+    pub v: Vec<f32>,
+    /// AdamW steps taken (t of the bias corrections 1 - beta^t).
+    pub step: u64,
 }
 
 /// One bucket's input buffers on the device: its length, then tokens, labels (i32) and mask
