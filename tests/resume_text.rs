@@ -14,33 +14,16 @@ mod hermetic;
 use std::path::Path;
 use std::process::Output;
 
-/// The tiny text job (as `tests/train_text.rs`): 4 ranks, M = 4, 4 documents per micro-batch,
-/// no baseline run, seed 3.
-const TEXT: [&str; 20] = [
-    "train",
-    "--task",
-    "text",
-    "--text-model",
-    "tiny",
-    "--text-documents",
-    "800",
-    "--ranks",
-    "4",
-    "--micro-batches",
-    "4",
-    "--micro-batch-size",
-    "4",
-    "--noise",
-    "none",
-    "--time-mode",
-    "virtual",
-    "--warmup-steps=0",
-    "--no-compare",
-    "--seed=3",
-];
+#[path = "support/tiny_text.rs"]
+mod tiny_text;
+
+/// The tiny text job (`tiny_text::TINY_TEXT`) with this file's flags.
+fn text_args() -> Vec<&'static str> {
+    [&tiny_text::TINY_TEXT[..], &["--no-compare", "--seed=3"]].concat()
+}
 
 fn dropcompute(extra: &[&str]) -> Output {
-    hermetic::dropcompute().args(TEXT).args(extra).output().expect("run dropcompute")
+    hermetic::dropcompute().args(text_args()).args(extra).output().expect("run dropcompute")
 }
 
 fn s(p: &Path) -> &str {

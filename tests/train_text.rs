@@ -18,29 +18,13 @@ use std::process::Output;
 
 use dropcompute::trace::{LoadOptions, load};
 
-/// The tiny text job every row runs (`--policy` and `--threshold` added per row).
-const TEXT: [&str; 20] = [
-    "train",
-    "--task",
-    "text",
-    "--text-model",
-    "tiny",
-    "--text-documents",
-    "800",
-    "--ranks",
-    "4",
-    "--micro-batches",
-    "4",
-    "--micro-batch-size",
-    "4",
-    "--epochs",
-    "1",
-    "--noise",
-    "none",
-    "--time-mode",
-    "virtual",
-    "--warmup-steps=0",
-];
+#[path = "support/tiny_text.rs"]
+mod tiny_text;
+
+/// The tiny text job (`tiny_text::TINY_TEXT`) with this file's flags.
+fn text_args() -> Vec<&'static str> {
+    [&tiny_text::TINY_TEXT[..], &["--epochs", "1"]].concat()
+}
 
 fn dropcompute(args: &[&str]) -> Output {
     hermetic::dropcompute().args(args).output().expect("run dropcompute")
@@ -75,7 +59,7 @@ fn text_job_outputs_read_back_under_every_policy() {
     let mut units_of_run = Vec::new();
     for (row, (policy, threshold, extra)) in table.into_iter().enumerate() {
         let out = dir.path().join(row.to_string());
-        let mut args = TEXT.to_vec();
+        let mut args = text_args();
         args.extend(["--policy", policy, "--threshold", threshold, "--out", out.to_str().unwrap()]);
         args.extend(extra);
         let o = dropcompute(&args);
@@ -168,7 +152,7 @@ fn text_refuses_the_flags_that_do_not_apply() {
         (&["--text-documents", "1"], "--text-documents"),
     ];
     for (extra, flag) in table {
-        let mut args = TEXT.to_vec();
+        let mut args = text_args();
         args.extend(extra);
         let o = dropcompute(&args);
         let err = String::from_utf8_lossy(&o.stderr);
