@@ -28,7 +28,8 @@ measured after another one sees a different machine):
   derive from clock-start periods is the arm's own;
 - ``plain`` runs the steps every rank was handed M micro-batches (the last step of the stream
   hands fewer, which plain DDP cannot run on a rank with none); the threshold-off overhead is
-  ``baseline``'s time over those steps against ``plain``'s;
+  ``baseline``'s time over those steps against ``plain``'s, and (robust to a load spike) the
+  median over those steps of the ratio of the two arms' step s;
 - the threshold is ``--threshold-ms``, or ``dropcompute.recommend`` over the compute logs of a
   tuning run made first (the baseline alone, threshold off, the same delays and data;
   guardrail: ``--max-drop-rate``); the prediction (``dropcompute.simulate`` of the run's policy:
@@ -58,7 +59,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -171,12 +172,14 @@ class Arm:
         self.progress = 0
         self.local_samples = self.dropped = self.handed = self.steps = 0
         self.busy_ns = 0
+        self.step_ns: List[int] = []  # per step: its time on this rank (from the previous step's end)
         #: Busy time when ``full_steps`` steps had run (the overhead's span), set by ``run_block``.
         self.busy_at: Dict[int, int] = {}
         self.blocks: List[Tuple[int, int, int]] = []  # (first step, steps, progress before)
         self.ids_digest: List[int] = []  # per step: crc32 of this rank's sample ids in order
         self.delays_ms: List[List[float]] = []  # per step: the delays of the launched micro-batches
         self._stopped_at: Optional[int] = None
+        self._last_end = 0
         self._i = 0
 
     def _loss(self, mod: torch.nn.Module, mb: Batch, reduction: str) -> torch.Tensor:
@@ -195,7 +198,7 @@ class Arm:
         m = len(mbs)
         for i, mb in enumerate(mbs):
             with self.ddp.no_sync() if i < m - 1 else contextlib.nullcontext():
-                (self._loss(self.ddp, mb, "mean") / m).backward()
+                (self._loss(self.ddp, mb, "mean") / m).backward()  # type: ignore[no-untyped-call]
         self.opt.step()
 
     def run_block(self, steps: int, now_ns: int, marks: Sequence[int]) -> int:
@@ -242,6 +245,8 @@ class Arm:
             self.steps += 1
             ran += 1
             end = time.perf_counter_ns()
+            self.step_ns.append(end - (self._last_end if ran > 1 else t0))
+            self._last_end = end
             if self.steps in marks:
                 self.busy_at[self.steps] = self.busy_ns + (end - t0)
         end = time.perf_counter_ns()
@@ -275,8 +280,8 @@ class Arm:
 def full_steps(args: argparse.Namespace, rows: int, world_size: int) -> int:
     """Steps in which every rank is handed M micro-batches when nothing is dropped: an epoch is
     ceil(rows / b) micro-batches (its last one may be short), the stream ``epochs`` of them."""
-    per_epoch = -(-rows // args.micro_batch_size)
-    return args.epochs * per_epoch // (world_size * args.micro_batches)
+    per_epoch = -(-rows // int(args.micro_batch_size))
+    return int(args.epochs) * per_epoch // (world_size * int(args.micro_batches))
 
 
 def interleave(arms: List[Arm], block: int, marks: Sequence[int]) -> List[Tuple[str, int, int, List[int]]]:
@@ -308,7 +313,7 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: t
 def main() -> None:
     args = parse_args()
     if args.device == "hpu":
-        import habana_frameworks.torch.core  # noqa: F401  (Gaudi bridge; not verified here)
+        import habana_frameworks.torch.core  # type: ignore[import-not-found]  # noqa: F401  (Gaudi; not verified)
     dist.init_process_group(args.backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     if not 0 <= args.slow_rank < n:
@@ -325,7 +330,7 @@ def main() -> None:
     where: List[Optional[str]] = [str(args.log_dir) if keep else tempfile.mkdtemp(prefix="dropcompute-ddp-")
                                   if rank == 0 else None]
     dist.broadcast_object_list(where)
-    logs = [os.path.join(str(where[0]), f"rank{r}.csv") for r in range(n)]
+    logs: List[Union[str, "os.PathLike[str]"]] = [os.path.join(str(where[0]), f"rank{r}.csv") for r in range(n)]
     dc_logs = [os.path.join(str(where[0]), f"dropcompute_rank{r}.csv") for r in range(n)]
     verdict = None
     if args.threshold_ms is not None:
@@ -333,8 +338,9 @@ def main() -> None:
         how = f"--threshold-ms {args.threshold_ms}"
     else:
         # The tuning run: the baseline alone (threshold off, the same delays and data), first.
-        tune_logs = [os.path.join(str(where[0]), f"tune_rank{r}.csv") for r in range(n)]
-        tuning = Arm("tune", args, dropcompute.Policy(), xt, yt, device, tune_logs[rank])
+        tune_logs: List[Union[str, "os.PathLike[str]"]] = [os.path.join(str(where[0]), f"tune_rank{r}.csv")
+                                                            for r in range(n)]
+        tuning = Arm("tune", args, dropcompute.Policy(), xt, yt, device, str(tune_logs[rank]))
         interleave([tuning], args.block, ())
         tuning.close()
         dist.barrier()  # every log is complete: every rank reads them all and decides alike
@@ -344,7 +350,7 @@ def main() -> None:
     policy = dropcompute.Policy(threshold_ns, "before", warmup_steps=0, min_micro_batches=1)
     full = full_steps(args, xt.shape[0], n)
     arms = [Arm("plain", args, None, xt, yt, device, None, steps_cap=full),
-            Arm("baseline", args, dropcompute.Policy(), xt, yt, device, logs[rank]),
+            Arm("baseline", args, dropcompute.Policy(), xt, yt, device, str(logs[rank])),
             Arm("dropcompute", args, policy, xt, yt, device, dc_logs[rank])]
     t0 = time.perf_counter_ns()
     schedule = interleave(arms, args.block, (full,))
@@ -362,6 +368,11 @@ def main() -> None:
     plain, base, dc = arms
     overhead = base.busy_at[full] / plain.busy_at[full] - 1.0 if full in plain.busy_at and full in base.busy_at \
         else float("nan")
+    # Paired step by step: step s of the baseline and of plain DDP ran next to each other (block 1)
+    # with the same delays and data; the median of their ratios is robust to a load spike.
+    k = min(full, len(plain.step_ns), len(base.step_ns))
+    overhead_paired = float(np.median([b / p for b, p in zip(base.step_ns[:k], plain.step_ns[:k])])) - 1.0 \
+        if k else float("nan")
     if rank == 0:
         acc = {a.name: accuracy(a.ddp.module, x[test], y[test], device) for a in arms}
         ratio = stats["dropcompute"]["throughput"] / stats["baseline"]["throughput"]
@@ -375,14 +386,15 @@ def main() -> None:
             tp = f"{s['throughput']:>10.1f}" if a.step is not None else f"{'':>10}"
             print(f"{a.name:<12} {tp} {s['step_ms']:>9.2f} {a.steps:>6} {s['drop_rate']:>10.3f} {acc[a.name]:>9.3f}")
         print(f"threshold-off overhead {overhead:+.2%} (baseline against plain DDP over the {full} full steps: "
-              f"{base.busy_at.get(full, 0) / full / 1e6:.2f} against {plain.busy_at.get(full, 0) / full / 1e6:.2f} ms)")
+              f"{base.busy_at.get(full, 0) / full / 1e6:.2f} against {plain.busy_at.get(full, 0) / full / 1e6:.2f} ms; "
+              f"median of the steps' ratios {overhead_paired:+.2%})")
         print(f"throughput ratio {ratio:.3f} (samples computed per second, dropcompute against baseline, interleaved)")
         out: Dict[str, Any] = {
             "world_size": n, "seed": args.seed, "threshold_ns": threshold_ns, "block": args.block,
             "plain": stats["plain"], "baseline": stats["baseline"], "dropcompute": stats["dropcompute"],
-            "ratio": ratio, "overhead": overhead, "full_steps": full, "wall_s": wall_ns / 1e9,
+            "ratio": ratio, "overhead": overhead, "overhead_paired": overhead_paired, "full_steps": full, "wall_s": wall_ns / 1e9,
             "accuracy": acc, "load": os.getloadavg()[0], "schedule": schedule,
-            "arms": {a.name: {"blocks": a.blocks,
+            "arms": {a.name: {"blocks": a.blocks, "step_ms": [t / 1e6 for t in a.step_ns],
                               "ids_digest": [t[a.name]["ids_digest"] for t in traces],
                               "delays_ms": [t[a.name]["delays_ms"] for t in traces]} for a in arms},
         }

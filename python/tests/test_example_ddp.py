@@ -4,6 +4,7 @@ prints is made of what it claims. Its speed numbers are measured in README's tab
 asserted here (timing goals live in benchmarks)."""
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -54,6 +55,12 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(examp
     assert len(dc["baseline_per_step_ns"]) == r["dropcompute"]["steps"], (len(dc["baseline_per_step_ns"]), r)
     assert "predicted: ratio" in example["stdout"], example["stdout"]
     assert "threshold-off overhead" in example["stdout"], example["stdout"]
+    # The overhead's two readings (total time over the full steps; median of the paired steps'
+    # ratios) come from every arm's per-step times, one per step it ran.
+    for name in ("plain", "baseline", "dropcompute"):
+        assert len(r["arms"][name]["step_ms"]) == r[name]["steps"], name
+        assert all(t > 0.0 for t in r["arms"][name]["step_ms"]), name
+    assert math.isfinite(r["overhead"]) and math.isfinite(r["overhead_paired"]), r
 
 
 def test_the_interleaved_arms_see_the_same_delay_keys_and_data_order(example: Dict[str, Any]) -> None:
