@@ -90,8 +90,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=20.0, help="delay added to a slowed micro-batch (ms)")
     p.add_argument("--slow-prob", type=float, default=0.25, help="probability a micro-batch of the slow rank is slowed")
     p.add_argument("--max-drop-rate", type=float, default=0.10, help="the tuner's drop-rate guardrail")
-    p.add_argument("--threshold-ms", type=float, default=None,
-                   help="the threshold (ms); default: recommended from a tuning run made first")
+    p.add_argument("--threshold-ms", default=None,
+                   help="the threshold (ms), or 'off' (the DropCompute arm then runs the baseline's policy: an A/A "
+                        "run, the protocol's own noise); default: recommended from a tuning run made first")
     p.add_argument("--block", type=int, default=1, help="steps an arm runs before the next arm is chosen")
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--out", type=Path, default=None, help="write rank 0's numbers as JSON")
@@ -103,6 +104,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for name in ("epochs", "micro_batches", "micro_batch_size", "block"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: {getattr(a, name)}: must be >= 1")
+    if a.threshold_ms is not None and a.threshold_ms != "off":
+        try:
+            a.threshold_ms = float(a.threshold_ms)
+        except ValueError:
+            p.error(f"--threshold-ms: {a.threshold_ms!r}: must be a number of ms or 'off'")
+        if not a.threshold_ms > 0.0:
+            p.error(f"--threshold-ms: {a.threshold_ms}: must be > 0 (or 'off')")
     if not 0.0 <= a.slow_prob <= 1.0:
         p.error(f"--slow-prob: {a.slow_prob}: must be in [0, 1]")
     return a
@@ -333,8 +341,11 @@ def main() -> None:
     logs: List[Union[str, "os.PathLike[str]"]] = [os.path.join(str(where[0]), f"rank{r}.csv") for r in range(n)]
     dc_logs = [os.path.join(str(where[0]), f"dropcompute_rank{r}.csv") for r in range(n)]
     verdict = None
-    if args.threshold_ms is not None:
-        threshold_ns: Optional[int] = int(args.threshold_ms * 1e6)
+    if args.threshold_ms == "off":
+        threshold_ns: Optional[int] = None
+        how = "--threshold-ms off (an A/A run: both arms threshold off)"
+    elif args.threshold_ms is not None:
+        threshold_ns = int(args.threshold_ms * 1e6)
         how = f"--threshold-ms {args.threshold_ms}"
     else:
         # The tuning run: the baseline alone (threshold off, the same delays and data), first.

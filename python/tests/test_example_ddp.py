@@ -119,3 +119,31 @@ def test_the_interleaved_schedule_advances_the_arms_together(example: Dict[str, 
     b = dropcompute.simulate([str(example["logs"] / f"rank{k}.csv") for k in range(N)], dropcompute.Policy())
     assert len(b["baseline_per_step_ns"]) == r["baseline"]["steps"], r
     assert abs(b["baseline_step_ns"] / 1e6 / r["baseline"]["step_ms"] - 1.0) < 0.1, (b["baseline_step_ns"], r)
+
+
+@pytest.mark.parametrize("value, expected", [("15", 15.0), ("0.5", 0.5), ("off", "off"), (None, None)])
+def test_the_example_reads_its_threshold_flag(value: Any, expected: Any) -> None:
+    # A number of ms, "off" (an A/A run: both arms threshold off, the protocol's own noise), or
+    # absent (recommended from the tuning run).
+    ex = _example_module()
+    argv = [] if value is None else ["--threshold-ms", value]
+    assert ex.parse_args(argv).threshold_ms == expected
+
+
+@pytest.mark.parametrize("argv", [["--threshold-ms", "x"], ["--threshold-ms", "0"], ["--threshold-ms", "-3"],
+                                  ["--block", "0"], ["--slow-prob", "1.5"]])
+def test_the_example_refuses_a_bad_flag_naming_it(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        _example_module().parse_args(argv)
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def _example_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pytorch_ddp_example", REPO / "examples" / "pytorch_ddp.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
