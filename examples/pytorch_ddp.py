@@ -18,10 +18,13 @@ measured after another one sees a different machine):
   drawn from a generator keyed by (seed, r, s, i), whatever ran before it (the mock device's
   keyed draws), so step s of every arm has the same delays in the same slots;
 - the arms run in blocks of ``--block`` steps (default 1): before each block the arm with the
-  fewest micro-batches computed so far (every rank's) runs next (ties in the order plain, baseline, dropcompute), so
-  the arms advance through the data together and the DropCompute arm's extra steps (the
-  micro-batches it re-deals) are spread over the run instead of running last. The choice reads the
-  step results' global counts: identical on every rank, so every rank runs the same arm;
+  fewest micro-batches computed so far (every rank's) runs next (ties in an order drawn for
+  each block from the seed: no arm always follows the same one), so the arms advance through the data together and the DropCompute
+  arm's extra steps (the micro-batches it re-deals) are spread over the run instead of running
+  last. The choice reads the step results' global counts: identical on every rank, so every
+  rank runs the same arm. ``--block 1000`` runs whole arms one after the other (the former,
+  sequential protocol); ``--threshold-ms off`` runs the DropCompute arm at the baseline's
+  policy (an A/A run: what the protocol itself measures between identical arms);
 - each arm's time is the sum of its blocks (the blocks are contiguous: one timestamp ends a
   block and starts the next), and each arm's compute log is written on the arm's own clock
   (the host's clock less the time its arm was paused), so the step overhead the log readers
@@ -71,8 +74,6 @@ from dropcompute.torch import DropComputeSampler, DropComputeStep
 from dropcompute.torch.clock import DeviceClock
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "digits.csv.gz"
-#: The arms, in their tie-break order.
-ARMS = ("plain", "baseline", "dropcompute")
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
@@ -292,20 +293,28 @@ def full_steps(args: argparse.Namespace, rows: int, world_size: int) -> int:
     return int(args.epochs) * per_epoch // (world_size * int(args.micro_batches))
 
 
-def interleave(arms: List[Arm], block: int, marks: Sequence[int]) -> List[Tuple[str, int, int, List[int]]]:
+def interleave(arms: List[Arm], block: int, marks: Sequence[int],
+               seed: int = 0) -> List[Tuple[str, int, int, List[int]]]:
     """Runs ``arms`` in blocks of ``block`` steps until every arm's stream ended: each block goes
     to the unfinished arm with the fewest micro-batches started by all ranks (``Arm.progress``:
-    the same choice on every rank; ties by list order). Returns the schedule: (arm, first step, steps, every arm's
-    progress before the block) per block. ``marks``: step counts at which each arm records its
-    busy time (``Arm.busy_at``)."""
+    the same choice on every rank); ties go by an order drawn afresh for each block from
+    ``seed`` (the same draw on every rank), so no arm always follows the same one (a fixed
+    order made the arm after plain DDP and the arm after the baseline pay whatever the
+    previous arm left behind, in every step). Returns the schedule: (arm, first step, steps,
+    every arm's progress before the block) per block. ``marks``: step counts at which each arm
+    records its busy time (``Arm.busy_at``)."""
     schedule: List[Tuple[str, int, int, List[int]]] = []
     dist.barrier()
     now = time.perf_counter_ns()
+    blocks = 0
     while True:
         live = [a for a in arms if not a.done]
         if not live:
             return schedule
-        arm = min(live, key=lambda a: a.progress)  # min keeps the first of equals: list order
+        order = list(range(len(arms)))
+        random.Random(f"interleave/{seed}/{blocks}").shuffle(order)
+        arm = min(live, key=lambda a: (a.progress, order[arms.index(a)]))
+        blocks += 1
         first, progress = arm.steps, [a.progress for a in arms]
         now = arm.run_block(block, now, marks)
         if arm.steps > first:
@@ -364,7 +373,7 @@ def main() -> None:
             Arm("baseline", args, dropcompute.Policy(), xt, yt, device, str(logs[rank])),
             Arm("dropcompute", args, policy, xt, yt, device, dc_logs[rank])]
     t0 = time.perf_counter_ns()
-    schedule = interleave(arms, args.block, (full,))
+    schedule = interleave(arms, args.block, (full,), seed=args.seed)
     wall_ns = time.perf_counter_ns() - t0
     for a in arms:
         a.close()
