@@ -17,9 +17,9 @@ use std::process::Output;
 #[path = "support/tiny_text.rs"]
 mod tiny_text;
 
-/// The tiny text job (`tiny_text::TINY_TEXT`) with this file's flags.
+/// The tiny text job (`tiny_text::tiny_text_train`) with this file's flags.
 fn text_args() -> Vec<&'static str> {
-    [&tiny_text::TINY_TEXT[..], &["--no-compare", "--seed=3"]].concat()
+    [&tiny_text::tiny_text_train()[..], &["--no-compare", "--seed=3"]].concat()
 }
 
 fn dropcompute(extra: &[&str]) -> Output {

@@ -21,9 +21,9 @@ use dropcompute::trace::{LoadOptions, load};
 #[path = "support/tiny_text.rs"]
 mod tiny_text;
 
-/// The tiny text job (`tiny_text::TINY_TEXT`) with this file's flags.
+/// The tiny text job (`tiny_text::tiny_text_train`) with this file's flags.
 fn text_args() -> Vec<&'static str> {
-    [&tiny_text::TINY_TEXT[..], &["--epochs", "1"]].concat()
+    [&tiny_text::tiny_text_train()[..], &["--epochs", "1"]].concat()
 }
 
 fn dropcompute(args: &[&str]) -> Output {
@@ -237,41 +237,36 @@ fn validate_covers_the_text_task() {
     // 0 (its slower update starts it late every step, a lag its cut work hides: the replay
     // keeps the clock skew the baseline's count rows measured), the prediction reproduces the
     // run in virtual time (the error of validate's recorded target, 0.5 %).
-    let o = dropcompute(&[
-        "validate",
-        "--ranks",
-        "4",
-        "--micro-batches",
-        "4",
-        "--steps",
-        "12",
-        "--threshold",
-        "0.5",
-        "--check",
-        "predictive",
-        "--time-mode",
-        "virtual",
-        "--seeds",
-        "0",
-        "--sync-lag",
-        "0",
-        "--slow-rank",
-        "none,3:2",
-        "--policy",
-        "drop-predictive,length-predictive,cost-balance",
-        "--json",
-        "--",
-        "--task",
-        "text",
-        "--text-model",
-        "tiny",
-        "--text-documents",
-        "800",
-        "--micro-batch-size",
-        "4",
-        "--noise",
-        "none",
-    ]);
+    let args = [
+        &[
+            "validate",
+            "--ranks",
+            "4",
+            "--micro-batches",
+            "4",
+            "--steps",
+            "12",
+            "--threshold",
+            "0.5",
+            "--check",
+            "predictive",
+            "--time-mode",
+            "virtual",
+            "--seeds",
+            "0",
+            "--sync-lag",
+            "0",
+            "--slow-rank",
+            "none,3:2",
+            "--policy",
+            "drop-predictive,length-predictive,cost-balance",
+            "--json",
+            "--",
+        ][..],
+        &tiny_text::TINY_TEXT_MODEL,
+    ]
+    .concat();
+    let o = dropcompute(&args);
     let v: serde_json::Value =
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
     let rows = v["rows"].as_array().expect("rows");

@@ -191,11 +191,13 @@ pub fn load(want: &str, p: usize, dir: &Path, rank: u32, step: u64) -> Result<(R
             differences: differences(&meta.fingerprint, want),
         }));
     }
-    let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
     if let Some((n, t)) = c.tensors.iter().find(|(_, t)| t.len() != p) {
         return Err(malformed(format!("tensor {n} has {} values, the model has {p}", t.len())));
     }
-    let mut values = c.tensors.iter().map(|(_, t)| t.clone());
+    // The names are checked before the tensors are moved out (no copy of params, m and v).
+    let (names, tensors): (Vec<String>, Vec<Vec<f32>>) = c.tensors.into_iter().unzip();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut values = tensors.into_iter();
     let mut next = || values.next().unwrap_or_default();
     let state = match (names.as_slice(), meta.adamw_step) {
         (n, None) if n == MOMENTUM_TENSORS => OptimizerState::Momentum { params: next(), velocity: next() },
