@@ -125,12 +125,13 @@ pub fn measure(
         let rt = job_run::mock_runtime(&job)?;
         let outcomes = job_run::run_after_baseline_threads(&job, &rt, &baseline, false)?;
         job_run::check_lockstep(&outcomes)?;
-        let backend = crate::commands::train::backend_name(rt.api());
         drop(rt);
         let wall_s = t.elapsed().as_secs_f64();
         done(p.name(), wall_s);
         let predicted = summary::job_prediction(&job, &outcomes);
-        let rep = summary::report(&job, &outcomes, RunMetadata::new(&job.cfg, backend, SystemTime::now()), None)?;
+        // The report's metadata is not printed; the backend is always the in-process mock.
+        let meta = RunMetadata::new(&job.cfg, "in-process mock (bench text-table)".into(), SystemTime::now());
+        let rep = summary::report(&job, &outcomes, meta, None)?;
         let run = &outcomes[0][1];
         rows.push(PolicyRow {
             policy: p,
