@@ -321,6 +321,27 @@ impl MockConfig {
         }
     }
 
+    /// The fields `$DROPCOMPUTE_MOCK_CONFIG` sets (the top-level keys of its JSON object, e.g.
+    /// `{"graph_gflops": 500}` sets `graph_gflops`); empty when the variable is unset, empty or
+    /// not a JSON object (then [`MockConfig::from_env`] reports it). A job that chooses its own
+    /// default for a field (`dropcompute train --task text`'s compute rate) keeps the user's
+    /// value when this names the field: the user's setting wins.
+    pub fn set_by_env() -> std::collections::BTreeSet<String> {
+        match std::env::var(ENV_CONFIG) {
+            Ok(json) => Self::fields_named(&json),
+            Err(_) => std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// The top-level keys of `json` when it is a JSON object, else none ([`MockConfig::set_by_env`]
+    /// applied to a value).
+    pub fn fields_named(json: &str) -> std::collections::BTreeSet<String> {
+        match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            _ => std::collections::BTreeSet::new(),
+        }
+    }
+
     /// Parses and validates the JSON form.
     ///
     /// # Errors
@@ -504,6 +525,17 @@ mod tests {
         assert_eq!(cfg.per_device[0].script_ns, vec![10, 20]);
         let back = MockConfig::from_json(&serde_json::to_string(&cfg).unwrap()).unwrap();
         assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn fields_named_lists_the_json_objects_keys_only() {
+        let f = MockConfig::fields_named(r#"{"graph_gflops": 500, "devices": 4}"#);
+        assert_eq!(f.into_iter().collect::<Vec<_>>(), ["devices", "graph_gflops"]);
+        assert!(MockConfig::fields_named("{}").is_empty());
+        assert!(MockConfig::fields_named("[1]").is_empty());
+        assert!(MockConfig::fields_named("not json").is_empty());
+        // A field at its default value is still set by the user.
+        assert!(MockConfig::fields_named(r#"{"graph_gflops": 100000}"#).contains("graph_gflops"));
     }
 
     #[test]

@@ -10,3 +10,5 @@ pub mod allreduce;
 pub mod kernels;
 #[cfg(feature = "mock")]
 pub mod scheduler;
+#[cfg(feature = "mock")]
+pub mod text_table;

@@ -124,6 +124,10 @@ fn subcommand(command: &Command) -> dropcompute::environment::Subcommand {
             commands::bench::Args::Sim(_) => S::BenchSim,
             #[cfg(feature = "mock")]
             commands::bench::Args::Scheduler(_) => S::BenchScheduler,
+            // `bench text-table` runs `train` jobs in threads on the in-process mock, as
+            // `validate` does: it reads the variables `validate` reads.
+            #[cfg(feature = "mock")]
+            commands::bench::Args::TextTable(_) => S::Validate,
         },
         #[cfg(feature = "mock")]
         Command::Train(_) => S::Train,

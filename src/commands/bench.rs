@@ -40,6 +40,112 @@ pub enum Args {
     /// runtime calls and one empty launch, on the in-process mock (target <= 2 us).
     #[cfg(feature = "mock")]
     Scheduler(SchedulerArgs),
+    /// The text job's measured policy table (issue 26): for each --ranks, the synchronous
+    /// baseline once, then drop-predictive, length-predictive, rebalance, rebalance-drop and
+    /// cost-balance against it at --threshold auto (M 8, --noise none, virtual time); speedup
+    /// measured and predicted, drop rate, share of the mean-cost bound's gain, held-out loss.
+    #[cfg(feature = "mock")]
+    TextTable(TextTableArgs),
+}
+
+/// Arguments of `bench text-table`.
+#[cfg(feature = "mock")]
+#[derive(Debug, clap::Args)]
+pub struct TextTableArgs {
+    /// World sizes, comma-separated: one table each.
+    #[arg(long, value_delimiter = ',', default_value = "16,32", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub ranks: Vec<u32>,
+    /// Steps of every run.
+    #[arg(long, default_value_t = 20)]
+    pub steps: u64,
+    /// Micro-batches per rank per step M.
+    #[arg(long, default_value_t = 8)]
+    pub micro_batches: u32,
+    /// Seed of every run (the same for the baseline and the policies).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// More `train` flags for every run, after `--` (e.g. `-- --text-model tiny
+    /// --text-documents 60`). The flags this command sets (--task, --ranks, --steps,
+    /// --micro-batches, --seed, --policy, --threshold, --noise, --time-mode) and those of
+    /// `validate`'s refused list (--out, --launch, --compare, --no-compare, --resume) are
+    /// refused.
+    #[arg(last = true, allow_hyphen_values = true)]
+    pub train_args: Vec<String>,
+}
+
+#[cfg(feature = "mock")]
+impl TextTableArgs {
+    /// The `train` argv of `policy`'s run at world size `ranks` (the program name first).
+    fn train_argv(&self, ranks: u32, policy: dropcompute::policy::Policy) -> Vec<String> {
+        let mut v: Vec<String> =
+            ["train", "--task", "text", "--noise", "none", "--time-mode", "virtual"].map(str::to_owned).to_vec();
+        for (flag, value) in [
+            ("--ranks", ranks.to_string()),
+            ("--steps", self.steps.to_string()),
+            ("--micro-batches", self.micro_batches.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--policy", policy.name().to_owned()),
+            ("--threshold", "auto".to_owned()),
+        ] {
+            v.push(flag.to_owned());
+            v.push(value);
+        }
+        v.extend(self.train_args.iter().cloned());
+        v
+    }
+}
+
+/// The flags `bench text-table` sets itself (refused after `--`).
+#[cfg(feature = "mock")]
+const TEXT_TABLE_FLAGS: [&str; 9] =
+    ["--task", "--ranks", "--steps", "--micro-batches", "--seed", "--policy", "--threshold", "--noise", "--time-mode"];
+
+/// `bench text-table`: one table per `--ranks` value, printed as soon as it is measured.
+///
+/// # Errors
+/// [`CommandError::Args`] for a flag after `--` that the command sets or refuses, or a `train`
+/// flag that does not parse or validate (before any run); any `TrainError` of a run.
+#[cfg(feature = "mock")]
+pub fn text_table(a: &TextTableArgs) -> Result<(), BoxError> {
+    let refused = TEXT_TABLE_FLAGS.iter().chain(super::validate::OVERRIDDEN_TRAIN_FLAGS.iter());
+    for f in refused {
+        if let Some(given) = a.train_args.iter().find(|x| x.as_str() == *f || x.starts_with(&format!("{f}="))) {
+            return Err(CommandError::Args(format!(
+                "bench text-table: `{given}` after -- is not accepted: the command sets {f} itself (or runs without it)"
+            ))
+            .into());
+        }
+    }
+    if a.ranks.is_empty() {
+        return Err(CommandError::Args("bench text-table: --ranks needs at least one world size".into()).into());
+    }
+    let config_of = |ranks: u32, p: dropcompute::policy::Policy| {
+        let argv = a.train_argv(ranks, p);
+        let cli = <super::validate::TrainCli as clap::Parser>::try_parse_from(&argv).map_err(|e| {
+            dropcompute_train::error::TrainError::Config {
+                what: "bench text-table: train flags",
+                value: format!("{:?}: {e}", &argv[1..]),
+            }
+        })?;
+        let mut cfg = cli.train.validate()?;
+        cfg.compare = true;
+        cfg.out = None;
+        Ok::<_, dropcompute_train::error::TrainError>(cfg)
+    };
+    // Every flag of every run checked before the first run starts.
+    for &n in &a.ranks {
+        for p in crate::bench::text_table::POLICIES {
+            config_of(n, p).map_err(|e| CommandError::Args(e.to_string()))?;
+        }
+    }
+    for &n in &a.ranks {
+        let mut done = |label: &str, s: f64| {
+            dropcompute::console::err(&format!("bench text-table: N = {n}: {label} ran in {s:.1} s (wall)"));
+        };
+        let table = crate::bench::text_table::measure(&|p| config_of(n, p), &mut done)?;
+        super::say(&format!("{table}\n"))?;
+    }
+    Ok(())
 }
 
 /// Arguments of `bench scheduler`.
@@ -136,6 +242,8 @@ pub fn run(cmd: &Args) -> Result<(), BoxError> {
             Ok(())
         }
         Args::Allreduce(a) => allreduce(a),
+        #[cfg(feature = "mock")]
+        Args::TextTable(a) => text_table(a),
         #[cfg(feature = "mock")]
         Args::Scheduler(a) => {
             super::say(&format!("{}\n", crate::bench::scheduler::run_scheduler_bench(a.reps)?))?;

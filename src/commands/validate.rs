@@ -214,10 +214,12 @@ pub struct ValidateJson {
 }
 
 /// The clap wrapper that parses one configuration's `train` flags.
+/// `bench text-table` parses each policy's `train` flags with it too.
 #[derive(Parser)]
-struct TrainCli {
+pub(crate) struct TrainCli {
+    /// The `train` flags.
     #[command(flatten)]
-    train: super::train::Args,
+    pub(crate) train: super::train::Args,
 }
 
 /// One configuration of the grid as `train` flags.

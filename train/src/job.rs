@@ -477,7 +477,13 @@ impl Job {
         m.noise = self.cfg.noise.clone();
         if let Some(t) = &self.text {
             // The text task: every bucket recipe keeps the per-node cost model (no base
-            // latency); a tail recipe draws the noise of the whole one it is cut from.
+            // latency); a tail recipe draws the noise of the whole one it is cut from. The
+            // default model computes at the text device model's rate (`text_device`) unless
+            // `$DROPCOMPUTE_MOCK_CONFIG` sets `graph_gflops`; the tests' tiny model keeps the
+            // mock's rate.
+            if let Some(r) = text_graph_gflops(self.cfg.text.model, &t.model, &MockConfig::set_by_env()) {
+                m.graph_gflops = r;
+            }
             let tail = self.cfg.tail;
             if tail.enabled() {
                 let rows = (t.rows / tail.parts()).max(1);
@@ -555,6 +561,19 @@ impl Job {
             ),
         })
     }
+}
+
+/// The compute rate (GFLOP/s) a text job of `size` (its transformer `model`) sets on the mock,
+/// given the fields `$DROPCOMPUTE_MOCK_CONFIG` sets (`MockConfig::set_by_env`): the text
+/// device model's rate (`text_device::text_graph_gflops`) for the default size; `None` (the
+/// configured rate stands) when the user set `graph_gflops`, or for the tests' tiny size.
+pub fn text_graph_gflops(
+    size: super::config::TextModelSize,
+    model: &super::transformer::TransformerConfig,
+    set_by_env: &std::collections::BTreeSet<String>,
+) -> Option<f64> {
+    (size == super::config::TextModelSize::Default && !set_by_env.contains("graph_gflops"))
+        .then(|| super::text_device::text_graph_gflops(model))
 }
 
 /// Which run.

@@ -18,12 +18,13 @@
 //! the per-bucket forward/backward recipes, AdamW and accumulation as device graphs;
 //! [`transformer_train`]: one rank's training loop without the scheduler), and the text job's
 //! N-rank wiring through the same driver ([`text_job`]: the task's shared inputs;
-//! [`text_workload`]: the workload over the transformer; `--task text`). A run's data is dealt by the
+//! [`text_workload`]: the workload over the transformer; `--task text`; [`text_device`]: the
+//! compute rate of its device model). A run's data is dealt by the
 //! core's `dropcompute::deal` (one global stream dealt by the policy's assignment).
 //! File dependencies form a DAG (no import cycle): `run` -> {`job`, `ckpt`, `summary`,
 //! `workload`, `text_workload`, `text`, `error`}; `workload` -> `model_graphs` -> `mlp`; `summary` -> {`job`, `error`,
-//! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`, `text_job`,
-//! `transformer_graphs`}; `params` -> `mlp` only;
+//! outputs}; `job` -> {`ckpt`, `error`, `params`, `model_graphs`, `text_job`, `text_device`,
+//! `transformer_graphs`}; `text_device` -> {`text`, `transformer`}; `params` -> `mlp` only;
 //! `ckpt` -> `error`; `text_workload` -> {`text_job`, `transformer_train`, `workload`};
 //! `text_job` -> {`text`, `transformer`, `transformer_train`, `config`, `error`}; `text` -> `data` (the one train/holdout rule); `transformer_train` ->
 //! {`transformer_graphs`, `transformer`, `text`}; `transformer_graphs` -> {`transformer`,
@@ -50,6 +51,7 @@ pub mod report;
 pub mod run;
 pub mod summary;
 pub mod text;
+pub mod text_device;
 pub mod text_job;
 pub mod text_workload;
 pub mod timeline;

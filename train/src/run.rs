@@ -189,12 +189,25 @@ const RUN_SETUP_STEP: u64 = u64::MAX;
 ///
 /// # Errors
 /// Any [`TrainError`] of this rank (a failed step names the step and call).
-pub fn rank_main(job: &Job, mut comm: Comm, show_progress: bool) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
+pub fn rank_main(job: &Job, comm: Comm, show_progress: bool) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
+    rank_runs(job, comm, show_progress, &job.plan(), Vec::new())
+}
+
+/// [`rank_main`] over the runs `plan`, after the runs already finished on this rank `prior`
+/// (returned first, in order): a run of kind [`RunKind::DropCompute`] tunes `--threshold auto`
+/// on the baseline among them, as in [`rank_main`].
+fn rank_runs(
+    job: &Job,
+    mut comm: Comm,
+    show_progress: bool,
+    plan: &[RunKind],
+    prior: Vec<RankOutcome>,
+) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
     let rank = comm.rank();
     let cfg = &job.cfg;
     let dev_err = |source| TrainError::Device { rank, source };
-    let mut outcomes: Vec<RankOutcome> = Vec::new();
-    for kind in job.plan() {
+    let mut outcomes: Vec<RankOutcome> = prior;
+    for &kind in plan {
         // Every launch of this run, its setup included, draws keyed latencies: both runs start
         // from the same mock state (common random numbers).
         super::workload::set_latency_key(comm.device().module_id(), RUN_SETUP_STEP, super::workload::STEP_START)
@@ -534,6 +547,18 @@ pub fn run_rank(
     join: &Join,
     show_progress: bool,
 ) -> Result<Vec<RankOutcome>, TrainError> {
+    run_rank_plan(job, rt, join, show_progress, &job.plan(), Vec::new())
+}
+
+/// [`run_rank`] over the runs `plan` after this rank's finished runs `prior` ([`rank_runs`]).
+fn run_rank_plan(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    join: &Join,
+    show_progress: bool,
+    plan: &[RunKind],
+    prior: Vec<RankOutcome>,
+) -> Result<Vec<RankOutcome>, TrainError> {
     let rank = join.rank();
     if join.world_size() != job.cfg.ranks {
         return Err(TrainError::Config {
@@ -563,7 +588,7 @@ pub fn run_rank(
     .map_err(|source| TrainError::Device { rank, source })?;
     let call = if matches!(join, Join::Env(_)) { "join" } else { "hcclCommInitRank" };
     let comm = join.comm(&dev, comm_options()).map_err(|source| TrainError::Collective { rank, call, source })?;
-    let (out, comm) = rank_main(job, comm, show_progress && rank == 0)?;
+    let (out, comm) = rank_runs(job, comm, show_progress && rank == 0, plan, prior)?;
     destroy(comm, rank)?;
     Ok(out)
 }
@@ -607,6 +632,74 @@ pub fn run(
 /// As [`run`].
 pub fn run_threads(job: &Job, rt: &Arc<Runtime>, show_progress: bool) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
     Ok(run(job, rt, Launch::Threads, show_progress)?.1)
+}
+
+/// Runs only `job`'s synchronous baseline, every rank a thread of this process (rank r on mock
+/// module r of `rt`), and returns the outcomes indexed `[rank][0]`: the baseline a set of
+/// policy runs is compared against ([`run_after_baseline_threads`]), run once. The baseline's
+/// count rows are as wide as `job`'s second run's (`Job::slots_of`), as in [`run`].
+///
+/// # Errors
+/// As [`run`].
+pub fn run_baseline_threads(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    show_progress: bool,
+) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    run_plan_threads(job, rt, show_progress, &[RunKind::Baseline], &[])
+}
+
+/// Runs `job`'s second run (its `--policy`, threshold resolved as in [`run`]: `--threshold
+/// auto` tuned on the baseline) on every rank as a thread of this process, after the finished
+/// baseline `baselines` (`[rank][..]`, e.g. from [`run_baseline_threads`] of the same job's
+/// data, seed and sizes), which is not run again. Returns `[rank][baseline, run]`, the shape
+/// [`run`] returns for a comparing job, so `summary::report` and `summary::job_prediction`
+/// read it alike.
+///
+/// # Errors
+/// [`TrainError::Config`] when `baselines` does not hold one baseline run per rank of `job`;
+/// otherwise as [`run`].
+pub fn run_after_baseline_threads(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    baselines: &[Vec<RankOutcome>],
+    show_progress: bool,
+) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    let ok = baselines.len() == job.cfg.ranks as usize
+        && baselines.iter().all(|o| o.iter().any(|x| x.kind == RunKind::Baseline));
+    if !ok {
+        return Err(TrainError::Config {
+            what: "baseline",
+            value: format!(
+                "{} rank(s) given, {} with a baseline run; the job has {} ranks",
+                baselines.len(),
+                baselines.iter().filter(|o| o.iter().any(|x| x.kind == RunKind::Baseline)).count(),
+                job.cfg.ranks
+            ),
+        });
+    }
+    run_plan_threads(job, rt, show_progress, &[RunKind::DropCompute], baselines)
+}
+
+/// The runs `plan` on every rank as threads, after `prior[rank]` (empty: none).
+fn run_plan_threads(
+    job: &Job,
+    rt: &Arc<Runtime>,
+    show_progress: bool,
+    plan: &[RunKind],
+    prior: &[Vec<RankOutcome>],
+) -> Result<Vec<Vec<RankOutcome>>, TrainError> {
+    let unique_id =
+        || Comm::unique_id(rt).map_err(|source| TrainError::Collective { rank: 0, call: "unique id", source });
+    launch::check_devices(rt, job.cfg.ranks)?;
+    let ranks = launch::dispatch(Launch::Threads, job.cfg.ranks, unique_id, CHILD_PROGRAM, &job.spec(), |join| {
+        let before = prior.get(join.rank() as usize).cloned().unwrap_or_default();
+        run_rank_plan(job, rt, join, show_progress, plan, before)
+    })?;
+    match ranks {
+        Ranks::All(results) => collect(results),
+        Ranks::This { result, .. } => Ok(vec![result?]),
+    }
 }
 
 /// The rank program name of `train` in a `dropcompute::launch::ChildSpec`.
