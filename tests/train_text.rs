@@ -333,4 +333,21 @@ fn validate_covers_the_text_task() {
             assert!(e.abs() < 0.005, "{err} {e}: {r}");
         }
     }
+    // The text output says the text task's measured drop rate is in tokens (one short
+    // configuration); a digits grid does not.
+    let grid = ["validate", "--ranks", "4", "--micro-batches", "4", "--steps", "4", "--threshold", "0.5"];
+    let grid =
+        [&grid[..], &["--time-mode", "virtual", "--seeds", "0", "--sync-lag", "0", "--slow-rank", "none"]].concat();
+    let text_flags = ["--", "--task", "text", "--text-model", "tiny", "--text-documents", "800", "--noise", "none"];
+    for (extra, text) in [(&text_flags[..], true), (&[][..], false)] {
+        let o = dropcompute(&[&grid[..], &["--check", "predictive"], extra].concat());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            stdout.lines().next() == Some(dropcompute_cli::commands::validate::TEXT_DROP_NOTE),
+            text,
+            "{stdout}"
+        );
+        assert!(stdout.lines().any(|l| l.starts_with("policy ")), "{stdout}");
+    }
 }
