@@ -364,7 +364,8 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     };
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
     let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
-    // The replay's definition: parts missing from the nominal N·M·S batch per step.
+    // The replay's definition: parts missing from the nominal N·M·S batch per step (the text
+    // task: tokens dropped over tokens handed out).
     let drop_measured = summary::drop_rate(&job, dc);
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;
