@@ -4,8 +4,10 @@
 //! logs through `simulate --trace` and `trace::load` (bucket and tokens columns on every row);
 //! the ledgers in tokens (every unit of the plan computed exactly once in the epoch, on some
 //! rank, under every policy; the ledger's tokens equal the sum of steps.csv's divisors, the
-//! compute log's computed tokens and report.json's); report.json's metric (held-out loss per
-//! token, no accuracy) and its speedup in tokens. The flags that do not apply to the text task
+//! compute log's computed tokens and report.json's); steps.csv's drop in tokens per step
+//! (`dropped_tokens`: the ledgers' drop records; `drop_rate` in tokens) adding up with the
+//! computed tokens to the tokens dealt, and report.json's drop rate in tokens; report.json's
+//! metric (held-out loss per token, no accuracy) and its speedup in tokens. The flags that do not apply to the text task
 //! are refused with exit 2 naming the flag; a digits report carries none of the text fields.
 #![cfg(feature = "mock")] // runs on the CPU mock device
 
@@ -57,6 +59,7 @@ fn text_job_outputs_read_back_under_every_policy() {
     ];
     let dir = hermetic::temp_dir("train-text");
     let mut units_of_run = Vec::new();
+    let mut dropped_runs = 0;
     for (row, (policy, threshold, extra)) in table.into_iter().enumerate() {
         let out = dir.path().join(row.to_string());
         let mut args = text_args();
@@ -67,6 +70,7 @@ fn text_job_outputs_read_back_under_every_policy() {
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(stdout.contains("held-out loss (nats/token)") && stdout.contains("tokens/s computed"), "{stdout}");
         assert!(!stdout.contains("held-out accuracy"), "{stdout}");
+        assert!(stdout.contains("drop rate (%, tokens)"), "the drop rate is in tokens: {stdout}");
 
         let report = json(&out.join("report.json"));
         assert_eq!(report["config"]["task"], "text", "{policy}");
@@ -116,6 +120,51 @@ fn text_job_outputs_read_back_under_every_policy() {
                 .map(|r| r["tokens"].parse::<u64>().unwrap())
                 .sum();
             assert_eq!(log_tokens, ledger_tokens, "{policy}/{run}: compute log tokens");
+
+            // steps.csv's drop in tokens: each step's dropped_tokens are the ledgers' drop
+            // records of the step, its drop_rate dropped / (computed + dropped) tokens with the
+            // computed tokens from the compute log; over the run, computed + dropped tokens are
+            // the tokens dealt (the ledgers' computed and dropped), and report.json's drop rate
+            // is the run's dropped over dealt tokens.
+            let mut per_step: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+            for r in &rows {
+                if r["compute_dropped"] == "false" {
+                    per_step.entry(r["global_step"].parse().unwrap()).or_default().0 +=
+                        r["tokens"].parse::<u64>().unwrap();
+                }
+            }
+            for l in ranks {
+                for d in l["dropped"].as_array().unwrap() {
+                    let t = d["tokens"].as_u64().expect("a dropped micro-batch's tokens");
+                    per_step.entry(d["step"].as_u64().unwrap()).or_default().1 += t;
+                }
+            }
+            let run_steps: Vec<_> = steps.iter().filter(|s| s["run"] == run).collect();
+            let (mut computed_sum, mut dropped_sum) = (0u64, 0u64);
+            for s in &run_steps {
+                let step: u64 = s["step"].parse().unwrap();
+                let (c, d) = per_step.get(&step).copied().unwrap_or_default();
+                let dropped: u64 = s["dropped_tokens"].parse().expect("dropped_tokens");
+                assert_eq!(dropped, d, "{policy}/{run} step {step}: dropped tokens vs the ledgers");
+                let rate: f64 = s["drop_rate"].parse().expect("drop_rate");
+                let want = if c + d > 0 { d as f64 / (c + d) as f64 } else { 0.0 };
+                assert!((rate - want).abs() < 1e-12, "{policy}/{run} step {step}: drop rate {rate} != {want}");
+                computed_sum += c;
+                dropped_sum += dropped;
+            }
+            let ledger_dropped: u64 = ranks
+                .iter()
+                .flat_map(|l| l["dropped"].as_array().unwrap().iter().map(|d| d["tokens"].as_u64().unwrap()))
+                .sum();
+            assert_eq!(computed_sum + dropped_sum, ledger_tokens + ledger_dropped, "{policy}/{run}: tokens dealt");
+            let want = if dropped_sum > 0 { dropped_sum as f64 / (computed_sum + dropped_sum) as f64 } else { 0.0 };
+            let said = r["drop_rate"].as_f64().expect("report.json's drop rate");
+            assert!((said - want).abs() < 1e-12, "{policy}/{run}: report.json drop rate {said} != {want}");
+            if run == "baseline" || threshold == "off" {
+                assert_eq!(dropped_sum, 0, "{policy}/{run}: nothing dropped without a deadline");
+            } else {
+                dropped_runs += usize::from(dropped_sum > 0);
+            }
             let loaded = load(std::slice::from_ref(&log), &LoadOptions::default()).expect("the library loads the log");
             assert_eq!(loaded[0].trace.world_size(), 4, "{policy}/{run}");
             let sim = dropcompute(&["simulate", "--trace", log.to_str().unwrap()]);
@@ -130,6 +179,7 @@ fn text_job_outputs_read_back_under_every_policy() {
     }
     // Every run of every policy computed the epoch's tokens; both runs of a row its units (a
     // row with a tail split deals units of b/2 documents).
+    assert!(dropped_runs >= 4, "the deadline drops tokens in most runs: {dropped_runs}");
     let (_, _, _, t0) = units_of_run[0];
     for pair in units_of_run.chunks(2) {
         let [(row, _, n_base, _), (_, _, n, _)] = [pair[0], pair[1]];
@@ -277,5 +327,22 @@ fn validate_covers_the_text_task() {
             let e = r[err].as_f64().unwrap();
             assert!(e.abs() < 0.005, "{err} {e}: {r}");
         }
+    }
+    // The text output says the text task's measured drop rate is in tokens (one short
+    // configuration); a digits grid does not.
+    let grid = ["validate", "--ranks", "4", "--micro-batches", "4", "--steps", "4", "--threshold", "0.5"];
+    let grid =
+        [&grid[..], &["--time-mode", "virtual", "--seeds", "0", "--sync-lag", "0", "--slow-rank", "none"]].concat();
+    let text_flags = ["--", "--task", "text", "--text-model", "tiny", "--text-documents", "800", "--noise", "none"];
+    for (extra, text) in [(&text_flags[..], true), (&[][..], false)] {
+        let o = dropcompute(&[&grid[..], &["--check", "predictive"], extra].concat());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            stdout.lines().next() == Some(dropcompute_cli::commands::validate::TEXT_DROP_NOTE),
+            text,
+            "{stdout}"
+        );
+        assert!(stdout.lines().any(|l| l.starts_with("policy ")), "{stdout}");
     }
 }

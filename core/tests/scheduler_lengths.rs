@@ -14,7 +14,9 @@
 //!   and tokens, and its replay decides as the run;
 //! - under every policy (`Policy::ALL`) an epoch of the one global stream computes every
 //!   sample, hence every token, exactly once, the divisor of every step is the step's real
-//!   tokens (token normalization), and the ledgers add up to the epoch's tokens;
+//!   tokens (token normalization), and the ledgers add up to the epoch's tokens; each rank's
+//!   dropped tokens reach every rank's report (`RankStepStats::dropped_tokens`, through the
+//!   count row) and the step's drop rate is in tokens;
 //! - a run resumed from a checkpoint of its scheduler state (through `checkpoint::encode` /
 //!   `decode`) decides exactly as the uninterrupted run; restored without the per-bucket
 //!   estimators it does not.
@@ -389,7 +391,7 @@ fn every_token_is_computed_exactly_once_per_epoch_under_every_policy() {
     let (n, m) = (3u32, 4u32);
     let units = u64::from(n * m) * 10;
     let all_tokens: u64 = (0..units).map(tokens_of).sum();
-    let mut dropping = 0;
+    let (mut dropping, mut dropped_tokens) = (0, 0);
     for (policy, split) in Policy::ALL.into_iter().flat_map(|p| [(p, 1u32), (p, 2)]) {
         let _g = serial(n);
         let c = SchedulerConfig {
@@ -416,9 +418,33 @@ fn every_token_is_computed_exactly_once_per_epoch_under_every_policy() {
         for x in rep.iter().filter(|x| x.skip.is_none()) {
             assert_eq!(x.divisor, x.ranks.iter().map(|r| r.tokens).sum::<u64>() as f64, "{policy} step {}", x.step);
         }
+        // Each rank's dropped tokens (its ledger's drop records of the step) reach every rank's
+        // report of the step through the count row, and the step's drop rate is in tokens:
+        // dropped / (launched + dropped) tokens, from the ledgers and the launches.
+        for (s, x) in rep.iter().enumerate() {
+            let dropped_of = |r: &RankRun| -> u64 {
+                r.ledger.dropped.iter().filter(|d| d.step == x.step).filter_map(|d| d.tokens).sum()
+            };
+            for (k, r) in runs.iter().enumerate() {
+                for (j, other) in runs.iter().enumerate() {
+                    assert_eq!(
+                        other.reports[s].ranks[k].dropped_tokens,
+                        dropped_of(r),
+                        "{policy} step {}: rank {k}'s dropped tokens in rank {j}'s report",
+                        x.step
+                    );
+                }
+            }
+            let dropped: u64 = runs.iter().map(dropped_of).sum();
+            let computed: u64 = runs.iter().flat_map(|r| &r.launched).filter(|l| l.0 == x.step).map(|l| l.2).sum();
+            let want = if dropped + computed > 0 { dropped as f64 / (dropped + computed) as f64 } else { 0.0 };
+            assert!((x.drop_rate() - want).abs() < 1e-12, "{policy} step {}: {} != {want}", x.step, x.drop_rate());
+            dropped_tokens += dropped;
+        }
         dropping += runs.iter().map(|r| r.ledger.dropped.len()).sum::<usize>();
     }
     assert!(dropping > 0, "the deadline drops, so the re-queue is exercised");
+    assert!(dropped_tokens > 0, "the dropped micro-batches carry tokens");
 }
 
 /// A resumed run decides as the uninterrupted one (module doc).

@@ -221,3 +221,21 @@ fn table_has_every_number_aligned() {
     assert!(widths.windows(2).all(|w| w[0] == w[1]), "ragged table:\n{t}");
     assert_eq!(t.lines().count(), 10);
 }
+
+/// The text task's table (tokens/s present) says its drop rate is in tokens; the digits
+/// table's label is unchanged.
+#[test]
+fn the_text_tables_drop_rate_row_says_tokens() {
+    let mut r = report();
+    let digits = comparison_table(&r);
+    assert!(digits.contains("drop rate (%) ") && !digits.contains("tokens"), "{digits}");
+    r.dropcompute.tokens_per_s = Some(100.0);
+    if let Some(b) = r.baseline.as_mut() {
+        b.tokens_per_s = Some(80.0);
+    }
+    let text = comparison_table(&r);
+    let line = text.lines().find(|l| l.starts_with("drop rate")).expect("a drop rate row");
+    assert!(line.starts_with("drop rate (%, tokens)"), "{text}");
+    assert_eq!(line.split_whitespace().rev().take(2).collect::<Vec<_>>(), ["6.67", "0.00"]);
+    assert_eq!(text.lines().count(), 11, "tokens/s added");
+}

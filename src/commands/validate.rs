@@ -119,7 +119,8 @@ pub struct ConfigRow {
     /// The DropCompute run's threshold, ms; `null` for off (auto declined).
     pub threshold_ms: Option<f64>,
     /// Measured drop rate of the DropCompute run: the parts missing from the nominal batch
-    /// (`policy::nominal_drop_rate`, the replay's definition), fraction.
+    /// (`policy::nominal_drop_rate`, the replay's definition), fraction; for the text task the
+    /// tokens dropped over those handed out (`train::summary::drop_rate`).
     pub drop_rate_measured: f64,
     /// Micro-batches handed out and not started over those handed out (fraction): differs from
     /// the drop rate where a policy hands out more than the nominal batch (the compute budget).
@@ -365,7 +366,8 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     };
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
     let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
-    // The replay's definition: parts missing from the nominal N·M·S batch per step.
+    // The replay's definition: parts missing from the nominal N·M·S batch per step (the text
+    // task: tokens dropped over tokens handed out).
     let drop_measured = summary::drop_rate(&job, dc);
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;
@@ -444,6 +446,10 @@ pub fn summarize(rows: &[ConfigRow], time_mode: TimeMode) -> Summary {
 pub fn run(args: &Args) -> Result<(), crate::commands::BoxError> {
     run_to(args, &mut dropcompute::console::Stdout)
 }
+
+/// The line before the table header when the task is text: what `drop_meas` counts there.
+pub const TEXT_DROP_NOTE: &str =
+    "drop rate (tokens): drop_meas is tokens dropped over tokens handed out (the text task)";
 
 /// The table header of the text output.
 const HEADER: &str = "policy           split  length  ranks   M  check       lag  slow  seed  threshold_ms  drop_meas  drop_pred  step_ms_meas  step_ms_pred  step_err  speedup_meas  speedup_pred  speedup_err  estimate";
@@ -545,14 +551,19 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::B
         }
     }
     // Every configuration's flags are checked before the first one runs.
+    let mut text = false;
     for p in &grid {
         let argv = args.train_argv(p);
         let cli = TrainCli::try_parse_from(&argv)
             .map_err(|e| CommandError::Args(format!("validate: train flags {:?}: {e}", &argv[1..])))?;
-        cli.train.validate().map_err(TrainError::from)?;
+        text |= cli.train.validate().map_err(TrainError::from)?.task == dropcompute_train::config::Task::Text;
     }
     let mut rows = Vec::with_capacity(grid.len());
     if !args.json {
+        if text {
+            // The text task's measured drop rate counts tokens (`summary::drop_rate`).
+            writeln!(out, "{TEXT_DROP_NOTE}").map_err(io_err("stdout"))?;
+        }
         writeln!(out, "{HEADER}").map_err(io_err("stdout"))?;
     }
     for p in &grid {

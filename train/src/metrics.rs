@@ -14,12 +14,16 @@
 //! computed), `threshold_ms` (deadline in force; empty when off), `policy` (the run's step
 //! policy, `policy::Policy` names: "synchronous" for the baseline), `assignment` (micro-batches
 //! assigned to each rank in the step, space-separated in rank order; M each unless the policy
-//! moves work). Rows with `run` = "predicted" (after the DropCompute run's, when the baseline
+//! moves work), `dropped_tokens` (tokens of the dropped micro-batches over every rank: 0 unless
+//! micro-batches carry token counts, the text job), `drop_rate` (the step's
+//! `StepReport::drop_rate`: dropped / (computed + dropped) tokens when micro-batches carry
+//! tokens, else micro-batches). Rows with `run` = "predicted" (after the DropCompute run's, when the baseline
 //! was run) are the simulator's prediction of the DropCompute run step by step, next to the
 //! measurement they predict ([`predicted_rows`]): `step_ms` its step time, `compute_ms` its
 //! compute phase, `collective_ms` the step's overhead after the compute phase (the baseline's:
 //! collective, rescale, optimizer), `computed` / `dropped` micro-batches (parts under a tail
-//! shape, as in the run's rows), `divisor` the samples computed, `loss` empty.
+//! shape, as in the run's rows), `divisor` the samples computed, `loss` empty, `dropped_tokens`
+//! and `drop_rate` empty (the replay's per-step drops are not in tokens yet).
 #![forbid(unsafe_code)]
 
 use std::path::Path;
@@ -28,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use dropcompute::schedule::StepReport;
 
-/// One row of `steps.csv` (units in the field names: ms, micro-batches, samples).
+/// One row of `steps.csv` (units in the field names: ms, micro-batches, samples, tokens).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     /// "baseline" or "dropcompute".
@@ -55,6 +59,13 @@ pub struct StepMetrics {
     pub policy: String,
     /// Micro-batches assigned per rank, space-separated in rank order ([`parse_assignment`]).
     pub assignment: String,
+    /// Tokens of the dropped micro-batches over every rank (0 unless micro-batches carry
+    /// token counts); `None` (empty cell) in the predicted rows.
+    pub dropped_tokens: Option<u64>,
+    /// The step's drop rate, a fraction (`StepReport::drop_rate`: in tokens when the
+    /// micro-batches carry them, else in micro-batches); `None` (empty cell) in the predicted
+    /// rows.
+    pub drop_rate: Option<f64>,
 }
 
 /// The per-rank counts of an `assignment` cell.
@@ -85,6 +96,8 @@ pub fn rows(run: &str, policy: &str, reports: &[StepReport], loss: &[f64]) -> Ve
             threshold_ms: r.threshold_ns.map(ms),
             policy: policy.to_owned(),
             assignment: r.assignment.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
+            dropped_tokens: Some(r.global_dropped_tokens()),
+            drop_rate: Some(r.drop_rate()),
         })
         .collect()
 }
@@ -120,6 +133,8 @@ pub fn predicted_rows(
                 threshold_ms: threshold_ns.map(|ns| ns as f64 / 1e6),
                 policy: policy.to_owned(),
                 assignment: r.assigned[cells].iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
+                dropped_tokens: None,
+                drop_rate: None,
             }
         })
         .collect()
@@ -154,6 +169,8 @@ mod tests {
     fn rows_take_the_slowest_compute_and_global_counts_and_round_trip() {
         let stats =
             |computed, dropped, compute_ns| RankStepStats { computed, dropped, compute_ns, ..Default::default() };
+        // Rank 1 dropped 2 micro-batches of 30 tokens; 90 computed over both ranks.
+        let tok = |s: RankStepStats, tokens, dropped_tokens| RankStepStats { tokens, dropped_tokens, ..s };
         let r = |step, threshold_ns| StepReport {
             step,
             world_size: 2,
@@ -166,7 +183,11 @@ mod tests {
             assignment: vec![5, 3],
             ..Default::default()
         };
-        let v = rows("dropcompute", "rebalance", &[r(0, None), r(1, Some(5_000_000))], &[2.5, f64::NAN]);
+        let mut text = r(1, Some(5_000_000));
+        text.ranks = vec![tok(stats(4, 0, 3_000_000), 60, 0), tok(stats(2, 2, 5_500_000), 30, 30)];
+        let v = rows("dropcompute", "rebalance", &[r(0, None), text], &[2.5, f64::NAN]);
+        assert_eq!((v[0].dropped_tokens, v[0].drop_rate), (Some(0), Some(2.0 / 8.0)), "micro-batches");
+        assert_eq!((v[1].dropped_tokens, v[1].drop_rate), (Some(30), Some(30.0 / 120.0)), "tokens");
         assert_eq!((v[0].policy.as_str(), v[0].assignment.as_str()), ("rebalance", "5 3"));
         assert_eq!(parse_assignment(&v[1].assignment), Ok(vec![5, 3]));
         assert_eq!(parse_assignment("5 x"), Err("x".to_owned()));
@@ -177,7 +198,8 @@ mod tests {
         let bytes = to_csv(&v).expect("csv");
         let text = String::from_utf8(bytes.clone()).expect("utf8");
         assert!(text.starts_with(
-            "run,step,step_ms,compute_ms,collective_ms,computed,dropped,divisor,loss,threshold_ms,policy,assignment\n"
+            "run,step,step_ms,compute_ms,collective_ms,computed,dropped,divisor,loss,threshold_ms,policy,assignment,\
+             dropped_tokens,drop_rate\n"
         ));
         let dir = tempfile::tempdir().expect("dir");
         let f = dir.path().join("steps.csv");

@@ -42,7 +42,8 @@ pub struct RunMeasurements {
     /// Samples dropped by the deadline, summed over ranks and steps.
     pub samples_dropped: u64,
     /// The drop rate against the nominal batch (`policy::nominal_drop_rate` over the steps:
-    /// parts missing from each step's N·M·S, less what the data could not hand out), in [0, 1].
+    /// parts missing from each step's N·M·S, less what the data could not hand out; for the
+    /// text task tokens dropped over tokens handed out: `summary::drop_rate`), in [0, 1].
     pub nominal_drop_rate: f64,
     /// Held-out accuracy, fraction in [0, 1].
     pub accuracy: f64,
@@ -67,7 +68,8 @@ pub struct RunReport {
     pub wall_s: f64,
     /// The drop rate against the nominal batch, in [0, 1] ([`RunMeasurements::nominal_drop_rate`]:
     /// the definition of the replay and of `validate`; a compute budget or backup workers are
-    /// judged by what is missing from the nominal batch).
+    /// judged by what is missing from the nominal batch); in tokens for the text task
+    /// (`summary::drop_rate`).
     pub drop_rate: f64,
     /// samples_dropped / (samples_computed + samples_dropped), in [0, 1] (0 if both are 0): the
     /// fraction of what was handed out and not computed (differs from [`RunReport::drop_rate`]
@@ -448,7 +450,8 @@ impl Report {
 
 /// Side-by-side text table of the two runs (columns baseline, DropCompute; `-` where a value is
 /// absent), one row per metric, columns aligned, ending with a newline. Units: s, steps/s,
-/// samples/s, %, ms, ratio.
+/// samples/s, %, ms, ratio; the text task adds tokens/s and its drop rate row says "tokens"
+/// (`summary::drop_rate`).
 pub fn comparison_table(r: &Report) -> String {
     let b = r.baseline.as_ref();
     let d = &r.dropcompute;
@@ -482,8 +485,11 @@ pub fn comparison_table(r: &Report) -> String {
     ];
     let mut rows = rows;
     if d.tokens_per_s.is_some() {
-        // The text task's unit of work (its speedup is in tokens).
+        // The text task's unit of work (its speedup and drop rate are in tokens).
         rows.insert(3, ("tokens/s computed", both(&|x| x.tokens_per_s.map_or_else(dash, |t| format!("{t:.1}")))));
+        if let Some(r) = rows.iter_mut().find(|r| r.0 == "drop rate (%)") {
+            r.0 = "drop rate (%, tokens)";
+        }
     }
     let header = ("", ["baseline".to_owned(), "dropcompute".to_owned()]);
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);

@@ -206,9 +206,20 @@ impl dropcompute::sim::policies::ReplayData for WithRecorded<'_> {
 pub const ESTIMATE_DRAWS: u32 = 8;
 
 /// The drop rate of run `o` against its nominal batch (`policy::nominal_drop_rate` over its
-/// steps, each step's nominal `StepReport::nominal_parts` of N·M·S parts: S the run's tail
-/// split, 1 for the baseline), a fraction in [0, 1]. What report.json and `validate` show.
+/// steps), a fraction in [0, 1]. What report.json and `validate` show.
+///
+/// The digits job counts parts: each step's nominal is `StepReport::nominal_parts` of N·M·S
+/// parts (S the run's tail split, 1 for the baseline). The text job counts tokens: each step's
+/// nominal is the tokens it handed out, computed + dropped over every rank
+/// (`StepReport::global_tokens` + `global_dropped_tokens`), and nothing more for an epoch's
+/// short step (the tokens the data did not deal are not known), so the rate is Σ dropped
+/// tokens / Σ (computed + dropped) tokens. A policy that hands out more than the nominal batch
+/// (the compute budget) is judged there by what it handed out and left.
 pub fn drop_rate(job: &Job, o: &RankOutcome) -> f64 {
+    if job.text.is_some() {
+        let steps = o.reports.iter().map(|r| (r.global_tokens() + r.global_dropped_tokens(), r.global_tokens()));
+        return dropcompute::policy::nominal_drop_rate(steps);
+    }
     let split = match o.kind {
         RunKind::Baseline => 1,
         RunKind::DropCompute => job.cfg.tail.parts(),

@@ -5,7 +5,7 @@
 //! [`CountRow::len`]) and [`CountRowError`]. Must not touch: devices, collectives, the
 //! normalization rule (`divisor.rs`).
 //!
-//! Wire layout of one row for M micro-batches, `16 + 2·M` u32 entries, each 64-bit value as a
+//! Wire layout of one row for M micro-batches, `18 + 2·M` u32 entries, each 64-bit value as a
 //! (low 32 bits, high 32 bits) pair:
 //!
 //! | index        | field                                   |
@@ -20,7 +20,8 @@
 //! | 11, 12       | `dropped_samples` lo, hi                |
 //! | 13           | `stop_requested` (0 or 1)               |
 //! | 14, 15       | `clock_start_ns` lo, hi                 |
-//! | 16 + 2i, +1  | `latencies_ns[i]` lo, hi (i < M)        |
+//! | 16, 17       | `dropped_tokens` lo, hi                 |
+//! | 18 + 2i, +1  | `latencies_ns[i]` lo, hi (i < M)        |
 //!
 //! Every rank fills only its own row of an N x `len(M)` zero matrix and the matrix is summed,
 //! so a decoded row is exactly what its rank encoded.
@@ -28,7 +29,7 @@
 use super::report::RankStepStats;
 
 /// Entries of a row before the 2·M latency entries.
-const FIXED: usize = 16;
+const FIXED: usize = 18;
 
 /// One rank's counts and timings for one step, as carried in its row of the gathered count
 /// matrix (identical on every rank after the all-reduce).
@@ -51,6 +52,9 @@ pub struct CountRow {
     pub overhead_ns: u64,
     /// Samples of the dropped micro-batches.
     pub dropped_samples: u64,
+    /// Tokens of the dropped micro-batches (0 unless micro-batches carry token counts, as
+    /// `tokens`).
+    pub dropped_tokens: u64,
     /// The rank asked every rank to stop after this step.
     pub stop_requested: bool,
     /// Device timestamp (ns) of this step's compute clock start on the rank (the end of its
@@ -68,7 +72,7 @@ pub struct CountRow {
 #[non_exhaustive]
 pub enum CountRowError {
     /// The row (or the output slice) has the wrong number of u32 entries for M micro-batches.
-    #[error("count row: expected {expected} u32 entries (16 + 2·M, M = {micro_batches}), got {got}")]
+    #[error("count row: expected {expected} u32 entries (18 + 2·M, M = {micro_batches}), got {got}")]
     Length {
         /// `CountRow::len(micro_batches)`.
         expected: usize,
@@ -118,7 +122,7 @@ impl CountRow {
     /// because the data ran out).
     pub const NOT_COMPUTED: u64 = u64::MAX;
 
-    /// Entries (u32) of a row for `micro_batches` = M micro-batches: `16 + 2·M`.
+    /// Entries (u32) of a row for `micro_batches` = M micro-batches: `18 + 2·M`.
     pub const fn len(micro_batches: usize) -> usize {
         FIXED + 2 * micro_batches
     }
@@ -144,6 +148,7 @@ impl CountRow {
         out[11..13].copy_from_slice(&split(self.dropped_samples));
         out[13] = u32::from(self.stop_requested);
         out[14..16].copy_from_slice(&split(self.clock_start_ns));
+        out[16..18].copy_from_slice(&split(self.dropped_tokens));
         for (pair, d) in out[FIXED..].chunks_exact_mut(2).zip(&self.latencies_ns) {
             pair.copy_from_slice(&split(*d));
         }
@@ -176,6 +181,7 @@ impl CountRow {
             dropped_samples: join(row[11], row[12]),
             stop_requested: flag("stop_requested", row[13])?,
             clock_start_ns: join(row[14], row[15]),
+            dropped_tokens: join(row[16], row[17]),
             latencies_ns: row[FIXED..].chunks_exact(2).map(|p| join(p[0], p[1])).collect(),
         })
     }
@@ -191,6 +197,7 @@ impl CountRow {
             tokens: self.tokens,
             compute_ns: self.compute_ns,
             dropped_samples: self.dropped_samples,
+            dropped_tokens: self.dropped_tokens,
             clock_start_ns: self.clock_start_ns,
         }
     }
@@ -216,6 +223,7 @@ mod tests {
             compute_ns: 0x0000_0001_0000_0002,
             overhead_ns: 0x9999_aaaa_bbbb_cccc,
             dropped_samples: 0xdddd_eeee_ffff_0001,
+            dropped_tokens: 0x0fed_cba9_8765_4321,
             stop_requested: true,
             clock_start_ns: 0x0abc_def0_1234_5678,
             latencies_ns: vec![0x0102_0304_0506_0708, 7, CountRow::NOT_COMPUTED],
@@ -237,13 +245,14 @@ mod tests {
             0xffff_0001, 0xdddd_eeee,
             1,
             0x1234_5678, 0x0abc_def0,
+            0x8765_4321, 0x0fed_cba9,
             0x0506_0708, 0x0102_0304,
             7, 0,
             u32::MAX, u32::MAX,
         ];
         assert_eq!(out, expected);
-        assert_eq!(CountRow::len(0), 16);
-        assert_eq!(CountRow::len(8), 32);
+        assert_eq!(CountRow::len(0), 18);
+        assert_eq!(CountRow::len(8), 34);
     }
 
     #[test]
@@ -251,20 +260,20 @@ mod tests {
         let r = CountRow { latencies_ns: vec![CountRow::NOT_COMPUTED; 2], ..Default::default() };
         let mut out = vec![9; CountRow::len(2)];
         r.encode(&mut out).unwrap();
-        assert_eq!(&out[..16], &[0; 16]);
-        assert_eq!(&out[16..], &[u32::MAX; 4]);
+        assert_eq!(&out[..18], &[0; 18]);
+        assert_eq!(&out[18..], &[u32::MAX; 4]);
     }
 
     #[test]
     fn wrong_lengths_are_errors_naming_expected_and_got() {
         let r = sample_row();
-        let mut short = vec![0; 21];
-        assert_eq!(r.encode(&mut short), Err(CountRowError::Length { expected: 22, got: 21, micro_batches: 3 }));
-        assert_eq!(short, vec![0; 21], "nothing written on error");
-        let e = CountRow::decode(&[0; 23], 3).unwrap_err();
-        assert_eq!(e, CountRowError::Length { expected: 22, got: 23, micro_batches: 3 });
+        let mut short = vec![0; 23];
+        assert_eq!(r.encode(&mut short), Err(CountRowError::Length { expected: 24, got: 23, micro_batches: 3 }));
+        assert_eq!(short, vec![0; 23], "nothing written on error");
+        let e = CountRow::decode(&[0; 25], 3).unwrap_err();
+        assert_eq!(e, CountRowError::Length { expected: 24, got: 25, micro_batches: 3 });
         let msg = e.to_string();
-        assert!(msg.contains("expected 22") && msg.contains("got 23"), "{msg}");
+        assert!(msg.contains("expected 24") && msg.contains("got 25") && msg.contains("18 + 2·M"), "{msg}");
         assert!(CountRow::decode(&[], 0).is_err());
     }
 
@@ -294,6 +303,7 @@ mod tests {
         assert_eq!((s.nonfinite, s.computed, s.dropped), (true, 2, 1));
         assert_eq!((s.samples, s.tokens), (r.samples, r.tokens));
         assert_eq!((s.compute_ns, s.dropped_samples), (r.compute_ns, r.dropped_samples));
+        assert_eq!(s.dropped_tokens, 0x0fed_cba9_8765_4321);
         assert_eq!(s.clock_start_ns, 0x0abc_def0_1234_5678);
         let l: Vec<f64> = r.latencies_f64().collect();
         assert_eq!(l[0], 0x0102_0304_0506_0708u64 as f64);
@@ -307,11 +317,11 @@ mod tests {
                 let lat = prop_oneof![Just(CountRow::NOT_COMPUTED), any::<u64>()];
                 (
                     (any::<bool>(), 0..=m as u32, any::<bool>()),
-                    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+                    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
                     proptest::collection::vec(lat, m),
                 )
             })
-            .prop_map(|((nonfinite, computed, stop_requested), (s, t, c, o, d, k), latencies_ns)| {
+            .prop_map(|((nonfinite, computed, stop_requested), (s, t, c, o, d, dt, k), latencies_ns)| {
                 let m = latencies_ns.len() as u32;
                 CountRow {
                     nonfinite,
@@ -322,6 +332,7 @@ mod tests {
                     compute_ns: c,
                     overhead_ns: o,
                     dropped_samples: d,
+                    dropped_tokens: dt,
                     stop_requested,
                     clock_start_ns: k,
                     latencies_ns,
@@ -339,7 +350,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics(row in proptest::collection::vec(any::<u32>(), 0..40), m in 0usize..14) {
+        fn decode_never_panics(row in proptest::collection::vec(any::<u32>(), 0..44), m in 0usize..14) {
             if let Ok(r) = CountRow::decode(&row, m) {
                 let mut out = vec![0u32; row.len()];
                 r.encode(&mut out).unwrap();

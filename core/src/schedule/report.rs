@@ -21,6 +21,10 @@ pub struct RankStepStats {
     pub tokens: u64,
     /// Samples of the dropped micro-batches.
     pub dropped_samples: u64,
+    /// Tokens of the dropped micro-batches (0 unless micro-batches carry token counts, as
+    /// `tokens`; 0 in reports written before the field).
+    #[serde(default)]
+    pub dropped_tokens: u64,
     /// Compute phase on the device (ns): end of the last computed micro-batch minus end of the
     /// previous optimizer step.
     pub compute_ns: u64,
@@ -163,6 +167,17 @@ impl StepReport {
         self.ranks.iter().map(|r| r.dropped_samples).sum()
     }
 
+    /// Tokens computed over all ranks (0 unless micro-batches carry token counts).
+    pub fn global_tokens(&self) -> u64 {
+        self.ranks.iter().map(|r| r.tokens).sum()
+    }
+
+    /// Tokens of the dropped micro-batches over all ranks (0 unless micro-batches carry token
+    /// counts).
+    pub fn global_dropped_tokens(&self) -> u64 {
+        self.ranks.iter().map(|r| r.dropped_tokens).sum()
+    }
+
     /// This step's nominal batch in parts (`policy::step_nominal`): `full` = N·M·S less what
     /// the data could not hand out (assignment - computed - dropped per rank).
     pub fn nominal_parts(&self, full: u64) -> u64 {
@@ -170,11 +185,18 @@ impl StepReport {
         crate::policy::step_nominal(full, &self.assignment, handed, self.global_computed())
     }
 
-    /// Drop rate of this step: dropped / scheduled micro-batches over all ranks (0 when nothing
-    /// was scheduled).
+    /// Drop rate of this step over all ranks, a fraction in [0, 1]: in tokens, dropped tokens /
+    /// (computed + dropped tokens), when the step's micro-batches carry token counts (that sum
+    /// is positive: the text job); else dropped / scheduled (computed + dropped) micro-batches.
+    /// 0 when nothing was scheduled.
     pub fn drop_rate(&self) -> f64 {
-        let d = self.global_dropped() as f64;
-        let all = d + self.global_computed() as f64;
+        let (dt, ct) = (self.global_dropped_tokens(), self.global_tokens());
+        let (d, all) = if dt + ct > 0 {
+            (dt as f64, (dt + ct) as f64)
+        } else {
+            let d = self.global_dropped();
+            (d as f64, (d + self.global_computed()) as f64)
+        };
         if all > 0.0 { d / all } else { 0.0 }
     }
 
@@ -446,6 +468,34 @@ mod tests {
         assert!(step(vec![rank(0, 0), rank(8, 0)], vec![0, 8]).filled(), "a backup worker's 0");
         assert!(!step(vec![rank(4, 0), rank(1, 0)], vec![4, 4]).filled(), "the stream ran dry");
         assert!(step(vec![rank(1, 0)], vec![]).filled(), "no assignment recorded");
+    }
+
+    /// The drop rate counts tokens when the micro-batches carry them (a dropped long document
+    /// weighs more than a computed short one), micro-batches otherwise; a report written before
+    /// `dropped_tokens` loads with 0.
+    #[test]
+    fn the_drop_rate_is_in_tokens_when_micro_batches_carry_them() {
+        let rank = |computed, dropped, tokens, dropped_tokens| RankStepStats {
+            computed,
+            dropped,
+            tokens,
+            dropped_tokens,
+            ..Default::default()
+        };
+        let step = |ranks| StepReport { ranks, ..Default::default() };
+        // 3 of 8 micro-batches dropped; in tokens 512 of 100 + 412 + 512 + 0.
+        let text = step(vec![rank(4, 1, 100, 512), rank(1, 2, 412, 0)]);
+        assert_eq!((text.global_tokens(), text.global_dropped_tokens()), (512, 512));
+        assert_eq!(text.drop_rate(), 0.5);
+        let digits = step(vec![rank(4, 1, 0, 0), rank(1, 2, 0, 0)]);
+        assert_eq!(digits.drop_rate(), 3.0 / 8.0);
+        assert_eq!(step(vec![rank(0, 0, 0, 0)]).drop_rate(), 0.0);
+        let old =
+            r#"{"computed":1,"dropped":1,"samples":2,"tokens":9,"dropped_samples":2,"compute_ns":5,"nonfinite":false}"#;
+        let back: RankStepStats = serde_json::from_str(old).unwrap();
+        assert_eq!((back.tokens, back.dropped_tokens), (9, 0));
+        let new = rank(1, 1, 9, 7);
+        assert_eq!(serde_json::from_str::<RankStepStats>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
     }
 
     #[test]

@@ -162,6 +162,8 @@ struct Settled {
     dropped: u32,
     /// Samples of the dropped micro-batches.
     dropped_samples: u64,
+    /// Tokens of the dropped micro-batches (0 unless they carry token counts).
+    dropped_tokens: u64,
     /// The dropped micro-batches, in schedule order (for [`DataSource::settle`]).
     dropped_mbs: Vec<MicroBatch>,
 }
@@ -770,6 +772,7 @@ impl Scheduler {
             tokens: computed.iter().filter_map(|mb| mb.tokens).sum(),
             dropped: dropped.len() as u32,
             dropped_samples: dropped.iter().map(MicroBatch::samples).sum(),
+            dropped_tokens: dropped.iter().filter_map(|mb| mb.tokens).sum(),
             dropped_mbs: dropped,
         }
     }
@@ -791,6 +794,7 @@ impl Scheduler {
             compute_ns: compute.compute_ns,
             overhead_ns: self.last_overhead_ns,
             dropped_samples: settled.dropped_samples,
+            dropped_tokens: settled.dropped_tokens,
             stop_requested: self.stop_requested,
             clock_start_ns: compute.t0_ns,
             latencies_ns: {
