@@ -48,8 +48,9 @@
 //! cost(dealt bucket) / cost(recorded bucket), a bucket's cost the trace's mean recorded
 //! latency of that bucket (`bucket_means`: exact with `--noise none`, where a micro-batch's
 //! device time is its bucket's; with noise the cell's multiplier is kept); a bucket the trace
-//! never recorded keeps the cell's latency. Its cell is (step, r, j), a draw beyond the record
-//! as above (scaled alike), and under `cost-balance` the window position of its first part:
+//! never recorded keeps the cell's latency. Its cell is (step, r, j) (the mock keys a launch's
+//! noise by module, step, index and recipe), beyond M under `cost-balance` the window position of its
+//! first part, else a draw beyond the record as above (scaled alike). Under `cost-balance`
 //! the step's N·M·S parts of the stream are dealt by cost as the run deals them
 //! ([`ReplayData::deal_by`], [`crate::policy::cost_balance_parts`] over the dealt micro-batches'
 //! bucket costs; by counts when the stream cannot deal a whole window, as the run). The
@@ -582,11 +583,14 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 (None, false, Some(b)) => Some(&b[r * m..(r + 1) * m]),
                 (None, false, None) => None,
             };
-            // The recorded cell of whole micro-batch j when the data knows the parts: the
-            // window's micro-batch its first part is (cost-balance), else (r, j) of the step.
+            // The recorded cell of whole micro-batch j when the data knows the parts: (r, j) of
+            // the step (the mock keys a launch's noise by module, step, index and recipe: a unit of
+            // the recorded bucket there takes the run's latency exactly); beyond M under
+            // cost-balance, the window's micro-batch its first part is.
             let cell = |j: usize| match &window {
+                _ if j < m => Some(r * m + j),
                 Some(w) => w[r].get(j * split).map(|&pos| pos / split),
-                None => (j < m).then_some(r * m + j),
+                None => None,
             };
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
             // Beyond the record (i >= M, or a step beyond S): one of the rank's recorded
