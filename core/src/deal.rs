@@ -410,6 +410,51 @@ mod tests {
         assert_eq!(one.next_micro_batch(), Some(first), "requeued as its parts, in order");
     }
 
+    /// A stream with shapes: each dealt part's shape is its id's; the tokens counted are the
+    /// started parts'; `deal_by` deals the window as named and re-queues the not-started
+    /// tails first, as `deal` does; without shapes there is no shape, no token count, no
+    /// deal by cost.
+    #[test]
+    fn a_stream_with_shapes_knows_its_parts_and_counts_their_tokens() {
+        use crate::sim::policies::ReplayData;
+        let table: Arc<[PartShape]> =
+            (0..12u64).map(|id| PartShape { bucket: (id % 3) as u32, tokens: id + 1 }).collect();
+        let mut plain = ReplayStream::new(12, 4, 1, None, Some(3));
+        let mut s = ReplayStream::new(12, 4, 1, None, Some(3)).with_shapes(Arc::clone(&table));
+        assert!(s.knows_shapes() && !plain.knows_shapes());
+        let counts = s.deal(0, &[2, 2]).expect("a step");
+        assert_eq!(counts, plain.deal(0, &[2, 2]).expect("a step"));
+        let ids: Vec<Vec<u64>> = s.data.dealt().iter().map(|v| v.iter().map(|p| p.sample_ids[0]).collect()).collect();
+        for (r, row) in ids.iter().enumerate() {
+            for (j, &id) in row.iter().enumerate() {
+                assert_eq!(s.part_shape(r, j), Some(table[id as usize]), "rank {r} slot {j}");
+            }
+        }
+        assert_eq!((s.part_shape(0, 2), plain.part_shape(0, 0)), (None, None));
+        // Rank 1 starts one of its two: the tokens of three parts.
+        s.settle(&[2, 1]);
+        plain.settle(&[2, 1]);
+        assert_eq!(s.step_tokens(), &[ids[0][0] + 1 + ids[0][1] + 1 + ids[1][0] + 1]);
+        assert_eq!((s.tokens(), plain.tokens()), (Some(s.step_tokens()[0]), None));
+        assert_eq!(s.samples(), 3);
+        // By cost: the window of 4 parts, rank 0 the last two, rank 1 the first two; the
+        // dropped part comes first in the window.
+        let mut seen = Vec::new();
+        let dealt = s.deal_by(1, 4, &mut |w: &[PartShape]| {
+            seen = w.to_vec();
+            vec![vec![2, 3], vec![0, 1]]
+        });
+        assert_eq!(dealt, Some(vec![vec![2, 3], vec![0, 1]]));
+        assert_eq!(seen[0], table[ids[1][1] as usize], "the re-queued part first");
+        assert_eq!(s.part_shape(1, 0), Some(seen[0]));
+        assert_eq!(s.part_shape(0, 0), Some(seen[2]));
+        assert!(plain.deal_by(1, 4, &mut |_: &[PartShape]| vec![vec![0, 1, 2, 3], vec![]]).is_none());
+        // A deal naming an index twice is refused, nothing taken; past the run's steps, none.
+        s.settle(&[2, 2]);
+        assert!(s.deal_by(2, 4, &mut |_: &[PartShape]| vec![vec![0, 0], vec![1, 2]]).is_none());
+        assert!(s.deal_by(3, 4, &mut |_: &[PartShape]| vec![vec![0, 1], vec![2, 3]]).is_none());
+    }
+
     #[test]
     fn every_epoch_deals_each_sample_to_exactly_one_rank() {
         let (n, samples) = (3u32, 20u64);

@@ -1081,6 +1081,63 @@ mod tests {
             .expect("valid")
     }
 
+    /// Data that knows what it deals: every part of step s, rank r, slot j has bucket
+    /// (s + r + j) % 4 and 10 tokens per bucket index plus one.
+    struct Shaped {
+        steps: usize,
+        step: usize,
+        dealt: Vec<u32>,
+    }
+
+    impl ReplayData for Shaped {
+        fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
+            self.step = index;
+            self.dealt = assignment.to_vec();
+            (index < self.steps).then(|| assignment.to_vec())
+        }
+
+        fn settle(&mut self, _started: &[u32]) {}
+
+        fn knows_shapes(&self) -> bool {
+            true
+        }
+
+        fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
+            let bucket = ((self.step + rank + slot) % 4) as u32;
+            (slot < *self.dealt.get(rank)? as usize).then_some(PartShape { bucket, tokens: 10 * u64::from(bucket) + 1 })
+        }
+    }
+
+    /// With the dealt parts' shapes each micro-batch costs its dealt bucket's recorded cost
+    /// (no noise: the trace's mean per bucket is the cost), whatever the recorded cell held,
+    /// and the tokens are the dealt parts'; without shapes the same data replays as before.
+    #[test]
+    fn dealt_shapes_cost_their_own_bucket_and_count_their_own_tokens() {
+        let (n, m, steps) = (3usize, 4usize, 5usize);
+        let cost = [10.0, 20.0, 40.0, 160.0];
+        let t = length_trace(n, m, steps);
+        let tokens: Vec<u64> = t.buckets().expect("buckets").iter().map(|&b| 100 * u64::from(b)).collect();
+        let t = t.with_tokens(tokens).expect("tokens");
+        let sync = run(StepPolicy::new(Policy::Synchronous), None);
+        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new() });
+        let mut want_tokens = 0.0;
+        for s in 0..steps {
+            let rank_ns = |r: usize| (0..m).map(|j| cost[(s + r + j) % 4]).sum::<f64>();
+            let want = (0..n).map(rank_ns).fold(0.0, f64::max);
+            assert_eq!(r.compute_ns[s], want, "step {s}");
+            want_tokens += (0..n).flat_map(|r| (0..m).map(move |j| (10 * ((s + r + j) % 4) + 1) as f64)).sum::<f64>();
+        }
+        assert_eq!(r.tokens, Some((want_tokens, want_tokens)), "the dealt parts' tokens");
+        // The recorded cells: the same data without shapes replays the trace as recorded.
+        let plain = replay_policy(&t, &sync);
+        for s in 0..steps {
+            let mat = t.step_matrix(s);
+            let want = (0..n).map(|r| mat[r * m..(r + 1) * m].iter().sum::<f64>()).fold(0.0, f64::max);
+            assert_eq!(plain.compute_ns[s], want, "step {s}");
+        }
+        assert_ne!(plain.compute_ns, r.compute_ns, "the shapes change what is replayed");
+    }
+
     /// One bucket only: the bucket estimate is the blind one, so `length-predictive` is
     /// `drop-predictive` bit for bit; and a trace without buckets runs both length-aware
     /// policies blind (`cost-balance` keeps every rank's own M).
