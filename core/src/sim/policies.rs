@@ -57,7 +57,9 @@
 //! the step's N·M·S parts of the stream are dealt by cost as the run deals them
 //! ([`ReplayData::deal_by`], [`crate::policy::cost_balance_parts`] over the dealt micro-batches'
 //! bucket costs; by counts when the stream cannot deal a whole window, as the run). The
-//! length-aware walk is told the dealt buckets, and the tokens are the dealt parts' own
+//! length-aware walk is told the dealt buckets; a tail part (a tail shape) takes the tail cost
+//! fraction of its micro-batch's latency scaled to the part's own bucket (the tail recipe's own
+//! cost is not in the record: not exact, README). The tokens are the dealt parts' own
 //! (a step's nominal tokens: those handed out, per nominal part). Without shapes every number
 //! is as before.
 //!
@@ -271,7 +273,9 @@ struct Walked {
 }
 
 /// Drives the one walker ([`RankWalk`]) through one rank's step: a whole micro-batch j takes
-/// `lat(j)`, a tail micro-batch `cost · lat(j)` of the micro-batch j it is cut from; the clock
+/// `lat(j)`, a tail micro-batch `cost · lat(j) · part(p)` of the micro-batch j it is cut from,
+/// `part(p)` the factor of its part p (1 but with dealt shapes: its own bucket's cost over the
+/// micro-batch's, the module doc); the clock
 /// starts at `t0`. `ends` is scratch (f64 end times; the walker sees them truncated to ns, as
 /// the estimator sees the latencies).
 fn walk(
@@ -280,6 +284,7 @@ fn walk(
     t0: f64,
     est: &mut BucketEstimator,
     lat: &mut dyn FnMut(usize) -> f64,
+    part: &dyn Fn(usize) -> f64,
     ends: &mut Vec<(f64, f64)>,
     mb_lat: &mut Vec<f64>,
 ) -> Walked {
@@ -294,7 +299,7 @@ fn walk(
                 while mb_lat.len() <= j {
                     mb_lat.push(lat(mb_lat.len()));
                 }
-                let d = if l.whole { mb_lat[j] } else { cost * mb_lat[j] };
+                let d = if l.whole { mb_lat[j] } else { cost * mb_lat[j] * part(l.first_part) };
                 acc += d;
                 ends.push((acc, d));
             }
@@ -624,7 +629,15 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             if let Some(b) = row_buckets {
                 walker.set_buckets(b);
             }
-            let w = walk(&mut walker, &tail, t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
+            // A tail part alone runs its own bucket: its cost over its micro-batch's.
+            let part = |p: usize| match (&parts, &dealt_buckets) {
+                (Some(ps), Some(db)) => {
+                    let own = ps.get(p).map(|x| x.bucket);
+                    scale(1.0, db.get(p / split).copied(), own)
+                }
+                _ => 1.0,
+            };
+            let w = walk(&mut walker, &tail, t0, &mut est[r], &mut lat, &part, &mut ends, &mut mb_lat);
             if let (true, Some(b)) = (balanced || window.is_some(), row_buckets) {
                 // The whole launches come first, launch i being micro-batch i: their latencies
                 // are what the gathered count rows carry to every rank.
