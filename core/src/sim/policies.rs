@@ -273,18 +273,17 @@ struct Walked {
 }
 
 /// Drives the one walker ([`RankWalk`]) through one rank's step: a whole micro-batch j takes
-/// `lat(j)`, a tail micro-batch `cost · lat(j) · part(p)` of the micro-batch j it is cut from,
-/// `part(p)` the factor of its part p (1 but with dealt shapes: its own bucket's cost over the
-/// micro-batch's, the module doc); the clock
+/// `lat(j)`, a tail micro-batch `cost · lat(j) · part(p)` of the micro-batch j it is cut from
+/// (`tail` = (the tail shape, `part`), `part(p)` the factor of its part p: 1 but with dealt
+/// shapes, its own bucket's cost over the micro-batch's, the module doc); the clock
 /// starts at `t0`. `ends` is scratch (f64 end times; the walker sees them truncated to ns, as
 /// the estimator sees the latencies).
 fn walk(
     w: &mut RankWalk,
-    tail: &TailShape,
+    (tail, part): (&TailShape, &dyn Fn(usize) -> f64),
     t0: f64,
     est: &mut BucketEstimator,
     lat: &mut dyn FnMut(usize) -> f64,
-    part: &dyn Fn(usize) -> f64,
     ends: &mut Vec<(f64, f64)>,
     mb_lat: &mut Vec<f64>,
 ) -> Walked {
@@ -637,7 +636,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 }
                 _ => 1.0,
             };
-            let w = walk(&mut walker, &tail, t0, &mut est[r], &mut lat, &part, &mut ends, &mut mb_lat);
+            let w = walk(&mut walker, (&tail, &part), t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
             if let (true, Some(b)) = (balanced || window.is_some(), row_buckets) {
                 // The whole launches come first, launch i being micro-batch i: their latencies
                 // are what the gathered count rows carry to every rank.
