@@ -14,10 +14,13 @@
 //! assignment itself (`policy::assign`), what a sample is (the workload reads its ids).
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
+
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 use crate::schedule::{DataSource, EpochQueue, MicroBatch, SharedSource};
+use crate::sim::policies::PartShape;
 
 /// One rank's data source of a run (checkpointed with the rank).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -168,12 +171,19 @@ fn global_stream(
 /// re-queued as the run re-queues them, so a prediction deals exactly as the run it predicts.
 /// The run ends after `steps` steps, or (`steps` = `None`, an `--epochs` run) at the first
 /// step in which the stream deals nothing, as `train`'s loop ends. Counts the samples of the
-/// started parts ([`ReplayStream::samples`]).
+/// started parts ([`ReplayStream::samples`]); with a per-id table of shapes
+/// ([`ReplayStream::with_shapes`]: a text job's bucket-plan units) it also knows every dealt
+/// part's bucket and tokens (`ReplayData::part_shape`), deals `cost-balance`'s steps by cost
+/// as the run does (`ReplayData::deal_by`, through `DataSource::take_dealt`) and counts the
+/// started parts' tokens ([`ReplayStream::tokens`]).
 #[derive(Clone, Debug)]
 pub struct ReplayStream {
     data: SharedSource<EpochSource>,
     steps: Option<u64>,
     step_samples: Vec<u64>,
+    /// Per id of the stream: its shape (`None`: the stream does not know what it deals).
+    shapes: Option<Arc<[PartShape]>>,
+    step_tokens: Vec<u64>,
 }
 
 impl ReplayStream {
@@ -181,7 +191,23 @@ impl ReplayStream {
     /// second run's micro-batch size over its tail split), ending after `max_epochs` epochs
     /// (`None`: never) or `steps` steps (`None`: at the stream's end).
     pub fn new(samples: u64, seed: u64, part_size: usize, max_epochs: Option<u64>, steps: Option<u64>) -> Self {
-        Self { data: global_stream(samples, seed, part_size, 1, max_epochs), steps, step_samples: Vec::new() }
+        Self {
+            data: global_stream(samples, seed, part_size, 1, max_epochs),
+            steps,
+            step_samples: Vec::new(),
+            shapes: None,
+            step_tokens: Vec::new(),
+        }
+    }
+
+    /// This stream knowing each id's shape: `shapes[id]` is id `id`'s bucket and tokens (one
+    /// entry per id of the stream; the text job builds it from its bucket plan,
+    /// `train::job::Job::replay_stream`). A part of several ids has the largest of their
+    /// buckets and the sum of their tokens (as `train::text::BucketPlan::shape`); a part with
+    /// an id beyond the table has no shape (then `cost-balance` deals it by counts).
+    pub fn with_shapes(mut self, shapes: Arc<[PartShape]>) -> Self {
+        self.shapes = Some(shapes);
+        self
     }
 
     /// Samples of every part started so far.
@@ -193,11 +219,37 @@ impl ReplayStream {
     pub fn step_samples(&self) -> &[u64] {
         &self.step_samples
     }
+
+    /// Real tokens of every part started so far; `None` without shapes.
+    pub fn tokens(&self) -> Option<u64> {
+        self.shapes.as_ref().map(|_| self.step_tokens.iter().sum())
+    }
+
+    /// Real tokens of the parts started in each settled step, in order (empty without shapes).
+    pub fn step_tokens(&self) -> &[u64] {
+        &self.step_tokens
+    }
+
+    /// The shape of `part` from `table` (module doc of [`ReplayStream::with_shapes`]).
+    fn shape_in(table: &[PartShape], part: &MicroBatch) -> Option<PartShape> {
+        part.sample_ids.iter().try_fold(None, |acc: Option<PartShape>, &id| {
+            let s = usize::try_from(id).ok().and_then(|i| table.get(i))?;
+            Some(Some(match acc {
+                Some(a) => PartShape { bucket: a.bucket.max(s.bucket), tokens: a.tokens + s.tokens },
+                None => *s,
+            }))
+        })?
+    }
+
+    /// True when the run has ended before step index `index` (its `steps`).
+    fn past_steps(&self, index: usize) -> bool {
+        self.steps.is_some_and(|s| index as u64 >= s)
+    }
 }
 
 impl crate::sim::policies::ReplayData for ReplayStream {
     fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
-        if self.steps.is_some_and(|s| index as u64 >= s) {
+        if self.past_steps(index) {
             return None;
         }
         let _ = self.data.take_assigned(0, assignment);
@@ -210,16 +262,43 @@ impl crate::sim::policies::ReplayData for ReplayStream {
     }
 
     fn settle(&mut self, started: &[u32]) {
-        let done: u64 = self
-            .data
-            .dealt()
-            .iter()
-            .zip(started)
-            .flat_map(|(slice, &k)| slice.iter().take(k as usize))
-            .map(MicroBatch::samples)
-            .sum();
-        self.step_samples.push(done);
+        let done = || self.data.dealt().iter().zip(started).flat_map(|(slice, &k)| slice.iter().take(k as usize));
+        self.step_samples.push(done().map(MicroBatch::samples).sum());
+        if let Some(table) = &self.shapes {
+            self.step_tokens.push(done().filter_map(|p| Self::shape_in(table, p)).map(|s| s.tokens).sum());
+        }
         self.data.settle(0, started, Vec::new(), true);
+    }
+
+    fn knows_shapes(&self) -> bool {
+        self.shapes.is_some()
+    }
+
+    fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
+        let table = self.shapes.as_ref()?;
+        Self::shape_in(table, self.data.dealt().get(rank)?.get(slot)?)
+    }
+
+    fn deal_by(
+        &mut self,
+        index: usize,
+        parts: usize,
+        deal: &mut dyn FnMut(&[PartShape]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<usize>>> {
+        if self.past_steps(index) {
+            return None;
+        }
+        let table = Arc::clone(self.shapes.as_ref()?);
+        let mut positions = None;
+        let mut by_shape = |window: &[MicroBatch]| -> Vec<Vec<usize>> {
+            // An unknown shape: an empty deal, which `take_dealt` refuses (nothing taken).
+            let shapes: Option<Vec<PartShape>> = window.iter().map(|p| Self::shape_in(&table, p)).collect();
+            let d = shapes.map(|s| deal(&s)).unwrap_or_default();
+            positions = Some(d.clone());
+            d
+        };
+        self.data.take_dealt(0, parts, &mut by_shape)?;
+        positions
     }
 }
 
@@ -329,6 +408,51 @@ mod tests {
         one.requeue(vec![first.clone()]);
         // Back as two parts of 2: merged again into the same 4 samples (not 4 + 2).
         assert_eq!(one.next_micro_batch(), Some(first), "requeued as its parts, in order");
+    }
+
+    /// A stream with shapes: each dealt part's shape is its id's; the tokens counted are the
+    /// started parts'; `deal_by` deals the window as named and re-queues the not-started
+    /// tails first, as `deal` does; without shapes there is no shape, no token count, no
+    /// deal by cost.
+    #[test]
+    fn a_stream_with_shapes_knows_its_parts_and_counts_their_tokens() {
+        use crate::sim::policies::ReplayData;
+        let table: Arc<[PartShape]> =
+            (0..12u64).map(|id| PartShape { bucket: (id % 3) as u32, tokens: id + 1 }).collect();
+        let mut plain = ReplayStream::new(12, 4, 1, None, Some(3));
+        let mut s = ReplayStream::new(12, 4, 1, None, Some(3)).with_shapes(Arc::clone(&table));
+        assert!(s.knows_shapes() && !plain.knows_shapes());
+        let counts = s.deal(0, &[2, 2]).expect("a step");
+        assert_eq!(counts, plain.deal(0, &[2, 2]).expect("a step"));
+        let ids: Vec<Vec<u64>> = s.data.dealt().iter().map(|v| v.iter().map(|p| p.sample_ids[0]).collect()).collect();
+        for (r, row) in ids.iter().enumerate() {
+            for (j, &id) in row.iter().enumerate() {
+                assert_eq!(s.part_shape(r, j), Some(table[id as usize]), "rank {r} slot {j}");
+            }
+        }
+        assert_eq!((s.part_shape(0, 2), plain.part_shape(0, 0)), (None, None));
+        // Rank 1 starts one of its two: the tokens of three parts.
+        s.settle(&[2, 1]);
+        plain.settle(&[2, 1]);
+        assert_eq!(s.step_tokens(), &[ids[0][0] + 1 + ids[0][1] + 1 + ids[1][0] + 1]);
+        assert_eq!((s.tokens(), plain.tokens()), (Some(s.step_tokens()[0]), None));
+        assert_eq!(s.samples(), 3);
+        // By cost: the window of 4 parts, rank 0 the last two, rank 1 the first two; the
+        // dropped part comes first in the window.
+        let mut seen = Vec::new();
+        let dealt = s.deal_by(1, 4, &mut |w: &[PartShape]| {
+            seen = w.to_vec();
+            vec![vec![2, 3], vec![0, 1]]
+        });
+        assert_eq!(dealt, Some(vec![vec![2, 3], vec![0, 1]]));
+        assert_eq!(seen[0], table[ids[1][1] as usize], "the re-queued part first");
+        assert_eq!(s.part_shape(1, 0), Some(seen[0]));
+        assert_eq!(s.part_shape(0, 0), Some(seen[2]));
+        assert!(plain.deal_by(1, 4, &mut |_: &[PartShape]| vec![vec![0, 1, 2, 3], vec![]]).is_none());
+        // A deal naming an index twice is refused, nothing taken; past the run's steps, none.
+        s.settle(&[2, 2]);
+        assert!(s.deal_by(2, 4, &mut |_: &[PartShape]| vec![vec![0, 0], vec![1, 2]]).is_none());
+        assert!(s.deal_by(3, 4, &mut |_: &[PartShape]| vec![vec![0, 1], vec![2, 3]]).is_none());
     }
 
     #[test]

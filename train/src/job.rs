@@ -426,15 +426,21 @@ impl Job {
 
     /// The stream this job's second run deals (its samples, seed, parts of b/S, epochs or
     /// steps), as `run` builds it: the data model of the job's prediction
-    /// (`dropcompute::deal::ReplayStream`).
+    /// (`dropcompute::deal::ReplayStream`); for the text job with every unit's bucket and
+    /// tokens, so the replay knows what it deals and counts tokens.
     pub fn replay_stream(&self) -> dropcompute::deal::ReplayStream {
-        dropcompute::deal::ReplayStream::new(
+        let stream = dropcompute::deal::ReplayStream::new(
             self.units(),
             self.cfg.seed,
             self.part_size(),
             self.max_epochs(),
             self.steps(),
-        )
+        );
+        match &self.text {
+            // The text job's units: their buckets and tokens (`text::BucketPlan::part_shapes`).
+            Some(t) => stream.with_shapes(t.plan.part_shapes()),
+            None => stream,
+        }
     }
 
     /// Epochs after which a run's data stream ends, `None` for a run of `--steps` steps.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dropcompute::policy::Threshold;
 use dropcompute::schedule::StepReport;
-use dropcompute::sim::policies::{PolicyReplay, StepTimes, replay_policy_on};
+use dropcompute::sim::policies::{PartShape, PolicyReplay, ReplayData, StepTimes, replay_policy_on};
 use dropcompute::trace::compute_log::ComputeLogWriter;
 
 use super::error::TrainError;
@@ -36,9 +36,16 @@ pub struct Prediction {
     pub step_samples: Vec<u64>,
     /// Samples the baseline run computed (every step).
     pub baseline_samples: u64,
-    /// Predicted effective speedup (ratio, 1 = none): the predicted samples per second over
-    /// the baseline's (samples / time, each over its whole run); the parts ratio
-    /// (`1 + PolicyReplay::effective_speedup`) when the samples cannot be predicted. The mean
+    /// Real tokens the DropCompute run computes, predicted (the text job: the stream's started
+    /// parts' tokens, `ReplayStream::tokens`); `None` for the digits job or when
+    /// [`Prediction::samples_computed`] is.
+    pub tokens_computed: Option<u64>,
+    /// Real tokens the baseline run computed (the text job; every step, every rank).
+    pub baseline_tokens: Option<u64>,
+    /// Predicted effective speedup (ratio, 1 = none): the predicted work per second over the
+    /// baseline's (work / time, each over its whole run), the work in real tokens for the text
+    /// job and in samples otherwise, as the measurement counts; the parts ratio
+    /// (`1 + PolicyReplay::effective_speedup`) when the work cannot be predicted. The mean
     /// over [`Prediction::draws`] replays.
     pub speedup: f64,
     /// Predicted mean step time, ns (the mean over [`Prediction::draws`] replays).
@@ -62,16 +69,18 @@ pub struct Prediction {
 /// to its stream's end, also beyond the baseline's steps (an estimate: the replay draws those
 /// steps' latencies from each rank's recorded ones). The per-step overhead is the baseline's
 /// (`dropcompute::schedule::auto::trace_of_reports`) plus its host time outside the device steps (wall time minus the sum of
-/// step times, over the steps; 0 in virtual time). The speedup counts samples, as the
-/// measurement does (an epoch's last micro-batch may be short): predicted samples over the
-/// predicted time (the replayed steps) against the baseline's samples over its time (its
-/// recorded steps as replayed, plus any step the trace skipped, as measured). `None` without
-/// a complete baseline step. For the text task the samples are bucket-plan units (b/S
-/// documents each) while its measured speedup counts tokens (`report`): the two agree when the
-/// units' tokens do not differ between what the runs compute (an epoch: the same units); a
-/// replay counting tokens needs the stream's ids (`deal::ReplayStream`, not yet). `ranks` (every rank's baseline reports, rank order) give the
-/// text task's trace its buckets and tokens (`schedule::auto::with_report_lengths`), so the
-/// length-aware policies replay with them; the digits task's trace has none.
+/// step times, over the steps; 0 in virtual time). The speedup counts the work as the
+/// measurement does: samples for the digits job (an epoch's last micro-batch may be short),
+/// real tokens for the text job (`report`'s tokens per second): the predicted work over the
+/// predicted time (the replayed steps) against the baseline's work over its time (its recorded
+/// steps as replayed, plus any step the trace skipped, as measured). `None` without a complete
+/// baseline step. `ranks` (every rank's baseline reports, rank order) give the text task's
+/// trace its buckets and tokens (`schedule::auto::with_report_lengths`), and the text job's
+/// stream knows every unit's bucket and tokens (`Job::replay_stream`): the replay gives each
+/// dealt unit the recorded latency of its position scaled to its own bucket's cost, tells the
+/// length-aware walk the dealt buckets, deals `cost-balance` by the stream's own units, and
+/// counts the started units' tokens (`sim::policies`, "What the data deals"); the digits
+/// task's trace has no buckets.
 pub fn prediction(
     job: &Job,
     baseline: &RankOutcome,
@@ -93,6 +102,9 @@ pub fn prediction(
     let steps = trace.steps();
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
     let baseline_samples: u64 = reports.iter().map(StepReport::global_samples).sum();
+    // The text job's measured unit of work (`run_report`'s tokens computed).
+    let baseline_tokens: Option<u64> =
+        job.text.as_ref().map(|_| reports.iter().flat_map(|x| x.ranks.iter().map(|s| s.tokens)).sum());
     // The baseline's steps the trace could not hold (an epoch's short last step: a rank
     // without data has no latency), recorded all the same: the replay takes their latencies
     // and times from the record.
@@ -125,9 +137,15 @@ pub fn prediction(
         // reproduces them bit for bit), plus the skipped ones.
         let recorded: f64 = replay.per_step.iter().take(steps.len()).map(|x| x.0).sum();
         let policy_time: f64 = replay.per_step.iter().map(|x| x.1).sum();
-        let speedup = match covered.then(|| stream.samples()) {
-            Some(s) if baseline_samples > 0 && policy_time > 0.0 => {
-                (s as f64 / policy_time) / (baseline_samples as f64 / (recorded + skipped))
+        // The work: tokens for the text job, samples otherwise (the measurement's unit).
+        let work = match (baseline_tokens, stream.tokens()) {
+            (Some(b), Some(t)) => covered.then_some((t, b)),
+            (None, _) => covered.then(|| (stream.samples(), baseline_samples)),
+            (Some(_), None) => None,
+        };
+        let speedup = match work {
+            Some((w, base)) if base > 0 && policy_time > 0.0 => {
+                (w as f64 / policy_time) / (base as f64 / (recorded + skipped))
             }
             _ => 1.0 + replay.effective_speedup,
         };
@@ -153,6 +171,8 @@ pub fn prediction(
         samples_computed: covered.then(|| stream.samples()),
         step_samples: stream.step_samples().to_vec(),
         baseline_samples,
+        tokens_computed: stream.tokens().filter(|_| covered),
+        baseline_tokens,
     })
 }
 
@@ -177,7 +197,7 @@ impl WithRecorded<'_> {
     }
 }
 
-impl dropcompute::sim::policies::ReplayData for WithRecorded<'_> {
+impl ReplayData for WithRecorded<'_> {
     fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
         self.stream.deal(index, assignment)
     }
@@ -196,6 +216,23 @@ impl dropcompute::sim::policies::ReplayData for WithRecorded<'_> {
 
     fn step_times(&self, index: usize) -> Option<StepTimes> {
         self.step(index).map(|s| s.times.clone())
+    }
+
+    fn knows_shapes(&self) -> bool {
+        self.stream.knows_shapes()
+    }
+
+    fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
+        self.stream.part_shape(rank, slot)
+    }
+
+    fn deal_by(
+        &mut self,
+        index: usize,
+        parts: usize,
+        deal: &mut dyn FnMut(&[PartShape]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<usize>>> {
+        self.stream.deal_by(index, parts, deal)
     }
 }
 

@@ -62,6 +62,7 @@ use rand::seq::SliceRandom;
 use serde::Deserialize;
 
 use dropcompute::schedule::{DataSource, MicroBatch};
+use dropcompute::sim::policies::PartShape;
 use dropcompute::sim::rng::StableRng;
 
 use super::data::{DataError, holdout_split};
@@ -597,6 +598,18 @@ impl BucketPlan {
         let bucket = bucket.ok_or(TextError::EmptyMicroBatch)?;
         let rows = u32::try_from(ids.len()).unwrap_or(u32::MAX).saturating_mul(self.micro_batch_size);
         Ok(BatchShape { bucket, len: self.buckets.lengths()[bucket], rows, samples, tokens })
+    }
+
+    /// Every unit's bucket and real tokens by unit id ([`BucketPlan::shape`] of that one id):
+    /// the table the prediction's stream deals with (`dropcompute::deal::ReplayStream::with_shapes`),
+    /// so the replay knows each dealt part as the run's [`BucketPlan::count_tokens`] does.
+    pub fn part_shapes(&self) -> Arc<[PartShape]> {
+        // Every id below `units()` is the plan's: `shape` cannot fail (an unknown id would have
+        // no entry, and the stream no shape for it).
+        (0..self.units())
+            .map_while(|id| self.shape(&[id]).ok())
+            .map(|s| PartShape { bucket: u32::try_from(s.bucket).unwrap_or(u32::MAX), tokens: s.tokens })
+            .collect()
     }
 
     /// Sets `mb.tokens` to its real tokens and `mb.bucket` to its bucket

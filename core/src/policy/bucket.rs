@@ -6,8 +6,8 @@
 //!
 //! Owns: [`WalkEstimator`] (what the one walker asks of an estimator), [`BucketEstimator`] (the
 //! per-bucket latency estimate, learned online, with the blind [`LatencyEstimator`] as its
-//! fallback), [`bucket_cost`] and [`cost_balance`] (the one cost-balanced deal of a step's
-//! micro-batches to ranks). Must not touch: clocks, devices, I/O, the data source (a driver deals
+//! fallback), [`bucket_cost`], [`cost_balance`] and [`cost_balance_parts`] (the one
+//! cost-balanced deal of a step's micro-batches, or of their parts, to ranks). Must not touch: clocks, devices, I/O, the data source (a driver deals
 //! the micro-batches [`cost_balance`] names), the deadline decision ([`super::decide`]).
 //!
 //! Sources: the issue-26 design (the predictive check of DropCompute,
@@ -234,10 +234,37 @@ pub fn cost_balance(costs: &[f64], ranks: usize, cap: usize) -> Vec<Vec<usize>> 
     dealt
 }
 
+/// [`cost_balance`] of a step's whole micro-batches (`costs`, one per S = `split` consecutive
+/// parts of the step's window) expanded to the parts: each rank's indices into the window of
+/// `costs.len()·split` parts, ascending (micro-batch k is parts k·S..(k+1)·S). The one deal of
+/// parts of the scheduler's `cost-balance` step (`schedule::step`, `deal_by_cost`) and of its
+/// replay (`sim::policies`, a data model that deals by cost); `split` 0 reads as 1.
+pub fn cost_balance_parts(costs: &[f64], ranks: usize, cap: usize, split: usize) -> Vec<Vec<usize>> {
+    let split = split.max(1);
+    cost_balance(costs, ranks, cap)
+        .into_iter()
+        .map(|mbs| mbs.into_iter().flat_map(|k| k * split..(k + 1) * split).collect())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The parts' deal is the micro-batches' deal, each micro-batch k as its S parts.
+    #[test]
+    fn the_parts_deal_expands_each_micro_batch_to_its_parts() {
+        let costs = [8.0, 1.0, 1.0, 7.0];
+        let mbs = cost_balance(&costs, 2, 4);
+        let parts = cost_balance_parts(&costs, 2, 4, 2);
+        for (m, p) in mbs.iter().zip(&parts) {
+            let want: Vec<usize> = m.iter().flat_map(|&k| [2 * k, 2 * k + 1]).collect();
+            assert_eq!(p, &want);
+        }
+        assert_eq!(cost_balance_parts(&costs, 2, 4, 1), mbs);
+        assert_eq!(cost_balance_parts(&costs, 2, 4, 0), mbs, "split 0 reads as 1");
+    }
 
     #[test]
     fn a_bucket_is_estimated_from_its_own_window_and_falls_back_to_the_blind_one() {

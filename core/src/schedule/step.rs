@@ -42,7 +42,7 @@ use tracing::{debug, debug_span, info_span};
 
 use crate::hccl::{Comm, HcclError, ReduceOp};
 use crate::policy::assign::Assigner;
-use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance};
+use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance_parts};
 use crate::policy::walk::{Next, RankWalk, WalkEnd};
 use crate::policy::{LatencyEstimator, Policy, RankLatencyTracker, Rebalancer, StepPolicy, Threshold};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
@@ -608,7 +608,7 @@ impl Scheduler {
 
     /// `cost-balance`'s deal of one step, as `sim::policies` deals a recorded step: the next
     /// N·M micro-batches of the global stream (N·M·S parts, S consecutive parts one whole
-    /// micro-batch) go to ranks by [`cost_balance`] over their buckets' predicted costs
+    /// micro-batch) go to ranks by [`cost_balance_parts`] over their buckets' predicted costs
     /// ([`bucket_cost`] of the job-wide estimate), at most the slots (the policy's cap, 2·M,
     /// within [`SchedulerConfig::part_slots`]) each; the counts become the step's assignment
     /// (`Assigner::set`). A micro-batch without a bucket (a job without buckets) makes the deal
@@ -625,10 +625,7 @@ impl Scheduler {
         let mut deal = |parts: &[MicroBatch]| -> Vec<Vec<usize>> {
             let buckets: Option<Vec<u32>> = parts.chunks(split).map(MicroBatch::merged_bucket).collect();
             match buckets {
-                Some(b) => cost_balance(&bucket_cost(est, &b), n, slots)
-                    .into_iter()
-                    .map(|mbs| mbs.into_iter().flat_map(|k| k * split..(k + 1) * split).collect())
-                    .collect(),
+                Some(b) => cost_balance_parts(&bucket_cost(est, &b), n, slots, split),
                 None => (0..n).map(|r| (r * per_rank..(r + 1) * per_rank).collect()).collect(),
             }
         };

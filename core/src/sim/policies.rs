@@ -2,7 +2,7 @@
 //! work enters the gradient, and the step time, on the trace's recorded latencies (common
 //! random numbers: every policy sees the same latencies).
 //!
-//! Owns: [`PolicyRun`], [`PolicyReplay`], [`ReplayData`], [`replay_policy`] and
+//! Owns: [`PolicyRun`], [`PolicyReplay`], [`ReplayData`], [`PartShape`], [`replay_policy`] and
 //! [`replay_policy_on`]. Must not touch: parsing, tuning,
 //! devices, and the decisions themselves: each rank's step is the one walker
 //! ([`crate::policy::walk::RankWalk`], the scheduler's), each step's assignment the one
@@ -41,6 +41,28 @@
 //!   slow rank (a rank's own slowdown does not follow the micro-batches it is dealt). Without
 //!   buckets every rank keeps its own M (then it is `length-predictive`).
 //!
+//! What the data deals ([`ReplayData::knows_shapes`]: a text job's stream,
+//! `deal::ReplayStream::with_shapes`), on a trace with buckets: the run re-queues what it
+//! drops, so its later micro-batches are not the baseline's at the same position. Whole
+//! micro-batch j of rank r then takes the recorded latency of its cell scaled by
+//! cost(dealt bucket) / cost(recorded bucket), a bucket's cost the trace's mean recorded
+//! latency of that bucket (`bucket_means`: exact with `--noise none`, where a micro-batch's
+//! device time is its bucket's; with noise the cell's multiplier is kept); a bucket the trace
+//! never recorded keeps the cell's latency. Its cell is (step, r, j) (the mock keys a launch's
+//! noise by module, step, index and recipe), beyond M under `cost-balance` the window position of its
+//! first part, else a draw beyond the record as above, scaled alike (not
+//! [`ReplayData::latency`], which knows a position, not its unit: with `--epochs 1`, 600
+//! documents and a 3.5 ms deadline it put the three policies +0.01 to +2.1 % off, the draws
+//! +0.01 %, the rest being the estimated steps' mean offsets and overhead). Under `cost-balance`
+//! the step's N·M·S parts of the stream are dealt by cost as the run deals them
+//! ([`ReplayData::deal_by`], [`crate::policy::cost_balance_parts`] over the dealt micro-batches'
+//! bucket costs; by counts when the stream cannot deal a whole window, as the run). The
+//! length-aware walk is told the dealt buckets; a tail part (a tail shape) takes the tail cost
+//! fraction of its micro-batch's latency scaled to the part's own bucket (the tail recipe's own
+//! cost is not in the record: not exact, README). The tokens are the dealt parts' own
+//! (a step's nominal tokens: those handed out, per nominal part). Without shapes every number
+//! is as before.
+//!
 //! Micro-batches beyond the trace's M (a rank given more work by rebalancing or a compute
 //! budget) are an estimate: micro-batch i >= M of rank r in step s takes the latency of one of
 //! the same rank's recorded micro-batches of any step (S·M values), drawn uniformly from
@@ -59,11 +81,13 @@
 //! work, the drop rate and the effective speedup are in real tokens
 //! ([`PolicyReplay::tokens`]; the counts stay in parts).
 
+use std::collections::BTreeMap;
+
 use rand::Rng;
 
 use super::rng;
 use crate::policy::assign::Assigner;
-use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance};
+use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance, cost_balance_parts};
 use crate::policy::walk::{Next, RankWalk};
 use crate::policy::{CheckMode, DeadlineConfig, LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
 use crate::trace::LatencyTrace;
@@ -222,6 +246,21 @@ impl PolicyReplay {
     }
 }
 
+/// Each bucket's cost (ns): the mean recorded latency of the trace's micro-batches of that
+/// bucket (a bucket never recorded has none); empty for a trace without buckets. With
+/// `--noise none` every micro-batch of a bucket costs the same, so the mean is that cost
+/// exactly (latencies in whole ns: the sums are exact); with noise a scaled latency keeps its
+/// cell's noise multiplier.
+fn bucket_means(trace: &LatencyTrace) -> BTreeMap<u32, f64> {
+    let mut acc: BTreeMap<u32, (f64, u64)> = BTreeMap::new();
+    for (&b, &l) in trace.buckets().unwrap_or_default().iter().zip(trace.latencies_ns()) {
+        let e = acc.entry(b).or_insert((0.0, 0));
+        e.0 += l;
+        e.1 += 1;
+    }
+    acc.into_iter().map(|(b, (sum, k))| (b, sum / k as f64)).collect()
+}
+
 /// One rank's step as the walker ran it on the replay's latencies.
 struct Walked {
     /// Parts started (a whole micro-batch = `split` parts, a tail micro-batch 1).
@@ -234,12 +273,14 @@ struct Walked {
 }
 
 /// Drives the one walker ([`RankWalk`]) through one rank's step: a whole micro-batch j takes
-/// `lat(j)`, a tail micro-batch `cost · lat(j)` of the micro-batch j it is cut from; the clock
+/// `lat(j)`, a tail micro-batch `cost · lat(j) · part(p)` of the micro-batch j it is cut from
+/// (`tail` = (the tail shape, `part`), `part(p)` the factor of its part p: 1 but with dealt
+/// shapes, its own bucket's cost over the micro-batch's, the module doc); the clock
 /// starts at `t0`. `ends` is scratch (f64 end times; the walker sees them truncated to ns, as
 /// the estimator sees the latencies).
 fn walk(
     w: &mut RankWalk,
-    tail: &TailShape,
+    (tail, part): (&TailShape, &dyn Fn(usize) -> f64),
     t0: f64,
     est: &mut BucketEstimator,
     lat: &mut dyn FnMut(usize) -> f64,
@@ -257,7 +298,7 @@ fn walk(
                 while mb_lat.len() <= j {
                     mb_lat.push(lat(mb_lat.len()));
                 }
-                let d = if l.whole { mb_lat[j] } else { cost * mb_lat[j] };
+                let d = if l.whole { mb_lat[j] } else { cost * mb_lat[j] * part(l.first_part) };
                 acc += d;
                 ends.push((acc, d));
             }
@@ -303,6 +344,46 @@ pub trait ReplayData {
         let _ = index;
         None
     }
+    /// True when the data knows what it deals: every dealt part's shape
+    /// ([`ReplayData::part_shape`]) and the cost-balanced deal of a step's window
+    /// ([`ReplayData::deal_by`]). `false` (the default): the replay takes the recorded cells'
+    /// buckets and tokens and re-deals the recorded micro-batches (module doc).
+    fn knows_shapes(&self) -> bool {
+        false
+    }
+    /// The bucket and real tokens of part `slot` of `rank`'s parts dealt in the current step
+    /// (between [`ReplayData::deal`] or [`ReplayData::deal_by`] and [`ReplayData::settle`]),
+    /// `None` when the data does not know it (the default).
+    fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
+        let _ = (rank, slot);
+        None
+    }
+    /// `cost-balance`'s deal of step index `index`, as the run deals it
+    /// (`DataSource::take_dealt`): the next `parts` parts of the stream are handed to `deal`
+    /// (their shapes, in stream order), which returns each rank's indices into them,
+    /// ascending, every index once; the result is that deal (each rank's window positions),
+    /// its parts then dealt as [`ReplayData::deal`]'s. `None` (the default; also when fewer
+    /// than `parts` parts remain, a shape is unknown, the deal names an index twice, or the run
+    /// has ended): nothing is taken, and the replay deals by counts ([`ReplayData::deal`]).
+    fn deal_by(
+        &mut self,
+        index: usize,
+        parts: usize,
+        deal: &mut dyn FnMut(&[PartShape]) -> Vec<Vec<usize>>,
+    ) -> Option<Vec<Vec<usize>>> {
+        let _ = (index, parts, deal);
+        None
+    }
+}
+
+/// What the data knows of one dealt part ([`ReplayData::part_shape`]): its length bucket and
+/// its real tokens (a text job's bucket-plan unit, `train::text::BucketPlan::shape`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartShape {
+    /// Its length bucket (index into the job's bucket lengths).
+    pub bucket: u32,
+    /// Its real (non-padding) tokens.
+    pub tokens: u64,
 }
 
 /// One step's times outside its micro-batches (ns), as a [`LatencyTrace`] holds them per step:
@@ -417,11 +498,40 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let mean_skews: Vec<f64> = (0..n).map(|r| mean(&mut (0..s_trace).map(|si| skews_all[si * n + r]))).collect();
     let mean_overhead = mean(&mut trace.overhead_ns().iter().copied());
     let no_row: Vec<f64> = Vec::new();
+    // A data model that knows what it deals, on a trace with buckets: each dealt part's shape
+    // replaces the recorded cell's (module doc, "What the data deals").
+    let shaped = trace.buckets().is_some() && data.knows_shapes();
+    let costs = if shaped { bucket_means(trace) } else { BTreeMap::new() };
+    // A latency recorded for bucket `rec` as the cost of bucket `dealt`: scaled by their costs
+    // (the recorded latency when either cost is unknown).
+    let scale = |l: f64, rec: Option<u32>, dealt: Option<u32>| {
+        let c = |b: Option<u32>| b.and_then(|b| costs.get(&b).copied()).filter(|&c| c > 0.0 && c.is_finite());
+        match (c(rec), c(dealt)) {
+            (Some(r), Some(d)) => d * (l / r),
+            _ => l,
+        }
+    };
+    let cell_bucket = |si: usize, cell: usize| trace.step_buckets(si).and_then(|b| b.get(cell).copied());
     let max_steps = s_trace.saturating_mul(MAX_STEPS_PER_TRACE_STEP).saturating_add(MAX_EXTRA_STEPS);
     for si in 0..max_steps {
         let recorded = si < s_trace;
         let step_buckets = if aware && recorded { trace.step_buckets(si) } else { None };
-        let balanced = balance && step_buckets.is_some();
+        // Cost-balance on data that knows what it deals: the stream's own window dealt by cost,
+        // as the run deals it (each rank's window positions); `None`: dealt by counts.
+        let window = if balance && shaped {
+            let est = &mut job_est;
+            let mut by_cost = |parts: &[PartShape]| {
+                let b: Vec<u32> = parts.chunks(split).map(|c| c.iter().map(|x| x.bucket).max().unwrap_or(0)).collect();
+                cost_balance_parts(&bucket_cost(est, &b), n, slots_mb, split)
+            };
+            data.deal_by(si, n * m * split, &mut by_cost)
+        } else {
+            None
+        };
+        if let Some(w) = &window {
+            assigner.set(w.iter().map(|x| x.len() as u32).collect());
+        }
+        let balanced = balance && !shaped && step_buckets.is_some();
         if let (true, Some(b)) = (balanced, step_buckets) {
             // Deal the step's N·M recorded micro-batches by predicted cost (module doc).
             let deal = cost_balance(&bucket_cost(&mut job_est, b), n, slots_mb);
@@ -439,7 +549,13 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             }
             assigner.set(deal.iter().map(|c| (c.len() * split) as u32).collect());
         }
-        let Some(dealt) = data.deal(si, assigner.assignment()) else { break };
+        let dealt = match &window {
+            Some(w) => w.iter().map(|x| x.len() as u32).collect(),
+            None => match data.deal(si, assigner.assignment()) {
+                Some(d) => d,
+                None => break,
+            },
+        };
         let assignment = assigner.assignment().to_vec();
         let step = if recorded { trace.steps()[si] } else { last_step + (si - s_trace + 1) as u64 };
         let known_times = if recorded { None } else { data.step_times(si) };
@@ -451,25 +567,54 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         };
         let mut step_started = vec![0u32; n];
         let mut step_tokens_started = 0.0f64;
+        let mut step_tokens_handed = (0.0f64, 0u64);
         for r in 0..n {
             let row: &[f64] = match (balanced, recorded) {
                 (true, _) => &dealt_rows[r].0,
                 (false, true) => &mat[r * m..(r + 1) * m],
                 (false, false) => &no_row,
             };
-            let row_buckets: Option<&[u32]> = match (balanced, step_buckets) {
-                (true, _) => Some(&dealt_rows[r].1),
-                (false, Some(b)) => Some(&b[r * m..(r + 1) * m]),
-                (false, None) => None,
-            };
             let t0 = offsets[r];
             let assigned = assignment[r];
             let cap = dealt.get(r).copied().unwrap_or(0).min(assigned) as usize;
+            // The parts dealt, when the data knows them: their shapes, and each whole
+            // micro-batch's bucket (the largest of its S parts').
+            let parts: Option<Vec<PartShape>> =
+                if shaped { (0..cap).map(|k| data.part_shape(r, k)).collect() } else { None };
+            let dealt_buckets: Option<Vec<u32>> = parts
+                .as_ref()
+                .map(|p| p.chunks(split).map(|c| c.iter().map(|x| x.bucket).max().unwrap_or(0)).collect());
+            let row_buckets: Option<&[u32]> = match (&dealt_buckets, balanced, step_buckets) {
+                (Some(b), _, _) => aware.then_some(b.as_slice()),
+                (None, true, _) => Some(&dealt_rows[r].1),
+                (None, false, Some(b)) => Some(&b[r * m..(r + 1) * m]),
+                (None, false, None) => None,
+            };
+            // The recorded cell of whole micro-batch j when the data knows the parts: (r, j) of
+            // the step (the mock keys a launch's noise by module, step, index and recipe: a unit of
+            // the recorded bucket there takes the run's latency exactly); beyond M under
+            // cost-balance, the window's micro-batch its first part is.
+            let cell = |j: usize| match &window {
+                _ if j < m => Some(r * m + j),
+                Some(w) => w[r].get(j * split).map(|&pos| pos / split),
+                None => None,
+            };
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
             // Beyond the record (i >= M, or a step beyond S): one of the rank's recorded
             // latencies of any step (module doc).
             let known = &*data;
             let mut lat = |i: usize| {
+                if let Some(db) = &dealt_buckets {
+                    let dealt_bucket = db.get(i).copied();
+                    if let (true, Some(k)) = (recorded, cell(i)) {
+                        return scale(mat[k], cell_bucket(si, k), dealt_bucket);
+                    }
+                    // A latency the data knows by position (a recorded step outside the trace)
+                    // is of a unit of unknown bucket: the draw, scaled, is the dealt unit's.
+                    drawn += 1;
+                    let k = extra.random_range(0..pool_len);
+                    return scale(pool(r, k), cell_bucket(k / m, r * m + k % m), dealt_bucket);
+                }
                 if i < row.len() {
                     row[i]
                 } else if let Some(v) = known.latency(si, r, i) {
@@ -483,8 +628,16 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             if let Some(b) = row_buckets {
                 walker.set_buckets(b);
             }
-            let w = walk(&mut walker, &tail, t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
-            if let (true, Some(b)) = (balanced, row_buckets) {
+            // A tail part alone runs its own bucket: its cost over its micro-batch's.
+            let part = |p: usize| match (&parts, &dealt_buckets) {
+                (Some(ps), Some(db)) => {
+                    let own = ps.get(p).map(|x| x.bucket);
+                    scale(1.0, db.get(p / split).copied(), own)
+                }
+                _ => 1.0,
+            };
+            let w = walk(&mut walker, (&tail, &part), t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
+            if let (true, Some(b)) = (balanced || window.is_some(), row_buckets) {
                 // The whole launches come first, launch i being micro-batch i: their latencies
                 // are what the gathered count rows carry to every rank.
                 let whole = walker.whole().iter().take_while(|&&w| w).count();
@@ -492,7 +645,12 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                     job_est.observe_for(b.get(j).copied(), l as u64);
                 }
             }
-            if let Some(mean) = mean_tokens {
+            if let (Some(_), Some(p)) = (mean_tokens, &parts) {
+                // Tokens started: the dealt parts' own, of the parts started (in order).
+                step_tokens_started += p.iter().take(w.parts).map(|x| x.tokens as f64).sum::<f64>();
+                step_tokens_handed.0 += p.iter().map(|x| x.tokens as f64).sum::<f64>();
+                step_tokens_handed.1 += p.len() as u64;
+            } else if let Some(mean) = mean_tokens {
                 // Tokens started: whole micro-batch j its recorded count, a tail part 1/S of it.
                 let row_tokens: &[u64] = match (balanced, recorded, tokens) {
                     (true, _, _) => &dealt_rows[r].2,
@@ -538,7 +696,11 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 (true, Some(t)) => t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum::<f64>(),
                 _ => mean * (n * m) as f64,
             };
-            let step_tokens_nominal = recorded_tokens * nominal as f64 / full;
+            // With the dealt parts' shapes: the tokens handed out, per nominal part.
+            let step_tokens_nominal = match step_tokens_handed {
+                (t, k) if shaped && k > 0 => t * nominal as f64 / k as f64,
+                _ => recorded_tokens * nominal as f64 / full,
+            };
             tok_nominal += step_tokens_nominal;
             tok_aggregated += step_tokens_started;
             tok_lost += (step_tokens_nominal - step_tokens_started).max(0.0);
@@ -931,6 +1093,63 @@ mod tests {
         LatencyTrace::new("lengths", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
             .and_then(|t| t.with_buckets(b))
             .expect("valid")
+    }
+
+    /// Data that knows what it deals: every part of step s, rank r, slot j has bucket
+    /// (s + r + j) % 4 and 10 tokens per bucket index plus one.
+    struct Shaped {
+        steps: usize,
+        step: usize,
+        dealt: Vec<u32>,
+    }
+
+    impl ReplayData for Shaped {
+        fn deal(&mut self, index: usize, assignment: &[u32]) -> Option<Vec<u32>> {
+            self.step = index;
+            self.dealt = assignment.to_vec();
+            (index < self.steps).then(|| assignment.to_vec())
+        }
+
+        fn settle(&mut self, _started: &[u32]) {}
+
+        fn knows_shapes(&self) -> bool {
+            true
+        }
+
+        fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
+            let bucket = ((self.step + rank + slot) % 4) as u32;
+            (slot < *self.dealt.get(rank)? as usize).then_some(PartShape { bucket, tokens: 10 * u64::from(bucket) + 1 })
+        }
+    }
+
+    /// With the dealt parts' shapes each micro-batch costs its dealt bucket's recorded cost
+    /// (no noise: the trace's mean per bucket is the cost), whatever the recorded cell held,
+    /// and the tokens are the dealt parts'; without shapes the same data replays as before.
+    #[test]
+    fn dealt_shapes_cost_their_own_bucket_and_count_their_own_tokens() {
+        let (n, m, steps) = (3usize, 4usize, 5usize);
+        let cost = [10.0, 20.0, 40.0, 160.0];
+        let t = length_trace(n, m, steps);
+        let tokens: Vec<u64> = t.buckets().expect("buckets").iter().map(|&b| 100 * u64::from(b)).collect();
+        let t = t.with_tokens(tokens).expect("tokens");
+        let sync = run(StepPolicy::new(Policy::Synchronous), None);
+        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new() });
+        let mut want_tokens = 0.0;
+        for s in 0..steps {
+            let rank_ns = |r: usize| (0..m).map(|j| cost[(s + r + j) % 4]).sum::<f64>();
+            let want = (0..n).map(rank_ns).fold(0.0, f64::max);
+            assert_eq!(r.compute_ns[s], want, "step {s}");
+            want_tokens += (0..n).flat_map(|r| (0..m).map(move |j| (10 * ((s + r + j) % 4) + 1) as f64)).sum::<f64>();
+        }
+        assert_eq!(r.tokens, Some((want_tokens, want_tokens)), "the dealt parts' tokens");
+        // The recorded cells: the same data without shapes replays the trace as recorded.
+        let plain = replay_policy(&t, &sync);
+        for s in 0..steps {
+            let mat = t.step_matrix(s);
+            let want = (0..n).map(|r| mat[r * m..(r + 1) * m].iter().sum::<f64>()).fold(0.0, f64::max);
+            assert_eq!(plain.compute_ns[s], want, "step {s}");
+        }
+        assert_ne!(plain.compute_ns, r.compute_ns, "the shapes change what is replayed");
     }
 
     /// One bucket only: the bucket estimate is the blind one, so `length-predictive` is
