@@ -268,6 +268,7 @@ fn rank_runs(
             sched.set_policy(dropcompute::policy::StepPolicy {
                 backup_workers: cfg.backup_workers,
                 tail,
+                bucket_tokens: job.bucket_tokens(),
                 ..dropcompute::policy::StepPolicy::new(p)
             });
         }
