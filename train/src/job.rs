@@ -341,8 +341,10 @@ impl Job {
     /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
     /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`,
     /// `cost-balance`
-    /// (the replay runs the scheduler's predicted variant: the one assignment step): the
-    /// policies that move work (`Policy::moves_work`), and any policy with a tail shape.
+    /// (the replay runs the scheduler's predicted variant: the one assignment step), and
+    /// `length-predictive` (its per-bucket check): the policies that move work
+    /// (`Policy::moves_work`), the length-aware ones (`Policy::length_aware`), and any policy
+    /// with a tail shape (`tune::policies::tunes_on_policy_replay`).
     pub fn replays_policy(&self) -> bool {
         dropcompute::tune::policies::tunes_on_policy_replay(&dropcompute::policy::StepPolicy {
             tail: self.cfg.tail,
