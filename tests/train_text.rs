@@ -480,3 +480,62 @@ fn an_epochs_text_prediction_is_within_a_tenth_of_a_percent() {
     eprintln!("cost-balance --epochs 1: predicted {:.6}x measured {measured:.6}x ({err:+.2e})", pred.speedup);
     assert!(err.abs() < 1e-3, "predicted {} measured {measured}", pred.speedup);
 }
+
+/// `--threshold auto` tunes the length-aware policies on their own replay with the buckets and
+/// tokens of every rank's baseline (`schedule::auto::choose` with every rank's reports): the
+/// threshold the run used (report.json) and the drop rate its replay predicted (its stdout)
+/// are those `tune --auto-for POLICY` finds on the baseline's compute log, whose rows carry
+/// every rank's bucket and tokens (another path to the same trace: the log, not the reports).
+/// The same log without those two columns replays blind to another drop rate here, so the
+/// equality is not "blind = blind" (before, `train` tuned `length-predictive` as blind
+/// `drop-predictive`, and `cost-balance` on a blind replay).
+#[test]
+fn auto_tunes_the_length_aware_policies_on_every_ranks_buckets() {
+    use dropcompute_cli::commands::tune::AutoJson;
+    let dir = hermetic::temp_dir("text-auto");
+    for policy in ["length-predictive", "cost-balance"] {
+        let out = dir.path().join(policy);
+        let mut args = tiny_text::tiny_text_train();
+        // A 2x slow rank: a deadline within the guardrails exists (without one both paths are off).
+        args.extend(["--steps", "16", "--slow-rank", "1:2", "--policy", policy, "--threshold", "auto"]);
+        args.extend(["--out", out.to_str().unwrap()]);
+        let o = dropcompute(&args);
+        assert!(o.status.success(), "{policy}: {}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        let report = json(&out.join("report.json"));
+        let used = report["dropcompute"]["threshold_ms"].as_f64();
+        let cfg = &report["config"];
+        let (seed, check) = (cfg["seed"].to_string(), cfg["check"].as_str().unwrap().to_string());
+        let base = out.join("compute_log_baseline.csv");
+        // The log without its bucket and tokens columns: the blind trace.
+        let text = std::fs::read_to_string(&base).unwrap();
+        let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+        let keep: Vec<usize> = (0..header.len()).filter(|&i| header[i] != "bucket" && header[i] != "tokens").collect();
+        assert_eq!(keep.len() + 2, header.len(), "{policy}: the log has both columns");
+        let blind: String = text
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                keep.iter().map(|&i| f[i]).collect::<Vec<_>>().join(",") + "\n"
+            })
+            .collect();
+        let blind_log = out.join("compute_log_blind.csv");
+        std::fs::write(&blind_log, blind).unwrap();
+        let tune = |log: &Path| -> AutoJson {
+            let mut a = vec!["tune", "--trace", log.to_str().unwrap(), "--warmup-steps", "0", "--json"];
+            a.extend(["--auto-for", policy, "--seed", &seed, "--check", &check]);
+            let t = dropcompute(&a);
+            assert!(t.status.success(), "{policy}: tune --auto-for: {}", String::from_utf8_lossy(&t.stderr));
+            let mut auto: Vec<AutoJson> = serde_json::from_slice(&t.stdout).unwrap();
+            assert!(auto[0].policy_replay, "{policy}: tuned on its own replay");
+            auto.remove(0)
+        };
+        let (aware, blind) = (tune(&base), tune(&blind_log));
+        assert!(used.is_some(), "{policy}: a threshold is enabled");
+        assert_eq!(used, aware.threshold_ms, "{policy}: the baseline's log tunes to the run's threshold");
+        // train prints its replay's drop rate to 2 decimals (`run::resolve_threshold`).
+        let said = |a: &AutoJson| format!("drop rate {:.2} %", a.drop_rate.expect("enabled") * 100.0);
+        assert_ne!(said(&aware), said(&blind), "{policy}: the buckets change the replay");
+        assert!(stdout.contains(&said(&aware)), "{policy}: {} in {stdout}", said(&aware));
+    }
+}

@@ -172,3 +172,34 @@ fn a_compute_log_with_buckets_replays_the_length_aware_policies() {
     assert_eq!(a.compute_ns, b.compute_ns);
     assert!(a.assigned.iter().any(|&x| x != m as u32), "the deal moved micro-batches");
 }
+
+/// Cost-balance's step 0 with the padded length prior (`policy::BucketTokens` in the step
+/// policy): no bucket is measured yet, so without the prior every micro-batch costs the same and
+/// the deal is the blind one (contiguous slices); with it the micro-batches are dealt longest
+/// first by padded tokens. No deadline (nothing dropped), so a step's time is its slowest
+/// rank's sum of latencies plus the overhead: step 0 with the prior equals that of the deal by
+/// padded tokens (each rank's load summed here from the trace's latencies), and is below the
+/// blind deal's.
+#[test]
+fn cost_balance_deals_step_zero_by_padded_length_with_the_prior() {
+    use dropcompute::policy::{BucketTokens, StepPolicy, Threshold, cost_balance};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    let (n, m) = (16, 8);
+    let trace = length_trace(n, m, 3, 11);
+    let exec = ExecutionModel { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
+    let tokens: Vec<u64> = BUCKETS.iter().map(|&l| 2 * l as u64).collect(); // 2 documents per micro-batch
+    let run = |prior: BucketTokens| {
+        let params = StepPolicy { bucket_tokens: prior, ..StepPolicy::new(Policy::CostBalance) };
+        replay_policy(&trace, &PolicyRun::new(params, Threshold::Off, exec))
+    };
+    let (with, blind) = (run(BucketTokens::new(&tokens).unwrap()), run(BucketTokens::default()));
+    let lat = trace.step_matrix(0);
+    let b = trace.step_buckets(0).unwrap();
+    let load = |deal: &[Vec<usize>]| deal.iter().map(|c| c.iter().map(|&k| lat[k]).sum::<f64>()).fold(0.0, f64::max);
+    let costs: Vec<f64> = b.iter().map(|&x| tokens[x as usize] as f64).collect();
+    let by_length = load(&cost_balance(&costs, n, 2 * m)) + 10e6;
+    let contiguous = load(&(0..n).map(|r| (r * m..(r + 1) * m).collect::<Vec<_>>()).collect::<Vec<_>>()) + 10e6;
+    assert!((with.per_step[0].1 - by_length).abs() <= 1e-6 * by_length, "{} vs {by_length}", with.per_step[0].1);
+    assert!((blind.per_step[0].1 - contiguous).abs() <= 1e-6 * contiguous, "{} vs {contiguous}", blind.per_step[0].1);
+    assert!(with.per_step[0].1 < blind.per_step[0].1, "{} vs {}", with.per_step[0].1, blind.per_step[0].1);
+}

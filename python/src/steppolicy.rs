@@ -85,6 +85,8 @@ impl StepPolicy {
                 min_micro_batches: rebalance_min_micro_batches,
             },
             tail,
+            // No padded length prior from Python (cost-balance's step 0 dealt blind).
+            bucket_tokens: policy::BucketTokens::default(),
         };
         Ok(Self { inner })
     }

@@ -341,8 +341,10 @@ impl Job {
     /// `--threshold auto` and its prediction) rather than DropCompute's (`tune::recommend`,
     /// `sim::replay`): `rebalance`, `rebalance-drop`, `compute-budget`, `backup-workers`,
     /// `cost-balance`
-    /// (the replay runs the scheduler's predicted variant: the one assignment step): the
-    /// policies that move work (`Policy::moves_work`), and any policy with a tail shape.
+    /// (the replay runs the scheduler's predicted variant: the one assignment step), and
+    /// `length-predictive` (its per-bucket check): the policies that move work
+    /// (`Policy::moves_work`), the length-aware ones (`Policy::length_aware`), and any policy
+    /// with a tail shape (`tune::policies::tunes_on_policy_replay`).
     pub fn replays_policy(&self) -> bool {
         dropcompute::tune::policies::tunes_on_policy_replay(&dropcompute::policy::StepPolicy {
             tail: self.cfg.tail,
@@ -363,14 +365,27 @@ impl Job {
     /// (`tune::policies::train_run` with this job's policy, b, tail shape, seed and
     /// [`Job::execution`]). Also the search template of `--threshold auto`.
     pub fn policy_run(&self, threshold: Threshold) -> dropcompute::sim::policies::PolicyRun {
-        dropcompute::tune::policies::train_run(
+        let mut run = dropcompute::tune::policies::train_run(
             self.cfg.policy(),
             self.cfg.backup_workers,
             self.cfg.tail,
             self.cfg.seed,
             threshold,
             self.execution(),
-        )
+        );
+        run.params.bucket_tokens = self.bucket_tokens();
+        run
+    }
+
+    /// `cost-balance`'s padded length prior for the buckets not measured yet
+    /// (`policy::BucketTokens`; the scheduler's `set_policy` and [`Job::policy_run`] both carry
+    /// it): each bucket's length times the documents of a whole micro-batch (b), tokens. Empty
+    /// for the digits task (no buckets).
+    pub fn bucket_tokens(&self) -> dropcompute::policy::BucketTokens {
+        let tokens = |t: &super::text_job::TextJob| -> Vec<u64> {
+            t.buckets.lengths().iter().map(|&l| u64::from(l) * u64::from(t.rows)).collect()
+        };
+        self.text.as_deref().and_then(|t| dropcompute::policy::BucketTokens::new(&tokens(t))).unwrap_or_default()
     }
 
     /// How `--threshold auto` recommends a threshold on the baseline run's trace (all its steps,

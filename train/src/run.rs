@@ -76,8 +76,11 @@ pub fn comm_options() -> CommOptions {
 /// Resolves the DropCompute run's threshold: off, fixed, tuned on the baseline's trace (auto
 /// with a baseline), or re-tuned in the run (auto without a baseline: a probe window with the
 /// threshold off, then the tuned value). Rank 0 tunes and broadcasts the result, so every rank
-/// enforces the same threshold and the search runs once. Returns (threshold, retuner,
-/// description).
+/// enforces the same threshold and the search runs once. `peers`: every rank's baseline
+/// reports (rank order) where this process holds them (`run` with threads), which give the
+/// baseline's trace its buckets and tokens (`schedule::auto::with_report_lengths`, as
+/// `summary::prediction`): the length-aware policies tune on their own length-aware replay;
+/// empty (rank processes), they tune blind. Returns (threshold, retuner, description).
 ///
 /// # Errors
 /// [`TrainError::Collective`] / [`TrainError::Device`] from the broadcast.
@@ -86,6 +89,7 @@ fn resolve_threshold(
     comm: &Comm,
     kind: RunKind,
     baseline: Option<&[StepReport]>,
+    peers: &[&[StepReport]],
 ) -> Result<(Threshold, Option<Retuner>, String), TrainError> {
     if kind == RunKind::Baseline {
         return Ok((Threshold::Off, None, "off (baseline)".into()));
@@ -112,7 +116,7 @@ fn resolve_threshold(
             }
             let template = job.replays_policy().then(|| job.policy_run(Threshold::Off));
             let p = job.cfg.policy();
-            let found = if rank == 0 { auto::choose(reports, &job.auto_recommend(), template) } else { None };
+            let found = if rank == 0 { auto::choose(reports, peers, &job.auto_recommend(), template) } else { None };
             let t = auto::broadcast_threshold(comm, found.as_ref().map_or(Threshold::Off, AutoChoice::threshold))?;
             let g = job.cfg.guardrails;
             let limits = |drop_rate: f64| {
@@ -190,18 +194,21 @@ const RUN_SETUP_STEP: u64 = u64::MAX;
 /// # Errors
 /// Any [`TrainError`] of this rank (a failed step names the step and call).
 pub fn rank_main(job: &Job, comm: Comm, show_progress: bool) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
-    rank_runs(job, comm, show_progress, &job.plan(), Vec::new())
+    rank_runs(job, comm, show_progress, &job.plan(), Vec::new(), &[])
 }
 
 /// [`rank_main`] over the runs `plan`, after the runs already finished on this rank `prior`
 /// (returned first, in order): a run of kind [`RunKind::DropCompute`] tunes `--threshold auto`
-/// on the baseline among them, as in [`rank_main`].
+/// on the baseline among them, as in [`rank_main`], with the buckets and tokens of every
+/// rank's finished runs `peers` (`[rank][..]`; empty: this rank's alone, see
+/// [`resolve_threshold`]).
 fn rank_runs(
     job: &Job,
     mut comm: Comm,
     show_progress: bool,
     plan: &[RunKind],
     prior: Vec<RankOutcome>,
+    peers: &[Vec<RankOutcome>],
 ) -> Result<(Vec<RankOutcome>, Comm), TrainError> {
     let rank = comm.rank();
     let cfg = &job.cfg;
@@ -213,12 +220,16 @@ fn rank_runs(
         super::workload::set_latency_key(comm.device().module_id(), RUN_SETUP_STEP, super::workload::STEP_START)
             .map_err(|value| TrainError::Config { what: "mock latency key", value })?;
         let baseline = outcomes.iter().find(|o| o.kind == RunKind::Baseline).map(|o| o.reports.as_slice());
+        let peer_reports: Vec<&[StepReport]> = peers
+            .iter()
+            .filter_map(|o| o.iter().find(|x| x.kind == RunKind::Baseline).map(|x| x.reports.as_slice()))
+            .collect();
         // The step policy of this run: the baseline is synchronous; the second run follows
         // `--policy` (default: DropCompute with the configured check).
         let policy = (kind == RunKind::DropCompute).then(|| cfg.policy());
         let (threshold, retuner, source) = match policy {
             Some(p) if !p.drops() && p != Policy::ComputeBudget => (Threshold::Off, None, format!("off ({p})")),
-            _ => resolve_threshold(job, &comm, kind, baseline)?,
+            _ => resolve_threshold(job, &comm, kind, baseline, &peer_reports)?,
         };
         let shares = policy.is_some_and(Policy::moves_work);
         // The tail shape is the second run's; the baseline runs whole micro-batches.
@@ -257,6 +268,7 @@ fn rank_runs(
             sched.set_policy(dropcompute::policy::StepPolicy {
                 backup_workers: cfg.backup_workers,
                 tail,
+                bucket_tokens: job.bucket_tokens(),
                 ..dropcompute::policy::StepPolicy::new(p)
             });
         }
@@ -547,10 +559,11 @@ pub fn run_rank(
     join: &Join,
     show_progress: bool,
 ) -> Result<Vec<RankOutcome>, TrainError> {
-    run_rank_plan(job, rt, join, show_progress, &job.plan(), Vec::new())
+    run_rank_plan(job, rt, join, show_progress, &job.plan(), Vec::new(), &[])
 }
 
-/// [`run_rank`] over the runs `plan` after this rank's finished runs `prior` ([`rank_runs`]).
+/// [`run_rank`] over the runs `plan` after this rank's finished runs `prior`, every rank's
+/// being `peers` ([`rank_runs`]).
 fn run_rank_plan(
     job: &Job,
     rt: &Arc<Runtime>,
@@ -558,6 +571,7 @@ fn run_rank_plan(
     show_progress: bool,
     plan: &[RunKind],
     prior: Vec<RankOutcome>,
+    peers: &[Vec<RankOutcome>],
 ) -> Result<Vec<RankOutcome>, TrainError> {
     let rank = join.rank();
     if join.world_size() != job.cfg.ranks {
@@ -588,7 +602,7 @@ fn run_rank_plan(
     .map_err(|source| TrainError::Device { rank, source })?;
     let call = if matches!(join, Join::Env(_)) { "join" } else { "hcclCommInitRank" };
     let comm = join.comm(&dev, comm_options()).map_err(|source| TrainError::Collective { rank, call, source })?;
-    let (out, comm) = rank_runs(job, comm, show_progress && rank == 0, plan, prior)?;
+    let (out, comm) = rank_runs(job, comm, show_progress && rank == 0, plan, prior, peers)?;
     destroy(comm, rank)?;
     Ok(out)
 }
@@ -615,6 +629,16 @@ pub fn run(
     // Feasibility before any rank starts: threads and processes put every rank on this host.
     if launch != Launch::Env {
         launch::check_devices(rt, job.cfg.ranks)?;
+    }
+    // The text job's `--threshold auto` with threads: the baseline on every rank first, then
+    // the second run after it, so that rank 0 tunes with every rank's buckets and tokens
+    // (`resolve_threshold`); the same runs as in one pass (each run keys its latencies from
+    // its own start: `workload::set_latency_key`).
+    let plan = job.plan();
+    let auto = job.cfg.threshold == ThresholdArg::Auto;
+    if launch == Launch::Threads && job.text.is_some() && auto && plan == [RunKind::Baseline, RunKind::DropCompute] {
+        let baseline = run_plan_threads(job, rt, show_progress, &plan[..1], &[])?;
+        return Ok((0, run_plan_threads(job, rt, show_progress, &plan[1..], &baseline)?));
     }
     let ranks = launch::dispatch(launch, job.cfg.ranks, unique_id, CHILD_PROGRAM, &job.spec(), |join| {
         run_rank(job, rt, join, show_progress)
@@ -694,7 +718,7 @@ fn run_plan_threads(
     launch::check_devices(rt, job.cfg.ranks)?;
     let ranks = launch::dispatch(Launch::Threads, job.cfg.ranks, unique_id, CHILD_PROGRAM, &job.spec(), |join| {
         let before = prior.get(join.rank() as usize).cloned().unwrap_or_default();
-        run_rank_plan(job, rt, join, show_progress, plan, before)
+        run_rank_plan(job, rt, join, show_progress, plan, before, prior)
     })?;
     match ranks {
         Ranks::All(results) => collect(results),

@@ -6,8 +6,10 @@
 //!
 //! Owns: [`WalkEstimator`] (what the one walker asks of an estimator), [`BucketEstimator`] (the
 //! per-bucket latency estimate, learned online, with the blind [`LatencyEstimator`] as its
-//! fallback), [`bucket_cost`], [`cost_balance`] and [`cost_balance_parts`] (the one
-//! cost-balanced deal of a step's micro-batches, or of their parts, to ranks). Must not touch: clocks, devices, I/O, the data source (a driver deals
+//! fallback), [`BucketTokens`] (the padded length prior of the buckets not measured yet),
+//! [`bucket_cost`], [`cost_balance`] and [`cost_balance_parts`] (the one cost-balanced deal of a
+//! step's micro-batches, or of their parts, to ranks). Must not touch: clocks, devices, I/O, the
+//! data source (a driver deals
 //! the micro-batches [`cost_balance`] names), the deadline decision ([`super::decide`]).
 //!
 //! Sources: the issue-26 design (the predictive check of DropCompute,
@@ -64,6 +66,55 @@ pub struct BucketEstimator {
     buckets: BTreeMap<u32, LatencyEstimator>,
     window: usize,
     quantile: f64,
+    /// The prior of [`bucket_cost`] for the buckets not measured yet (empty: none; absent in
+    /// checkpoints written before it).
+    #[serde(default, skip_serializing_if = "BucketTokens::is_empty")]
+    prior: BucketTokens,
+}
+
+/// Padded tokens of one whole micro-batch of each length bucket (bucket b: the bucket's length
+/// times the micro-batch's rows, tokens), the prior [`bucket_cost`] gives a bucket not measured
+/// yet: a padded micro-batch's cost taken as proportional to its padded tokens (an assumption:
+/// the attention's quadratic term makes a long bucket cost more per token; the measured
+/// windows replace the prior bucket by bucket). Copy (it rides in
+/// [`super::StepPolicy::bucket_tokens`], the one value the scheduler and the replay share), so
+/// at most [`BucketTokens::MAX`] buckets. Empty: no prior (today's rule).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BucketTokens {
+    len: u8,
+    tokens: [u64; BucketTokens::MAX],
+}
+
+impl BucketTokens {
+    /// Most buckets with a prior (a text job has at most 16 length buckets).
+    pub const MAX: usize = 16;
+
+    /// The prior of buckets 0..len (`tokens[b]`: bucket b's padded tokens per micro-batch).
+    /// `None` when there are more than [`BucketTokens::MAX`] buckets or a bucket has 0 tokens
+    /// (no prior then).
+    pub fn new(tokens: &[u64]) -> Option<Self> {
+        if tokens.len() > Self::MAX || tokens.contains(&0) {
+            return None;
+        }
+        let mut t = [0u64; Self::MAX];
+        t[..tokens.len()].copy_from_slice(tokens);
+        Some(Self { len: tokens.len() as u8, tokens: t })
+    }
+
+    /// Bucket `bucket`'s padded tokens per micro-batch; `None` beyond the buckets given.
+    pub fn get(&self, bucket: u32) -> Option<u64> {
+        self.as_slice().get(bucket as usize).copied()
+    }
+
+    /// Every bucket's padded tokens, bucket order.
+    pub fn as_slice(&self) -> &[u64] {
+        &self.tokens[..usize::from(self.len).min(Self::MAX)]
+    }
+
+    /// True without a prior.
+    pub fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
 }
 
 impl BucketEstimator {
@@ -75,7 +126,19 @@ impl BucketEstimator {
     /// [0, 1], NaN as 1), per bucket and blind, as [`LatencyEstimator::new`].
     pub fn new(window: usize, quantile: f64) -> Self {
         let blind = LatencyEstimator::new(window, quantile);
-        Self { blind, buckets: BTreeMap::new(), window, quantile }
+        Self { blind, buckets: BTreeMap::new(), window, quantile, prior: BucketTokens::default() }
+    }
+
+    /// This estimator with the padded length prior `prior` for the buckets not measured yet
+    /// ([`bucket_cost`]); the estimates of [`WalkEstimator`] are unchanged.
+    pub fn with_prior(mut self, prior: BucketTokens) -> Self {
+        self.prior = prior;
+        self
+    }
+
+    /// The padded length prior ([`BucketEstimator::with_prior`]; empty: none).
+    pub fn prior(&self) -> &BucketTokens {
+        &self.prior
     }
 
     /// The blind (every micro-batch) estimator, the fallback.
@@ -167,7 +230,32 @@ impl Ord for Load {
 /// the bucket's estimate in `est` ([`BucketEstimator::bucket_estimate`]), or, for a bucket not
 /// measured yet, the blind estimate; 1.0 for every micro-batch when nothing was measured (equal
 /// costs: [`cost_balance`] then deals equal counts).
+///
+/// With a padded length prior ([`BucketEstimator::with_prior`]) covering every bucket in
+/// `buckets`, a bucket not measured yet costs its padded tokens times the measured ns per
+/// padded token (sum of the measured buckets' estimates over the sum of their padded tokens),
+/// or its padded tokens alone (tokens, the same unit for every micro-batch) while no bucket is
+/// measured: step 0 is dealt by length, not blind.
 pub fn bucket_cost(est: &mut BucketEstimator, buckets: &[u32]) -> Vec<f64> {
+    let prior = est.prior;
+    if !prior.is_empty() && buckets.iter().all(|&b| prior.get(b).is_some()) {
+        let measured: Vec<u32> = est.buckets().filter(|&b| prior.get(b).is_some()).collect();
+        let (mut ns, mut tokens) = (0.0f64, 0.0f64);
+        for b in measured {
+            if let (Some(e), Some(t)) = (est.bucket_estimate(b), prior.get(b)) {
+                ns += e as f64;
+                tokens += t as f64;
+            }
+        }
+        let rate = if tokens > 0.0 { ns / tokens } else { 1.0 };
+        return buckets
+            .iter()
+            .map(|&b| match est.bucket_estimate(b) {
+                Some(e) => e as f64,
+                None => rate * prior.get(b).unwrap_or(0) as f64,
+            })
+            .collect();
+    }
     let blind = est.blind.estimate();
     buckets
         .iter()
@@ -281,6 +369,32 @@ mod tests {
         assert_eq!(e.buckets().collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(bucket_cost(&mut e, &[0, 1, 2]), vec![12.0, 100.0, 100.0]);
         assert_eq!(bucket_cost(&mut BucketEstimator::default(), &[0, 1]), vec![1.0, 1.0]);
+    }
+
+    /// The padded length prior: before any measurement the unmeasured buckets cost their
+    /// padded tokens (ordered by length); once some are measured, the measured ns per padded
+    /// token times theirs; measured buckets keep their own estimate; a bucket outside the prior
+    /// falls back to today's rule for every bucket.
+    #[test]
+    fn unmeasured_buckets_cost_their_padded_tokens_at_the_measured_rate() {
+        let prior = BucketTokens::new(&[64, 128, 256, 512]).unwrap();
+        let mut e = BucketEstimator::new(8, 1.0).with_prior(prior);
+        assert_eq!(bucket_cost(&mut e, &[3, 0, 1, 2]), vec![512.0, 64.0, 128.0, 256.0]);
+        // Bucket 1 measured at 1000 ns (128 tokens) and bucket 3 at 6000 ns (512 tokens): the
+        // rate is 7000 / 640 ns per token.
+        e.observe_for(Some(1), 1000);
+        e.observe_for(Some(3), 6000);
+        let rate = 7000.0 / 640.0;
+        let c = bucket_cost(&mut e, &[0, 1, 2, 3]);
+        let want = [64.0 * rate, 1000.0, 256.0 * rate, 6000.0];
+        for (got, want) in c.iter().zip(want) {
+            assert!((got - want).abs() <= 1e-9 * want, "{c:?} vs {want}");
+        }
+        // Bucket 4 has no prior: today's rule (the blind estimate, q 1.0: 6000) for the unmeasured.
+        assert_eq!(bucket_cost(&mut e, &[0, 4, 1]), vec![6000.0, 6000.0, 1000.0]);
+        assert_eq!(BucketTokens::new(&[1; 17]), None);
+        assert_eq!(BucketTokens::new(&[8, 0]), None);
+        assert!(BucketTokens::default().is_empty());
     }
 
     /// Without buckets the bucket estimator is the blind estimator, estimate for estimate.

@@ -249,6 +249,11 @@ pub struct StepPolicy {
     /// used near the deadline and for the remainder of a rebalanced assignment (`split` = 1,
     /// the default: whole micro-batches only).
     pub tail: TailShape,
+    /// `cost-balance`'s padded length prior for the buckets not measured yet
+    /// ([`super::bucket::BucketTokens`]: the job-wide estimate of the scheduler and of the replay
+    /// both take it from here); empty (the default, not written): none, step 0 dealt blind.
+    #[serde(skip_serializing_if = "super::bucket::BucketTokens::is_empty")]
+    pub bucket_tokens: super::bucket::BucketTokens,
 }
 
 /// A second compiled shape of the forward/backward recipe: a *tail micro-batch* of B/`split`
@@ -421,7 +426,7 @@ impl StepPolicy {
 
 impl Default for StepPolicy {
     /// `drop-predictive` (the scheduler's default check), b = 1, no budget, the default cap,
-    /// default rebalancing.
+    /// default rebalancing, no tail shape, no bucket prior.
     fn default() -> Self {
         Self {
             policy: Policy::DropPredictive,
@@ -430,6 +435,7 @@ impl Default for StepPolicy {
             budget_max_micro_batches: None,
             rebalance: RebalanceConfig::default(),
             tail: TailShape::default(),
+            bucket_tokens: super::bucket::BucketTokens::default(),
         }
     }
 }

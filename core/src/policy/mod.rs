@@ -24,7 +24,7 @@ pub mod kind;
 pub mod rebalance;
 pub mod walk;
 
-pub use bucket::{BucketEstimator, WalkEstimator, cost_balance, cost_balance_parts};
+pub use bucket::{BucketEstimator, BucketTokens, WalkEstimator, cost_balance, cost_balance_parts};
 pub use kind::{MAX_TAIL_SPLIT, Policy, StepPolicy, TailRule, TailShape, TailShapeError, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 

@@ -127,14 +127,21 @@ pub fn with_report_lengths(trace: LatencyTrace, ranks: &[&[StepReport]]) -> Late
 }
 
 /// Chooses the deadline of `--threshold auto` on the baseline run's `reports`
-/// ([`trace_of_reports`]) by the one rule of `train` and `tune --auto-for`
+/// ([`trace_of_reports`], with the buckets and tokens of every rank's reports `ranks`:
+/// [`with_report_lengths`]; `ranks` empty or not one entry per rank: none, the length-aware
+/// policies then tune blind) by the one rule of `train` and `tune --auto-for`
 /// ([`crate::tune::policies::auto_threshold`]: DropCompute's recommendation with `template` =
 /// `None`, else the policy replay's best threshold). `None` when the reports hold no complete
 /// step (nothing to tune on: the deadline stays off). Pure (no device, no collective); every
 /// rank gets the same answer from the same reports, but [`broadcast_threshold`] makes rank 0's
 /// the one used.
-pub fn choose(reports: &[StepReport], how: &Recommend, template: Option<PolicyRun>) -> Option<AutoChoice> {
-    let trace = trace_of_reports(reports)?;
+pub fn choose(
+    reports: &[StepReport],
+    ranks: &[&[StepReport]],
+    how: &Recommend,
+    template: Option<PolicyRun>,
+) -> Option<AutoChoice> {
+    let trace = with_report_lengths(trace_of_reports(reports)?, ranks);
     Some(crate::tune::policies::auto_threshold(&trace, how, template))
 }
 

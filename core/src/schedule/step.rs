@@ -425,7 +425,7 @@ impl Scheduler {
         self.cfg.policy.threshold = Threshold::from_ns(s.threshold_ns);
         let fresh = BucketEstimator::new(self.cfg.estimator_window, self.cfg.estimator_quantile);
         self.estimator = s.bucket_estimator.unwrap_or_else(|| fresh.clone().with_blind(s.estimator));
-        self.job_estimator = s.job_estimator.unwrap_or(fresh);
+        self.job_estimator = s.job_estimator.unwrap_or(fresh).with_prior(self.assigner.params().bucket_tokens);
         self.stragglers = s.stragglers;
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
@@ -458,6 +458,8 @@ impl Scheduler {
             self.cfg.policy.threshold = Threshold::Off;
         }
         self.assigner = Self::assigner_of(&self.cfg, params, self.comm.world_size() as usize);
+        // Cost-balance's prior for the buckets not measured yet, as the replay takes it.
+        self.job_estimator = self.job_estimator.clone().with_prior(params.bucket_tokens);
     }
 
     /// The rebalancer of a rebalancing policy, if any (its assignment is

@@ -464,7 +464,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let aware = p.length_aware() && trace.buckets().is_some();
     let balance = aware && p == Policy::CostBalance;
     // Cost-balance's job-wide estimate of each bucket's cost (the same on every rank).
-    let mut job_est = BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile);
+    let mut job_est = BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)
+        .with_prior(run.params.bucket_tokens);
     let slots_mb = run.params.budget_cap(m as u32) as usize;
     // Per rank, this step's micro-batches when dealt by cost: (latencies, buckets, tokens).
     let mut dealt_rows: Vec<(Vec<f64>, Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); n];

@@ -508,10 +508,12 @@ pub fn compare_with_progress(
 
 /// True when `train --threshold auto` tunes the second run of `params` on the policy replay
 /// rather than DropCompute's recommendation ([`super::recommend`]): the policies that move work
-/// (`Policy::moves_work`: the replay runs the scheduler's assignment step) and any policy
-/// with a tail shape.
+/// (`Policy::moves_work`: the replay runs the scheduler's assignment step), the length-aware
+/// ones (`Policy::length_aware`: `length-predictive` checks with each bucket's estimate, which
+/// only the policy replay walks; DropCompute's recommendation replays the blind check) and any
+/// policy with a tail shape.
 pub fn tunes_on_policy_replay(params: &StepPolicy) -> bool {
-    params.policy.moves_work() || params.tail.enabled()
+    params.policy.moves_work() || params.policy.length_aware() || params.tail.enabled()
 }
 
 /// The second run as `train` replays it at `threshold` (the budget of `compute-budget`: off,
