@@ -419,7 +419,7 @@ fn the_text_prediction_in_tokens_is_the_run_under_no_noise() {
         assert_eq!(pred.tokens_computed, Some(tokens(dc)), "{policy}: predicted tokens");
         assert_eq!(pred.baseline_tokens, Some(tokens(base)), "{policy}");
         // The drop rate in micro-batches (every step full: lost over nominal) ...
-        let handed: u64 = dc.reports.iter().map(|r| u64::from(r.global_computed() + r.global_dropped())).sum();
+        let handed: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
         let predicted_mb = pred.replay.lost as f64 / pred.replay.nominal as f64;
         assert_eq!(predicted_mb, dropped as f64 / handed as f64, "{policy}: drop rate in micro-batches");
         // ... and in tokens (report.json's: dropped over handed-out tokens; the replay's lost
