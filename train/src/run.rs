@@ -116,7 +116,15 @@ fn resolve_threshold(
             }
             let template = job.replays_policy().then(|| job.policy_run(Threshold::Off));
             let p = job.cfg.policy();
-            let found = if rank == 0 { auto::choose(reports, peers, &job.auto_recommend(), template) } else { None };
+            // The text job's candidates replay its stream of units (their buckets and tokens,
+            // the dropped ones re-queued), as its prediction does; the digits job's the trace.
+            let found = match (rank, &job.text) {
+                (0, Some(_)) => auto::choose_on(reports, peers, &job.auto_recommend(), template, &mut || {
+                    Box::new(job.replay_stream())
+                }),
+                (0, None) => auto::choose(reports, peers, &job.auto_recommend(), template),
+                _ => None,
+            };
             let t = auto::broadcast_threshold(comm, found.as_ref().map_or(Threshold::Off, AutoChoice::threshold))?;
             let g = job.cfg.guardrails;
             let limits = |drop_rate: f64| {

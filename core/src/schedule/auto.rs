@@ -13,7 +13,7 @@
 use super::{ScheduleError, StepReport};
 use crate::hccl::Comm;
 use crate::policy::Threshold;
-use crate::sim::policies::{PolicyRun, StepTimes};
+use crate::sim::policies::{PolicyRun, ReplayData, StepTimes};
 use crate::synapse::{DeviceBuffer, HostBuffer, Stream};
 use crate::trace::LatencyTrace;
 use crate::tune::Recommend;
@@ -143,6 +143,22 @@ pub fn choose(
 ) -> Option<AutoChoice> {
     let trace = with_report_lengths(trace_of_reports(reports)?, ranks);
     Some(crate::tune::policies::auto_threshold(&trace, how, template))
+}
+
+/// [`choose`] with a policy replay's candidates replayed on `data()`, a fresh copy of the run's
+/// data model each (`tune::policies::auto_threshold_on`): the text job gives its stream of
+/// units with their buckets and tokens (`deal::ReplayStream::with_shapes`, what its prediction
+/// replays), so a candidate's drops re-queue units as the run's will and its drop rate, in
+/// tokens, is the one the run measures. `None` as [`choose`].
+pub fn choose_on(
+    reports: &[StepReport],
+    ranks: &[&[StepReport]],
+    how: &Recommend,
+    template: Option<PolicyRun>,
+    data: &mut dyn FnMut() -> Box<dyn ReplayData>,
+) -> Option<AutoChoice> {
+    let trace = with_report_lengths(trace_of_reports(reports)?, ranks);
+    Some(crate::tune::policies::auto_threshold_on(&trace, how, template, data))
 }
 
 /// The wire value of "no deadline" in [`broadcast_threshold`] (a deadline of `u64::MAX` ns,

@@ -31,7 +31,7 @@
 //! balancing the step's work can reach (issue 26's bound for data-driven stragglers).
 
 use crate::policy::{CheckMode, Policy, StepPolicy, TailShape, Threshold};
-use crate::sim::policies::{PolicyReplay, PolicyRun, replay_policy};
+use crate::sim::policies::{PolicyReplay, PolicyRun, ReplayData, TraceSteps, replay_policy, replay_policy_on};
 use crate::trace::LatencyTrace;
 
 use super::recommend::{MAX_REPLAYED, Recommend};
@@ -337,6 +337,22 @@ pub fn best_threshold(
     ideal: &TuneReport,
     template: PolicyRun,
 ) -> Option<(PolicyRun, PolicyOutcome)> {
+    best_threshold_on(trace, how, ideal, template, &mut || Box::new(TraceSteps(trace.num_steps())))
+}
+
+/// [`best_threshold`] with each candidate replayed on its own copy of a run's data model
+/// (`data()` gives a fresh one per candidate: `sim::policies::replay_policy_on`), e.g. the
+/// text job's stream, which knows the bucket and tokens of each unit it deals and re-queues what
+/// a candidate drops, as the run will (`deal::ReplayStream::with_shapes`): the guardrail then
+/// judges the drop rate the prediction predicts. [`best_threshold`] is this with the trace's own
+/// steps (`TraceSteps`: every recorded cell where it was recorded).
+pub fn best_threshold_on(
+    trace: &LatencyTrace,
+    how: &Recommend,
+    ideal: &TuneReport,
+    template: PolicyRun,
+    data: &mut dyn FnMut() -> Box<dyn ReplayData>,
+) -> Option<(PolicyRun, PolicyOutcome)> {
     let n_m = (trace.world_size() * trace.micro_batches()) as f64;
     let p = template.params.policy;
     let fine = template.params.tail.enabled() || p.rebalances();
@@ -360,7 +376,7 @@ pub fn best_threshold(
     };
     let mut best: Option<(PolicyRun, PolicyOutcome)> = None;
     for c in cands {
-        let (o, adm) = outcome(&replay_policy(trace, &c), n_m, how);
+        let (o, adm) = outcome(&replay_policy_on(trace, &c, data().as_mut()), n_m, how);
         if adm && best.as_ref().is_none_or(|(_, b)| o.effective_speedup > b.effective_speedup) {
             best = Some((c, o));
         }
@@ -575,12 +591,26 @@ impl AutoChoice {
 /// replay of the policy itself matters once work moves: a threshold tuned on the unbalanced
 /// baseline over-drops after rebalancing. Pure and deterministic.
 pub fn auto_threshold(trace: &LatencyTrace, how: &Recommend, template: Option<PolicyRun>) -> AutoChoice {
+    auto_threshold_on(trace, how, template, &mut || Box::new(TraceSteps(trace.num_steps())))
+}
+
+/// [`auto_threshold`] with a policy replay's candidates replayed on `data()`, a fresh copy of
+/// the run's data model each ([`best_threshold_on`]); the blind DropCompute choice (no
+/// template) is the search of [`super::recommend`] as in [`auto_threshold`].
+pub fn auto_threshold_on(
+    trace: &LatencyTrace,
+    how: &Recommend,
+    template: Option<PolicyRun>,
+    data: &mut dyn FnMut() -> Box<dyn ReplayData>,
+) -> AutoChoice {
     match template {
         None => AutoChoice::DropCompute(super::recommend(trace, how).verdict),
         Some(template) => {
             let cfg = TuneConfig { guardrails: how.guardrails, min_micro_batches: how.execution.min_micro_batches };
             let ideal = tune(trace, &cfg);
-            AutoChoice::Policy(best_threshold(trace, how, &ideal, template).filter(|(_, o)| o.enabled).map(Box::new))
+            AutoChoice::Policy(
+                best_threshold_on(trace, how, &ideal, template, data).filter(|(_, o)| o.enabled).map(Box::new),
+            )
         }
     }
 }
