@@ -120,7 +120,8 @@ pub struct ConfigRow {
     pub threshold_ms: Option<f64>,
     /// Measured drop rate of the DropCompute run: the parts missing from the nominal batch
     /// (`policy::nominal_drop_rate`, the replay's definition), fraction; for the text task the
-    /// tokens dropped over those handed out (`train::summary::drop_rate`).
+    /// tokens missing from the nominal batch's (`train::summary::drop_rate`,
+    /// `policy::step_nominal_tokens`, the replay's rule too).
     pub drop_rate_measured: f64,
     /// Micro-batches handed out and not started over those handed out (fraction): differs from
     /// the drop rate where a policy hands out more than the nominal batch (the compute budget).
@@ -367,7 +368,7 @@ fn run_point(args: &Args, p: &Point) -> Result<ConfigRow, TrainError> {
     let planned: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();
     let dropped: u64 = dc.reports.iter().map(|r| r.global_dropped()).sum();
     // The replay's definition: parts missing from the nominal N·M·S batch per step (the text
-    // task: tokens dropped over tokens handed out).
+    // task: the tokens missing from the nominal batch's, `policy::step_nominal_tokens`).
     let drop_measured = summary::drop_rate(&job, dc);
     let speedup_measured = rep.speedup.unwrap_or(f64::NAN);
     let speedup_predicted = pred.speedup;

@@ -68,8 +68,8 @@ pub struct RunReport {
     pub wall_s: f64,
     /// The drop rate against the nominal batch, in [0, 1] ([`RunMeasurements::nominal_drop_rate`]:
     /// the definition of the replay and of `validate`; a compute budget or backup workers are
-    /// judged by what is missing from the nominal batch); in tokens for the text task
-    /// (`summary::drop_rate`).
+    /// judged by what is missing from the nominal batch); in tokens for the text task, against
+    /// the nominal batch's tokens (`summary::drop_rate`, `policy::step_nominal_tokens`).
     pub drop_rate: f64,
     /// samples_dropped / (samples_computed + samples_dropped), in [0, 1] (0 if both are 0): the
     /// fraction of what was handed out and not computed (differs from [`RunReport::drop_rate`]

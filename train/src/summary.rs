@@ -103,8 +103,7 @@ pub fn prediction(
     let covered = steps.iter().enumerate().all(|(i, &s)| s == i as u64);
     let baseline_samples: u64 = reports.iter().map(StepReport::global_samples).sum();
     // The text job's measured unit of work (`run_report`'s tokens computed).
-    let baseline_tokens: Option<u64> =
-        job.text.as_ref().map(|_| reports.iter().flat_map(|x| x.ranks.iter().map(|s| s.tokens)).sum());
+    let baseline_tokens: Option<u64> = job.text.as_ref().map(|_| reports.iter().map(StepReport::global_tokens).sum());
     // The baseline's steps the trace could not hold (an epoch's short last step: a rank
     // without data has no latency), recorded all the same: the replay takes their latencies
     // and times from the record.
@@ -245,23 +244,22 @@ pub const ESTIMATE_DRAWS: u32 = 8;
 /// The drop rate of run `o` against its nominal batch (`policy::nominal_drop_rate` over its
 /// steps), a fraction in [0, 1]. What report.json and `validate` show.
 ///
-/// The digits job counts parts: each step's nominal is `StepReport::nominal_parts` of N·M·S
-/// parts (S the run's tail split, 1 for the baseline). The text job counts tokens: each step's
-/// nominal is the tokens it handed out, computed + dropped over every rank
-/// (`StepReport::global_tokens` + `global_dropped_tokens`), and nothing more for an epoch's
-/// short step (the tokens the data did not deal are not known), so the rate is Σ dropped
-/// tokens / Σ (computed + dropped) tokens. A policy that hands out more than the nominal batch
-/// (the compute budget) is judged there by what it handed out and left.
+/// Each step's nominal is `StepReport::nominal_parts` of N·M·S parts (S the run's tail split,
+/// 1 for the baseline). The digits job counts parts. The text job counts tokens: each step's
+/// nominal tokens are `StepReport::nominal_tokens` (its handed-out tokens per handed part times
+/// its nominal parts, `policy::step_nominal_tokens`, the replay's rule) and its aggregated its
+/// computed tokens. A policy that hands out more than the nominal batch (the compute budget)
+/// is judged by what is missing from the nominal batch, in both units.
 pub fn drop_rate(job: &Job, o: &RankOutcome) -> f64 {
-    if job.text.is_some() {
-        let steps = o.reports.iter().map(|r| (r.global_tokens() + r.global_dropped_tokens(), r.global_tokens()));
-        return dropcompute::policy::nominal_drop_rate(steps);
-    }
     let split = match o.kind {
         RunKind::Baseline => 1,
         RunKind::DropCompute => job.cfg.tail.parts(),
     };
     let full = u64::from(job.cfg.ranks) * u64::from(job.cfg.micro_batches) * u64::from(split);
+    if job.text.is_some() {
+        let steps = o.reports.iter().map(|r| (r.nominal_tokens(full), r.global_tokens() as f64));
+        return dropcompute::policy::nominal_drop_rate_of(steps);
+    }
     dropcompute::policy::nominal_drop_rate(o.reports.iter().map(|r| (r.nominal_parts(full), r.global_computed())))
 }
 

@@ -261,6 +261,17 @@ pub fn step_nominal(full: u64, assignment: &[u32], handed: impl IntoIterator<Ite
     full.saturating_sub(short).max(aggregated)
 }
 
+/// A step's nominal batch in tokens: the tokens handed out (computed + dropped, over every
+/// rank) per handed part, times the step's nominal parts ([`step_nominal`]); 0 when nothing
+/// was handed out. So a policy that hands out more than the nominal batch (the compute budget:
+/// 2·M per rank) or less (backup workers: 0 to the skipped ranks) is judged in tokens as in
+/// parts, against the nominal batch. The one definition of the replay
+/// (`sim::policies::PolicyReplay::tokens`) and of the measured text runs
+/// (`schedule::StepReport::nominal_tokens`).
+pub fn step_nominal_tokens(handed_tokens: f64, handed_parts: u64, nominal_parts: u64) -> f64 {
+    if handed_parts == 0 { 0.0 } else { handed_tokens * nominal_parts as f64 / handed_parts as f64 }
+}
+
 /// The drop rate of a run against its nominal batch: the parts missing from each step's
 /// gradient, Σ_s max(0, nominal_s - aggregated_s), over Σ_s nominal_s (a fraction in [0, 1];
 /// 0 for no step). `steps` yields (nominal_s, aggregated_s) per step, in parts (whole
@@ -269,9 +280,16 @@ pub fn step_nominal(full: u64, assignment: &[u32], handed: impl IntoIterator<Ite
 /// that hands out more than the nominal batch (the compute budget) is judged by what is missing
 /// from the nominal batch, not by what was handed out and left.
 pub fn nominal_drop_rate(steps: impl IntoIterator<Item = (u64, u64)>) -> f64 {
+    nominal_drop_rate_of(steps.into_iter().map(|(nom, agg)| (nom as f64, agg as f64)))
+}
+
+/// [`nominal_drop_rate`] over (nominal_s, aggregated_s) in any unit as f64 (tokens:
+/// [`step_nominal_tokens`] and the computed tokens): Σ_s max(0, nominal_s - aggregated_s) over
+/// Σ_s nominal_s, 0 for no work. Exact for part counts below 2^53.
+pub fn nominal_drop_rate_of(steps: impl IntoIterator<Item = (f64, f64)>) -> f64 {
     let (lost, nominal) =
-        steps.into_iter().fold((0u64, 0u64), |(l, n), (nom, agg)| (l + nom.saturating_sub(agg), n + nom));
-    if nominal == 0 { 0.0 } else { lost as f64 / nominal as f64 }
+        steps.into_iter().fold((0.0f64, 0.0f64), |(l, n), (nom, agg)| (l + (nom - agg).max(0.0), n + nom));
+    if nominal > 0.0 { lost / nominal } else { 0.0 }
 }
 
 /// Online estimate of this rank's next micro-batch latency: a high quantile (nearest rank) of a

@@ -5,8 +5,9 @@
 //!
 //! Owns: [`step_times`] and [`trace_of_reports`] (the report-to-trace conversion: per step the
 //! clock skews, start offsets and overhead) and [`with_report_lengths`]
-//! (the buckets and tokens every rank's reports add to it), [`choose`] (the one rule,
-//! `tune::policies::auto_threshold`, on those reports) and [`broadcast_threshold`]. Must not
+//! (the buckets and tokens every rank's reports add to it), [`choose`] and [`choose_on`] (the
+//! one rule, `tune::policies::auto_threshold`, on those reports; `choose_on` replaying a run's
+//! data model) and [`broadcast_threshold`]. Must not
 //! touch: the search itself (`tune`), the replay (`sim`), the in-run retuner
 //! (`tune::Retuner`), flags or printing.
 
@@ -149,7 +150,9 @@ pub fn choose(
 /// data model each (`tune::policies::auto_threshold_on`): the text job gives its stream of
 /// units with their buckets and tokens (`deal::ReplayStream::with_shapes`, what its prediction
 /// replays), so a candidate's drops re-queue units as the run's will and its drop rate, in
-/// tokens, is the one the run measures. `None` as [`choose`].
+/// tokens, is the one the run measures. Only a policy tuned on its own replay (`template`
+/// given) uses `data`: blind DropCompute (no template) is tuned by `tune::recommend` on the
+/// recorded cells in place, as in [`choose`]. `None` as [`choose`].
 pub fn choose_on(
     reports: &[StepReport],
     ranks: &[&[StepReport]],

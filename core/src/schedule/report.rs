@@ -169,13 +169,21 @@ impl StepReport {
 
     /// Tokens computed over all ranks (0 unless micro-batches carry token counts).
     pub fn global_tokens(&self) -> u64 {
-        self.ranks.iter().map(|r| r.tokens).sum()
+        self.ranks.iter().fold(0u64, |a, r| a.saturating_add(r.tokens))
     }
 
     /// Tokens of the dropped micro-batches over all ranks (0 unless micro-batches carry token
     /// counts).
     pub fn global_dropped_tokens(&self) -> u64 {
-        self.ranks.iter().map(|r| r.dropped_tokens).sum()
+        self.ranks.iter().fold(0u64, |a, r| a.saturating_add(r.dropped_tokens))
+    }
+
+    /// This step's nominal batch in tokens (`policy::step_nominal_tokens`): the tokens handed
+    /// out (computed + dropped) per handed part times [`StepReport::nominal_parts`] of `full`.
+    pub fn nominal_tokens(&self, full: u64) -> f64 {
+        let handed = self.global_tokens().saturating_add(self.global_dropped_tokens()) as f64;
+        let parts = self.global_computed().saturating_add(self.global_dropped());
+        crate::policy::step_nominal_tokens(handed, parts, self.nominal_parts(full))
     }
 
     /// This step's nominal batch in parts (`policy::step_nominal`): `full` = N·M·S less what
@@ -185,14 +193,16 @@ impl StepReport {
         crate::policy::step_nominal(full, &self.assignment, handed, self.global_computed())
     }
 
-    /// Drop rate of this step over all ranks, a fraction in [0, 1]: in tokens, dropped tokens /
-    /// (computed + dropped tokens), when the step's micro-batches carry token counts (that sum
+    /// Drop rate of this step over all ranks against what it handed out (steps.csv's column; a
+    /// run's drop rate against its nominal batch is `policy::nominal_drop_rate` over
+    /// [`StepReport::nominal_parts`] or [`StepReport::nominal_tokens`]), a fraction in [0, 1]:
+    /// in tokens, dropped tokens / (computed + dropped tokens), when the step's micro-batches carry token counts (that sum
     /// is positive: the text job); else dropped / scheduled (computed + dropped) micro-batches.
     /// 0 when nothing was scheduled.
     pub fn drop_rate(&self) -> f64 {
         let (dt, ct) = (self.global_dropped_tokens(), self.global_tokens());
-        let (d, all) = if dt + ct > 0 {
-            (dt as f64, (dt + ct) as f64)
+        let (d, all) = if dt.saturating_add(ct) > 0 {
+            (dt as f64, dt as f64 + ct as f64)
         } else {
             let d = self.global_dropped();
             (d as f64, (d + self.global_computed()) as f64)
@@ -496,6 +506,44 @@ mod tests {
         assert_eq!((back.tokens, back.dropped_tokens), (9, 0));
         let new = rank(1, 1, 9, 7);
         assert_eq!(serde_json::from_str::<RankStepStats>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
+    }
+
+    /// A step's nominal tokens (`policy::step_nominal_tokens`) against the nominal batch, as
+    /// the parts: the compute budget hands out 2·M per rank (2 ranks, M = 2, so 8 parts for a
+    /// nominal batch of 4) and is judged by what is missing from the nominal batch, not by what
+    /// it handed out and left; backup workers hand a skipped rank nothing.
+    #[test]
+    fn the_nominal_tokens_judge_the_compute_budget_and_backup_workers_as_the_parts() {
+        let rank = |computed, dropped, tokens, dropped_tokens| RankStepStats {
+            computed,
+            dropped,
+            tokens,
+            dropped_tokens,
+            ..Default::default()
+        };
+        let step = |assignment: Vec<u32>, ranks| StepReport { assignment, ranks, ..Default::default() };
+        // 10 tokens per part. Budget: 4 of 8 handed parts computed = the nominal 4: no drop.
+        let full = step(vec![4, 4], vec![rank(3, 1, 30, 10), rank(1, 3, 10, 30)]);
+        assert_eq!((full.nominal_parts(4), full.nominal_tokens(4)), (4, 40.0));
+        // 2 computed: half the nominal batch is missing, in parts and in tokens alike.
+        let half = step(vec![4, 4], vec![rank(1, 3, 10, 30), rank(1, 3, 10, 30)]);
+        assert_eq!((half.nominal_parts(4), half.nominal_tokens(4)), (4, 40.0));
+        let parts = crate::policy::nominal_drop_rate([
+            (full.nominal_parts(4), full.global_computed()),
+            (half.nominal_parts(4), half.global_computed()),
+        ]);
+        let tokens = crate::policy::nominal_drop_rate_of([
+            (full.nominal_tokens(4), full.global_tokens() as f64),
+            (half.nominal_tokens(4), half.global_tokens() as f64),
+        ]);
+        assert_eq!((parts, tokens), (0.25, 0.25));
+        // What was handed out and left (steps.csv's per-step rate) is another quantity.
+        assert_eq!(full.drop_rate(), 0.5);
+        // Backup workers: rank 1 handed nothing (assignment 0), rank 0 all its 2 parts.
+        let backup = step(vec![2, 0], vec![rank(2, 0, 20, 0), rank(0, 0, 0, 0)]);
+        assert_eq!((backup.nominal_parts(4), backup.nominal_tokens(4)), (4, 40.0));
+        // Nothing handed out: no nominal tokens (no division by zero).
+        assert_eq!(step(vec![], vec![rank(0, 0, 0, 0)]).nominal_tokens(4), 0.0);
     }
 
     #[test]

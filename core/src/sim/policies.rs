@@ -473,7 +473,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     // micro-batches beyond the record, and the running (aggregated, nominal) sums.
     let tokens = trace.tokens();
     let mean_tokens = tokens.map(|t| t.iter().map(|&x| x as f64).sum::<f64>() / t.len().max(1) as f64);
-    let (mut tok_aggregated, mut tok_nominal, mut tok_lost) = (0.0f64, 0.0f64, 0.0f64);
+    // Per step in tokens: (nominal, started).
+    let mut tok_steps: Vec<(f64, f64)> = Vec::new();
     let mut ends = Vec::with_capacity(2 * m * split);
     let mut mb_lat: Vec<f64> = Vec::with_capacity(2 * m);
     let mut walker = RankWalk::new(deadline, first_step, 0, tail, exec.sync_lag);
@@ -692,19 +693,16 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         lost += nominal.saturating_sub(aggregated);
         step_nominal.push(nominal);
         if let Some(mean) = mean_tokens {
-            let full = (n * m * split) as f64;
             let recorded_tokens = match (recorded, tokens) {
                 (true, Some(t)) => t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum::<f64>(),
                 _ => mean * (n * m) as f64,
             };
             // With the dealt parts' shapes: the tokens handed out, per nominal part.
             let step_tokens_nominal = match step_tokens_handed {
-                (t, k) if shaped && k > 0 => t * nominal as f64 / k as f64,
-                _ => recorded_tokens * nominal as f64 / full,
+                (t, k) if shaped && k > 0 => crate::policy::step_nominal_tokens(t, k, nominal),
+                _ => crate::policy::step_nominal_tokens(recorded_tokens, (n * m * split) as u64, nominal),
             };
-            tok_nominal += step_tokens_nominal;
-            tok_aggregated += step_tokens_started;
-            tok_lost += (step_tokens_nominal - step_tokens_started).max(0.0);
+            tok_steps.push((step_tokens_nominal, step_tokens_started));
         }
         started_cells.extend_from_slice(&step_started);
         if aggregated > 0 {
@@ -728,10 +726,10 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let parts_drop_rate =
         crate::policy::nominal_drop_rate(step_nominal.iter().zip(&per_step).map(|(&nm, x)| (nm, x.2)));
     let parts_speedup = aggregated as f64 / nominal.max(1) as f64 * b / pt - 1.0;
-    let token_totals = mean_tokens.map(|_| (tok_aggregated, tok_nominal));
+    let token_totals = mean_tokens.map(|_| tok_steps.iter().fold((0.0, 0.0), |(a, n), &(nom, st)| (a + st, n + nom)));
     let (drop_rate, effective_speedup) = match token_totals {
         // A step's lost tokens are its nominal less what started, never below 0 (as `lost`).
-        Some((agg, nom)) if nom > 0.0 => (tok_lost / nom, agg / nom * b / pt - 1.0),
+        Some((agg, nom)) if nom > 0.0 => (crate::policy::nominal_drop_rate_of(tok_steps), agg / nom * b / pt - 1.0),
         _ => (parts_drop_rate, parts_speedup),
     };
     PolicyReplay {
