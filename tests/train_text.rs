@@ -363,6 +363,27 @@ fn in_process_mock(cfg: &dropcompute::mock::MockConfig) -> std::sync::MutexGuard
     g
 }
 
+/// `train` run in this process from `argv` (thread ranks), the mock's graph rate lowered to
+/// 200 GFLOP/s (the flops, quadratic in the bucket's length in attention, dominate each
+/// bucket's cost), taking its turn on the in-process mock: the job, both runs' outcomes per
+/// rank, and the prediction `train` prints.
+fn run_in_process(
+    argv: &[&str],
+) -> (dropcompute_train::job::Job, Vec<Vec<dropcompute_train::job::RankOutcome>>, dropcompute_train::summary::Prediction)
+{
+    use clap::Parser;
+    let cli = TrainCli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let job = dropcompute_train::job::Job::prepare(cli.train.validate().expect("flags")).expect("job");
+    let mut mock = job.mock_config().expect("mock config");
+    mock.graph_gflops = 200.0;
+    let _turn = in_process_mock(&mock);
+    dropcompute_train::workload::route_latency_keys(dropcompute_train::workload::LatencyKeys::InProcess);
+    let rt = dropcompute::synapse::Runtime::new(dropcompute::mock::api()).expect("runtime");
+    let out = dropcompute_train::run::run_threads(&job, &rt, false).expect("runs");
+    let pred = dropcompute_train::summary::job_prediction(&job, &out).expect("a prediction");
+    (job, out, pred)
+}
+
 /// The prediction in tokens (issue 31): with `--noise none` a micro-batch's device time is its
 /// bucket's, and the replay knows every unit the run deals (`Job::replay_stream`'s shapes), so
 /// for every policy that drops or moves work the prediction is the run: the same parts handed
@@ -377,8 +398,7 @@ fn in_process_mock(cfg: &dropcompute::mock::MockConfig) -> std::sync::MutexGuard
 /// what every later position holds (README: errors of -4.6 % and +7.0 %).
 #[test]
 fn the_text_prediction_in_tokens_is_the_run_under_no_noise() {
-    use clap::Parser;
-    use dropcompute_train::{run as job_run, summary};
+    use dropcompute_train::summary;
     for policy in ["drop-before", "drop-predictive", "length-predictive", "cost-balance"] {
         let mut argv = vec!["train", "--task", "text", "--text-documents", "2000", "--ranks", "4"];
         argv.extend(["--micro-batches", "4", "--steps", "12", "--noise", "none", "--time-mode", "virtual"]);
@@ -386,16 +406,7 @@ fn the_text_prediction_in_tokens_is_the_run_under_no_noise() {
         if policy == "drop-before" {
             argv.extend(["--check", "before"]);
         }
-        let cli = TrainCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-        let job = dropcompute_train::job::Job::prepare(cli.train.validate().expect("flags")).expect("job");
-        // `mock_runtime` with the graph rate lowered (in this process only).
-        let mut mock = job.mock_config().expect("mock config");
-        mock.graph_gflops = 200.0;
-        let _turn = in_process_mock(&mock);
-        dropcompute_train::workload::route_latency_keys(dropcompute_train::workload::LatencyKeys::InProcess);
-        let rt = dropcompute::synapse::Runtime::new(dropcompute::mock::api()).expect("runtime");
-        let out = job_run::run_threads(&job, &rt, false).expect("runs");
-        let pred = summary::job_prediction(&job, &out).expect("a prediction");
+        let (job, out, pred) = run_in_process(&argv);
         let (base, dc) = (&out[0][0], &out[0][1]);
         assert!(!pred.estimate, "{policy}: every latency known");
         // Per step and rank: the parts handed out and started.
@@ -450,8 +461,7 @@ fn the_text_prediction_in_tokens_is_the_run_under_no_noise() {
 /// every token of the epoch counted once on both sides.
 #[test]
 fn an_epochs_text_prediction_is_within_a_tenth_of_a_percent() {
-    use clap::Parser;
-    use dropcompute_train::{run as job_run, summary};
+    use dropcompute_train::summary;
     let argv = [
         "train",
         "--task",
@@ -475,15 +485,7 @@ fn an_epochs_text_prediction_is_within_a_tenth_of_a_percent() {
         "3.5",
         "--compare",
     ];
-    let cli = TrainCli::try_parse_from(argv).expect("flags");
-    let job = dropcompute_train::job::Job::prepare(cli.train.validate().expect("flags")).expect("job");
-    let mut mock = job.mock_config().expect("mock config");
-    mock.graph_gflops = 200.0;
-    let _turn = in_process_mock(&mock);
-    dropcompute_train::workload::route_latency_keys(dropcompute_train::workload::LatencyKeys::InProcess);
-    let rt = dropcompute::synapse::Runtime::new(dropcompute::mock::api()).expect("runtime");
-    let out = job_run::run_threads(&job, &rt, false).expect("runs");
-    let pred = summary::job_prediction(&job, &out).expect("a prediction");
+    let (job, out, pred) = run_in_process(&argv);
     let (base, dc) = (&out[0][0], &out[0][1]);
     assert!(dc.reports.len() > base.reports.len(), "the run takes more steps than the baseline");
     assert!(pred.estimate, "the steps beyond the record are an estimate");
