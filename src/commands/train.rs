@@ -80,11 +80,12 @@ pub struct Args {
     /// Run only DropCompute.
     #[arg(long, overrides_with = "compare")]
     pub no_compare: bool,
-    /// Latency noise (the factor on --base-latency-ms per micro-batch): none,
+    /// Latency noise (the factor on each micro-batch's device time): none,
     /// reference[:DELAY_FACTOR] (the reference's --delay_factor, default 1), lognormal:SIGMA,
-    /// normal:CV, exponential:MEAN or seqlen:SAMPLES (the syntax of `simulate --noise`).
-    #[arg(long, default_value = dropcompute_train::config::DEFAULT_NOISE, allow_hyphen_values = true)]
-    pub noise: Noise,
+    /// normal:CV, exponential:MEAN or seqlen:SAMPLES (the syntax of `simulate --noise`)
+    /// [default: reference; --task text: none, so that all straggling is the data's].
+    #[arg(long, allow_hyphen_values = true)]
+    pub noise: Option<Noise>,
     /// Persistently slow rank, RANK:FACTOR (repeatable).
     #[arg(long, value_name = "RANK:FACTOR", allow_hyphen_values = true)]
     pub slow_rank: Vec<String>,
@@ -96,7 +97,7 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub check: Option<CheckMode>,
     /// Step policy of the second run [default: drop-before or drop-predictive, following
-    /// --check]. synchronous: threshold off; compute-budget: the threshold is the per-step
+    /// --check; --task text: cost-balance]. synchronous: threshold off; compute-budget: the threshold is the per-step
     /// budget, up to 2 x --micro-batches per rank; backup-workers: the --backup-workers ranks
     /// predicted slowest skip each step; rebalance(-drop): chronic stragglers get fewer
     /// micro-batches, the global batch kept (-drop: with the deadline).
@@ -144,9 +145,12 @@ pub struct Args {
     /// Where checkpoints go (default: the --resume directory, else ./dropcompute-checkpoints).
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Mock device time: real (sleeps) or virtual (deterministic).
-    #[arg(long, value_enum, default_value_t = TimeMode::Real)]
-    pub time_mode: TimeMode,
+    /// Mock device time: real (sleeps) or virtual (deterministic) [default: real; --task text:
+    /// virtual, because the mock's host work for one text micro-batch (1 to 72 ms of CPU)
+    /// exceeds its modelled device time (0.5 to 6.8 ms), so real time on a host with fewer
+    /// cores than ranks would measure the host's CPU, not the device].
+    #[arg(long, value_enum)]
+    pub time_mode: Option<TimeMode>,
     /// Guardrails of `--threshold auto`, judged on the replay of the baseline run (the flags
     /// and defaults of `dropcompute tune`).
     #[command(flatten)]
@@ -234,7 +238,8 @@ impl Args {
     /// below one f32 or above [`MAX_BUCKET_MB`], `--classes` other than the digits' 10 without
     /// `--data`.
     pub fn validate(&self) -> Result<TrainConfig, ArgError> {
-        let ranks = at_least_one("ranks", self.ranks.unwrap_or(DEFAULT_RANKS))?;
+        let text = self.task == Task::Text;
+        let ranks = at_least_one("ranks", self.ranks.unwrap_or(if text { DEFAULT_TEXT_RANKS } else { DEFAULT_RANKS }))?;
         if ranks > MAX_RANKS {
             return Err(bad(
                 "ranks",
@@ -246,8 +251,9 @@ impl Args {
         if micro_batches > MAX_MICRO_BATCHES {
             return Err(bad("micro-batches", micro_batches, format!("must be <= {MAX_MICRO_BATCHES}")));
         }
-        let text = self.task == Task::Text;
         self.check_task()?;
+        // The text job's own defaults (`DEFAULT_TEXT_*`): its straggling is the data's.
+        let policy_arg = self.policy.or(text.then_some(dropcompute::policy::Policy::CostBalance));
         let micro_batch_size = at_least_one(
             "micro-batch-size",
             self.micro_batch_size.unwrap_or(if text { DEFAULT_TEXT_MICRO_BATCH_SIZE } else { 8 }),
@@ -281,7 +287,7 @@ impl Args {
         // needs as many as `dropcompute tune` (tune::MIN_STEPS).
         // Only the policies with a deadline use the threshold (`synchronous`, `rebalance` and
         // `backup-workers` run with it off).
-        let policy = self.policy.unwrap_or(dropcompute::policy::Policy::DropPredictive);
+        let policy = policy_arg.unwrap_or(dropcompute::policy::Policy::DropPredictive);
         let uses_threshold = policy.drops() || policy == dropcompute::policy::Policy::ComputeBudget;
         if policy == dropcompute::policy::Policy::ComputeBudget && threshold == ThresholdArg::Off {
             return Err(bad("threshold", "off", "--policy compute-budget needs a budget: auto or a value in ms"));
@@ -304,12 +310,19 @@ impl Args {
         }
         // Every policy x check combination has an effect or is refused (`--check before
         // --policy drop-predictive` ran the predictive check silently).
-        let check = match self.policy {
+        let check = match policy_arg {
             Some(p) => p.resolve_check(self.check, CheckMode::Predictive).map_err(|own| {
                 bad(
                     "check",
                     self.check.map_or("", CheckMode::name),
-                    format!("--policy {p} runs the {own} check; give --check {own} or leave --check out"),
+                    if self.policy.is_some() {
+                        format!("--policy {p} runs the {own} check; give --check {own} or leave --check out")
+                    } else {
+                        format!(
+                            "the {} task's default policy {p} runs the {own} check; give --check {own}, leave --check out, or give a --policy that runs it (e.g. drop-before)",
+                            self.task.name()
+                        )
+                    }
                 )
             })?,
             None => self.check.unwrap_or(CheckMode::Predictive),
@@ -327,7 +340,7 @@ impl Args {
             return Err(bad("base-latency-ms", show(base_ms), format!("must be <= {MAX_MS} ms (one hour)")));
         }
         let backup_workers = self.backup_workers.unwrap_or(1);
-        match (self.policy, self.backup_workers) {
+        match (policy_arg, self.backup_workers) {
             (Some(dropcompute::policy::Policy::BackupWorkers), _) if backup_workers >= ranks => {
                 return Err(bad("backup-workers", backup_workers, format!("must be < --ranks {ranks}")));
             }
@@ -383,12 +396,12 @@ impl Args {
             out: self.out.clone(),
             resume: self.resume.clone(),
             compare: !self.no_compare,
-            noise: self.noise.clone(),
+            noise: self.noise.clone().unwrap_or(self.task.default_noise()),
             slow_ranks,
             // In (0, 1 h] by the check above, so the conversion cannot overflow.
             base_latency: Duration::from_secs_f64(base_ms / 1e3),
             check,
-            policy: self.policy,
+            policy: policy_arg,
             backup_workers,
             tail,
             sync_lag: self.sync_lag,
@@ -407,7 +420,7 @@ impl Args {
                 .or_else(|| self.resume.clone())
                 .unwrap_or_else(|| PathBuf::from("dropcompute-checkpoints")),
             checkpoint_asked: self.checkpoint_every > 0 || self.checkpoint_dir.is_some() || self.resume.is_some(),
-            time_mode: self.time_mode,
+            time_mode: self.time_mode.unwrap_or(self.task.default_time_mode()),
             guardrails,
             task: self.task,
             text: TextTask { model: self.text_model.unwrap_or_default(), documents: self.text_documents },
@@ -464,6 +477,10 @@ impl Args {
 /// `--micro-batch-size` of `--task text` when absent: documents per micro-batch (the measured
 /// default size, `transformer_train::TextTrainConfig::default`).
 pub const DEFAULT_TEXT_MICRO_BATCH_SIZE: u32 = 2;
+/// `--ranks` of `--task text` when absent: 16, the smaller of issue 26's two world sizes, so
+/// that the default run (baseline and policy, 60 steps) takes about a minute and a half of
+/// interpreter time on a 2-core machine.
+pub const DEFAULT_TEXT_RANKS: u32 = 16;
 /// `--lr` of `--task text` when absent: AdamW's (`transformer::AdamW::default`).
 pub const DEFAULT_TEXT_LR: f64 = 3e-3;
 

@@ -59,6 +59,53 @@ fn defaults_match_the_documented_surface() {
     );
 }
 
+/// Each task's defaults of the flags whose default depends on `--task` (`--ranks`,
+/// `--micro-batch-size`, `--noise`, `--time-mode`, `--policy`, `--lr`), and that a flag given
+/// wins over the task's default for both tasks.
+#[test]
+fn each_task_has_its_documented_defaults_and_a_given_flag_wins() {
+    use dropcompute::policy::Policy;
+    let digits = config(&[]);
+    let text = config(&["--task", "text"]);
+    let row = |c: &TrainConfig| (c.ranks, c.micro_batch_size, c.noise.clone(), c.time_mode, c.policy(), c.lr);
+    assert_eq!(
+        row(&digits),
+        (32, 8, Noise::Reference { delay_factor: 1.0 }, TimeMode::Real, Policy::DropPredictive, 0.2)
+    );
+    assert_eq!(row(&text), (16, 2, Noise::None, TimeMode::Virtual, Policy::CostBalance, 3e-3));
+    for task in ["digits", "text"] {
+        let c = config(&[
+            "--task",
+            task,
+            "--ranks",
+            "4",
+            "--micro-batch-size",
+            "3",
+            "--noise",
+            "lognormal:0.5",
+            "--time-mode",
+            "real",
+            "--policy",
+            "rebalance",
+            "--lr",
+            "0.01",
+        ]);
+        assert_eq!(
+            row(&c),
+            (4, 3, Noise::LogNormal { mu: -0.125, sigma: 0.5 }, TimeMode::Real, Policy::Rebalance, 0.01),
+            "{task}"
+        );
+    }
+    // The digits' default policy follows a given --check; the text task's (cost-balance, the
+    // predictive check) refuses the before-check, naming the default and what to give.
+    let before = config(&["--check", "before"]);
+    assert_eq!((before.policy(), before.check), (Policy::DropBefore, CheckMode::BeforeMicroBatch));
+    let e = parse(&["--task", "text", "--check", "before"]).1.validate().expect_err("refused").to_string();
+    assert!(e.contains("text task's default policy cost-balance") && e.contains("drop-before"), "{e}");
+    let c = config(&["--task", "text", "--check", "before", "--policy", "drop-before"]);
+    assert_eq!((c.policy(), c.check), (Policy::DropBefore, CheckMode::BeforeMicroBatch));
+}
+
 /// The guardrail flags are one definition (`commands::GuardrailArgs`) in `train` and `tune`: the
 /// same names and defaults.
 #[test]
@@ -339,6 +386,15 @@ fn a_real_device_refuses_every_emulation_flag_given_and_accepts_their_defaults()
     }
     let e = job(&["--noise", "none", "--slow-rank", "1:2"]).check_real_device(lib).expect_err("refused").to_string();
     assert!(e.contains("--noise, --slow-rank"), "every flag given is named: {e}");
+    // The text task: its default noise (none) is inert; its default virtual time is named with
+    // what to give, and `--time-mode real` runs; the digits' default noise is a given noise there.
+    let text = |extra: &[&str]| job(&[&["--task", "text"][..], extra].concat());
+    let e = text(&[]).check_real_device(lib).expect_err("virtual refused").to_string();
+    assert!(e.contains("give --time-mode real") && !e.contains("--noise"), "{e}");
+    assert!(text(&["--time-mode", "real"]).check_real_device(lib).is_ok());
+    let e =
+        text(&["--time-mode", "real", "--noise", "reference"]).check_real_device(lib).expect_err("noise").to_string();
+    assert!(e.contains("--noise"), "{e}");
 }
 
 #[test]

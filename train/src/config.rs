@@ -39,8 +39,6 @@ pub const DEFAULT_RANKS: u32 = 32;
 /// backward before noise and slowdown, ms (mock only; see `Job::check_real_device`).
 pub const DEFAULT_BASE_LATENCY_MS: f64 = 12.0;
 
-/// Default `--noise` (the mock's injected latency noise; syntax of `Noise::from_str`).
-pub const DEFAULT_NOISE: &str = "reference";
 /// Largest `--micro-batches` (gradient accumulation steps per rank per step): the count row
 /// and the per-step latency records are O(M) per rank, and a larger M would only allocate.
 pub const MAX_MICRO_BATCHES: u32 = 65_536;
@@ -254,6 +252,27 @@ impl Task {
         match self {
             Task::Digits => "digits",
             Task::Text => "text",
+        }
+    }
+
+    /// The task's `--noise` when absent: the reference's delay model (`reference`, delay factor 1) for
+    /// the digits, whose straggling is injected; none for the text task, whose straggling is
+    /// the data's (a micro-batch costs its length bucket's modelled device time).
+    pub fn default_noise(self) -> Noise {
+        match self {
+            Task::Digits => Noise::Reference { delay_factor: 1.0 },
+            Task::Text => Noise::None,
+        }
+    }
+
+    /// The task's `--time-mode` when absent: real for the digits; virtual for the text task,
+    /// because the mock's host work for one text micro-batch (1 to 72 ms of CPU, README's
+    /// table) exceeds its modelled device time (0.5 to 6.8 ms), so real time on a host with
+    /// fewer cores than ranks would measure the host's CPU, not the modelled device.
+    pub fn default_time_mode(self) -> TimeMode {
+        match self {
+            Task::Digits => TimeMode::Real,
+            Task::Text => TimeMode::Virtual,
         }
     }
 }

@@ -548,7 +548,8 @@ impl Job {
     }
     /// Checks that none of the emulation settings is given for a real device: `--base-latency-ms`
     /// and `--noise` at their defaults ([`super::config::DEFAULT_BASE_LATENCY_MS`],
-    /// [`super::config::DEFAULT_NOISE`]), no `--slow-rank`, `--time-mode real`. They configure
+    /// [`super::config::Task::default_noise`]), no `--slow-rank`, `--time-mode real` (the text
+    /// task, whose default is virtual, needs it given). They configure
     /// the CPU mock ([`Job::mock_config`]) and mean nothing on `library` (a description of the
     /// real libSynapse, for the message), so they are refused rather than silently ignored; at
     /// their defaults they are inert.
@@ -561,14 +562,20 @@ impl Job {
         if c.base_latency != Duration::from_secs_f64(super::config::DEFAULT_BASE_LATENCY_MS / 1e3) {
             given.push("--base-latency-ms");
         }
-        if super::config::DEFAULT_NOISE.parse::<dropcompute::sim::noise::Noise>().ok().as_ref() != Some(&c.noise) {
+        if c.noise != c.task.default_noise() {
             given.push("--noise");
         }
         if !c.slow_ranks.is_empty() {
             given.push("--slow-rank");
         }
         if c.time_mode != TimeMode::Real {
-            given.push("--time-mode virtual");
+            // The text task's default (`Task::default_time_mode`) is virtual: on a real device
+            // the user says --time-mode real.
+            given.push(if c.time_mode == c.task.default_time_mode() {
+                "--time-mode virtual (the text task's default on the mock: give --time-mode real)"
+            } else {
+                "--time-mode virtual"
+            });
         }
         if given.is_empty() {
             return Ok(());
