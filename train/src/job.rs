@@ -498,21 +498,18 @@ impl Job {
         m.noise = self.cfg.noise.clone();
         if let Some(t) = &self.text {
             // The text task: every bucket recipe keeps the per-node cost model (no base
-            // latency); a tail recipe draws the noise of the whole one it is cut from. The
-            // default model computes at the text device model's rate (`text_device`) unless
-            // `$DROPCOMPUTE_MOCK_CONFIG` sets `graph_gflops`; the tests' tiny model keeps the
-            // mock's rate.
+            // latency). Every recipe of the job (each bucket's, whole and tail) draws its noise
+            // as the first bucket's whole recipe: a launch's noise factor is a function of
+            // (seed, module, step, micro-batch) only, whatever bucket lands there, so the
+            // baseline and a policy that deals other units to a position see the same device
+            // conditions there (common random numbers; the replay scales the recorded latency
+            // of a position to the dealt unit's bucket). The default model computes at the text
+            // device model's rate (`text_device`) unless `$DROPCOMPUTE_MOCK_CONFIG` sets
+            // `graph_gflops`; the tests' tiny model keeps the mock's rate.
             if let Some(r) = text_graph_gflops(self.cfg.text.model, &t.model, &MockConfig::set_by_env()) {
                 m.graph_gflops = r;
             }
-            let tail = self.cfg.tail;
-            if tail.enabled() {
-                let rows = (t.rows / tail.parts()).max(1);
-                for &len in t.buckets.lengths() {
-                    let name = |r| super::transformer_graphs::forward_backward_recipe_name(&t.model, len, r);
-                    m.graph_noise_alias.insert(name(rows), name(t.rows));
-                }
-            }
+            m.graph_noise_alias.extend(text_noise_aliases(&t.model, t.buckets.lengths(), t.rows, self.cfg.tail));
             self.slow_ranks_into(&mut m);
             return Ok(m);
         }
@@ -602,6 +599,28 @@ pub fn text_graph_gflops(
 ) -> Option<f64> {
     (size == super::config::TextModelSize::Default && !set_by_env.contains("graph_gflops"))
         .then(|| super::text_device::text_graph_gflops(model))
+}
+
+/// The text job's noise aliases (`MockConfig::graph_noise_alias`): every bucket's whole recipe
+/// (`rows` documents) and, under a tail split, its tail recipe, mapped to the first bucket's
+/// whole recipe, so that every launch at one (module, step, micro-batch) draws one noise factor
+/// whatever its bucket. The first bucket's own whole recipe is not listed (it draws as itself).
+pub fn text_noise_aliases(
+    model: &super::transformer::TransformerConfig,
+    lengths: &[u32],
+    rows: u32,
+    tail: dropcompute::policy::TailShape,
+) -> Vec<(String, String)> {
+    let name = |len, r| super::transformer_graphs::forward_backward_recipe_name(model, len, r);
+    let Some(&first) = lengths.first() else { return Vec::new() };
+    let canonical = name(first, rows);
+    let tail_rows = tail.enabled().then(|| (rows / tail.parts()).max(1));
+    lengths
+        .iter()
+        .flat_map(|&len| std::iter::once(name(len, rows)).chain(tail_rows.map(|r| name(len, r))))
+        .filter(|n| *n != canonical)
+        .map(|n| (n, canonical.clone()))
+        .collect()
 }
 
 /// Which run.

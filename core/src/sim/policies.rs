@@ -49,7 +49,7 @@
 //! latency of that bucket (`bucket_means`: exact with `--noise none`, where a micro-batch's
 //! device time is its bucket's; with noise the cell's multiplier is kept); a bucket the trace
 //! never recorded keeps the cell's latency. Its cell is (step, r, j) (the mock keys a launch's
-//! noise by module, step, index and recipe), beyond M under `cost-balance` the window position of its
+//! noise by module, step and index: every recipe of the text job draws as one), beyond M under `cost-balance` the window position of its
 //! first part, else a draw beyond the record as above, scaled alike (not
 //! [`ReplayData::latency`], which knows a position, not its unit: with `--epochs 1`, 600
 //! documents and a 3.5 ms deadline it put the three policies +0.01 to +2.1 % off, the draws
@@ -593,8 +593,9 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 (None, false, None) => None,
             };
             // The recorded cell of whole micro-batch j when the data knows the parts: (r, j) of
-            // the step (the mock keys a launch's noise by module, step, index and recipe: a unit of
-            // the recorded bucket there takes the run's latency exactly); beyond M under
+            // the step (the mock keys a launch's noise by module, step and index, one draw for
+            // every recipe of the text job: a unit of any bucket there keeps the cell's noise);
+            // beyond M under
             // cost-balance, the window's micro-batch its first part is.
             let cell = |j: usize| match &window {
                 _ if j < m => Some(r * m + j),
