@@ -5,6 +5,15 @@ time, peak memory <= DDP + 5 % of the gradients' size).
 usage (one configuration per launch, so that each peak RSS is its own):
     python -m torch.distributed.run --standalone --nproc_per_node=2 examples/bench_torch_overhead.py \
         --params 1e6 --mode ddp|flat|overlap [--steps 20] [--out FILE.json]
+or, for the step time only, the three modes paired in one launch:
+    ... examples/bench_torch_overhead.py --params 1e6 --mode paired [--steps 60] [--out FILE.json]
+
+``--mode paired`` runs the three modes as arms of one process group, each its own model (the
+same initial parameters), optimizer and micro-batches, step by step in an order drawn per step
+(no arm always follows another); the overhead of a mode is the median over steps of its step
+time over plain DDP's in the same step (paired: the same load hits both), and its median step
+time is printed beside it. Separate launches (the other modes) differ by the load of the
+minutes between them: plain DDP alone measured 1037 to 1165 ms a step at 50 M in one sitting.
 
 Each rank builds an MLP of about ``--params`` parameters (float32), runs ``--steps`` steps of
 M = 4 micro-batches (b = 16), the first 3 not timed; rank 0 prints (and writes with --out) the
@@ -25,9 +34,10 @@ printed with the numbers. Linux only.
 import argparse
 import json
 import os
+import random
 import statistics
 import time
-from typing import List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -63,15 +73,77 @@ def mlp(params: float) -> torch.nn.Module:
                                torch.nn.Linear(w, w))
 
 
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+def arm(mode: str, params: float, batches: List[Batch]) -> Callable[[], None]:
+    """One step of ``mode`` on its own model (``mlp(params)``: the same initial parameters for
+    every arm), optimizer and DDP module: plain DDP ``no_sync`` accumulation (mean loss / M,
+    the last micro-batch synced), or ``DropComputeStep`` at threshold off in that mode."""
+    ddp = DDP(mlp(params))
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    if mode == "ddp":
+        def plain() -> None:
+            opt.zero_grad()
+            for i, (x, y) in enumerate(batches):
+                if i < M - 1:
+                    with ddp.no_sync():
+                        (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
+                else:
+                    (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
+            opt.step()
+        return plain
+    ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode, micro_batch_size=B)
+
+    def step() -> None:
+        ctl.run(batches, lambda mod, mb: torch.nn.functional.mse_loss(mod(mb[0]), mb[1], reduction="sum")).apply(opt)
+    return step
+
+
+def paired(params: float, steps: int, batches: List[Batch], rank: int) -> Dict[str, object]:
+    """``--mode paired``: the three arms step by step, in an order drawn per step (the same on
+    every rank: one seed); per arm the median step time (the first 3 steps not counted) and per
+    DropCompute mode the median over steps of its time over DDP's in the same step."""
+    arms = {m: arm(m, params, batches) for m in ("ddp", "flat", "overlap")}
+    order = random.Random(0)
+    times: Dict[str, List[float]] = {m: [] for m in arms}
+    for s in range(steps):
+        names = list(arms)
+        order.shuffle(names)
+        for m in names:
+            dist.barrier()
+            t0 = time.perf_counter()
+            arms[m]()
+            if s >= 3:
+                times[m].append(time.perf_counter() - t0)
+    res: Dict[str, object] = {"mode": "paired", "steps": len(times["ddp"])}
+    for m, ts in times.items():
+        res[f"{m}_step_ms"] = statistics.median(ts) * 1e3
+    for m in ("flat", "overlap"):
+        res[f"{m}_overhead_paired"] = statistics.median(t / d for t, d in zip(times[m], times["ddp"])) - 1
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=1e6)
-    ap.add_argument("--mode", choices=["ddp", "flat", "overlap"], required=True)
+    ap.add_argument("--mode", choices=["ddp", "flat", "overlap", "paired"], required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if args.mode == "paired":
+        w = mlp(args.params)[0].in_features
+        g = torch.Generator().manual_seed(rank)
+        mbs: List[Batch] = [(torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)) for _ in range(M)]
+        out: Dict[str, object] = paired(args.params, args.steps, mbs, rank)
+        out["params"] = sum(p.numel() for p in mlp(args.params).parameters())
+        out["load"] = os.getloadavg()[0]
+        emit(out, rank, args.out)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     net = mlp(args.params)
     w = net[0].in_features
     n_params = sum(p.numel() for p in net.parameters())
@@ -113,13 +185,18 @@ def main() -> None:
         "anon_growth_mib": (status_kib("RssAnon") - anon0) / 1024,
         "load": os.getloadavg()[0],
     }
-    if rank == 0:
-        print(json.dumps(res))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(res, f)
+    emit(res, rank, args.out)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def emit(res: Dict[str, object], rank: int, out: Optional[str]) -> None:
+    """Rank 0 prints ``res`` as JSON and writes it to ``out``."""
+    if rank == 0:
+        print(json.dumps(res))
+        if out:
+            with open(out, "w") as f:
+                json.dump(res, f)
 
 
 if __name__ == "__main__":

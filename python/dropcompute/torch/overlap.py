@@ -15,9 +15,14 @@ rank issues the same sequence (counts, then DDP's buckets) whatever it computed:
 walk launches nothing runs a zero-weighted backward of its most recent micro-batch (one
 micro-batch of compute; only with ``min_micro_batches`` 0 or a rank dealt nothing).
 
-The user's hook sees the bucket as DDP would give it (its own division by N included, e.g.
-``allreduce_hook``, ``bf16_compress_hook``); the rescale composes after it: DDP's hooks return
-the mean over N ranks of the loss-scaled gradients, so the factor is N / (loss_scale x d).
+Without a user hook the bucket is summed (one in-place all-reduce, no division by N: DDP's
+default ``allreduce_hook`` divides first, a pass over the gradients the rescale makes again), and
+the factor is 1 / (loss_scale x d). The user's hook sees the bucket as DDP would give it (its
+own division by N included, e.g. ``allreduce_hook``, ``bf16_compress_hook``); the rescale
+composes after it: DDP's hooks return the mean over N ranks of the loss-scaled gradients, so the
+factor is N / (loss_scale x d). The rescale also checks the bucket for non-finite values in the
+same pass (``reduce.scale_checked_``): the step's flag ``found`` is what ``StepResult.finite``
+reads, so ``apply`` without a GradScaler makes no pass of its own over the gradients.
 """
 
 from __future__ import annotations
@@ -28,9 +33,8 @@ from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .reduce import CollectiveTimeout, Counts, rescale_factor, scale_
+from .reduce import CollectiveTimeout, Counts, found_flag, rescale_factor, scale_checked_
 
 
 class OverlapHook:
@@ -50,9 +54,14 @@ class OverlapHook:
                 "model.static_graph: True: DDP cannot accumulate under no_sync with a static graph "
                 "(pytorch #143580); use mode='flat'"
             )
-        self.user_hook: Callable[..., Any] = user_hook if user_hook is not None else default_hooks.allreduce_hook
+        self.user_hook: Callable[..., Any] = user_hook if user_hook is not None else _allreduce_sum
         self.user_state = user_state if user_hook is not None else group
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        #: What the hook's result holds, times the sum over ranks: 1 for our sum, 1 / N for a
+        #: user's DDP-style hook (the mean over ranks).
+        self.world_sum_scale = 1.0 if user_hook is None else 1.0 / self.world_size
+        #: The step's non-finite flag (``reduce.found_flag``), checked by every bucket's rescale.
+        self.found: Optional[torch.Tensor] = None
         self.counts: Optional[Counts] = None
         self.divisor_of: Any = None
         self.loss_scale = 1.0
@@ -69,6 +78,7 @@ class OverlapHook:
         """The step's pending rescale (before the last micro-batch's backward)."""
         self.counts, self.divisor_of, self.loss_scale, self.timeout = counts, divisor_of, loss_scale, timeout
         self.divisor, self.error, self.buckets = None, None, 0
+        self.found = found_flag(counts.tensor.device)
         self.armed_at = time.monotonic()
 
     def timeout_error(self, e: RuntimeError) -> Optional[BaseException]:
@@ -88,7 +98,7 @@ class OverlapHook:
         assert self.counts is not None, "a bucket was reduced outside a DropCompute step"
         reduced = self.counts.result(self.timeout)
         self.divisor = self.divisor_of(reduced.samples)
-        return rescale_factor(1.0 / self.world_size, self.loss_scale, self.divisor)
+        return rescale_factor(self.world_sum_scale, self.loss_scale, self.divisor)
 
     @staticmethod
     def hook(state: "OverlapHook", bucket: Any) -> torch.futures.Future[torch.Tensor]:
@@ -111,10 +121,19 @@ class OverlapHook:
             if factor is None:
                 t.zero_()
             else:
-                scale_(t, factor)
+                assert state.found is not None
+                scale_checked_(t, factor, state.found)
             return t
 
         return fut.then(rescale)
+
+
+def _allreduce_sum(group: Optional[dist.ProcessGroup], bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    """The default comm hook of the overlap path: the bucket summed over ranks in place (DDP's
+    ``allreduce_hook`` without its division by N, which the rescale's factor takes instead)."""
+    buf: torch.Tensor = bucket.buffer()
+    work = dist.all_reduce(buf, group=group, async_op=True)
+    return work.get_future().then(lambda f: f.value()[0])
 
 
 def zero_grads(params: List[torch.nn.Parameter], ddp: torch.nn.Module) -> None:
