@@ -76,12 +76,11 @@ def mlp(params: float) -> torch.nn.Module:
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
 
-def arm(mode: str, params: float, batches: List[Batch]) -> Callable[[], None]:
-    """One step of ``mode`` on its own model (``mlp(params)``: the same initial parameters for
-    every arm), optimizer and DDP module: plain DDP ``no_sync`` accumulation (mean loss / M,
-    the last micro-batch synced), or ``DropComputeStep`` at threshold off in that mode."""
-    ddp = DDP(mlp(params))
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+def arm(mode: str, ddp: torch.nn.Module, opt: torch.optim.Optimizer, batches: List[Batch]) -> Callable[[], None]:
+    """One step of ``mode`` on ``ddp`` (a DDP module of ``mlp``) and ``opt``: plain DDP
+    ``no_sync`` accumulation (mean loss / M, the last micro-batch synced), or
+    ``DropComputeStep`` at threshold off in that mode (made here: its flat buffers are
+    allocated now)."""
     if mode == "ddp":
         def plain() -> None:
             opt.zero_grad()
@@ -100,11 +99,17 @@ def arm(mode: str, params: float, batches: List[Batch]) -> Callable[[], None]:
     return step
 
 
+def model_and_optimizer(params: float) -> Tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A DDP module of ``mlp(params)`` (the same initial parameters every call) and its SGD."""
+    ddp = DDP(mlp(params))
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+
 def paired(params: float, steps: int, batches: List[Batch], rank: int) -> Dict[str, object]:
     """``--mode paired``: the three arms step by step, in an order drawn per step (the same on
     every rank: one seed); per arm the median step time (the first 3 steps not counted) and per
     DropCompute mode the median over steps of its time over DDP's in the same step."""
-    arms = {m: arm(m, params, batches) for m in ("ddp", "flat", "overlap")}
+    arms = {m: arm(m, *model_and_optimizer(params), batches) for m in ("ddp", "flat", "overlap")}
     order = random.Random(0)
     times: Dict[str, List[float]] = {m: [] for m in arms}
     for s in range(steps):
@@ -144,36 +149,22 @@ def main() -> None:
         dist.barrier()
         dist.destroy_process_group()
         return
-    net = mlp(args.params)
-    w = net[0].in_features
-    n_params = sum(p.numel() for p in net.parameters())
-    ddp = DDP(net)
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    ddp, opt = model_and_optimizer(args.params)
+    w = ddp.module[0].in_features
+    n_params = sum(p.numel() for p in ddp.parameters())
     g = torch.Generator().manual_seed(rank)
-    batches: List[Tuple[torch.Tensor, torch.Tensor]] = [
-        (torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)) for _ in range(M)
-    ]
+    batches: List[Batch] = [(torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)) for _ in range(M)]
     dist.barrier()
-    # The peak counts from here: DropCompute's own buffers (the flat gradients) are inside it,
-    # as plain DDP's gradients, allocated by its first backward, are.
+    # The peak counts from here: DropCompute's own buffers (the flat gradients, made by `arm`)
+    # are inside it, as plain DDP's gradients, allocated by its first backward, are.
     base = reset_peak()
     file0, anon0 = status_kib("RssFile"), status_kib("RssAnon")
-    ctl = None if args.mode == "ddp" else DropComputeStep(ddp, dropcompute.Policy(), mode=args.mode, micro_batch_size=B)
+    step = arm(args.mode, ddp, opt, batches)
     times = []
     for s in range(args.steps):
         dist.barrier()
         t0 = time.perf_counter()
-        if ctl is None:
-            opt.zero_grad()
-            for i, (x, y) in enumerate(batches):
-                if i < M - 1:
-                    with ddp.no_sync():
-                        (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
-                else:
-                    (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
-            opt.step()
-        else:
-            ctl.run(batches, lambda mod, mb: torch.nn.functional.mse_loss(mod(mb[0]), mb[1], reduction="sum")).apply(opt)
+        step()
         t1 = time.perf_counter()
         if s >= 3:
             times.append(t1 - t0)
