@@ -386,6 +386,30 @@ pub struct PartShape {
     pub tokens: u64,
 }
 
+impl PartShape {
+    /// The one bucket-merge rule: two parts launched as one micro-batch are padded to the
+    /// larger of their buckets and carry the sum of their real tokens (saturating). Every
+    /// place that merges parts (the replay, `MicroBatch::merged`, `ReplayStream`'s shapes, the
+    /// text job's `BucketPlan::shape`) goes through it or [`PartShape::merged`]. Associative
+    /// and commutative.
+    pub fn merge(self, other: PartShape) -> PartShape {
+        PartShape { bucket: self.bucket.max(other.bucket), tokens: self.tokens.saturating_add(other.tokens) }
+    }
+
+    /// Parts as one micro-batch ([`PartShape::merge`] over them, in order): `None` when no
+    /// part is given or any part's shape is unknown (`None`).
+    pub fn merged<T: Into<Option<PartShape>>>(parts: impl IntoIterator<Item = T>) -> Option<PartShape> {
+        parts
+            .into_iter()
+            .try_fold(None, |acc: Option<PartShape>, p| p.into().map(|s| Some(acc.map_or(s, |a| a.merge(s)))))?
+    }
+
+    /// The bucket of parts as one micro-batch ([`PartShape::merged`]'s), 0 when none is given.
+    pub fn merged_bucket(parts: &[PartShape]) -> u32 {
+        Self::merged(parts.iter().copied()).map_or(0, |s| s.bucket)
+    }
+}
+
 /// One step's times outside its micro-batches (ns), as a [`LatencyTrace`] holds them per step:
 /// the step time is `max_r(skew_ns[r] + offsets_ns[r] + compute_r) + overhead_ns`
 /// ([`LatencyTrace::with_skews`], [`LatencyTrace::with_start_offsets`]). Built from a run's
@@ -523,7 +547,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         let window = if balance && shaped {
             let est = &mut job_est;
             let mut by_cost = |parts: &[PartShape]| {
-                let b: Vec<u32> = parts.chunks(split).map(|c| c.iter().map(|x| x.bucket).max().unwrap_or(0)).collect();
+                let b: Vec<u32> = parts.chunks(split).map(PartShape::merged_bucket).collect();
                 cost_balance_parts(&bucket_cost(est, &b), n, slots_mb, split)
             };
             data.deal_by(si, n * m * split, &mut by_cost)
@@ -583,9 +607,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             // micro-batch's bucket (the largest of its S parts').
             let parts: Option<Vec<PartShape>> =
                 if shaped { (0..cap).map(|k| data.part_shape(r, k)).collect() } else { None };
-            let dealt_buckets: Option<Vec<u32>> = parts
-                .as_ref()
-                .map(|p| p.chunks(split).map(|c| c.iter().map(|x| x.bucket).max().unwrap_or(0)).collect());
+            let dealt_buckets: Option<Vec<u32>> =
+                parts.as_ref().map(|p| p.chunks(split).map(PartShape::merged_bucket).collect());
             let row_buckets: Option<&[u32]> = match (&dealt_buckets, balanced, step_buckets) {
                 (Some(b), _, _) => aware.then_some(b.as_slice()),
                 (None, true, _) => Some(&dealt_rows[r].1),
@@ -760,7 +783,44 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
 mod tests {
     use super::*;
     use crate::policy::RebalanceConfig;
+    use proptest::prelude::{Strategy, prop, prop_assert_eq, proptest};
     use std::time::Duration;
+
+    fn shape() -> impl Strategy<Value = PartShape> {
+        (0u32..6, 0u64..1_000).prop_map(|(bucket, tokens)| PartShape { bucket, tokens })
+    }
+
+    proptest! {
+        /// The one bucket-merge rule: merging is associative, and a merge of parts is the
+        /// largest of their buckets and the sum of their tokens (computed here independently
+        /// as a plain max and sum); any unknown part makes the merge unknown.
+        #[test]
+        fn merging_parts_is_associative_and_is_max_bucket_sum_tokens(
+            parts in prop::collection::vec(shape(), 0..8),
+            a in shape(), b in shape(), c in shape(), unknown in 0usize..8,
+        ) {
+            prop_assert_eq!(a.merge(b).merge(c), a.merge(b.merge(c)));
+            prop_assert_eq!(a.merge(b), b.merge(a));
+            let m = PartShape::merged(parts.iter().copied());
+            let expect = (!parts.is_empty()).then(|| PartShape {
+                bucket: parts.iter().map(|p| p.bucket).max().unwrap_or(0),
+                tokens: parts.iter().map(|p| p.tokens).sum(),
+            });
+            prop_assert_eq!(m, expect);
+            prop_assert_eq!(PartShape::merged_bucket(&parts), expect.map_or(0, |s| s.bucket));
+            // Split anywhere: the merge of the two halves' merges is the whole's.
+            let cut = unknown.min(parts.len());
+            if cut > 0 && cut < parts.len() {
+                let halves = [PartShape::merged(parts[..cut].iter().copied()), PartShape::merged(parts[cut..].iter().copied())];
+                prop_assert_eq!(PartShape::merged(halves), m);
+            }
+            if !parts.is_empty() {
+                let mut opt: Vec<Option<PartShape>> = parts.iter().copied().map(Some).collect();
+                opt[cut.min(parts.len() - 1)] = None;
+                prop_assert_eq!(PartShape::merged(opt), None);
+            }
+        }
+    }
 
     fn exec(check: CheckMode) -> ExecutionModel {
         ExecutionModel { check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
