@@ -79,11 +79,14 @@ fn runtime() -> &'static Arc<Runtime> {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Lengths {
     inner: SharedSource<EpochQueue>,
+    /// The even units' micro-batches handed out without tokens (a step of mixed shapes).
+    #[serde(default)]
+    no_tokens_if_even: bool,
 }
 
 impl Lengths {
     fn new(units: u64) -> Self {
-        Self { inner: SharedSource::new(EpochQueue::new((0..units).collect(), 1)) }
+        Self { inner: SharedSource::new(EpochQueue::new((0..units).collect(), 1)), no_tokens_if_even: false }
     }
 }
 
@@ -101,7 +104,13 @@ impl DataSource for Lengths {
         self.inner.requeue(dropped);
     }
     fn take_assigned(&mut self, rank: u32, assignment: &[u32]) -> Vec<MicroBatch> {
-        self.inner.take_assigned(rank, assignment).into_iter().map(label).collect()
+        let strip = |mut mb: MicroBatch| {
+            if self.no_tokens_if_even && mb.sample_ids.iter().all(|id| id % 2 == 0) {
+                mb.tokens = None;
+            }
+            mb
+        };
+        self.inner.take_assigned(rank, assignment).into_iter().map(label).map(strip).collect()
     }
     fn settle(&mut self, rank: u32, computed: &[u32], dropped: Vec<MicroBatch>, requeue: bool) {
         self.inner.settle(rank, computed, dropped, requeue);
@@ -508,4 +517,32 @@ fn a_resumed_run_decides_as_the_uninterrupted_one_with_the_bucket_estimators_che
             "{policy}: the bucket estimators changed no decision"
         );
     }
+}
+
+/// A micro-batch without tokens in a step whose others carry them (the scheduler's side of a
+/// rank without shapes in a shaped step): under token weighting the scheduler refuses the step
+/// with a typed `ScheduleError::Data` naming the rank and step before any launch, so no report
+/// counts that micro-batch's work as 0 tokens (the replay counts such a rank's recorded tokens:
+/// `sim::policies`' `a_rank_without_shapes_in_a_shaped_step_keeps_its_tokens`). One rank
+/// (a peer would wait for its collective), M = 4, the even units without tokens.
+#[test]
+fn token_weighting_refuses_a_micro_batch_without_tokens_in_a_step() {
+    let _g = serial(1);
+    let rt = runtime();
+    let id = Comm::unique_id(rt).unwrap();
+    let dev = Device::acquire(rt, 0).unwrap();
+    let comm = Comm::init_rank(&dev, 1, &id, 0, CommOptions::default()).unwrap();
+    let c = cfg(4, Policy::Synchronous, Threshold::Off, DropHandling::Requeue);
+    let ops = mock_recipes::gradient_ops(rt, c.gradient_len, c.grad_dtype).unwrap();
+    let mut sched = Scheduler::new(comm, c, ops).unwrap();
+    let mut work = BucketWork::new(rt, sched.stream());
+    let mut data = Lengths { no_tokens_if_even: true, ..Lengths::new(40) };
+    match sched.step(0, &mut data, &mut work) {
+        Err(dropcompute::schedule::ScheduleError::Data { rank, step, what }) => {
+            assert_eq!((rank, step), (0, 0));
+            assert!(what.contains("token count"), "{what}");
+        }
+        other => panic!("refused with ScheduleError::Data, got {:?}", other.map(|(r, _)| r.step)),
+    }
+    assert!(work.launched.is_empty(), "nothing launched");
 }

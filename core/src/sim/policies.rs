@@ -60,8 +60,10 @@
 //! length-aware walk is told the dealt buckets; a tail part (a tail shape) takes the tail cost
 //! fraction of its micro-batch's latency scaled to the part's own bucket (the tail recipe's own
 //! cost is not in the record: not exact, README). The tokens are the dealt parts' own
-//! (a step's nominal tokens: those handed out, per nominal part). Without shapes every number
-//! is as before.
+//! (a step's nominal tokens: those handed out, per nominal part); a rank whose dealt parts'
+//! shapes are unknown counts its recorded cells' tokens, started and handed out alike, so they
+//! stay in the step's nominal tokens (the scheduler refuses such a micro-batch under token
+//! weighting: `ScheduleError::Data`). Without shapes every number is as before.
 //!
 //! Micro-batches beyond the trace's M (a rank given more work by rebalancing or a compute
 //! budget) are an estimate: micro-batch i >= M of rank r in step s takes the latency of one of
@@ -683,8 +685,14 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                     _ => &[],
                 };
                 let of = |j: usize| row_tokens.get(j).map_or(mean, |&x| x as f64);
-                let (whole, rest) = (w.parts / split, w.parts % split);
-                step_tokens_started += (0..whole).map(of).sum::<f64>() + rest as f64 / split as f64 * of(whole);
+                let count = |parts: usize| {
+                    (0..parts / split).map(of).sum::<f64>() + (parts % split) as f64 / split as f64 * of(parts / split)
+                };
+                step_tokens_started += count(w.parts);
+                // Handed out alike: a rank whose parts have no shape in a shaped step counts
+                // its recorded tokens there too, so they stay in the step's nominal tokens.
+                step_tokens_handed.0 += count(cap);
+                step_tokens_handed.1 += cap as u64;
             }
             step_started[r] = w.parts as u32;
             // The deadline ran on the rank's own clock; the step waits for its end counted from
@@ -1160,6 +1168,8 @@ mod tests {
         steps: usize,
         step: usize,
         dealt: Vec<u32>,
+        /// A rank whose parts have no shape (`part_shape` says `None`), if any.
+        unshaped: Option<usize>,
     }
 
     impl ReplayData for Shaped {
@@ -1177,6 +1187,9 @@ mod tests {
 
         fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
             let bucket = ((self.step + rank + slot) % 4) as u32;
+            if self.unshaped == Some(rank) {
+                return None;
+            }
             (slot < *self.dealt.get(rank)? as usize).then_some(PartShape { bucket, tokens: 10 * u64::from(bucket) + 1 })
         }
     }
@@ -1192,7 +1205,7 @@ mod tests {
         let tokens: Vec<u64> = t.buckets().expect("buckets").iter().map(|&b| 100 * u64::from(b)).collect();
         let t = t.with_tokens(tokens).expect("tokens");
         let sync = run(StepPolicy::new(Policy::Synchronous), None);
-        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new() });
+        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new(), unshaped: None });
         let mut want_tokens = 0.0;
         for s in 0..steps {
             let rank_ns = |r: usize| (0..m).map(|j| cost[(s + r + j) % 4]).sum::<f64>();
@@ -1209,6 +1222,36 @@ mod tests {
             assert_eq!(plain.compute_ns[s], want, "step {s}");
         }
         assert_ne!(plain.compute_ns, r.compute_ns, "the shapes change what is replayed");
+    }
+
+    /// A rank without shapes in a shaped step (its parts' `part_shape` unknown, the others'
+    /// known) keeps its tokens in the step's handed-out tokens: it counts its recorded cells'
+    /// tokens as started and as handed out, so a synchronous replay (nothing dropped) computes
+    /// its whole nominal batch in tokens, the shaped ranks' dealt tokens plus the unshaped
+    /// rank's recorded ones, and drops 0 %. Before, its parts were left out of the handed-out
+    /// tokens and the other ranks' tokens per part stood in for them (here a nominal 960
+    /// tokens against 3580 computed: an inflated speedup in tokens).
+    #[test]
+    fn a_rank_without_shapes_in_a_shaped_step_keeps_its_tokens() {
+        let (n, m, steps) = (3usize, 4usize, 5usize);
+        let t = length_trace(n, m, steps);
+        let tokens: Vec<u64> = t.buckets().expect("buckets").iter().map(|&b| 100 * u64::from(b) + 7).collect();
+        let t = t.with_tokens(tokens.clone()).expect("tokens");
+        let sync = run(StepPolicy::new(Policy::Synchronous), None);
+        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new(), unshaped: Some(1) });
+        let mut want = 0.0;
+        for s in 0..steps {
+            for rank in 0..n {
+                want += (0..m)
+                    .map(|j| match rank {
+                        1 => tokens[(s * n + rank) * m + j] as f64,
+                        _ => (10 * ((s + rank + j) % 4) + 1) as f64,
+                    })
+                    .sum::<f64>();
+            }
+        }
+        assert_eq!(r.tokens, Some((want, want)), "computed and nominal tokens");
+        assert_eq!(r.drop_rate, 0.0);
     }
 
     /// One bucket only: the bucket estimate is the blind one, so `length-predictive` is
