@@ -246,6 +246,11 @@ fn run(
     })
 }
 
+/// The parts started per step and rank of `policy`'s run among `decided` (policy, started, ..).
+fn of_started<T, U>(decided: &[(Policy, Vec<u32>, T, U)], policy: Policy) -> Vec<u32> {
+    decided.iter().find(|d| d.0 == policy).map(|d| d.1.clone()).unwrap_or_default()
+}
+
 fn fixed(ns: u64) -> Threshold {
     Threshold::Fixed(Duration::from_nanos(ns))
 }
@@ -378,6 +383,30 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
             assert!((d - lost).abs() < 1e-12, "recommend's replay: drop rate {d} in tokens, {lost}");
         }
         decided.push((policy, started(rep), assigned(rep), sim.effective_speedup));
+    }
+    {
+        // Fewer slots than the policy's cap (M < 2·M): the scheduler deals within its slots
+        // (every rank M, the micro-batches dealt by cost), and the replay told them
+        // (`PolicyRun::slots`) deals alike (`StepPolicy::deal_cap`); the replay at the default
+        // cap (2·M, what it assumed before) deals some rank more than the run's slots.
+        let policy = Policy::CostBalance;
+        let _g = serial(n);
+        let c = SchedulerConfig { max_micro_batches: Some(m), ..cfg(m, policy, threshold, DropHandling::Discard) };
+        let runs = run(n, &c, StepPolicy::new(policy), data(), None, 0..steps, false);
+        let rep = &runs[0].reports;
+        let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
+        let told = PolicyRun { slots: Some(m), ..PolicyRun::new(StepPolicy::new(policy), c.policy.threshold, exec) };
+        let sim = replay_policy(&trace, &told);
+        assert!(assigned(rep).iter().all(|&a| a == m), "the run deals within its slots");
+        assert_eq!(sim.assigned, assigned(rep), "slots M: the same assignment every step");
+        assert_eq!(sim.started, started(rep), "slots M: the same micro-batches started every step");
+        assert_ne!(
+            sim.started,
+            of_started(&decided, Policy::CostBalance),
+            "the deal within M slots differs from 2·M's"
+        );
+        let wide = replay_policy(&trace, &PolicyRun { slots: None, ..told });
+        assert!(wide.assigned.iter().any(|&a| a > m), "at the cap of 2·M the replay deals more than the slots");
     }
     let of = |p: Policy| decided.iter().find(|d| d.0 == p).unwrap();
     // Told the buckets, the length-aware check decides otherwise than the blind one, and the

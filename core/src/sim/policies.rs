@@ -34,7 +34,8 @@
 //!   predicted costs ([`crate::policy::bucket::bucket_cost`] of one job-wide
 //!   [`crate::policy::BucketEstimator`], fed after each step with every rank's whole
 //!   micro-batches' latencies, as the gathered count rows give them to every rank), at most
-//!   the slots (2·M) each; the counts become the step's assignment ([`Assigner::set`]), and each
+//!   the run's cap each ([`StepPolicy::deal_cap`]: 2·M within [`PolicyRun::slots`], as the
+//!   scheduler caps its deal within its slots); the counts become the step's assignment ([`Assigner::set`]), and each
 //!   rank walks its dealt micro-batches in stream order under the length-aware deadline. A
 //!   micro-batch keeps its recorded latency on whichever rank it is dealt to: the model of
 //!   data-driven stragglers (`--noise none`: a micro-batch's cost is its bucket's), not of a
@@ -142,13 +143,31 @@ pub struct PolicyRun {
     pub estimator_quantile: f64,
     /// Seed of the draws of micro-batches beyond the trace's M (module doc).
     pub seed: u64,
+    /// The run's micro-batch slots per rank and step (`SchedulerConfig::slots`, at least M):
+    /// the most one rank may be handed, and `cost-balance`'s deal within them
+    /// ([`StepPolicy::deal_cap`]). `None` (the default): the policy's cap
+    /// ([`StepPolicy::budget_cap`], 2·M), as `train` sizes a run that moves work.
+    pub slots: Option<u32>,
 }
 
 impl PolicyRun {
     /// `params` with the threshold and execution given, the default estimator quantile and
     /// seed 1.
     pub fn new(params: StepPolicy, threshold: Threshold, execution: ExecutionModel) -> Self {
-        Self { params, threshold, execution, estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE, seed: 1 }
+        Self {
+            params,
+            threshold,
+            execution,
+            estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE,
+            seed: 1,
+            slots: None,
+        }
+    }
+
+    /// The run's micro-batch slots per rank for a nominal `m`: [`PolicyRun::slots`] (at least
+    /// `m`), else the policy's cap ([`StepPolicy::budget_cap`]).
+    pub fn slots_for(&self, m: u32) -> u32 {
+        self.slots.map_or_else(|| self.params.budget_cap(m), |s| s.max(m))
     }
 
     /// The deadline the walk runs under ([`StepPolicy::deadline`] of this run's threshold).
@@ -477,8 +496,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     };
     let tail = run.params.tail;
     let split = tail.parts() as usize;
-    // The run's slots: the most one rank may be handed (`train`: the cap, 2·M).
-    let slots = run.params.budget_cap(m as u32).saturating_mul(split as u32);
+    // The run's slots: the most one rank may be handed (`train`: the cap, 2·M), in parts.
+    let slots = run.slots_for(m as u32).saturating_mul(split as u32);
     let first_step = trace.steps().first().copied().unwrap_or(0);
     let last_step = trace.steps().last().copied().unwrap_or(0);
     let mut assigner = Assigner::new(run.params, n, m as u32, slots, exec.warmup_steps, deadline.threshold, first_step);
@@ -492,7 +511,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     // Cost-balance's job-wide estimate of each bucket's cost (the same on every rank).
     let mut job_est = BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)
         .with_prior(run.params.bucket_tokens);
-    let slots_mb = run.params.budget_cap(m as u32) as usize;
+    // Cost-balance's cap per rank: the scheduler's (`StepPolicy::deal_cap` within the slots).
+    let slots_mb = run.params.deal_cap(m as u32, run.slots_for(m as u32)) as usize;
     // Per rank, this step's micro-batches when dealt by cost: (latencies, buckets, tokens).
     let mut dealt_rows: Vec<(Vec<f64>, Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); n];
     // Token weights (module doc of `PolicyReplay::tokens`): the mean per micro-batch for the
