@@ -232,13 +232,9 @@ impl ReplayStream {
 
     /// The shape of `part` from `table` (module doc of [`ReplayStream::with_shapes`]).
     fn shape_in(table: &[PartShape], part: &MicroBatch) -> Option<PartShape> {
-        part.sample_ids.iter().try_fold(None, |acc: Option<PartShape>, &id| {
-            let s = usize::try_from(id).ok().and_then(|i| table.get(i))?;
-            Some(Some(match acc {
-                Some(a) => PartShape { bucket: a.bucket.max(s.bucket), tokens: a.tokens + s.tokens },
-                None => *s,
-            }))
-        })?
+        PartShape::merged(
+            part.sample_ids.iter().map(|&id| usize::try_from(id).ok().and_then(|i| table.get(i)).copied()),
+        )
     }
 
     /// True when the run has ended before step index `index` (its `steps`).

@@ -79,11 +79,14 @@ fn runtime() -> &'static Arc<Runtime> {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Lengths {
     inner: SharedSource<EpochQueue>,
+    /// The even units' micro-batches handed out without tokens (a step of mixed shapes).
+    #[serde(default)]
+    no_tokens_if_even: bool,
 }
 
 impl Lengths {
     fn new(units: u64) -> Self {
-        Self { inner: SharedSource::new(EpochQueue::new((0..units).collect(), 1)) }
+        Self { inner: SharedSource::new(EpochQueue::new((0..units).collect(), 1)), no_tokens_if_even: false }
     }
 }
 
@@ -101,7 +104,13 @@ impl DataSource for Lengths {
         self.inner.requeue(dropped);
     }
     fn take_assigned(&mut self, rank: u32, assignment: &[u32]) -> Vec<MicroBatch> {
-        self.inner.take_assigned(rank, assignment).into_iter().map(label).collect()
+        let strip = |mut mb: MicroBatch| {
+            if self.no_tokens_if_even && mb.sample_ids.iter().all(|id| id % 2 == 0) {
+                mb.tokens = None;
+            }
+            mb
+        };
+        self.inner.take_assigned(rank, assignment).into_iter().map(label).map(strip).collect()
     }
     fn settle(&mut self, rank: u32, computed: &[u32], dropped: Vec<MicroBatch>, requeue: bool) {
         self.inner.settle(rank, computed, dropped, requeue);
@@ -237,6 +246,11 @@ fn run(
     })
 }
 
+/// The parts started per step and rank of `policy`'s run among `decided` (policy, started, ..).
+fn of_started<T, U>(decided: &[(Policy, Vec<u32>, T, U)], policy: Policy) -> Vec<u32> {
+    decided.iter().find(|d| d.0 == policy).map(|d| d.1.clone()).unwrap_or_default()
+}
+
 fn fixed(ns: u64) -> Threshold {
     Threshold::Fixed(Duration::from_nanos(ns))
 }
@@ -369,6 +383,30 @@ fn scheduler_and_simulator_decide_alike_on_scripted_lengths_with_buckets_passed(
             assert!((d - lost).abs() < 1e-12, "recommend's replay: drop rate {d} in tokens, {lost}");
         }
         decided.push((policy, started(rep), assigned(rep), sim.effective_speedup));
+    }
+    {
+        // Fewer slots than the policy's cap (M < 2·M): the scheduler deals within its slots
+        // (every rank M, the micro-batches dealt by cost), and the replay told them
+        // (`PolicyRun::slots`) deals alike (`StepPolicy::deal_cap`); the replay at the default
+        // cap (2·M, what it assumed before) deals some rank more than the run's slots.
+        let policy = Policy::CostBalance;
+        let _g = serial(n);
+        let c = SchedulerConfig { max_micro_batches: Some(m), ..cfg(m, policy, threshold, DropHandling::Discard) };
+        let runs = run(n, &c, StepPolicy::new(policy), data(), None, 0..steps, false);
+        let rep = &runs[0].reports;
+        let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
+        let told = PolicyRun { slots: Some(m), ..PolicyRun::new(StepPolicy::new(policy), c.policy.threshold, exec) };
+        let sim = replay_policy(&trace, &told);
+        assert!(assigned(rep).iter().all(|&a| a == m), "the run deals within its slots");
+        assert_eq!(sim.assigned, assigned(rep), "slots M: the same assignment every step");
+        assert_eq!(sim.started, started(rep), "slots M: the same micro-batches started every step");
+        assert_ne!(
+            sim.started,
+            of_started(&decided, Policy::CostBalance),
+            "the deal within M slots differs from 2·M's"
+        );
+        let wide = replay_policy(&trace, &PolicyRun { slots: None, ..told });
+        assert!(wide.assigned.iter().any(|&a| a > m), "at the cap of 2·M the replay deals more than the slots");
     }
     let of = |p: Policy| decided.iter().find(|d| d.0 == p).unwrap();
     // Told the buckets, the length-aware check decides otherwise than the blind one, and the
@@ -508,4 +546,32 @@ fn a_resumed_run_decides_as_the_uninterrupted_one_with_the_bucket_estimators_che
             "{policy}: the bucket estimators changed no decision"
         );
     }
+}
+
+/// A micro-batch without tokens in a step whose others carry them (the scheduler's side of a
+/// rank without shapes in a shaped step): under token weighting the scheduler refuses the step
+/// with a typed `ScheduleError::Data` naming the rank and step before any launch, so no report
+/// counts that micro-batch's work as 0 tokens (the replay counts such a rank's recorded tokens:
+/// `sim::policies`' `a_rank_without_shapes_in_a_shaped_step_keeps_its_tokens`). One rank
+/// (a peer would wait for its collective), M = 4, the even units without tokens.
+#[test]
+fn token_weighting_refuses_a_micro_batch_without_tokens_in_a_step() {
+    let _g = serial(1);
+    let rt = runtime();
+    let id = Comm::unique_id(rt).unwrap();
+    let dev = Device::acquire(rt, 0).unwrap();
+    let comm = Comm::init_rank(&dev, 1, &id, 0, CommOptions::default()).unwrap();
+    let c = cfg(4, Policy::Synchronous, Threshold::Off, DropHandling::Requeue);
+    let ops = mock_recipes::gradient_ops(rt, c.gradient_len, c.grad_dtype).unwrap();
+    let mut sched = Scheduler::new(comm, c, ops).unwrap();
+    let mut work = BucketWork::new(rt, sched.stream());
+    let mut data = Lengths { no_tokens_if_even: true, ..Lengths::new(40) };
+    match sched.step(0, &mut data, &mut work) {
+        Err(dropcompute::schedule::ScheduleError::Data { rank, step, what }) => {
+            assert_eq!((rank, step), (0, 0));
+            assert!(what.contains("token count"), "{what}");
+        }
+        other => panic!("refused with ScheduleError::Data, got {:?}", other.map(|(r, _)| r.step)),
+    }
+    assert!(work.launched.is_empty(), "nothing launched");
 }

@@ -80,7 +80,9 @@ pub fn comm_options() -> CommOptions {
 /// reports (rank order) where this process holds them (`run` with threads), which give the
 /// baseline's trace its buckets and tokens (`schedule::auto::with_report_lengths`, as
 /// `summary::prediction`): the length-aware policies tune on their own length-aware replay;
-/// empty (rank processes), they tune blind. Returns (threshold, retuner, description).
+/// empty (rank processes), they tune blind. The text job tunes every policy, blind DropCompute
+/// included, on its stream of units (`schedule::auto::choose_on`), the digits job as `tune
+/// --auto-for` does (`schedule::auto::choose`). Returns (threshold, retuner, description).
 ///
 /// # Errors
 /// [`TrainError::Collective`] / [`TrainError::Device`] from the broadcast.
@@ -114,15 +116,20 @@ fn resolve_threshold(
                     ),
                 });
             }
-            let template = job.replays_policy().then(|| job.policy_run(Threshold::Off));
             let p = job.cfg.policy();
-            // The text job's candidates replay its stream of units (their buckets and tokens,
-            // the dropped ones re-queued), as its prediction does; the digits job's the trace.
+            // The text job tunes every policy, blind DropCompute too, on its stream of units
+            // (their buckets and tokens, the dropped ones re-queued), as its prediction replays;
+            // the digits job on the trace (`tune --auto-for`'s choice).
             let found = match (rank, &job.text) {
-                (0, Some(_)) => auto::choose_on(reports, peers, &job.auto_recommend(), template, &mut || {
-                    Box::new(job.replay_stream())
-                }),
-                (0, None) => auto::choose(reports, peers, &job.auto_recommend(), template),
+                (0, Some(_)) => {
+                    auto::choose_on(reports, peers, &job.auto_recommend(), job.policy_run(Threshold::Off), &mut || {
+                        Box::new(job.replay_stream())
+                    })
+                }
+                (0, None) => {
+                    let template = job.replays_policy().then(|| job.policy_run(Threshold::Off));
+                    auto::choose(reports, peers, &job.auto_recommend(), template)
+                }
                 _ => None,
             };
             let t = auto::broadcast_threshold(comm, found.as_ref().map_or(Threshold::Off, AutoChoice::threshold))?;

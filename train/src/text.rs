@@ -588,14 +588,14 @@ impl BucketPlan {
     /// # Errors
     /// [`TextError::EmptyMicroBatch`], [`TextError::UnitOutOfRange`].
     pub fn shape(&self, ids: &[u64]) -> Result<BatchShape, TextError> {
-        let (mut bucket, mut samples, mut tokens) = (None::<usize>, 0u32, 0u64);
-        for &id in ids {
-            let u = self.unit(id)?;
-            bucket = Some(bucket.map_or(u.bucket, |b| b.max(u.bucket)));
-            samples += u.docs.len() as u32;
-            tokens += u.tokens;
-        }
-        let bucket = bucket.ok_or(TextError::EmptyMicroBatch)?;
+        let units = ids.iter().map(|&id| self.unit(id)).collect::<Result<Vec<_>, _>>()?;
+        let samples = units.iter().map(|u| u.docs.len() as u32).sum();
+        // The one bucket-merge rule (`PartShape::merged`): the largest bucket, the tokens' sum.
+        let merged = PartShape::merged(
+            units.iter().map(|u| PartShape { bucket: u32::try_from(u.bucket).unwrap_or(u32::MAX), tokens: u.tokens }),
+        )
+        .ok_or(TextError::EmptyMicroBatch)?;
+        let (bucket, tokens) = (merged.bucket as usize, merged.tokens);
         let rows = u32::try_from(ids.len()).unwrap_or(u32::MAX).saturating_mul(self.micro_batch_size);
         Ok(BatchShape { bucket, len: self.buckets.lengths()[bucket], rows, samples, tokens })
     }

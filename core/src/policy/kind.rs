@@ -422,6 +422,15 @@ impl StepPolicy {
             None => m.saturating_mul(2).max(1),
         }
     }
+
+    /// The most whole micro-batches `cost-balance` deals one rank in a step: the policy's cap
+    /// ([`StepPolicy::budget_cap`] of `m`) within the run's micro-batch slots per rank `slots`
+    /// (`SchedulerConfig::slots`; `train` sizes them to the cap). The one cap of the
+    /// scheduler's cost-balanced deal (`schedule::step`) and of its replay (`sim::policies`,
+    /// `PolicyRun::slots`), so the two cannot disagree when the slots are fewer.
+    pub fn deal_cap(&self, m: u32, slots: u32) -> u32 {
+        self.budget_cap(m).min(slots)
+    }
 }
 
 impl Default for StepPolicy {

@@ -146,22 +146,23 @@ pub fn choose(
     Some(crate::tune::policies::auto_threshold(&trace, how, template))
 }
 
-/// [`choose`] with a policy replay's candidates replayed on `data()`, a fresh copy of the run's
-/// data model each (`tune::policies::auto_threshold_on`): the text job gives its stream of
-/// units with their buckets and tokens (`deal::ReplayStream::with_shapes`, what its prediction
-/// replays), so a candidate's drops re-queue units as the run's will and its drop rate, in
-/// tokens, is the one the run measures. Only a policy tuned on its own replay (`template`
-/// given) uses `data`: blind DropCompute (no template) is tuned by `tune::recommend` on the
-/// recorded cells in place, as in [`choose`]. `None` as [`choose`].
+/// [`choose`] with EVERY policy tuned on its own replay (`template`, the run's policy at any
+/// threshold; its threshold is searched) and each candidate replayed on `data()`, a fresh copy
+/// of the run's data model each (`tune::policies::auto_threshold_on`): the text job gives its
+/// stream of units with their buckets and tokens (`deal::ReplayStream::with_shapes`, what its
+/// prediction replays), so a candidate's drops re-queue units as the run's will and its drop
+/// rate, in tokens, is the one the run measures. Blind DropCompute (`drop-predictive`,
+/// `drop-before`) too: [`choose`]'s `tune::recommend` on the recorded cells in place judges a
+/// drop rate the run on the stream does not have. `None` as [`choose`].
 pub fn choose_on(
     reports: &[StepReport],
     ranks: &[&[StepReport]],
     how: &Recommend,
-    template: Option<PolicyRun>,
+    template: PolicyRun,
     data: &mut dyn FnMut() -> Box<dyn ReplayData>,
 ) -> Option<AutoChoice> {
     let trace = with_report_lengths(trace_of_reports(reports)?, ranks);
-    Some(crate::tune::policies::auto_threshold_on(&trace, how, template, data))
+    Some(crate::tune::policies::auto_threshold_on(&trace, how, Some(template), data))
 }
 
 /// The wire value of "no deadline" in [`broadcast_threshold`] (a deadline of `u64::MAX` ns,

@@ -13,6 +13,7 @@
 //! thrown away in its DeepSpeed variant; `../shared/reference/dropcompute.md` §2). Here every
 //! dropped micro-batch is recorded with its fate, and by default handed back to the source.
 
+use crate::sim::policies::PartShape;
 use serde::{Deserialize, Serialize};
 
 /// One micro-batch of one rank: the sample ids it holds (its position in the step is decided
@@ -46,7 +47,8 @@ impl MicroBatch {
     pub fn merged(parts: &[MicroBatch]) -> MicroBatch {
         MicroBatch {
             sample_ids: parts.iter().flat_map(|p| p.sample_ids.iter().copied()).collect(),
-            tokens: parts.iter().map(|p| p.tokens).sum(),
+            tokens: PartShape::merged(parts.iter().map(|p| p.tokens.map(|tokens| PartShape { bucket: 0, tokens })))
+                .map(|s| s.tokens),
             bucket: Self::merged_bucket(parts),
         }
     }
@@ -55,7 +57,8 @@ impl MicroBatch {
     /// without building it): the largest of theirs, `None` when any part has none (or none is
     /// given).
     pub fn merged_bucket(parts: &[MicroBatch]) -> Option<u32> {
-        parts.iter().try_fold(None, |acc: Option<u32>, p| p.bucket.map(|b| Some(acc.map_or(b, |a| a.max(b)))))?
+        PartShape::merged(parts.iter().map(|p| p.bucket.map(|bucket| PartShape { bucket, tokens: 0 })))
+            .map(|s| s.bucket)
     }
 
     /// Number of samples.

@@ -621,7 +621,7 @@ impl Scheduler {
         let (rank, n) = (self.comm.rank(), self.comm.world_size() as usize);
         let split = self.cfg.parts() as usize;
         let m = self.cfg.micro_batches;
-        let slots = (self.assigner.params().budget_cap(m) as usize).min(self.cfg.part_slots() as usize / split.max(1));
+        let slots = self.assigner.params().deal_cap(m, self.cfg.part_slots() / split.max(1) as u32) as usize;
         let per_rank = m as usize * split;
         let est = &mut self.job_estimator;
         let mut deal = |parts: &[MicroBatch]| -> Vec<Vec<usize>> {

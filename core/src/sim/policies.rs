@@ -34,7 +34,8 @@
 //!   predicted costs ([`crate::policy::bucket::bucket_cost`] of one job-wide
 //!   [`crate::policy::BucketEstimator`], fed after each step with every rank's whole
 //!   micro-batches' latencies, as the gathered count rows give them to every rank), at most
-//!   the slots (2·M) each; the counts become the step's assignment ([`Assigner::set`]), and each
+//!   the run's cap each ([`StepPolicy::deal_cap`]: 2·M within [`PolicyRun::slots`], as the
+//!   scheduler caps its deal within its slots); the counts become the step's assignment ([`Assigner::set`]), and each
 //!   rank walks its dealt micro-batches in stream order under the length-aware deadline. A
 //!   micro-batch keeps its recorded latency on whichever rank it is dealt to: the model of
 //!   data-driven stragglers (`--noise none`: a micro-batch's cost is its bucket's), not of a
@@ -60,8 +61,10 @@
 //! length-aware walk is told the dealt buckets; a tail part (a tail shape) takes the tail cost
 //! fraction of its micro-batch's latency scaled to the part's own bucket (the tail recipe's own
 //! cost is not in the record: not exact, README). The tokens are the dealt parts' own
-//! (a step's nominal tokens: those handed out, per nominal part). Without shapes every number
-//! is as before.
+//! (a step's nominal tokens: those handed out, per nominal part); a rank whose dealt parts'
+//! shapes are unknown counts its recorded cells' tokens, started and handed out alike, so they
+//! stay in the step's nominal tokens (the scheduler refuses such a micro-batch under token
+//! weighting: `ScheduleError::Data`). Without shapes every number is as before.
 //!
 //! Micro-batches beyond the trace's M (a rank given more work by rebalancing or a compute
 //! budget) are an estimate: micro-batch i >= M of rank r in step s takes the latency of one of
@@ -140,13 +143,31 @@ pub struct PolicyRun {
     pub estimator_quantile: f64,
     /// Seed of the draws of micro-batches beyond the trace's M (module doc).
     pub seed: u64,
+    /// The run's micro-batch slots per rank and step (`SchedulerConfig::slots`, at least M):
+    /// the most one rank may be handed, and `cost-balance`'s deal within them
+    /// ([`StepPolicy::deal_cap`]). `None` (the default): the policy's cap
+    /// ([`StepPolicy::budget_cap`], 2·M), as `train` sizes a run that moves work.
+    pub slots: Option<u32>,
 }
 
 impl PolicyRun {
     /// `params` with the threshold and execution given, the default estimator quantile and
     /// seed 1.
     pub fn new(params: StepPolicy, threshold: Threshold, execution: ExecutionModel) -> Self {
-        Self { params, threshold, execution, estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE, seed: 1 }
+        Self {
+            params,
+            threshold,
+            execution,
+            estimator_quantile: LatencyEstimator::DEFAULT_QUANTILE,
+            seed: 1,
+            slots: None,
+        }
+    }
+
+    /// The run's micro-batch slots per rank for a nominal `m`: [`PolicyRun::slots`] (at least
+    /// `m`), else the policy's cap ([`StepPolicy::budget_cap`]).
+    pub fn slots_for(&self, m: u32) -> u32 {
+        self.slots.map_or_else(|| self.params.budget_cap(m), |s| s.max(m))
     }
 
     /// The deadline the walk runs under ([`StepPolicy::deadline`] of this run's threshold).
@@ -386,6 +407,30 @@ pub struct PartShape {
     pub tokens: u64,
 }
 
+impl PartShape {
+    /// The one bucket-merge rule: two parts launched as one micro-batch are padded to the
+    /// larger of their buckets and carry the sum of their real tokens (saturating). Every
+    /// place that merges parts (the replay, `MicroBatch::merged`, `ReplayStream`'s shapes, the
+    /// text job's `BucketPlan::shape`) goes through it or [`PartShape::merged`]. Associative
+    /// and commutative.
+    pub fn merge(self, other: PartShape) -> PartShape {
+        PartShape { bucket: self.bucket.max(other.bucket), tokens: self.tokens.saturating_add(other.tokens) }
+    }
+
+    /// Parts as one micro-batch ([`PartShape::merge`] over them, in order): `None` when no
+    /// part is given or any part's shape is unknown (`None`).
+    pub fn merged<T: Into<Option<PartShape>>>(parts: impl IntoIterator<Item = T>) -> Option<PartShape> {
+        parts
+            .into_iter()
+            .try_fold(None, |acc: Option<PartShape>, p| p.into().map(|s| Some(acc.map_or(s, |a| a.merge(s)))))?
+    }
+
+    /// The bucket of parts as one micro-batch ([`PartShape::merged`]'s), 0 when none is given.
+    pub fn merged_bucket(parts: &[PartShape]) -> u32 {
+        Self::merged(parts.iter().copied()).map_or(0, |s| s.bucket)
+    }
+}
+
 /// One step's times outside its micro-batches (ns), as a [`LatencyTrace`] holds them per step:
 /// the step time is `max_r(skew_ns[r] + offsets_ns[r] + compute_r) + overhead_ns`
 /// ([`LatencyTrace::with_skews`], [`LatencyTrace::with_start_offsets`]). Built from a run's
@@ -451,8 +496,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     };
     let tail = run.params.tail;
     let split = tail.parts() as usize;
-    // The run's slots: the most one rank may be handed (`train`: the cap, 2·M).
-    let slots = run.params.budget_cap(m as u32).saturating_mul(split as u32);
+    // The run's slots: the most one rank may be handed (`train`: the cap, 2·M), in parts.
+    let slots = run.slots_for(m as u32).saturating_mul(split as u32);
     let first_step = trace.steps().first().copied().unwrap_or(0);
     let last_step = trace.steps().last().copied().unwrap_or(0);
     let mut assigner = Assigner::new(run.params, n, m as u32, slots, exec.warmup_steps, deadline.threshold, first_step);
@@ -466,7 +511,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     // Cost-balance's job-wide estimate of each bucket's cost (the same on every rank).
     let mut job_est = BucketEstimator::new(LatencyEstimator::DEFAULT_WINDOW, run.estimator_quantile)
         .with_prior(run.params.bucket_tokens);
-    let slots_mb = run.params.budget_cap(m as u32) as usize;
+    // Cost-balance's cap per rank: the scheduler's (`StepPolicy::deal_cap` within the slots).
+    let slots_mb = run.params.deal_cap(m as u32, run.slots_for(m as u32)) as usize;
     // Per rank, this step's micro-batches when dealt by cost: (latencies, buckets, tokens).
     let mut dealt_rows: Vec<(Vec<f64>, Vec<u32>, Vec<u64>)> = vec![(Vec::new(), Vec::new(), Vec::new()); n];
     // Token weights (module doc of `PolicyReplay::tokens`): the mean per micro-batch for the
@@ -523,7 +569,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         let window = if balance && shaped {
             let est = &mut job_est;
             let mut by_cost = |parts: &[PartShape]| {
-                let b: Vec<u32> = parts.chunks(split).map(|c| c.iter().map(|x| x.bucket).max().unwrap_or(0)).collect();
+                let b: Vec<u32> = parts.chunks(split).map(PartShape::merged_bucket).collect();
                 cost_balance_parts(&bucket_cost(est, &b), n, slots_mb, split)
             };
             data.deal_by(si, n * m * split, &mut by_cost)
@@ -583,9 +629,8 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             // micro-batch's bucket (the largest of its S parts').
             let parts: Option<Vec<PartShape>> =
                 if shaped { (0..cap).map(|k| data.part_shape(r, k)).collect() } else { None };
-            let dealt_buckets: Option<Vec<u32>> = parts
-                .as_ref()
-                .map(|p| p.chunks(split).map(|c| c.iter().map(|x| x.bucket).max().unwrap_or(0)).collect());
+            let dealt_buckets: Option<Vec<u32>> =
+                parts.as_ref().map(|p| p.chunks(split).map(PartShape::merged_bucket).collect());
             let row_buckets: Option<&[u32]> = match (&dealt_buckets, balanced, step_buckets) {
                 (Some(b), _, _) => aware.then_some(b.as_slice()),
                 (None, true, _) => Some(&dealt_rows[r].1),
@@ -661,8 +706,14 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                     _ => &[],
                 };
                 let of = |j: usize| row_tokens.get(j).map_or(mean, |&x| x as f64);
-                let (whole, rest) = (w.parts / split, w.parts % split);
-                step_tokens_started += (0..whole).map(of).sum::<f64>() + rest as f64 / split as f64 * of(whole);
+                let count = |parts: usize| {
+                    (0..parts / split).map(of).sum::<f64>() + (parts % split) as f64 / split as f64 * of(parts / split)
+                };
+                step_tokens_started += count(w.parts);
+                // Handed out alike: a rank whose parts have no shape in a shaped step counts
+                // its recorded tokens there too, so they stay in the step's nominal tokens.
+                step_tokens_handed.0 += count(cap);
+                step_tokens_handed.1 += cap as u64;
             }
             step_started[r] = w.parts as u32;
             // The deadline ran on the rank's own clock; the step waits for its end counted from
@@ -761,7 +812,44 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
 mod tests {
     use super::*;
     use crate::policy::RebalanceConfig;
+    use proptest::prelude::{Strategy, prop, prop_assert_eq, proptest};
     use std::time::Duration;
+
+    fn shape() -> impl Strategy<Value = PartShape> {
+        (0u32..6, 0u64..1_000).prop_map(|(bucket, tokens)| PartShape { bucket, tokens })
+    }
+
+    proptest! {
+        /// The one bucket-merge rule: merging is associative, and a merge of parts is the
+        /// largest of their buckets and the sum of their tokens (computed here independently
+        /// as a plain max and sum); any unknown part makes the merge unknown.
+        #[test]
+        fn merging_parts_is_associative_and_is_max_bucket_sum_tokens(
+            parts in prop::collection::vec(shape(), 0..8),
+            a in shape(), b in shape(), c in shape(), unknown in 0usize..8,
+        ) {
+            prop_assert_eq!(a.merge(b).merge(c), a.merge(b.merge(c)));
+            prop_assert_eq!(a.merge(b), b.merge(a));
+            let m = PartShape::merged(parts.iter().copied());
+            let expect = (!parts.is_empty()).then(|| PartShape {
+                bucket: parts.iter().map(|p| p.bucket).max().unwrap_or(0),
+                tokens: parts.iter().map(|p| p.tokens).sum(),
+            });
+            prop_assert_eq!(m, expect);
+            prop_assert_eq!(PartShape::merged_bucket(&parts), expect.map_or(0, |s| s.bucket));
+            // Split anywhere: the merge of the two halves' merges is the whole's.
+            let cut = unknown.min(parts.len());
+            if cut > 0 && cut < parts.len() {
+                let halves = [PartShape::merged(parts[..cut].iter().copied()), PartShape::merged(parts[cut..].iter().copied())];
+                prop_assert_eq!(PartShape::merged(halves), m);
+            }
+            if !parts.is_empty() {
+                let mut opt: Vec<Option<PartShape>> = parts.iter().copied().map(Some).collect();
+                opt[cut.min(parts.len() - 1)] = None;
+                prop_assert_eq!(PartShape::merged(opt), None);
+            }
+        }
+    }
 
     fn exec(check: CheckMode) -> ExecutionModel {
         ExecutionModel { check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
@@ -1101,6 +1189,8 @@ mod tests {
         steps: usize,
         step: usize,
         dealt: Vec<u32>,
+        /// A rank whose parts have no shape (`part_shape` says `None`), if any.
+        unshaped: Option<usize>,
     }
 
     impl ReplayData for Shaped {
@@ -1118,6 +1208,9 @@ mod tests {
 
         fn part_shape(&self, rank: usize, slot: usize) -> Option<PartShape> {
             let bucket = ((self.step + rank + slot) % 4) as u32;
+            if self.unshaped == Some(rank) {
+                return None;
+            }
             (slot < *self.dealt.get(rank)? as usize).then_some(PartShape { bucket, tokens: 10 * u64::from(bucket) + 1 })
         }
     }
@@ -1133,7 +1226,7 @@ mod tests {
         let tokens: Vec<u64> = t.buckets().expect("buckets").iter().map(|&b| 100 * u64::from(b)).collect();
         let t = t.with_tokens(tokens).expect("tokens");
         let sync = run(StepPolicy::new(Policy::Synchronous), None);
-        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new() });
+        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new(), unshaped: None });
         let mut want_tokens = 0.0;
         for s in 0..steps {
             let rank_ns = |r: usize| (0..m).map(|j| cost[(s + r + j) % 4]).sum::<f64>();
@@ -1150,6 +1243,36 @@ mod tests {
             assert_eq!(plain.compute_ns[s], want, "step {s}");
         }
         assert_ne!(plain.compute_ns, r.compute_ns, "the shapes change what is replayed");
+    }
+
+    /// A rank without shapes in a shaped step (its parts' `part_shape` unknown, the others'
+    /// known) keeps its tokens in the step's handed-out tokens: it counts its recorded cells'
+    /// tokens as started and as handed out, so a synchronous replay (nothing dropped) computes
+    /// its whole nominal batch in tokens, the shaped ranks' dealt tokens plus the unshaped
+    /// rank's recorded ones, and drops 0 %. Before, its parts were left out of the handed-out
+    /// tokens and the other ranks' tokens per part stood in for them (here a nominal 960
+    /// tokens against 3580 computed: an inflated speedup in tokens).
+    #[test]
+    fn a_rank_without_shapes_in_a_shaped_step_keeps_its_tokens() {
+        let (n, m, steps) = (3usize, 4usize, 5usize);
+        let t = length_trace(n, m, steps);
+        let tokens: Vec<u64> = t.buckets().expect("buckets").iter().map(|&b| 100 * u64::from(b) + 7).collect();
+        let t = t.with_tokens(tokens.clone()).expect("tokens");
+        let sync = run(StepPolicy::new(Policy::Synchronous), None);
+        let r = replay_policy_on(&t, &sync, &mut Shaped { steps, step: 0, dealt: Vec::new(), unshaped: Some(1) });
+        let mut want = 0.0;
+        for s in 0..steps {
+            for rank in 0..n {
+                want += (0..m)
+                    .map(|j| match rank {
+                        1 => tokens[(s * n + rank) * m + j] as f64,
+                        _ => (10 * ((s + rank + j) % 4) + 1) as f64,
+                    })
+                    .sum::<f64>();
+            }
+        }
+        assert_eq!(r.tokens, Some((want, want)), "computed and nominal tokens");
+        assert_eq!(r.drop_rate, 0.0);
     }
 
     /// One bucket only: the bucket estimate is the blind one, so `length-predictive` is
