@@ -7,7 +7,7 @@ is negative or wider than its argument, ``FileNotFoundError`` / ``IsADirectoryEr
 
 import os
 from types import TracebackType
-from typing import Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -129,6 +129,16 @@ class Dealer:
     def take(self, assignment: List[int]) -> List[List[int]]:
         """This rank's micro-batches of the next step (sample-id lists). Raises ValueError for an
         assignment without one entry per rank, RuntimeError when the last step is not settled."""
+    def take_by_cost(
+        self, micro_batches: int, bucket_of: Callable[[List[int]], int], estimator: LatencyEstimator, *,
+        bucket_lengths: Optional[List[int]] = None,
+    ) -> Tuple[List[List[int]], List[int]]:
+        """This rank's micro-batches of the next step and their buckets, the step's N *
+        ``micro_batches`` dealt by predicted cost (``deal_by_cost`` with cap 2 *
+        ``micro_batches``; ``bucket_of(sample_ids)`` names each one's bucket; ``estimator``
+        identical on every rank); at an epoch's end dealt as ``take``. Raises ValueError for a
+        bucket not declared, RuntimeError when the last step is not settled, and what
+        ``bucket_of`` raises (nothing is dealt then)."""
     def settle(self, started: List[int]) -> None:
         """Ends the step with every rank's started micro-batches. Raises ValueError for a wrong
         length or more started than dealt to this rank, RuntimeError without a pending take."""

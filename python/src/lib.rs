@@ -458,6 +458,67 @@ impl Dealer {
         Ok(mine.into_iter().map(|mb| mb.sample_ids).collect())
     }
 
+    /// This rank's micro-batches of the next step dealt by predicted cost (`cost-balance`,
+    /// `DataSource::take_dealt` with `dropcompute_capi::lengths::deal_by_cost`): the next
+    /// N·`micro_batches` micro-batches of the stream, each's bucket `bucket_of(sample_ids)`
+    /// (an index into `bucket_lengths`), dealt to the ranks longest predicted cost first
+    /// (`estimator`'s per-bucket cost, which must be identical on every rank), at most
+    /// 2·`micro_batches` each. Returns this rank's micro-batches and their buckets; at the
+    /// end of an epoch (fewer than N·M left) dealt as `take` by M each. Settle with `settle`.
+    #[pyo3(signature = (micro_batches, bucket_of, estimator, *, bucket_lengths=None))]
+    fn take_by_cost(
+        &mut self,
+        micro_batches: u32,
+        bucket_of: &Bound<'_, PyAny>,
+        estimator: PyRef<'_, LatencyEstimator>,
+        bucket_lengths: Option<Vec<u32>>,
+    ) -> PyResult<(Vec<Vec<u64>>, Vec<u32>)> {
+        use dropcompute::schedule::DataSource;
+        if self.dealt.is_some() {
+            return Err(PyRuntimeError::new_err(
+                "Dealer.take_by_cost: the previous step is not settled (call settle first)",
+            ));
+        }
+        if micro_batches == 0 {
+            return Err(value_err("micro_batches", "0: must be >= 1"));
+        }
+        let m = self::micro_batches("micro_batches", micro_batches as usize)?;
+        let n = self.world_size;
+        let lengths = bucket_lengths.unwrap_or_default();
+        let bucket = |ids: &[u64]| -> PyResult<u32> { bucket_of.call1((ids.to_vec(),))?.extract::<u32>() };
+        let mut failed: Option<PyErr> = None;
+        let mut deal = |mbs: &[dropcompute::schedule::MicroBatch]| -> Vec<Vec<usize>> {
+            let b: PyResult<Vec<u32>> = mbs.iter().map(|mb| bucket(&mb.sample_ids)).collect();
+            let dealt = b.and_then(|b| {
+                dropcompute_capi::lengths::deal_by_cost(&estimator.inner, &lengths, &b, n, 2 * m).map_err(py_err)
+            });
+            dealt.unwrap_or_else(|e| {
+                failed = Some(e);
+                Vec::new()
+            })
+        };
+        let slices = self.data.take_dealt(self.rank, n * m, &mut deal);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let Some(slices) = slices else {
+            // The epoch's end: dealt by counts, M each.
+            let mine = self.take(vec![micro_batches; n])?;
+            let b = mine.iter().map(|ids| bucket(ids)).collect::<PyResult<Vec<u32>>>()?;
+            return Ok((mine, b));
+        };
+        let mine: Vec<Vec<u64>> = slices
+            .into_iter()
+            .nth(self.rank as usize)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mb| mb.sample_ids)
+            .collect();
+        self.dealt = Some(mine.len());
+        let b = mine.iter().map(|ids| bucket(ids)).collect::<PyResult<Vec<u32>>>()?;
+        Ok((mine, b))
+    }
+
     /// Whether the last `take` dealt nothing to any rank: the stream has ended (every replica
     /// knows it at the same step, so every rank stops there).
     #[getter]

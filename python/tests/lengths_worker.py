@@ -1,7 +1,7 @@
 """One rank of the length-bucket torch tests (run by test_lengths_torch.py under
 `python -m torch.distributed.run`, CPU, gloo).
 
-usage: lengths_worker.py SCENARIO OUTDIR (SCENARIO: "length-predictive"). Writes
+usage: lengths_worker.py SCENARIO OUTDIR (SCENARIO: "length-predictive" or "cost-balance"). Writes
 OUTDIR/rank{r}.json with what it measured and the f64 reference gradient computed here (every
 rank's started micro-batches, sample by sample, divided by the global started tokens).
 """
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
-from dropcompute.torch import DropComputeStep
+from dropcompute.torch import DropComputeSampler, DropComputeStep
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_worker import D_IN, D_OUT, model, rel_err, same_on_every_rank, sum_loss  # noqa: E402
@@ -98,8 +98,63 @@ def scenario_length_predictive(rank: int, n: int, out: Dict[str, Any]) -> None:
                                     blind=est.estimate())
 
 
+def sample_bucket(i: int) -> int:
+    """Sample i's length bucket: every 7th sample is long."""
+    return 1 if i % 7 == 0 else 0
+
+
+def scenario_cost_balance(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """One epoch of 96 samples in micro-batches of 2, dealt by cost (``take_by_cost``) under
+    ``cost-balance`` with a job-wide estimator fed every rank's gathered (bucket, latency)
+    pairs in rank order (identical on every rank); threshold 25 ms drops some micro-batches,
+    which go back to the stream."""
+    samples, b = 96, 2
+    policy = dropcompute.Policy(25 * MS, warmup_steps=WARMUP, kind="cost-balance", bucket_lengths=LENS)
+    sampler = DropComputeSampler(samples, b, M, rank=rank, world_size=n, seed=5, epochs=1)
+    net = model()
+    ddp = DDP(net, broadcast_buffers=False)
+    est = dropcompute.LatencyEstimator(8, 0.5)
+    job = dropcompute.LatencyEstimator(16, 0.5)
+    ctl = DropComputeStep(ddp, policy, micro_batches_per_step=M, estimator=est, sync_lag=0)
+    g = torch.Generator().manual_seed(9)
+    xs = torch.randn(samples, D_IN, generator=g, dtype=torch.float64)
+    ys = torch.randint(0, D_OUT, (samples,), generator=g)
+    computed: List[int] = []
+    rows: List[Dict[str, Any]] = []
+
+    def bucket_of(ids: List[int]) -> int:
+        return max(sample_bucket(i) for i in ids)
+
+    def loss_fn(mod: torch.nn.Module, mb: Mb) -> torch.Tensor:
+        time.sleep(SLEEP[mb[2]])
+        return sum_loss(mod, (mb[0], mb[1]))
+
+    while True:
+        taken = sampler.take_by_cost(bucket_of, job, bucket_lengths=LENS)
+        if taken is None:
+            break
+        ids, bk = taken
+        tk = [sum(LENS[sample_bucket(i)] for i in mb) for mb in ids]
+        res = ctl.run([(xs[mb], ys[mb], k) for mb, k in zip(ids, bk)], loss_fn, buckets=bk, tokens=tk)
+        k = res.computed_micro_batches
+        every = gather(([list(map(int, mb)) for mb in ids], bk[:k], res.latencies_ns))
+        for r_ids, r_bk, r_lat in every:
+            for bb, lat in zip(r_bk, r_lat):
+                job.observe(lat, bucket=bb)
+        dealt = [[i for mb in r_ids for i in mb] for r_ids, _, _ in every]
+        computed.extend(i for (r_ids, _, _), s in zip(every, res.started) for mb in r_ids[:s] for i in mb)
+        rows.append(dict(dealt_counts=[len(r_ids) for r_ids, _, _ in every], started=res.started,
+                         dealt=dealt, divisor=res.divisor, counts=res.counts,
+                         long=[sum(bb for bb in r_bk) for _, r_bk, _ in every]))
+        sampler.settle(res.started)
+    ctl.close()
+    out["cost-balance"] = dict(rows=rows, computed=sorted(computed), samples=samples,
+                               job=[job.estimate(x) for x in range(len(LENS))])
+
+
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
     "length-predictive": scenario_length_predictive,
+    "cost-balance": scenario_cost_balance,
 }
 
 

@@ -42,3 +42,20 @@ def test_length_predictive_drops_the_long_micro_batch_on_its_rank_and_divides_by
     short, long = r1["estimates"]
     assert short is not None and long is not None and long > 10 * short, r1["estimates"]
     assert 20e6 <= long < THRESHOLD_MS * 1e6 / 2 + 10e6, long
+
+
+def test_cost_balance_deals_every_sample_exactly_once_per_epoch(tmp_path: Any) -> None:
+    runs = launch.torchrun("lengths_worker.py", "cost-balance", tmp_path / "cost", 2)
+    r0, r1 = runs[0]["cost-balance"], runs[1]["cost-balance"]
+    assert r0["rows"] == r1["rows"], "the replicas dealt differently"
+    # Every sample computed exactly once in the epoch, whatever was dealt and dropped.
+    assert r0["computed"] == r1["computed"] == list(range(r0["samples"])), r0["computed"]
+    for row in r0["rows"]:
+        # Each step's micro-batches are dealt to the ranks disjointly.
+        a, b = row["dealt"]
+        assert not set(a) & set(b), row
+        assert row["divisor"] == float(sum(row["counts"])), row
+    # The deal follows the cost: some step deals the ranks unequal counts (a long micro-batch
+    # against several short ones), and something was dropped and re-dealt.
+    assert any(r["dealt_counts"][0] != r["dealt_counts"][1] for r in r0["rows"]), r0["rows"]
+    assert any(s < d for r in r0["rows"] for s, d in zip(r["started"], r["dealt_counts"])), r0["rows"]
