@@ -42,6 +42,9 @@ def test_length_predictive_drops_the_long_micro_batch_on_its_rank_and_divides_by
     short, long = r1["estimates"]
     assert short is not None and long is not None and long > 10 * short, r1["estimates"]
     assert 20e6 <= long < THRESHOLD_MS * 1e6 / 2 + 10e6, long
+    # The rank-wide (blind) median is a short micro-batch's: with it, the second long one
+    # (elapsed ~22 ms + it) would have started; the stop above is the bucket's doing.
+    assert r1["blind"] is not None and 22e6 + r1["blind"] <= THRESHOLD_MS * 1e6 - 10e6, r1["blind"]
 
 
 def test_cost_balance_deals_every_sample_exactly_once_per_epoch(tmp_path: Any) -> None:
