@@ -16,6 +16,15 @@
 // Check mode: start micro-batch k iff elapsed + estimate <= threshold.
 #define DC_CHECK_PREDICTIVE 1
 
+// Bucket of [`dc_estimator_observe`] / [`dc_estimator_estimate`]: not known (the blind window).
+#define DC_NO_BUCKET UINT32_MAX
+
+// Weighting of [`dc_divisor_weighted`]: the counts are samples.
+#define DC_WEIGHTING_SAMPLES 0
+
+// Weighting of [`dc_divisor_weighted`]: the counts are tokens ([`dc_walk_tokens_started`]).
+#define DC_WEIGHTING_TOKENS 1
+
 // Normalization: divide by the global computed count (DropCompute's rescale).
 #define DC_NORMALIZATION_REALIZED 0
 
@@ -61,8 +70,10 @@
 // micro-batch was started.
 #define DC_WALK_DONE 2
 
-// A rank's latency estimator of the predictive check (`policy::LatencyEstimator`: the
-// nearest-rank quantile of a sliding window), kept across steps (opaque; [`dc_estimator_new`],
+// A rank's latency estimator of the predictive check (`policy::BucketEstimator`: per length
+// bucket, the nearest-rank quantile of a sliding window of that bucket's latencies, with the
+// blind window over every latency as its fallback; fed no bucket, it is the blind
+// `policy::LatencyEstimator` exactly), kept across steps (opaque; [`dc_estimator_new`],
 // [`dc_estimator_free`]). Not shared between threads without a lock.
 typedef struct DcEstimator DcEstimator;
 
@@ -151,6 +162,28 @@ DcStatus dc_policy_new(int64_t threshold_ns,
                        uint32_t min_micro_batches,
                        struct DcPolicy **out);
 
+// Creates the policy of kind `kind` (a NUL-terminated name: `drop-before`, `drop-predictive`,
+// `length-predictive` or `cost-balance`; its check mode is the kind's) with the declared
+// bucket lengths `bucket_lengths[0..n_buckets]` (padded lengths in tokens, strictly ascending,
+// at most 16; `n_buckets` 0: none, `bucket_lengths` may then be null). `threshold_ns`,
+// `warmup_steps` and `min_micro_batches` as in [`dc_policy_new`], which stays the policy of
+// a check mode without buckets.
+//
+// Errors: `DC_INVALID_ARGUMENT` (`*out` null) for a null `out` or `kind`, a kind not listed, a
+// bucket length 0 or not above the one before (the message names its index), more than 16
+// lengths (checked before reading), a null `bucket_lengths` with `n_buckets` > 0.
+//
+// # Safety
+// `kind` must be null or NUL-terminated; `bucket_lengths` null or readable for `n_buckets`
+// values; `out` null or valid for one pointer write.
+DcStatus dc_policy_new_kind(const char *kind,
+                            int64_t threshold_ns,
+                            uint64_t warmup_steps,
+                            uint32_t min_micro_batches,
+                            const uint32_t *bucket_lengths,
+                            size_t n_buckets,
+                            struct DcPolicy **out);
+
 // Whether to start the next micro-batch (`policy::decide`): `step` is the 0-based step index,
 // `started` the micro-batches already started in this step, `elapsed_ns` the compute time
 // elapsed in this step (ns since the previous optimizer step ended), `estimate_ns` the
@@ -183,6 +216,28 @@ void dc_policy_free(struct DcPolicy *policy);
 // # Safety
 // `out` must be null or valid for one pointer write.
 DcStatus dc_estimator_new(size_t window, double quantile, struct DcEstimator **out);
+
+// Records the measured latency (ns) of a whole micro-batch of bucket `bucket` (an index into
+// the policy's declared bucket lengths; `DC_NO_BUCKET`: not known, the blind window only).
+// The walk feeds its estimator itself ([`dc_walk_ended`]); this call is for an estimator fed
+// from elsewhere (every rank's gathered latencies, a warm start).
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `estimator`.
+//
+// # Safety
+// `estimator` must be null or a live handle from [`dc_estimator_new`], not used by another
+// thread meanwhile.
+DcStatus dc_estimator_observe(struct DcEstimator *estimator, uint32_t bucket, uint64_t latency_ns);
+
+// The estimate (ns) of the next whole micro-batch of bucket `bucket` (`DC_NO_BUCKET`: blind):
+// the bucket's own window, else the blind one; 0 when nothing was measured.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `estimator` or `out` (`*out` is then 0).
+//
+// # Safety
+// `estimator` must be null or a live handle, not used by another thread meanwhile; `out` null
+// or writable.
+DcStatus dc_estimator_estimate(struct DcEstimator *estimator, uint32_t bucket, uint64_t *out);
 
 // Frees an estimator (null is a no-op).
 //
@@ -252,6 +307,36 @@ DcStatus dc_walk_clock_at(struct DcWalk *walk, uint64_t elapsed_ns);
 // `walk` must be null or a live handle from [`dc_walk_new`].
 uint64_t dc_walk_reported(const struct DcWalk *walk);
 
+// Tells the walk each of its `n` micro-batches' bucket (`buckets[j]`: an index into the
+// policy's declared bucket lengths, [`dc_policy_new_kind`]; `buckets` may be null: not known)
+// and tokens (`tokens[j]`, what [`dc_walk_tokens_started`] counts), micro-batch j in launch
+// order; call before the walk's first [`dc_walk_next`] (`lengths::FaceWalk::set_micro_batches`).
+// The predictive check before micro-batch j then uses bucket `buckets[j]`'s estimate, and its
+// latency is fed under that bucket.
+//
+// Errors: `DC_INVALID_ARGUMENT` (nothing changed) for a null `walk` or `tokens`, a misaligned
+// pointer, `n` above `DC_MAX_MICRO_BATCHES` (checked before reading) or not the walk's
+// micro-batches, a bucket not below the number of declared lengths (the message names its
+// index and value), or a walk that has launched already.
+//
+// # Safety
+// `walk` must be null or a live handle from [`dc_walk_new`], not used by another thread;
+// `buckets` null or readable for `n` values; `tokens` null or readable for `n` values.
+DcStatus dc_walk_set_micro_batches(struct DcWalk *walk,
+                                   const uint32_t *buckets,
+                                   const uint64_t *tokens,
+                                   size_t n);
+
+// Tokens of the micro-batches the walk has started (the sum of [`dc_walk_set_micro_batches`]'
+// tokens over the launches; 0 when not told). This rank's count for [`dc_divisor_weighted`]
+// with `DC_WEIGHTING_TOKENS`.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `walk` or `out` (`*out` is then 0).
+//
+// # Safety
+// `walk` must be null or a live handle from [`dc_walk_new`]; `out` null or writable.
+DcStatus dc_walk_tokens_started(const struct DcWalk *walk, uint64_t *out);
+
 // Frees a walk (null is a no-op).
 //
 // # Safety
@@ -305,6 +390,23 @@ DcStatus dc_divisor(const uint64_t *counts,
                     uint32_t micro_batches,
                     uint32_t micro_batch_size,
                     double *out);
+
+// [`dc_divisor`] with the unit of `counts`: `weighting` `DC_WEIGHTING_SAMPLES` (as
+// [`dc_divisor`]) or `DC_WEIGHTING_TOKENS` (each rank's started tokens,
+// [`dc_walk_tokens_started`]: the realized divisor is the global tokens started, exact; the
+// nominal one stays N·M·b).
+//
+// Errors: as [`dc_divisor`], and `DC_INVALID_ARGUMENT` for an unknown `weighting`.
+//
+// # Safety
+// As [`dc_divisor`].
+DcStatus dc_divisor_weighted(const uint64_t *counts,
+                             size_t world_size,
+                             uint32_t normalization,
+                             uint32_t weighting,
+                             uint32_t micro_batches,
+                             uint32_t micro_batch_size,
+                             double *out);
 
 #ifdef __cplusplus
 }  // extern "C"

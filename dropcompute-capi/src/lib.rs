@@ -23,8 +23,17 @@
 //! outside these calls still reach the host's previous hook) and reports `DC_PANIC`. Times are
 //! nanoseconds (u64 or f64 as documented).
 //!
-//! The Rust side ([`FaceError`], [`quiet`], [`load_trace`], [`divisor`], [`estimator`],
-//! [`walk`], [`check_size`]) is shared with the Python module, so both faces validate alike.
+//! The Rust side ([`FaceError`], [`quiet`], [`load_trace`], [`divisor`], [`divisor_weighted`],
+//! [`estimator`], [`bucket_estimator`], [`walk`], [`check_size`], and the length-aware face
+//! layer [`lengths`]) is shared with the Python module, so both faces validate alike.
+//!
+//! Length buckets and tokens (`length-predictive`, `cost-balance`): [`dc_policy_new_kind`]
+//! declares the bucket lengths, [`dc_walk_set_micro_batches`] tells a walk each micro-batch's
+//! bucket and tokens ([`lengths::FaceWalk`], the scheduler's own walker told the buckets),
+//! [`dc_estimator_observe`] / [`dc_estimator_estimate`] read and feed the per-bucket estimator
+//! (`policy::BucketEstimator`; without buckets it is the blind estimator exactly, so the old
+//! calls decide as before), [`dc_walk_tokens_started`] and [`dc_divisor_weighted`] divide by
+//! tokens.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, c_char};
@@ -33,11 +42,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use dropcompute::policy::WalkEstimator;
 use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold};
 use dropcompute::schedule::{CountRow, Normalization, SchedulerConfig, SkipReason, Weighting};
 use dropcompute::sim::replay::ExecutionModel;
 use dropcompute::trace::{LatencyTrace, LoadOptions, TraceError};
 use dropcompute::tune::{self, Guardrails, Recommend, Recommendation, Refusal, TuneInputError, Verdict};
+
+pub mod lengths;
 
 /// A status code returned by every function (a C `int32_t`; 0 = success). A newtype, not an
 /// enum, so that a future code never makes an old caller's value invalid.
@@ -69,6 +81,14 @@ const _: () = assert!(DC_MIN_STEPS as usize == tune::MIN_STEPS);
 pub const DC_CHECK_BEFORE: u32 = 0;
 /// Check mode: start micro-batch k iff elapsed + estimate <= threshold.
 pub const DC_CHECK_PREDICTIVE: u32 = 1;
+
+/// Bucket of [`dc_estimator_observe`] / [`dc_estimator_estimate`]: not known (the blind window).
+pub const DC_NO_BUCKET: u32 = u32::MAX;
+
+/// Weighting of [`dc_divisor_weighted`]: the counts are samples.
+pub const DC_WEIGHTING_SAMPLES: u32 = 0;
+/// Weighting of [`dc_divisor_weighted`]: the counts are tokens ([`dc_walk_tokens_started`]).
+pub const DC_WEIGHTING_TOKENS: u32 = 1;
 
 /// Normalization: divide by the global computed count (DropCompute's rescale).
 pub const DC_NORMALIZATION_REALIZED: u32 = 0;
@@ -102,6 +122,8 @@ pub const DC_MAX_ESTIMATOR_WINDOW: usize = 1 << 20;
 /// [`dc_policy_free`]). Immutable, so one handle may be shared by threads.
 pub struct DcPolicy {
     cfg: DeadlineConfig,
+    /// Declared bucket lengths ([`dc_policy_new_kind`]; empty from [`dc_policy_new`]).
+    bucket_lengths: Vec<u32>,
 }
 
 /// Limits on a recommendation (fractions in [0, 1]; see `tune::Guardrails`).
@@ -398,7 +420,56 @@ pub unsafe extern "C" fn dc_policy_new(
         let threshold = Threshold::from_ns(u64::try_from(threshold_ns).ok());
         let cfg = DeadlineConfig { threshold, check: check_mode(check_mode_code)?, warmup_steps, min_micro_batches };
         // SAFETY: `out` is non-null and, by the caller's contract, valid for one write.
-        unsafe { *out = Box::into_raw(Box::new(DcPolicy { cfg })) };
+        unsafe { *out = Box::into_raw(Box::new(DcPolicy { cfg, bucket_lengths: Vec::new() })) };
+        Ok(())
+    })
+}
+
+/// Creates the policy of kind `kind` (a NUL-terminated name: `drop-before`, `drop-predictive`,
+/// `length-predictive` or `cost-balance`; its check mode is the kind's) with the declared
+/// bucket lengths `bucket_lengths[0..n_buckets]` (padded lengths in tokens, strictly ascending,
+/// at most 16; `n_buckets` 0: none, `bucket_lengths` may then be null). `threshold_ns`,
+/// `warmup_steps` and `min_micro_batches` as in [`dc_policy_new`], which stays the policy of
+/// a check mode without buckets.
+///
+/// Errors: `DC_INVALID_ARGUMENT` (`*out` null) for a null `out` or `kind`, a kind not listed, a
+/// bucket length 0 or not above the one before (the message names its index), more than 16
+/// lengths (checked before reading), a null `bucket_lengths` with `n_buckets` > 0.
+///
+/// # Safety
+/// `kind` must be null or NUL-terminated; `bucket_lengths` null or readable for `n_buckets`
+/// values; `out` null or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_policy_new_kind(
+    kind: *const c_char,
+    threshold_ns: i64,
+    warmup_steps: u64,
+    min_micro_batches: u32,
+    bucket_lengths: *const u32,
+    n_buckets: usize,
+    out: *mut *mut DcPolicy,
+) -> DcStatus {
+    // SAFETY: `out` is null or valid for one write by the caller's contract.
+    unsafe { reset(out, std::ptr::null_mut()) };
+    guard(|| {
+        require(out, "out")?;
+        require(kind, "kind")?;
+        // SAFETY: non-null and NUL-terminated by the caller's contract.
+        let name = unsafe { CStr::from_ptr(kind) }.to_string_lossy();
+        check_size("n_buckets", n_buckets as u128, policy::BucketTokens::MAX as u128, "BucketTokens::MAX")?;
+        let lengths: &[u32] = if n_buckets == 0 {
+            &[]
+        } else {
+            require(bucket_lengths, "bucket_lengths")?;
+            // SAFETY: non-null, aligned, n_buckets <= 16 and readable for n_buckets values by
+            // the caller's contract.
+            unsafe { std::slice::from_raw_parts(bucket_lengths, n_buckets) }
+        };
+        let threshold = Threshold::from_ns(u64::try_from(threshold_ns).ok());
+        let k = lengths::FaceKind::new(&name, threshold, warmup_steps, min_micro_batches, lengths)?;
+        let p = DcPolicy { cfg: k.cfg, bucket_lengths: k.bucket_lengths };
+        // SAFETY: non-null, aligned and, by the caller's contract, valid for one write.
+        unsafe { *out = Box::into_raw(Box::new(p)) };
         Ok(())
     })
 }
@@ -450,18 +521,20 @@ pub unsafe extern "C" fn dc_policy_free(policy: *mut DcPolicy) {
     }
 }
 
-/// A rank's latency estimator of the predictive check (`policy::LatencyEstimator`: the
-/// nearest-rank quantile of a sliding window), kept across steps (opaque; [`dc_estimator_new`],
+/// A rank's latency estimator of the predictive check (`policy::BucketEstimator`: per length
+/// bucket, the nearest-rank quantile of a sliding window of that bucket's latencies, with the
+/// blind window over every latency as its fallback; fed no bucket, it is the blind
+/// `policy::LatencyEstimator` exactly), kept across steps (opaque; [`dc_estimator_new`],
 /// [`dc_estimator_free`]). Not shared between threads without a lock.
 pub struct DcEstimator {
-    inner: policy::LatencyEstimator,
+    inner: policy::BucketEstimator,
 }
 
 /// One rank's walk through one step: the scheduler's own walker (`policy::walk::RankWalk`),
 /// so a C or C++ training loop decides exactly as the Rust scheduler and the simulator
 /// (opaque; [`dc_walk_new`], [`dc_walk_free`]).
 pub struct DcWalk {
-    inner: policy::walk::RankWalk,
+    inner: lengths::FaceWalk,
 }
 
 /// [`dc_walk_next`]: report the ends of launches `dc_walk_reported()..value` with
@@ -487,7 +560,7 @@ pub unsafe extern "C" fn dc_estimator_new(window: usize, quantile: f64, out: *mu
     unsafe { reset(out, std::ptr::null_mut()) };
     guard(|| {
         require(out, "out")?;
-        let e = DcEstimator { inner: estimator(window as u64, quantile)? };
+        let e = DcEstimator { inner: bucket_estimator(window as u64, quantile)? };
         // SAFETY: non-null, aligned (checked) and valid for one write by the caller's contract.
         unsafe { *out = Box::into_raw(Box::new(e)) };
         Ok(())
@@ -510,6 +583,64 @@ pub fn estimator(window: u64, quantile: f64) -> Result<policy::LatencyEstimator,
         return Err(invalid("quantile", quantile, "must be in [0, 1]"));
     }
     Ok(policy::LatencyEstimator::new(window as usize, quantile))
+}
+
+/// [`estimator`]'s checks, then a per-bucket estimator (`policy::BucketEstimator`) over
+/// `window` latencies per bucket returning their `quantile`.
+///
+/// # Errors
+/// As [`estimator`].
+pub fn bucket_estimator(window: u64, quantile: f64) -> Result<policy::BucketEstimator, FaceError> {
+    estimator(window, quantile)?;
+    Ok(policy::BucketEstimator::new(window as usize, quantile))
+}
+
+/// The bucket of a C call: `DC_NO_BUCKET` reads as none.
+fn c_bucket(bucket: u32) -> Option<u32> {
+    (bucket != DC_NO_BUCKET).then_some(bucket)
+}
+
+/// Records the measured latency (ns) of a whole micro-batch of bucket `bucket` (an index into
+/// the policy's declared bucket lengths; `DC_NO_BUCKET`: not known, the blind window only).
+/// The walk feeds its estimator itself ([`dc_walk_ended`]); this call is for an estimator fed
+/// from elsewhere (every rank's gathered latencies, a warm start).
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `estimator`.
+///
+/// # Safety
+/// `estimator` must be null or a live handle from [`dc_estimator_new`], not used by another
+/// thread meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_estimator_observe(estimator: *mut DcEstimator, bucket: u32, latency_ns: u64) -> DcStatus {
+    guard(|| {
+        require(estimator, "estimator")?;
+        // SAFETY: non-null, aligned and, by the caller's contract, live and not aliased.
+        unsafe { &mut *estimator }.inner.observe_for(c_bucket(bucket), latency_ns);
+        Ok(())
+    })
+}
+
+/// The estimate (ns) of the next whole micro-batch of bucket `bucket` (`DC_NO_BUCKET`: blind):
+/// the bucket's own window, else the blind one; 0 when nothing was measured.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `estimator` or `out` (`*out` is then 0).
+///
+/// # Safety
+/// `estimator` must be null or a live handle, not used by another thread meanwhile; `out` null
+/// or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_estimator_estimate(estimator: *mut DcEstimator, bucket: u32, out: *mut u64) -> DcStatus {
+    // SAFETY: `out` is null or writable by the caller's contract.
+    unsafe { reset(out, 0) };
+    guard(|| {
+        require(estimator, "estimator")?;
+        require(out, "out")?;
+        // SAFETY: non-null, aligned and, by the caller's contract, live and not aliased.
+        let e = unsafe { &mut *estimator }.inner.estimate_for(c_bucket(bucket)).unwrap_or(0);
+        // SAFETY: non-null, aligned and writable by the caller's contract.
+        unsafe { *out = e };
+        Ok(())
+    })
 }
 
 /// Frees an estimator (null is a no-op).
@@ -548,8 +679,8 @@ pub unsafe extern "C" fn dc_walk_new(
         require(out, "out")?;
         require(policy, "policy")?;
         // SAFETY: non-null, aligned and, by the caller's contract, a live handle from dc_policy_new.
-        let cfg = unsafe { &*policy }.cfg;
-        let inner = walk(cfg, step, micro_batches.into(), sync_lag)?;
+        let p = unsafe { &*policy };
+        let inner = lengths::FaceWalk::with_lengths(p.cfg, step, micro_batches.into(), sync_lag, &p.bucket_lengths)?;
         // SAFETY: non-null, aligned (checked) and valid for one write by the caller's contract.
         unsafe { *out = Box::into_raw(Box::new(DcWalk { inner })) };
         Ok(())
@@ -583,9 +714,9 @@ fn optional<T>(p: *const T, argument: &'static str) -> Result<(), FaceError> {
 /// # Safety
 /// `estimator` must be null or a live handle from [`dc_estimator_new`] not used elsewhere
 /// during the call.
-unsafe fn with_estimator<R>(estimator: *mut DcEstimator, f: impl FnOnce(&mut policy::LatencyEstimator) -> R) -> R {
+unsafe fn with_estimator<R>(estimator: *mut DcEstimator, f: impl FnOnce(&mut policy::BucketEstimator) -> R) -> R {
     if estimator.is_null() {
-        f(&mut policy::LatencyEstimator::new(1, 1.0))
+        f(&mut policy::BucketEstimator::new(1, 1.0))
     } else {
         // SAFETY: non-null and, by the caller's contract, live and not aliased during the call.
         f(&mut unsafe { &mut *estimator }.inner)
@@ -624,7 +755,7 @@ pub unsafe extern "C" fn dc_walk_next(
         // SAFETY: non-null and, by the caller's contract, live and not aliased.
         let w = unsafe { &mut *walk };
         // SAFETY: the caller's contract on `estimator`.
-        let (k, v) = match unsafe { with_estimator(estimator, |e| w.inner.next(e)) } {
+        let (k, v) = match unsafe { with_estimator(estimator, |e| w.inner.walk_mut().next(e)) } {
             Next::Wait { upto } => (DC_WALK_WAIT, upto as u64),
             Next::Launch(l) => (DC_WALK_LAUNCH, u64::from(l.micro_batch)),
             Next::Done(WalkEnd::Assignment) => (DC_WALK_DONE, 0),
@@ -661,16 +792,16 @@ pub unsafe extern "C" fn dc_walk_ended(
         optional(estimator, "estimator")?;
         // SAFETY: non-null, aligned and, by the caller's contract, live and not aliased.
         let w = unsafe { &mut *walk };
-        let expected = w.inner.reported();
+        let expected = w.inner.walk().reported();
         let i = usize::try_from(launch).unwrap_or(usize::MAX);
         // SAFETY: the caller's contract on `estimator` (null or live; alignment checked).
-        if unsafe { with_estimator(estimator, |e| w.inner.ended(i, end_ns, duration_ns, e)) } {
+        if unsafe { with_estimator(estimator, |e| w.inner.walk_mut().ended(i, end_ns, duration_ns, e)) } {
             Ok(())
         } else {
             Err(invalid(
                 "launch",
                 launch,
-                format!("the next launch to report is {expected} (of {} started)", w.inner.launches()),
+                format!("the next launch to report is {expected} (of {} started)", w.inner.walk().launches()),
             ))
         }
     })
@@ -688,7 +819,7 @@ pub unsafe extern "C" fn dc_walk_clock_at(walk: *mut DcWalk, elapsed_ns: u64) ->
     guard(|| {
         require(walk, "walk")?;
         // SAFETY: non-null, aligned and, by the caller's contract, live and not aliased.
-        unsafe { &mut *walk }.inner.clock_at(elapsed_ns);
+        unsafe { &mut *walk }.inner.walk_mut().clock_at(elapsed_ns);
         Ok(())
     })
 }
@@ -703,7 +834,69 @@ pub unsafe extern "C" fn dc_walk_reported(walk: *const DcWalk) -> u64 {
         return 0;
     }
     // SAFETY: non-null and, by the caller's contract, a live handle.
-    unsafe { &*walk }.inner.reported() as u64
+    unsafe { &*walk }.inner.walk().reported() as u64
+}
+
+/// Tells the walk each of its `n` micro-batches' bucket (`buckets[j]`: an index into the
+/// policy's declared bucket lengths, [`dc_policy_new_kind`]; `buckets` may be null: not known)
+/// and tokens (`tokens[j]`, what [`dc_walk_tokens_started`] counts), micro-batch j in launch
+/// order; call before the walk's first [`dc_walk_next`] (`lengths::FaceWalk::set_micro_batches`).
+/// The predictive check before micro-batch j then uses bucket `buckets[j]`'s estimate, and its
+/// latency is fed under that bucket.
+///
+/// Errors: `DC_INVALID_ARGUMENT` (nothing changed) for a null `walk` or `tokens`, a misaligned
+/// pointer, `n` above `DC_MAX_MICRO_BATCHES` (checked before reading) or not the walk's
+/// micro-batches, a bucket not below the number of declared lengths (the message names its
+/// index and value), or a walk that has launched already.
+///
+/// # Safety
+/// `walk` must be null or a live handle from [`dc_walk_new`], not used by another thread;
+/// `buckets` null or readable for `n` values; `tokens` null or readable for `n` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_set_micro_batches(
+    walk: *mut DcWalk,
+    buckets: *const u32,
+    tokens: *const u64,
+    n: usize,
+) -> DcStatus {
+    guard(|| {
+        require(walk, "walk")?;
+        check_size("n", n as u128, DC_MAX_MICRO_BATCHES.into(), "DC_MAX_MICRO_BATCHES")?;
+        require(tokens, "tokens")?;
+        optional(buckets, "buckets")?;
+        // SAFETY: non-null, aligned, n <= DC_MAX_MICRO_BATCHES (the byte length is far below
+        // isize::MAX) and readable for n values by the caller's contract.
+        let tokens = unsafe { std::slice::from_raw_parts(tokens, n) };
+        let buckets = if buckets.is_null() {
+            None
+        } else {
+            // SAFETY: as for `tokens`.
+            Some(unsafe { std::slice::from_raw_parts(buckets, n) })
+        };
+        // SAFETY: non-null, aligned and, by the caller's contract, live and not aliased.
+        unsafe { &mut *walk }.inner.set_micro_batches(buckets, tokens)
+    })
+}
+
+/// Tokens of the micro-batches the walk has started (the sum of [`dc_walk_set_micro_batches`]'
+/// tokens over the launches; 0 when not told). This rank's count for [`dc_divisor_weighted`]
+/// with `DC_WEIGHTING_TOKENS`.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `walk` or `out` (`*out` is then 0).
+///
+/// # Safety
+/// `walk` must be null or a live handle from [`dc_walk_new`]; `out` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_walk_tokens_started(walk: *const DcWalk, out: *mut u64) -> DcStatus {
+    // SAFETY: `out` is null or writable by the caller's contract.
+    unsafe { reset(out, 0) };
+    guard(|| {
+        require(walk, "walk")?;
+        require(out, "out")?;
+        // SAFETY: non-null, aligned and, by the caller's contract, a live handle; `out` writable.
+        unsafe { *out = (*walk).inner.tokens_started() };
+        Ok(())
+    })
 }
 
 /// Frees a walk (null is a no-op).
@@ -951,6 +1144,45 @@ pub unsafe extern "C" fn dc_divisor(
     })
 }
 
+/// [`dc_divisor`] with the unit of `counts`: `weighting` `DC_WEIGHTING_SAMPLES` (as
+/// [`dc_divisor`]) or `DC_WEIGHTING_TOKENS` (each rank's started tokens,
+/// [`dc_walk_tokens_started`]: the realized divisor is the global tokens started, exact; the
+/// nominal one stays N·M·b).
+///
+/// Errors: as [`dc_divisor`], and `DC_INVALID_ARGUMENT` for an unknown `weighting`.
+///
+/// # Safety
+/// As [`dc_divisor`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_divisor_weighted(
+    counts: *const u64,
+    world_size: usize,
+    normalization: u32,
+    weighting: u32,
+    micro_batches: u32,
+    micro_batch_size: u32,
+    out: *mut f64,
+) -> DcStatus {
+    // SAFETY: `out` is null or writable by the caller's contract.
+    unsafe { reset(out, 0.0) };
+    guard(|| {
+        require(out, "out")?;
+        check_size("world_size", world_size as u128, DC_MAX_WORLD_SIZE as u128, "DC_MAX_WORLD_SIZE")?;
+        let counts: &[u64] = if world_size == 0 {
+            &[]
+        } else {
+            require(counts, "counts")?;
+            // SAFETY: non-null, aligned, world_size <= DC_MAX_WORLD_SIZE and readable for
+            // world_size values by the caller's contract.
+            unsafe { std::slice::from_raw_parts(counts, world_size) }
+        };
+        let d = divisor_weighted(counts, normalization, weighting, micro_batches, micro_batch_size)?;
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *out = d };
+        Ok(())
+    })
+}
+
 /// [`dc_divisor`] on a slice (shared with the Python extension): the same checks, the
 /// length against [`DC_MAX_WORLD_SIZE`] before the count rows are allocated.
 ///
@@ -959,6 +1191,22 @@ pub unsafe extern "C" fn dc_divisor(
 pub fn divisor(
     counts: &[u64],
     normalization: u32,
+    micro_batches: u32,
+    micro_batch_size: u32,
+) -> Result<f64, FaceError> {
+    divisor_weighted(counts, normalization, DC_WEIGHTING_SAMPLES, micro_batches, micro_batch_size)
+}
+
+/// [`divisor`] of counts in the unit `weighting` (`DC_WEIGHTING_SAMPLES` or
+/// `DC_WEIGHTING_TOKENS`: `schedule::Weighting`; the realized divisor is then the global
+/// tokens started), shared with the Python extension.
+///
+/// # Errors
+/// As [`dc_divisor_weighted`].
+pub fn divisor_weighted(
+    counts: &[u64],
+    normalization: u32,
+    weighting: u32,
     micro_batches: u32,
     micro_batch_size: u32,
 ) -> Result<f64, FaceError> {
@@ -975,14 +1223,19 @@ pub fn divisor(
             }
         }
     }
-    let rows: Vec<CountRow> = counts.iter().map(|&samples| CountRow { samples, ..Default::default() }).collect();
-    let cfg = SchedulerConfig {
-        normalization,
-        weighting: Weighting::Samples,
-        micro_batches,
-        micro_batch_size,
-        ..Default::default()
+    let weighting = match weighting {
+        DC_WEIGHTING_SAMPLES => Weighting::Samples,
+        DC_WEIGHTING_TOKENS => Weighting::Tokens,
+        other => return Err(invalid("weighting", other, "must be 0 (samples) or 1 (tokens)")),
     };
+    let rows: Vec<CountRow> = counts
+        .iter()
+        .map(|&c| match weighting {
+            Weighting::Samples => CountRow { samples: c, ..Default::default() },
+            Weighting::Tokens => CountRow { tokens: c, ..Default::default() },
+        })
+        .collect();
+    let cfg = SchedulerConfig { normalization, weighting, micro_batches, micro_batch_size, ..Default::default() };
     dropcompute::schedule::divisor(&rows, &cfg).map_err(FaceError::SkipStep)
 }
 
@@ -1011,6 +1264,80 @@ mod tests {
         let e = divisor(&[1], 9, 4, 3).unwrap_err();
         assert_eq!(e.status(), DC_INVALID_ARGUMENT);
         assert!(e.to_string().starts_with("normalization 9"), "{e}");
+    }
+
+    /// The length calls x {null handle, null tokens, n not M, n above the cap, unknown bucket,
+    /// unknown kind, unsorted lengths, unknown weighting}: the status, the message naming the
+    /// index and value, the outs' neutral values; and the tokens divisor sums tokens.
+    #[test]
+    fn the_length_calls_refuse_bad_input_and_the_divisor_counts_tokens() {
+        let lens = [64u32, 128];
+        let kind = CString::new("length-predictive").unwrap();
+        let mut p: *mut DcPolicy = stale();
+        // SAFETY: valid NUL-terminated kind, lengths readable for 2, `p` writable.
+        assert_eq!(unsafe { dc_policy_new_kind(kind.as_ptr(), 100, 0, 1, lens.as_ptr(), 2, &mut p) }, DC_OK);
+        let bad = CString::new("rebalance").unwrap();
+        let mut q: *mut DcPolicy = stale();
+        // SAFETY: as above.
+        let s = unsafe { dc_policy_new_kind(bad.as_ptr(), 100, 0, 1, lens.as_ptr(), 2, &mut q) };
+        assert_eq!((s, q.is_null()), (DC_INVALID_ARGUMENT, true));
+        assert!(last().starts_with("kind \"rebalance\": must be one of"), "{}", last());
+        let unsorted = [128u32, 64];
+        // SAFETY: as above.
+        let s = unsafe { dc_policy_new_kind(kind.as_ptr(), 100, 0, 1, unsorted.as_ptr(), 2, &mut q) };
+        assert_eq!(
+            (s, last().as_str()),
+            (DC_INVALID_ARGUMENT, "bucket_lengths [1] 64: must be above bucket_lengths[0] (128)")
+        );
+        // SAFETY: a null lengths pointer with a count is refused before reading.
+        let s = unsafe { dc_policy_new_kind(kind.as_ptr(), 100, 0, 1, std::ptr::null(), 2, &mut q) };
+        assert_eq!((s, last().as_str()), (DC_INVALID_ARGUMENT, "bucket_lengths: null pointer"));
+        // SAFETY: a huge count is refused before reading.
+        let s = unsafe { dc_policy_new_kind(kind.as_ptr(), 100, 0, 1, lens.as_ptr(), usize::MAX, &mut q) };
+        assert_eq!(s, DC_INVALID_ARGUMENT);
+        assert_eq!(last(), "n_buckets 18446744073709551615: exceeds BucketTokens::MAX (16)");
+        let mut w: *mut DcWalk = stale();
+        // SAFETY: live policy, writable out.
+        assert_eq!(unsafe { dc_walk_new(p, 0, 3, 0, &mut w) }, DC_OK);
+        let (b, t) = ([0u32, 2, 1], [64u64, 128, 128]);
+        // SAFETY: live walk; the slices are readable for 3 values; other lengths are refused
+        // before reading; the handles are freed once at the end.
+        unsafe {
+            assert_eq!(dc_walk_set_micro_batches(w, b.as_ptr(), t.as_ptr(), 3), DC_INVALID_ARGUMENT);
+            assert_eq!(last(), "buckets [1] 2: must be a bucket index below 2 (the declared bucket lengths [64, 128])");
+            assert_eq!(dc_walk_set_micro_batches(w, b.as_ptr(), t.as_ptr(), 2), DC_INVALID_ARGUMENT);
+            assert_eq!(last(), "tokens of length 2: must hold one value per micro-batch (3)");
+            assert_eq!(dc_walk_set_micro_batches(w, b.as_ptr(), std::ptr::null(), 3), DC_INVALID_ARGUMENT);
+            assert_eq!(last(), "tokens: null pointer");
+            assert_eq!(dc_walk_set_micro_batches(std::ptr::null_mut(), b.as_ptr(), t.as_ptr(), 3), DC_INVALID_ARGUMENT);
+            assert_eq!(last(), "walk: null pointer");
+            assert_eq!(dc_walk_set_micro_batches(w, b.as_ptr(), t.as_ptr(), usize::MAX), DC_INVALID_ARGUMENT);
+            assert_eq!(last(), "n 18446744073709551615: exceeds DC_MAX_MICRO_BATCHES (1048576)");
+            let good = [0u32, 1, 1];
+            assert_eq!(dc_walk_set_micro_batches(w, good.as_ptr(), t.as_ptr(), 3), DC_OK);
+            let mut tok = 9u64;
+            assert_eq!(dc_walk_tokens_started(std::ptr::null(), &mut tok), DC_INVALID_ARGUMENT);
+            assert_eq!(tok, 0);
+            assert_eq!(dc_walk_tokens_started(w, &mut tok), DC_OK);
+            assert_eq!(tok, 0, "nothing started");
+            let mut est = 9u64;
+            assert_eq!(dc_estimator_estimate(std::ptr::null_mut(), 0, &mut est), DC_INVALID_ARGUMENT);
+            assert_eq!((last().as_str(), est), ("estimator: null pointer", 0));
+            assert_eq!(dc_estimator_observe(std::ptr::null_mut(), 0, 5), DC_INVALID_ARGUMENT);
+            dc_walk_free(w);
+            dc_policy_free(p);
+        }
+        let call = |c: &[u64], n: u32, wt: u32| {
+            let mut out = 7.0;
+            // SAFETY: `c` readable for its length, `out` writable.
+            let s = unsafe { dc_divisor_weighted(c.as_ptr(), c.len(), n, wt, 4, 3, &mut out) };
+            (s, out)
+        };
+        assert_eq!(call(&[640, 1280], DC_NORMALIZATION_REALIZED, DC_WEIGHTING_TOKENS), (DC_OK, 1920.0));
+        assert_eq!(call(&[640, 1280], DC_NORMALIZATION_NOMINAL, DC_WEIGHTING_TOKENS), (DC_OK, 24.0));
+        assert_eq!(call(&[0, 0], DC_NORMALIZATION_REALIZED, DC_WEIGHTING_TOKENS), (DC_SKIP_STEP, 0.0));
+        assert_eq!(call(&[1], DC_NORMALIZATION_REALIZED, 7), (DC_INVALID_ARGUMENT, 0.0));
+        assert_eq!(last(), "weighting 7: must be 0 (samples) or 1 (tokens)");
     }
 
     /// The last error of this thread.

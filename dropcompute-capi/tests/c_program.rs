@@ -150,3 +150,120 @@ fn c_program_uses_policy_recommend_and_divisor() {
         }
     }
 }
+
+/// The scripted length-aware job of [`length_predictive_c_walk_decides_as_the_rust_walker`]:
+/// per step, each micro-batch's bucket, real tokens and latency (ns), long buckets slow.
+fn length_script(steps: u64, m: usize, lens: &[u32]) -> Vec<(Vec<u32>, Vec<u64>, Vec<u64>)> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..steps)
+        .map(|_| {
+            let b: Vec<u32> = (0..m).map(|_| (next() % lens.len() as u64) as u32).collect();
+            let t: Vec<u64> = b.iter().map(|&k| u64::from(lens[k as usize]) * 4 - next() % 30).collect();
+            let l: Vec<u64> = b.iter().map(|&k| u64::from(lens[k as usize]) / 4 + next() % 7).collect();
+            (b, t, l)
+        })
+        .collect()
+}
+
+/// The Rust walker (`policy::walk::RankWalk` over `policy::BucketEstimator`, told the buckets
+/// when `bucketed`) on the script, driven as tests/c/lengths.c drives the C walk: per step the
+/// launched micro-batches, whether the deadline stopped it, and the tokens started.
+fn rust_walks(
+    threshold_ns: u64,
+    m: usize,
+    script: &[(Vec<u32>, Vec<u64>, Vec<u64>)],
+    bucketed: bool,
+) -> (Vec<(Vec<u32>, u64, u64)>, dropcompute::policy::BucketEstimator) {
+    use dropcompute::policy::walk::{Next, RankWalk, WalkEnd};
+    use dropcompute::policy::{BucketEstimator, DeadlineConfig, TailShape, Threshold};
+    let cfg = DeadlineConfig {
+        threshold: Threshold::from_ns(Some(threshold_ns)),
+        check: CheckMode::Predictive,
+        warmup_steps: 0,
+        min_micro_batches: 1,
+    };
+    let mut est = BucketEstimator::new(32, 0.9);
+    let mut out = Vec::new();
+    for (s, (b, t, l)) in script.iter().enumerate() {
+        let mut w = RankWalk::new(cfg, s as u64, m, TailShape::default(), 0);
+        if bucketed {
+            w.set_buckets(b);
+        }
+        let (mut launched, mut ends) = (Vec::new(), Vec::new());
+        let stopped = loop {
+            match w.next(&mut est) {
+                Next::Launch(x) => {
+                    let d = l[x.micro_batch as usize];
+                    ends.push(ends.last().copied().unwrap_or(0) + d);
+                    launched.push(x.micro_batch);
+                }
+                Next::Wait { upto } => {
+                    while w.reported() < upto {
+                        let i = w.reported();
+                        assert!(w.ended(i, ends[i], l[launched[i] as usize], &mut est));
+                    }
+                }
+                Next::Done(end) => break u64::from(matches!(end, WalkEnd::Deadline(_))),
+            }
+        };
+        let tokens = launched.iter().map(|&j| t[j as usize]).sum();
+        out.push((launched, stopped, tokens));
+    }
+    (out, est)
+}
+
+/// tests/c/lengths.c walks a `length-predictive` job through the C API (declared bucket
+/// lengths, each step's buckets and tokens, a per-bucket estimator kept across steps): every
+/// step's launches, stop and tokens, every bucket's final estimate and the tokens divisor equal
+/// those of the Rust walker driven the same way; and the buckets matter (the same walker
+/// asked blind decides differently on this script).
+#[test]
+fn length_predictive_c_walk_decides_as_the_rust_walker() {
+    use std::io::Write;
+    let (threshold, m, steps, lens) = (400u64, 8usize, 12u64, [64u32, 128, 512]);
+    let script = length_script(steps, m, &lens);
+    let mut input = format!("{threshold} {m} {steps} {} {} {} {}\n", lens.len(), lens[0], lens[1], lens[2]);
+    for (b, t, l) in &script {
+        for row in [b.iter().map(|&k| u64::from(k)).collect::<Vec<_>>(), t.clone(), l.clone()] {
+            input += &row.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+            input += "\n";
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile(dir.path(), "lengths.c");
+    let mut child = Command::new(&exe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "lengths.c failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+
+    let (want, mut est) = rust_walks(threshold, m, &script, true);
+    let mut lines = stdout.lines();
+    for (s, (launched, stopped, tokens)) in want.iter().enumerate() {
+        let line = lines.next().unwrap_or_else(|| panic!("no line for step {s}: {stdout}"));
+        let l: Vec<String> = launched.iter().map(u32::to_string).collect();
+        assert_eq!(line, format!("step={s} launched={} stopped={stopped} tokens={tokens}", l.join(",")));
+    }
+    for b in 0..lens.len() as u32 {
+        use dropcompute::policy::WalkEstimator;
+        let e = est.estimate_for(Some(b)).unwrap_or(0);
+        assert_eq!(lines.next(), Some(format!("estimate bucket={b} ns={e}").as_str()));
+    }
+    let total: u64 = want.iter().map(|w| w.2).sum();
+    assert_eq!(lines.next(), Some(format!("divisor={total}.0").as_str()));
+    // The script exercises the deadline, and the bucket estimate changes decisions.
+    assert!(want.iter().any(|w| w.1 == 1) && want.iter().any(|w| w.1 == 0), "{want:?}");
+    let (blind, _) = rust_walks(threshold, m, &script, false);
+    assert_ne!(blind, want, "the buckets change no decision on this script");
+}

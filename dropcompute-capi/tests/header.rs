@@ -40,6 +40,12 @@ fn committed_header_is_current() {
         "dc_walk_free",
         "dc_recommend_file",
         "dc_divisor",
+        "dc_policy_new_kind",
+        "dc_walk_set_micro_batches",
+        "dc_walk_tokens_started",
+        "dc_estimator_observe",
+        "dc_estimator_estimate",
+        "dc_divisor_weighted",
     ] {
         assert!(generated.contains(&format!("{f}(")), "{f} missing from the header");
     }

@@ -7,7 +7,7 @@ is negative or wider than its argument, ``FileNotFoundError`` / ``IsADirectoryEr
 
 import os
 from types import TracebackType
-from typing import Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
+from typing import Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +37,11 @@ class Policy:
     ``threshold_ns`` None = off; ``check`` "before" (start iff elapsed < threshold, the
     reference) or "predictive" (start iff elapsed + estimate <= threshold); steps
     ``0..warmup_steps`` never drop; the first ``min_micro_batches`` of a step always start.
-    Raises ValueError naming ``check`` for an unknown mode."""
+    ``kind``: "drop-before", "drop-predictive", "length-predictive" or "cost-balance" (the
+    check mode is then the kind's; ``check`` must be left or agree); ``bucket_lengths``: the
+    declared padded lengths (tokens, strictly ascending, at most 16) whose indices
+    ``StepWalk.set_micro_batches`` takes as buckets. Raises ValueError naming ``check``,
+    ``kind`` or ``bucket_lengths`` (with the index) for a bad value."""
 
     def __init__(
         self,
@@ -45,6 +49,8 @@ class Policy:
         check: CheckMode = "before",
         warmup_steps: int = 3,
         min_micro_batches: int = 1,
+        kind: Optional[str] = None,
+        bucket_lengths: Optional[List[int]] = None,
     ) -> None: ...
     def should_start(
         self, elapsed_ns: int, estimate_ns: Optional[int] = None, *, step: int, started: int
@@ -59,18 +65,24 @@ class Policy:
     def warmup_steps(self) -> int: ...
     @property
     def min_micro_batches(self) -> int: ...
-    def __reduce__(self) -> Tuple[type, Tuple[Optional[int], str, int, int]]:
+    @property
+    def kind(self) -> Optional[str]: ...
+    @property
+    def bucket_lengths(self) -> List[int]: ...
+    def __reduce__(self) -> Tuple[type, Tuple[Optional[int], str, int, int, Optional[str], List[int]]]:
         """Pickling: the constructor's arguments (a policy travels to workers and checkpoints)."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
 class LatencyEstimator:
-    """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns). Raises
-    ValueError for ``window`` 0 or above ``MAX_ESTIMATOR_WINDOW``, a quantile outside [0, 1]."""
+    """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns), per length
+    bucket (``policy::BucketEstimator``: a bucket's own window, else the blind window over every
+    latency; given no bucket it is the blind estimator). Raises ValueError for ``window`` 0 or
+    above ``MAX_ESTIMATOR_WINDOW``, a quantile outside [0, 1]."""
 
     def __init__(self, window: int = 32, quantile: float = 0.9) -> None: ...
-    def observe(self, latency_ns: int) -> None: ...
-    def estimate(self) -> Optional[int]: ...
+    def observe(self, latency_ns: int, bucket: Optional[int] = None) -> None: ...
+    def estimate(self, bucket: Optional[int] = None) -> Optional[int]: ...
     def __len__(self) -> int: ...
 
 class StepWalk:
@@ -82,6 +94,12 @@ class StepWalk:
     ValueError for ``micro_batches`` above ``MAX_MICRO_BATCHES``."""
 
     def __init__(self, policy: Policy, *, step: int, micro_batches: int, sync_lag: int = 0) -> None: ...
+    def set_micro_batches(self, buckets: Optional[List[int]], tokens: List[int]) -> None:
+        """Each micro-batch's bucket (an index into ``policy.bucket_lengths``; None: not known)
+        and tokens, before the first launch. Raises ValueError naming the index and value for a
+        bucket not declared, lengths not one per micro-batch, or a walk already launched."""
+    def tokens_started(self) -> int:
+        """Tokens of the micro-batches started so far (0 when not told)."""
     def next(self, estimator: Optional[LatencyEstimator] = None) -> Tuple[str, int]: ...
     def ended(
         self, launch: int, end_ns: int, duration_ns: int, estimator: Optional[LatencyEstimator] = None
@@ -111,6 +129,16 @@ class Dealer:
     def take(self, assignment: List[int]) -> List[List[int]]:
         """This rank's micro-batches of the next step (sample-id lists). Raises ValueError for an
         assignment without one entry per rank, RuntimeError when the last step is not settled."""
+    def take_by_cost(
+        self, micro_batches: int, bucket_of: Callable[[List[int]], int], estimator: LatencyEstimator, *,
+        bucket_lengths: Optional[List[int]] = None,
+    ) -> Tuple[List[List[int]], List[int]]:
+        """This rank's micro-batches of the next step and their buckets, the step's N *
+        ``micro_batches`` dealt by predicted cost (``deal_by_cost`` with cap 2 *
+        ``micro_batches``; ``bucket_of(sample_ids)`` names each one's bucket; ``estimator``
+        identical on every rank); at an epoch's end dealt as ``take``. Raises ValueError for a
+        bucket not declared, RuntimeError when the last step is not settled, and what
+        ``bucket_of`` raises (nothing is dealt then)."""
     def settle(self, started: List[int]) -> None:
         """Ends the step with every rank's started micro-batches. Raises ValueError for a wrong
         length or more started than dealt to this rank, RuntimeError without a pending take."""
@@ -192,11 +220,23 @@ def divisor(
     normalization: Literal["realized", "nominal"] = "realized",
     micro_batches: int = 1,
     micro_batch_size: int = 1,
+    weighting: Literal["samples", "tokens"] = "samples",
 ) -> Optional[float]:
-    """What the summed gradient is divided by: the global computed count ("realized") or
-    N*M*b ("nominal"); None when the global count is zero (every rank skips the step, also for
-    no counts). Raises ValueError for more than ``MAX_WORLD_SIZE`` counts, a non-contiguous
-    array, or ``micro_batches`` / ``micro_batch_size`` 0 under "nominal"."""
+    """What the summed gradient is divided by: the global computed count ("realized"; samples
+    or, with ``weighting="tokens"``, tokens) or N*M*b ("nominal"); None when the global count
+    is zero (every rank skips the step, also for no counts). Raises ValueError for more than
+    ``MAX_WORLD_SIZE`` counts, a non-contiguous array, an unknown weighting, or
+    ``micro_batches`` / ``micro_batch_size`` 0 under "nominal"."""
+
+def deal_by_cost(
+    estimator: LatencyEstimator, buckets: List[int], *, ranks: int, cap: int,
+    bucket_lengths: Optional[List[int]] = None,
+) -> List[List[int]]:
+    """The cost-balanced deal of a step's micro-batches of buckets ``buckets`` to ``ranks``
+    ranks, at most ``cap`` each (raised to ceil(len / ranks)): longest predicted cost first
+    (the estimator's per-bucket estimate; the declared ``bucket_lengths`` price the buckets not
+    measured yet), each rank's indices into ``buckets`` ascending. Raises ValueError for a
+    bucket not declared, bad lengths, ``ranks`` above ``MAX_WORLD_SIZE``."""
 
 class ComputeLogWriter:
     """Writes the compute log (CSV, the reference's columns plus rank/start_ns/duration_ns);

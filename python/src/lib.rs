@@ -30,7 +30,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold};
+use dropcompute::policy::{self, CheckMode, DeadlineConfig, Threshold, WalkEstimator};
 use dropcompute::schedule::RankStepStats;
 use dropcompute::sim::replay::{ExecutionModel, replay};
 use dropcompute::trace::compute_log::MAX_FILLED_CELLS;
@@ -106,15 +106,62 @@ fn fraction(field: &str, v: f64) -> PyResult<f64> {
 #[derive(Clone)]
 pub struct Policy {
     cfg: DeadlineConfig,
+    /// The kind (`Policy(kind=...)`, `dropcompute_capi::lengths::FaceKind`); None: a check mode.
+    kind: Option<policy::Policy>,
+    /// Declared bucket lengths (tokens, strictly ascending; empty: none).
+    bucket_lengths: Vec<u32>,
+}
+
+/// The constructor's arguments, in `__reduce__`'s order.
+type PolicyArgs = (Option<u64>, &'static str, u64, u32, Option<&'static str>, Vec<u32>);
+
+impl Policy {
+    fn args(&self) -> PolicyArgs {
+        let c = self.cfg;
+        (
+            c.threshold.as_ns(),
+            check_name(c.check),
+            c.warmup_steps,
+            c.min_micro_batches,
+            self.kind.map(policy::Policy::name),
+            self.bucket_lengths.clone(),
+        )
+    }
 }
 
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1))]
-    fn new(threshold_ns: Option<u64>, check: &str, warmup_steps: u64, min_micro_batches: u32) -> PyResult<Self> {
+    #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1, kind=None, bucket_lengths=None))]
+    fn new(
+        threshold_ns: Option<u64>,
+        check: &str,
+        warmup_steps: u64,
+        min_micro_batches: u32,
+        kind: Option<&str>,
+        bucket_lengths: Option<Vec<u32>>,
+    ) -> PyResult<Self> {
         let threshold = Threshold::from_ns(threshold_ns);
-        Ok(Self { cfg: DeadlineConfig { threshold, check: parse_check(check)?, warmup_steps, min_micro_batches } })
+        let given = parse_check(check)?;
+        let lengths = bucket_lengths.unwrap_or_default();
+        let Some(kind) = kind else {
+            if !lengths.is_empty() {
+                return Err(value_err("bucket_lengths", "need a kind (length-predictive or cost-balance)"));
+            }
+            let cfg = DeadlineConfig { threshold, check: given, warmup_steps, min_micro_batches };
+            return Ok(Self { cfg, kind: None, bucket_lengths: lengths });
+        };
+        // The one validation of both faces (the kind, the lengths with their index).
+        let k = dropcompute_capi::lengths::FaceKind::new(kind, threshold, warmup_steps, min_micro_batches, &lengths)
+            .map_err(py_err)?;
+        // `check` left at its default, or the kind's own: never silently replaced.
+        if check != "before" && given != k.cfg.check {
+            return Err(value_err(
+                "check",
+                format!("{check:?}: kind {kind:?} runs the {:?} check", check_name(k.cfg.check)),
+            ));
+        }
+        Ok(Self { cfg: k.cfg, kind: Some(k.kind), bucket_lengths: k.bucket_lengths })
     }
 
     /// Whether to start micro-batch `started` of step `step` after `elapsed_ns` of compute.
@@ -139,29 +186,37 @@ impl Policy {
     fn min_micro_batches(&self) -> u32 {
         self.cfg.min_micro_batches
     }
+    /// The kind given to the constructor (None: a check mode alone).
+    #[getter]
+    fn kind(&self) -> Option<&'static str> {
+        self.kind.map(policy::Policy::name)
+    }
+    /// The declared bucket lengths (tokens; empty: none).
+    #[getter]
+    fn bucket_lengths(&self) -> Vec<u32> {
+        self.bucket_lengths.clone()
+    }
     /// Pickling (a policy travels to spawned workers and into checkpoints): the constructor's
     /// arguments.
-    #[allow(clippy::type_complexity)]
-    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, (Option<u64>, &'static str, u64, u32))> {
-        let c = slf.get().cfg;
-        Ok((
-            slf.get_type().into_any().unbind(),
-            (c.threshold.as_ns(), check_name(c.check), c.warmup_steps, c.min_micro_batches),
-        ))
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, PolicyArgs)> {
+        Ok((slf.get_type().into_any().unbind(), slf.get().args()))
     }
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<Policy>().is_ok_and(|o| o.get().cfg == self.cfg)
+        other.cast::<Policy>().is_ok_and(|o| o.get().args() == self.args())
     }
     fn __hash__(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (self.cfg.threshold.as_ns(), check_name(self.cfg.check), self.cfg.warmup_steps, self.cfg.min_micro_batches)
-            .hash(&mut h);
+        self.args().hash(&mut h);
         h.finish()
     }
     fn __repr__(&self) -> String {
+        let extra = match self.kind {
+            None => String::new(),
+            Some(k) => format!(", kind={:?}, bucket_lengths={:?}", k.name(), self.bucket_lengths),
+        };
         format!(
-            "Policy(threshold_ns={}, check={:?}, warmup_steps={}, min_micro_batches={})",
+            "Policy(threshold_ns={}, check={:?}, warmup_steps={}, min_micro_batches={}{extra})",
             self.cfg.threshold.as_ns().map_or("None".to_string(), |t| t.to_string()),
             check_name(self.cfg.check),
             self.cfg.warmup_steps,
@@ -173,7 +228,8 @@ impl Policy {
 /// Online estimate of a rank's next micro-batch latency (`policy::LatencyEstimator`).
 #[pyclass(module = "dropcompute._core")]
 pub struct LatencyEstimator {
-    inner: policy::LatencyEstimator,
+    /// Per length bucket, with the blind window (fed no bucket: the blind estimator exactly).
+    inner: policy::BucketEstimator,
 }
 
 #[pymethods]
@@ -183,16 +239,20 @@ impl LatencyEstimator {
     fn new(window: u64, quantile: f64) -> PyResult<Self> {
         // The C API's check (window 1..=MAX_ESTIMATOR_WINDOW, quantile in [0, 1]) before the
         // window is allocated.
-        Ok(Self { inner: dropcompute_capi::estimator(window, quantile).map_err(py_err)? })
+        Ok(Self { inner: dropcompute_capi::bucket_estimator(window, quantile).map_err(py_err)? })
     }
-    fn observe(&mut self, latency_ns: u64) {
-        self.inner.observe(latency_ns)
+    /// Records a whole micro-batch's latency, under bucket `bucket` when given.
+    #[pyo3(signature = (latency_ns, bucket=None))]
+    fn observe(&mut self, latency_ns: u64, bucket: Option<u32>) {
+        self.inner.observe_for(bucket, latency_ns)
     }
-    fn estimate(&mut self) -> Option<u64> {
-        self.inner.estimate()
+    /// The estimate of bucket `bucket` (its own window, else the blind one), or blind.
+    #[pyo3(signature = (bucket=None))]
+    fn estimate(&mut self, bucket: Option<u32>) -> Option<u64> {
+        self.inner.estimate_for(bucket)
     }
     fn __len__(&self) -> usize {
-        self.inner.len()
+        self.inner.blind().len()
     }
 }
 
@@ -201,7 +261,7 @@ impl LatencyEstimator {
 /// minimum micro-batches, the predictive estimate). See `dropcompute/_core.pyi`.
 #[pyclass(module = "dropcompute._core")]
 pub struct StepWalk {
-    inner: policy::walk::RankWalk,
+    inner: dropcompute_capi::lengths::FaceWalk,
 }
 
 /// The walker's estimator: the caller's, or (none given) a fresh empty one, so that the
@@ -209,11 +269,11 @@ pub struct StepWalk {
 /// estimate does.
 fn with_estimator<R>(
     est: Option<PyRefMut<'_, LatencyEstimator>>,
-    f: impl FnOnce(&mut policy::LatencyEstimator) -> R,
+    f: impl FnOnce(&mut policy::BucketEstimator) -> R,
 ) -> R {
     match est {
         Some(mut e) => f(&mut e.inner),
-        None => f(&mut policy::LatencyEstimator::new(1, 1.0)),
+        None => f(&mut policy::BucketEstimator::new(1, 1.0)),
     }
 }
 
@@ -223,7 +283,27 @@ impl StepWalk {
     #[pyo3(signature = (policy, *, step, micro_batches, sync_lag=0))]
     fn new(policy: &Policy, step: u64, micro_batches: u64, sync_lag: u32) -> PyResult<Self> {
         // The C API's check (at most MAX_MICRO_BATCHES) before the walk's buffers are allocated.
-        Ok(Self { inner: dropcompute_capi::walk(policy.cfg, step, micro_batches, sync_lag).map_err(py_err)? })
+        let inner = dropcompute_capi::lengths::FaceWalk::with_lengths(
+            policy.cfg,
+            step,
+            micro_batches,
+            sync_lag,
+            &policy.bucket_lengths,
+        )
+        .map_err(py_err)?;
+        Ok(Self { inner })
+    }
+
+    /// Tells the walk each micro-batch's bucket (an index into the policy's bucket lengths;
+    /// None: not known) and tokens, before its first launch (`FaceWalk::set_micro_batches`).
+    #[pyo3(signature = (buckets, tokens))]
+    fn set_micro_batches(&mut self, buckets: Option<Vec<u32>>, tokens: Vec<u64>) -> PyResult<()> {
+        self.inner.set_micro_batches(buckets.as_deref(), &tokens).map_err(py_err)
+    }
+
+    /// Tokens of the micro-batches started so far (0 when not told).
+    fn tokens_started(&self) -> u64 {
+        self.inner.tokens_started()
     }
 
     /// The next action: `("wait", upto)` (report the ends of launches `reported..upto` with
@@ -233,7 +313,7 @@ impl StepWalk {
     #[pyo3(signature = (estimator=None))]
     fn next(&mut self, estimator: Option<PyRefMut<'_, LatencyEstimator>>) -> (&'static str, usize) {
         use policy::walk::{Next, WalkEnd};
-        match with_estimator(estimator, |e| self.inner.next(e)) {
+        match with_estimator(estimator, |e| self.inner.walk_mut().next(e)) {
             Next::Wait { upto } => ("wait", upto),
             Next::Launch(l) => ("launch", l.micro_batch as usize),
             Next::Done(WalkEnd::Assignment) => ("done", 0),
@@ -252,7 +332,7 @@ impl StepWalk {
         duration_ns: u64,
         estimator: Option<PyRefMut<'_, LatencyEstimator>>,
     ) -> bool {
-        with_estimator(estimator, |e| self.inner.ended(launch, end_ns, duration_ns, e))
+        with_estimator(estimator, |e| self.inner.walk_mut().ended(launch, end_ns, duration_ns, e))
     }
 
     /// Whether another launch follows the one `next` last returned, asked before it runs
@@ -266,11 +346,11 @@ impl StepWalk {
         let est = match &estimator {
             Some(e) => &e.inner,
             None => {
-                fresh = policy::LatencyEstimator::new(1, 1.0);
+                fresh = policy::BucketEstimator::new(1, 1.0);
                 &fresh
             }
         };
-        match self.inner.peek(est) {
+        match self.inner.walk().peek(est) {
             Peek::Again => ("again", 0),
             Peek::Last => ("last", 0),
             Peek::Wait { upto } => ("wait", upto),
@@ -280,17 +360,17 @@ impl StepWalk {
     /// Answers `("wait", 0)` with the compute time already elapsed (ns since the clock
     /// start): time before the first micro-batch counts against the deadline.
     fn clock_at(&mut self, elapsed_ns: u64) {
-        self.inner.clock_at(elapsed_ns)
+        self.inner.walk_mut().clock_at(elapsed_ns)
     }
 
     /// Launches reported so far.
     fn reported(&self) -> usize {
-        self.inner.reported()
+        self.inner.walk().reported()
     }
 
     /// Micro-batches started so far.
     fn started(&self) -> usize {
-        self.inner.launches()
+        self.inner.walk().launches()
     }
 }
 
@@ -376,6 +456,67 @@ impl Dealer {
             self.ended = true;
         }
         Ok(mine.into_iter().map(|mb| mb.sample_ids).collect())
+    }
+
+    /// This rank's micro-batches of the next step dealt by predicted cost (`cost-balance`,
+    /// `DataSource::take_dealt` with `dropcompute_capi::lengths::deal_by_cost`): the next
+    /// N·`micro_batches` micro-batches of the stream, each's bucket `bucket_of(sample_ids)`
+    /// (an index into `bucket_lengths`), dealt to the ranks longest predicted cost first
+    /// (`estimator`'s per-bucket cost, which must be identical on every rank), at most
+    /// 2·`micro_batches` each. Returns this rank's micro-batches and their buckets; at the
+    /// end of an epoch (fewer than N·M left) dealt as `take` by M each. Settle with `settle`.
+    #[pyo3(signature = (micro_batches, bucket_of, estimator, *, bucket_lengths=None))]
+    fn take_by_cost(
+        &mut self,
+        micro_batches: u32,
+        bucket_of: &Bound<'_, PyAny>,
+        estimator: PyRef<'_, LatencyEstimator>,
+        bucket_lengths: Option<Vec<u32>>,
+    ) -> PyResult<(Vec<Vec<u64>>, Vec<u32>)> {
+        use dropcompute::schedule::DataSource;
+        if self.dealt.is_some() {
+            return Err(PyRuntimeError::new_err(
+                "Dealer.take_by_cost: the previous step is not settled (call settle first)",
+            ));
+        }
+        if micro_batches == 0 {
+            return Err(value_err("micro_batches", "0: must be >= 1"));
+        }
+        let m = self::micro_batches("micro_batches", micro_batches as usize)?;
+        let n = self.world_size;
+        let lengths = bucket_lengths.unwrap_or_default();
+        let bucket = |ids: &[u64]| -> PyResult<u32> { bucket_of.call1((ids.to_vec(),))?.extract::<u32>() };
+        let mut failed: Option<PyErr> = None;
+        let mut deal = |mbs: &[dropcompute::schedule::MicroBatch]| -> Vec<Vec<usize>> {
+            let b: PyResult<Vec<u32>> = mbs.iter().map(|mb| bucket(&mb.sample_ids)).collect();
+            let dealt = b.and_then(|b| {
+                dropcompute_capi::lengths::deal_by_cost(&estimator.inner, &lengths, &b, n, 2 * m).map_err(py_err)
+            });
+            dealt.unwrap_or_else(|e| {
+                failed = Some(e);
+                Vec::new()
+            })
+        };
+        let slices = self.data.take_dealt(self.rank, n * m, &mut deal);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let Some(slices) = slices else {
+            // The epoch's end: dealt by counts, M each.
+            let mine = self.take(vec![micro_batches; n])?;
+            let b = mine.iter().map(|ids| bucket(ids)).collect::<PyResult<Vec<u32>>>()?;
+            return Ok((mine, b));
+        };
+        let mine: Vec<Vec<u64>> = slices
+            .into_iter()
+            .nth(self.rank as usize)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mb| mb.sample_ids)
+            .collect();
+        self.dealt = Some(mine.len());
+        let b = mine.iter().map(|ids| bucket(ids)).collect::<PyResult<Vec<u32>>>()?;
+        Ok((mine, b))
     }
 
     /// Whether the last `take` dealt nothing to any rank: the stream has ended (every replica
@@ -657,22 +798,45 @@ fn read_trace<'py>(py: Python<'py>, path: &Bound<'py, PyAny>, overhead_ns: f64) 
     Ok(d)
 }
 
+/// The cost-balanced deal of one step's micro-batches (`dropcompute_capi::lengths::deal_by_cost`:
+/// `policy::cost_balance` over the estimator's per-bucket cost, the declared lengths the prior
+/// of buckets not measured yet): each rank's indices into `buckets`, ascending.
+#[pyfunction]
+#[pyo3(signature = (estimator, buckets, *, ranks, cap, bucket_lengths=None))]
+fn deal_by_cost(
+    estimator: PyRef<'_, LatencyEstimator>,
+    buckets: Vec<u32>,
+    ranks: usize,
+    cap: usize,
+    bucket_lengths: Option<Vec<u32>>,
+) -> PyResult<Vec<Vec<usize>>> {
+    let ranks = world_size("ranks", ranks)?;
+    dropcompute_capi::lengths::deal_by_cost(&estimator.inner, &bucket_lengths.unwrap_or_default(), &buckets, ranks, cap)
+        .map_err(py_err)
+}
+
 /// The divisor of the summed gradient (`schedule::divisor`); None = skip the step.
 #[pyfunction]
-#[pyo3(signature = (counts, normalization="realized", micro_batches=1, micro_batch_size=1))]
+#[pyo3(signature = (counts, normalization="realized", micro_batches=1, micro_batch_size=1, weighting="samples"))]
 fn divisor(
     counts: PyReadonlyArray1<'_, u64>,
     normalization: &str,
     micro_batches: u32,
     micro_batch_size: u32,
+    weighting: &str,
 ) -> PyResult<Option<f64>> {
+    let weighting = match weighting {
+        "samples" => dropcompute_capi::DC_WEIGHTING_SAMPLES,
+        "tokens" => dropcompute_capi::DC_WEIGHTING_TOKENS,
+        other => return Err(value_err("weighting", format!("{other:?}: must be \"samples\" or \"tokens\""))),
+    };
     let code = match normalization {
         "realized" => dropcompute_capi::DC_NORMALIZATION_REALIZED,
         "nominal" => dropcompute_capi::DC_NORMALIZATION_NOMINAL,
         other => return Err(value_err("normalization", format!("{other:?}: must be \"realized\" or \"nominal\""))),
     };
     let counts = counts.as_slice().map_err(|e| value_err("counts", e))?;
-    match dropcompute_capi::divisor(counts, code, micro_batches, micro_batch_size) {
+    match dropcompute_capi::divisor_weighted(counts, code, weighting, micro_batches, micro_batch_size) {
         Ok(d) => Ok(Some(d)),
         Err(FaceError::SkipStep(_)) => Ok(None),
         Err(e) => Err(py_err(e)),
@@ -971,6 +1135,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(read_trace, m)?)?;
     m.add_function(wrap_pyfunction!(divisor, m)?)?;
+    m.add_function(wrap_pyfunction!(deal_by_cost, m)?)?;
     m.add("MIN_STEPS", tune::MIN_STEPS)?;
     m.add("MAX_WORLD_SIZE", DC_MAX_WORLD_SIZE)?;
     m.add("MAX_MICRO_BATCHES", DC_MAX_MICRO_BATCHES)?;

@@ -161,7 +161,11 @@ impl StepPolicy {
         if p == policy::Policy::ComputeBudget && self.inner.budget == Threshold::Off {
             return Err(value_err("budget_ns", "None: compute-budget needs a budget (ns)"));
         }
-        Ok(Policy { cfg: DeadlineConfig { threshold: self.inner.deadline(cfg.threshold), check, ..cfg } })
+        Ok(Policy {
+            cfg: DeadlineConfig { threshold: self.inner.deadline(cfg.threshold), check, ..cfg },
+            kind: policy.kind,
+            bucket_lengths: policy.bucket_lengths.clone(),
+        })
     }
 
     /// The parameters as the crate's JSON (`policy::StepPolicy`; the budget in ms).

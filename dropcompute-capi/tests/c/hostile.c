@@ -149,6 +149,35 @@ int main(int argc, char **argv) {
   CASE("recommend ok", dc_recommend_file(trace, UINT32_MAX, NULL, 1, &r) == DC_OK && r.enabled);
   CASE("last error cleared", strcmp(dc_last_error(), "") == 0);
 
+  /* The length calls: null and huge lengths, unknown kinds and buckets, outs reset. */
+  uint32_t lens[2] = {64, 128};
+  DcPolicy *lp = (DcPolicy *)&failures;
+  CASE("policy_new_kind null kind", dc_policy_new_kind(NULL, 1, 0, 1, lens, 2, &lp) == DC_INVALID_ARGUMENT &&
+                                        lp == NULL && has("kind: null pointer"));
+  lp = (DcPolicy *)&failures;
+  CASE("policy_new_kind unknown kind", dc_policy_new_kind("fastest", 1, 0, 1, lens, 2, &lp) ==
+                                           DC_INVALID_ARGUMENT && lp == NULL && has("kind \"fastest\""));
+  CASE("policy_new_kind SIZE_MAX lengths", dc_policy_new_kind("cost-balance", 1, 0, 1, lens, SIZE_MAX, &lp) ==
+                                               DC_INVALID_ARGUMENT && lp == NULL && has("exceeds BucketTokens::MAX"));
+  CASE("policy_new_kind null lengths", dc_policy_new_kind("cost-balance", 1, 0, 1, NULL, 2, &lp) ==
+                                           DC_INVALID_ARGUMENT && lp == NULL);
+  CASE("policy_new_kind ok", dc_policy_new_kind("cost-balance", 1, 0, 1, lens, 2, &lp) == DC_OK && lp != NULL);
+  DcWalk *lw = NULL;
+  CASE("walk_new of a kind", dc_walk_new(lp, 0, 2, 0, &lw) == DC_OK && lw != NULL);
+  uint32_t bk[2] = {0, 2};
+  uint64_t tk[2] = {10, 20}, tok = 99;
+  CASE("set_micro_batches unknown bucket", dc_walk_set_micro_batches(lw, bk, tk, 2) == DC_INVALID_ARGUMENT &&
+                                               has("buckets [1] 2"));
+  CASE("set_micro_batches SIZE_MAX", dc_walk_set_micro_batches(lw, bk, tk, SIZE_MAX) == DC_INVALID_ARGUMENT);
+  CASE("set_micro_batches null tokens", dc_walk_set_micro_batches(lw, bk, NULL, 2) == DC_INVALID_ARGUMENT);
+  CASE("set_micro_batches null walk", dc_walk_set_micro_batches(NULL, bk, tk, 2) == DC_INVALID_ARGUMENT);
+  CASE("tokens_started null walk", dc_walk_tokens_started(NULL, &tok) == DC_INVALID_ARGUMENT && tok == 0);
+  CASE("estimator_estimate null", dc_estimator_estimate(NULL, DC_NO_BUCKET, &tok) == DC_INVALID_ARGUMENT);
+  CASE("divisor_weighted unknown weighting",
+       dc_divisor_weighted(counts, 2, DC_NORMALIZATION_REALIZED, 9, 4, 3, &d) == DC_INVALID_ARGUMENT && d == 0);
+  dc_walk_free(lw);
+  dc_policy_free(lp);
+
   dc_policy_free(p);
   return failures == 0 ? 0 : 1;
 }

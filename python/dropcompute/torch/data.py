@@ -2,17 +2,17 @@
 
 Owns: ``DropComputeSampler``, a per-rank view of the crate's one global dealer
 (``dropcompute.Dealer``, i.e. ``deal::RunData::global``, what ``dropcompute train`` and its
-replay deal by), and ``batch_size``. Must not touch: the dealing order (the crate's shuffle by
+replay deal by; ``take_by_cost``: the crate's cost-balanced deal), and ``batch_size``. Must not touch: the dealing order (the crate's shuffle by
 (seed, epoch) and its re-queue rule).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import Dealer
+from .. import Dealer, LatencyEstimator
 
 
 class DropComputeSampler:
@@ -58,6 +58,21 @@ class DropComputeSampler:
         a = list(assignment) if assignment is not None else [self.micro_batches_per_step] * self.world_size
         mine = [list(ids) for ids in self._dealer.take(a)]
         return None if self._dealer.ended else mine
+
+    def take_by_cost(self, bucket_of: Callable[[List[int]], int], estimator: LatencyEstimator, *,
+                     bucket_lengths: Optional[Sequence[int]] = None) -> Optional[Tuple[List[List[int]], List[int]]]:
+        """This rank's micro-batches of the next step dealt by predicted cost (``cost-balance``:
+        ``Dealer.take_by_cost``, the crate's ``cost_balance`` over the estimator's per-bucket
+        cost, longest first, at most 2·M per rank) and their buckets (pass both to
+        ``DropComputeStep.run(ids, ..., buckets=, tokens=)``), or None when the stream ended.
+        ``bucket_of(sample_ids)``: a micro-batch's bucket (an index into ``bucket_lengths``, the
+        prior of the buckets not measured yet). ``estimator`` must be identical on every rank
+        (e.g. fed every rank's gathered (bucket, latency) pairs in rank order), or the replicas
+        deal differently. ``settle`` as after ``take``: every sample is computed once per epoch."""
+        lengths = [int(x) for x in bucket_lengths] if bucket_lengths is not None else None
+        mine, buckets = self._dealer.take_by_cost(self.micro_batches_per_step, bucket_of, estimator,
+                                                  bucket_lengths=lengths)
+        return None if self._dealer.ended else ([list(ids) for ids in mine], list(buckets))
 
     def settle(self, started: Sequence[int]) -> None:
         """Ends the step with every rank's started micro-batches (``StepResult.started``)."""

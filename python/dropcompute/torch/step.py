@@ -379,12 +379,23 @@ class DropComputeStep:
         micro_batches: Iterable[Any],
         loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
         count_fn: Optional[Callable[[Any], int]] = None,
+        *,
+        buckets: Optional[Sequence[int]] = None,
+        tokens: Optional[Sequence[int]] = None,
     ) -> StepResult:
         """One step over ``micro_batches`` (a sequence, or any iterable with
         ``micro_batches_per_step`` set); see the module doc for ``loss_fn``. ``count_fn(mb)``:
         the micro-batch's sample (or token) count (default: the per-sample loss vector's length,
         else ``batch_size(mb)``). Afterwards the parameters' ``.grad`` hold the rescaled mean
         gradient (``None`` for a parameter no rank used); call ``result.apply(optimizer, ...)``.
+
+        Length buckets (``Policy(kind="length-predictive" or "cost-balance", bucket_lengths=...)``):
+        ``buckets[j]``, micro-batch j's bucket (an index into ``policy.bucket_lengths``), and
+        ``tokens[j]``, its real tokens, one per micro-batch this rank runs (at least its cap),
+        told to the walk before it starts (``StepWalk.set_micro_batches``): the predictive check
+        prices each next micro-batch by its bucket's estimate (``estimator`` learns per bucket),
+        and with ``tokens`` the counts are tokens (``count_fn`` unused), so the gradient is divided
+        by the global started tokens (exact integer count collective).
 
         Raises ValueError for an iterable without ``len()`` and no ``micro_batches_per_step``,
         one that ends early, a mean loss, ranks with different configurations;
@@ -432,6 +443,11 @@ class DropComputeStep:
             raise ValueError(f"micro_batches: {cap}: at most {self._slots} per rank (the gathered latency slots)")
         walk_policy = self._walk_policy
         walk = StepWalk(walk_policy, step=self.step, micro_batches=cap, sync_lag=self.sync_lag)
+        if buckets is not None and tokens is None:
+            raise ValueError("tokens: None: buckets need each micro-batch's tokens (the divisor counts tokens)")
+        toks = [int(t) for t in tokens][:cap] if tokens is not None else None
+        if toks is not None:
+            walk.set_micro_batches([int(b) for b in buckets][:cap] if buckets is not None else None, toks)
         with contextlib.ExitStack() as flat_no_sync:
             if not overlap:
                 flat_no_sync.enter_context(self._no_sync())
@@ -456,7 +472,8 @@ class DropComputeStep:
                 with self._no_sync() if overlap and not last else contextlib.nullcontext():
                     loss = loss_fn(module, mb)
                     scaled = _sum_checked(loss, self.rank, self.step, value) * loss_scale
-                    c = int(count_fn(mb)) if count_fn is not None else (int(loss.shape[0]) if loss.dim() else batch_size(mb))
+                    c = toks[value] if toks is not None else int(count_fn(mb)) if count_fn is not None else \
+                        (int(loss.shape[0]) if loss.dim() else batch_size(mb))
                     batch.append(c)
                     samples += c
                     if last:
@@ -466,6 +483,7 @@ class DropComputeStep:
                     self.bridge.boundary()
                 marks.append(self.clock.mark())
         started = len(marks)
+        assert toks is None or samples == walk.tokens_started(), (samples, walk.tokens_started())
         if overlap and started == 0:
             # Every rank issues DDP's bucket all-reduces: a zero-weighted backward.
             if self._recent is None:
@@ -513,7 +531,8 @@ class DropComputeStep:
         latencies = [e - (ends[i - 1] if i else 0) for i, e in enumerate(ends)]
         if self._log is not None:
             rest = micro_batches[started:] if isinstance(micro_batches, Sequence) else []
-            dropped = [int(count_fn(x)) if count_fn is not None else batch_size(x) for x in rest]
+            dropped = [int(count_fn(x)) if count_fn is not None else batch_size(x) for x in rest] \
+                if toks is None else [int(t) for t in tokens[started:m]]  # type: ignore[index]
             self._write_log(m, batch, dropped, ends, latencies)
         assignment = self.assignment() if self.assigner is not None else None
         rank_latency, event = self._observe(reduced) if self._gather else (None, None)
