@@ -710,3 +710,61 @@ fn auto_tunes_blind_drop_compute_on_the_text_jobs_stream() {
         );
     }
 }
+
+/// Rank processes hold their own baseline reports only; the text job's `--threshold auto`
+/// takes every rank's buckets and tokens from the stream that dealt them
+/// (`Job::stream_peer_reports`). They are the ones every rank's own reports carry (thread
+/// ranks, in this process), whole micro-batches and tail-split ones (a micro-batch the merge
+/// of its parts), table-driven.
+#[test]
+fn the_streams_peer_reports_are_every_ranks_own() {
+    use dropcompute_train::job::RunKind;
+    for extra in [&[][..], &["--tail-split", "2"][..]] {
+        let mut argv = vec!["dropcompute"];
+        argv.extend(tiny_text::TINY_TEXT_MODEL);
+        argv.extend(tiny_text::TINY_TEXT_RUN);
+        argv.extend(["--steps", "12", "--threshold", "off", "--policy", "drop-predictive"]);
+        argv.extend(extra);
+        let (job, out, _) = run_in_process_at(&argv, None);
+        let baseline = |r: usize| &out[r].iter().find(|o| o.kind == RunKind::Baseline).expect("a baseline").reports;
+        let dealt = job.stream_peer_reports(baseline(0));
+        assert_eq!(dealt.len(), out.len(), "{extra:?}: a copy per rank");
+        for (r, reports) in dealt.iter().enumerate() {
+            let own = baseline(r);
+            assert_eq!(reports.len(), own.len(), "{extra:?}: rank {r}");
+            for (a, b) in reports.iter().zip(own) {
+                let shapes = |rep: &dropcompute::schedule::StepReport| {
+                    rep.micro_batches.iter().map(|x| (x.bucket, x.tokens)).collect::<Vec<_>>()
+                };
+                assert!(shapes(b).iter().all(|(b, t)| b.is_some() && t.is_some()), "{extra:?}: rank {r} records shapes");
+                assert_eq!(shapes(a), shapes(b), "{extra:?}: rank {r} step {}", a.step);
+            }
+        }
+        // Not every rank was dealt the same tokens: the copies are each rank's, not rank 0's.
+        let tokens = |r: usize| dealt[r].iter().flat_map(|x| &x.micro_batches).filter_map(|x| x.tokens).sum::<u64>();
+        assert!((1..out.len()).any(|r| tokens(r) != tokens(0)), "{extra:?}");
+    }
+}
+
+/// `--threshold auto` on the text job chooses the same threshold, and the run measures the same,
+/// whether the ranks are threads or processes (which tuned blind before: without the other
+/// ranks' buckets the length-aware replay took every rank's cells as unshaped).
+#[test]
+fn auto_on_the_text_job_is_the_same_in_rank_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    for policy in ["length-predictive", "cost-balance"] {
+        let report = |launch: &str| {
+            let out = dir.path().join(format!("{policy}-{launch}"));
+            let mut args = tiny_text::tiny_text_train();
+            args.extend(["--steps", "16", "--slow-rank", "1:2", "--policy", policy, "--threshold", "auto"]);
+            args.extend(["--launch", launch, "--out", out.to_str().unwrap()]);
+            let o = dropcompute(&args);
+            assert!(o.status.success(), "{policy} {launch}: {}", String::from_utf8_lossy(&o.stderr));
+            json(&out.join("report.json"))
+        };
+        let (threads, procs) = (report("threads"), report("processes"));
+        let dc = |r: &serde_json::Value| (r["dropcompute"]["threshold_ms"].clone(), r["speedup"].clone());
+        assert!(threads["dropcompute"]["threshold_ms"].is_number(), "{policy}: a tuned threshold: {threads}");
+        assert_eq!(dc(&threads), dc(&procs), "{policy}");
+    }
+}

@@ -458,6 +458,45 @@ impl Job {
         }
     }
 
+    /// Every rank's baseline reports as `rank0` (rank 0's), with each micro-batch's bucket and
+    /// tokens as the job's stream deals them to that rank (`replay_stream`: the baseline hands
+    /// every rank its M whole micro-batches, a micro-batch the merge of its `--tail-split`
+    /// parts, `PartShape::merged`): what `schedule::auto::with_report_lengths` reads from every
+    /// rank's reports, for a rank that holds only its own (rank processes). Only the buckets
+    /// and tokens of rank r's copy are rank r's; the rest is rank 0's. Empty for the digits
+    /// job (no shapes), or when the stream ends before a report's step or a report is not of
+    /// M whole micro-batches (then the tuner stays blind, as without peers).
+    pub fn stream_peer_reports(&self, rank0: &[StepReport]) -> Vec<Vec<StepReport>> {
+        use dropcompute::sim::policies::{PartShape, ReplayData};
+        if self.text.is_none() {
+            return Vec::new();
+        }
+        let (n, m) = (self.cfg.ranks as usize, self.cfg.micro_batches as usize);
+        let split = self.cfg.tail.parts() as usize;
+        let mut stream = self.replay_stream();
+        let mut peers: Vec<Vec<StepReport>> = vec![Vec::with_capacity(rank0.len()); n];
+        for (index, rep) in rank0.iter().enumerate() {
+            if rep.step != index as u64 || rep.micro_batches.len() != m || rep.micro_batches.iter().any(|x| x.dropped) {
+                return Vec::new();
+            }
+            let Some(dealt) = stream.deal(index, &vec![(m * split) as u32; n]) else { return Vec::new() };
+            if dealt.iter().any(|&c| c as usize != m * split) {
+                return Vec::new();
+            }
+            for (r, reports) in peers.iter_mut().enumerate() {
+                let mut mine = rep.clone();
+                for (j, mb) in mine.micro_batches.iter_mut().enumerate() {
+                    let shape = PartShape::merged((j * split..(j + 1) * split).map(|k| stream.part_shape(r, k)));
+                    mb.bucket = shape.map(|s| s.bucket);
+                    mb.tokens = shape.map(|s| s.tokens);
+                }
+                reports.push(mine);
+            }
+            stream.settle(&dealt);
+        }
+        peers
+    }
+
     /// Epochs after which a run's data stream ends, `None` for a run of `--steps` steps.
     pub fn max_epochs(&self) -> Option<u64> {
         match self.cfg.length {

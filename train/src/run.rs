@@ -80,7 +80,8 @@ pub fn comm_options() -> CommOptions {
 /// reports (rank order) where this process holds them (`run` with threads), which give the
 /// baseline's trace its buckets and tokens (`schedule::auto::with_report_lengths`, as
 /// `summary::prediction`): the length-aware policies tune on their own length-aware replay;
-/// empty (rank processes), they tune blind. The text job tunes every policy, blind DropCompute
+/// empty (rank processes), the text job takes every rank's from the stream that dealt them
+/// (`Job::stream_peer_reports`; the digits job has none). The text job tunes every policy, blind DropCompute
 /// included, on its stream of units (`schedule::auto::choose_on`), the digits job as `tune
 /// --auto-for` does (`schedule::auto::choose`). Returns (threshold, retuner, description).
 ///
@@ -122,6 +123,11 @@ fn resolve_threshold(
             // the digits job on the trace (`tune --auto-for`'s choice).
             let found = match (rank, &job.text) {
                 (0, Some(_)) => {
+                    // Rank processes hold their own reports only: every rank's buckets and
+                    // tokens from the stream that dealt them (`Job::stream_peer_reports`).
+                    let dealt = if peers.is_empty() { job.stream_peer_reports(reports) } else { Vec::new() };
+                    let dealt: Vec<&[StepReport]> = dealt.iter().map(Vec::as_slice).collect();
+                    let peers = if peers.is_empty() { &dealt[..] } else { peers };
                     auto::choose_on(reports, peers, &job.auto_recommend(), job.policy_run(Threshold::Off), &mut || {
                         Box::new(job.replay_stream())
                     })
