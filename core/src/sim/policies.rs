@@ -46,9 +46,11 @@
 //! `deal::ReplayStream::with_shapes`), on a trace with buckets: the run re-queues what it
 //! drops, so its later micro-batches are not the baseline's at the same position. Whole
 //! micro-batch j of rank r then takes the recorded latency of its cell scaled by
-//! cost(dealt bucket) / cost(recorded bucket), a bucket's cost the trace's mean recorded
-//! latency of that bucket (`bucket_means`: exact with `--noise none`, where a micro-batch's
-//! device time is its bucket's; with noise the cell's multiplier is kept); a bucket the trace
+//! cost(dealt bucket) / cost(recorded bucket), a bucket's cost rank r's mean recorded latency
+//! of that bucket (`rank_bucket_means`; the trace's, `bucket_means`, when the rank recorded
+//! only one of the two: exact with `--noise none`, where a micro-batch's device time is its
+//! bucket's times its rank's slowdown; the trace's means mix a slow rank's cells into each
+//! bucket in another share; with noise the cell's multiplier is kept); a bucket the trace
 //! never recorded keeps the cell's latency. Its cell is (step, r, j) (the mock keys a launch's
 //! noise by module, step, index and recipe), beyond M under `cost-balance` a cell of the rank
 //! computing it (its cell of the dealt bucket in the step, else cell j mod M: another rank's
