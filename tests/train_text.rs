@@ -736,7 +736,10 @@ fn the_streams_peer_reports_are_every_ranks_own() {
                 let shapes = |rep: &dropcompute::schedule::StepReport| {
                     rep.micro_batches.iter().map(|x| (x.bucket, x.tokens)).collect::<Vec<_>>()
                 };
-                assert!(shapes(b).iter().all(|(b, t)| b.is_some() && t.is_some()), "{extra:?}: rank {r} records shapes");
+                assert!(
+                    shapes(b).iter().all(|(b, t)| b.is_some() && t.is_some()),
+                    "{extra:?}: rank {r} records shapes"
+                );
                 assert_eq!(shapes(a), shapes(b), "{extra:?}: rank {r} step {}", a.step);
             }
         }
@@ -767,4 +770,36 @@ fn auto_on_the_text_job_is_the_same_in_rank_processes() {
         assert!(threads["dropcompute"]["threshold_ms"].is_number(), "{policy}: a tuned threshold: {threads}");
         assert_eq!(dc(&threads), dc(&procs), "{policy}");
     }
+}
+
+/// A slow rank under `cost-balance`: the replay scales a recorded latency to the dealt unit's
+/// bucket by the computing rank's own bucket costs (`sim::policies`' `rank_bucket_means`; the
+/// trace-wide means mix the slow rank's cells in each bucket's mean in another share), and a
+/// rank's unit dealt beyond M takes a cell of that rank (before: the window position's cell,
+/// another rank's latency). The default model (buckets 64..512; the tiny model's buckets put
+/// almost every unit in one, so nothing there is dealt beyond M) on 2000 documents, 4 ranks,
+/// M = 4, 12 steps, rank 3 slowed 2x, `--noise none`, a 20 ms threshold (no drop), the mock at
+/// 200 GFLOP/s: the predicted speedup (tokens per second) was +5.88 % off the measured
+/// (0.9512x against 0.8984x), now +0.07 %; asserted within 1 %.
+#[test]
+fn cost_balance_beyond_m_takes_the_computing_ranks_latency() {
+    use dropcompute_train::summary;
+    let mut argv = vec!["train", "--task", "text", "--text-documents", "2000", "--ranks", "4"];
+    argv.extend(["--micro-batches", "4", "--steps", "12", "--noise", "none", "--time-mode", "virtual"]);
+    argv.extend(["--warmup-steps=1", "--slow-rank", "3:2", "--policy", "cost-balance", "--threshold", "20"]);
+    let (job, out, pred) = run_in_process(&argv);
+    let (base, dc) = (&out[0][0], &out[0][1]);
+    let m = job.cfg.micro_batches;
+    let beyond: u32 = dc.reports.iter().flat_map(|r| r.assignment.iter().map(|&a| a.saturating_sub(m))).sum();
+    let (b, d) = (summary::run_report(&job, base).expect("report"), summary::run_report(&job, dc).expect("report"));
+    let measured = d.tokens_per_s.expect("tokens/s") / b.tokens_per_s.expect("tokens/s");
+    let err = pred.speedup / measured - 1.0;
+    eprintln!(
+        "cost-balance, rank 3 slowed 2x: predicted {:.6}x measured {measured:.6}x ({:+.3} %), {beyond} units dealt beyond M, drop rate {:.4}",
+        pred.speedup,
+        err * 100.0,
+        summary::drop_rate(&job, dc)
+    );
+    assert!(beyond > 0, "some rank is dealt more than M");
+    assert!(err.abs() < 0.01, "predicted {} measured {measured}", pred.speedup);
 }

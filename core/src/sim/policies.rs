@@ -46,12 +46,16 @@
 //! `deal::ReplayStream::with_shapes`), on a trace with buckets: the run re-queues what it
 //! drops, so its later micro-batches are not the baseline's at the same position. Whole
 //! micro-batch j of rank r then takes the recorded latency of its cell scaled by
-//! cost(dealt bucket) / cost(recorded bucket), a bucket's cost the trace's mean recorded
-//! latency of that bucket (`bucket_means`: exact with `--noise none`, where a micro-batch's
-//! device time is its bucket's; with noise the cell's multiplier is kept); a bucket the trace
+//! cost(dealt bucket) / cost(recorded bucket), a bucket's cost rank r's mean recorded latency
+//! of that bucket (`rank_bucket_means`; the trace's, `bucket_means`, when the rank recorded
+//! only one of the two: exact with `--noise none`, where a micro-batch's device time is its
+//! bucket's times its rank's slowdown; the trace's means mix a slow rank's cells into each
+//! bucket in another share; with noise the cell's multiplier is kept); a bucket the trace
 //! never recorded keeps the cell's latency. Its cell is (step, r, j) (the mock keys a launch's
-//! noise by module, step and index: every recipe of the text job draws as one), beyond M under `cost-balance` the window position of its
-//! first part, else a draw beyond the record as above, scaled alike (not
+//! noise by module, step and index: every recipe of the text job draws as one), beyond M
+//! under `cost-balance` a cell of the rank computing it (its cell of the dealt bucket in the
+//! step, else cell j mod M: another rank's cell would carry that rank's speed), else a draw
+//! beyond the record as above, scaled alike (not
 //! [`ReplayData::latency`], which knows a position, not its unit: with `--epochs 1`, 600
 //! documents and a 3.5 ms deadline it put the three policies +0.01 to +2.1 % off, the draws
 //! +0.01 %, the rest being the estimated steps' mean offsets and overhead). Under `cost-balance`
@@ -280,6 +284,19 @@ fn bucket_means(trace: &LatencyTrace) -> BTreeMap<u32, f64> {
         e.1 += 1;
     }
     acc.into_iter().map(|(b, (sum, k))| (b, sum / k as f64)).collect()
+}
+
+/// [`bucket_means`] of each rank's own micro-batches (N maps): a rank's cost of a bucket,
+/// its own speed included (a slow rank's costs are its slowdown times the others').
+fn rank_bucket_means(trace: &LatencyTrace) -> Vec<BTreeMap<u32, f64>> {
+    let (n, m) = (trace.world_size(), trace.micro_batches().max(1));
+    let mut acc: Vec<BTreeMap<u32, (f64, u64)>> = vec![BTreeMap::new(); n];
+    for (k, (&b, &l)) in trace.buckets().unwrap_or_default().iter().zip(trace.latencies_ns()).enumerate() {
+        let e = acc[(k / m) % n].entry(b).or_insert((0.0, 0));
+        e.0 += l;
+        e.1 += 1;
+    }
+    acc.into_iter().map(|r| r.into_iter().map(|(b, (sum, k))| (b, sum / k as f64)).collect()).collect()
 }
 
 /// One rank's step as the walker ran it on the replay's latencies.
@@ -550,12 +567,18 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     // replaces the recorded cell's (module doc, "What the data deals").
     let shaped = trace.buckets().is_some() && data.knows_shapes();
     let costs = if shaped { bucket_means(trace) } else { BTreeMap::new() };
-    // A latency recorded for bucket `rec` as the cost of bucket `dealt`: scaled by their costs
-    // (the recorded latency when either cost is unknown).
-    let scale = |l: f64, rec: Option<u32>, dealt: Option<u32>| {
-        let c = |b: Option<u32>| b.and_then(|b| costs.get(&b).copied()).filter(|&c| c > 0.0 && c.is_finite());
-        match (c(rec), c(dealt)) {
-            (Some(r), Some(d)) => d * (l / r),
+    let rank_costs = if shaped { rank_bucket_means(trace) } else { Vec::new() };
+    // A latency recorded on rank `rank` for bucket `rec` as the cost of bucket `dealt`: scaled
+    // by the rank's own costs of the two when it recorded both (a slow rank's share of a
+    // bucket's cells would otherwise skew the ratio), else by the trace's; the recorded
+    // latency when either cost is unknown.
+    let scale = |rank: usize, l: f64, rec: Option<u32>, dealt: Option<u32>| {
+        let of = |map: Option<&BTreeMap<u32, f64>>, b: Option<u32>| {
+            b.and_then(|b| map?.get(&b).copied()).filter(|&c| c > 0.0 && c.is_finite())
+        };
+        let own = rank_costs.get(rank);
+        match ((of(own, rec), of(own, dealt)), (of(Some(&costs), rec), of(Some(&costs), dealt))) {
+            ((Some(r), Some(d)), _) | (_, (Some(r), Some(d))) => d * (l / r),
             _ => l,
         }
     };
@@ -640,11 +663,16 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             // The recorded cell of whole micro-batch j when the data knows the parts: (r, j) of
             // the step (the mock keys a launch's noise by module, step and index, one draw for
             // every recipe of the text job: a unit of any bucket there keeps the cell's noise);
-            // beyond M under
-            // cost-balance, the window's micro-batch its first part is.
-            let cell = |j: usize| match &window {
+            // beyond M under cost-balance, a cell of this rank, the one computing it (another
+            // rank's cell would carry that rank's speed): its first cell from j mod M on that
+            // recorded the dealt bucket, else cell j mod M (scaled to the dealt bucket below).
+            let cell = |j: usize, dealt: Option<u32>| match &window {
                 _ if j < m => Some(r * m + j),
-                Some(w) => w[r].get(j * split).map(|&pos| pos / split),
+                Some(_) => {
+                    let own = |k: usize| r * m + (j + k) % m;
+                    let same = (0..m).map(own).find(|&c| dealt.is_some() && cell_bucket(si, c) == dealt);
+                    Some(same.unwrap_or(own(0)))
+                }
                 None => None,
             };
             let mut extra = rng::stream(run.seed, (si * n + r) as u64);
@@ -654,14 +682,14 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             let mut lat = |i: usize| {
                 if let Some(db) = &dealt_buckets {
                     let dealt_bucket = db.get(i).copied();
-                    if let (true, Some(k)) = (recorded, cell(i)) {
-                        return scale(mat[k], cell_bucket(si, k), dealt_bucket);
+                    if let (true, Some(k)) = (recorded, cell(i, dealt_bucket)) {
+                        return scale(r, mat[k], cell_bucket(si, k), dealt_bucket);
                     }
                     // A latency the data knows by position (a recorded step outside the trace)
                     // is of a unit of unknown bucket: the draw, scaled, is the dealt unit's.
                     drawn += 1;
                     let k = extra.random_range(0..pool_len);
-                    return scale(pool(r, k), cell_bucket(k / m, r * m + k % m), dealt_bucket);
+                    return scale(r, pool(r, k), cell_bucket(k / m, r * m + k % m), dealt_bucket);
                 }
                 if i < row.len() {
                     row[i]
@@ -680,7 +708,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             let part = |p: usize| match (&parts, &dealt_buckets) {
                 (Some(ps), Some(db)) => {
                     let own = ps.get(p).map(|x| x.bucket);
-                    scale(1.0, db.get(p / split).copied(), own)
+                    scale(r, 1.0, db.get(p / split).copied(), own)
                 }
                 _ => 1.0,
             };
