@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--skip-example", action="store_true")
     ap.add_argument("--skip-memory", action="store_true", help="only the paired step times (no per-mode launches)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--example-arg", dest="example_args", action="append", default=[],
+                    help="passed to examples/pytorch_ddp.py (repeatable), e.g. --example-arg=--max-drop-rate=0.10")
     args = ap.parse_args()
     report: Dict[str, Any] = {"load_before": os.getloadavg()[0]}
     if not args.skip_overhead:
@@ -94,7 +96,7 @@ def main() -> None:
                   f"| {r['ddp_peak_mib']:.1f} | {r['peak_mib']:.1f} | {r['extra_peak_of_grads']:+.1%} "
                   f"| {r['extra_file_mib']:+.1f} |")
     if not args.skip_example:
-        ex = [torchrun(args.nproc, "pytorch_ddp.py", "--seed", str(s)) for s in range(args.repeats)]
+        ex = [torchrun(args.nproc, "pytorch_ddp.py", "--seed", str(s), *args.example_args) for s in range(args.repeats)]
         report["example"] = ex
         print()
         print("| seed | load | baseline samples/s | DropCompute samples/s | ratio | predicted | error | drop rate "

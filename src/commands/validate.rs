@@ -450,7 +450,7 @@ pub fn run(args: &Args) -> Result<(), crate::commands::BoxError> {
 
 /// The line before the table header when the task is text: what `drop_meas` counts there.
 pub const TEXT_DROP_NOTE: &str =
-    "drop rate (tokens): drop_meas is tokens dropped over tokens handed out (the text task)";
+    "drop rate (tokens): drop_meas and drop_pred are the tokens missing from the nominal batch's (the text task)";
 
 /// The table header of the text output.
 const HEADER: &str = "policy           split  length  ranks   M  check       lag  slow  seed  threshold_ms  drop_meas  drop_pred  step_ms_meas  step_ms_pred  step_err  speedup_meas  speedup_pred  speedup_err  estimate";
