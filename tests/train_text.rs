@@ -437,6 +437,12 @@ fn the_text_prediction_in_tokens_is_the_run_under_no_noise() {
             o.reports.iter().flat_map(|x| x.ranks.iter().map(|s| s.tokens)).sum()
         };
         assert_eq!(pred.tokens_computed, Some(tokens(dc)), "{policy}: predicted tokens");
+        // Per step (steps.csv's predicted rows' divisor, in tokens as the run's rows).
+        let step_tokens: Vec<u64> = dc.reports.iter().map(|x| x.ranks.iter().map(|s| s.tokens).sum()).collect();
+        assert_eq!(pred.step_tokens, step_tokens, "{policy}: predicted tokens per step");
+        let rows = dropcompute_train::metrics::predicted_rows(policy, &pred.replay, &pred.step_tokens, None);
+        let divisors: Vec<f64> = dc.reports.iter().map(|x| x.divisor).collect();
+        assert_eq!(rows.iter().map(|r| r.divisor).collect::<Vec<_>>(), divisors, "{policy}: steps.csv divisors");
         assert_eq!(pred.baseline_tokens, Some(tokens(base)), "{policy}");
         // The drop rate in micro-batches (every step full: lost over nominal) ...
         let handed: u64 = dc.reports.iter().map(|r| r.global_computed() + r.global_dropped()).sum();

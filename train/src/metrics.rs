@@ -22,8 +22,9 @@
 //! measurement they predict ([`predicted_rows`]): `step_ms` its step time, `compute_ms` its
 //! compute phase, `collective_ms` the step's overhead after the compute phase (the baseline's:
 //! collective, rescale, optimizer), `computed` / `dropped` micro-batches (parts under a tail
-//! shape, as in the run's rows), `divisor` the samples computed, `loss` empty, `dropped_tokens`
-//! and `drop_rate` empty (the replay's per-step drops are not in tokens yet).
+//! shape, as in the run's rows), `divisor` the work computed in the run's unit (real tokens for
+//! the text job, samples otherwise, as the run's rows), `loss` empty, `dropped_tokens` and
+//! `drop_rate` empty (the replay's per-step drops are not in tokens yet).
 #![forbid(unsafe_code)]
 
 use std::path::Path;
@@ -104,12 +105,13 @@ pub fn rows(run: &str, policy: &str, reports: &[StepReport], loss: &[f64]) -> Ve
 
 /// The "predicted" rows of the DropCompute run under `policy` at `threshold_ns` (module doc):
 /// one per replayed step of `r` (a `summary::Prediction`'s replay), numbered from 0 (steps
-/// beyond the baseline's are the replay's estimate), with the samples it predicts per step,
-/// `step_samples` (the divisor column; 0 where unknown).
+/// beyond the baseline's are the replay's estimate), with the work it predicts per step,
+/// `step_work` (the divisor column, in the run's unit: tokens for the text job, else samples;
+/// 0 where unknown).
 pub fn predicted_rows(
     policy: &str,
     r: &dropcompute::sim::policies::PolicyReplay,
-    step_samples: &[u64],
+    step_work: &[u64],
     threshold_ns: Option<u64>,
 ) -> Vec<StepMetrics> {
     let n = r.started.len() / r.per_step.len().max(1);
@@ -128,7 +130,7 @@ pub fn predicted_rows(
                 collective_ms: (step_ns - compute_ns) / 1e6,
                 computed,
                 dropped: handed.saturating_sub(computed),
-                divisor: step_samples.get(s).copied().unwrap_or(0) as f64,
+                divisor: step_work.get(s).copied().unwrap_or(0) as f64,
                 loss: None,
                 threshold_ms: threshold_ns.map(|ns| ns as f64 / 1e6),
                 policy: policy.to_owned(),

@@ -34,6 +34,9 @@ pub struct Prediction {
     pub samples_computed: Option<u64>,
     /// Samples the DropCompute run computes per step, predicted (the replay's steps).
     pub step_samples: Vec<u64>,
+    /// Real tokens the DropCompute run computes per step, predicted (the text job: the
+    /// stream's started parts' tokens, `ReplayStream::step_tokens`; empty for the digits job).
+    pub step_tokens: Vec<u64>,
     /// Samples the baseline run computed (every step).
     pub baseline_samples: u64,
     /// Real tokens the DropCompute run computes, predicted (the text job: the stream's started
@@ -169,6 +172,7 @@ pub fn prediction(
         replay,
         samples_computed: covered.then(|| stream.samples()),
         step_samples: stream.step_samples().to_vec(),
+        step_tokens: stream.step_tokens().to_vec(),
         baseline_samples,
         tokens_computed: stream.tokens().filter(|_| covered),
         baseline_tokens,
@@ -478,7 +482,9 @@ pub fn write_outputs(
         let policy = job.policy_of(per_rank[0].kind);
         steps.extend(super::metrics::rows(label, policy.name(), &r0.reports, &r0.loss));
         if let (super::job::RunKind::DropCompute, Some(p)) = (r0.kind, predicted) {
-            steps.extend(super::metrics::predicted_rows(policy.name(), &p.replay, &p.step_samples, r0.threshold_ns));
+            // The divisor column in the run's unit: tokens for the text job, samples otherwise.
+            let work = if p.step_tokens.is_empty() { &p.step_samples } else { &p.step_tokens };
+            steps.extend(super::metrics::predicted_rows(policy.name(), &p.replay, work, r0.threshold_ns));
         }
         all_spans.push((label, spans(&per_rank)));
         series.push(Series {
