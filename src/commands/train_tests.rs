@@ -463,7 +463,8 @@ fn auto_epochs_count_the_jobs_own_units_for_every_task_and_policy() {
         for split in [1u64, 2] {
             for task in ["text", "digits"] {
                 let task_flags: &[&str] = if task == "text" { &text } else { &["--micro-batch-size", "32"] };
-                let flags = [task_flags, &run[..], &["--policy", policy, "--tail-split", &split.to_string()]].concat();
+                let split_text = split.to_string();
+                let flags = [task_flags, &run[..], &["--policy", policy, "--tail-split", &split_text]].concat();
                 let with = |extra: &[&str]| config(&[&flags[..], extra].concat());
                 // The units, independently of the job: the text plan's own count; the digits'
                 // training split.
@@ -516,13 +517,14 @@ fn auto_epochs_count_the_jobs_own_units_for_every_task_and_policy() {
 fn text_data_refusals_name_the_flag_and_value_and_their_fix_runs() {
     use dropcompute_train::error::TrainError;
     use dropcompute_train::job::Job;
-    let base = ["--task", "text", "--text-model", "tiny", "--threshold", "off", "--steps", "1"];
-    let one = ["--ranks", "1", "--micro-batches", "1", "--micro-batch-size", "1"];
+    const BASE: [&str; 8] = ["--task", "text", "--text-model", "tiny", "--threshold", "off", "--steps", "1"];
+    const ONE: [&str; 6] = ["--ranks", "1", "--micro-batches", "1", "--micro-batch-size", "1"];
     // (common flags, the bad pair, its fix, the flag named, the message's start, what it says)
-    type Row<'a> = (&'a [&'a str], [&'a str; 2], [&'a str; 2], &'a str, &'a str, &'a str);
+    type Row =
+        (&'static [&'static str], [&'static str; 2], [&'static str; 2], &'static str, &'static str, &'static str);
     let table: [Row; 10] = [
         (
-            &one,
+            &ONE,
             ["--text-documents", "2"],
             ["--text-documents", "3"],
             "--text-documents",
@@ -530,7 +532,7 @@ fn text_data_refusals_name_the_flag_and_value_and_their_fix_runs() {
             "give at least 3",
         ),
         (
-            &one,
+            &ONE,
             ["--text-documents", "0"],
             ["--text-documents", "3"],
             "--text-documents",
@@ -603,7 +605,7 @@ fn text_data_refusals_name_the_flag_and_value_and_their_fix_runs() {
         ),
     ];
     for (common, bad, fix, flag, start, says) in table {
-        let flags = |pair: [&str; 2]| [&base[..], common, &pair[..]].concat();
+        let flags = |pair: [&'static str; 2]| -> Vec<&'static str> { [&BASE[..], common, &pair[..]].concat() };
         match Job::prepare(config(&flags(bad))) {
             Err(TrainError::Config { what, value }) => {
                 assert_eq!(what, flag, "{bad:?}: {value}");
