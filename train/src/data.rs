@@ -354,7 +354,7 @@ pub fn min_split_items(holdout_fraction: f64) -> Option<u64> {
         return None;
     }
     let near = 0.5 / holdout_fraction.min(1.0 - holdout_fraction);
-    if !(near < (1u64 << 50) as f64) {
+    if near >= (1u64 << 50) as f64 {
         return None;
     }
     let start = (near.floor() as u64).saturating_sub(2).max(2);
