@@ -832,3 +832,94 @@ fn cost_balance_beyond_m_takes_the_computing_ranks_latency() {
     assert!(beyond > 0, "some rank is dealt more than M");
     assert!(err.abs() < 0.01, "predicted {} measured {measured}", pred.speedup);
 }
+
+/// `--epochs E --threshold auto` on the text job, refused under every policy before (the check
+/// counted the digits' empty training set: "0 training samples x 3 epoch(s)"): the tiny job for
+/// 3 epochs under the text job's policies that drop or deal by length, with thread ranks and
+/// (cost-balance) rank processes, runs; its baseline ran ceil(3 x units / (N x M)) = ceil(3 x
+/// units / 16) steps, units the distinct ids its baseline ledger computed (each 3 times), and
+/// the policy's run at least as many. `validate --epochs 3 --threshold auto` runs the same job.
+#[test]
+fn epochs_with_auto_run_the_text_job_under_every_policy_and_launch() {
+    let dir = hermetic::temp_dir("train-text-epochs-auto");
+    let table = [
+        ("drop-predictive", "threads"),
+        ("length-predictive", "threads"),
+        ("cost-balance", "threads"),
+        ("cost-balance", "processes"),
+    ];
+    for (policy, launch) in table {
+        let out = dir.path().join(format!("{policy}-{launch}"));
+        let mut args = tiny_text::tiny_text_train();
+        args.extend(["--epochs", "3", "--threshold", "auto", "--policy", policy, "--launch", launch]);
+        args.extend(["--out", out.to_str().unwrap()]);
+        let o = dropcompute(&args);
+        assert!(o.status.success(), "{policy} {launch}: {}", String::from_utf8_lossy(&o.stderr));
+        let ledger = json(&out.join("ledger_baseline.json"));
+        let mut ids: Vec<u64> = ledger
+            .as_array()
+            .expect("one ledger per rank")
+            .iter()
+            .flat_map(|l| l["computed"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
+            .collect();
+        ids.sort_unstable();
+        let units = ids.last().expect("units computed") + 1;
+        let thrice: Vec<u64> = (0..units).flat_map(|u| [u; 3]).collect();
+        assert_eq!(ids, thrice, "{policy} {launch}: every unit computed once per epoch");
+        let report = json(&out.join("report.json"));
+        let steps = (3 * units).div_ceil(16);
+        eprintln!("{policy} {launch}: {units} units, baseline {steps} steps over 3 epochs");
+        assert_eq!(report["baseline"]["steps"].as_u64(), Some(steps), "{policy} {launch}: {units} units");
+        assert!(report["dropcompute"]["steps"].as_u64().expect("steps") >= steps, "{policy} {launch}");
+    }
+    let args = [
+        &["validate", "--ranks", "4", "--micro-batches", "4", "--epochs", "3", "--threshold", "auto"][..],
+        &["--time-mode", "virtual", "--seeds", "0", "--sync-lag", "0", "--slow-rank", "none"],
+        &["--check", "predictive", "--policy", "cost-balance", "--json", "--"],
+        &tiny_text::TINY_TEXT_MODEL,
+    ]
+    .concat();
+    let o = dropcompute(&args);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(rows.len() == 1 && rows[0]["epochs"] == 3, "{v}");
+}
+
+/// The text job's data refusals through the binary, `train` and `validate` alike: exit 2 and
+/// "FLAG: VALUE: " naming the flag to change (the documents below the minimum; a micro-batch
+/// larger than the corpus' units allow, not `--text-documents`; a `--holdout` that keeps no
+/// training document of the documents given); and the documented minimum (3 documents at
+/// `--holdout` 0.2: round(0.6) = 1 held out, 2 to train on) runs on one rank of one document
+/// per micro-batch.
+#[test]
+fn text_data_refusals_name_the_flag_in_train_and_validate() {
+    let rows: [(&[&str], &str); 3] = [
+        (&["--text-documents", "2"], "--text-documents: 2: "),
+        (&["--micro-batch-size", "1000"], "--micro-batch-size: 1000: "),
+        (&["--holdout", "0.9", "--text-documents", "5"], "--text-documents: 5: "),
+    ];
+    let text = ["--task", "text", "--text-model", "tiny", "--noise", "none"];
+    let train = [&["train", "--ranks", "16", "--steps", "12", "--threshold", "off"][..], &text].concat();
+    let validate = [
+        &["validate", "--ranks", "16", "--micro-batches", "4", "--steps", "12", "--threshold", "off"][..],
+        &["--time-mode", "virtual", "--seeds", "0", "--sync-lag", "0", "--slow-rank", "none", "--check", "predictive"],
+        &["--"],
+        &text,
+    ]
+    .concat();
+    for (extra, want) in rows {
+        for command in [&train, &validate] {
+            let o = dropcompute(&[&command[..], extra].concat());
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{} {extra:?}: {err}", command[0]);
+            assert!(err.contains(want), "{} {extra:?}: {err}", command[0]);
+        }
+    }
+    let minimum = ["train", "--task", "text", "--text-model", "tiny", "--text-documents", "3", "--ranks", "1"];
+    let o = dropcompute(
+        &[&minimum[..], &["--micro-batches", "1", "--micro-batch-size", "1", "--threshold", "off", "--steps", "2"]]
+            .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -441,3 +441,220 @@ fn only_the_policies_with_a_deadline_need_a_threshold() {
     let e = parse(&["--policy", "compute-budget", "--threshold", "off"]).1.validate().expect_err("off").to_string();
     assert!(e.contains("--threshold") && e.contains("needs a budget"), "{e}");
 }
+
+/// `--epochs E --threshold auto` is checked against the baseline's steps, counted from the
+/// job's own units (`Job::units_described`): the text job counted the digits' empty set and
+/// refused every `--epochs` run under every policy ("0 training samples"). Per task, policy
+/// with a deadline and tail split: the baseline runs ceil(E x ceil(units / P) / (N x M x S))
+/// steps, P the ids of a part (b/S samples; one text unit of b/S documents), a step
+/// straddling an epoch's end; E is accepted when that leaves 10 steps after the warm-up, else
+/// refused naming `--epochs`, the steps and the units.
+#[test]
+fn auto_epochs_count_the_jobs_own_units_for_every_task_and_policy() {
+    use dropcompute_train::job::Job;
+    use dropcompute_train::text_job::TextJob;
+    let text = ["--task", "text", "--text-model", "tiny", "--text-documents", "200", "--micro-batch-size", "4"];
+    let run = ["--ranks", "4", "--micro-batches", "4", "--warmup-steps=0", "--threshold", "auto"];
+    let policies =
+        ["drop-predictive", "drop-before", "length-predictive", "cost-balance", "compute-budget", "rebalance-drop"];
+    // The digits: 1797 samples, round(0.2 x 1797) = 359 held out.
+    let digits_units = 1797 - 359;
+    for policy in policies {
+        for split in [1u64, 2] {
+            for task in ["text", "digits"] {
+                let task_flags: &[&str] = if task == "text" { &text } else { &["--micro-batch-size", "32"] };
+                let split_text = split.to_string();
+                let flags = [task_flags, &run[..], &["--policy", policy, "--tail-split", &split_text]].concat();
+                let with = |extra: &[&str]| config(&[&flags[..], extra].concat());
+                // The units, independently of the job: the text plan's own count; the digits'
+                // training split.
+                let (units, described) = if task == "text" {
+                    let n = TextJob::prepare(&with(&["--steps", "60"])).expect("text job").plan.units();
+                    (n, format!("{n} training units of {} documents", 4 / split))
+                } else {
+                    (digits_units, format!("{digits_units} training samples"))
+                };
+                // Dealt in parts of one unit (text: S units of 4/S documents a micro-batch) or of
+                // 32/S samples (digits: an epoch's last part short), N x M x S parts a step.
+                let part = if task == "text" { 1 } else { 32 / split };
+                let parts_per_step = 4 * 4 * split;
+                let per_step = parts_per_step * part;
+                let (mut accepted, mut refused) = (0, 0);
+                for e in [1u64, 2, 5, 8, 14] {
+                    let steps = (e * units.div_ceil(part)).div_ceil(parts_per_step);
+                    let got = Job::prepare(with(&["--epochs", &e.to_string()]));
+                    let at = format!("{task} {policy} S={split} E={e} ({steps} steps)");
+                    if steps >= dropcompute::tune::MIN_STEPS as u64 {
+                        got.unwrap_or_else(|err| panic!("{at}: refused: {err}"));
+                        accepted += 1;
+                    } else {
+                        let err = got.expect_err(&at).to_string();
+                        let want = format!(
+                            "--epochs: {e}: the baseline runs {steps} step(s) ({described} x {e} epoch(s), {per_step} per step)"
+                        );
+                        assert!(err.starts_with(&want), "{at}: {err}\nwant {want}");
+                        refused += 1;
+                    }
+                }
+                assert!(accepted > 0 && refused > 0, "{task} {policy} S={split}: both outcomes in the table");
+            }
+        }
+    }
+}
+
+/// Every refusal of the text job's data and plan (`TextJob::prepare`) names the flag the user
+/// must change and its value ("FLAG: VALUE: ..."), in the grammar of its counts, and the fix it
+/// gives works: `--text-documents` below the fewest `--holdout` splits into one held-out and
+/// one training document (2 and 0 at 0.2: the minimum is 3, round(3 x 0.2) = 1; 5 at 0.9: 6,
+/// round(5.4) = 5), above the corpus (15217); a `--holdout` of the whole corpus that holds out
+/// none (round(15217 x 3e-5) = 0) or all (round(15217 x 0.99999) = 15217); a plan with fewer
+/// units than ranks, named by what fixes it: more documents (2 training documents of 3, 4 ranks
+/// of 2-document units need (4 - 1) x 2 + 1 = 7 training documents: 9 documents, 9 - round(1.8)
+/// = 7), else a smaller `--micro-batch-size` (the corpus' 15217 - 3043 = 12174 training
+/// documents for 16 ranks: units of at most 12173 / 15 = 811 documents; under `--tail-split 2`
+/// b = 2 x 811), else fewer `--ranks` (761 training documents of one each).
+#[test]
+fn text_data_refusals_name_the_flag_and_value_and_their_fix_runs() {
+    use dropcompute_train::error::TrainError;
+    use dropcompute_train::job::Job;
+    const BASE: [&str; 8] = ["--task", "text", "--text-model", "tiny", "--threshold", "off", "--steps", "1"];
+    const ONE: [&str; 6] = ["--ranks", "1", "--micro-batches", "1", "--micro-batch-size", "1"];
+    // (common flags, the bad pair, its fix, the flag named, the message's start, what it says)
+    type Row =
+        (&'static [&'static str], [&'static str; 2], [&'static str; 2], &'static str, &'static str, &'static str);
+    let table: [Row; 10] = [
+        (
+            &ONE,
+            ["--text-documents", "2"],
+            ["--text-documents", "3"],
+            "--text-documents",
+            "2: at --holdout 0.2 it holds out none of 2 documents",
+            "give at least 3",
+        ),
+        (
+            &ONE,
+            ["--text-documents", "0"],
+            ["--text-documents", "3"],
+            "--text-documents",
+            "0: at --holdout 0.2 it holds out none of 0 documents",
+            "give at least 3",
+        ),
+        (
+            &["--ranks", "1", "--holdout", "0.9"],
+            ["--text-documents", "5"],
+            ["--text-documents", "6"],
+            "--text-documents",
+            "5: at --holdout 0.9 it holds out all 5 documents",
+            "give at least 6",
+        ),
+        (
+            &["--ranks", "1"],
+            ["--text-documents", "4294967295"],
+            ["--text-documents", "15217"],
+            "--text-documents",
+            "4294967295: the embedded corpus has 15217 documents",
+            "at most 15217",
+        ),
+        (
+            &["--ranks", "1"],
+            ["--holdout", "0.99999"],
+            ["--holdout", "0.9999"],
+            "--holdout",
+            "0.99999: of the 15217 documents of the embedded corpus it holds out all",
+            "smaller --holdout",
+        ),
+        (
+            &["--ranks", "1"],
+            ["--holdout", "0.00003"],
+            ["--holdout", "0.0001"],
+            "--holdout",
+            "0.00003: of the 15217 documents of the embedded corpus it holds out none",
+            "larger --holdout",
+        ),
+        (
+            &["--ranks", "4", "--micro-batch-size", "2"],
+            ["--text-documents", "3"],
+            ["--text-documents", "9"],
+            "--text-documents",
+            "3: 2 training documents (of 3, --holdout 0.2) make ",
+            "of up to 2 documents, fewer than the 4 ranks (each rank needs one); give --text-documents 9 or more",
+        ),
+        (
+            &["--ranks", "16"],
+            ["--micro-batch-size", "1000"],
+            ["--micro-batch-size", "811"],
+            "--micro-batch-size",
+            "1000: 12174 training documents (of 15217, --holdout 0.2) make",
+            "give --micro-batch-size 811 or less",
+        ),
+        (
+            &["--ranks", "16", "--tail-split", "2"],
+            ["--micro-batch-size", "2000"],
+            ["--micro-batch-size", "1622"],
+            "--micro-batch-size",
+            "2000: 12174 training documents (of 15217, --holdout 0.2) make",
+            "give --micro-batch-size 1622 or less",
+        ),
+        (
+            &["--text-documents", "15217", "--holdout", "0.95", "--micro-batch-size", "1"],
+            ["--ranks", "1024"],
+            ["--ranks", "761"],
+            "--ranks",
+            "1024: 761 training documents (of 15217, --holdout 0.95) make 761 training units of up to 1 document",
+            "give --ranks 761 or fewer",
+        ),
+    ];
+    for (common, bad, fix, flag, start, says) in table {
+        let flags = |pair: [&'static str; 2]| -> Vec<&'static str> { [&BASE[..], common, &pair[..]].concat() };
+        match Job::prepare(config(&flags(bad))) {
+            Err(TrainError::Config { what, value }) => {
+                assert_eq!(what, flag, "{bad:?}: {value}");
+                assert!(value.starts_with(start) && value.contains(says), "{bad:?}: {value}\nwant {start} ... {says}");
+                assert!(!value.contains(" 1 micro-batches") && !value.contains(" 1 training units"), "{value}");
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+        Job::prepare(config(&flags(fix))).unwrap_or_else(|e| panic!("{bad:?} fixed by {fix:?}: {e}"));
+    }
+}
+
+/// A checkpoint of another configuration is refused naming each difference worded for the task:
+/// `--task` first when it differs (and not the fields that follow from it: the parameter count,
+/// the digits' training samples, always 0 for text, the text model and units), the parameter
+/// count by `--text-model` for the text job and by `--hidden` and the data for the digits.
+#[test]
+fn checkpoint_differences_name_the_task_first_and_word_the_model_by_task() {
+    use dropcompute_train::ckpt::differences;
+    use dropcompute_train::job::Job;
+    let fp = |extra: &[&str]| Job::prepare(config(extra)).expect("job").fingerprint();
+    let text = |model: &str| fp(&["--ranks", "4", "--task", "text", "--text-model", model, "--text-documents", "400"]);
+    let digits = fp(&["--ranks", "4"]);
+    let (tiny, default) = (text("tiny"), text("default"));
+    let digits_params = "the parameter count (--hidden and the data's features and classes) was";
+    // (checkpoint, this run, the message's start, what it must say, what it must not)
+    let table: [(&str, &str, &str, &str, &[&str]); 4] = [
+        (
+            &digits,
+            &tiny,
+            "--task was digits, this run has text",
+            "--micro-batch-size was 8, this run has 2",
+            &["parameter count", "training samples", "training units", "--text-model"],
+        ),
+        (
+            &tiny,
+            &digits,
+            "--task was text, this run has digits",
+            "--lr was",
+            &["parameter count", "training samples", "training units", "--text-model"],
+        ),
+        (&default, &tiny, "", "the parameter count (--text-model) was", &["--hidden", "--task", "training samples"]),
+        (&digits, &fp(&["--ranks", "4", "--hidden", "64"]), "", digits_params, &["--text-model", "--task"]),
+    ];
+    for (saved, want, start, says, never) in table {
+        let d = differences(saved, want);
+        assert!(d.starts_with(start) && d.contains(says), "{saved} -> {want}: {d}");
+        for n in never {
+            assert!(!d.contains(n), "{n} in {d}");
+        }
+    }
+}

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use dropcompute::checkpoint::{self, Checkpoint, CheckpointError};
 use dropcompute::schedule::SchedulerState;
 
+use super::config::Task;
 use super::error::TrainError;
 use super::transformer_train::AdamWState;
 use dropcompute::deal::RunData;
@@ -213,29 +214,32 @@ pub fn load(want: &str, p: usize, dir: &Path, rank: u32, step: u64) -> Result<(R
     Ok((meta, state))
 }
 
-/// The flag (or what sets it) of each field of a fingerprint (`Job::fingerprint`), and its
-/// value in the flag's spelling: the fingerprint keeps Rust debug names (`check=Predictive`,
-/// `norm=Realized`) so that existing checkpoints still resume; messages never show them.
-fn field_as_flag(key: &str, value: &str) -> (String, String) {
+/// The flag (or what sets it) of each field of a fingerprint (`Job::fingerprint`) of a job of
+/// `task`, and its value in the flag's spelling: the fingerprint keeps Rust debug names
+/// (`check=Predictive`, `norm=Realized`) so that existing checkpoints still resume; messages
+/// never show them. The parameter count and the training data are worded by the task
+/// (`config::Task::params_flags`, `Task::units_name`, `Task::units_flags`).
+fn field_as_flag(key: &str, value: &str, task: Task) -> (String, String) {
     let flag = match key {
-        "ranks" => "--ranks",
-        "m" => "--micro-batches",
-        "b" => "--micro-batch-size",
-        "seed" => "--seed",
-        "params" => "the parameter count (--hidden and the data's features and classes)",
-        "hidden" => "--hidden",
-        "check" => "--check",
-        "lag" => "--sync-lag",
-        "norm" => "--normalization",
-        "lr" => "--lr",
-        "momentum" => "--momentum",
-        "train" => "the training samples (--data, --holdout)",
-        "policy" => "--policy",
-        "task" => "--task",
-        "model" => "--text-model",
-        "units" => "the training micro-batches (--text-documents, --holdout, --micro-batch-size)",
-        "tail" => "--tail-split:--tail-cost",
-        other => other,
+        "ranks" => "--ranks".to_owned(),
+        "m" => "--micro-batches".to_owned(),
+        "b" => "--micro-batch-size".to_owned(),
+        "seed" => "--seed".to_owned(),
+        "params" => format!("the parameter count ({})", task.params_flags()),
+        "hidden" => "--hidden".to_owned(),
+        "check" => "--check".to_owned(),
+        "lag" => "--sync-lag".to_owned(),
+        "norm" => "--normalization".to_owned(),
+        "lr" => "--lr".to_owned(),
+        "momentum" => "--momentum".to_owned(),
+        // The digits' field (0 in a text fingerprint); the text job's is `units`.
+        "train" => format!("the {} ({})", Task::Digits.units_name(), Task::Digits.units_flags()),
+        "policy" => "--policy".to_owned(),
+        "task" => "--task".to_owned(),
+        "model" => "--text-model".to_owned(),
+        "units" => format!("the {} ({})", Task::Text.units_name(), Task::Text.units_flags()),
+        "tail" => "--tail-split:--tail-cost".to_owned(),
+        other => other.to_owned(),
     };
     let value = match (key, value) {
         ("check", "Predictive") => "predictive".to_owned(),
@@ -243,13 +247,19 @@ fn field_as_flag(key: &str, value: &str) -> (String, String) {
         ("norm", v) => v.to_lowercase(),
         (_, v) => v.to_owned(),
     };
-    (flag.to_owned(), value)
+    (flag, value)
 }
 
+/// The fields of a fingerprint that follow from its task (the model's size, the data it deals):
+/// when the task differs they differ with it, and only `--task` is named.
+const TASK_FIELDS: [&str; 4] = ["params", "train", "model", "units"];
+
 /// Each field in which fingerprint `saved` (the checkpoint's) differs from `want` (this run's)
-/// as "FLAG was X, this run has Y" ([`field_as_flag`]), joined by "; ". A field only one of them
-/// has (`policy`, `tail`: absent means the drop policy of `--check`, no tail shape) reads so
-/// on the other side.
+/// as "FLAG was X, this run has Y" ([`field_as_flag`], worded for this run's task), joined by
+/// "; ". A field only one of them has (`policy`, `tail`, `task`: absent means the drop policy
+/// of `--check`, no tail shape, the digits) reads so on the other side. `--task` comes first
+/// when it differs, and then the fields that follow from the task ([`TASK_FIELDS`]) are not
+/// listed (the digits' "training samples" of a text job, always 0, read as a difference).
 pub fn differences(saved: &str, want: &str) -> String {
     let fields = |f: &str| -> Vec<(String, String)> {
         f.split_whitespace()
@@ -257,27 +267,34 @@ pub fn differences(saved: &str, want: &str) -> String {
             .collect()
     };
     let (a, b) = (fields(saved), fields(want));
-    let mut keys: Vec<&String> = a.iter().map(|(k, _)| k).collect();
-    for (k, _) in &b {
+    let get = |f: &[(String, String)], k: &str| f.iter().find(|(x, _)| x == k).map(|(_, v)| v.clone());
+    let task_of =
+        |f: &[(String, String)]| if get(f, "task").as_deref() == Some("text") { Task::Text } else { Task::Digits };
+    let (saved_task, task) = (task_of(&a), task_of(&b));
+    let mut keys: Vec<&String> = Vec::new();
+    for (k, _) in a.iter().chain(&b) {
         if !keys.contains(&k) {
             keys.push(k);
         }
     }
-    let get = |f: &[(String, String)], k: &str| f.iter().find(|(x, _)| x == k).map(|(_, v)| v.clone());
+    if saved_task != task {
+        keys.retain(|k| !TASK_FIELDS.contains(&k.as_str()));
+        keys.sort_by_key(|k| k.as_str() != "task");
+    }
     let mut out = Vec::new();
     for k in keys {
         let (x, y) = (get(&a, k), get(&b, k));
         if x == y {
             continue;
         }
-        let flag = field_as_flag(k, "").0;
+        let flag = field_as_flag(k, "", task).0;
         let absent = match k.as_str() {
             "policy" => "the drop policy of --check",
             "tail" => "off",
             "task" => "digits",
             _ => "(not recorded)",
         };
-        let shown = |v: Option<String>| v.map_or_else(|| absent.to_owned(), |v| field_as_flag(k, &v).1);
+        let shown = |v: Option<String>| v.map_or_else(|| absent.to_owned(), |v| field_as_flag(k, &v, task).1);
         let (was, has) = (shown(x), shown(y));
         out.push(format!("{flag} was {was}, this run has {has}"));
     }

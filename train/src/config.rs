@@ -265,6 +265,33 @@ impl Task {
         }
     }
 
+    /// What the task's dealer deals one id per, as every message names it: "training samples"
+    /// (digits) or "training units" (text: bucket-plan units of b/S documents,
+    /// `text_job::TextJob::plan`); `job::Job::units_described` adds the count.
+    pub fn units_name(self) -> &'static str {
+        match self {
+            Task::Digits => "training samples",
+            Task::Text => "training units",
+        }
+    }
+
+    /// The flags that set how many [`Task::units_name`] a job has (checkpoint mismatch
+    /// messages, `ckpt::differences`).
+    pub fn units_flags(self) -> &'static str {
+        match self {
+            Task::Digits => "--data, --holdout",
+            Task::Text => "--text-documents, --holdout, --micro-batch-size, --tail-split",
+        }
+    }
+
+    /// The flags that set the model's parameter count (checkpoint mismatch messages).
+    pub fn params_flags(self) -> &'static str {
+        match self {
+            Task::Digits => "--hidden and the data's features and classes",
+            Task::Text => "--text-model",
+        }
+    }
+
     /// The task's `--time-mode` when absent: real for the digits; virtual for the text task,
     /// because the mock's host work for one text micro-batch (1 to 72 ms of CPU, README's
     /// table) exceeds its modelled device time (0.5 to 6.8 ms), so real time on a host with
@@ -274,6 +301,15 @@ impl Task {
             Task::Digits => TimeMode::Real,
             Task::Text => TimeMode::Virtual,
         }
+    }
+}
+
+/// `n` and a plural noun phrase in the grammar of `n`: "1 training unit", "2 training units",
+/// "0 documents" (a phrase not ending in "s" is kept as given).
+pub fn counted(n: u64, plural: &str) -> String {
+    match (n, plural.strip_suffix('s')) {
+        (1, Some(one)) => format!("1 {one}"),
+        _ => format!("{n} {plural}"),
     }
 }
 
@@ -305,7 +341,9 @@ impl TextModelSize {
 pub struct TextTask {
     /// Model and buckets.
     pub model: TextModelSize,
-    /// Use only the first this many documents of the embedded corpus (>= 2; `None`: all).
+    /// Use only the first this many documents of the embedded corpus (`None`: all): at least
+    /// `data::min_split_items(holdout)` (3 at the default `--holdout` 0.2; checked by the CLI),
+    /// at most the corpus (`text_job::TextJob::prepare` refuses more).
     pub documents: Option<u32>,
 }
 

@@ -325,7 +325,7 @@ pub fn holdout_split(n: usize, holdout_fraction: f64, seed: u64) -> Result<(Vec<
     if !(0.0..1.0).contains(&holdout_fraction) {
         return Err(invalid);
     }
-    let n_hold = (n as f64 * holdout_fraction).round() as usize;
+    let n_hold = held_out_count(n, holdout_fraction);
     if n_hold >= n {
         return Err(invalid);
     }
@@ -335,6 +335,30 @@ pub fn holdout_split(n: usize, holdout_fraction: f64, seed: u64) -> Result<(Vec<
     hold.sort_unstable();
     train.sort_unstable();
     Ok((train.to_vec(), hold.to_vec()))
+}
+
+/// Items [`holdout_split`] holds out of `n` at `holdout_fraction`: `round(n * holdout_fraction)`
+/// (half away from zero), the one place that rounding is written.
+pub fn held_out_count(n: usize, holdout_fraction: f64) -> usize {
+    (n as f64 * holdout_fraction).round() as usize
+}
+
+/// The fewest items [`holdout_split`] splits at `holdout_fraction` into at least one held-out
+/// and one training item ([`held_out_count`] in `1..n`; every larger count does too: the
+/// held-out count grows with `n`, and so does the training count, `n` minus a rounding that
+/// grows by at most 1 per item). Searched from `0.5 / min(f, 1 - f)`, where the rounding first
+/// reaches 1 on the smaller side. `None` for a fraction outside (0, 1) or one needing more than
+/// 2^50 items.
+pub fn min_split_items(holdout_fraction: f64) -> Option<u64> {
+    if !(holdout_fraction > 0.0 && holdout_fraction < 1.0) {
+        return None;
+    }
+    let near = 0.5 / holdout_fraction.min(1.0 - holdout_fraction);
+    if near >= (1u64 << 50) as f64 {
+        return None;
+    }
+    let start = (near.floor() as u64).saturating_sub(2).max(2);
+    (start..start + 64).find(|&n| (1..n as usize).contains(&held_out_count(n as usize, holdout_fraction)))
 }
 
 /// Parsing state of [`Dataset::from_bytes`].
@@ -581,6 +605,22 @@ mod tests {
         assert_eq!(d.split(0.0, 1).unwrap().1.len(), 0);
         for bad in [1.0, -0.1, f64::NAN, 0.9999] {
             assert!(matches!(d.split(bad, 1), Err(DataError::InvalidSplit { .. })), "{bad}");
+        }
+    }
+
+    /// The fewest items split into one held-out and one training item, against a scan of
+    /// `holdout_split` itself from 1 (and every larger count splits too).
+    #[test]
+    fn min_split_items_is_the_first_count_holdout_split_splits() {
+        for f in [0.2, 0.5, 0.9, 0.01, 0.33, 0.999, 1e-4, 0.75] {
+            let splits = |n: usize| holdout_split(n, f, 7).is_ok_and(|(t, h)| !t.is_empty() && !h.is_empty());
+            let first = (1..100_000).find(|&n| splits(n)).expect("a count");
+            assert_eq!(min_split_items(f), Some(first as u64), "{f}");
+            assert!((first..first + 50).all(splits), "{f}");
+        }
+        assert_eq!(min_split_items(0.2), Some(3));
+        for bad in [0.0, 1.0, -0.5, f64::NAN, 1e-300] {
+            assert_eq!(min_split_items(bad), None, "{bad}");
         }
     }
 

@@ -111,7 +111,9 @@ impl Job {
     /// validation); for `--epochs` the count depends on the data, so it is checked here, once
     /// the data is loaded and before any device call (it was found only after the baseline
     /// ran). The same conditions as the run's own check: a baseline (`--compare`), a policy
-    /// that uses the threshold.
+    /// that uses the threshold. The data are the job's units ([`Job::units_described`]: the
+    /// digits' samples, the text plan's units; the text job counted the digits' empty set and
+    /// refused every `--epochs` run).
     ///
     /// # Errors
     /// [`TrainError::Config`] naming `--epochs`, the baseline's steps and the warm-up.
@@ -130,9 +132,9 @@ impl Job {
             return Err(TrainError::Config {
                 what: "--epochs",
                 value: format!(
-                    "{e}: the baseline runs {steps} step(s) ({} training samples x {e} epoch(s), {} per step), {tuned} after the {} warm-up steps; --threshold auto needs at least {} (insufficient data): run more epochs, a smaller global batch, or give a threshold",
-                    self.train.len(),
-                    u64::from(c.ranks) * u64::from(c.micro_batches) * u64::from(c.micro_batch_size),
+                    "{e}: the baseline runs {steps} step(s) ({} x {e} epoch(s), {} per step), {tuned} after the {} warm-up steps; --threshold auto needs at least {} (insufficient data): run more epochs, a smaller global batch, or give a threshold",
+                    self.units_described(),
+                    self.baseline_step_ids(),
                     c.warmup_steps,
                     dropcompute::tune::MIN_STEPS
                 ),
@@ -141,19 +143,24 @@ impl Job {
         Ok(())
     }
 
-    /// Steps of the synchronous baseline of an `--epochs` run: its one global stream
-    /// (`deal::ReplayStream`, as the run deals it) dealt M whole micro-batches per rank per
-    /// step, every one started, until a step deals nothing.
+    /// Ids ([`Job::units`]) the baseline deals per step: ranks x M micro-batches, each S parts
+    /// of [`Job::part_size`] ids (S the tail split; the baseline merges S parts): ranks x M x b
+    /// samples for the digits, ranks x M x S plan units for the text job.
+    pub fn baseline_step_ids(&self) -> u64 {
+        u64::from(self.cfg.ranks)
+            * u64::from(self.cfg.micro_batches)
+            * u64::from(self.cfg.tail.parts())
+            * self.part_size() as u64
+    }
+
+    /// Steps of the synchronous baseline of an `--epochs` run: the job's one stream
+    /// ([`Job::replay_stream`], the run's `RunData::global` of the same ids and parts) dealt
+    /// M whole micro-batches (M x S parts) per rank per step, every one started, until a step
+    /// deals nothing.
     fn baseline_epoch_steps(&self) -> u64 {
         use dropcompute::sim::policies::ReplayData;
-        let mut stream = dropcompute::deal::ReplayStream::new(
-            self.train.len() as u64,
-            self.cfg.seed,
-            self.cfg.micro_batch_size as usize,
-            self.max_epochs(),
-            None,
-        );
-        let assignment = vec![self.cfg.micro_batches; self.cfg.ranks as usize];
+        let mut stream = self.replay_stream();
+        let assignment = vec![self.cfg.micro_batches * self.cfg.tail.parts(); self.cfg.ranks as usize];
         let mut steps = 0;
         while let Some(counts) = stream.deal(steps, &assignment) {
             stream.settle(&counts);
@@ -240,7 +247,20 @@ impl Job {
             Some(p) => Dataset::load(p, cfg.classes)?,
             None => Dataset::embedded_digits()?,
         };
-        let (train, holdout) = all.split(cfg.holdout, cfg.seed)?;
+        // A split that leaves no training sample names the flag (the data module's error
+        // names neither flag nor file).
+        let (train, holdout) = all.split(cfg.holdout, cfg.seed).map_err(|e| match e {
+            super::data::DataError::InvalidSplit { .. } => TrainError::Config {
+                what: "--holdout",
+                value: format!(
+                    "{}: holds out {} of the {} samples, leaving none to train on; give a smaller --holdout",
+                    cfg.holdout,
+                    super::data::held_out_count(all.len(), cfg.holdout),
+                    all.len()
+                ),
+            },
+            other => other.into(),
+        })?;
         let shape = MlpShape { input: all.dim, hidden: cfg.hidden as usize, classes: all.classes };
         let init = match &cfg.init_params {
             Some(p) => super::params::load_for(p, shape)?,
@@ -419,6 +439,21 @@ impl Job {
         match &self.text {
             Some(t) => t.plan.units(),
             None => self.train.len() as u64,
+        }
+    }
+
+    /// The job's units as every message names them, count first ([`Job::units`],
+    /// `config::Task::units_name`): "1438 training samples" (digits), "40 training units of 4
+    /// documents" (text: bucket-plan units of b/S documents, a bucket's last one short).
+    pub fn units_described(&self) -> String {
+        let n = self.units();
+        match &self.text {
+            Some(t) => format!(
+                "{} of {}",
+                super::config::counted(n, self.cfg.task.units_name()),
+                super::config::counted(u64::from(t.unit_rows), "documents")
+            ),
+            None => super::config::counted(n, self.cfg.task.units_name()),
         }
     }
 
