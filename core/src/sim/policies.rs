@@ -210,7 +210,9 @@ pub struct PolicyReplay {
     /// The work in real tokens when the trace carries them ([`LatencyTrace::tokens`], a run
     /// whose unit of work is tokens): (aggregated, nominal) summed over steps. A step's nominal
     /// tokens are its recorded N·M micro-batches' scaled by its nominal parts over N·M·S (an
-    /// epoch's short step); a started micro-batch counts its recorded tokens, a tail part its
+    /// epoch's short step), or, with the dealt parts' shapes and under rebalancing
+    /// ([`Policy::rebalances`]), the tokens handed out scaled by its nominal parts over the
+    /// parts handed out; a started micro-batch counts its recorded tokens, a tail part its
     /// share 1/S of them, a micro-batch beyond the record (beyond M, or a step beyond the
     /// trace) the trace's mean per micro-batch (an estimate, as its latency is). `None` for a
     /// trace without tokens: then every count is in parts.
@@ -777,9 +779,14 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 (true, Some(t)) => t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum::<f64>(),
                 _ => mean * (n * m) as f64,
             };
-            // With the dealt parts' shapes: the tokens handed out, per nominal part.
+            // With the dealt parts' shapes, and under rebalancing (the global batch kept, moved
+            // between ranks): the tokens handed out, per nominal part. A micro-batch moved past
+            // a rank's recorded M counts the trace's mean tokens (an estimate) on both sides,
+            // so a rebalanced step that starts all it was handed drops nothing (against the
+            // recorded tokens it showed a drop, or hid one, by the moved micro-batches'
+            // difference from the mean).
             let step_tokens_nominal = match step_tokens_handed {
-                (t, k) if shaped && k > 0 => crate::policy::step_nominal_tokens(t, k, nominal),
+                (t, k) if (shaped || p.rebalances()) && k > 0 => crate::policy::step_nominal_tokens(t, k, nominal),
                 _ => crate::policy::step_nominal_tokens(recorded_tokens, (n * m * split) as u64, nominal),
             };
             tok_steps.push((step_tokens_nominal, step_tokens_started));
