@@ -924,7 +924,7 @@ mod tests {
         for none in ["synchronous", "backup-workers,rebalance"] {
             let mut v = base.to_vec();
             v.extend(["--threshold", "0.5", "--policy", none]);
-            let e = plan(&args(&v)).err().expect("refused").to_string();
+            let e = plan(&args(&v)).expect_err("refused").to_string();
             assert!(e.contains("validate --threshold 0.5: no policy of the grid uses a threshold"), "{none}: {e}");
         }
     }
