@@ -1204,6 +1204,27 @@ mod tests {
         assert!((r.effective_speedup - want).abs() < 1e-12, "{}", r.effective_speedup);
     }
 
+    /// The same rebalancing on a trace in tokens where the chronic rank holds the long
+    /// micro-batches (100 tokens against 10): the micro-batches moved past a fast rank's
+    /// recorded M count the trace's mean tokens (an estimate) and the step's nominal tokens are
+    /// those handed out, so a run that starts all it is handed drops nothing and its speedup is
+    /// the one in micro-batches. Against the recorded tokens it showed a drop with no
+    /// micro-batch lost (the review's "drop 0.33 %, lost mb 0").
+    #[test]
+    fn rebalance_in_tokens_drops_nothing_when_nothing_is_lost() {
+        let (n, m, steps) = (4usize, 8usize, 20usize);
+        let tokens: Vec<u64> = (0..n * m * steps).map(|k| if (k / m) % n == 1 { 100 } else { 10 }).collect();
+        let t = chronic_trace(n, m, steps).with_tokens(tokens).expect("tokens");
+        let p = StepPolicy { rebalance: RebalanceConfig::default(), ..StepPolicy::new(Policy::Rebalance) };
+        let r = replay_policy(&t, &run(p, None));
+        assert_eq!(r.lost, 0);
+        assert_eq!(&r.assigned[n..2 * n], &[9, 5, 9, 9], "work moved off rank 1");
+        let (agg, nom) = r.tokens.expect("in tokens");
+        assert_eq!((r.drop_rate, agg), (0.0, nom));
+        let want = (20.0 * 16.0) / (16.0 + 19.0 * 10.0) - 1.0;
+        assert!((r.effective_speedup - want).abs() < 1e-12, "{}", r.effective_speedup);
+    }
+
     /// `n` ranks x `m` micro-batches x `steps` steps of scripted lengths: micro-batch k of the
     /// run has bucket 3 when k is a multiple of 5 (a long bucket every fifth micro-batch), else k % 3, and
     /// costs `cost[bucket]`; no noise, no overhead.
