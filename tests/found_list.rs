@@ -446,6 +446,11 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
             let refused = (policy == "drop-before" && check == "predictive")
                 || (["drop-predictive", "length-predictive", "cost-balance"].contains(&policy) && check == "before");
             let mut args = BASE.to_vec();
+            // A threshold in ms with a policy without a deadline is refused (its own rows below).
+            let no_deadline = ["synchronous", "backup-workers", "rebalance"].contains(&policy);
+            if no_deadline {
+                *args.last_mut().expect("BASE ends with the threshold") = "off";
+            }
             args.extend(["--steps", "3", "--policy", policy, "--check", check]);
             let (o, _) = dc(&args, &[]);
             let checked = if refused {
@@ -454,6 +459,18 @@ fn train_refuses_impossible_flag_combinations_before_anything_runs() {
                 code_is(&row, &o, 0)
             };
             if let Err(e) = checked {
+                failures.push(e);
+            }
+        }
+        if ["synchronous", "backup-workers", "rebalance"].contains(&policy) {
+            rows += 1;
+            let row = format!("--policy {policy} --threshold 20");
+            let mut args = BASE.to_vec();
+            args.extend(["--steps", "3", "--policy", policy]);
+            let (o, _) = dc(&args, &[]);
+            if let Err(e) = code_is(&row, &o, 2).and_then(|()| {
+                contains_all(&row, &text(&o.stderr), &["--threshold 20", &format!("--policy {policy}"), "auto or off"])
+            }) {
                 failures.push(e);
             }
         }

@@ -39,6 +39,29 @@ fn every_environment_variable_with_a_bad_value_is_named_with_its_value() {
         (vec![("DROPCOMPUTE_MOCK_DEVICES", "0")], &[], "DROPCOMPUTE_MOCK_DEVICES", "0"),
         (vec![("DROPCOMPUTE_MOCK_CONFIG", "nope")], &[], "DROPCOMPUTE_MOCK_CONFIG", "nope"),
         (vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"devices":0}"#)], &[], "DROPCOMPUTE_MOCK_CONFIG", "devices = 0"),
+        // serde read a JSON array into the struct's fields in order: exit 0.
+        (vec![("DROPCOMPUTE_MOCK_CONFIG", "[]")], &[], "DROPCOMPUTE_MOCK_CONFIG", "expected a JSON object"),
+        (vec![("DROPCOMPUTE_MOCK_CONFIG", "[1]")], &[], "DROPCOMPUTE_MOCK_CONFIG", "expected a JSON object"),
+        (
+            vec![("DROPCOMPUTE_MOCK_CONFIG", r#"[8,"gaudi2"]"#)],
+            &[],
+            "DROPCOMPUTE_MOCK_CONFIG",
+            "expected a JSON object",
+        ),
+        (vec![("DROPCOMPUTE_MOCK_CONFIG", "7")], &[], "DROPCOMPUTE_MOCK_CONFIG", "expected a JSON object"),
+        // The field, its value as typed and the rule (only "graph_gflops = -1" before).
+        (
+            vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"graph_gflops": -1}"#)],
+            &[],
+            "DROPCOMPUTE_MOCK_CONFIG",
+            "graph_gflops = -1 (must be a positive finite number",
+        ),
+        (
+            vec![("DROPCOMPUTE_MOCK_CONFIG", r#"{"copy_bandwidth_gbps": 1e-300}"#)],
+            &[],
+            "DROPCOMPUTE_MOCK_CONFIG",
+            "copy_bandwidth_gbps = 1e-300 (must be a positive finite number",
+        ),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "0")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "\"0\""),
         (vec![("DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon")], &[], "DROPCOMPUTE_MOCK_HCCL_TIMEOUT_MS", "soon"),
         (vec![("DROPCOMPUTE_BACKEND", "foo")], &[], "DROPCOMPUTE_BACKEND", "foo"),

@@ -102,3 +102,32 @@ fn a_fixed_threshold_is_predicted_within_half_a_percent_in_virtual_time() {
     let heavy = j.rows.iter().filter(|r| r.check == "predictive").map(|r| r.drop_rate_measured);
     assert!(heavy.clone().all(|d| d > 0.2), "{:?}", heavy.collect::<Vec<_>>());
 }
+
+/// The review's command, `validate --ranks 4 --micro-batches 4 --steps 14 --time-mode virtual
+/// -- --task text --text-model tiny --text-documents 800`, exited 2 ("--check before: the text
+/// task's default policy cost-balance runs the predictive check") on validate's own default
+/// grid: it runs cost-balance's predictive check only (2 lags x 2 slow-rank settings x 2
+/// seeds) within the virtual-time target.
+#[test]
+fn the_text_task_without_check_runs_its_default_policys_own_check() {
+    let j = validate(&[
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "14",
+        "--time-mode",
+        "virtual",
+        "--",
+        "--task",
+        "text",
+        "--text-model",
+        "tiny",
+        "--text-documents",
+        "800",
+    ]);
+    assert_eq!(j.rows.len(), 2 * 2 * 2);
+    assert!(j.rows.iter().all(|r| r.check == "predictive" && r.policy == "cost-balance"), "{:?}", j.rows);
+    assert!(j.summary.target_met, "{:?}", j.summary);
+}

@@ -494,7 +494,7 @@ fn build() -> Vec<Variable> {
     t.extend([
         row(
             habana_mock::config::ENV_CONFIG,
-            "the mock's configuration, JSON (`{\"devices\":2}`); wins over DROPCOMPUTE_MOCK_DEVICES",
+            "the mock's configuration, a JSON object (`{\"devices\":2}`; an array or a scalar is refused); wins over DROPCOMPUTE_MOCK_DEVICES",
             "the default mock",
             DEVICE,
             "{devices:2}",

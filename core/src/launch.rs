@@ -443,6 +443,9 @@ impl ChildSpec {
     /// [`LaunchError::Io`] when unreadable; [`LaunchError::Spec`] when it is not a spec.
     pub fn read(path: &Path) -> Result<Self, LaunchError> {
         let bytes = crate::input::read(path, crate::input::InputKind::Spec)?;
+        // An array would be read into the spec's fields in order (serde's sequence form).
+        habana_sys::require_json_object(&bytes)
+            .map_err(|why| LaunchError::Spec { path: path.to_path_buf(), why: why.to_owned() })?;
         serde_json::from_slice(&bytes).map_err(|e| LaunchError::Spec { path: path.to_path_buf(), why: e.to_string() })
     }
 
@@ -773,5 +776,19 @@ mod tests {
         assert!(matches!(bad.join(), Err(LaunchError::BadSpec { rank: 1, .. })));
         let err = back.config::<Vec<u32>>().unwrap_err();
         assert!(matches!(err, LaunchError::BadSpec { rank: 1, .. }), "{err}");
+        // A spec file handed over as an array (serde reads it into the fields in order) or a
+        // scalar is refused as not an object, naming the file.
+        let fields = serde_json::to_value(&back).unwrap();
+        let order = ["program", "rank", "world_size", "unique_id", "config", "result", "parent_pid"];
+        let as_array = serde_json::Value::Array(order.iter().map(|k| fields[*k].clone()).collect());
+        for text in [serde_json::to_string(&as_array).unwrap(), "[]".into(), "3".into()] {
+            std::fs::write(&path, &text).unwrap();
+            match ChildSpec::read(&path) {
+                Err(LaunchError::Spec { path: p, why }) => {
+                    assert_eq!((p, why.as_str()), (path.clone(), habana_sys::NOT_A_JSON_OBJECT), "{text}")
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
     }
 }

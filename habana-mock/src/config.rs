@@ -342,11 +342,14 @@ impl MockConfig {
         }
     }
 
-    /// Parses and validates the JSON form.
+    /// Parses and validates the JSON form: a JSON object (`habana_sys::require_json_object`).
     ///
     /// # Errors
-    /// [`ConfigError`] naming the JSON error or the invalid field.
+    /// [`ConfigError`] for anything but a JSON object ([`habana_sys::NOT_A_JSON_OBJECT`]), the
+    /// JSON error, or the invalid field with its rule.
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        // `[]` or `[8,"gaudi2"]` were read as the fields in order (serde's sequence form).
+        habana_sys::require_json_object(json.as_bytes()).map_err(|why| bad("config", why.to_owned()))?;
         let cfg: Self = serde_json::from_str(json).map_err(|e| bad("config", e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
@@ -361,22 +364,36 @@ impl MockConfig {
         if self.devices == 0 || self.devices > MAX_DEVICES {
             return Err(bad("config", format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices)));
         }
-        if !(self.copy_bandwidth_gbps.is_finite() && self.copy_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
-            return Err(bad("config", format!("copy_bandwidth_gbps = {}", self.copy_bandwidth_gbps)));
-        }
         if !(1..=3_600_000).contains(&self.hccl_timeout_ms) {
             return Err(bad("config", format!("hccl_timeout_ms = {} (must be 1..=3600000)", self.hccl_timeout_ms)));
         }
-        if !(self.hccl_bandwidth_gbps.is_finite() && self.hccl_bandwidth_gbps >= MIN_COPY_BANDWIDTH_GBPS) {
-            return Err(bad("config", format!("hccl_bandwidth_gbps = {}", self.hccl_bandwidth_gbps)));
-        }
-        for (name, v) in [("graph_hbm_gbps", self.graph_hbm_gbps), ("graph_gflops", self.graph_gflops)] {
+        // Every rate: a positive finite number, at least the floor that keeps the timeline's
+        // costs finite (1e-300 GB/s costs a copy about 1e300 ns).
+        for (name, v) in [
+            ("copy_bandwidth_gbps", self.copy_bandwidth_gbps),
+            ("hccl_bandwidth_gbps", self.hccl_bandwidth_gbps),
+            ("graph_hbm_gbps", self.graph_hbm_gbps),
+            ("graph_gflops", self.graph_gflops),
+        ] {
             if !(v.is_finite() && v >= MIN_COPY_BANDWIDTH_GBPS) {
-                return Err(bad("config", format!("{name} = {v}")));
+                return Err(bad(
+                    "config",
+                    format!(
+                        "{name} = {} (must be a positive finite number, at least {})",
+                        habana_sys::show_f64(v),
+                        habana_sys::show_f64(MIN_COPY_BANDWIDTH_GBPS)
+                    ),
+                ));
             }
         }
         if self.graph_node_overhead_ns > MAX_SCRIPT_NS {
-            return Err(bad("config", format!("graph_node_overhead_ns = {}", self.graph_node_overhead_ns)));
+            return Err(bad(
+                "config",
+                format!(
+                    "graph_node_overhead_ns = {} (must be <= {MAX_SCRIPT_NS}, 1 hour)",
+                    self.graph_node_overhead_ns
+                ),
+            ));
         }
         if let Some((name, ns)) = self.graph_base_latency_ns.iter().find(|(_, ns)| **ns > MAX_SCRIPT_NS) {
             return Err(bad("config", format!("graph_base_latency_ns[{name:?}] = {ns} > {MAX_SCRIPT_NS} (1 hour)")));
@@ -393,7 +410,15 @@ impl MockConfig {
                 ));
             }
             if !(o.slowdown.is_finite() && o.slowdown > 0.0 && o.slowdown <= MAX_SLOWDOWN) {
-                return Err(bad("config", format!("module {} slowdown = {}", o.module_id, o.slowdown)));
+                return Err(bad(
+                    "config",
+                    format!(
+                        "module {} slowdown = {} (must be a positive finite number, at most {})",
+                        o.module_id,
+                        habana_sys::show_f64(o.slowdown),
+                        habana_sys::show_f64(MAX_SLOWDOWN)
+                    ),
+                ));
             }
             if let Some(n) = &o.noise {
                 validate_noise(n)?;
@@ -483,11 +508,13 @@ fn one_u32() -> u32 {
 }
 
 impl Fault {
-    /// Parses the JSON form.
+    /// Parses the JSON form: a JSON object (`habana_sys::require_json_object`).
     ///
     /// # Errors
-    /// [`ConfigError`] with the JSON error.
+    /// [`ConfigError`] for anything but a JSON object, or with the JSON error.
     pub fn from_json(json: &str) -> Result<Self, ConfigError> {
+        // An internally tagged enum reads `["clear_all"]` as its tag and fields in order.
+        habana_sys::require_json_object(json.as_bytes()).map_err(|why| bad("fault", why.to_owned()))?;
         serde_json::from_str(json).map_err(|e| bad("fault", e.to_string()))
     }
 }
@@ -545,6 +572,50 @@ mod tests {
         assert!(MockConfig::from_json(r#"{"devices":2,"per_device":[{"module_id":2}]}"#).is_err());
         assert!(MockConfig::from_json(r#"{"noise":{"kind":"normal","cv":-0.1}}"#).is_err());
         assert!(MockConfig::from_json(r#"{"devise":2}"#).is_err());
+    }
+
+    /// Anything but a JSON object is refused (serde read `[]`, `[1]`, `[8,"gaudi2"]` into the
+    /// fields in order); every numeric field's refusal names the field, its value as typed and
+    /// the rule.
+    #[test]
+    fn only_a_json_object_is_a_config_and_every_bad_number_says_why() {
+        // (input, the message's part; None: accepted)
+        let cases: [(&str, Option<&str>); 16] = [
+            ("[]", Some(habana_sys::NOT_A_JSON_OBJECT)),
+            ("[1]", Some(habana_sys::NOT_A_JSON_OBJECT)),
+            (r#"[8,"gaudi2"]"#, Some(habana_sys::NOT_A_JSON_OBJECT)),
+            (" \n\t7", Some(habana_sys::NOT_A_JSON_OBJECT)),
+            ("null", Some(habana_sys::NOT_A_JSON_OBJECT)),
+            (r#""devices""#, Some(habana_sys::NOT_A_JSON_OBJECT)),
+            (r#"{"graph_gflops": -1}"#, Some("graph_gflops = -1 (must be a positive finite number, at least 0.001)")),
+            (r#"{"graph_gflops": 0}"#, Some("graph_gflops = 0 (must be a positive finite number")),
+            (r#"{"graph_hbm_gbps": 1e-300}"#, Some("graph_hbm_gbps = 1e-300 (must be a positive finite number")),
+            (r#"{"copy_bandwidth_gbps": 1e-300}"#, Some("copy_bandwidth_gbps = 1e-300 (must be")),
+            (r#"{"hccl_bandwidth_gbps": -2.5}"#, Some("hccl_bandwidth_gbps = -2.5 (must be")),
+            (
+                r#"{"graph_node_overhead_ns": 3600000000001}"#,
+                Some("graph_node_overhead_ns = 3600000000001 (must be <="),
+            ),
+            (r#"{"hccl_timeout_ms": 0}"#, Some("hccl_timeout_ms = 0 (must be 1..=3600000)")),
+            (
+                r#"{"per_device":[{"module_id":0,"slowdown":1e300}]}"#,
+                Some("slowdown = 1e300 (must be a positive finite"),
+            ),
+            (" {\"graph_gflops\": 500}", None),
+            ("{}", None),
+        ];
+        for (json, want) in cases {
+            match (MockConfig::from_json(json), want) {
+                (Err(e), Some(w)) => assert!(e.why.contains(w), "{json}: {e}"),
+                (Ok(_), None) => {}
+                (got, _) => panic!("{json}: {got:?}, want {want:?}"),
+            }
+        }
+        for json in ["[]", r#"["clear_all"]"#, r#"["release_stall", 0]"#] {
+            let e = Fault::from_json(json).expect_err(json);
+            assert_eq!((e.what, e.why.as_str()), ("fault", habana_sys::NOT_A_JSON_OBJECT), "{json}");
+        }
+        assert!(Fault::from_json(r#"{"kind":"clear_all"}"#).is_ok());
     }
 
     #[test]

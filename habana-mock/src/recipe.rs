@@ -195,6 +195,8 @@ impl MockRecipe {
     /// # Errors
     /// [`RecipeFileError::Parse`] (including invalid UTF-8) or [`RecipeFileError::Invalid`].
     pub fn from_slice(bytes: &[u8], path: &Path) -> Result<Self, RecipeFileError> {
+        habana_sys::require_json_object(bytes)
+            .map_err(|why| RecipeFileError::Invalid { path: path.to_path_buf(), why: why.to_owned() })?;
         let r: Self = serde_json::from_slice(bytes)
             .map_err(|source| RecipeFileError::Parse { path: path.to_path_buf(), source })?;
         r.validate(path)?;

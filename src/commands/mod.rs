@@ -249,6 +249,47 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
+/// What the trace loader assumed, filled or removed for `loaded` (`trace::Loaded::notes` and
+/// the incomplete steps removed), one indented line each ("  note: ..."), empty when nothing:
+/// the one printing of `tune --trace` (every mode) and `simulate --trace`, so a replay never
+/// runs on what the loader changed (e.g. a trace left without buckets: the length-aware
+/// policies then replay blind) without saying so.
+pub fn loader_notes(loaded: &dropcompute::trace::Loaded) -> String {
+    let mut s = String::new();
+    for note in &loaded.notes {
+        s += &format!("  note: {note}\n");
+    }
+    if !loaded.completeness.dropped_steps.is_empty() {
+        s += &format!("  incomplete steps removed (step, missing cells): {:?}\n", loaded.completeness.dropped_steps);
+    }
+    s
+}
+
+/// [`loader_notes`] where a policy comparison prints (`tune`/`simulate --trace --policy`):
+/// under a `trace: SOURCE` line into the text output, or, with `--json` (the notes are no
+/// field of `tune::policies::PolicyComparison`), on standard error, so standard output stays
+/// one JSON document. Nothing when the loader noted nothing.
+///
+/// # Errors
+/// [`CommandError::Stream`] / [`CommandError::Io`] when writing `out` fails.
+pub(crate) fn print_loader_notes(
+    loaded: &dropcompute::trace::Loaded,
+    json: bool,
+    out: &mut dyn std::io::Write,
+) -> Result<(), CommandError> {
+    let notes = loader_notes(loaded);
+    if notes.is_empty() {
+        return Ok(());
+    }
+    let text = format!("trace: {}\n{notes}", loaded.trace.source());
+    if json {
+        dropcompute::console::err(text.trim_end());
+        Ok(())
+    } else {
+        out.write_all(text.as_bytes()).map_err(io_err("stdout"))
+    }
+}
+
 /// Parses `--policy`: `all` or a comma-separated list of policy names
 /// ([`dropcompute::policy::Policy::name`]), returned in [`dropcompute::policy::Policy::ALL`] order.
 ///

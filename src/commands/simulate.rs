@@ -42,11 +42,11 @@ pub struct Args {
     /// World sizes: a list "16,64,200" or a range "1..10000" (1-2-5 grid per decade).
     #[arg(long, default_value = "16,64,200,1000,10000")]
     pub workers: String,
-    /// Threshold as a fraction of the mean compute time M·mean latency (ignored with
-    /// --threshold-ms).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub threshold_frac: f64,
-    /// Threshold in ms.
+    /// Threshold as a fraction of the mean compute time M·mean latency [default: 1]; not with
+    /// --threshold-ms, nor with --policy / --trace (they tune each policy's threshold).
+    #[arg(long, allow_negative_numbers = true, conflicts_with = "threshold_ms")]
+    pub threshold_frac: Option<f64>,
+    /// Threshold in ms; not with --policy / --trace (they tune each policy's threshold).
     #[arg(long, allow_negative_numbers = true)]
     pub threshold_ms: Option<f64>,
     /// Check mode.
@@ -185,16 +185,21 @@ impl Args {
     /// # Errors
     /// [`CommandError::Args`] naming the flag and its value: a non-finite number anywhere;
     /// `--base-ms` <= 0; `--overhead-ms`, `--threshold-frac`, `--pause-ms` < 0;
-    /// `--threshold-ms` <= 0; `--slow-factor` <= 0; `--micro-batches`, `--budget` = 0. (`--noise`
-    /// is checked by its parser.)
+    /// `--threshold-ms` <= 0; `--slow-factor` <= 0; `--micro-batches`, `--budget` = 0;
+    /// `--threshold-ms` or `--threshold-frac` with `--policy` or `--trace` (the comparison
+    /// tunes each policy's threshold: a given one was ignored). (`--noise` is checked by its
+    /// parser.)
     pub fn validate(&self) -> Result<(), CommandError> {
         let bad = |flag: &str, v: String, why: &str| Err(CommandError::Args(format!("--{flag} {v}: {why}")));
         // The guardrails are checked whether or not the run uses them (they were accepted as
         // NaN, 1.5 or -1 without --policy, exit 0: issue 24).
         self.guardrails.guardrails().map_err(CommandError::Args)?;
         let positive = [("base-ms", self.base_ms), ("slow-factor", self.slow_factor)];
-        let non_negative =
-            [("overhead-ms", self.overhead_ms), ("threshold-frac", self.threshold_frac), ("pause-ms", self.pause_ms)];
+        let non_negative = [
+            ("overhead-ms", self.overhead_ms),
+            ("threshold-frac", self.threshold_frac.unwrap_or(0.0)),
+            ("pause-ms", self.pause_ms),
+        ];
         for (flag, v) in positive {
             if !(v.is_finite() && v > 0.0) {
                 return bad(flag, v.to_string(), "must be a finite number > 0");
@@ -215,6 +220,20 @@ impl Args {
         }
         if self.budget == 0 {
             return bad("budget", "0".into(), "must be >= 1 simulated micro-batch");
+        }
+        // The policy comparison tunes every policy's own threshold: a given one was ignored.
+        if self.policy.is_some() || !self.traces.is_empty() {
+            let given = [("threshold-ms", self.threshold_ms), ("threshold-frac", self.threshold_frac)];
+            if let Some((flag, Some(v))) = given.into_iter().find(|(_, v)| v.is_some()) {
+                let with = if self.traces.is_empty() { "--policy" } else { "--trace" };
+                return bad(
+                    flag,
+                    v.to_string(),
+                    &format!(
+                        "not used with {with}: the policy comparison tunes each policy's threshold on the replay; leave --{flag} out"
+                    ),
+                );
+            }
         }
         Ok(())
     }
@@ -253,7 +272,8 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     }
     let noise = LatencyModel::new(args.base_ms * 1e6, args.noise.clone());
     let unavailable = analytic_unavailable(args);
-    let tau = args.threshold_ms.map_or(args.threshold_frac * f64::from(m) * noise.mean_ns(), |t| t * 1e6);
+    let tau =
+        args.threshold_ms.map_or(args.threshold_frac.unwrap_or(1.0) * f64::from(m) * noise.mean_ns(), |t| t * 1e6);
     if !(tau.is_finite() && tau >= 0.0) {
         return Err(CommandError::Args(format!("threshold {tau} ns")));
     }
@@ -406,6 +426,9 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
             // Enough data as `tune` judges it, by the same one check (a one-step trace got
             // ENABLE verdicts here while `tune` refused it).
             super::tune::check_trace(&loaded.trace, &execution)?;
+            // What the loader changed, as `tune` prints it (a trace left without buckets ran
+            // its length-aware rows blind, and nothing said so).
+            super::print_loader_notes(&loaded, args.json, out)?;
             comparisons.push(dropcompute::tune::policies::compare(&loaded.trace, &how, &policies, tail, args.seed));
         }
     }
@@ -528,6 +551,95 @@ mod tests {
         assert!(e.contains("lognormal:9") && e.contains("expected"), "{e}");
         let a = Cli::try_parse_from(["simulate", "--noise", "seqlen:8", "--check", "predictive"]).unwrap().a;
         assert_eq!((a.noise, a.check), (Noise::SeqLen { samples: 8 }, CheckMode::Predictive));
+    }
+
+    /// A threshold given to the policy comparison (`--policy`, `--trace`), which tunes each
+    /// policy's own, is refused naming the flag and the mode (it was ignored); without them it
+    /// is the Monte Carlo's deadline; `--threshold-frac` with `--threshold-ms` is a usage error.
+    #[test]
+    fn a_threshold_the_policy_comparison_would_ignore_is_refused() {
+        use clap::Parser;
+        for threshold in [["--threshold-ms", "3"], ["--threshold-frac", "0.5"]] {
+            for (mode, with) in [(&["--policy", "all"][..], "--policy"), (&["--trace", "/nonexistent.csv"], "--trace")]
+            {
+                let mut argv = vec!["simulate", "--workers", "4"];
+                argv.extend_from_slice(&threshold);
+                argv.extend_from_slice(mode);
+                let args = Cli::try_parse_from(&argv).expect("clap accepts the syntax").a;
+                let e = run_to(&args, &mut Vec::new()).expect_err("refused").to_string();
+                assert!(
+                    e.contains(&format!("{} {}: not used with {with}", threshold[0], threshold[1])),
+                    "{argv:?}: {e}"
+                );
+            }
+            let plain = Cli::try_parse_from(["simulate", "--workers", "4", threshold[0], threshold[1]]).unwrap().a;
+            assert!(plain.validate().is_ok(), "{threshold:?} without --policy");
+        }
+        let both = ["simulate", "--threshold-ms", "3", "--threshold-frac", "0.5"];
+        assert!(Cli::try_parse_from(both).is_err(), "the fraction was ignored beside --threshold-ms");
+    }
+
+    /// A compute log of a run that dealt beyond M (rank 0 handed M + 1 micro-batches a step,
+    /// rank 1 M - 1, as cost-balance deals), every row with its bucket and tokens: the loader
+    /// keeps neither for the trace (rank 1's unassigned cell has none). `simulate --trace`
+    /// replayed it silently, its length-aware rows equal to drop-predictive's; it prints the
+    /// loader's notes now, the same lines as `tune --trace` (one function), saying that the
+    /// length-aware rows ran blind.
+    #[test]
+    fn simulate_trace_prints_the_loaders_notes_as_tune_does() {
+        use clap::Parser;
+        use dropcompute::trace::compute_log::{ComputeLogRecord, ComputeLogWriter};
+        let (m, steps) = (2u32, 12u64);
+        let mut w = ComputeLogWriter::new(Vec::new());
+        for step in 0..steps {
+            for (rank, handed) in [(0u32, m + 1), (1, m - 1)] {
+                let mut t = step * 1_000_000;
+                for mb in 0..handed {
+                    let ns = 100_000 + 10_000 * u64::from(rank + mb);
+                    w.write(&ComputeLogRecord {
+                        global_step: step,
+                        local_step: mb,
+                        world_size: 2,
+                        batch: 2,
+                        computed_batch: 2 * u64::from(mb + 1),
+                        iteration_time_ms: ns as f64 / 1e6,
+                        rank,
+                        start_ns: t,
+                        duration_ns: ns,
+                        micro_batches: m,
+                        clock_start_ns: Some(step * 1_000_000),
+                        bucket: Some(mb % 2),
+                        tokens: Some(10 + u64::from(mb)),
+                        ..ComputeLogRecord::default()
+                    })
+                    .expect("write");
+                    t += ns;
+                }
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("compute_log_dropcompute.csv");
+        std::fs::write(&log, w.into_inner().expect("flush")).unwrap();
+        let path = log.to_str().unwrap();
+        let notes = |text: &str| -> Vec<String> {
+            text.lines().filter(|l| l.starts_with("  note: ")).map(str::to_owned).collect()
+        };
+        let argv = ["simulate", "--trace", path, "--policy", "drop-predictive,length-predictive,cost-balance"];
+        let mut out = Vec::new();
+        run_to(&Cli::try_parse_from(argv).unwrap().a, &mut out).expect("simulate --trace");
+        let sim = String::from_utf8(out).unwrap();
+        let got = notes(&sim);
+        for want in ["did not assign", "have no bucket", "replay blind", "no token count", "past the nominal 2"] {
+            assert!(got.iter().any(|n| n.contains(want)), "{want}: {sim}");
+        }
+        assert!(sim.contains(&format!("trace: {path}")), "{sim}");
+        let mut out = Vec::new();
+        let tune = <super::super::tune::Args as clap::Args>::augment_args(clap::Command::new("tune"))
+            .try_get_matches_from(["tune", "--trace", path])
+            .and_then(|m| <super::super::tune::Args as clap::FromArgMatches>::from_arg_matches(&m))
+            .unwrap();
+        super::super::tune::run_to(&tune, &mut out).expect("tune --trace");
+        assert_eq!(notes(&String::from_utf8(out).unwrap()), got, "the same notes as tune");
     }
 
     fn summary_of(flags: &[&str]) -> (String, String) {

@@ -180,7 +180,16 @@ fn bad(flag: &'static str, value: impl ToString, why: impl Into<String>) -> ArgE
 /// A float as the user would type it: plain for moderate magnitudes, else scientific
 /// (`1e300`, not 301 digits).
 fn show(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) { format!("{x}") } else { format!("{x:e}") }
+    habana_sys::show_f64(x)
+}
+
+/// Why a number of ms for `--threshold` is refused with `policy`, a policy without a deadline
+/// (`Policy::has_deadline` false: synchronous, backup-workers, rebalance): it names `--policy`
+/// and says what is accepted.
+fn threshold_unused(policy: dropcompute::policy::Policy) -> String {
+    format!(
+        "--policy {policy} never uses a threshold (it runs without a deadline); give --threshold auto or off, or leave it out"
+    )
 }
 
 fn positive(flag: &'static str, x: f64) -> Result<f64, ArgError> {
@@ -205,6 +214,13 @@ fn parse_slow_rank(s: &str, ranks: u32) -> Result<SlowRank, ArgError> {
 }
 
 impl Args {
+    /// The step policy of the second run as given, else the task's default when it has one
+    /// (`--task text`: cost-balance); `None`: the digits' default, DropCompute with the check
+    /// of `--check`. The one rule of [`Args::validate`] and of `validate`'s grid.
+    pub fn policy_or_task_default(&self) -> Option<dropcompute::policy::Policy> {
+        self.policy.or((self.task == Task::Text).then_some(dropcompute::policy::Policy::CostBalance))
+    }
+
     /// These arguments with `--ranks` taken from the launcher under `--launch env`
     /// (`hccl::bootstrap::Bootstrap::from_env`: torchrun, Open MPI, Slurm) when it is absent.
     /// Other launch modes: unchanged.
@@ -256,7 +272,7 @@ impl Args {
         }
         self.check_task()?;
         // The text job's own defaults (`DEFAULT_TEXT_*`): its straggling is the data's.
-        let policy_arg = self.policy.or(text.then_some(dropcompute::policy::Policy::CostBalance));
+        let policy_arg = self.policy_or_task_default();
         let micro_batch_size = at_least_one(
             "micro-batch-size",
             self.micro_batch_size.unwrap_or(if text { DEFAULT_TEXT_MICRO_BATCH_SIZE } else { 8 }),
@@ -291,9 +307,14 @@ impl Args {
         // Only the policies with a deadline use the threshold (`synchronous`, `rebalance` and
         // `backup-workers` run with it off).
         let policy = policy_arg.unwrap_or(dropcompute::policy::Policy::DropPredictive);
-        let uses_threshold = policy.drops() || policy == dropcompute::policy::Policy::ComputeBudget;
+        let uses_threshold = policy.has_deadline();
         if policy == dropcompute::policy::Policy::ComputeBudget && threshold == ThresholdArg::Off {
             return Err(bad("threshold", "off", "--policy compute-budget needs a budget: auto or a value in ms"));
+        }
+        // A number of ms with a policy that never runs a deadline was silently ignored ("threshold
+        // off", exit 0); `auto` (the default) and `off` stay accepted: both mean no deadline there.
+        if let (ThresholdArg::Ms(_), false) = (threshold, uses_threshold) {
+            return Err(bad("threshold", self.threshold.trim(), threshold_unused(policy)));
         }
         if let (ThresholdArg::Auto, RunLength::Steps(s), false, true) =
             (threshold, length, self.no_compare, uses_threshold)

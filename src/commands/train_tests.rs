@@ -658,3 +658,37 @@ fn checkpoint_differences_name_the_task_first_and_word_the_model_by_task() {
         }
     }
 }
+
+/// Every policy x `--threshold` (a number of ms, auto, off): a number with a policy that never
+/// runs a deadline (synchronous, backup-workers, rebalance) is refused naming both flags (it
+/// was ignored: exit 0, "threshold off"); auto and off stay accepted; the policies with a
+/// deadline take the number.
+#[test]
+fn a_threshold_in_ms_is_refused_with_a_policy_that_never_uses_one() {
+    use dropcompute::policy::Policy;
+    for p in Policy::ALL {
+        // Independent of `Policy::has_deadline`: the policies that run with the threshold off.
+        let unused = matches!(p, Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance);
+        for t in ["0.5", "auto", "off"] {
+            let flags = ["--policy", p.name(), "--threshold", t, "--ranks", "4", "--steps", "20"];
+            let got = parse(&flags).1.validate();
+            match (unused, t, &got) {
+                (true, "0.5", Err(e)) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("--threshold 0.5")
+                            && e.contains(&format!("--policy {p}"))
+                            && e.contains("auto or off"),
+                        "{flags:?}: {e}"
+                    );
+                }
+                (_, _, Ok(c)) => {
+                    assert!(!(unused && t == "0.5"), "{flags:?}: accepted with threshold {:?}", c.threshold)
+                }
+                // compute-budget needs a budget (refused above, its own rule).
+                (false, "off", Err(_)) if p == Policy::ComputeBudget => {}
+                (_, _, Err(e)) => panic!("{flags:?}: {e}"),
+            }
+        }
+    }
+}

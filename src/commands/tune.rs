@@ -235,9 +235,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 autos.push(a);
             } else {
                 let mut s = format!("trace: {}\n", t.source());
-                for note in &loaded.notes {
-                    s += &format!("  note: {note}\n");
-                }
+                s += &super::loader_notes(&loaded);
                 s += &format!(
                     "  train --policy {p}{} --threshold auto ({}) runs with threshold {}\n",
                     if tail.enabled() { format!(" --tail-split {}", tail.parts()) } else { String::new() },
@@ -254,6 +252,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         }
         if let Some(ps) = &policies {
             let c = dropcompute::tune::policies::compare(t, &how, ps, tail, args.seed);
+            super::print_loader_notes(&loaded, args.json, out)?;
             if !args.json {
                 out.write_all(super::policy_table(&c).as_bytes()).map_err(io_err("stdout"))?;
             }
@@ -297,16 +296,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         let mut s = String::new();
         use std::fmt::Write as _;
         let _ = writeln!(s, "trace: {}", t.source());
-        for note in &loaded.notes {
-            let _ = writeln!(s, "  note: {note}");
-        }
-        if !loaded.completeness.dropped_steps.is_empty() {
-            let _ = writeln!(
-                s,
-                "  incomplete steps removed (step, missing cells): {:?}",
-                loaded.completeness.dropped_steps
-            );
-        }
+        s += &super::loader_notes(&loaded);
         let _ = writeln!(
             s,
             "  shape: {} ranks x {} micro-batches x {} steps; mean step {:.3} ms = compute (slowest rank) {:.3} ms + overhead {:.3} ms",

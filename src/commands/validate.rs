@@ -55,8 +55,11 @@ pub struct Args {
     /// Micro-batches per rank per step.
     #[arg(long, value_delimiter = ',', default_value = "4,8")]
     pub micro_batches: Vec<u32>,
-    /// Deadline check modes.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "before,predictive")]
+    /// Deadline check modes [default: each policy's own where it fixes one (drop-before:
+    /// before; drop-predictive, length-predictive, cost-balance: predictive), else both,
+    /// before and predictive]. Given, every configuration runs each check listed, and a
+    /// policy that fixes a different one is refused (`Policy::resolve_check`).
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub check: Vec<CheckMode>,
     /// Sync lags (a combination whose lag is not below its micro-batches is skipped).
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
@@ -69,7 +72,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     pub seeds: Vec<u64>,
     /// Step policies of the DropCompute run (`train --policy`; empty, the default: train's
-    /// default, DropCompute with the check of `--check`).
+    /// default for the task, `train::Args::policy_or_task_default`: the digits' DropCompute
+    /// with the check of `--check`, the text task's cost-balance).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<Policy>,
     /// Tail shapes (`train --tail-split`: parts per micro-batch; 1 = whole micro-batches).
@@ -82,7 +86,9 @@ pub struct Args {
     /// `--epochs`.
     #[arg(long, default_value_t = 16)]
     pub steps: u64,
-    /// Threshold of every DropCompute run: auto (tuned on its baseline, as `train`), or ms.
+    /// Threshold of every DropCompute run whose policy has a deadline: auto (tuned on its
+    /// baseline, as `train`), or ms (the policies without one run with it off; a number is
+    /// refused when no policy of the grid has one).
     #[arg(long, default_value = "auto")]
     pub threshold: String,
     /// Mock device time: virtual (deterministic, the default) or real (sleeps; slower).
@@ -236,38 +242,124 @@ struct Point {
     policy: Option<Policy>,
     tail_split: u32,
     epochs: Option<u32>,
+    /// `train --threshold`: validate's, or `off` for a policy without a deadline given a
+    /// number (train refuses a number there; the grid's threshold is for the others).
+    threshold: String,
+}
+
+/// True when `--threshold` is a number of ms (not `auto` or `off`, train's keywords).
+fn threshold_is_ms(t: &str) -> bool {
+    !matches!(t.trim().to_ascii_lowercase().as_str(), "auto" | "off")
 }
 
 fn check_name(c: CheckMode) -> String {
     c.name().to_owned()
 }
 
+/// The checks of the grid when `--check` is not given and the policy takes any check.
+pub const DEFAULT_CHECKS: [CheckMode; 2] = [CheckMode::BeforeMicroBatch, CheckMode::Predictive];
+
 impl Args {
+    /// The step policy every configuration without `--policy` runs, and how to name it in a
+    /// message: the train flags after `--` read by train's own rule
+    /// (`train::Args::policy_or_task_default`); `None` for the digits' default, which takes
+    /// any check.
+    ///
+    /// # Errors
+    /// [`CommandError::Args`] when the flags after `--` do not parse as `train` flags.
+    fn default_policy(&self) -> Result<Option<(Policy, String)>, CommandError> {
+        let argv = std::iter::once("train".to_owned()).chain(self.train_args.iter().cloned());
+        let cli = TrainCli::try_parse_from(argv)
+            .map_err(|e| CommandError::Args(format!("validate: train flags {:?}: {e}", self.train_args)))?;
+        let t = cli.train;
+        Ok(t.policy_or_task_default().map(|p| {
+            let words = if t.policy.is_some() {
+                format!("--policy {p} (after --)")
+            } else {
+                format!("the {} task's default policy {p}", t.task.name())
+            };
+            (p, words)
+        }))
+    }
+
+    /// The checks the configurations of `policy` (named `words`; `None`: the digits' default)
+    /// run: `--check` as given, each one `Policy::resolve_check` accepts; not given, the
+    /// policy's own check where it fixes one (the same under either default), else
+    /// [`DEFAULT_CHECKS`].
+    ///
+    /// # Errors
+    /// [`CommandError::Args`] naming `validate --check` when a given check is one the policy
+    /// refuses (it runs its own).
+    fn checks_of(&self, policy: Option<(Policy, String)>) -> Result<Vec<CheckMode>, CommandError> {
+        let Some((p, words)) = policy else {
+            return Ok(if self.check.is_empty() { DEFAULT_CHECKS.to_vec() } else { self.check.clone() });
+        };
+        if self.check.is_empty() {
+            let own = DEFAULT_CHECKS.map(|d| p.resolve_check(None, d));
+            return Ok(match own {
+                [Ok(a), Ok(b)] if a == b => vec![a],
+                _ => DEFAULT_CHECKS.to_vec(),
+            });
+        }
+        self.check
+            .iter()
+            .map(|&c| {
+                p.resolve_check(Some(c), c).map_err(|own| {
+                    CommandError::Args(format!(
+                        "validate --check {c}: {words} runs the {own} check; give validate --check {own}, or leave \
+                         --check out (each policy then runs its own check, the others both)"
+                    ))
+                })
+            })
+            .collect()
+    }
+
     /// The grid in order (policy, tail split, run length, ranks, micro-batches, check, sync
     /// lag, slow rank, seed; the last varies fastest), skipping a sync lag not below the
-    /// micro-batches.
-    fn grid(&self) -> Vec<Point> {
+    /// micro-batches; each policy with its checks ([`Args::checks_of`]).
+    ///
+    /// # Errors
+    /// [`CommandError::Args`] for a `--check` a policy refuses, or train flags after `--`
+    /// that do not parse.
+    fn grid(&self) -> Result<Vec<Point>, CommandError> {
         let policies: Vec<Option<Policy>> =
             if self.policy.is_empty() { vec![None] } else { self.policy.iter().copied().map(Some).collect() };
         let lengths: Vec<Option<u32>> =
             if self.epochs.is_empty() { vec![None] } else { self.epochs.iter().copied().map(Some).collect() };
+        let default = self.default_policy()?;
         let mut v = Vec::new();
         for &policy in &policies {
+            let named = match policy {
+                Some(p) => Some((p, format!("--policy {p}"))),
+                None => default.clone(),
+            };
+            // The digits' default (None) is DropCompute: it has a deadline.
+            let deadline = named.as_ref().is_none_or(|(p, _)| p.has_deadline());
+            let threshold =
+                if !deadline && threshold_is_ms(&self.threshold) { "off".to_owned() } else { self.threshold.clone() };
+            let checks = self.checks_of(named)?;
             for &tail_split in &self.tail_split {
                 for &epochs in &lengths {
-                    v.extend(self.inner_grid().into_iter().map(|p| Point { policy, tail_split, epochs, ..p }));
+                    v.extend(self.inner_grid(&checks).into_iter().map(|p| Point {
+                        policy,
+                        tail_split,
+                        epochs,
+                        threshold: threshold.clone(),
+                        ..p
+                    }));
                 }
             }
         }
-        v
+        Ok(v)
     }
 
-    /// The grid of one (policy, tail split, run length): its policy None, split 1, steps.
-    fn inner_grid(&self) -> Vec<Point> {
+    /// The grid of one (policy, tail split, run length) over `checks`: its policy None, split
+    /// 1, steps.
+    fn inner_grid(&self, checks: &[CheckMode]) -> Vec<Point> {
         let mut v = Vec::new();
         for &ranks in &self.ranks {
             for &micro_batches in &self.micro_batches {
-                for &check in &self.check {
+                for &check in checks {
                     for &sync_lag in self.sync_lag.iter().filter(|&&k| k < micro_batches) {
                         for slow_rank in &self.slow_rank {
                             for &seed in &self.seeds {
@@ -281,6 +373,7 @@ impl Args {
                                     policy: None,
                                     tail_split: 1,
                                     epochs: None,
+                                    threshold: self.threshold.clone(),
                                 });
                             }
                         }
@@ -301,7 +394,7 @@ impl Args {
             ("--sync-lag", p.sync_lag.to_string()),
             ("--seed", p.seed.to_string()),
             ("--tail-split", p.tail_split.to_string()),
-            ("--threshold", self.threshold.clone()),
+            ("--threshold", p.threshold.clone()),
             (
                 "--time-mode",
                 clap::ValueEnum::to_possible_value(&self.time_mode)
@@ -504,20 +597,15 @@ pub fn summary_text(s: &Summary) -> String {
     )
 }
 
-/// Runs the grid, printing a row per configuration as it finishes (or, with `--json`, the
-/// [`ValidateJson`] at the end), then the summary.
+/// The grid, every configuration's flags checked before the first one runs, and whether the
+/// task is text.
 ///
 /// # Errors
-/// [`CommandError::Args`] for an empty grid; the first configuration's [`TrainError`] (a bad
-/// `train` flag names the flag and value); output I/O.
-pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::BoxError> {
-    let grid = args.grid();
-    if grid.is_empty() {
-        return Err(CommandError::Args(
-            "validate: the grid is empty (every --sync-lag >= every --micro-batches?)".into(),
-        )
-        .into());
-    }
+/// [`CommandError::Args`] for an empty grid, a `--check` a policy refuses, a number for
+/// `--threshold` when no policy of the grid has a deadline, a flag validate sets itself or a
+/// flag of the grid after `--`; the first configuration's [`TrainError`] (a bad `train` flag
+/// names the flag and value).
+fn plan(args: &Args) -> Result<(Vec<Point>, bool), crate::commands::BoxError> {
     // Flags validate decides itself are refused rather than silently overridden: every
     // configuration runs a baseline (the measured speedup needs it), in threads of this
     // process, and writes nothing.
@@ -529,6 +617,28 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::B
         return Err(CommandError::Args(format!(
             "validate: `{f}` after -- is not accepted: validate runs every configuration with a \
              baseline, in threads, writing no files"
+        ))
+        .into());
+    }
+    let grid = args.grid()?;
+    if grid.is_empty() {
+        return Err(CommandError::Args(
+            "validate: the grid is empty (every --sync-lag >= every --micro-batches?)".into(),
+        )
+        .into());
+    }
+    // A number for the threshold that no configuration uses was ignored (train refuses it).
+    if threshold_is_ms(&args.threshold) && grid.iter().all(|p| p.threshold != args.threshold) {
+        let policies: Vec<String> = grid
+            .iter()
+            .filter_map(|p| p.policy.map(|p| p.name().to_owned()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        return Err(CommandError::Args(format!(
+            "validate --threshold {}: no policy of the grid uses a threshold ({}: no deadline); give --threshold auto or off, or a --policy with a deadline",
+            args.threshold.trim(),
+            if policies.is_empty() { "the task's default policy".to_owned() } else { policies.join(", ") }
         ))
         .into());
     }
@@ -559,6 +669,17 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::B
             .map_err(|e| CommandError::Args(format!("validate: train flags {:?}: {e}", &argv[1..])))?;
         text |= cli.train.validate().map_err(TrainError::from)?.task == dropcompute_train::config::Task::Text;
     }
+    Ok((grid, text))
+}
+
+/// Runs the grid, printing a row per configuration as it finishes (or, with `--json`, the
+/// [`ValidateJson`] at the end), then the summary.
+///
+/// # Errors
+/// As [`plan`], before any configuration runs; then the first configuration's
+/// [`TrainError`]; output I/O.
+pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), crate::commands::BoxError> {
+    let (grid, text) = plan(args)?;
     let mut rows = Vec::with_capacity(grid.len());
     if !args.json {
         if text {
@@ -605,13 +726,13 @@ mod tests {
     #[test]
     fn the_default_grid_is_the_issue_grid_without_impossible_lags() {
         let a = args(&[]);
-        let g = a.grid();
+        let g = a.grid().expect("grid");
         // 4 world sizes x 2 M x 2 checks x 2 lags x 2 slow-rank settings x 2 seeds.
         assert_eq!(g.len(), 4 * 2 * 2 * 2 * 2 * 2);
         assert_eq!(a.time_mode, TimeMode::Virtual);
         let narrow = args(&["--ranks", "8", "--micro-batches", "1,4", "--sync-lag", "0,1", "--seeds", "5"]);
         // M = 1 allows only lag 0.
-        let g = narrow.grid();
+        let g = narrow.grid().expect("grid");
         assert_eq!(g.iter().filter(|p| p.micro_batches == 1).count(), 2 * 2);
         assert!(g.iter().all(|p| p.sync_lag < p.micro_batches && p.seed == 5 && p.ranks == 8));
         let argv = narrow.train_argv(&g[g.len() - 1]);
@@ -626,7 +747,7 @@ mod tests {
             epochs: vec![3],
             ..wide
         };
-        let g = wide.grid();
+        let g = wide.grid().expect("grid");
         assert_eq!(g.len(), 2 * 2 * 2 * 2, "2 policies x 2 splits x 1 length x 2 slow ranks x 2 seeds");
         let last = wide.train_argv(&g[g.len() - 1]);
         for pair in [["--policy", "compute-budget"], ["--tail-split", "2"], ["--epochs", "3"]] {
@@ -720,5 +841,91 @@ mod tests {
             .expect_err("a drop rate above 1")
             .to_string();
         assert!(e.contains("--max-drop-rate"), "{e}");
+    }
+
+    /// Every policy (and none: the task's default) x `--check` (not given, before, predictive)
+    /// x task (digits; text after `--`): not given, a policy that fixes its check contributes
+    /// that check only and the others both, with no refusal (validate's own default grid was
+    /// refused as "--check before" with the text task); given, a policy fixing another check
+    /// is refused naming `validate --check`, not train's advice. Checked by [`plan`], every
+    /// configuration's train flags included, before anything runs.
+    #[test]
+    fn each_policy_runs_its_own_check_unless_check_is_given_and_a_refusal_names_validate() {
+        use CheckMode::{BeforeMicroBatch as B, Predictive as P};
+        const TEXT: [&str; 6] = ["--task", "text", "--text-model", "tiny", "--text-documents", "800"];
+        // The check each policy fixes (kind.rs's rule, written out independently).
+        let own = |p: Option<Policy>, text: bool| match p.or(text.then_some(Policy::CostBalance)) {
+            Some(Policy::DropBefore) => Some(B),
+            Some(Policy::DropPredictive | Policy::LengthPredictive | Policy::CostBalance) => Some(P),
+            _ => None,
+        };
+        let mut cases = 0;
+        for text in [false, true] {
+            for policy in std::iter::once(None).chain(Policy::ALL.map(Some)) {
+                for check in [None, Some(B), Some(P)] {
+                    let mut v = vec!["--ranks", "4", "--micro-batches", "4", "--sync-lag", "0", "--slow-rank", "none"];
+                    v.extend(["--seeds", "0", "--steps", "14"]);
+                    if let Some(p) = policy {
+                        v.extend(["--policy", p.name()]);
+                    }
+                    if let Some(c) = check {
+                        v.extend(["--check", c.name()]);
+                    }
+                    if text {
+                        v.push("--");
+                        v.extend(TEXT);
+                    }
+                    let what = format!("{v:?}");
+                    let got = plan(&args(&v));
+                    cases += 1;
+                    match (check, own(policy, text)) {
+                        (Some(c), Some(o)) if c != o => {
+                            let e = got.err().unwrap_or_else(|| panic!("{what}: accepted")).to_string();
+                            assert!(
+                                e.contains(&format!("validate --check {c}:"))
+                                    && e.contains(&format!("give validate --check {o}"))
+                                    && !e.contains("give a --policy that runs it"),
+                                "{what}: {e}"
+                            );
+                        }
+                        (given, fixed) => {
+                            let (grid, is_text) = got.unwrap_or_else(|e| panic!("{what}: {e}"));
+                            let checks: Vec<CheckMode> = grid.iter().map(|p| p.check).collect();
+                            let want = match (given, fixed) {
+                                (Some(c), _) | (None, Some(c)) => vec![c],
+                                (None, None) => vec![B, P],
+                            };
+                            assert_eq!((checks, is_text), (want, text), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 2 * 10 * 3);
+    }
+
+    /// `--threshold` in ms goes to the configurations whose policy has a deadline; the others
+    /// run with it off (train refuses a number there); a grid where none has one refuses it.
+    #[test]
+    fn a_threshold_in_ms_goes_to_the_policies_with_a_deadline_and_is_refused_when_none_has_one() {
+        let base = ["--ranks", "4", "--micro-batches", "4", "--sync-lag", "0", "--slow-rank", "none", "--seeds", "0"];
+        let mut v = base.to_vec();
+        v.extend(["--threshold", "0.5", "--check", "predictive", "--policy", "synchronous,drop-predictive,rebalance"]);
+        let (grid, _) = plan(&args(&v)).expect("plan");
+        let thresholds: Vec<(Option<Policy>, &str)> = grid.iter().map(|p| (p.policy, p.threshold.as_str())).collect();
+        assert_eq!(
+            thresholds,
+            [
+                (Some(Policy::Synchronous), "off"),
+                (Some(Policy::DropPredictive), "0.5"),
+                (Some(Policy::Rebalance), "off")
+            ]
+        );
+        for none in ["synchronous", "backup-workers,rebalance"] {
+            let mut v = base.to_vec();
+            v.extend(["--threshold", "0.5", "--policy", none]);
+            let e = plan(&args(&v)).expect_err("refused").to_string();
+            assert!(e.contains("validate --threshold 0.5: no policy of the grid uses a threshold"), "{none}: {e}");
+        }
     }
 }

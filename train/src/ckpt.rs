@@ -185,6 +185,10 @@ pub fn load(want: &str, p: usize, dir: &Path, rank: u32, step: u64) -> Result<(R
     let c = checkpoint::read_step(&d, step)?;
     let path = d.join(checkpoint::file_name(step));
     let malformed = |reason: String| TrainError::Checkpoint(CheckpointError::Malformed { path: path.clone(), reason });
+    // An array would be read into RankMeta's fields in order (serde's sequence form).
+    if !c.meta.is_object() {
+        return Err(malformed(format!("meta: {}", habana_sys::NOT_A_JSON_OBJECT)));
+    }
     let meta: RankMeta = serde_json::from_value(c.meta).map_err(|e| malformed(format!("meta: {e}")))?;
     if meta.fingerprint != want {
         return Err(TrainError::Checkpoint(CheckpointError::OtherConfiguration {

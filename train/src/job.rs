@@ -81,7 +81,13 @@ impl Job {
             job.check_resumed_threshold(&dir, s0)?;
         } else {
             job.check_auto_epochs()?;
-            if job.cfg.threshold == super::config::ThresholdArg::Auto && !job.cfg.compare && job.replays_policy() {
+            // A policy without a deadline runs with the threshold off: `auto` asks nothing of it
+            // (its refusal advised a threshold in ms, which `train` refuses for that policy).
+            if job.cfg.threshold == super::config::ThresholdArg::Auto
+                && !job.cfg.compare
+                && job.replays_policy()
+                && job.cfg.policy().has_deadline()
+            {
                 return Err(job.auto_without_baseline_error());
             }
         }

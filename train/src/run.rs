@@ -174,6 +174,10 @@ fn resolve_threshold(
         (ThresholdArg::Auto, None) if job.resume_step.is_some() => {
             (Threshold::Off, None, "auto: the checkpoint's threshold (resumed run)".into())
         }
+        // A policy without a deadline (synchronous, backup-workers, rebalance): nothing to tune.
+        (ThresholdArg::Auto, None) if !job.cfg.policy().has_deadline() => {
+            (Threshold::Off, None, format!("auto: off (--policy {} has no deadline)", job.cfg.policy()))
+        }
         // Refused up front by `Job::prepare` (the same error); kept for a job built otherwise.
         (ThresholdArg::Auto, None) if job.replays_policy() => return Err(job.auto_without_baseline_error()),
         (ThresholdArg::Auto, None) => {

@@ -375,6 +375,10 @@ fn parse(mut input: impl BufRead, gzip: bool, path: &Path, cap: u64, line_cap: u
         if body.is_empty() {
             continue;
         }
+        // `["g", 1, "a"]` would be read into the record's fields in order (serde's sequence form).
+        if let Err(why) = habana_sys::require_json_object(body) {
+            return Err(TextError::Malformed { path: at(), line, column: 1, reason: why.to_owned() });
+        }
         let rec: Record = serde_json::from_slice(body).map_err(|e| TextError::Malformed {
             path: at(),
             line,

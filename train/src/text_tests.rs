@@ -74,6 +74,8 @@ fn bad_records_are_refused_with_the_line() {
         (format!("{ok}\n{}", r#"{"category":"g","text":"a"}"#), "Malformed", 2),
         (format!("{ok}\n{}", r#"{"category":"g","index":-1,"text":"a"}"#), "Malformed", 2),
         (format!("{ok}\n{}", r#"[1,2]"#), "Malformed", 2),
+        // A record as an array, its fields in order: serde read it as a record.
+        (format!("{ok}\n{}", r#"["g",1,"a"]"#), "Malformed", 2),
         (format!("{ok}\n{long}"), "TextTooLong", 2),
         ("\n \n".to_string(), "Empty", 0),
         (String::new(), "Empty", 0),

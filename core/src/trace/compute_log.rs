@@ -754,7 +754,9 @@ fn load_logs_with<'a>(
             trace = trace.with_buckets(cells.into_iter().flatten().collect())?;
         } else {
             notes.push(format!(
-                "{missing} of {} micro-batches have no bucket: the trace carries none (the length-aware policies replay blind)",
+                "{missing} of {} micro-batches have no bucket (a cell the policy did not hand out, or a row without one): \
+                 the trace carries none, so the length-aware policies (length-predictive, cost-balance) replay blind, \
+                 as drop-predictive",
                 cells.len()
             ));
         }

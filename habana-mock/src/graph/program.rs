@@ -480,6 +480,7 @@ impl Program {
 
     /// Parses a graph recipe file's JSON and re-validates every node.
     pub(crate) fn from_slice(bytes: &[u8]) -> Result<Self, String> {
+        habana_sys::require_json_object(bytes)?;
         let mut p: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if p.format != GRAPH_RECIPE_FORMAT {
             return Err(format!("format {:?}, expected {GRAPH_RECIPE_FORMAT:?}", p.format));
