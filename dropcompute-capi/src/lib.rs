@@ -1123,25 +1123,19 @@ pub unsafe extern "C" fn dc_divisor(
     micro_batch_size: u32,
     out: *mut f64,
 ) -> DcStatus {
-    // SAFETY: `out` is null or writable by the caller's contract.
-    unsafe { reset(out, 0.0) };
-    guard(|| {
-        require(out, "out")?;
-        check_size("world_size", world_size as u128, DC_MAX_WORLD_SIZE as u128, "DC_MAX_WORLD_SIZE")?;
-        let counts: &[u64] = if world_size == 0 {
-            &[]
-        } else {
-            require(counts, "counts")?;
-            // SAFETY: non-null, aligned, world_size <= DC_MAX_WORLD_SIZE (so the slice's byte
-            // length is far below isize::MAX) and readable for world_size values by the
-            // caller's contract.
-            unsafe { std::slice::from_raw_parts(counts, world_size) }
-        };
-        let d = divisor(counts, normalization, micro_batches, micro_batch_size)?;
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { *out = d };
-        Ok(())
-    })
+    // SAFETY: the same arguments under the same contract: `dc_divisor_weighted` with counts in
+    // samples is this call (one set of checks).
+    unsafe {
+        dc_divisor_weighted(
+            counts,
+            world_size,
+            normalization,
+            DC_WEIGHTING_SAMPLES,
+            micro_batches,
+            micro_batch_size,
+            out,
+        )
+    }
 }
 
 /// [`dc_divisor`] with the unit of `counts`: `weighting` `DC_WEIGHTING_SAMPLES` (as
@@ -1172,8 +1166,9 @@ pub unsafe extern "C" fn dc_divisor_weighted(
             &[]
         } else {
             require(counts, "counts")?;
-            // SAFETY: non-null, aligned, world_size <= DC_MAX_WORLD_SIZE and readable for
-            // world_size values by the caller's contract.
+            // SAFETY: non-null, aligned, world_size <= DC_MAX_WORLD_SIZE (so the slice's byte
+            // length is far below isize::MAX) and readable for world_size values by the
+            // caller's contract.
             unsafe { std::slice::from_raw_parts(counts, world_size) }
         };
         let d = divisor_weighted(counts, normalization, weighting, micro_batches, micro_batch_size)?;
