@@ -47,3 +47,20 @@ def finish(outdir: str, rank: int, out: Dict[str, Any]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def worker_main(scenarios: Dict[str, Any]) -> None:
+    """A worker's main: ``argv`` is (scenario, outdir); joins the gloo group (300 s timeout),
+    runs ``scenarios[scenario](rank, world_size, out)`` on one thread and ``finish``es."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    scenario, outdir = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    out: Dict[str, Any] = {}
+    scenarios[scenario](rank, n, out)
+    finish(outdir, rank, out)

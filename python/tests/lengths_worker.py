@@ -159,13 +159,7 @@ SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
 
 
 def main() -> None:
-    scenario, outdir = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=300))
-    rank, n = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    out: Dict[str, Any] = {}
-    SCENARIOS[scenario](rank, n, out)
-    launch.finish(outdir, rank, out)
+    launch.worker_main(SCENARIOS)
 
 
 if __name__ == "__main__":

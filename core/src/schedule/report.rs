@@ -480,31 +480,29 @@ mod tests {
         assert!(step(vec![rank(1, 0)], vec![]).filled(), "no assignment recorded");
     }
 
+    /// One rank's row of a step: micro-batches computed and dropped, their tokens.
+    fn token_row(computed: u32, dropped: u32, tokens: u64, dropped_tokens: u64) -> RankStepStats {
+        RankStepStats { computed, dropped, tokens, dropped_tokens, ..Default::default() }
+    }
+
     /// The drop rate counts tokens when the micro-batches carry them (a dropped long document
     /// weighs more than a computed short one), micro-batches otherwise; a report written before
     /// `dropped_tokens` loads with 0.
     #[test]
     fn the_drop_rate_is_in_tokens_when_micro_batches_carry_them() {
-        let rank = |computed, dropped, tokens, dropped_tokens| RankStepStats {
-            computed,
-            dropped,
-            tokens,
-            dropped_tokens,
-            ..Default::default()
-        };
         let step = |ranks| StepReport { ranks, ..Default::default() };
         // 3 of 8 micro-batches dropped; in tokens 512 of 100 + 412 + 512 + 0.
-        let text = step(vec![rank(4, 1, 100, 512), rank(1, 2, 412, 0)]);
+        let text = step(vec![token_row(4, 1, 100, 512), token_row(1, 2, 412, 0)]);
         assert_eq!((text.global_tokens(), text.global_dropped_tokens()), (512, 512));
         assert_eq!(text.drop_rate(), 0.5);
-        let digits = step(vec![rank(4, 1, 0, 0), rank(1, 2, 0, 0)]);
+        let digits = step(vec![token_row(4, 1, 0, 0), token_row(1, 2, 0, 0)]);
         assert_eq!(digits.drop_rate(), 3.0 / 8.0);
-        assert_eq!(step(vec![rank(0, 0, 0, 0)]).drop_rate(), 0.0);
+        assert_eq!(step(vec![token_row(0, 0, 0, 0)]).drop_rate(), 0.0);
         let old =
             r#"{"computed":1,"dropped":1,"samples":2,"tokens":9,"dropped_samples":2,"compute_ns":5,"nonfinite":false}"#;
         let back: RankStepStats = serde_json::from_str(old).unwrap();
         assert_eq!((back.tokens, back.dropped_tokens), (9, 0));
-        let new = rank(1, 1, 9, 7);
+        let new = token_row(1, 1, 9, 7);
         assert_eq!(serde_json::from_str::<RankStepStats>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
     }
 
@@ -514,19 +512,12 @@ mod tests {
     /// it handed out and left; backup workers hand a skipped rank nothing.
     #[test]
     fn the_nominal_tokens_judge_the_compute_budget_and_backup_workers_as_the_parts() {
-        let rank = |computed, dropped, tokens, dropped_tokens| RankStepStats {
-            computed,
-            dropped,
-            tokens,
-            dropped_tokens,
-            ..Default::default()
-        };
         let step = |assignment: Vec<u32>, ranks| StepReport { assignment, ranks, ..Default::default() };
         // 10 tokens per part. Budget: 4 of 8 handed parts computed = the nominal 4: no drop.
-        let full = step(vec![4, 4], vec![rank(3, 1, 30, 10), rank(1, 3, 10, 30)]);
+        let full = step(vec![4, 4], vec![token_row(3, 1, 30, 10), token_row(1, 3, 10, 30)]);
         assert_eq!((full.nominal_parts(4), full.nominal_tokens(4)), (4, 40.0));
         // 2 computed: half the nominal batch is missing, in parts and in tokens alike.
-        let half = step(vec![4, 4], vec![rank(1, 3, 10, 30), rank(1, 3, 10, 30)]);
+        let half = step(vec![4, 4], vec![token_row(1, 3, 10, 30), token_row(1, 3, 10, 30)]);
         assert_eq!((half.nominal_parts(4), half.nominal_tokens(4)), (4, 40.0));
         let parts = crate::policy::nominal_drop_rate([
             (full.nominal_parts(4), full.global_computed()),
@@ -540,10 +531,10 @@ mod tests {
         // What was handed out and left (steps.csv's per-step rate) is another quantity.
         assert_eq!(full.drop_rate(), 0.5);
         // Backup workers: rank 1 handed nothing (assignment 0), rank 0 all its 2 parts.
-        let backup = step(vec![2, 0], vec![rank(2, 0, 20, 0), rank(0, 0, 0, 0)]);
+        let backup = step(vec![2, 0], vec![token_row(2, 0, 20, 0), token_row(0, 0, 0, 0)]);
         assert_eq!((backup.nominal_parts(4), backup.nominal_tokens(4)), (4, 40.0));
         // Nothing handed out: no nominal tokens (no division by zero).
-        assert_eq!(step(vec![], vec![rank(0, 0, 0, 0)]).nominal_tokens(4), 0.0);
+        assert_eq!(step(vec![], vec![token_row(0, 0, 0, 0)]).nominal_tokens(4), 0.0);
     }
 
     #[test]
