@@ -332,7 +332,8 @@ def scenario_unused(rank: int, n: int, out: Dict[str, Any]) -> None:
 
 
 def scenario_refusals(rank: int, n: int, out: Dict[str, Any]) -> None:
-    """A mean loss and ranks with different policies are refused on every rank."""
+    """A mean loss, a loss vector that is not one per sample without ``count_fn``, and ranks
+    with different policies are refused on every rank."""
     ddp = DDP(model())
     ctl = DropComputeStep(ddp, dropcompute.Policy())
     errors = {}
@@ -345,6 +346,18 @@ def scenario_refusals(rank: int, n: int, out: Dict[str, Any]) -> None:
             errors[name] = None
         except ValueError as e:
             errors[name] = str(e)
+    # A loss vector longer than the micro-batch (per token, flattened) would be divided by a
+    # count it does not sum over: refused unless count_fn says what it counts.
+    def twice(mod: Any, mb: Any) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(mod(mb[0]), mb[1], reduction="none").repeat(2)
+
+    try:
+        ctl.run(data(rank, 0, 1), twice)
+        errors["per_token"] = None
+    except ValueError as e:
+        errors["per_token"] = str(e)
+    counted = ctl.run(data(rank, 0, 1), twice, lambda mb: 2 * len(mb[0]))
+    out["per_token_counted"] = [counted.samples, sum(counted.counts), 2 * len(data(rank, 0, 1)[0][0])]
     other = DropComputeStep(DDP(model()), dropcompute.Policy(threshold_ns=None if rank == 0 else 5_000_000_000))
     try:
         other.run(data(rank, 0, 1), sum_loss)

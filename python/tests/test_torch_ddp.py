@@ -87,12 +87,17 @@ def test_unused_parameters_keep_grad_none(tmp_path: Path) -> None:
         assert r["rank0_has_grad"] == [True, True] and r["rank0_same"], r
 
 
-def test_mean_losses_and_differing_policies_are_refused(tmp_path: Path) -> None:
+def test_mean_losses_uncounted_loss_vectors_and_differing_policies_are_refused(tmp_path: Path) -> None:
     for r in torchrun("refusals", 2, tmp_path):
         e = r["errors"]
         assert "returned a mean (NllLossBackward0)" in e["mean"], e
         assert "returned a mean (MeanBackward0)" in e["dot_mean"], e
         assert e["policy"] is not None and "different step configurations" in e["policy"], e
+        b = r["per_token_counted"][2] // 2
+        assert e["per_token"] is not None and f"returned {2 * b} per-sample losses for a micro-batch of {b} samples" \
+            in e["per_token"] and "count_fn" in e["per_token"], e
+        # With count_fn the same loss runs, counted as it says on both ranks.
+        assert r["per_token_counted"] == [2 * b, 2 * 2 * b, 2 * b], r
 
 
 def test_any_iterable_is_pulled_lazily(tmp_path: Path) -> None:
