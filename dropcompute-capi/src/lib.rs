@@ -1001,7 +1001,13 @@ pub fn recommend_path(
 /// The execution a trace file is replayed under by the faces: `check` (`None`: the
 /// predictive check, for the ideal), no warm-up, no sync lag (a trace file has neither).
 pub fn trace_execution(check: Option<CheckMode>, min_micro_batches: u32) -> ExecutionModel {
-    ExecutionModel { check: check.unwrap_or(CheckMode::Predictive), sync_lag: 0, warmup_steps: 0, min_micro_batches }
+    ExecutionModel {
+        check: check.unwrap_or(CheckMode::Predictive),
+        sync_lag: 0,
+        warmup_steps: 0,
+        min_micro_batches,
+        drop_guard: None,
+    }
 }
 
 /// `tune::check_inputs` (the validation of `dropcompute tune`: enough steps and ranks,

@@ -763,6 +763,7 @@ fn simulate<'py>(
         sync_lag: 0,
         warmup_steps: cfg.warmup_steps,
         min_micro_batches: cfg.min_micro_batches,
+        drop_guard: None,
     };
     let r = py.detach(|| replay(&trace, cfg.threshold, &exec));
     let d = PyDict::new(py);

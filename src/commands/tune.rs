@@ -210,6 +210,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         sync_lag: args.sync_lag,
         warmup_steps: 0,
         min_micro_batches: args.min_micro_batches,
+        drop_guard: None,
     };
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
     let mut comparisons = Vec::new();

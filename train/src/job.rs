@@ -360,6 +360,7 @@ impl Job {
             sync_lag: self.cfg.sync_lag,
             warmup_steps: self.cfg.warmup_steps,
             min_micro_batches: 1,
+            drop_guard: None,
         }
     }
 
