@@ -475,6 +475,8 @@ pub(crate) fn check_trace(
         TuneInputError::MinMicroBatches { min_micro_batches, source_name, micro_batches } => CommandError::Args(format!(
             "--min-micro-batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})"
         )),
+        // No flag sets a guard yet (the execution model's default is none).
+        TuneInputError::DropGuard(e) => CommandError::Args(e.to_string()),
     })
 }
 
