@@ -154,6 +154,17 @@ mod tests {
         assert_eq!(g.counts(), (138, 18, 4));
     }
 
+    /// A checkpoint (the scheduler's state, JSON) carries the counts and the bound back.
+    #[test]
+    fn the_guard_round_trips_through_json() {
+        let mut g = DropGuard::new(0.05).expect("valid");
+        g.record(16, 14, true);
+        g.record(16, 16, false);
+        let back: DropGuard = serde_json::from_str(&serde_json::to_string(&g).expect("json")).expect("read back");
+        assert_eq!(back, g);
+        assert_eq!(back.counts(), (32, 2, 2));
+    }
+
     proptest! {
         /// Over random per-step handed counts and drops (what the step would drop with the
         /// threshold in force; 0 with it off), after every step k >= 2: the cumulative drop

@@ -82,8 +82,9 @@
 //! 0.77 % / -0.52 % (1.03 % / +1.15 %); the worst configuration stays near 3 % either way.
 //!
 //! The drop-rate guard ([`ExecutionModel::drop_guard`]): before each step a
-//! [`crate::policy::DropGuard`] is asked with the step's nominal parts (in tokens: the step's
-//! recorded tokens scaled to them, the trace's mean beyond the record); a step it holds off
+//! [`crate::policy::DropGuard`] is asked with the step's nominal parts N·M·S, as the scheduler
+//! asks it (in tokens: the step's recorded tokens, the trace's mean beyond the record); a step
+//! it holds off
 //! is walked with the threshold off (any policy's deadline); after it the guard is fed the
 //! step's nominal and aggregated parts (or tokens), as [`PolicyReplay::drop_rate`] counts
 //! them ([`PolicyReplay::enforced`]).
@@ -663,18 +664,14 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             (Some(t), false) if t.offsets_ns.len() == n && t.skew_ns.len() == n => (&no_row, &t.offsets_ns, &t.skew_ns),
             _ => (&no_row, &mean_offsets, &mean_skews),
         };
-        // The guard's decision before the step, on the step's nominal parts (or their recorded
-        // tokens, the trace's mean beyond it) as the step will hand them out.
+        // The guard's decision before the step, on the step's nominal parts N·M·S (what every
+        // rank of a run knows before the step, as the scheduler asks), or the step's recorded
+        // tokens (the trace's mean beyond the record).
         let full = (n * m * split) as u64;
-        let nominal_before = crate::policy::step_nominal(full, &assignment, dealt.iter().copied(), 0);
         let handed_before = match (mean_tokens, tokens) {
-            (Some(_), Some(t)) if recorded => crate::policy::step_nominal_tokens(
-                t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum(),
-                full,
-                nominal_before,
-            ),
-            (Some(mean), _) => crate::policy::step_nominal_tokens(mean * (n * m) as f64, full, nominal_before),
-            _ => nominal_before as f64,
+            (Some(_), Some(t)) if recorded => t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum(),
+            (Some(mean), _) => mean * (n * m) as f64,
+            _ => full as f64,
         };
         let enforced = guard.as_ref().is_none_or(|g| g.enforces(handed_before.round() as u64));
         enforced_steps.push(enforced);
