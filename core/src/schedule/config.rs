@@ -125,8 +125,9 @@ pub struct SchedulerConfig {
     /// The run-time drop-rate guard's bound (`policy::DropGuard`, a fraction in (0, 1]): a
     /// step runs with the threshold off when enforcing it could take the run's cumulative drop
     /// rate (in parts, over every rank) above it, as the replay runs
-    /// `sim::policies::ExecutionModel::drop_guard`. `None` (the default): no guard. Counts in
-    /// parts: refused with [`Weighting::Tokens`] (the replay of a token run counts tokens).
+    /// `sim::policies::ExecutionModel::drop_guard`, for the policies that drop
+    /// (`Policy::drops`). `None` (the default): no guard. Counts in parts: refused with
+    /// [`Weighting::Tokens`] (the replay of a token run counts tokens).
     pub drop_guard: Option<f64>,
 }
 

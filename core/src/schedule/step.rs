@@ -545,7 +545,9 @@ impl Scheduler {
         let (planned, balanced) = self.take_micro_batches(step, data)?;
         // The guard's decision, on the step's nominal parts (N·M·S, known alike on every rank).
         let full = u64::from(self.comm.world_size()) * u64::from(self.cfg.micro_batches) * u64::from(self.cfg.parts());
-        let enforced = self.guard.as_ref().is_none_or(|g| g.enforces(full));
+        // Only a drop threshold is guarded (a compute budget's deadline is not one).
+        let drops = self.assigner.params().policy.drops();
+        let enforced = self.guard.as_ref().filter(|_| drops).is_none_or(|g| g.enforces(full));
         let compute = self.run_micro_batches(step, &planned, work, enforced)?;
         work.compute_done(&self.stream, step).map_err(|source| ScheduleError::Workload {
             rank: self.comm.rank(),
@@ -567,7 +569,7 @@ impl Scheduler {
         let end_ns = self.restart_clock(step)?;
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
         let mut report = self.report(step, &compute, settled.records, &collective, global, end_ns);
-        if let Some(g) = &mut self.guard {
+        if let Some(g) = self.guard.as_mut().filter(|_| drops) {
             g.record(report.nominal_parts(full), report.global_computed(), enforced);
         }
         if !enforced {

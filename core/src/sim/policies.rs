@@ -81,13 +81,13 @@
 //! -1.32 %), rebalance-drop 0.66 % / +0.58 % (0.82 % / +0.72 %), compute-budget at 160 ms
 //! 0.77 % / -0.52 % (1.03 % / +1.15 %); the worst configuration stays near 3 % either way.
 //!
-//! The drop-rate guard ([`ExecutionModel::drop_guard`]): before each step a
+//! The drop-rate guard ([`ExecutionModel::drop_guard`], the policies that drop,
+//! [`Policy::drops`]: a compute budget's deadline is not a drop threshold): before each step a
 //! [`crate::policy::DropGuard`] is asked with the step's nominal parts N·M·S, as the scheduler
 //! asks it (in tokens: the step's recorded tokens, the trace's mean beyond the record); a step
-//! it holds off
-//! is walked with the threshold off (any policy's deadline); after it the guard is fed the
-//! step's nominal and aggregated parts (or tokens), as [`PolicyReplay::drop_rate`] counts
-//! them ([`PolicyReplay::enforced`]).
+//! it holds off is walked with the threshold off; after it the guard is fed the step's nominal
+//! and aggregated parts (or tokens), as [`PolicyReplay::drop_rate`] counts them
+//! ([`PolicyReplay::enforced`]).
 //!
 //! Normalization is exact: a step's gradient is divided by the micro-batches aggregated (global
 //! computed samples); the effective speedup is aggregated/nominal · baseline/policy step time - 1
@@ -565,7 +565,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     // The drop-rate guard (`ExecutionModel::drop_guard`): a step it holds off walks with the
     // threshold off (`open_walker`); its counts are the step's nominal and aggregated parts, or
     // tokens on a trace in tokens (the replay's drop unit).
-    let mut guard = exec.drop_guard.and_then(|b| DropGuard::new(b).ok());
+    let mut guard = exec.drop_guard.filter(|_| p.drops()).and_then(|b| DropGuard::new(b).ok());
     let mut open_walker =
         RankWalk::new(DeadlineConfig { threshold: Threshold::Off, ..deadline }, first_step, 0, tail, exec.sync_lag);
     let mut enforced_steps = Vec::with_capacity(s_trace);
@@ -1211,6 +1211,24 @@ mod tests {
         }
         LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
             .expect("valid")
+    }
+
+    /// The drop-rate guard guards a drop threshold only: a compute budget's replay is the same
+    /// with and without it, a drop policy's is not (the chronic rank's 8 x 2 ns do not fit in
+    /// 12 ns: every enforced step drops, and at 1 % the guard holds most steps off).
+    #[test]
+    fn the_drop_guard_leaves_a_compute_budget_alone() {
+        let t = chronic_trace(4, 8, 10);
+        let ex = exec(CheckMode::Predictive);
+        let guarded = ExecutionModel { drop_guard: Some(0.01), ..ex };
+        let at12 = Threshold::Fixed(Duration::from_nanos(12));
+        let budget = StepPolicy { budget: at12, ..StepPolicy::new(Policy::ComputeBudget) };
+        let at = |p: StepPolicy, th, e| replay_policy(&t, &PolicyRun::new(p, th, e));
+        assert_eq!(at(budget, Threshold::Off, ex), at(budget, Threshold::Off, guarded));
+        let drop = StepPolicy::new(Policy::DropPredictive);
+        let (plain, held) = (at(drop, at12, ex), at(drop, at12, guarded));
+        assert!(plain.enforced.iter().all(|&e| e) && held.enforced.iter().any(|&e| !e), "{:?}", held.enforced);
+        assert!(held.drop_rate < plain.drop_rate, "{} {}", held.drop_rate, plain.drop_rate);
     }
 
     /// Rebalancing counts parts: an odd part count runs its last part as a tail micro-batch.

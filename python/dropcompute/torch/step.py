@@ -48,7 +48,9 @@ both, so every rank holds the same counts). Before a step it is asked with the m
 the step hands out (the sum of ``assignment()``, or N·``micro_batches_per_step``; without
 either, the previous step's global count); when it says no the step runs with the threshold off
 (``StepResult.guard_enforced`` False, ``threshold_ns`` None), identically on every rank. The
-Python face counts micro-batches (a run that counts tokens is guarded in micro-batches).
+Python face counts micro-batches (a run that counts tokens is guarded in micro-batches); a step
+policy whose deadline is no drop threshold (``StepPolicy.drops`` False: compute-budget) runs
+unguarded, as in the crate.
 """
 
 from __future__ import annotations
@@ -290,8 +292,10 @@ class DropComputeStep:
         self._observed_m = 0
         self._clock_started = False
         self._log = ComputeLogWriter(compute_log) if compute_log else None
-        #: The drop-rate guard (the crate's rule; module doc), None without ``policy.drop_guard``.
-        self.guard = DropGuard(policy.drop_guard) if policy.drop_guard is not None else None
+        #: The drop-rate guard (the crate's rule; module doc), None without ``policy.drop_guard``
+        #: or with a step policy whose deadline is no drop threshold (``StepPolicy.drops``).
+        guarded = policy.drop_guard is not None and (step_policy is None or step_policy.drops)
+        self.guard = DropGuard(policy.drop_guard) if guarded else None
         #: The previous step's global micro-batches handed out (the guard's estimate without M).
         self._last_handed = 0
 
