@@ -318,3 +318,50 @@ fn a_resumed_threshold_other_than_the_checkpoints_is_refused() {
         assert!(o.status.success(), "--threshold {ok}: {}", String::from_utf8_lossy(&o.stderr));
     }
 }
+
+/// The held-off steps of `out`'s steps.csv (the DropCompute run's steps after the warm-up
+/// whose threshold is off: the drop-rate guard held them off).
+fn held_off(out: &Path) -> Vec<u64> {
+    let mut r = csv::Reader::from_path(out.join("steps.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|x| x == name).unwrap();
+    let (run, step, th) = (col("run"), col("step"), col("threshold_ms"));
+    r.records()
+        .map(|x| x.unwrap())
+        .filter(|x| &x[run] == "dropcompute" && x[th].is_empty())
+        .map(|x| x[step].parse().unwrap())
+        .filter(|&s: &u64| s >= 3)
+        .collect()
+}
+
+/// With the drop-rate guard, a run killed between checkpoints resumes with the guard's counts
+/// (in the checkpoint's scheduler state): the same steps held off and bitwise identical
+/// parameters as the uninterrupted run. At 0.2 the uninterrupted run enforces steps 3, 8 and
+/// 13 only (each drops 21 of 3·M): a resumed guard without its counts would enforce the first
+/// step after the checkpoint.
+#[test]
+fn a_guarded_run_resumes_with_its_guard() {
+    let root = hermetic::temp_dir("resume-guard");
+    let (ck_a, out_a) = (tmp(&root, "ck-a"), tmp(&root, "out-a"));
+    let guard = ["--drop-guard", "0.2"];
+    let o = train(&[&guard[..], &["--checkpoint-dir", s(&ck_a), "--out", s(&out_a)]].concat(), None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reference = held_off(&out_a);
+    assert_eq!(reference, [4, 5, 6, 7, 9, 10, 11, 12], "the guard held these steps off");
+    let (ck_b, out_b) = (tmp(&root, "ck-b"), tmp(&root, "out-b"));
+    let o = train(
+        &[&guard[..], &["--checkpoint-dir", s(&ck_b), "--out", s(&out_b)]].concat(),
+        Some(("DROPCOMPUTE_TEST_SIGKILL_AT", "10".to_string())),
+    );
+    assert!(!o.status.success(), "the run must have been killed");
+    let o = train(&[&guard[..], &["--resume", s(&ck_b), "--out", s(&out_b)]].concat(), None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The resumed run's steps.csv starts at its checkpoint's step.
+    let resumed = held_off(&out_b);
+    assert!(resumed.first().is_some_and(|&s| s <= 10), "{resumed:?}");
+    assert_eq!(resumed, reference.iter().copied().filter(|&s| s >= resumed[0]).collect::<Vec<_>>());
+    assert_eq!(params(&out_b), params(&out_a), "bitwise identical parameters");
+    for d in [ck_a, out_a, ck_b, out_b] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

@@ -755,6 +755,52 @@ fn scheduler_and_simulator_decide_alike_on_scripted_latencies() {
     }
 }
 
+/// The drop-rate guard (`SchedulerConfig::drop_guard`) in the scheduler: the same steps held
+/// off as the replay with `ExecutionModel::drop_guard`. 4 ranks x M = 4, rank 1 at 25 µs, the
+/// others 10 µs, before-check at 45 µs: an enforced step drops rank 1's last 2 of the 16
+/// (12.5 %). At 5 %, by the rule `dropped + reserve <= 0.05 · (handed + 16)`: steps 0, 4, 7,
+/// 9, 12, 14 enforced (e.g. step 4: 2 + 2 <= 0.05 · 80), the others held off (threshold off:
+/// every micro-batch starts, the report says threshold off), 12 of 256 dropped after 16 steps.
+#[test]
+fn scheduler_and_simulator_hold_off_the_same_steps_under_the_drop_guard() {
+    use dropcompute::policy::{Policy, StepPolicy};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::sim::replay::ExecutionModel;
+    let (n, m, steps) = (4u32, 4u32, 16u64);
+    let scripts: Vec<Vec<u64>> = (0..n).map(|r| vec![if r == 1 { 25_000 } else { 10_000 }; 400]).collect();
+    let base = {
+        let _g = serial(&mock_cfg(n, &scripts));
+        run(&World::new(n, base_cfg(m, 1, 4), steps, endless(vec![1])))
+    };
+    let trace = dropcompute::schedule::auto::trace_of_reports(&base[0].reports).unwrap();
+    let _g = serial(&mock_cfg(n, &scripts));
+    let mut cfg = base_cfg(m, 1, 4);
+    cfg.policy.check = CheckMode::BeforeMicroBatch;
+    cfg.policy.threshold = fixed(45_000);
+    cfg.drop_guard = Some(0.05);
+    let runs = run(&World::new(n, cfg.clone(), steps, endless(vec![1])));
+    let enforced: Vec<bool> = runs[0].reports.iter().map(|r| r.threshold_ns.is_some()).collect();
+    let want: Vec<bool> = (0..steps).map(|s| [0, 4, 7, 9, 12, 14].contains(&s)).collect();
+    assert_eq!(enforced, want);
+    let started: Vec<u64> = runs[0].reports.iter().map(|r| r.global_computed()).collect();
+    assert_eq!(started, want.iter().map(|&e| if e { 14 } else { 16 }).collect::<Vec<u64>>());
+    for r in &runs[1..] {
+        let other: Vec<bool> = r.reports.iter().map(|r| r.threshold_ns.is_some()).collect();
+        assert_eq!(other, enforced, "every rank decides alike");
+    }
+    let exec = ExecutionModel {
+        check: CheckMode::BeforeMicroBatch,
+        warmup_steps: 0,
+        drop_guard: Some(0.05),
+        ..ExecutionModel::default()
+    };
+    let sim = replay_policy(&trace, &PolicyRun::new(StepPolicy::new(Policy::DropBefore), cfg.policy.threshold, exec));
+    assert_eq!(sim.enforced, enforced);
+    let ranks: Vec<u32> = runs[0].reports.iter().flat_map(|r| r.ranks.iter().map(|x| x.computed)).collect();
+    assert_eq!(sim.started, ranks);
+    assert!((sim.drop_rate - 12.0 / 256.0).abs() < 1e-12, "{}", sim.drop_rate);
+}
+
 /// The tail shape (split 2, half micro-batches at half the device time): the scheduler and
 /// the simulator start the same parts, whole and tail, for every policy that uses it; the
 /// slow rank fills the slack before the deadline with a tail micro-batch; the parts computed

@@ -75,6 +75,7 @@ fn length_aware_policies_beat_blind_dropping_and_rebalancing_on_data_stragglers(
                 sync_lag: 0,
                 warmup_steps: t.warmup_end(3),
                 min_micro_batches: 1,
+                drop_guard: None,
             },
             guardrails: Guardrails::default(),
         };
@@ -165,7 +166,13 @@ fn a_compute_log_with_buckets_replays_the_length_aware_policies() {
     let run = PolicyRun::new(
         StepPolicy::new(Policy::CostBalance),
         Threshold::Off,
-        ExecutionModel { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 },
+        ExecutionModel {
+            check: CheckMode::Predictive,
+            sync_lag: 0,
+            warmup_steps: 0,
+            min_micro_batches: 1,
+            drop_guard: None,
+        },
     );
     let (a, b) = (replay_policy(back, &run), replay_policy(&t, &run));
     assert_eq!(a.assigned, b.assigned);
@@ -186,7 +193,13 @@ fn cost_balance_deals_step_zero_by_padded_length_with_the_prior() {
     use dropcompute::sim::policies::{PolicyRun, replay_policy};
     let (n, m) = (16, 8);
     let trace = length_trace(n, m, 3, 11);
-    let exec = ExecutionModel { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
+    let exec = ExecutionModel {
+        check: CheckMode::Predictive,
+        sync_lag: 0,
+        warmup_steps: 0,
+        min_micro_batches: 1,
+        drop_guard: None,
+    };
     let tokens: Vec<u64> = BUCKETS.iter().map(|&l| 2 * l as u64).collect(); // 2 documents per micro-batch
     let run = |prior: BucketTokens| {
         let params = StepPolicy { bucket_tokens: prior, ..StepPolicy::new(Policy::CostBalance) };

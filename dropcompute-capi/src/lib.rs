@@ -994,18 +994,25 @@ pub fn recommend_path(
     min_micro_batches: u32,
 ) -> Result<DcRecommendation, FaceError> {
     let t = load_trace(path, &LoadOptions::default())?;
-    let rec = recommend_checked(&t, check, guardrails, min_micro_batches)?;
+    let rec = recommend_checked(&t, check, guardrails, min_micro_batches, None)?;
     Ok(to_recommendation(chosen_verdict(&rec, check)))
 }
 
 /// The execution a trace file is replayed under by the faces: `check` (`None`: the
 /// predictive check, for the ideal), no warm-up, no sync lag (a trace file has neither).
 pub fn trace_execution(check: Option<CheckMode>, min_micro_batches: u32) -> ExecutionModel {
-    ExecutionModel { check: check.unwrap_or(CheckMode::Predictive), sync_lag: 0, warmup_steps: 0, min_micro_batches }
+    ExecutionModel {
+        check: check.unwrap_or(CheckMode::Predictive),
+        sync_lag: 0,
+        warmup_steps: 0,
+        min_micro_batches,
+        drop_guard: None,
+    }
 }
 
 /// `tune::check_inputs` (the validation of `dropcompute tune`: enough steps and ranks,
-/// `min_micro_batches` <= M), then [`recommend_trace`]. Shared with the Python extension.
+/// `min_micro_batches` <= M, a drop-rate guard in (0, 1]), then [`recommend_trace`]. Shared
+/// with the Python extension.
 ///
 /// # Errors
 /// [`FaceError::Tune`] from `tune::check_inputs`.
@@ -1014,21 +1021,24 @@ pub fn recommend_checked(
     check: Option<CheckMode>,
     guardrails: Guardrails,
     min_micro_batches: u32,
+    drop_guard: Option<f64>,
 ) -> Result<Recommendation, FaceError> {
-    tune::check_inputs(trace, &trace_execution(check, min_micro_batches))?;
-    Ok(recommend_trace(trace, check, guardrails, min_micro_batches))
+    tune::check_inputs(trace, &ExecutionModel { drop_guard, ..trace_execution(check, min_micro_batches) })?;
+    Ok(recommend_trace(trace, check, guardrails, min_micro_batches, drop_guard))
 }
 
 /// `tune::recommend` on `trace` as a trace file is executed ([`trace_execution`]) under
-/// `check` (`None`: the predictive check; pick the ideal with [`chosen_verdict`]), without
-/// [`recommend_checked`]'s validation.
+/// `check` (`None`: the predictive check; pick the ideal with [`chosen_verdict`]), every
+/// candidate replayed with the drop-rate guard `drop_guard` when given
+/// (`ExecutionModel::drop_guard`), without [`recommend_checked`]'s validation.
 pub fn recommend_trace(
     trace: &LatencyTrace,
     check: Option<CheckMode>,
     guardrails: Guardrails,
     min_micro_batches: u32,
+    drop_guard: Option<f64>,
 ) -> Recommendation {
-    let execution = trace_execution(check, min_micro_batches);
+    let execution = ExecutionModel { drop_guard, ..trace_execution(check, min_micro_batches) };
     tune::recommend(trace, &Recommend { execution, guardrails })
 }
 

@@ -125,7 +125,7 @@ fn c_program_uses_policy_recommend_and_divisor() {
     ];
     for (name, check, guardrails) in cases {
         let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} line: {stdout}"));
-        let rec = recommend_trace(&t, check, guardrails, 1);
+        let rec = recommend_trace(&t, check, guardrails, 1, None);
         let v = *chosen_verdict(&rec, check);
         let num = |k: &str| field(line, k).parse::<f64>().unwrap();
         match v {

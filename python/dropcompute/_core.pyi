@@ -40,8 +40,11 @@ class Policy:
     ``kind``: "drop-before", "drop-predictive", "length-predictive" or "cost-balance" (the
     check mode is then the kind's; ``check`` must be left or agree); ``bucket_lengths``: the
     declared padded lengths (tokens, strictly ascending, at most 16) whose indices
-    ``StepWalk.set_micro_batches`` takes as buckets. Raises ValueError naming ``check``,
-    ``kind`` or ``bucket_lengths`` (with the index) for a bad value."""
+    ``StepWalk.set_micro_batches`` takes as buckets. ``drop_guard``: the run-time drop-rate
+    guard's bound (a fraction in (0, 1], ``DropGuard``): ``DropComputeStep`` and ``simulate``
+    run a step with the threshold off when enforcing it could take the run's cumulative drop
+    rate above it. Raises ValueError naming ``check``, ``kind``, ``bucket_lengths`` (with the
+    index) or ``drop_guard`` for a bad value."""
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class Policy:
         min_micro_batches: int = 1,
         kind: Optional[str] = None,
         bucket_lengths: Optional[List[int]] = None,
+        drop_guard: Optional[float] = None,
     ) -> None: ...
     def should_start(
         self, elapsed_ns: int, estimate_ns: Optional[int] = None, *, step: int, started: int
@@ -69,10 +73,36 @@ class Policy:
     def kind(self) -> Optional[str]: ...
     @property
     def bucket_lengths(self) -> List[int]: ...
-    def __reduce__(self) -> Tuple[type, Tuple[Optional[int], str, int, int, Optional[str], List[int]]]:
+    @property
+    def drop_guard(self) -> Optional[float]: ...
+    def __reduce__(
+        self,
+    ) -> Tuple[type, Tuple[Optional[int], str, int, int, Optional[str], List[int], Optional[float]]]:
         """Pickling: the constructor's arguments (a policy travels to workers and checkpoints)."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
+
+class DropGuard:
+    """The run-time drop-rate guard (``policy::DropGuard``): the run's cumulative global counts
+    in its drop unit (micro-batches) and the rule ``dropped + reserve <= bound * (handed +
+    handed_this_step)`` (``reserve``: the largest drop of an enforced step so far). Raises
+    ValueError for a ``bound`` not in (0, 1]."""
+
+    def __init__(self, bound: float) -> None: ...
+    def enforces(self, handed: int) -> bool:
+        """Whether a step handing out ``handed`` (over every rank) runs with the threshold."""
+    def record(self, handed: int, started: int, enforced: bool) -> None:
+        """A step's global counts and whether it ran with the threshold."""
+    @property
+    def bound(self) -> float: ...
+    @property
+    def counts(self) -> Tuple[int, int, int]:
+        """(handed, dropped, reserve)."""
+    @property
+    def drop_rate(self) -> float: ...
+    @staticmethod
+    def from_counts(bound: float, counts: Tuple[int, int, int]) -> "DropGuard":
+        """A guard restored from ``counts`` (a checkpoint)."""
 
 class LatencyEstimator:
     """Nearest-rank ``quantile`` of the last ``window`` micro-batch latencies (ns), per length
@@ -184,13 +214,18 @@ def recommend(
     min_gain: float = 0.02,
     min_micro_batches: int = 1,
     overhead_ns: float = 0.0,
+    drop_guard: bool = False,
 ) -> Verdict:
     """Recommend a threshold from a trace file or an (N, M, steps) float64 array of latencies
     (ns); ``overhead_ns`` per step for arrays and the reference's logs. Raises ValueError
     (bad field, malformed or empty trace, fewer than MIN_STEPS steps or 2 ranks,
     ``min_micro_batches`` above the trace's micro-batches per step: the validation of
     ``dropcompute tune``, an array above ``MAX_WORLD_SIZE`` ranks or ``MAX_TRACE_CELLS`` cells),
-    FileNotFoundError / IsADirectoryError / PermissionError / OSError (file)."""
+    FileNotFoundError / IsADirectoryError / PermissionError / OSError (file). ``drop_guard``:
+    when True every candidate is replayed with the drop-rate guard at ``max_drop_rate``
+    (``Policy(drop_guard=max_drop_rate)``, as the run will execute it), so the guardrail judges
+    the guarded drop rate; needs a replayed ``check`` ("before" or "predictive"), not "oracle"
+    (ValueError)."""
 
 class SimulateResult(TypedDict):
     baseline_step_ns: float
@@ -200,9 +235,11 @@ class SimulateResult(TypedDict):
     baseline_per_step_ns: npt.NDArray[np.float64]
     policy_per_step_ns: npt.NDArray[np.float64]
     started_per_step: npt.NDArray[np.uint64]
+    #: Per step: whether the threshold was in force (False: the policy's drop guard held it off).
+    enforced_per_step: List[bool]
 
 def simulate(source: Source, policy: Policy, *, overhead_ns: float = 0.0) -> SimulateResult:
-    """Replay a trace under ``policy`` (``sim::replay``)."""
+    """Replay a trace under ``policy`` (``sim::replay``), with its ``drop_guard`` when it has one."""
 
 class TraceArrays(TypedDict):
     latencies_ns: npt.NDArray[np.float64]

@@ -110,10 +110,13 @@ pub struct Policy {
     kind: Option<policy::Policy>,
     /// Declared bucket lengths (tokens, strictly ascending; empty: none).
     bucket_lengths: Vec<u32>,
+    /// The run-time drop-rate guard's bound (`policy::DropGuard`, validated by
+    /// `DropGuard::check`); None: no guard.
+    drop_guard: Option<f64>,
 }
 
 /// The constructor's arguments, in `__reduce__`'s order.
-type PolicyArgs = (Option<u64>, &'static str, u64, u32, Option<&'static str>, Vec<u32>);
+type PolicyArgs = (Option<u64>, &'static str, u64, u32, Option<&'static str>, Vec<u32>, Option<f64>);
 
 impl Policy {
     fn args(&self) -> PolicyArgs {
@@ -125,14 +128,22 @@ impl Policy {
             c.min_micro_batches,
             self.kind.map(policy::Policy::name),
             self.bucket_lengths.clone(),
+            self.drop_guard,
         )
     }
+}
+
+/// `bound` checked by the one rule (`policy::DropGuard::check`), as a `ValueError` naming
+/// `drop_guard` and the value.
+fn guard_bound(bound: f64) -> PyResult<f64> {
+    policy::DropGuard::check(bound).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1, kind=None, bucket_lengths=None))]
+    #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1, kind=None, bucket_lengths=None, drop_guard=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         threshold_ns: Option<u64>,
         check: &str,
@@ -140,7 +151,9 @@ impl Policy {
         min_micro_batches: u32,
         kind: Option<&str>,
         bucket_lengths: Option<Vec<u32>>,
+        drop_guard: Option<f64>,
     ) -> PyResult<Self> {
+        let drop_guard = drop_guard.map(guard_bound).transpose()?;
         let threshold = Threshold::from_ns(threshold_ns);
         let given = parse_check(check)?;
         let lengths = bucket_lengths.unwrap_or_default();
@@ -149,7 +162,7 @@ impl Policy {
                 return Err(value_err("bucket_lengths", "need a kind (length-predictive or cost-balance)"));
             }
             let cfg = DeadlineConfig { threshold, check: given, warmup_steps, min_micro_batches };
-            return Ok(Self { cfg, kind: None, bucket_lengths: lengths });
+            return Ok(Self { cfg, kind: None, bucket_lengths: lengths, drop_guard });
         };
         // The one validation of both faces (the kind, the lengths with their index).
         let k = dropcompute_capi::lengths::FaceKind::new(kind, threshold, warmup_steps, min_micro_batches, &lengths)
@@ -161,7 +174,7 @@ impl Policy {
                 format!("{check:?}: kind {kind:?} runs the {:?} check", check_name(k.cfg.check)),
             ));
         }
-        Ok(Self { cfg: k.cfg, kind: Some(k.kind), bucket_lengths: k.bucket_lengths })
+        Ok(Self { cfg: k.cfg, kind: Some(k.kind), bucket_lengths: k.bucket_lengths, drop_guard })
     }
 
     /// Whether to start micro-batch `started` of step `step` after `elapsed_ns` of compute.
@@ -196,6 +209,11 @@ impl Policy {
     fn bucket_lengths(&self) -> Vec<u32> {
         self.bucket_lengths.clone()
     }
+    /// The run-time drop-rate guard's bound (a fraction in (0, 1]; None: no guard).
+    #[getter]
+    fn drop_guard(&self) -> Option<f64> {
+        self.drop_guard
+    }
     /// Pickling (a policy travels to spawned workers and into checkpoints): the constructor's
     /// arguments.
     fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, PolicyArgs)> {
@@ -207,14 +225,18 @@ impl Policy {
     fn __hash__(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.args().hash(&mut h);
+        let (t, c, w, m, k, b, g) = self.args();
+        (t, c, w, m, k, b, g.map(f64::to_bits)).hash(&mut h);
         h.finish()
     }
     fn __repr__(&self) -> String {
-        let extra = match self.kind {
+        let mut extra = match self.kind {
             None => String::new(),
             Some(k) => format!(", kind={:?}, bucket_lengths={:?}", k.name(), self.bucket_lengths),
         };
+        if let Some(g) = self.drop_guard {
+            extra.push_str(&format!(", drop_guard={g}"));
+        }
         format!(
             "Policy(threshold_ns={}, check={:?}, warmup_steps={}, min_micro_batches={}{extra})",
             self.cfg.threshold.as_ns().map_or("None".to_string(), |t| t.to_string()),
@@ -588,6 +610,52 @@ impl Dealer {
     }
 }
 
+/// The run-time drop-rate guard (`policy::DropGuard`): whether the next step runs with the
+/// threshold, from the run's cumulative global counts.
+#[pyclass(module = "dropcompute._core")]
+pub struct DropGuard {
+    inner: policy::DropGuard,
+}
+
+#[pymethods]
+impl DropGuard {
+    #[new]
+    fn new(bound: f64) -> PyResult<Self> {
+        Ok(Self { inner: policy::DropGuard::new(guard_bound(bound)?).map_err(|e| value_err("bound", e))? })
+    }
+    /// Whether a step handed `handed` (global, in the drop unit) runs with the threshold.
+    fn enforces(&self, handed: u64) -> bool {
+        self.inner.enforces(handed)
+    }
+    /// Records a step's global counts (`DropGuard::record`).
+    fn record(&mut self, handed: u64, started: u64, enforced: bool) {
+        self.inner.record(handed, started, enforced);
+    }
+    #[getter]
+    fn bound(&self) -> f64 {
+        self.inner.bound()
+    }
+    /// (handed, dropped, reserve).
+    #[getter]
+    fn counts(&self) -> (u64, u64, u64) {
+        self.inner.counts()
+    }
+    #[getter]
+    fn drop_rate(&self) -> f64 {
+        self.inner.drop_rate()
+    }
+    /// A guard restored from `counts` (a checkpoint).
+    #[staticmethod]
+    fn from_counts(bound: f64, counts: (u64, u64, u64)) -> PyResult<Self> {
+        let (h, d, r) = counts;
+        Ok(Self { inner: policy::DropGuard::from_counts(bound, h, d, r).map_err(|e| value_err("bound", e))? })
+    }
+    fn __repr__(&self) -> String {
+        let (h, d, r) = self.inner.counts();
+        format!("DropGuard(bound={}, handed={h}, dropped={d}, reserve={r})", self.inner.bound())
+    }
+}
+
 fn world_size_arg(n: usize) -> PyResult<usize> {
     if n == 0 {
         return Err(value_err("world_size", "0: must be >= 1"));
@@ -693,7 +761,7 @@ fn refusal_name(r: &Refusal) -> &'static str {
 
 /// Recommend a threshold (`tune::recommend`).
 #[pyfunction]
-#[pyo3(signature = (source, *, check="oracle", max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1, overhead_ns=0.0))]
+#[pyo3(signature = (source, *, check="oracle", max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1, overhead_ns=0.0, drop_guard=false))]
 #[allow(clippy::too_many_arguments)]
 fn recommend(
     py: Python<'_>,
@@ -704,6 +772,7 @@ fn recommend(
     min_gain: f64,
     min_micro_batches: u32,
     overhead_ns: f64,
+    drop_guard: bool,
 ) -> PyResult<Verdict> {
     let guardrails = Guardrails {
         max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
@@ -711,11 +780,22 @@ fn recommend(
         min_gain: fraction("min_gain", min_gain)?,
     };
     let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
+    // The guard runs in the replay: the oracle (the exact search) has none.
+    let guard = match (drop_guard, mode) {
+        (false, _) => None,
+        (true, None) => {
+            return Err(value_err(
+                "drop_guard",
+                "True: the guard is replayed, the oracle is not; use check=\"before\" or \"predictive\"",
+            ));
+        }
+        (true, Some(_)) => Some(guard_bound(max_drop_rate)?),
+    };
     let trace = trace_from(py, source, overhead_ns)?;
     // tune::check_inputs (as `dropcompute tune`: enough steps and ranks, min_micro_batches
     // <= M), then the recommendation.
     let rec = py
-        .detach(|| dropcompute_capi::recommend_checked(&trace, mode, guardrails, min_micro_batches))
+        .detach(|| dropcompute_capi::recommend_checked(&trace, mode, guardrails, min_micro_batches, guard))
         .map_err(py_err)?;
     // The oracle's best admissible candidate: what an ideal (oracle-truncation) policy reaches.
     let (ideal_speedup, ideal_threshold_ns) =
@@ -746,7 +826,7 @@ fn recommend(
     })
 }
 
-/// Replay a trace under a policy (`sim::replay`).
+/// Replay a trace under a policy (`sim::replay`), with its drop-rate guard when it has one.
 #[pyfunction]
 #[pyo3(signature = (source, policy, *, overhead_ns=0.0))]
 fn simulate<'py>(
@@ -763,6 +843,7 @@ fn simulate<'py>(
         sync_lag: 0,
         warmup_steps: cfg.warmup_steps,
         min_micro_batches: cfg.min_micro_batches,
+        drop_guard: policy.drop_guard,
     };
     let r = py.detach(|| replay(&trace, cfg.threshold, &exec));
     let d = PyDict::new(py);
@@ -774,6 +855,7 @@ fn simulate<'py>(
     d.set_item("baseline_per_step_ns", r.per_step.iter().map(|p| p.0).collect::<Vec<_>>().into_pyarray(py))?;
     d.set_item("policy_per_step_ns", r.per_step.iter().map(|p| p.1).collect::<Vec<_>>().into_pyarray(py))?;
     d.set_item("started_per_step", r.per_step.iter().map(|p| p.2).collect::<Vec<_>>().into_pyarray(py))?;
+    d.set_item("enforced_per_step", r.enforced.clone())?;
     debug_assert_eq!(s, trace.num_steps());
     Ok(d)
 }
@@ -1121,6 +1203,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // A panic (a bug) becomes pyo3's PanicException with its message; nothing is printed.
     dropcompute_capi::quiet_panics_everywhere();
     m.add_class::<Policy>()?;
+    m.add_class::<DropGuard>()?;
     m.add_class::<LatencyEstimator>()?;
     m.add_class::<StepWalk>()?;
     m.add_class::<Verdict>()?;

@@ -165,6 +165,7 @@ impl StepPolicy {
             cfg: DeadlineConfig { threshold: self.inner.deadline(cfg.threshold), check, ..cfg },
             kind: policy.kind,
             bucket_lengths: policy.bucket_lengths.clone(),
+            drop_guard: policy.drop_guard,
         })
     }
 

@@ -430,6 +430,35 @@ def scenario_sampler(rank: int, n: int, out: Dict[str, Any]) -> None:
     out.update(computed=computed, steps=steps, dropped=dropped, state=state["dealer"])
 
 
+def scenario_guard(rank: int, n: int, outdir: str, out: Dict[str, Any]) -> None:
+    """Rank 1 slowed (30 ms per micro-batch, past a 50 ms deadline after 2 of M = 4), a drop
+    guard at 10 %: every step's result, the guard's counts and this rank's compute log."""
+    m, steps = 4, 12
+    path = os.path.join(outdir, f"guard_rank{rank}.csv")
+    ddp = DDP(model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    policy = dropcompute.Policy(50_000_000, "before", warmup_steps=0, min_micro_batches=1, drop_guard=0.10)
+    ctl = DropComputeStep(ddp, policy, micro_batches_per_step=m, compute_log=path)
+
+    def loss_fn(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
+        if rank == 1:
+            time.sleep(0.03)
+        return sum_loss(mod, mb)
+
+    enforced, started, thresholds = [], [], []
+    for s in range(steps):
+        res = ctl.run(data(rank, s, m), loss_fn)
+        res.apply(opt)
+        enforced.append(res.guard_enforced)
+        started.append(sum(res.started))
+        thresholds.append(res.threshold_ns)
+    assert ctl.guard is not None
+    state = ctl.state_dict()
+    ctl.close()
+    out.update(enforced=enforced, started=started, thresholds=thresholds, counts=list(ctl.guard.counts),
+               drop_rate=ctl.guard.drop_rate, log=path, state=state["drop_guard"])
+
+
 def scenario_static(rank: int, n: int, out: Dict[str, Any]) -> None:
     """DDP(static_graph=True) (needed with reentrant activation checkpointing): the flat path runs
     steps; overlap mode is refused, naming static_graph (DDP's own no_sync accumulation asserts
@@ -494,6 +523,8 @@ def main() -> None:
         scenario_timeout(rank, outdir, out)
     elif scenario == "log":
         scenario_log(rank, n, outdir, out)
+    elif scenario == "guard":
+        scenario_guard(rank, n, outdir, out)
     elif scenario in SCENARIOS:
         SCENARIOS[scenario](rank, n, out)
     else:

@@ -236,3 +236,38 @@ def test_dealer_refuses_misuse() -> None:
         d.settle([2, 0])  # rank 0 was dealt 1
     with pytest.raises(ValueError, match="not a Dealer state"):
         dropcompute.Dealer.from_state("{")
+
+
+def test_the_drop_guard_is_the_crates_rule_in_policy_simulate_and_recommend() -> None:
+    # The Policy validates the bound by the crate's one check, and pickles with it.
+    import pickle
+
+    p = dc.Policy(15, "before", warmup_steps=0, drop_guard=0.25)
+    assert p.drop_guard == 0.25 and pickle.loads(pickle.dumps(p)) == p and p != dc.Policy(15, "before", warmup_steps=0)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="drop_guard"):
+            dc.Policy(drop_guard=bad)
+    # 2 ranks x M = 4 x 6 steps, latencies 10 ns, step 3's rank 0 (5, 5, 5, 10); threshold 15 ns
+    # checked before: an enforced step drops 4 of 8 (3 in step 3). By `dropped + reserve <= 0.25 *
+    # (handed + 8)`: steps 0, 3, 5 enforced; 11 of 48 dropped (the crate's replay test, by hand).
+    lat = np.full((2, 4, 6), 10.0)
+    lat[0, :, 3] = [5, 5, 5, 10]
+    sim = dc.simulate(lat, p)
+    assert sim["enforced_per_step"] == [True, False, False, True, False, True]
+    assert list(sim["started_per_step"]) == [4, 8, 8, 5, 8, 4]
+    assert sim["drop_rate"] == pytest.approx(11 / 48, abs=1e-12)
+    g = dc.DropGuard(0.25)
+    for started, enforced in zip(sim["started_per_step"], sim["enforced_per_step"]):
+        assert g.enforces(8) == enforced
+        g.record(8, int(started), enforced)
+    assert g.counts == (48, 11, 4) and dc.DropGuard.from_counts(0.25, g.counts).counts == g.counts
+    # recommend(drop_guard=True) scores every candidate with the guard at max_drop_rate: its
+    # verdict is the guarded replay of its threshold, within the bound.
+    trace = _straggler_trace()
+    v = dc.recommend(trace, check="before", max_drop_rate=0.05, drop_guard=True)
+    assert v.enabled, v
+    guarded = dc.simulate(trace, dc.Policy(v.threshold_ns, "before", warmup_steps=0, drop_guard=0.05))
+    assert v.predicted_drop_rate == pytest.approx(guarded["drop_rate"], abs=1e-12) and v.predicted_drop_rate <= 0.05
+    assert v.predicted_speedup == pytest.approx(guarded["effective_speedup"], abs=1e-12)
+    with pytest.raises(ValueError, match="drop_guard"):
+        dc.recommend(trace, drop_guard=True)  # the oracle is not replayed

@@ -61,6 +61,12 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(examp
         assert len(r["arms"][name]["step_ms"]) == r[name]["steps"], name
         assert all(t > 0.0 for t in r["arms"][name]["step_ms"]), name
     assert math.isfinite(r["overhead"]) and math.isfinite(r["overhead_paired"]), r
+    # The drop guard is on by default, at --max-drop-rate: the steps it held the threshold off are
+    # counted, measured and predicted (the replay of the baseline arm's logs runs the guard too).
+    g = r["drop_guard"]
+    assert g["bound"] == 0.10 and g["steps"] == r["dropcompute"]["steps"], g
+    assert 0 <= g["held_off_steps"] <= g["steps"] and 0 <= r["predicted"]["held_off_steps"], (g, r["predicted"])
+    assert f"threshold held off in {g['held_off_steps']} of {g['steps']} steps" in example["stdout"], example["stdout"]
 
 
 def test_the_interleaved_arms_see_the_same_delay_keys_and_data_order(example: Dict[str, Any]) -> None:
@@ -133,6 +139,12 @@ def test_the_example_reads_its_threshold_flag(value: Any, expected: Any) -> None
     ex = _example_module()
     argv = [] if value is None else ["--threshold-ms", value]
     assert ex.parse_args(argv).threshold_ms == expected
+
+
+def test_the_example_runs_the_drop_guard_unless_told_not_to() -> None:
+    ex = _example_module()
+    assert ex.parse_args([]).drop_guard is True
+    assert ex.parse_args(["--no-drop-guard"]).drop_guard is False
 
 
 @pytest.mark.parametrize("argv", [["--threshold-ms", "x"], ["--threshold-ms", "0"], ["--threshold-ms", "-3"],

@@ -180,3 +180,38 @@ def test_controller_compute_log_loads_with_dropcompute_tune(tmp_path: Path) -> N
         assert v.threshold_ns is None, v
     with pytest.raises(ValueError, match="non-empty list"):
         dropcompute.recommend([])
+
+
+def test_drop_guard_holds_the_run_within_its_bound_identically_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1 slowed past the deadline drops 2 of the step's 8 micro-batches (25 %) whenever the
+    threshold is in force; the guard at 10 % holds it off on the steps its rule says, the same
+    steps on both ranks, the run ends within the bound, and ``simulate`` of the run's own compute
+    logs with the same policy replays the same decisions."""
+    bound, n, m = 0.10, 2, 4
+    res = torchrun("guard", n, tmp_path)
+    r0, r1 = res
+    assert r0["enforced"] == r1["enforced"] and r0["counts"] == r1["counts"], res
+    enforced, started = r0["enforced"], r0["started"]
+    assert not all(enforced) and enforced[0], enforced  # held off on some steps
+    assert all(s == n * m for s, e in zip(started, enforced) if not e), (started, enforced)  # off: nothing dropped
+    assert all(t is None for t, e in zip(r0["thresholds"], enforced) if not e), r0["thresholds"]
+    # The guard's counts are the steps' own (handed: N·M per step; dropped: what did not start).
+    handed, dropped, reserve = r0["counts"]
+    assert handed == n * m * len(started) and dropped == sum(n * m - s for s in started), (r0["counts"], started)
+    assert reserve == max(n * m - s for s, e in zip(started, enforced) if e), r0["counts"]
+    assert dropped / handed <= bound, r0["counts"]
+    # The rule, recomputed here from the steps' counts (independently of the binding).
+    h, d, rsv = 0, 0, 0
+    for s, e in zip(started, enforced):
+        assert e == (d + rsv <= bound * (h + n * m)), (h, d, rsv, s, e)
+        h, d = h + n * m, d + n * m - s
+        if e:
+            rsv = max(rsv, n * m - s)
+    assert r0["state"][:3] == r0["counts"], r0["state"]
+    # The prediction replays the guard on the run's own logs: the same decisions and starts.
+    logs = [r["log"] for r in res]
+    sim = dropcompute.simulate(logs, dropcompute.Policy(50_000_000, "before", warmup_steps=0, min_micro_batches=1,
+                                                        drop_guard=bound))
+    assert list(sim["enforced_per_step"]) == enforced, (sim["enforced_per_step"], enforced)
+    assert [int(x) for x in sim["started_per_step"]] == started, (sim["started_per_step"], started)
+    assert sim["drop_rate"] <= bound, sim["drop_rate"]

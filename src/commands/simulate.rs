@@ -382,7 +382,8 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
     let tail = args.tail.for_policy(Some(args.policy.as_deref().unwrap_or("all")))?;
     let policies = super::parse_policies(args.policy.as_deref().unwrap_or("all"))?;
-    let execution = ExecutionModel { check: args.check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
+    let execution =
+        ExecutionModel { check: args.check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1, drop_guard: None };
     let how = Recommend { execution, guardrails };
     let mut comparisons = Vec::new();
     if args.traces.is_empty() {

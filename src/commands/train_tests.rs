@@ -193,6 +193,8 @@ fn good_values_are_parsed_into_the_config() {
             c.tail == dropcompute::policy::TailShape { split: 2, cost: Some(0.6) }
         }),
         (&[], |c| c.tail == dropcompute::policy::TailShape::default()),
+        (&[], |c| c.drop_guard.is_none()),
+        (&["--drop-guard", "0.1"], |c| c.drop_guard == Some(0.1)),
     ];
     for (argv, check) in table {
         assert!(check(&config(argv)), "{argv:?}");
@@ -266,6 +268,10 @@ fn bad_values_name_the_flag_and_the_value() {
         (&["--tail-split", "2", "--tail-cost", "1.5"], "tail-cost", "1.5"),
         (&["--tail-split", "2", "--tail-cost", "NaN"], "tail-cost", "NaN"),
         (&["--tail-cost", "0.5"], "tail-cost", "0.5"), // no tail shape
+        (&["--drop-guard", "0"], "drop-guard", "0"),
+        (&["--drop-guard", "1.5"], "drop-guard", "1.5"),
+        (&["--drop-guard", "NaN"], "drop-guard", "NaN"),
+        (&["--task", "text", "--drop-guard", "0.1"], "drop-guard", "0.1"), // counts tokens
     ];
     for (argv, flag, value) in table {
         let err = parse(argv).1.validate().expect_err(&format!("{argv:?} accepted"));
@@ -419,6 +425,9 @@ fn the_checkpoint_fingerprint_names_the_step_policy_and_b() {
     assert_eq!(t(&[]), t(&["--tail-split", "1"]));
     assert!(t(&["--tail-split", "2"]).ends_with(" tail=2:0.5"), "{}", t(&["--tail-split", "2"]));
     assert_ne!(t(&["--tail-split", "2"]), t(&["--tail-split", "2", "--tail-cost", "0.6"]));
+    // The drop-rate guard (its counts are in the checkpoint); none leaves it as it was.
+    assert!(fp(&["--drop-guard", "0.1"]).ends_with(" drop_guard=0.1"), "{}", fp(&["--drop-guard", "0.1"]));
+    assert!(!fp(&[]).contains("drop_guard"));
 }
 
 #[test]

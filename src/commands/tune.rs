@@ -210,6 +210,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         sync_lag: args.sync_lag,
         warmup_steps: 0,
         min_micro_batches: args.min_micro_batches,
+        drop_guard: None,
     };
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
     let mut comparisons = Vec::new();
@@ -474,6 +475,8 @@ pub(crate) fn check_trace(
         TuneInputError::MinMicroBatches { min_micro_batches, source_name, micro_batches } => CommandError::Args(format!(
             "--min-micro-batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})"
         )),
+        // No flag sets a guard yet (the execution model's default is none).
+        TuneInputError::DropGuard(e) => CommandError::Args(e.to_string()),
     })
 }
 

@@ -210,6 +210,11 @@ pub struct TrainConfig {
     pub holdout: f64,
     /// Steps `0..warmup_steps` never drop.
     pub warmup_steps: u64,
+    /// `--drop-guard`: the run-time drop-rate guard's bound of the second run
+    /// (`policy::DropGuard`, a fraction in (0, 1]; its auto threshold and prediction replay
+    /// it); `None` (the default, and configurations written before the flag): no guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_guard: Option<f64>,
     /// Checkpoint period in steps, `None` = no checkpoints.
     pub checkpoint_every: Option<NonZeroU64>,
     /// Checkpoint directory: `--checkpoint-dir`, else `--resume`, else ./dropcompute-checkpoints.

@@ -324,6 +324,8 @@ impl Job {
             t if !t.enabled() => String::new(),
             t => format!(" tail={}:{}", t.parts(), t.cost_fraction()),
         };
+        // The drop-rate guard's counts are in the checkpoint: a resumed run keeps its bound.
+        let guard = c.drop_guard.map_or(String::new(), |g| format!(" drop_guard={g}"));
         // The text task: its model's sizes and buckets, and the training units it deals (the
         // digits' fields `hidden`, `momentum` and `train` are its defaults and 0 there).
         let text = match &self.text {
@@ -336,7 +338,7 @@ impl Job {
             None => String::new(),
         };
         format!(
-            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}{tail}{text}",
+            "ranks={} m={} b={} seed={} params={} hidden={} check={:?} lag={} norm={:?} lr={} momentum={} train={}{policy}{tail}{text}{guard}",
             c.ranks,
             c.micro_batches,
             c.micro_batch_size,
@@ -352,14 +354,16 @@ impl Job {
         )
     }
 
-    /// How the DropCompute run executes the deadline: this job's check mode, sync lag and
-    /// warm-up, one micro-batch always computed (the scheduler's policy in `run`).
+    /// How the DropCompute run executes the deadline: this job's check mode, sync lag,
+    /// warm-up and drop-rate guard, one micro-batch always computed (the scheduler's policy in
+    /// `run`).
     pub fn execution(&self) -> ExecutionModel {
         ExecutionModel {
             check: self.cfg.check,
             sync_lag: self.cfg.sync_lag,
             warmup_steps: self.cfg.warmup_steps,
             min_micro_batches: 1,
+            drop_guard: self.cfg.drop_guard,
         }
     }
 

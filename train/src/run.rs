@@ -280,6 +280,8 @@ fn rank_runs(
             gradient_len: job.param_len(),
             bucket_bytes: usize::try_from(cfg.bucket_bytes).unwrap_or(usize::MAX),
             tail,
+            // The guard is the second run's (the baseline runs the threshold off).
+            drop_guard: if kind == RunKind::DropCompute { cfg.drop_guard } else { None },
             ..SchedulerConfig::default()
         };
         let ops = GradientOps::graphs(comm.device(), job.param_len(), GradDtype::F32).map_err(dev_err)?;

@@ -7,7 +7,8 @@
 //! backup workers' aggregation), the micro-batch assignment of rebalancing ([`rebalance`]), the
 //! one per-rank step walk ([`walk`]: what to launch next), the one assignment step
 //! ([`assign`]: how many parts each rank gets next step) and the length buckets of the
-//! length-aware policies ([`bucket`]: the per-bucket estimator and the cost-balanced deal). The scheduler, the simulator and the
+//! length-aware policies ([`bucket`]: the per-bucket estimator and the cost-balanced deal) and the
+//! run-time drop-rate guard ([`guard`]: whether a step runs with the threshold in force). The scheduler, the simulator and the
 //! faces drive [`walk::RankWalk`] and [`assign::Assigner`]; none of them holds a copy.
 //! Must not touch: clocks, I/O, devices or collectives. Callers pass the
 //! elapsed compute time (ns, measured from device events by the scheduler, or summed latencies by
@@ -20,11 +21,13 @@
 
 pub mod assign;
 pub mod bucket;
+pub mod guard;
 pub mod kind;
 pub mod rebalance;
 pub mod walk;
 
 pub use bucket::{BucketEstimator, BucketTokens, WalkEstimator, cost_balance, cost_balance_parts};
+pub use guard::{DropGuard, DropGuardError};
 pub use kind::{MAX_TAIL_SPLIT, Policy, StepPolicy, TailRule, TailShape, TailShapeError, backup_aggregated};
 pub use rebalance::{RankLatencyTracker, RebalanceConfig, Rebalancer, TrackerConfig};
 

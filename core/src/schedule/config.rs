@@ -122,6 +122,13 @@ pub struct SchedulerConfig {
     /// tail micro-batches (the workload runs a micro-batch of at most b/S samples on its tail
     /// shape). Default: S = 1, whole micro-batches only (counts in micro-batches).
     pub tail: crate::policy::TailShape,
+    /// The run-time drop-rate guard's bound (`policy::DropGuard`, a fraction in (0, 1]): a
+    /// step runs with the threshold off when enforcing it could take the run's cumulative drop
+    /// rate (in parts, over every rank) above it, as the replay runs
+    /// `sim::policies::ExecutionModel::drop_guard`, for the policies that drop
+    /// (`Policy::drops`). `None` (the default): no guard. Counts in parts: refused with
+    /// [`Weighting::Tokens`] (the replay of a token run counts tokens).
+    pub drop_guard: Option<f64>,
 }
 
 impl Default for SchedulerConfig {
@@ -147,6 +154,7 @@ impl Default for SchedulerConfig {
             straggler_ewma_alpha: 0.1,
             chronic_hit_fraction: 0.5,
             tail: crate::policy::TailShape::default(),
+            drop_guard: None,
         }
     }
 }
@@ -197,6 +205,14 @@ impl SchedulerConfig {
             && ns == 0
         {
             return bad("threshold", "0 ns (use Threshold::Off for no deadline)".into());
+        }
+        if let Some(b) = self.drop_guard {
+            if let Err(e) = crate::policy::DropGuard::check(b) {
+                return bad("drop_guard", e.to_string());
+            }
+            if self.weighting == Weighting::Tokens {
+                return bad("drop_guard", format!("{b} with token weighting (the guard counts parts; not supported)"));
+            }
         }
         Ok(())
     }
@@ -253,7 +269,12 @@ mod tests {
     #[test]
     fn validation_names_the_field() {
         let tail = |split| crate::policy::TailShape::split(split);
-        let cases: [(SchedulerConfig, &str); 8] = [
+        let cases: [(SchedulerConfig, &str); 10] = [
+            (SchedulerConfig { drop_guard: Some(0.0), ..Default::default() }, "drop_guard"),
+            (
+                SchedulerConfig { drop_guard: Some(0.1), weighting: Weighting::Tokens, ..Default::default() },
+                "drop_guard",
+            ),
             (SchedulerConfig { max_micro_batches: Some(7), ..Default::default() }, "max_micro_batches"),
             (SchedulerConfig { micro_batches: 0, ..Default::default() }, "micro_batches"),
             (SchedulerConfig { sync_lag: 8, ..Default::default() }, "sync_lag"),

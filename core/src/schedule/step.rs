@@ -15,7 +15,10 @@
 //!    Under `cost-balance` the step's N·M micro-batches are instead dealt by predicted bucket
 //!    cost (`deal_by_cost`: `policy::cost_balance` over the job-wide `BucketEstimator`, through
 //!    `DataSource::take_dealt`), as `sim::policies` deals a recorded step.
-//!    `run_micro_batches` runs them under the deadline (the length-aware policies tell the
+//!    `run_micro_batches` runs them under the deadline, or with the threshold off when the
+//!    drop-rate guard (`SchedulerConfig::drop_guard`, `policy::DropGuard`, asked with the
+//!    step's N·M·S nominal parts and fed after phase 5 with the step's global nominal and
+//!    computed parts, as `sim::policies` replays it) holds the step off (the length-aware policies tell the
 //!    walk each micro-batch's bucket, `MicroBatch::bucket`). Before micro-batch i the host waits
 //!    for the end event of micro-batch i-1-k (sync lag k) and asks `policy::decide` with the
 //!    device time elapsed since `t0` (and, in predictive mode, the rank's latency estimate). On
@@ -44,7 +47,9 @@ use crate::hccl::{Comm, HcclError, ReduceOp};
 use crate::policy::assign::Assigner;
 use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance_parts};
 use crate::policy::walk::{Next, RankWalk, WalkEnd};
-use crate::policy::{LatencyEstimator, Policy, RankLatencyTracker, Rebalancer, StepPolicy, Threshold};
+use crate::policy::{
+    DeadlineConfig, DropGuard, LatencyEstimator, Policy, RankLatencyTracker, Rebalancer, StepPolicy, Threshold,
+};
 use crate::synapse::{DeviceBuffer, Event, HostBuffer, Stream};
 use crate::tune::retune::{RetuneEvent, Retuner};
 
@@ -227,6 +232,9 @@ pub struct Scheduler {
     last_overhead_ns: u64,
     stop_requested: bool,
     assigner: Assigner,
+    /// The run-time drop-rate guard (`SchedulerConfig::drop_guard`), fed after every step with
+    /// the step's global nominal and aggregated parts (identical on every rank).
+    guard: Option<DropGuard>,
 }
 
 /// The scheduler state a checkpoint must carry for a resumed run to decide exactly as the
@@ -265,6 +273,10 @@ pub struct SchedulerState {
     /// before them: restarts empty).
     #[serde(default)]
     pub latency: Option<RankLatencyTracker>,
+    /// The drop-rate guard's counts (`SchedulerConfig::drop_guard`), `None` without a guard
+    /// (not written then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_guard: Option<DropGuard>,
 }
 
 fn dev_err(rank: u32, step: u64, call: &'static str) -> impl FnOnce(crate::synapse::Error) -> ScheduleError {
@@ -328,6 +340,7 @@ impl Scheduler {
             last_overhead_ns: 0,
             stop_requested: false,
             assigner: Self::assigner_of(&cfg, StepPolicy::new(Policy::DropPredictive), n),
+            guard: cfg.drop_guard.and_then(|b| DropGuard::new(b).ok()),
             cfg,
             comm,
             stream,
@@ -417,6 +430,7 @@ impl Scheduler {
             assignment: self.assigner.assignment().to_vec(),
             rebalancer: self.assigner.rebalancer().cloned(),
             latency: Some(self.assigner.tracker().clone()),
+            drop_guard: self.guard,
         }
     }
 
@@ -430,6 +444,12 @@ impl Scheduler {
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
         self.assigner.restore(&s.assignment, s.rebalancer, s.latency);
+        // A checkpoint of the same configuration carries the guard's counts; the bound is the
+        // configuration's.
+        if let (Some(g), Some(saved)) = (&mut self.guard, s.drop_guard) {
+            let (h, d, r) = saved.counts();
+            *g = DropGuard::from_counts(g.bound(), h, d, r).unwrap_or(*g);
+        }
     }
 
     /// The one assigner of `params` for this configuration: its tail shape is the
@@ -523,7 +543,12 @@ impl Scheduler {
         let _span = info_span!("step", step, rank = self.comm.rank()).entered();
         self.start_clock(step)?;
         let (planned, balanced) = self.take_micro_batches(step, data)?;
-        let compute = self.run_micro_batches(step, &planned, work)?;
+        // The guard's decision, on the step's nominal parts (N·M·S, known alike on every rank).
+        let full = u64::from(self.comm.world_size()) * u64::from(self.cfg.micro_batches) * u64::from(self.cfg.parts());
+        // Only a drop threshold is guarded (a compute budget's deadline is not one).
+        let drops = self.assigner.params().policy.drops();
+        let enforced = self.guard.as_ref().filter(|_| drops).is_none_or(|g| g.enforces(full));
+        let compute = self.run_micro_batches(step, &planned, work, enforced)?;
         work.compute_done(&self.stream, step).map_err(|source| ScheduleError::Workload {
             rank: self.comm.rank(),
             step,
@@ -543,7 +568,13 @@ impl Scheduler {
         self.rescale_and_update(step, work, &global)?;
         let end_ns = self.restart_clock(step)?;
         self.last_overhead_ns = end_ns.saturating_sub(compute.t0_ns).saturating_sub(compute.compute_ns);
-        let report = self.report(step, &compute, settled.records, &collective, global, end_ns);
+        let mut report = self.report(step, &compute, settled.records, &collective, global, end_ns);
+        if let Some(g) = self.guard.as_mut().filter(|_| drops) {
+            g.record(report.nominal_parts(full), report.global_computed(), enforced);
+        }
+        if !enforced {
+            report.threshold_ns = None; // the step ran with the threshold off
+        }
         // A step in which no rank had data (the end of an epoch-bounded run) is no step of the
         // statistics: neither the straggler labels, the assignment step nor the re-tuner see it.
         if report.global_computed() + report.global_dropped() == 0 {
@@ -666,12 +697,16 @@ impl Scheduler {
         step: u64,
         planned: &[MicroBatch],
         work: &mut dyn Workload,
+        enforced: bool,
     ) -> Result<ComputePhase, ScheduleError> {
         let rank = self.comm.rank();
         let mut phase = ComputePhase::new(self.cfg.part_slots() as usize);
         let mut t0_ns: Option<u64> = None;
         let loop_start = std::time::Instant::now();
-        let mut walk = RankWalk::new(self.cfg.policy, step, planned.len(), self.cfg.tail, self.cfg.sync_lag);
+        // A step the drop-rate guard holds off runs with the threshold off.
+        let deadline =
+            if enforced { self.cfg.policy } else { DeadlineConfig { threshold: Threshold::Off, ..self.cfg.policy } };
+        let mut walk = RankWalk::new(deadline, step, planned.len(), self.cfg.tail, self.cfg.sync_lag);
         // The length-aware policies tell the walk each micro-batch's bucket when every one has
         // one (S consecutive parts one micro-batch, padded to its largest part's bucket).
         if self.assigner.params().policy.length_aware() {

@@ -407,8 +407,13 @@ mod tests {
         let mc = run(&sc, &c).expect("run");
         let t = sample_trace(&sc, 300, 40, c.seed).expect("trace");
         assert_eq!((t.world_size(), t.micro_batches(), t.num_steps()), (300, 6, 40));
-        let exec =
-            ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 };
+        let exec = ExecutionModel {
+            check: CheckMode::BeforeMicroBatch,
+            sync_lag: 0,
+            warmup_steps: 0,
+            min_micro_batches: 1,
+            drop_guard: None,
+        };
         let r = replay(&t, c.policy.threshold, &exec);
         let rel = |a: f64, b: f64| ((a - b) / b).abs();
         assert!(

@@ -81,6 +81,14 @@
 //! -1.32 %), rebalance-drop 0.66 % / +0.58 % (0.82 % / +0.72 %), compute-budget at 160 ms
 //! 0.77 % / -0.52 % (1.03 % / +1.15 %); the worst configuration stays near 3 % either way.
 //!
+//! The drop-rate guard ([`ExecutionModel::drop_guard`], the policies that drop,
+//! [`Policy::drops`]: a compute budget's deadline is not a drop threshold): before each step a
+//! [`crate::policy::DropGuard`] is asked with the step's nominal parts N·M·S, as the scheduler
+//! asks it (in tokens: the step's recorded tokens, the trace's mean beyond the record); a step
+//! it holds off is walked with the threshold off; after it the guard is fed the step's nominal
+//! and aggregated parts (or tokens), as [`PolicyReplay::drop_rate`] counts them
+//! ([`PolicyReplay::enforced`]).
+//!
 //! Normalization is exact: a step's gradient is divided by the micro-batches aggregated (global
 //! computed samples); the effective speedup is aggregated/nominal · baseline/policy step time - 1
 //! (samples per second against the synchronous run). On a trace in tokens
@@ -96,13 +104,14 @@ use super::rng;
 use crate::policy::assign::Assigner;
 use crate::policy::bucket::{BucketEstimator, WalkEstimator, bucket_cost, cost_balance, cost_balance_parts};
 use crate::policy::walk::{Next, RankWalk};
-use crate::policy::{CheckMode, DeadlineConfig, LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
+use crate::policy::{CheckMode, DeadlineConfig, DropGuard, LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
 use crate::trace::LatencyTrace;
 
 /// How the scheduler executes the deadline (everything but the threshold): the check mode, the
-/// sync lag, the warm-up steps and the micro-batches always computed. Defaults are `train`'s:
-/// predictive check, sync lag 0, 3 warm-up steps, 1 micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// sync lag, the warm-up steps, the micro-batches always computed and the run-time drop-rate
+/// guard. Defaults are `train`'s: predictive check, sync lag 0, 3 warm-up steps, 1
+/// micro-batch, no guard.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ExecutionModel {
     /// The check point semantics.
     pub check: CheckMode,
@@ -112,11 +121,18 @@ pub struct ExecutionModel {
     pub warmup_steps: u64,
     /// Micro-batches every rank always starts.
     pub min_micro_batches: u32,
+    /// The run-time drop-rate guard's bound ([`DropGuard`]: a step runs with the threshold off
+    /// when enforcing it could take the run's cumulative drop rate above this fraction; a
+    /// fraction in (0, 1], [`DropGuard::check`]). `None` (the default): every step after the
+    /// warm-up runs the threshold. The replay ignores a bound [`DropGuard::check`] refuses
+    /// (the faces and `tune::check_inputs` refuse it first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_guard: Option<f64>,
 }
 
 impl Default for ExecutionModel {
     fn default() -> Self {
-        Self { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1 }
+        Self { check: CheckMode::Predictive, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1, drop_guard: None }
     }
 }
 
@@ -241,6 +257,9 @@ pub struct PolicyReplay {
     /// Micro-batch latencies drawn rather than recorded (beyond M, or in an estimated step):
     /// a prediction with any is an estimate.
     pub drawn_latencies: u64,
+    /// Per step: whether it ran with the threshold in force (false: the drop-rate guard,
+    /// [`ExecutionModel::drop_guard`], held it off; all true without a guard).
+    pub enforced: Vec<bool>,
 }
 
 impl PolicyReplay {
@@ -543,6 +562,13 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
     let mut ends = Vec::with_capacity(2 * m * split);
     let mut mb_lat: Vec<f64> = Vec::with_capacity(2 * m);
     let mut walker = RankWalk::new(deadline, first_step, 0, tail, exec.sync_lag);
+    // The drop-rate guard (`ExecutionModel::drop_guard`): a step it holds off walks with the
+    // threshold off (`open_walker`); its counts are the step's nominal and aggregated parts, or
+    // tokens on a trace in tokens (the replay's drop unit).
+    let mut guard = exec.drop_guard.filter(|_| p.drops()).and_then(|b| DropGuard::new(b).ok());
+    let mut open_walker =
+        RankWalk::new(DeadlineConfig { threshold: Threshold::Off, ..deadline }, first_step, 0, tail, exec.sync_lag);
+    let mut enforced_steps = Vec::with_capacity(s_trace);
     let mut per_step = Vec::with_capacity(s_trace);
     let (mut started_cells, mut assigned_cells) = (Vec::with_capacity(s_trace * n), Vec::with_capacity(s_trace * n));
     let mut handed_cells = Vec::with_capacity(s_trace * n);
@@ -638,6 +664,18 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             (Some(t), false) if t.offsets_ns.len() == n && t.skew_ns.len() == n => (&no_row, &t.offsets_ns, &t.skew_ns),
             _ => (&no_row, &mean_offsets, &mean_skews),
         };
+        // The guard's decision before the step, on the step's nominal parts N·M·S (what every
+        // rank of a run knows before the step, as the scheduler asks), or the step's recorded
+        // tokens (the trace's mean beyond the record).
+        let full = (n * m * split) as u64;
+        let handed_before = match (mean_tokens, tokens) {
+            (Some(_), Some(t)) if recorded => t[si * n * m..(si + 1) * n * m].iter().map(|&x| x as f64).sum(),
+            (Some(mean), _) => mean * (n * m) as f64,
+            _ => full as f64,
+        };
+        let enforced = guard.as_ref().is_none_or(|g| g.enforces(handed_before.round() as u64));
+        enforced_steps.push(enforced);
+        let walker = if enforced { &mut walker } else { &mut open_walker };
         let mut step_started = vec![0u32; n];
         let mut step_tokens_started = 0.0f64;
         let mut step_tokens_handed = (0.0f64, 0u64);
@@ -714,7 +752,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
                 }
                 _ => 1.0,
             };
-            let w = walk(&mut walker, (&tail, &part), t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
+            let w = walk(walker, (&tail, &part), t0, &mut est[r], &mut lat, &mut ends, &mut mb_lat);
             if let (true, Some(b)) = (balanced || window.is_some(), row_buckets) {
                 // The whole launches come first, launch i being micro-batch i: their latencies
                 // are what the gathered count rows carry to every rank.
@@ -791,6 +829,12 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
             };
             tok_steps.push((step_tokens_nominal, step_tokens_started));
         }
+        if let Some(g) = guard.as_mut() {
+            match tok_steps.last() {
+                Some(&(nom, st)) if mean_tokens.is_some() => g.record(nom.round() as u64, st.round() as u64, enforced),
+                _ => g.record(nominal, aggregated, enforced),
+            }
+        }
         started_cells.extend_from_slice(&step_started);
         if aggregated > 0 {
             // An empty step (the stream's end) is no step of the assignment's statistics, as
@@ -840,6 +884,7 @@ pub fn replay_policy_on(trace: &LatencyTrace, run: &PolicyRun, data: &mut dyn Re
         assigned: assigned_cells,
         handed: handed_cells,
         compute_ns,
+        enforced: enforced_steps,
     }
 }
 
@@ -887,7 +932,7 @@ mod tests {
     }
 
     fn exec(check: CheckMode) -> ExecutionModel {
-        ExecutionModel { check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
+        ExecutionModel { check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1, drop_guard: None }
     }
 
     fn run(params: StepPolicy, th: Option<u64>) -> PolicyRun {
@@ -1166,6 +1211,24 @@ mod tests {
         }
         LatencyTrace::new("t", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
             .expect("valid")
+    }
+
+    /// The drop-rate guard guards a drop threshold only: a compute budget's replay is the same
+    /// with and without it, a drop policy's is not (the chronic rank's 8 x 2 ns do not fit in
+    /// 12 ns: every enforced step drops, and at 1 % the guard holds most steps off).
+    #[test]
+    fn the_drop_guard_leaves_a_compute_budget_alone() {
+        let t = chronic_trace(4, 8, 10);
+        let ex = exec(CheckMode::Predictive);
+        let guarded = ExecutionModel { drop_guard: Some(0.01), ..ex };
+        let at12 = Threshold::Fixed(Duration::from_nanos(12));
+        let budget = StepPolicy { budget: at12, ..StepPolicy::new(Policy::ComputeBudget) };
+        let at = |p: StepPolicy, th, e| replay_policy(&t, &PolicyRun::new(p, th, e));
+        assert_eq!(at(budget, Threshold::Off, ex), at(budget, Threshold::Off, guarded));
+        let drop = StepPolicy::new(Policy::DropPredictive);
+        let (plain, held) = (at(drop, at12, ex), at(drop, at12, guarded));
+        assert!(plain.enforced.iter().all(|&e| e) && held.enforced.iter().any(|&e| !e), "{:?}", held.enforced);
+        assert!(held.drop_rate < plain.drop_rate, "{} {}", held.drop_rate, plain.drop_rate);
     }
 
     /// Rebalancing counts parts: an odd part count runs its last part as a tail micro-batch.

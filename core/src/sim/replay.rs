@@ -14,6 +14,9 @@
 //! - the elapsed time starts at the trace's start offset of the step and rank
 //!   ([`LatencyTrace::start_offsets_ns`]: device work between the compute clock start and the
 //!   first micro-batch);
+//! - the drop-rate guard ([`ExecutionModel::drop_guard`], `policy::DropGuard`): before each
+//!   step the guard, fed the replayed global counts of the steps before, says whether the step
+//!   runs with the threshold; a step it holds off is walked with the threshold off;
 //! - predictive check: a per-rank [`crate::policy::LatencyEstimator`], persistent across steps, fed with a
 //!   micro-batch's latency when the scheduler reads its end event (lazily under sync lag, all
 //!   started ones at the end of the compute phase), in trace step order.
@@ -51,6 +54,9 @@ pub struct ReplayReport {
     pub per_step: Vec<(f64, f64, u64)>,
     /// Micro-batches started per step and rank (S x N, step-major).
     pub started: Vec<u32>,
+    /// Per step: whether the threshold was in force (false: the drop-rate guard,
+    /// [`ExecutionModel::drop_guard`], held it off; all true without a guard).
+    pub enforced: Vec<bool>,
 }
 
 /// Replay `trace` at `threshold` executed as `exec` says (module doc). Never fails (the trace
@@ -78,6 +84,7 @@ pub fn replay(trace: &LatencyTrace, threshold: Threshold, exec: &ExecutionModel)
         effective_speedup: (1.0 - d) * b / p - 1.0,
         per_step,
         started: started_cells,
+        enforced: r.enforced,
     }
 }
 
@@ -91,7 +98,13 @@ mod tests {
     }
 
     fn before(sync_lag: u32, warmup_steps: u64) -> ExecutionModel {
-        ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag, warmup_steps, min_micro_batches: 1 }
+        ExecutionModel {
+            check: CheckMode::BeforeMicroBatch,
+            sync_lag,
+            warmup_steps,
+            min_micro_batches: 1,
+            drop_guard: None,
+        }
     }
 
     #[test]
@@ -126,6 +139,37 @@ mod tests {
         assert_eq!(started(2), (40.0, 40.0, 4));
     }
 
+    /// The drop-rate guard at 0.25, 2 ranks x M = 4, threshold 15, check before: a rank of
+    /// latencies 10 starts 2 (0, 10 < 15), drops 2; step 3's rank 0 (5, 5, 5, 10) starts 3.
+    /// Enforced drops per step would be 4, 4, 4, 3, 4, 4 of 8. By the rule `dropped + reserve
+    /// <= 0.25 · (handed + 8)`: step 0: 0 <= 2, enforced (dropped 4, reserve 4); step 1: 8 <=
+    /// 4 no; step 2: 8 <= 6 no; step 3: 8 <= 8 yes (dropped 7); step 4: 11 <= 10 no; step 5:
+    /// 11 <= 12 yes: 11 of 48 dropped, against 23 without the guard.
+    #[test]
+    fn the_drop_guard_turns_the_threshold_off_exactly_when_its_rule_says() {
+        let mut lat = Vec::new();
+        for s in 0..6 {
+            lat.extend(if s == 3 { [5.0, 5.0, 5.0, 10.0] } else { [10.0; 4] });
+            lat.extend([10.0; 4]);
+        }
+        let t = LatencyTrace::new("t", vec![0, 1], (0..6).collect(), 4, lat, vec![0.0; 6]).expect("valid");
+        let plain = replay(&t, at(15), &before(0, 0));
+        assert!((plain.drop_rate - 23.0 / 48.0).abs() < 1e-12, "{}", plain.drop_rate);
+        assert_eq!(plain.enforced, vec![true; 6]);
+        let guarded = replay(&t, at(15), &ExecutionModel { drop_guard: Some(0.25), ..before(0, 0) });
+        assert_eq!(guarded.enforced, vec![true, false, false, true, false, true]);
+        let started: Vec<u64> = guarded.per_step.iter().map(|x| x.2).collect();
+        assert_eq!(started, vec![4, 8, 8, 5, 8, 4]);
+        assert_eq!(guarded.per_step[1], (40.0, 40.0, 8), "held off: the synchronous step");
+        assert_eq!(guarded.per_step[3], (40.0, 20.0, 5), "rank 1 recorded 40");
+        assert!((guarded.drop_rate - 11.0 / 48.0).abs() < 1e-12, "{}", guarded.drop_rate);
+        // In warm-up nothing drops and every step counts as handed out: with 2 warm-up steps
+        // (16 handed, 0 dropped) step 2 enforces (0 <= 6), step 3 (4 + 4 <= 8) too.
+        let warm = replay(&t, at(15), &ExecutionModel { drop_guard: Some(0.25), ..before(0, 2) });
+        assert_eq!(&warm.enforced[..4], &[true, true, true, true]);
+        assert_eq!(warm.per_step[3].2, 5);
+    }
+
     #[test]
     fn warm_up_steps_never_drop_and_the_start_offset_counts_as_elapsed_time() {
         // Step id 10 < 11 warm-up steps: everything starts.
@@ -151,8 +195,13 @@ mod tests {
             vec![0.0, 0.0],
         )
         .expect("valid");
-        let p =
-            |lag| ExecutionModel { check: CheckMode::Predictive, sync_lag: lag, warmup_steps: 1, min_micro_batches: 1 };
+        let p = |lag| ExecutionModel {
+            check: CheckMode::Predictive,
+            sync_lag: lag,
+            warmup_steps: 1,
+            min_micro_batches: 1,
+            drop_guard: None,
+        };
         assert_eq!(replay(&t, at(35), &p(0)).per_step[1], (60.0, 10.0, 1));
         assert_eq!(replay(&t, at(35), &p(1)).per_step[1], (60.0, 20.0, 2));
     }

@@ -11,7 +11,10 @@
 //! sync lag, warm-up and minimum micro-batches of the run ([`ExecutionModel`]); the guardrails
 //! judge that replay (its drop rate, its smallest per-step batch fraction, its effective
 //! speedup) and the best admissible replayed effective speedup wins (ties: smallest
-//! threshold). The exact search of [`super::search`] (a micro-batch counts iff it ends by the
+//! threshold). With a drop-rate guard in the execution model ([`ExecutionModel::drop_guard`])
+//! every candidate is replayed with the guard, so the guardrails judge the guarded drop rate
+//! and speedup (the best guarded speedup whose guarded drop rate is within `max_drop_rate`
+//! wins). The exact search of [`super::search`] (a micro-batch counts iff it ends by the
 //! threshold) is kept beside it as [`Recommendation::ideal`]: the ideal that stopping
 //! mid-micro-batch would give, not realizable on the device (a launched graph cannot stop
 //! mid-micro-batch).
@@ -71,6 +74,10 @@ pub enum TuneInputError {
         /// Its micro-batches per rank and step (M).
         micro_batches: usize,
     },
+    /// The execution model's drop-rate guard is not a fraction in (0, 1]
+    /// ([`crate::policy::DropGuard::check`]).
+    #[error(transparent)]
+    DropGuard(#[from] crate::policy::DropGuardError),
     /// More micro-batches always computed than the trace has per step.
     #[error("min_micro_batches {min_micro_batches}: must be <= the micro-batches of {source_name} ({micro_batches})")]
     MinMicroBatches {
@@ -85,8 +92,8 @@ pub enum TuneInputError {
 
 /// Checks that `trace` can be tuned under `execution`: at least [`super::MIN_STEPS`] steps
 /// at or after `execution.warmup_steps` (the warm-up steps are replayed but not tuned on, as
-/// in `train --threshold auto`) and 2 ranks, a sync lag below the trace's micro-batches M and
-/// `min_micro_batches` <= M. The one validation of every face that tunes (CLI, C, Python).
+/// in `train --threshold auto`) and 2 ranks, a sync lag below the trace's micro-batches M,
+/// `min_micro_batches` <= M and a drop-rate guard (when given) in (0, 1]. The one validation of every face that tunes (CLI, C, Python).
 ///
 /// # Errors
 /// The first failed rule, in that order, as a [`TuneInputError`].
@@ -115,6 +122,9 @@ pub fn check_inputs(trace: &LatencyTrace, execution: &ExecutionModel) -> Result<
             source_name: trace.source().to_string(),
             micro_batches: m,
         });
+    }
+    if let Some(bound) = execution.drop_guard {
+        crate::policy::DropGuard::check(bound)?;
     }
     Ok(())
 }
@@ -209,7 +219,13 @@ mod tests {
     }
 
     fn before() -> ExecutionModel {
-        ExecutionModel { check: CheckMode::BeforeMicroBatch, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1 }
+        ExecutionModel {
+            check: CheckMode::BeforeMicroBatch,
+            sync_lag: 0,
+            warmup_steps: 0,
+            min_micro_batches: 1,
+            drop_guard: None,
+        }
     }
 
     #[test]
@@ -221,6 +237,7 @@ mod tests {
             sync_lag,
             warmup_steps,
             min_micro_batches,
+            drop_guard: None,
         };
         assert!(check_inputs(&t, &exec(3, 2, 4)).is_ok());
         // 12 steps, warm-up 3: 9 tuned < 10.
@@ -235,6 +252,13 @@ mod tests {
         let e = check_inputs(&t, &exec(0, 0, 5)).unwrap_err();
         assert!(matches!(e, TuneInputError::MinMicroBatches { min_micro_batches: 5, micro_batches: 4, .. }), "{e:?}");
         assert_eq!(e.to_string(), "min_micro_batches 5: must be <= the micro-batches of t12 (4)");
+        // A drop-rate guard outside (0, 1], with its value.
+        let e = check_inputs(&t, &ExecutionModel { drop_guard: Some(0.0), ..exec(0, 0, 1) }).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "drop_guard 0: must be a finite fraction in (0, 1] (the largest cumulative drop rate)"
+        );
+        assert!(check_inputs(&t, &ExecutionModel { drop_guard: Some(0.1), ..exec(0, 0, 1) }).is_ok());
         // One rank.
         let one = LatencyTrace::new("one", vec![0], (0..12).collect(), 4, vec![1.0; 48], vec![0.0; 12]).unwrap();
         assert!(matches!(check_inputs(&one, &exec(0, 0, 1)), Err(TuneInputError::InsufficientData(_))));

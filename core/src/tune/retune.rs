@@ -347,7 +347,7 @@ mod tests {
             .expect("valid");
         let mut chosen = Vec::new();
         for check in [CheckMode::BeforeMicroBatch, CheckMode::Predictive] {
-            let exec = ExecutionModel { check, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1 };
+            let exec = ExecutionModel { check, sync_lag: 0, warmup_steps: 3, min_micro_batches: 1, drop_guard: None };
             let cfg =
                 RetunerConfig { period: k + 5, probe_steps: k, execution: Some(exec), ..RetunerConfig::default() };
             let mut rt = Retuner::new(cfg, n, m).expect("valid");

@@ -114,21 +114,24 @@ class FlatGradients:
 
 class Reduced:
     """What the count collective said: every rank's samples and started micro-batches, the
-    parameters no rank used (flat path only) and every rank's extra values (``extra[r]``, E
-    int64 each; empty rows when E is 0)."""
+    parameters no rank used (flat path only), every rank's extra values (``extra[r]``, E
+    int64 each; empty rows when E is 0) and the micro-batches handed out to all ranks
+    (``handed``, the sum: what the drop-rate guard is fed)."""
 
     def __init__(self, samples: List[int], started: List[int], unused: List[int],
-                 extra: Optional[List[List[int]]] = None) -> None:
+                 extra: Optional[List[List[int]]] = None, handed: int = 0) -> None:
         self.samples = samples
         self.started = started
         self.unused = unused
         self.extra = extra if extra is not None else [[] for _ in samples]
+        self.handed = handed
 
 
 class Counts:
     """The step's count collective, issued at construction (async; every rank issues it before
     its gradient collectives): one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
-    fingerprint(1) | extra(N·E) | used(P)]``, each rank writing its own slots. ``used``: per
+    fingerprint(1) | handed(1) | extra(N·E) | used(P)]``, each rank writing its own slots
+    (``handed``: the micro-batches this rank was handed, summed over the ranks). ``used``: per
     parameter whether this rank's backward reached it (the flat path; empty in overlap mode,
     where DDP tracks unused parameters itself). ``extra``: this rank's E int64 values
     (E identical on every rank; the step's latencies when a step policy, retuner or straggler
@@ -147,19 +150,21 @@ class Counts:
         group: Optional[dist.ProcessGroup],
         step: int,
         extra: Sequence[int] = (),
+        handed: int = 0,
     ) -> None:
         n = world_size
         e = len(extra)
         self.rank, self.n, self.e, self.fingerprint, self.step = rank, n, e, fingerprint, step
-        self.tensor = torch.zeros(2 * n + 1 + n * e + len(used), dtype=torch.int64, device=device)
+        self.tensor = torch.zeros(2 * n + 2 + n * e + len(used), dtype=torch.int64, device=device)
         self.tensor[rank] = samples
         self.tensor[n + rank] = started
         self.tensor[2 * n] = fingerprint
+        self.tensor[2 * n + 1] = handed
         if e:
-            at = 2 * n + 1 + rank * e
+            at = 2 * n + 2 + rank * e
             self.tensor[at : at + e] = torch.tensor(list(extra), dtype=torch.int64, device=device)
         if used:
-            self.tensor[2 * n + 1 + n * e :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
+            self.tensor[2 * n + 2 + n * e :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
         self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True) if n > 1 else None
         self._result: Optional[Reduced] = None
 
@@ -178,10 +183,10 @@ class Counts:
                 f"normalization, micro-batch size or micro-batches per step differ; this rank's fingerprint "
                 f"{self.fingerprint}, the sum over {n} ranks {host[2 * n]})"
             )
-        e, base = self.e, 2 * n + 1
+        e, base = self.e, 2 * n + 2
         extra = [host[base + r * e : base + (r + 1) * e] for r in range(n)]
         self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[base + n * e :]) if u == 0],
-                               extra)
+                               extra, handed=host[2 * n + 1])
         return self._result
 
 

@@ -40,6 +40,17 @@ the divisor.
 are fed every step from the same gathered latencies (the retuner with the step time as the
 slowest rank's compute phase), so the retuned threshold is identical on every rank; it is used
 from the next step on (``StepResult.threshold_ns``: the threshold a step ran with).
+
+The drop-rate guard (``Policy(..., drop_guard=0.10)``): the step keeps the crate's
+``DropGuard`` (``policy::DropGuard``, the rule the replay and the tuner run), fed after every
+step with the step's global micro-batches handed out and started (the count collective carries
+both, so every rank holds the same counts). Before a step it is asked with the micro-batches
+the step hands out (the sum of ``assignment()``, or N·``micro_batches_per_step``; without
+either, the previous step's global count); when it says no the step runs with the threshold off
+(``StepResult.guard_enforced`` False, ``threshold_ns`` None), identically on every rank. The
+Python face counts micro-batches (a run that counts tokens is guarded in micro-batches); a step
+policy whose deadline is no drop threshold (``StepPolicy.drops`` False: compute-budget) runs
+unguarded, as in the crate.
 """
 
 from __future__ import annotations
@@ -54,8 +65,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import (Assigner, ComputeLogWriter, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk, StragglerTracker,
-               divisor)
+from .. import (Assigner, ComputeLogWriter, DropGuard, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk,
+               StragglerTracker, divisor)
 from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
@@ -92,6 +103,10 @@ class StepResult:
     rank_latency_ns: Optional[List[float]] = None
     #: The retuner's event of this step (``Retuner.on_step``'s dict), None otherwise.
     retune: Optional[Dict[str, Any]] = None
+    #: Whether the step ran with the threshold in force as far as the drop-rate guard goes
+    #: (``Policy.drop_guard``): False when the guard held it off (the step ran with the threshold
+    #: off, identically on every rank); True without a guard.
+    guard_enforced: bool = True
     #: The flat gradient buffers (for the finiteness check of ``apply``).
     _buffers: List[torch.Tensor] = field(default_factory=list, repr=False)
     #: The non-finite flag the rescale set while scaling the buffers (``reduce.scale_checked_``):
@@ -277,6 +292,12 @@ class DropComputeStep:
         self._observed_m = 0
         self._clock_started = False
         self._log = ComputeLogWriter(compute_log) if compute_log else None
+        #: The drop-rate guard (the crate's rule; module doc), None without ``policy.drop_guard``
+        #: or with a step policy whose deadline is no drop threshold (``StepPolicy.drops``).
+        guarded = policy.drop_guard is not None and (step_policy is None or step_policy.drops)
+        self.guard = DropGuard(policy.drop_guard) if guarded else None
+        #: The previous step's global micro-batches handed out (the guard's estimate without M).
+        self._last_handed = 0
 
     def _check_policies(self) -> None:
         """Refuses the step policy / retuner / tracker combinations that cannot work."""
@@ -334,6 +355,8 @@ class DropComputeStep:
                                  "observed_micro_batches": self._observed_m}
         if self.assigner is not None:
             state["assigner"] = self.assigner.state()
+        if self.guard is not None:
+            state["drop_guard"] = [*self.guard.counts, self._last_handed]
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -357,6 +380,17 @@ class DropComputeStep:
                 raise ValueError(f"state['assigner']: step policy {restored.step_policy!r}: this step runs "
                                  f"{self.step_policy!r}")
             self.assigner = restored
+        g = state.get("drop_guard")
+        if (g is None) != (self.guard is None):
+            raise ValueError(f"state['drop_guard']: {'absent' if g is None else 'present'}: this step's policy "
+                             f"{'has' if self.guard is not None else 'has no'} drop_guard")
+        if g is not None:
+            if not (isinstance(g, (list, tuple)) and len(g) == 4 and all(isinstance(x, int) and x >= 0 for x in g)):
+                raise ValueError(f"state['drop_guard']: {g!r}: must be 4 ints >= 0 (handed, dropped, reserve, last "
+                                 "handed)")
+            assert self.guard is not None
+            self.guard = DropGuard.from_counts(self.guard.bound, (g[0], g[1], g[2]))
+            self._last_handed = g[3]
         self.step = step
         self._observed_b = float(b)
         self._observed_m = mm
@@ -441,7 +475,8 @@ class DropComputeStep:
         cap = m if mine is None else min(m, mine)
         if self._gather and cap > self._slots:
             raise ValueError(f"micro_batches: {cap}: at most {self._slots} per rank (the gathered latency slots)")
-        walk_policy = self._walk_policy
+        enforced = self._guard_enforces()
+        walk_policy = self._walk_policy if enforced else _threshold_off(self._walk_policy)
         walk = StepWalk(walk_policy, step=self.step, micro_batches=cap, sync_lag=self.sync_lag)
         if buckets is not None and tokens is None:
             raise ValueError("tokens: None: buckets need each micro-batch's tokens (the divisor counts tokens)")
@@ -478,7 +513,7 @@ class DropComputeStep:
                         # micro-batch computes (issued after the forward, it waited on the
                         # slowest rank's forward and delayed DDP's first bucket: +6 % a step at
                         # 1 M parameters on 2 cores, against +1.8 % before it).
-                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale)
+                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale, cap)
                     loss = loss_fn(module, mb)
                     _check_length(loss, c if toks is None and count_fn is None else None, self.rank, self.step, value)
                     scaled = _sum_checked(loss, self.rank, self.step, value) * loss_scale
@@ -498,7 +533,7 @@ class DropComputeStep:
                 )
             # The same order as a computing rank: the count collective, DDP's forward (it may run
             # its own collective, e.g. rebuilding buckets or broadcasting buffers), the backward.
-            counts = self._arm(0, 0, divisor_of, loss_scale)
+            counts = self._arm(0, 0, divisor_of, loss_scale, cap)
             zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
             self._backward(zero)
         if overlap:
@@ -520,7 +555,7 @@ class DropComputeStep:
                 extra = self._extra(cap, ends)
             counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
                             fingerprint=self._fingerprint(), used=self.grads.used, device=self.params[0].device,
-                            group=self.group, step=self.step, extra=extra)
+                            group=self.group, step=self.step, extra=extra, handed=cap)
             found = found_flag(self.params[0].device)
             reduced, d = reduce_flat(self.grads, counts, divisor_of=divisor_of, loss_scale=loss_scale,
                                      group=self.group, timeout=self.timeout, found=found)
@@ -532,12 +567,15 @@ class DropComputeStep:
         if sum(reduced.started) > 0:
             self._observed_b = sum(reduced.samples) / sum(reduced.started)
             self._observed_m = max(reduced.started)
+        if self.guard is not None:
+            self.guard.record(reduced.handed, sum(reduced.started), enforced)
+        self._last_handed = reduced.handed
         latencies = [e - (ends[i - 1] if i else 0) for i, e in enumerate(ends)]
         if self._log is not None:
             rest = micro_batches[started:] if isinstance(micro_batches, Sequence) else []
             dropped = [int(count_fn(x)) if count_fn is not None else batch_size(x) for x in rest] \
                 if toks is None else [int(t) for t in tokens[started:m]]  # type: ignore[index]
-            self._write_log(m, batch, dropped, ends, latencies)
+            self._write_log(m, batch, dropped, ends, latencies, walk_policy)
         assignment = self.assignment() if self.assigner is not None else None
         rank_latency, event = self._observe(reduced) if self._gather else (None, None)
         if rank_latency is None and self.assigner is not None:
@@ -546,10 +584,21 @@ class DropComputeStep:
             step=self.step, computed_micro_batches=started, dropped_micro_batches=m - started, samples=samples,
             counts=reduced.samples, started=reduced.started, divisor=d, compute_ns=ends[-1] if ends else 0,
             latencies_ns=latencies, threshold_ns=walk_policy.threshold_ns, assignment=assignment,
-            rank_latency_ns=rank_latency, retune=event, _buffers=buffers, _found=found, _bridge=self.bridge,
+            rank_latency_ns=rank_latency, retune=event, guard_enforced=enforced, _buffers=buffers, _found=found,
+            _bridge=self.bridge,
         )
         self.step += 1
         return result
+
+    def _guard_enforces(self) -> bool:
+        """The drop-rate guard's decision for this step (True without a guard), asked with the
+        micro-batches the step hands out to all ranks, a number every rank knows alike (module
+        doc)."""
+        if self.guard is None:
+            return True
+        handed = sum(self.assignment()) if (self.assigner is not None or self.micro_batches_per_step) \
+            else self._last_handed
+        return bool(self.guard.enforces(handed))
 
     def _extra(self, cap: int, ends: List[int]) -> List[int]:
         """This rank's gathered values: ``[handed, compute_ns, latency_0 .. latency_{W-1}]``
@@ -616,12 +665,12 @@ class DropComputeStep:
             for i in range(walk.reported(), upto):
                 self._report(walk, i, marks, ends)
 
-    def _arm(self, samples: int, started: int, divisor_of: Any, loss_scale: float) -> Counts:
-        """Issues the count collective before the last backward and arms the hook's rescale."""
+    def _arm(self, samples: int, started: int, divisor_of: Any, loss_scale: float, handed: int) -> Counts:
+        """Issues the count collective before the last forward and arms the hook's rescale."""
         assert self.hook is not None
         counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
                         fingerprint=self._fingerprint(), used=[], device=self.params[0].device, group=self.group,
-                        step=self.step)
+                        step=self.step, handed=handed)
         self.hook.arm(counts, divisor_of, loss_scale, self.timeout)
         return counts
 
@@ -651,14 +700,15 @@ class DropComputeStep:
 
         return of
 
-    def _write_log(self, m: int, batch: List[int], dropped: List[int], ends: List[int], latencies: List[int]) -> None:
+    def _write_log(self, m: int, batch: List[int], dropped: List[int], ends: List[int], latencies: List[int],
+                   walk_policy: Policy) -> None:
         """This step's rows: one per micro-batch, the not-started ones marked dropped (their size:
         counted when the input is a sequence, else ``micro_batch_size``). Times are on the
         host's monotonic clock (the clock start's host time plus device offsets), with the
         step's clock start and deadline, so ``dropcompute tune`` derives the step overhead."""
         assert self._log is not None
         origin = self.clock.origin_ns
-        th = self._walk_policy.threshold_ns
+        th = walk_policy.threshold_ns
         deadline = origin + th if th is not None and self.step >= self.policy.warmup_steps else 0
         common = dict(global_step=self.step, world_size=self.world_size, rank=self.rank,
                       micro_batches=self.micro_batches_per_step or m, clock_start_ns=origin, deadline_ns=deadline)
@@ -706,6 +756,13 @@ def _check_length(loss: torch.Tensor, samples: Optional[int], rank: int, step: i
             f"rank {rank}: step {step}: micro-batch {i}: loss_fn returned {int(loss.shape[0])} per-sample losses "
             f"for a micro-batch of {samples} samples; return one loss per sample (or their sum), or pass count_fn"
         )
+
+
+def _threshold_off(p: Policy) -> Policy:
+    """``p`` with the threshold off: the deadline of a step the drop-rate guard holds off."""
+    return Policy(threshold_ns=None, check=p.check, warmup_steps=p.warmup_steps,
+                  min_micro_batches=p.min_micro_batches, kind=p.kind, bucket_lengths=p.bucket_lengths or None,
+                  drop_guard=p.drop_guard)
 
 
 def _sum_checked(loss: torch.Tensor, rank: int, step: int, i: int) -> torch.Tensor:
