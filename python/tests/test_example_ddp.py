@@ -64,7 +64,7 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(examp
     # The drop guard is on by default, at --max-drop-rate: the steps it held the threshold off are
     # counted, measured and predicted (the replay of the baseline arm's logs runs the guard too).
     g = r["drop_guard"]
-    assert g["bound"] == 0.10 and g["steps"] == r["dropcompute"]["steps"], g
+    assert g["bound"] == 0.10 and g["steps"] == r["dropcompute"]["steps"] and g["tuned_with_guard"] is False, g
     assert 0 <= g["held_off_steps"] <= g["steps"] and 0 <= r["predicted"]["held_off_steps"], (g, r["predicted"])
     assert f"threshold held off in {g['held_off_steps']} of {g['steps']} steps" in example["stdout"], example["stdout"]
 
@@ -145,6 +145,9 @@ def test_the_example_runs_the_drop_guard_unless_told_not_to() -> None:
     ex = _example_module()
     assert ex.parse_args([]).drop_guard is True
     assert ex.parse_args(["--no-drop-guard"]).drop_guard is False
+    # The tuner scores without the guard unless told (the guard then trims the run's overshoot).
+    assert ex.parse_args([]).tune_with_guard is False
+    assert ex.parse_args(["--tune-with-guard"]).tune_with_guard is True
 
 
 @pytest.mark.parametrize("argv", [["--threshold-ms", "x"], ["--threshold-ms", "0"], ["--threshold-ms", "-3"],
