@@ -127,3 +127,37 @@ fn tune_sync_lag_must_be_below_the_micro_batches_and_changes_the_replay() {
     assert_eq!((l0.execution.sync_lag, l2.execution.sync_lag), (0, 2));
     assert_ne!(l0.verdict, l2.verdict, "the lag changes what will run");
 }
+
+/// `tune --drop-guard F` replays every candidate with the run-time guard (as `train
+/// --drop-guard` runs it): the JSON's execution carries the guard, and its verdict is the
+/// guarded replay's score of its threshold; without the flag the verdict is the unguarded one.
+#[test]
+fn tune_drop_guard_scores_every_candidate_with_the_guard() {
+    let se = trace("trace-SE.csv.gz");
+    let loaded = load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load");
+    let t = &loaded[0].trace;
+    let json = |extra: &[&str]| -> TuneJson {
+        let mut argv = vec!["--trace", se.to_str().unwrap(), "--json", "--max-drop-rate", "0.2"];
+        argv.extend_from_slice(extra);
+        let mut out = Vec::new();
+        run_to(&tune_args(&argv), &mut out).expect("run");
+        serde_json::from_slice::<Vec<TuneJson>>(&out).expect("json").remove(0)
+    };
+    let (plain, guarded) = (json(&[]), json(&["--drop-guard", "0.03"]));
+    assert_eq!((plain.execution.drop_guard, guarded.execution.drop_guard), (None, Some(0.03)));
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+    for j in [&plain, &guarded] {
+        let Verdict::Enable(c) = j.verdict else { panic!("{:?}", j.verdict) };
+        // The verdict is the replay, under the execution the JSON names, of its threshold.
+        let again = replay_score(t, c.threshold_ns, &j.execution);
+        assert!(close(again.drop_rate, c.drop_rate) && close(again.objective, c.objective), "{again:?} vs {c:?}");
+        assert!(c.drop_rate <= 0.2, "{c:?}");
+    }
+    // The guard holds what the unguarded verdict drops (above 3 %) near its bound: the guarded
+    // run drops less than the unguarded one, and the guarded verdict's own threshold replayed
+    // without the guard drops more than it does with it.
+    let (Verdict::Enable(p), Verdict::Enable(g)) = (plain.verdict, guarded.verdict) else { unreachable!() };
+    assert!(p.drop_rate > 0.03 && g.drop_rate < p.drop_rate && g.drop_rate <= 0.035, "{p:?} {g:?}");
+    let unguarded = replay_score(t, g.threshold_ns, &plain.execution);
+    assert!(unguarded.drop_rate > g.drop_rate, "{unguarded:?} {g:?}");
+}

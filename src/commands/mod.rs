@@ -130,6 +130,13 @@ pub struct GuardrailArgs {
     /// Guardrail: minimum replayed effective speedup to enable dropping (0.02 = +2 %).
     #[arg(long, default_value_t = dropcompute::tune::Guardrails::default().min_gain, allow_negative_numbers = true)]
     pub min_gain: f64,
+    /// The run-time drop-rate guard (`policy::DropGuard`, a fraction in (0, 1]): a step runs
+    /// with the threshold off when enforcing it could take the run's cumulative drop rate above
+    /// it. `train`: the second run holds it (digits task only: the text task counts tokens),
+    /// its auto threshold and prediction replaying it; `tune`: every candidate is replayed with
+    /// it; `simulate --policy/--trace`: each policy's replay runs it. Not given: no guard.
+    #[arg(long, allow_negative_numbers = true)]
+    pub drop_guard: Option<f64>,
 }
 
 impl GuardrailArgs {
@@ -145,6 +152,19 @@ impl GuardrailArgs {
             min_gain: self.min_gain,
         };
         g.validate().map(|()| g)
+    }
+
+    /// `--drop-guard`, checked by the guard's own rule ([`dropcompute::policy::DropGuard::check`]).
+    ///
+    /// # Errors
+    /// `"--drop-guard VALUE: must be a fraction in (0, 1]"` when given outside (0, 1] or not finite.
+    pub fn drop_guard(&self) -> Result<Option<f64>, String> {
+        self.drop_guard
+            .map(|g| {
+                dropcompute::policy::DropGuard::check(g)
+                    .map_err(|_| format!("--drop-guard {g}: must be a fraction in (0, 1]"))
+            })
+            .transpose()
     }
 }
 

@@ -270,6 +270,11 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     if args.policy.is_some() {
         return run_policies(args, out);
     }
+    if let Some(g) = args.guardrails.drop_guard {
+        return Err(CommandError::Args(format!(
+            "--drop-guard {g}: the guard replays with --policy or --trace (the threshold sweep guards nothing)"
+        )));
+    }
     let noise = LatencyModel::new(args.base_ms * 1e6, args.noise.clone());
     let unavailable = analytic_unavailable(args);
     let tau =
@@ -382,8 +387,13 @@ fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
     let tail = args.tail.for_policy(Some(args.policy.as_deref().unwrap_or("all")))?;
     let policies = super::parse_policies(args.policy.as_deref().unwrap_or("all"))?;
-    let execution =
-        ExecutionModel { check: args.check, sync_lag: 0, warmup_steps: 0, min_micro_batches: 1, drop_guard: None };
+    let execution = ExecutionModel {
+        check: args.check,
+        sync_lag: 0,
+        warmup_steps: 0,
+        min_micro_batches: 1,
+        drop_guard: args.guardrails.drop_guard().map_err(CommandError::Args)?,
+    };
     let how = Recommend { execution, guardrails };
     let mut comparisons = Vec::new();
     if args.traces.is_empty() {

@@ -139,12 +139,6 @@ pub struct Args {
     /// Steps that never drop (warm-up).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub warmup_steps: u64,
-    /// The second run's run-time drop-rate guard: a step runs with the threshold off when
-    /// enforcing it could take the run's cumulative drop rate above this fraction (0, 1]; its
-    /// auto threshold and prediction replay the guard. Digits task only (the text task counts
-    /// tokens).
-    #[arg(long, allow_negative_numbers = true)]
-    pub drop_guard: Option<f64>,
     /// Checkpoint every K steps (0 = off).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub checkpoint_every: u64,
@@ -412,10 +406,10 @@ impl Args {
         if !(self.holdout.is_finite() && self.holdout > 0.0 && self.holdout < 1.0) {
             return Err(bad("holdout", show(self.holdout), "must be in (0, 1)"));
         }
-        if let Some(g) = self.drop_guard {
-            if dropcompute::policy::DropGuard::check(g).is_err() {
-                return Err(bad("drop-guard", show(g), "must be a fraction in (0, 1]"));
-            }
+        let drop_guard = self.guardrails.drop_guard().map_err(|_| {
+            bad("drop-guard", self.guardrails.drop_guard.map_or_else(String::new, show), "must be a fraction in (0, 1]")
+        })?;
+        if let Some(g) = drop_guard {
             if text {
                 return Err(bad("drop-guard", show(g), "digits task only (the text task counts tokens)"));
             }
@@ -451,7 +445,7 @@ impl Args {
             classes: self.classes,
             holdout: self.holdout,
             warmup_steps: self.warmup_steps,
-            drop_guard: self.drop_guard,
+            drop_guard,
             checkpoint_every: NonZeroU64::new(self.checkpoint_every),
             checkpoint_dir: self
                 .checkpoint_dir

@@ -106,19 +106,26 @@ fn each_task_has_its_documented_defaults_and_a_given_flag_wins() {
     assert_eq!((c.policy(), c.check), (Policy::DropBefore, CheckMode::BeforeMicroBatch));
 }
 
-/// The guardrail flags are one definition (`commands::GuardrailArgs`) in `train` and `tune`: the
-/// same names and defaults.
+/// The guardrail flags are one definition (`commands::GuardrailArgs`) in `train`, `tune` and
+/// `simulate`: the same names and defaults, and `--drop-guard` refused alike by every command
+/// outside (0, 1] (the guard's own check, `policy::DropGuard::check`).
 #[test]
-fn train_and_tune_share_the_guardrail_flags() {
+fn train_tune_and_simulate_share_the_guardrail_flags() {
     use clap::CommandFactory;
     #[derive(clap::Parser)]
     struct Tune {
         #[command(flatten)]
         a: crate::commands::tune::Args,
     }
+    #[derive(clap::Parser)]
+    struct Simulate {
+        #[command(flatten)]
+        a: crate::commands::simulate::Args,
+    }
+    const NAMES: [&str; 4] = ["max-drop-rate", "min-batch-fraction", "min-gain", "drop-guard"];
     let flags = |cmd: clap::Command| -> Vec<(String, Option<String>)> {
         cmd.get_arguments()
-            .filter(|a| a.get_long().is_some_and(|l| ["max-drop-rate", "min-batch-fraction", "min-gain"].contains(&l)))
+            .filter(|a| a.get_long().is_some_and(|l| NAMES.contains(&l)))
             .map(|a| {
                 (
                     a.get_long().unwrap_or_default().to_owned(),
@@ -128,8 +135,26 @@ fn train_and_tune_share_the_guardrail_flags() {
             .collect()
     };
     let (train, tune) = (flags(TestCli::command().find_subcommand("train").cloned().unwrap()), flags(Tune::command()));
-    assert_eq!(train.len(), 3);
+    assert_eq!(train.len(), 4);
     assert_eq!(train, tune);
+    assert_eq!(train, flags(Simulate::command()));
+    // Every command refuses a guard outside (0, 1] naming the flag and the value.
+    for bad in ["0", "1.5", "-0.1", "nan", "inf"] {
+        let train_e = parse(&["--drop-guard", bad]).1.validate().expect_err(bad).to_string();
+        let tune_args =
+            <Tune as clap::Parser>::try_parse_from(["tune", "--trace", "t.csv", "--drop-guard", bad]).unwrap().a;
+        let tune_e = crate::commands::tune::run_to(&tune_args, &mut Vec::new()).expect_err(bad).to_string();
+        let sim_args =
+            <Simulate as clap::Parser>::try_parse_from(["simulate", "--policy", "all", "--drop-guard", bad]).unwrap().a;
+        let sim_e = crate::commands::simulate::run_to(&sim_args, &mut Vec::new()).expect_err(bad).to_string();
+        for e in [&train_e, &tune_e, &sim_e] {
+            assert!(e.contains("--drop-guard") && e.contains("must be a fraction in (0, 1]"), "{bad}: {e}");
+        }
+    }
+    // simulate's threshold sweep has no run to guard: refused, not ignored.
+    let sweep = <Simulate as clap::Parser>::try_parse_from(["simulate", "--drop-guard", "0.1"]).unwrap().a;
+    let e = crate::commands::simulate::run_to(&sweep, &mut Vec::new()).expect_err("refused").to_string();
+    assert!(e.contains("--drop-guard 0.1") && e.contains("--policy or --trace"), "{e}");
     let e = parse(&["--steps", "12"]).1.validate().unwrap_err().to_string();
     assert!(e.contains("insufficient data") && e.contains("10"), "{e}");
 }

@@ -210,7 +210,7 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         sync_lag: args.sync_lag,
         warmup_steps: 0,
         min_micro_batches: args.min_micro_batches,
-        drop_guard: None,
+        drop_guard: args.guardrails.drop_guard().map_err(CommandError::Args)?,
     };
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
     let mut comparisons = Vec::new();
@@ -316,9 +316,10 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         let check = execution.check.name();
         let _ = writeln!(
             s,
-            "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%",
+            "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed{}; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%",
             args.sync_lag,
             args.min_micro_batches,
+            execution.drop_guard.map_or_else(String::new, |g| format!(", drop guard {:.2}%", g * 100.0)),
             guardrails.max_drop_rate * 100.0,
             guardrails.min_batch_fraction * 100.0,
             guardrails.min_gain * 100.0
