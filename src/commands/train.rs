@@ -409,10 +409,8 @@ impl Args {
         let drop_guard = self.guardrails.drop_guard().map_err(|_| {
             bad("drop-guard", self.guardrails.drop_guard.map_or_else(String::new, show), "must be a fraction in (0, 1]")
         })?;
-        if let Some(g) = drop_guard {
-            if text {
-                return Err(bad("drop-guard", show(g), "digits task only (the text task counts tokens)"));
-            }
+        if let (Some(g), true) = (drop_guard, text) {
+            return Err(bad("drop-guard", show(g), "digits task only (the text task counts tokens)"));
         }
         Ok(TrainConfig {
             ranks,
