@@ -77,6 +77,13 @@
 // [`dc_estimator_free`]). Not shared between threads without a lock.
 typedef struct DcEstimator DcEstimator;
 
+// The run-time drop-rate guard (`policy::DropGuard`, the rule of the Rust scheduler, the
+// replay and the Python step): whether the next step runs with the threshold in force, so
+// that the run's cumulative drop rate stays within a bound (opaque; [`dc_guard_new`],
+// [`dc_guard_free`]). Feed it every step's global counts (identical on every rank) and every
+// rank decides alike. Not shared between threads without a lock.
+typedef struct DcGuard DcGuard;
+
 // The deadline policy of one job (opaque; create with [`dc_policy_new`], free with
 // [`dc_policy_free`]). Immutable, so one handle may be shared by threads.
 typedef struct DcPolicy DcPolicy;
@@ -244,6 +251,47 @@ DcStatus dc_estimator_estimate(struct DcEstimator *estimator, uint32_t bucket, u
 // # Safety
 // `estimator` must be null or a handle from [`dc_estimator_new`] not freed before.
 void dc_estimator_free(struct DcEstimator *estimator);
+
+// Creates a guard holding the cumulative drop rate at or below `bound` (a fraction in (0, 1]:
+// 0.10 = 10 %), nothing recorded.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null `out` or a bound outside (0, 1] or NaN (`*out` is
+// then null).
+//
+// # Safety
+// `out` must be null or valid for one pointer write.
+DcStatus dc_guard_new(double bound, struct DcGuard **out);
+
+// Whether the next step, handing out `handed` micro-batches over every rank (in the run's drop
+// unit), runs with the threshold in force (`*out` 1) or off (`*out` 0): `dropped + reserve <=
+// bound x (handed so far + handed)`, the reserve being the largest drop of an enforced step
+// so far (`policy::guard`'s module doc).
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `drop_guard` or `out` (`*out` is then 0).
+//
+// # Safety
+// `drop_guard` must be null or a live handle from [`dc_guard_new`]; `out` null or writable.
+DcStatus dc_guard_enforces(const struct DcGuard *drop_guard, uint64_t handed, uint32_t *out);
+
+// Records a step's global counts: `handed` micro-batches handed out over every rank,
+// `started` of them started (above `handed`: no drop), `enforced` (non-zero) whether the step
+// ran with the threshold in force.
+//
+// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `drop_guard`.
+//
+// # Safety
+// `drop_guard` must be null or a live handle from [`dc_guard_new`], not used by another thread
+// meanwhile.
+DcStatus dc_guard_record(struct DcGuard *drop_guard,
+                         uint64_t handed,
+                         uint64_t started,
+                         uint32_t enforced);
+
+// Frees a guard (null is a no-op).
+//
+// # Safety
+// `drop_guard` must be null or a handle from [`dc_guard_new`] not freed before.
+void dc_guard_free(struct DcGuard *drop_guard);
 
 // Starts the walk of step `step` (0-based) for a rank handed `micro_batches` (at most
 // `DC_MAX_MICRO_BATCHES`) micro-batches under `policy`, the check lagging `sync_lag`

@@ -655,6 +655,96 @@ pub unsafe extern "C" fn dc_estimator_free(estimator: *mut DcEstimator) {
     }
 }
 
+/// The run-time drop-rate guard (`policy::DropGuard`, the rule of the Rust scheduler, the
+/// replay and the Python step): whether the next step runs with the threshold in force, so
+/// that the run's cumulative drop rate stays within a bound (opaque; [`dc_guard_new`],
+/// [`dc_guard_free`]). Feed it every step's global counts (identical on every rank) and every
+/// rank decides alike. Not shared between threads without a lock.
+pub struct DcGuard {
+    inner: policy::DropGuard,
+}
+
+/// Creates a guard holding the cumulative drop rate at or below `bound` (a fraction in (0, 1]:
+/// 0.10 = 10 %), nothing recorded.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null `out` or a bound outside (0, 1] or NaN (`*out` is
+/// then null).
+///
+/// # Safety
+/// `out` must be null or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_guard_new(bound: f64, out: *mut *mut DcGuard) -> DcStatus {
+    // SAFETY: `out` is null or valid for one write by the caller's contract.
+    unsafe { reset(out, std::ptr::null_mut()) };
+    guard(|| {
+        require(out, "out")?;
+        let inner = policy::DropGuard::new(bound).map_err(|e| invalid("bound", bound, e.to_string()))?;
+        // SAFETY: non-null, aligned (checked) and valid for one write by the caller's contract.
+        unsafe { *out = Box::into_raw(Box::new(DcGuard { inner })) };
+        Ok(())
+    })
+}
+
+/// Whether the next step, handing out `handed` micro-batches over every rank (in the run's drop
+/// unit), runs with the threshold in force (`*out` 1) or off (`*out` 0): `dropped + reserve <=
+/// bound x (handed so far + handed)`, the reserve being the largest drop of an enforced step
+/// so far (`policy::guard`'s module doc).
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `drop_guard` or `out` (`*out` is then 0).
+///
+/// # Safety
+/// `drop_guard` must be null or a live handle from [`dc_guard_new`]; `out` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_guard_enforces(drop_guard: *const DcGuard, handed: u64, out: *mut u32) -> DcStatus {
+    // SAFETY: `out` is null or writable by the caller's contract.
+    unsafe { reset(out, 0) };
+    guard(|| {
+        require(drop_guard, "drop_guard")?;
+        require(out, "out")?;
+        // SAFETY: non-null, aligned and, by the caller's contract, live.
+        let yes = unsafe { &*drop_guard }.inner.enforces(handed);
+        // SAFETY: non-null, aligned and writable by the caller's contract.
+        unsafe { *out = u32::from(yes) };
+        Ok(())
+    })
+}
+
+/// Records a step's global counts: `handed` micro-batches handed out over every rank,
+/// `started` of them started (above `handed`: no drop), `enforced` (non-zero) whether the step
+/// ran with the threshold in force.
+///
+/// Errors: `DC_INVALID_ARGUMENT` for a null or misaligned `drop_guard`.
+///
+/// # Safety
+/// `drop_guard` must be null or a live handle from [`dc_guard_new`], not used by another thread
+/// meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_guard_record(
+    drop_guard: *mut DcGuard,
+    handed: u64,
+    started: u64,
+    enforced: u32,
+) -> DcStatus {
+    guard(|| {
+        require(drop_guard, "drop_guard")?;
+        // SAFETY: non-null, aligned and, by the caller's contract, live and not aliased.
+        unsafe { &mut *drop_guard }.inner.record(handed, started, enforced != 0);
+        Ok(())
+    })
+}
+
+/// Frees a guard (null is a no-op).
+///
+/// # Safety
+/// `drop_guard` must be null or a handle from [`dc_guard_new`] not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dc_guard_free(drop_guard: *mut DcGuard) {
+    if !drop_guard.is_null() {
+        // SAFETY: by the caller's contract the handle came from Box::into_raw and is freed once.
+        drop(unsafe { Box::from_raw(drop_guard) });
+    }
+}
+
 /// Starts the walk of step `step` (0-based) for a rank handed `micro_batches` (at most
 /// `DC_MAX_MICRO_BATCHES`) micro-batches under `policy`, the check lagging `sync_lag`
 /// micro-batches behind the device.

@@ -178,6 +178,33 @@ int main(int argc, char **argv) {
   dc_walk_free(lw);
   dc_policy_free(lp);
 
+  /* dc_guard_*: the run-time drop-rate guard. */
+  DcGuard *gd = (DcGuard *)STALE;
+  uint32_t yes = 7;
+  CASE("guard_new null out", dc_guard_new(0.1, NULL) == DC_INVALID_ARGUMENT && has("out: null pointer"));
+  CASE("guard_new bound 0", dc_guard_new(0.0, &gd) == DC_INVALID_ARGUMENT && gd == NULL && has("bound 0"));
+  gd = (DcGuard *)STALE;
+  CASE("guard_new bound 1.5", dc_guard_new(1.5, &gd) == DC_INVALID_ARGUMENT && gd == NULL && has("bound 1.5"));
+  gd = (DcGuard *)STALE;
+  CASE("guard_new bound NaN", dc_guard_new(0.0 / 0.0, &gd) == DC_INVALID_ARGUMENT && gd == NULL);
+  CASE("guard_new bound -1", dc_guard_new(-1.0, &gd) == DC_INVALID_ARGUMENT && gd == NULL);
+  CASE("guard_enforces null guard", dc_guard_enforces(NULL, 32, &yes) == DC_INVALID_ARGUMENT && yes == 0 &&
+                                        has("drop_guard: null pointer"));
+  CASE("guard_record null guard", dc_guard_record(NULL, 32, 30, 1) == DC_INVALID_ARGUMENT);
+  CASE("guard_new", dc_guard_new(0.1, &gd) == DC_OK && gd != NULL);
+  CASE("guard_enforces null out", dc_guard_enforces(gd, 32, NULL) == DC_INVALID_ARGUMENT);
+  /* The rule by hand (policy::guard's test), bound 0.1, 32 handed per step: step 0 enforces and
+   * drops 4 (reserve 4); step 1: 4 + 4 <= 6.4? no: off, drops 0; step 2: 4 + 4 <= 9.6: enforced,
+   * drops 2; step 3: 6 + 4 <= 12.8: enforced. A started count above the handed one drops nothing. */
+  CASE("guard step 0", dc_guard_enforces(gd, 32, &yes) == DC_OK && yes == 1 && dc_guard_record(gd, 32, 28, 1) == DC_OK);
+  CASE("guard step 1", dc_guard_enforces(gd, 32, &yes) == DC_OK && yes == 0 && dc_guard_record(gd, 32, 32, 0) == DC_OK);
+  CASE("guard step 2", dc_guard_enforces(gd, 32, &yes) == DC_OK && yes == 1 && dc_guard_record(gd, 32, 30, 1) == DC_OK);
+  CASE("guard step 3", dc_guard_enforces(gd, 32, &yes) == DC_OK && yes == 1 && dc_guard_record(gd, 32, 99, 1) == DC_OK);
+  CASE("guard step 4", dc_guard_enforces(gd, 0, &yes) == DC_OK && yes == 1);
+  CASE("guard handed UINT64_MAX", dc_guard_enforces(gd, UINT64_MAX, &yes) == DC_OK && yes == 1);
+  dc_guard_free(gd);
+  dc_guard_free(NULL);
+
   dc_policy_free(p);
   return failures == 0 ? 0 : 1;
 }
