@@ -193,13 +193,7 @@ fn cost_balance_deals_step_zero_by_padded_length_with_the_prior() {
     use dropcompute::sim::policies::{PolicyRun, replay_policy};
     let (n, m) = (16, 8);
     let trace = length_trace(n, m, 3, 11);
-    let exec = ExecutionModel {
-        check: CheckMode::Predictive,
-        sync_lag: 0,
-        warmup_steps: 0,
-        min_micro_batches: 1,
-        drop_guard: None,
-    };
+    let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
     let tokens: Vec<u64> = BUCKETS.iter().map(|&l| 2 * l as u64).collect(); // 2 documents per micro-batch
     let run = |prior: BucketTokens| {
         let params = StepPolicy { bucket_tokens: prior, ..StepPolicy::new(Policy::CostBalance) };

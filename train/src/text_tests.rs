@@ -465,13 +465,7 @@ fn every_policy_computes_every_token_once_per_epoch() {
     // One recorded step of flat latencies; every later step's latencies come from the data.
     let trace =
         LatencyTrace::new("flat", (0..n as u32).collect(), vec![0], m, vec![30_000.0; n * m], vec![10_000.0]).unwrap();
-    let exec = ExecutionModel {
-        check: CheckMode::Predictive,
-        sync_lag: 0,
-        warmup_steps: 0,
-        min_micro_batches: 1,
-        drop_guard: None,
-    };
+    let exec = ExecutionModel { check: CheckMode::Predictive, warmup_steps: 0, ..ExecutionModel::default() };
     // A deadline of M micro-batches of the 128 bucket: a rank dealt 256/512 units drops.
     let deadline = Threshold::Fixed(Duration::from_nanos((m as f64 * (20_000.0 + 4_000.0)) as u64));
     let want: u64 = c.docs.iter().map(|d| u64::from(d.tokens(512))).sum();
