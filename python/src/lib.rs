@@ -648,7 +648,11 @@ impl DropGuard {
     #[staticmethod]
     fn from_counts(bound: f64, counts: (u64, u64, u64)) -> PyResult<Self> {
         let (h, d, r) = counts;
-        Ok(Self { inner: policy::DropGuard::from_counts(bound, h, d, r).map_err(|e| value_err("bound", e))? })
+        let inner = policy::DropGuard::from_counts(bound, h, d, r).map_err(|e| match e {
+            policy::DropGuardError::Bound { .. } => value_err("bound", e),
+            policy::DropGuardError::Counts { .. } => value_err("counts", e),
+        })?;
+        Ok(Self { inner })
     }
     fn __repr__(&self) -> String {
         let (h, d, r) = self.inner.counts();

@@ -455,8 +455,20 @@ def scenario_guard(rank: int, n: int, outdir: str, out: Dict[str, Any]) -> None:
     assert ctl.guard is not None
     state = ctl.state_dict()
     ctl.close()
+    # The state restores the guard's counts; states no run writes are refused, naming the key.
+    again = DropComputeStep(DDP(model()), policy, micro_batches_per_step=m)
+    again.load_state_dict(state)
+    assert again.guard is not None
+    refusals = {}
+    for name, g in [("inconsistent", [1, 2, 0, 0]), ("short", [1, 0, 0]), ("negative", [4, -1, 0, 0])]:
+        try:
+            again.load_state_dict({**state, "drop_guard": g})
+            refusals[name] = None
+        except ValueError as e:
+            refusals[name] = str(e)
     out.update(enforced=enforced, started=started, thresholds=thresholds, counts=list(ctl.guard.counts),
-               drop_rate=ctl.guard.drop_rate, log=path, state=state["drop_guard"])
+               drop_rate=ctl.guard.drop_rate, log=path, state=state["drop_guard"],
+               restored=list(again.guard.counts), refusals=refusals)
 
 
 def scenario_static(rank: int, n: int, out: Dict[str, Any]) -> None:

@@ -261,6 +261,10 @@ def test_the_drop_guard_is_the_crates_rule_in_policy_simulate_and_recommend() ->
         assert g.enforces(8) == enforced
         g.record(8, int(started), enforced)
     assert g.counts == (48, 11, 4) and dc.DropGuard.from_counts(0.25, g.counts).counts == g.counts
+    # Counts no run records (reserve <= dropped <= handed) are refused, naming them.
+    for bad in [(1, 2, 0), (48, 11, 12), (0, 0, 1)]:
+        with pytest.raises(ValueError, match=f"handed {bad[0]}, dropped {bad[1]}, reserve {bad[2]}"):
+            dc.DropGuard.from_counts(0.25, bad)
     # recommend(drop_guard=True) scores every candidate with the guard at max_drop_rate: its
     # verdict is the guarded replay of its threshold, within the bound.
     trace = _straggler_trace()

@@ -208,6 +208,13 @@ def test_drop_guard_holds_the_run_within_its_bound_identically_on_every_rank(tmp
         if e:
             rsv = max(rsv, n * m - s)
     assert r0["state"][:3] == r0["counts"], r0["state"]
+    # state_dict restores the counts into a new step; states no run writes are refused by name.
+    assert r0["restored"] == r0["counts"], r0
+    ref = r0["refusals"]
+    assert ref["inconsistent"] is not None and "state['drop_guard']" in ref["inconsistent"] and \
+        "handed 1, dropped 2, reserve 0" in ref["inconsistent"], ref
+    assert ref["short"] is not None and "must be 4 ints" in ref["short"], ref
+    assert ref["negative"] is not None and "must be 4 ints" in ref["negative"], ref
     # The prediction replays the guard on the run's own logs: the same decisions and starts.
     logs = [r["log"] for r in res]
     sim = dropcompute.simulate(logs, dropcompute.Policy(50_000_000, "before", warmup_steps=0, min_micro_batches=1,

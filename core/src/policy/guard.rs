@@ -38,6 +38,19 @@ pub enum DropGuardError {
         /// The value given.
         bound: f64,
     },
+    /// Restored counts that no run records (more dropped than handed out, or a largest step
+    /// drop above the total dropped).
+    #[error(
+        "drop guard counts handed {handed}, dropped {dropped}, reserve {reserve}: need reserve <= dropped <= handed"
+    )]
+    Counts {
+        /// Micro-batches (or the run's drop unit) handed out.
+        handed: u64,
+        /// Of them, dropped.
+        dropped: u64,
+        /// The largest drop of one enforced step.
+        reserve: u64,
+    },
 }
 
 /// The run-time drop-rate guard (module doc): the run's cumulative global counts in the
@@ -72,9 +85,13 @@ impl DropGuard {
     /// A guard restored from its counts (a checkpoint: [`DropGuard::counts`]).
     ///
     /// # Errors
-    /// [`DropGuardError::Bound`] as [`DropGuard::new`].
+    /// [`DropGuardError::Bound`] as [`DropGuard::new`]; [`DropGuardError::Counts`] unless
+    /// `reserve <= dropped <= handed` (what [`DropGuard::record`] keeps).
     pub fn from_counts(bound: f64, handed: u64, dropped: u64, reserve: u64) -> Result<Self, DropGuardError> {
         Self::check(bound)?;
+        if !(reserve <= dropped && dropped <= handed) {
+            return Err(DropGuardError::Counts { handed, dropped, reserve });
+        }
         Ok(Self { bound, handed, dropped, reserve })
     }
 
@@ -128,6 +145,13 @@ mod tests {
         }
         assert_eq!(DropGuard::new(1.0).map(|g| g.bound()), Ok(1.0));
         assert!(DropGuard::from_counts(0.0, 1, 1, 1).is_err());
+        // Restored counts must be ones a run records: reserve <= dropped <= handed.
+        assert!(DropGuard::from_counts(0.1, 32, 4, 4).is_ok());
+        for (h, d, r) in [(1, 2, 0), (32, 4, 5), (0, 0, 1)] {
+            let e = DropGuard::from_counts(0.1, h, d, r).unwrap_err();
+            assert_eq!(e, DropGuardError::Counts { handed: h, dropped: d, reserve: r });
+            assert!(e.to_string().contains(&format!("handed {h}, dropped {d}, reserve {r}")), "{e}");
+        }
     }
 
     /// The rule by hand, bound 0.1, 32 handed per step: step 0 (nothing recorded) enforces;

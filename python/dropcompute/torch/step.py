@@ -389,7 +389,10 @@ class DropComputeStep:
                 raise ValueError(f"state['drop_guard']: {g!r}: must be 4 ints >= 0 (handed, dropped, reserve, last "
                                  "handed)")
             assert self.guard is not None
-            self.guard = DropGuard.from_counts(self.guard.bound, (g[0], g[1], g[2]))
+            try:
+                self.guard = DropGuard.from_counts(self.guard.bound, (g[0], g[1], g[2]))
+            except ValueError as e:
+                raise ValueError(f"state['drop_guard']: {g!r}: {e}") from None
             self._last_handed = g[3]
         self.step = step
         self._observed_b = float(b)
