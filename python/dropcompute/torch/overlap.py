@@ -8,10 +8,10 @@ which micro-batch is the last (the crate's walker, ``StepWalk.peek``), the divis
 How a step runs (``step.DropComputeStep`` with ``mode="overlap"``): every micro-batch but the
 last runs under ``no_sync``; before launching one, ``StepWalk.peek`` says whether another will
 follow (with ``sync_lag`` >= 1 this never needs the end of the micro-batch about to run). The
-last runs with DDP's sync on: before its forward the rank issues the count collective
-(``reduce.Counts``; the micro-batch's count is known before its forward), then its backward
-fires DDP's bucket all-reduces; each bucket's future waits for the counts (done during the
-forward) and multiplies the bucket by N / (loss_scale x divisor). Every
+last runs with DDP's sync on: after its forward the rank issues the count collective
+(``reduce.Counts``; never before the forward, which may run DDP's own collective), then its
+backward fires DDP's bucket all-reduces; each bucket's future waits for the counts (long done)
+and multiplies the bucket by N / (loss_scale x divisor). Every
 rank issues the same sequence (counts, then DDP's buckets) whatever it computed: a rank whose
 walk launches nothing runs a zero-weighted backward of its most recent micro-batch (one
 micro-batch of compute; only with ``min_micro_batches`` 0 or a rank dealt nothing).

@@ -422,8 +422,8 @@ class DropComputeStep:
     ) -> StepResult:
         """One step over ``micro_batches`` (a sequence, or any iterable with
         ``micro_batches_per_step`` set); see the module doc for ``loss_fn``. ``count_fn(mb)``:
-        the micro-batch's sample (or token) count, read before its forward (default:
-        ``batch_size(mb)``; per-sample losses must then be one per sample). Afterwards the parameters' ``.grad`` hold the rescaled mean
+        the micro-batch's sample (or token) count (default: ``batch_size(mb)``; per-sample losses
+        must then be one per sample). Afterwards the parameters' ``.grad`` hold the rescaled mean
         gradient (``None`` for a parameter no rank used); call ``result.apply(optimizer, ...)``.
 
         Length buckets (``Policy(kind="length-predictive" or "cost-balance", bucket_lengths=...)``):
@@ -511,15 +511,16 @@ class DropComputeStep:
                 batch.append(c)
                 samples += c
                 with self._no_sync() if overlap and not last else contextlib.nullcontext():
-                    if last:
-                        # Before the forward: the count collective completes while the last
-                        # micro-batch computes (issued after the forward, it waited on the
-                        # slowest rank's forward and delayed DDP's first bucket: +6 % a step at
-                        # 1 M parameters on 2 cores, against +1.8 % before it).
-                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale, cap)
                     loss = loss_fn(module, mb)
                     _check_length(loss, c if toks is None and count_fn is None else None, self.rank, self.step, value)
                     scaled = _sum_checked(loss, self.rank, self.step, value) * loss_scale
+                    if last:
+                        # After the forward, never before it: DDP's forward may run its own
+                        # collective (rebuilding its buckets in the first forward after the
+                        # first synced backward, in or out of no_sync), and a rank whose first
+                        # forward is its last would issue the two in the other order than a
+                        # rank with more (a deadlock, python/tests/test_torch_policies.py).
+                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale, cap)
                     self._backward(scaled)
                 if self.bridge is not None:
                     self.bridge.boundary()
@@ -534,10 +535,10 @@ class DropComputeStep:
                     "none from an earlier step for the zero-weighted backward that joins DDP's all-reduce "
                     "(use min_micro_batches >= 1, or mode='flat')"
                 )
-            # The same order as a computing rank: the count collective, DDP's forward (it may run
-            # its own collective, e.g. rebuilding buckets or broadcasting buffers), the backward.
-            counts = self._arm(0, 0, divisor_of, loss_scale, cap)
+            # The same order as a computing rank: DDP's forward (it may run its own collective,
+            # e.g. rebuilding buckets), the count collective, the backward.
             zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
+            counts = self._arm(0, 0, divisor_of, loss_scale, cap)
             self._backward(zero)
         if overlap:
             assert counts is not None
@@ -669,7 +670,7 @@ class DropComputeStep:
                 self._report(walk, i, marks, ends)
 
     def _arm(self, samples: int, started: int, divisor_of: Any, loss_scale: float, handed: int) -> Counts:
-        """Issues the count collective before the last forward and arms the hook's rescale."""
+        """Issues the count collective before the last backward and arms the hook's rescale."""
         assert self.hook is not None
         counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
                         fingerprint=self._fingerprint(), used=[], device=self.params[0].device, group=self.group,
@@ -737,8 +738,7 @@ class DropComputeStep:
 
 
 def _count(mb: Any, count_fn: Optional[Callable[[Any], int]], rank: int, step: int, i: int) -> int:
-    """Micro-batch ``i``'s count, known before its forward (so the overlap path's count
-    collective leaves before it): ``count_fn(mb)``, else ``batch_size(mb)``. Raises ValueError
+    """Micro-batch ``i``'s count: ``count_fn(mb)``, else ``batch_size(mb)``. Raises ValueError
     when neither gives a count."""
     if count_fn is not None:
         return int(count_fn(mb))
