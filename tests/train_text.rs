@@ -37,6 +37,12 @@ fn json(path: &Path) -> serde_json::Value {
 }
 
 /// The rows of a CSV file as header -> value maps.
+/// The command's stdout as JSON (its stderr in the panic when it is not).
+fn stdout_json(args: &[&str]) -> serde_json::Value {
+    let o = dropcompute(args);
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)))
+}
+
 fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
     let text = std::fs::read_to_string(path).unwrap();
     let mut lines = text.lines();
@@ -314,9 +320,7 @@ fn validate_covers_the_text_task() {
         &tiny_text::TINY_TEXT_MODEL,
     ]
     .concat();
-    let o = dropcompute(&args);
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let v = stdout_json(&args);
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 6, "{v}");
     for r in rows {
@@ -879,9 +883,7 @@ fn epochs_with_auto_run_the_text_job_under_every_policy_and_launch() {
         &tiny_text::TINY_TEXT_MODEL,
     ]
     .concat();
-    let o = dropcompute(&args);
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let v = stdout_json(&args);
     let rows = v["rows"].as_array().expect("rows");
     assert!(rows.len() == 1 && rows[0]["epochs"] == 3, "{v}");
 }
