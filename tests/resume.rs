@@ -365,3 +365,39 @@ fn a_guarded_run_resumes_with_its_guard() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// A checkpoint whose drop-guard counts no run records (dropped above handed, or a reserve
+/// above dropped: a hand-made or damaged file, re-sealed with a valid checksum) is refused on
+/// resume with exit 7, naming the file and the counts; the run does not fall back to a fresh
+/// guard.
+#[test]
+fn a_checkpoint_with_impossible_guard_counts_is_refused() {
+    let root = hermetic::temp_dir("resume-guard-counts");
+    let (ck, out) = (tmp(&root, "ck"), tmp(&root, "out"));
+    let guard = ["--drop-guard", "0.2"];
+    let o = train(&[&guard[..], &["--checkpoint-dir", s(&ck), "--out", s(&out)]].concat(), None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bad_counts: [fn(u64, u64, u64) -> (u64, u64, u64); 2] =
+        [|h, _, r| (h, h + 1, r), |h, d, _| (h, d, d + 1)];
+    for bad in bad_counts {
+        let mut last = None;
+        for rank in std::fs::read_dir(&ck).unwrap().flatten().filter(|e| e.path().is_dir()) {
+            let loaded = dropcompute::checkpoint::load_latest(&rank.path()).expect("a checkpoint");
+            let mut c = loaded.checkpoint;
+            let g = &mut c.meta["scheduler"]["drop_guard"];
+            let n = |k: &str| g[k].as_u64().expect(k);
+            let (h, d, r) = bad(n("handed"), n("dropped"), n("reserve"));
+            (g["handed"], g["dropped"], g["reserve"]) = (h.into(), d.into(), r.into());
+            dropcompute::checkpoint::save(&rank.path(), &c).expect("re-sealed");
+            last = Some((h, d, r));
+        }
+        let (h, d, r) = last.expect("rank directories");
+        let o = train(&[&guard[..], &["--resume", s(&ck), "--out", s(&out)]].concat(), None);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(7), "{err}");
+        assert!(err.contains(&format!("handed {h}, dropped {d}, reserve {r}")) && err.contains("checkpoint-"), "{err}");
+    }
+    for d in [ck, out] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

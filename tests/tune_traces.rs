@@ -161,3 +161,47 @@ fn tune_drop_guard_scores_every_candidate_with_the_guard() {
     let unguarded = replay_score(t, g.threshold_ns, &plain.execution);
     assert!(unguarded.drop_rate > g.drop_rate, "{unguarded:?} {g:?}");
 }
+
+/// `tune --jitter-ms J` judges each candidate by its window t +- J (the JSON's guardrails carry
+/// J in ns): on trace-SE (9.1 s steps) J = 300 ms moves the verdict off the point optimum (the
+/// speedup falls steeply above it), the verdict carries its own replay, and both window ends
+/// replay within the guardrails; J = 2 s leaves no window with the minimum gain: declined.
+#[test]
+fn tune_jitter_judges_each_threshold_by_its_window() {
+    let se = trace("trace-SE.csv.gz");
+    let loaded = load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load");
+    let t = &loaded[0].trace;
+    let json = |jitter_ms: &str| -> TuneJson {
+        let argv = ["--trace", se.to_str().unwrap(), "--json", "--max-drop-rate", "0.2", "--jitter-ms", jitter_ms];
+        let mut out = Vec::new();
+        run_to(&tune_args(&argv), &mut out).expect("run");
+        serde_json::from_slice::<Vec<TuneJson>>(&out).expect("json").remove(0)
+    };
+    let (point, robust) = (json("0"), json("300"));
+    assert_eq!((point.guardrails.jitter_ns, robust.guardrails.jitter_ns), (0.0, 3e8));
+    let (Verdict::Enable(p), Verdict::Enable(r)) = (point.verdict, robust.verdict) else {
+        panic!("{:?} {:?}", point.verdict, robust.verdict)
+    };
+    assert_ne!(p.threshold_ns, r.threshold_ns, "the window moves the verdict");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+    let own = replay_score(t, r.threshold_ns, &robust.execution);
+    assert!(close(own.objective, r.objective) && close(own.drop_rate, r.drop_rate), "{own:?} vs {r:?}");
+    for e in [r.threshold_ns - 3e8, r.threshold_ns + 3e8] {
+        let w = replay_score(t, e, &robust.execution);
+        assert!(w.drop_rate <= 0.2 && w.min_batch_fraction >= 0.75 && w.objective >= 0.02, "{w:?} at {e}");
+    }
+    // The point optimum's window does not hold: its upper end falls below the robust verdict's
+    // worst, which is why it was passed over.
+    let above = replay_score(t, p.threshold_ns + 3e8, &point.execution);
+    let worst_r = [r.threshold_ns - 3e8, r.threshold_ns, r.threshold_ns + 3e8]
+        .map(|e| replay_score(t, e, &robust.execution).objective)
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    assert!(above.objective < worst_r, "{above:?} vs {worst_r}");
+    match json("2000").verdict {
+        Verdict::Decline(Refusal::InsufficientGain { best_gain, min_gain, .. }) => {
+            assert!(best_gain < min_gain && min_gain == 0.02, "{best_gain} {min_gain}");
+        }
+        other => panic!("expected InsufficientGain, got {other:?}"),
+    }
+}

@@ -105,6 +105,10 @@ typedef struct DcGuardrails {
   double min_batch_fraction;
   // Smallest predicted effective speedup that justifies dropping (default 0.02 = +2 %).
   double min_gain;
+  // Timing jitter the threshold must tolerate (ns, finite, >= 0; default 0): a candidate is
+  // judged by the worst replay within +-`jitter_ns` of it (`tune::Guardrails::jitter_ns`).
+  // Replayed recommendations only: refused with the ideal (`UINT32_MAX`) when above 0.
+  double jitter_ns;
 } DcGuardrails;
 
 // The result of [`dc_recommend_file`].
@@ -391,7 +395,7 @@ DcStatus dc_walk_tokens_started(const struct DcWalk *walk, uint64_t *out);
 // `walk` must be null or a handle from [`dc_walk_new`] not freed before.
 void dc_walk_free(struct DcWalk *walk);
 
-// The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02).
+// The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02, jitter 0 ns).
 struct DcGuardrails dc_guardrails_default(void);
 
 // Recommends a threshold from one trace file (a compute log, the reference's compute log or a
@@ -403,7 +407,7 @@ struct DcGuardrails dc_guardrails_default(void);
 //
 // Errors (`*out` is then all zero: not enabled, threshold 0, refusal `DC_REFUSAL_NONE`,
 // empty reason): `DC_INVALID_ARGUMENT` (null path/out, non-UTF-8 path, guardrail outside
-// [0, 1] or NaN, unknown mode, `min_micro_batches` above the trace's micro-batches per step:
+// [0, 1] or NaN, a jitter below 0, NaN or infinite (or above 0 with the ideal), unknown mode, `min_micro_batches` above the trace's micro-batches per step:
 // the rule of `dropcompute tune --min-micro-batches`), `DC_IO` (a missing or unreadable file,
 // a directory), `DC_TRACE` (malformed, empty, ragged, several traces in one file),
 // `DC_INSUFFICIENT_DATA` (fewer than `DC_MIN_STEPS` steps or 2 ranks). A FIFO is read as a

@@ -136,6 +136,10 @@ pub struct DcGuardrails {
     pub min_batch_fraction: f64,
     /// Smallest predicted effective speedup that justifies dropping (default 0.02 = +2 %).
     pub min_gain: f64,
+    /// Timing jitter the threshold must tolerate (ns, finite, >= 0; default 0): a candidate is
+    /// judged by the worst replay within +-`jitter_ns` of it (`tune::Guardrails::jitter_ns`).
+    /// Replayed recommendations only: refused with the ideal (`UINT32_MAX`) when above 0.
+    pub jitter_ns: f64,
 }
 
 /// The result of [`dc_recommend_file`].
@@ -1001,11 +1005,11 @@ pub unsafe extern "C" fn dc_walk_free(walk: *mut DcWalk) {
     }
 }
 
-/// The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02).
+/// The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02, jitter 0 ns).
 #[unsafe(no_mangle)]
 pub extern "C" fn dc_guardrails_default() -> DcGuardrails {
     let g = Guardrails::default();
-    DcGuardrails { max_drop_rate: g.max_drop_rate, min_batch_fraction: g.min_batch_fraction, min_gain: g.min_gain }
+    DcGuardrails { max_drop_rate: g.max_drop_rate, min_batch_fraction: g.min_batch_fraction, min_gain: g.min_gain, jitter_ns: g.jitter_ns }
 }
 
 /// Recommends a threshold from one trace file (a compute log, the reference's compute log or a
@@ -1017,7 +1021,7 @@ pub extern "C" fn dc_guardrails_default() -> DcGuardrails {
 ///
 /// Errors (`*out` is then all zero: not enabled, threshold 0, refusal `DC_REFUSAL_NONE`,
 /// empty reason): `DC_INVALID_ARGUMENT` (null path/out, non-UTF-8 path, guardrail outside
-/// [0, 1] or NaN, unknown mode, `min_micro_batches` above the trace's micro-batches per step:
+/// [0, 1] or NaN, a jitter below 0, NaN or infinite (or above 0 with the ideal), unknown mode, `min_micro_batches` above the trace's micro-batches per step:
 /// the rule of `dropcompute tune --min-micro-batches`), `DC_IO` (a missing or unreadable file,
 /// a directory), `DC_TRACE` (malformed, empty, ragged, several traces in one file),
 /// `DC_INSUFFICIENT_DATA` (fewer than `DC_MIN_STEPS` steps or 2 ranks). A FIFO is read as a
@@ -1064,7 +1068,19 @@ pub unsafe extern "C" fn dc_recommend_file(
             max_drop_rate: g.max_drop_rate,
             min_batch_fraction: g.min_batch_fraction,
             min_gain: g.min_gain,
+            jitter_ns: g.jitter_ns,
         };
+        // The one rule (`Guardrails::validate`); the fractions were checked above by field name.
+        if guardrails.validate().is_err() {
+            return Err(invalid("guardrails.jitter_ns", g.jitter_ns, "must be a finite number of ns >= 0"));
+        }
+        if check.is_none() && g.jitter_ns > 0.0 {
+            return Err(invalid(
+                "guardrails.jitter_ns",
+                g.jitter_ns,
+                "applies to a replayed recommendation; the ideal (UINT32_MAX) has none",
+            ));
+        }
         let rec = recommend_path(&PathBuf::from(path), check, guardrails, min_micro_batches)?;
         // SAFETY: non-null and writable by the caller's contract.
         unsafe { *out = rec };

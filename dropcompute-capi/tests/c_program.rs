@@ -122,6 +122,11 @@ fn c_program_uses_policy_recommend_and_divisor() {
     let cases = [
         ("oracle", None, Guardrails::default()),
         ("strict", Some(CheckMode::BeforeMicroBatch), Guardrails { max_drop_rate: 0.0, ..Guardrails::default() }),
+        (
+            "jitter",
+            Some(CheckMode::BeforeMicroBatch),
+            Guardrails { max_drop_rate: 0.3, jitter_ns: 1e6, ..Guardrails::default() },
+        ),
     ];
     for (name, check, guardrails) in cases {
         let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} line: {stdout}"));
@@ -144,6 +149,13 @@ fn c_program_uses_policy_recommend_and_divisor() {
         }
         if name == "oracle" {
             assert!(matches!(v, Verdict::Enable(_)), "default guardrails enable on this trace: {v:?}");
+        } else if name == "jitter" {
+            // The C struct's jitter reached the recommendation: without it the same guardrails
+            // enable the 3 ms plateau top (drop 1/4); every 1 ms window there holds a threshold
+            // that drops half or nothing.
+            let point = recommend_trace(&t, check, Guardrails { max_drop_rate: 0.3, ..Guardrails::default() }, 1, None);
+            assert!(matches!(chosen_verdict(&point, check), Verdict::Enable(_)), "{point:?}");
+            assert!(matches!(v, Verdict::Decline(_)), "{v:?}");
         } else {
             assert!(matches!(v, Verdict::Decline(_)), "max_drop_rate 0 refuses: {v:?}");
             assert_eq!(field(line, "refusal"), "2", "{line}");

@@ -215,6 +215,7 @@ def recommend(
     min_micro_batches: int = 1,
     overhead_ns: float = 0.0,
     drop_guard: bool = False,
+    jitter_ns: float = 0.0,
 ) -> Verdict:
     """Recommend a threshold from a trace file or an (N, M, steps) float64 array of latencies
     (ns); ``overhead_ns`` per step for arrays and the reference's logs. Raises ValueError
@@ -225,7 +226,10 @@ def recommend(
     when True every candidate is replayed with the drop-rate guard at ``max_drop_rate``
     (``Policy(drop_guard=max_drop_rate)``, as the run will execute it), so the guardrail judges
     the guarded drop rate; needs a replayed ``check`` ("before" or "predictive"), not "oracle"
-    (ValueError)."""
+    (ValueError). ``jitter_ns`` (>= 0, finite; ValueError otherwise, or above 0 with "oracle"):
+    the timing jitter the threshold must tolerate: a candidate is judged by the worst replay
+    within +- ``jitter_ns`` of it, every one within the guardrails (``dropcompute tune
+    --jitter-ms``); 0: the point replay."""
 
 class SimulateResult(TypedDict):
     baseline_step_ns: float

@@ -765,7 +765,7 @@ fn refusal_name(r: &Refusal) -> &'static str {
 
 /// Recommend a threshold (`tune::recommend`).
 #[pyfunction]
-#[pyo3(signature = (source, *, check="oracle", max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1, overhead_ns=0.0, drop_guard=false))]
+#[pyo3(signature = (source, *, check="oracle", max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1, overhead_ns=0.0, drop_guard=false, jitter_ns=0.0))]
 #[allow(clippy::too_many_arguments)]
 fn recommend(
     py: Python<'_>,
@@ -777,13 +777,25 @@ fn recommend(
     min_micro_batches: u32,
     overhead_ns: f64,
     drop_guard: bool,
+    jitter_ns: f64,
 ) -> PyResult<Verdict> {
     let guardrails = Guardrails {
         max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
         min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
         min_gain: fraction("min_gain", min_gain)?,
+        jitter_ns,
     };
+    // The one rule (`Guardrails::validate`); the fractions were checked above by name.
+    if guardrails.validate().is_err() {
+        return Err(value_err("jitter_ns", format!("{jitter_ns}: must be a finite number of ns >= 0")));
+    }
     let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
+    if mode.is_none() && jitter_ns > 0.0 {
+        return Err(value_err(
+            "jitter_ns",
+            format!("{jitter_ns}: the jitter window is replayed, the oracle is not; use check=\"before\" or \"predictive\""),
+        ));
+    }
     // The guard runs in the replay: the oracle (the exact search) has none.
     let guard = match (drop_guard, mode) {
         (false, _) => None,
@@ -1124,6 +1136,7 @@ impl Retuner {
                     max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
                     min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
                     min_gain: fraction("min_gain", min_gain)?,
+                    jitter_ns: 0.0,
                 },
                 min_micro_batches,
             },

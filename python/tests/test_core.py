@@ -275,3 +275,27 @@ def test_the_drop_guard_is_the_crates_rule_in_policy_simulate_and_recommend() ->
     assert v.predicted_speedup == pytest.approx(guarded["effective_speedup"], abs=1e-12)
     with pytest.raises(ValueError, match="drop_guard"):
         dc.recommend(trace, drop_guard=True)  # the oracle is not replayed
+
+
+def test_recommend_judges_each_threshold_by_its_jitter_window() -> None:
+    # 1 ms micro-batches, rank 1's last 6 ms on even steps, checked before: a threshold in
+    # [2, 3] ms (2 excluded) starts 3 of 4 on every rank (drop 1/4, the point verdict at max 0.3); above 3 ms
+    # nothing is dropped (no gain), at or below 2 ms half is (above 0.3). With a 0.5 ms jitter
+    # every window holds one of those: declined (the crate's rule, Guardrails::jitter_ns).
+    trace = _straggler_trace()
+    point = dc.recommend(trace, check="before", max_drop_rate=0.3)
+    assert point.enabled and 2e6 < point.threshold_ns <= 3e6 and point.predicted_drop_rate == 0.25, point
+    above = dc.simulate(trace, dc.Policy(int(point.threshold_ns + 5e5), "before", warmup_steps=0))
+    assert above["drop_rate"] == 0.0 and above["effective_speedup"] < 0.02
+    robust = dc.recommend(trace, check="before", max_drop_rate=0.3, jitter_ns=5e5)
+    assert not robust.enabled, robust
+    # A jitter shorter than the plateau: the point verdict is the plateau's top, a micro-batch's
+    # end, which any jitter crosses; the verdict is that end less the jitter, the same replay.
+    short = dc.recommend(trace, check="before", max_drop_rate=0.3, jitter_ns=1e3)
+    assert short.threshold_ns == point.threshold_ns - 1000, short
+    assert (short.predicted_drop_rate, short.predicted_speedup) == (point.predicted_drop_rate, point.predicted_speedup)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="jitter_ns"):
+            dc.recommend(trace, check="before", jitter_ns=bad)
+    with pytest.raises(ValueError, match="jitter_ns.*oracle"):
+        dc.recommend(trace, jitter_ns=1e6)  # the oracle is not replayed

@@ -145,13 +145,15 @@ def test_the_example_runs_the_drop_guard_unless_told_not_to() -> None:
     ex = _example_module()
     assert ex.parse_args([]).drop_guard is True
     assert ex.parse_args(["--no-drop-guard"]).drop_guard is False
-    # The tuner scores without the guard unless told (the guard then trims the run's overshoot).
-    assert ex.parse_args([]).tune_with_guard is False
-    assert ex.parse_args(["--tune-with-guard"]).tune_with_guard is True
+    # The tuner scores with the guard it runs, within a 1 ms jitter window, unless told.
+    assert ex.parse_args([]).tune_with_guard is True
+    assert ex.parse_args(["--no-tune-with-guard"]).tune_with_guard is False
+    assert ex.parse_args([]).jitter_ms == 1.0 and ex.parse_args(["--jitter-ms", "0"]).jitter_ms == 0.0
 
 
 @pytest.mark.parametrize("argv", [["--threshold-ms", "x"], ["--threshold-ms", "0"], ["--threshold-ms", "-3"],
-                                  ["--block", "0"], ["--slow-prob", "1.5"]])
+                                  ["--block", "0"], ["--slow-prob", "1.5"], ["--jitter-ms", "-1"],
+                                  ["--jitter-ms", "nan"], ["--jitter-ms", "inf"]])
 def test_the_example_refuses_a_bad_flag_naming_it(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         _example_module().parse_args(argv)

@@ -137,19 +137,27 @@ pub struct GuardrailArgs {
     /// it; `simulate --policy/--trace`: each policy's replay runs it. Not given: no guard.
     #[arg(long, allow_negative_numbers = true)]
     pub drop_guard: Option<f64>,
+    /// Timing jitter the recommended threshold must tolerate (ms, >= 0): a candidate is judged
+    /// by the worst replay within +- this of it, every one within the guardrails
+    /// (`tune::Guardrails::jitter_ns`). 0 (default): the point replay. Use about the spread of
+    /// a micro-batch's host time between runs on a loaded host.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub jitter_ms: f64,
 }
 
 impl GuardrailArgs {
     /// The guardrails, checked.
     ///
     /// # Errors
-    /// `"--FLAG VALUE: must be a fraction in [0, 1]"` for the first flag out of range
+    /// `"--FLAG VALUE: must be a fraction in [0, 1]"` for the first flag out of range, then
+    /// `"--jitter-ms VALUE: must be a finite number of ms >= 0"`
     /// ([`dropcompute::tune::Guardrails::validate`]).
     pub fn guardrails(&self) -> Result<dropcompute::tune::Guardrails, String> {
         let g = dropcompute::tune::Guardrails {
             max_drop_rate: self.max_drop_rate,
             min_batch_fraction: self.min_batch_fraction,
             min_gain: self.min_gain,
+            jitter_ns: self.jitter_ms * 1e6,
         };
         g.validate().map(|()| g)
     }

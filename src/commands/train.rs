@@ -292,15 +292,17 @@ impl Args {
             (None, None) => RunLength::Steps(DEFAULT_STEPS),
         };
         let guardrails = self.guardrails.guardrails().map_err(|why| {
+            // The one check (`Guardrails::validate`) names the flag: "--FLAG VALUE: why".
             let (flag, value) = [
                 ("max-drop-rate", self.guardrails.max_drop_rate),
                 ("min-batch-fraction", self.guardrails.min_batch_fraction),
                 ("min-gain", self.guardrails.min_gain),
+                ("jitter-ms", self.guardrails.jitter_ms),
             ]
             .into_iter()
-            .find(|(_, v)| !(0.0..=1.0).contains(v))
+            .find(|(f, _)| why.starts_with(&format!("--{f} ")))
             .unwrap_or(("max-drop-rate", self.guardrails.max_drop_rate));
-            bad(flag, show(value), why.rsplit(": ").next().unwrap_or("must be a fraction in [0, 1]"))
+            bad(flag, show(value), why.rsplit(": ").next().unwrap_or("out of range"))
         })?;
         // `--threshold auto` with a baseline tunes on the baseline's steps after warm-up: it
         // needs as many as `dropcompute tune` (tune::MIN_STEPS).

@@ -55,7 +55,7 @@ fn defaults_match_the_documented_surface() {
     assert_eq!(c.guardrails, dropcompute::tune::Guardrails::default());
     assert_eq!(
         c.guardrails,
-        dropcompute::tune::Guardrails { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02 }
+        dropcompute::tune::Guardrails { max_drop_rate: 0.10, min_batch_fraction: 0.75, min_gain: 0.02, jitter_ns: 0.0 }
     );
 }
 
@@ -122,7 +122,7 @@ fn train_tune_and_simulate_share_the_guardrail_flags() {
         #[command(flatten)]
         a: crate::commands::simulate::Args,
     }
-    const NAMES: [&str; 4] = ["max-drop-rate", "min-batch-fraction", "min-gain", "drop-guard"];
+    const NAMES: [&str; 5] = ["max-drop-rate", "min-batch-fraction", "min-gain", "drop-guard", "jitter-ms"];
     let flags = |cmd: clap::Command| -> Vec<(String, Option<String>)> {
         cmd.get_arguments()
             .filter(|a| a.get_long().is_some_and(|l| NAMES.contains(&l)))
@@ -135,20 +135,26 @@ fn train_tune_and_simulate_share_the_guardrail_flags() {
             .collect()
     };
     let (train, tune) = (flags(TestCli::command().find_subcommand("train").cloned().unwrap()), flags(Tune::command()));
-    assert_eq!(train.len(), 4);
+    assert_eq!(train.len(), 5);
     assert_eq!(train, tune);
     assert_eq!(train, flags(Simulate::command()));
-    // Every command refuses a guard outside (0, 1] naming the flag and the value.
-    for bad in ["0", "1.5", "-0.1", "nan", "inf"] {
-        let train_e = parse(&["--drop-guard", bad]).1.validate().expect_err(bad).to_string();
-        let tune_args =
-            <Tune as clap::Parser>::try_parse_from(["tune", "--trace", "t.csv", "--drop-guard", bad]).unwrap().a;
-        let tune_e = crate::commands::tune::run_to(&tune_args, &mut Vec::new()).expect_err(bad).to_string();
-        let sim_args =
-            <Simulate as clap::Parser>::try_parse_from(["simulate", "--policy", "all", "--drop-guard", bad]).unwrap().a;
-        let sim_e = crate::commands::simulate::run_to(&sim_args, &mut Vec::new()).expect_err(bad).to_string();
-        for e in [&train_e, &tune_e, &sim_e] {
-            assert!(e.contains("--drop-guard") && e.contains("must be a fraction in (0, 1]"), "{bad}: {e}");
+    // Every command refuses a guard outside (0, 1] and a jitter below 0, NaN or infinite,
+    // naming the flag and the value.
+    let refusals = [
+        ("--drop-guard", ["0", "1.5", "-0.1", "nan", "inf"], "must be a fraction in (0, 1]"),
+        ("--jitter-ms", ["-1", "-0.001", "nan", "inf", "1e309"], "must be a finite number of ms >= 0"),
+    ];
+    for (flag, bads, why) in refusals {
+        for bad in bads {
+            let train_e = parse(&[flag, bad]).1.validate().expect_err(bad).to_string();
+            let tune_args = <Tune as clap::Parser>::try_parse_from(["tune", "--trace", "t.csv", flag, bad]).unwrap().a;
+            let tune_e = crate::commands::tune::run_to(&tune_args, &mut Vec::new()).expect_err(bad).to_string();
+            let sim_args =
+                <Simulate as clap::Parser>::try_parse_from(["simulate", "--policy", "all", flag, bad]).unwrap().a;
+            let sim_e = crate::commands::simulate::run_to(&sim_args, &mut Vec::new()).expect_err(bad).to_string();
+            for e in [&train_e, &tune_e, &sim_e] {
+                assert!(e.contains(&format!("{flag} ")) && e.contains(why), "{flag} {bad}: {e}");
+            }
         }
     }
     // simulate's threshold sweep has no run to guard: refused, not ignored.
@@ -282,6 +288,8 @@ fn bad_values_name_the_flag_and_the_value() {
         (&["--max-drop-rate", "NaN"], "max-drop-rate", "NaN"),
         (&["--min-batch-fraction", "-0.1"], "min-batch-fraction", "-0.1"),
         (&["--min-gain", "inf"], "min-gain", "inf"),
+        (&["--jitter-ms", "-1"], "jitter-ms", "-1"),
+        (&["--jitter-ms", "NaN"], "jitter-ms", "NaN"),
         // `--threshold auto` tunes on the baseline after warm-up: at least tune::MIN_STEPS.
         (&["--steps", "12"], "steps", "12"),
         (&["--steps", "20", "--warmup-steps", "11"], "steps", "20"),

@@ -316,13 +316,18 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         let check = execution.check.name();
         let _ = writeln!(
             s,
-            "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed{}; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%",
+            "  replayed as it will run: {check} check, sync lag {}, {} micro-batch(es) always computed{}; guardrails: drop rate <= {:.2}%, batch >= {:.1}% in every step, gain >= {:+.2}%{}",
             args.sync_lag,
             args.min_micro_batches,
             execution.drop_guard.map_or_else(String::new, |g| format!(", drop guard {:.2}%", g * 100.0)),
             guardrails.max_drop_rate * 100.0,
             guardrails.min_batch_fraction * 100.0,
-            guardrails.min_gain * 100.0
+            guardrails.min_gain * 100.0,
+            if guardrails.jitter_ns > 0.0 {
+                format!(", all within +-{:.3} ms of the threshold (--jitter-ms)", guardrails.jitter_ns / 1e6)
+            } else {
+                String::new()
+            }
         );
         const IDEAL: &str = "ideal (not realizable on the device: a launched graph cannot stop mid-micro-batch)";
         match verdict {

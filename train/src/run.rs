@@ -348,7 +348,12 @@ fn rank_runs(
                 // The fingerprint names the task, so a sound file of this job has its task's state.
                 _ => return Err(optimizer_mismatch(&cfg.checkpoint_dir, rank, s0, &state)),
             }
-            sched.restore(meta.scheduler);
+            sched.restore(meta.scheduler).map_err(|e| {
+                TrainError::Checkpoint(dropcompute::checkpoint::CheckpointError::Malformed {
+                    path: super::ckpt::rank_dir(&cfg.checkpoint_dir, rank).join(dropcompute::checkpoint::file_name(s0)),
+                    reason: format!("its scheduler state: {e}"),
+                })
+            })?;
             data = meta.data;
             data.set_max_epochs(max_epochs); // the run length may change on resume
             losses = meta.losses.iter().map(|l| l.unwrap_or(f64::NAN)).collect();

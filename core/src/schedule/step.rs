@@ -435,7 +435,22 @@ impl Scheduler {
     }
 
     /// Restores a checkpointed state (the retuner, if any, is not part of it and restarts).
-    pub fn restore(&mut self, s: SchedulerState) {
+    ///
+    /// # Errors
+    /// [`crate::policy::DropGuardError::Counts`] when the state's drop-guard counts are ones no
+    /// run records (`reserve <= dropped <= handed` fails: a hand-made or damaged file); nothing
+    /// is restored then.
+    pub fn restore(&mut self, s: SchedulerState) -> Result<(), crate::policy::DropGuardError> {
+        // A checkpoint of the same configuration carries the guard's counts; the bound is the
+        // configuration's. Checked first, so a refused state leaves the scheduler as it was.
+        let guard = match (&self.guard, s.drop_guard) {
+            (Some(g), Some(saved)) => {
+                let (h, d, r) = saved.counts();
+                Some(DropGuard::from_counts(g.bound(), h, d, r)?)
+            }
+            (g, _) => *g,
+        };
+        self.guard = guard;
         self.cfg.policy.threshold = Threshold::from_ns(s.threshold_ns);
         let fresh = BucketEstimator::new(self.cfg.estimator_window, self.cfg.estimator_quantile);
         self.estimator = s.bucket_estimator.unwrap_or_else(|| fresh.clone().with_blind(s.estimator));
@@ -444,12 +459,7 @@ impl Scheduler {
         self.ledger = s.ledger;
         self.last_overhead_ns = s.last_overhead_ns;
         self.assigner.restore(&s.assignment, s.rebalancer, s.latency);
-        // A checkpoint of the same configuration carries the guard's counts; the bound is the
-        // configuration's.
-        if let (Some(g), Some(saved)) = (&mut self.guard, s.drop_guard) {
-            let (h, d, r) = saved.counts();
-            *g = DropGuard::from_counts(g.bound(), h, d, r).unwrap_or(*g);
-        }
+        Ok(())
     }
 
     /// The one assigner of `params` for this configuration: its tail shape is the

@@ -17,7 +17,10 @@
 //! wins). The exact search of [`super::search`] (a micro-batch counts iff it ends by the
 //! threshold) is kept beside it as [`Recommendation::ideal`]: the ideal that stopping
 //! mid-micro-batch would give, not realizable on the device (a launched graph cannot stop
-//! mid-micro-batch).
+//! mid-micro-batch). With a jitter in the guardrails ([`Guardrails::jitter_ns`]) a candidate
+//! is judged over the thresholds within that jitter of it (worst speedup, every one
+//! admissible), so the verdict avoids the steep parts of the curve where a fraction of a ms
+//! of host timing decides the step.
 #![forbid(unsafe_code)]
 
 use crate::policy::Threshold;
@@ -155,43 +158,71 @@ pub fn replay_score(trace: &LatencyTrace, threshold_ns: f64, exec: &ExecutionMod
     }
 }
 
-/// The replay scoring of [`recommend`].
+/// The replay scoring of [`recommend`]. Each candidate t (with `guardrails.jitter_ns` = j > 0:
+/// each breakpoint and each breakpoint less j) is judged by its window: with j > 0 the replayed
+/// candidates in [t - j, t + j] and the window's two ends (the lower end at 1 ns at least), summarized as the worst of them (smallest effective
+/// speedup, step saving and batch fraction, largest drop rate); j = 0: t's own replay. The
+/// guardrails judge and rank the windows, refusals carry the window's numbers, and an enabled
+/// verdict carries t's own replay (what will run).
 fn replay_verdict(trace: &LatencyTrace, ideal: &TuneReport, how: &Recommend) -> Verdict {
     let g = how.guardrails;
     let pts: Vec<f64> = ideal.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
     let stride = pts.len().div_ceil(MAX_REPLAYED).max(1);
-    // (score, speedup ratio): ties keep the earlier (smaller) threshold.
-    let mut best_all: Option<(CandidateScore, f64)> = None;
-    let mut best_adm: Option<(CandidateScore, f64)> = None;
-    for &t in pts.iter().step_by(stride) {
-        let score = replay_score(trace, t, &how.execution);
-        let ratio = score.objective + 1.0;
-        if best_all.is_none_or(|(_, s)| ratio > s) {
-            best_all = Some((score, ratio));
+    let mut cands: Vec<f64> = pts.iter().step_by(stride).copied().collect();
+    if g.jitter_ns > 0.0 {
+        // A candidate is a micro-batch's end (the curve's breakpoints), where the speedup
+        // changes: its window always reaches past it. Each breakpoint less the jitter is a
+        // candidate too, the largest threshold whose window stays below that breakpoint.
+        let below: Vec<f64> = cands.iter().map(|t| t - g.jitter_ns).filter(|t| *t > 0.0).collect();
+        cands.extend(below);
+        cands.sort_by(f64::total_cmp);
+        cands.dedup();
+    }
+    let scores: Vec<CandidateScore> = cands.iter().map(|&t| replay_score(trace, t, &how.execution)).collect();
+    // (t's own replay, its window's worst): ties keep the earlier (smaller) threshold.
+    let mut best_all: Option<(CandidateScore, CandidateScore)> = None;
+    let mut best_adm: Option<(CandidateScore, CandidateScore)> = None;
+    for score in &scores {
+        let w = if g.jitter_ns > 0.0 {
+            let t = score.threshold_ns;
+            let ends = [(t - g.jitter_ns).max(1.0), t + g.jitter_ns].map(|e| replay_score(trace, e, &how.execution));
+            let near = scores.iter().filter(|c| (c.threshold_ns - t).abs() <= g.jitter_ns);
+            near.chain(&ends).fold(*score, |w, c| CandidateScore {
+                threshold_ns: t,
+                objective: w.objective.min(c.objective),
+                drop_rate: w.drop_rate.max(c.drop_rate),
+                step_saving: w.step_saving.min(c.step_saving),
+                min_batch_fraction: w.min_batch_fraction.min(c.min_batch_fraction),
+            })
+        } else {
+            *score
+        };
+        if best_all.is_none_or(|(_, b)| w.objective > b.objective) {
+            best_all = Some((*score, w));
         }
-        let admissible = score.drop_rate <= g.max_drop_rate && score.min_batch_fraction >= g.min_batch_fraction;
-        if admissible && best_adm.is_none_or(|(_, s)| ratio > s) {
-            best_adm = Some((score, ratio));
+        let admissible = w.drop_rate <= g.max_drop_rate && w.min_batch_fraction >= g.min_batch_fraction;
+        if admissible && best_adm.is_none_or(|(_, b)| w.objective > b.objective) {
+            best_adm = Some((*score, w));
         }
     }
-    let adm_gain = best_adm.map_or(0.0, |(c, _)| c.objective);
+    let adm_gain = best_adm.map_or(0.0, |(_, w)| w.objective);
     match (best_adm, best_all) {
-        (Some((c, s)), _) if s >= 1.0 + g.min_gain => Verdict::Enable(c),
+        (Some((c, w)), _) if w.objective >= g.min_gain => Verdict::Enable(c),
         (_, None) => {
             Verdict::Decline(Refusal::InsufficientGain { best_gain: 0.0, min_gain: g.min_gain, best_threshold_ns: 0.0 })
         }
-        (_, Some((b, s))) if s < 1.0 + g.min_gain => Verdict::Decline(Refusal::InsufficientGain {
+        (_, Some((_, b))) if b.objective < g.min_gain => Verdict::Decline(Refusal::InsufficientGain {
             best_gain: b.objective,
             min_gain: g.min_gain,
             best_threshold_ns: b.threshold_ns,
         }),
-        (_, Some((b, _))) if b.drop_rate > g.max_drop_rate => Verdict::Decline(Refusal::MaxDropRate {
+        (_, Some((_, b))) if b.drop_rate > g.max_drop_rate => Verdict::Decline(Refusal::MaxDropRate {
             gain: b.objective,
             drop_rate: b.drop_rate,
             max_drop_rate: g.max_drop_rate,
             best_admissible_gain: adm_gain,
         }),
-        (_, Some((b, _))) => Verdict::Decline(Refusal::MinBatchFraction {
+        (_, Some((_, b))) => Verdict::Decline(Refusal::MinBatchFraction {
             gain: b.objective,
             batch_fraction: b.min_batch_fraction,
             min_batch_fraction: g.min_batch_fraction,
@@ -267,7 +298,7 @@ mod tests {
     fn replay_with(max_drop_rate: f64) -> Verdict {
         let how = Recommend {
             execution: before(),
-            guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain: 0.02 },
+            guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain: 0.02, jitter_ns: 0.0 },
         };
         recommend(&trace(), &how).verdict
     }
@@ -313,11 +344,11 @@ mod tests {
     fn replay_honours_the_batch_fraction_floor_and_the_min_gain() {
         let mut how = Recommend {
             execution: before(),
-            guardrails: Guardrails { max_drop_rate: 1.0, min_batch_fraction: 0.7, min_gain: 0.02 },
+            guardrails: Guardrails { max_drop_rate: 1.0, min_batch_fraction: 0.7, min_gain: 0.02, jitter_ns: 0.0 },
         };
         // τ=3 computes 5/8 < 0.7 of the batch; τ=4 computes 7/8.
         assert_eq!(enabled(recommend(&trace(), &how).verdict).threshold_ns, 4.0);
-        how.guardrails = Guardrails { max_drop_rate: 1.0, min_batch_fraction: 0.0, min_gain: 2.0 };
+        how.guardrails = Guardrails { max_drop_rate: 1.0, min_batch_fraction: 0.0, min_gain: 2.0, jitter_ns: 0.0 };
         match recommend(&trace(), &how).verdict {
             Verdict::Decline(Refusal::InsufficientGain { best_threshold_ns, min_gain, .. }) => {
                 assert_eq!((best_threshold_ns, min_gain), (3.0, 2.0));
@@ -327,7 +358,7 @@ mod tests {
     }
 
     fn replay_how(max_drop_rate: f64, min_gain: f64) -> Recommend {
-        Recommend { execution: before(), guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain } }
+        Recommend { execution: before(), guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain, jitter_ns: 0.0 } }
     }
 
     /// `min_gain` is a gain over 1.0x: τ=4 replays at 0.875·14/6 = 2.04x (gain 1.04), which
@@ -381,7 +412,7 @@ mod tests {
 
     #[test]
     fn the_ideal_is_the_exact_search_and_the_verdict_is_the_replay() {
-        let g = Guardrails { max_drop_rate: 0.25, min_batch_fraction: 0.0, min_gain: 0.02 };
+        let g = Guardrails { max_drop_rate: 0.25, min_batch_fraction: 0.0, min_gain: 0.02, jitter_ns: 0.0 };
         let r = recommend(&trace(), &Recommend { execution: before(), guardrails: g });
         assert_eq!(r.ideal, tune(&trace(), &TuneConfig { guardrails: g, min_micro_batches: 1 }));
         // Ideal at τ=4: rank 0 keeps 1, 2, 3 (drops the 4th), rank 1 keeps all up to 4: d = 2/8.
@@ -392,6 +423,84 @@ mod tests {
         assert_eq!((c.threshold_ns, c.drop_rate), (4.0, 1.0 / 8.0));
         assert_eq!(r.replay.drop_rate, 1.0 / 8.0);
         assert!((r.replay.effective_speedup - c.objective).abs() < 1e-12);
+    }
+
+    /// The jitter window, hand-computed on `trace()` (before-check, no guard):
+    /// τ=2.5 replays as τ=3 (d 3/8, 1.917); τ=3.5: rank 0 starts 4 (ends 6), rank 1 starts 3
+    /// (ends 4): step 6, d 1/8, 1.042; τ=4.5 and τ=5: all 8 start, gain 0.
+    /// Jitter 0.5, max drop rate 0.4: τ=3's window {2.5, 3, 3.5} is admissible (worst gain
+    /// 1.042); τ=2's and τ=2.5's hold τ=2 (d 1/2); τ=3.5's {3, 3.5, 4} ties with τ=3's (the
+    /// smaller wins); τ=4's holds τ=4.5 (gain 0): τ=3 is enabled and carries its own replay
+    /// (1.917), not the window's. Jitter 1: τ=3's window holds τ=2 (d 1/2) and
+    /// every admissible window holds a threshold that drops nothing: declined, the refusal
+    /// carrying the windows' numbers (the best window is τ=2's or smaller, d >= 1/2; the best
+    /// admissible gain 0).
+    #[test]
+    fn replay_with_jitter_judges_each_threshold_by_its_window() {
+        let with = |jitter_ns: f64| {
+            let mut how = replay_how(0.4, 0.02);
+            how.guardrails.jitter_ns = jitter_ns;
+            recommend(&trace(), &how).verdict
+        };
+        let c = enabled(with(0.5));
+        assert_eq!((c.threshold_ns, c.drop_rate), (3.0, 3.0 / 8.0));
+        assert!((c.objective - (0.625 * 14.0 / 3.0 - 1.0)).abs() < 1e-12, "{c:?}");
+        let s = replay_score(&trace(), 3.5, &before());
+        assert_eq!(s.drop_rate, 1.0 / 8.0);
+        assert!((s.objective - (0.875 * 14.0 / 6.0 - 1.0)).abs() < 1e-12, "{s:?}");
+        assert_eq!(replay_score(&trace(), 4.5, &before()).objective, 0.0);
+        match with(1.0) {
+            Verdict::Decline(Refusal::MaxDropRate { drop_rate, best_admissible_gain, .. }) => {
+                assert!(drop_rate >= 0.5, "{drop_rate}");
+                assert_eq!(best_admissible_gain, 0.0);
+            }
+            other => panic!("expected MaxDropRate, got {other:?}"),
+        }
+        // Jitter 0 is the point replay.
+        assert_eq!(enabled(with(0.0)).threshold_ns, 3.0);
+    }
+
+    proptest::proptest! {
+        /// Whatever the trace, jitter and guardrails: an enabled verdict's window ends (t +- j,
+        /// the lower at 1 ns at least) replay within the guardrails and at least the minimum
+        /// gain, and the verdict carries t's own replay.
+        #[test]
+        fn an_enabled_threshold_keeps_the_guardrails_across_its_jitter_window(
+            n in 2usize..4, m in 2usize..5, steps in 1usize..4,
+            lat in proptest::collection::vec(1u32..60, 48), jitter in 0.0f64..30.0,
+            max_drop_rate in 0.0f64..0.6, min_batch_fraction in 0.0f64..0.8, min_gain in 0.0f64..0.3,
+        ) {
+            let lat: Vec<f64> = (0..n * m * steps).map(|i| f64::from(lat[i % lat.len()]) + (i / 48) as f64).collect();
+            let t = LatencyTrace::new("p", (0..n as u32).collect(), (0..steps as u64).collect(), m, lat, vec![0.0; steps])
+                .expect("valid trace");
+            let how = Recommend {
+                execution: before(),
+                guardrails: Guardrails { max_drop_rate, min_batch_fraction, min_gain, jitter_ns: jitter },
+            };
+            if let Verdict::Enable(c) = recommend(&t, &how).verdict {
+                proptest::prop_assert_eq!(c, replay_score(&t, c.threshold_ns, &how.execution));
+                for e in [(c.threshold_ns - jitter).max(1.0), c.threshold_ns + jitter] {
+                    let w = replay_score(&t, e, &how.execution);
+                    proptest::prop_assert!(w.drop_rate <= max_drop_rate, "{:?} at {}", w, e);
+                    proptest::prop_assert!(w.min_batch_fraction >= min_batch_fraction, "{:?} at {}", w, e);
+                    proptest::prop_assert!(w.objective >= min_gain, "{:?} at {}", w, e);
+                }
+            }
+        }
+    }
+
+    /// `Guardrails::validate` refuses a jitter below 0, NaN or infinite, naming `--jitter-ms`
+    /// and the value in ms.
+    #[test]
+    fn guardrails_refuse_a_jitter_that_is_not_a_finite_number_of_ns_at_least_0() {
+        for (v, want) in [(-1e6, Some("-1")), (f64::NAN, Some("NaN")), (f64::INFINITY, Some("inf")), (0.0, None), (2.5e6, None)] {
+            let g = Guardrails { jitter_ns: v, ..Guardrails::default() };
+            match (g.validate(), want) {
+                (Ok(()), None) => {}
+                (Err(e), Some(ms)) => assert_eq!(e, format!("--jitter-ms {ms}: must be a finite number of ms >= 0")),
+                (got, want) => panic!("{v}: {got:?}, wanted {want:?}"),
+            }
+        }
     }
 
     #[test]

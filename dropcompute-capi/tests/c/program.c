@@ -89,5 +89,17 @@ int main(int argc, char **argv) {
   CHECK(dc_recommend_file(argv[1], DC_CHECK_BEFORE, &g, 1, &r) == DC_OK);
   printf("strict enabled=%d threshold_ns=%.17g drop_rate=%.17g speedup=%.17g refusal=%u reason=%s\n",
          r.enabled, r.threshold_ns, r.predicted_drop_rate, r.predicted_speedup, r.refusal, r.reason);
+  /* The jitter window (tune::Guardrails::jitter_ns): a finite number of ns >= 0, replayed only. */
+  g = dc_guardrails_default();
+  g.jitter_ns = -1.0;
+  CHECK(dc_recommend_file(argv[1], DC_CHECK_BEFORE, &g, 1, &r) == DC_INVALID_ARGUMENT);
+  CHECK(strstr(dc_last_error(), "guardrails.jitter_ns") != NULL);
+  g.jitter_ns = 1e6;
+  g.max_drop_rate = 0.3;
+  CHECK(dc_recommend_file(argv[1], UINT32_MAX, &g, 1, &r) == DC_INVALID_ARGUMENT);
+  CHECK(strstr(dc_last_error(), "replayed") != NULL);
+  CHECK(dc_recommend_file(argv[1], DC_CHECK_BEFORE, &g, 1, &r) == DC_OK);
+  printf("jitter enabled=%d threshold_ns=%.17g drop_rate=%.17g speedup=%.17g refusal=%u reason=%s\n",
+         r.enabled, r.threshold_ns, r.predicted_drop_rate, r.predicted_speedup, r.refusal, r.reason);
   return 0;
 }

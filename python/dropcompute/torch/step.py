@@ -294,8 +294,8 @@ class DropComputeStep:
         self._log = ComputeLogWriter(compute_log) if compute_log else None
         #: The drop-rate guard (the crate's rule; module doc), None without ``policy.drop_guard``
         #: or with a step policy whose deadline is no drop threshold (``StepPolicy.drops``).
-        guarded = policy.drop_guard is not None and (step_policy is None or step_policy.drops)
-        self.guard = DropGuard(policy.drop_guard) if guarded else None
+        bound = policy.drop_guard if step_policy is None or step_policy.drops else None
+        self.guard = DropGuard(bound) if bound is not None else None
         #: The previous step's global micro-batches handed out (the guard's estimate without M).
         self._last_handed = 0
 
@@ -541,7 +541,7 @@ class DropComputeStep:
             counts = self._arm(0, 0, divisor_of, loss_scale, cap)
             self._backward(zero)
         if overlap:
-            assert counts is not None
+            assert counts is not None and self.hook is not None
             reduced = counts.result(self.timeout)
             d = divisor_of(reduced.samples)
             if d is None:
