@@ -377,8 +377,8 @@ fn a_checkpoint_with_impossible_guard_counts_is_refused() {
     let guard = ["--drop-guard", "0.2"];
     let o = train(&[&guard[..], &["--checkpoint-dir", s(&ck), "--out", s(&out)]].concat(), None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let bad_counts: [fn(u64, u64, u64) -> (u64, u64, u64); 2] =
-        [|h, _, r| (h, h + 1, r), |h, d, _| (h, d, d + 1)];
+    type Counts = (u64, u64, u64);
+    let bad_counts: [fn(Counts) -> Counts; 2] = [|(h, _, r)| (h, h + 1, r), |(h, d, _)| (h, d, d + 1)];
     for bad in bad_counts {
         let mut last = None;
         for rank in std::fs::read_dir(&ck).unwrap().flatten().filter(|e| e.path().is_dir()) {
@@ -386,7 +386,7 @@ fn a_checkpoint_with_impossible_guard_counts_is_refused() {
             let mut c = loaded.checkpoint;
             let g = &mut c.meta["scheduler"]["drop_guard"];
             let n = |k: &str| g[k].as_u64().expect(k);
-            let (h, d, r) = bad(n("handed"), n("dropped"), n("reserve"));
+            let (h, d, r) = bad((n("handed"), n("dropped"), n("reserve")));
             (g["handed"], g["dropped"], g["reserve"]) = (h.into(), d.into(), r.into());
             dropcompute::checkpoint::save(&rank.path(), &c).expect("re-sealed");
             last = Some((h, d, r));

@@ -205,3 +205,50 @@ fn tune_jitter_judges_each_threshold_by_its_window() {
         other => panic!("expected InsufficientGain, got {other:?}"),
     }
 }
+
+/// Each step policy's threshold search (`tune::policies::best_threshold`, behind `simulate
+/// --policy` and `train --policy P --threshold auto`) judges its candidates by the same jitter
+/// window as DropCompute's (`tune::window`): on trace-SE with a 300 ms window the deadline it
+/// picks for every policy with one replays within the guardrails at both ends of its window,
+/// and a 2 s window leaves drop-before nothing to enable (as `tune` declines there).
+#[test]
+fn every_policys_threshold_search_honours_the_jitter_window() {
+    use dropcompute::policy::{Policy, TailShape, Threshold};
+    use dropcompute::sim::policies::replay_policy;
+    use dropcompute::tune::Recommend;
+    use dropcompute::tune::policies::{best_threshold, train_run};
+    let se = trace("trace-SE.csv.gz");
+    let t = &load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load")[0].trace;
+    let execution = ExecutionModel { check: CheckMode::Predictive, ..ExecutionModel::default() };
+    let how = |jitter_ns: f64| Recommend {
+        execution,
+        guardrails: Guardrails { max_drop_rate: 0.2, jitter_ns, ..Guardrails::default() },
+    };
+    let ideal = tune(t, &TuneConfig { guardrails: how(0.0).guardrails, min_micro_batches: 1 });
+    let j = 3e8;
+    for policy in [Policy::DropBefore, Policy::DropPredictive, Policy::ComputeBudget, Policy::RebalanceDrop] {
+        let template = train_run(policy, 1, TailShape::default(), 0, Threshold::Off, execution);
+        let Some((run, o)) = best_threshold(t, &how(j), &ideal, template) else { continue };
+        let deadline = run.params.deadline(run.threshold).as_ns().expect("a deadline") as f64;
+        for e in [deadline - j, deadline + j] {
+            let at = if policy == Policy::ComputeBudget {
+                let budget = Threshold::from_ms(e / 1e6).expect("a budget");
+                dropcompute::sim::policies::PolicyRun {
+                    params: dropcompute::policy::StepPolicy { budget, ..run.params },
+                    ..run
+                }
+            } else {
+                dropcompute::sim::policies::PolicyRun { threshold: Threshold::from_ns_f64(e), ..run }
+            };
+            let r = replay_policy(t, &at);
+            assert!(r.drop_rate <= 0.2, "{policy}: {deadline} ns, window end {e}: {r:?}");
+            if o.enabled {
+                assert!(r.effective_speedup >= 0.02, "{policy}: window end {e}: {r:?}");
+            }
+        }
+    }
+    let template = train_run(Policy::DropBefore, 1, TailShape::default(), 0, Threshold::Off, execution);
+    let none = best_threshold(t, &how(2e9), &ideal, template);
+    assert!(none.as_ref().is_none_or(|(_, o)| !o.enabled), "{none:?}");
+    assert!(best_threshold(t, &how(0.0), &ideal, template).is_some_and(|(_, o)| o.enabled));
+}

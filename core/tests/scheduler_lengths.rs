@@ -220,7 +220,7 @@ fn run(
                     let mut sched = Scheduler::new(comm, cfg.clone(), ops).unwrap();
                     sched.set_policy(policy);
                     if let Some(s) = states {
-                        sched.restore(s[rank as usize].clone());
+                        sched.restore(s[rank as usize].clone()).expect("a state this run saved");
                     }
                     let mut work = BucketWork::new(rt, sched.stream());
                     let mut reports = vec![];

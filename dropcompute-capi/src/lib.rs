@@ -1009,7 +1009,12 @@ pub unsafe extern "C" fn dc_walk_free(walk: *mut DcWalk) {
 #[unsafe(no_mangle)]
 pub extern "C" fn dc_guardrails_default() -> DcGuardrails {
     let g = Guardrails::default();
-    DcGuardrails { max_drop_rate: g.max_drop_rate, min_batch_fraction: g.min_batch_fraction, min_gain: g.min_gain, jitter_ns: g.jitter_ns }
+    DcGuardrails {
+        max_drop_rate: g.max_drop_rate,
+        min_batch_fraction: g.min_batch_fraction,
+        min_gain: g.min_gain,
+        jitter_ns: g.jitter_ns,
+    }
 }
 
 /// Recommends a threshold from one trace file (a compute log, the reference's compute log or a

@@ -793,7 +793,9 @@ fn recommend(
     if mode.is_none() && jitter_ns > 0.0 {
         return Err(value_err(
             "jitter_ns",
-            format!("{jitter_ns}: the jitter window is replayed, the oracle is not; use check=\"before\" or \"predictive\""),
+            format!(
+                "{jitter_ns}: the jitter window is replayed, the oracle is not; use check=\"before\" or \"predictive\""
+            ),
         ));
     }
     // The guard runs in the replay: the oracle (the exact search) has none.

@@ -4,7 +4,8 @@
 //!
 //! Owns: [`search`] (objective + argmax + verdict), [`recommend`] (the one threshold
 //! recommendation of `tune` and `train --threshold auto`), [`reduce`] (all-reduce layout),
-//! [`retune`] (the state machine), [`straggler`] (attribution), [`policies`] (every step policy tuned and compared on a trace). Must not touch: I/O, clocks or
+//! [`retune`] (the state machine), [`straggler`] (attribution), [`policies`] (every step policy tuned and compared on a trace),
+//! [`window`] (the jitter window both threshold searches judge a candidate by). Must not touch: I/O, clocks or
 //! devices: every function is a pure function of its inputs, so every rank that holds the same
 //! reduced statistics reaches the same threshold.
 #![forbid(unsafe_code)]
@@ -15,6 +16,7 @@ pub mod reduce;
 pub mod retune;
 pub mod search;
 pub mod straggler;
+pub mod window;
 
 pub use recommend::{Recommend, Recommendation, TuneInputError, check_inputs, recommend};
 pub use straggler::StragglerClass;

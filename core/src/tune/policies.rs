@@ -356,32 +356,44 @@ pub fn best_threshold_on(
     let n_m = (trace.world_size() * trace.micro_batches()) as f64;
     let p = template.params.policy;
     let fine = template.params.tail.enabled() || p.rebalances();
-    let cands: Vec<PolicyRun> = match p {
-        Policy::ComputeBudget => threshold_grid(ideal, fine)
-            .into_iter()
-            .map(|t| PolicyRun {
-                params: StepPolicy { budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off), ..template.params },
-                ..template
-            })
-            .collect(),
+    // The deadline a candidate threshold t (ns) sets: the budget of compute-budget, the drop
+    // threshold of the others; none for a policy without a deadline (one candidate).
+    let at = |t: f64| match p {
+        Policy::ComputeBudget => PolicyRun {
+            params: StepPolicy { budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off), ..template.params },
+            ..template
+        },
         Policy::DropBefore
         | Policy::DropPredictive
         | Policy::RebalanceDrop
         | Policy::LengthPredictive
-        | Policy::CostBalance => threshold_grid(ideal, fine)
-            .into_iter()
-            .map(|t| PolicyRun { threshold: Threshold::from_ns_f64(t), ..template })
-            .collect(),
-        Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => vec![template],
+        | Policy::CostBalance => PolicyRun { threshold: Threshold::from_ns_f64(t), ..template },
+        Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => template,
     };
-    let mut best: Option<(PolicyRun, PolicyOutcome)> = None;
-    for c in cands {
+    let (grid, jitter) = match p {
+        Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => (vec![0.0], 0.0),
+        _ => (threshold_grid(ideal, fine), how.guardrails.jitter_ns),
+    };
+    // Each candidate judged by its jitter window (`super::window`; itself alone without a
+    // jitter): admitted and enabled only if every threshold in it is, ranked by the window's
+    // smallest effective speedup; the outcome kept is the candidate's own.
+    let judged = super::window::judge(&super::window::candidates(&grid, jitter), jitter, &mut |t| {
+        let c = at(t);
         let (o, adm) = outcome(&replay_policy_on(trace, &c, data().as_mut()), n_m, how);
-        if adm && best.as_ref().is_none_or(|(_, b)| o.effective_speedup > b.effective_speedup) {
-            best = Some((c, o));
+        (c, o, adm)
+    });
+    let mut best: Option<(PolicyRun, PolicyOutcome, f64)> = None;
+    for (_, (c, o, _), window) in judged {
+        if !window.iter().all(|(_, _, adm)| *adm) {
+            continue;
+        }
+        let worst = window.iter().map(|(_, o, _)| o.effective_speedup).fold(f64::INFINITY, f64::min);
+        if best.as_ref().is_none_or(|(_, _, b)| worst > *b) {
+            let enabled = window.iter().all(|(_, o, _)| o.enabled);
+            best = Some((c, PolicyOutcome { enabled, ..o }, worst));
         }
     }
-    best
+    best.map(|(c, o, _)| (c, o))
 }
 
 /// Tune and replay each of `policies` on `trace` under `how` (module doc), every policy with

@@ -168,35 +168,20 @@ fn replay_verdict(trace: &LatencyTrace, ideal: &TuneReport, how: &Recommend) -> 
     let g = how.guardrails;
     let pts: Vec<f64> = ideal.curve.iter().map(|c| c.threshold_ns).filter(|t| *t > 0.0).collect();
     let stride = pts.len().div_ceil(MAX_REPLAYED).max(1);
-    let mut cands: Vec<f64> = pts.iter().step_by(stride).copied().collect();
-    if g.jitter_ns > 0.0 {
-        // A candidate is a micro-batch's end (the curve's breakpoints), where the speedup
-        // changes: its window always reaches past it. Each breakpoint less the jitter is a
-        // candidate too, the largest threshold whose window stays below that breakpoint.
-        let below: Vec<f64> = cands.iter().map(|t| t - g.jitter_ns).filter(|t| *t > 0.0).collect();
-        cands.extend(below);
-        cands.sort_by(f64::total_cmp);
-        cands.dedup();
-    }
-    let scores: Vec<CandidateScore> = cands.iter().map(|&t| replay_score(trace, t, &how.execution)).collect();
+    let grid: Vec<f64> = pts.iter().step_by(stride).copied().collect();
+    let cands = super::window::candidates(&grid, g.jitter_ns);
+    let judged = super::window::judge(&cands, g.jitter_ns, &mut |t| replay_score(trace, t, &how.execution));
     // (t's own replay, its window's worst): ties keep the earlier (smaller) threshold.
     let mut best_all: Option<(CandidateScore, CandidateScore)> = None;
     let mut best_adm: Option<(CandidateScore, CandidateScore)> = None;
-    for score in &scores {
-        let w = if g.jitter_ns > 0.0 {
-            let t = score.threshold_ns;
-            let ends = [(t - g.jitter_ns).max(1.0), t + g.jitter_ns].map(|e| replay_score(trace, e, &how.execution));
-            let near = scores.iter().filter(|c| (c.threshold_ns - t).abs() <= g.jitter_ns);
-            near.chain(&ends).fold(*score, |w, c| CandidateScore {
-                threshold_ns: t,
-                objective: w.objective.min(c.objective),
-                drop_rate: w.drop_rate.max(c.drop_rate),
-                step_saving: w.step_saving.min(c.step_saving),
-                min_batch_fraction: w.min_batch_fraction.min(c.min_batch_fraction),
-            })
-        } else {
-            *score
-        };
+    for (_, score, window) in &judged {
+        let w = window.iter().fold(*score, |w, c| CandidateScore {
+            threshold_ns: score.threshold_ns,
+            objective: w.objective.min(c.objective),
+            drop_rate: w.drop_rate.max(c.drop_rate),
+            step_saving: w.step_saving.min(c.step_saving),
+            min_batch_fraction: w.min_batch_fraction.min(c.min_batch_fraction),
+        });
         if best_all.is_none_or(|(_, b)| w.objective > b.objective) {
             best_all = Some((*score, w));
         }
@@ -358,7 +343,10 @@ mod tests {
     }
 
     fn replay_how(max_drop_rate: f64, min_gain: f64) -> Recommend {
-        Recommend { execution: before(), guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain, jitter_ns: 0.0 } }
+        Recommend {
+            execution: before(),
+            guardrails: Guardrails { max_drop_rate, min_batch_fraction: 0.0, min_gain, jitter_ns: 0.0 },
+        }
     }
 
     /// `min_gain` is a gain over 1.0x: τ=4 replays at 0.875·14/6 = 2.04x (gain 1.04), which
@@ -493,7 +481,9 @@ mod tests {
     /// and the value in ms.
     #[test]
     fn guardrails_refuse_a_jitter_that_is_not_a_finite_number_of_ns_at_least_0() {
-        for (v, want) in [(-1e6, Some("-1")), (f64::NAN, Some("NaN")), (f64::INFINITY, Some("inf")), (0.0, None), (2.5e6, None)] {
+        for (v, want) in
+            [(-1e6, Some("-1")), (f64::NAN, Some("NaN")), (f64::INFINITY, Some("inf")), (0.0, None), (2.5e6, None)]
+        {
             let g = Guardrails { jitter_ns: v, ..Guardrails::default() };
             match (g.validate(), want) {
                 (Ok(()), None) => {}
