@@ -453,8 +453,9 @@ def main() -> None:
             "ratio": ratio, "overhead": overhead, "overhead_paired": overhead_paired, "full_steps": full, "wall_s": wall_ns / 1e9,
             "accuracy": acc, "load": os.getloadavg()[0], "schedule": schedule,
             "drop_guard": {"bound": guard, "held_off_steps": dc.held_off, "steps": dc.steps,
-                           "tuned_with_guard": bool(args.drop_guard and args.tune_with_guard)},
-            "jitter_ms": args.jitter_ms,
+                           "tuned_with_guard": bool(verdict is not None and args.drop_guard and args.tune_with_guard)},
+            # The tuner's jitter window (ms); None when no tuning run chose the threshold.
+            "jitter_ms": args.jitter_ms if verdict is not None else None,
             "arms": {a.name: {"blocks": a.blocks, "step_ms": [t / 1e6 for t in a.step_ns],
                               "ids_digest": [t[a.name]["ids_digest"] for t in traces],
                               "delays_ms": [t[a.name]["delays_ms"] for t in traces]} for a in arms},

@@ -64,7 +64,9 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(examp
     # The drop guard is on by default, at --max-drop-rate: the steps it held the threshold off are
     # counted, measured and predicted (the replay of the baseline arm's logs runs the guard too).
     g = r["drop_guard"]
+    # --threshold-ms given: no tuning run, so no tuner settings are recorded.
     assert g["bound"] == 0.10 and g["steps"] == r["dropcompute"]["steps"] and g["tuned_with_guard"] is False, g
+    assert r["jitter_ms"] is None, r["jitter_ms"]
     assert 0 <= g["held_off_steps"] <= g["steps"] and 0 <= r["predicted"]["held_off_steps"], (g, r["predicted"])
     assert f"threshold held off in {g['held_off_steps']} of {g['steps']} steps" in example["stdout"], example["stdout"]
 
@@ -186,3 +188,19 @@ def test_the_overhead_bench_pairs_the_three_modes_in_one_launch(tmp_path: Path) 
         assert r[f"{m}_step_ms"] > 0, r
     for m in ("flat", "overlap"):
         assert math.isfinite(r[f"{m}_overhead_paired"]) and r[f"{m}_overhead_paired"] > -1.0, r
+
+
+def test_the_example_tunes_with_its_guard_and_jitter_window_from_its_own_tuning_logs(tmp_path: Path) -> None:
+    # No --threshold-ms: a tuning run first, then recommend over its logs with the guard in the
+    # score and the 1 ms window (the defaults); every rank decides alike. The threshold the run
+    # used is the crate's verdict recomputed here from the tuning logs the example kept.
+    out, logs = tmp_path / "tuned.json", tmp_path / "logs"
+    p = launch.run_workers(REPO / "examples" / "pytorch_ddp.py",
+                           ["--epochs", "1", "--log-dir", str(logs), "--out", str(out)], nproc=N)
+    assert p.returncode == 0, f"{p.args}:\n{p.stdout}\n{p.stderr}"
+    r = json.loads(out.read_text())
+    assert r["drop_guard"]["tuned_with_guard"] is True and r["jitter_ms"] == 1.0, r["drop_guard"]
+    v = dropcompute.recommend([logs / f"tune_rank{k}.csv" for k in range(N)], check="before", max_drop_rate=0.10,
+                              drop_guard=True, jitter_ns=1e6)
+    assert r["threshold_ns"] == v.threshold_ns, (r["threshold_ns"], v)
+    assert f"threshold: {v!r} (from the tuning run's logs)" in p.stdout, p.stdout
