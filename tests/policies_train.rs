@@ -347,3 +347,26 @@ fn a_deadline_that_never_fires_is_exactly_the_synchronous_run() {
     }
     assert_eq!(runs, 8);
 }
+
+/// `train --threshold auto --jitter-ms J` tunes with the window (the same `tune::window` as
+/// `tune`): report.json echoes the guardrails with J in ns (read back here), the chosen
+/// threshold differs from the point choice on the same baseline (virtual time: the baselines
+/// are identical), and the run's measured drop rate is within the guardrail (the window's
+/// replays are checked in tests/tune_traces.rs and the crate's property test).
+#[test]
+fn train_auto_tunes_with_the_jitter_window_and_reports_it() {
+    let tmp = hermetic::temp_dir("jitter-auto");
+    let (point, window) = (tmp.path().join("j0"), tmp.path().join("j30"));
+    let base = ["--ranks", "4", "--steps", "20", "--slow-rank", "1:2"];
+    train_virtual(&point, &base);
+    train_virtual(&window, &[&base[..], &["--jitter-ms", "30"]].concat());
+    let report = |d: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(d.join("report.json")).unwrap()).unwrap()
+    };
+    let (p, w) = (report(&point), report(&window));
+    assert_eq!(p["config"]["guardrails"]["jitter_ns"].as_f64(), Some(0.0), "{}", p["config"]);
+    assert_eq!(w["config"]["guardrails"]["jitter_ns"].as_f64(), Some(3e7), "{}", w["config"]);
+    let (tp, tw) = (p["dropcompute"]["threshold_ms"].as_f64(), w["dropcompute"]["threshold_ms"].as_f64());
+    assert!(tp.is_some() && tw.is_some() && tp != tw, "{tp:?} {tw:?}");
+    assert!(w["dropcompute"]["drop_rate"].as_f64().is_some_and(|d| d <= 0.10), "{}", w["dropcompute"]);
+}

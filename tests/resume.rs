@@ -397,6 +397,17 @@ fn a_checkpoint_with_impossible_guard_counts_is_refused() {
         assert_eq!(o.status.code(), Some(7), "{err}");
         assert!(err.contains(&format!("handed {h}, dropped {d}, reserve {r}")) && err.contains("checkpoint-"), "{err}");
     }
+    // No guard state at all in a guarded run's checkpoint: refused too (it used to start a
+    // fresh guard silently).
+    for rank in std::fs::read_dir(&ck).unwrap().flatten().filter(|e| e.path().is_dir()) {
+        let mut c = dropcompute::checkpoint::load_latest(&rank.path()).expect("a checkpoint").checkpoint;
+        c.meta["scheduler"]["drop_guard"] = serde_json::Value::Null;
+        dropcompute::checkpoint::save(&rank.path(), &c).expect("re-sealed");
+    }
+    let o = train(&[&guard[..], &["--resume", s(&ck), "--out", s(&out)]].concat(), None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert!(err.contains("holds no drop guard counts") && err.contains("checkpoint-"), "{err}");
     for d in [ck, out] {
         let _ = std::fs::remove_dir_all(d);
     }

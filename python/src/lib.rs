@@ -651,6 +651,7 @@ impl DropGuard {
         let inner = policy::DropGuard::from_counts(bound, h, d, r).map_err(|e| match e {
             policy::DropGuardError::Bound { .. } => value_err("bound", e),
             policy::DropGuardError::Counts { .. } => value_err("counts", e),
+            policy::DropGuardError::Absent { .. } => value_err("state", e),
         })?;
         Ok(Self { inner })
     }

@@ -162,6 +162,24 @@ impl GuardrailArgs {
         g.validate().map(|()| g)
     }
 
+    /// Refuses `--jitter-ms` above 0 on a path that picks no threshold by its jitter window
+    /// (`what`: the threshold sweep of `simulate`, the policy comparison of `simulate
+    /// --policy/--trace` and `tune --policy`, whose coordinate search replays each point alone).
+    ///
+    /// # Errors
+    /// `"--jitter-ms J: WHAT does not judge thresholds by a jitter window; ..."` naming where
+    /// the window applies.
+    pub fn refuse_jitter(&self, what: &str) -> Result<(), String> {
+        if self.jitter_ms > 0.0 {
+            return Err(format!(
+                "--jitter-ms {}: {what} does not judge thresholds by a jitter window; it applies to `tune` (its \
+                 recommendation and --auto-for POLICY) and `train --threshold auto`",
+                self.jitter_ms
+            ));
+        }
+        Ok(())
+    }
+
     /// `--drop-guard`, checked by the guard's own rule ([`dropcompute::policy::DropGuard::check`]).
     ///
     /// # Errors

@@ -213,6 +213,9 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         drop_guard: args.guardrails.drop_guard().map_err(CommandError::Args)?,
     };
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
+    if policies.is_some() {
+        args.guardrails.refuse_jitter("the policy comparison (`tune --policy`)").map_err(CommandError::Args)?;
+    }
     let mut comparisons = Vec::new();
     let mut json = Vec::new();
     let mut autos = Vec::new();
@@ -353,7 +356,15 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
                 }
             }
             Verdict::Decline(why) => {
-                let _ = writeln!(s, "  verdict: DECLINE (threshold off): {why}");
+                let window = if guardrails.jitter_ns > 0.0 {
+                    format!(
+                        " (each threshold judged by the worst replay within +-{:.3} ms of it)",
+                        guardrails.jitter_ns / 1e6
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(s, "  verdict: DECLINE (threshold off): {why}{window}");
                 if r.straggler_headroom < guardrails.min_gain {
                     let _ = writeln!(
                         s,

@@ -218,6 +218,11 @@ pub struct ConfigEcho {
     /// `--text-documents` of the text task (absent when the whole corpus is used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_documents: Option<u32>,
+    /// The guardrails `--threshold auto` judged its candidates by (`--max-drop-rate`,
+    /// `--min-batch-fraction`, `--min-gain`, `--jitter-ms` as `jitter_ns`); the defaults in a
+    /// report written before they were echoed.
+    #[serde(default)]
+    pub guardrails: dropcompute::tune::Guardrails,
 }
 
 /// The command-line name of an enum flag's value (`clap::ValueEnum`), e.g. `"before"`.
@@ -268,6 +273,7 @@ impl From<&TrainConfig> for ConfigEcho {
             task: (c.task != Task::Digits).then(|| c.task.name().to_owned()),
             text_model: (c.task == Task::Text).then(|| c.text.model.name().to_owned()),
             text_documents: c.text.documents.filter(|_| c.task == Task::Text),
+            guardrails: c.guardrails,
         }
     }
 }

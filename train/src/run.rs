@@ -142,11 +142,16 @@ fn resolve_threshold(
             let g = job.cfg.guardrails;
             let limits = |drop_rate: f64| {
                 format!(
-                    "drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %",
+                    "drop rate {:.2} % <= {:.0} %, batch >= {:.0} %, gain >= {:.0} %{}",
                     drop_rate * 100.0,
                     g.max_drop_rate * 100.0,
                     g.min_batch_fraction * 100.0,
-                    g.min_gain * 100.0
+                    g.min_gain * 100.0,
+                    if g.jitter_ns > 0.0 {
+                        format!(", all within +-{:.3} ms of the threshold", g.jitter_ns / 1e6)
+                    } else {
+                        String::new()
+                    }
                 )
             };
             let why = match (&found, found.as_ref().and_then(AutoChoice::outcome), rank) {
@@ -159,6 +164,10 @@ fn resolve_threshold(
                     "auto ({p}): best replayed speedup {:.3}x of the baseline run's latencies under {p} as this run executes ({})",
                     1.0 + speedup,
                     limits(drop)
+                ),
+                (Some(AutoChoice::DropCompute(Verdict::Decline(why))), None, 0) if g.jitter_ns > 0.0 => format!(
+                    "auto: off: {why} (each threshold judged by the worst replay within +-{:.3} ms of it)",
+                    g.jitter_ns / 1e6
                 ),
                 (Some(AutoChoice::DropCompute(Verdict::Decline(why))), None, 0) => format!("auto: off: {why}"),
                 (Some(_), None, 0) => {

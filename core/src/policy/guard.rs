@@ -29,9 +29,17 @@
 //! enforced step has reserve 0: its own drop is the first reserve, unguarded). The product is
 //! compared in f64 (exact below 2^53 per count).
 
-/// Why a bound is refused ([`DropGuard::new`]).
+/// Why a bound, counts or a restored state are refused ([`DropGuard::new`],
+/// [`DropGuard::from_counts`], `schedule::Scheduler::restore`).
 #[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
 pub enum DropGuardError {
+    /// A state restored into a run with a guard holds no guard counts (a hand-made or damaged
+    /// checkpoint: a run with the guard always saves them).
+    #[error("drop guard {bound}: the saved state holds no drop guard counts")]
+    Absent {
+        /// The run's bound.
+        bound: f64,
+    },
     /// The bound is not a finite fraction in (0, 1].
     #[error("drop_guard {bound}: must be a finite fraction in (0, 1] (the largest cumulative drop rate)")]
     Bound {

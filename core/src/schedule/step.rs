@@ -438,8 +438,9 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`crate::policy::DropGuardError::Counts`] when the state's drop-guard counts are ones no
-    /// run records (`reserve <= dropped <= handed` fails: a hand-made or damaged file); nothing
-    /// is restored then.
+    /// run records (`reserve <= dropped <= handed` fails: a hand-made or damaged file),
+    /// [`crate::policy::DropGuardError::Absent`] when this run has a guard and the state holds
+    /// no counts; nothing is restored then.
     pub fn restore(&mut self, s: SchedulerState) -> Result<(), crate::policy::DropGuardError> {
         // A checkpoint of the same configuration carries the guard's counts; the bound is the
         // configuration's. Checked first, so a refused state leaves the scheduler as it was.
@@ -448,7 +449,8 @@ impl Scheduler {
                 let (h, d, r) = saved.counts();
                 Some(DropGuard::from_counts(g.bound(), h, d, r)?)
             }
-            (g, _) => *g,
+            (Some(g), None) => return Err(crate::policy::DropGuardError::Absent { bound: g.bound() }),
+            (None, _) => None,
         };
         self.guard = guard;
         self.cfg.policy.threshold = Threshold::from_ns(s.threshold_ns);

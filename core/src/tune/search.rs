@@ -69,7 +69,10 @@ impl Guardrails {
             }
         }
         if !(self.jitter_ns.is_finite() && self.jitter_ns >= 0.0) {
-            return Err(format!("--jitter-ms {}: must be a finite number of ms >= 0", self.jitter_ns / 1e6));
+            // As typed for ordinary values, in exponent form beyond them (no 300-digit number).
+            let ms = self.jitter_ns / 1e6;
+            let shown = if ms.is_finite() && ms.abs() >= 1e9 { format!("{ms:e}") } else { ms.to_string() };
+            return Err(format!("--jitter-ms {shown}: must be a finite number of ms >= 0"));
         }
         Ok(())
     }
