@@ -70,6 +70,12 @@
 // micro-batch was started.
 #define DC_WALK_DONE 2
 
+// The layout version of this header's structs and signatures: raised whenever a struct's
+// layout or a function's signature changes (2: `DcGuardrails.jitter_ns` added at its end; 1:
+// before). A program compares it with [`dc_abi_version`] at start-up: a library of another
+// version would read its structs with another layout.
+#define DC_ABI_VERSION 2
+
 // A rank's latency estimator of the predictive check (`policy::BucketEstimator`: per length
 // bucket, the nearest-rank quantile of a sliding window of that bucket's latencies, with the
 // blind window over every latency as its fallback; fed no bucket, it is the blind
@@ -394,6 +400,10 @@ DcStatus dc_walk_tokens_started(const struct DcWalk *walk, uint64_t *out);
 // # Safety
 // `walk` must be null or a handle from [`dc_walk_new`] not freed before.
 void dc_walk_free(struct DcWalk *walk);
+
+// The layout version of the loaded library ([`DC_ABI_VERSION`] of the header it was built
+// from). Never fails.
+uint32_t dc_abi_version(void);
 
 // The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02, jitter 0 ns).
 struct DcGuardrails dc_guardrails_default(void);

@@ -1005,6 +1005,19 @@ pub unsafe extern "C" fn dc_walk_free(walk: *mut DcWalk) {
     }
 }
 
+/// The layout version of this header's structs and signatures: raised whenever a struct's
+/// layout or a function's signature changes (2: `DcGuardrails.jitter_ns` added at its end; 1:
+/// before). A program compares it with [`dc_abi_version`] at start-up: a library of another
+/// version would read its structs with another layout.
+pub const DC_ABI_VERSION: u32 = 2;
+
+/// The layout version of the loaded library ([`DC_ABI_VERSION`] of the header it was built
+/// from). Never fails.
+#[unsafe(no_mangle)]
+pub extern "C" fn dc_abi_version() -> u32 {
+    DC_ABI_VERSION
+}
+
 /// The default guardrails (max drop rate 0.10, min batch fraction 0.75, min gain 0.02, jitter 0 ns).
 #[unsafe(no_mangle)]
 pub extern "C" fn dc_guardrails_default() -> DcGuardrails {

@@ -73,6 +73,9 @@ int main(int argc, char **argv) {
   uint64_t zeros[2] = {0, 0};
   CHECK(dc_divisor(zeros, 2, DC_NORMALIZATION_REALIZED, 4, 3, &d) == DC_SKIP_STEP);
 
+  /* The library's layout is the header's. */
+  CHECK(dc_abi_version() == DC_ABI_VERSION && DC_ABI_VERSION == 2);
+
   /* Recommendation. */
   DcRecommendation r;
   CHECK(dc_recommend_file("/nonexistent/trace.csv", UINT32_MAX, NULL, 1, &r) == DC_IO);
