@@ -383,7 +383,7 @@ pub fn best_threshold_on(
         (c, o, adm)
     });
     let mut best: Option<(PolicyRun, PolicyOutcome, f64)> = None;
-    for (_, (c, o, _), window) in judged {
+    for ((c, o, _), window) in judged {
         if !window.iter().all(|(_, _, adm)| *adm) {
             continue;
         }

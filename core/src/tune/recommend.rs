@@ -174,7 +174,7 @@ fn replay_verdict(trace: &LatencyTrace, ideal: &TuneReport, how: &Recommend) -> 
     // (t's own replay, its window's worst): ties keep the earlier (smaller) threshold.
     let mut best_all: Option<(CandidateScore, CandidateScore)> = None;
     let mut best_adm: Option<(CandidateScore, CandidateScore)> = None;
-    for (_, score, window) in &judged {
+    for (score, window) in &judged {
         let w = window.iter().fold(*score, |w, c| CandidateScore {
             threshold_ns: score.threshold_ns,
             objective: w.objective.min(c.objective),

@@ -26,8 +26,8 @@ pub fn candidates(grid: &[f64], jitter_ns: f64) -> Vec<f64> {
 /// per candidate and twice more per candidate when `jitter_ns` > 0, for the window's ends
 /// t - jitter (1 ns at least) and t + jitter. The window of t holds t's own score first, then
 /// every candidate within +-`jitter_ns` of it, then the two ends; with `jitter_ns` = 0 it holds
-/// t's own score only. Returned in `cands`' order as (t, own score, window).
-pub fn judge<S: Clone>(cands: &[f64], jitter_ns: f64, score: &mut dyn FnMut(f64) -> S) -> Vec<(f64, S, Vec<S>)> {
+/// t's own score only. Returned in `cands`' order as (own score, window).
+pub fn judge<S: Clone>(cands: &[f64], jitter_ns: f64, score: &mut dyn FnMut(f64) -> S) -> Vec<(S, Vec<S>)> {
     let own: Vec<S> = cands.iter().map(|&t| score(t)).collect();
     cands
         .iter()
@@ -40,7 +40,7 @@ pub fn judge<S: Clone>(cands: &[f64], jitter_ns: f64, score: &mut dyn FnMut(f64)
                 window.push(score((t - jitter_ns).max(1.0)));
                 window.push(score(t + jitter_ns));
             }
-            (t, s.clone(), window)
+            (s.clone(), window)
         })
         .collect()
 }
@@ -66,10 +66,10 @@ mod tests {
         });
         // Own scores first (one call each), then per candidate its two ends (the lower at 1 ns).
         assert_eq!(asked, vec![1.0, 2.0, 4.0, 1.0, 2.5, 1.0, 3.5, 2.5, 5.5]);
-        assert_eq!(judged[0], (1.0, 10.0, vec![10.0, 20.0, 10.0, 25.0]));
-        assert_eq!(judged[1], (2.0, 20.0, vec![20.0, 10.0, 10.0, 35.0]));
-        assert_eq!(judged[2], (4.0, 40.0, vec![40.0, 25.0, 55.0]));
+        assert_eq!(judged[0], (10.0, vec![10.0, 20.0, 10.0, 25.0]));
+        assert_eq!(judged[1], (20.0, vec![20.0, 10.0, 10.0, 35.0]));
+        assert_eq!(judged[2], (40.0, vec![40.0, 25.0, 55.0]));
         // No jitter: each window is its own score.
-        assert_eq!(judge(&[1.0, 2.0], 0.0, &mut |t| t), vec![(1.0, 1.0, vec![1.0]), (2.0, 2.0, vec![2.0])]);
+        assert_eq!(judge(&[1.0, 2.0], 0.0, &mut |t| t), vec![(1.0, vec![1.0]), (2.0, vec![2.0])]);
     }
 }
