@@ -95,7 +95,7 @@ def scenario_off(accelerator: Any, rank: int, n: int, out: Dict[str, Any]) -> No
     plain_lr = opt.param_groups[0]["lr"]
 
     # The same stack under DropCompute, in each reduce path (overlap: DDP's own bucketed
-    # all-reduce in the last micro-batch's backward, through the rescaling comm hook).
+    # all-reduce in the last micro-batch's backward, rescaled after it).
     for mode in ("flat", "overlap"):
         dropcompute_off(accelerator, rank, n, net0, parts, data, samples, steps_ids, plain_params, plain_lr,
                         plain_losses, mode, out if mode == "flat" else out.setdefault("overlap", {}))
@@ -152,8 +152,9 @@ def dropcompute_off(accelerator: Any, rank: int, n: int, net0: torch.nn.Module, 
         plain_lr=plain_lr, dc_lr=opt.param_groups[0]["lr"],
         same_deal=dealt == steps_ids, stepped=stepped, backward_calls=backward_calls[0],
         micro_batches=sum(len(d) for d in dealt), refusal=refusal,
-        # DDP buckets the overlap hook rescaled in the last step (0: DDP's reducer never ran).
-        hook_buckets=dc.step.hook.buckets if dc.step.hook is not None else 0,
+        # Buckets DDP's own reducer all-reduced in its latest recorded synced backward (0: it
+        # never ran); DDP's logging data, recorded in each of its first 10 iterations.
+        hook_buckets=int(model._get_ddp_logging_data().get("num_buckets_reduced", 0)),
     )
     accelerator.backward = original_backward
     dc.close()

@@ -149,19 +149,12 @@ class WithDropCompute(DropComputeModule, Counted):
 class Overlapped(WithDropCompute):
     """``mode="overlap"``: the last micro-batch's ``manual_backward`` runs with the DDP module's
     sync on, so Lightning's ``pre_backward`` arms DDP's reducer and its bucketed all-reduce runs
-    through DropCompute's rescaling hook (registered by the step: no counting hook here, DDP
-    takes one; the hook's own bucket count is read instead)."""
+    (DDP's own: the step registers no hook of its own), counted by ``Counted``'s hook, a
+    DDP-style hook (the mean over ranks) the step's rescale composes with as it is."""
 
     def __init__(self, net: torch.nn.Module, policy: dropcompute.Policy) -> None:
         super().__init__(net, policy)
         self.dropcompute_step_kwargs = {"micro_batches_per_step": M, "mode": "overlap"}
-
-    def on_fit_start(self) -> None:
-        pass
-
-    def on_dropcompute_step(self, result: StepResult) -> None:
-        assert self._dropcompute is not None and self._dropcompute.hook is not None
-        self.hook_calls += self._dropcompute.hook.buckets
 
 
 class Unguarded(WithDropCompute):

@@ -58,7 +58,9 @@ def test_threshold_off_equals_plain_lightning_accumulation_and_ddp_reducer_never
         o = r["overlap"]
         assert o["same_deal"] and o["started"] == [[3, 3]] * 4 and o["lr"] == r["plain_lr"], o
         assert o["max_param_diff"] <= 1e-6, o
-        assert o["hook_calls"] == 4, o  # one DDP bucket (this MLP is under its 1 MiB cap) in each of 4 steps
+        # one DDP bucket (this MLP is under its 1 MiB cap) in each of 4 steps, through the counting
+        # DDP-style hook registered on the module by hand: the rescale composes with it as it is
+        assert o["hook_calls"] == 4, o
 
 
 def test_slowed_rank_drops_with_exact_normalization_and_every_sample_once(runs: List[Dict[str, Any]]) -> None:

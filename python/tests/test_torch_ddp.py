@@ -32,10 +32,12 @@ def test_threshold_off_equals_plain_ddp_accumulation(nproc: int, mode: str, tmp_
     for r in torchrun("off", nproc, tmp_path, DC_MODE=mode):
         assert r["max_param_diff"] <= 1e-12, r
         assert r["moved"] > 1e-3, r  # the parameters did change
-        # counts + one gradient buffer (flat) or DDP's one bucket (overlap) per step
-        assert r["all_reduce_calls"] == [2, 2, 2], r
+        # Python all-reduces per step: counts + one gradient buffer (flat); the counts alone in
+        # overlap mode, where DDP's built-in all-reduce (C++, no hook of ours) reduced its one
+        # bucket (the reducer's own count) and the parameters equal plain DDP's
+        assert r["all_reduce_calls"] == ([1, 1, 1] if mode == "overlap" else [2, 2, 2]), r
         assert r["ddp_hook_calls"] == 0, r  # flat: DDP's own all-reduce never ran
-        assert r["buckets"] == (1 if mode == "overlap" else 0), r  # DDP buckets in the last step
+        assert r["buckets"] == (1 if mode == "overlap" else 0), r
 
 
 # Micro-batches computed per rank (M = 4): k in {0, 1, M}, different on different ranks.
@@ -53,7 +55,7 @@ def test_any_k_per_rank_gives_the_f64_mean_on_every_rank(ks: str, mode: str, tmp
         assert r["divisor"] == float(4 * sum(want)), r
         assert r["grad_rel_err"] <= 1e-12, r
         assert r["same_everywhere"], r
-        assert r["all_reduce_calls"] == 2 and r["ddp_hook_calls"] == 0, r
+        assert r["all_reduce_calls"] == (1 if mode == "overlap" else 2) and r["ddp_hook_calls"] == 0, r
         assert r["buckets"] == (1 if mode == "overlap" else 0), r
 
 

@@ -1,48 +1,54 @@
 """The overlap path: DDP's own bucketed all-reduce runs during the backward of the rank's last
-micro-batch, through a comm hook that rescales each bucket by the global count.
+micro-batch, and the step rescales the reduced gradient by the global count.
 
-Owns: ``OverlapHook`` (registered once on the DDP module; wraps the user's comm hook, DDP's
-default all-reduce when none) and the step's pending rescale. Must not touch: the decision of
-which micro-batch is the last (the crate's walker, ``StepWalk.peek``), the divisor's rule.
+Owns: ``OverlapReduce`` (the step's pending rescale on one DDP module, and the comm hook that
+composes it with the user's), ``zero_grads``. Must not touch: the decision of which
+micro-batch is the last (the crate's walker, ``StepWalk.peek``), the divisor's rule.
 
 How a step runs (``step.DropComputeStep`` with ``mode="overlap"``): every micro-batch but the
 last runs under ``no_sync``; before launching one, ``StepWalk.peek`` says whether another will
 follow (with ``sync_lag`` >= 1 this never needs the end of the micro-batch about to run). The
 last runs with DDP's sync on: after its forward the rank issues the count collective
 (``reduce.Counts``; never before the forward, which may run DDP's own collective), then its
-backward fires DDP's bucket all-reduces; each bucket's future waits for the counts (long done)
-and multiplies the bucket by N / (loss_scale x divisor). Every
-rank issues the same sequence (counts, then DDP's buckets) whatever it computed: a rank whose
-walk launches nothing runs a zero-weighted backward of its most recent micro-batch (one
-micro-batch of compute; only with ``min_micro_batches`` 0 or a rank dealt nothing).
+backward fires DDP's bucket all-reduces. Every rank issues the same sequence (counts, then
+DDP's buckets) whatever it computed: a rank whose walk launches nothing runs a zero-weighted
+backward of its most recent micro-batch (one micro-batch of compute; only with
+``min_micro_batches`` 0 or a rank dealt nothing).
 
-Without a user hook the bucket is summed (one in-place all-reduce, no division by N: DDP's
-default ``allreduce_hook`` divides first, a pass over the gradients the rescale makes again), and
-the factor is 1 / (loss_scale x d). The user's hook sees the bucket as DDP would give it (its
-own division by N included, e.g. ``allreduce_hook``, ``bf16_compress_hook``); the rescale
-composes after it: DDP's hooks return the mean over N ranks of the loss-scaled gradients, so the
-factor is N / (loss_scale x d). The rescale also checks the bucket for non-finite values in the
-same pass (``reduce.scale_checked_``): the step's flag ``found`` is what ``StepResult.finite``
-reads, so ``apply`` without a GradScaler makes no pass of its own over the gradients.
+Where the rescale runs. The reduced bucket holds the mean over the N ranks of their
+loss-scaled gradients, so the factor is N / (loss_scale x divisor), and it is 1 exactly when
+every rank computed its nominal micro-batches (the threshold off).
+- Without a user hook, DDP's built-in all-reduce runs (C++, dividing by N while it copies the
+  gradients into its buckets): no Python runs on the gradient path. After the backward the
+  step waits for the counts (long done) and, when the factor is not 1, rescales every
+  gradient in one fused pass that also checks them for non-finite values
+  (``reduce.scale_checked_``); at factor 1 the check waits until ``StepResult.finite`` asks.
+  Measured against a Python comm hook that summed and rescaled each bucket (2026-12-03, 1 M
+  parameters, 2 processes on 2 cores, paired steps): +5.8 % over plain DDP against +10.1 %;
+  at 50 M +0.2 % against −0.0 % (the pass after the backward does not show in a 1.4 s step).
+- With the user's comm hook (``comm_hook``, e.g. ``bf16_compress_hook``, ``powerSGD_hook``),
+  DDP runs it through ``OverlapReduce.hook``, which rescales each bucket its future returns
+  (DDP-style hooks return the mean over N) in the same fused pass, while the backward of the
+  other buckets runs.
 """
 
 from __future__ import annotations
 
 import datetime
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .reduce import CollectiveTimeout, Counts, found_flag, rescale_factor, scale_checked_
+from .reduce import CollectiveTimeout, Counts, Reduced, found_flag, rescale_factor, scale_checked_
 
 
-class OverlapHook:
-    """The comm hook state registered on the DDP module (``register_comm_hook(self, self.hook)``).
-
-    ``user_hook``/``user_state``: the user's comm hook (DDP's default all-reduce, dividing by N,
-    when None). Raises ValueError when the model is not a DDP module."""
+class OverlapReduce:
+    """The overlap path's state on one DDP module: the step's pending rescale, and the comm
+    hook that composes it with ``user_hook`` (registered once on the module; no hook of ours
+    without one: DDP's built-in all-reduce runs). ``user_state``: the user hook's state.
+    Raises ValueError when the model is not a DDP module or runs with ``static_graph``."""
 
     def __init__(self, ddp: torch.nn.Module, user_hook: Optional[Callable[..., Any]], user_state: Any,
                  group: Optional[dist.ProcessGroup]) -> None:
@@ -55,32 +61,51 @@ class OverlapHook:
                 "model.static_graph: True: DDP cannot accumulate under no_sync with a static graph "
                 "(pytorch #143580); use mode='flat'"
             )
-        self.user_hook: Callable[..., Any] = user_hook if user_hook is not None else _allreduce_sum
-        self.user_state = user_state if user_hook is not None else group
-        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        #: What the hook's result holds, times the sum over ranks: 1 for our sum, 1 / N for a
-        #: user's DDP-style hook (the mean over ranks).
-        self.world_sum_scale = 1.0 if user_hook is None else 1.0 / self.world_size
-        #: The step's non-finite flag (``reduce.found_flag``), checked by every bucket's rescale.
+        self.user_hook = user_hook
+        self.user_state = user_state
+        # DDP divides by its own process group's size (built-in all-reduce and DDP's hooks).
+        pg = getattr(ddp, "process_group", None) or group
+        self.world_size = dist.get_world_size(pg) if dist.is_initialized() else 1
+        #: The step's non-finite flag (``reduce.found_flag``), checked by every bucket's rescale
+        #: in the hook; None when no hook of ours runs.
         self.found: Optional[torch.Tensor] = None
         self.counts: Optional[Counts] = None
         self.divisor_of: Any = None
         self.loss_scale = 1.0
         self.timeout: Optional[datetime.timedelta] = None
-        self.divisor: Optional[float] = None
         self.error: Optional[BaseException] = None
+        #: Buckets the hook rescaled in the current step (0 without a user hook).
         self.buckets = 0
         self.armed_at = 0.0
-        # A lambda: DDP checks a hook's annotations against its own types, and this module's
-        # annotations are strings (``from __future__ import annotations``).
-        ddp.register_comm_hook(self, lambda state, bucket: OverlapHook.hook(state, bucket))  # type: ignore[operator]
+        if user_hook is not None:
+            # A lambda: DDP checks a hook's annotations against its own types, and this
+            # module's annotations are strings (``from __future__ import annotations``).
+            ddp.register_comm_hook(self, lambda state, bucket: OverlapReduce.hook(state, bucket))  # type: ignore[operator]
 
     def arm(self, counts: Counts, divisor_of: Any, loss_scale: float, timeout: Optional[datetime.timedelta]) -> None:
         """The step's pending rescale (before the last micro-batch's backward)."""
         self.counts, self.divisor_of, self.loss_scale, self.timeout = counts, divisor_of, loss_scale, timeout
-        self.divisor, self.error, self.buckets = None, None, 0
-        self.found = found_flag(counts.tensor.device)
+        self.error, self.buckets = None, 0
+        self.found = found_flag(counts.tensor.device) if self.user_hook is not None else None
         self.armed_at = time.monotonic()
+
+    def finish(self, grads: List[torch.Tensor]) -> Tuple[Reduced, Optional[float], Optional[torch.Tensor]]:
+        """After the last backward: the reduced counts, the divisor (None: no rank computed
+        anything) and the non-finite flag of the rescale (None: nothing checked yet). Without a
+        user hook, rescales ``grads`` (the parameters' gradients) here, in one fused pass when
+        the factor is not 1. Raises as ``Counts.result``."""
+        assert self.counts is not None, "finish() before arm()"
+        reduced = self.counts.result(self.timeout)
+        d = self.divisor_of(reduced.samples)
+        if d is None or self.user_hook is not None:
+            return reduced, d, self.found if d is not None else None
+        factor = rescale_factor(1.0 / self.world_size, self.loss_scale, d)
+        assert factor is not None  # d is not None
+        if factor == 1.0:
+            return reduced, d, None
+        found = found_flag(self.counts.tensor.device)
+        scale_checked_(grads, factor, found)
+        return reduced, d, found
 
     def timeout_error(self, e: RuntimeError) -> Optional[BaseException]:
         """A bucket's all-reduce failed: a CollectiveTimeout when it failed after 90 % of the
@@ -95,16 +120,11 @@ class OverlapHook:
             f"or never reached the step ({e})"
         )
 
-    def _factor(self) -> Optional[float]:
-        assert self.counts is not None, "a bucket was reduced outside a DropCompute step"
-        reduced = self.counts.result(self.timeout)
-        self.divisor = self.divisor_of(reduced.samples)
-        return rescale_factor(self.world_sum_scale, self.loss_scale, self.divisor)
-
     @staticmethod
-    def hook(state: "OverlapHook", bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        """DDP's comm hook: the user's hook, then the rescale."""
+    def hook(state: "OverlapReduce", bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        """DDP's comm hook: the user's hook, then the rescale of the bucket it returns."""
         state.buckets += 1
+        assert state.user_hook is not None
         fut: torch.futures.Future[Any] = state.user_hook(state.user_state, bucket)
 
         def rescale(f: torch.futures.Future[Any]) -> torch.Tensor:
@@ -115,7 +135,9 @@ class OverlapHook:
                 raise
             t: torch.Tensor = v[0] if isinstance(v, list) else v
             try:
-                factor = state._factor()
+                assert state.counts is not None, "a bucket was reduced outside a DropCompute step"
+                factor = rescale_factor(1.0 / state.world_size, state.loss_scale,
+                                        state.divisor_of(state.counts.result(state.timeout).samples))
             except BaseException as e:  # noqa: BLE001 (re-raised by the step after backward)
                 state.error = e
                 raise
@@ -127,14 +149,6 @@ class OverlapHook:
             return t
 
         return fut.then(rescale)
-
-
-def _allreduce_sum(group: Optional[dist.ProcessGroup], bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """The default comm hook of the overlap path: the bucket summed over ranks in place (DDP's
-    ``allreduce_hook`` without its division by N, which the rescale's factor takes instead)."""
-    buf: torch.Tensor = bucket.buffer()
-    work = dist.all_reduce(buf, group=group, async_op=True)
-    return work.get_future().then(lambda f: f.value()[0])
 
 
 def zero_grads(params: List[torch.nn.Parameter], ddp: torch.nn.Module) -> None:

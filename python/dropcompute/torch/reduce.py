@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -155,16 +155,13 @@ class Counts:
         n = world_size
         e = len(extra)
         self.rank, self.n, self.e, self.fingerprint, self.step = rank, n, e, fingerprint, step
-        self.tensor = torch.zeros(2 * n + 2 + n * e + len(used), dtype=torch.int64, device=device)
-        self.tensor[rank] = samples
-        self.tensor[n + rank] = started
-        self.tensor[2 * n] = fingerprint
-        self.tensor[2 * n + 1] = handed
-        if e:
-            at = 2 * n + 2 + rank * e
-            self.tensor[at : at + e] = torch.tensor(list(extra), dtype=torch.int64, device=device)
-        if used:
-            self.tensor[2 * n + 2 + n * e :] = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
+        row = [0] * (2 * n + 2 + n * e + len(used))
+        row[rank], row[n + rank], row[2 * n], row[2 * n + 1] = samples, started, fingerprint, handed
+        at = 2 * n + 2 + rank * e
+        row[at : at + e] = [int(x) for x in extra]
+        row[2 * n + 2 + n * e :] = [int(u) for u in used]
+        # One host-to-device copy of the whole row.
+        self.tensor = torch.tensor(row, dtype=torch.int64, device=device)
         self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True) if n > 1 else None
         self._result: Optional[Reduced] = None
 
@@ -224,28 +221,35 @@ def found_flag(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
 
 
-def scale_checked_(t: torch.Tensor, factor: float, found: torch.Tensor) -> None:
-    """``t *= factor`` and ``found`` set to a non-zero value when ``t`` holds a non-finite
-    element after it, in ONE pass over ``t`` for float32, float16 and bfloat16 when ``factor``
-    <= 1 (torch's GradScaler kernel, ``torch._amp_foreach_non_finite_check_and_unscale_``, with
-    ``factor`` as its float32 device tensor): the finiteness check ``StepResult.finite`` needs
-    then costs no pass of its own (a float32 sum of 50 M gradients took 26-40 ms on the CI
-    machine, 2-4 % of the step). The kernel checks the values before it scales them, which
-    decides the scaled ones only for ``factor`` <= 1 (a product no larger than a finite value
-    is finite); a larger factor (a step that computed fewer samples than the nominal batch:
-    ``factor`` = nominal / computed) can overflow a finite value, so it, float64, and a device
-    or build without the kernel take ``scale_`` then ``all_finite``. ``found``:
-    ``found_flag``'s tensor; it is only ever increased."""
-    if t.dtype in _FUSED and found.device == t.device and 0.0 <= factor <= 1.0:
-        try:
-            inv = torch.tensor([factor], dtype=torch.float32, device=t.device)
-            torch._amp_foreach_non_finite_check_and_unscale_([t], found, inv)
-            return
-        except (RuntimeError, NotImplementedError, AttributeError):  # no kernel for this device or build
-            pass
-    scale_(t, factor)
-    if not all_finite(t):
-        found.add_(1.0)
+def scale_checked_(ts: Union[torch.Tensor, Sequence[torch.Tensor]], factor: float, found: torch.Tensor) -> None:
+    """Each tensor of ``ts`` (one tensor or a sequence) ``*= factor``, and ``found`` set to a
+    non-zero value when one holds a non-finite element after it, in ONE pass for float32,
+    float16 and bfloat16 when ``factor`` <= 1 (torch's GradScaler kernel,
+    ``torch._amp_foreach_non_finite_check_and_unscale_``, with ``factor`` as its float32 device
+    tensor; one call per dtype and device of ``ts``): the finiteness check
+    ``StepResult.finite`` needs then costs no pass of its own (a float32 sum of 50 M gradients
+    took 26-40 ms on the CI machine, 2-4 % of the step). ``factor`` 1 is the check alone (the
+    kernel multiplies by 1: the values are unchanged). The kernel checks the values before it
+    scales them, which decides the scaled ones only for ``factor`` <= 1 (a product no larger
+    than a finite value is finite); a larger factor (a step that computed fewer samples than the
+    nominal batch: ``factor`` = nominal / computed) can overflow a finite value, so it, float64,
+    and a device or build without the kernel take ``scale_`` then ``all_finite`` per tensor.
+    ``found``: ``found_flag``'s tensor; it is only ever increased."""
+    groups: Dict[Tuple[torch.dtype, torch.device], List[torch.Tensor]] = {}
+    for t in [ts] if isinstance(ts, torch.Tensor) else ts:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for (dtype, device), group in groups.items():
+        if dtype in _FUSED and found.device == device and 0.0 <= factor <= 1.0:
+            try:
+                inv = torch.tensor([factor], dtype=torch.float32, device=device)
+                torch._amp_foreach_non_finite_check_and_unscale_(group, found, inv)
+                continue
+            except (RuntimeError, NotImplementedError, AttributeError):  # no kernel for this device or build
+                pass
+        for t in group:
+            scale_(t, factor)
+            if not all_finite(t):
+                found.add_(1.0)
 
 
 def reduce_flat(
