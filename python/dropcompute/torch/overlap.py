@@ -8,9 +8,11 @@ micro-batch is the last (the crate's walker, ``StepWalk.peek``), the divisor's r
 How a step runs (``step.DropComputeStep`` with ``mode="overlap"``): every micro-batch but the
 last runs under ``no_sync``; before launching one, ``StepWalk.peek`` says whether another will
 follow (with ``sync_lag`` >= 1 this never needs the end of the micro-batch about to run). The
-last runs with DDP's sync on: after its forward the rank issues the count collective
-(``reduce.Counts``; never before the forward, which may run DDP's own collective), then its
-backward fires DDP's bucket all-reduces. Every rank issues the same sequence (counts, then
+last runs with DDP's sync on: before its forward the rank issues the count collective
+(``reduce.Counts``), whose latency then hides behind the forward and the backward, and its
+backward fires DDP's bucket all-reduces. DDP's forward may run one collective of its own, the
+bucket rebuild after the first synced backward: ``rebuild_buckets`` runs it at the start of
+every step, the same point on every rank, so no forward inside a step runs it. Every rank issues the same sequence (counts, then
 DDP's buckets) whatever it computed: a rank whose walk launches nothing runs a zero-weighted
 backward of its most recent micro-batch (one micro-batch of compute; only with
 ``min_micro_batches`` 0 or a rank dealt nothing).
@@ -61,6 +63,7 @@ class OverlapReduce:
                 "model.static_graph: True: DDP cannot accumulate under no_sync with a static graph "
                 "(pytorch #143580); use mode='flat'"
             )
+        self.ddp = ddp
         self.user_hook = user_hook
         self.user_state = user_state
         # DDP divides by its own process group's size (built-in all-reduce and DDP's hooks).
@@ -106,6 +109,16 @@ class OverlapReduce:
         found = found_flag(self.counts.tensor.device)
         scale_checked_(grads, factor, found)
         return reduced, d, found
+
+    def rebuild_buckets(self) -> None:
+        """DDP's one bucket rebuild, if pending, now: called at the start of every step, the same
+        point on every rank. After its first synced backward DDP rebuilds its buckets in the
+        next grad-enabled forward, with a collective; inside a step that forward could come
+        after one rank's count collective and before another's (a deadlock). A no-op once
+        rebuilt, before any synced backward, and with ``find_unused_parameters``."""
+        ddp: Any = self.ddp
+        if ddp.reducer._rebuild_buckets():
+            ddp._has_rebuilt_buckets = True  # what DDP's own forward records after a rebuild
 
     def timeout_error(self, e: RuntimeError) -> Optional[BaseException]:
         """A bucket's all-reduce failed: a CollectiveTimeout when it failed after 90 % of the

@@ -467,6 +467,8 @@ class DropComputeStep:
         m_nominal = self.micro_batches_per_step or self._observed_m or 1
         loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
         if overlap:
+            assert self.overlap is not None
+            self.overlap.rebuild_buckets()
             zero_grads(self.params, self.model)
         else:
             assert self.grads is not None
@@ -518,16 +520,16 @@ class DropComputeStep:
                 batch.append(c)
                 samples += c
                 with self._no_sync() if overlap and not last else contextlib.nullcontext():
+                    if last:
+                        # Before the forward: its latency hides behind the forward and the
+                        # backward. DDP's forward runs no collective of its own here (the
+                        # bucket rebuild, its only one with broadcast_buffers False, runs at
+                        # the step's start: ``OverlapReduce.rebuild_buckets``), so every rank
+                        # issues the counts, then DDP's buckets, whatever it computed.
+                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale, cap)
                     loss = loss_fn(module, mb)
                     _check_length(loss, c if toks is None and count_fn is None else None, self.rank, self.step, value)
                     scaled = _sum_checked(loss, self.rank, self.step, value) * loss_scale
-                    if last:
-                        # After the forward, never before it: DDP's forward may run its own
-                        # collective (rebuilding its buckets in the first forward after the
-                        # first synced backward, in or out of no_sync), and a rank whose first
-                        # forward is its last would issue the two in the other order than a
-                        # rank with more (a deadlock, python/tests/test_torch_policies.py).
-                        counts = self._arm(samples, len(marks) + 1, divisor_of, loss_scale, cap)
                     self._backward(scaled)
                 if self.bridge is not None:
                     self.bridge.boundary()
@@ -542,10 +544,9 @@ class DropComputeStep:
                     "none from an earlier step for the zero-weighted backward that joins DDP's all-reduce "
                     "(use min_micro_batches >= 1, or mode='flat')"
                 )
-            # The same order as a computing rank: DDP's forward (it may run its own collective,
-            # e.g. rebuilding buckets), the count collective, the backward.
-            zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
+            # The same order as a computing rank: the count collective, DDP's forward, the backward.
             counts = self._arm(0, 0, divisor_of, loss_scale, cap)
+            zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
             self._backward(zero)
         if overlap:
             assert counts is not None and self.overlap is not None
