@@ -4,7 +4,8 @@
 //!
 //! Owns: argument conversion and validation (a bad argument is a `ValueError` naming the
 //! field; a size above its cap, `MAX_*`, is a `ValueError` raised before anything is
-//! allocated, a negative or too wide integer pyo3's `OverflowError`), the mapping of crate
+//! allocated, a negative or too wide integer pyo3's `OverflowError`, a bool where a number
+//! belongs a `TypeError`: `args`), the mapping of crate
 //! errors to Python exceptions (`OSError` for files, with the subclass of the OS error:
 //! `FileNotFoundError`, `IsADirectoryError`, `PermissionError`; `ValueError` for malformed
 //! traces and insufficient data), and releasing the interpreter lock around every call that
@@ -40,6 +41,7 @@ use dropcompute::tune::retune::{RetuneEvent, RetunerConfig};
 use dropcompute::tune::{self, Guardrails, Refusal, TuneConfig, Verdict as RsVerdict};
 use dropcompute_capi::{DC_MAX_ESTIMATOR_WINDOW, DC_MAX_MICRO_BATCHES, DC_MAX_WORLD_SIZE, FaceError, check_size};
 
+mod args;
 mod steppolicy;
 
 /// An OS error as the exception Python itself raises for it (an `OSError` subclass; a path
@@ -145,13 +147,13 @@ impl Policy {
     #[pyo3(signature = (threshold_ns=None, check="before", warmup_steps=3, min_micro_batches=1, kind=None, bucket_lengths=None, drop_guard=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        threshold_ns: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_number)] threshold_ns: Option<u64>,
         check: &str,
-        warmup_steps: u64,
-        min_micro_batches: u32,
+        #[pyo3(from_py_with = crate::args::number)] warmup_steps: u64,
+        #[pyo3(from_py_with = crate::args::number)] min_micro_batches: u32,
         kind: Option<&str>,
-        bucket_lengths: Option<Vec<u32>>,
-        drop_guard: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_vec_number)] bucket_lengths: Option<Vec<u32>>,
+        #[pyo3(from_py_with = crate::args::opt_number)] drop_guard: Option<f64>,
     ) -> PyResult<Self> {
         let drop_guard = drop_guard.map(guard_bound).transpose()?;
         let threshold = Threshold::from_ns(threshold_ns);
@@ -179,7 +181,13 @@ impl Policy {
 
     /// Whether to start micro-batch `started` of step `step` after `elapsed_ns` of compute.
     #[pyo3(signature = (elapsed_ns, estimate_ns=None, *, step, started))]
-    fn should_start(&self, elapsed_ns: u64, estimate_ns: Option<u64>, step: u64, started: u32) -> bool {
+    fn should_start(
+        &self,
+        #[pyo3(from_py_with = crate::args::number)] elapsed_ns: u64,
+        #[pyo3(from_py_with = crate::args::opt_number)] estimate_ns: Option<u64>,
+        #[pyo3(from_py_with = crate::args::number)] step: u64,
+        #[pyo3(from_py_with = crate::args::number)] started: u32,
+    ) -> bool {
         policy::decide(&self.cfg, step, started, elapsed_ns, estimate_ns).is_start()
     }
 
@@ -258,19 +266,26 @@ pub struct LatencyEstimator {
 impl LatencyEstimator {
     #[new]
     #[pyo3(signature = (window=32, quantile=0.9))]
-    fn new(window: u64, quantile: f64) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = crate::args::number)] window: u64,
+        #[pyo3(from_py_with = crate::args::number)] quantile: f64,
+    ) -> PyResult<Self> {
         // The C API's check (window 1..=MAX_ESTIMATOR_WINDOW, quantile in [0, 1]) before the
         // window is allocated.
         Ok(Self { inner: dropcompute_capi::bucket_estimator(window, quantile).map_err(py_err)? })
     }
     /// Records a whole micro-batch's latency, under bucket `bucket` when given.
     #[pyo3(signature = (latency_ns, bucket=None))]
-    fn observe(&mut self, latency_ns: u64, bucket: Option<u32>) {
+    fn observe(
+        &mut self,
+        #[pyo3(from_py_with = crate::args::number)] latency_ns: u64,
+        #[pyo3(from_py_with = crate::args::opt_number)] bucket: Option<u32>,
+    ) {
         self.inner.observe_for(bucket, latency_ns)
     }
     /// The estimate of bucket `bucket` (its own window, else the blind one), or blind.
     #[pyo3(signature = (bucket=None))]
-    fn estimate(&mut self, bucket: Option<u32>) -> Option<u64> {
+    fn estimate(&mut self, #[pyo3(from_py_with = crate::args::opt_number)] bucket: Option<u32>) -> Option<u64> {
         self.inner.estimate_for(bucket)
     }
     fn __len__(&self) -> usize {
@@ -303,7 +318,12 @@ fn with_estimator<R>(
 impl StepWalk {
     #[new]
     #[pyo3(signature = (policy, *, step, micro_batches, sync_lag=0))]
-    fn new(policy: &Policy, step: u64, micro_batches: u64, sync_lag: u32) -> PyResult<Self> {
+    fn new(
+        policy: &Policy,
+        #[pyo3(from_py_with = crate::args::number)] step: u64,
+        #[pyo3(from_py_with = crate::args::number)] micro_batches: u64,
+        #[pyo3(from_py_with = crate::args::number)] sync_lag: u32,
+    ) -> PyResult<Self> {
         // The C API's check (at most MAX_MICRO_BATCHES) before the walk's buffers are allocated.
         let inner = dropcompute_capi::lengths::FaceWalk::with_lengths(
             policy.cfg,
@@ -319,7 +339,11 @@ impl StepWalk {
     /// Tells the walk each micro-batch's bucket (an index into the policy's bucket lengths;
     /// None: not known) and tokens, before its first launch (`FaceWalk::set_micro_batches`).
     #[pyo3(signature = (buckets, tokens))]
-    fn set_micro_batches(&mut self, buckets: Option<Vec<u32>>, tokens: Vec<u64>) -> PyResult<()> {
+    fn set_micro_batches(
+        &mut self,
+        #[pyo3(from_py_with = crate::args::opt_vec_number)] buckets: Option<Vec<u32>>,
+        #[pyo3(from_py_with = crate::args::vec_number)] tokens: Vec<u64>,
+    ) -> PyResult<()> {
         self.inner.set_micro_batches(buckets.as_deref(), &tokens).map_err(py_err)
     }
 
@@ -349,9 +373,9 @@ impl StepWalk {
     #[pyo3(signature = (launch, end_ns, duration_ns, estimator=None))]
     fn ended(
         &mut self,
-        launch: usize,
-        end_ns: u64,
-        duration_ns: u64,
+        #[pyo3(from_py_with = crate::args::number)] launch: usize,
+        #[pyo3(from_py_with = crate::args::number)] end_ns: u64,
+        #[pyo3(from_py_with = crate::args::number)] duration_ns: u64,
         estimator: Option<PyRefMut<'_, LatencyEstimator>>,
     ) -> bool {
         with_estimator(estimator, |e| self.inner.walk_mut().ended(launch, end_ns, duration_ns, e))
@@ -381,7 +405,7 @@ impl StepWalk {
 
     /// Answers `("wait", 0)` with the compute time already elapsed (ns since the clock
     /// start): time before the first micro-batch counts against the deadline.
-    fn clock_at(&mut self, elapsed_ns: u64) {
+    fn clock_at(&mut self, #[pyo3(from_py_with = crate::args::number)] elapsed_ns: u64) {
         self.inner.walk_mut().clock_at(elapsed_ns)
     }
 
@@ -422,12 +446,12 @@ impl Dealer {
     #[new]
     #[pyo3(signature = (samples, micro_batch_size, *, rank, world_size, seed=0, epochs=None))]
     fn new(
-        samples: u64,
-        micro_batch_size: usize,
-        rank: u32,
-        world_size: usize,
-        seed: u64,
-        epochs: Option<u64>,
+        #[pyo3(from_py_with = crate::args::number)] samples: u64,
+        #[pyo3(from_py_with = crate::args::number)] micro_batch_size: usize,
+        #[pyo3(from_py_with = crate::args::number)] rank: u32,
+        #[pyo3(from_py_with = crate::args::number)] world_size: usize,
+        #[pyo3(from_py_with = crate::args::number)] seed: u64,
+        #[pyo3(from_py_with = crate::args::opt_number)] epochs: Option<u64>,
     ) -> PyResult<Self> {
         let world_size = world_size_arg(world_size)?;
         if samples == 0 || samples > MAX_DEALER_SAMPLES {
@@ -455,7 +479,10 @@ impl Dealer {
     /// This rank's micro-batches of the next step, each a list of sample ids, dealt by
     /// `assignment` (micro-batches per rank, one entry per rank); fewer (or none) at the end of
     /// the stream. Call `settle` before the next `take`.
-    fn take(&mut self, assignment: Vec<u32>) -> PyResult<Vec<Vec<u64>>> {
+    fn take(
+        &mut self,
+        #[pyo3(from_py_with = crate::args::vec_number)] assignment: Vec<u32>,
+    ) -> PyResult<Vec<Vec<u64>>> {
         use dropcompute::schedule::DataSource;
         if self.dealt.is_some() {
             return Err(PyRuntimeError::new_err("Dealer.take: the previous step is not settled (call settle first)"));
@@ -490,10 +517,10 @@ impl Dealer {
     #[pyo3(signature = (micro_batches, bucket_of, estimator, *, bucket_lengths=None))]
     fn take_by_cost(
         &mut self,
-        micro_batches: u32,
+        #[pyo3(from_py_with = crate::args::number)] micro_batches: u32,
         bucket_of: &Bound<'_, PyAny>,
         estimator: PyRef<'_, LatencyEstimator>,
-        bucket_lengths: Option<Vec<u32>>,
+        #[pyo3(from_py_with = crate::args::opt_vec_number)] bucket_lengths: Option<Vec<u32>>,
     ) -> PyResult<(Vec<Vec<u64>>, Vec<u32>)> {
         use dropcompute::schedule::DataSource;
         if self.dealt.is_some() {
@@ -560,7 +587,7 @@ impl Dealer {
     /// Ends the step: `started[r]` is the number of micro-batches rank r started (identical on
     /// every rank, from the gathered counts); every rank's not-started ones go back to the
     /// front of the stream, rank 0's first.
-    fn settle(&mut self, started: Vec<u32>) -> PyResult<()> {
+    fn settle(&mut self, #[pyo3(from_py_with = crate::args::vec_number)] started: Vec<u32>) -> PyResult<()> {
         use dropcompute::schedule::DataSource;
         let Some(dealt) = self.dealt else {
             return Err(PyRuntimeError::new_err("Dealer.settle: no step was taken"));
@@ -620,15 +647,20 @@ pub struct DropGuard {
 #[pymethods]
 impl DropGuard {
     #[new]
-    fn new(bound: f64) -> PyResult<Self> {
+    fn new(#[pyo3(from_py_with = crate::args::number)] bound: f64) -> PyResult<Self> {
         Ok(Self { inner: policy::DropGuard::new(guard_bound(bound)?).map_err(|e| value_err("bound", e))? })
     }
     /// Whether a step handed `handed` (global, in the drop unit) runs with the threshold.
-    fn enforces(&self, handed: u64) -> bool {
+    fn enforces(&self, #[pyo3(from_py_with = crate::args::number)] handed: u64) -> bool {
         self.inner.enforces(handed)
     }
     /// Records a step's global counts (`DropGuard::record`).
-    fn record(&mut self, handed: u64, started: u64, enforced: bool) {
+    fn record(
+        &mut self,
+        #[pyo3(from_py_with = crate::args::number)] handed: u64,
+        #[pyo3(from_py_with = crate::args::number)] started: u64,
+        enforced: bool,
+    ) {
         self.inner.record(handed, started, enforced);
     }
     #[getter]
@@ -646,8 +678,13 @@ impl DropGuard {
     }
     /// A guard restored from `counts` (a checkpoint).
     #[staticmethod]
-    fn from_counts(bound: f64, counts: (u64, u64, u64)) -> PyResult<Self> {
-        let (h, d, r) = counts;
+    fn from_counts(
+        #[pyo3(from_py_with = crate::args::number)] bound: f64,
+        #[pyo3(from_py_with = crate::args::vec_number)] counts: Vec<u64>,
+    ) -> PyResult<Self> {
+        let &[h, d, r] = counts.as_slice() else {
+            return Err(value_err("counts", format!("{counts:?}: must be (handed, dropped, reserve)")));
+        };
         let inner = policy::DropGuard::from_counts(bound, h, d, r).map_err(|e| match e {
             policy::DropGuardError::Bound { .. } => value_err("bound", e),
             policy::DropGuardError::Counts { .. } => value_err("counts", e),
@@ -772,13 +809,13 @@ fn recommend(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
     check: &str,
-    max_drop_rate: f64,
-    min_batch_fraction: f64,
-    min_gain: f64,
-    min_micro_batches: u32,
-    overhead_ns: f64,
+    #[pyo3(from_py_with = crate::args::number)] max_drop_rate: f64,
+    #[pyo3(from_py_with = crate::args::number)] min_batch_fraction: f64,
+    #[pyo3(from_py_with = crate::args::number)] min_gain: f64,
+    #[pyo3(from_py_with = crate::args::number)] min_micro_batches: u32,
+    #[pyo3(from_py_with = crate::args::number)] overhead_ns: f64,
     drop_guard: bool,
-    jitter_ns: f64,
+    #[pyo3(from_py_with = crate::args::number)] jitter_ns: f64,
 ) -> PyResult<Verdict> {
     let guardrails = Guardrails {
         max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
@@ -852,7 +889,7 @@ fn simulate<'py>(
     py: Python<'py>,
     source: &Bound<'py, PyAny>,
     policy: &Policy,
-    overhead_ns: f64,
+    #[pyo3(from_py_with = crate::args::number)] overhead_ns: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let trace = trace_from(py, source, overhead_ns)?;
     let cfg = policy.cfg;
@@ -882,7 +919,11 @@ fn simulate<'py>(
 /// Read a trace file into NumPy arrays.
 #[pyfunction]
 #[pyo3(signature = (path, *, overhead_ns=0.0))]
-fn read_trace<'py>(py: Python<'py>, path: &Bound<'py, PyAny>, overhead_ns: f64) -> PyResult<Bound<'py, PyDict>> {
+fn read_trace<'py>(
+    py: Python<'py>,
+    path: &Bound<'py, PyAny>,
+    #[pyo3(from_py_with = crate::args::number)] overhead_ns: f64,
+) -> PyResult<Bound<'py, PyDict>> {
     let t = trace_from(py, path, overhead_ns)?;
     let (s, n, m) = (t.num_steps(), t.world_size(), t.micro_batches());
     let d = PyDict::new(py);
@@ -906,10 +947,10 @@ fn read_trace<'py>(py: Python<'py>, path: &Bound<'py, PyAny>, overhead_ns: f64) 
 #[pyo3(signature = (estimator, buckets, *, ranks, cap, bucket_lengths=None))]
 fn deal_by_cost(
     estimator: PyRef<'_, LatencyEstimator>,
-    buckets: Vec<u32>,
-    ranks: usize,
-    cap: usize,
-    bucket_lengths: Option<Vec<u32>>,
+    #[pyo3(from_py_with = crate::args::vec_number)] buckets: Vec<u32>,
+    #[pyo3(from_py_with = crate::args::number)] ranks: usize,
+    #[pyo3(from_py_with = crate::args::number)] cap: usize,
+    #[pyo3(from_py_with = crate::args::opt_vec_number)] bucket_lengths: Option<Vec<u32>>,
 ) -> PyResult<Vec<Vec<usize>>> {
     let ranks = world_size("ranks", ranks)?;
     dropcompute_capi::lengths::deal_by_cost(&estimator.inner, &bucket_lengths.unwrap_or_default(), &buckets, ranks, cap)
@@ -922,8 +963,8 @@ fn deal_by_cost(
 fn divisor(
     counts: PyReadonlyArray1<'_, u64>,
     normalization: &str,
-    micro_batches: u32,
-    micro_batch_size: u32,
+    #[pyo3(from_py_with = crate::args::number)] micro_batches: u32,
+    #[pyo3(from_py_with = crate::args::number)] micro_batch_size: u32,
     weighting: &str,
 ) -> PyResult<Option<f64>> {
     let weighting = match weighting {
@@ -965,19 +1006,19 @@ impl ComputeLogWriter {
     #[allow(clippy::too_many_arguments)]
     fn write(
         &mut self,
-        global_step: u64,
-        local_step: u32,
-        world_size: u32,
-        batch: u32,
-        computed_batch: u64,
+        #[pyo3(from_py_with = crate::args::number)] global_step: u64,
+        #[pyo3(from_py_with = crate::args::number)] local_step: u32,
+        #[pyo3(from_py_with = crate::args::number)] world_size: u32,
+        #[pyo3(from_py_with = crate::args::number)] batch: u32,
+        #[pyo3(from_py_with = crate::args::number)] computed_batch: u64,
         compute_dropped: bool,
-        rank: u32,
-        start_ns: u64,
-        duration_ns: u64,
-        sentence_length: u32,
-        micro_batches: u32,
-        clock_start_ns: Option<u64>,
-        deadline_ns: u64,
+        #[pyo3(from_py_with = crate::args::number)] rank: u32,
+        #[pyo3(from_py_with = crate::args::number)] start_ns: u64,
+        #[pyo3(from_py_with = crate::args::number)] duration_ns: u64,
+        #[pyo3(from_py_with = crate::args::number)] sentence_length: u32,
+        #[pyo3(from_py_with = crate::args::number)] micro_batches: u32,
+        #[pyo3(from_py_with = crate::args::opt_number)] clock_start_ns: Option<u64>,
+        #[pyo3(from_py_with = crate::args::number)] deadline_ns: u64,
     ) -> PyResult<()> {
         let w = self.inner.as_mut().ok_or_else(|| value_err("ComputeLogWriter", "closed"))?;
         let rec = ComputeLogRecord {
@@ -1037,7 +1078,11 @@ pub struct StragglerTracker {
 impl StragglerTracker {
     #[new]
     #[pyo3(signature = (world_size, alpha=0.1, chronic_fraction=0.5))]
-    fn new(world_size: usize, alpha: f64, chronic_fraction: f64) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = crate::args::number)] world_size: usize,
+        #[pyo3(from_py_with = crate::args::number)] alpha: f64,
+        #[pyo3(from_py_with = crate::args::number)] chronic_fraction: f64,
+    ) -> PyResult<Self> {
         if world_size == 0 {
             return Err(value_err("world_size", "0: must be >= 1"));
         }
@@ -1118,15 +1163,15 @@ impl Retuner {
     #[pyo3(signature = (world_size, micro_batches, *, period=200, probe_steps=20, hysteresis=0.01, max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        world_size: usize,
-        micro_batches: usize,
-        period: usize,
-        probe_steps: usize,
-        hysteresis: f64,
-        max_drop_rate: f64,
-        min_batch_fraction: f64,
-        min_gain: f64,
-        min_micro_batches: u32,
+        #[pyo3(from_py_with = crate::args::number)] world_size: usize,
+        #[pyo3(from_py_with = crate::args::number)] micro_batches: usize,
+        #[pyo3(from_py_with = crate::args::number)] period: usize,
+        #[pyo3(from_py_with = crate::args::number)] probe_steps: usize,
+        #[pyo3(from_py_with = crate::args::number)] hysteresis: f64,
+        #[pyo3(from_py_with = crate::args::number)] max_drop_rate: f64,
+        #[pyo3(from_py_with = crate::args::number)] min_batch_fraction: f64,
+        #[pyo3(from_py_with = crate::args::number)] min_gain: f64,
+        #[pyo3(from_py_with = crate::args::number)] min_micro_batches: u32,
     ) -> PyResult<Self> {
         let world_size = self::world_size("world_size", world_size)?;
         let micro_batches = self::micro_batches("micro_batches", micro_batches)?;
@@ -1155,7 +1200,7 @@ impl Retuner {
         &mut self,
         py: Python<'py>,
         latencies_ns: PyReadonlyArray2<'py, f64>,
-        step_time_ns: f64,
+        #[pyo3(from_py_with = crate::args::number)] step_time_ns: f64,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         // The shape before the copy: a broadcast array may be huge and hold no memory.
         let view = latencies_ns.as_array();

@@ -58,13 +58,13 @@ impl StepPolicy {
     #[allow(clippy::too_many_arguments)]
     fn new(
         kind: &str,
-        backup_workers: u32,
-        budget_ns: Option<u64>,
-        budget_max_micro_batches: Option<u32>,
-        rebalance_hysteresis: f64,
-        rebalance_min_micro_batches: u32,
-        tail_split: u32,
-        tail_cost: Option<f64>,
+        #[pyo3(from_py_with = crate::args::number)] backup_workers: u32,
+        #[pyo3(from_py_with = crate::args::opt_number)] budget_ns: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_number)] budget_max_micro_batches: Option<u32>,
+        #[pyo3(from_py_with = crate::args::number)] rebalance_hysteresis: f64,
+        #[pyo3(from_py_with = crate::args::number)] rebalance_min_micro_batches: u32,
+        #[pyo3(from_py_with = crate::args::number)] tail_split: u32,
+        #[pyo3(from_py_with = crate::args::opt_number)] tail_cost: Option<f64>,
     ) -> PyResult<Self> {
         let policy = parse_kind(kind)?;
         if budget_ns == Some(0) {
@@ -139,7 +139,7 @@ impl StepPolicy {
     }
     /// Micro-batches per rank the assigner may hand out for a nominal `micro_batches` (M):
     /// `StepPolicy::budget_cap` (2·M unless `budget_max_micro_batches`), at least M.
-    fn slots(&self, micro_batches: u32) -> u32 {
+    fn slots(&self, #[pyo3(from_py_with = crate::args::number)] micro_batches: u32) -> u32 {
         self.inner.budget_cap(micro_batches).max(micro_batches)
     }
 
@@ -222,10 +222,10 @@ impl Assigner {
     #[pyo3(signature = (step_policy, world_size, micro_batches, *, warmup_steps=3, first_step=0))]
     fn new(
         step_policy: &StepPolicy,
-        world_size: usize,
-        micro_batches: u32,
-        warmup_steps: u64,
-        first_step: u64,
+        #[pyo3(from_py_with = crate::args::number)] world_size: usize,
+        #[pyo3(from_py_with = crate::args::number)] micro_batches: u32,
+        #[pyo3(from_py_with = crate::args::number)] warmup_steps: u64,
+        #[pyo3(from_py_with = crate::args::number)] first_step: u64,
     ) -> PyResult<Self> {
         if world_size == 0 {
             return Err(value_err("world_size", "0: must be >= 1"));
@@ -253,7 +253,11 @@ impl Assigner {
     /// Feeds step `step`'s per-rank mean latency per whole micro-batch (ns, one per rank; NaN
     /// for a rank that computed nothing) and moves to step `step + 1`'s assignment. Returns
     /// True when a rebalanced assignment needed more than the slots (the previous one stays).
-    fn observe(&mut self, step: u64, per_rank_micro_batch_ns: Vec<f64>) -> PyResult<bool> {
+    fn observe(
+        &mut self,
+        #[pyo3(from_py_with = crate::args::number)] step: u64,
+        #[pyo3(from_py_with = crate::args::vec_number)] per_rank_micro_batch_ns: Vec<f64>,
+    ) -> PyResult<bool> {
         if per_rank_micro_batch_ns.len() != self.world_size {
             return Err(value_err(
                 "per_rank_micro_batch_ns",
@@ -290,6 +294,9 @@ impl Assigner {
 /// enters the step, given each rank's compute finish time (ns) and b: the first N - min(b, N-1)
 /// to finish (ties: lower rank first; NaN latest).
 #[pyfunction]
-pub fn backup_aggregated(finish_ns: Vec<f64>, b: u32) -> Vec<bool> {
+pub fn backup_aggregated(
+    #[pyo3(from_py_with = crate::args::vec_number)] finish_ns: Vec<f64>,
+    #[pyo3(from_py_with = crate::args::number)] b: u32,
+) -> Vec<bool> {
     policy::backup_aggregated(&finish_ns, b)
 }

@@ -67,7 +67,8 @@ class OverlapReduce:
         self.user_hook = user_hook
         self.user_state = user_state
         # DDP divides by its own process group's size (built-in all-reduce and DDP's hooks).
-        pg = getattr(ddp, "process_group", None) or group
+        pg = getattr(ddp, "process_group", None)
+        pg = group if pg is None else pg
         self.world_size = dist.get_world_size(pg) if dist.is_initialized() else 1
         #: The step's non-finite flag (``reduce.found_flag``), checked by every bucket's rescale
         #: in the hook; None when no hook of ours runs.
