@@ -177,3 +177,26 @@ def test_a_bool_is_refused_where_a_number_belongs(name: str, param: str, tmp_pat
         bad = True
     with pytest.raises(TypeError, match=rf"{param}.*bool"):
         call(name, tmp_path, **{param: bad})
+
+
+def torch_layer_calls() -> List[Tuple[str, Callable[..., Any], Dict[str, Any], str]]:
+    """The torch layer's own numeric arguments (not forwarded to the extension module):
+    (what, callable, valid keyword arguments, the parameter to replace)."""
+    import torch
+
+    from dropcompute.torch import DropComputeSampler, DropComputeStep
+
+    net = torch.nn.Linear(2, 2)
+    step = dict(model=net, policy=dc.Policy(), micro_batch_size=4, micro_batches_per_step=2, sync_lag=1)
+    sampler = dict(samples=64, micro_batch_size=4, micro_batches_per_step=2, rank=0, world_size=1)
+    return [("DropComputeStep", DropComputeStep, step, p) for p in ("micro_batch_size", "micro_batches_per_step",
+                                                                    "sync_lag")] + \
+        [("DropComputeSampler", DropComputeSampler, sampler, p) for p in ("micro_batches_per_step",)]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_the_torch_layer_refuses_a_bool_where_a_count_belongs(index: int) -> None:
+    what, fn, kwargs, param = torch_layer_calls()[index]
+    fn(**kwargs)  # valid
+    with pytest.raises(TypeError, match=rf"{param}: True: must be an int \(not a bool\)"):
+        fn(**{**kwargs, param: True})

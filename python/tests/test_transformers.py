@@ -168,6 +168,7 @@ def test_the_module_imports_without_transformers(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("kw,error,message", [
     ({"mode": "x"}, ValueError, "mode: 'x': must be 'flat' or 'overlap'"),
     ({"sync_lag": -1}, ValueError, "sync_lag: -1: must be an int >= 0"),
+    ({"sync_lag": True}, TypeError, "sync_lag: True: must be an int (not a bool)"),
     ({"policy": 5}, TypeError, "policy: int: must be a dropcompute.Policy"),
     ({"count_fn": 3}, TypeError, "count_fn: 3: must be callable"),
 ])

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import Dealer, LatencyEstimator
+from .args import count
 
 
 class DropComputeSampler:
@@ -38,8 +39,7 @@ class DropComputeSampler:
         seed: int = 0,
         epochs: Optional[int] = None,
     ) -> None:
-        if micro_batches_per_step < 1:
-            raise ValueError(f"micro_batches_per_step: {micro_batches_per_step}: must be >= 1")
+        count("micro_batches_per_step", micro_batches_per_step, 1)
         self._dealer = Dealer(samples, micro_batch_size, rank=rank, world_size=world_size, seed=seed, epochs=epochs)
         self.world_size = world_size
         self.micro_batches_per_step = micro_batches_per_step

@@ -67,6 +67,7 @@ import torch.distributed as dist
 
 from .. import (Assigner, ComputeLogWriter, DropGuard, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk,
                StragglerTracker, divisor)
+from .args import count
 from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
@@ -240,12 +241,11 @@ class DropComputeStep:
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
+        count("micro_batch_size", micro_batch_size, 0)
         if normalization == "nominal" and micro_batch_size <= 0:
             raise ValueError("micro_batch_size: must be > 0 with normalization='nominal'")
-        if micro_batches_per_step is not None and micro_batches_per_step < 1:
-            raise ValueError(f"micro_batches_per_step: {micro_batches_per_step}: must be >= 1")
-        if sync_lag is not None and sync_lag < 0:
-            raise ValueError(f"sync_lag: {sync_lag}: must be >= 0")
+        count("micro_batches_per_step", micro_batches_per_step, 1, optional=True)
+        count("sync_lag", sync_lag, 0, optional=True)
         if mode not in ("flat", "overlap"):
             raise ValueError(f"mode: {mode!r}: must be 'flat' or 'overlap'")
         if mode == "overlap" and sync_lag == 0:
@@ -369,13 +369,13 @@ class DropComputeStep:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores ``state_dict()``'s state. Raises ValueError for a malformed one."""
         step = state.get("step")
-        if not isinstance(step, int) or step < 0:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"state['step']: {step!r}: must be an int >= 0")
         b = state.get("observed_micro_batch_count", 0.0)
-        if not isinstance(b, (int, float)) or not b >= 0:
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b >= 0:
             raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be a number >= 0")
         mm = state.get("observed_micro_batches", 0)
-        if not isinstance(mm, int) or mm < 0:
+        if isinstance(mm, bool) or not isinstance(mm, int) or mm < 0:
             raise ValueError(f"state['observed_micro_batches']: {mm!r}: must be an int >= 0")
         a = state.get("assigner")
         if (a is None) != (self.assigner is None):
@@ -392,7 +392,7 @@ class DropComputeStep:
             raise ValueError(f"state['drop_guard']: {'absent' if g is None else 'present'}: this step's policy "
                              f"{'has' if self.guard is not None else 'has no'} drop_guard")
         if g is not None:
-            if not (isinstance(g, (list, tuple)) and len(g) == 4 and all(isinstance(x, int) and x >= 0 for x in g)):
+            if not (isinstance(g, (list, tuple)) and len(g) == 4 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in g)):
                 raise ValueError(f"state['drop_guard']: {g!r}: must be 4 ints >= 0 (handed, dropped, reserve, last "
                                  "handed)")
             assert self.guard is not None

@@ -77,6 +77,7 @@ import torch
 import torch.distributed as dist
 
 from .. import Policy
+from .args import count
 from .data import DropComputeSampler, batch_size
 from .step import DropComputeStep, StepResult
 
@@ -108,8 +109,7 @@ class DropComputeConfig:
             raise TypeError(f"policy: {type(self.policy).__name__}: must be a dropcompute.Policy")
         if self.mode not in ("flat", "overlap"):
             raise ValueError(f"mode: {self.mode!r}: must be 'flat' or 'overlap'")
-        if self.sync_lag is not None and (not isinstance(self.sync_lag, int) or self.sync_lag < 0):
-            raise ValueError(f"sync_lag: {self.sync_lag!r}: must be an int >= 0")
+        count("sync_lag", self.sync_lag, 0, optional=True)
         if self.count_fn is not None and not callable(self.count_fn):
             raise TypeError(f"count_fn: {self.count_fn!r}: must be callable")
 
