@@ -10,12 +10,21 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBool;
+use pyo3::types::{PyBool, PyFloat, PyInt};
 
-/// Refuses a `bool`; Err: `TypeError` "{at}got a bool (VALUE) where a number belongs" (`at`:
-/// the element's index in a sequence, "[i]: ", or empty).
+/// Refuses a bool: Python's `bool`, NumPy's bool scalar, or any 0-d boolean array or tensor
+/// (`dtype` bool: each converts to 1 or 0 through `__index__` or `__float__`); Err: `TypeError`
+/// "{at}got a bool (VALUE) where a number belongs" (`at`: the element's index in a sequence,
+/// "[i]: ", or empty). An exact `int` or `float` takes the first check only.
 fn refuse_bool(obj: &Bound<'_, PyAny>, at: &str) -> PyResult<()> {
-    if obj.is_instance_of::<PyBool>() {
+    let flag = obj.is_instance_of::<PyBool>()
+        || (!obj.is_exact_instance_of::<PyInt>()
+            && !obj.is_exact_instance_of::<PyFloat>()
+            && match obj.getattr_opt("dtype")? {
+                Some(dtype) => matches!(dtype.str()?.to_cow()?.as_ref(), "bool" | "torch.bool"),
+                None => false,
+            });
+    if flag {
         return Err(PyTypeError::new_err(format!("{at}got a bool ({}) where a number belongs", obj.str()?)));
     }
     Ok(())

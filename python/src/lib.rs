@@ -534,7 +534,7 @@ impl Dealer {
         let m = self::micro_batches("micro_batches", micro_batches as usize)?;
         let n = self.world_size;
         let lengths = bucket_lengths.unwrap_or_default();
-        let bucket = |ids: &[u64]| -> PyResult<u32> { bucket_of.call1((ids.to_vec(),))?.extract::<u32>() };
+        let bucket = |ids: &[u64]| -> PyResult<u32> { crate::args::number::<u32>(&bucket_of.call1((ids.to_vec(),))?) };
         let mut failed: Option<PyErr> = None;
         let mut deal = |mbs: &[dropcompute::schedule::MicroBatch]| -> Vec<Vec<usize>> {
             let b: PyResult<Vec<u32>> = mbs.iter().map(|mb| bucket(&mb.sample_ids)).collect();

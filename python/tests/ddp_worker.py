@@ -173,6 +173,27 @@ def scenario_hook(rank: int, n: int, out: Dict[str, Any]) -> None:
     out.update(max_param_diff=diff, buckets=reducer_buckets(ddp))
 
 
+def scenario_joininf(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """A rank whose previous micro-batch held an inf sample and that computes nothing in this
+    step joins with exact zeros (in overlap mode its zero-weighted backward reruns that
+    micro-batch, and 0 x inf is NaN): the step is finite and equals the f64 mean over the
+    computing rank's samples, on every rank, in mode DC_MODE."""
+    m = 2
+    net = model()
+    ddp = DDP(copy.deepcopy(net))
+    ctl = DropComputeStep(ddp, dropcompute.Policy(min_micro_batches=0), mode=mode())
+    first = data(rank, 0, m)
+    if rank == 1:
+        first[-1][0][0, 0] = float("inf")
+    r0 = ctl.run(first, sum_loss)
+    mbs = data(rank, 1, m) if rank == 0 else []
+    r1 = ctl.run(mbs, sum_loss)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ddp.module.parameters()]
+    ref = reference_grad(net, [data(0, 1, m), []])
+    out.update(first_finite=r0.finite(), finite=r1.finite(), started=r1.started, grad_rel_err=rel_err(grads, ref),
+               same_everywhere=same_on_every_rank(grads))
+
+
 def mode() -> str:
     return os.environ.get("DC_MODE", "flat")
 
@@ -508,13 +529,18 @@ def scenario_log(rank: int, n: int, outdir: str, out: Dict[str, Any]) -> None:
 
 
 def scenario_timeout(rank: int, outdir: str, out: Dict[str, Any]) -> None:
+    """Rank 1 runs the steps before DC_STALL_AT, then never joins; rank 0 reports what it
+    raised in that step and how long it waited."""
+    stall = int(os.environ.get("DC_STALL_AT", "0"))
     ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode())
+    for s in range(stall):
+        ctl.run(data(rank, s, 2), sum_loss)
     if rank != 0:
         time.sleep(15)  # never joins the step's collectives
         os._exit(0)
     t0 = time.monotonic()
     try:
-        ctl.run(data(rank, 0, 2), sum_loss)
+        ctl.run(data(rank, stall, 2), sum_loss)
         out["raised"] = None
     except TimeoutError as e:
         out["raised"] = "TimeoutError"
@@ -529,6 +555,7 @@ SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
     "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,
     "iterable": scenario_iterable, "sampler": scenario_sampler, "static": scenario_static, "hook": scenario_hook,
+    "joininf": scenario_joininf,
 }
 
 

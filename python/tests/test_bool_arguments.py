@@ -167,16 +167,34 @@ def test_the_table_covers_every_numeric_parameter_of_the_stubs(tmp_path: Path) -
     assert not missing, missing
 
 
+def bools() -> List[Any]:
+    """Every bool that converts to 1 without complaint: Python's, NumPy's scalar, a 0-d torch
+    tensor."""
+    import torch
+
+    return [True, np.True_, torch.tensor(True)]
+
+
+@pytest.mark.parametrize("which", range(3))
 @pytest.mark.parametrize("name,param", stub_numeric_params())
-def test_a_bool_is_refused_where_a_number_belongs(name: str, param: str, tmp_path: Path) -> None:
+def test_a_bool_is_refused_where_a_number_belongs(name: str, param: str, which: int, tmp_path: Path) -> None:
     call(name, tmp_path)  # the table's call is valid
     value = CALLS[name](tmp_path)[1][param]
+    flag = bools()[which]
     if isinstance(value, (list, tuple)):
-        bad: Any = type(value)([True] + list(value)[1:])  # one element a bool
+        bad: Any = type(value)([flag] + list(value)[1:])  # one element a bool
     else:
-        bad = True
+        bad = flag
     with pytest.raises(TypeError, match=rf"{param}.*bool"):
         call(name, tmp_path, **{param: bad})
+
+
+def test_numpy_integers_and_floats_are_numbers(tmp_path: Path) -> None:
+    """What the bool check must not refuse: NumPy integer and float scalars, as before."""
+    d = dc.Dealer(np.int64(64), np.uint32(4), rank=np.int64(0), world_size=np.int64(2))
+    assert len(d.take([np.int64(2), 2])) == 2
+    assert dc.Policy(np.uint64(100), drop_guard=np.float32(0.25)).drop_guard == 0.25
+    assert dc.divisor(np.array([4, 4], dtype=np.uint64), "nominal", np.int32(2), np.int64(4)) == 2 * 2 * 4  # N·M·b
 
 
 def torch_layer_calls() -> List[Tuple[str, Callable[..., Any], Dict[str, Any], str]]:
@@ -194,9 +212,69 @@ def torch_layer_calls() -> List[Tuple[str, Callable[..., Any], Dict[str, Any], s
         [("DropComputeSampler", DropComputeSampler, sampler, p) for p in ("micro_batches_per_step",)]
 
 
+@pytest.mark.parametrize("which", range(3))
 @pytest.mark.parametrize("index", range(4))
-def test_the_torch_layer_refuses_a_bool_where_a_count_belongs(index: int) -> None:
+def test_the_torch_layer_refuses_a_bool_where_a_count_belongs(index: int, which: int) -> None:
     what, fn, kwargs, param = torch_layer_calls()[index]
     fn(**kwargs)  # valid
-    with pytest.raises(TypeError, match=rf"{param}: True: must be an int \(not a bool\)"):
-        fn(**{**kwargs, param: True})
+    fn(**{**kwargs, param: np.int64(kwargs[param])})  # a NumPy integer is an integer
+    with pytest.raises(TypeError, match=rf"{param}: .*: a bool where an integer belongs"):
+        fn(**{**kwargs, param: bools()[which]})
+    with pytest.raises(TypeError, match=rf"{param}: 2.5: must be an integer"):
+        fn(**{**kwargs, param: 2.5})  # never truncated
+
+
+def one_rank_step(**kw: Any) -> Any:
+    """A flat ``DropComputeStep`` on one process (no process group: world size 1)."""
+    import torch
+
+    from dropcompute.torch import DropComputeStep
+
+    torch.manual_seed(0)
+    return DropComputeStep(torch.nn.Linear(2, 1), dc.Policy(), **kw), torch
+
+
+def sum_loss(mod: Any, mb: Any) -> Any:
+    return (mod(mb) ** 2).sum(dim=1)
+
+
+@pytest.mark.parametrize("returned,error,message", [
+    (True, TypeError, "count_fn\\(micro_batch\\): True: a bool where an integer belongs"),
+    (2.7, TypeError, "count_fn\\(micro_batch\\): 2.7: must be an integer"),
+    (-4, ValueError, "count_fn\\(micro_batch\\): -4: must be an int >= 0"),
+])
+def test_the_counts_a_step_is_given_are_integers(returned: Any, error: type, message: str) -> None:
+    """``count_fn``'s return values: never a bool taken as 1, a float truncated or a negative
+    count wrapped, each naming the rank, step and micro-batch."""
+    step, torch = one_rank_step()
+    mbs = [torch.ones(2, 2), torch.ones(2, 2)]
+    assert step.run(mbs, sum_loss, count_fn=lambda mb: 2).samples == 4
+    with pytest.raises(error, match="rank 0: step 1: micro-batch 0: " + message):
+        step.run(mbs, sum_loss, count_fn=lambda mb: returned)
+
+
+@pytest.mark.parametrize("field", ["tokens", "buckets"])
+def test_the_token_and_bucket_lists_are_integers(field: str) -> None:
+    """Checked element by element before the walk is told them (a bool would count 1 token)."""
+    step, torch = one_rank_step()
+    mbs = [torch.ones(2, 2), torch.ones(2, 2)]
+    good = {"tokens": [3, 4], "buckets": [0, 0]}
+    with pytest.raises(TypeError, match=rf"{field}\[1\]: True: a bool where an integer belongs"):
+        step.run(mbs, sum_loss, **{**good, field: [good[field][0], True]})
+
+
+def test_checkpoints_and_cost_dealing_refuse_bools_and_bad_counts() -> None:
+    from dropcompute.torch import DropComputeSampler
+
+    s = DropComputeSampler(64, 4, 2, rank=0, world_size=1)
+    state = s.state_dict()
+    for bad, error in [(True, TypeError), (2.7, TypeError), (0, ValueError)]:
+        with pytest.raises(error, match="micro_batches_per_step"):
+            s.load_state_dict({**state, "micro_batches_per_step": bad})
+    with pytest.raises(TypeError, match="bool"):  # bucket_of's answer, checked by the crate's face
+        s.take_by_cost(lambda ids: True, dc.LatencyEstimator(), bucket_lengths=[8, 16])
+    step, _ = one_rank_step()
+    st = step.state_dict()
+    for key, bad in [("observed_micro_batch_count", float("inf")), ("step", True), ("observed_micro_batches", True)]:
+        with pytest.raises(ValueError, match=key):
+            step.load_state_dict({**st, key: bad})

@@ -67,6 +67,14 @@ def test_every_rank_computing_nothing_skips_the_step_on_every_rank(tmp_path: Pat
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_rank_computing_nothing_after_a_non_finite_micro_batch_joins_with_zeros(mode: str, tmp_path: Path) -> None:
+    for r in torchrun("joininf", 2, tmp_path, DC_MODE=mode):
+        assert r["first_finite"] is False, r  # the inf step itself is not finite
+        assert r["started"] == [2, 0] and r["finite"] is True, r
+        assert r["grad_rel_err"] <= 1e-12 and r["same_everywhere"], r
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_grad_scaler_backs_off_exactly_as_plain_ddp(mode: str, tmp_path: Path) -> None:
     for r in torchrun("scaler", 2, tmp_path, DC_MODE=mode):
         assert r["stepped"] == r["plain_stepped"] == [True, True, False, False, True, True], r
@@ -139,13 +147,20 @@ def test_overlap_composes_with_the_users_comm_hook(tmp_path: Path) -> None:
         assert r["buckets"] == 1, r  # DDP buckets in the last step
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_collective_timeout_is_a_python_timeout_error(mode: str, tmp_path: Path) -> None:
-    launch.run_workers("ddp_worker.py", ["timeout", str(tmp_path)], 2, timeout=300, DC_MODE=mode)
+# (mode, the step rank 1 never joins, the collective rank 0 waits in there): at step 1 of
+# overlap mode that is DDP's bucket rebuild, run at the step's start.
+STALLS = [("flat", 0, "the count all-reduce"), ("overlap", 0, "a DDP bucket's gradient all-reduce"),
+          ("flat", 1, "the count all-reduce"), ("overlap", 1, "DDP's bucket rebuild (a broadcast)")]
+
+
+@pytest.mark.parametrize("mode,stall,what", STALLS)
+def test_collective_timeout_is_a_python_timeout_error(mode: str, stall: int, what: str, tmp_path: Path) -> None:
+    launch.run_workers("ddp_worker.py", ["timeout", str(tmp_path)], 2, timeout=300, DC_MODE=mode,
+                       DC_STALL_AT=str(stall))
     r = json.loads((tmp_path / "rank0.json").read_text())
     assert r["raised"] == "TimeoutError", r
-    assert r["message"].startswith("rank 0: step 0: "), r
-    assert "all-reduce did not finish within the process group's timeout (5 s)" in r["message"], r
+    assert r["message"].startswith(f"rank 0: step {stall}: {what} did not finish within the process group's "
+                                   "timeout (5 s)"), r
     assert r["waited_s"] < 14.0, r  # the process group's 5 s timeout, not the peer's 15 s sleep
 
 

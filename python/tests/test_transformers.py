@@ -168,7 +168,9 @@ def test_the_module_imports_without_transformers(monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("kw,error,message", [
     ({"mode": "x"}, ValueError, "mode: 'x': must be 'flat' or 'overlap'"),
     ({"sync_lag": -1}, ValueError, "sync_lag: -1: must be an int >= 0"),
-    ({"sync_lag": True}, TypeError, "sync_lag: True: must be an int (not a bool)"),
+    ({"sync_lag": True}, TypeError, "sync_lag: True: a bool where an integer belongs"),
+    ({"seed": True}, TypeError, "seed: True: a bool where an integer belongs"),
+    ({"seed": 2.5}, TypeError, "seed: 2.5: must be an integer"),
     ({"policy": 5}, TypeError, "policy: int: must be a dropcompute.Policy"),
     ({"count_fn": 3}, TypeError, "count_fn: 3: must be callable"),
 ])

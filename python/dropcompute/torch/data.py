@@ -39,7 +39,7 @@ class DropComputeSampler:
         seed: int = 0,
         epochs: Optional[int] = None,
     ) -> None:
-        count("micro_batches_per_step", micro_batches_per_step, 1)
+        micro_batches_per_step = count("micro_batches_per_step", micro_batches_per_step, 1)
         self._dealer = Dealer(samples, micro_batch_size, rank=rank, world_size=world_size, seed=seed, epochs=epochs)
         self.world_size = world_size
         self.micro_batches_per_step = micro_batches_per_step
@@ -69,7 +69,7 @@ class DropComputeSampler:
         prior of the buckets not measured yet). ``estimator`` must be identical on every rank
         (e.g. fed every rank's gathered (bucket, latency) pairs in rank order), or the replicas
         deal differently. ``settle`` as after ``take``: every sample is computed once per epoch."""
-        lengths = [int(x) for x in bucket_lengths] if bucket_lengths is not None else None
+        lengths = list(bucket_lengths) if bucket_lengths is not None else None  # the dealer checks each
         mine, buckets = self._dealer.take_by_cost(self.micro_batches_per_step, bucket_of, estimator,
                                                   bucket_lengths=lengths)
         return None if self._dealer.ended else ([list(ids) for ids in mine], list(buckets))
@@ -83,9 +83,10 @@ class DropComputeSampler:
         return {"dealer": self._dealer.state(), "micro_batches_per_step": self.micro_batches_per_step}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores ``state_dict()``'s state. Raises ValueError for a malformed one."""
+        """Restores ``state_dict()``'s state. Raises ValueError for a malformed one (TypeError for a
+        count that is a bool or not an integer)."""
         self._dealer = Dealer.from_state(state["dealer"])
-        self.micro_batches_per_step = int(state["micro_batches_per_step"])
+        self.micro_batches_per_step = count("state['micro_batches_per_step']", state["micro_batches_per_step"], 1)
 
 
 def batch_size(mb: Any) -> int:

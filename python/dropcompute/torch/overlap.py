@@ -43,7 +43,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .reduce import CollectiveTimeout, Counts, Reduced, found_flag, rescale_factor, scale_checked_
+from .reduce import Counts, Reduced, found_flag, rescale_factor, scale_checked_, timed_out
 
 
 class OverlapReduce:
@@ -111,28 +111,31 @@ class OverlapReduce:
         scale_checked_(grads, factor, found)
         return reduced, d, found
 
-    def rebuild_buckets(self) -> None:
+    def rebuild_buckets(self, rank: int, step: int, timeout: Optional[datetime.timedelta]) -> None:
         """DDP's one bucket rebuild, if pending, now: called at the start of every step, the same
         point on every rank. After its first synced backward DDP rebuilds its buckets in the
         next grad-enabled forward, with a collective; inside a step that forward could come
         after one rank's count collective and before another's (a deadlock). A no-op once
-        rebuilt, before any synced backward, and with ``find_unused_parameters``."""
+        rebuilt, before any synced backward, and with ``find_unused_parameters``. Raises
+        CollectiveTimeout (``reduce.timed_out``) when a rank never joins it."""
         ddp: Any = self.ddp
-        if ddp.reducer._rebuild_buckets():
-            ddp._has_rebuilt_buckets = True  # what DDP's own forward records after a rebuild
+        t0 = time.monotonic()
+        try:
+            if ddp.reducer._rebuild_buckets():
+                ddp._has_rebuilt_buckets = True  # what DDP's own forward records after a rebuild
+        except RuntimeError as e:
+            late = timed_out(e, t0, timeout, rank, step, "DDP's bucket rebuild (a broadcast)")
+            if late is not None:
+                raise late from e
+            raise
 
     def timeout_error(self, e: RuntimeError) -> Optional[BaseException]:
         """A bucket's all-reduce failed: a CollectiveTimeout when it failed after 90 % of the
-        timeout since the step's count collective was issued (no backend's text is parsed)."""
-        if self.timeout is None or self.counts is None:
+        timeout since the step's count collective was issued (``reduce.timed_out``)."""
+        if self.counts is None:
             return None
-        if time.monotonic() - self.armed_at < 0.9 * self.timeout.total_seconds():
-            return None
-        return CollectiveTimeout(
-            f"rank {self.counts.rank}: step {self.counts.step}: a DDP bucket's gradient all-reduce did not "
-            f"finish within the process group's timeout ({self.timeout.total_seconds():g} s): a rank died, stopped "
-            f"or never reached the step ({e})"
-        )
+        return timed_out(e, self.armed_at, self.timeout, self.counts.rank, self.counts.step,
+                         "a DDP bucket's gradient all-reduce")
 
     @staticmethod
     def hook(state: "OverlapReduce", bucket: Any) -> torch.futures.Future[torch.Tensor]:

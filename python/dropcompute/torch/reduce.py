@@ -293,10 +293,24 @@ def reduce_flat(
     return reduced, d
 
 
+def timed_out(e: BaseException, since: float, timeout: Optional[datetime.timedelta], rank: int, step: int,
+              what: str) -> Optional[CollectiveTimeout]:
+    """``e``, raised by a collective (``what``, e.g. "the count all-reduce") issued at
+    ``since`` (``time.monotonic()``), as a CollectiveTimeout naming the rank and the step when
+    it came at least 90 % of ``timeout`` later (no backend's message text is parsed); None
+    otherwise (a rank that died at once, a bad argument: the caller re-raises ``e``)."""
+    if timeout is None or time.monotonic() - since < 0.9 * timeout.total_seconds():
+        return None
+    return CollectiveTimeout(
+        f"rank {rank}: step {step}: {what} did not finish within the process group's timeout "
+        f"({timeout.total_seconds():g} s): a rank died, stopped or never reached the step ({e})"
+    )
+
+
 def wait(work: Any, rank: int, step: int, what: str, timeout: Optional[datetime.timedelta]) -> None:
     """Waits for ``work``; an error raised after waiting at least 90 % of ``timeout`` is a
-    CollectiveTimeout naming the rank, the step and the collective (no backend's message text
-    is parsed), any other error propagates."""
+    CollectiveTimeout naming the rank, the step and the collective (``timed_out``), any other
+    error propagates."""
     t0 = time.monotonic()
     try:
         if timeout is not None:
@@ -304,10 +318,7 @@ def wait(work: Any, rank: int, step: int, what: str, timeout: Optional[datetime.
         else:
             work.wait()
     except RuntimeError as e:
-        waited = time.monotonic() - t0
-        if timeout is not None and waited >= 0.9 * timeout.total_seconds():
-            raise CollectiveTimeout(
-                f"rank {rank}: step {step}: the {what} all-reduce did not finish within the process group's "
-                f"timeout ({timeout.total_seconds():g} s): a rank died, stopped or never reached the step ({e})"
-            ) from e
+        late = timed_out(e, t0, timeout, rank, step, f"the {what} all-reduce")
+        if late is not None:
+            raise late from e
         raise

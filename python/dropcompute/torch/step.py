@@ -67,7 +67,7 @@ import torch.distributed as dist
 
 from .. import (Assigner, ComputeLogWriter, DropGuard, LatencyEstimator, Policy, Retuner, StepPolicy, StepWalk,
                StragglerTracker, divisor)
-from .args import count
+from .args import count, opt_count
 from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
@@ -241,11 +241,11 @@ class DropComputeStep:
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
-        count("micro_batch_size", micro_batch_size, 0)
+        micro_batch_size = count("micro_batch_size", micro_batch_size, 0)
         if normalization == "nominal" and micro_batch_size <= 0:
             raise ValueError("micro_batch_size: must be > 0 with normalization='nominal'")
-        count("micro_batches_per_step", micro_batches_per_step, 1, optional=True)
-        count("sync_lag", sync_lag, 0, optional=True)
+        micro_batches_per_step = opt_count("micro_batches_per_step", micro_batches_per_step, 1)
+        sync_lag = opt_count("sync_lag", sync_lag, 0)
         if mode not in ("flat", "overlap"):
             raise ValueError(f"mode: {mode!r}: must be 'flat' or 'overlap'")
         if mode == "overlap" and sync_lag == 0:
@@ -372,8 +372,8 @@ class DropComputeStep:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"state['step']: {step!r}: must be an int >= 0")
         b = state.get("observed_micro_batch_count", 0.0)
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b >= 0:
-            raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be a number >= 0")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < float("inf"):
+            raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be a finite number >= 0")
         mm = state.get("observed_micro_batches", 0)
         if isinstance(mm, bool) or not isinstance(mm, int) or mm < 0:
             raise ValueError(f"state['observed_micro_batches']: {mm!r}: must be an int >= 0")
@@ -468,7 +468,7 @@ class DropComputeStep:
         loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
         if overlap:
             assert self.overlap is not None
-            self.overlap.rebuild_buckets()
+            self.overlap.rebuild_buckets(self.rank, self.step, self.timeout)
             zero_grads(self.params, self.model)
         else:
             assert self.grads is not None
@@ -492,9 +492,11 @@ class DropComputeStep:
         walk = StepWalk(walk_policy, step=self.step, micro_batches=cap, sync_lag=self.sync_lag)
         if buckets is not None and tokens is None:
             raise ValueError("tokens: None: buckets need each micro-batch's tokens (the divisor counts tokens)")
-        toks = [int(t) for t in tokens][:cap] if tokens is not None else None
+        all_toks = [_int(f"tokens[{j}]", t) for j, t in enumerate(tokens)] if tokens is not None else None
+        toks = all_toks[:cap] if all_toks is not None else None
         if toks is not None:
-            walk.set_micro_batches([int(b) for b in buckets][:cap] if buckets is not None else None, toks)
+            walk.set_micro_batches([_int(f"buckets[{j}]", x) for j, x in enumerate(buckets)][:cap]
+                                   if buckets is not None else None, toks)
         with contextlib.ExitStack() as flat_no_sync:
             if not overlap:
                 flat_no_sync.enter_context(self._no_sync())
@@ -547,7 +549,14 @@ class DropComputeStep:
             # The same order as a computing rank: the count collective, DDP's forward, the backward.
             counts = self._arm(0, 0, divisor_of, loss_scale, cap)
             zero = _sum_checked(loss_fn(module, self._recent), self.rank, self.step, 0) * 0.0
-            self._backward(zero)
+            # 0 x a non-finite loss is NaN, and so is every gradient it reaches: each
+            # parameter's gradient is replaced by exact zeros before DDP reads it.
+            handles = [p.register_hook(lambda g: torch.zeros_like(g)) for p in self.params]
+            try:
+                self._backward(zero)
+            finally:
+                for h in handles:
+                    h.remove()
         if overlap:
             assert counts is not None and self.overlap is not None
             buffers = [p.grad for p in self.params if p.grad is not None]
@@ -584,8 +593,8 @@ class DropComputeStep:
         latencies = [e - (ends[i - 1] if i else 0) for i, e in enumerate(ends)]
         if self._log is not None:
             rest = micro_batches[started:] if isinstance(micro_batches, Sequence) else []
-            dropped = [int(count_fn(x)) if count_fn is not None else batch_size(x) for x in rest] \
-                if toks is None else [int(t) for t in tokens[started:m]]  # type: ignore[index]
+            dropped = [_count(x, count_fn, self.rank, self.step, started + j) for j, x in enumerate(rest)] \
+                if all_toks is None else all_toks[started:m]
             self._write_log(m, batch, dropped, ends, latencies, walk_policy)
         assignment = self.assignment() if self.assigner is not None else None
         rank_latency, event = self._observe(reduced) if self._gather else (None, None)
@@ -752,13 +761,22 @@ def _count(mb: Any, count_fn: Optional[Callable[[Any], int]], rank: int, step: i
     """Micro-batch ``i``'s count: ``count_fn(mb)``, else ``batch_size(mb)``. Raises ValueError
     when neither gives a count."""
     if count_fn is not None:
-        return int(count_fn(mb))
+        c = count_fn(mb)
+        try:
+            return _int("count_fn(micro_batch)", c)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"rank {rank}: step {step}: micro-batch {i}: {e}") from None
     try:
         return batch_size(mb)
     except TypeError as e:
         raise ValueError(
             f"rank {rank}: step {step}: micro-batch {i}: its samples cannot be counted ({e}); pass count_fn"
         ) from None
+
+
+def _int(name: str, value: Any) -> int:
+    """``value`` as an integer >= 0 (``args.count``: never a bool, never a truncated float)."""
+    return count(name, value, 0)
 
 
 def _check_length(loss: torch.Tensor, samples: Optional[int], rank: int, step: int, i: int) -> None:

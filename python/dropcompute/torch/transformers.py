@@ -77,7 +77,7 @@ import torch
 import torch.distributed as dist
 
 from .. import Policy
-from .args import count
+from .args import count, opt_count
 from .data import DropComputeSampler, batch_size
 from .step import DropComputeStep, StepResult
 
@@ -109,7 +109,8 @@ class DropComputeConfig:
             raise TypeError(f"policy: {type(self.policy).__name__}: must be a dropcompute.Policy")
         if self.mode not in ("flat", "overlap"):
             raise ValueError(f"mode: {self.mode!r}: must be 'flat' or 'overlap'")
-        count("sync_lag", self.sync_lag, 0, optional=True)
+        opt_count("sync_lag", self.sync_lag, 0)
+        opt_count("seed", self.seed, 0)
         if self.count_fn is not None and not callable(self.count_fn):
             raise TypeError(f"count_fn: {self.count_fn!r}: must be callable")
 
@@ -365,7 +366,7 @@ class DropComputeTrainerMixin:
         seed = cfg.seed if cfg.seed is not None else (args.data_seed if args.data_seed is not None else args.seed)
         m = self.dropcompute_micro_batches
         self.dropcompute_sampler = DropComputeSampler(len(ds), b, m, rank=int(args.process_index), world_size=n,
-                                                      seed=int(seed))
+                                                      seed=count("seed", seed, 0))
         steps = max(math.ceil(math.ceil(len(ds) / b) / (n * m)), 1)
         done = 0
         if self._dc_resume is not None:
