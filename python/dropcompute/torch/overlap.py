@@ -12,10 +12,10 @@ last runs with DDP's sync on: before its forward the rank issues the count colle
 (``reduce.Counts``), whose latency then hides behind the forward and the backward, and its
 backward fires DDP's bucket all-reduces. DDP's forward may run one collective of its own, the
 bucket rebuild after the first synced backward: ``rebuild_buckets`` runs it at the start of
-every step, the same point on every rank, so no forward inside a step runs it. Every rank issues the same sequence (counts, then
-DDP's buckets) whatever it computed: a rank whose walk launches nothing runs a zero-weighted
-backward of its most recent micro-batch (one micro-batch of compute; only with
-``min_micro_batches`` 0 or a rank dealt nothing).
+every step, the same point on every rank, so no forward inside a step runs it. Every rank
+issues the same sequence (counts, then DDP's buckets) whatever it computed: a rank whose walk
+launches nothing runs a backward of its most recent micro-batch with its gradients replaced by
+zeros (one micro-batch of compute; only with ``min_micro_batches`` 0 or a rank dealt nothing).
 
 Where the rescale runs. The reduced bucket holds the mean over the N ranks of their
 loss-scaled gradients, so the factor is N / (loss_scale x divisor), and it is 1 exactly when
