@@ -529,29 +529,71 @@ def scenario_log(rank: int, n: int, outdir: str, out: Dict[str, Any]) -> None:
 
 
 def scenario_timeout(rank: int, outdir: str, out: Dict[str, Any]) -> None:
-    """Rank 1 runs the steps before DC_STALL_AT, then never joins; rank 0 reports what it
-    raised in that step and how long it waited."""
+    """Rank 1 runs the steps before DC_STALL_AT, then never joins (DC_PEER=stall: it sleeps
+    past the timeout; DC_PEER=die: it exits, closing its connections); rank 0 reports what it
+    raised in that step (the class, its bases, message, context attributes and cause) and how
+    long it waited."""
     stall = int(os.environ.get("DC_STALL_AT", "0"))
     ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode())
     for s in range(stall):
         ctl.run(data(rank, s, 2), sum_loss)
     if rank != 0:
-        time.sleep(15)  # never joins the step's collectives
+        if os.environ.get("DC_PEER", "stall") == "stall":
+            time.sleep(15)  # never joins the step's collectives
         os._exit(0)
     t0 = time.monotonic()
     try:
         ctl.run(data(rank, stall, 2), sum_loss)
         out["raised"] = None
-    except TimeoutError as e:
-        out["raised"] = "TimeoutError"
+    except Exception as e:  # noqa: BLE001 (what was raised is the report)
+        out["raised"] = type(e).__name__
+        out["bases"] = [c.__name__ for c in type(e).__mro__]
         out["message"] = str(e)
+        out["context"] = [getattr(e, "rank", None), getattr(e, "step", None), getattr(e, "collective", None)]
+        out["cause"] = type(e.__cause__).__name__ if e.__cause__ is not None else None
     out["waited_s"] = time.monotonic() - t0
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
     os._exit(0)
 
 
+class FailingBackward(torch.autograd.Function):
+    """The identity whose backward raises RuntimeError("boom"): an error of the backward itself."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        raise RuntimeError("boom")
+
+
+def scenario_backward_error(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Every rank's last micro-batch (of 2) raises in its backward (in overlap mode: the synced
+    one, where DDP's all-reduce runs): what the step raises (the backward's own error, not a
+    collective's: every rank is alive and issued its counts)."""
+    ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode())
+    calls = [0]
+
+    def loss(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
+        calls[0] += 1
+        x, y = mb
+        logits = mod(x)
+        if calls[0] == 2:
+            logits = FailingBackward.apply(logits)
+        return torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+
+    try:
+        ctl.run(data(rank, 0, 2), loss)
+        out["raised"] = None
+    except Exception as e:  # noqa: BLE001 (what was raised is the report)
+        out["raised"] = type(e).__name__
+        out["message"] = str(e)
+
+
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
+    "backward_error": scenario_backward_error,
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
     "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,
     "iterable": scenario_iterable, "sampler": scenario_sampler, "static": scenario_static, "hook": scenario_hook,

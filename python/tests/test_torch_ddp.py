@@ -153,15 +153,37 @@ STALLS = [("flat", 0, "the count all-reduce"), ("overlap", 0, "a DDP bucket's gr
           ("flat", 1, "the count all-reduce"), ("overlap", 1, "DDP's bucket rebuild (a broadcast)")]
 
 
+@pytest.mark.parametrize("peer", ["stall", "die"])
 @pytest.mark.parametrize("mode,stall,what", STALLS)
-def test_collective_timeout_is_a_python_timeout_error(mode: str, stall: int, what: str, tmp_path: Path) -> None:
+def test_a_peer_that_stalls_or_dies_is_a_typed_error_naming_the_collective(mode: str, stall: int, what: str,
+                                                                          peer: str, tmp_path: Path) -> None:
+    """A stalled peer is a TimeoutError after the process group's timeout; a peer that exits
+    (its connections close) a CollectiveError (a RuntimeError) at once; both name the rank, the
+    step and the collective, and chain the backend's error."""
     launch.run_workers("ddp_worker.py", ["timeout", str(tmp_path)], 2, timeout=300, DC_MODE=mode,
-                       DC_STALL_AT=str(stall))
+                       DC_STALL_AT=str(stall), DC_PEER=peer)
     r = json.loads((tmp_path / "rank0.json").read_text())
-    assert r["raised"] == "TimeoutError", r
-    assert r["message"].startswith(f"rank 0: step {stall}: {what} did not finish within the process group's "
-                                   "timeout (5 s)"), r
-    assert r["waited_s"] < 14.0, r  # the process group's 5 s timeout, not the peer's 15 s sleep
+    assert r["context"] == [0, stall, what], r
+    assert r["cause"] is not None, r  # the backend's own error, chained
+    if peer == "stall":
+        assert r["raised"] == "CollectiveTimeout" and "TimeoutError" in r["bases"], r
+        assert r["message"].startswith(f"rank 0: step {stall}: {what} did not finish within the process group's "
+                                       "timeout (5 s)"), r
+        assert r["waited_s"] < 14.0, r  # the process group's 5 s timeout, not the peer's 15 s sleep
+    else:
+        assert r["raised"] == "CollectiveError" and "RuntimeError" in r["bases"], r
+        assert r["message"].startswith(f"rank 0: step {stall}: {what} failed before the process group's timeout: "
+                                       "a rank died or its connection broke"), r
+        assert r["waited_s"] < 4.5, r  # at once, not after the 5 s timeout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_error_of_the_backward_itself_is_not_called_a_collectives(mode: str, tmp_path: Path) -> None:
+    """The sibling the witness must tell apart: every rank alive, the last micro-batch's
+    backward (in overlap mode the synced one, where DDP's all-reduce runs) raising its own
+    RuntimeError: the step re-raises it unchanged, on every rank."""
+    for r in torchrun("backward_error", 2, tmp_path, DC_MODE=mode):
+        assert r["raised"] == "RuntimeError" and r["message"] == "boom", r
 
 
 def dropcompute_bin() -> Path:

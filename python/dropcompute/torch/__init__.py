@@ -10,6 +10,10 @@ and the retuner / straggler tracker run in the step. What it must not touch: the
 decisions themselves (the deadline, the warm-up, the minimum, the predictive estimate, the
 divisor, the assignment and the dealing order are the crate's, called through ``dropcompute._core``).
 
+A collective of the step that fails raises ``CollectiveTimeout`` (a ``TimeoutError``: after
+the process group's timeout) or ``CollectiveError`` (a ``RuntimeError``: sooner, e.g. a rank
+that died), each naming the rank, the step and the collective (``reduce.collective``).
+
 Modules: ``clock`` (device time, marks read with a lag), ``reduce`` (flat gradient buffers, the
 exact count collective, the rescale), ``step`` (``DropComputeStep``, ``StepResult``), ``data``
 (``DropComputeSampler``: the crate's global dealer over a dataset's indices), ``transformers``
@@ -18,7 +22,7 @@ exact count collective, the rescale), ``step`` (``DropComputeStep``, ``StepResul
 
 from .clock import DeviceClock
 from .data import DropComputeSampler, batch_size
-from .reduce import FlatGradients
+from .reduce import CollectiveError, CollectiveTimeout, FlatGradients
 from .step import DropComputeStep, StepResult
 
-__all__ = ["DeviceClock", "DropComputeSampler", "DropComputeStep", "FlatGradients", "StepResult", "batch_size"]
+__all__ = ["CollectiveError", "CollectiveTimeout", "DeviceClock", "DropComputeSampler", "DropComputeStep", "FlatGradients", "StepResult", "batch_size"]

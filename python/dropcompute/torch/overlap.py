@@ -43,7 +43,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .reduce import Counts, Reduced, found_flag, rescale_factor, scale_checked_, timed_out
+from .reduce import CollectiveError, CollectiveTimeout, Counts, Reduced, collective, failure, found_flag, rescale_factor, scale_checked_
 
 
 class OverlapReduce:
@@ -81,6 +81,8 @@ class OverlapReduce:
         #: Buckets the hook rescaled in the current step (0 without a user hook).
         self.buckets = 0
         self.armed_at = 0.0
+        #: Between ``arm`` and ``finish``: the step's synced backward may run DDP's all-reduce.
+        self.armed = False
         if user_hook is not None:
             # A lambda: DDP checks a hook's annotations against its own types, and this
             # module's annotations are strings (``from __future__ import annotations``).
@@ -89,7 +91,7 @@ class OverlapReduce:
     def arm(self, counts: Counts, divisor_of: Any, loss_scale: float, timeout: Optional[datetime.timedelta]) -> None:
         """The step's pending rescale (before the last micro-batch's backward)."""
         self.counts, self.divisor_of, self.loss_scale, self.timeout = counts, divisor_of, loss_scale, timeout
-        self.error, self.buckets = None, 0
+        self.error, self.buckets, self.armed = None, 0, True
         self.found = found_flag(counts.tensor.device) if self.user_hook is not None else None
         self.armed_at = time.monotonic()
 
@@ -99,6 +101,7 @@ class OverlapReduce:
         user hook, rescales ``grads`` (the parameters' gradients) here, in one fused pass when
         the factor is not 1. Raises as ``Counts.result``."""
         assert self.counts is not None, "finish() before arm()"
+        self.armed = False  # the synced backward is over: later backward errors are not its
         reduced = self.counts.result(self.timeout)
         d = self.divisor_of(reduced.samples)
         if d is None or self.user_hook is not None:
@@ -117,25 +120,35 @@ class OverlapReduce:
         next grad-enabled forward, with a collective; inside a step that forward could come
         after one rank's count collective and before another's (a deadlock). A no-op once
         rebuilt, before any synced backward, and with ``find_unused_parameters``. Raises
-        CollectiveTimeout (``reduce.timed_out``) when a rank never joins it."""
+        CollectiveTimeout when a rank never joins it, CollectiveError when it fails sooner
+        (``reduce.collective``)."""
         ddp: Any = self.ddp
-        t0 = time.monotonic()
-        try:
+        with collective(rank, step, "DDP's bucket rebuild (a broadcast)", timeout):
             if ddp.reducer._rebuild_buckets():
                 ddp._has_rebuilt_buckets = True  # what DDP's own forward records after a rebuild
-        except RuntimeError as e:
-            late = timed_out(e, t0, timeout, rank, step, "DDP's bucket rebuild (a broadcast)")
-            if late is not None:
-                raise late from e
-            raise
 
-    def timeout_error(self, e: RuntimeError) -> Optional[BaseException]:
-        """A bucket's all-reduce failed: a CollectiveTimeout when it failed after 90 % of the
-        timeout since the step's count collective was issued (``reduce.timed_out``)."""
-        if self.counts is None:
+    def bucket_error(self, e: BaseException, any_error: bool) -> Optional[BaseException]:
+        """A DDP bucket's all-reduce raised ``e``: its typed error (``reduce.failure``, timed
+        from the step's count collective), or None (the caller re-raises ``e``). ``any_error``:
+        ``e`` surely came from the collective (the comm hook's future). Else ``e`` surfaced from
+        the backward, which also raises autograd's own errors, and gloo raises a plain
+        RuntimeError for a peer that died (no message text is parsed): it is the collective's
+        when it is a ``torch.distributed.DistError``, came after 90 % of the timeout, or the
+        step's count collective (issued before this backward on every rank) failed too. None
+        outside the step's synced backward (between ``arm`` and ``finish``)."""
+        if self.counts is None or not self.armed:
             return None
-        return timed_out(e, self.armed_at, self.timeout, self.counts.rank, self.counts.step,
-                         "a DDP bucket's gradient all-reduce")
+        err = failure(e, self.armed_at, self.timeout, self.counts.rank, self.counts.step,
+                      "a DDP bucket's gradient all-reduce")
+        if any_error or isinstance(err, CollectiveTimeout) or isinstance(e, dist.DistError):
+            return err
+        try:
+            self.counts.result(self.timeout)
+        except (CollectiveError, CollectiveTimeout):
+            return err
+        except ValueError:  # the ranks' configurations differ: not a broken connection
+            return None
+        return None
 
     @staticmethod
     def hook(state: "OverlapReduce", bucket: Any) -> torch.futures.Future[torch.Tensor]:
@@ -148,7 +161,7 @@ class OverlapReduce:
             try:
                 v = f.value()
             except RuntimeError as e:
-                state.error = state.timeout_error(e)
+                state.error = state.bucket_error(e, any_error=True)
                 raise
             t: torch.Tensor = v[0] if isinstance(v, list) else v
             try:

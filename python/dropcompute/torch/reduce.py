@@ -29,9 +29,10 @@ all-reduce adds it), so ``GradScaler`` sees it and backs off exactly as under pl
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,23 @@ def group_timeout(group: Optional[dist.ProcessGroup]) -> Optional[datetime.timed
 
 class CollectiveTimeout(TimeoutError):
     """A collective did not complete within the process group's timeout: a rank died, stopped
-    or never reached the step."""
+    or never reached the step. ``rank``, ``step``: this rank and its step; ``collective``: which
+    collective (e.g. "the count all-reduce"); the backend's own error is the ``__cause__``."""
+
+    def __init__(self, message: str, *, rank: int, step: int, collective: str) -> None:
+        super().__init__(message)
+        self.rank, self.step, self.collective = rank, step, collective
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed before the process group's timeout: a rank died (its connections
+    closed) or the backend reported an error. ``rank``, ``step``, ``collective`` as in
+    ``CollectiveTimeout``; the backend's own error is the ``__cause__``. A ``RuntimeError``, as
+    the backend's error was, so a handler written for that still catches it."""
+
+    def __init__(self, message: str, *, rank: int, step: int, collective: str) -> None:
+        super().__init__(message)
+        self.rank, self.step, self.collective = rank, step, collective
 
 
 class FlatGradients:
@@ -162,11 +179,16 @@ class Counts:
         row[2 * n + 2 + n * e :] = [int(u) for u in used]
         # One host-to-device copy of the whole row.
         self.tensor = torch.tensor(row, dtype=torch.int64, device=device)
-        self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True) if n > 1 else None
+        self.work: Any = None
+        if n > 1:
+            # Issuing returns at once (async): an error here is never a timeout.
+            with collective(rank, step, "the count all-reduce", None):
+                self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
         self._result: Optional[Reduced] = None
 
     def result(self, timeout: Optional[datetime.timedelta]) -> Reduced:
-        """Waits for the collective (once). Raises CollectiveTimeout; ValueError when the ranks'
+        """Waits for the collective (once). Raises CollectiveTimeout / CollectiveError (``wait``);
+        ValueError when the ranks'
         fingerprints (policy, normalization, b, M, N) differ."""
         if self._result is not None:
             return self._result
@@ -268,10 +290,13 @@ def reduce_flat(
     a parameter no rank used: ``.grad`` None). Returns the counts and the divisor. ``found``:
     a ``found_flag`` the rescale also checks the buffers into (``scale_checked_``, one pass).
 
-    Raises CollectiveTimeout naming the rank and step; ValueError as ``Counts.result``."""
+    Raises CollectiveTimeout / CollectiveError naming the rank, the step and the collective;
+    ValueError as ``Counts.result``."""
     works = []
     if counts.n > 1:
-        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True) for flat, _ in grads.buffers]
+        with collective(counts.rank, counts.step, "the gradient all-reduce", None):  # async: never a timeout
+            works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
+                     for flat, _ in grads.buffers]
     try:
         reduced = counts.result(timeout)
     except ValueError:
@@ -293,32 +318,39 @@ def reduce_flat(
     return reduced, d
 
 
-def timed_out(e: BaseException, since: float, timeout: Optional[datetime.timedelta], rank: int, step: int,
-              what: str) -> Optional[CollectiveTimeout]:
-    """``e``, raised by a collective (``what``, e.g. "the count all-reduce") issued at
-    ``since`` (``time.monotonic()``), as a CollectiveTimeout naming the rank and the step when
-    it came at least 90 % of ``timeout`` later (no backend's message text is parsed); None
-    otherwise (a rank that died at once, a bad argument: the caller re-raises ``e``)."""
-    if timeout is None or time.monotonic() - since < 0.9 * timeout.total_seconds():
-        return None
-    return CollectiveTimeout(
-        f"rank {rank}: step {step}: {what} did not finish within the process group's timeout "
-        f"({timeout.total_seconds():g} s): a rank died, stopped or never reached the step ({e})"
-    )
+def failure(e: BaseException, since: float, timeout: Optional[datetime.timedelta], rank: int, step: int,
+            what: str) -> Union[CollectiveTimeout, CollectiveError]:
+    """``e``, raised by a collective (``what``, e.g. "the count all-reduce") issued at ``since``
+    (``time.monotonic()``), as the step's typed error naming the rank, the step and the
+    collective: a CollectiveTimeout when it came at least 90 % of ``timeout`` later, else a
+    CollectiveError (a rank that died at once, a broken connection). No backend's message text
+    is parsed; the caller raises the answer ``from e``."""
+    if timeout is not None and time.monotonic() - since >= 0.9 * timeout.total_seconds():
+        return CollectiveTimeout(
+            f"rank {rank}: step {step}: {what} did not finish within the process group's timeout "
+            f"({timeout.total_seconds():g} s): a rank died, stopped or never reached the step ({e})",
+            rank=rank, step=step, collective=what)
+    return CollectiveError(
+        f"rank {rank}: step {step}: {what} failed before the process group's timeout: a rank died or "
+        f"its connection broke ({type(e).__name__}: {e})", rank=rank, step=step, collective=what)
+
+
+@contextlib.contextmanager
+def collective(rank: int, step: int, what: str, timeout: Optional[datetime.timedelta]) -> Iterator[None]:
+    """Runs the body (issuing or waiting for the collective ``what``) and raises any
+    ``RuntimeError`` it raises as ``failure``'s typed error, chained to it."""
+    since = time.monotonic()
+    try:
+        yield
+    except RuntimeError as e:
+        raise failure(e, since, timeout, rank, step, what) from e
 
 
 def wait(work: Any, rank: int, step: int, what: str, timeout: Optional[datetime.timedelta]) -> None:
-    """Waits for ``work``; an error raised after waiting at least 90 % of ``timeout`` is a
-    CollectiveTimeout naming the rank, the step and the collective (``timed_out``), any other
-    error propagates."""
-    t0 = time.monotonic()
-    try:
+    """Waits for ``work`` (the ``what`` all-reduce); its error as ``collective``'s typed one:
+    CollectiveTimeout after 90 % of ``timeout``, CollectiveError before."""
+    with collective(rank, step, f"the {what} all-reduce", timeout):
         if timeout is not None:
             work.wait(timeout)
         else:
             work.wait()
-    except RuntimeError as e:
-        late = timed_out(e, t0, timeout, rank, step, f"the {what} all-reduce")
-        if late is not None:
-            raise late from e
-        raise

@@ -443,7 +443,9 @@ class DropComputeStep:
 
         Raises ValueError for an iterable without ``len()`` and no ``micro_batches_per_step``,
         one that ends early, a mean loss, ranks with different configurations;
-        ``reduce.CollectiveTimeout`` (a ``TimeoutError``) when a collective times out."""
+        ``CollectiveTimeout`` (a ``TimeoutError``) when a collective times out, ``CollectiveError``
+        (a ``RuntimeError``) when one fails sooner (a rank died), each naming the rank, the step
+        and the collective (``reduce.collective``)."""
         mine = self.assignment()[self.rank] if self.assigner is not None else None
         if hasattr(micro_batches, "__len__"):
             m = len(micro_batches)  # type: ignore[arg-type]
@@ -697,8 +699,8 @@ class DropComputeStep:
     def _backward(self, scaled: torch.Tensor) -> None:
         """``scaled.backward()`` (or ``backward_fn(scaled)``); an error raised in the comm hook (a
         timeout, differing configurations) is re-raised as itself, and in overlap mode a failed
-        DDP all-reduce as ``CollectiveTimeout`` when it failed after 90 % of the process group's
-        timeout (``OverlapReduce.timeout_error``)."""
+        DDP all-reduce of the step's synced backward as ``CollectiveTimeout`` or
+        ``CollectiveError`` (``OverlapReduce.bucket_error``)."""
         try:
             if self.backward_fn is not None:
                 self.backward_fn(scaled)
@@ -706,7 +708,7 @@ class DropComputeStep:
                 scaled.backward()  # type: ignore[no-untyped-call]
         except Exception as e:
             if self.overlap is not None:
-                error = self.overlap.error or (self.overlap.timeout_error(e) if isinstance(e, RuntimeError) else None)
+                error = self.overlap.error or self.overlap.bucket_error(e, any_error=False)
                 if error is not None:
                     raise error from e
             raise
