@@ -68,6 +68,20 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(examp
     assert g["bound"] == 0.10 and g["steps"] == r["dropcompute"]["steps"] and g["tuned_with_guard"] is False, g
     assert r["jitter_ms"] is None, r["jitter_ms"]
     assert 0 <= g["held_off_steps"] <= g["steps"] and 0 <= r["predicted"]["held_off_steps"], (g, r["predicted"])
+    # The paired check: the prediction against the DropCompute arm's first k steps (k = the
+    # baseline steps it replays, step s of both drawing the same delays), recomputed here from
+    # every arm's per-step samples (the count collective's sums) and times.
+    paired, arms = r["predicted"]["paired"], r["arms"]
+    k = paired["steps"]
+    assert k == r["baseline"]["steps"] < r["dropcompute"]["steps"], (paired, r["baseline"], r["dropcompute"])
+    assert sum(arms["baseline"]["samples"]) == r["baseline"]["samples"], arms["baseline"]["samples"]
+    assert sum(arms["dropcompute"]["samples"]) == r["dropcompute"]["samples"], arms["dropcompute"]["samples"]
+    rate = [sum(arms[a]["samples"][:k]) / sum(arms[a]["step_ms"][:k]) for a in ("dropcompute", "baseline")]
+    assert math.isclose(paired["ratio"], rate[0] / rate[1], rel_tol=1e-9), (paired, rate)
+    assert math.isclose(paired["error"], r["predicted"]["ratio"] / paired["ratio"] - 1.0, rel_tol=1e-9), paired
+    # The guard's decision per step, as the run took it: its held-off steps are the count above.
+    assert arms["dropcompute"]["guard_enforced"].count(False) == g["held_off_steps"], arms["dropcompute"]
+    assert f"over the {k} replayed steps measured {paired['ratio']:.3f}" in example["stdout"], example["stdout"]
     assert f"threshold held off in {g['held_off_steps']} of {g['steps']} steps" in example["stdout"], example["stdout"]
 
 
