@@ -6,7 +6,9 @@ usage (one configuration per launch, so that each peak RSS is its own):
     python -m torch.distributed.run --standalone --nproc_per_node=2 examples/bench_torch_overhead.py \
         --params 1e6 --mode ddp|flat|overlap [--steps 20] [--out FILE.json]
 or, for the step time only, the three modes paired in one launch:
-    ... examples/bench_torch_overhead.py --params 1e6 --mode paired [--steps 60] [--out FILE.json]
+    ... examples/bench_torch_overhead.py --params 1e6 --mode paired [--steps 60] [--parts] [--out FILE.json]
+(``--parts``: two more arms, a second plain DDP, the run's noise floor, and plain DDP plus only
+the step's count collective: what the count collective costs by itself).
 
 ``--mode paired`` runs the three modes as arms of one process group, each its own model (the
 same initial parameters), optimizer and micro-batches, step by step in an order drawn per step
@@ -45,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
 from dropcompute.torch import DropComputeStep
+from dropcompute.torch.reduce import Counts
 
 M, B = 4, 16
 
@@ -78,18 +81,28 @@ Batch = Tuple[torch.Tensor, torch.Tensor]
 
 def arm(mode: str, ddp: torch.nn.Module, opt: torch.optim.Optimizer, batches: List[Batch]) -> Callable[[], None]:
     """One step of ``mode`` on ``ddp`` (a DDP module of ``mlp``) and ``opt``: plain DDP
-    ``no_sync`` accumulation (mean loss / M, the last micro-batch synced), or
+    ``no_sync`` accumulation (mean loss / M, the last micro-batch synced; "ddp", "ddp_again",
+    and "ddp_counts" with the step's count collective added, see ``paired``), or
     ``DropComputeStep`` at threshold off in that mode (made here: its flat buffers are
     allocated now)."""
-    if mode == "ddp":
+    if mode in ("ddp", "ddp_again", "ddp_counts"):
+        counts = mode == "ddp_counts"
+        rank, n = dist.get_rank(), dist.get_world_size()
+
         def plain() -> None:
             opt.zero_grad()
+            work = None
             for i, (x, y) in enumerate(batches):
                 if i < M - 1:
                     with ddp.no_sync():
                         (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
                 else:
+                    if counts:  # the step's count collective, where overlap mode issues it
+                        work = Counts(rank=rank, world_size=n, samples=M * B, started=M, fingerprint=1, used=[],
+                                      device=x.device, group=None, step=0, handed=M)
                     (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
+            if work is not None:
+                work.result(None)
             opt.step()
         return plain
     ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode, micro_batch_size=B)
@@ -105,11 +118,15 @@ def model_and_optimizer(params: float) -> Tuple[torch.nn.Module, torch.optim.Opt
     return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)
 
 
-def paired(params: float, steps: int, batches: List[Batch], rank: int) -> Dict[str, object]:
+def paired(params: float, steps: int, batches: List[Batch], rank: int, parts: bool = False) -> Dict[str, object]:
     """``--mode paired``: the three arms step by step, in an order drawn per step (the same on
     every rank: one seed); per arm the median step time (the first 3 steps not counted) and per
-    DropCompute mode the median over steps of its time over DDP's in the same step."""
-    arms = {m: arm(m, *model_and_optimizer(params), batches) for m in ("ddp", "flat", "overlap")}
+    arm but DDP the median over steps of its time over DDP's in the same step. ``parts`` adds
+    two arms: ``ddp_again`` (a second plain DDP: the run's noise floor) and ``ddp_counts``
+    (plain DDP plus only the step's count collective, ``reduce.Counts``, issued before the last
+    micro-batch's forward and waited for after its backward, as overlap mode does)."""
+    arm_names = ("ddp", "flat", "overlap") + (("ddp_again", "ddp_counts") if parts else ())
+    arms = {m: arm(m, *model_and_optimizer(params), batches) for m in arm_names}
     order = random.Random(0)
     times: Dict[str, List[float]] = {m: [] for m in arms}
     for s in range(steps):
@@ -124,7 +141,7 @@ def paired(params: float, steps: int, batches: List[Batch], rank: int) -> Dict[s
     res: Dict[str, object] = {"mode": "paired", "steps": len(times["ddp"])}
     for m, ts in times.items():
         res[f"{m}_step_ms"] = statistics.median(ts) * 1e3
-    for m in ("flat", "overlap"):
+    for m in arm_names[1:]:
         res[f"{m}_overhead_paired"] = statistics.median(t / d for t, d in zip(times[m], times["ddp"])) - 1
     return res
 
@@ -134,6 +151,8 @@ def main() -> None:
     ap.add_argument("--params", type=float, default=1e6)
     ap.add_argument("--mode", choices=["ddp", "flat", "overlap", "paired"], required=True)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--parts", action="store_true",
+                    help="with --mode paired: also a second plain DDP arm and plain DDP plus the count collective")
     ap.add_argument("--out")
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -142,7 +161,7 @@ def main() -> None:
         w = mlp(args.params)[0].in_features
         g = torch.Generator().manual_seed(rank)
         mbs: List[Batch] = [(torch.randn(B, w, generator=g), torch.randn(B, w, generator=g)) for _ in range(M)]
-        out: Dict[str, object] = paired(args.params, args.steps, mbs, rank)
+        out: Dict[str, object] = paired(args.params, args.steps, mbs, rank, args.parts)
         out["params"] = sum(p.numel() for p in mlp(args.params).parameters())
         out["load"] = os.getloadavg()[0]
         emit(out, rank, args.out)

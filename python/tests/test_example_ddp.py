@@ -187,20 +187,25 @@ def _example_module() -> Any:
     return mod
 
 
-def test_the_overhead_bench_pairs_the_three_modes_in_one_launch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parts", [False, True])
+def test_the_overhead_bench_pairs_the_modes_in_one_launch(parts: bool, tmp_path: Path) -> None:
     """examples/bench_torch_overhead.py --mode paired (README's threshold-off table): the three
-    modes step in one launch, and the JSON bench_torch_targets.py reads holds each mode's median
-    step time and each DropCompute mode's paired overhead, a ratio of two positive times."""
+    modes (with --parts also a second plain DDP arm and DDP plus the count collective) step in
+    one launch, and the JSON bench_torch_targets.py reads holds each arm's median step time and
+    each other arm's paired overhead over DDP, a ratio of two positive times."""
     out = tmp_path / "paired.json"
     p = launch.run_workers(REPO / "examples" / "bench_torch_overhead.py",
-                           ["--params", "2e4", "--mode", "paired", "--steps", "6", "--out", str(out)], nproc=2)
+                           ["--params", "2e4", "--mode", "paired", "--steps", "6", "--out", str(out)]
+                           + (["--parts"] if parts else []), nproc=2)
     assert p.returncode == 0, f"{p.args}:\n{p.stdout}\n{p.stderr}"
     r = json.loads(out.read_text())
     assert r["mode"] == "paired" and r["steps"] == 3, r  # the first 3 of 6 not timed
     assert r["params"] == sum(3 * (w * w + w) for w in [int((2e4 / 3) ** 0.5)]), r
-    for m in ("ddp", "flat", "overlap"):
+    others = ["flat", "overlap"] + (["ddp_again", "ddp_counts"] if parts else [])
+    assert sorted(k[:-len("_step_ms")] for k in r if k.endswith("_step_ms")) == sorted(["ddp"] + others), r
+    for m in ["ddp"] + others:
         assert r[f"{m}_step_ms"] > 0, r
-    for m in ("flat", "overlap"):
+    for m in others:
         assert math.isfinite(r[f"{m}_overhead_paired"]) and r[f"{m}_overhead_paired"] > -1.0, r
 
 
