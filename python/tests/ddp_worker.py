@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
 from dropcompute.torch import DropComputeSampler, DropComputeStep
+from dropcompute.torch.reduce import Counts
 
 import launch  # python/tests/launch.py: the workers' one ending
 
@@ -592,7 +593,43 @@ def scenario_backward_error(rank: int, n: int, out: Dict[str, Any]) -> None:
         out["message"] = str(e)
 
 
+def scenario_resume_mismatch(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Every rank runs a step and saves its state; the last rank restores a state that differs
+    in DC_FIELD ("step": another step index; "drop_guard": other guard counts): the next step
+    raises ValueError on every rank, naming the ranks that differ."""
+    policy = dropcompute.Policy(drop_guard=0.5)
+    ctl = DropComputeStep(DDP(model()), policy, mode=mode())
+    ctl.run(data(rank, 0, 2), sum_loss)
+    state = ctl.state_dict()
+    if rank == n - 1:
+        field = os.environ["DC_FIELD"]
+        if field == "step":
+            state["step"] += 3
+        else:
+            handed, dropped, reserve, last = state[field]
+            state[field] = [handed + 8, dropped, reserve, last]
+        ctl.load_state_dict(state)
+    try:
+        ctl.run(data(rank, 1, 2), sum_loss)
+        out["raised"] = None
+    except ValueError as e:
+        out["raised"] = str(e)
+
+
+def scenario_fingerprint_mean(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """The count collective with configuration fingerprints 1, 2, 3 on ranks 0, 1, 2 (rank 1's
+    is the others' mean: a summed check, n x mine == sum, misses it there): every rank raises."""
+    c = Counts(rank=rank, world_size=n, samples=1, started=1, fingerprint=rank + 1, used=[],
+               device=torch.device("cpu"), group=None, step=0)
+    try:
+        c.result(None)
+        out["raised"] = None
+    except ValueError as e:
+        out["raised"] = str(e)
+
+
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
+    "resume_mismatch": scenario_resume_mismatch, "fingerprint_mean": scenario_fingerprint_mean,
     "backward_error": scenario_backward_error,
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
     "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,

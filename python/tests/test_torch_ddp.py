@@ -110,6 +110,29 @@ def test_mean_losses_uncounted_loss_vectors_and_differing_policies_are_refused(t
         assert r["per_token_counted"] == [2 * b, 2 * 2 * b, 2 * b], r
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("field,nproc", [("step", 2), ("drop_guard", 2), ("step", 3)])
+def test_ranks_resumed_from_different_checkpoints_are_refused_on_every_rank(field: str, nproc: int, mode: str,
+                                                                           tmp_path: Path) -> None:
+    """The last rank restores a state whose step index or drop-guard counts differ from the
+    others': the next step's count collective (every rank's state fingerprint in its own slot)
+    raises ValueError on every rank, naming the ranks that differ from it."""
+    for r in torchrun("resume_mismatch", nproc, tmp_path, DC_MODE=mode, DC_FIELD=field):
+        assert r["raised"] is not None and "the ranks hold different step states" in r["raised"], r
+        last = r["rank"] == nproc - 1
+        other = list(range(nproc - 1)) if last else [nproc - 1]
+        step = 1 + 3 if last and field == "step" else 1  # each rank's own step index
+        assert f"rank {r['rank']}: step {step}: " in r["raised"] and f"rank(s) {other} differ" in r["raised"], r
+
+
+def test_a_fingerprint_equal_to_the_others_mean_is_still_refused(tmp_path: Path) -> None:
+    """Fingerprints 1, 2, 3: rank 1's is the mean, which a summed check (3 x 2 == 1 + 2 + 3)
+    accepts; compared slot by slot every rank refuses."""
+    for r in torchrun("fingerprint_mean", 3, tmp_path):
+        assert r["raised"] is not None and "the ranks run different step configurations" in r["raised"], r
+        assert f"rank(s) {[k for k in range(3) if k != r['rank']]} differ" in r["raised"], r
+
+
 def test_any_iterable_is_pulled_lazily(tmp_path: Path) -> None:
     for r in torchrun("iterable", 2, tmp_path):
         assert r["pulled"] == [0, 1, 2, 3] and r["same_as_list"], r

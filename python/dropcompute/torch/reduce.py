@@ -6,12 +6,14 @@ Owns: the buffers, the used-parameter record, the exact count collective and the
 Must not touch: the divisor's rule (``dropcompute.divisor``, the crate's ``schedule::divisor``)
 or the step's decisions.
 
-The count collective is one int64 all-reduce (SUM) of ``[samples(N) | started(N) | policy
-fingerprint(1) | extra(N·E) | used(P)]`` (N ranks, E extra values per rank, 0 unless a step
-policy, retuner or straggler tracker needs every rank's latencies: ``step``; P parameters):
-each rank writes its own slots, so every
-rank learns every rank's sample count and started micro-batches exactly (the gradients' dtype
-never carries a count: bf16 rounded 257 to 256), whether the ranks run the same policy, and
+The count collective is one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
+configuration(N) | state(N) | handed(1) | extra(N·E) | used(P)]`` (N ranks, E extra values per
+rank, 0 unless a step policy, retuner or straggler tracker needs every rank's latencies:
+``step``; P parameters): each rank writes its own slots, so every rank learns every rank's
+sample count and started micro-batches exactly (the gradients' dtype never carries a count:
+bf16 rounded 257 to 256), whether the ranks run the same configuration and hold the same
+replicated state (each rank's fingerprints, compared slot by slot: a sum alone misses a rank
+whose fingerprint is the others' mean), and
 which parameters no rank used (their ``.grad`` is then ``None``, as DDP leaves it, so an
 optimizer such as AdamW does not move them). It is issued before the gradient all-reduces, so
 the gradients' collectives never wait for the host; every rank issues the same sequence
@@ -147,12 +149,14 @@ class Reduced:
 class Counts:
     """The step's count collective, issued at construction (async; every rank issues it before
     its gradient collectives): one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
-    fingerprint(1) | handed(1) | extra(N·E) | used(P)]``, each rank writing its own slots
-    (``handed``: the micro-batches this rank was handed, summed over the ranks). ``used``: per
-    parameter whether this rank's backward reached it (the flat path; empty in overlap mode,
-    where DDP tracks unused parameters itself). ``extra``: this rank's E int64 values
-    (E identical on every rank; the step's latencies when a step policy, retuner or straggler
-    tracker needs them), returned by rank in ``Reduced.extra``."""
+    configuration(N) | state(N) | handed(1) | extra(N·E) | used(P)]``, each rank writing its own
+    slots (``handed``: the micro-batches this rank was handed, summed over the ranks).
+    ``fingerprint``: this rank's step configuration, ``state``: its replicated step state (both
+    non-negative ints below 2**63; ``step.DropComputeStep`` hashes them), each must equal every
+    other rank's. ``used``: per parameter whether this rank's backward reached it (the flat
+    path; empty in overlap mode, where DDP tracks unused parameters itself). ``extra``: this
+    rank's E int64 values (E identical on every rank; the step's latencies when a step policy,
+    retuner or straggler tracker needs them), returned by rank in ``Reduced.extra``."""
 
     def __init__(
         self,
@@ -168,15 +172,17 @@ class Counts:
         step: int,
         extra: Sequence[int] = (),
         handed: int = 0,
+        state: int = 0,
     ) -> None:
         n = world_size
         e = len(extra)
-        self.rank, self.n, self.e, self.fingerprint, self.step = rank, n, e, fingerprint, step
-        row = [0] * (2 * n + 2 + n * e + len(used))
-        row[rank], row[n + rank], row[2 * n], row[2 * n + 1] = samples, started, fingerprint, handed
-        at = 2 * n + 2 + rank * e
+        self.rank, self.n, self.e, self.step = rank, n, e, step
+        row = [0] * (4 * n + 1 + n * e + len(used))
+        row[rank], row[n + rank], row[2 * n + rank], row[3 * n + rank] = samples, started, fingerprint, state
+        row[4 * n] = handed
+        at = 4 * n + 1 + rank * e
         row[at : at + e] = [int(x) for x in extra]
-        row[2 * n + 2 + n * e :] = [int(u) for u in used]
+        row[4 * n + 1 + n * e :] = [int(u) for u in used]
         # One host-to-device copy of the whole row.
         self.tensor = torch.tensor(row, dtype=torch.int64, device=device)
         self.work: Any = None
@@ -188,24 +194,29 @@ class Counts:
 
     def result(self, timeout: Optional[datetime.timedelta]) -> Reduced:
         """Waits for the collective (once). Raises CollectiveTimeout / CollectiveError (``wait``);
-        ValueError when the ranks'
-        fingerprints (policy, normalization, b, M, N) differ."""
+        ValueError on every rank when any rank's configuration fingerprint (policy,
+        normalization, b, M, N, step policy, mode, retuner, tracker) or state fingerprint (the
+        replicated step state: step index, drop-guard counts, ...) differs from another's,
+        naming the ranks that differ from this one."""
         if self._result is not None:
             return self._result
         if self.work is not None:
             wait(self.work, self.rank, self.step, "count", timeout)
         host = self.tensor.tolist()
-        n = self.n
-        if host[2 * n] != n * self.fingerprint:
-            raise ValueError(
-                f"rank {self.rank}: step {self.step}: the ranks run different step configurations (policy, "
-                f"normalization, micro-batch size or micro-batches per step differ; this rank's fingerprint "
-                f"{self.fingerprint}, the sum over {n} ranks {host[2 * n]})"
-            )
-        e, base = self.e, 2 * n + 2
+        n, r0 = self.n, self.rank
+        for at, what in ((2 * n, "the ranks run different step configurations (policy, normalization, micro-batch "
+                                 "size, micro-batches per step, world size, step policy, mode, retuner or tracker)"),
+                         (3 * n, "the ranks hold different step states (step index, drop-guard counts, observed "
+                                 "micro-batch size or count, threshold: resumed from checkpoints of different steps?)")):
+            mine = host[at + r0]
+            other = [r for r in range(n) if host[at + r] != mine]
+            if other:
+                raise ValueError(f"rank {r0}: step {self.step}: {what}: rank(s) {other} differ from this rank "
+                                 f"(fingerprints by rank {host[at : at + n]})")
+        e, base = self.e, 4 * n + 1
         extra = [host[base + r * e : base + (r + 1) * e] for r in range(n)]
         self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[base + n * e :]) if u == 0],
-                               extra, handed=host[2 * n + 1])
+                               extra, handed=host[4 * n])
         return self._result
 
 

@@ -414,6 +414,17 @@ class DropComputeStep:
                f"{None if rt is None else (rt.world_size, rt.micro_batches, rt.config)}|{self.stragglers is not None}")
         return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
+    def _state_fingerprint(self) -> int:
+        """What every rank must hold alike between steps (fed the same global numbers): the step
+        index, the observed micro-batch size and count, the drop guard's counts and the
+        micro-batches last handed out, the threshold in force (what ``state_dict`` restores,
+        but the assigner's state). Differing values mean ranks resumed from different
+        checkpoints; the count collective compares them."""
+        g = self.guard.counts if self.guard is not None else None
+        key = (f"{self.step}|{self._observed_b!r}|{self._observed_m}|{g}|{self._last_handed}|"
+               f"{self._walk_policy.threshold_ns}")
+        return zlib.crc32(key.encode()) & 0x7FFFFFFF
+
     def _no_sync(self) -> Any:
         ns = getattr(self.model, "no_sync", None)
         return ns() if ns is not None else _Null()
@@ -576,7 +587,8 @@ class DropComputeStep:
                     ends.append(self.clock.read(marks[i]))
                 extra = self._extra(cap, ends)
             counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
-                            fingerprint=self._fingerprint(), used=self.grads.used, device=self.params[0].device,
+                            fingerprint=self._fingerprint(), state=self._state_fingerprint(), used=self.grads.used,
+                            device=self.params[0].device,
                             group=self.group, step=self.step, extra=extra, handed=cap)
             found = found_flag(self.params[0].device)
             reduced, d = reduce_flat(self.grads, counts, divisor_of=divisor_of, loss_scale=loss_scale,
@@ -691,7 +703,8 @@ class DropComputeStep:
         """Issues the count collective before the last backward and arms the rescale."""
         assert self.overlap is not None
         counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
-                        fingerprint=self._fingerprint(), used=[], device=self.params[0].device, group=self.group,
+                        fingerprint=self._fingerprint(), state=self._state_fingerprint(), used=[],
+                        device=self.params[0].device, group=self.group,
                         step=self.step, handed=handed)
         self.overlap.arm(counts, divisor_of, loss_scale, self.timeout)
         return counts
