@@ -252,3 +252,69 @@ fn every_policys_threshold_search_honours_the_jitter_window() {
     assert!(none.as_ref().is_none_or(|(_, o)| !o.enabled), "{none:?}");
     assert!(best_threshold(t, &how(0.0), &ideal, template).is_some_and(|(_, o)| o.enabled));
 }
+
+/// The policy comparison (`tune --policy`, `simulate --policy/--trace`: `tune::policies::compare`,
+/// a coordinate search replaying one point at a time) judges each threshold by the same jitter
+/// window (`tune::window::window_of`): on trace-SE with a 1 s window every row's deadline
+/// replays within the guardrails at both ends of its window (rebuilt here from the row: the
+/// policy, its threshold or budget, quantile and cap; its own replay is the row's), and the
+/// window changes what is chosen: without it some row's window end breaks the guardrail.
+#[test]
+fn the_policy_comparison_judges_each_threshold_by_its_jitter_window() {
+    use dropcompute::policy::{LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
+    use dropcompute::sim::policies::{PolicyRun, replay_policy};
+    use dropcompute::tune::Recommend;
+    use dropcompute::tune::policies::compare;
+    let se = trace("trace-SE.csv.gz");
+    let t = &load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load")[0].trace;
+    let execution = ExecutionModel { check: CheckMode::Predictive, ..ExecutionModel::default() };
+    let how = |jitter_ns: f64| Recommend {
+        execution,
+        guardrails: Guardrails { max_drop_rate: 0.2, jitter_ns, ..Guardrails::default() },
+    };
+    let policies = [Policy::DropBefore, Policy::DropPredictive, Policy::ComputeBudget, Policy::RebalanceDrop];
+    let j = 1e9;
+    // The worst drop rate at the two ends of each row's window, by policy.
+    let ends = |jitter_ns: f64| -> Vec<(Policy, f64, f64)> {
+        let c = compare(t, &how(jitter_ns), &policies, TailShape::default(), 0);
+        assert_eq!(c.jitter_ns, jitter_ns);
+        let mut out = Vec::new();
+        for row in &c.rows {
+            let Some(ms) = (if row.policy == Policy::ComputeBudget { row.budget_ms } else { row.threshold_ms }) else {
+                continue; // no admissible point: the synchronous run is reported
+            };
+            let base = PolicyRun {
+                seed: 0,
+                estimator_quantile: row.estimator_quantile.unwrap_or(LatencyEstimator::DEFAULT_QUANTILE),
+                ..PolicyRun::new(StepPolicy::new(row.policy), Threshold::Off, execution)
+            };
+            let at = |ns: f64| match row.policy {
+                Policy::ComputeBudget => PolicyRun {
+                    params: StepPolicy {
+                        budget: Threshold::from_ms(ns / 1e6).expect("a budget"),
+                        budget_max_micro_batches: row.budget_max_micro_batches,
+                        ..base.params
+                    },
+                    ..base
+                },
+                _ => PolicyRun { threshold: Threshold::from_ns_f64(ns), ..base },
+            };
+            let own = replay_policy(t, &at(ms * 1e6));
+            assert!((own.effective_speedup - row.effective_speedup).abs() < 1e-12, "{row:?}: {own:?}");
+            let worst = [ms * 1e6 - j, ms * 1e6 + j]
+                .into_iter()
+                .map(|ns| replay_policy(t, &at(ns.max(1.0))).drop_rate)
+                .fold(0.0, f64::max);
+            out.push((row.policy, ms, worst));
+        }
+        out
+    };
+    let windowed = ends(j);
+    assert!(!windowed.is_empty());
+    for (p, ms, worst) in &windowed {
+        assert!(*worst <= 0.2, "{p}: {ms} ms: a window end drops {worst}");
+    }
+    // Without the window the search lands where a 1 s jitter breaks the guardrail.
+    let point = ends(0.0);
+    assert!(point.iter().any(|(_, _, worst)| *worst > 0.2), "{point:?} vs {windowed:?}");
+}

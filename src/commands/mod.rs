@@ -162,9 +162,8 @@ impl GuardrailArgs {
         g.validate().map(|()| g)
     }
 
-    /// Refuses `--jitter-ms` above 0 on a path that picks no threshold by its jitter window
-    /// (`what`: the threshold sweep of `simulate`, the policy comparison of `simulate
-    /// --policy/--trace` and `tune --policy`, whose coordinate search replays each point alone).
+    /// Refuses `--jitter-ms` above 0 on a path that picks no threshold (`what`: the threshold
+    /// sweep of `simulate`, which prints every threshold's replay).
     ///
     /// # Errors
     /// `"--jitter-ms J: WHAT does not judge thresholds by a jitter window; ..."` naming where
@@ -173,7 +172,8 @@ impl GuardrailArgs {
         if self.jitter_ms > 0.0 {
             return Err(format!(
                 "--jitter-ms {}: {what} does not judge thresholds by a jitter window; it applies to `tune` (its \
-                 recommendation and --auto-for POLICY) and `train --threshold auto`",
+                 recommendation, --policy and --auto-for POLICY), `simulate --policy/--trace` and `train \
+                 --threshold auto`",
                 self.jitter_ms
             ));
         }
@@ -366,13 +366,21 @@ pub fn policy_table(c: &dropcompute::tune::policies::PolicyComparison) -> String
     let nm = (c.ranks * c.micro_batches) as f64;
     let _ = writeln!(
         s,
-        "policies on {} ({} ranks x {} micro-batches x {} steps{}; realizable replay, guardrails on):",
+        "policies on {} ({} ranks x {} micro-batches x {} steps{}; realizable replay, guardrails on{}):",
         c.trace,
         c.ranks,
         c.micro_batches,
         c.steps,
         if c.tail.enabled() {
             format!("; tail shape 1/{} micro-batch at cost {:.3}", c.tail.parts(), c.tail.cost_fraction())
+        } else {
+            String::new()
+        },
+        if c.jitter_ns > 0.0 {
+            format!(
+                "; each threshold judged by its window of +-{:.3} ms (--jitter-ms), ranked by the worst replay in it",
+                c.jitter_ns / 1e6
+            )
         } else {
             String::new()
         }

@@ -386,7 +386,6 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
 /// Errors: bad flags, trace errors, model parameters, output I/O.
 fn run_policies(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
     let guardrails = args.guardrails.guardrails().map_err(CommandError::Args)?;
-    args.guardrails.refuse_jitter("the policy comparison (`simulate --policy/--trace`)").map_err(CommandError::Args)?;
     let tail = args.tail.for_policy(Some(args.policy.as_deref().unwrap_or("all")))?;
     let policies = super::parse_policies(args.policy.as_deref().unwrap_or("all"))?;
     let execution = ExecutionModel {

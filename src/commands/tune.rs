@@ -213,9 +213,6 @@ pub fn run_to(args: &Args, out: &mut dyn Write) -> Result<(), CommandError> {
         drop_guard: args.guardrails.drop_guard().map_err(CommandError::Args)?,
     };
     let policies = args.policy.as_deref().map(super::parse_policies).transpose()?;
-    if policies.is_some() {
-        args.guardrails.refuse_jitter("the policy comparison (`tune --policy`)").map_err(CommandError::Args)?;
-    }
     let mut comparisons = Vec::new();
     let mut json = Vec::new();
     let mut autos = Vec::new();

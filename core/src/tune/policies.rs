@@ -19,6 +19,11 @@
 //! - `rebalance`: none (default hysteresis);
 //! - `synchronous`: none.
 //!
+//! With a jitter window (`Guardrails::jitter_ns` > 0) a threshold is judged by every threshold
+//! within +- it (`super::window::window_of`): admitted only if all are, ranked by the worst
+//! effective speedup among them, in the comparison's coordinate search as in
+//! [`best_threshold_on`]; each breakpoint less the jitter is a candidate too.
+//!
 //! Admissible: drop rate <= `max_drop_rate`, every step aggregates at least
 //! `min_batch_fraction` and at most [`MAX_BATCH_FRACTION`] of the nominal batch; enabled: admissible and effective speedup >=
 //! `min_gain`. A policy with no admissible candidate reports the synchronous run (enabled
@@ -106,6 +111,11 @@ pub struct PolicyComparison {
     /// The tail shape every policy ran with (split 1: whole micro-batches only).
     #[serde(default)]
     pub tail: TailShape,
+    /// The jitter window (ns) each threshold was judged by (`Guardrails::jitter_ns`; 0: the
+    /// point replay): a point is admitted only if every threshold within +- it is, ranked by
+    /// the window's smallest effective speedup; each row reports its threshold's own replay.
+    #[serde(default)]
+    pub jitter_ns: f64,
 }
 
 fn outcome(r: &PolicyReplay, n_m: f64, how: &Recommend) -> (PolicyOutcome, bool) {
@@ -356,20 +366,7 @@ pub fn best_threshold_on(
     let n_m = (trace.world_size() * trace.micro_batches()) as f64;
     let p = template.params.policy;
     let fine = template.params.tail.enabled() || p.rebalances();
-    // The deadline a candidate threshold t (ns) sets: the budget of compute-budget, the drop
-    // threshold of the others; none for a policy without a deadline (one candidate).
-    let at = |t: f64| match p {
-        Policy::ComputeBudget => PolicyRun {
-            params: StepPolicy { budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off), ..template.params },
-            ..template
-        },
-        Policy::DropBefore
-        | Policy::DropPredictive
-        | Policy::RebalanceDrop
-        | Policy::LengthPredictive
-        | Policy::CostBalance => PolicyRun { threshold: Threshold::from_ns_f64(t), ..template },
-        Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => template,
-    };
+    let at = |t: f64| with_deadline(template, t);
     let (grid, jitter) = match p {
         Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => (vec![0.0], 0.0),
         _ => (threshold_grid(ideal, fine), how.guardrails.jitter_ns),
@@ -394,6 +391,24 @@ pub fn best_threshold_on(
         }
     }
     best.map(|(c, o, _)| (c, o))
+}
+
+/// `run` with the deadline a threshold `t` (ns) sets: the budget of compute-budget, the drop
+/// threshold of the drop policies and `rebalance-drop`; `run` unchanged for a policy without
+/// a deadline (synchronous, backup-workers, rebalance).
+fn with_deadline(run: PolicyRun, t: f64) -> PolicyRun {
+    match run.params.policy {
+        Policy::ComputeBudget => PolicyRun {
+            params: StepPolicy { budget: Threshold::from_ms(t / 1e6).unwrap_or(Threshold::Off), ..run.params },
+            ..run
+        },
+        Policy::DropBefore
+        | Policy::DropPredictive
+        | Policy::RebalanceDrop
+        | Policy::LengthPredictive
+        | Policy::CostBalance => PolicyRun { threshold: Threshold::from_ns_f64(t), ..run },
+        Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => run,
+    }
 }
 
 /// Tune and replay each of `policies` on `trace` under `how` (module doc), every policy with
@@ -436,14 +451,26 @@ pub fn compare_with_progress(
         let q_start =
             quantiles.iter().position(|&q| q == crate::policy::LatencyEstimator::DEFAULT_QUANTILE).unwrap_or(0);
         let fine = tail.enabled() || p.rebalances();
+        // Under a jitter window each breakpoint less the jitter is a candidate too
+        // (`super::window::candidates`), as in `best_threshold_on`.
+        let jitter = how.guardrails.jitter_ns;
         let grid = match p {
             Policy::ComputeBudget
             | Policy::DropBefore
             | Policy::DropPredictive
             | Policy::RebalanceDrop
             | Policy::LengthPredictive
-            | Policy::CostBalance => threshold_grid(&ideal, fine),
+            | Policy::CostBalance => super::window::candidates(&threshold_grid(&ideal, fine), jitter),
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Vec::new(),
+        };
+        let threshold_axis = match p {
+            Policy::ComputeBudget => Some(2),
+            Policy::DropBefore
+            | Policy::DropPredictive
+            | Policy::RebalanceDrop
+            | Policy::LengthPredictive
+            | Policy::CostBalance => Some(1),
+            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => None,
         };
         let caps: Vec<u32> = (m as u32..=2 * m as u32).collect();
         let (dims, start): (Vec<usize>, Vec<usize>) = match p {
@@ -484,9 +511,29 @@ pub fn compare_with_progress(
                 },
             }
         };
+        // A point is judged by its jitter window (`super::window::window_of` on the threshold
+        // axis; the point alone without a jitter): admitted only if every threshold in it is,
+        // scored by the window's smallest effective speedup, enabled only if every one is; the
+        // outcome kept is the point's own (as `best_threshold_on`).
         let eval = |x: &[usize]| -> Option<(f64, PolicyOutcome)> {
-            let (o, adm) = outcome(&replay_policy(trace, &run_at(x)), n_m, how);
-            adm.then_some((o.effective_speedup, o))
+            let run = run_at(x);
+            let (o, adm) = outcome(&replay_policy(trace, &run), n_m, how);
+            if !adm {
+                return None;
+            }
+            let (mut worst, mut enabled) = (o.effective_speedup, o.enabled);
+            if let Some(axis) = threshold_axis {
+                let (near, ends) = super::window::window_of(grid[x[axis]], &grid, jitter);
+                for t in near.into_iter().map(|i| grid[i]).chain(ends.into_iter().flatten()) {
+                    let (w, adm) = outcome(&replay_policy(trace, &with_deadline(run, t)), n_m, how);
+                    if !adm {
+                        return None;
+                    }
+                    worst = worst.min(w.effective_speedup);
+                    enabled &= w.enabled;
+                }
+            }
+            Some((worst, PolicyOutcome { enabled, ..o }))
         };
         let per_replay = (n * m) as u64 * trace.num_steps() as u64 * u64::from(tail.parts());
         let budget = (SEARCH_BUDGET / per_replay.max(1)).max(MIN_SEARCH_REPLAYS as u64) as usize;
@@ -531,6 +578,7 @@ pub fn compare_with_progress(
         },
         straggler_free_speedup: straggler_free_speedup(trace),
         tail,
+        jitter_ns: how.guardrails.jitter_ns,
     }
 }
 

@@ -22,24 +22,33 @@ pub fn candidates(grid: &[f64], jitter_ns: f64) -> Vec<f64> {
     c
 }
 
+/// The window of threshold `t` (ns) among `grid`: the indices of `grid`'s points within
+/// +-`jitter_ns` of `t` (`t` itself left out) and the window's two ends, t - jitter (1 ns at
+/// least) and t + jitter; no points and no ends when `jitter_ns` is 0. The one definition
+/// [`judge`] and a search that replays one point at a time (`super::policies::compare`) use.
+pub fn window_of(t: f64, grid: &[f64], jitter_ns: f64) -> (Vec<usize>, Option<[f64; 2]>) {
+    if jitter_ns <= 0.0 {
+        return (Vec::new(), None);
+    }
+    let near = grid.iter().enumerate().filter(|(_, c)| **c != t && (**c - t).abs() <= jitter_ns).map(|(i, _)| i);
+    (near.collect(), Some([(t - jitter_ns).max(1.0), t + jitter_ns]))
+}
+
 /// Each of `cands` (ns) with its own score and its window's scores: `score(t)` is called once
 /// per candidate and twice more per candidate when `jitter_ns` > 0, for the window's ends
-/// t - jitter (1 ns at least) and t + jitter. The window of t holds t's own score first, then
-/// every candidate within +-`jitter_ns` of it, then the two ends; with `jitter_ns` = 0 it holds
-/// t's own score only. Returned in `cands`' order as (own score, window).
+/// ([`window_of`]). The window of t holds t's own score first, then every candidate within
+/// +-`jitter_ns` of it, then the two ends; with `jitter_ns` = 0 it holds t's own score only.
+/// Returned in `cands`' order as (own score, window).
 pub fn judge<S: Clone>(cands: &[f64], jitter_ns: f64, score: &mut dyn FnMut(f64) -> S) -> Vec<(S, Vec<S>)> {
     let own: Vec<S> = cands.iter().map(|&t| score(t)).collect();
     cands
         .iter()
         .zip(&own)
         .map(|(&t, s)| {
+            let (near, ends) = window_of(t, cands, jitter_ns);
             let mut window = vec![s.clone()];
-            if jitter_ns > 0.0 {
-                let near = cands.iter().zip(&own).filter(|(c, _)| **c != t && (**c - t).abs() <= jitter_ns);
-                window.extend(near.map(|(_, s)| s.clone()));
-                window.push(score((t - jitter_ns).max(1.0)));
-                window.push(score(t + jitter_ns));
-            }
+            window.extend(near.into_iter().map(|i| own[i].clone()));
+            window.extend(ends.into_iter().flatten().map(&mut *score));
             (s.clone(), window)
         })
         .collect()
