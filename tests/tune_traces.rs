@@ -206,6 +206,20 @@ fn tune_jitter_judges_each_threshold_by_its_window() {
     }
 }
 
+/// The jitter-window tests' setting: trace-SE, the predictive check, and per jitter (ns) the
+/// guardrails with a 20 % drop rate.
+fn se_with_jitter() -> (dropcompute::trace::LatencyTrace, ExecutionModel, impl Fn(f64) -> dropcompute::tune::Recommend)
+{
+    let se = trace("trace-SE.csv.gz");
+    let t = load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load").remove(0).trace;
+    let execution = ExecutionModel { check: CheckMode::Predictive, ..ExecutionModel::default() };
+    let how = move |jitter_ns: f64| dropcompute::tune::Recommend {
+        execution,
+        guardrails: Guardrails { max_drop_rate: 0.2, jitter_ns, ..Guardrails::default() },
+    };
+    (t, execution, how)
+}
+
 /// Each step policy's threshold search (`tune::policies::best_threshold`, behind `simulate
 /// --policy` and `train --policy P --threshold auto`) judges its candidates by the same jitter
 /// window as DropCompute's (`tune::window`): on trace-SE with a 300 ms window the deadline it
@@ -215,15 +229,9 @@ fn tune_jitter_judges_each_threshold_by_its_window() {
 fn every_policys_threshold_search_honours_the_jitter_window() {
     use dropcompute::policy::{Policy, TailShape, Threshold};
     use dropcompute::sim::policies::replay_policy;
-    use dropcompute::tune::Recommend;
     use dropcompute::tune::policies::{best_threshold, train_run};
-    let se = trace("trace-SE.csv.gz");
-    let t = &load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load")[0].trace;
-    let execution = ExecutionModel { check: CheckMode::Predictive, ..ExecutionModel::default() };
-    let how = |jitter_ns: f64| Recommend {
-        execution,
-        guardrails: Guardrails { max_drop_rate: 0.2, jitter_ns, ..Guardrails::default() },
-    };
+    let (trace_se, execution, how) = se_with_jitter();
+    let t = &trace_se;
     let ideal = tune(t, &TuneConfig { guardrails: how(0.0).guardrails, min_micro_batches: 1 });
     let j = 3e8;
     for policy in [Policy::DropBefore, Policy::DropPredictive, Policy::ComputeBudget, Policy::RebalanceDrop] {
@@ -263,15 +271,9 @@ fn every_policys_threshold_search_honours_the_jitter_window() {
 fn the_policy_comparison_judges_each_threshold_by_its_jitter_window() {
     use dropcompute::policy::{LatencyEstimator, Policy, StepPolicy, TailShape, Threshold};
     use dropcompute::sim::policies::{PolicyRun, replay_policy};
-    use dropcompute::tune::Recommend;
     use dropcompute::tune::policies::compare;
-    let se = trace("trace-SE.csv.gz");
-    let t = &load(std::slice::from_ref(&se), &LoadOptions::default()).expect("load")[0].trace;
-    let execution = ExecutionModel { check: CheckMode::Predictive, ..ExecutionModel::default() };
-    let how = |jitter_ns: f64| Recommend {
-        execution,
-        guardrails: Guardrails { max_drop_rate: 0.2, jitter_ns, ..Guardrails::default() },
-    };
+    let (trace_se, execution, how) = se_with_jitter();
+    let t = &trace_se;
     let policies = [Policy::DropBefore, Policy::DropPredictive, Policy::ComputeBudget, Policy::RebalanceDrop];
     let j = 1e9;
     // The worst drop rate at the two ends of each row's window, by policy.
