@@ -69,7 +69,7 @@ class CollectiveTimeout(TimeoutError):
 
 class CollectiveError(RuntimeError):
     """A collective failed before the process group's timeout: a rank died (its connections
-    closed) or the backend reported an error. ``rank``, ``step``, ``collective`` as in
+    closed), a connection broke, or the backend refused the call. ``rank``, ``step``, ``collective`` as in
     ``CollectiveTimeout``; the backend's own error is the ``__cause__``. A ``RuntimeError``, as
     the backend's error was, so a handler written for that still catches it."""
 
@@ -334,16 +334,18 @@ def failure(e: BaseException, since: float, timeout: Optional[datetime.timedelta
     """``e``, raised by a collective (``what``, e.g. "the count all-reduce") issued at ``since``
     (``time.monotonic()``), as the step's typed error naming the rank, the step and the
     collective: a CollectiveTimeout when it came at least 90 % of ``timeout`` later, else a
-    CollectiveError (a rank that died at once, a broken connection). No backend's message text
-    is parsed; the caller raises the answer ``from e``."""
+    CollectiveError (a rank that died at once, a broken connection, a call the backend refused:
+    the backend's own message is quoted). No backend's message text is parsed; the caller
+    raises the answer ``from e``."""
     if timeout is not None and time.monotonic() - since >= 0.9 * timeout.total_seconds():
         return CollectiveTimeout(
             f"rank {rank}: step {step}: {what} did not finish within the process group's timeout "
             f"({timeout.total_seconds():g} s): a rank died, stopped or never reached the step ({e})",
             rank=rank, step=step, collective=what)
     return CollectiveError(
-        f"rank {rank}: step {step}: {what} failed before the process group's timeout: a rank died or "
-        f"its connection broke ({type(e).__name__}: {e})", rank=rank, step=step, collective=what)
+        f"rank {rank}: step {step}: {what} failed before the process group's timeout (a rank died, a "
+        f"connection broke, or the backend refused the call): {type(e).__name__}: {e}",
+        rank=rank, step=step, collective=what)
 
 
 @contextlib.contextmanager
