@@ -37,9 +37,12 @@ measured after another one sees a different machine):
   tuning run made first (the baseline alone, threshold off, the same delays and data;
   guardrail: ``--max-drop-rate``); the prediction (``dropcompute.simulate`` of the run's policy:
   effective speedup and drop rate) replays the interleaved ``baseline`` arm's compute logs and
-  is compared with the ``dropcompute`` arm it predicts, twice: against the whole run, and
-  paired, over the steps it replays (``paired_ratio``: the DropCompute arm's first k steps
-  against the baseline's k, step s of both drawing the same delays). The DropCompute arm runs
+  is compared with the ``dropcompute`` arm it predicts, twice: against the whole run
+  (samples per second), and paired, over the steps it replays, in the replay's own units
+  (``paired_ratio``: the DropCompute arm's first k steps against the baseline's k, step s of
+  both drawing the same delays; micro-batches started over N·M per step, as
+  ``effective_speedup`` counts them, which also counts the stream's short last step as full;
+  the steps the guard held off over the same k). The DropCompute arm runs
   about k / (1 - drop rate) steps for the same samples; its last ones (the micro-batches it
   dealt again) draw delays that no replayed step saw, a sampling difference the replay cannot
   know (2026-12-03, seed 3, 20 epochs: the first 225 steps measured 32.58 ms a step, replayed
@@ -222,7 +225,9 @@ class Arm:
         self.step_ns: List[int] = []  # per step: its time on this rank (from the previous step's end)
         #: Per step: the samples every rank computed (the count collective's sum: the same on
         #: every rank); what the paired prediction check sums over the replayed steps.
-        self.step_samples: List[int] = []
+        self.step_samples: List[Optional[int]] = []
+        #: Per step: the micro-batches every rank started (summed; None for plain DDP).
+        self.step_started: List[Optional[int]] = []
         #: Per step: whether the drop-rate guard let the threshold act (True for plain DDP).
         self.enforced: List[bool] = []
         #: Busy time when ``full_steps`` steps had run (the overhead's span), set by ``run_block``.
@@ -283,7 +288,8 @@ class Arm:
                 self.sampler.settle([m] * self.n)
                 self.progress += m * self.n
                 self.local_samples += sum(len(i) for i in ids)
-                self.step_samples.append(-1)  # not counted across ranks (no count collective)
+                self.step_samples.append(None)  # not counted across ranks (no count collective)
+                self.step_started.append(None)
                 self.enforced.append(True)
                 self.handed += len(ids)
             else:
@@ -294,6 +300,7 @@ class Arm:
                 res.apply(self.opt)  # steps unless no rank computed anything or the gradient is not finite
                 self.progress += sum(res.started)
                 self.step_samples.append(sum(res.counts))
+                self.step_started.append(sum(res.started))
                 self.local_samples += res.samples
                 self.dropped += res.dropped_micro_batches
                 self.handed += len(ids)
@@ -334,18 +341,19 @@ class Arm:
             self.step.close()
 
 
-def paired_ratio(base: Arm, dc: Arm, k: int) -> Tuple[int, float]:
-    """The measured ratio the prediction replays: samples per second of the DropCompute arm over
-    its first ``k`` steps (the steps whose delays the replayed baseline arm drew too: step s of
-    both arms sees the same keyed delays) against the baseline arm's over the same ``k``. The
-    DropCompute arm's later steps (the micro-batches it dealt again) draw delays no replayed
-    step saw; they stay in the whole-run ratio. Returns (steps compared, ratio); NaN when
-    either arm ran no step."""
+def paired_ratio(base: Arm, dc: Arm, k: int, nominal_per_step: int) -> Tuple[int, float]:
+    """The measured counterpart of the replay's ``1 + effective_speedup`` over the steps it
+    replays, in its units (the crate's definition: micro-batches started over the nominal
+    ``nominal_per_step`` = N·M of every replayed step, times the baseline's time over the
+    policy's): the DropCompute arm's first ``k`` steps against the baseline arm's ``k`` (step
+    s of both draws the same keyed delays). The DropCompute arm's later steps (the
+    micro-batches it dealt again) draw delays no replayed step saw; they stay in the whole-run
+    ratio. Returns (steps compared, ratio); NaN when either arm ran no step."""
     k = min(k, len(base.step_ns), len(dc.step_ns))
     if k == 0:
         return 0, float("nan")
-    rate = [sum(a.step_samples[:k]) / sum(a.step_ns[:k]) for a in (dc, base)]
-    return k, rate[0] / rate[1]
+    started = sum(x or 0 for x in dc.step_started[:k])
+    return k, started / (k * nominal_per_step) * sum(base.step_ns[:k]) / sum(dc.step_ns[:k])
 
 
 def full_steps(args: argparse.Namespace, rows: int, world_size: int) -> int:
@@ -486,22 +494,25 @@ def main() -> None:
             # The tuner's jitter window (ms); None when no tuning run chose the threshold.
             "jitter_ms": args.jitter_ms if verdict is not None else None,
             "arms": {a.name: {"blocks": a.blocks, "step_ms": [t / 1e6 for t in a.step_ns],
-                              "samples": a.step_samples, "guard_enforced": a.enforced,
+                              "samples": a.step_samples, "started": a.step_started,
+                              "guard_enforced": a.enforced,
                               "ids_digest": [t[a.name]["ids_digest"] for t in traces],
                               "delays_ms": [t[a.name]["delays_ms"] for t in traces]} for a in arms},
         }
         if predicted is not None:
             p_ratio = 1.0 + predicted["effective_speedup"]
             p_held = sum(not e for e in predicted["enforced_per_step"])
-            k, paired = paired_ratio(base, dc, len(predicted["baseline_per_step_ns"]))
+            k, paired = paired_ratio(base, dc, len(predicted["baseline_per_step_ns"]), n * args.micro_batches)
+            paired_held = dc.enforced[:k].count(False)
             print(f"predicted: ratio {p_ratio:.3f}, drop rate {predicted['drop_rate']:.3f}, held off {p_held} steps "
                   f"(measured {ratio:.3f}, {stats['dropcompute']['drop_rate']:.3f}, {dc.held_off}: ratio error "
                   f"{p_ratio / ratio - 1:+.1%}; over the {k} replayed steps measured {paired:.3f}, error "
-                  f"{p_ratio / paired - 1:+.1%})")
+                  f"{p_ratio / paired - 1:+.1%}, held off {paired_held})")
             out["predicted"] = {"ratio": p_ratio, "drop_rate": predicted["drop_rate"], "held_off_steps": p_held,
                                 "baseline_step_ms": predicted["baseline_step_ns"] / 1e6,
                                 "policy_step_ms": predicted["policy_step_ns"] / 1e6,
-                                "paired": {"steps": k, "ratio": paired, "error": p_ratio / paired - 1.0}}
+                                "paired": {"steps": k, "ratio": paired, "error": p_ratio / paired - 1.0,
+                                           "held_off_steps": paired_held}}
         if args.out is not None:
             args.out.write_text(json.dumps(out, indent=1))
     dist.barrier()

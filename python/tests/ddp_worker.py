@@ -571,17 +571,30 @@ class FailingBackward(torch.autograd.Function):
 
 
 def scenario_backward_error(rank: int, n: int, out: Dict[str, Any]) -> None:
-    """Every rank's last micro-batch (of 2) raises in its backward (in overlap mode: the synced
-    one, where DDP's all-reduce runs): what the step raises (the backward's own error, not a
-    collective's: every rank is alive and issued its counts)."""
-    ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode())
+    """Every rank's last micro-batch (of 2) raises RuntimeError("boom") in its backward (in
+    overlap mode: the synced one, where DDP's all-reduce runs): DC_FAIL=backward, an autograd
+    function's backward; DC_FAIL=hook (overlap mode), the user's comm hook's own callback, after
+    its all-reduce completed. What the step raises (the error itself, not a collective's: every
+    rank is alive and issued its counts)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def failing_hook(state: Any, bucket: Any) -> Any:
+        def fail(f: Any) -> Any:
+            f.value()
+            raise RuntimeError("boom")
+
+        return default_hooks.allreduce_hook(state, bucket).then(fail)
+
+    hook = os.environ.get("DC_FAIL", "backward") == "hook"
+    ctl = DropComputeStep(DDP(model()), dropcompute.Policy(), mode=mode(),
+                          **({"comm_hook": failing_hook, "comm_state": None} if hook else {}))
     calls = [0]
 
     def loss(mod: torch.nn.Module, mb: Batch) -> torch.Tensor:
         calls[0] += 1
         x, y = mb
         logits = mod(x)
-        if calls[0] == 2:
+        if calls[0] == 2 and not hook:
             logits = FailingBackward.apply(logits)
         return torch.nn.functional.cross_entropy(logits, y, reduction="sum")
 

@@ -76,11 +76,20 @@ def test_the_ddp_example_computes_every_sample_once_per_epoch_in_both_runs(examp
     assert k == r["baseline"]["steps"] < r["dropcompute"]["steps"], (paired, r["baseline"], r["dropcompute"])
     assert sum(arms["baseline"]["samples"]) == r["baseline"]["samples"], arms["baseline"]["samples"]
     assert sum(arms["dropcompute"]["samples"]) == r["dropcompute"]["samples"], arms["dropcompute"]["samples"]
-    rate = [sum(arms[a]["samples"][:k]) / sum(arms[a]["step_ms"][:k]) for a in ("dropcompute", "baseline")]
-    assert math.isclose(paired["ratio"], rate[0] / rate[1], rel_tol=1e-9), (paired, rate)
+    # Plain DDP has no count collective: its per-step counts are null, never a number.
+    assert set(arms["plain"]["samples"]) == {None} == set(arms["plain"]["started"]), arms["plain"]
+    # Micro-batches started: the baseline every one it was handed (N·M in each full step).
+    assert arms["baseline"]["started"][:r["full_steps"]] == [N * M] * r["full_steps"], arms["baseline"]["started"]
+    # In the replay's units: micro-batches started over N·M per replayed step, times the
+    # baseline's time over the DropCompute arm's, over the same k steps.
+    dc, base = arms["dropcompute"], arms["baseline"]
+    want = sum(dc["started"][:k]) / (k * N * M) * sum(base["step_ms"][:k]) / sum(dc["step_ms"][:k])
+    assert math.isclose(paired["ratio"], want, rel_tol=1e-9), (paired, want)
     assert math.isclose(paired["error"], r["predicted"]["ratio"] / paired["ratio"] - 1.0, rel_tol=1e-9), paired
-    # The guard's decision per step, as the run took it: its held-off steps are the count above.
-    assert arms["dropcompute"]["guard_enforced"].count(False) == g["held_off_steps"], arms["dropcompute"]
+    # The guard's decision per step, as the run took it: its held-off steps are the count above,
+    # and over the replayed steps the paired count.
+    assert dc["guard_enforced"].count(False) == g["held_off_steps"], dc
+    assert dc["guard_enforced"][:k].count(False) == paired["held_off_steps"], (dc, paired)
     assert f"over the {k} replayed steps measured {paired['ratio']:.3f}" in example["stdout"], example["stdout"]
     assert f"threshold held off in {g['held_off_steps']} of {g['steps']} steps" in example["stdout"], example["stdout"]
 

@@ -127,20 +127,21 @@ class OverlapReduce:
             if ddp.reducer._rebuild_buckets():
                 ddp._has_rebuilt_buckets = True  # what DDP's own forward records after a rebuild
 
-    def bucket_error(self, e: BaseException, any_error: bool) -> Optional[BaseException]:
-        """A DDP bucket's all-reduce raised ``e``: its typed error (``reduce.failure``, timed
-        from the step's count collective), or None (the caller re-raises ``e``). ``any_error``:
-        ``e`` surely came from the collective (the comm hook's future). Else ``e`` surfaced from
-        the backward, which also raises autograd's own errors, and gloo raises a plain
-        RuntimeError for a peer that died (no message text is parsed): it is the collective's
-        when it is a ``torch.distributed.DistError``, came after 90 % of the timeout, or the
-        step's count collective (issued before this backward on every rank) failed too. None
-        outside the step's synced backward (between ``arm`` and ``finish``)."""
+    def bucket_error(self, e: BaseException) -> Optional[BaseException]:
+        """The step's synced backward raised ``e``: its typed error when it is DDP's all-reduce's
+        (``reduce.failure``, timed from the step's count collective), else None (the caller
+        re-raises ``e``). The backward also raises autograd's own errors and the user's comm
+        hook's, and gloo raises a plain RuntimeError for a peer that died (no message text is
+        parsed): ``e`` is the collective's when it is a ``torch.distributed.DistError``, came
+        after 90 % of the timeout, or the step's count collective (issued before this backward
+        on every rank) failed too. A peer that dies after its counts completed is not told
+        apart from an error of the backward itself: ``e`` is re-raised unchanged. None outside
+        the step's synced backward (between ``arm`` and ``finish``)."""
         if self.counts is None or not self.armed:
             return None
         err = failure(e, self.armed_at, self.timeout, self.counts.rank, self.counts.step,
                       "a DDP bucket's gradient all-reduce")
-        if any_error or isinstance(err, CollectiveTimeout) or isinstance(e, dist.DistError):
+        if isinstance(err, CollectiveTimeout) or isinstance(e, dist.DistError):
             return err
         try:
             self.counts.result(self.timeout)
@@ -158,11 +159,9 @@ class OverlapReduce:
         fut: torch.futures.Future[Any] = state.user_hook(state.user_state, bucket)
 
         def rescale(f: torch.futures.Future[Any]) -> torch.Tensor:
-            try:
-                v = f.value()
-            except RuntimeError as e:
-                state.error = state.bucket_error(e, any_error=True)
-                raise
+            # An error of the user's hook or its collective propagates to the backward, where
+            # ``DropComputeStep._backward`` judges it (``bucket_error``).
+            v = f.value()
             t: torch.Tensor = v[0] if isinstance(v, list) else v
             try:
                 assert state.counts is not None, "a bucket was reduced outside a DropCompute step"

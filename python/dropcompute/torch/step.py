@@ -721,7 +721,7 @@ class DropComputeStep:
                 scaled.backward()  # type: ignore[no-untyped-call]
         except Exception as e:
             if self.overlap is not None:
-                error = self.overlap.error or self.overlap.bucket_error(e, any_error=False)
+                error = self.overlap.error or self.overlap.bucket_error(e)
                 if error is not None:
                     raise error from e
             raise
