@@ -219,14 +219,13 @@ class Arm:
         #: ``interleave`` compares; this rank's samples computed, dropped and handed out.
         self.progress = 0
         self.local_samples = self.dropped = self.handed = self.steps = 0
-        #: Steps the drop-rate guard ran with the threshold off (the same on every rank).
-        self.held_off = 0
         self.busy_ns = 0
         self.step_ns: List[int] = []  # per step: its time on this rank (from the previous step's end)
         #: Per step: the samples every rank computed (the count collective's sum: the same on
-        #: every rank); what the paired prediction check sums over the replayed steps.
+        #: every rank; None for plain DDP).
         self.step_samples: List[Optional[int]] = []
-        #: Per step: the micro-batches every rank started (summed; None for plain DDP).
+        #: Per step: the micro-batches every rank started (summed; None for plain DDP): what the
+        #: paired prediction check sums over the replayed steps (``paired_ratio``).
         self.step_started: List[Optional[int]] = []
         #: Per step: whether the drop-rate guard let the threshold act (True for plain DDP).
         self.enforced: List[bool] = []
@@ -304,7 +303,6 @@ class Arm:
                 self.local_samples += res.samples
                 self.dropped += res.dropped_micro_batches
                 self.handed += len(ids)
-                self.held_off += not res.guard_enforced
                 self.enforced.append(res.guard_enforced)
             self.steps += 1
             ran += 1
@@ -334,6 +332,11 @@ class Arm:
             "samples": samples,
             "busy_s": self.busy_ns / 1e9,
         }
+
+    @property
+    def held_off(self) -> int:
+        """Steps the drop-rate guard ran with the threshold off (the same on every rank)."""
+        return self.enforced.count(False)
 
     def close(self) -> None:
         """Closes the step (its compute log)."""

@@ -463,15 +463,6 @@ pub fn compare_with_progress(
             | Policy::CostBalance => super::window::candidates(&threshold_grid(&ideal, fine), jitter),
             Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => Vec::new(),
         };
-        let threshold_axis = match p {
-            Policy::ComputeBudget => Some(2),
-            Policy::DropBefore
-            | Policy::DropPredictive
-            | Policy::RebalanceDrop
-            | Policy::LengthPredictive
-            | Policy::CostBalance => Some(1),
-            Policy::Synchronous | Policy::BackupWorkers | Policy::Rebalance => None,
-        };
         let caps: Vec<u32> = (m as u32..=2 * m as u32).collect();
         let (dims, start): (Vec<usize>, Vec<usize>) = match p {
             Policy::Synchronous | Policy::Rebalance => (vec![1], vec![0]),
@@ -485,6 +476,8 @@ pub fn compare_with_progress(
                 (vec![caps.len(), quantiles.len(), grid.len()], vec![caps.len() - 1, q_start, grid.len() / 2])
             }
         };
+        // The threshold (or budget) is the last axis of the policies that have one.
+        let threshold_axis = (!grid.is_empty()).then(|| dims.len() - 1);
         let run_at = |x: &[usize]| -> PolicyRun {
             match p {
                 Policy::Synchronous | Policy::Rebalance => base,

@@ -57,25 +57,26 @@ def group_timeout(group: Optional[dist.ProcessGroup]) -> Optional[datetime.timed
     return None
 
 
-class CollectiveTimeout(TimeoutError):
+class _CollectiveContext(Exception):
+    """What a failed collective's error carries: ``rank``, ``step`` (this rank and its step) and
+    ``collective`` (which one, e.g. "the count all-reduce"); the backend's own error is the
+    ``__cause__``."""
+
+    def __init__(self, message: str, *, rank: int, step: int, collective: str) -> None:
+        super().__init__(message)
+        self.rank, self.step, self.collective = rank, step, collective
+
+
+class CollectiveTimeout(_CollectiveContext, TimeoutError):
     """A collective did not complete within the process group's timeout: a rank died, stopped
-    or never reached the step. ``rank``, ``step``: this rank and its step; ``collective``: which
-    collective (e.g. "the count all-reduce"); the backend's own error is the ``__cause__``."""
-
-    def __init__(self, message: str, *, rank: int, step: int, collective: str) -> None:
-        super().__init__(message)
-        self.rank, self.step, self.collective = rank, step, collective
+    or never reached the step (context: ``_CollectiveContext``)."""
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(_CollectiveContext, RuntimeError):
     """A collective failed before the process group's timeout: a rank died (its connections
-    closed), a connection broke, or the backend refused the call. ``rank``, ``step``, ``collective`` as in
-    ``CollectiveTimeout``; the backend's own error is the ``__cause__``. A ``RuntimeError``, as
-    the backend's error was, so a handler written for that still catches it."""
-
-    def __init__(self, message: str, *, rank: int, step: int, collective: str) -> None:
-        super().__init__(message)
-        self.rank, self.step, self.collective = rank, step, collective
+    closed), a connection broke, or the backend refused the call (context:
+    ``_CollectiveContext``). A ``RuntimeError``, as the backend's error was, so a handler
+    written for that still catches it."""
 
 
 class FlatGradients:
