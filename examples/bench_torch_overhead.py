@@ -4,13 +4,15 @@ time, peak memory <= DDP + 5 % of the gradients' size).
 
 usage (one configuration per launch, so that each peak RSS is its own):
     python -m torch.distributed.run --standalone --nproc_per_node=2 examples/bench_torch_overhead.py \
-        --params 1e6 --mode ddp|flat|overlap [--steps 20] [--out FILE.json]
-or, for the step time only, the three modes paired in one launch:
+        --params 1e6 --mode ddp|flat|overlap|auto [--steps 20] [--out FILE.json]
+or, for the step time only, the four arms paired in one launch:
     ... examples/bench_torch_overhead.py --params 1e6 --mode paired [--steps 60] [--parts] [--out FILE.json]
 (``--parts``: two more arms, a second plain DDP, the run's noise floor, and plain DDP plus only
 the step's count collective: what the count collective costs by itself).
 
-``--mode paired`` runs the three modes as arms of one process group, each its own model (the
+``--mode paired`` runs plain DDP and the three modes (``auto``: the step's default, which resolves
+to flat or overlap by the gradients' size, ``overlap.overlap_pays``; printed as
+``auto_resolved``) as arms of one process group, each its own model (the
 same initial parameters), optimizer and micro-batches, step by step in an order drawn per step
 (no arm always follows another); the overhead of a mode is the median over steps of its step
 time over plain DDP's in the same step (paired: the same load hits both), and its median step
@@ -50,6 +52,8 @@ from dropcompute.torch import DropComputeStep
 from dropcompute.torch.reduce import Counts
 
 M, B = 4, 16
+#: The reduce path each DropCompute arm ran, by its requested mode (``auto`` resolved).
+RESOLVED: Dict[str, str] = {}
 
 
 def status_kib(field: str) -> int:
@@ -84,7 +88,7 @@ def arm(mode: str, ddp: torch.nn.Module, opt: torch.optim.Optimizer, batches: Li
     ``no_sync`` accumulation (mean loss / M, the last micro-batch synced; "ddp", "ddp_again",
     and "ddp_counts" with the step's count collective added, see ``paired``), or
     ``DropComputeStep`` at threshold off in that mode (made here: its flat buffers are
-    allocated now)."""
+    allocated now; the mode it ran, ``auto`` resolved, goes to ``RESOLVED[mode]``)."""
     if mode in ("ddp", "ddp_again", "ddp_counts"):
         counts = mode == "ddp_counts"
         rank, n = dist.get_rank(), dist.get_world_size()
@@ -106,6 +110,7 @@ def arm(mode: str, ddp: torch.nn.Module, opt: torch.optim.Optimizer, batches: Li
             opt.step()
         return plain
     ctl = DropComputeStep(ddp, dropcompute.Policy(), mode=mode, micro_batch_size=B)
+    RESOLVED[mode] = ctl.mode
 
     def step() -> None:
         ctl.run(batches, lambda mod, mb: torch.nn.functional.mse_loss(mod(mb[0]), mb[1], reduction="sum")).apply(opt)
@@ -119,13 +124,13 @@ def model_and_optimizer(params: float) -> Tuple[torch.nn.Module, torch.optim.Opt
 
 
 def paired(params: float, steps: int, batches: List[Batch], rank: int, parts: bool = False) -> Dict[str, object]:
-    """``--mode paired``: the three arms step by step, in an order drawn per step (the same on
+    """``--mode paired``: the four arms step by step, in an order drawn per step (the same on
     every rank: one seed); per arm the median step time (the first 3 steps not counted) and per
     arm but DDP the median over steps of its time over DDP's in the same step. ``parts`` adds
     two arms: ``ddp_again`` (a second plain DDP: the run's noise floor) and ``ddp_counts``
     (plain DDP plus only the step's count collective, ``reduce.Counts``, issued before the last
     micro-batch's forward and waited for after its backward, as overlap mode does)."""
-    arm_names = ("ddp", "flat", "overlap") + (("ddp_again", "ddp_counts") if parts else ())
+    arm_names = ("ddp", "flat", "overlap", "auto") + (("ddp_again", "ddp_counts") if parts else ())
     arms = {m: arm(m, *model_and_optimizer(params), batches) for m in arm_names}
     order = random.Random(0)
     times: Dict[str, List[float]] = {m: [] for m in arms}
@@ -138,7 +143,7 @@ def paired(params: float, steps: int, batches: List[Batch], rank: int, parts: bo
             arms[m]()
             if s >= 3:
                 times[m].append(time.perf_counter() - t0)
-    res: Dict[str, object] = {"mode": "paired", "steps": len(times["ddp"])}
+    res: Dict[str, object] = {"mode": "paired", "steps": len(times["ddp"]), "auto_resolved": RESOLVED["auto"]}
     for m, ts in times.items():
         res[f"{m}_step_ms"] = statistics.median(ts) * 1e3
     for m in arm_names[1:]:
@@ -149,7 +154,7 @@ def paired(params: float, steps: int, batches: List[Batch], rank: int, parts: bo
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=1e6)
-    ap.add_argument("--mode", choices=["ddp", "flat", "overlap", "paired"], required=True)
+    ap.add_argument("--mode", choices=["ddp", "flat", "overlap", "auto", "paired"], required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--parts", action="store_true",
                     help="with --mode paired: also a second plain DDP arm and plain DDP plus the count collective")
@@ -189,7 +194,7 @@ def main() -> None:
             times.append(t1 - t0)
     peak = status_kib("VmHWM")
     res = {
-        "mode": args.mode, "params": n_params, "grad_mib": n_params * 4 / 2**20,
+        "mode": args.mode, "resolved": RESOLVED.get(args.mode, args.mode), "params": n_params, "grad_mib": n_params * 4 / 2**20,
         "step_ms": statistics.median(times) * 1e3, "peak_growth_mib": (peak - base) / 1024,
         "file_growth_mib": (status_kib("RssFile") - file0) / 1024,
         "anon_growth_mib": (status_kib("RssAnon") - anon0) / 1024,

@@ -3,10 +3,11 @@
     python examples/bench_torch_targets.py [--nproc 4] [--repeats 5] [--params 1e6,5e7] [--out FILE.json]
 
 1. Threshold off against plain DDP ``no_sync`` accumulation (examples/bench_torch_overhead.py,
-   2 processes) at each ``--params``: the step time paired, the three modes as arms of one
+   2 processes) at each ``--params``: the step time paired, plain DDP and the three modes
+   (flat, overlap, and auto: the default, resolved by the gradients' size) as arms of one
    launch stepping in turn (``--mode paired``, ``--steps`` steps; the overhead is the median
    over steps of a mode's step time over DDP's in the same step), ``--overhead-rounds``
-   launches, the median over them; and the peak memory growth of "ddp", "flat" and "overlap",
+   launches, the median over them; and the peak memory growth of "ddp", "flat", "overlap", "auto",
    each its own launch (a peak is per process), launched alternately ``--overhead-rounds``
    times, the median per mode. Targets: overhead <= 2 % of the step time, peak <= DDP's + 5 %
    of the gradients' size.
@@ -66,7 +67,7 @@ def main() -> None:
     if not args.skip_overhead:
         rows: List[Dict[str, Any]] = []
         for params in args.params.split(","):
-            runs: Dict[str, List[Dict[str, Any]]] = {"ddp": [], "flat": [], "overlap": []}
+            runs: Dict[str, List[Dict[str, Any]]] = {"ddp": [], "flat": [], "overlap": [], "auto": []}
             for _ in range(0 if args.skip_memory else args.overhead_rounds):
                 for mode in runs:
                     runs[mode].append(torchrun(2, "bench_torch_overhead.py", "--params", params, "--mode", mode,
@@ -78,9 +79,10 @@ def main() -> None:
             med = {m: {k: statistics.median(r[k] for r in rs) if rs else nan for k in keys}
                    for m, rs in runs.items()}
             grad_mib = pairs[0]["params"] * 4 / 2**20
-            for mode in ("flat", "overlap"):
+            for mode in ("flat", "overlap", "auto"):
                 rows.append({
-                    "params": pairs[0]["params"], "mode": mode, "grad_mib": grad_mib,
+                    "params": pairs[0]["params"], "grad_mib": grad_mib,
+                    "mode": f"auto ({pairs[0]['auto_resolved']})" if mode == "auto" else mode,
                     "ddp_step_ms": statistics.median(r["ddp_step_ms"] for r in pairs),
                     "step_ms": statistics.median(r[f"{mode}_step_ms"] for r in pairs),
                     "overhead": statistics.median(r[f"{mode}_overhead_paired"] for r in pairs),

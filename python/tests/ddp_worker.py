@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
@@ -641,7 +642,65 @@ def scenario_fingerprint_mean(rank: int, n: int, out: Dict[str, Any]) -> None:
         out["raised"] = str(e)
 
 
+def scenario_auto(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """``mode="auto"`` (the default): per case the mode the step resolved to, or the refusal;
+    then threshold-off steps of the case that resolves to overlap (a DDP bucket cap below the
+    gradients' 1560 bytes) and of the default DDP (gradients below its cap), each against plain
+    DDP ``no_sync`` accumulation: the parameters, the Python all-reduces per step, and the
+    buckets DDP's own reducer reduced (0: the flat path ran)."""
+    small_cap = 0.001  # MiB: 1048 bytes, below the model's float64 gradients (195 x 8 bytes)
+    cases: Dict[str, Callable[[], DropComputeStep]] = {
+        "ddp_default": lambda: DropComputeStep(DDP(model()), dropcompute.Policy()),
+        "ddp_small_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap), dropcompute.Policy()),
+        "plain_module": lambda: DropComputeStep(model(), dropcompute.Policy()),
+        "static_graph_small_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap, static_graph=True),
+                                                          dropcompute.Policy()),
+        "sync_lag_0_small_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap), dropcompute.Policy(),
+                                                        sync_lag=0),
+        "tracker_small_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap), dropcompute.Policy(),
+                                                     micro_batches_per_step=4,
+                                                     stragglers=dropcompute.StragglerTracker(n)),
+        "comm_hook": lambda: DropComputeStep(DDP(model()), dropcompute.Policy(), comm_hook=default_hooks.allreduce_hook,
+                                             comm_state=None),
+        "comm_hook_static_graph": lambda: DropComputeStep(DDP(model(), static_graph=True), dropcompute.Policy(),
+                                                          comm_hook=default_hooks.allreduce_hook, comm_state=None),
+        "flat_small_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap), dropcompute.Policy(),
+                                                  mode="flat"),
+        "overlap_default": lambda: DropComputeStep(DDP(model()), dropcompute.Policy(), mode="overlap"),
+    }
+    resolved: Dict[str, Any] = {}
+    for name, make in cases.items():
+        try:
+            ctl = make()
+            resolved[name] = [ctl.mode, ctl.sync_lag]
+        except ValueError as e:
+            resolved[name] = f"refused: {e}"
+    out["resolved"] = resolved
+    m, steps = 4, 3
+    runs: Dict[str, Any] = {}
+    for name, cap in (("ddp_small_cap", small_cap), ("ddp_default", None)):
+        net = model()
+        ddp = DDP(copy.deepcopy(net), bucket_cap_mb=cap)
+        ctl = DropComputeStep(ddp, dropcompute.Policy())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        plain = DDP(copy.deepcopy(net), bucket_cap_mb=cap)
+        popt = torch.optim.SGD(plain.parameters(), lr=0.1)
+        calls = []
+        for s in range(steps):
+            mbs = data(rank, s, m)
+            with CountCollectives() as cc:
+                ctl.run(mbs, sum_loss).apply(opt)
+            calls.append(cc.calls)
+            plain_accumulate(plain, mbs)
+            popt.step()
+        diff = max(float((a - b).abs().max()) for a, b in zip(ddp.module.parameters(), plain.module.parameters()))
+        runs[name] = {"mode": ctl.mode, "all_reduce_calls": calls, "max_param_diff": diff,
+                      "buckets": reducer_buckets(ddp)}
+    out["runs"] = runs
+
+
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
+    "auto": scenario_auto,
     "resume_mismatch": scenario_resume_mismatch, "fingerprint_mean": scenario_fingerprint_mean,
     "backward_error": scenario_backward_error,
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,

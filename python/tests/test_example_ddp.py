@@ -198,8 +198,8 @@ def _example_module() -> Any:
 
 @pytest.mark.parametrize("parts", [False, True])
 def test_the_overhead_bench_pairs_the_modes_in_one_launch(parts: bool, tmp_path: Path) -> None:
-    """examples/bench_torch_overhead.py --mode paired (README's threshold-off table): the three
-    modes (with --parts also a second plain DDP arm and DDP plus the count collective) step in
+    """examples/bench_torch_overhead.py --mode paired (README's threshold-off table): plain DDP
+    and the three modes, auto resolved (with --parts also a second plain DDP arm and DDP plus the count collective) step in
     one launch, and the JSON bench_torch_targets.py reads holds each arm's median step time and
     each other arm's paired overhead over DDP, a ratio of two positive times."""
     out = tmp_path / "paired.json"
@@ -210,7 +210,9 @@ def test_the_overhead_bench_pairs_the_modes_in_one_launch(parts: bool, tmp_path:
     r = json.loads(out.read_text())
     assert r["mode"] == "paired" and r["steps"] == 3, r  # the first 3 of 6 not timed
     assert r["params"] == sum(3 * (w * w + w) for w in [int((2e4 / 3) ** 0.5)]), r
-    others = ["flat", "overlap"] + (["ddp_again", "ddp_counts"] if parts else [])
+    others = ["flat", "overlap", "auto"] + (["ddp_again", "ddp_counts"] if parts else [])
+    # 2e4 parameters (78 KiB of gradients) sit below DDP's 25 MiB bucket: auto runs flat.
+    assert r["auto_resolved"] == "flat", r
     assert sorted(k[:-len("_step_ms")] for k in r if k.endswith("_step_ms")) == sorted(["ddp"] + others), r
     for m in ["ddp"] + others:
         assert r[f"{m}_step_ms"] > 0, r

@@ -164,6 +164,39 @@ def test_static_graph_ddp_runs_flat_and_is_refused_in_overlap_mode(tmp_path: Pat
         assert "model.static_graph: True" in r["refused"] and "mode='flat'" in r["refused"], r
 
 
+# mode="auto": (case, what it resolves to: [mode, sync_lag] or the refusal's start).
+AUTO = {
+    "ddp_default": ["flat", 0],  # gradients (1560 bytes) below DDP's 25 MiB bucket cap
+    "ddp_small_cap": ["overlap", 1],  # above a 1048-byte cap: overlap, with its sync lag
+    "plain_module": ["flat", 0],  # no DDP reducer to overlap
+    "static_graph_small_cap": ["flat", 0],  # DDP cannot accumulate under a static graph
+    "sync_lag_0_small_cap": ["flat", 0],  # overlap needs the last micro-batch known in advance
+    "tracker_small_cap": ["flat", 0],  # the tracker needs latencies overlap cannot measure
+    "comm_hook": ["overlap", 1],  # the user's hook runs in DDP's reducer
+    "comm_hook_static_graph": "refused: model.static_graph: True",
+    "flat_small_cap": ["flat", 0],  # an explicit mode is kept
+    "overlap_default": ["overlap", 1],
+}
+
+
+def test_auto_mode_takes_overlap_only_where_it_can_run_and_the_gradients_exceed_a_bucket(tmp_path: Path) -> None:
+    for r in torchrun("auto", 2, tmp_path):
+        for case, want in AUTO.items():
+            got = r["resolved"][case]
+            if isinstance(want, str):
+                assert isinstance(got, str) and got.startswith(want), (case, got)
+            else:
+                assert got == want, (case, got)
+        # The resolved paths run: overlap through DDP's own reducer (one Python all-reduce a
+        # step: the counts), flat through its own (two: the counts and the gradients), each
+        # equal to plain DDP accumulation.
+        over, flat = r["runs"]["ddp_small_cap"], r["runs"]["ddp_default"]
+        assert over["mode"] == "overlap" and over["all_reduce_calls"] == [1, 1, 1] and over["buckets"] >= 1, over
+        assert flat["mode"] == "flat" and flat["all_reduce_calls"] == [2, 2, 2] and flat["buckets"] == 0, flat
+        for run in (over, flat):
+            assert run["max_param_diff"] <= 1e-12, run
+
+
 def test_overlap_composes_with_the_users_comm_hook(tmp_path: Path) -> None:
     for r in torchrun("hook", 2, tmp_path):
         assert r["max_param_diff"] <= 1e-7, r  # plain DDP with the same bf16 compression hook

@@ -166,7 +166,7 @@ def test_the_module_imports_without_transformers(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("kw,error,message", [
-    ({"mode": "x"}, ValueError, "mode: 'x': must be 'flat' or 'overlap'"),
+    ({"mode": "x"}, ValueError, "mode: 'x': must be one of 'auto', 'flat', 'overlap'"),
     ({"sync_lag": -1}, ValueError, "sync_lag: -1: must be an int >= 0"),
     ({"sync_lag": True}, TypeError, "sync_lag: True: a bool where an integer belongs"),
     ({"seed": True}, TypeError, "seed: True: a bool where an integer belongs"),

@@ -55,7 +55,7 @@ class AcceleratedDropCompute:
     ``accelerator``: the ``accelerate.Accelerator`` (``gradient_accumulation_steps`` 1).
     ``model``: what ``accelerator.prepare`` returned for the model (a DDP module when
     ``accelerator.num_processes`` > 1). ``policy``: the job's ``dropcompute.Policy``.
-    ``step_kwargs``: passed to ``DropComputeStep`` (``mode``: "flat", or "overlap" with the
+    ``step_kwargs``: passed to ``DropComputeStep`` (``mode``: "auto", "flat", or "overlap" with the
     prepared DDP module: DDP's bucketed all-reduce during the last micro-batch's backward,
     tested against the plain Accelerate loop; ``normalization``,
     ``micro_batch_size``, ``micro_batches_per_step``, ``sync_lag``, ``compute_log``, ...; not

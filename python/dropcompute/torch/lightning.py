@@ -76,7 +76,7 @@ class DropComputeModule:
     L.LightningModule)``). Set ``self.dropcompute_policy`` (a ``dropcompute.Policy``, identical
     on every rank) in ``__init__``; optionally ``self.dropcompute_step_kwargs`` (passed to
     ``DropComputeStep``: ``micro_batches_per_step``, ``normalization``, ``sync_lag``,
-    ``compute_log``, ``mode`` ("flat" by default, or "overlap": module doc), ``comm_hook``, ...;
+    ``compute_log``, ``mode`` ("auto" by default, "flat" or "overlap": module doc), ``comm_hook``, ...;
     not ``backward_fn``, ``device``). Implement
     ``dropcompute_loss(micro_batch)``: the micro-batch's per-sample losses (shape ``(b,)``) or
     their SUM (not the mean). ``configure_optimizers`` as usual (one optimizer; a scheduler is
@@ -127,7 +127,6 @@ class DropComputeModule:
         accumulate = getattr(trainer, "accumulate_grad_batches", 1)
         if accumulate != 1:
             raise ValueError(f"trainer.accumulate_grad_batches: {accumulate}: must be 1 (DropCompute owns the step)")
-        kw.setdefault("mode", "flat")
         self._dropcompute = DropComputeStep(self._dropcompute_model(), self.dropcompute_policy, backward_fn=self.manual_backward,  # type: ignore[attr-defined]
                                             device=self.device, **kw)  # type: ignore[attr-defined]
         return self._dropcompute

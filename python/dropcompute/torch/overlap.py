@@ -2,7 +2,8 @@
 micro-batch, and the step rescales the reduced gradient by the global count.
 
 Owns: ``OverlapReduce`` (the step's pending rescale on one DDP module, and the comm hook that
-composes it with the user's), ``zero_grads``. Must not touch: the decision of which
+composes it with the user's), overlap's preconditions (``overlap_refusal``) and when it pays
+(``overlap_pays``, ``mode="auto"``'s rule), ``zero_grads``. Must not touch: the decision of which
 micro-batch is the last (the crate's walker, ``StepWalk.peek``), the divisor's rule.
 
 How a step runs (``step.DropComputeStep`` with ``mode="overlap"``): every micro-batch but the
@@ -46,23 +47,55 @@ import torch.distributed as dist
 from .reduce import CollectiveError, CollectiveTimeout, Counts, Reduced, collective, failure, found_flag, rescale_factor, scale_checked_
 
 
+def overlap_refusal(model: torch.nn.Module, sync_lag: Optional[int],
+                    latencies_for: Optional[Tuple[str, str]]) -> Optional[str]:
+    """Why ``mode="overlap"`` cannot run, as the ValueError's message naming the argument; None
+    when it can. ``model``: the step's model; ``sync_lag``: the step's (None: its default, 1 in
+    overlap mode); ``latencies_for``: (argument, name) of what needs every rank's micro-batch
+    latencies (a step policy that learns, the retuner, the straggler tracker), or None. The one
+    list of overlap's preconditions: ``step.DropComputeStep`` refuses ``mode="overlap"`` with
+    it and ``mode="auto"`` runs the flat path when it says no."""
+    if not hasattr(model, "register_comm_hook"):
+        return "model: mode='overlap' needs a DistributedDataParallel module (its reducer overlaps)"
+    if getattr(model, "static_graph", False):
+        # DDP's own no_sync accumulation asserts under static_graph (pytorch #143580; the test
+        # shows plain DDP failing the same way): the flat path never runs DDP's reducer.
+        return ("model.static_graph: True: DDP cannot accumulate under no_sync with a static graph "
+                "(pytorch #143580); use mode='flat'")
+    if sync_lag == 0:
+        return "sync_lag: 0: mode='overlap' must know the last micro-batch before launching it (>= 1)"
+    if latencies_for is not None:
+        return (f"{latencies_for[0]}: {latencies_for[1]!r} needs every rank's micro-batch latencies, which "
+                "mode='overlap' cannot measure (the last micro-batch's time includes DDP's all-reduce, which "
+                "waits for the slowest rank); use mode='flat'")
+    return None
+
+
+def overlap_pays(model: torch.nn.Module, params: List[torch.nn.Parameter]) -> bool:
+    """``mode="auto"``'s rule: whether the gradients (``params``' bytes) exceed one DDP bucket
+    (``model.bucket_bytes_cap``, DDP's ``bucket_cap_mb``, 25 MiB by default). Overlap hides the
+    all-reduce of every bucket but the last one ready behind the backward, and costs one
+    collective more than the flat path (the counts travel beside DDP's buckets instead of
+    beside one flat all-reduce). Measured at threshold off against plain DDP ``no_sync``
+    accumulation (2026-12-04, 2 processes on 2 cores, gloo, paired steps,
+    ``bench_torch_overhead.py --mode paired``): 1.0 M parameters (3.8 MiB) flat −0.8 %, overlap
+    +6.4 %; 7.0 M (26.7 MiB, just above the cap) flat −0.4 %, overlap +0.3 %; 15 M (57 MiB) flat
+    +4.7 %, overlap −0.2 %; 50 M overlap −0.3 % (README's Python section)."""
+    cap = getattr(model, "bucket_bytes_cap", 25 * 2**20)
+    return sum(p.numel() * p.element_size() for p in params) > cap
+
+
 class OverlapReduce:
     """The overlap path's state on one DDP module: the step's pending rescale, and the comm
     hook that composes it with ``user_hook`` (registered once on the module; no hook of ours
     without one: DDP's built-in all-reduce runs). ``user_state``: the user hook's state.
-    Raises ValueError when the model is not a DDP module or runs with ``static_graph``."""
+    Raises ValueError when the model cannot run it (``overlap_refusal``)."""
 
     def __init__(self, ddp: torch.nn.Module, user_hook: Optional[Callable[..., Any]], user_state: Any,
                  group: Optional[dist.ProcessGroup]) -> None:
-        if not hasattr(ddp, "register_comm_hook"):
-            raise ValueError("model: mode='overlap' needs a DistributedDataParallel module (its reducer overlaps)")
-        if getattr(ddp, "static_graph", False):
-            # DDP's own no_sync accumulation asserts under static_graph (pytorch #143580; the
-            # test shows plain DDP failing the same way): the flat path never runs DDP's reducer.
-            raise ValueError(
-                "model.static_graph: True: DDP cannot accumulate under no_sync with a static graph "
-                "(pytorch #143580); use mode='flat'"
-            )
+        refused = overlap_refusal(ddp, 1, None)
+        if refused is not None:
+            raise ValueError(refused)
         self.ddp = ddp
         self.user_hook = user_hook
         self.user_state = user_state

@@ -71,7 +71,7 @@ from .args import count, opt_count
 from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
-from .overlap import OverlapReduce, zero_grads
+from .overlap import OverlapReduce, overlap_pays, overlap_refusal, zero_grads
 from .reduce import Counts, FlatGradients, found_flag, group_timeout, reduce_flat, scale_checked_
 
 
@@ -185,6 +185,17 @@ class StepResult:
         return stepped
 
 
+#: The reduce paths ``DropComputeStep(mode=...)`` takes.
+MODES = ("auto", "flat", "overlap")
+
+
+def check_mode(mode: Any) -> None:
+    """Raises ValueError unless ``mode`` is one of ``MODES`` (the step's check, also run by the
+    integrations' configurations when they are made)."""
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r}: must be one of {', '.join(repr(m) for m in MODES)}")
+
+
 class DropComputeStep:
     """Runs gradient-accumulation steps under a compute deadline (see the module doc).
 
@@ -200,11 +211,14 @@ class DropComputeStep:
     (read by ``dropcompute tune``). ``estimator``: the latency estimate of the predictive check.
     ``timeout``: how long a collective may wait (default: the process group's own).
     ``mode``: "flat" (one in-place all-reduce per gradient dtype after the compute phase;
-    ``reduce``) or "overlap" (DDP's own bucketed all-reduce during the last micro-batch's
+    ``reduce``), "overlap" (DDP's own bucketed all-reduce during the last micro-batch's
     backward, the gradient rescaled by the global count afterwards: ``overlap``; needs a DDP
-    module and ``sync_lag`` >= 1, its default there). ``comm_hook``/``comm_state``: the user's
-    DDP comm hook in overlap mode (e.g. ``bf16_compress_hook``), composed with the rescale (without
-    one DDP's built-in all-reduce runs).
+    module, ``sync_lag`` >= 1, its default there, and no step policy, retuner or tracker that
+    learns from latencies: ``overlap.overlap_refusal``) or "auto" (the default: overlap when it
+    can run and the gradients exceed one DDP bucket, ``overlap.overlap_pays``, or a
+    ``comm_hook`` is given; else flat; ``self.mode`` says which). ``comm_hook``/``comm_state``:
+    the user's DDP comm hook in overlap mode (e.g. ``bf16_compress_hook``), composed with the
+    rescale (without one DDP's built-in all-reduce runs).
     ``backward_fn(scaled_loss)``: runs the backward of each micro-batch's scaled loss (default
     ``scaled_loss.backward()``); an integration passes its stack's own, e.g.
     ``accelerator.backward`` (its GradScaler) or Lightning's ``manual_backward``. It must call
@@ -231,7 +245,7 @@ class DropComputeStep:
         compute_log: Optional[str] = None,
         estimator: Optional[LatencyEstimator] = None,
         timeout: Optional[datetime.timedelta] = None,
-        mode: str = "flat",
+        mode: str = "auto",
         comm_hook: Optional[Callable[..., Any]] = None,
         comm_state: Any = None,
         backward_fn: Optional[Callable[[torch.Tensor], Any]] = None,
@@ -246,12 +260,7 @@ class DropComputeStep:
             raise ValueError("micro_batch_size: must be > 0 with normalization='nominal'")
         micro_batches_per_step = opt_count("micro_batches_per_step", micro_batches_per_step, 1)
         sync_lag = opt_count("sync_lag", sync_lag, 0)
-        if mode not in ("flat", "overlap"):
-            raise ValueError(f"mode: {mode!r}: must be 'flat' or 'overlap'")
-        if mode == "overlap" and sync_lag == 0:
-            raise ValueError("sync_lag: 0: mode='overlap' must know the last micro-batch before launching it (>= 1)")
-        if mode == "flat" and comm_hook is not None:
-            raise ValueError("comm_hook: only mode='overlap' runs DDP's reducer (the flat path has its own all-reduce)")
+        check_mode(mode)
         inner = getattr(model, "module", model)
         if getattr(model, "broadcast_buffers", False) and any(True for _ in inner.buffers()):
             raise ValueError("model.broadcast_buffers: must be False (ranks run different numbers of forwards)")
@@ -262,9 +271,6 @@ class DropComputeStep:
         if backward_fn is not None and not callable(backward_fn):
             raise TypeError(f"backward_fn: {backward_fn!r}: must be callable")
         self.backward_fn = backward_fn
-        self.mode = mode
-        self.grads = FlatGradients(self.params) if mode == "flat" else None
-        self.overlap = OverlapReduce(model, comm_hook, comm_state, group) if mode == "overlap" else None
         self._recent: Any = None
         self.policy = policy
         self.step_policy = step_policy
@@ -277,6 +283,18 @@ class DropComputeStep:
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self._check_policies()
+        refused = overlap_refusal(model, sync_lag, self._latencies_for())
+        if mode == "auto":
+            mode = "overlap" if comm_hook is not None or (refused is None and overlap_pays(model, self.params)) \
+                else "flat"
+        if mode == "overlap" and refused is not None:
+            raise ValueError(refused)
+        if mode == "flat" and comm_hook is not None:
+            raise ValueError("comm_hook: only mode='overlap' runs DDP's reducer (the flat path has its own all-reduce)")
+        #: The reduce path this step runs: "flat" or "overlap" (``mode="auto"`` resolved).
+        self.mode = mode
+        self.grads = FlatGradients(self.params) if mode == "flat" else None
+        self.overlap = OverlapReduce(model, comm_hook, comm_state, group) if mode == "overlap" else None
         #: The deadline the walks run under (the step policy's, ``StepPolicy.deadline``).
         self._walk_policy = step_policy.deadline(policy) if step_policy is not None else policy
         if retuner is not None:
@@ -315,14 +333,6 @@ class DropComputeStep:
             if sp.tail_split != 1:
                 raise ValueError(f"step_policy.tail_split: {sp.tail_split}: dropcompute.torch runs whole micro-batches "
                                  "only (tail_split 1)")
-        if self.mode == "overlap":
-            what = ("step_policy", sp.kind) if sp is not None and sp.learns else \
-                ("retuner", "Retuner") if rt is not None else \
-                ("stragglers", "StragglerTracker") if self.stragglers is not None else None
-            if what is not None:
-                raise ValueError(f"{what[0]}: {what[1]!r} needs every rank's micro-batch latencies, which "
-                                 "mode='overlap' cannot measure (the last micro-batch's time includes DDP's all-reduce, which waits "
-                                 "for the slowest rank); use mode='flat'")
         if (sp is not None or rt is not None or self.stragglers is not None) and m is None:
             raise ValueError("micro_batches_per_step: None: a step policy, retuner or straggler tracker needs M")
         if rt is not None:
@@ -340,6 +350,14 @@ class DropComputeStep:
                 raise TypeError(f"stragglers: {st!r}: must be a dropcompute.StragglerTracker")
             if len(st.hits) != n:
                 raise ValueError(f"stragglers: world_size {len(st.hits)}: must be {n}")
+
+    def _latencies_for(self) -> Optional[Tuple[str, str]]:
+        """(argument, name) of what needs every rank's micro-batch latencies, or None (what
+        ``overlap_refusal`` refuses overlap mode for)."""
+        sp = self.step_policy
+        return ("step_policy", sp.kind) if sp is not None and sp.learns else \
+            ("retuner", "Retuner") if self.retuner is not None else \
+            ("stragglers", "StragglerTracker") if self.stragglers is not None else None
 
     def assignment(self) -> List[int]:
         """Micro-batches each rank runs in the next step (by rank; identical on every rank):

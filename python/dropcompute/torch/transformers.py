@@ -79,7 +79,7 @@ import torch.distributed as dist
 from .. import Policy
 from .args import count, opt_count
 from .data import DropComputeSampler, batch_size
-from .step import DropComputeStep, StepResult
+from .step import DropComputeStep, StepResult, check_mode
 
 __all__ = ["DropComputeConfig", "DropComputeTrainerMixin", "StepBatch", "DropComputeTrainer"]
 
@@ -90,7 +90,7 @@ class DropComputeConfig:
     constructor, or as a ``dropcompute`` attribute of its ``TrainingArguments``).
 
     ``policy``: the job's ``dropcompute.Policy`` (default: threshold off), identical on every
-    rank. ``mode``: "flat" (default) or "overlap" (``DropComputeStep``). ``compute_log``: this
+    rank. ``mode``: "auto" (default), "flat" or "overlap" (``DropComputeStep``). ``compute_log``: this
     rank's compute log path (``{rank}`` is replaced by the rank; without it, ``.rank{r}`` is
     appended when the world has more than one rank). ``sync_lag``: micro-batches the deadline
     check reads behind (default: the step's, 0 on the CPU in flat mode). ``count_fn(mb) -> int``:
@@ -98,7 +98,7 @@ class DropComputeConfig:
     ``seed``: the dealer's shuffle seed (default ``args.data_seed``, else ``args.seed``)."""
 
     policy: Optional[Policy] = None
-    mode: str = "flat"
+    mode: str = "auto"
     compute_log: Optional[str] = None
     sync_lag: Optional[int] = None
     count_fn: Optional[Callable[[Any], int]] = None
@@ -107,8 +107,7 @@ class DropComputeConfig:
     def __post_init__(self) -> None:
         if self.policy is not None and not isinstance(self.policy, Policy):
             raise TypeError(f"policy: {type(self.policy).__name__}: must be a dropcompute.Policy")
-        if self.mode not in ("flat", "overlap"):
-            raise ValueError(f"mode: {self.mode!r}: must be 'flat' or 'overlap'")
+        check_mode(self.mode)
         opt_count("sync_lag", self.sync_lag, 0)
         opt_count("seed", self.seed, 0)
         if self.count_fn is not None and not callable(self.count_fn):
