@@ -609,16 +609,24 @@ def scenario_backward_error(rank: int, n: int, out: Dict[str, Any]) -> None:
 
 def scenario_resume_mismatch(rank: int, n: int, out: Dict[str, Any]) -> None:
     """Every rank runs a step and saves its state; the last rank restores a state that differs
-    in DC_FIELD ("step": another step index; "drop_guard": other guard counts): the next step
-    raises ValueError on every rank, naming the ranks that differ."""
+    in DC_FIELD ("step": another step index; "drop_guard": other guard counts; "assigner": the
+    drop-before step policy's assigner with another next assignment): the next step raises
+    ValueError on every rank, naming the ranks that differ."""
+    field = os.environ["DC_FIELD"]
     policy = dropcompute.Policy(drop_guard=0.5)
-    ctl = DropComputeStep(DDP(model()), policy, mode=mode())
+    sp = dropcompute.StepPolicy("drop-before") if field == "assigner" else None
+    ctl = DropComputeStep(DDP(model()), policy, mode=mode(), step_policy=sp,
+                          micro_batches_per_step=2 if sp is not None else None)
     ctl.run(data(rank, 0, 2), sum_loss)
     state = ctl.state_dict()
     if rank == n - 1:
-        field = os.environ["DC_FIELD"]
         if field == "step":
             state["step"] += 3
+        elif field == "assigner":
+            a = json.loads(state["assigner"])
+            assert a[0]["assignment"] == [2] * n, a
+            a[0]["assignment"] = [1] + [2] * (n - 2) + [3]  # as many in all, dealt otherwise
+            state["assigner"] = json.dumps(a)
         else:
             handed, dropped, reserve, last = state[field]
             state[field] = [handed + 8, dropped, reserve, last]

@@ -111,11 +111,11 @@ def test_mean_losses_uncounted_loss_vectors_and_differing_policies_are_refused(t
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("field,nproc", [("step", 2), ("drop_guard", 2), ("step", 3)])
+@pytest.mark.parametrize("field,nproc", [("step", 2), ("drop_guard", 2), ("assigner", 2), ("step", 3)])
 def test_ranks_resumed_from_different_checkpoints_are_refused_on_every_rank(field: str, nproc: int, mode: str,
                                                                            tmp_path: Path) -> None:
-    """The last rank restores a state whose step index or drop-guard counts differ from the
-    others': the next step's count collective (every rank's state fingerprint in its own slot)
+    """The last rank restores a state whose step index, drop-guard counts or assigner differ
+    from the others': the next step's count collective (every rank's state fingerprint in its own slot)
     raises ValueError on every rank, naming the ranks that differ from it."""
     for r in torchrun("resume_mismatch", nproc, tmp_path, DC_MODE=mode, DC_FIELD=field):
         assert r["raised"] is not None and "the ranks hold different step states" in r["raised"], r

@@ -435,12 +435,14 @@ class DropComputeStep:
     def _state_fingerprint(self) -> int:
         """What every rank must hold alike between steps (fed the same global numbers): the step
         index, the observed micro-batch size and count, the drop guard's counts and the
-        micro-batches last handed out, the threshold in force (what ``state_dict`` restores,
-        but the assigner's state). Differing values mean ranks resumed from different
-        checkpoints; the count collective compares them."""
+        micro-batches last handed out, the threshold in force, the step policy's assigner
+        (``Assigner.state``: its next assignment and what it learned): what ``state_dict``
+        restores. Differing values mean ranks resumed from different checkpoints; the count
+        collective compares them."""
         g = self.guard.counts if self.guard is not None else None
+        a = self.assigner.state() if self.assigner is not None else None
         key = (f"{self.step}|{self._observed_b!r}|{self._observed_m}|{g}|{self._last_handed}|"
-               f"{self._walk_policy.threshold_ns}")
+               f"{self._walk_policy.threshold_ns}|{a}")
         return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
     def _no_sync(self) -> Any:
