@@ -338,9 +338,16 @@ class StragglerTracker:
 
 class Retuner:
     """Closed-loop re-tuning: probe windows with the threshold off, enforce windows with the
-    tuned threshold (``tune::retune::Retuner``). Raises ValueError for ``world_size`` above
-    ``MAX_WORLD_SIZE``, ``micro_batches`` above ``MAX_MICRO_BATCHES``, a negative or non-finite
-    ``hysteresis``; ``on_step`` for a matrix not of shape (world_size, micro_batches)."""
+    tuned threshold (``tune::retune::Retuner``). ``check``: what a threshold is scored under:
+    "oracle" (the exact search over the probe window) or the check the step runs, "before" or
+    "predictive", replayed with ``sync_lag`` (as ``recommend`` replays it); ``jitter_ns``: the
+    timing jitter the threshold must tolerate (``recommend``'s; replayed checks only).
+    ``DropComputeStep`` refuses a replayed check other than its policy's or a sync lag other
+    than its own. Raises ValueError for ``world_size`` above ``MAX_WORLD_SIZE``,
+    ``micro_batches`` above ``MAX_MICRO_BATCHES``, a negative or non-finite ``hysteresis``, an
+    unknown ``check``, ``sync_lag`` or ``jitter_ns`` above 0 with "oracle", a negative or
+    non-finite ``jitter_ns``; ``on_step`` for a matrix not of shape (world_size,
+    micro_batches)."""
 
     def __init__(
         self,
@@ -354,6 +361,9 @@ class Retuner:
         min_batch_fraction: float = 0.75,
         min_gain: float = 0.02,
         min_micro_batches: int = 1,
+        check: str = "oracle",
+        sync_lag: int = 0,
+        jitter_ns: float = 0.0,
     ) -> None: ...
     def on_step(
         self, latencies_ns: npt.NDArray[np.float64], step_time_ns: float
@@ -368,6 +378,12 @@ class Retuner:
     def config(self) -> str:
         """The configuration as text (equal on ranks that retune alike)."""
         ...
+    @property
+    def check(self) -> str:
+        """The check it scores thresholds under: "oracle", "before" or "predictive"."""
+        ...
+    @property
+    def sync_lag(self) -> int: ...
 
 class StepPolicy:
     """A step policy and its parameters (``policy::StepPolicy``), identical on every rank.

@@ -99,6 +99,37 @@ fn check_name(c: CheckMode) -> &'static str {
     c.name() // the core's one spelling of the check modes
 }
 
+/// The guardrails a tuner runs under (`recommend`, `Retuner`), each checked by name: the
+/// fractions in [0, 1], `jitter_ns` finite and >= 0 (`Guardrails::validate`, the one rule).
+fn guardrails(max_drop_rate: f64, min_batch_fraction: f64, min_gain: f64, jitter_ns: f64) -> PyResult<Guardrails> {
+    let g = Guardrails {
+        max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
+        min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
+        min_gain: fraction("min_gain", min_gain)?,
+        jitter_ns,
+    };
+    if g.validate().is_err() {
+        return Err(value_err("jitter_ns", format!("{jitter_ns}: must be a finite number of ns >= 0")));
+    }
+    Ok(g)
+}
+
+/// The check a tuner scores thresholds under: None for "oracle" (the exact search over the
+/// trace), else the check mode it replays (`parse_check`). Refuses `jitter_ns` above 0 with
+/// the oracle: the jitter window is replayed, the oracle is not.
+fn tuned_check(check: &str, jitter_ns: f64) -> PyResult<Option<CheckMode>> {
+    let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
+    if mode.is_none() && jitter_ns > 0.0 {
+        return Err(value_err(
+            "jitter_ns",
+            format!(
+                "{jitter_ns}: the jitter window is replayed, the oracle is not; use check=\"before\" or \"predictive\""
+            ),
+        ));
+    }
+    Ok(mode)
+}
+
 fn fraction(field: &str, v: f64) -> PyResult<f64> {
     if (0.0..=1.0).contains(&v) { Ok(v) } else { Err(value_err(field, format!("{v}: must be a fraction in [0, 1]"))) }
 }
@@ -817,25 +848,8 @@ fn recommend(
     drop_guard: bool,
     #[pyo3(from_py_with = crate::args::number)] jitter_ns: f64,
 ) -> PyResult<Verdict> {
-    let guardrails = Guardrails {
-        max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
-        min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
-        min_gain: fraction("min_gain", min_gain)?,
-        jitter_ns,
-    };
-    // The one rule (`Guardrails::validate`); the fractions were checked above by name.
-    if guardrails.validate().is_err() {
-        return Err(value_err("jitter_ns", format!("{jitter_ns}: must be a finite number of ns >= 0")));
-    }
-    let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
-    if mode.is_none() && jitter_ns > 0.0 {
-        return Err(value_err(
-            "jitter_ns",
-            format!(
-                "{jitter_ns}: the jitter window is replayed, the oracle is not; use check=\"before\" or \"predictive\""
-            ),
-        ));
-    }
+    let guardrails = guardrails(max_drop_rate, min_batch_fraction, min_gain, jitter_ns)?;
+    let mode = tuned_check(check, jitter_ns)?;
     // The guard runs in the replay: the oracle (the exact search) has none.
     let guard = match (drop_guard, mode) {
         (false, _) => None,
@@ -1155,12 +1169,15 @@ pub struct Retuner {
     shape: (usize, usize),
     /// The configuration as text (`RetunerConfig`'s Debug form): what every rank must share.
     config: String,
+    /// The check it replays (None: the oracle) and that check's sync lag.
+    check: Option<CheckMode>,
+    sync_lag: u32,
 }
 
 #[pymethods]
 impl Retuner {
     #[new]
-    #[pyo3(signature = (world_size, micro_batches, *, period=200, probe_steps=20, hysteresis=0.01, max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1))]
+    #[pyo3(signature = (world_size, micro_batches, *, period=200, probe_steps=20, hysteresis=0.01, max_drop_rate=0.10, min_batch_fraction=0.75, min_gain=0.02, min_micro_batches=1, check="oracle", sync_lag=0, jitter_ns=0.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = crate::args::number)] world_size: usize,
@@ -1172,27 +1189,40 @@ impl Retuner {
         #[pyo3(from_py_with = crate::args::number)] min_batch_fraction: f64,
         #[pyo3(from_py_with = crate::args::number)] min_gain: f64,
         #[pyo3(from_py_with = crate::args::number)] min_micro_batches: u32,
+        check: &str,
+        #[pyo3(from_py_with = crate::args::number)] sync_lag: u32,
+        #[pyo3(from_py_with = crate::args::number)] jitter_ns: f64,
     ) -> PyResult<Self> {
         let world_size = self::world_size("world_size", world_size)?;
         let micro_batches = self::micro_batches("micro_batches", micro_batches)?;
+        let mode = tuned_check(check, jitter_ns)?;
+        if mode.is_none() && sync_lag > 0 {
+            return Err(value_err(
+                "sync_lag",
+                format!("{sync_lag}: the oracle has no check to lag; use check=\"before\" or \"predictive\""),
+            ));
+        }
         let cfg = RetunerConfig {
             period,
             probe_steps,
             hysteresis,
             tune: TuneConfig {
-                guardrails: Guardrails {
-                    max_drop_rate: fraction("max_drop_rate", max_drop_rate)?,
-                    min_batch_fraction: fraction("min_batch_fraction", min_batch_fraction)?,
-                    min_gain: fraction("min_gain", min_gain)?,
-                    jitter_ns: 0.0,
-                },
+                guardrails: guardrails(max_drop_rate, min_batch_fraction, min_gain, jitter_ns)?,
                 min_micro_batches,
             },
-            execution: None,
+            // The replayed check of the step that runs the threshold (its warm-up is the
+            // step's own; the window replays from its first step).
+            execution: mode.map(|check| ExecutionModel {
+                check,
+                sync_lag,
+                warmup_steps: 0,
+                min_micro_batches,
+                drop_guard: None,
+            }),
         };
         let inner = tune::retune::Retuner::new(cfg, world_size, micro_batches)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { inner, shape: (world_size, micro_batches), config: format!("{cfg:?}") })
+        Ok(Self { inner, shape: (world_size, micro_batches), config: format!("{cfg:?}"), check: mode, sync_lag })
     }
 
     /// Feed one step's (N, M) latency matrix (ns; NaN for dropped) and step time (ns).
@@ -1259,6 +1289,16 @@ impl Retuner {
     #[getter]
     fn config(&self) -> &str {
         &self.config
+    }
+    /// The check it scores thresholds under: "oracle", "before" or "predictive".
+    #[getter]
+    fn check(&self) -> &'static str {
+        self.check.map_or("oracle", check_name)
+    }
+    /// The replayed check's sync lag (micro-batches; 0 with the oracle).
+    #[getter]
+    fn sync_lag(&self) -> u32 {
+        self.sync_lag
     }
 }
 

@@ -172,6 +172,23 @@ def test_straggler_tracker_and_retuner() -> None:
     assert rt.threshold_ns == 4_000_000
 
 
+@pytest.mark.parametrize("check,jitter_ns", [("oracle", 0.0), ("before", 0.0), ("predictive", 0.0),
+                                             ("before", 1e6), ("predictive", 1e6)])
+def test_the_retuner_tunes_as_recommend_on_its_probe_window(check: str, jitter_ns: float) -> None:
+    """The retuner's probe window scored under ``check`` (with the jitter window) chooses what
+    ``recommend`` chooses on the same window: one tuner, whatever face asks."""
+    lat = _straggler_trace()
+    lat[0, 2, 1::3] = 3e6  # a second, smaller tail on rank 0: the checks and the window differ
+    kw = dict(max_drop_rate=0.25, min_batch_fraction=0.75, min_gain=0.0)
+    rt = dc.Retuner(2, 4, period=20, probe_steps=12, check=check, jitter_ns=jitter_ns, **kw)
+    assert (rt.check, rt.sync_lag) == (check, 0)
+    for s in range(12):
+        rt.on_step(np.ascontiguousarray(lat[:, :, s]), float(lat[:, :, s].sum(axis=1).max()))
+    v = dc.recommend(lat, check=check, jitter_ns=jitter_ns, **kw)
+    assert rt.threshold_ns == (v.threshold_ns if v.enabled else None), (rt.threshold_ns, v)
+    assert v.enabled or (check, jitter_ns) == ("predictive", 1e6), v  # the window's one refusal
+
+
 def test_policy_pickles_and_compares() -> None:
     import pickle
 

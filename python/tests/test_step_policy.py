@@ -117,6 +117,9 @@ def _net() -> torch.nn.Module:
                                                                                                budget_ns=5)),
      "retuner"),
     (dict(retuner=dropcompute.Retuner(2, 4, period=20, probe_steps=10)), "retuner"),
+    # A replayed check other than the step's (the policy's "before", the CPU's sync lag 0).
+    (dict(retuner=dropcompute.Retuner(1, 4, period=20, probe_steps=10, check="predictive")), "retuner"),
+    (dict(retuner=dropcompute.Retuner(1, 4, period=20, probe_steps=10, check="before", sync_lag=1)), "retuner"),
     (dict(stragglers=dropcompute.StragglerTracker(3)), "stragglers"),
     (dict(step_policy=StepPolicy("compute-budget")), "budget_ns"),
     (dict(step_policy=StepPolicy("drop-predictive")), "policy.check"),

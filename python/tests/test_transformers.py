@@ -159,7 +159,7 @@ def test_the_module_imports_without_transformers(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "transformers", None)  # "not installed"
     monkeypatch.delitem(sys.modules, "dropcompute.torch.transformers", raising=False)
     mod = importlib.import_module("dropcompute.torch.transformers")
-    assert mod.DropComputeConfig().mode == "flat"
+    assert mod.DropComputeConfig().mode == "auto"
     with pytest.raises(ImportError):
         mod.DropComputeTrainer
     monkeypatch.delitem(sys.modules, "dropcompute.torch.transformers")

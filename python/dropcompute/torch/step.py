@@ -310,6 +310,11 @@ class DropComputeStep:
         self.bridge = bridge_for(dev)
         self.clock = DeviceClock(dev)
         self.sync_lag = sync_lag if sync_lag is not None else (0 if dev.type == "cpu" and mode == "flat" else 1)
+        if retuner is not None and retuner.check != "oracle" and \
+                (retuner.check, retuner.sync_lag) != (self._walk_policy.check, self.sync_lag):
+            raise ValueError(f"retuner: check {retuner.check!r}, sync_lag {retuner.sync_lag}: must be the step's "
+                             f"({self._walk_policy.check!r}, {self.sync_lag}): the retuner replays the check the "
+                             "step runs")
         self.estimator = estimator
         self.timeout = timeout if timeout is not None else group_timeout(group)
         self.step = 0
