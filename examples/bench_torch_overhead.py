@@ -102,7 +102,7 @@ def arm(mode: str, ddp: torch.nn.Module, opt: torch.optim.Optimizer, batches: Li
                         (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
                 else:
                     if counts:  # the step's count collective, where overlap mode issues it
-                        work = Counts(rank=rank, world_size=n, samples=M * B, started=M, fingerprint=1, used=[],
+                        work = Counts(rank=rank, world_size=n, samples=M * B, started=M, used=[],
                                       device=x.device, group=None, step=0, handed=M)
                     (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") / (M * B)).backward()
             if work is not None:

@@ -384,6 +384,11 @@ class Retuner:
         ...
     @property
     def sync_lag(self) -> int: ...
+    @property
+    def min_micro_batches(self) -> int:
+        """The scored walk's fewest micro-batches per rank (``DropComputeStep`` refuses a
+        retuner whose value is not its policy's)."""
+        ...
 
 class StepPolicy:
     """A step policy and its parameters (``policy::StepPolicy``), identical on every rank.
@@ -471,6 +476,12 @@ class Assigner:
     def step_policy(self) -> StepPolicy: ...
     def state(self) -> str:
         """The replica's state as JSON (a checkpoint)."""
+        ...
+    def restore_conflict(self, restored: "Assigner") -> Optional[str]:
+        """Why ``restored`` (e.g. ``from_state`` of a checkpoint) cannot replace this replica:
+        the first of the step policy, micro_batches, tail parts, slots, warmup_steps, budget and
+        world_size that differs ("<field>: <checkpoint's> in the checkpoint, <this> in this
+        step"), or an assigned part count above the slots; None when it can."""
         ...
     @staticmethod
     def from_state(state: str) -> "Assigner":

@@ -118,7 +118,15 @@ fn guardrails(max_drop_rate: f64, min_batch_fraction: f64, min_gain: f64, jitter
 /// trace), else the check mode it replays (`parse_check`). Refuses `jitter_ns` above 0 with
 /// the oracle: the jitter window is replayed, the oracle is not.
 fn tuned_check(check: &str, jitter_ns: f64) -> PyResult<Option<CheckMode>> {
-    let mode = if check == "oracle" { None } else { Some(parse_check(check)?) };
+    let mode =
+        if check == "oracle" {
+            None
+        } else {
+            // The replayed checks' one spelling (`parse_check`), the oracle named beside them.
+            Some(parse_check(check).map_err(|_| {
+                value_err("check", format!("{check:?}: must be \"oracle\", \"before\" or \"predictive\""))
+            })?)
+        };
     if mode.is_none() && jitter_ns > 0.0 {
         return Err(value_err(
             "jitter_ns",
@@ -1172,6 +1180,8 @@ pub struct Retuner {
     /// The check it replays (None: the oracle) and that check's sync lag.
     check: Option<CheckMode>,
     sync_lag: u32,
+    /// The scored walk's fewest micro-batches per rank.
+    min_micro_batches: u32,
 }
 
 #[pymethods]
@@ -1222,7 +1232,14 @@ impl Retuner {
         };
         let inner = tune::retune::Retuner::new(cfg, world_size, micro_batches)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { inner, shape: (world_size, micro_batches), config: format!("{cfg:?}"), check: mode, sync_lag })
+        Ok(Self {
+            inner,
+            shape: (world_size, micro_batches),
+            config: format!("{cfg:?}"),
+            check: mode,
+            sync_lag,
+            min_micro_batches,
+        })
     }
 
     /// Feed one step's (N, M) latency matrix (ns; NaN for dropped) and step time (ns).
@@ -1299,6 +1316,12 @@ impl Retuner {
     #[getter]
     fn sync_lag(&self) -> u32 {
         self.sync_lag
+    }
+    /// The fewest micro-batches a rank computes per step in the scored walk (the policy's
+    /// `min_micro_batches` it must match).
+    #[getter]
+    fn min_micro_batches(&self) -> u32 {
+        self.min_micro_batches
     }
 }
 

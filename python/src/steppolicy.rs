@@ -278,6 +278,13 @@ impl Assigner {
         serde_json::to_string(&(&self.inner, self.world_size)).map_err(|e| value_err("state", e))
     }
 
+    /// Why `restored` (e.g. `from_state` of a checkpoint) cannot replace this replica: the
+    /// first configuration field that differs or an assignment above the slots
+    /// (`Assigner::restore_conflict`); None when it can.
+    fn restore_conflict(&self, restored: PyRef<'_, Assigner>) -> Option<String> {
+        self.inner.restore_conflict(&restored.inner)
+    }
+
     /// A replica from `state` (what `state` returned).
     #[staticmethod]
     fn from_state(state: &str) -> PyResult<Self> {

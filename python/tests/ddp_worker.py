@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dropcompute
 from dropcompute.torch import DropComputeSampler, DropComputeStep
-from dropcompute.torch.reduce import Counts
+from dropcompute.torch.reduce import agree
 
 import launch  # python/tests/launch.py: the workers' one ending
 
@@ -359,6 +359,23 @@ def scenario_unused(rank: int, n: int, out: Dict[str, Any]) -> None:
     moved_never = max(float((a - b).abs().max()) for a, b in zip(ddp.module.never.parameters(), net.never.parameters()))
     out.update(never_none=never, rank0_has_grad=rank0, moved_never=moved_never,
                rank0_same=same_on_every_rank([p.grad for p in ddp.module.rank0.parameters()]))
+    # Without find_unused_parameters (a parameter no rank uses), by mode; DDP's bucket cap below
+    # the gradients, so that auto takes overlap: flat tracks unused parameters itself, overlap
+    # (DDP's reducer) must refuse with the remedy, not a collective failure at the next step.
+    class BodyOnly(Net):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    no_find: Dict[str, Any] = {}
+    for mode in ["flat", "overlap", "auto"]:
+        ctl = DropComputeStep(DDP(BodyOnly(), bucket_cap_mb=0.0001), dropcompute.Policy(), mode=mode)
+        try:
+            for s in range(2):
+                ctl.run(data(rank, s, 2), sum_loss)
+            no_find[mode] = (ctl.mode, None)
+        except ValueError as e:
+            no_find[mode] = (ctl.mode, str(e))
+    out["no_find"] = no_find
 
 
 def scenario_refusals(rank: int, n: int, out: Dict[str, Any]) -> None:
@@ -625,7 +642,7 @@ def scenario_resume_mismatch(rank: int, n: int, out: Dict[str, Any]) -> None:
         elif field == "assigner":
             a = json.loads(state["assigner"])
             assert a[0]["assignment"] == [2] * n, a
-            a[0]["assignment"] = [1] + [2] * (n - 2) + [3]  # as many in all, dealt otherwise
+            a[0]["assignment"] = [1] + [2] * (n - 1)  # within the slots: a state, not a configuration
             state["assigner"] = json.dumps(a)
         else:
             handed, dropped, reserve, last = state[field]
@@ -639,15 +656,53 @@ def scenario_resume_mismatch(rank: int, n: int, out: Dict[str, Any]) -> None:
 
 
 def scenario_fingerprint_mean(rank: int, n: int, out: Dict[str, Any]) -> None:
-    """The count collective with configuration fingerprints 1, 2, 3 on ranks 0, 1, 2 (rank 1's
-    is the others' mean: a summed check, n x mine == sum, misses it there): every rank raises."""
-    c = Counts(rank=rank, world_size=n, samples=1, started=1, fingerprint=rank + 1, used=[],
-               device=torch.device("cpu"), group=None, step=0)
+    """The configuration check with fingerprints 1, 2, 3 on ranks 0, 1, 2 (rank 1's is the
+    others' mean: a summed check, n x mine == sum, misses it there): every rank raises."""
     try:
-        c.result(None)
+        agree(rank=rank, world_size=n, fingerprint=rank + 1, device=torch.device("cpu"), group=None, step=0,
+              timeout=None)
         out["raised"] = None
     except ValueError as e:
         out["raised"] = str(e)
+
+
+def scenario_split_config(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """Per case, rank 0 configured differently from the others in a way that changes the count
+    collective's length (the mode ``auto`` resolves to, a tracker, a retuner, a step policy that
+    gathers latencies, the flat path's parameter count) or not (the retuner's replayed check):
+    each rank's error from the first step (None: it ran). The cases run one after another in
+    one process group: a refused case leaves no collective behind."""
+    small_cap = 0.001  # MiB: below the model's 1560 bytes of float64 gradients: auto takes overlap
+    first = rank == 0
+
+    def wide() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(D_IN, D_H), torch.nn.Tanh(), torch.nn.Linear(D_H, D_H),
+                                   torch.nn.Tanh(), torch.nn.Linear(D_H, D_OUT)).double()
+
+    pol = dropcompute.Policy()
+    cases: Dict[str, Callable[[], DropComputeStep]] = {
+        "auto_bucket_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap if first else None), pol),
+        "tracker": lambda: DropComputeStep(model(), pol, micro_batches_per_step=2,
+                                           stragglers=dropcompute.StragglerTracker(n) if first else None),
+        "retuner": lambda: DropComputeStep(model(), pol, micro_batches_per_step=2,
+                                           retuner=dropcompute.Retuner(n, 2) if first else None),
+        "step_policy": lambda: DropComputeStep(model(), pol, micro_batches_per_step=2,
+                                               step_policy=dropcompute.StepPolicy("rebalance") if first else None),
+        "parameters": lambda: DropComputeStep(wide() if first else model(), pol, mode="flat"),
+        "retuner_check": lambda: DropComputeStep(
+            model(), dropcompute.Policy(check="before"), micro_batches_per_step=2,
+            retuner=dropcompute.Retuner(n, 2, check="before" if first else "oracle")),
+    }
+    errors: Dict[str, Any] = {}
+    for name, make in cases.items():
+        ctl = make()
+        try:
+            ctl.run(data(rank, 0, 2), sum_loss)
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    out["errors"] = errors
 
 
 def scenario_auto(rank: int, n: int, out: Dict[str, Any]) -> None:
@@ -672,6 +727,15 @@ def scenario_auto(rank: int, n: int, out: Dict[str, Any]) -> None:
                                              comm_state=None),
         "comm_hook_static_graph": lambda: DropComputeStep(DDP(model(), static_graph=True), dropcompute.Policy(),
                                                           comm_hook=default_hooks.allreduce_hook, comm_state=None),
+        "comm_hook_plain_module": lambda: DropComputeStep(model(), dropcompute.Policy(),
+                                                          comm_hook=default_hooks.allreduce_hook, comm_state=None),
+        "comm_hook_sync_lag_0": lambda: DropComputeStep(DDP(model()), dropcompute.Policy(), sync_lag=0,
+                                                        comm_hook=default_hooks.allreduce_hook, comm_state=None),
+        "comm_hook_tracker": lambda: DropComputeStep(DDP(model()), dropcompute.Policy(), micro_batches_per_step=4,
+                                                     stragglers=dropcompute.StragglerTracker(n),
+                                                     comm_hook=default_hooks.allreduce_hook, comm_state=None),
+        "comm_hook_flat": lambda: DropComputeStep(DDP(model()), dropcompute.Policy(), mode="flat",
+                                                  comm_hook=default_hooks.allreduce_hook, comm_state=None),
         "flat_small_cap": lambda: DropComputeStep(DDP(model(), bucket_cap_mb=small_cap), dropcompute.Policy(),
                                                   mode="flat"),
         "overlap_default": lambda: DropComputeStep(DDP(model()), dropcompute.Policy(), mode="overlap"),
@@ -710,6 +774,7 @@ def scenario_auto(rank: int, n: int, out: Dict[str, Any]) -> None:
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
     "auto": scenario_auto,
     "resume_mismatch": scenario_resume_mismatch, "fingerprint_mean": scenario_fingerprint_mean,
+    "split_config": scenario_split_config,
     "backward_error": scenario_backward_error,
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
     "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,

@@ -120,6 +120,8 @@ def _net() -> torch.nn.Module:
     # A replayed check other than the step's (the policy's "before", the CPU's sync lag 0).
     (dict(retuner=dropcompute.Retuner(1, 4, period=20, probe_steps=10, check="predictive")), "retuner"),
     (dict(retuner=dropcompute.Retuner(1, 4, period=20, probe_steps=10, check="before", sync_lag=1)), "retuner"),
+    # A retuner scoring another floor than the policy's (1 against 1 by default: here 2).
+    (dict(retuner=dropcompute.Retuner(1, 4, period=20, probe_steps=10, min_micro_batches=2)), "retuner"),
     (dict(stragglers=dropcompute.StragglerTracker(3)), "stragglers"),
     (dict(step_policy=StepPolicy("compute-budget")), "budget_ns"),
     (dict(step_policy=StepPolicy("drop-predictive")), "policy.check"),
@@ -129,6 +131,26 @@ def test_drop_compute_step_refuses_combinations_that_cannot_work(kwargs: Dict[st
     kw.update(kwargs)
     with pytest.raises(ValueError, match=arg):
         DropComputeStep(_net(), Policy(1_000_000, check="before"), **kw)
+
+
+@pytest.mark.parametrize("kind", ["length-predictive", "cost-balance"])
+def test_the_retuner_keeps_a_length_policys_kind_and_buckets(kind: str) -> None:
+    """The retuned deadline replaces the threshold only: a length policy's kind and declared
+    buckets stay, so the steps after the first keep taking ``buckets=``/``tokens=``."""
+    p = Policy(10**9, kind=kind, bucket_lengths=[8, 16], warmup_steps=0)
+    step = DropComputeStep(_net(), p, micro_batches_per_step=4, retuner=dropcompute.Retuner(1, 4, period=5,
+                                                                                          probe_steps=2))
+    mbs = [(torch.randn(3, 2), torch.randn(3, 2)) for _ in range(4)]
+
+    def loss(mod: torch.nn.Module, mb: Any) -> torch.Tensor:
+        out: torch.Tensor = ((mod(mb[0]) - mb[1]) ** 2).sum(dim=1)
+        return out
+
+    for _ in range(3):
+        r = step.run(mbs, loss, buckets=[0, 1, 0, 1], tokens=[8, 16, 8, 16])
+        assert r.computed_micro_batches == 4
+        w = step._walk_policy
+        assert (w.kind, w.bucket_lengths, w.check, w.warmup_steps) == (kind, [8, 16], p.check, 0), w
 
 
 def test_single_process_step_follows_the_assignment() -> None:
@@ -153,3 +175,45 @@ def test_single_process_step_follows_the_assignment() -> None:
     step.load_state_dict(state)
     with pytest.raises(ValueError, match="assigner"):
         DropComputeStep(torch.nn.Linear(2, 1), Policy(None), micro_batches_per_step=2).load_state_dict(state)
+
+
+def _edited(state: str, **fields: Any) -> str:
+    """An assigner checkpoint with fields of its replica replaced (a hand-edited file)."""
+    import json
+
+    a = json.loads(state)  # [the replica, the world size]
+    if "world_size" in fields:
+        a[1] = fields.pop("world_size")
+    a[0].update(fields)
+    return json.dumps(a)
+
+
+@pytest.mark.parametrize("make,edit,message", [
+    # Checkpoints of another configuration: M, warm-up, world size, policy, tail parts.
+    (lambda: DropComputeStep(_net(), Policy(None), micro_batches_per_step=8, step_policy=StepPolicy("drop-before")),
+     None, "micro_batches: 8 in the checkpoint, 2 in this step"),
+    (lambda: DropComputeStep(_net(), Policy(None, warmup_steps=7), micro_batches_per_step=2,
+                             step_policy=StepPolicy("drop-before")), None, "warmup_steps: 7 in the checkpoint, 3"),
+    (lambda: DropComputeStep(_net(), Policy(None), micro_batches_per_step=2, step_policy=StepPolicy("synchronous")),
+     None, "step policy"),
+    (lambda: DropComputeStep(_net(), Policy(None), micro_batches_per_step=2,
+                             step_policy=StepPolicy("rebalance")), None, "step policy"),
+    # The step's own checkpoint, edited: more parts than the slots, another world size.
+    (None, dict(assignment=[9]), "assignment[0]: 9 parts: above the"),
+    (None, dict(world_size=2, assignment=[2, 2]), "world_size: 2 in the checkpoint, 1 in this step"),
+    (None, dict(assignment=[2, 2]), "the assignment's length is not world_size"),
+    (None, dict(micro_batches="x"), "not an Assigner state"),
+])
+def test_a_checkpoint_of_another_configuration_is_refused_at_load(make: Any, edit: Any, message: str) -> None:
+    """``load_state_dict`` refuses an assigner checkpoint that the step's own configuration
+    could not have written (it would run the checkpoint's M, or parts beyond the slots),
+    naming the field and both values, and keeps the step's state."""
+    step = DropComputeStep(_net(), Policy(None), micro_batches_per_step=2, step_policy=StepPolicy("drop-before"))
+    before = step.state_dict()
+    state = (make() if make is not None else step).state_dict()
+    if edit is not None:
+        state["assigner"] = _edited(state["assigner"], **edit)
+    with pytest.raises(ValueError, match=r"state\['assigner'\]: ") as e:
+        step.load_state_dict(state)
+    assert message in str(e.value), e.value
+    assert step.state_dict() == before

@@ -34,8 +34,9 @@ def test_threshold_off_equals_plain_ddp_accumulation(nproc: int, mode: str, tmp_
         assert r["moved"] > 1e-3, r  # the parameters did change
         # Python all-reduces per step: counts + one gradient buffer (flat); the counts alone in
         # overlap mode, where DDP's built-in all-reduce (C++, no hook of ours) reduced its one
-        # bucket (the reducer's own count) and the parameters equal plain DDP's
-        assert r["all_reduce_calls"] == ([1, 1, 1] if mode == "overlap" else [2, 2, 2]), r
+        # bucket (the reducer's own count) and the parameters equal plain DDP's; the first step
+        # also runs the one-time configuration check (``reduce.agree``)
+        assert r["all_reduce_calls"] == ([2, 1, 1] if mode == "overlap" else [3, 2, 2]), r
         assert r["ddp_hook_calls"] == 0, r  # flat: DDP's own all-reduce never ran
         assert r["buckets"] == (1 if mode == "overlap" else 0), r
 
@@ -95,6 +96,15 @@ def test_unused_parameters_keep_grad_none(tmp_path: Path) -> None:
     for r in torchrun("unused", 2, tmp_path):
         assert r["never_none"] == [True, True] and r["moved_never"] == 0.0, r
         assert r["rank0_has_grad"] == [True, True] and r["rank0_same"], r
+        # Without find_unused_parameters: flat runs; overlap (forced or auto's choice) refuses
+        # at the step that left DDP's reduction unfinished, naming the remedy, on every rank.
+        nf = r["no_find"]
+        assert nf["flat"] == ["flat", None], nf
+        for mode in ["overlap", "auto"]:
+            resolved, err = nf[mode]
+            assert resolved == "overlap" and err is not None, nf
+            assert f"rank {r['rank']}: step 0: model: DDP did not finish reducing" in err, nf
+            assert "find_unused_parameters=True" in err and "mode='flat'" in err, nf
 
 
 def test_mean_losses_uncounted_loss_vectors_and_differing_policies_are_refused(tmp_path: Path) -> None:
@@ -123,6 +133,23 @@ def test_ranks_resumed_from_different_checkpoints_are_refused_on_every_rank(fiel
         other = list(range(nproc - 1)) if last else [nproc - 1]
         step = 1 + 3 if last and field == "step" else 1  # each rank's own step index
         assert f"rank {r['rank']}: step {step}: " in r["raised"] and f"rank(s) {other} differ" in r["raised"], r
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ranks_configured_differently_are_refused_before_any_collective_of_differing_length(
+        nproc: int, tmp_path: Path) -> None:
+    """Rank 0 differs from the others in what sets the count collective's length (the mode
+    ``auto`` resolves to by bucket cap, a tracker, a retuner, a latency-learning step policy,
+    the parameter count) or only in the configuration (the retuner's replayed check): every
+    rank raises ValueError at the first step, naming the ranks that differ (gloo aborted the
+    process before the one-time check), and the next case runs in the same process group."""
+    cases = ["auto_bucket_cap", "tracker", "retuner", "step_policy", "parameters", "retuner_check"]
+    for r in torchrun("split_config", nproc, tmp_path):
+        other = [k for k in range(nproc) if k != 0] if r["rank"] == 0 else [0]
+        for case in cases:
+            e = r["errors"][case]
+            assert e is not None and "the ranks run different step configurations" in e, (case, r)
+            assert f"rank {r['rank']}: step 0: " in e and f"rank(s) {other} differ" in e, (case, r)
 
 
 def test_a_fingerprint_equal_to_the_others_mean_is_still_refused(tmp_path: Path) -> None:
@@ -165,6 +192,7 @@ def test_static_graph_ddp_runs_flat_and_is_refused_in_overlap_mode(tmp_path: Pat
 
 
 # mode="auto": (case, what it resolves to: [mode, sync_lag] or the refusal's start).
+HOOK_REFUSED = "refused: comm_hook: a DDP comm hook runs only in overlap mode, which cannot run here ("
 AUTO = {
     "ddp_default": ["flat", 0],  # gradients (1560 bytes) below DDP's 25 MiB bucket cap
     "ddp_small_cap": ["overlap", 1],  # above a 1048-byte cap: overlap, with its sync lag
@@ -173,7 +201,12 @@ AUTO = {
     "sync_lag_0_small_cap": ["flat", 0],  # overlap needs the last micro-batch known in advance
     "tracker_small_cap": ["flat", 0],  # the tracker needs latencies overlap cannot measure
     "comm_hook": ["overlap", 1],  # the user's hook runs in DDP's reducer
-    "comm_hook_static_graph": "refused: model.static_graph: True",
+    # A comm hook asks for overlap: where overlap cannot run, the refusal names comm_hook first.
+    "comm_hook_static_graph": f"{HOOK_REFUSED}model.static_graph: True",
+    "comm_hook_plain_module": f"{HOOK_REFUSED}model: mode='overlap' needs a DistributedDataParallel",
+    "comm_hook_sync_lag_0": f"{HOOK_REFUSED}sync_lag: 0",
+    "comm_hook_tracker": f"{HOOK_REFUSED}stragglers: 'StragglerTracker'",
+    "comm_hook_flat": "refused: comm_hook: only mode='overlap' runs DDP's reducer",
     "flat_small_cap": ["flat", 0],  # an explicit mode is kept
     "overlap_default": ["overlap", 1],
 }
@@ -185,14 +218,15 @@ def test_auto_mode_takes_overlap_only_where_it_can_run_and_the_gradients_exceed_
             got = r["resolved"][case]
             if isinstance(want, str):
                 assert isinstance(got, str) and got.startswith(want), (case, got)
+                assert "comm_hook" not in case or "drop comm_hook" in got, (case, got)  # the remedy
             else:
                 assert got == want, (case, got)
         # The resolved paths run: overlap through DDP's own reducer (one Python all-reduce a
         # step: the counts), flat through its own (two: the counts and the gradients), each
-        # equal to plain DDP accumulation.
+        # equal to plain DDP accumulation; the first step also checks the configurations.
         over, flat = r["runs"]["ddp_small_cap"], r["runs"]["ddp_default"]
-        assert over["mode"] == "overlap" and over["all_reduce_calls"] == [1, 1, 1] and over["buckets"] >= 1, over
-        assert flat["mode"] == "flat" and flat["all_reduce_calls"] == [2, 2, 2] and flat["buckets"] == 0, flat
+        assert over["mode"] == "overlap" and over["all_reduce_calls"] == [2, 1, 1] and over["buckets"] >= 1, over
+        assert flat["mode"] == "flat" and flat["all_reduce_calls"] == [3, 2, 2] and flat["buckets"] == 0, flat
         for run in (over, flat):
             assert run["max_param_diff"] <= 1e-12, run
 
@@ -203,10 +237,13 @@ def test_overlap_composes_with_the_users_comm_hook(tmp_path: Path) -> None:
         assert r["buckets"] == 1, r  # DDP buckets in the last step
 
 
-# (mode, the step rank 1 never joins, the collective rank 0 waits in there): at step 1 of
-# overlap mode that is DDP's bucket rebuild, run at the step's start.
-STALLS = [("flat", 0, "the count all-reduce"), ("overlap", 0, "a DDP bucket's gradient all-reduce"),
-          ("flat", 1, "the count all-reduce"), ("overlap", 1, "DDP's bucket rebuild (a broadcast)")]
+# (mode, the step rank 1 never joins, the collective rank 0 waits in there): at step 0 the
+# one-time configuration check, the step's first collective; at step 1 of overlap mode DDP's
+# bucket rebuild, run at the step's start; after it DDP's bucket all-reduce in the backward (the
+# count collective is issued before it, asynchronously).
+STALLS = [("flat", 0, "the configuration all-reduce"), ("overlap", 0, "the configuration all-reduce"),
+          ("flat", 1, "the count all-reduce"), ("overlap", 1, "DDP's bucket rebuild (a broadcast)"),
+          ("overlap", 2, "a DDP bucket's gradient all-reduce")]
 
 
 @pytest.mark.parametrize("peer", ["stall", "die"])

@@ -197,6 +197,29 @@ impl Assigner {
         }
     }
 
+    /// Why `restored` (a checkpointed replica, e.g. deserialized) cannot stand in for this one:
+    /// the first of its policy parameters, M, tail parts, slots, warm-up steps, budget, world
+    /// size (its assignment's length) that differs, or an assigned part count above the slots
+    /// (which the walk would run: a checkpoint of another M, or an edited one). `None` when it
+    /// can. The message names the field and both values (this replica's first).
+    pub fn restore_conflict(&self, restored: &Assigner) -> Option<String> {
+        let fields = [
+            ("step policy", format!("{:?}", self.params), format!("{:?}", restored.params)),
+            ("micro_batches", self.micro_batches.to_string(), restored.micro_batches.to_string()),
+            ("tail parts", self.split.to_string(), restored.split.to_string()),
+            ("slots", self.slots.to_string(), restored.slots.to_string()),
+            ("warmup_steps", self.warmup_steps.to_string(), restored.warmup_steps.to_string()),
+            ("budget", self.budget.to_string(), restored.budget.to_string()),
+            ("world_size", self.assignment.len().to_string(), restored.assignment.len().to_string()),
+        ];
+        if let Some((what, mine, theirs)) = fields.into_iter().find(|(_, a, b)| a != b) {
+            return Some(format!("{what}: {theirs} in the checkpoint, {mine} in this step"));
+        }
+        restored.assignment.iter().position(|&k| k > self.slots).map(|r| {
+            format!("assignment[{r}]: {} parts: above the {} slots per rank", restored.assignment[r], self.slots)
+        })
+    }
+
     /// Sets the next step's assignment by hand (a caller that deals its own counts); the
     /// policy's rule replaces it after the next observed step.
     pub fn set(&mut self, assignment: Vec<u32>) {
@@ -272,5 +295,43 @@ mod tests {
         let mut t = Assigner::new(p, 4, 8, 8, 0, Threshold::Off, 0);
         assert!(t.observe(0, &[1.0, 2.0, 1.0, 1.0]));
         assert_eq!(t.assignment(), &[8, 8, 8, 8]);
+    }
+
+    #[test]
+    fn a_restored_replica_of_another_configuration_or_above_the_slots_is_named() {
+        let p = StepPolicy::new(Policy::Rebalance);
+        let a = Assigner::new(p, 2, 4, 8, 1, Threshold::Off, 0);
+        assert_eq!(a.restore_conflict(&a.clone()), None);
+        // One configuration field changed at a time: each named with both values.
+        let cases = [
+            (Assigner::new(StepPolicy::new(Policy::DropBefore), 2, 4, 8, 1, Threshold::Off, 0), "step policy"),
+            (Assigner::new(p, 2, 2, 8, 1, Threshold::Off, 0), "micro_batches: 2 in the checkpoint, 4 in this step"),
+            (Assigner::new(p, 2, 4, 16, 1, Threshold::Off, 0), "slots: 16 in the checkpoint, 8 in this step"),
+            (Assigner::new(p, 2, 4, 8, 5, Threshold::Off, 0), "warmup_steps: 5 in the checkpoint, 1 in this step"),
+            (Assigner::new(p, 2, 4, 8, 1, budget(), 0), "budget: true in the checkpoint, false in this step"),
+            (Assigner::new(p, 3, 4, 8, 1, Threshold::Off, 0), "world_size: 3 in the checkpoint, 2 in this step"),
+            (
+                Assigner::new(
+                    StepPolicy { tail: crate::policy::TailShape::split(2), ..p },
+                    2,
+                    4,
+                    8,
+                    1,
+                    Threshold::Off,
+                    0,
+                ),
+                "step policy",
+            ),
+        ];
+        for (other, want) in cases {
+            let got = a.restore_conflict(&other).unwrap_or_default();
+            assert!(got.starts_with(want), "{got:?} should start with {want:?}");
+        }
+        // The same configuration with an edited assignment above the slots.
+        let mut edited = a.clone();
+        edited.set(vec![4, 9]);
+        assert_eq!(a.restore_conflict(&edited).as_deref(), Some("assignment[1]: 9 parts: above the 8 slots per rank"));
+        edited.set(vec![8, 0]);
+        assert_eq!(a.restore_conflict(&edited), None, "within the slots: a rebalanced assignment");
     }
 }

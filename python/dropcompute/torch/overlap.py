@@ -132,10 +132,22 @@ class OverlapReduce:
         """After the last backward: the reduced counts, the divisor (None: no rank computed
         anything) and the non-finite flag of the rescale (None: nothing checked yet). Without a
         user hook, rescales ``grads`` (the parameters' gradients) here, in one fused pass when
-        the factor is not 1. Raises as ``Counts.result``."""
+        the factor is not 1. Raises as ``Counts.result``; ValueError when DDP's reducer did not
+        finish the backward (a parameter that got no gradient under DDP without
+        ``find_unused_parameters=True``: DDP's own error, chained, would otherwise surface in the
+        next step's bucket rebuild), on every rank that saw it, after the counts."""
         assert self.counts is not None, "finish() before arm()"
         self.armed = False  # the synced backward is over: later backward errors are not its
         reduced = self.counts.result(self.timeout)
+        try:
+            ddp: Any = self.ddp
+            ddp._check_reducer_finalized()  # local: DDP's reducer's own record, no collective
+        except RuntimeError as e:
+            raise ValueError(
+                f"rank {self.counts.rank}: step {self.counts.step}: model: DDP did not finish reducing the "
+                "gradients in the synced backward: a parameter got no gradient (unused in the forward). "
+                "Pass find_unused_parameters=True to DistributedDataParallel, or use mode='flat' (it tracks "
+                "unused parameters itself)") from e
         d = self.divisor_of(reduced.samples)
         if d is None or self.user_hook is not None:
             return reduced, d, self.found if d is not None else None

@@ -6,14 +6,18 @@ Owns: the buffers, the used-parameter record, the exact count collective and the
 Must not touch: the divisor's rule (``dropcompute.divisor``, the crate's ``schedule::divisor``)
 or the step's decisions.
 
-The count collective is one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
-configuration(N) | state(N) | handed(1) | extra(N·E) | used(P)]`` (N ranks, E extra values per
-rank, 0 unless a step policy, retuner or straggler tracker needs every rank's latencies:
-``step``; P parameters): each rank writes its own slots, so every rank learns every rank's
-sample count and started micro-batches exactly (the gradients' dtype never carries a count:
-bf16 rounded 257 to 256), whether the ranks run the same configuration and hold the same
-replicated state (each rank's fingerprints, compared slot by slot: a sum alone misses a rank
-whose fingerprint is the others' mean), and
+Before a step object's first collective, ``agree`` compares every rank's configuration
+fingerprint (one int64 all-reduce of N slots, once): the count collective's length depends on
+the configuration (E and P below), and ranks whose collectives differ in length would break the
+backend (gloo aborts the process) before any comparison ran.
+
+The count collective is one int64 all-reduce (SUM) of ``[samples(N) | started(N) | state(N) |
+handed(1) | extra(N·E) | used(P)]`` (N ranks, E extra values per rank, 0 unless a step policy,
+retuner or straggler tracker needs every rank's latencies: ``step``; P parameters): each rank
+writes its own slots, so every rank learns every rank's sample count and started micro-batches
+exactly (the gradients' dtype never carries a count: bf16 rounded 257 to 256), whether the
+ranks hold the same replicated state (each rank's fingerprint, compared slot by slot: a sum
+alone misses a rank whose fingerprint is the others' mean), and
 which parameters no rank used (their ``.grad`` is then ``None``, as DDP leaves it, so an
 optimizer such as AdamW does not move them). It is issued before the gradient all-reduces, so
 the gradients' collectives never wait for the host; every rank issues the same sequence
@@ -150,11 +154,11 @@ class Reduced:
 class Counts:
     """The step's count collective, issued at construction (async; every rank issues it before
     its gradient collectives): one int64 all-reduce (SUM) of ``[samples(N) | started(N) |
-    configuration(N) | state(N) | handed(1) | extra(N·E) | used(P)]``, each rank writing its own
-    slots (``handed``: the micro-batches this rank was handed, summed over the ranks).
-    ``fingerprint``: this rank's step configuration, ``state``: its replicated step state (both
-    non-negative ints below 2**63; ``step.DropComputeStep`` hashes them), each must equal every
-    other rank's. ``used``: per parameter whether this rank's backward reached it (the flat
+    state(N) | handed(1) | extra(N·E) | used(P)]``, each rank writing its own slots (``handed``:
+    the micro-batches this rank was handed, summed over the ranks). ``state``: this rank's
+    replicated step state (a non-negative int below 2**63; ``step.DropComputeStep`` hashes it),
+    which must equal every other rank's; the layout (E, P) is the configuration's, which
+    ``agree`` compared before the first count collective. ``used``: per parameter whether this rank's backward reached it (the flat
     path; empty in overlap mode, where DDP tracks unused parameters itself). ``extra``: this
     rank's E int64 values (E identical on every rank; the step's latencies when a step policy,
     retuner or straggler tracker needs them), returned by rank in ``Reduced.extra``."""
@@ -166,7 +170,6 @@ class Counts:
         world_size: int,
         samples: int,
         started: int,
-        fingerprint: int,
         used: Sequence[bool],
         device: torch.device,
         group: Optional[dist.ProcessGroup],
@@ -178,12 +181,12 @@ class Counts:
         n = world_size
         e = len(extra)
         self.rank, self.n, self.e, self.step = rank, n, e, step
-        row = [0] * (4 * n + 1 + n * e + len(used))
-        row[rank], row[n + rank], row[2 * n + rank], row[3 * n + rank] = samples, started, fingerprint, state
-        row[4 * n] = handed
-        at = 4 * n + 1 + rank * e
+        row = [0] * (3 * n + 1 + n * e + len(used))
+        row[rank], row[n + rank], row[2 * n + rank] = samples, started, state
+        row[3 * n] = handed
+        at = 3 * n + 1 + rank * e
         row[at : at + e] = [int(x) for x in extra]
-        row[4 * n + 1 + n * e :] = [int(u) for u in used]
+        row[3 * n + 1 + n * e :] = [int(u) for u in used]
         # One host-to-device copy of the whole row.
         self.tensor = torch.tensor(row, dtype=torch.int64, device=device)
         self.work: Any = None
@@ -195,30 +198,55 @@ class Counts:
 
     def result(self, timeout: Optional[datetime.timedelta]) -> Reduced:
         """Waits for the collective (once). Raises CollectiveTimeout / CollectiveError (``wait``);
-        ValueError on every rank when any rank's configuration fingerprint (policy,
-        normalization, b, M, N, step policy, mode, retuner, tracker) or state fingerprint (the
-        replicated step state: step index, drop-guard counts, ...) differs from another's,
-        naming the ranks that differ from this one."""
+        ValueError on every rank when any rank's state fingerprint (the replicated step state:
+        step index, drop-guard counts, ...) differs from another's (``differing``)."""
         if self._result is not None:
             return self._result
         if self.work is not None:
             wait(self.work, self.rank, self.step, "count", timeout)
         host = self.tensor.tolist()
-        n, r0 = self.n, self.rank
-        for at, what in ((2 * n, "the ranks run different step configurations (policy, normalization, micro-batch "
-                                 "size, micro-batches per step, world size, step policy, mode, retuner or tracker)"),
-                         (3 * n, "the ranks hold different step states (step index, drop-guard counts, observed "
-                                 "micro-batch size or count, threshold: resumed from checkpoints of different steps?)")):
-            mine = host[at + r0]
-            other = [r for r in range(n) if host[at + r] != mine]
-            if other:
-                raise ValueError(f"rank {r0}: step {self.step}: {what}: rank(s) {other} differ from this rank "
-                                 f"(fingerprints by rank {host[at : at + n]})")
-        e, base = self.e, 4 * n + 1
+        n = self.n
+        differing(host[2 * n : 3 * n], self.rank, self.step,
+                  "the ranks hold different step states (step index, drop-guard counts, observed micro-batch size "
+                  "or count, threshold: resumed from checkpoints of different steps?)")
+        e, base = self.e, 3 * n + 1
         extra = [host[base + r * e : base + (r + 1) * e] for r in range(n)]
         self._result = Reduced(host[:n], host[n : 2 * n], [i for i, u in enumerate(host[base + n * e :]) if u == 0],
-                               extra, handed=host[4 * n])
+                               extra, handed=host[3 * n])
         return self._result
+
+
+def differing(fingerprints: List[int], rank: int, step: int, what: str) -> None:
+    """Raises ValueError when any rank's fingerprint (``fingerprints[r]``, one per rank, as
+    gathered slot by slot) differs from this rank's, naming the step, ``what`` differs and the
+    ranks that differ from this one: every rank raises, each naming the others."""
+    mine = fingerprints[rank]
+    other = [r for r, f in enumerate(fingerprints) if f != mine]
+    if other:
+        raise ValueError(f"rank {rank}: step {step}: {what}: rank(s) {other} differ from this rank "
+                         f"(fingerprints by rank {fingerprints})")
+
+
+def agree(*, rank: int, world_size: int, fingerprint: int, device: torch.device,
+          group: Optional[dist.ProcessGroup], step: int, timeout: Optional[datetime.timedelta]) -> None:
+    """The configuration check, once before a step object's first collective: one int64
+    all-reduce (SUM) of N slots, this rank's configuration ``fingerprint`` (a non-negative int
+    below 2**63: the policy, normalization, b, M, N, step policy, mode, retuner, tracker and the
+    count collective's layout; ``step.DropComputeStep`` hashes them) in its own. Ranks that
+    differ would issue collectives of different lengths afterwards (a deadlock or an abort in
+    the backend); here every rank raises ValueError instead (``differing``). No-op for one
+    rank. Raises CollectiveTimeout / CollectiveError when a rank never joins or the backend
+    fails (``wait``)."""
+    if world_size < 2:
+        return
+    t = torch.zeros(world_size, dtype=torch.int64, device=device)
+    t[rank] = fingerprint
+    with collective(rank, step, "the configuration all-reduce", None):  # async: never a timeout
+        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    wait(work, rank, step, "configuration", timeout)
+    differing(t.tolist(), rank, step, "the ranks run different step configurations (policy, normalization, "
+              "micro-batch size, micro-batches per step, world size, step policy, mode, retuner, tracker or "
+              "parameters)")
 
 
 def rescale_factor(world_sum_scale: float, loss_scale: float, d: Optional[float]) -> Optional[float]:

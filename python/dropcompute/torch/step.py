@@ -72,7 +72,7 @@ from .clock import DeviceClock
 from .gaudi import bridge_for
 from .data import batch_size
 from .overlap import OverlapReduce, overlap_pays, overlap_refusal, zero_grads
-from .reduce import Counts, FlatGradients, found_flag, group_timeout, reduce_flat, scale_checked_
+from .reduce import Counts, FlatGradients, agree, found_flag, group_timeout, reduce_flat, scale_checked_
 
 
 @dataclass
@@ -284,13 +284,18 @@ class DropComputeStep:
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self._check_policies()
         refused = overlap_refusal(model, sync_lag, self._latencies_for())
+        if mode == "auto" and comm_hook is not None and refused is not None:
+            # The hook asked for overlap, which cannot run: name what the user wrote.
+            raise ValueError(f"comm_hook: a DDP comm hook runs only in overlap mode, which cannot run here ({refused}); "
+                             "drop comm_hook to run the flat path")
         if mode == "auto":
             mode = "overlap" if comm_hook is not None or (refused is None and overlap_pays(model, self.params)) \
                 else "flat"
         if mode == "overlap" and refused is not None:
             raise ValueError(refused)
         if mode == "flat" and comm_hook is not None:
-            raise ValueError("comm_hook: only mode='overlap' runs DDP's reducer (the flat path has its own all-reduce)")
+            raise ValueError("comm_hook: only mode='overlap' runs DDP's reducer (the flat path has its own "
+                             "all-reduce); drop comm_hook or use mode='overlap'")
         #: The reduce path this step runs: "flat" or "overlap" (``mode="auto"`` resolved).
         self.mode = mode
         self.grads = FlatGradients(self.params) if mode == "flat" else None
@@ -310,6 +315,9 @@ class DropComputeStep:
         self.bridge = bridge_for(dev)
         self.clock = DeviceClock(dev)
         self.sync_lag = sync_lag if sync_lag is not None else (0 if dev.type == "cpu" and mode == "flat" else 1)
+        if retuner is not None and retuner.min_micro_batches != self._walk_policy.min_micro_batches:
+            raise ValueError(f"retuner: min_micro_batches {retuner.min_micro_batches}: must be the policy's "
+                             f"({self._walk_policy.min_micro_batches}): the retuner scores the walk the step runs")
         if retuner is not None and retuner.check != "oracle" and \
                 (retuner.check, retuner.sync_lag) != (self._walk_policy.check, self.sync_lag):
             raise ValueError(f"retuner: check {retuner.check!r}, sync_lag {retuner.sync_lag}: must be the step's "
@@ -321,6 +329,7 @@ class DropComputeStep:
         self._observed_b = 0.0
         self._observed_m = 0
         self._clock_started = False
+        self._agreed = False  # whether ``reduce.agree`` compared the configurations (once)
         self._log = ComputeLogWriter(compute_log) if compute_log else None
         #: The drop-rate guard (the crate's rule; module doc), None without ``policy.drop_guard``
         #: or with a step policy whose deadline is no drop threshold (``StepPolicy.drops``).
@@ -390,7 +399,10 @@ class DropComputeStep:
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores ``state_dict()``'s state. Raises ValueError for a malformed one."""
+        """Restores ``state_dict()``'s state. Raises ValueError for a malformed one, or one this
+        step's configuration could not have written (an assigner checkpoint of another N, M,
+        warm-up or step policy, or edited: ``Assigner.restore_conflict``); nothing is restored
+        then."""
         step = state.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"state['step']: {step!r}: must be an int >= 0")
@@ -405,10 +417,14 @@ class DropComputeStep:
             raise ValueError(f"state['assigner']: {'absent' if a is None else 'present'}: this step "
                              f"{'has' if self.assigner is not None else 'has no'} step policy")
         if a is not None:
-            restored = Assigner.from_state(a)
-            if restored.step_policy != self.step_policy:
-                raise ValueError(f"state['assigner']: step policy {restored.step_policy!r}: this step runs "
-                                 f"{self.step_policy!r}")
+            try:
+                restored = Assigner.from_state(a)
+            except ValueError as e:
+                raise ValueError(f"state['assigner']: {e}") from None
+            assert self.assigner is not None
+            conflict = self.assigner.restore_conflict(restored)
+            if conflict is not None:  # a checkpoint of another configuration (N, M, policy, ...) or edited
+                raise ValueError(f"state['assigner']: {conflict}")
             self.assigner = restored
         g = state.get("drop_guard")
         if (g is None) != (self.guard is None):
@@ -429,12 +445,16 @@ class DropComputeStep:
         self._observed_m = mm
 
     def _fingerprint(self) -> int:
-        """What every rank must share: the policy, the normalization, b, M and N (a rank's own
-        micro-batch count may differ, e.g. at the end of an epoch)."""
+        """What every rank must share (``reduce.agree`` compares it once): the policy, the
+        normalization, b, M and N (a rank's own micro-batch count may differ, e.g. at the end of
+        an epoch), the step policy, the resolved mode, the retuner, the tracker, and the count
+        collective's layout (the gathered values per rank, the flat path's parameter count)."""
         rt = self.retuner
+        layout = (2 + self._slots if self._gather else 0, len(self.grads.used) if self.grads is not None else 0)
         key = (f"{self.policy!r}|{self.normalization}|{self.micro_batch_size}|{self.micro_batches_per_step}|"
                f"{self.world_size}|{self.step_policy!r}|{self.mode}|"
-               f"{None if rt is None else (rt.world_size, rt.micro_batches, rt.config)}|{self.stragglers is not None}")
+               f"{None if rt is None else (rt.world_size, rt.micro_batches, rt.config)}|{self.stragglers is not None}|"
+               f"{layout}")
         return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
     def _state_fingerprint(self) -> int:
@@ -504,6 +524,10 @@ class DropComputeStep:
         b_nominal = self.micro_batch_size or self._observed_b or 1.0
         m_nominal = self.micro_batches_per_step or self._observed_m or 1
         loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
+        if not self._agreed:  # before the step object's first collective, on every rank
+            agree(rank=self.rank, world_size=self.world_size, fingerprint=self._fingerprint(),
+                  device=self.params[0].device, group=self.group, step=self.step, timeout=self.timeout)
+            self._agreed = True
         if overlap:
             assert self.overlap is not None
             self.overlap.rebuild_buckets(self.rank, self.step, self.timeout)
@@ -612,7 +636,7 @@ class DropComputeStep:
                     ends.append(self.clock.read(marks[i]))
                 extra = self._extra(cap, ends)
             counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
-                            fingerprint=self._fingerprint(), state=self._state_fingerprint(), used=self.grads.used,
+                            state=self._state_fingerprint(), used=self.grads.used,
                             device=self.params[0].device,
                             group=self.group, step=self.step, extra=extra, handed=cap)
             found = found_flag(self.params[0].device)
@@ -701,8 +725,10 @@ class DropComputeStep:
         rank: every replica was fed the same gathered latencies)."""
         assert self.retuner is not None
         p = self.policy
+        # Every field of the policy but the threshold (a length policy keeps its kind and buckets).
         tuned = Policy(threshold_ns=self.retuner.threshold_ns, check=p.check, warmup_steps=p.warmup_steps,
-                       min_micro_batches=p.min_micro_batches)
+                       min_micro_batches=p.min_micro_batches, kind=p.kind, bucket_lengths=p.bucket_lengths or None,
+                       drop_guard=p.drop_guard)
         return self.step_policy.deadline(tuned) if self.step_policy is not None else tuned
 
     def _observe_fixed(self, reduced: Any) -> None:
@@ -728,7 +754,7 @@ class DropComputeStep:
         """Issues the count collective before the last backward and arms the rescale."""
         assert self.overlap is not None
         counts = Counts(rank=self.rank, world_size=self.world_size, samples=samples, started=started,
-                        fingerprint=self._fingerprint(), state=self._state_fingerprint(), used=[],
+                        state=self._state_fingerprint(), used=[],
                         device=self.params[0].device, group=self.group,
                         step=self.step, handed=handed)
         self.overlap.arm(counts, divisor_of, loss_scale, self.timeout)
