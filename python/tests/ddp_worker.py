@@ -666,6 +666,27 @@ def scenario_fingerprint_mean(rank: int, n: int, out: Dict[str, Any]) -> None:
         out["raised"] = str(e)
 
 
+def scenario_late_recreate(rank: int, n: int, out: Dict[str, Any]) -> None:
+    """The last rank enters its first step 1 s late, under a 300 ms threshold without warm-up:
+    the others wait for it in the one-time configuration check, which is no compute (every rank
+    computes all its micro-batches). Then that rank alone re-creates its step from its own
+    ``state_dict`` (the same configuration): the next step runs on every rank."""
+    pol = dropcompute.Policy(300_000_000, warmup_steps=0)
+    ddp = DDP(model())
+    ctl = DropComputeStep(ddp, pol)
+    late = rank == n - 1
+    if late:
+        time.sleep(1.0)
+    first = ctl.run(data(rank, 0, 4), sum_loss)
+    if late:
+        state = ctl.state_dict()
+        ctl.close()
+        ctl = DropComputeStep(ddp, pol)
+        ctl.load_state_dict(state)
+    second = ctl.run(data(rank, 1, 4), sum_loss)
+    out.update(first_started=first.started, second_started=second.started, second_step=ctl.step)
+
+
 def scenario_split_config(rank: int, n: int, out: Dict[str, Any]) -> None:
     """Per case, rank 0 configured differently from the others in a way that changes the count
     collective's length (the mode ``auto`` resolves to, a tracker, a retuner, a step policy that
@@ -690,6 +711,10 @@ def scenario_split_config(rank: int, n: int, out: Dict[str, Any]) -> None:
         "step_policy": lambda: DropComputeStep(model(), pol, micro_batches_per_step=2,
                                                step_policy=dropcompute.StepPolicy("rebalance") if first else None),
         "parameters": lambda: DropComputeStep(wide() if first else model(), pol, mode="flat"),
+        # As many parameters, of other shapes: the flat gradient buffer's length differs.
+        "parameter_shapes": lambda: DropComputeStep(
+            torch.nn.Sequential(torch.nn.Linear(D_IN, D_H + (1 if first else 0)), torch.nn.Tanh(),
+                                torch.nn.Linear(D_H + (1 if first else 0), D_OUT)).double(), pol, mode="flat"),
         "retuner_check": lambda: DropComputeStep(
             model(), dropcompute.Policy(check="before"), micro_batches_per_step=2,
             retuner=dropcompute.Retuner(n, 2, check="before" if first else "oracle")),
@@ -774,7 +799,7 @@ def scenario_auto(rank: int, n: int, out: Dict[str, Any]) -> None:
 SCENARIOS: Dict[str, Callable[[int, int, Dict[str, Any]], None]] = {
     "auto": scenario_auto,
     "resume_mismatch": scenario_resume_mismatch, "fingerprint_mean": scenario_fingerprint_mean,
-    "split_config": scenario_split_config,
+    "split_config": scenario_split_config, "late_recreate": scenario_late_recreate,
     "backward_error": scenario_backward_error,
     "off": scenario_off, "k": scenario_k, "allidle": scenario_allidle, "scaler": scenario_scaler,
     "dtypes": scenario_dtypes, "unused": scenario_unused, "refusals": scenario_refusals,

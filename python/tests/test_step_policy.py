@@ -217,3 +217,47 @@ def test_a_checkpoint_of_another_configuration_is_refused_at_load(make: Any, edi
         step.load_state_dict(state)
     assert message in str(e.value), e.value
     assert step.state_dict() == before
+
+
+@pytest.mark.parametrize("entry,bad,message", [
+    (entry, bad, message)
+    for entry in ["step", "observed_micro_batches"]
+    for bad, message in [(True, "must be an int in [0, 2**63)"), (-1, "must be an int"), (2**63, "must be an int"),
+                         (2**70, "must be an int"), (2.0, "must be an int")]
+] + [
+    ("observed_micro_batch_count", bad, "must be 0 or a finite number >= 2**-32")
+    for bad in [True, -1.0, 1e-320, float("inf"), float("nan"), "2"]
+] + [
+    ("drop_guard", bad, message)
+    for bad, message in [([2**64, 0, 0, 0], "state['drop_guard'][0]: 18446744073709551616: must be an int"),
+                         ([0, -1, 0, 0], "state['drop_guard'][1]: -1"), ([0, 0, 0, True], "state['drop_guard'][3]"),
+                         ([0, 0, 0], "must be 4 ints"), ("0,0,0,0", "must be 4 ints")]
+])
+def test_a_malformed_checkpoint_entry_is_refused_by_name_and_restores_nothing(entry: str, bad: Any,
+                                                                              message: str) -> None:
+    """Every entry of ``state_dict`` with a value outside its range: ValueError naming the entry,
+    and nothing restored, though the checkpoint's other entries (a later step, another
+    assignment) were valid."""
+    def make() -> DropComputeStep:
+        return DropComputeStep(_net(), Policy(None, drop_guard=0.1), micro_batches_per_step=2,
+                               step_policy=StepPolicy("drop-before"))
+
+    mbs = [(torch.randn(3, 2), torch.randn(3, 2)) for _ in range(2)]
+
+    def loss(mod: torch.nn.Module, mb: Any) -> torch.Tensor:
+        out: torch.Tensor = ((mod(mb[0]) - mb[1]) ** 2).sum(dim=1)
+        return out
+
+    later = make()
+    for _ in range(4):
+        later.run(mbs, loss)
+    state = later.state_dict()
+    step = make()
+    before = step.state_dict()
+    assert state != before  # the valid entries differ: a partial restore would show
+    with pytest.raises(ValueError) as e:
+        step.load_state_dict({**state, entry: bad})
+    assert f"state['{entry}']" in str(e.value) and message in str(e.value), e.value
+    assert step.state_dict() == before
+    step.load_state_dict(state)  # the unedited checkpoint loads
+    assert step.state_dict() == state

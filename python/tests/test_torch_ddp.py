@@ -138,18 +138,27 @@ def test_ranks_resumed_from_different_checkpoints_are_refused_on_every_rank(fiel
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_ranks_configured_differently_are_refused_before_any_collective_of_differing_length(
         nproc: int, tmp_path: Path) -> None:
-    """Rank 0 differs from the others in what sets the count collective's length (the mode
-    ``auto`` resolves to by bucket cap, a tracker, a retuner, a latency-learning step policy,
-    the parameter count) or only in the configuration (the retuner's replayed check): every
+    """Rank 0 differs from the others in what sets a collective's length (the mode ``auto``
+    resolves to by bucket cap, a tracker, a retuner, a latency-learning step policy, the
+    parameter count, the parameters' shapes) or only in the configuration (the retuner's replayed check): every
     rank raises ValueError at the first step, naming the ranks that differ (gloo aborted the
     process before the one-time check), and the next case runs in the same process group."""
-    cases = ["auto_bucket_cap", "tracker", "retuner", "step_policy", "parameters", "retuner_check"]
+    cases = ["auto_bucket_cap", "tracker", "retuner", "step_policy", "parameters", "parameter_shapes", "retuner_check"]
     for r in torchrun("split_config", nproc, tmp_path):
         other = [k for k in range(nproc) if k != 0] if r["rank"] == 0 else [0]
         for case in cases:
             e = r["errors"][case]
             assert e is not None and "the ranks run different step configurations" in e, (case, r)
             assert f"rank {r['rank']}: step 0: " in e and f"rank(s) {other} differ" in e, (case, r)
+
+
+def test_the_configuration_check_is_no_compute_and_a_rank_may_recreate_its_step(tmp_path: Path) -> None:
+    """A rank 1 s late to the first step (300 ms threshold, no warm-up): nobody drops, since
+    the wait in the one-time check is no compute; a step re-created on one rank from its own
+    ``state_dict`` joins the next step (the group agreed on that configuration already)."""
+    for r in torchrun("late_recreate", 2, tmp_path):
+        assert r["first_started"] == [4, 4], r
+        assert r["second_started"] == [4, 4] and r["second_step"] == 2, r
 
 
 def test_a_fingerprint_equal_to_the_others_mean_is_still_refused(tmp_path: Path) -> None:

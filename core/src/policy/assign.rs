@@ -199,9 +199,11 @@ impl Assigner {
 
     /// Why `restored` (a checkpointed replica, e.g. deserialized) cannot stand in for this one:
     /// the first of its policy parameters, M, tail parts, slots, warm-up steps, budget, world
-    /// size (its assignment's length) that differs, or an assigned part count above the slots
-    /// (which the walk would run: a checkpoint of another M, or an edited one). `None` when it
-    /// can. The message names the field and both values (this replica's first).
+    /// size (its assignment's length) that differs, an assigned part count above the slots
+    /// (which the walk would run: a checkpoint of another M, or an edited one), or a latency
+    /// tracker or rebalancer that cannot replace this one's (their `restore_conflict`: another
+    /// configuration, vectors of another length, a rebalanced assignment not summing to N·M).
+    /// `None` when it can. The message names the field and both values (the checkpoint's first).
     pub fn restore_conflict(&self, restored: &Assigner) -> Option<String> {
         let fields = [
             ("step policy", format!("{:?}", self.params), format!("{:?}", restored.params)),
@@ -215,9 +217,24 @@ impl Assigner {
         if let Some((what, mine, theirs)) = fields.into_iter().find(|(_, a, b)| a != b) {
             return Some(format!("{what}: {theirs} in the checkpoint, {mine} in this step"));
         }
-        restored.assignment.iter().position(|&k| k > self.slots).map(|r| {
-            format!("assignment[{r}]: {} parts: above the {} slots per rank", restored.assignment[r], self.slots)
-        })
+        if let Some(r) = restored.assignment.iter().position(|&k| k > self.slots) {
+            return Some(format!(
+                "assignment[{r}]: {} parts: above the {} slots per rank",
+                restored.assignment[r], self.slots
+            ));
+        }
+        if let Some(why) = self.tracker.restore_conflict(&restored.tracker) {
+            return Some(why);
+        }
+        match (&self.rebalancer, &restored.rebalancer) {
+            (Some(mine), Some(theirs)) => mine.restore_conflict(theirs),
+            (None, None) => None,
+            (mine, _) => Some(format!(
+                "rebalancer: {} in the checkpoint, {} in this step",
+                if mine.is_some() { "absent" } else { "present" },
+                if mine.is_some() { "present" } else { "absent" }
+            )),
+        }
     }
 
     /// Sets the next step's assignment by hand (a caller that deals its own counts); the
@@ -333,5 +350,31 @@ mod tests {
         assert_eq!(a.restore_conflict(&edited).as_deref(), Some("assignment[1]: 9 parts: above the 8 slots per rank"));
         edited.set(vec![8, 0]);
         assert_eq!(a.restore_conflict(&edited), None, "within the slots: a rebalanced assignment");
+        // Inside the tracker and the rebalancer (edited JSON, as a user's file would be).
+        let json = serde_json::to_value(&a).unwrap();
+        for (path, value, want) in [
+            ("/tracker/ewma", serde_json::json!([]), "tracker: 0 latencies"),
+            ("/tracker/slow", serde_json::json!([0, 0, 0]), "tracker: 2 latencies and 3 slow counts"),
+            ("/tracker/cfg/ewma_alpha", serde_json::json!(7.0), "tracker configuration"),
+            ("/rebalancer/micro_batches", serde_json::json!(0), "rebalancer micro_batches: 0 in the checkpoint, 4"),
+            ("/rebalancer/cfg/hysteresis", serde_json::json!(-3.0), "rebalancer configuration"),
+            ("/rebalancer/assignment", serde_json::json!([4, 4, 4]), "rebalancer: 3 counts and 2 flags"),
+            ("/rebalancer/rebalanced", serde_json::json!([]), "rebalancer: 2 counts and 0 flags"),
+            ("/rebalancer/assignment", serde_json::json!([4, 3]), "rebalancer assignment: [4, 3] sums to 7"),
+            ("/rebalancer", serde_json::Value::Null, "rebalancer: absent in the checkpoint, present"),
+        ] {
+            let mut j = json.clone();
+            *j.pointer_mut(path).unwrap() = value;
+            let other: Assigner = serde_json::from_value(j).unwrap();
+            let got = a.restore_conflict(&other).unwrap_or_default();
+            assert!(got.starts_with(want), "{path}: {got:?} should start with {want:?}");
+        }
+        // A counter at the top saturates instead of overflowing.
+        let mut j = json.clone();
+        *j.pointer_mut("/tracker/steps").unwrap() = serde_json::json!(u64::MAX);
+        let mut top: Assigner = serde_json::from_value(j).unwrap();
+        assert_eq!(a.restore_conflict(&top), None);
+        top.observe(0, &[1.0, 2.0]);
+        assert_eq!(top.tracker().steps(), u64::MAX);
     }
 }

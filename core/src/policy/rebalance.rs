@@ -99,6 +99,37 @@ impl Rebalancer {
         Self { micro_batches, cfg, assignment: vec![micro_batches; world_size], rebalanced: vec![false; world_size] }
     }
 
+    /// Why `restored` (a checkpointed rebalancer) cannot replace this one: another M or
+    /// configuration, per-rank vectors of another length than this world size, or an
+    /// assignment that does not sum to N·M (the rebalancer moves work, never adds or drops it).
+    /// `None` when it can.
+    pub fn restore_conflict(&self, restored: &Rebalancer) -> Option<String> {
+        let n = self.assignment.len();
+        let total: u64 = restored.assignment.iter().map(|&k| u64::from(k)).sum();
+        if restored.micro_batches != self.micro_batches {
+            Some(format!(
+                "rebalancer micro_batches: {} in the checkpoint, {} in this step",
+                restored.micro_batches, self.micro_batches
+            ))
+        } else if restored.cfg != self.cfg {
+            Some(format!("rebalancer configuration: {:?} in the checkpoint, {:?} in this step", restored.cfg, self.cfg))
+        } else if restored.assignment.len() != n || restored.rebalanced.len() != n {
+            Some(format!(
+                "rebalancer: {} counts and {} flags in the checkpoint: must be one per rank ({n})",
+                restored.assignment.len(),
+                restored.rebalanced.len()
+            ))
+        } else if total != n as u64 * u64::from(self.micro_batches) {
+            Some(format!(
+                "rebalancer assignment: {:?} sums to {total}: must be N·M = {}",
+                restored.assignment,
+                n as u64 * u64::from(self.micro_batches)
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Current assignment: micro-batches per rank, sums to world_size · micro_batches.
     pub fn assignment(&self) -> &[u32] {
         &self.assignment
@@ -256,12 +287,29 @@ impl RankLatencyTracker {
                 continue;
             }
             if x > (1.0 + self.cfg.tolerance) * med {
-                self.slow[r] += 1;
+                self.slow[r] = self.slow[r].saturating_add(1); // a checkpoint's counter may sit at the top
             }
             let e = &mut self.ewma[r];
             *e = if e.is_nan() { x } else { a * x + (1.0 - a) * *e };
         }
-        self.steps += 1;
+        self.steps = self.steps.saturating_add(1);
+    }
+
+    /// Why `restored` (a checkpointed tracker) cannot replace this one: another configuration,
+    /// or a per-rank vector whose length is not this one's world size. `None` when it can.
+    pub fn restore_conflict(&self, restored: &RankLatencyTracker) -> Option<String> {
+        let n = self.ewma.len();
+        if restored.cfg != self.cfg {
+            Some(format!("tracker configuration: {:?} in the checkpoint, {:?} in this step", restored.cfg, self.cfg))
+        } else if restored.ewma.len() != n || restored.slow.len() != n {
+            Some(format!(
+                "tracker: {} latencies and {} slow counts in the checkpoint: must be one per rank ({n})",
+                restored.ewma.len(),
+                restored.slow.len()
+            ))
+        } else {
+            None
+        }
     }
 
     /// Steps observed.

@@ -145,7 +145,8 @@ class OverlapReduce:
         except RuntimeError as e:
             raise ValueError(
                 f"rank {self.counts.rank}: step {self.counts.step}: model: DDP did not finish reducing the "
-                "gradients in the synced backward: a parameter got no gradient (unused in the forward). "
+                "gradients in the synced backward: a parameter got no gradient there (unused in the last "
+                "micro-batch's forward). "
                 "Pass find_unused_parameters=True to DistributedDataParallel, or use mode='flat' (it tracks "
                 "unused parameters itself)") from e
         d = self.divisor_of(reduced.samples)

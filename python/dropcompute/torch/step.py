@@ -383,7 +383,8 @@ class DropComputeStep:
 
     def start_clock(self) -> None:
         """Starts the compute clock now (right after ``optimizer.step()``); otherwise ``run``
-        starts it on entry."""
+        starts it on entry. In the step object's first ``run`` the clock starts after the
+        one-time configuration check (``reduce.agree``), whose wait for the peers is no compute."""
         self.clock.start()
         self._clock_started = True
 
@@ -399,47 +400,55 @@ class DropComputeStep:
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores ``state_dict()``'s state. Raises ValueError for a malformed one, or one this
-        step's configuration could not have written (an assigner checkpoint of another N, M,
-        warm-up or step policy, or edited: ``Assigner.restore_conflict``); nothing is restored
-        then."""
-        step = state.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"state['step']: {step!r}: must be an int >= 0")
+        """Restores ``state_dict()``'s state. Raises ValueError naming the entry for a malformed
+        one (a count not an int in [0, 2**63), a micro-batch size not 0 or in [2**-32, inf): the
+        observed mean of whole counts over at most 2**32 micro-batches), or one this step's
+        configuration could not have written (an assigner checkpoint of another N, M, warm-up
+        or step policy, or edited: ``Assigner.restore_conflict``); nothing is restored then
+        (every entry is checked before any is applied)."""
+
+        def count(entry: str, x: Any) -> int:
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**63:
+                raise ValueError(f"{entry}: {x!r}: must be an int in [0, 2**63)")
+            return x
+
+        step = count("state['step']", state.get("step"))
         b = state.get("observed_micro_batch_count", 0.0)
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < float("inf"):
-            raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be a finite number >= 0")
-        mm = state.get("observed_micro_batches", 0)
-        if isinstance(mm, bool) or not isinstance(mm, int) or mm < 0:
-            raise ValueError(f"state['observed_micro_batches']: {mm!r}: must be an int >= 0")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (b == 0 or 2.0**-32 <= b < float("inf")):
+            raise ValueError(f"state['observed_micro_batch_count']: {b!r}: must be 0 or a finite number >= 2**-32")
+        mm = count("state['observed_micro_batches']", state.get("observed_micro_batches", 0))
         a = state.get("assigner")
         if (a is None) != (self.assigner is None):
             raise ValueError(f"state['assigner']: {'absent' if a is None else 'present'}: this step "
                              f"{'has' if self.assigner is not None else 'has no'} step policy")
+        assigner = self.assigner
         if a is not None:
             try:
-                restored = Assigner.from_state(a)
+                assigner = Assigner.from_state(a)
             except ValueError as e:
                 raise ValueError(f"state['assigner']: {e}") from None
             assert self.assigner is not None
-            conflict = self.assigner.restore_conflict(restored)
+            conflict = self.assigner.restore_conflict(assigner)
             if conflict is not None:  # a checkpoint of another configuration (N, M, policy, ...) or edited
                 raise ValueError(f"state['assigner']: {conflict}")
-            self.assigner = restored
         g = state.get("drop_guard")
         if (g is None) != (self.guard is None):
             raise ValueError(f"state['drop_guard']: {'absent' if g is None else 'present'}: this step's policy "
                              f"{'has' if self.guard is not None else 'has no'} drop_guard")
+        guard, last_handed = self.guard, self._last_handed
         if g is not None:
-            if not (isinstance(g, (list, tuple)) and len(g) == 4 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in g)):
-                raise ValueError(f"state['drop_guard']: {g!r}: must be 4 ints >= 0 (handed, dropped, reserve, last "
+            if not (isinstance(g, (list, tuple)) and len(g) == 4):
+                raise ValueError(f"state['drop_guard']: {g!r}: must be 4 ints (handed, dropped, reserve, last "
                                  "handed)")
+            for i, x in enumerate(g):
+                count(f"state['drop_guard'][{i}]", x)
             assert self.guard is not None
             try:
-                self.guard = DropGuard.from_counts(self.guard.bound, (g[0], g[1], g[2]))
+                guard = DropGuard.from_counts(self.guard.bound, (g[0], g[1], g[2]))
             except ValueError as e:
                 raise ValueError(f"state['drop_guard']: {g!r}: {e}") from None
-            self._last_handed = g[3]
+            last_handed = g[3]
+        self.assigner, self.guard, self._last_handed = assigner, guard, last_handed
         self.step = step
         self._observed_b = float(b)
         self._observed_m = mm
@@ -448,9 +457,11 @@ class DropComputeStep:
         """What every rank must share (``reduce.agree`` compares it once): the policy, the
         normalization, b, M and N (a rank's own micro-batch count may differ, e.g. at the end of
         an epoch), the step policy, the resolved mode, the retuner, the tracker, and the count
-        collective's layout (the gathered values per rank, the flat path's parameter count)."""
+        collective's layout (the gathered values per rank, the flat path's parameter count) and the
+        flat path's gradient buffers (dtype and length: the gradient all-reduces' lengths)."""
         rt = self.retuner
-        layout = (2 + self._slots if self._gather else 0, len(self.grads.used) if self.grads is not None else 0)
+        flat = [] if self.grads is None else [(str(f.dtype), f.numel()) for f, _ in self.grads.buffers]
+        layout = (2 + self._slots if self._gather else 0, len(self.grads.used) if self.grads is not None else 0, flat)
         key = (f"{self.policy!r}|{self.normalization}|{self.micro_batch_size}|{self.micro_batches_per_step}|"
                f"{self.world_size}|{self.step_policy!r}|{self.mode}|"
                f"{None if rt is None else (rt.world_size, rt.micro_batches, rt.config)}|{self.stragglers is not None}|"
@@ -466,7 +477,9 @@ class DropComputeStep:
         collective compares them."""
         g = self.guard.counts if self.guard is not None else None
         a = self.assigner.state() if self.assigner is not None else None
-        key = (f"{self.step}|{self._observed_b!r}|{self._observed_m}|{g}|{self._last_handed}|"
+        # The micro-batches last handed are the guard's (``_guard_enforces``): state only with it.
+        handed = self._last_handed if self.guard is not None else None
+        key = (f"{self.step}|{self._observed_b!r}|{self._observed_m}|{g}|{handed}|"
                f"{self._walk_policy.threshold_ns}|{a}")
         return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
@@ -511,6 +524,12 @@ class DropComputeStep:
             m = self.micro_batches_per_step
         else:
             raise ValueError("micro_batches: an iterable without len(); set micro_batches_per_step")
+        if not self._agreed:  # before the step object's first collective, on every rank
+            agree(rank=self.rank, world_size=self.world_size, fingerprint=self._fingerprint(),
+                  device=self.params[0].device, group=self.group, step=self.step, timeout=self.timeout)
+            self._agreed = True
+            # The wait for the peers there is no compute: the clock starts after it.
+            self._clock_started = False
         if not self._clock_started:
             self.clock.start()
         self._clock_started = False
@@ -524,10 +543,6 @@ class DropComputeStep:
         b_nominal = self.micro_batch_size or self._observed_b or 1.0
         m_nominal = self.micro_batches_per_step or self._observed_m or 1
         loss_scale = 1.0 / ((1 if overlap else self.world_size) * m_nominal * b_nominal)
-        if not self._agreed:  # before the step object's first collective, on every rank
-            agree(rank=self.rank, world_size=self.world_size, fingerprint=self._fingerprint(),
-                  device=self.params[0].device, group=self.group, step=self.step, timeout=self.timeout)
-            self._agreed = True
         if overlap:
             assert self.overlap is not None
             self.overlap.rebuild_buckets(self.rank, self.step, self.timeout)
