@@ -715,6 +715,10 @@ def scenario_split_config(rank: int, n: int, out: Dict[str, Any]) -> None:
         "parameter_shapes": lambda: DropComputeStep(
             torch.nn.Sequential(torch.nn.Linear(D_IN, D_H + (1 if first else 0)), torch.nn.Tanh(),
                                 torch.nn.Linear(D_H + (1 if first else 0), D_OUT)).double(), pol, mode="flat"),
+        # The sampler's dealing (another seed: samples computed twice, others never).
+        "sampler_seed": lambda: DropComputeStep(model(), pol, sampler=DropComputeSampler(64, B, 2, rank=rank,
+                                                                                          world_size=n,
+                                                                                          seed=int(first))),
         "retuner_check": lambda: DropComputeStep(
             model(), dropcompute.Policy(check="before"), micro_batches_per_step=2,
             retuner=dropcompute.Retuner(n, 2, check="before" if first else "oracle")),

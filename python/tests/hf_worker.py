@@ -316,6 +316,15 @@ def scenario_skip(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:
               data_collator=collate, dropcompute=DropComputeConfig(policy=nothing))
     b.train()
     res.update(nan=summary(a), none=summary(b), none_started=[h["started"] for h in b.dropcompute_history])
+    # (c) A per-rank dealing seed (a common pattern for augmentation, wrong for the dealing: the
+    # replicas would deal different samples): refused at the first step on every rank.
+    c = Plain(model=make_model(), args=targs(os.path.join(outdir, "seed"), 2, 1, max_steps=1), train_dataset=data,
+              data_collator=collate, dropcompute=DropComputeConfig(policy=dropcompute.Policy(None), seed=rank))
+    try:
+        c.train()
+        res["seed"] = None
+    except ValueError as e:
+        res["seed"] = str(e)
 
 
 def scenario_resume(rank: int, n: int, outdir: str, res: Dict[str, Any]) -> None:

@@ -140,10 +140,11 @@ def test_ranks_configured_differently_are_refused_before_any_collective_of_diffe
         nproc: int, tmp_path: Path) -> None:
     """Rank 0 differs from the others in what sets a collective's length (the mode ``auto``
     resolves to by bucket cap, a tracker, a retuner, a latency-learning step policy, the
-    parameter count, the parameters' shapes) or only in the configuration (the retuner's replayed check): every
-    rank raises ValueError at the first step, naming the ranks that differ (gloo aborted the
+    parameter count, the parameters' shapes) or only in the configuration (the sampler's seed,
+    the retuner's replayed check): every rank raises ValueError at the first step, naming the ranks that differ (gloo aborted the
     process before the one-time check), and the next case runs in the same process group."""
-    cases = ["auto_bucket_cap", "tracker", "retuner", "step_policy", "parameters", "parameter_shapes", "retuner_check"]
+    cases = ["auto_bucket_cap", "tracker", "retuner", "step_policy", "parameters", "parameter_shapes", "sampler_seed",
+             "retuner_check"]
     for r in torchrun("split_config", nproc, tmp_path):
         other = [k for k in range(nproc) if k != 0] if r["rank"] == 0 else [0]
         for case in cases:

@@ -129,8 +129,9 @@ def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(
 ) -> None:
     """A non-finite gradient (no GradScaler) at step 1 of 3, and a policy under which no rank
     starts anything (2 steps): the optimizer (AdamW's per-parameter step count) and the LR
-    scheduler skip exactly those steps; the Trainer still counts and logs every step."""
-    for r in (x["skip"] for x in off_and_compose):
+    scheduler skip exactly those steps; the Trainer still counts and logs every step. A per-rank
+    dealing seed is refused at the first step on every rank (the sampler joins the check)."""
+    for rank, r in enumerate(x["skip"] for x in off_and_compose):  # by rank
         nan, none = r["nan"], r["none"]
         assert nan["stepped"] == [True, False, True] and nan["skipped"] == [0.0, 1.0, 0.0], nan
         assert nan["global_step"] == 3 and nan["adam_steps"] == [2] and nan["sched_steps"] == 2, nan
@@ -139,6 +140,9 @@ def test_steps_the_optimizer_must_not_take_are_skipped_with_the_scheduler(
         assert none["stepped"] == [False, False] and none["skipped"] == [1.0, 1.0], none
         assert none["global_step"] == 2 and none["adam_steps"] == [] and none["sched_steps"] == 0, none
         assert none["unchanged"] == 0.0, none
+        other = [k for k in range(len(off_and_compose)) if k != rank]
+        assert r["seed"] is not None and "the ranks run different step configurations" in r["seed"] and \
+            f"rank(s) {other} differ" in r["seed"], r["seed"]
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(off_and_compose: List[Dict[str, Any]]) -> None:

@@ -42,6 +42,9 @@ class DropComputeSampler:
         micro_batches_per_step = count("micro_batches_per_step", micro_batches_per_step, 1)
         self._dealer = Dealer(samples, micro_batch_size, rank=rank, world_size=world_size, seed=seed, epochs=epochs)
         self.world_size = world_size
+        #: What every rank's replica must share (the dealing is a function of it): compared
+        #: across ranks by ``DropComputeStep(sampler=...)``'s one-time configuration check.
+        self.configuration = f"{samples}|{micro_batch_size}|{world_size}|{seed}|{epochs}"
         self.micro_batches_per_step = micro_batches_per_step
 
     @property

@@ -70,7 +70,7 @@ from .. import (Assigner, ComputeLogWriter, DropGuard, LatencyEstimator, Policy,
 from .args import count, opt_count
 from .clock import DeviceClock
 from .gaudi import bridge_for
-from .data import batch_size
+from .data import DropComputeSampler, batch_size
 from .overlap import OverlapReduce, overlap_pays, overlap_refusal, zero_grads
 from .reduce import Counts, FlatGradients, agree, found_flag, group_timeout, reduce_flat, scale_checked_
 
@@ -228,6 +228,10 @@ class DropComputeStep:
     whole micro-batches: ``tail_split`` 1). ``retuner``: a ``dropcompute.Retuner(N, M)``
     re-tuning the drop threshold in the step (only without a step policy or with drop-before /
     drop-predictive). ``stragglers``: a ``dropcompute.StragglerTracker(N)`` fed every step.
+    ``sampler``: the ``DropComputeSampler`` that deals this step's micro-batches: its
+    configuration (samples, micro-batch size, world size, seed, epochs) joins the one-time
+    configuration check, so ranks dealing differently (e.g. ``seed=rank``: samples computed
+    twice, others never) are refused at the first step.
 
     Raises ValueError naming the argument for a bad value or a combination that cannot work."""
 
@@ -252,6 +256,7 @@ class DropComputeStep:
         step_policy: Optional[StepPolicy] = None,
         retuner: Optional[Retuner] = None,
         stragglers: Optional[StragglerTracker] = None,
+        sampler: Optional[DropComputeSampler] = None,
     ) -> None:
         if normalization not in ("realized", "nominal"):
             raise ValueError(f"normalization: {normalization!r}: must be 'realized' or 'nominal'")
@@ -276,6 +281,9 @@ class DropComputeStep:
         self.step_policy = step_policy
         self.retuner = retuner
         self.stragglers = stragglers
+        if sampler is not None and not isinstance(sampler, DropComputeSampler):
+            raise TypeError(f"sampler: {type(sampler).__name__}: must be a DropComputeSampler")
+        self._sampler_configuration = sampler.configuration if sampler is not None else None
         self.normalization = normalization
         self.micro_batch_size = micro_batch_size
         self.micro_batches_per_step = micro_batches_per_step
@@ -465,7 +473,7 @@ class DropComputeStep:
         key = (f"{self.policy!r}|{self.normalization}|{self.micro_batch_size}|{self.micro_batches_per_step}|"
                f"{self.world_size}|{self.step_policy!r}|{self.mode}|"
                f"{None if rt is None else (rt.world_size, rt.micro_batches, rt.config)}|{self.stragglers is not None}|"
-               f"{layout}")
+               f"{layout}|{self._sampler_configuration}")
         return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
     def _state_fingerprint(self) -> int:

@@ -397,6 +397,7 @@ class DropComputeTrainerMixin:
                 micro_batch_size=int(t.args.per_device_train_batch_size) if cfg.count_fn is None else 0,
                 sync_lag=cfg.sync_lag, compute_log=log,
                 mode=cfg.mode, backward_fn=t.accelerator.backward,
+                sampler=self.dropcompute_sampler,
             )
             self._dc_model = model
             if self._dc_resume is not None and self._dc_resume.get("step") is not None:
