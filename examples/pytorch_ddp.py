@@ -206,13 +206,13 @@ class Arm:
         m, b = args.micro_batches, args.micro_batch_size
         self.ddp = DDP(make_model().to(device))
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=args.lr)
+        self.sampler = DropComputeSampler(x.shape[0], b, m, rank=self.rank, world_size=self.n, seed=args.seed,
+                                          epochs=args.epochs)
         self.step: Optional[DropComputeStep] = None
         if policy is not None:
             self.step = DropComputeStep(self.ddp, policy, micro_batch_size=b, micro_batches_per_step=m,
-                                        compute_log=log)
+                                        compute_log=log, sampler=self.sampler)
             self.step.clock = ArmClock(device)
-        self.sampler = DropComputeSampler(x.shape[0], b, m, rank=self.rank, world_size=self.n, seed=args.seed,
-                                          epochs=args.epochs)
         self.steps_cap = steps_cap
         self.done = False
         #: Micro-batches started by every rank so far (global: the same on every rank), what

@@ -178,9 +178,9 @@ def scenario_slow(accelerator: Any, rank: int, n: int, out: Dict[str, Any]) -> N
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt = accelerator.prepare(model, opt)
     inner = accelerator.unwrap_model(model)
-    dc = AcceleratedDropCompute(accelerator, model, dropcompute.Policy(250_000_000, warmup_steps=0, min_micro_batches=1),
-                                micro_batches_per_step=M)
     sampler = DropComputeSampler(samples, B, M, rank=rank, world_size=n, seed=5, epochs=1)
+    dc = AcceleratedDropCompute(accelerator, model, dropcompute.Policy(250_000_000, warmup_steps=0, min_micro_batches=1),
+                                micro_batches_per_step=M, sampler=sampler)  # the dealing joins the check
     loader = DropComputeLoader(data, sampler, collate_fn=lambda rows: tuple(torch.stack(c) for c in zip(*rows)))
     computed: List[List[int]] = []
     errs, divisors, totals, started_by_step, dealt = [], [], [], [], []

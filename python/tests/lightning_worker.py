@@ -212,6 +212,7 @@ def scenario_slow(rank: int, n: int, out: Dict[str, Any]) -> None:
                           sleep_rank=1)
     mod._data = data
     sampler = DropComputeSampler(samples, B, M, rank=rank, world_size=n, seed=5, epochs=1)
+    mod.dropcompute_step_kwargs["sampler"] = sampler  # the dealing joins the first step's check
     trainer(precision="64-true").fit(mod, train_dataloaders=dropcompute_steps(data, sampler, collate_fn=collate))
     out.update(computed=mod.computed, grad_rel_err=max(mod.grad_errs), divisors=[r.divisor for r in mod.results],
                totals=mod.totals, started=[r.started for r in mod.results], samples=samples,

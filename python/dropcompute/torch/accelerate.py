@@ -21,9 +21,9 @@ A plain Accelerate loop and its DropCompute form (the data: a ``DropComputeSampl
 of ``accelerator.prepare(dataloader)``, which would shard the data a second time)::
 
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    dc = AcceleratedDropCompute(accelerator, model, Policy(threshold_ns, warmup_steps=5))
     sampler = DropComputeSampler(len(dataset), b, M, rank=accelerator.process_index,
                                  world_size=accelerator.num_processes, epochs=3)
+    dc = AcceleratedDropCompute(accelerator, model, Policy(threshold_ns, warmup_steps=5), sampler=sampler)
     for micro_batches in (loader := DropComputeLoader(dataset, sampler, device=accelerator.device)):
         result = dc.run(micro_batches, lambda m, mb: F.cross_entropy(m(mb[0]), mb[1], reduction="sum"))
         loader.settle(result)

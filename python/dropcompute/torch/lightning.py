@@ -76,8 +76,9 @@ class DropComputeModule:
     L.LightningModule)``). Set ``self.dropcompute_policy`` (a ``dropcompute.Policy``, identical
     on every rank) in ``__init__``; optionally ``self.dropcompute_step_kwargs`` (passed to
     ``DropComputeStep``: ``micro_batches_per_step``, ``normalization``, ``sync_lag``,
-    ``compute_log``, ``mode`` ("auto" by default, "flat" or "overlap": module doc), ``comm_hook``, ...;
-    not ``backward_fn``, ``device``). Implement
+    ``compute_log``, ``mode`` ("auto" by default, "flat" or "overlap": module doc), ``comm_hook``,
+    ``sampler`` (the ``DropComputeSampler`` given to ``dropcompute_steps``: its dealing joins the
+    first step's configuration check), ...; not ``backward_fn``, ``device``). Implement
     ``dropcompute_loss(micro_batch)``: the micro-batch's per-sample losses (shape ``(b,)``) or
     their SUM (not the mean). ``configure_optimizers`` as usual (one optimizer; a scheduler is
     stepped once per optimizer step, whatever its ``interval``).
