@@ -669,8 +669,8 @@ def scenario_fingerprint_mean(rank: int, n: int, out: Dict[str, Any]) -> None:
 def scenario_late_recreate(rank: int, n: int, out: Dict[str, Any]) -> None:
     """The last rank enters its first step 1 s late, under a 300 ms threshold without warm-up:
     the others wait for it in the one-time configuration check, which is no compute (every rank
-    computes all its micro-batches). Then that rank alone re-creates its step from its own
-    ``state_dict`` (the same configuration): the next step runs on every rank."""
+    computes all its micro-batches). Then every rank re-creates its step from its own
+    ``state_dict`` (a restart): the new objects check again and the next step runs."""
     pol = dropcompute.Policy(300_000_000, warmup_steps=0)
     ddp = DDP(model())
     ctl = DropComputeStep(ddp, pol)
@@ -678,11 +678,10 @@ def scenario_late_recreate(rank: int, n: int, out: Dict[str, Any]) -> None:
     if late:
         time.sleep(1.0)
     first = ctl.run(data(rank, 0, 4), sum_loss)
-    if late:
-        state = ctl.state_dict()
-        ctl.close()
-        ctl = DropComputeStep(ddp, pol)
-        ctl.load_state_dict(state)
+    state = ctl.state_dict()  # every rank: a step object is made on every rank alike
+    ctl.close()
+    ctl = DropComputeStep(ddp, pol)
+    ctl.load_state_dict(state)
     second = ctl.run(data(rank, 1, 4), sum_loss)
     out.update(first_started=first.started, second_started=second.started, second_step=ctl.step)
 

@@ -227,11 +227,6 @@ def differing(fingerprints: List[int], rank: int, step: int, what: str) -> None:
                          f"(fingerprints by rank {fingerprints})")
 
 
-#: The configuration fingerprint each process group last agreed on, by ``id`` of the group (the
-#: group object is kept with it, so that its id is never reused for another group).
-_AGREED: Dict[int, Tuple[Any, int]] = {}
-
-
 def agree(*, rank: int, world_size: int, fingerprint: int, device: torch.device,
           group: Optional[dist.ProcessGroup], step: int, timeout: Optional[datetime.timedelta]) -> None:
     """The configuration check, once before a step object's first collective: one int64
@@ -240,15 +235,12 @@ def agree(*, rank: int, world_size: int, fingerprint: int, device: torch.device,
     count collective's layout; ``step.DropComputeStep`` hashes them) in its own. Ranks that
     differ would issue collectives of different lengths afterwards (a deadlock or an abort in
     the backend); here every rank raises ValueError instead (``differing``). No-op for one
-    rank, and when ``group`` last agreed on this same fingerprint: a step object re-created on
-    one rank (restored from its ``state_dict``) then joins its peers' next count collective, as
-    every rank runs the same sequence of checks. Raises CollectiveTimeout / CollectiveError
-    when a rank never joins or the backend fails (``wait``)."""
+    rank. Every rank must run it (a step object is made on every rank alike: one re-created on
+    one rank alone meets its peers' count collective instead; whether to skip it cannot be
+    decided locally, since ranks configured differently would decide differently). Raises
+    CollectiveTimeout / CollectiveError when a rank never joins or the backend fails
+    (``wait``)."""
     if world_size < 2:
-        return
-    pg = group if group is not None else dist.group.WORLD
-    done = _AGREED.get(id(pg))
-    if done is not None and done[0] is pg and done[1] == fingerprint:
         return
     t = torch.zeros(world_size, dtype=torch.int64, device=device)
     t[rank] = fingerprint
@@ -258,7 +250,6 @@ def agree(*, rank: int, world_size: int, fingerprint: int, device: torch.device,
     differing(t.tolist(), rank, step, "the ranks run different step configurations (policy, normalization, "
               "micro-batch size, micro-batches per step, world size, step policy, mode, retuner, tracker or "
               "parameters)")
-    _AGREED[id(pg)] = (pg, fingerprint)
 
 
 def rescale_factor(world_sum_scale: float, loss_scale: float, d: Optional[float]) -> Optional[float]:

@@ -391,10 +391,20 @@ class DropComputeStep:
 
     def start_clock(self) -> None:
         """Starts the compute clock now (right after ``optimizer.step()``); otherwise ``run``
-        starts it on entry. In the step object's first ``run`` the clock starts after the
-        one-time configuration check (``reduce.agree``), whose wait for the peers is no compute."""
+        starts it on entry. The step object's one-time configuration check (``reduce.agree``)
+        runs before the clock starts, here or in the first ``run``: its wait for the peers is no
+        compute."""
+        self._agree_once()
         self.clock.start()
         self._clock_started = True
+
+    def _agree_once(self) -> None:
+        """``reduce.agree`` on this step's configuration fingerprint, once per step object,
+        before its first collective (every rank reaches it at the same point)."""
+        if not self._agreed:
+            agree(rank=self.rank, world_size=self.world_size, fingerprint=self._fingerprint(),
+                  device=self.params[0].device, group=self.group, step=self.step, timeout=self.timeout)
+            self._agreed = True
 
     def state_dict(self) -> Dict[str, Any]:
         """The step counter (the warm-up counts steps) and the observed micro-batch count (the
@@ -532,12 +542,7 @@ class DropComputeStep:
             m = self.micro_batches_per_step
         else:
             raise ValueError("micro_batches: an iterable without len(); set micro_batches_per_step")
-        if not self._agreed:  # before the step object's first collective, on every rank
-            agree(rank=self.rank, world_size=self.world_size, fingerprint=self._fingerprint(),
-                  device=self.params[0].device, group=self.group, step=self.step, timeout=self.timeout)
-            self._agreed = True
-            # The wait for the peers there is no compute: the clock starts after it.
-            self._clock_started = False
+        self._agree_once()  # before the clock (unless ``start_clock`` ran it already)
         if not self._clock_started:
             self.clock.start()
         self._clock_started = False
